@@ -1,0 +1,134 @@
+#pragma once
+// The user's computation graph: tensors of rank 0..2 with symbolic or concrete dims,
+// built through a small builder API (or parsed from text, see text.h). Composite ops
+// (layer_norm, rms_norm, softmax, log_softmax, l2_normalize) expand into primitives
+// here, so every later layer sees primitives only.
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "comfuse/dtype.h"
+#include "comfuse/error.h"
+#include "comfuse/ops.h"
+
+namespace comfuse {
+
+// A dimension is a symbol ("M", "N", "K", ...) or a concrete extent.
+struct Dim {
+  std::string sym;    // empty when concrete
+  int64_t size = -1;  // >= 0 when concrete
+  static Dim of(int64_t n) { return Dim{"", n}; }
+  static Dim of(std::string s) { return Dim{std::move(s), -1}; }
+  bool is_one() const { return sym.empty() && size == 1; }
+  bool operator==(const Dim& o) const { return sym == o.sym && size == o.size; }
+  bool operator!=(const Dim& o) const { return !(*this == o); }
+  std::string str() const;
+};
+using Shape = std::vector<Dim>;
+std::string to_string(const Shape& s);  // "[M, K]"
+
+// Concrete values for symbolic dims.
+using Bindings = std::map<std::string, int64_t>;
+int64_t resolve(const Dim& d, const Bindings& b);  // throws Error naming an unbound symbol
+
+enum class OpKind {
+  Input,      // a graph argument: tensor (rank 2), row/column vector, or runtime scalar
+  Constant,   // a literal scalar
+  MatMul,     // A[M,K] x B, B given [N,K] (Linear layout, "nk") or [K,N] ("kn")
+  Unary,
+  Binary,
+  Cast,       // round to a storage dtype
+  Reduce,     // over one dim, keepdim; `dim` is -1 for the last dim
+  Transpose,  // rank-2 transpose (outside the fusion domain; executed by the reference)
+};
+std::string_view name_of(OpKind k);
+
+enum class BLayout { NK, KN };
+
+struct Node {
+  int id = -1;
+  OpKind kind = OpKind::Input;
+  std::string name;  // unique within the graph
+  DType dtype = DType::F32;  // storage dtype for Input/Cast; compute dtype (f32) otherwise
+  Shape shape;
+  std::vector<int> inputs;
+  UnaryOp unary = UnaryOp::Relu;
+  BinaryOp binary = BinaryOp::Add;
+  ReduceOp reduce = ReduceOp::Sum;
+  int reduce_dim = -1;  // -1 or rank-1: last dim (fusable); otherwise another dim
+  double value = 0.0;   // Constant
+  BLayout b_layout = BLayout::NK;
+  SourceLoc loc;        // where the text format defined it, if it did
+};
+
+struct GraphOutput {
+  int node = -1;
+  std::string name;
+  DType dtype = DType::F32;  // rounding applied when stored
+};
+
+class Graph;
+
+// A handle to a node, with operator sugar for the builder API.
+struct Value {
+  Graph* graph = nullptr;
+  int id = -1;
+  const Node& node() const;
+};
+Value operator+(Value a, Value b);
+Value operator-(Value a, Value b);
+Value operator*(Value a, Value b);
+Value operator/(Value a, Value b);
+Value operator+(Value a, double b);
+Value operator-(Value a, double b);
+Value operator*(Value a, double b);
+Value operator/(Value a, double b);
+
+class Graph {
+ public:
+  // Inputs. `shape` may be rank 0 (runtime scalar), 1 (vector) or 2.
+  Value input(const std::string& name, DType dtype, Shape shape);
+  Value constant(double v);
+
+  Value matmul(Value a, Value b, BLayout layout = BLayout::NK);
+  Value unary(UnaryOp op, Value x);
+  Value binary(BinaryOp op, Value a, Value b);
+  Value binary(BinaryOp op, Value a, double b) { return binary(op, a, constant(b)); }
+  Value cast(Value x, DType to);
+  Value reduce(ReduceOp op, Value x, int dim = -1);
+  Value transpose(Value x);
+
+  // Composites (expanded into primitives). gamma/beta may be absent (id -1).
+  Value layer_norm(Value x, Value gamma, Value beta, double eps = 1e-5);
+  Value rms_norm(Value x, Value gamma, double eps = 1e-6);
+  Value softmax(Value x);
+  Value log_softmax(Value x);
+  Value l2_normalize(Value x, double eps = 1e-12);
+
+  void output(Value v, const std::string& name, DType dtype);
+
+  // Where the next nodes come from (the text parser sets this per line).
+  void set_location(SourceLoc loc) { loc_ = loc; }
+  // Name the node behind `v` (the text parser names each line's result).
+  void rename(Value v, const std::string& name);
+
+  const std::vector<Node>& nodes() const { return nodes_; }
+  const Node& node(int id) const { return nodes_.at(static_cast<size_t>(id)); }
+  const std::vector<GraphOutput>& outputs() const { return outputs_; }
+  int find(const std::string& name) const;  // -1 when absent
+  // Consumers of each node, in id order.
+  std::vector<std::vector<int>> consumers() const;
+
+ private:
+  Value add_node(Node n);
+  std::string fresh_name(const std::string& stem);
+  Shape broadcast_shapes(const Shape& a, const Shape& b, std::string_view what) const;
+
+  std::vector<Node> nodes_;
+  std::vector<GraphOutput> outputs_;
+  SourceLoc loc_{};
+  int name_counter_ = 0;
+};
+
+}  // namespace comfuse

@@ -1,0 +1,50 @@
+#pragma once
+// CPU reference executors in fp64. Inputs are taken as given (already representable in
+// their dtype); rounding to a storage dtype happens at casts and at stored outputs.
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "comfuse/graph.h"
+#include "comfuse/lower.h"
+#include "comfuse/spec.h"
+
+namespace comfuse {
+
+// A dense row-major fp64 tensor of rank 0..2.
+struct Tensor {
+  std::vector<int64_t> shape;
+  std::vector<double> data;
+  int64_t numel() const;
+  int64_t rows() const { return shape.size() == 2 ? shape[0] : 1; }
+  int64_t cols() const { return shape.empty() ? 1 : shape.back(); }
+  double at(int64_t r, int64_t c) const;  // broadcasting read for rank 0/1/2 ([N] is a row)
+};
+
+using TensorMap = std::map<std::string, Tensor>;  // keyed by graph input / output name
+
+// Random inputs for every graph input, rounded to its dtype, never zero-filled.
+TensorMap random_inputs(const Graph& g, const Bindings& dims, std::mt19937_64& rng, double offset = 0.0);
+
+// Executes the whole graph (every op, fused domain or not). Returns the graph outputs.
+TensorMap run_graph(const Graph& g, const Bindings& dims, const TensorMap& inputs);
+// Every node's value (for debugging and for feeding regions), indexed by node id.
+std::vector<Tensor> run_graph_all(const Graph& g, const Bindings& dims, const TensorMap& inputs);
+
+// Executes one FusionSpec: acc = A x B in fp64, then the stage chain. `args` maps each
+// non-output runtime argument name to its tensor; returns the spec's outputs by name.
+TensorMap run_spec(const FusionSpec& s, const Bindings& dims, const TensorMap& args);
+
+// Executes a lowered graph: regions through run_spec, fallbacks node by node.
+// Equal to run_graph up to fp64 reassociation; that equality is what Φ must preserve.
+TensorMap run_lowered(const Graph& g, const LoweringResult& r, const Bindings& dims, const TensorMap& inputs);
+
+struct Comparison {
+  double max_abs = 0, max_rel = 0;  // max |a-b| and max |a-b| / max(|b|, floor)
+  double rel_l2 = 0;                // ||a-b|| / ||b||
+  int64_t nonfinite_mismatch = 0;
+};
+Comparison compare(const Tensor& got, const Tensor& ref, double rel_floor = 1e-6);
+
+}  // namespace comfuse

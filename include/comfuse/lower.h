@@ -1,0 +1,43 @@
+#pragma once
+// Lowering Φ: graph -> one FusionSpec per fusable region (paper, Sec. on Φ).
+#include <string>
+#include <vector>
+
+#include "comfuse/graph.h"
+#include "comfuse/spec.h"
+
+namespace comfuse {
+
+struct FusedRegion {
+  FusionSpec spec;
+  int matmul_node = -1;
+  std::vector<int> fused_nodes;  // graph node ids executed inside this region's kernel
+};
+
+// A graph node that no region fuses, and why. Inputs and constants never appear here.
+struct Fallback {
+  int node = -1;
+  std::string reason;
+};
+
+// A second matmul whose A operand is an epilogue output of the first: a B2BGEMM
+// candidate (O = F(X W1^T) W2^T) for the B2B backend.
+struct B2BCandidate {
+  int first_matmul = -1;
+  int second_matmul = -1;
+  int via_node = -1;  // the epilogue value feeding the second matmul
+};
+
+struct LoweringResult {
+  std::vector<FusedRegion> regions;
+  std::vector<Fallback> fallbacks;
+  std::vector<B2BCandidate> b2b_candidates;
+  std::vector<int> dead_nodes;  // computed but reaching no output
+};
+
+LoweringResult lower(const Graph& g);
+
+// Human-readable account of what was fused, what fell back and why.
+std::string describe(const Graph& g, const LoweringResult& r);
+
+}  // namespace comfuse

@@ -1,0 +1,120 @@
+#pragma once
+// The Fusion Spec IR  S = <N, E, tau, A, C>  (paper, eq. 10).
+//
+//   N    `Spec::nodes`, topologically ordered (every operand index < the node's index)
+//   E    each node's `operands` (indices into the same Spec's nodes)
+//   tau  `Spec::terminal`: the stage's Reduction, or in the last stage its last Store
+//   A    `FusionSpec::args`: the runtime-argument table, shared by every nested Spec
+//   C    `Spec::children`: nested specs; Reduction node r owns children[r.post], its
+//        PostOp: the next stage, entered through Placeholder nodes (the statistic,
+//        and bypassed values of the parent stage).
+//
+// Values in a stage have a shape class: a full Tile (rows x N), a Col (one value per
+// row: reduction statistics and what is computed from them), a Row (one per column,
+// a broadcast row vector) or a Scalar.
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "comfuse/dtype.h"
+#include "comfuse/graph.h"
+#include "comfuse/ops.h"
+
+namespace comfuse {
+
+enum class NodeCategory { AccEntry, Broadcast, Compute, Reduction, Placeholder, Store };
+enum class ValueClass { Tile, Col, Row, Scalar };
+enum class BroadcastKind { Scalar, Row, Col };  // Scalar: a literal or a runtime scalar arg
+enum class ComputeKind { Unary, Binary, Cast };
+enum class PlaceholderKind { Stat, Bypass };
+
+std::string_view name_of(NodeCategory c);
+std::string_view name_of(ValueClass c);
+
+struct SpecNode {
+  NodeCategory category = NodeCategory::AccEntry;
+  ValueClass value_class = ValueClass::Tile;
+  std::vector<int> operands;  // E
+
+  // Broadcast: `arg` >= 0 names a runtime argument; otherwise the `literal` scalar.
+  BroadcastKind broadcast = BroadcastKind::Scalar;
+  int arg = -1;
+  double literal = 0.0;
+
+  // Compute.
+  ComputeKind compute = ComputeKind::Unary;
+  UnaryOp unary = UnaryOp::Relu;
+  BinaryOp binary = BinaryOp::Add;
+  DType cast_to = DType::F32;
+
+  // Reduction (over the row, keepdim): its PostOp is children[post], -1 if none.
+  ReduceOp reduce = ReduceOp::Sum;
+  int post = -1;
+
+  // Placeholder: Stat = the parent reduction's result; Bypass = parent node `source`.
+  PlaceholderKind placeholder = PlaceholderKind::Stat;
+  int source = -1;
+
+  // Store: `arg` names the output argument; it rounds to that argument's dtype.
+
+  std::string origin;  // the graph node this came from (diagnostics, explain)
+};
+
+struct Spec {
+  std::vector<SpecNode> nodes;
+  int terminal = -1;
+  std::vector<Spec> children;
+};
+
+enum class ArgRole { OperandA, OperandB, Scalar, RowVector, ColVector, Output };
+std::string_view name_of(ArgRole r);
+
+struct RuntimeArg {
+  std::string name;        // graph name of the tensor
+  ArgRole role = ArgRole::Scalar;
+  DType dtype = DType::F32;
+  Shape shape;             // symbolic graph shape
+  ValueClass value_class = ValueClass::Tile;  // Output only: Tile or Col
+  int graph_node = -1;
+};
+
+// One fusable region: a GEMM (acc = A x B) and its epilogue spec.
+struct FusionSpec {
+  std::string name;
+  BLayout b_layout = BLayout::NK;
+  Dim m, n, k;              // the GEMM's symbolic problem dims
+  std::vector<RuntimeArg> args;  // A
+  Spec root;
+
+  int arg_index(ArgRole role) const;  // first arg with this role, -1 if none
+  // Number of Reduction nodes in the whole nest.
+  int reduction_count() const;
+  // Stages in the chain (reductions + 1 along the deepest nest).
+  int stage_count() const;
+};
+
+// Text form. print() and parse_spec() round-trip: parse_spec(print(s)) == s.
+std::string print(const FusionSpec& s);
+std::ostream& operator<<(std::ostream& os, const FusionSpec& s);
+FusionSpec parse_spec(const std::string& text);  // throws Error with line and column
+bool operator==(const FusionSpec& a, const FusionSpec& b);
+
+// Structural checks; throws Error with a precise message (which spec path, which node).
+void verify(const FusionSpec& s);
+
+// Read-only traversal of a spec nest (Halide style): override what you need.
+class SpecVisitor {
+ public:
+  virtual ~SpecVisitor() = default;
+  // Called for each stage, depth first; `depth` 0 is the root.
+  virtual void enter_stage(const Spec& stage, int depth) { (void)stage; (void)depth; }
+  virtual void leave_stage(const Spec& stage, int depth) { (void)stage; (void)depth; }
+  virtual void visit(const Spec& stage, int index, const SpecNode& node, int depth) {
+    (void)stage; (void)index; (void)node; (void)depth;
+  }
+  // Visits nodes in order, descending into a Reduction's PostOp right after it.
+  void walk(const Spec& root, int depth = 0);
+};
+
+}  // namespace comfuse

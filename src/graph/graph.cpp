@@ -1,0 +1,253 @@
+#include "comfuse/graph.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+namespace comfuse {
+
+std::string Dim::str() const { return sym.empty() ? std::to_string(size) : sym; }
+
+std::string to_string(const Shape& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + s[i].str();
+  return out + "]";
+}
+
+int64_t resolve(const Dim& d, const Bindings& b) {
+  if (d.sym.empty()) return d.size;
+  auto it = b.find(d.sym);
+  if (it == b.end()) throw Error(fmt::format("dimension '{}' has no value (bind it, e.g. --shape or --dim {}=...)", d.sym, d.sym));
+  return it->second;
+}
+
+std::string_view name_of(OpKind k) {
+  switch (k) {
+    case OpKind::Input: return "input";
+    case OpKind::Constant: return "const";
+    case OpKind::MatMul: return "matmul";
+    case OpKind::Unary: return "unary";
+    case OpKind::Binary: return "binary";
+    case OpKind::Cast: return "cast";
+    case OpKind::Reduce: return "reduce";
+    case OpKind::Transpose: return "transpose";
+  }
+  return "?";
+}
+
+const Node& Value::node() const { return graph->node(id); }
+
+Value operator+(Value a, Value b) { return a.graph->binary(BinaryOp::Add, a, b); }
+Value operator-(Value a, Value b) { return a.graph->binary(BinaryOp::Sub, a, b); }
+Value operator*(Value a, Value b) { return a.graph->binary(BinaryOp::Mul, a, b); }
+Value operator/(Value a, Value b) { return a.graph->binary(BinaryOp::Div, a, b); }
+Value operator+(Value a, double b) { return a.graph->binary(BinaryOp::Add, a, b); }
+Value operator-(Value a, double b) { return a.graph->binary(BinaryOp::Sub, a, b); }
+Value operator*(Value a, double b) { return a.graph->binary(BinaryOp::Mul, a, b); }
+Value operator/(Value a, double b) { return a.graph->binary(BinaryOp::Div, a, b); }
+
+int Graph::find(const std::string& name) const {
+  for (const Node& n : nodes_)
+    if (n.name == name) return n.id;
+  return -1;
+}
+
+std::vector<std::vector<int>> Graph::consumers() const {
+  std::vector<std::vector<int>> out(nodes_.size());
+  for (const Node& n : nodes_)
+    for (int in : n.inputs)
+      if (out[in].empty() || out[in].back() != n.id) out[in].push_back(n.id);
+  return out;
+}
+
+std::string Graph::fresh_name(const std::string& stem) {
+  for (;;) {
+    std::string name = fmt::format("%{}{}", stem, name_counter_++);
+    if (find(name) < 0) return name;
+  }
+}
+
+Value Graph::add_node(Node n) {
+  n.id = static_cast<int>(nodes_.size());
+  n.loc = loc_;
+  if (n.name.empty()) n.name = fresh_name(std::string(name_of(n.kind)));
+  nodes_.push_back(std::move(n));
+  return Value{this, nodes_.back().id};
+}
+
+void Graph::rename(Value v, const std::string& name) {
+  if (name.empty()) throw Error(loc_, "empty name");
+  int other = find(name);
+  if (other >= 0 && other != v.id) throw Error(loc_, fmt::format("name '{}' is already defined", name));
+  nodes_.at(static_cast<size_t>(v.id)).name = name;
+}
+
+static void check_handle(const Graph* g, Value v, std::string_view what, SourceLoc loc) {
+  if (v.graph != g || v.id < 0 || v.id >= static_cast<int>(g->nodes().size()))
+    throw Error(loc, fmt::format("{}: operand is not a value of this graph", what));
+}
+
+Shape Graph::broadcast_shapes(const Shape& a, const Shape& b, std::string_view what) const {
+  const size_t rank = std::max(a.size(), b.size());
+  Shape out(rank);
+  for (size_t i = 0; i < rank; ++i) {
+    const Dim* da = i < rank - a.size() ? nullptr : &a[i - (rank - a.size())];
+    const Dim* db = i < rank - b.size() ? nullptr : &b[i - (rank - b.size())];
+    if (!da) out[i] = *db;
+    else if (!db) out[i] = *da;
+    else if (*da == *db || db->is_one()) out[i] = *da;
+    else if (da->is_one()) out[i] = *db;
+    else
+      throw Error(loc_, fmt::format("shape mismatch in {}: {} and {} do not broadcast", what,
+                                    to_string(a), to_string(b)));
+  }
+  return out;
+}
+
+Value Graph::input(const std::string& name, DType dtype, Shape shape) {
+  if (shape.size() > 2) throw Error(loc_, fmt::format("input '{}': rank {} is not supported (at most 2)", name, shape.size()));
+  for (const Dim& d : shape)
+    if (d.sym.empty() && d.size <= 0)
+      throw Error(loc_, fmt::format("input '{}': dimension {} must be positive", name, d.size));
+  Node n;
+  n.kind = OpKind::Input;
+  n.dtype = dtype;
+  n.shape = std::move(shape);
+  Value v = add_node(std::move(n));
+  rename(v, name);
+  return v;
+}
+
+Value Graph::constant(double v) {
+  Node n;
+  n.kind = OpKind::Constant;
+  n.value = v;
+  return add_node(std::move(n));
+}
+
+Value Graph::matmul(Value a, Value b, BLayout layout) {
+  check_handle(this, a, "matmul", loc_);
+  check_handle(this, b, "matmul", loc_);
+  const Node &na = node(a.id), &nb = node(b.id);
+  if (na.shape.size() != 2 || nb.shape.size() != 2)
+    throw Error(loc_, fmt::format("matmul needs rank-2 operands, got {} and {}", to_string(na.shape), to_string(nb.shape)));
+  const Dim& k_a = na.shape[1];
+  const Dim& k_b = layout == BLayout::NK ? nb.shape[1] : nb.shape[0];
+  const Dim& n_b = layout == BLayout::NK ? nb.shape[0] : nb.shape[1];
+  if (k_a != k_b)
+    throw Error(loc_, fmt::format("matmul: contraction dims differ: A is {} and B ({}) is {}", to_string(na.shape),
+                                  layout == BLayout::NK ? "N x K" : "K x N", to_string(nb.shape)));
+  Node n;
+  n.kind = OpKind::MatMul;
+  n.inputs = {a.id, b.id};
+  n.shape = {na.shape[0], n_b};
+  n.dtype = DType::F32;  // fp32 accumulation
+  n.b_layout = layout;
+  return add_node(std::move(n));
+}
+
+Value Graph::unary(UnaryOp op, Value x) {
+  check_handle(this, x, name_of(op), loc_);
+  Node n;
+  n.kind = OpKind::Unary;
+  n.unary = op;
+  n.inputs = {x.id};
+  n.shape = node(x.id).shape;
+  return add_node(std::move(n));
+}
+
+Value Graph::binary(BinaryOp op, Value a, Value b) {
+  check_handle(this, a, name_of(op), loc_);
+  check_handle(this, b, name_of(op), loc_);
+  if (op == BinaryOp::Pow && !node(b.id).shape.empty())
+    throw Error(loc_, fmt::format("pow: the exponent must be a scalar, got shape {}", to_string(node(b.id).shape)));
+  Node n;
+  n.kind = OpKind::Binary;
+  n.binary = op;
+  n.inputs = {a.id, b.id};
+  n.shape = broadcast_shapes(node(a.id).shape, node(b.id).shape, name_of(op));
+  return add_node(std::move(n));
+}
+
+Value Graph::cast(Value x, DType to) {
+  check_handle(this, x, "cast", loc_);
+  Node n;
+  n.kind = OpKind::Cast;
+  n.dtype = to;
+  n.inputs = {x.id};
+  n.shape = node(x.id).shape;
+  return add_node(std::move(n));
+}
+
+Value Graph::reduce(ReduceOp op, Value x, int dim) {
+  check_handle(this, x, name_of(op), loc_);
+  const Shape& s = node(x.id).shape;
+  const int rank = static_cast<int>(s.size());
+  if (rank == 0) throw Error(loc_, fmt::format("{}: cannot reduce a scalar", name_of(op)));
+  if (dim < -rank || dim >= rank)
+    throw Error(loc_, fmt::format("{}: dim {} is out of range for shape {}", name_of(op), dim, to_string(s)));
+  if (dim < 0) dim += rank;
+  Node n;
+  n.kind = OpKind::Reduce;
+  n.reduce = op;
+  n.reduce_dim = dim;
+  n.inputs = {x.id};
+  n.shape = s;
+  n.shape[static_cast<size_t>(dim)] = Dim::of(1);
+  return add_node(std::move(n));
+}
+
+Value Graph::transpose(Value x) {
+  check_handle(this, x, "transpose", loc_);
+  const Shape& s = node(x.id).shape;
+  if (s.size() != 2) throw Error(loc_, fmt::format("transpose needs a rank-2 tensor, got {}", to_string(s)));
+  Node n;
+  n.kind = OpKind::Transpose;
+  n.inputs = {x.id};
+  n.shape = {s[1], s[0]};
+  return add_node(std::move(n));
+}
+
+// Composites. Numerics follow DESIGN.md: variance of (x - mean), softmax subtracts the max.
+Value Graph::layer_norm(Value x, Value gamma, Value beta, double eps) {
+  Value mean = reduce(ReduceOp::Mean, x);
+  Value centered = x - mean;
+  Value var = reduce(ReduceOp::Mean, unary(UnaryOp::Square, centered));
+  Value y = centered * unary(UnaryOp::Rsqrt, var + eps);
+  if (gamma.id >= 0) y = y * gamma;
+  if (beta.id >= 0) y = y + beta;
+  return y;
+}
+
+Value Graph::rms_norm(Value x, Value gamma, double eps) {
+  Value ms = reduce(ReduceOp::Mean, unary(UnaryOp::Square, x));
+  Value y = x * unary(UnaryOp::Rsqrt, ms + eps);
+  if (gamma.id >= 0) y = y * gamma;
+  return y;
+}
+
+Value Graph::softmax(Value x) {
+  Value shifted = x - reduce(ReduceOp::Max, x);
+  Value e = unary(UnaryOp::Exp, shifted);
+  return e / reduce(ReduceOp::Sum, e);
+}
+
+Value Graph::log_softmax(Value x) {
+  Value shifted = x - reduce(ReduceOp::Max, x);
+  Value lse = unary(UnaryOp::Log, reduce(ReduceOp::Sum, unary(UnaryOp::Exp, shifted)));
+  return shifted - lse;
+}
+
+Value Graph::l2_normalize(Value x, double eps) {
+  Value ss = reduce(ReduceOp::Sum, unary(UnaryOp::Square, x));
+  return x * unary(UnaryOp::Rsqrt, binary(BinaryOp::Max, ss, eps * eps));
+}
+
+void Graph::output(Value v, const std::string& name, DType dtype) {
+  check_handle(this, v, "output", loc_);
+  for (const GraphOutput& o : outputs_)
+    if (o.name == name) throw Error(loc_, fmt::format("output '{}' is declared twice", name));
+  outputs_.push_back(GraphOutput{v.id, name, dtype});
+}
+
+}  // namespace comfuse
