@@ -27,12 +27,56 @@ struct DeviceModel {
   int max_cluster = 16;             // non-portable limit
   // Clusters resident at once when each CTA fills an SM (measured on the lent H200).
   std::map<int, int> clusters_resident = {{1, 132}, {2, 66}, {4, 30}, {8, 15}, {16, 7}};
+
+  // Cost-model inputs (additive to the interface above; see src/plan/planner.cpp).
+  // MEASURED: a 128x256x4096 bf16 tile's mainloop takes ~45 us on one SM (DESIGN.md),
+  // i.e. 2*128*256*4096 / 45e-6 = 5.96 TFLOP/s per SM.
+  double sm_flops_per_s = 5.96e12;
+  // GUESS: H200 HBM3e peak is 4.8 TB/s; ~85% of it is what streaming kernels reach.
+  double dram_bytes_per_s = 4.0e12;
+  // GUESS: L2 bandwidth available to epilogue re-reads (GlobalReread), whole chip.
+  double l2_bytes_per_s = 6.0e12;
+  // FACT (spec sheet): H100/H200 L2 is 50 MB.
+  int64_t l2_bytes = 50ll << 20;
+  // GUESS: SM clock under sustained tensor load (boost is 1.98 GHz).
+  double clock_hz = 1.755e9;
+  // MEASURED (naive DSMEM stores + full cluster barriers, 128 floats per CTA) for C_N >= 2:
+  // one cluster all-reduce round, microseconds. C_N = 1 (warp shuffles only) is a GUESS.
+  // The TMA-bulk/mbarrier version should beat these; they are upper bounds until re-measured.
+  std::map<int, double> cluster_allreduce_us = {{1, 0.05}, {2, 0.54}, {4, 0.63}, {8, 0.78}, {16, 1.06}};
+  // FACT of the PingPong register split (setmaxnreg 240 for consumers, 40 for the producer).
+  int consumer_regs_per_thread = 240;
 };
 
 // Knobs to be measured on the GPU (issues 3 and 4); defaults are today's best guesses.
 struct PlannerTunables {
   int p2p_max_cluster = 4;  // peer-to-peer at C_N <= this, leader-follower above
   int max_stash_bytes = 96 * 1024;  // SMEM a CTA may spend keeping earlier N-tiles
+
+  // Cost-model knobs (additive). Each is a GUESS awaiting GPU measurement unless noted.
+  // MEASURED (naive form): leader-follower was 5-10% slower than peer-to-peer.
+  double leader_follower_penalty = 1.07;
+  double tile_fixed_us = 0.3;      // GUESS: per-tile pipeline fill / store drain not hidden
+  double epilogue_cpi = 1.5;       // GUESS: issue cycles per epilogue instruction per warp
+  int reg_overhead = 48;           // GUESS: consumer registers besides live tile values
+  // GUESS: mainloop efficiency by pipeline depth (depth >= 4 is full speed).
+  std::map<int, double> stage_efficiency = {{2, 0.85}, {3, 0.95}, {4, 1.0}};
+  // GUESS: mainloop efficiency by tile_n (SMEM operand traffic per MMA grows as tiles shrink).
+  std::map<int, double> tile_n_efficiency = {{64, 0.75}, {128, 0.90}, {192, 0.95}, {256, 1.0}};
+  // GUESS: lock-step cost of clusters along N (multicast A waits for the slowest CTA).
+  // Untuned CUTLASS 1x2-along-N ran at 0.77x of 2x1-along-M (DESIGN.md); we assume tuning
+  // recovers most of that and charge only a few percent.
+  std::map<int, double> cluster_efficiency = {{1, 1.0}, {2, 1.0}, {4, 0.98}, {8, 0.97}, {16, 0.96}};
+  int reduce_buffer_phases = 2;    // parity double-buffering of the unified reduction buffer
+  int store_subtile_n = 64;        // epilogue TMA-store sub-tile width (columns)
+  bool allow_bf16_stash = true;    // stash (and GlobalReread workspace) in bf16 when cheaper
+  // GUESS: share of L2 a GlobalReread workspace may fill and still be re-read from L2; the
+  // mainloop's operand tiles need the rest. Beyond it the re-read is charged at DRAM speed.
+  double l2_workspace_fraction = 0.5;
+  // GUESS (a policy, not a measurement): the most global scratch a GlobalReread plan may ask
+  // the runtime for. It bounds N: about 4M columns for a one-value stash at C_N = 16.
+  int64_t max_workspace_bytes = 8ll << 30;
+  double near_tie = 0.02;          // within 2% of the best: prefer the simpler strategy, smaller cluster
 };
 
 enum class AggregationMode { None, PeerToPeer, LeaderFollower };
@@ -57,7 +101,18 @@ struct SmemBudget {
 struct PlanOptions {
   std::optional<int> cluster_n;               // force C_N
   std::optional<int> tile_n;                  // force the CTA tile's N
+  std::optional<int> tile_m;                  // force rows per consumer warp group (64 or 128)
   std::optional<AggregationMode> aggregation; // debug: force a mode
+  std::optional<RowStrategy> strategy;        // force a row strategy (e.g. test GlobalReread)
+};
+
+// The cost model's estimate for one candidate, microseconds.
+struct PlanEstimate {
+  double mainloop_us = 0;  // mainloop at the resident SM count (wave-quantized)
+  double epilogue_us = 0;  // epilogue + reduce rounds exposed beyond PingPong overlap
+  double reread_us = 0;    // GlobalReread L2 traffic
+  double dram_floor_us = 0;  // unique DRAM bytes / bandwidth (the time cannot be below this)
+  double total_us = 0;
 };
 
 struct Plan {
@@ -79,6 +134,18 @@ struct Plan {
   int clusters_resident = 0;     // from DeviceModel, at this cluster size
   int ctas_busy = 0;             // SMs that can hold a CTA at this cluster size
   std::vector<std::string> reasons;  // one line per choice, why it was made
+
+  // Additive fields (planner detail the emitter and runtime need).
+  int stash_elem_bytes = 0;          // 4 (fp32) or 2 (bf16) for Stash; 4 for GlobalReread
+  std::vector<std::string> stashed;  // stage-1 values kept for earlier N-tiles (Stash/GlobalReread)
+  int live_tile_values = 1;          // tile-sized register values alive across a stage boundary
+  int regs_per_thread = 0;           // consumer register estimate
+  int store_subtile_n = 0;           // columns per TMA-store sub-tile
+  int64_t jobs = 0;                  // cluster work units: one row block (x one N group)
+  int64_t grid_ctas = 0;             // persistent grid: CTAs launched
+  int64_t workspace_bytes = 0;       // GlobalReread: global scratch the runtime allocates
+  PlanEstimate estimate;
+  std::vector<std::string> alternatives;  // the best rejected candidates, with estimates
 };
 
 // Throws Error with the reason when nothing fits (e.g. N beyond what any plan covers).

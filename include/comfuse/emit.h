@@ -1,0 +1,38 @@
+#pragma once
+// Backend Ψ: FusionSpec + Plan -> one CUDA C++ translation unit instantiating the device
+// templates in kernels/comfuse/. Deterministic: the same inputs give the same text (it is
+// the JIT cache key). One expansion rule per node category (emit_rules.cpp); a nested
+// spec (a reduction's PostOp) expands recursively inside its reduction's rule.
+#include <string>
+#include <vector>
+
+#include "comfuse/plan.h"
+#include "comfuse/spec.h"
+
+namespace comfuse {
+
+// Where each runtime argument of the spec lands in the kernel's Params.
+enum class SlotKind { OperandA, OperandB, Vector, Scalar, Output };
+struct ArgSlot {
+  int arg = -1;  // index into FusionSpec::args
+  SlotKind kind = SlotKind::Vector;
+  int slot = 0;  // index into Params::vectors / scalars / tma_out
+};
+
+struct EmittedKernel {
+  std::string entry;   // extern "C" kernel symbol
+  std::string source;  // the translation unit
+  std::vector<ArgSlot> slots;
+  // Mirrors of the instantiated configuration, for the host side of the launch.
+  int tile_m = 0, tile_n = 0, stages = 0, cluster_n = 1;
+  bool b_kmajor = true;
+};
+
+// Throws Error naming the node when the spec uses something the device templates
+// cannot express yet (the message says what and why).
+EmittedKernel emit(const FusionSpec& s, const Plan& p);
+
+// The epilogue type alone (e.g. for tests and `comfuse emit --epilogue`).
+std::string emit_epilogue_type(const FusionSpec& s);
+
+}  // namespace comfuse

@@ -1,0 +1,84 @@
+#pragma once
+// The runtime: a FusionSpec + problem shape -> plan (plan.h) -> CUDA C++ (emit.h) ->
+// cubin (jit.h) -> a loaded, launchable kernel. Arguments are bound by their graph
+// names and validated (shape, dtype, stride, alignment) with an error naming the
+// argument; launches go on the caller's stream with the plan's cluster dims.
+//
+//   comfuse::Graph g = comfuse::parse_graph_file("examples/gemm_bias_gelu.cf");
+//   comfuse::FusedKernel k = comfuse::compile(g, {{"M", 4096}, {"N", 4096}, {"K", 4096}});
+//   comfuse::RunArgs args;
+//   args.tensors["x"] = {x_dev, comfuse::DType::BF16, {4096, 4096}};
+//   ...
+//   k.run(args, stream);
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comfuse/emit.h"
+#include "comfuse/graph.h"
+#include "comfuse/jit.h"
+#include "comfuse/plan.h"
+#include "comfuse/spec.h"
+
+struct CUstream_st;
+
+namespace comfuse {
+
+using Stream = CUstream_st*;  // a cudaStream_t; nullptr = the legacy default stream
+
+// A device tensor, row-major. `ld` is the row stride in elements (0 = packed rows).
+struct DeviceTensor {
+  void* data = nullptr;
+  DType dtype = DType::BF16;
+  std::vector<int64_t> shape;
+  int64_t ld = 0;
+};
+
+struct RunArgs {
+  std::map<std::string, DeviceTensor> tensors;  // operands, vectors, outputs by graph name
+  std::map<std::string, double> scalars;        // runtime scalars ([] inputs) by graph name
+};
+
+struct CompileOptions {
+  PlanOptions plan;
+  PlannerTunables tunables;
+  JitOptions jit;
+};
+
+// True when a CUDA device of compute capability 9.0 is usable by this process.
+bool gpu_available(std::string* why_not = nullptr);
+
+class FusedKernel {
+ public:
+  // Plans, emits, compiles (or loads from the JIT cache) and loads the kernel.
+  static FusedKernel build(const FusionSpec& spec, const Problem& problem, const CompileOptions& opt = {});
+
+  // Validates every argument and launches. Throws Error naming the offending argument.
+  void run(const RunArgs& args, Stream stream = nullptr) const;
+
+  const FusionSpec& spec() const;
+  const Plan& plan() const;
+  const EmittedKernel& emitted() const;
+  const CompiledKernel& compiled() const;
+
+  FusedKernel(FusedKernel&&) noexcept;
+  FusedKernel& operator=(FusedKernel&&) noexcept;
+  ~FusedKernel();
+
+ private:
+  struct State;
+  explicit FusedKernel(std::unique_ptr<State> s);
+  std::unique_ptr<State> state_;
+};
+
+// The whole-graph entry point: the graph must lower to exactly one region with no
+// fallbacks (otherwise the Error lists what is not fused and why).
+FusedKernel compile(const Graph& g, const Bindings& dims, const CompileOptions& opt = {});
+
+// Emits and JIT-compiles without a GPU (for CI and `comfuse compile`).
+CompiledKernel compile_only(const FusionSpec& spec, const Problem& problem, const CompileOptions& opt = {},
+                            EmittedKernel* emitted = nullptr, Plan* plan = nullptr);
+
+}  // namespace comfuse

@@ -1,0 +1,107 @@
+// comfuse/common.cuh: what every device header of the library shares: the CuTe/CUTLASS
+// includes (kept to the few the kernel needs, so that a JIT compile stays short), the
+// named-barrier ids, and the handful of PTX wrappers that CuTe does not provide.
+// Device code only; NVRTC-compatible (no host headers).
+#pragma once
+
+#include <cute/tensor_impl.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cute/algorithm/gemm.hpp>
+#include <cute/arch/copy_sm90_tma.hpp>
+#include <cute/arch/cluster_sm90.hpp>
+#include <cutlass/numeric_types.h>
+#include <cutlass/pipeline/sm90_pipeline.hpp>
+
+#define COMFUSE_DEVICE __device__ __forceinline__
+
+namespace comfuse {
+
+inline constexpr int kWarpGroupThreads = 128;
+
+// Hardware named barriers (0 is __syncthreads). One id per purpose and warp group, so
+// that the two consumer warp groups never share a barrier they use at different times.
+enum class NamedBarrier : int {
+  MmaTurnWG0 = 1,  // consumer WG0 may start its mainloop (arrived by WG1)
+  MmaTurnWG1 = 2,  // consumer WG1 may start its mainloop (arrived by WG0)
+  EpilogueWG0 = 3, // intra-WG sync of WG0's epilogue (SMEM staging, vectors)
+  EpilogueWG1 = 4,
+  // issue 4 adds: ReduceWG0 = 5, ReduceWG1 = 6 (cross-warp reduction scratch).
+};
+
+COMFUSE_DEVICE int barrier_id(NamedBarrier b, int wg = 0) { return static_cast<int>(b) + wg; }
+
+COMFUSE_DEVICE void named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+COMFUSE_DEVICE void named_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// Generic-proxy SMEM writes that a TMA store (async proxy) reads next.
+COMFUSE_DEVICE void fence_view_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+COMFUSE_DEVICE void tma_store_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// Wait until at most N committed TMA stores still READ shared memory.
+template <int N> COMFUSE_DEVICE void tma_store_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+template <int N> COMFUSE_DEVICE void tma_store_wait_all() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+template <int RegCount> COMFUSE_DEVICE void warpgroup_reg_alloc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(RegCount));
+}
+template <int RegCount> COMFUSE_DEVICE void warpgroup_reg_dealloc() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(RegCount));
+}
+
+COMFUSE_DEVICE uint32_t smem_u32(void const* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// stmatrix .x4: four 8x8 16-bit matrices; lane l gives the address of row (l % 8) of
+// matrix (l / 8); register q of every lane holds that lane's pair of matrix q.
+COMFUSE_DEVICE void stmatrix_x4(uint32_t smem_addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.x4.m8n8.shared.b16 [%0], {%1, %2, %3, %4};\n"
+               ::"r"(smem_addr), "r"(r0), "r"(r1), "r"(r2), "r"(r3) : "memory");
+}
+COMFUSE_DEVICE void st_shared_v2(uint32_t smem_addr, float a, float b) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(smem_addr), "f"(a), "f"(b) : "memory");
+}
+
+COMFUSE_DEVICE float2 ld_shared_v2(uint32_t smem_addr) {
+  float2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(smem_addr));
+  return v;
+}
+
+// Element types the kernel moves. float for fp32 outputs.
+template <class T> struct DType;
+template <> struct DType<cutlass::bfloat16_t> {
+  static COMFUSE_DEVICE uint32_t pack2(float a, float b) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+  static COMFUSE_DEVICE float load(void const* p, int i) {
+    return __bfloat162float(reinterpret_cast<__nv_bfloat16 const*>(p)[i]);
+  }
+  static COMFUSE_DEVICE float round(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+};
+template <> struct DType<cutlass::half_t> {
+  static COMFUSE_DEVICE uint32_t pack2(float a, float b) {
+    __half2 v = __floats2half2_rn(a, b);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+  static COMFUSE_DEVICE float load(void const* p, int i) {
+    return __half2float(reinterpret_cast<__half const*>(p)[i]);
+  }
+  static COMFUSE_DEVICE float round(float x) { return __half2float(__float2half_rn(x)); }
+};
+template <> struct DType<float> {
+  static COMFUSE_DEVICE float load(void const* p, int i) { return reinterpret_cast<float const*>(p)[i]; }
+  static COMFUSE_DEVICE float round(float x) { return x; }
+};
+
+}  // namespace comfuse

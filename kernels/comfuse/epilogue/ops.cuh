@@ -1,0 +1,58 @@
+// comfuse/epilogue/ops.cuh: device functors of the operator vocabulary. Each name is the
+// last column of include/comfuse/ops.def; semantics follow that file's fp64 expressions,
+// computed in fp32. Fast intrinsics only where they stay well inside bf16 accuracy
+// (__expf: ~2 ulp relative; __fdividef: 2 ulp, and 0 for a divisor beyond 2^126, which is
+// the right limit where it is used). IEEE division costs a slow-path branch per element,
+// and the epilogue is fully unrolled: code size matters (instruction cache), see NOTES.md.
+// Reductions (ReduceSum, ReduceMean, ReduceMax, ReduceMin) come with issue 4.
+#pragma once
+#include "../common.cuh"
+
+namespace comfuse::epi {
+
+// e^x as one MUFU.EX2 (flush-to-zero: __expf adds a denormal-range fix-up per element).
+// Relative error ~2^-22 plus the rounding of x*log2(e): far inside bf16 (2^-8).
+COMFUSE_DEVICE float fast_exp(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
+  return y;
+}
+
+// Unary: static float apply(float x). Binary: static float apply(float a, float b).
+struct Relu { static COMFUSE_DEVICE float apply(float x) { return x > 0.f ? x : 0.f; } };
+struct GeluErf {
+  static COMFUSE_DEVICE float apply(float x) { return 0.5f * x * (1.f + erff(x * 0.70710678118654752440f)); }
+};
+// 0.5 x (1 + tanh(u)) == x * sigmoid(2u): no cancellation for large negative x.
+struct GeluTanh {
+  static COMFUSE_DEVICE float apply(float x) {
+    float u = 0.79788456080286535588f * (x + 0.044715f * x * x * x);
+    return __fdividef(x, 1.f + fast_exp(-2.f * u));
+  }
+};
+struct Silu { static COMFUSE_DEVICE float apply(float x) { return __fdividef(x, 1.f + fast_exp(-x)); } };
+struct Sigmoid { static COMFUSE_DEVICE float apply(float x) { return __fdividef(1.f, 1.f + fast_exp(-x)); } };
+struct Tanh { static COMFUSE_DEVICE float apply(float x) { return tanhf(x); } };
+struct Exp { static COMFUSE_DEVICE float apply(float x) { return expf(x); } };
+struct Log { static COMFUSE_DEVICE float apply(float x) { return logf(x); } };
+struct Rsqrt { static COMFUSE_DEVICE float apply(float x) { return rsqrtf(x); } };
+struct Sqrt { static COMFUSE_DEVICE float apply(float x) { return sqrtf(x); } };
+struct Square { static COMFUSE_DEVICE float apply(float x) { return x * x; } };
+struct Abs { static COMFUSE_DEVICE float apply(float x) { return fabsf(x); } };
+struct Neg { static COMFUSE_DEVICE float apply(float x) { return -x; } };
+struct Reciprocal { static COMFUSE_DEVICE float apply(float x) { return 1.f / x; } };
+
+struct Add { static COMFUSE_DEVICE float apply(float a, float b) { return a + b; } };
+struct Sub { static COMFUSE_DEVICE float apply(float a, float b) { return a - b; } };
+struct Mul { static COMFUSE_DEVICE float apply(float a, float b) { return a * b; } };
+struct Div { static COMFUSE_DEVICE float apply(float a, float b) { return a / b; } };
+// NaN-propagating, as ops.def (fmaxf/fminf would drop the NaN).
+struct Max {
+  static COMFUSE_DEVICE float apply(float a, float b) { return a > b ? a : (b > a ? b : (isnan(a) ? a : b)); }
+};
+struct Min {
+  static COMFUSE_DEVICE float apply(float a, float b) { return a < b ? a : (b < a ? b : (isnan(a) ? a : b)); }
+};
+struct Pow { static COMFUSE_DEVICE float apply(float a, float b) { return powf(a, b); } };
+
+}  // namespace comfuse::epi

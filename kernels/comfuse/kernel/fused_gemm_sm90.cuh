@@ -1,0 +1,147 @@
+// comfuse/kernel/fused_gemm_sm90.cuh: the fused GEMM + epilogue kernel (sm_90a).
+//
+// 384 threads = 3 warp groups:
+//   WG0  producer: setmaxnreg.dec to 40; one thread issues every TMA load into the
+//        Stages-deep SMEM ring (mainloop/mainloop_sm90.cuh), tile after tile.
+//   WG1, WG2  consumers (setmaxnreg.inc to 232), in one of two schedules
+//     PingPong (Mainloop::WGsPerTile == 1): consumer c takes the CTA's tiles c, c+2, ...;
+//        each owns a whole BM x BN tile (BM*BN/128 fp32 accumulators a thread). The tensor
+//        cores serve one consumer at a time: a consumer waits for its MmaTurn barrier,
+//        issues all wgmmas of its tile, hands the turn to the other consumer, then waits
+//        for its last wgmmas and runs the epilogue (epilogue/stage.cuh) while the other
+//        consumer's mainloop runs.
+//     Cooperative (WGsPerTile == 2): both consumers take every tile of the CTA, 64 rows
+//        each, and run their halves' epilogues side by side; the producer meanwhile fills
+//        the ring for the next tile. Bigger tiles (128 x 256) for less SMEM traffic per
+//        MAC; the epilogue is not hidden behind a mainloop.
+// Persistent over tiles (scheduler/tile_scheduler.cuh), clusters of 1 x ClusterN CTAs
+// along N sharing the A tile through TMA multicast.
+//
+// Generated code instantiates comfuse::fused_gemm_sm90<FusedGemmSm90<Mainloop, Epi>>
+// (or wraps it in an extern "C" entry) and launches grid (clusters, ClusterN, 1),
+// cluster (1, ClusterN, 1), kThreads threads, kSmemBytes dynamic SMEM.
+#pragma once
+#include "../common.cuh"
+#include "../params.cuh"
+#include "../mainloop/mainloop_sm90.cuh"
+#include "../scheduler/tile_scheduler.cuh"
+#include "../epilogue/stage.cuh"
+
+namespace comfuse {
+
+template <class Mainloop_, class Epi_>
+struct FusedGemmSm90 {
+  using Mainloop = Mainloop_;
+  using Epi = Epi_;
+  static constexpr int BM = Mainloop::BM, BN = Mainloop::BN, ClusterN = Mainloop::ClusterN;
+  static constexpr bool kPingPong = Mainloop::WGsPerTile == 1;
+  static constexpr int kEpiRows = BM / Mainloop::WGsPerTile;  // rows of a consumer's epilogue
+  using Geo = epi::Geometry<kEpiRows, BN>;
+  using EpiExec = typename Epi::template Exec<Geo>;
+  using Scheduler = TileScheduler<BM, BN, ClusterN>;
+  using Pipeline = typename Mainloop::Pipeline;
+  using PipelineState = typename Mainloop::PipelineState;
+
+  static constexpr int kThreads = 3 * kWarpGroupThreads;
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs = 232;  // 40*128 + 232*256 <= 64K registers
+  static_assert(kEpiRows * BN / kWarpGroupThreads <= 128, "accumulators of one warp group must leave room");
+
+  struct SharedStorage {
+    typename Mainloop::SharedStorage mainloop;              // the ring, 1024-aligned
+    typename EpiExec::SharedStorage epi[2];                 // one per consumer WG
+    typename Pipeline::SharedStorage pipe;                  // full/empty mbarriers
+  };
+  // + 1024: the dynamic SMEM base is aligned up to 1024 bytes in-kernel (128B swizzle).
+  static constexpr int kSmemBytes = int(sizeof(SharedStorage)) + 1024;
+  static_assert(kSmemBytes <= 227 * 1024, "SMEM over the sm_90 per-block limit: fewer stages");
+
+  static COMFUSE_DEVICE void run(Params const& p, char* smem_raw) {
+    uintptr_t base = (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023);
+    SharedStorage& ss = *reinterpret_cast<SharedStorage*>(base);
+
+    int const wg = threadIdx.x / kWarpGroupThreads;
+    int const t = threadIdx.x % kWarpGroupThreads;
+
+    typename Pipeline::Params pp;
+    pp.transaction_bytes = Mainloop::kTxBytes;
+    pp.role = wg == 0 ? Pipeline::ThreadCategory::Producer : Pipeline::ThreadCategory::Consumer;
+    pp.is_leader = threadIdx.x == 0;
+    pp.num_consumers = Mainloop::kConsumerThreads;  // PingPong: one consumer WG per k-block
+    Pipeline pipeline(ss.pipe, pp, typename Mainloop::ClusterShape{});
+
+    // Barrier init visible to every CTA of the cluster before any multicast or remote arrive.
+    if constexpr (ClusterN > 1) {
+      cute::cluster_arrive_relaxed();
+      cute::cluster_wait();
+    } else {
+      __syncthreads();
+    }
+
+    Scheduler sched(p);
+    int const kt = Mainloop::k_tiles(p);
+
+    if (wg == 0) {
+      warpgroup_reg_dealloc<kProducerRegs>();
+      if (threadIdx.x == 0) {
+        PipelineState state = cutlass::make_producer_start_state<Pipeline>();
+        for (int k = 0;; ++k) {
+          TileCoord tc = sched.tile(k);
+          if (!tc.valid) break;
+          Mainloop::load(p, pipeline, state, ss.mainloop, tc.m_block, tc.n_block, sched.rank);
+        }
+        pipeline.producer_tail(state);  // no exit while peers may still signal our barriers
+      }
+    } else {
+      warpgroup_reg_alloc<kConsumerRegs>();
+      int const cw = wg - 1;
+      PipelineState read_state, release_state;
+      EpiExec epi;
+      typename Mainloop::FragC accum;
+      if constexpr (kPingPong) {
+        if (cw == 1) {
+          read_state.advance(kt);  // the first k-blocks belong to consumer 0's first tile
+          release_state = read_state;
+          named_arrive(barrier_id(NamedBarrier::MmaTurnWG0), 2 * kWarpGroupThreads);
+        }
+      }
+      for (int k = kPingPong ? cw : 0;; k += kPingPong ? 2 : 1) {
+        TileCoord tc = sched.tile(k);
+        if (!tc.valid) break;
+        if constexpr (kPingPong) {
+          named_sync(barrier_id(NamedBarrier::MmaTurnWG0, cw), 2 * kWarpGroupThreads);
+          Mainloop::mma(pipeline, read_state, release_state, ss.mainloop, accum, kt, t);
+          named_arrive(barrier_id(NamedBarrier::MmaTurnWG0, 1 - cw), 2 * kWarpGroupThreads);
+          Mainloop::mma_tail(pipeline, release_state, accum);
+          read_state.advance(kt);  // skip the other consumer's tile
+          release_state = read_state;
+        } else {
+          Mainloop::mma(pipeline, read_state, release_state, ss.mainloop, accum, kt, threadIdx.x - kWarpGroupThreads);
+          Mainloop::mma_tail(pipeline, release_state, accum);
+        }
+        int const m0 = tc.m_block * BM + (kPingPong ? 0 : cw * kEpiRows);
+        epi::EpiCtx ctx{&p, m0, tc.n_block * BN, t, t / 32, t % 32};
+        epi.run(ctx, ss.epi[cw], accum, barrier_id(NamedBarrier::EpilogueWG0, cw));
+      }
+      if (t == 0) tma_store_wait_all<0>();
+    }
+  }
+};
+
+template <class Kernel>
+__global__ void __launch_bounds__(Kernel::kThreads, 1) fused_gemm_sm90(__grid_constant__ Params const p) {
+  extern __shared__ char comfuse_smem[];
+  Kernel::run(p, comfuse_smem);
+}
+
+}  // namespace comfuse
+
+// A generated translation unit names its entry point with this (extern "C": a stable
+// symbol for cuModuleGetFunction, no mangled template name to reproduce).
+#define COMFUSE_DEFINE_KERNEL(NAME, KERNEL)                                                    \
+  extern "C" __constant__ int NAME##_smem_bytes = KERNEL::kSmemBytes;                          \
+  extern "C" __global__ void __launch_bounds__(KERNEL::kThreads, 1)                            \
+      NAME(__grid_constant__ comfuse::Params const p) {                                        \
+    extern __shared__ char comfuse_smem[];                                                     \
+    KERNEL::run(p, comfuse_smem);                                                              \
+  }

@@ -1,0 +1,156 @@
+// comfuse/mainloop/mainloop_sm90.cuh: the TMA + wgmma mainloop of one CTA tile.
+//
+// SMEM ring: Stages slots, each one BM x 64 tile of A and one BN x 64 tile of B (64 =
+// one 128-byte swizzle atom of a 16-bit type), guarded by CUTLASS's PipelineTmaAsync
+// (full barrier: TMA transaction bytes; empty barrier: one arrival per consumer warp
+// group of every CTA whose TMA multicasts into the slot).
+//
+// Producer (one thread): per k-block, waits for the slot to be empty, then loads
+//   A: M x K, K-major. With ClusterN > 1 the BM rows are cut into ASlices slices of
+//      >= 8 rows; CTA rank r < ASlices loads slice r and multicasts it to every CTA of
+//      the cluster (all of them need the same rows: the scheduler guarantees it).
+//   B: N x K (K-major, one box {64, BN}) or K x N (N-major, BN/64 boxes {64, 64}).
+// Consumers: WGsPerTile == 1 (PingPong): one warp group computes the whole BM x BN tile
+//   (BM/64 wgmma m64nBNk16 per k16 step). WGsPerTile == 2 (Cooperative): BM == 128, both
+//   consumer warp groups work on the same tile, 64 rows each (the TiledMma spans 256
+//   threads). Either way a consumer waits for the slot, issues the wgmmas of the k-block,
+//   keeps one k-block in flight, and releases the slot of the previous k-block.
+// SMEM traffic per k-block is what separates them: TMA writes (BM + BN) * 64 * 2 bytes per
+// BM * BN * 64 MACs, so the 128 x 256 cooperative tile fills SMEM at 0.6x the rate of a
+// 128 x 128 or 64 x 256 PingPong tile.
+#pragma once
+#include "../common.cuh"
+#include "../params.cuh"
+
+namespace comfuse {
+
+template <class Element_, bool BKMajor_, int BM_, int BN_, int Stages_, int ClusterN_, int WGsPerTile_ = 1>
+struct MainloopSm90 {
+  using Element = Element_;
+  static constexpr bool BKMajor = BKMajor_;  // B is N x K (PyTorch Linear weight)
+  static constexpr int BM = BM_, BN = BN_, BK = 128 / int(sizeof(Element)), Stages = Stages_;
+  static constexpr int ClusterN = ClusterN_;
+  static constexpr int WGsPerTile = WGsPerTile_;
+  static constexpr int kConsumerThreads = WGsPerTile * 128;  // threads that consume one k-block
+  static_assert(WGsPerTile == 1 || (WGsPerTile == 2 && BM_ == 128), "cooperative: 128 rows, 64 per WG");
+  static_assert(sizeof(Element) == 2, "16-bit inputs (bf16, fp16)");
+  static_assert(BM == 64 || BM == 128, "a warp group covers 64 or 128 rows");
+  static_assert(BN % 64 == 0 && BN <= 256, "BN in {64, 128, 192, 256}");
+  static_assert(ClusterN == 1 || ClusterN == 2 || ClusterN == 4 || ClusterN == 8 || ClusterN == 16);
+
+  // A slices for the multicast: each >= 8 rows (one swizzle atom), so slices start on
+  // 1024-byte boundaries.
+  static constexpr int ASlices = ClusterN < BM / 8 ? ClusterN : BM / 8;
+  static constexpr int ASliceRows = BM / ASlices;
+  static constexpr uint32_t kTxBytes = uint32_t((BM + BN) * BK * sizeof(Element));
+
+  using MajorB = cute::conditional_t<BKMajor, cute::integral_constant<cute::GMMA::Major, cute::GMMA::Major::K>,
+                                     cute::integral_constant<cute::GMMA::Major, cute::GMMA::Major::MN>>;
+  using SmemLayoutA = decltype(cute::tile_to_shape(
+      cute::GMMA::Layout_K_SW128_Atom<Element>{},
+      cute::make_shape(cute::Int<BM>{}, cute::Int<BK>{}, cute::Int<Stages>{})));
+  // N-major B: 64-column atoms, K-blocks of one atom contiguous (= one TMA box {64, 64}).
+  using SmemLayoutB = cute::conditional_t<BKMajor,
+      decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<Element>{},
+                                   cute::make_shape(cute::Int<BN>{}, cute::Int<BK>{}, cute::Int<Stages>{}))),
+      decltype(cute::tile_to_shape(cute::GMMA::Layout_MN_SW128_Atom<Element>{},
+                                   cute::make_shape(cute::Int<BN>{}, cute::Int<BK>{}, cute::Int<Stages>{}),
+                                   cute::Step<cute::_2, cute::_1, cute::_3>{}))>;
+
+  using MmaOp = decltype(cute::GMMA::ss_op_selector<Element, Element, float,
+                         cute::Shape<cute::_64, cute::Int<BN>, cute::Int<BK>>,
+                         cute::GMMA::Major::K, MajorB::value>());
+  using TiledMma = decltype(cute::make_tiled_mma(MmaOp{}, cute::Layout<cute::Shape<cute::Int<WGsPerTile>, cute::_1, cute::_1>>{}));
+
+  using Pipeline = cutlass::PipelineTmaAsync<Stages>;
+  using PipelineState = typename Pipeline::PipelineState;
+  using ClusterShape = cute::Shape<cute::_1, cute::Int<ClusterN>, cute::_1>;
+
+  struct SharedStorage {
+    alignas(1024) Element A[BM * BK * Stages];
+    alignas(1024) Element B[BN * BK * Stages];
+  };
+
+  // Accumulator registers of one thread: BM*BN/(128*WGsPerTile) floats; register i of
+  // m64-block mi holds row 64*mi (+ 64*wg when cooperative) + 16*warp + lane/4 +
+  // 8*((i>>1)&1), column 8*(i>>2) + 2*(lane%4) + (i&1).
+  using FragC = decltype(cute::partition_fragment_C(TiledMma{}, cute::Shape<cute::Int<BM>, cute::Int<BN>>{}));
+
+  static COMFUSE_DEVICE int k_tiles(Params const& p) { return (p.K + BK - 1) / BK; }
+
+  // ---- producer: one thread issues every TMA load of a tile -------------------------
+  static COMFUSE_DEVICE void load(Params const& p, Pipeline& pipeline, PipelineState& state,
+                                  SharedStorage& smem, int m_block, int n_block, int rank) {
+    constexpr uint64_t kEvictNormal = 0x1000000000000000ull;
+    int const kt_count = k_tiles(p);
+    int const m0 = m_block * BM, n0 = n_block * BN;
+    for (int kt = 0; kt < kt_count; ++kt) {
+      pipeline.producer_acquire(state);
+      uint64_t* bar = pipeline.producer_get_barrier(state);
+      int const s = state.index();
+      int const k0 = kt * BK;
+      if (rank < ASlices) {
+        Element* dst = smem.A + s * BM * BK + rank * ASliceRows * BK;
+        if constexpr (ClusterN > 1) {
+          cute::SM90_TMA_LOAD_MULTICAST_2D::copy(&p.tma_a, bar, uint16_t((1u << ClusterN) - 1u), kEvictNormal,
+                                                 dst, k0, m0 + rank * ASliceRows);
+        } else {
+          cute::SM90_TMA_LOAD_2D::copy(&p.tma_a, bar, kEvictNormal, dst, k0, m0);
+        }
+      }
+      Element* dstb = smem.B + s * BN * BK;
+      if constexpr (BKMajor) {
+        cute::SM90_TMA_LOAD_2D::copy(&p.tma_b, bar, kEvictNormal, dstb, k0, n0);
+      } else {
+        CUTE_UNROLL
+        for (int nb = 0; nb < BN / 64; ++nb)
+          cute::SM90_TMA_LOAD_2D::copy(&p.tma_b, bar, kEvictNormal, dstb + nb * 64 * BK, n0 + nb * 64, k0);
+      }
+      ++state;
+    }
+  }
+
+  // ---- consumer: one warp group ------------------------------------------------------
+  // Issues the whole tile's wgmmas; returns with the last k-block still in flight (the
+  // caller hands the tensor cores to the other warp group, then calls mma_tail).
+  static COMFUSE_DEVICE void mma(Pipeline& pipeline, PipelineState& read_state, PipelineState& release_state,
+                                 SharedStorage& smem, FragC& accum, int kt_count, int mma_thread) {
+    using namespace cute;
+    Tensor sA = make_tensor(make_smem_ptr(smem.A), SmemLayoutA{});
+    Tensor sB = make_tensor(make_smem_ptr(smem.B), SmemLayoutB{});
+    TiledMma tiled_mma;
+    auto thr = tiled_mma.get_slice(mma_thread);  // 0..kConsumerThreads-1
+    Tensor tCrA = thr.make_fragment_A(thr.partition_A(sA));  // (MMA, MMA_M, MMA_K, PIPE)
+    Tensor tCrB = thr.make_fragment_B(thr.partition_B(sB));  // (MMA, MMA_N, MMA_K, PIPE)
+
+    tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
+    warpgroup_fence_operand(accum);
+    for (int kt = 0; kt < kt_count; ++kt) {
+      pipeline.consumer_wait(read_state);
+      int const s = read_state.index();
+      warpgroup_arrive();
+      CUTE_UNROLL
+      for (int kb = 0; kb < size<2>(tCrA); ++kb) {
+        cute::gemm(tiled_mma, tCrA(_, _, kb, s), tCrB(_, _, kb, s), accum);
+        tiled_mma.accumulate_ = GMMA::ScaleOut::One;
+      }
+      warpgroup_commit_batch();
+      ++read_state;
+      if (kt > 0) {
+        warpgroup_wait<1>();  // the previous k-block's wgmmas are done: free its slot
+        pipeline.consumer_release(release_state);
+        ++release_state;
+      }
+    }
+    warpgroup_fence_operand(accum);
+  }
+
+  static COMFUSE_DEVICE void mma_tail(Pipeline& pipeline, PipelineState& release_state, FragC& accum) {
+    cute::warpgroup_wait<0>();
+    cute::warpgroup_fence_operand(accum);
+    pipeline.consumer_release(release_state);
+    ++release_state;
+  }
+};
+
+}  // namespace comfuse

@@ -1,0 +1,71 @@
+// comfuse/scheduler/tile_scheduler.cuh: persistent, cluster-aware tile scheduler.
+//
+// Grid: dim3(num_clusters, ClusterN, 1), cluster dims (1, ClusterN, 1). A cluster walks
+// "cluster tiles": one BM-row block times ClusterN adjacent BN-column blocks. CTA rank r
+// of the cluster (blockIdx.y) takes column block ct.n * ClusterN + r of the SAME rows, so
+// every CTA of a cluster holds the same M rows at the same time (issue 4's cross-CTA row
+// reductions and the multicast of A rely on this). Cluster c takes cluster tiles
+// c, c + num_clusters, c + 2 num_clusters, ...; all CTAs of a cluster see the same
+// sequence, the k-th one of which goes to consumer warp group k % 2 (PingPong).
+//
+// Raster: cluster tiles are numbered in bands of `group` M-blocks (raster_along_n == 0;
+// inside a band M moves fastest, so a wave of tiles shares few B panels and few A panels),
+// or in bands of `group` N-cluster-blocks (raster_along_n != 0). Column blocks past N (when
+// the N-block count is no multiple of ClusterN) still run: their CTA loads its A slice
+// for the peers; TMA zero-fills their B and clips their stores.
+#pragma once
+#include "../common.cuh"
+#include "../params.cuh"
+
+namespace comfuse {
+
+struct TileCoord {
+  int m_block;  // in units of BM
+  int n_block;  // in units of BN
+  bool valid;
+};
+
+template <int BM, int BN, int ClusterN>
+struct TileScheduler {
+  int tiles_m, cl_tiles_n, num_cluster_tiles;
+  int group, along_n;
+  int cluster_id, num_clusters, rank;
+
+  static constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+  // Host and device: how many cluster tiles a problem has (host sizes the grid with it).
+  static constexpr int cluster_tiles(int M, int N) {
+    return ceil_div(M, BM) * ceil_div(ceil_div(N, BN), ClusterN);
+  }
+
+  COMFUSE_DEVICE explicit TileScheduler(Params const& p) {
+    tiles_m = ceil_div(p.M, BM);
+    cl_tiles_n = ceil_div(ceil_div(p.N, BN), ClusterN);
+    num_cluster_tiles = tiles_m * cl_tiles_n;
+    group = p.raster_group > 0 ? p.raster_group : 1;
+    along_n = p.raster_along_n;
+    cluster_id = blockIdx.x;
+    num_clusters = gridDim.x;
+    rank = blockIdx.y;
+  }
+
+  // The k-th tile of this CTA (k = 0, 1, 2, ...).
+  COMFUSE_DEVICE TileCoord tile(int k) const {
+    int t = cluster_id + k * num_clusters;
+    if (t >= num_cluster_tiles) return {0, 0, false};
+    // Bands of `group` blocks along the major axis; the other axis is walked inside.
+    int major = along_n ? cl_tiles_n : tiles_m;
+    int minor = along_n ? tiles_m : cl_tiles_n;
+    int band_size = group * minor;
+    int band = t / band_size;
+    int r = t - band * band_size;
+    int in_band = min(group, major - band * group);
+    int a = band * group + r % in_band;  // along the banded axis
+    int b = r / in_band;                 // along the other axis
+    int m = along_n ? b : a;
+    int ncl = along_n ? a : b;
+    return {m, ncl * ClusterN + rank, true};
+  }
+};
+
+}  // namespace comfuse

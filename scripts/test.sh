@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The tests: install pinned dependencies (idempotent), build everything in build/, run
+# every CTest test (GPU tests skip themselves with a message when no GPU is present),
+# then a short libFuzzer run over the text parsers when scripts/fuzz.sh exists.
+#   JOBS=N   parallel build jobs (default 2)
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+
+bash scripts/setup.sh
+cmake -S . -B build
+cmake --build build -j"${JOBS:-2}"
+(cd build && ctest --output-on-failure)
+
+if [[ -f scripts/fuzz.sh ]]; then
+  bash scripts/fuzz.sh 60
+else
+  echo "[test] scripts/fuzz.sh not present: fuzzing skipped"
+fi
+echo "[test] all tests passed"

@@ -1,0 +1,126 @@
+// Ψ's expansion rules: each NodeCategory maps to one device template family of
+// kernels/comfuse/epilogue/nodes.cuh. An op's device functor name comes from the
+// vocabulary (ops.def), so a new op needs no change here.
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "emit_rules.h"
+
+namespace comfuse::emit_detail {
+
+std::string cpp_type(DType t) {
+  switch (t) {
+    case DType::BF16: return "cutlass::bfloat16_t";
+    case DType::F16: return "cutlass::half_t";
+    case DType::F32: return "float";
+  }
+  return "float";
+}
+
+namespace {
+
+std::string float_literal(double v) {
+  const float f = static_cast<float>(v);
+  if (std::isnan(f)) return "__builtin_nanf(\"\")";
+  if (std::isinf(f)) return f > 0 ? "__builtin_inff()" : "(-__builtin_inff())";
+  // Shortest text that reads back as the same float.
+  return fmt::format("{}f", f).find_first_of(".en") == std::string::npos ? fmt::format("{}.0f", f) : fmt::format("{}f", f);
+}
+
+const SpecNode& node_at(const Spec& s, int i) { return s.nodes.at(static_cast<size_t>(i)); }
+
+std::string operands(const SpecNode& n) {
+  std::string out;
+  for (int o : n.operands) out += fmt::format(", {}", o);
+  return out;
+}
+
+int slot(EmitContext& ctx, int arg, const std::string& path) {
+  auto it = ctx.slot_of_arg.find(arg);
+  if (it == ctx.slot_of_arg.end()) throw Error(fmt::format("{}: argument a{} has no kernel slot", path, arg));
+  return it->second;
+}
+
+std::string acc_entry(EmitContext&, const Spec&, int, const std::string&) { return "comfuse::epi::AccEntry"; }
+
+std::string broadcast(EmitContext& ctx, const Spec& st, int i, const std::string& path) {
+  const SpecNode& n = node_at(st, i);
+  if (n.arg < 0) return fmt::format("comfuse::epi::ScalarLiteral<{}>", ctx.literal_struct(n.literal));
+  const RuntimeArg& a = ctx.spec.args.at(static_cast<size_t>(n.arg));
+  switch (n.broadcast) {
+    case BroadcastKind::Scalar: return fmt::format("comfuse::epi::ScalarArg<{}>", slot(ctx, n.arg, path));
+    case BroadcastKind::Row: return fmt::format("comfuse::epi::RowBroadcast<{}, {}>", slot(ctx, n.arg, path), cpp_type(a.dtype));
+    case BroadcastKind::Col: return fmt::format("comfuse::epi::ColBroadcast<{}, {}>", slot(ctx, n.arg, path), cpp_type(a.dtype));
+  }
+  return "";
+}
+
+std::string compute(EmitContext&, const Spec& st, int i, const std::string&) {
+  const SpecNode& n = node_at(st, i);
+  switch (n.compute) {
+    case ComputeKind::Unary:
+      return fmt::format("comfuse::epi::Compute<comfuse::epi::{}{}>", device_functor_of(n.unary), operands(n));
+    case ComputeKind::Binary:
+      return fmt::format("comfuse::epi::Compute<comfuse::epi::{}{}>", device_functor_of(n.binary), operands(n));
+    case ComputeKind::Cast:
+      return fmt::format("comfuse::epi::Cast<{}{}>", cpp_type(n.cast_to), operands(n));
+  }
+  return "";
+}
+
+// A reduction carries its PostOp stage as a template argument: structural induction.
+std::string reduction(EmitContext& ctx, const Spec& st, int i, const std::string& path) {
+  const SpecNode& n = node_at(st, i);
+  std::string post = "void";
+  if (n.post >= 0) post = render_stage(ctx, st.children.at(static_cast<size_t>(n.post)), fmt::format("{} > post of n{}", path, i));
+  return fmt::format("comfuse::epi::Reduction<comfuse::epi::{}, {}, {}>", device_functor_of(n.reduce), n.operands.at(0), post);
+}
+
+std::string placeholder(EmitContext&, const Spec& st, int i, const std::string&) {
+  const SpecNode& n = node_at(st, i);
+  if (n.placeholder == PlaceholderKind::Stat) return "comfuse::epi::Stat";
+  return fmt::format("comfuse::epi::Bypass<{}>", n.source);
+}
+
+std::string store(EmitContext& ctx, const Spec& st, int i, const std::string& path) {
+  const SpecNode& n = node_at(st, i);
+  const RuntimeArg& a = ctx.spec.args.at(static_cast<size_t>(n.arg));
+  if (a.value_class != ValueClass::Tile)
+    throw Error(fmt::format("{}: node n{} stores '{}', a per-row [M, 1] value: the device epilogue stores full tiles only",
+                            path, i, a.name));
+  return fmt::format("comfuse::epi::Store<{}, {}{}>", slot(ctx, n.arg, path), cpp_type(a.dtype), operands(n));
+}
+
+}  // namespace
+
+std::string EmitContext::literal_struct(double v) {
+  const std::string body = fmt::format("{{ static constexpr float value = {}; }};", float_literal(v));
+  for (size_t i = 0; i < literals.size(); ++i)
+    if (literals[i].find(body) != std::string::npos) return fmt::format("Lit{}", i);
+  literals.push_back(fmt::format("struct Lit{} {}", literals.size(), body));
+  return fmt::format("Lit{}", literals.size() - 1);
+}
+
+Rule rule_for(NodeCategory c) {
+  switch (c) {
+    case NodeCategory::AccEntry: return acc_entry;
+    case NodeCategory::Broadcast: return broadcast;
+    case NodeCategory::Compute: return compute;
+    case NodeCategory::Reduction: return reduction;
+    case NodeCategory::Placeholder: return placeholder;
+    case NodeCategory::Store: return store;
+  }
+  return nullptr;
+}
+
+std::string render_stage(EmitContext& ctx, const Spec& stage, const std::string& path) {
+  std::string out = "comfuse::epi::Stage<";
+  for (size_t i = 0; i < stage.nodes.size(); ++i) {
+    const std::string node = rule_for(stage.nodes[i].category)(ctx, stage, static_cast<int>(i), path);
+    out += fmt::format("{}\n    /* n{} */ {}", i ? "," : "", i, node);
+  }
+  return out + ">";
+}
+
+}  // namespace comfuse::emit_detail

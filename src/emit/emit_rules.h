@@ -1,0 +1,28 @@
+#pragma once
+// The expansion rules of Ψ, one per NodeCategory. Private to src/emit.
+#include <map>
+#include <string>
+#include <vector>
+
+#include "comfuse/emit.h"
+
+namespace comfuse::emit_detail {
+
+// State shared by the rules while one FusionSpec is rendered.
+struct EmitContext {
+  const FusionSpec& spec;
+  std::map<int, int> slot_of_arg;       // FusionSpec arg -> Params slot (vectors/scalars/outputs)
+  std::vector<std::string> literals;    // struct definitions, in first-use order
+  std::string literal_struct(double v); // name of the struct holding v as a float
+};
+
+// Renders one node as a template type; `path` locates it for error messages.
+using Rule = std::string (*)(EmitContext&, const Spec& stage, int index, const std::string& path);
+Rule rule_for(NodeCategory c);
+
+// Renders a whole stage: comfuse::epi::Stage<node types...>.
+std::string render_stage(EmitContext& ctx, const Spec& stage, const std::string& path);
+
+std::string cpp_type(DType t);  // cutlass::bfloat16_t, cutlass::half_t, float
+
+}  // namespace comfuse::emit_detail

@@ -1,0 +1,116 @@
+// run_graph: the fp64 reference for every op of the graph, fused domain or not.
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "interp_internal.h"
+
+namespace comfuse {
+namespace interp_detail {
+
+Tensor take_input(const Node& n, const Bindings& dims, const TensorMap& inputs) {
+  auto it = inputs.find(n.name);
+  if (it == inputs.end())
+    throw Error(n.loc, fmt::format("input '{}' of shape {} was not supplied", n.name, to_string(n.shape)));
+  const std::vector<int64_t> want = concrete_shape(n.shape, dims);
+  const Tensor& t = it->second;
+  if (t.shape != want)
+    throw Error(n.loc, fmt::format("input '{}' has shape {}, but the graph declares {} = {}", n.name,
+                                   shape_str(t.shape), to_string(n.shape), shape_str(want)));
+  if (static_cast<int64_t>(t.data.size()) != t.numel())
+    throw Error(n.loc, fmt::format("input '{}': {} values for shape {}", n.name, t.data.size(), shape_str(t.shape)));
+  return t;
+}
+
+namespace {
+
+Tensor reduce(const Node& n, const Tensor& x) {
+  const int rank = static_cast<int>(x.shape.size());
+  const int dim = n.reduce_dim < 0 ? rank - 1 : n.reduce_dim;
+  if (rank == 0 || dim >= rank) throw Error(n.loc, fmt::format("reduce '{}': bad dim {} for rank {}", n.name, dim, rank));
+  // View x as [outer, len, inner] with the reduced dim in the middle.
+  int64_t outer = 1, inner = 1;
+  for (int i = 0; i < dim; ++i) outer *= x.shape[i];
+  for (int i = dim + 1; i < rank; ++i) inner *= x.shape[i];
+  const int64_t len = x.shape[dim];
+  std::vector<int64_t> shape = x.shape;
+  shape[dim] = 1;
+  Tensor out = filled(shape);
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t i = 0; i < inner; ++i) {
+      double acc = reduce_identity(n.reduce);
+      for (int64_t l = 0; l < len; ++l)
+        acc = reduce_combine(n.reduce, acc, x.data[static_cast<size_t>((o * len + l) * inner + i)]);
+      out.data[static_cast<size_t>(o * inner + i)] = reduce_finalize(n.reduce, acc, len);
+    }
+  return out;
+}
+
+}  // namespace
+
+Tensor eval_node(const Node& n, const Bindings& dims, const std::vector<const Tensor*>& in) {
+  switch (n.kind) {
+    case OpKind::Input: throw Error(n.loc, "eval_node: inputs are taken, not evaluated");
+    case OpKind::Constant: return filled({}, n.value);
+    case OpKind::MatMul: return matmul(*in[0], *in[1], n.b_layout);
+    case OpKind::Unary: {
+      Tensor t = *in[0];
+      for (double& v : t.data) v = apply(n.unary, v);
+      return t;
+    }
+    case OpKind::Cast: return rounded(*in[0], n.dtype);
+    case OpKind::Binary: {
+      Tensor t = filled(concrete_shape(n.shape, dims));
+      const int64_t rows = t.rows(), cols = t.cols();
+      for (const Tensor* x : in)
+        for (size_t d = 0; d < x->shape.size(); ++d) {
+          const int64_t want = d + 1 == x->shape.size() ? cols : rows;  // numpy: align on the right
+          if (x->shape[d] != 1 && x->shape[d] != want)
+            throw Error(n.loc, fmt::format("{} '{}': operand shape {} does not broadcast to {}", name_of(n.binary),
+                                           n.name, shape_str(x->shape), shape_str(t.shape)));
+        }
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c)
+          t.data[static_cast<size_t>(r * cols + c)] = apply(n.binary, in[0]->at(r, c), in[1]->at(r, c));
+      return t;
+    }
+    case OpKind::Reduce: return reduce(n, *in[0]);
+    case OpKind::Transpose: {
+      const Tensor& x = *in[0];
+      if (x.shape.size() != 2) throw Error(n.loc, fmt::format("transpose '{}' needs rank 2", n.name));
+      Tensor t = filled({x.shape[1], x.shape[0]});
+      for (int64_t r = 0; r < x.shape[0]; ++r)
+        for (int64_t c = 0; c < x.shape[1]; ++c)
+          t.data[static_cast<size_t>(c * x.shape[0] + r)] = x.data[static_cast<size_t>(r * x.shape[1] + c)];
+      return t;
+    }
+  }
+  throw Error(n.loc, "eval_node: unknown op");
+}
+
+}  // namespace interp_detail
+
+using namespace interp_detail;
+
+std::vector<Tensor> run_graph_all(const Graph& g, const Bindings& dims, const TensorMap& inputs) {
+  std::vector<Tensor> vals(g.nodes().size());
+  for (const Node& n : g.nodes()) {  // ids are topological: operands precede their users
+    if (n.kind == OpKind::Input) {
+      vals[n.id] = take_input(n, dims, inputs);
+      continue;
+    }
+    std::vector<const Tensor*> in;
+    for (int i : n.inputs) in.push_back(&vals[i]);
+    vals[n.id] = eval_node(n, dims, in);
+  }
+  return vals;
+}
+
+TensorMap run_graph(const Graph& g, const Bindings& dims, const TensorMap& inputs) {
+  std::vector<Tensor> vals = run_graph_all(g, dims, inputs);
+  TensorMap out;
+  for (const GraphOutput& o : g.outputs()) out[o.name] = rounded(vals[o.node], o.dtype);
+  return out;
+}
+
+}  // namespace comfuse

@@ -1,0 +1,269 @@
+// run_spec: executes a Fusion Spec the way the fused kernel does: acc = A x B, then the
+// stage chain. Every value is held as a rank-2 tensor of its shape class (Tile [M, N],
+// Col [M, 1], Row [1, N], Scalar [1, 1]); reductions follow the kernel's tiled order.
+#include <fmt/format.h>
+
+#include <cmath>
+#include <set>
+
+#include "interp_internal.h"
+
+namespace comfuse {
+namespace {
+using namespace interp_detail;
+
+std::string_view role_name(ArgRole r) {
+  switch (r) {
+    case ArgRole::OperandA: return "A operand";
+    case ArgRole::OperandB: return "B operand";
+    case ArgRole::Scalar: return "scalar";
+    case ArgRole::RowVector: return "row vector";
+    case ArgRole::ColVector: return "column vector";
+    case ArgRole::Output: return "output";
+  }
+  return "?";
+}
+
+std::string_view class_name(ValueClass c) {
+  switch (c) {
+    case ValueClass::Tile: return "tile";
+    case ValueClass::Col: return "col";
+    case ValueClass::Row: return "row";
+    case ValueClass::Scalar: return "scalar";
+  }
+  return "?";
+}
+
+// The smallest class both fit into (Scalar < Row, Col < Tile).
+ValueClass join(ValueClass a, ValueClass b) {
+  if (a == b || b == ValueClass::Scalar) return a;
+  if (a == ValueClass::Scalar) return b;
+  return ValueClass::Tile;
+}
+
+class SpecExec {
+ public:
+  SpecExec(const FusionSpec& fs, const Bindings& dims, const TensorMap& args, const ReduceTiling& t)
+      : fs_(fs), tiling_(t), bind_(dims) {
+    const int ia = find_role(ArgRole::OperandA), ib = find_role(ArgRole::OperandB);
+    if (ia < 0 || ib < 0) throw Error(fmt::format("spec '{}': no {} argument", fs.name, ia < 0 ? "A" : "B"));
+    vals_.resize(fs.args.size());
+    for (size_t i = 0; i < fs.args.size(); ++i) {
+      const RuntimeArg& a = fs.args[i];
+      if (a.role == ArgRole::Output) continue;
+      auto it = args.find(a.name);
+      if (it == args.end())
+        throw Error(fmt::format("spec '{}': {} argument '{}' was not supplied", fs.name, role_name(a.role), a.name));
+      vals_[i] = it->second;
+    }
+    const Tensor &A = vals_[ia], &B = vals_[ib];
+    if (A.shape.size() != 2 || B.shape.size() != 2)
+      throw Error(fmt::format("spec '{}': operands must be rank 2, got A {} and B {}", fs.name, shape_str(A.shape),
+                              shape_str(B.shape)));
+    M_ = A.shape[0];
+    N_ = fs.b_layout == BLayout::NK ? B.shape[0] : B.shape[1];
+    check_dim(fs.m, M_, "M");
+    check_dim(fs.n, N_, "N");
+    check_dim(fs.k, A.shape[1], "K");
+    if (!fs.m.sym.empty()) bind_[fs.m.sym] = M_;
+    if (!fs.n.sym.empty()) bind_[fs.n.sym] = N_;
+    acc_ = matmul(A, B, fs.b_layout);
+    for (size_t i = 0; i < fs.args.size(); ++i) {
+      const RuntimeArg& a = fs.args[i];
+      const auto expect = [&](int64_t rows, int64_t cols) {
+        if (vals_[i].numel() != rows * cols)
+          throw Error(fmt::format("spec '{}': {} argument '{}' has shape {}, expected {} values", fs.name,
+                                  role_name(a.role), a.name, shape_str(vals_[i].shape), rows * cols));
+        vals_[i].shape = {rows, cols};
+      };
+      if (a.role == ArgRole::Scalar) expect(1, 1);
+      if (a.role == ArgRole::RowVector) expect(1, N_);
+      if (a.role == ArgRole::ColVector) expect(M_, 1);
+    }
+  }
+
+  TensorMap run() {
+    exec(fs_.root, "root", nullptr, nullptr);
+    for (const RuntimeArg& a : fs_.args)
+      if (a.role == ArgRole::Output && !out_.count(a.name))
+        throw Error(fmt::format("spec '{}': output '{}' is never stored", fs_.name, a.name));
+    return std::move(out_);
+  }
+
+ private:
+  int find_role(ArgRole r) const {
+    for (size_t i = 0; i < fs_.args.size(); ++i)
+      if (fs_.args[i].role == r) return static_cast<int>(i);
+    return -1;
+  }
+
+  void check_dim(const Dim& d, int64_t got, const char* what) const {
+    auto want = try_resolve(d, bind_);
+    if (want && *want != got)
+      throw Error(fmt::format("spec '{}': {} ({}) is {} but the operands give {}", fs_.name, what, d.str(), *want, got));
+  }
+
+  std::vector<int64_t> shape_of(ValueClass c) const {
+    switch (c) {
+      case ValueClass::Tile: return {M_, N_};
+      case ValueClass::Col: return {M_, 1};
+      case ValueClass::Row: return {1, N_};
+      case ValueClass::Scalar: return {1, 1};
+    }
+    return {1, 1};
+  }
+
+  [[noreturn]] void fail(const std::string& path, int i, const std::string& msg) const {
+    throw Error(fmt::format("spec '{}', stage {}, node {}: {}", fs_.name, path, i, msg));
+  }
+
+  const RuntimeArg& arg(const std::string& path, int i, int a) const {
+    if (a < 0 || a >= static_cast<int>(fs_.args.size())) fail(path, i, fmt::format("argument index {} out of range", a));
+    return fs_.args[a];
+  }
+
+  // Executes one stage. `parent` holds the parent stage's values (for Bypass), `stat`
+  // the parent reduction's result (for Stat); both null at the root.
+  void exec(const Spec& st, const std::string& path, const std::vector<Tensor>* parent,
+            const std::vector<ValueClass>* parent_cls, const Tensor* stat = nullptr) {
+    const size_t count = st.nodes.size();
+    std::vector<Tensor> v(count);
+    std::vector<ValueClass> cls(count);
+    std::vector<std::pair<int, int>> posts;  // (reduction node, child index)
+    for (size_t ui = 0; ui < count; ++ui) {
+      const int i = static_cast<int>(ui);
+      const SpecNode& n = st.nodes[ui];
+      for (int o : n.operands)
+        if (o < 0 || o >= i) fail(path, i, fmt::format("operand {} is not an earlier node", o));
+      auto opnd = [&](size_t k) -> const Tensor& {
+        if (k >= n.operands.size()) fail(path, i, "missing operand");
+        return v[static_cast<size_t>(n.operands[k])];
+      };
+      auto opcls = [&](size_t k) { return cls[static_cast<size_t>(n.operands[k])]; };
+      cls[ui] = n.value_class;
+      switch (n.category) {
+        case NodeCategory::AccEntry: v[ui] = acc_; cls[ui] = ValueClass::Tile; break;
+        case NodeCategory::Broadcast: {
+          const ValueClass want = n.broadcast == BroadcastKind::Row   ? ValueClass::Row
+                                  : n.broadcast == BroadcastKind::Col ? ValueClass::Col
+                                                                      : ValueClass::Scalar;
+          cls[ui] = want;
+          if (n.arg < 0) {
+            if (n.broadcast != BroadcastKind::Scalar) fail(path, i, "a row/col broadcast needs an argument");
+            v[ui] = filled({1, 1}, n.literal);
+            break;
+          }
+          const RuntimeArg& a = arg(path, i, n.arg);
+          const ArgRole role = want == ValueClass::Row   ? ArgRole::RowVector
+                               : want == ValueClass::Col ? ArgRole::ColVector
+                                                         : ArgRole::Scalar;
+          if (a.role != role)
+            fail(path, i, fmt::format("broadcast of '{}' expects a {} argument, it is a {}", a.name, role_name(role),
+                                      role_name(a.role)));
+          v[ui] = vals_[static_cast<size_t>(n.arg)];
+          break;
+        }
+        case NodeCategory::Compute: {
+          ValueClass c = opcls(0);
+          if (n.compute == ComputeKind::Binary) {
+            c = join(c, opcls(1));
+            Tensor t = filled(shape_of(c));
+            const Tensor &a = opnd(0), &b = opnd(1);
+            const int64_t cols = t.shape[1];
+            for (int64_t r = 0; r < t.shape[0]; ++r)
+              for (int64_t k = 0; k < cols; ++k)
+                t.data[static_cast<size_t>(r * cols + k)] = apply(n.binary, a.at(r, k), b.at(r, k));
+            v[ui] = std::move(t);
+          } else if (n.compute == ComputeKind::Unary) {
+            v[ui] = opnd(0);
+            for (double& x : v[ui].data) x = apply(n.unary, x);
+          } else {
+            v[ui] = rounded(opnd(0), n.cast_to);
+          }
+          cls[ui] = c;
+          break;
+        }
+        case NodeCategory::Reduction: {
+          const Tensor& x = opnd(0);
+          const ValueClass c = opcls(0);
+          cls[ui] = (c == ValueClass::Tile || c == ValueClass::Col) ? ValueClass::Col : ValueClass::Scalar;
+          Tensor t = filled({x.shape[0], 1});
+          for (int64_t r = 0; r < x.shape[0]; ++r)
+            t.data[static_cast<size_t>(r)] =
+                reduce_row_tiled(n.reduce, &x.data[static_cast<size_t>(r * x.shape[1])], x.shape[1], tiling_);
+          v[ui] = std::move(t);
+          if (n.post >= 0) {
+            if (n.post >= static_cast<int>(st.children.size())) fail(path, i, fmt::format("PostOp {} does not exist", n.post));
+            posts.emplace_back(i, n.post);
+          }
+          break;
+        }
+        case NodeCategory::Placeholder:
+          if (n.placeholder == PlaceholderKind::Stat) {
+            if (!stat) fail(path, i, "a Stat placeholder outside a PostOp");
+            v[ui] = *stat;
+            cls[ui] = ValueClass::Col;
+          } else {
+            if (!parent) fail(path, i, "a Bypass placeholder outside a PostOp");
+            if (n.source < 0 || n.source >= static_cast<int>(parent->size()))
+              fail(path, i, fmt::format("bypass source {} is not a node of the parent stage", n.source));
+            v[ui] = (*parent)[static_cast<size_t>(n.source)];
+            cls[ui] = (*parent_cls)[static_cast<size_t>(n.source)];
+          }
+          break;
+        case NodeCategory::Store: {
+          const RuntimeArg& a = arg(path, i, n.arg);
+          if (a.role != ArgRole::Output) fail(path, i, fmt::format("stores to '{}', which is not an output", a.name));
+          store(path, i, a, opnd(0), opcls(0));
+          v[ui] = opnd(0);
+          cls[ui] = opcls(0);
+          break;
+        }
+      }
+      if (cls[ui] != n.value_class)
+        fail(path, i, fmt::format("declared class {} but its value is a {}", class_name(n.value_class), class_name(cls[ui])));
+    }
+    for (auto [r, child] : posts)
+      exec(st.children[static_cast<size_t>(child)], fmt::format("{}/{}", path, child), &v, &cls, &v[static_cast<size_t>(r)]);
+  }
+
+  void store(const std::string& path, int i, const RuntimeArg& a, const Tensor& x, ValueClass c) {
+    if (out_.count(a.name)) fail(path, i, fmt::format("output '{}' is stored twice", a.name));
+    if (join(c, a.value_class) != a.value_class)
+      fail(path, i, fmt::format("stores a {} value into '{}', a {} output", class_name(c), a.name, class_name(a.value_class)));
+    // The graph's shape for the output when its dims are bound, else the class shape.
+    std::vector<int64_t> shape;
+    bool bound = true;
+    for (const Dim& d : a.shape) {
+      auto r = try_resolve(d, bind_);
+      if (!r) { bound = false; break; }
+      shape.push_back(*r);
+    }
+    if (!bound || a.shape.empty()) shape = shape_of(a.value_class);
+    Tensor t = filled(shape);
+    const int64_t rows = t.rows(), cols = t.cols();
+    const std::vector<int64_t> want = shape_of(a.value_class);
+    if (rows * cols != want[0] * want[1] || (rows != want[0] && rows != 1))
+      fail(path, i, fmt::format("output '{}' has shape {} but its class {} is {}", a.name, shape_str(shape),
+                                class_name(a.value_class), shape_str(want)));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t k = 0; k < cols; ++k) t.data[static_cast<size_t>(r * cols + k)] = round_to(a.dtype, x.at(r, k));
+    out_[a.name] = std::move(t);
+  }
+
+  const FusionSpec& fs_;
+  ReduceTiling tiling_;
+  Bindings bind_;  // the caller's dims, plus M and N as the operands give them
+  std::vector<Tensor> vals_;  // by arg index (non-output args)
+  Tensor acc_;
+  int64_t M_ = 0, N_ = 0;
+  TensorMap out_;
+};
+
+}  // namespace
+
+TensorMap run_spec(const FusionSpec& s, const Bindings& dims, const TensorMap& args, const ReduceTiling& t) {
+  return SpecExec(s, dims, args, t).run();
+}
+
+}  // namespace comfuse

@@ -1,0 +1,294 @@
+// The two compilers behind jit_compile: NVRTC in process (default: no process spawn, no
+// nvcc needed at run time) and nvcc as a subprocess (fallback, and the reference toolchain).
+// Both produce an sm_90a cubin plus the full log, ptxas diagnostics included.
+#include <fcntl.h>
+#include <nvrtc.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <mutex>
+#include <regex>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "comfuse/jit.h"
+
+namespace fs = std::filesystem;
+
+namespace comfuse {
+namespace {
+
+// Split a CMake list ("a;b") into its items.
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ';');)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+// -I paths every kernel gets: CUTLASS/CuTe, then CCCL, then the toolkit. NVRTC has no
+// implicit include path, and CuTe under __CUDACC_RTC__ takes <cuda/std/...> from CCCL,
+// which CUDA 13 keeps in include/cccl: without that path NVRTC stops at cute/config.hpp.
+std::vector<std::string> toolkit_include_dirs() {
+  std::vector<std::string> dirs = {COMFUSE_CUTLASS_INCLUDE};
+  std::vector<std::string> cuda = split_list(COMFUSE_CUDA_INCLUDE);
+  for (const std::string& d : cuda)
+    if (fs::exists(fs::path(d) / "cccl" / "cuda" / "std")) dirs.push_back(d + "/cccl");
+  for (const std::string& d : cuda) dirs.push_back(d);
+  return dirs;
+}
+
+fs::path kernels_dir_of(const JitOptions& opt) {
+  return opt.kernels_dir.empty() ? fs::path(COMFUSE_KERNELS_DIR) : opt.kernels_dir;
+}
+
+// Flags both compilers share, in key order. -DNDEBUG is not optional: CUTLASS's device
+// asserts are extern calls inside the wgmma pipeline and make ptxas serialize every wgmma.
+std::vector<std::string> common_flags(const KernelSource& src, const JitOptions& opt) {
+  std::vector<std::string> f = {"-std=c++17", "-DNDEBUG"};
+  if (opt.fast_math) f.push_back("--use_fast_math");
+  f.push_back("-I" + kernels_dir_of(opt).string());
+  for (const std::string& d : toolkit_include_dirs()) f.push_back("-I" + d);
+  f.insert(f.end(), src.flags.begin(), src.flags.end());
+  return f;
+}
+
+// ptxas C7510 = "wgmma.mma_async instructions are serialized": correct but slow code.
+bool mentions_wgmma_serialization(const std::string& log) {
+  return log.find("C7510") != std::string::npos;
+}
+
+std::string env_or(const char* name, const std::string& dflt) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::string(v) : dflt;
+}
+
+struct ProcessResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr interleaved
+};
+
+// fork/exec with an argv (no shell: paths with spaces or quotes stay intact), stdout+stderr
+// into a pipe, cwd set in the child. Between fork and exec only async-signal-safe calls.
+ProcessResult run_process(const std::vector<std::string>& argv, const fs::path& cwd) {
+  std::vector<char*> cargv;
+  for (const std::string& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
+  cargv.push_back(nullptr);
+  std::string cwd_s = cwd.string();
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) throw Error("jit: pipe() failed");
+  pid_t pid = fork();
+  if (pid < 0) {
+    close(fds[0]);
+    close(fds[1]);
+    throw Error("jit: fork() failed");
+  }
+  if (pid == 0) {
+    dup2(fds[1], 1);  // dup2 clears O_CLOEXEC on the new descriptors
+    dup2(fds[1], 2);
+    if (!cwd_s.empty() && chdir(cwd_s.c_str()) != 0) _exit(126);
+    execv(cargv[0], cargv.data());
+    _exit(127);
+  }
+  close(fds[1]);
+  ProcessResult r;
+  char buf[4096];
+  for (ssize_t n; (n = read(fds[0], buf, sizeof buf)) != 0;) {
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    r.output.append(buf, static_cast<size_t>(n));
+  }
+  close(fds[0]);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  if (r.exit_code == 127) r.output += fmt::format("\n(could not execute {})", argv[0]);
+  return r;
+}
+
+std::vector<char> read_bytes(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::vector<char>(std::istreambuf_iterator<char>(in), {});
+}
+
+void write_text(const fs::path& p, std::string_view text) {
+  std::ofstream out(p, std::ios::binary);
+  out.write(text.data(), static_cast<std::streamsize>(text.size()));
+  if (!out) throw Error(fmt::format("jit: cannot write {}", p.string()));
+}
+
+// ---------------------------------------------------------------------------------------
+class NvrtcCompiler final : public Compiler {
+ public:
+  NvrtcCompiler() {
+    int major = 0, minor = 0;
+    nvrtcVersion(&major, &minor);
+    identity_ = fmt::format("nvrtc-{}.{}", major, minor);
+  }
+  CompilerKind kind() const override { return CompilerKind::Nvrtc; }
+  const std::string& identity() const override { return identity_; }
+
+  std::vector<std::string> flags(const KernelSource& src, const JitOptions& opt) const override {
+    // -default-device: CUTLASS has unannotated constexpr helpers that NVRTC would otherwise
+    // reject as host functions. Side effect: namespace-scope constexpr variables get device
+    // storage, so the cubin is larger than nvcc's (the kernel code is the same).
+    std::vector<std::string> f = {"-arch=" + opt.arch, "-default-device"};
+    std::vector<std::string> c = common_flags(src, opt);
+    f.insert(f.end(), c.begin(), c.end());
+    return f;
+  }
+
+  CompileOutput compile(const KernelSource& src, const std::vector<std::string>& flags,
+                        const fs::path& work_dir, bool want_ptx) const override {
+    auto t0 = std::chrono::steady_clock::now();
+    nvrtcProgram prog = nullptr;
+    std::string file_name = (src.name.empty() ? "kernel" : src.name) + ".cu";
+    nvrtcResult rc = nvrtcCreateProgram(&prog, src.source.c_str(), file_name.c_str(), 0, nullptr, nullptr);
+    if (rc != NVRTC_SUCCESS) throw Error(fmt::format("nvrtcCreateProgram: {}", nvrtcGetErrorString(rc)));
+    // Destroy the program on every path out of here.
+    std::unique_ptr<nvrtcProgram, void (*)(nvrtcProgram*)> guard(&prog, [](nvrtcProgram* p) { nvrtcDestroyProgram(p); });
+    std::vector<const char*> argv;
+    for (const std::string& f : flags) argv.push_back(f.c_str());
+    rc = nvrtcCompileProgram(prog, static_cast<int>(argv.size()), argv.data());
+    CompileOutput out;
+    size_t log_size = 0;
+    nvrtcGetProgramLogSize(prog, &log_size);
+    if (log_size > 1) {
+      out.log.resize(log_size);
+      nvrtcGetProgramLog(prog, out.log.data());
+      out.log.resize(log_size - 1);  // drop the terminating NUL
+    }
+    if (rc != NVRTC_SUCCESS)
+      throw Error(fmt::format("{}\n{}", nvrtcGetErrorString(rc), out.log));
+    size_t cubin_size = 0;
+    if (nvrtcGetCUBINSize(prog, &cubin_size) != NVRTC_SUCCESS || cubin_size == 0)
+      throw Error("NVRTC produced no cubin (is the arch a real sm_XX, not compute_XX?)\n" + out.log);
+    out.cubin.resize(cubin_size);
+    nvrtcGetCUBIN(prog, out.cubin.data());
+    if (want_ptx) {
+      size_t ptx_size = 0;
+      if (nvrtcGetPTXSize(prog, &ptx_size) == NVRTC_SUCCESS && ptx_size > 1) {
+        out.ptx.resize(ptx_size);
+        nvrtcGetPTX(prog, out.ptx.data());
+        out.ptx.resize(ptx_size - 1);
+      }
+    }
+    out.wgmma_serialized = mentions_wgmma_serialization(out.log);
+    out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return out;
+  }
+
+ private:
+  std::string identity_;
+};
+
+// ---------------------------------------------------------------------------------------
+class NvccCompiler final : public Compiler {
+ public:
+  NvccCompiler() : nvcc_(env_or("COMFUSE_NVCC", COMFUSE_NVCC)) {}
+  CompilerKind kind() const override { return CompilerKind::Nvcc; }
+
+  // Asked lazily: a process that never falls back to nvcc never spawns `nvcc --version`.
+  const std::string& identity() const override {
+    std::call_once(once_, [this] {
+      if (!fs::exists(nvcc_)) throw Error(fmt::format("jit: nvcc not found at '{}' (set COMFUSE_NVCC)", nvcc_));
+      ProcessResult r = run_process({nvcc_, "--version"}, {});
+      std::smatch m;
+      if (r.exit_code != 0 || !std::regex_search(r.output, m, std::regex(R"(V(\d+\.\d+\.\d+))")))
+        throw Error(fmt::format("jit: '{} --version' failed:\n{}", nvcc_, r.output));
+      identity_ = "nvcc-" + m[1].str();
+    });
+    return identity_;
+  }
+
+  std::vector<std::string> flags(const KernelSource& src, const JitOptions& opt) const override {
+    std::string arch = opt.arch.rfind("sm_", 0) == 0 ? opt.arch.substr(3) : opt.arch;
+    std::vector<std::string> f = {fmt::format("-gencode=arch=compute_{0},code=sm_{0}", arch), "-O3",
+                                  "--expt-relaxed-constexpr"};
+    std::vector<std::string> c = common_flags(src, opt);
+    f.insert(f.end(), c.begin(), c.end());
+    return f;
+  }
+
+  CompileOutput compile(const KernelSource& src, const std::vector<std::string>& flags,
+                        const fs::path& work_dir, bool want_ptx) const override {
+    identity();  // throws a clear error when nvcc is missing
+    auto t0 = std::chrono::steady_clock::now();
+    // Name the file like NVRTC does ("<name>.cu") so both compilers' logs read alike.
+    std::string stem = src.name.empty() ? "kernel" : src.name;
+    for (char& c : stem)
+      if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-') c = '_';
+    fs::path cu = work_dir / (stem + ".cu"), cubin = work_dir / "nvcc_output.cubin";
+    write_text(cu, src.source);
+    auto command = [&](const char* mode, const std::vector<std::string>& f, const fs::path& out) {
+      std::vector<std::string> argv = {nvcc_, mode};
+      argv.insert(argv.end(), f.begin(), f.end());
+      argv.insert(argv.end(), {"-o", out.string(), cu.string()});
+      return argv;
+    };
+    // cwd = the scratch dir, so files in the caller's cwd cannot shadow headers.
+    ProcessResult r = run_process(command("-cubin", flags, cubin), work_dir);
+    if (r.exit_code != 0) throw Error(fmt::format("nvcc exited with {}\n{}", r.exit_code, r.output));
+    CompileOutput out;
+    out.log = r.output;
+    out.cubin = read_bytes(cubin);
+    if (out.cubin.empty()) throw Error("nvcc produced an empty cubin\n" + r.output);
+    if (want_ptx) {
+      // "-gencode=arch=compute_X,code=sm_X" cannot emit PTX: ask for the virtual arch alone.
+      std::vector<std::string> ptx_flags = flags;
+      for (std::string& f : ptx_flags) {
+        std::smatch m;
+        if (std::regex_search(f, m, std::regex(R"(^-gencode=arch=(compute_\w+),)"))) f = "-arch=" + m[1].str();
+      }
+      fs::path ptx = work_dir / "nvcc_output.ptx";
+      if (run_process(command("-ptx", ptx_flags, ptx), work_dir).exit_code == 0) {
+        std::vector<char> p = read_bytes(ptx);
+        out.ptx.assign(p.begin(), p.end());
+      }
+    }
+    out.wgmma_serialized = mentions_wgmma_serialization(out.log);
+    out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return out;
+  }
+
+ private:
+  std::string nvcc_;
+  mutable std::once_flag once_;
+  mutable std::string identity_;
+};
+
+}  // namespace
+
+const Compiler& nvrtc_compiler() {
+  static NvrtcCompiler c;
+  return c;
+}
+
+const Compiler& nvcc_compiler() {
+  static NvccCompiler c;
+  return c;
+}
+
+const Compiler& compiler_for(CompilerKind kind) {
+  // The environment's choice is read once: a process never mixes compilers by accident.
+  static const CompilerKind env_kind = [] {
+    std::string v = env_or("COMFUSE_JIT_COMPILER", "nvrtc");
+    if (v == "nvcc") return CompilerKind::Nvcc;
+    if (v != "nvrtc") spdlog::warn("jit: COMFUSE_JIT_COMPILER='{}' is not nvrtc|nvcc; using nvrtc", v);
+    return CompilerKind::Nvrtc;
+  }();
+  if (kind == CompilerKind::Auto) kind = env_kind;
+  return kind == CompilerKind::Nvcc ? nvcc_compiler() : nvrtc_compiler();
+}
+
+}  // namespace comfuse

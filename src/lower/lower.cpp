@@ -1,0 +1,420 @@
+// Lowering Φ: graph -> Fusion Spec IR (paper, "Φ" and "recursive construction").
+//
+// Three passes per GEMM root:
+//   1. Region growth (the closure of Φ): a node joins the region of matmul `mm` when
+//      its op is in the domain (unary, binary, cast, last-dim reduction), one operand
+//      comes from the region, every other operand is a leaf Φ can broadcast (literal
+//      -> scalar, rank-0 input -> runtime scalar, [N] -> row vector, [M, 1] -> column
+//      vector) and its own shape is a tile [M, N] or a per-row column [M, 1]. Anything
+//      else stays outside with the reason recorded.
+//   2. Staging: reductions, in topological order, are stage terminals r_0..r_{L-1};
+//      r_i's statistic exists from stage i+1. Elementwise nodes are placed as late as
+//      their consumers allow (fewer live registers), never before their inputs exist.
+//      A value defined in stage s and used in stage t > s is carried through stages
+//      s+1..t by Bypass placeholders: computed once, never recomputed.
+//   3. Emission: stage s+1 is the PostOp (nested spec) of r_s; leaves are
+//      re-broadcast in each stage that reads them (a broadcast is a load, not a value
+//      worth carrying).
+#include "comfuse/lower.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+#include <optional>
+#include <set>
+
+namespace comfuse {
+namespace {
+
+constexpr int kNoRegion = -1;
+
+// Shape class of a graph shape relative to a GEMM's output [M, N].
+std::optional<ValueClass> classify(const Shape& s, const Dim& m, const Dim& n) {
+  if (s.empty()) return ValueClass::Scalar;
+  if (s.size() == 1) {
+    if (s[0] == n) return ValueClass::Row;
+    if (s[0].is_one()) return ValueClass::Scalar;
+    return std::nullopt;
+  }
+  if (s.size() == 2) {
+    const bool rows = s[0] == m, rows1 = s[0].is_one();
+    const bool cols = s[1] == n, cols1 = s[1].is_one();
+    if (rows && cols) return ValueClass::Tile;
+    if (rows && cols1) return ValueClass::Col;
+    if (rows1 && cols) return ValueClass::Row;
+    if (rows1 && cols1) return ValueClass::Scalar;
+  }
+  return std::nullopt;
+}
+
+// Storage dtype of a materialized value: a cast names it, everything else stays fp32.
+DType storage_dtype(const Node& n) {
+  return (n.kind == OpKind::Input || n.kind == OpKind::Cast) ? n.dtype : DType::F32;
+}
+
+class Lowering {
+ public:
+  explicit Lowering(const Graph& g) : g_(g), consumers_(g.consumers()) {}
+
+  LoweringResult run() {
+    const size_t count = g_.nodes().size();
+    region_of_.assign(count, kNoRegion);
+    depends_on_gemm_.assign(count, false);
+    reason_.assign(count, "");
+    live_ = live_nodes();
+
+    for (const Node& n : g_.nodes()) {
+      for (int in : n.inputs) depends_on_gemm_[n.id] = depends_on_gemm_[n.id] || depends_on_gemm_[in];
+      if (n.kind == OpKind::MatMul) depends_on_gemm_[n.id] = true;
+    }
+    for (const Node& n : g_.nodes())
+      if (n.kind == OpKind::MatMul && live_[n.id]) grow_region(n);
+    for (size_t r = 0; r < roots_.size(); ++r) result_.regions.push_back(build_region(static_cast<int>(r)));
+    report_outside();
+    find_b2b();
+    return std::move(result_);
+  }
+
+ private:
+  // Nodes from which some graph output is reachable.
+  std::vector<bool> live_nodes() const {
+    std::vector<bool> live(g_.nodes().size(), false);
+    for (const GraphOutput& o : g_.outputs()) live[o.node] = true;
+    for (int id = static_cast<int>(g_.nodes().size()) - 1; id >= 0; --id)
+      if (live[id])
+        for (int in : g_.node(id).inputs) live[in] = true;
+    return live;
+  }
+
+  // Why `n` cannot join region `r`, or empty when it can.
+  std::string admission(const Node& n, int r) const {
+    const Node& mm = g_.node(roots_[r]);
+    bool touches = false;
+    for (int in : n.inputs) touches = touches || region_of_[in] == r;
+    if (!touches) return "";  // not a candidate; no reason needed
+    switch (n.kind) {
+      case OpKind::Unary: case OpKind::Binary: case OpKind::Cast: break;
+      case OpKind::Reduce:
+        if (n.reduce_dim != static_cast<int>(g_.node(n.inputs[0]).shape.size()) - 1)
+          return fmt::format("{} reduces dim {}, not the last (N) dimension", name_of(n.reduce), n.reduce_dim);
+        break;
+      case OpKind::MatMul: return "a second GEMM consumes this epilogue value (region boundary)";
+      default: return fmt::format("op '{}' is outside the fusion domain", name_of(n.kind));
+    }
+    auto cls = classify(n.shape, mm.shape[0], mm.shape[1]);
+    if (!cls || (*cls != ValueClass::Tile && *cls != ValueClass::Col))
+      return fmt::format("result shape {} is neither the tile [M, N] nor a per-row column [M, 1]", to_string(n.shape));
+    if (n.kind == OpKind::Reduce && classify(g_.node(n.inputs[0]).shape, mm.shape[0], mm.shape[1]) != ValueClass::Tile)
+      return "reduces a value that is not a full [M, N] tile";
+    for (int in : n.inputs) {
+      if (region_of_[in] == r) continue;
+      const Node& leaf = g_.node(in);
+      if (depends_on_gemm_[in])
+        return fmt::format("operand '{}' comes from outside this GEMM's epilogue ({})", leaf.name,
+                           region_of_[in] == kNoRegion ? "an unfused node" : "another GEMM region");
+      auto lc = classify(leaf.shape, mm.shape[0], mm.shape[1]);
+      if (!lc || *lc == ValueClass::Tile)
+        return fmt::format("operand '{}' of shape {} is not a scalar, row vector [N] or column vector [M, 1]",
+                           leaf.name, to_string(leaf.shape));
+    }
+    return "";
+  }
+
+  void grow_region(const Node& mm) {
+    const int r = static_cast<int>(roots_.size());
+    roots_.push_back(mm.id);
+    members_.emplace_back();
+    region_of_[mm.id] = r;
+    members_[r].push_back(mm.id);
+    for (const Node& n : g_.nodes()) {
+      if (n.id <= mm.id || region_of_[n.id] != kNoRegion || !live_[n.id]) continue;
+      bool touches = false;
+      for (int in : n.inputs) touches = touches || region_of_[in] == r;
+      if (!touches) continue;
+      std::string why = admission(n, r);
+      if (why.empty()) {
+        region_of_[n.id] = r;
+        members_[r].push_back(n.id);
+      } else if (reason_[n.id].empty()) {
+        reason_[n.id] = why;
+      }
+    }
+  }
+
+  // --- staging -------------------------------------------------------------------------
+  struct Staging {
+    std::vector<int> reductions;          // graph ids, topological: r_0..r_{L-1}
+    std::map<int, int> def_stage;         // node -> stage where its value first exists
+    std::map<int, int> last_use;          // node -> last stage that reads it
+    std::vector<std::pair<int, std::string>> sinks;  // (node, output name) stored
+  };
+
+  bool in_region(int id, int r) const { return region_of_[id] == r; }
+
+  Staging stage_region(int r) const {
+    Staging st;
+    const auto& mem = members_[r];
+    std::map<int, int> reduction_index;
+    for (int id : mem)
+      if (g_.node(id).kind == OpKind::Reduce) {
+        reduction_index[id] = static_cast<int>(st.reductions.size());
+        st.reductions.push_back(id);
+      }
+    // Earliest stage each value can exist in.
+    std::map<int, int> avail;
+    for (int id : mem) {
+      const Node& n = g_.node(id);
+      if (n.kind == OpKind::MatMul) { avail[id] = 0; continue; }
+      int a = 0;
+      for (int in : n.inputs)
+        if (in_region(in, r)) a = std::max(a, avail[in]);
+      avail[id] = n.kind == OpKind::Reduce ? reduction_index[id] + 1 : a;
+    }
+    // Latest placement that still precedes every consumer (ALAP), reverse topological.
+    for (auto it = mem.rbegin(); it != mem.rend(); ++it) {
+      const int id = *it;
+      const Node& n = g_.node(id);
+      if (n.kind == OpKind::MatMul || n.kind == OpKind::Reduce) { st.def_stage[id] = avail[id]; continue; }
+      int need = -1;
+      for (int c : consumers_[id]) {
+        if (!in_region(c, r)) continue;
+        const int s = g_.node(c).kind == OpKind::Reduce ? reduction_index[c] : st.def_stage.at(c);
+        need = need < 0 ? s : std::min(need, s);
+      }
+      st.def_stage[id] = need < 0 ? avail[id] : std::max(need, avail[id]);
+    }
+    for (int id : mem) {
+      int last = st.def_stage[id];
+      for (int c : consumers_[id]) {
+        if (!in_region(c, r)) continue;
+        last = std::max(last, g_.node(c).kind == OpKind::Reduce ? reduction_index[c] : st.def_stage[c]);
+      }
+      st.last_use[id] = last;
+    }
+    // Values leaving the kernel: graph outputs and values consumed outside the region.
+    for (int id : mem) {
+      for (const GraphOutput& o : g_.outputs())
+        if (o.node == id) st.sinks.emplace_back(id, o.name);
+      bool escapes = false;
+      for (int c : consumers_[id]) escapes = escapes || (live_[c] && !in_region(c, r));
+      bool already = false;
+      for (auto& s : st.sinks) already = already || s.first == id;
+      if (escapes && !already) st.sinks.emplace_back(id, g_.node(id).name);
+    }
+    return st;
+  }
+
+  // --- emission ------------------------------------------------------------------------
+  struct Emitter {
+    FusionSpec& fs;
+    const Graph& g;
+    std::map<int, int> arg_of_node;  // graph id -> arg index (leaves)
+
+    int leaf_arg(const Node& leaf, ArgRole role) {
+      auto it = arg_of_node.find(leaf.id);
+      if (it != arg_of_node.end()) return it->second;
+      RuntimeArg a;
+      a.name = leaf.name;
+      a.role = role;
+      a.dtype = storage_dtype(leaf);
+      a.shape = leaf.shape;
+      a.graph_node = leaf.id;
+      fs.args.push_back(a);
+      return arg_of_node[leaf.id] = static_cast<int>(fs.args.size()) - 1;
+    }
+  };
+
+  FusedRegion build_region(int r) {
+    const Node& mm = g_.node(roots_[r]);
+    const Node& a = g_.node(mm.inputs[0]);
+    FusedRegion region;
+    region.matmul_node = mm.id;
+    region.fused_nodes = members_[r];
+    FusionSpec& fs = region.spec;
+    fs.name = fmt::format("region{}_{}", r, mm.name);
+    fs.b_layout = mm.b_layout;
+    fs.m = mm.shape[0];
+    fs.n = mm.shape[1];
+    fs.k = a.shape[1];
+    Emitter em{fs, g_, {}};
+    em.leaf_arg(a, ArgRole::OperandA);
+    em.leaf_arg(g_.node(mm.inputs[1]), ArgRole::OperandB);
+
+    const Staging st = stage_region(r);
+    const int L = static_cast<int>(st.reductions.size());
+    std::vector<Spec*> stages;
+    stages.push_back(&fs.root);
+    std::vector<std::map<int, int>> index_in(L + 1);  // per stage: graph id -> spec node index
+
+    for (int s = 0; s <= L; ++s) {
+      Spec& sp = *stages[s];
+      auto add = [&](SpecNode n) { sp.nodes.push_back(std::move(n)); return static_cast<int>(sp.nodes.size()) - 1; };
+      auto store_if_sink = [&](int id, int at) {
+        for (const auto& [node, name] : st.sinks) {
+          if (node != id) continue;
+          RuntimeArg out;
+          out.name = name;
+          out.role = ArgRole::Output;
+          out.graph_node = id;
+          out.shape = g_.node(id).shape;
+          out.value_class = sp.nodes[at].value_class;
+          out.dtype = storage_dtype(g_.node(id));
+          for (const GraphOutput& o : g_.outputs())
+            if (o.node == id && o.name == name) out.dtype = o.dtype;
+          fs.args.push_back(out);
+          SpecNode store;
+          store.category = NodeCategory::Store;
+          store.value_class = sp.nodes[at].value_class;
+          store.operands = {at};
+          store.arg = static_cast<int>(fs.args.size()) - 1;
+          store.origin = name;
+          add(store);
+        }
+      };
+      // Entry points from the parent stage: the statistic, then carried values.
+      if (s > 0) {
+        const int red = st.reductions[s - 1];
+        SpecNode stat;
+        stat.category = NodeCategory::Placeholder;
+        stat.placeholder = PlaceholderKind::Stat;
+        stat.value_class = ValueClass::Col;
+        stat.origin = g_.node(red).name;
+        index_in[s][red] = add(stat);
+        store_if_sink(red, index_in[s][red]);
+        for (int id : members_[r]) {
+          if (id == red || st.def_stage.at(id) >= s || st.last_use.at(id) < s) continue;
+          SpecNode by;
+          by.category = NodeCategory::Placeholder;
+          by.placeholder = PlaceholderKind::Bypass;
+          by.source = index_in[s - 1].at(id);
+          by.value_class = stages[s - 1]->nodes[by.source].value_class;
+          by.origin = g_.node(id).name;
+          index_in[s][id] = add(by);
+        }
+      }
+      std::map<int, int> leaf_here;  // leaves broadcast in this stage
+      auto operand = [&](int in) -> int {
+        if (in_region(in, r)) return index_in[s].at(in);
+        auto it = leaf_here.find(in);
+        if (it != leaf_here.end()) return it->second;
+        const Node& leaf = g_.node(in);
+        SpecNode b;
+        b.category = NodeCategory::Broadcast;
+        b.value_class = *classify(leaf.shape, mm.shape[0], mm.shape[1]);
+        b.origin = leaf.name;
+        if (leaf.kind == OpKind::Constant) {
+          b.broadcast = BroadcastKind::Scalar;
+          b.literal = leaf.value;
+        } else {
+          b.broadcast = b.value_class == ValueClass::Row   ? BroadcastKind::Row
+                        : b.value_class == ValueClass::Col ? BroadcastKind::Col
+                                                           : BroadcastKind::Scalar;
+          const ArgRole role = b.broadcast == BroadcastKind::Row   ? ArgRole::RowVector
+                               : b.broadcast == BroadcastKind::Col ? ArgRole::ColVector
+                                                                   : ArgRole::Scalar;
+          b.arg = em.leaf_arg(leaf, role);
+        }
+        return leaf_here[in] = add(b);
+      };
+      for (int id : members_[r]) {
+        const Node& n = g_.node(id);
+        if (n.kind == OpKind::Reduce || st.def_stage.at(id) != s) continue;
+        SpecNode sn;
+        sn.origin = n.name;
+        if (n.kind == OpKind::MatMul) {
+          sn.category = NodeCategory::AccEntry;
+          sn.value_class = ValueClass::Tile;
+        } else {
+          sn.category = NodeCategory::Compute;
+          sn.value_class = *classify(n.shape, mm.shape[0], mm.shape[1]);
+          for (int in : n.inputs) sn.operands.push_back(operand(in));
+          sn.compute = n.kind == OpKind::Unary ? ComputeKind::Unary
+                       : n.kind == OpKind::Binary ? ComputeKind::Binary : ComputeKind::Cast;
+          sn.unary = n.unary;
+          sn.binary = n.binary;
+          sn.cast_to = n.dtype;
+        }
+        index_in[s][id] = add(sn);
+        store_if_sink(id, index_in[s][id]);
+      }
+      if (s < L) {
+        const Node& red = g_.node(st.reductions[s]);
+        SpecNode rn;
+        rn.category = NodeCategory::Reduction;
+        rn.value_class = ValueClass::Col;
+        rn.reduce = red.reduce;
+        rn.operands = {operand(red.inputs[0])};
+        rn.post = 0;
+        rn.origin = red.name;
+        sp.terminal = add(rn);
+        sp.children.emplace_back();
+        stages.push_back(&sp.children.back());
+      } else {
+        for (int i = static_cast<int>(sp.nodes.size()) - 1; i >= 0 && sp.terminal < 0; --i)
+          if (sp.nodes[i].category == NodeCategory::Store) sp.terminal = i;
+      }
+    }
+    return region;
+  }
+
+  // --- reporting -----------------------------------------------------------------------
+  void report_outside() {
+    for (const Node& n : g_.nodes()) {
+      if (n.kind == OpKind::Input || n.kind == OpKind::Constant || region_of_[n.id] != kNoRegion) continue;
+      if (!live_[n.id]) { result_.dead_nodes.push_back(n.id); continue; }
+      std::string why = reason_[n.id];
+      if (why.empty())
+        why = depends_on_gemm_[n.id]
+                  ? "its operands come from an unfused node"
+                  : "does not depend on a GEMM accumulator: computed before the kernel and passed as a runtime argument";
+      result_.fallbacks.push_back(Fallback{n.id, why});
+    }
+  }
+
+  void find_b2b() {
+    for (int r2 = 0; r2 < static_cast<int>(roots_.size()); ++r2) {
+      const int via = g_.node(roots_[r2]).inputs[0];
+      const int r1 = region_of_[via];
+      if (r1 != kNoRegion && r1 != r2)
+        result_.b2b_candidates.push_back(B2BCandidate{roots_[r1], roots_[r2], via});
+    }
+  }
+
+  const Graph& g_;
+  std::vector<std::vector<int>> consumers_;
+  std::vector<int> region_of_;
+  std::vector<bool> depends_on_gemm_;
+  std::vector<bool> live_;
+  std::vector<std::string> reason_;
+  std::vector<int> roots_;                 // region -> matmul id
+  std::vector<std::vector<int>> members_;  // region -> graph ids, topological
+  LoweringResult result_;
+};
+
+}  // namespace
+
+LoweringResult lower(const Graph& g) { return Lowering(g).run(); }
+
+std::string describe(const Graph& g, const LoweringResult& r) {
+  std::string out;
+  for (size_t i = 0; i < r.regions.size(); ++i) {
+    const FusedRegion& reg = r.regions[i];
+    out += fmt::format("region {} ({}): GEMM '{}' + {} epilogue node(s), {} reduction(s), {} stage(s)\n", i,
+                       reg.spec.name, g.node(reg.matmul_node).name, reg.fused_nodes.size() - 1,
+                       reg.spec.reduction_count(), reg.spec.stage_count());
+    std::string names;
+    for (int id : reg.fused_nodes) names += (names.empty() ? "" : " ") + g.node(id).name;
+    out += fmt::format("  fused: {}\n", names);
+  }
+  for (const Fallback& f : r.fallbacks)
+    out += fmt::format("fallback: '{}' ({}): {}\n", g.node(f.node).name, name_of(g.node(f.node).kind), f.reason);
+  for (const B2BCandidate& b : r.b2b_candidates)
+    out += fmt::format("b2b candidate: '{}' feeds GEMM '{}' through '{}'\n", g.node(b.first_matmul).name,
+                       g.node(b.second_matmul).name, g.node(b.via_node).name);
+  for (int id : r.dead_nodes) out += fmt::format("dead: '{}' reaches no output\n", g.node(id).name);
+  if (r.regions.empty()) out += "no GEMM region: nothing fused\n";
+  return out;
+}
+
+}  // namespace comfuse

@@ -1,0 +1,155 @@
+// Stage-chain analysis shared by the planner and its printers: which stages exist, what
+// stays live across a reduce phase, what a multi-tile CTA must keep, how much epilogue
+// work a tile costs, and short labels for nodes (node names follow the spec text: nK).
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "plan_internal.h"
+
+namespace comfuse::plan_detail {
+namespace {
+
+// Collects stages in walk order and links each to its parent reduction.
+class StageCollector : public SpecVisitor {
+ public:
+  std::vector<StageRef> stages;
+  void enter_stage(const Spec& stage, int depth) override {
+    StageRef r{&stage, depth, -1, -1};
+    if (!open_.empty()) {
+      r.parent = open_.back();
+      r.parent_reduction = last_reduction_[static_cast<size_t>(r.parent)];
+    }
+    open_.push_back(static_cast<int>(stages.size()));
+    last_reduction_.push_back(-1);
+    stages.push_back(r);
+  }
+  void leave_stage(const Spec&, int) override { open_.pop_back(); }
+  void visit(const Spec&, int index, const SpecNode& node, int) override {
+    // walk() descends into a reduction's PostOp right after visiting it.
+    if (node.category == NodeCategory::Reduction) last_reduction_[static_cast<size_t>(open_.back())] = index;
+  }
+
+ private:
+  std::vector<int> open_;
+  std::vector<int> last_reduction_;
+};
+
+bool transcendental(UnaryOp op) {
+  switch (op) {
+    case UnaryOp::Relu: case UnaryOp::Square: case UnaryOp::Abs: case UnaryOp::Neg: return false;
+    default: return true;
+  }
+}
+
+// Instructions per element of a Tile-class node in the compute phase. GUESSES, chosen so
+// that relative costs are sane: MUFU-based functions ~8, a division ~4, plain ALU 1.
+double node_cost(const FusionSpec& s, const SpecNode& n) {
+  if (n.value_class != ValueClass::Tile) return 0.0;  // per-row or per-column: negligible
+  switch (n.category) {
+    case NodeCategory::AccEntry: return 0.0;
+    case NodeCategory::Placeholder: return 0.0;  // a register rename (Stash adds SMEM cost apart)
+    case NodeCategory::Broadcast: return 0.5;   // row/col vector: one shared load per 2 elements
+    case NodeCategory::Reduction: return 1.0;   // thread-local combine
+    case NodeCategory::Store: return 2.0;       // convert + st.shared for the TMA store
+    case NodeCategory::Compute:
+      if (n.compute == ComputeKind::Cast) return 1.0;
+      if (n.compute == ComputeKind::Unary) return transcendental(n.unary) ? 8.0 : 1.0;
+      if (n.binary == BinaryOp::Div) return 4.0;
+      if (n.binary == BinaryOp::Pow) return 16.0;
+      return 1.0;
+  }
+  (void)s;
+  return 1.0;
+}
+
+}  // namespace
+
+std::vector<StageRef> collect_stages(const FusionSpec& s) {
+  StageCollector c;
+  c.walk(s.root);
+  return c.stages;
+}
+
+ChainInfo analyze_chain(const FusionSpec& s) {
+  ChainInfo info;
+  info.reductions = s.reduction_count();
+  info.stages_in_chain = std::max(1, s.stage_count());
+  const std::vector<StageRef> stages = collect_stages(s);
+  for (const StageRef& st : stages) {
+    int bypass_tiles = 0;
+    for (const SpecNode& n : st.spec->nodes) {
+      info.ops_per_element += node_cost(s, n);
+      if (n.category == NodeCategory::Placeholder && n.placeholder == PlaceholderKind::Bypass &&
+          n.value_class == ValueClass::Tile)
+        ++bypass_tiles;
+      if (n.category == NodeCategory::Store && n.arg >= 0 && n.arg < static_cast<int>(s.args.size()) &&
+          s.args[static_cast<size_t>(n.arg)].value_class == ValueClass::Tile) {
+        info.has_tile_output = true;
+        info.max_out_bytes = std::max(info.max_out_bytes,
+                                      static_cast<int>(size_of(s.args[static_cast<size_t>(n.arg)].dtype)));
+      }
+    }
+    info.live_tile_values = std::max(info.live_tile_values, bypass_tiles);
+    // Stage-1 values that stage 2 takes by bypass: the stash set. Anything later stages
+    // need is an elementwise function of these, the statistics and broadcasts.
+    if (st.depth == 1 && st.parent == 0) {
+      for (const SpecNode& n : st.spec->nodes) {
+        if (n.category != NodeCategory::Placeholder || n.placeholder != PlaceholderKind::Bypass ||
+            n.value_class != ValueClass::Tile)
+          continue;
+        if (std::find(info.stash_nodes.begin(), info.stash_nodes.end(), n.source) != info.stash_nodes.end())
+          continue;
+        info.stash_nodes.push_back(n.source);
+        info.stash_names.push_back(value_name(s.root, n.source));
+      }
+    }
+  }
+  return info;
+}
+
+std::string value_name(const Spec& stage, int index) {
+  if (index >= 0 && index < static_cast<int>(stage.nodes.size())) {
+    const std::string& o = stage.nodes[static_cast<size_t>(index)].origin;
+    if (!o.empty()) return o;
+  }
+  return fmt::format("n{}", index);
+}
+
+std::string node_label(const FusionSpec& s, const Spec& stage, int index) {
+  const SpecNode& n = stage.nodes.at(static_cast<size_t>(index));
+  auto ops = [&] {
+    std::string out;
+    for (size_t i = 0; i < n.operands.size(); ++i) out += fmt::format("{}n{}", i ? ", " : "", n.operands[i]);
+    return out;
+  };
+  auto arg_name = [&](int a) {
+    return (a >= 0 && a < static_cast<int>(s.args.size())) ? s.args[static_cast<size_t>(a)].name
+                                                            : fmt::format("a{}", a);
+  };
+  switch (n.category) {
+    case NodeCategory::AccEntry: return "acc";
+    case NodeCategory::Broadcast:
+      if (n.arg < 0) return fmt::format("{:g}", n.literal);
+      return fmt::format("{}[{}]", arg_name(n.arg),
+                         n.broadcast == BroadcastKind::Row ? "row" : n.broadcast == BroadcastKind::Col ? "col" : "scalar");
+    case NodeCategory::Compute:
+      if (n.compute == ComputeKind::Cast) return fmt::format("cast<{}>({})", name_of(n.cast_to), ops());
+      if (n.compute == ComputeKind::Unary) return fmt::format("{}({})", name_of(n.unary), ops());
+      return fmt::format("{}({})", name_of(n.binary), ops());
+    case NodeCategory::Reduction: return fmt::format("{}({})", name_of(n.reduce), ops());
+    case NodeCategory::Placeholder:
+      if (n.placeholder == PlaceholderKind::Stat) return "stat";
+      return fmt::format("bypass n{}", n.source);
+    case NodeCategory::Store: return fmt::format("store {} <- {}", arg_name(n.arg), ops());
+  }
+  return "?";
+}
+
+std::string fmt_bytes(int64_t bytes) {
+  if (bytes < 1024) return fmt::format("{} B", bytes);
+  if (bytes < (int64_t{1} << 20)) return fmt::format("{:.1f} KiB", static_cast<double>(bytes) / 1024.0);
+  return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
+}
+
+}  // namespace comfuse::plan_detail

@@ -1,0 +1,127 @@
+// explain(): the plan as text for `comfuse explain`: problem, tiles, grid, cluster,
+// strategy, aggregation, the stage chain (one line per stage), the SMEM budget with the
+// unified reduction buffer, the reasons and the runner-up candidates.
+#include <fmt/format.h>
+
+#include "plan_internal.h"
+
+namespace comfuse {
+
+using plan_detail::fmt_bytes;
+
+namespace {
+
+// "x (n2)" when the node has an origin name, else "n2".
+std::string named(const Spec& st, int i) {
+  std::string v = plan_detail::value_name(st, i);
+  return v == fmt::format("n{}", i) ? v : fmt::format("{} (n{})", v, i);
+}
+
+std::string stage_line(const FusionSpec& s, const std::vector<plan_detail::StageRef>& stages, size_t idx) {
+  const plan_detail::StageRef& ref = stages[idx];
+  const Spec& st = *ref.spec;
+  std::string head = fmt::format("stage {}", idx + 1);
+  if (ref.parent >= 0) {
+    const Spec& parent = *stages[static_cast<size_t>(ref.parent)].spec;
+    head += fmt::format(" (PostOp of {} in stage {})", plan_detail::node_label(s, parent, ref.parent_reduction),
+                        ref.parent + 1);
+  }
+  std::string nodes;
+  for (int i = 0; i < static_cast<int>(st.nodes.size()); ++i)
+    nodes += fmt::format("{}n{} {}", i ? "; " : "", i, plan_detail::node_label(s, st, i));
+
+  std::string term = "none";
+  if (st.terminal >= 0 && st.terminal < static_cast<int>(st.nodes.size())) {
+    const SpecNode& t = st.nodes[static_cast<size_t>(st.terminal)];
+    term = t.category == NodeCategory::Reduction
+               ? fmt::format("reduces {} -> PostOp", plan_detail::node_label(s, st, st.terminal))
+               : plan_detail::node_label(s, st, st.terminal);
+  }
+  std::string in, out;
+  for (const SpecNode& n : st.nodes)
+    if (n.category == NodeCategory::Placeholder && n.placeholder == PlaceholderKind::Bypass && ref.parent >= 0)
+      in += (in.empty() ? "" : ", ") + named(*stages[static_cast<size_t>(ref.parent)].spec, n.source);
+  for (const Spec& child : st.children)
+    for (const SpecNode& n : child.nodes)
+      if (n.category == NodeCategory::Placeholder && n.placeholder == PlaceholderKind::Bypass)
+        out += (out.empty() ? "" : ", ") + named(st, n.source);
+  return fmt::format("  {}: {} node(s): {} | terminal: {} | bypass in: {} | bypass out: {}", head,
+                     st.nodes.size(), nodes, term, in.empty() ? "-" : in, out.empty() ? "-" : out);
+}
+
+}  // namespace
+
+std::string explain(const FusionSpec& s, const Plan& p) {
+  const Problem& pr = p.problem;
+  const int ab = static_cast<int>(size_of(pr.ab_dtype));
+  std::string o;
+  o += fmt::format("plan for fusion '{}'\n", s.name);
+  o += fmt::format("  problem      M={} N={} K={}, A/B {}, B layout {}\n", pr.m, pr.n, pr.k, name_of(pr.ab_dtype),
+                   s.b_layout == BLayout::NK ? "nk (N x K)" : "kn (K x N)");
+  o += fmt::format("  tiles        {}x{}x{} (tile_m per consumer warp group), {} x {} = {} tiles\n", p.tile_m,
+                   p.tile_n, p.tile_k, p.tiles_m, p.tiles_n, p.tiles_m * p.tiles_n);
+  o += fmt::format("  grid         persistent, {} CTAs = {} cluster(s) of {}x{} ({} resident at most, {} SMs "
+                   "busy); {} job(s)\n",
+                   p.grid_ctas, p.grid_ctas / std::max(1, p.cluster_n), p.cluster_m, p.cluster_n,
+                   p.clusters_resident, p.ctas_busy, p.jobs);
+  o += fmt::format("  cluster      {}x{} (C_N = {}), {} N-tile(s) per CTA, multicast A: {}\n", p.cluster_m,
+                   p.cluster_n, p.cluster_n, p.n_tiles_per_cta, p.multicast_a ? "yes" : "no");
+  std::string strat(name_of(p.strategy));
+  if (p.strategy == RowStrategy::Stash || p.strategy == RowStrategy::GlobalReread) {
+    std::string vals;
+    for (const std::string& v : p.stashed) vals += (vals.empty() ? "" : ", ") + v;
+    strat += fmt::format(" ({} {}{})", p.stash_elem_bytes == 2 ? "bf16" : "fp32", vals.empty() ? "nothing" : vals,
+                         p.strategy == RowStrategy::GlobalReread ? ", workspace " + fmt_bytes(p.workspace_bytes) : "");
+  }
+  o += fmt::format("  strategy     {}\n", strat);
+  o += fmt::format("  aggregation  {}\n", name_of(p.aggregation));
+  o += fmt::format("  pipeline     {} stages, {}, {} consumer warp groups\n", p.stages,
+                   p.pingpong ? "PingPong" : "cooperative", p.consumer_warp_groups);
+  o += fmt::format("  estimate     {:.1f} us (mainloop {:.1f}, exposed epilogue {:.1f}, reread {:.1f}, DRAM floor "
+                   "{:.1f})\n",
+                   p.estimate.total_us, p.estimate.mainloop_us, p.estimate.epilogue_us, p.estimate.reread_us,
+                   p.estimate.dram_floor_us);
+
+  const auto stages = plan_detail::collect_stages(s);
+  o += fmt::format("stage chain: {} stage(s), {} reduction(s)\n", p.stages_in_chain, p.reductions);
+  for (size_t i = 0; i < stages.size(); ++i) o += stage_line(s, stages, i) + "\n";
+
+  const SmemBudget& b = p.smem;
+  auto row = [&](const char* what, int bytes, const std::string& how) {
+    o += fmt::format("  {:<26}{:>11}  {}\n", what, fmt_bytes(bytes), how);
+  };
+  o += "SMEM budget (per CTA):\n";
+  row("mainloop ring", b.mainloop_ring,
+      fmt::format("{} stages x ({}x{} A + {}x{} B) x {} B, one ring shared by both consumer WGs", p.stages, p.tile_m,
+                  p.tile_k, p.tile_n, p.tile_k, ab));
+  std::string red;
+  if (p.reductions == 0) red = "no reduction";
+  else if (p.cluster_n == 1) red = "C_N = 1: rows reduce by warp shuffles, nothing crosses a CTA";
+  else
+    red = fmt::format("2 WGs x 2 phases x {} slots x {} rows x 4 B ({}), ONE buffer reused by all {} reduction(s)",
+                      p.cluster_n, p.tile_m,
+                      p.aggregation == AggregationMode::LeaderFollower
+                          ? "leader uses C_N slots, followers 1; every CTA reserves the leader's size"
+                          : "peer-to-peer: one slot per peer",
+                      p.reductions);
+  row("unified reduction buffer", b.reduction_buffer, red);
+  row("stash", b.stash,
+      p.strategy == RowStrategy::Stash && b.stash > 0
+          ? fmt::format("2 WGs x {} earlier tile(s) x {}x{} x {} value(s) x {} B", p.n_tiles_per_cta - 1, p.tile_m,
+                        p.tile_n, p.stashed.size(), p.stash_elem_bytes)
+          : "-");
+  row("store buffer", b.store_buffer,
+      b.store_buffer ? fmt::format("2 WGs x {}x{} sub-tile x 2 buffers", p.tile_m, p.store_subtile_n) : "no tile output");
+  row("barriers", b.barriers, "mbarriers: ring, reduction channel per WG and phase, PingPong order, store");
+  row("total", b.total(), fmt::format("of {} ({} free)", fmt_bytes(p.smem_limit), fmt_bytes(p.smem_limit - b.total())));
+
+  o += "reasons:\n";
+  for (const std::string& r : p.reasons) o += "  - " + r + "\n";
+  if (!p.alternatives.empty()) {
+    o += "runner-up candidates:\n";
+    for (const std::string& a : p.alternatives) o += "  - " + a + "\n";
+  }
+  return o;
+}
+
+}  // namespace comfuse

@@ -1,0 +1,50 @@
+#pragma once
+// Shared by planner.cpp, explain.cpp and dot.cpp: what the planner needs to know about a
+// spec's stage chain, and short node labels for the human-facing printers.
+#include <string>
+#include <vector>
+
+#include "comfuse/plan.h"
+#include "comfuse/spec.h"
+
+namespace comfuse::plan_detail {
+
+// One stage of the nest, in SpecVisitor::walk order (depth first; the root is stage 0).
+struct StageRef {
+  const Spec* spec = nullptr;
+  int depth = 0;
+  int parent = -1;          // index into the stage list, -1 for the root
+  int parent_reduction = -1;  // node index (in the parent) of the reduction whose PostOp this is
+};
+std::vector<StageRef> collect_stages(const FusionSpec& s);
+
+struct ChainInfo {
+  int reductions = 0;
+  int stages_in_chain = 1;
+  // Largest number of Tile-class Bypass placeholders entering any stage: tile-sized
+  // register values that must survive a reduce phase (the accumulator counts as one).
+  int live_tile_values = 1;
+  // Tile-class values of stage 1 bypassed into stage 2: what a CTA walking several
+  // N-tiles must keep for its earlier tiles (later stages recompute from these).
+  std::vector<int> stash_nodes;  // node indices in the root stage
+  std::vector<std::string> stash_names;
+  // Epilogue instructions per tile element, summed over every stage (cost model).
+  double ops_per_element = 0;
+  bool has_tile_output = false;
+  int max_out_bytes = 0;  // widest stored Tile output element
+};
+ChainInfo analyze_chain(const FusionSpec& s);
+
+// "add(%1, %2)", "mean(%4)", "bias[row]", "2.5", ... (no stage prefix).
+std::string node_label(const FusionSpec& s, const Spec& stage, int index);
+// The origin name when the lowering recorded one, else "%index".
+std::string value_name(const Spec& stage, int index);
+
+std::string fmt_bytes(int64_t bytes);  // "40.0 KiB"
+
+// Fills plan.reasons: one line per choice (reasons.cpp). `unforced` describes what the
+// model would have picked without the forced options ("" when nothing was forced).
+void add_reasons(Plan& plan, const ChainInfo& chain, const DeviceModel& dev, const PlannerTunables& tun,
+                 const PlanOptions& opt, const std::string& unforced);
+
+}  // namespace comfuse::plan_detail

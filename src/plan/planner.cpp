@@ -1,0 +1,390 @@
+// The planner: a small scored search over kernel configurations.
+//
+// Candidates: tile_m in {64, 128} (rows per consumer warp group; PingPong gives each of the
+// two consumer WGs its own tile), tile_n in {64, 128, 192, 256}, cluster 1 x C_N with
+// C_N in {1, 2, 4, 8, 16}, and for reductions the row strategy (OnChip, Stash fp32/bf16,
+// GlobalReread). Each candidate gets an SMEM budget (stages take what is left) and an
+// estimated time:
+//
+//   T = max(T_cluster, T_dram) + T_reread
+//   T_cluster = ml + epi + (q - 1) * max(ml, (ml + epi) / 2)
+//     ml  = n_tiles_per_cta * t_tile        mainloop of one job (one row block) on one CTA
+//     epi = epilogue instructions + one cluster all-reduce round per reduction
+//     q   = ceil(jobs / clusters_resident(C_N))     wave quantization at the resident SMs
+//   The (q - 1) term is PingPong: one WG's epilogue hides behind the other's mainloop, and
+//   when the epilogue dominates the two WGs' epilogues overlap each other.
+//   T_dram   = unique DRAM bytes / bandwidth   (small-M shapes are memory bound)
+//   T_reread = GlobalReread bytes (write once, read once per later stage) / L2 bandwidth,
+//              or / DRAM bandwidth when the workspace in flight would not stay in L2
+//
+// Which constants are measured and which are guesses is written beside each in plan.h.
+// The cheapest candidate wins; within tun.near_tie of it the simpler strategy and then the
+// smaller cluster win (see pick()).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <set>
+#include <tuple>
+
+#include "comfuse/error.h"
+#include "plan_internal.h"
+
+namespace comfuse {
+
+using plan_detail::ChainInfo;
+
+std::string_view name_of(AggregationMode m) {
+  switch (m) {
+    case AggregationMode::None: return "none";
+    case AggregationMode::PeerToPeer: return "peer-to-peer";
+    case AggregationMode::LeaderFollower: return "leader-follower";
+  }
+  return "?";
+}
+
+std::string_view name_of(RowStrategy s) {
+  switch (s) {
+    case RowStrategy::NoReduction: return "no-reduction";
+    case RowStrategy::OnChip: return "on-chip";
+    case RowStrategy::Stash: return "stash";
+    case RowStrategy::GlobalReread: return "global-reread";
+  }
+  return "?";
+}
+
+Problem problem_of(const FusionSpec& s, const Bindings& dims) {
+  Problem p;
+  p.m = resolve(s.m, dims);
+  p.n = resolve(s.n, dims);
+  p.k = resolve(s.k, dims);
+  int a = s.arg_index(ArgRole::OperandA);
+  if (a >= 0) p.ab_dtype = s.args[static_cast<size_t>(a)].dtype;
+  return p;
+}
+
+namespace {
+
+constexpr int kConsumerWGs = 2;        // PingPong: two consumer warp groups per CTA
+constexpr int kThreadsPerWG = 128;
+constexpr int kMaxStages = 8;
+constexpr int kMinStages = 2;
+constexpr int kTileMs[] = {64, 128};
+constexpr int kTileNs[] = {64, 128, 192, 256};
+constexpr int kClusters[] = {1, 2, 4, 8, 16};
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int align_up(int64_t v, int a) { return static_cast<int>((v + a - 1) / a * a); }
+
+double lookup(const std::map<int, double>& m, int key) {
+  if (m.empty()) return 1.0;
+  auto it = m.upper_bound(key);  // largest entry <= key, else the smallest
+  if (it == m.begin()) return it->second;
+  return std::prev(it)->second;
+}
+
+struct Candidate {
+  int tile_m = 0, tile_n = 0, tile_k = 0, cluster = 1, stages = 0, regs = 0;
+  int64_t tiles_m = 0, tiles_n = 0, n_tiles = 1, jobs = 0;
+  RowStrategy strategy = RowStrategy::NoReduction;
+  int stash_elem = 0;
+  AggregationMode agg = AggregationMode::None;
+  SmemBudget smem;
+  int resident = 0;
+  int64_t workspace = 0;
+  PlanEstimate est;
+
+  std::string describe() const {
+    std::string s = fmt::format("{}x{} C_N={} {}", tile_m, tile_n, cluster, name_of(strategy));
+    if (strategy == RowStrategy::Stash || strategy == RowStrategy::GlobalReread)
+      s += stash_elem == 2 ? "(bf16)" : "(fp32)";
+    if (n_tiles > 1) s += fmt::format(" {} tiles/CTA", n_tiles);
+    return s + fmt::format(" {} stages: est {:.1f} us", stages, est.total_us);
+  }
+};
+
+struct Search {
+  const FusionSpec& spec;
+  const Problem& p;
+  const DeviceModel& dev;
+  const PlannerTunables& tun;
+  const ChainInfo& chain;
+  int ab_bytes = 2;
+  // Why candidates died, for the error message: per kind, the first example and a count.
+  std::map<std::string, std::pair<std::string, int>> rejections;
+  void reject(const std::string& kind, std::string why) {
+    auto it = rejections.try_emplace(kind, std::move(why), 0).first;
+    ++it->second.second;
+  }
+
+  // SMEM for everything but the mainloop ring; the ring takes what is left.
+  bool budget(Candidate& c) {
+    const int values = static_cast<int>(chain.stash_nodes.size());
+    SmemBudget& b = c.smem;
+    if (chain.reductions > 0 && c.cluster > 1)  // ONE buffer, independent of the reduction count
+      b.reduction_buffer = kConsumerWGs * tun.reduce_buffer_phases * c.cluster * c.tile_m * 4;
+    if (chain.has_tile_output)
+      b.store_buffer = kConsumerWGs * c.tile_m * std::min(c.tile_n, tun.store_subtile_n) * chain.max_out_bytes * 2;
+    if (c.strategy == RowStrategy::Stash) {
+      int64_t stash = int64_t{kConsumerWGs} * (c.n_tiles - 1) * c.tile_m * c.tile_n * values * c.stash_elem;
+      if (stash > tun.max_stash_bytes) {
+        reject("stash", fmt::format("stash of {} exceeds max_stash_bytes {}", plan_detail::fmt_bytes(stash),
+                                      plan_detail::fmt_bytes(tun.max_stash_bytes)));
+        return false;
+      }
+      b.stash = align_up(stash, 1024);
+    }
+    // Barriers: full+empty per ring stage, the reduction channel's full/empty per WG and
+    // phase, PingPong order and store barriers; sized for the deepest ring.
+    b.barriers = align_up(16 * kMaxStages + kConsumerWGs * tun.reduce_buffer_phases * 16 + 64, 128);
+    const int stage_bytes = (c.tile_m + c.tile_n) * c.tile_k * ab_bytes;
+    const int left = dev.smem_per_cta_bytes - b.reduction_buffer - b.store_buffer - b.stash - b.barriers;
+    c.stages = std::min(kMaxStages, left > 0 ? left / stage_bytes : 0);
+    if (c.stages < kMinStages) {
+      reject("stages", fmt::format("{}x{} tile with C_N={} {}: fewer than {} pipeline stages fit in {} of SMEM",
+                                    c.tile_m, c.tile_n, c.cluster, name_of(c.strategy), kMinStages,
+                                    plan_detail::fmt_bytes(dev.smem_per_cta_bytes)));
+      return false;
+    }
+    b.mainloop_ring = c.stages * stage_bytes;
+    return b.total() <= dev.smem_per_cta_bytes;
+  }
+
+  void estimate(Candidate& c) {
+    const int values = static_cast<int>(chain.stash_nodes.size());
+    const int64_t k_tiles = ceil_div(p.k, c.tile_k);
+    const double eff = lookup(tun.tile_n_efficiency, c.tile_n) * lookup(tun.cluster_efficiency, c.cluster) *
+                       (k_tiles >= 4 ? lookup(tun.stage_efficiency, c.stages) : 1.0);
+    const double t_tile =
+        2.0 * c.tile_m * c.tile_n * double(k_tiles * c.tile_k) / (dev.sm_flops_per_s * eff) * 1e6 + tun.tile_fixed_us;
+    const double elems = double(c.tile_m) * c.tile_n / kThreadsPerWG;  // per thread
+    double instr = double(c.n_tiles) * elems * chain.ops_per_element;
+    if (c.strategy == RowStrategy::Stash || c.strategy == RowStrategy::GlobalReread)  // write once, read per later stage
+      instr += double(c.n_tiles - 1) * values * elems * chain.stages_in_chain;
+    double epi = instr * tun.epilogue_cpi / dev.clock_hz * 1e6;
+    double round = chain.reductions > 0 ? lookup(dev.cluster_allreduce_us, c.cluster) : 0.0;
+    if (c.agg == AggregationMode::LeaderFollower) round *= tun.leader_follower_penalty;
+    epi += chain.reductions * round;
+    const double ml = double(c.n_tiles) * t_tile;
+
+    const int resident_max = dev.clusters_resident.count(c.cluster) ? dev.clusters_resident.at(c.cluster) : 0;
+    c.resident = static_cast<int>(std::min<int64_t>(resident_max, c.jobs));
+    const int64_t q = ceil_div(c.jobs, resident_max);
+    const double t_cluster = ml + epi + double(q - 1) * std::max(ml, (ml + epi) / 2.0);
+    c.est.mainloop_us = double(q) * ml;
+    c.est.epilogue_us = t_cluster - c.est.mainloop_us;
+
+    double dram = double(p.m) * p.k * ab_bytes + double(p.n) * p.k * ab_bytes;
+    if (chain.has_tile_output) dram += double(p.m) * p.n * chain.max_out_bytes;
+    c.est.dram_floor_us = dram / dev.dram_bytes_per_s * 1e6;
+
+    c.workspace = 0;
+    c.est.reread_us = 0;
+    if (c.strategy == RowStrategy::GlobalReread) {
+      // Scratch for every job in flight: each CTA's two WGs hold one job each.
+      c.workspace = int64_t{c.resident} * c.cluster * kConsumerWGs * (c.n_tiles - 1) * c.tile_m * c.tile_n * values *
+                    c.stash_elem;
+      const bool in_l2 = double(c.workspace) <= tun.l2_workspace_fraction * double(dev.l2_bytes);
+      const double per_job =
+          double(c.n_tiles - 1) * c.tile_m * c.tile_n * values * c.stash_elem * chain.stages_in_chain;
+      c.est.reread_us = double(c.jobs) * c.cluster * per_job /
+                        (in_l2 ? dev.l2_bytes_per_s : dev.dram_bytes_per_s) * 1e6;
+    }
+    c.est.total_us = std::max(t_cluster, c.est.dram_floor_us) + c.est.reread_us;
+  }
+
+  std::vector<Candidate> run(const PlanOptions& opt) {
+    std::vector<Candidate> out;
+    const int tile_k = 128 / ab_bytes;  // one 128-byte swizzled TMA row
+    for (int tm : kTileMs) {
+      if (opt.tile_m && *opt.tile_m != tm) continue;
+      for (int tn : kTileNs) {
+        if (opt.tile_n && *opt.tile_n != tn) continue;
+        const int regs = chain.live_tile_values * tm * tn / kThreadsPerWG + tun.reg_overhead;
+        if (regs > dev.consumer_regs_per_thread) {
+          reject("registers", fmt::format("{}x{} tile: ~{} registers/thread for {} live tile value(s) exceed {}", tm,
+                                        tn, regs, chain.live_tile_values, dev.consumer_regs_per_thread));
+          continue;
+        }
+        for (int cn : kClusters) {
+          if (opt.cluster_n && *opt.cluster_n != cn) continue;
+          if (cn > dev.max_cluster || !dev.clusters_resident.count(cn)) continue;
+          Candidate c;
+          c.tile_m = tm, c.tile_n = tn, c.tile_k = tile_k, c.cluster = cn, c.regs = regs;
+          c.tiles_m = ceil_div(p.m, tm);
+          c.tiles_n = ceil_div(p.n, tn);
+          if (cn > c.tiles_n && !opt.cluster_n) continue;  // CTAs with no columns at all
+          std::vector<std::pair<RowStrategy, int>> variants;
+          if (chain.reductions == 0) {
+            c.n_tiles = 1;
+            c.jobs = c.tiles_m * ceil_div(c.tiles_n, cn);
+            variants = {{RowStrategy::NoReduction, 0}};
+          } else {
+            c.n_tiles = ceil_div(c.tiles_n, cn);
+            c.jobs = c.tiles_m;
+            c.agg = opt.aggregation ? *opt.aggregation
+                                    : (cn <= tun.p2p_max_cluster ? AggregationMode::PeerToPeer
+                                                                 : AggregationMode::LeaderFollower);
+            if (c.n_tiles == 1) {
+              variants = {{RowStrategy::OnChip, 0}};
+            } else if (chain.stash_nodes.empty()) {
+              variants = {{RowStrategy::Stash, 4}};  // nothing tile-sized to keep
+            } else {
+              variants = {{RowStrategy::Stash, 4}, {RowStrategy::GlobalReread, 4}};
+              if (tun.allow_bf16_stash) {
+                variants.push_back({RowStrategy::Stash, 2});
+                variants.push_back({RowStrategy::GlobalReread, 2});
+              }
+            }
+          }
+          for (auto [strategy, elem] : variants) {
+            if (opt.strategy && *opt.strategy != strategy) continue;
+            Candidate v = c;
+            v.strategy = strategy;
+            v.stash_elem = elem;
+            if (!budget(v)) continue;
+            estimate(v);
+            if (v.workspace > tun.max_workspace_bytes) {
+              reject("workspace", fmt::format("global-reread needs {} of workspace (limit max_workspace_bytes {})",
+                                            plan_detail::fmt_bytes(v.workspace),
+                                            plan_detail::fmt_bytes(tun.max_workspace_bytes)));
+              continue;
+            }
+            out.push_back(v);
+          }
+        }
+      }
+    }
+    return out;
+  }
+};
+
+// The cheapest, except that within near_tie of it the model is not trusted to tell
+// candidates apart: prefer the simpler strategy (on-chip, then stash, then re-read; fp32
+// before bf16: no workspace, exact intermediates), then the smaller cluster.
+int simplicity(const Candidate& c) {
+  int rank = c.strategy == RowStrategy::Stash ? 2 : c.strategy == RowStrategy::GlobalReread ? 4 : 0;
+  return rank + (c.stash_elem == 2 ? 1 : 0);
+}
+
+const Candidate* pick(const std::vector<Candidate>& cs, double near_tie) {
+  const Candidate* best = nullptr;
+  for (const Candidate& c : cs)
+    if (!best || c.est.total_us < best->est.total_us) best = &c;
+  const Candidate* chosen = best;
+  auto key = [](const Candidate* c) { return std::make_tuple(simplicity(*c), c->cluster, c->est.total_us); };
+  for (const Candidate& c : cs)
+    if (c.est.total_us <= best->est.total_us * (1 + near_tie) && key(&c) < key(chosen)) chosen = &c;
+  return chosen;
+}
+
+void validate(const FusionSpec& s, const Problem& p, const DeviceModel& dev, const PlanOptions& opt) {
+  auto dim = [](const char* name, int64_t v) {
+    if (v <= 0) throw Error(fmt::format("plan: problem dimension {} must be positive (got {})", name, v));
+    if (v > std::numeric_limits<int32_t>::max())
+      throw Error(fmt::format("plan: problem dimension {} = {} exceeds 2^31-1 (TMA coordinates are 32-bit)", name, v));
+  };
+  dim("M", p.m), dim("N", p.n), dim("K", p.k);
+  const int64_t eb = static_cast<int64_t>(size_of(p.ab_dtype));
+  if ((p.k * eb) % 16 != 0)
+    throw Error(fmt::format("plan: K = {} is not a multiple of {}: TMA needs 16-byte aligned rows of {} A and B "
+                            "(pad K)", p.k, 16 / eb, name_of(p.ab_dtype)));
+  if (s.b_layout == BLayout::KN && (p.n * eb) % 16 != 0)
+    throw Error(fmt::format("plan: N = {} is not a multiple of {}: B is K x N (layout=kn) and TMA needs 16-byte "
+                            "aligned rows", p.n, 16 / eb));
+  for (const RuntimeArg& a : s.args)
+    if (a.role == ArgRole::Output && a.value_class == ValueClass::Tile && (p.n * int64_t(size_of(a.dtype))) % 16 != 0)
+      throw Error(fmt::format("plan: output '{}' ({} x {} {}) has rows of {} bytes; the TMA store needs a multiple "
+                              "of 16 (N a multiple of {})", a.name, p.m, p.n, name_of(a.dtype),
+                              p.n * int64_t(size_of(a.dtype)), 16 / size_of(a.dtype)));
+  if (opt.cluster_n) {
+    const int c = *opt.cluster_n;
+    if (std::find(std::begin(kClusters), std::end(kClusters), c) == std::end(kClusters) || c > dev.max_cluster)
+      throw Error(fmt::format("plan: cluster_n = {} is not one of 1, 2, 4, 8, 16 (max {} on this device)", c,
+                              dev.max_cluster));
+  }
+  if (opt.tile_n && std::find(std::begin(kTileNs), std::end(kTileNs), *opt.tile_n) == std::end(kTileNs))
+    throw Error(fmt::format("plan: tile_n = {} is not one of 64, 128, 192, 256", *opt.tile_n));
+  if (opt.tile_m && *opt.tile_m != 64 && *opt.tile_m != 128)
+    throw Error(fmt::format("plan: tile_m = {} is not 64 or 128 (rows per consumer warp group)", *opt.tile_m));
+  if (opt.strategy && s.reduction_count() == 0 && *opt.strategy != RowStrategy::NoReduction)
+    throw Error(fmt::format("plan: strategy {} asked for, but the epilogue has no reduction", name_of(*opt.strategy)));
+  if (opt.strategy && s.reduction_count() > 0 && *opt.strategy == RowStrategy::NoReduction)
+    throw Error("plan: strategy no-reduction asked for, but the epilogue has reductions");
+}
+
+}  // namespace
+
+Plan make_plan(const FusionSpec& s, const Problem& p, const DeviceModel& dev, const PlannerTunables& tun,
+               const PlanOptions& opt) {
+  validate(s, p, dev, opt);
+  const ChainInfo chain = plan_detail::analyze_chain(s);
+  Search search{s, p, dev, tun, chain, static_cast<int>(size_of(p.ab_dtype)), {}};
+  std::vector<Candidate> cands = search.run(opt);
+  if (cands.empty()) {
+    std::string why;
+    for (const auto& [kind, ex] : search.rejections)
+      why += ex.second > 1 ? fmt::format("\n  - {} (and {} more like it)", ex.first, ex.second - 1)
+                           : "\n  - " + ex.first;
+    if (why.empty()) why = "\n  - no candidate matches the forced options";
+    throw Error(fmt::format("plan: nothing fits for {} x {} x {} ({} reductions):{}", p.m, p.n, p.k,
+                            chain.reductions, why));
+  }
+  const Candidate& c = *pick(cands, tun.near_tie);
+
+  // When an option was forced, say what the model alone would have picked.
+  std::string unforced;
+  if (opt.cluster_n || opt.tile_n || opt.tile_m || opt.strategy || opt.aggregation) {
+    Search free_search{s, p, dev, tun, chain, search.ab_bytes, {}};
+    std::vector<Candidate> all = free_search.run({});
+    if (!all.empty()) unforced = pick(all, tun.near_tie)->describe();
+  }
+
+  Plan plan;
+  plan.problem = p;
+  plan.tile_m = c.tile_m, plan.tile_n = c.tile_n, plan.tile_k = c.tile_k;
+  plan.stages = c.stages;
+  plan.pingpong = true;
+  plan.consumer_warp_groups = kConsumerWGs;
+  plan.cluster_m = 1, plan.cluster_n = c.cluster;
+  plan.n_tiles_per_cta = static_cast<int>(c.n_tiles);
+  plan.multicast_a = c.cluster > 1;
+  plan.aggregation = c.agg;
+  plan.strategy = c.strategy;
+  plan.reductions = chain.reductions;
+  plan.stages_in_chain = chain.stages_in_chain;
+  plan.smem = c.smem;
+  plan.smem_limit = dev.smem_per_cta_bytes;
+  plan.tiles_m = c.tiles_m, plan.tiles_n = c.tiles_n;
+  plan.clusters_resident = dev.clusters_resident.count(c.cluster) ? dev.clusters_resident.at(c.cluster) : 0;
+  plan.ctas_busy = plan.clusters_resident * c.cluster;
+  if (c.strategy == RowStrategy::Stash || c.strategy == RowStrategy::GlobalReread) {
+    plan.stash_elem_bytes = c.stash_elem;
+    plan.stashed = chain.stash_names;
+  }
+  plan.live_tile_values = chain.live_tile_values;
+  plan.regs_per_thread = c.regs;
+  plan.store_subtile_n = chain.has_tile_output ? std::min(c.tile_n, tun.store_subtile_n) : 0;
+  plan.jobs = c.jobs;
+  plan.grid_ctas = int64_t{c.resident} * c.cluster;
+  plan.workspace_bytes = c.workspace;
+  plan.estimate = c.est;
+
+  // Runner-ups: the best candidate of each other (cluster, strategy) pair, cheapest first.
+  std::vector<const Candidate*> others;
+  std::set<std::pair<int, int>> seen{{c.cluster, static_cast<int>(c.strategy) * 8 + c.stash_elem}};
+  std::vector<const Candidate*> sorted;
+  for (const Candidate& x : cands) sorted.push_back(&x);
+  std::sort(sorted.begin(), sorted.end(),
+            [](const Candidate* a, const Candidate* b) { return a->est.total_us < b->est.total_us; });
+  for (const Candidate* x : sorted)
+    if (seen.insert({x->cluster, static_cast<int>(x->strategy) * 8 + x->stash_elem}).second && others.size() < 5)
+      others.push_back(x);
+  for (const Candidate* x : others) plan.alternatives.push_back(x->describe());
+
+  plan_detail::add_reasons(plan, chain, dev, tun, opt, unforced);
+  return plan;
+}
+
+}  // namespace comfuse

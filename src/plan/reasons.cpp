@@ -1,0 +1,122 @@
+// One reason line per planner choice. Kept apart from the search so the search stays
+// about numbers and this file about words; explain() prints these verbatim.
+#include <fmt/format.h>
+
+#include "plan_internal.h"
+
+namespace comfuse::plan_detail {
+namespace {
+
+std::string join(const std::vector<std::string>& v) {
+  std::string out;
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + v[i];
+  return out;
+}
+
+}  // namespace
+
+void add_reasons(Plan& plan, const ChainInfo& chain, const DeviceModel& dev, const PlannerTunables& tun,
+                 const PlanOptions& opt, const std::string& unforced) {
+  auto& r = plan.reasons;
+  const Problem& p = plan.problem;
+  const int64_t covered = int64_t{plan.cluster_n} * plan.tile_n * plan.n_tiles_per_cta;
+  const std::string ab = std::string(name_of(p.ab_dtype));
+
+  r.push_back(fmt::format(
+      "tile {}x{}x{}: PingPong, each of the {} consumer warp groups owns a {}x{} accumulator "
+      "(~{} registers/thread with {} live tile value(s), limit {}); tile_k {} = one 128-byte {} row per TMA box",
+      plan.tile_m, plan.tile_n, plan.tile_k, plan.consumer_warp_groups, plan.tile_m, plan.tile_n,
+      plan.regs_per_thread, plan.live_tile_values, dev.consumer_regs_per_thread, plan.tile_k, ab));
+
+  const std::string forced = opt.cluster_n ? " (forced)" : "";
+  if (plan.reductions == 0) {
+    r.push_back(fmt::format("cluster 1x{}{}: no reduction, so tiles finish alone; a cluster would only buy A "
+                            "multicast at the cost of lock-step and idle SMs ({} of {} busy at this size)",
+                            plan.cluster_n, forced, plan.ctas_busy, dev.sm_count));
+  } else {
+    r.push_back(fmt::format("cluster 1x{}{}: {} clusters resident keep {} of {} SMs busy; the cluster covers "
+                            "{} x {} x {} = {} columns of N = {}",
+                            plan.cluster_n, forced, plan.clusters_resident, plan.ctas_busy, dev.sm_count,
+                            plan.cluster_n, plan.tile_n, plan.n_tiles_per_cta, covered, p.n));
+    r.push_back(fmt::format("{} N-tile(s) per CTA: ceil(ceil(N / tile_n) / C_N) = ceil({} / {})",
+                            plan.n_tiles_per_cta, plan.tiles_n, plan.cluster_n));
+  }
+
+  switch (plan.strategy) {
+    case RowStrategy::NoReduction:
+      r.push_back("strategy no-reduction: elementwise epilogue only, every tile stores on its own");
+      break;
+    case RowStrategy::OnChip:
+      r.push_back(fmt::format("strategy on-chip: C_N x tile_n = {} >= N = {}, each CTA holds its whole tile in "
+                              "registers through all {} stage(s)", covered, p.n, plan.stages_in_chain));
+      break;
+    case RowStrategy::Stash:
+      if (plan.stashed.empty())
+        r.push_back(fmt::format("strategy stash: {} N-tiles per CTA, but later stages read only statistics, so "
+                                "nothing tile-sized is kept (0 B)", plan.n_tiles_per_cta));
+      else
+        r.push_back(fmt::format(
+            "strategy stash: the {} earlier N-tile(s) of each row block keep stage 1's bypass values [{}] in SMEM "
+            "as {} per consumer WG ({} total, limit max_stash_bytes {}){}; later stages recompute from them",
+            plan.n_tiles_per_cta - 1, join(plan.stashed), plan.stash_elem_bytes == 2 ? "bf16" : "fp32",
+            fmt_bytes(plan.smem.stash), fmt_bytes(tun.max_stash_bytes),
+            plan.stash_elem_bytes == 2 ? " (bf16: fp32 did not fit or cost more; rounds them like the unfused "
+                                         "path's bf16 intermediate would)"
+                                       : ""));
+      break;
+    case RowStrategy::GlobalReread:
+      r.push_back(fmt::format(
+          "strategy global-reread: the {} earlier N-tile(s) per CTA do not fit on chip, so stage 1's bypass values "
+          "[{}] go to a global {} workspace ({} for the jobs in flight, {}) and are re-read by each of the {} later "
+          "stage(s)",
+          plan.n_tiles_per_cta - 1, join(plan.stashed), plan.stash_elem_bytes == 2 ? "bf16" : "fp32",
+          fmt_bytes(plan.workspace_bytes),
+          double(plan.workspace_bytes) <= tun.l2_workspace_fraction * double(dev.l2_bytes)
+              ? "stays in L2"
+              : "too big for L2: charged at DRAM bandwidth",
+          plan.stages_in_chain - 1));
+      break;
+  }
+
+  switch (plan.aggregation) {
+    case AggregationMode::None:
+      r.push_back("aggregation none: no reduction crosses a CTA");
+      break;
+    case AggregationMode::PeerToPeer:
+    case AggregationMode::LeaderFollower: {
+      const bool p2p = plan.aggregation == AggregationMode::PeerToPeer;
+      std::string why = opt.aggregation ? "forced by option"
+                        : p2p ? fmt::format("C_N = {} <= p2p_max_cluster = {}", plan.cluster_n, tun.p2p_max_cluster)
+                              : fmt::format("C_N = {} > p2p_max_cluster = {}", plan.cluster_n, tun.p2p_max_cluster);
+      if (plan.cluster_n == 1) why += "; C_N = 1: rows finish by warp shuffles, no DSMEM traffic";
+      r.push_back(fmt::format("aggregation {}: {} (crossover is a guess until the TMA-bulk version is measured; the "
+                              "naive measurement found leader-follower 5-10% slower at every size)",
+                              name_of(plan.aggregation), why));
+      break;
+    }
+  }
+
+  r.push_back(plan.multicast_a
+                  ? fmt::format("multicast A: the {} CTAs of a cluster share the row block, one TMA load feeds all",
+                                plan.cluster_n)
+                  : "no multicast: cluster of one");
+  r.push_back(fmt::format("{} pipeline stages: as many {}-byte ring stages as fit after the epilogue buffers "
+                          "(range 2..8; both consumer WGs share one ring)",
+                          plan.stages, (plan.tile_m + plan.tile_n) * plan.tile_k * int(size_of(p.ab_dtype))));
+  r.push_back(fmt::format("SMEM {} of {}: the unified reduction buffer ({}) is sized by tile_m, C_N and the mode "
+                          "only, not by the number of reductions (here {})",
+                          fmt_bytes(plan.smem.total()), fmt_bytes(plan.smem_limit), fmt_bytes(plan.smem.reduction_buffer),
+                          plan.reductions));
+  r.push_back(fmt::format("persistent grid of {} CTAs: {} job(s) (row blocks{}) over {} resident cluster(s)",
+                          plan.grid_ctas, plan.jobs, plan.reductions ? "" : " x N groups",
+                          plan.grid_ctas / std::max(1, plan.cluster_n)));
+  const PlanEstimate& e = plan.estimate;
+  r.push_back(fmt::format("estimate {:.1f} us = max(mainloop {:.1f} + exposed epilogue {:.1f}, DRAM floor {:.1f}) + "
+                          "reread {:.1f} (cost model in src/plan/planner.cpp; constants marked GUESS await GPU "
+                          "measurement)",
+                          e.total_us, e.mainloop_us, e.epilogue_us, e.dram_floor_us, e.reread_us));
+  if (!unforced.empty()) r.push_back("without the forced options the model would pick: " + unforced);
+  (void)chain;
+}
+
+}  // namespace comfuse::plan_detail

@@ -1,0 +1,185 @@
+// Loading and launching a JIT-compiled fused kernel through the CUDA runtime's library
+// API (cudaLibraryLoadData): no link against libcuda, so binaries start on machines
+// without a GPU and report that cleanly.
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+#include "comfuse/host/launch.hpp"
+#include "comfuse/lower.h"
+#include "comfuse/runtime.h"
+
+namespace comfuse {
+
+namespace {
+
+void cuda_check(cudaError_t e, const std::string& what) {
+  if (e != cudaSuccess) throw Error(fmt::format("{}: {}", what, cudaGetErrorString(e)));
+}
+
+host::DType host_dtype(DType t) {
+  return t == DType::BF16 ? host::DType::BF16 : t == DType::F16 ? host::DType::F16 : host::DType::F32;
+}
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+}  // namespace
+
+bool gpu_available(std::string* why_not) {
+  int count = 0;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count == 0) {
+    if (why_not) *why_not = e != cudaSuccess ? cudaGetErrorString(e) : "no CUDA device";
+    cudaGetLastError();
+    return false;
+  }
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess || prop.major != 9) {
+    if (why_not) *why_not = fmt::format("device 0 is {} (sm_{}{}), ComFuse kernels need sm_90", prop.name, prop.major, prop.minor);
+    return false;
+  }
+  return true;
+}
+
+struct FusedKernel::State {
+  FusionSpec spec;
+  Plan plan;
+  EmittedKernel emitted;
+  CompiledKernel compiled;
+  host::KernelShape shape;
+  cudaLibrary_t library = nullptr;
+  cudaKernel_t kernel = nullptr;
+  int max_clusters = 0;
+  ~State() {
+    if (library) cudaLibraryUnload(library);
+  }
+};
+
+FusedKernel::FusedKernel(std::unique_ptr<State> s) : state_(std::move(s)) {}
+FusedKernel::FusedKernel(FusedKernel&&) noexcept = default;
+FusedKernel& FusedKernel::operator=(FusedKernel&&) noexcept = default;
+FusedKernel::~FusedKernel() = default;
+const FusionSpec& FusedKernel::spec() const { return state_->spec; }
+const Plan& FusedKernel::plan() const { return state_->plan; }
+const EmittedKernel& FusedKernel::emitted() const { return state_->emitted; }
+const CompiledKernel& FusedKernel::compiled() const { return state_->compiled; }
+
+CompiledKernel compile_only(const FusionSpec& spec, const Problem& problem, const CompileOptions& opt,
+                            EmittedKernel* emitted, Plan* plan) {
+  Plan p = make_plan(spec, problem, DeviceModel{}, opt.tunables, opt.plan);
+  EmittedKernel k = emit(spec, p);
+  KernelSource src{spec.name, k.source, k.entry, {}};
+  CompiledKernel c = jit_compile(src, opt.jit);
+  if (c.wgmma_serialized)
+    throw Error(fmt::format("kernel for '{}' compiled with serialized wgmma (ptxas C7510): a ComFuse bug\n{}", spec.name, c.log));
+  if (emitted) *emitted = std::move(k);
+  if (plan) *plan = std::move(p);
+  return c;
+}
+
+FusedKernel FusedKernel::build(const FusionSpec& spec, const Problem& problem, const CompileOptions& opt) {
+  std::string why;
+  if (!gpu_available(&why)) throw Error("no usable GPU: " + why);
+  auto st = std::make_unique<State>();
+  st->spec = spec;
+  st->compiled = compile_only(spec, problem, opt, &st->emitted, &st->plan);
+  cuda_check(cudaLibraryLoadData(&st->library, st->compiled.cubin.data(), nullptr, nullptr, 0, nullptr, nullptr, 0),
+             "loading the compiled kernel");
+  cuda_check(cudaLibraryGetKernel(&st->kernel, st->library, st->emitted.entry.c_str()), "finding the kernel entry");
+  void* smem_sym = nullptr;
+  size_t smem_size = 0;
+  cuda_check(cudaLibraryGetGlobal(&smem_sym, &smem_size, st->library, (st->emitted.entry + "_smem_bytes").c_str()),
+             "finding the kernel's SMEM size");
+  int smem = 0;
+  cuda_check(cudaMemcpy(&smem, smem_sym, sizeof(int), cudaMemcpyDeviceToHost), "reading the kernel's SMEM size");
+  st->shape.BM = st->emitted.tile_m;
+  st->shape.BN = st->emitted.tile_n;
+  st->shape.cluster_n = st->emitted.cluster_n;
+  st->shape.b_kmajor = st->emitted.b_kmajor;
+  st->shape.smem_bytes = smem;
+  try {
+    st->max_clusters = host::prepare(reinterpret_cast<const void*>(st->kernel), st->shape);
+  } catch (const host::Error& e) {
+    throw Error(e.what());
+  }
+  return FusedKernel(std::move(st));
+}
+
+void FusedKernel::run(const RunArgs& args, Stream stream) const {
+  const State& st = *state_;
+  const FusionSpec& s = st.spec;
+  // Every argument present, with the right dtype; unknown names rejected.
+  for (const auto& [name, t] : args.tensors) {
+    bool known = false;
+    for (const RuntimeArg& a : s.args) known = known || (a.name == name && a.role != ArgRole::Scalar);
+    if (!known) throw Error(fmt::format("argument '{}' is not a tensor argument of kernel '{}'", name, s.name));
+  }
+  auto tensor = [&](const RuntimeArg& a) -> const DeviceTensor& {
+    auto it = args.tensors.find(a.name);
+    if (it == args.tensors.end()) throw Error(fmt::format("missing tensor argument '{}' ({})", a.name, name_of(a.role)));
+    if (it->second.dtype != a.dtype)
+      throw Error(fmt::format("argument '{}' is {}, the kernel was built for {}", a.name, name_of(it->second.dtype), name_of(a.dtype)));
+    if (!it->second.data) throw Error(fmt::format("argument '{}' has a null pointer", a.name));
+    return it->second;
+  };
+  auto rank2 = [](const RuntimeArg& a, const DeviceTensor& t) {
+    if (t.shape.size() != 2) throw Error(fmt::format("argument '{}' must be 2-D, got {}", a.name, shape_str(t.shape)));
+  };
+  const RuntimeArg& ra = s.args.at(static_cast<size_t>(s.arg_index(ArgRole::OperandA)));
+  const RuntimeArg& rb = s.args.at(static_cast<size_t>(s.arg_index(ArgRole::OperandB)));
+  const DeviceTensor& A = tensor(ra);
+  const DeviceTensor& B = tensor(rb);
+  rank2(ra, A);
+  rank2(rb, B);
+  const int64_t M = A.shape[0], K = A.shape[1];
+  const bool nk = s.b_layout == BLayout::NK;
+  const int64_t N = nk ? B.shape[0] : B.shape[1];
+  if ((nk ? B.shape[1] : B.shape[0]) != K)
+    throw Error(fmt::format("B '{}' is {} but A '{}' is {}: K differs", rb.name, shape_str(B.shape), ra.name, shape_str(A.shape)));
+  if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX) throw Error("M, N and K must each fit in 32 bits");
+
+  Params p{};
+  try {
+    host::set_operands(p, st.shape, host_dtype(ra.dtype), A.data, A.ld ? A.ld : K, B.data,
+                       B.ld ? B.ld : B.shape[1], int(M), int(N), int(K));
+    for (const ArgSlot& sl : st.emitted.slots) {
+      const RuntimeArg& a = s.args.at(static_cast<size_t>(sl.arg));
+      if (sl.kind == SlotKind::Scalar) {
+        auto it = args.scalars.find(a.name);
+        if (it == args.scalars.end()) throw Error(fmt::format("missing scalar argument '{}'", a.name));
+        p.scalars[sl.slot] = static_cast<float>(it->second);
+      } else if (sl.kind == SlotKind::Vector) {
+        const DeviceTensor& v = tensor(a);
+        const int64_t want = a.role == ArgRole::RowVector ? N : M;
+        int64_t len = 1;
+        for (int64_t d : v.shape) len *= d;
+        if (len != want || v.shape.empty())
+          throw Error(fmt::format("{} '{}' has shape {}, expected {} elements ({})", name_of(a.role), a.name,
+                                  shape_str(v.shape), want, a.role == ArgRole::RowVector ? "N" : "M"));
+        p.vectors[sl.slot] = v.data;
+      } else if (sl.kind == SlotKind::Output) {
+        const DeviceTensor& o = tensor(a);
+        rank2(a, o);
+        if (o.shape[0] != M || o.shape[1] != N)
+          throw Error(fmt::format("output '{}' has shape {}, expected [{}, {}]", a.name, shape_str(o.shape), M, N));
+        host::set_output(p, st.shape, sl.slot, host_dtype(a.dtype), o.data, o.ld ? o.ld : N);
+      }
+    }
+    host::launch(reinterpret_cast<const void*>(st.kernel), st.shape, p, reinterpret_cast<cudaStream_t>(stream), st.max_clusters);
+  } catch (const host::Error& e) {
+    throw Error(e.what());
+  }
+}
+
+FusedKernel compile(const Graph& g, const Bindings& dims, const CompileOptions& opt) {
+  LoweringResult r = lower(g);
+  if (r.regions.size() != 1 || !r.fallbacks.empty())
+    throw Error("the graph does not lower to one fused kernel:\n" + describe(g, r));
+  const FusionSpec& s = r.regions[0].spec;
+  return FusedKernel::build(s, problem_of(s, dims), opt);
+}
+
+}  // namespace comfuse

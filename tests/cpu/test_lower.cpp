@@ -1,0 +1,189 @@
+// Φ's structure on the patterns the paper names, and its closure (what falls back, why).
+#include <gtest/gtest.h>
+
+#include "comfuse/lower.h"
+
+namespace comfuse {
+namespace {
+
+struct Gemm {
+  Graph g;
+  Value x, w, acc;
+  explicit Gemm(BLayout layout = BLayout::NK) {
+    x = g.input("x", DType::BF16, {Dim::of("M"), Dim::of("K")});
+    w = g.input("w", DType::BF16, layout == BLayout::NK ? Shape{Dim::of("N"), Dim::of("K")} : Shape{Dim::of("K"), Dim::of("N")});
+    acc = g.matmul(x, w, layout);
+  }
+  Value row(const std::string& name) { return g.input(name, DType::BF16, {Dim::of("N")}); }
+};
+
+int count(const Spec& s, NodeCategory c) {
+  int n = 0;
+  for (const SpecNode& node : s.nodes) n += node.category == c;
+  return n;
+}
+
+const SpecNode& terminal(const Spec& s) { return s.nodes.at(static_cast<size_t>(s.terminal)); }
+
+TEST(Lower, BiasGeluIsOneStage) {
+  Gemm t;
+  t.g.output(t.g.unary(UnaryOp::GeluTanh, t.acc + t.row("bias")), "y", DType::BF16);
+  LoweringResult r = lower(t.g);
+  ASSERT_EQ(r.regions.size(), 1u);
+  EXPECT_TRUE(r.fallbacks.empty());
+  const FusionSpec& fs = r.regions[0].spec;
+  EXPECT_EQ(fs.reduction_count(), 0);
+  EXPECT_TRUE(fs.root.children.empty());
+  EXPECT_EQ(terminal(fs.root).category, NodeCategory::Store);
+  // binary op -> broadcast + compute; 1-D tensor -> row broadcast registered as an arg.
+  EXPECT_EQ(count(fs.root, NodeCategory::Broadcast), 1);
+  ASSERT_EQ(fs.args.size(), 4u);  // A, B, bias, y
+  EXPECT_EQ(fs.args[0].role, ArgRole::OperandA);
+  EXPECT_EQ(fs.args[1].role, ArgRole::OperandB);
+  EXPECT_EQ(fs.args[2].role, ArgRole::RowVector);
+  EXPECT_EQ(fs.args[2].name, "bias");
+  EXPECT_EQ(fs.args[3].role, ArgRole::Output);
+  EXPECT_EQ(fs.args[3].dtype, DType::BF16);
+}
+
+TEST(Lower, LayerNormNestsTwoStagesWithBypass) {
+  Gemm t;
+  Value alpha = t.g.input("alpha", DType::F32, {});
+  Value x = t.acc * alpha + t.row("bias");
+  t.g.output(t.g.layer_norm(x, t.row("gamma"), t.row("beta")), "y", DType::BF16);
+  LoweringResult r = lower(t.g);
+  ASSERT_EQ(r.regions.size(), 1u);
+  const FusionSpec& fs = r.regions[0].spec;
+  EXPECT_EQ(fs.reduction_count(), 2);
+  EXPECT_EQ(fs.stage_count(), 3);
+  // Stage 0 ends in mean(x); stage 1 takes the mean and x (bypass), ends in the variance.
+  const Spec& s0 = fs.root;
+  ASSERT_EQ(terminal(s0).category, NodeCategory::Reduction);
+  EXPECT_EQ(terminal(s0).reduce, ReduceOp::Mean);
+  ASSERT_EQ(s0.children.size(), 1u);
+  const Spec& s1 = s0.children[0];
+  EXPECT_EQ(s1.nodes[0].category, NodeCategory::Placeholder);
+  EXPECT_EQ(s1.nodes[0].placeholder, PlaceholderKind::Stat);
+  ASSERT_EQ(s1.nodes[1].placeholder, PlaceholderKind::Bypass);
+  EXPECT_EQ(s0.nodes[static_cast<size_t>(s1.nodes[1].source)].origin, x.node().name);  // x, not recomputed
+  EXPECT_EQ(count(s1, NodeCategory::AccEntry), 0);
+  EXPECT_EQ(terminal(s1).category, NodeCategory::Reduction);
+  const Spec& s2 = s1.children.at(0);
+  EXPECT_EQ(terminal(s2).category, NodeCategory::Store);
+  // x - mean is computed once in stage 1 and carried into stage 2, not recomputed there.
+  int subs = 0;
+  for (const SpecNode& n : s2.nodes) subs += n.category == NodeCategory::Compute && n.binary == BinaryOp::Sub && n.compute == ComputeKind::Binary;
+  EXPECT_EQ(subs, 0);
+}
+
+TEST(Lower, SoftmaxAndRmsNormHaveBoundedDepth) {
+  for (int which = 0; which < 2; ++which) {
+    Gemm t;
+    Value y = which == 0 ? t.g.softmax(t.acc) : t.g.rms_norm(t.acc, t.row("gamma"));
+    t.g.output(y, "y", DType::F16);
+    LoweringResult r = lower(t.g);
+    ASSERT_EQ(r.regions.size(), 1u);
+    EXPECT_EQ(r.regions[0].spec.stage_count(), which == 0 ? 3 : 2);
+  }
+}
+
+TEST(Lower, StatisticStoredAsColumnOutput) {
+  Gemm t;
+  Value m = t.g.reduce(ReduceOp::Max, t.acc);
+  t.g.output(m, "rowmax", DType::F32);
+  t.g.output(t.acc - m, "y", DType::BF16);
+  LoweringResult r = lower(t.g);
+  ASSERT_EQ(r.regions.size(), 1u);
+  const FusionSpec& fs = r.regions[0].spec;
+  int col_outputs = 0;
+  for (const RuntimeArg& a : fs.args) col_outputs += a.role == ArgRole::Output && a.value_class == ValueClass::Col;
+  EXPECT_EQ(col_outputs, 1);
+}
+
+TEST(Lower, ColumnVectorAndScalarLeaves) {
+  Gemm t;
+  Value col = t.g.input("rowscale", DType::F32, {Dim::of("M"), Dim::of(1)});
+  Value s = t.g.input("s", DType::F32, {});
+  t.g.output((t.acc * col + s) * 3.0, "y", DType::F32);
+  LoweringResult r = lower(t.g);
+  const FusionSpec& fs = r.regions.at(0).spec;
+  std::vector<ArgRole> roles;
+  for (const RuntimeArg& a : fs.args) roles.push_back(a.role);
+  EXPECT_EQ(roles, (std::vector<ArgRole>{ArgRole::OperandA, ArgRole::OperandB, ArgRole::ColVector, ArgRole::Scalar, ArgRole::Output}));
+  int literals = 0;
+  for (const SpecNode& n : fs.root.nodes) literals += n.category == NodeCategory::Broadcast && n.arg < 0;
+  EXPECT_EQ(literals, 1);
+}
+
+TEST(Lower, FfnYieldsTwoRegionsAndAB2BCandidate) {
+  Gemm t;
+  Value h = t.g.cast(t.g.unary(UnaryOp::GeluErf, t.acc), DType::BF16);
+  Value w2 = t.g.input("w2", DType::BF16, {Dim::of("N2"), Dim::of("N")});
+  t.g.output(t.g.matmul(h, w2), "out", DType::BF16);
+  LoweringResult r = lower(t.g);
+  ASSERT_EQ(r.regions.size(), 2u);
+  ASSERT_EQ(r.b2b_candidates.size(), 1u);
+  EXPECT_EQ(r.b2b_candidates[0].via_node, h.id);
+  EXPECT_TRUE(r.fallbacks.empty());
+  // h leaves region 0 as a stored bf16 tensor.
+  const FusionSpec& first = r.regions[0].spec;
+  EXPECT_EQ(first.args.back().role, ArgRole::Output);
+  EXPECT_EQ(first.args.back().dtype, DType::BF16);
+}
+
+TEST(Lower, OutOfDomainOpsFallBackWithReasons) {
+  Gemm t;
+  Value y = t.g.unary(UnaryOp::Relu, t.acc);
+  Value colsum = t.g.reduce(ReduceOp::Sum, y, /*dim=*/0);  // over M: not a row reduction
+  Value tr = t.g.transpose(y);
+  Value gamma2 = t.row("gamma") * 2.0;                      // prologue: no accumulator involved
+  t.g.output(colsum, "colsum", DType::F32);
+  t.g.output(tr, "yt", DType::F32);
+  t.g.output(y * gamma2, "z", DType::F32);
+  LoweringResult r = lower(t.g);
+  ASSERT_EQ(r.regions.size(), 1u);
+  std::map<int, std::string> why;
+  for (const Fallback& f : r.fallbacks) why[f.node] = f.reason;
+  ASSERT_TRUE(why.count(colsum.id));
+  EXPECT_NE(why[colsum.id].find("not the last"), std::string::npos);
+  ASSERT_TRUE(why.count(tr.id));
+  EXPECT_NE(why[tr.id].find("outside the fusion domain"), std::string::npos);
+  ASSERT_TRUE(why.count(gamma2.id));
+  EXPECT_NE(why[gamma2.id].find("before the kernel"), std::string::npos);
+  // y escapes to the unfused consumers, so it is stored.
+  int stores = 0;
+  for (const SpecNode& n : r.regions[0].spec.root.nodes) stores += n.category == NodeCategory::Store;
+  EXPECT_EQ(stores, 2);  // y (for the fallbacks) and z
+  EXPECT_NE(describe(t.g, r).find("fallback"), std::string::npos);
+}
+
+TEST(Lower, FullTileSideInputIsNotFused) {
+  Gemm t;
+  Value resid = t.g.input("resid", DType::BF16, {Dim::of("M"), Dim::of("N")});
+  t.g.output(t.acc + resid, "y", DType::BF16);
+  LoweringResult r = lower(t.g);
+  ASSERT_EQ(r.fallbacks.size(), 1u);
+  EXPECT_NE(r.fallbacks[0].reason.find("resid"), std::string::npos);
+}
+
+TEST(Lower, DeadNodesAreReportedNotFused) {
+  Gemm t;
+  Value unused = t.g.unary(UnaryOp::Exp, t.acc);
+  t.g.output(t.acc, "y", DType::F32);
+  LoweringResult r = lower(t.g);
+  ASSERT_EQ(r.dead_nodes.size(), 1u);
+  EXPECT_EQ(r.dead_nodes[0], unused.id);
+}
+
+TEST(Lower, ChainOfFourReductionsNestsFourDeep) {
+  Gemm t;
+  Value v = t.acc;
+  for (int i = 0; i < 4; ++i) v = v - t.g.reduce(i % 2 ? ReduceOp::Max : ReduceOp::Mean, v);
+  t.g.output(v, "y", DType::BF16);
+  LoweringResult r = lower(t.g);
+  EXPECT_EQ(r.regions.at(0).spec.reduction_count(), 4);
+  EXPECT_EQ(r.regions.at(0).spec.stage_count(), 5);
+}
+
+}  // namespace
+}  // namespace comfuse

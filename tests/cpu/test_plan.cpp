@@ -1,0 +1,290 @@
+// The planner: SMEM always within the limit, the O(1) reduction buffer, strategy and
+// aggregation rules, forced options, honest errors, and the explain/DOT printers.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <functional>
+
+#include "comfuse/lower.h"
+#include "comfuse/plan.h"
+
+namespace comfuse {
+namespace {
+
+// A GEMM y = f(x w^T) lowered through Φ; `epi` builds the epilogue on the accumulator.
+FusionSpec lowered(const std::function<Value(Graph&, Value)>& epi, DType out = DType::BF16) {
+  Graph g;
+  Value x = g.input("x", DType::BF16, {Dim::of("M"), Dim::of("K")});
+  Value w = g.input("w", DType::BF16, {Dim::of("N"), Dim::of("K")});
+  Value acc = g.matmul(x, w);
+  g.output(epi(g, acc), "y", out);
+  LoweringResult r = lower(g);
+  EXPECT_EQ(r.regions.size(), 1u);
+  return r.regions.at(0).spec;
+}
+
+Value row(Graph& g, const std::string& name) { return g.input(name, DType::BF16, {Dim::of("N")}); }
+
+FusionSpec bias_gelu() {
+  return lowered([](Graph& g, Value acc) { return g.unary(UnaryOp::GeluErf, acc + row(g, "bias")); });
+}
+FusionSpec layer_norm() {
+  return lowered([](Graph& g, Value acc) { return g.layer_norm(acc + row(g, "bias"), row(g, "gamma"), row(g, "beta")); });
+}
+FusionSpec rms_norm() {
+  return lowered([](Graph& g, Value acc) { return g.rms_norm(acc, row(g, "gamma")); });
+}
+FusionSpec softmax() {
+  return lowered([](Graph& g, Value acc) { return g.softmax(acc * 0.125); });
+}
+// L dependent reductions: x <- x - mean(x), L times.
+FusionSpec chain(int L) {
+  return lowered([L](Graph& g, Value acc) {
+    Value x = acc;
+    for (int i = 0; i < L; ++i) x = x - g.reduce(ReduceOp::Mean, x);
+    return x;
+  });
+}
+
+Problem prob(int64_t m, int64_t n, int64_t k) { return Problem{m, n, k, DType::BF16}; }
+
+struct Named {
+  const char* name;
+  FusionSpec spec;
+};
+std::vector<Named> all_specs() {
+  return {{"bias_gelu", bias_gelu()}, {"layer_norm", layer_norm()}, {"rms_norm", rms_norm()},
+          {"softmax", softmax()},     {"chain4", chain(4)}};
+}
+
+TEST(Plan, ProblemOfResolvesDimsAndDtype) {
+  FusionSpec s = layer_norm();
+  Problem p = problem_of(s, {{"M", 300}, {"N", 520}, {"K", 64}});
+  EXPECT_EQ(p.m, 300);
+  EXPECT_EQ(p.n, 520);
+  EXPECT_EQ(p.k, 64);
+  EXPECT_EQ(p.ab_dtype, DType::BF16);
+  EXPECT_THROW(problem_of(s, {{"M", 1}}), Error);
+}
+
+// Every plan of the sweep is internally consistent and fits the device.
+TEST(Plan, SweepFitsSmemAndFollowsTheRules) {
+  const DeviceModel dev;
+  const PlannerTunables tun;
+  int plans = 0;
+  for (const Named& sp : all_specs()) {
+    const int L = sp.spec.reduction_count();
+    for (int64_t m : {1, 256, 4096, 8192})
+      for (int64_t n : {64, 1000, 4096, 8192, 32768})
+        for (int64_t k : {16, 4096}) {
+          SCOPED_TRACE(fmt::format("{} M={} N={} K={}", sp.name, m, n, k));
+          Plan p = make_plan(sp.spec, prob(m, n, k), dev, tun);
+          ++plans;
+          EXPECT_LE(p.smem.total(), dev.smem_per_cta_bytes);
+          EXPECT_EQ(p.smem_limit, dev.smem_per_cta_bytes);
+          EXPECT_GE(p.stages, 2);
+          EXPECT_LE(p.stages, 8);
+          EXPECT_TRUE(p.tile_m == 64 || p.tile_m == 128);
+          EXPECT_TRUE(p.tile_n == 64 || p.tile_n == 128 || p.tile_n == 192 || p.tile_n == 256);
+          EXPECT_EQ(p.tile_k, 64);
+          EXPECT_EQ(p.smem.mainloop_ring, p.stages * (p.tile_m + p.tile_n) * p.tile_k * 2);
+          EXPECT_LE(p.smem.stash, tun.max_stash_bytes);
+          EXPECT_EQ(p.multicast_a, p.cluster_n > 1);
+          EXPECT_EQ(p.reductions, L);
+          EXPECT_GT(p.grid_ctas, 0);
+          EXPECT_LE(p.grid_ctas, dev.sm_count);
+          EXPECT_GT(p.estimate.total_us, 0);
+          EXPECT_GE(p.reasons.size(), 8u);
+          if (L == 0) {
+            EXPECT_EQ(p.strategy, RowStrategy::NoReduction);
+            EXPECT_EQ(p.aggregation, AggregationMode::None);
+            EXPECT_EQ(p.smem.reduction_buffer, 0);
+            continue;
+          }
+          const bool covers = int64_t{p.cluster_n} * p.tile_n >= n;
+          EXPECT_GE(int64_t{p.cluster_n} * p.tile_n * p.n_tiles_per_cta, n);
+          EXPECT_EQ(p.strategy == RowStrategy::OnChip, covers);   // OnChip iff the cluster covers N
+          EXPECT_EQ(p.n_tiles_per_cta == 1, covers);
+          EXPECT_EQ(p.aggregation, p.cluster_n <= tun.p2p_max_cluster ? AggregationMode::PeerToPeer
+                                                                      : AggregationMode::LeaderFollower);
+          if (p.strategy == RowStrategy::GlobalReread) {
+            EXPECT_GT(p.workspace_bytes, 0);
+          } else {
+            EXPECT_EQ(p.workspace_bytes, 0);
+          }
+        }
+  }
+  EXPECT_EQ(plans, 5 * 4 * 5 * 2);
+}
+
+// Mechanism 4: ONE reduction buffer, O(1) in the number of reductions.
+TEST(Plan, ReductionBufferIsIndependentOfReductionCount) {
+  FusionSpec one = chain(1), four = chain(4);
+  ASSERT_EQ(one.reduction_count(), 1);
+  ASSERT_EQ(four.reduction_count(), 4);
+  for (int c : {2, 4, 8, 16}) {
+    PlanOptions opt;
+    opt.cluster_n = c;
+    opt.tile_n = 128;
+    opt.tile_m = 64;
+    Plan p1 = make_plan(one, prob(4096, 8192, 4096), {}, {}, opt);
+    Plan p4 = make_plan(four, prob(4096, 8192, 4096), {}, {}, opt);
+    ASSERT_EQ(p1.tile_m, p4.tile_m);
+    EXPECT_GT(p1.smem.reduction_buffer, 0);
+    EXPECT_EQ(p1.smem.reduction_buffer, p4.smem.reduction_buffer) << "C_N=" << c;
+  }
+  // Unforced, same shape: whatever the planner picks, the buffer follows tile_m and C_N only.
+  Plan a = make_plan(one, prob(256, 4096, 4096)), b = make_plan(four, prob(256, 4096, 4096));
+  if (a.tile_m == b.tile_m && a.cluster_n == b.cluster_n) {
+    EXPECT_EQ(a.smem.reduction_buffer, b.smem.reduction_buffer);
+  }
+}
+
+TEST(Plan, AggregationSwitchesAtP2pMaxCluster) {
+  FusionSpec s = layer_norm();
+  for (int limit : {2, 4, 8}) {
+    PlannerTunables tun;
+    tun.p2p_max_cluster = limit;
+    for (int c : {1, 2, 4, 8, 16}) {
+      PlanOptions opt;
+      opt.cluster_n = c;
+      Plan p = make_plan(s, prob(4096, 32768, 4096), {}, tun, opt);
+      EXPECT_EQ(p.cluster_n, c);
+      EXPECT_EQ(p.aggregation, c <= limit ? AggregationMode::PeerToPeer : AggregationMode::LeaderFollower)
+          << "C_N=" << c << " limit=" << limit;
+    }
+  }
+}
+
+TEST(Plan, ForcedOptionsAreHonored) {
+  FusionSpec s = layer_norm();
+  PlanOptions opt;
+  opt.cluster_n = 16;
+  opt.tile_n = 256;
+  Plan p = make_plan(s, prob(8192, 4096, 4096), {}, {}, opt);
+  EXPECT_EQ(p.cluster_n, 16);
+  EXPECT_EQ(p.tile_n, 256);
+  EXPECT_EQ(p.strategy, RowStrategy::OnChip);
+  EXPECT_EQ(p.ctas_busy, 112);  // measured residency of 16-CTA clusters
+
+  opt = {};
+  opt.cluster_n = 2;
+  opt.aggregation = AggregationMode::LeaderFollower;
+  opt.strategy = RowStrategy::GlobalReread;
+  p = make_plan(s, prob(8192, 8192, 4096), {}, {}, opt);
+  EXPECT_EQ(p.cluster_n, 2);
+  EXPECT_EQ(p.aggregation, AggregationMode::LeaderFollower);
+  EXPECT_EQ(p.strategy, RowStrategy::GlobalReread);
+  EXPECT_FALSE(p.stashed.empty());
+  EXPECT_GT(p.workspace_bytes, 0);
+  // A forced plan says what the model alone would have chosen.
+  EXPECT_TRUE(std::any_of(p.reasons.begin(), p.reasons.end(),
+                          [](const std::string& r) { return r.find("without the forced options") != std::string::npos; }));
+}
+
+TEST(Plan, StashKeepsStageOneBypassValues) {
+  PlanOptions opt;
+  opt.strategy = RowStrategy::Stash;
+  Plan p = make_plan(layer_norm(), prob(8192, 4096, 4096), {}, {}, opt);
+  EXPECT_EQ(p.strategy, RowStrategy::Stash);
+  EXPECT_GT(p.n_tiles_per_cta, 1);
+  ASSERT_FALSE(p.stashed.empty());
+  EXPECT_TRUE(p.stash_elem_bytes == 2 || p.stash_elem_bytes == 4);
+  EXPECT_EQ(p.smem.stash, 2 * (p.n_tiles_per_cta - 1) * p.tile_m * p.tile_n *
+                              static_cast<int>(p.stashed.size()) * p.stash_elem_bytes);
+}
+
+TEST(Plan, OccupancyVersusCoverage) {
+  FusionSpec s = layer_norm();
+  // Small M: few row blocks, latency bound: the cluster covers the row.
+  Plan small = make_plan(s, prob(256, 4096, 4096));
+  EXPECT_EQ(small.strategy, RowStrategy::OnChip);
+  // Large M, compute bound: 16-CTA clusters idle 20 SMs; the planner walks several N-tiles.
+  Plan large = make_plan(s, prob(8192, 4096, 4096));
+  EXPECT_LT(large.cluster_n, 16);
+  EXPECT_GT(large.n_tiles_per_cta, 1);
+  // Long rows still plan, re-reading earlier tiles through L2.
+  Plan wide = make_plan(s, prob(4096, 65536, 4096));
+  EXPECT_EQ(wide.strategy, RowStrategy::GlobalReread);
+  // No reduction: no reason for a cluster.
+  EXPECT_EQ(make_plan(bias_gelu(), prob(8192, 4096, 4096)).cluster_n, 1);
+}
+
+void expect_error(const std::function<void()>& f, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "expected an Error mentioning '" << needle << "'";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+TEST(Plan, RejectsImpossibleInput) {
+  FusionSpec s = layer_norm(), g = bias_gelu();
+  expect_error([&] { make_plan(s, prob(0, 4096, 4096)); }, "dimension M");
+  expect_error([&] { make_plan(s, prob(128, -1, 4096)); }, "dimension N");
+  expect_error([&] { make_plan(s, prob(128, 4096, 0)); }, "dimension K");
+  expect_error([&] { make_plan(s, prob(128, 4096, 100)); }, "K = 100");
+  expect_error([&] { make_plan(s, prob(128, 4100, 64)); }, "N a multiple of 8");
+  PlanOptions opt;
+  opt.cluster_n = 3;
+  expect_error([&] { make_plan(s, prob(128, 4096, 64), {}, {}, opt); }, "cluster_n = 3");
+  opt = {};
+  opt.tile_n = 100;
+  expect_error([&] { make_plan(s, prob(128, 4096, 64), {}, {}, opt); }, "tile_n = 100");
+  opt = {};
+  opt.tile_m = 96;
+  expect_error([&] { make_plan(s, prob(128, 4096, 64), {}, {}, opt); }, "tile_m = 96");
+  opt = {};
+  opt.strategy = RowStrategy::Stash;
+  expect_error([&] { make_plan(g, prob(128, 4096, 64), {}, {}, opt); }, "no reduction");
+  opt = {};
+  opt.strategy = RowStrategy::OnChip;
+  opt.cluster_n = 2;
+  expect_error([&] { make_plan(s, prob(128, 8192, 64), {}, {}, opt); }, "nothing fits");
+  // Rows so long that even the global workspace of GlobalReread is beyond the limit.
+  expect_error([&] { make_plan(s, prob(4096, int64_t{1} << 24, 4096)); }, "workspace");
+  EXPECT_NO_THROW(make_plan(rms_norm(), prob(4096, 131072, 4096)));
+  // A device with too little SMEM for two stages.
+  DeviceModel tiny;
+  tiny.smem_per_cta_bytes = 32 * 1024;
+  expect_error([&] { make_plan(s, prob(128, 4096, 64), tiny); }, "pipeline stages");
+}
+
+TEST(Plan, ExplainShowsTheDecisions) {
+  FusionSpec s = layer_norm();
+  Plan p = make_plan(s, prob(8192, 4096, 4096));
+  std::string e = explain(s, p);
+  for (const char* needle : {"problem", "M=8192 N=4096 K=4096", "tiles", "grid", "cluster", "strategy",
+                             "aggregation", "stage chain", "stage 1", "stage 2", "stage 3", "unified reduction buffer",
+                             "mainloop ring", "total", "reasons", "mean("})
+    EXPECT_NE(e.find(needle), std::string::npos) << needle << "\n" << e;
+  EXPECT_NE(e.find(fmt::format("1x{}", p.cluster_n)), std::string::npos);
+  EXPECT_NE(e.find(std::string(name_of(p.aggregation))), std::string::npos);
+  EXPECT_EQ(explain(s, p), explain(s, make_plan(s, prob(8192, 4096, 4096))));  // deterministic
+}
+
+TEST(Plan, DotHasOneClusterPerStage) {
+  for (const Named& sp : all_specs()) {
+    SCOPED_TRACE(sp.name);
+    Plan p = make_plan(sp.spec, prob(4096, 4096, 4096));
+    std::string d = to_dot(sp.spec, p);
+    EXPECT_EQ(d.rfind("digraph", 0), 0u);
+    EXPECT_EQ(std::count(d.begin(), d.end(), '{'), std::count(d.begin(), d.end(), '}'));
+    size_t clusters = 0;
+    for (size_t at = d.find("subgraph cluster_"); at != std::string::npos; at = d.find("subgraph cluster_", at + 1))
+      ++clusters;
+    EXPECT_EQ(clusters, static_cast<size_t>(sp.spec.stage_count()));
+    EXPECT_NE(d.find("->"), std::string::npos);
+    EXPECT_NE(d.find("label="), std::string::npos);
+    if (sp.spec.reduction_count() > 0) {
+      EXPECT_NE(d.find("color=blue"), std::string::npos);  // reduction -> PostOp
+    }
+  }
+  FusionSpec ln = layer_norm();
+  EXPECT_NE(to_dot(ln, make_plan(ln, prob(256, 4096, 4096))).find("style=dashed, label=\"bypass\""), std::string::npos);
+}
+
+}  // namespace
+}  // namespace comfuse
