@@ -55,16 +55,20 @@ template <class T> constexpr DType dt_of() {
   return std::is_same_v<T, bf16> ? DType::BF16 : std::is_same_v<T, f16> ? DType::F16 : DType::F32;
 }
 
-template <class T, bool BK, int BM, int BN, int S, int CN, class Epi, class TO, int WG = 1>
+// CM: clusters along M (B multicast); D: k-blocks of wgmma in flight per consumer.
+template <class T, bool BK, int BM, int BN, int S, int CN, class Epi, class TO, int WG = 1, int CM = 1, int D = 1>
 Variant make_variant(EpiKind kind) {
-  using K = comfuse::FusedGemmSm90<comfuse::MainloopSm90<T, BK, BM, BN, S, CN, WG>, Epi>;
+  using K = comfuse::FusedGemmSm90<comfuse::MainloopSm90<T, BK, BM, BN, S, CN, WG, CM, D>, Epi>;
   Variant v;
   char buf[160];
-  std::snprintf(buf, sizeof buf, "%s %s %s%dx%d s%d c%d %s%s", kind == EpiKind::Plain ? "plain" : kind == EpiKind::BiasGelu ? "bias+gelu" : "full",
-                std::is_same_v<T, bf16> ? "bf16" : "f16", WG == 2 ? "coop " : "pp ", BM, BN, S, CN, BK ? "NxK" : "KxN",
-                std::is_same_v<TO, float> ? " ->f32" : "");
+  char cl[16];
+  if (CM > 1) std::snprintf(cl, sizeof cl, "m%d", CM); else std::snprintf(cl, sizeof cl, "c%d", CN);
+  std::snprintf(buf, sizeof buf, "%s %s %s%dx%d s%d %s%s %s%s", kind == EpiKind::Plain ? "plain" : kind == EpiKind::BiasGelu ? "bias+gelu" : "full",
+                std::is_same_v<T, bf16> ? "bf16" : "f16", WG == 2 ? "coop " : "pp ", BM, BN, S, cl, D > 1 ? " d2" : "",
+                BK ? "NxK" : "KxN", std::is_same_v<TO, float> ? " ->f32" : "");
   v.name = buf;
-  v.ks.BM = BM; v.ks.BN = BN; v.ks.wgs_per_tile = WG; v.ks.cluster_n = CN; v.ks.b_kmajor = BK; v.ks.smem_bytes = K::kSmemBytes;
+  v.ks.BM = BM; v.ks.BN = BN; v.ks.wgs_per_tile = WG; v.ks.cluster_n = CN; v.ks.cluster_m = CM; v.ks.b_kmajor = BK;
+  v.ks.smem_bytes = K::kSmemBytes;
   v.func = reinterpret_cast<void const*>(&comfuse::fused_gemm_sm90<K>);
   v.in = dt_of<T>(); v.out = dt_of<TO>(); v.kind = kind;
   return v;
@@ -318,13 +322,33 @@ static Best sweep(Variant& v, Problem& P, FILE* log) {
 }
 
 int main(int argc, char** argv) {
-  bool check_only = false, quick = false;
+  bool check_only = false, quick = false, prof = false;
+  int prof_shape[3] = {0, 0, 0};
+  std::string prof_name, filter;
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--check-only")) check_only = true;
     if (!std::strcmp(argv[i], "--quick")) quick = true;  // skip the 4096^3 check (for compute-sanitizer)
     if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) g_reps = std::max(5, std::atoi(argv[++i]));
+    if (!std::strcmp(argv[i], "--profile") && i + 4 < argc) {  // --profile M N K name-substring
+      prof = true;
+      for (int j = 0; j < 3; ++j) prof_shape[j] = std::atoi(argv[i + 1 + j]);
+      prof_name = argv[i + 4];
+      i += 4;
+    }
+    if (!std::strcmp(argv[i], "--filter") && i + 1 < argc) filter = argv[++i];  // keep matching variants
   }
+  // Names are matched against comma-separated substrings.
+  auto matches = [](std::string const& name, std::string const& pats) {
+    size_t b = 0;
+    while (b <= pats.size()) {
+      size_t e = pats.find(',', b);
+      if (e == std::string::npos) e = pats.size();
+      if (e > b && name.find(pats.substr(b, e - b)) != std::string::npos) return true;
+      b = e + 1;
+    }
+    return false;
+  };
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
@@ -337,17 +361,30 @@ int main(int argc, char** argv) {
   using P_ = EpiPlain<bf16>;
   using BG = EpiBiasGelu<bf16, bf16>;
   std::vector<Variant> plain = {
+      // run-2 configurations (baseline)
       make_variant<bf16, true, 128, 128, 5, 1, P_, bf16>(EpiKind::Plain),
       make_variant<bf16, true, 128, 128, 5, 2, P_, bf16>(EpiKind::Plain),
       make_variant<bf16, true, 64, 256, 5, 2, P_, bf16>(EpiKind::Plain),
       make_variant<bf16, true, 128, 256, 4, 1, P_, bf16, 2>(EpiKind::Plain),
-      make_variant<bf16, true, 128, 256, 4, 2, P_, bf16, 2>(EpiKind::Plain)};
+      make_variant<bf16, true, 128, 256, 4, 2, P_, bf16, 2>(EpiKind::Plain),
+      // run 3: cooperative 256x128, clusters along M (B multicast), 2 k-blocks in flight
+      make_variant<bf16, true, 256, 128, 4, 1, P_, bf16, 2>(EpiKind::Plain),
+      make_variant<bf16, true, 256, 128, 4, 1, P_, bf16, 2, 2>(EpiKind::Plain),
+      make_variant<bf16, true, 128, 256, 4, 1, P_, bf16, 2, 2>(EpiKind::Plain),
+      make_variant<bf16, true, 128, 128, 5, 1, P_, bf16, 1, 2>(EpiKind::Plain),
+      make_variant<bf16, true, 64, 256, 5, 1, P_, bf16, 1, 2>(EpiKind::Plain),
+      make_variant<bf16, true, 128, 256, 4, 1, P_, bf16, 2, 1, 2>(EpiKind::Plain),
+      make_variant<bf16, true, 128, 128, 5, 1, P_, bf16, 1, 1, 2>(EpiKind::Plain),
+      make_variant<bf16, true, 64, 128, 8, 2, P_, bf16>(EpiKind::Plain),
+      make_variant<bf16, true, 64, 128, 8, 1, P_, bf16>(EpiKind::Plain)};
   std::vector<Variant> biasgelu = {
       make_variant<bf16, true, 128, 128, 5, 1, BG, bf16>(EpiKind::BiasGelu),
       make_variant<bf16, true, 128, 128, 5, 2, BG, bf16>(EpiKind::BiasGelu),
-      make_variant<bf16, true, 64, 256, 5, 2, BG, bf16>(EpiKind::BiasGelu),
       make_variant<bf16, true, 128, 256, 4, 1, BG, bf16, 2>(EpiKind::BiasGelu),
-      make_variant<bf16, true, 128, 256, 4, 2, BG, bf16, 2>(EpiKind::BiasGelu)};
+      make_variant<bf16, true, 128, 256, 4, 2, BG, bf16, 2>(EpiKind::BiasGelu),
+      make_variant<bf16, true, 256, 128, 3, 1, BG, bf16, 2, 2>(EpiKind::BiasGelu),
+      make_variant<bf16, true, 128, 256, 4, 1, BG, bf16, 2, 2>(EpiKind::BiasGelu),
+      make_variant<bf16, true, 128, 128, 5, 1, BG, bf16, 1, 2>(EpiKind::BiasGelu)};
   std::vector<Variant> extra = {
       make_variant<bf16, true, 128, 128, 5, 16, P_, bf16>(EpiKind::Plain),
       make_variant<bf16, true, 128, 256, 4, 4, P_, bf16, 2>(EpiKind::Plain),
@@ -358,7 +395,32 @@ int main(int argc, char** argv) {
       make_variant<f16, true, 128, 128, 5, 2, EpiBiasGelu<f16, f16>, f16>(EpiKind::BiasGelu),
       make_variant<f16, false, 128, 256, 4, 1, EpiPlain<f16>, f16, 2>(EpiKind::Plain),
       make_variant<bf16, true, 128, 128, 4, 2, EpiPlain<float>, float>(EpiKind::Plain),
-      make_variant<bf16, true, 128, 256, 3, 2, EpiFull, bf16, 2>(EpiKind::Full)};
+      make_variant<bf16, true, 128, 256, 3, 2, EpiFull, bf16, 2>(EpiKind::Full),
+      // run 3: the new template options on K x N B, f16, cluster N, f32 out
+      make_variant<bf16, false, 256, 128, 3, 1, BG, bf16, 2, 2>(EpiKind::BiasGelu),
+      make_variant<bf16, false, 128, 128, 5, 1, P_, bf16, 1, 2, 2>(EpiKind::Plain),
+      make_variant<f16, true, 256, 128, 4, 2, EpiPlain<f16>, f16, 2, 1, 2>(EpiKind::Plain),
+      make_variant<f16, false, 128, 256, 4, 1, EpiBiasGelu<f16, f16>, f16, 2, 4>(EpiKind::BiasGelu),
+      make_variant<bf16, true, 256, 128, 3, 1, EpiPlain<float>, float, 2, 2>(EpiKind::Plain)};
+
+  if (!filter.empty())
+    for (auto* list : {&plain, &biasgelu, &extra})
+      list->erase(std::remove_if(list->begin(), list->end(), [&](Variant const& v) { return !matches(v.name, filter); }),
+                  list->end());
+
+  // ---- 0. --profile: one cuBLAS bf16 GEMM and one launch of each matching variant (for ncu) ----
+  if (prof) {
+    Problem P = make_problem(prof_shape[0], prof_shape[1], prof_shape[2], DType::BF16, true, false);
+    cublas_gemm(P, 0, P.D, DType::BF16);
+    for (auto* list : {&plain, &biasgelu})
+      for (auto& v : *list)
+        if (matches(v.name, prof_name)) {
+          std::printf("profile: %s\n", v.name.c_str());
+          run_variant(v, make_params(v, P, 0, 8, 0));
+        }
+    CK(cudaGetLastError()); CK(cudaDeviceSynchronize());
+    return 0;
+  }
 
   // ---- 1. correctness on ragged and small-K shapes, every variant ----
   std::printf("== correctness (poisoned outputs, every element checked, guard after the output) ==\n");

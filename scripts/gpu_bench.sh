@@ -4,7 +4,11 @@
 # benchmark against cuBLAS, optionally run compute-sanitizer; logs under $OUT.
 #   run: bash scripts/gpu_bench.sh [bench args...]   (carry third_party/cutlass, build-gemm)
 #   env: SANITIZE=1 adds compute-sanitizer (memcheck, racecheck) on --check-only --quick;
-#        NCU=1 adds one ncu profile of the 4096^3 plain kernel.
+#        SAN_FILTER=pat[,pat] limits the sanitizer runs to matching variants;
+#        NCU=1 adds ncu --set full profiles (8192x4096x4096) of cuBLAS and of the variants
+#        named by NCU_VARIANTS (comma-separated name substrings, bench --profile), run first.
+#   The bench binary is built here against a snapshot of the headers when the tree's
+#   headers are mid-edit by someone else (carry it); the GPU side only rebuilds if missing.
 set -u -o pipefail
 OUT=${OUT:-/tmp/comfuse_out}
 mkdir -p "$OUT"
@@ -20,18 +24,24 @@ if [ ! -x "$BIN" ] || ldd "$BIN" | grep -q "not found"; then
     -I third_party/cutlass/include -I kernels bench/gemm_bench.cu -o "$BIN" -lcublas -lcublasLt \
     > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 fi
+if command -v cuobjdump > /dev/null; then
+  cuobjdump -sass "$BIN" > /tmp/sass.txt 2>&1
+  echo "SASS: $(grep -c HGMMA /tmp/sass.txt) HGMMA, $(grep -c 'WARPGROUP.DEPBAR\|WARPGROUP.ARRIVE' /tmp/sass.txt) warpgroup syncs, $(grep -cE '\bLDL|\bSTL' /tmp/sass.txt) LDL/STL"
+fi
+if [ "${NCU:-0}" = 1 ]; then
+  timeout 240 ncu --clock-control none --set full -k regex:'gemm|nvjet|xmma|sm90' --launch-skip 1 --launch-count ${NCU_COUNT:-3} \
+    "$BIN" --profile 8192 4096 4096 "${NCU_VARIANTS:-coop 128x256 s4 c1 NxK}" > "$OUT/ncu.txt" 2>&1
+  echo "ncu rc=$?"
+  grep -E "^  [a-z_0-9]+.*\(|Duration|Compute \(SM\) Throughput|Memory Throughput|L1/TEX Hit|L2 Hit|Achieved Occupancy|Registers Per|Grid Size|Cluster Size|Shared Memory Configuration Size|Executed Ipc Active|Issue Slots Busy|One or More Eligible|No Eligible|DRAM Throughput|L2 Cache Throughput|SM Busy" "$OUT/ncu.txt" | head -80
+fi
 BENCH_LOG="$OUT/sweep.log" timeout 420 "$BIN" "$@" 2>&1 | tee "$OUT/bench.log"
 rc=$?
 echo "bench rc=$rc"
 if [ "${SANITIZE:-0}" = 1 ]; then
   for tool in memcheck racecheck; do
-    timeout 150 compute-sanitizer --tool $tool "$BIN" --check-only --quick > "$OUT/sanitize_$tool.log" 2>&1
+    timeout 150 compute-sanitizer --tool $tool "$BIN" --check-only --quick ${SAN_FILTER:+--filter "$SAN_FILTER"} \
+      > "$OUT/sanitize_$tool.log" 2>&1
     echo "sanitizer $tool rc=$?"; tail -4 "$OUT/sanitize_$tool.log"
   done
-fi
-if [ "${NCU:-0}" = 1 ]; then
-  timeout 200 ncu --clock-control none -k regex:fused_gemm --launch-skip 40 --launch-count 1 --set full \
-    "$BIN" --reps 5 > "$OUT/ncu.txt" 2>&1
-  echo "ncu rc=$?"; grep -E "Duration|Throughput|Registers|Achieved|Warp Cycles|Stall" "$OUT/ncu.txt" | head -40
 fi
 exit $rc

@@ -19,6 +19,7 @@
 #include "comfuse/interp.h"
 #include "comfuse/lower.h"
 #include "comfuse/plan.h"
+#include "comfuse/runtime.h"
 #include "comfuse/spec.h"
 #include "comfuse/text.h"
 
@@ -158,20 +159,60 @@ std::string sample(const Tensor& t, int64_t i) {
   return t.shape.size() == 2 ? fmt::format("[{},{}]", i / c, i % c) : fmt::format("[{}]", i);
 }
 
-// HOOK(lead): `run --gpu` goes here: emit + JIT-compile each region, bind the same
-// inputs, launch, and compare the device outputs against run_graph like the CPU path.
-int run_gpu(const Graph&, const LoweringResult&, const Bindings&, const TensorMap&) {
-  throw Error("run --gpu: the GPU path is not built yet (use --reference for the CPU check)");
+// GPU path: one fused kernel, random inputs, NaN-poisoned outputs, compared with the fp64
+// graph executor; bf16 outputs pass at rel_l2 <= 1e-2 (the bf16 bound).
+double gpu_tolerance(DType t) { return t == DType::BF16 ? 1e-2 : t == DType::F16 ? 5e-3 : 1e-4; }
+
+int run_gpu(const Graph& g, const Bindings& b, uint64_t seed) {
+  DeviceRunReport rep = run_and_check(g, b, seed, CompileOptions{}, /*timing_reps=*/20);
+  const Plan& p = rep.plan;
+  std::cout << fmt::format("kernel: {}x{} tile, C_N={}, {} stages; JIT {} ({:.2f} s{})\n", p.tile_m, p.tile_n,
+                           p.cluster_n, p.stages, rep.compiled.compiler, rep.compiled.elapsed_seconds,
+                           rep.compiled.cache_hit ? ", cache hit" : "");
+  bool ok = true;
+  for (const OutputCheck& o : rep.outputs) {
+    const bool pass = o.unwritten == 0 && o.cmp.nonfinite_mismatch == 0 && o.cmp.rel_l2 <= gpu_tolerance(o.dtype);
+    ok = ok && pass;
+    std::cout << fmt::format("output {} {}: max_abs {:.3g}  max_rel {:.3g}  rel_l2 {:.3g}  unwritten {}  {}\n", o.name,
+                             name_of(o.dtype), o.cmp.max_abs, o.cmp.max_rel, o.cmp.rel_l2, o.unwritten,
+                             pass ? "OK" : "MISMATCH");
+  }
+  std::cout << fmt::format("time: {:.4f} ms median of 20 ({:.1f} TFLOP/s)\n", rep.kernel_ms, rep.tflops);
+  if (!ok) throw Error("run: GPU result differs from the fp64 reference beyond tolerance");
+  return 0;
 }
 
-int cmd_run(const std::string& file, const DimArgs& d, bool reference, bool gpu, uint64_t seed) {
-  if (reference == gpu) throw Error("run: choose exactly one of --reference (CPU) or --gpu");
+int cmd_emit(const std::string& file, const DimArgs& d, bool compile) {
   Graph g = load_graph(file);
   LoweringResult r = lower(g);
   const Bindings b = bindings(d, r);
+  for (size_t i = 0; i < r.regions.size(); ++i) {
+    const FusionSpec& s = r.regions[i].spec;
+    if (!compile) {
+      std::cout << emit(s, make_plan(s, problem_of(s, b))).source;
+      continue;
+    }
+    EmittedKernel k;
+    CompiledKernel c = compile_only(s, problem_of(s, b), CompileOptions{}, &k);
+    std::cout << fmt::format("region {} ({}): {} cubin {} bytes, {} in {:.2f} s{}, key {}\n", i, s.name, k.entry,
+                             c.cubin.size(), c.compiler, c.cache_hit ? c.elapsed_seconds : c.compile_seconds,
+                             c.cache_hit ? " (cache hit)" : "", c.key);
+  }
+  return 0;
+}
+
+int cmd_run(const std::string& file, const DimArgs& d, bool reference, bool gpu, uint64_t seed) {
+  if (reference && gpu) throw Error("run: choose one of --reference (CPU) or --gpu");
+  Graph g = load_graph(file);
+  LoweringResult r = lower(g);
+  if (!reference) {
+    std::string why;
+    if (!gpu_available(&why)) throw Error("run: no usable GPU (" + why + "); use --reference for the CPU check");
+    return run_gpu(g, bindings(d, r), seed);
+  }
+  const Bindings b = bindings(d, r);
   std::mt19937_64 rng(seed);
   TensorMap inputs = random_inputs(g, b, rng);
-  if (gpu) return run_gpu(g, r, b, inputs);
 
   std::string dims;
   for (const auto& [k, v] : b) dims += fmt::format("{}{}={}", dims.empty() ? "" : " ", k, v);
@@ -231,11 +272,19 @@ int main(int argc, char** argv) {
   explain_cmd->add_option("--aggregation", ex.aggregation, "force p2p or leader");
   explain_cmd->add_option("--strategy", ex.strategy, "force on-chip, stash or global-reread");
 
+  bool compile_flag = false;
+  CLI::App* emit_cmd = app.add_subcommand("emit", "print the CUDA C++ that backend Psi renders for each region");
+  emit_cmd->add_option("file", file, "graph file (.cf)")->required();
+  add_dim_options(emit_cmd, dims);
+  CLI::App* compile_cmd = app.add_subcommand("compile", "emit and JIT-compile each region (no GPU needed)");
+  compile_cmd->add_option("file", file, "graph file (.cf)")->required();
+  add_dim_options(compile_cmd, dims);
+
   CLI::App* run_cmd = app.add_subcommand("run", "execute on random inputs and check against the reference");
   run_cmd->add_option("file", file, "graph file (.cf)")->required();
   add_dim_options(run_cmd, dims);
   run_cmd->add_flag("--reference", reference, "CPU: compare the graph executor with the lowered executor");
-  run_cmd->add_flag("--gpu", gpu, "GPU: run the fused kernels (not built yet)");
+  run_cmd->add_flag("--gpu", gpu, "GPU: run the fused kernel and check it (the default)");
   run_cmd->add_option("--seed", seed, "random input seed (default 1)");
 
   try {
@@ -247,6 +296,8 @@ int main(int argc, char** argv) {
   try {
     if (lower_cmd->parsed()) return cmd_lower(file);
     if (explain_cmd->parsed()) return cmd_explain(file, dims, ex);
+    if (emit_cmd->parsed()) return cmd_emit(file, dims, compile_flag);
+    if (compile_cmd->parsed()) return cmd_emit(file, dims, true);
     if (run_cmd->parsed()) return cmd_run(file, dims, reference, gpu, seed);
   } catch (const Error& e) {
     std::cout.flush();

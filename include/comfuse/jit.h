@@ -7,6 +7,8 @@
 //   COMFUSE_CACHE_DIR                cache root; else $XDG_CACHE_HOME/comfuse, else ~/.cache/comfuse
 //   COMFUSE_JIT_DUMP=dir             also write source, PTX, cubin and SASS of each kernel to dir
 //   COMFUSE_NVCC                     nvcc binary (default: the toolkit's, fixed at build time; read once)
+//   COMFUSE_KERNELS_DIR, COMFUSE_CUTLASS_INCLUDE, COMFUSE_CUDA_INCLUDE
+//                                    override the build-time header paths (a relocated tree)
 //   COMFUSE_LOG=debug|info|...       spdlog level, set on the first jit_compile (compile times and
 //                                    cache hits log at debug)
 // Failed sources are kept in $TMPDIR/comfuse-jit-failed/<name>-<key>.cu (+ .log).

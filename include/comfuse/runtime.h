@@ -82,3 +82,32 @@ CompiledKernel compile_only(const FusionSpec& spec, const Problem& problem, cons
                             EmittedKernel* emitted = nullptr, Plan* plan = nullptr);
 
 }  // namespace comfuse
+
+// ---- Run a whole graph on the GPU on random inputs and check it against the fp64
+// reference (used by `comfuse run --gpu` and the GPU tests).
+#include "comfuse/interp.h"
+
+namespace comfuse {
+
+struct OutputCheck {
+  std::string name;
+  DType dtype = DType::F32;
+  Comparison cmp;          // GPU result vs run_graph (fp64)
+  int64_t unwritten = 0;   // elements still holding the NaN poison after the run
+};
+
+struct DeviceRunReport {
+  std::vector<OutputCheck> outputs;
+  double kernel_ms = 0;        // median over the timed launches (0 when not timed)
+  double tflops = 0;           // 2*M*N*K / kernel time
+  Plan plan;
+  CompiledKernel compiled;
+};
+
+// Lowers, compiles and runs `g` once on random inputs drawn from `seed` (outputs poisoned
+// with NaN first), downloads the outputs and compares them with run_graph. With
+// timing_reps > 0 also times that many launches (after warm-up) with CUDA events.
+DeviceRunReport run_and_check(const Graph& g, const Bindings& dims, uint64_t seed, const CompileOptions& opt = {},
+                              int timing_reps = 0, double input_offset = 0.0);
+
+}  // namespace comfuse

@@ -110,7 +110,9 @@ void sweep_stale(const fs::path& tmp_root) {
 }
 
 fs::path kernels_dir_of(const JitOptions& opt) {
-  return opt.kernels_dir.empty() ? fs::path(COMFUSE_KERNELS_DIR) : opt.kernels_dir;
+  if (!opt.kernels_dir.empty()) return opt.kernels_dir;
+  const char* env = std::getenv("COMFUSE_KERNELS_DIR");  // relocated install
+  return env && *env ? fs::path(env) : fs::path(COMFUSE_KERNELS_DIR);
 }
 
 fs::path cache_dir_of(const JitOptions& opt) { return opt.cache_dir.empty() ? default_cache_dir() : opt.cache_dir; }

@@ -33,12 +33,18 @@ std::vector<std::string> split_list(const std::string& s) {
   return out;
 }
 
+std::string env_or(const char* name, const std::string& dflt) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::string(v) : dflt;
+}
+
 // -I paths every kernel gets: CUTLASS/CuTe, then CCCL, then the toolkit. NVRTC has no
 // implicit include path, and CuTe under __CUDACC_RTC__ takes <cuda/std/...> from CCCL,
 // which CUDA 13 keeps in include/cccl: without that path NVRTC stops at cute/config.hpp.
 std::vector<std::string> toolkit_include_dirs() {
-  std::vector<std::string> dirs = {COMFUSE_CUTLASS_INCLUDE};
-  std::vector<std::string> cuda = split_list(COMFUSE_CUDA_INCLUDE);
+  // Build-time paths, overridable for a relocated install (e.g. the tree copied to a GPU host).
+  std::vector<std::string> dirs = {env_or("COMFUSE_CUTLASS_INCLUDE", COMFUSE_CUTLASS_INCLUDE)};
+  std::vector<std::string> cuda = split_list(env_or("COMFUSE_CUDA_INCLUDE", COMFUSE_CUDA_INCLUDE));
   for (const std::string& d : cuda)
     if (fs::exists(fs::path(d) / "cccl" / "cuda" / "std")) dirs.push_back(d + "/cccl");
   for (const std::string& d : cuda) dirs.push_back(d);
@@ -46,7 +52,7 @@ std::vector<std::string> toolkit_include_dirs() {
 }
 
 fs::path kernels_dir_of(const JitOptions& opt) {
-  return opt.kernels_dir.empty() ? fs::path(COMFUSE_KERNELS_DIR) : opt.kernels_dir;
+  return opt.kernels_dir.empty() ? fs::path(env_or("COMFUSE_KERNELS_DIR", COMFUSE_KERNELS_DIR)) : opt.kernels_dir;
 }
 
 // Flags both compilers share, in key order. -DNDEBUG is not optional: CUTLASS's device
@@ -65,10 +71,6 @@ bool mentions_wgmma_serialization(const std::string& log) {
   return log.find("C7510") != std::string::npos;
 }
 
-std::string env_or(const char* name, const std::string& dflt) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::string(v) : dflt;
-}
 
 struct ProcessResult {
   int exit_code = -1;

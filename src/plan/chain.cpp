@@ -88,7 +88,9 @@ ChainInfo analyze_chain(const FusionSpec& s) {
         info.has_tile_output = true;
         info.max_out_bytes = std::max(info.max_out_bytes,
                                       static_cast<int>(size_of(s.args[static_cast<size_t>(n.arg)].dtype)));
+        info.store_bytes_per_row_of_64 += 64 * static_cast<int>(size_of(s.args[static_cast<size_t>(n.arg)].dtype));
       }
+      if (n.category == NodeCategory::Broadcast && n.broadcast == BroadcastKind::Row) ++info.row_broadcasts;
     }
     info.live_tile_values = std::max(info.live_tile_values, bypass_tiles);
     // Stage-1 values that stage 2 takes by bypass: the stash set. Anything later stages

@@ -111,7 +111,8 @@ std::string explain(const FusionSpec& s, const Plan& p) {
                         p.tile_n, p.stashed.size(), p.stash_elem_bytes)
           : "-");
   row("store buffer", b.store_buffer,
-      b.store_buffer ? fmt::format("2 WGs x {}x{} sub-tile x 2 buffers", p.tile_m, p.store_subtile_n) : "no tile output");
+      fmt::format("2 WGs x ({}x{} staging sub-tile per output + row vectors) + 1 KiB base alignment", p.tile_m,
+                  p.store_subtile_n));
   row("barriers", b.barriers, "mbarriers: ring, reduction channel per WG and phase, PingPong order, store");
   row("total", b.total(), fmt::format("of {} ({} free)", fmt_bytes(p.smem_limit), fmt_bytes(p.smem_limit - b.total())));
 

@@ -32,6 +32,10 @@ struct ChainInfo {
   double ops_per_element = 0;
   bool has_tile_output = false;
   int max_out_bytes = 0;  // widest stored Tile output element
+  // What the epilogue stages in SMEM per consumer WG (kernels/comfuse/epilogue/nodes.cuh):
+  // each Store node a tile_m x 64 subtile of its dtype, each RowBroadcast tile_n floats.
+  int store_bytes_per_row_of_64 = 0;  // sum over Store nodes of 64 * sizeof(dtype)
+  int row_broadcasts = 0;
 };
 ChainInfo analyze_chain(const FusionSpec& s);
 

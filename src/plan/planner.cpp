@@ -69,6 +69,7 @@ namespace {
 constexpr int kConsumerWGs = 2;        // PingPong: two consumer warp groups per CTA
 constexpr int kThreadsPerWG = 128;
 constexpr int kMaxStages = 8;
+constexpr int kMaxAccumulatorsPerThread = 128;
 constexpr int kMinStages = 2;
 constexpr int kTileMs[] = {64, 128};
 constexpr int kTileNs[] = {64, 128, 192, 256};
@@ -124,8 +125,13 @@ struct Search {
     SmemBudget& b = c.smem;
     if (chain.reductions > 0 && c.cluster > 1)  // ONE buffer, independent of the reduction count
       b.reduction_buffer = kConsumerWGs * tun.reduce_buffer_phases * c.cluster * c.tile_m * 4;
-    if (chain.has_tile_output)
-      b.store_buffer = kConsumerWGs * c.tile_m * std::min(c.tile_n, tun.store_subtile_n) * chain.max_out_bytes * 2;
+    // Exactly what the epilogue templates allocate per consumer WG: one tile_m x 64 staging
+    // subtile per Store node, tile_n floats per RowBroadcast, and the 1 KiB the kernel
+    // spends aligning its dynamic SMEM base for the 128-byte swizzle.
+    // Each WG's epilogue storage is a 1024-aligned block (TMA staging needs it).
+    b.store_buffer =
+        kConsumerWGs * align_up(c.tile_m * chain.store_bytes_per_row_of_64 + chain.row_broadcasts * c.tile_n * 4, 1024) +
+        1024;
     if (c.strategy == RowStrategy::Stash) {
       int64_t stash = int64_t{kConsumerWGs} * (c.n_tiles - 1) * c.tile_m * c.tile_n * values * c.stash_elem;
       if (stash > tun.max_stash_bytes) {
@@ -137,7 +143,9 @@ struct Search {
     }
     // Barriers: full+empty per ring stage, the reduction channel's full/empty per WG and
     // phase, PingPong order and store barriers; sized for the deepest ring.
-    b.barriers = align_up(16 * kMaxStages + kConsumerWGs * tun.reduce_buffer_phases * 16 + 64, 128);
+    // They sit after the 1024-aligned buffers in the kernel's SharedStorage, whose size
+    // rounds up to that alignment: a whole 1 KiB block.
+    b.barriers = align_up(16 * kMaxStages + kConsumerWGs * tun.reduce_buffer_phases * 16 + 64, 1024);
     const int stage_bytes = (c.tile_m + c.tile_n) * c.tile_k * ab_bytes;
     const int left = dev.smem_per_cta_bytes - b.reduction_buffer - b.store_buffer - b.stash - b.barriers;
     c.stages = std::min(kMaxStages, left > 0 ? left / stage_bytes : 0);
@@ -201,6 +209,13 @@ struct Search {
       if (opt.tile_m && *opt.tile_m != tm) continue;
       for (int tn : kTileNs) {
         if (opt.tile_n && *opt.tile_n != tn) continue;
+        // The kernel keeps one consumer WG's whole tile in registers (PingPong): at most
+        // kMaxAccumulatorsPerThread fp32 accumulators a thread (fused_gemm_sm90.cuh).
+        if (tm * tn / kThreadsPerWG > kMaxAccumulatorsPerThread) {
+          reject("registers", fmt::format("{}x{} tile: {} accumulators/thread exceed the kernel's {}", tm, tn,
+                                          tm * tn / kThreadsPerWG, kMaxAccumulatorsPerThread));
+          continue;
+        }
         const int regs = chain.live_tile_values * tm * tn / kThreadsPerWG + tun.reg_overhead;
         if (regs > dev.consumer_regs_per_thread) {
           reject("registers", fmt::format("{}x{} tile: ~{} registers/thread for {} live tile value(s) exceed {}", tm,

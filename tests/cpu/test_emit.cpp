@@ -155,3 +155,36 @@ TEST_F(EmitCompile, EveryUnaryOpInOneKernel) {
 
 }  // namespace
 }  // namespace comfuse
+
+namespace comfuse {
+namespace {
+
+// The planner's SMEM budget must match what the templates allocate: the heaviest
+// epilogue (two fp32 outputs, two row vectors) at every tile shape the planner can pick
+// must compile (the kernel static_asserts its SMEM), with the stages the plan chose.
+TEST_F(EmitCompile, PlannedSmemFitsTheKernelAtEveryTileShape) {
+  Built b;
+  Value x = b.g.input("x", DType::BF16, {Dim::of("M"), Dim::of("K")});
+  Value w = b.g.input("w", DType::BF16, {Dim::of("N"), Dim::of("K")});
+  Value acc = b.g.matmul(x, w);
+  Value r1 = b.g.input("r1", DType::BF16, {Dim::of("N")}), r2 = b.g.input("r2", DType::F32, {Dim::of("N")});
+  b.g.output(acc * r1, "y1", DType::F32);
+  b.g.output(acc + r2, "y2", DType::F32);
+  const LoweringResult lowered = lower(b.g);
+  const FusionSpec& s = lowered.regions.at(0).spec;
+  int compiled = 0;
+  for (int tm : {64, 128})
+    for (int tn : {64, 128, 192, 256}) {
+      if (tm * tn > 128 * 128) continue;  // the kernel's accumulator limit; the planner rejects these
+      opt_.plan.tile_m = tm;
+      opt_.plan.tile_n = tn;
+      Plan plan;
+      CompiledKernel k = compile_only(s, shape(4096, 4096, 4096), opt_, nullptr, &plan);
+      EXPECT_TRUE(is_cubin_elf(k.cubin)) << tm << "x" << tn << " with " << plan.stages << " stages";
+      ++compiled;
+    }
+  EXPECT_EQ(compiled, 6);
+}
+
+}  // namespace
+}  // namespace comfuse

@@ -13,32 +13,40 @@
 // warp group syncs, one thread issues the TMA stores; before the next subtile rewrites
 // the buffers that thread waits until the previous stores have read SMEM.
 //
-// How reductions (issue 4) fit without rewriting this executor:
-//  * A node gains an optional `kind`; Reduction<Op, Operand, PostStage, Bypass...> is the
-//    terminal node of its Stage. Its visit() aggregates the fragment thread-locally into
-//    per-row registers (2 rows per 64-row block: the same [MBlocks][2] shape ColBroadcast
-//    uses); padded columns (>= N) contribute Op's identity (fc gives the column).
-//  * stream() below is already the compute phase. run() becomes: stream(); if the last node
-//    is a Reduction: reduce phase (quad shuffles xor 1, 2: a row's columns of a tile live in
-//    one quad of one warp, so no cross-warp step for row reductions; then the cluster step
-//    over DSMEM through ONE unified SMEM reduction buffer owned by the Stage executor, not
-//    by the node: O(1) buffers in the number of reductions; each consumer WG has its own
-//    cluster channel/phase); then PostStage::run() with the statistic bound.
-//  * The PostStage is itself a Stage whose Placeholder<Stat> node reads the statistic
-//    (like ColBroadcast from registers) and Placeholder<Slot> nodes read bypassed values:
-//    Bypass<Slot, Node> marks, in the producing stage, values written back fragment by
-//    fragment into the accumulator registers (dead after AccEntry read them, unless the
-//    planner keeps AccEntry alive) that stream() hands to the next stage as its `acc`.
-//  * Stores stay per stage: a stage without Store nodes skips the SMEM/TMA part
-//    (kHasStores below).
+// Reductions (issue 4, epilogue/reduce.cuh, cluster/dsmem.cuh):
+//  * Reduction<Op, Operand, PostStage> is the terminal node of its Stage. In the compute
+//    phase it aggregates its operand thread-locally per row ([MBlocks][2] registers; columns
+//    >= N enter as Op's identity). Reduce phase (run by this executor):
+//      (1) quad butterfly (shfl.xor 1, 2): in the wgmma accumulator layout all columns of a
+//          row that a warp group holds live in the 4 threads of one quad of one warp;
+//      (2) across the warps of the warp group: a no-op for row reductions, since warp w holds
+//          rows 16w..16w+15 of each 64-row block exclusively (no two warps share a row), so
+//          no SMEM step is needed (it would be for column reductions);
+//      (3) across the cluster's CTAs over DSMEM: cluster/dsmem.cuh (PeerToPeer or
+//          LeaderFollower, TMA bulk copies completing on mbarriers) through ONE unified
+//          reduction buffer per consumer warp group (SharedStorage::chan), reused by every
+//          reduction of the chain (a round counter gives buffer and parity).
+//    Op::finalize (mean: / true N), then the PostStage runs with the statistic bound to its
+//    Stat node; its begin() (vector loads) overlaps the DSMEM round.
+//  * Bypass<K> in a PostStage reads node K of the parent stage. A Tile-class K is written
+//    back, fragment by fragment, into the accumulator registers (dead after AccEntry read
+//    them; every fragment is read before it is overwritten), and the PostStage streams those
+//    registers as its `acc`: at most ONE tile-shaped value per stage boundary (static_assert).
+//    Col-class (per-row) or scalar K are captured into the Bypass node's [MBlocks][2]
+//    registers from the first fragment.
+//  * Geometry carries ClusterN and the aggregation mode (cluster::Aggregation).
 #pragma once
 #include "nodes.cuh"
+#include "reduce.cuh"
+#include "../cluster/dsmem.cuh"
 
 namespace comfuse::epi {
 
 // Tile geometry of one consumer warp group.
-template <int BM_, int BN_> struct Geometry {
-  static constexpr int BM = BM_, BN = BN_;
+template <int BM_, int BN_, int ClusterN_ = 1, cluster::Aggregation Agg_ = cluster::Aggregation::Auto>
+struct Geometry {
+  static constexpr int BM = BM_, BN = BN_, ClusterN = ClusterN_;
+  static constexpr cluster::Aggregation Agg = cluster::resolve(Agg_, ClusterN_);
   static constexpr int MBlocks = BM / 64;   // m64 wgmma blocks
   static constexpr int SubTiles = BN / 64;  // 64-column store subtiles
 };
@@ -81,47 +89,121 @@ template <int I, class Types, class L> COMFUSE_DEVICE auto& storage_get(L& l) {
 }
 }  // namespace detail
 
+
+namespace detail {
+template <class S, class = void> struct post_of { using type = void; };
+template <class S> struct post_of<S, cute::void_t<typename S::Post>> { using type = typename S::Post; };
+struct NoTree {};
+struct NoTreeHolder {
+  using TreeStorage = NoTree;
+};
+// ClusterN == 1: the reduce phase ends after the quad shuffles.
+struct NoChannel {
+  struct Storage {};
+};
+}  // namespace detail
+
 template <class... Nodes> struct Stage {
   static constexpr int kNumNodes = sizeof...(Nodes);
   static constexpr int kNumStores = (0 + ... + int(detail::is_store<Nodes>::value));
   static constexpr bool kHasStores = kNumStores > 0;
+  using Last = cute::tuple_element_t<kNumNodes - 1, cute::tuple<Nodes...>>;
+  static constexpr bool kEndsInReduction = detail::is_reduction<Last>::value;
+  static_assert((0 + ... + int(detail::is_reduction<Nodes>::value)) == int(kEndsInReduction),
+                "ComFuse: a Reduction must be the last (terminal) node of its Stage, one per Stage");
+  static_assert((0 + ... + int(detail::is_stat<Nodes>::value)) <= 1, "ComFuse: at most one Stat node per Stage");
+  using PostStage = typename detail::post_of<Last>::type;  // void: none
+  static constexpr bool kHasPostStage = !cute::is_void_v<PostStage>;
 
-  template <class Geo> struct Exec {
+  // The one parent node whose tile-shaped value this stage bypasses (-1: none, -2: several).
+  template <class P> static constexpr int tile_bypass_source() {
+    int src = -1;
+    int const srcs[] = {detail::bypass_source<Nodes>::value...};
+    for (int k : srcs)
+      if (k >= 0 && P::cls(k) == kClassTile) src = (src < 0 || src == k) ? k : -2;
+    return src;
+  }
+
+  template <class Geo, class Parent = NoParent> struct Exec {
+    using Classes = detail::StageClasses<Parent, Nodes...>;
     using Impls = cute::tuple<typename Nodes::template Impl<Geo>...>;
     using Layout = detail::StorageLayout<typename Nodes::template Impl<Geo>::SharedStorage...>;
     using StorageTypes = cute::tuple<typename Nodes::template Impl<Geo>::SharedStorage...>;
-    struct SharedStorage : Layout::Storage {
+    static constexpr bool kHasPost = kHasPostStage;
+    using PostS = cute::conditional_t<kHasPost, PostStage, Stage<AccEntry>>;  // dummy when none
+    using PostExec = typename PostS::template Exec<Geo, cute::conditional_t<kHasPost, Classes, NoParent>>;
+    static constexpr bool kClusterReduce = kEndsInReduction && Geo::ClusterN > 1;
+    using Chan = cute::conditional_t<kClusterReduce, cluster::RowAllReduce<Geo::BM, cute::max(Geo::ClusterN, 2), Geo::Agg>,
+                                     detail::NoChannel>;
+    using ChanStorage = typename Chan::Storage;
+    static_assert(cute::is_same_v<Parent, NoParent> || (0 + ... + int(cute::is_same_v<Nodes, AccEntry>)) == 0,
+                  "ComFuse: AccEntry only in the root stage; a PostOp stage reads the accumulator through Bypass");
+    static_assert(!kHasPost || PostS::template tile_bypass_source<Classes>() != -2,
+                  "ComFuse: a PostOp stage may bypass at most ONE tile-shaped value of its parent (it travels in the "
+                  "accumulator registers); recompute the others or chain them through one value");
+    static constexpr int kTileBypass = kHasPost ? PostS::template tile_bypass_source<Classes>() : -1;
+
+    struct alignas(1024) NodesFull : Layout::Storage {
       template <int I> static constexpr size_t offset_of() { return Layout::offset(I); }
     };
+    struct NodesEmpty {
+      unsigned char bytes[1];
+      template <int I> static constexpr size_t offset_of() { return 0; }
+    };
+    using NodesStorage = cute::conditional_t<(Layout::offset(Layout::kN) > 0), NodesFull, NodesEmpty>;
+    struct TreeStorage {
+      NodesStorage nodes;
+      typename cute::conditional_t<kHasPost, PostExec, detail::NoTreeHolder>::TreeStorage post;
+    };
+    struct SharedStorage {  // per consumer warp group: every stage's node storage + ONE channel
+      TreeStorage tree;
+      ChanStorage chan;
+    };
+
     Impls impls;
+    cute::conditional_t<kHasPost, PostExec, detail::NoTree> post;
+    uint32_t round = 0;  // cluster rounds of this warp group's channel (root stage only)
 
-    // Once per tile, before any fragment (the caller syncs the warp group after it).
-    COMFUSE_DEVICE void begin(EpiCtx const& c, SharedStorage& ss) {
-      cute::for_each(cute::make_int_sequence<kNumNodes>{}, [&](auto i) {
-        cute::get<decltype(i)::value>(impls).begin(c, detail::storage_get<decltype(i)::value, StorageTypes>(ss));
-      });
+    // One thread per CTA, before the kernel's first cluster barrier.
+    static COMFUSE_DEVICE void init_shared(SharedStorage& ss) {
+      if constexpr (kClusterReduce) Chan::init(ss.chan);
     }
 
-    // One fragment through every node.
-    template <class V> COMFUSE_DEVICE void visit_all(EpiCtx const& c, FragCoord const& fc, Frag const& acc, V& vals) {
-      cute::for_each(cute::make_int_sequence<kNumNodes>{}, [&](auto i) {
-        cute::get<decltype(i)::value>(impls).template visit<decltype(i)::value>(c, fc, acc, vals);
-      });
-    }
-
-    // The whole tile: accum is the warp group's accumulator fragment (FragC of the
-    // mainloop). bar_id: the warp group's epilogue named barrier.
-    template <class FragC> COMFUSE_DEVICE void run(EpiCtx const& c, SharedStorage& ss, FragC const& accum, int bar_id) {
+    // Once per tile: every node's begin() (vectors -> SMEM), published by a barrier.
+    COMFUSE_DEVICE void begin_phase(EpiCtx const& c, TreeStorage& ts, int bar_id) {
       // Without stores no barrier ends the previous tile: its readers of begin()'s SMEM
       // must be done before begin() rewrites it.
       if constexpr (!kHasStores) named_sync(bar_id, kWarpGroupThreads);
-      begin(c, ss);
+      cute::for_each(cute::make_int_sequence<kNumNodes>{}, [&](auto i) {
+        cute::get<decltype(i)::value>(impls).begin(c, detail::storage_get<decltype(i)::value, StorageTypes>(ts.nodes));
+      });
       // Before the first subtile rewrites the staging buffers, the previous tile's stores
       // must have read them; the same barrier publishes the vectors begin() wrote.
       if constexpr (kHasStores) {
         if (c.t == 0) tma_store_wait_read<0>();
       }
       named_sync(bar_id, kWarpGroupThreads);
+    }
+
+    // One fragment through every node (Tile-class Bypass nodes read `acc`).
+    template <class V> COMFUSE_DEVICE void visit_all(EpiCtx const& c, FragCoord const& fc, Frag const& acc, V& vals) {
+      cute::for_each(cute::make_int_sequence<kNumNodes>{}, [&](auto i) {
+        constexpr int I = decltype(i)::value;
+        using N = cute::tuple_element_t<I, cute::tuple<Nodes...>>;
+        constexpr int src = detail::bypass_source<N>::value;
+        if constexpr (src >= 0 && Parent::cls(src) == kClassTile) {
+          CUTE_UNROLL
+          for (int e = 0; e < kFrag; ++e) vals[I][e] = acc[e];
+        } else {
+          cute::get<I>(impls).template visit<I>(c, fc, acc, vals);
+        }
+      });
+    }
+
+    // Compute phase over the whole tile (accum: the warp group's accumulator registers, on
+    // return holding kTileBypass's value for the PostStage), then the reduce phase + PostStage.
+    template <class FragC, class CS>
+    COMFUSE_DEVICE void body(EpiCtx const& c, TreeStorage& ts, FragC& accum, int bar_id, CS& chan, uint32_t& rnd) {
       CUTE_UNROLL
       for (int s = 0; s < Geo::SubTiles; ++s) {
         if constexpr (kHasStores) {
@@ -140,10 +222,18 @@ template <class... Nodes> struct Stage {
             fc.row = mi * 64 + c.warp * 16 + c.lane / 4;
             fc.mi = mi;
             Frag acc;
+            int const base = mi * (Geo::BN / 2) + 8 * (4 * s + j);
             CUTE_UNROLL
-            for (int e = 0; e < kFrag; ++e) acc[e] = accum(mi * (Geo::BN / 2) + 8 * (4 * s + j) + e);
+            for (int e = 0; e < kFrag; ++e) acc[e] = accum(base + e);
             float vals[kNumNodes][kFrag];
             visit_all(c, fc, acc, vals);
+            if constexpr (kTileBypass >= 0) {
+              CUTE_UNROLL
+              for (int e = 0; e < kFrag; ++e) accum(base + e) = vals[kTileBypass][e];
+            }
+            if constexpr (kHasPost) {
+              if (s == 0 && j == 0) capture_col_bypass(mi, vals);
+            }
           }
         }
         if constexpr (kHasStores) {
@@ -151,11 +241,84 @@ template <class... Nodes> struct Stage {
           named_sync(bar_id, kWarpGroupThreads);
           if (c.t == 0) {
             cute::for_each(cute::make_int_sequence<kNumNodes>{}, [&](auto i) {
-              cute::get<decltype(i)::value>(impls).subtile_end(c, detail::storage_get<decltype(i)::value, StorageTypes>(ss), s);
+              cute::get<decltype(i)::value>(impls).subtile_end(c, detail::storage_get<decltype(i)::value, StorageTypes>(ts.nodes), s);
             });
             tma_store_commit();
           }
         }
+      }
+      if constexpr (kEndsInReduction) reduce_phase(c, ts, accum, bar_id, chan, rnd);
+    }
+
+    // The root's entry, once per tile.
+    template <class FragC> COMFUSE_DEVICE void run(EpiCtx const& c, SharedStorage& ss, FragC& accum, int bar_id) {
+      begin_phase(c, ss.tree, bar_id);
+      body(c, ss.tree, accum, bar_id, ss.chan, round);
+    }
+
+   private:
+    template <class V> COMFUSE_DEVICE void capture_col_bypass(int mi, V const& vals) {
+      post.template take_col_bypass<Classes>(mi, vals);
+    }
+
+   public:
+    // As a PostStage: fill the Col-class Bypass registers from the parent's fragment values.
+    template <class P, class V> COMFUSE_DEVICE void take_col_bypass(int mi, V const& pvals) {
+      cute::for_each(cute::make_int_sequence<kNumNodes>{}, [&](auto i) {
+        constexpr int I = decltype(i)::value;
+        using N = cute::tuple_element_t<I, cute::tuple<Nodes...>>;
+        constexpr int src = detail::bypass_source<N>::value;
+        if constexpr (src >= 0 && P::cls(src) != kClassTile) {
+          cute::get<I>(impls).r[mi][0] = pvals[src][0];
+          cute::get<I>(impls).r[mi][1] = pvals[src][2];
+        }
+      });
+    }
+    template <class Arr> COMFUSE_DEVICE void take_stat(Arr const& v) {
+      cute::for_each(cute::make_int_sequence<kNumNodes>{}, [&](auto i) {
+        constexpr int I = decltype(i)::value;
+        if constexpr (detail::is_stat<cute::tuple_element_t<I, cute::tuple<Nodes...>>>::value) {
+          CUTE_UNROLL
+          for (int mi = 0; mi < Geo::MBlocks; ++mi) {
+            cute::get<I>(impls).r[mi][0] = v[mi][0];
+            cute::get<I>(impls).r[mi][1] = v[mi][1];
+          }
+        }
+      });
+    }
+
+   private:
+    template <class FragC, class CS>
+    COMFUSE_DEVICE void reduce_phase(EpiCtx const& c, TreeStorage& ts, FragC& accum, int bar_id, CS& chan, uint32_t& rnd) {
+      using Op = typename Last::ReduceOp;
+      auto& red = cute::get<kNumNodes - 1>(impls);
+      float v[Geo::MBlocks][2];
+      // (1) the quad that holds a row: butterfly, every lane ends with the same bits.
+      CUTE_UNROLL
+      for (int mi = 0; mi < Geo::MBlocks; ++mi)
+        CUTE_UNROLL
+        for (int h = 0; h < 2; ++h) {
+          float x = red.a[mi][h];
+          x = Op::combine(x, __shfl_xor_sync(0xffffffffu, x, 1));
+          x = Op::combine(x, __shfl_xor_sync(0xffffffffu, x, 2));
+          v[mi][h] = x;
+        }
+      // (2) across warps: nothing to do (see the header comment: no row spans two warps).
+      // (3) across the cluster; the PostStage's begin() overlaps the DSMEM round.
+      if constexpr (kClusterReduce) Chan::start(chan, rnd, c.t, bar_id, v);
+      if constexpr (kHasPost) post.begin_phase(c, ts.post, bar_id);
+      if constexpr (kClusterReduce) {
+        Chan::template finish<Op>(chan, rnd, c.t, bar_id, v);
+        ++rnd;
+      }
+      if constexpr (kHasPost) {
+        int const n = c.p->N;
+        CUTE_UNROLL
+        for (int mi = 0; mi < Geo::MBlocks; ++mi)
+          CUTE_UNROLL
+          for (int h = 0; h < 2; ++h) v[mi][h] = Op::finalize(v[mi][h], n);
+        post.take_stat(v);
+        post.body(c, ts.post, accum, bar_id, chan, rnd);
       }
     }
   };

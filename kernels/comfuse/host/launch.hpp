@@ -33,7 +33,9 @@ struct KernelShape {
   bool b_kmajor = true;  // B is N x K (K contiguous); else K x N (N contiguous)
   int wgs_per_tile = 1;  // 1: PingPong, 2: Cooperative (Mainloop::WGsPerTile)
   int smem_bytes = 0;    // Kernel::kSmemBytes (or the JIT module's <name>_smem_bytes)
+  int cluster_m = 1;     // Mainloop::ClusterM: clusters along M sharing B (only with cluster_n == 1)
   int a_slices() const { return cluster_n < BM / 8 ? cluster_n : BM / 8; }
+  int b_slices() const { return cluster_m < BN / 8 ? cluster_m : BN / 8; }
   int epi_rows() const { return BM / wgs_per_tile; }  // rows of one output TMA box
 };
 
@@ -95,7 +97,8 @@ inline void set_operands(Params& p, KernelShape const& ks, DType in, void const*
   if (K % 8) throw Error("comfuse: K = " + std::to_string(K) + " must be a multiple of 8 (16-byte TMA row stride)");
   if (!ks.b_kmajor && N % 8) throw Error("comfuse: N-major B needs N % 8 == 0 (16-byte TMA row stride)");
   encode_2d(&p.tma_a, "A", in, A, M, K, lda, 64, ks.BM / ks.a_slices());
-  if (ks.b_kmajor) encode_2d(&p.tma_b, "B (N x K)", in, B, N, K, ldb, 64, ks.BN);
+  if (ks.cluster_m > 1 && ks.cluster_n > 1) throw Error("comfuse: clusters along M and N at once are not supported");
+  if (ks.b_kmajor) encode_2d(&p.tma_b, "B (N x K)", in, B, N, K, ldb, 64, ks.BN / ks.b_slices());
   else encode_2d(&p.tma_b, "B (K x N)", in, B, K, N, ldb, 64, 64);
   p.M = M; p.N = N; p.K = K;
   if (p.raster_group <= 0) p.raster_group = 8;
@@ -113,12 +116,15 @@ struct LaunchShape {
 };
 
 // Grid: one cluster per resident cluster slot (persistent), at most one per cluster tile.
+// Clusters along N: grid (clusters, cluster_n), cluster (1, cluster_n); along M: grid
+// (clusters * cluster_m, 1), cluster (cluster_m, 1).
 inline LaunchShape launch_shape(KernelShape const& ks, Params const& p, int max_active_clusters) {
   auto cdiv = [](int a, int b) { return (a + b - 1) / b; };
-  int tiles = cdiv(p.M, ks.BM) * cdiv(cdiv(p.N, ks.BN), ks.cluster_n);
+  int tiles = cdiv(cdiv(p.M, ks.BM), ks.cluster_m) * cdiv(cdiv(p.N, ks.BN), ks.cluster_n);
   int clusters = tiles < max_active_clusters ? tiles : max_active_clusters;
   if (clusters < 1) clusters = 1;
-  return {dim3(clusters, ks.cluster_n, 1), dim3(384, 1, 1), dim3(1, ks.cluster_n, 1), ks.smem_bytes};
+  return {dim3(clusters * ks.cluster_m, ks.cluster_n, 1), dim3(384, 1, 1), dim3(ks.cluster_m, ks.cluster_n, 1),
+          ks.smem_bytes};
 }
 
 inline void check(cudaError_t e, char const* what) {
@@ -134,16 +140,16 @@ inline void check(cudaError_t e, char const* what) {
 inline int prepare(void const* func, KernelShape const& ks) {
   check(cudaFuncSetAttribute(func, cudaFuncAttributeMaxDynamicSharedMemorySize, ks.smem_bytes),
         "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
-  if (ks.cluster_n > 8)
+  if (ks.cluster_n * ks.cluster_m > 8)
     check(cudaFuncSetAttribute(func, cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
           "cudaFuncSetAttribute(NonPortableClusterSizeAllowed)");
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 1;
+  attr[0].val.clusterDim.x = ks.cluster_m;
   attr[0].val.clusterDim.y = ks.cluster_n;
   attr[0].val.clusterDim.z = 1;
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(1, ks.cluster_n, 1);
+  cfg.gridDim = dim3(ks.cluster_m, ks.cluster_n, 1);
   cfg.blockDim = dim3(384, 1, 1);
   cfg.dynamicSmemBytes = ks.smem_bytes;
   cfg.attrs = attr;

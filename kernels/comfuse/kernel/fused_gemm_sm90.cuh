@@ -18,8 +18,9 @@
 // along N sharing the A tile through TMA multicast.
 //
 // Generated code instantiates comfuse::fused_gemm_sm90<FusedGemmSm90<Mainloop, Epi>>
-// (or wraps it in an extern "C" entry) and launches grid (clusters, ClusterN, 1),
-// cluster (1, ClusterN, 1), kThreads threads, kSmemBytes dynamic SMEM.
+// (or wraps it in an extern "C" entry) and launches grid (clusters * ClusterM, ClusterN, 1),
+// cluster (ClusterM, ClusterN, 1), kThreads threads, kSmemBytes dynamic SMEM
+// (host/launch.hpp's launch_shape; ClusterM > 1 only for epilogues without row reductions).
 #pragma once
 #include "../common.cuh"
 #include "../params.cuh"
@@ -29,16 +30,19 @@
 
 namespace comfuse {
 
-template <class Mainloop_, class Epi_>
+// Agg: how row reductions of Epi aggregate across the cluster (issue 4, cluster/dsmem.cuh).
+template <class Mainloop_, class Epi_, cluster::Aggregation Agg = cluster::Aggregation::Auto>
 struct FusedGemmSm90 {
   using Mainloop = Mainloop_;
   using Epi = Epi_;
   static constexpr int BM = Mainloop::BM, BN = Mainloop::BN, ClusterN = Mainloop::ClusterN;
   static constexpr bool kPingPong = Mainloop::WGsPerTile == 1;
   static constexpr int kEpiRows = BM / Mainloop::WGsPerTile;  // rows of a consumer's epilogue
-  using Geo = epi::Geometry<kEpiRows, BN>;
+  using Geo = epi::Geometry<kEpiRows, BN, ClusterN, Agg>;
   using EpiExec = typename Epi::template Exec<Geo>;
-  using Scheduler = TileScheduler<BM, BN, ClusterN>;
+  static constexpr int ClusterM = Mainloop::ClusterM;  // clusters along M (B multicast), default 1
+  using Scheduler = TileScheduler<BM, BN, ClusterN, ClusterM>;
+  static_assert(!EpiExec::kClusterReduce || ClusterM == 1, "row reductions over the cluster need ClusterM == 1");
   using Pipeline = typename Mainloop::Pipeline;
   using PipelineState = typename Mainloop::PipelineState;
 
@@ -69,9 +73,13 @@ struct FusedGemmSm90 {
     pp.is_leader = threadIdx.x == 0;
     pp.num_consumers = Mainloop::kConsumerThreads;  // PingPong: one consumer WG per k-block
     Pipeline pipeline(ss.pipe, pp, typename Mainloop::ClusterShape{});
+    if (threadIdx.x == 0) {  // the epilogue's cluster-reduction channels (mbarriers), one per consumer WG
+      EpiExec::init_shared(ss.epi[0]);
+      EpiExec::init_shared(ss.epi[1]);
+    }
 
     // Barrier init visible to every CTA of the cluster before any multicast or remote arrive.
-    if constexpr (ClusterN > 1) {
+    if constexpr (ClusterN * ClusterM > 1) {
       cute::cluster_arrive_relaxed();
       cute::cluster_wait();
     } else {
@@ -112,12 +120,12 @@ struct FusedGemmSm90 {
           named_sync(barrier_id(NamedBarrier::MmaTurnWG0, cw), 2 * kWarpGroupThreads);
           Mainloop::mma(pipeline, read_state, release_state, ss.mainloop, accum, kt, t);
           named_arrive(barrier_id(NamedBarrier::MmaTurnWG0, 1 - cw), 2 * kWarpGroupThreads);
-          Mainloop::mma_tail(pipeline, release_state, accum);
+          Mainloop::mma_tail(pipeline, release_state, accum, kt);
           read_state.advance(kt);  // skip the other consumer's tile
           release_state = read_state;
         } else {
           Mainloop::mma(pipeline, read_state, release_state, ss.mainloop, accum, kt, threadIdx.x - kWarpGroupThreads);
-          Mainloop::mma_tail(pipeline, release_state, accum);
+          Mainloop::mma_tail(pipeline, release_state, accum, kt);
         }
         int const m0 = tc.m_block * BM + (kPingPong ? 0 : cw * kEpiRows);
         epi::EpiCtx ctx{&p, m0, tc.n_block * BN, t, t / 32, t % 32};
@@ -125,6 +133,9 @@ struct FusedGemmSm90 {
       }
       if (t == 0) tma_store_wait_all<0>();
     }
+    // Row reductions push into peers' SMEM: no CTA leaves while a peer's copy may still read
+    // or write its SMEM.
+    if constexpr (EpiExec::kClusterReduce) cute::cluster_sync();
   }
 };
 

@@ -15,6 +15,16 @@
 //   consumer warp groups work on the same tile, 64 rows each (the TiledMma spans 256
 //   threads). Either way a consumer waits for the slot, issues the wgmmas of the k-block,
 //   keeps one k-block in flight, and releases the slot of the previous k-block.
+// Cooperative with BM == 256 (2 x 128 rows, cuBLAS's favourite shape): each consumer WG runs
+//   its own one-warp-group TiledMma on its contiguous half of the A tile (rows 128*wg..),
+//   so a WG's accumulators always cover BM/WGsPerTile contiguous rows.
+// ClusterM (default 1; only with ClusterN == 1, i.e. for epilogues without row
+//   reductions): clusters of ClusterM x 1 CTAs along M share the B tile: CTA rank r <
+//   BSlices loads slice r of B and multicasts it to the cluster (the TMA box of B is then
+//   BN / BSlices rows when B is N x K; with K x N, rank r loads the 64-column boxes r, r +
+//   ClusterM, ...).
+// MmaDepth (default 1): k-blocks of wgmma a consumer leaves in flight when it waits
+//   (warpgroup_wait<MmaDepth>); the slot of k-block kt - MmaDepth is released then.
 // SMEM traffic per k-block is what separates them: TMA writes (BM + BN) * 64 * 2 bytes per
 // BM * BN * 64 MACs, so the 128 x 256 cooperative tile fills SMEM at 0.6x the rate of a
 // 128 x 128 or 64 x 256 PingPong tile.
@@ -24,17 +34,27 @@
 
 namespace comfuse {
 
-template <class Element_, bool BKMajor_, int BM_, int BN_, int Stages_, int ClusterN_, int WGsPerTile_ = 1>
+template <class Element_, bool BKMajor_, int BM_, int BN_, int Stages_, int ClusterN_, int WGsPerTile_ = 1,
+          int ClusterM_ = 1, int MmaDepth_ = 1>
 struct MainloopSm90 {
   using Element = Element_;
   static constexpr bool BKMajor = BKMajor_;  // B is N x K (PyTorch Linear weight)
   static constexpr int BM = BM_, BN = BN_, BK = 128 / int(sizeof(Element)), Stages = Stages_;
   static constexpr int ClusterN = ClusterN_;
   static constexpr int WGsPerTile = WGsPerTile_;
+  static constexpr int ClusterM = ClusterM_;
+  static constexpr int MmaDepth = MmaDepth_;
   static constexpr int kConsumerThreads = WGsPerTile * 128;  // threads that consume one k-block
-  static_assert(WGsPerTile == 1 || (WGsPerTile == 2 && BM_ == 128), "cooperative: 128 rows, 64 per WG");
+  static constexpr int WGRows = BM / WGsPerTile;             // rows of one consumer WG's accumulators
+  static_assert(WGsPerTile == 1 || (WGsPerTile == 2 && (BM_ == 128 || BM_ == 256)),
+                "cooperative: 128 or 256 rows, half per WG");
   static_assert(sizeof(Element) == 2, "16-bit inputs (bf16, fp16)");
-  static_assert(BM == 64 || BM == 128, "a warp group covers 64 or 128 rows");
+  static_assert(WGRows == 64 || WGRows == 128, "a warp group covers 64 or 128 rows");
+  static_assert(ClusterM == 1 || ClusterM == 2 || ClusterM == 4, "ClusterM in {1, 2, 4}");
+  static_assert(ClusterM == 1 || ClusterN == 1, "clusters along M or along N, not both");
+  static_assert(BKMajor || BN / 64 >= ClusterM, "K x N B: one 64-column box per rank at least");
+  static_assert(MmaDepth == 1 || MmaDepth == 2, "MmaDepth in {1, 2}");
+  static_assert(MmaDepth < Stages, "the producer needs a free slot");
   static_assert(BN % 64 == 0 && BN <= 256, "BN in {64, 128, 192, 256}");
   static_assert(ClusterN == 1 || ClusterN == 2 || ClusterN == 4 || ClusterN == 8 || ClusterN == 16);
 
@@ -42,6 +62,8 @@ struct MainloopSm90 {
   // 1024-byte boundaries.
   static constexpr int ASlices = ClusterN < BM / 8 ? ClusterN : BM / 8;
   static constexpr int ASliceRows = BM / ASlices;
+  static constexpr int BSlices = ClusterM < BN / 8 ? ClusterM : BN / 8;  // K-major B multicast slices
+  static constexpr int BSliceRows = BN / BSlices;
   static constexpr uint32_t kTxBytes = uint32_t((BM + BN) * BK * sizeof(Element));
 
   using MajorB = cute::conditional_t<BKMajor, cute::integral_constant<cute::GMMA::Major, cute::GMMA::Major::K>,
@@ -60,21 +82,22 @@ struct MainloopSm90 {
   using MmaOp = decltype(cute::GMMA::ss_op_selector<Element, Element, float,
                          cute::Shape<cute::_64, cute::Int<BN>, cute::Int<BK>>,
                          cute::GMMA::Major::K, MajorB::value>());
-  using TiledMma = decltype(cute::make_tiled_mma(MmaOp{}, cute::Layout<cute::Shape<cute::Int<WGsPerTile>, cute::_1, cute::_1>>{}));
+  // One warp group's MMA; a cooperative WG applies it to its own WGRows rows of A.
+  using TiledMma = decltype(cute::make_tiled_mma(MmaOp{}));
 
   using Pipeline = cutlass::PipelineTmaAsync<Stages>;
   using PipelineState = typename Pipeline::PipelineState;
-  using ClusterShape = cute::Shape<cute::_1, cute::Int<ClusterN>, cute::_1>;
+  using ClusterShape = cute::Shape<cute::Int<ClusterM>, cute::Int<ClusterN>, cute::_1>;
 
   struct SharedStorage {
     alignas(1024) Element A[BM * BK * Stages];
     alignas(1024) Element B[BN * BK * Stages];
   };
 
-  // Accumulator registers of one thread: BM*BN/(128*WGsPerTile) floats; register i of
-  // m64-block mi holds row 64*mi (+ 64*wg when cooperative) + 16*warp + lane/4 +
-  // 8*((i>>1)&1), column 8*(i>>2) + 2*(lane%4) + (i&1).
-  using FragC = decltype(cute::partition_fragment_C(TiledMma{}, cute::Shape<cute::Int<BM>, cute::Int<BN>>{}));
+  // Accumulator registers of one thread: WGRows*BN/128 floats; register i of m64-block mi
+  // holds row 64*mi (+ WGRows*wg when cooperative) + 16*warp + lane/4 + 8*((i>>1)&1),
+  // column 8*(i>>2) + 2*(lane%4) + (i&1).
+  using FragC = decltype(cute::partition_fragment_C(TiledMma{}, cute::Shape<cute::Int<WGRows>, cute::Int<BN>>{}));
 
   static COMFUSE_DEVICE int k_tiles(Params const& p) { return (p.K + BK - 1) / BK; }
 
@@ -84,6 +107,7 @@ struct MainloopSm90 {
     constexpr uint64_t kEvictNormal = 0x1000000000000000ull;
     int const kt_count = k_tiles(p);
     int const m0 = m_block * BM, n0 = n_block * BN;
+    int const rank_m = ClusterM > 1 ? int(cute::block_id_in_cluster().x) : 0;
     for (int kt = 0; kt < kt_count; ++kt) {
       pipeline.producer_acquire(state);
       uint64_t* bar = pipeline.producer_get_barrier(state);
@@ -99,7 +123,20 @@ struct MainloopSm90 {
         }
       }
       Element* dstb = smem.B + s * BN * BK;
-      if constexpr (BKMajor) {
+      if constexpr (ClusterM > 1) {
+        uint16_t const mask = uint16_t((1u << ClusterM) - 1u);
+        if constexpr (BKMajor) {
+          if (rank_m < BSlices)
+            cute::SM90_TMA_LOAD_MULTICAST_2D::copy(&p.tma_b, bar, mask, kEvictNormal, dstb + rank_m * BSliceRows * BK,
+                                                   k0, n0 + rank_m * BSliceRows);
+        } else {
+          CUTE_UNROLL
+          for (int nb = 0; nb < BN / 64; ++nb)
+            if (nb % ClusterM == rank_m)
+              cute::SM90_TMA_LOAD_MULTICAST_2D::copy(&p.tma_b, bar, mask, kEvictNormal, dstb + nb * 64 * BK,
+                                                     n0 + nb * 64, k0);
+        }
+      } else if constexpr (BKMajor) {
         cute::SM90_TMA_LOAD_2D::copy(&p.tma_b, bar, kEvictNormal, dstb, k0, n0);
       } else {
         CUTE_UNROLL
@@ -111,15 +148,20 @@ struct MainloopSm90 {
   }
 
   // ---- consumer: one warp group ------------------------------------------------------
-  // Issues the whole tile's wgmmas; returns with the last k-block still in flight (the
-  // caller hands the tensor cores to the other warp group, then calls mma_tail).
+  // Issues the whole tile's wgmmas; returns with the last MmaDepth k-blocks still in flight
+  // (the caller hands the tensor cores to the other warp group, then calls mma_tail).
+  // mma_thread: 0..kConsumerThreads-1; a cooperative WG takes rows WGRows*(mma_thread/128).
   static COMFUSE_DEVICE void mma(Pipeline& pipeline, PipelineState& read_state, PipelineState& release_state,
                                  SharedStorage& smem, FragC& accum, int kt_count, int mma_thread) {
     using namespace cute;
-    Tensor sA = make_tensor(make_smem_ptr(smem.A), SmemLayoutA{});
+    Tensor sA_all = make_tensor(make_smem_ptr(smem.A), SmemLayoutA{});
     Tensor sB = make_tensor(make_smem_ptr(smem.B), SmemLayoutB{});
+    // This WG's rows of A: (WGRows, BK, Stages); offsets are multiples of 64 rows (8 KB),
+    // so the 128B swizzle pattern is unchanged.
+    Tensor sA = local_tile(sA_all, make_shape(Int<WGRows>{}, Int<BK>{}, Int<Stages>{}),
+                           make_coord(mma_thread / kWarpGroupThreads, 0, 0));
     TiledMma tiled_mma;
-    auto thr = tiled_mma.get_slice(mma_thread);  // 0..kConsumerThreads-1
+    auto thr = tiled_mma.get_slice(mma_thread % kWarpGroupThreads);
     Tensor tCrA = thr.make_fragment_A(thr.partition_A(sA));  // (MMA, MMA_M, MMA_K, PIPE)
     Tensor tCrB = thr.make_fragment_B(thr.partition_B(sB));  // (MMA, MMA_N, MMA_K, PIPE)
 
@@ -136,8 +178,8 @@ struct MainloopSm90 {
       }
       warpgroup_commit_batch();
       ++read_state;
-      if (kt > 0) {
-        warpgroup_wait<1>();  // the previous k-block's wgmmas are done: free its slot
+      if (kt >= MmaDepth) {
+        warpgroup_wait<MmaDepth>();  // k-block kt - MmaDepth is done: free its slot
         pipeline.consumer_release(release_state);
         ++release_state;
       }
@@ -145,11 +187,17 @@ struct MainloopSm90 {
     warpgroup_fence_operand(accum);
   }
 
-  static COMFUSE_DEVICE void mma_tail(Pipeline& pipeline, PipelineState& release_state, FragC& accum) {
+  // kt_count: the tile's k-block count (k-blocks still to release: min(MmaDepth, kt_count)).
+  static COMFUSE_DEVICE void mma_tail(Pipeline& pipeline, PipelineState& release_state, FragC& accum,
+                                      int kt_count = 1) {
     cute::warpgroup_wait<0>();
     cute::warpgroup_fence_operand(accum);
-    pipeline.consumer_release(release_state);
-    ++release_state;
+    CUTE_UNROLL
+    for (int i = 0; i < MmaDepth; ++i)
+      if (i < kt_count) {
+        pipeline.consumer_release(release_state);
+        ++release_state;
+      }
   }
 };
 

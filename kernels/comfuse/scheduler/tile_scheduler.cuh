@@ -13,6 +13,12 @@
 // or in bands of `group` N-cluster-blocks (raster_along_n != 0). Column blocks past N (when
 // the N-block count is no multiple of ClusterN) still run: their CTA loads its A slice
 // for the peers; TMA zero-fills their B and clips their stores.
+//
+// ClusterM > 1 (only with ClusterN == 1; epilogues without row reductions): grid
+// dim3(num_clusters * ClusterM, 1, 1), cluster dims (ClusterM, 1, 1); a cluster tile is
+// ClusterM adjacent BM-row blocks times one BN-column block (the CTAs share B: multicast);
+// CTA rank r (blockIdx.x % ClusterM) takes row block ct.m * ClusterM + r. Row blocks past M
+// still run, as above (their B slice feeds the peers).
 #pragma once
 #include "../common.cuh"
 #include "../params.cuh"
@@ -25,28 +31,29 @@ struct TileCoord {
   bool valid;
 };
 
-template <int BM, int BN, int ClusterN>
+template <int BM, int BN, int ClusterN, int ClusterM = 1>
 struct TileScheduler {
-  int tiles_m, cl_tiles_n, num_cluster_tiles;
+  int tiles_m, cl_tiles_n, num_cluster_tiles;  // tiles_m: in cluster tiles (ClusterM row blocks)
   int group, along_n;
-  int cluster_id, num_clusters, rank;
+  int cluster_id, num_clusters, rank, rank_m;
 
   static constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
   // Host and device: how many cluster tiles a problem has (host sizes the grid with it).
   static constexpr int cluster_tiles(int M, int N) {
-    return ceil_div(M, BM) * ceil_div(ceil_div(N, BN), ClusterN);
+    return ceil_div(ceil_div(M, BM), ClusterM) * ceil_div(ceil_div(N, BN), ClusterN);
   }
 
   COMFUSE_DEVICE explicit TileScheduler(Params const& p) {
-    tiles_m = ceil_div(p.M, BM);
+    tiles_m = ceil_div(ceil_div(p.M, BM), ClusterM);
     cl_tiles_n = ceil_div(ceil_div(p.N, BN), ClusterN);
     num_cluster_tiles = tiles_m * cl_tiles_n;
     group = p.raster_group > 0 ? p.raster_group : 1;
     along_n = p.raster_along_n;
-    cluster_id = blockIdx.x;
-    num_clusters = gridDim.x;
+    cluster_id = ClusterM > 1 ? int(blockIdx.x) / ClusterM : int(blockIdx.x);
+    num_clusters = ClusterM > 1 ? int(gridDim.x) / ClusterM : int(gridDim.x);
     rank = blockIdx.y;
+    rank_m = ClusterM > 1 ? int(blockIdx.x) % ClusterM : 0;
   }
 
   // The k-th tile of this CTA (k = 0, 1, 2, ...).
@@ -64,7 +71,7 @@ struct TileScheduler {
     int b = r / in_band;                 // along the other axis
     int m = along_n ? b : a;
     int ncl = along_n ? a : b;
-    return {m, ncl * ClusterN + rank, true};
+    return {m * ClusterM + rank_m, ncl * ClusterN + rank, true};
   }
 };
 

@@ -1,0 +1,135 @@
+// comfuse/epilogue/reduce.cuh: reduction nodes of the Stage-Stream epilogue (issue 4).
+//
+//   Reduction<Op, Operand, PostStage>  terminal node of a Stage: thread-local aggregation of
+//                                      node Operand per row in the compute phase; the Stage
+//                                      executor (stage.cuh) runs the reduce phase and then
+//                                      PostStage (a Stage, or void) with the statistic bound.
+//   Stat                               in a PostStage: the parent reduction's per-row result.
+//   Bypass<K>                          in a PostStage: node K of the PARENT stage, not
+//                                      recomputed. A tile-shaped (Tile-class) K travels in the
+//                                      accumulator registers (at most ONE per stage boundary);
+//                                      a per-row (Col-class) or scalar K travels in registers
+//                                      [MBlocks][2] (any number).
+// Reduce functors (include/comfuse/ops.def): identity, combine, finalize (mean: / true N).
+#pragma once
+#include "nodes.cuh"
+
+namespace comfuse::epi {
+
+struct ReduceSum {
+  static COMFUSE_DEVICE float identity() { return 0.f; }
+  static COMFUSE_DEVICE float combine(float a, float x) { return a + x; }
+  static COMFUSE_DEVICE float finalize(float a, int) { return a; }
+};
+struct ReduceMean {
+  static COMFUSE_DEVICE float identity() { return 0.f; }
+  static COMFUSE_DEVICE float combine(float a, float x) { return a + x; }
+  static COMFUSE_DEVICE float finalize(float a, int n) { return __fdiv_rn(a, float(n)); }
+};
+struct ReduceMax {
+  static COMFUSE_DEVICE float identity() { return -__int_as_float(0x7f800000); }
+  static COMFUSE_DEVICE float combine(float a, float x) { return x > a ? x : a; }
+  static COMFUSE_DEVICE float finalize(float a, int) { return a; }
+};
+struct ReduceMin {
+  static COMFUSE_DEVICE float identity() { return __int_as_float(0x7f800000); }
+  static COMFUSE_DEVICE float combine(float a, float x) { return x < a ? x : a; }
+  static COMFUSE_DEVICE float finalize(float a, int) { return a; }
+};
+
+// Value classes: how a node's value varies over the tile.
+enum : int { kClassScalar = 0, kClassCol = 1 /* one value per row */, kClassTile = 2 };
+
+// The parent of a root stage: no bypass sources.
+struct NoParent {
+  static constexpr int cls(int) { return kClassTile; }
+};
+
+// The statistic of the parent reduction, per row (set by the parent before this stage runs).
+struct Stat {
+  static constexpr bool kIsStat = true;
+  template <class Geo> struct Impl : NodeBase<Geo> {
+    float r[Geo::MBlocks][2];
+    template <int I, class V> COMFUSE_DEVICE void visit(EpiCtx const&, FragCoord const& fc, Frag const&, V& v) {
+      CUTE_UNROLL
+      for (int e = 0; e < kFrag; ++e) v[I][e] = r[fc.mi][(e >> 1) & 1];
+    }
+  };
+};
+
+// Node K of the parent stage. Tile-class: the fragment the executor passes as `acc` (the
+// accumulator registers hold the bypassed tile value). Col/scalar-class: per-row registers
+// the parent filled while streaming.
+template <int K> struct Bypass {
+  static constexpr int kSource = K;
+  template <class Geo> struct Impl : NodeBase<Geo> {
+    float r[Geo::MBlocks][2];
+    // Col/scalar class; for a Tile-class source the executor writes `acc` instead.
+    template <int I, class V> COMFUSE_DEVICE void visit(EpiCtx const&, FragCoord const& fc, Frag const&, V& v) {
+      CUTE_UNROLL
+      for (int e = 0; e < kFrag; ++e) v[I][e] = r[fc.mi][(e >> 1) & 1];
+    }
+  };
+};
+
+// Terminal reduction of a stage: thread-local aggregation per row. Columns >= N enter as
+// Op::identity() (whatever the operand computed there).
+template <class Op, int Operand, class PostStage> struct Reduction {
+  using ReduceOp = Op;
+  using Post = PostStage;
+  static constexpr bool kIsReduction = true;
+  template <class Geo> struct Impl : NodeBase<Geo> {
+    float a[Geo::MBlocks][2];
+    COMFUSE_DEVICE void begin(EpiCtx const&, NoStorage&) {
+      CUTE_UNROLL
+      for (int mi = 0; mi < Geo::MBlocks; ++mi) a[mi][0] = a[mi][1] = Op::identity();
+    }
+    template <int I, class V> COMFUSE_DEVICE void visit(EpiCtx const& c, FragCoord const& fc, Frag const&, V& v) {
+      static_assert(Operand < I, "operands must precede the node");
+      int const n_valid = c.p->N - c.n0 - fc.col;  // columns of this fragment that exist: col < n_valid
+      CUTE_UNROLL
+      for (int e = 0; e < kFrag; ++e) {
+        float x = frag_col(e) < n_valid ? v[Operand][e] : Op::identity();
+        a[fc.mi][(e >> 1) & 1] = Op::combine(a[fc.mi][(e >> 1) & 1], x);
+        v[I][e] = 0.f;
+      }
+    }
+  };
+};
+
+namespace detail {
+template <class N, class = void> struct is_reduction : cute::false_type {};
+template <class N> struct is_reduction<N, cute::void_t<decltype(N::kIsReduction)>> : cute::true_type {};
+template <class N, class = void> struct is_stat : cute::false_type {};
+template <class N> struct is_stat<N, cute::void_t<decltype(N::kIsStat)>> : cute::true_type {};
+template <class N, class = void> struct bypass_source { static constexpr int value = -1; };
+template <class N> struct bypass_source<N, cute::void_t<decltype(N::kSource)>> { static constexpr int value = N::kSource; };
+
+// Value class of a node from its operands' classes (cls) and the parent's (P::cls).
+template <class N> struct NodeClass { template <class P> static constexpr int get(int const*) { return kClassTile; } };
+template <int A> struct NodeClass<ScalarArg<A>> { template <class P> static constexpr int get(int const*) { return kClassScalar; } };
+template <class L> struct NodeClass<ScalarLiteral<L>> { template <class P> static constexpr int get(int const*) { return kClassScalar; } };
+template <int A, class T> struct NodeClass<ColBroadcast<A, T>> { template <class P> static constexpr int get(int const*) { return kClassCol; } };
+template <> struct NodeClass<Stat> { template <class P> static constexpr int get(int const*) { return kClassCol; } };
+template <int K> struct NodeClass<Bypass<K>> { template <class P> static constexpr int get(int const*) { return P::cls(K); } };
+template <class Op, int A, int B> struct NodeClass<Compute<Op, A, B>> {
+  template <class P> static constexpr int get(int const* c) { return B < 0 ? c[A] : (c[A] > c[B] ? c[A] : c[B]); }
+};
+template <class T, int S> struct NodeClass<Cast<T, S>> { template <class P> static constexpr int get(int const* c) { return c[S]; } };
+template <int O, class T, int S> struct NodeClass<Store<O, T, S>> { template <class P> static constexpr int get(int const* c) { return c[S]; } };
+template <class Op, int A, class S> struct NodeClass<Reduction<Op, A, S>> { template <class P> static constexpr int get(int const*) { return kClassCol; } };
+
+template <int N> struct IntArr { int v[N > 0 ? N : 1]; };
+template <class P, class... Nodes> struct StageClasses {
+  static constexpr IntArr<sizeof...(Nodes)> make() {
+    IntArr<sizeof...(Nodes)> a{};
+    int i = 0;
+    ((a.v[i] = NodeClass<Nodes>::template get<P>(a.v), ++i), ...);
+    return a;
+  }
+  static constexpr IntArr<sizeof...(Nodes)> value = make();
+  static constexpr int cls(int k) { return value.v[k]; }
+};
+}  // namespace detail
+
+}  // namespace comfuse::epi
