@@ -26,7 +26,7 @@ if [ ! -x "$BIN" ] || ldd "$BIN" | grep -q "not found"; then
 fi
 if command -v cuobjdump > /dev/null; then
   cuobjdump -sass "$BIN" > /tmp/sass.txt 2>&1
-  echo "SASS: $(grep -c HGMMA /tmp/sass.txt) HGMMA, $(grep -c 'WARPGROUP.DEPBAR\|WARPGROUP.ARRIVE' /tmp/sass.txt) warpgroup syncs, $(grep -cE '\bLDL|\bSTL' /tmp/sass.txt) LDL/STL"
+  echo "SASS: $(grep -c HGMMA /tmp/sass.txt) HGMMA, $(grep -c 'WARPGROUP.DEPBAR\|WARPGROUP.ARRIVE' /tmp/sass.txt) warpgroup syncs, $(grep -cE '\bLDL|\bSTL' /tmp/sass.txt) LDL/STL" | tee "$OUT/sass_summary.txt"
 fi
 if [ "${NCU:-0}" = 1 ]; then
   timeout 240 ncu --clock-control none --set full -k regex:'gemm|nvjet|xmma|sm90' --launch-skip 1 --launch-count ${NCU_COUNT:-3} \
@@ -34,9 +34,13 @@ if [ "${NCU:-0}" = 1 ]; then
   echo "ncu rc=$?"
   grep -E "^  [a-z_0-9]+.*\(|Duration|Compute \(SM\) Throughput|Memory Throughput|L1/TEX Hit|L2 Hit|Achieved Occupancy|Registers Per|Grid Size|Cluster Size|Shared Memory Configuration Size|Executed Ipc Active|Issue Slots Busy|One or More Eligible|No Eligible|DRAM Throughput|L2 Cache Throughput|SM Busy" "$OUT/ncu.txt" | head -80
 fi
+nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active --format=csv -lms 200 \
+  > "$OUT/smi.csv" 2>&1 &
+SMI_PID=$!
 BENCH_LOG="$OUT/sweep.log" timeout 420 "$BIN" "$@" 2>&1 | tee "$OUT/bench.log"
 rc=$?
 echo "bench rc=$rc"
+kill $SMI_PID 2>/dev/null
 if [ "${SANITIZE:-0}" = 1 ]; then
   for tool in memcheck racecheck; do
     timeout 150 compute-sanitizer --tool $tool "$BIN" --check-only --quick ${SAN_FILTER:+--filter "$SAN_FILTER"} \

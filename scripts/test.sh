@@ -11,6 +11,10 @@ bash scripts/setup.sh
 cmake -S . -B build
 cmake --build build -j"${JOBS:-2}"
 (cd build && ctest --output-on-failure)
+if ! nvidia-smi -L >/dev/null 2>&1; then
+  echo "[test] no GPU on this machine: the tests/gpu/ cases above were SKIPPED, not run;"
+  echo "[test] they run on the GPU machine through scripts/gpu_tests.sh (see README, GPU tests)"
+fi
 
 if [[ -f scripts/fuzz.sh ]]; then
   bash scripts/fuzz.sh 60

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "comfuse/dtype.h"
@@ -126,6 +127,7 @@ class Graph {
   Shape broadcast_shapes(const Shape& a, const Shape& b, std::string_view what) const;
 
   std::vector<Node> nodes_;
+  std::unordered_map<std::string, int> by_name_;  // keeps find() O(1): parsers call it per statement
   std::vector<GraphOutput> outputs_;
   SourceLoc loc_{};
   int name_counter_ = 0;

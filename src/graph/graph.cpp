@@ -47,9 +47,8 @@ Value operator*(Value a, double b) { return a.graph->binary(BinaryOp::Mul, a, b)
 Value operator/(Value a, double b) { return a.graph->binary(BinaryOp::Div, a, b); }
 
 int Graph::find(const std::string& name) const {
-  for (const Node& n : nodes_)
-    if (n.name == name) return n.id;
-  return -1;
+  auto it = by_name_.find(name);
+  return it == by_name_.end() ? -1 : it->second;
 }
 
 std::vector<std::vector<int>> Graph::consumers() const {
@@ -71,6 +70,7 @@ Value Graph::add_node(Node n) {
   n.id = static_cast<int>(nodes_.size());
   n.loc = loc_;
   if (n.name.empty()) n.name = fresh_name(std::string(name_of(n.kind)));
+  by_name_[n.name] = n.id;
   nodes_.push_back(std::move(n));
   return Value{this, nodes_.back().id};
 }
@@ -79,7 +79,10 @@ void Graph::rename(Value v, const std::string& name) {
   if (name.empty()) throw Error(loc_, "empty name");
   int other = find(name);
   if (other >= 0 && other != v.id) throw Error(loc_, fmt::format("name '{}' is already defined", name));
-  nodes_.at(static_cast<size_t>(v.id)).name = name;
+  Node& n = nodes_.at(static_cast<size_t>(v.id));
+  by_name_.erase(n.name);
+  n.name = name;
+  by_name_[name] = v.id;
 }
 
 static void check_handle(const Graph* g, Value v, std::string_view what, SourceLoc loc) {

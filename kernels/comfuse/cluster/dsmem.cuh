@@ -43,9 +43,10 @@ namespace comfuse::cluster {
 
 enum class Aggregation : int { Auto = 0, PeerToPeer = 1, LeaderFollower = 2 };
 
-// Measured crossover (bench/dsmem_allreduce.cu, bench/NOTES.md): Auto picks PeerToPeer for
-// ClusterN < kLeaderFollowerFrom.
-inline constexpr int kLeaderFollowerFrom = 16;
+// Measured crossover (bench/dsmem_allreduce.cu, bench/NOTES.md, H200 2026-11-30): PeerToPeer
+// was faster at every C_N in 2..16 (0.18-0.69 us vs 0.34-0.85 us a round), so Auto picks
+// PeerToPeer for ClusterN < kLeaderFollowerFrom = 17, i.e. always; LeaderFollower only when forced.
+inline constexpr int kLeaderFollowerFrom = 17;
 
 constexpr Aggregation resolve(Aggregation a, int cluster_n) {
   return a != Aggregation::Auto ? a

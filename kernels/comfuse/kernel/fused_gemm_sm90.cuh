@@ -43,6 +43,9 @@ struct FusedGemmSm90 {
   static constexpr int ClusterM = Mainloop::ClusterM;  // clusters along M (B multicast), default 1
   using Scheduler = TileScheduler<BM, BN, ClusterN, ClusterM>;
   static_assert(!EpiExec::kClusterReduce || ClusterM == 1, "row reductions over the cluster need ClusterM == 1");
+  // Row reductions cover a row only when the cluster spans it (no multi-tile Stash yet): the
+  // host must reject N > kMaxReduceN (the results would be per-cluster partial rows).
+  static constexpr int kMaxReduceN = Epi::kEndsInReduction ? ClusterN * BN : 0x7fffffff;
   using Pipeline = typename Mainloop::Pipeline;
   using PipelineState = typename Mainloop::PipelineState;
 
