@@ -12,28 +12,6 @@ namespace comfuse {
 namespace {
 using namespace interp_detail;
 
-std::string_view role_name(ArgRole r) {
-  switch (r) {
-    case ArgRole::OperandA: return "A operand";
-    case ArgRole::OperandB: return "B operand";
-    case ArgRole::Scalar: return "scalar";
-    case ArgRole::RowVector: return "row vector";
-    case ArgRole::ColVector: return "column vector";
-    case ArgRole::Output: return "output";
-  }
-  return "?";
-}
-
-std::string_view class_name(ValueClass c) {
-  switch (c) {
-    case ValueClass::Tile: return "tile";
-    case ValueClass::Col: return "col";
-    case ValueClass::Row: return "row";
-    case ValueClass::Scalar: return "scalar";
-  }
-  return "?";
-}
-
 // The smallest class both fit into (Scalar < Row, Col < Tile).
 ValueClass join(ValueClass a, ValueClass b) {
   if (a == b || b == ValueClass::Scalar) return a;
@@ -53,7 +31,7 @@ class SpecExec {
       if (a.role == ArgRole::Output) continue;
       auto it = args.find(a.name);
       if (it == args.end())
-        throw Error(fmt::format("spec '{}': {} argument '{}' was not supplied", fs.name, role_name(a.role), a.name));
+        throw Error(fmt::format("spec '{}': {} argument '{}' was not supplied", fs.name, name_of(a.role), a.name));
       vals_[i] = it->second;
     }
     const Tensor &A = vals_[ia], &B = vals_[ib];
@@ -73,7 +51,7 @@ class SpecExec {
       const auto expect = [&](int64_t rows, int64_t cols) {
         if (vals_[i].numel() != rows * cols)
           throw Error(fmt::format("spec '{}': {} argument '{}' has shape {}, expected {} values", fs.name,
-                                  role_name(a.role), a.name, shape_str(vals_[i].shape), rows * cols));
+                                  name_of(a.role), a.name, shape_str(vals_[i].shape), rows * cols));
         vals_[i].shape = {rows, cols};
       };
       if (a.role == ArgRole::Scalar) expect(1, 1);
@@ -158,8 +136,8 @@ class SpecExec {
                                : want == ValueClass::Col ? ArgRole::ColVector
                                                          : ArgRole::Scalar;
           if (a.role != role)
-            fail(path, i, fmt::format("broadcast of '{}' expects a {} argument, it is a {}", a.name, role_name(role),
-                                      role_name(a.role)));
+            fail(path, i, fmt::format("broadcast of '{}' expects a {} argument, it is a {}", a.name, name_of(role),
+                                      name_of(a.role)));
           v[ui] = vals_[static_cast<size_t>(n.arg)];
           break;
         }
@@ -221,7 +199,7 @@ class SpecExec {
         }
       }
       if (cls[ui] != n.value_class)
-        fail(path, i, fmt::format("declared class {} but its value is a {}", class_name(n.value_class), class_name(cls[ui])));
+        fail(path, i, fmt::format("declared class {} but its value is a {}", name_of(n.value_class), name_of(cls[ui])));
     }
     for (auto [r, child] : posts)
       exec(st.children[static_cast<size_t>(child)], fmt::format("{}/{}", path, child), &v, &cls, &v[static_cast<size_t>(r)]);
@@ -230,7 +208,7 @@ class SpecExec {
   void store(const std::string& path, int i, const RuntimeArg& a, const Tensor& x, ValueClass c) {
     if (out_.count(a.name)) fail(path, i, fmt::format("output '{}' is stored twice", a.name));
     if (join(c, a.value_class) != a.value_class)
-      fail(path, i, fmt::format("stores a {} value into '{}', a {} output", class_name(c), a.name, class_name(a.value_class)));
+      fail(path, i, fmt::format("stores a {} value into '{}', a {} output", name_of(c), a.name, name_of(a.value_class)));
     // The graph's shape for the output when its dims are bound, else the class shape.
     std::vector<int64_t> shape;
     bool bound = true;
@@ -245,7 +223,7 @@ class SpecExec {
     const std::vector<int64_t> want = shape_of(a.value_class);
     if (rows * cols != want[0] * want[1] || (rows != want[0] && rows != 1))
       fail(path, i, fmt::format("output '{}' has shape {} but its class {} is {}", a.name, shape_str(shape),
-                                class_name(a.value_class), shape_str(want)));
+                                name_of(a.value_class), shape_str(want)));
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t k = 0; k < cols; ++k) t.data[static_cast<size_t>(r * cols + k)] = round_to(a.dtype, x.at(r, k));
     out_[a.name] = std::move(t);
