@@ -2,7 +2,12 @@
 // (kernels/comfuse) against cuBLAS. Build (see scripts/gpu_bench.sh):
 //   nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++17 -O3 -DNDEBUG --expt-relaxed-constexpr
 //        -I third_party/cutlass/include -I kernels bench/gemm_bench.cu -lcublas -lcublasLt
-// Run: gemm_bench [--check-only] [--reps N]. Checks every variant against cuBLAS (fp32
+// Run: gemm_bench [--check-only] [--quick] [--reps N] [--filter pat[,pat]]
+//      [--profile M N K pat[,pat]]  (one cuBLAS bf16 GEMM + one launch of each matching variant, for ncu).
+// Timing: the sweep's "cuBLAS" column is timed before the sweep, on a GPU that is not yet at its
+// power cap (H200: ~700 W SW power cap, clocks 1.26-1.59 GHz under sustained GEMM load vs ~1.9 at
+// first); the "Same-state (interleaved)" table re-times cuBLAS and the best configurations
+// alternately, in the same power state: compare ratios from that table. Checks every variant against cuBLAS (fp32
 // output) + a device reference epilogue, on poisoned (NaN) outputs, before any timing.
 #include <comfuse/kernel/fused_gemm_sm90.cuh>
 #include <comfuse/host/launch.hpp>

@@ -121,7 +121,11 @@ struct Plan {
   int stages = 0;
   bool pingpong = true;          // two consumer warp groups alternate mainloop/epilogue
   int consumer_warp_groups = 2;
-  int cluster_m = 1, cluster_n = 1;
+  int wgs_per_tile = 1;          // 1: PingPong (each WG owns a tile); 2: cooperative (both WGs share one)
+  int cluster_m = 1, cluster_n = 1;  // cluster_m > 1 (B multicast) only without row reductions
+  bool raster_along_n = false;   // tile scheduler: walk raster_group N-blocks (else M-blocks) together
+  int raster_group = 8;
+  std::string measured_config;   // non-empty: the configuration came from the measured table
   int n_tiles_per_cta = 1;       // N-tiles one CTA walks for one row block
   bool multicast_a = false;      // TMA multicast of the shared A tile across the cluster
   AggregationMode aggregation = AggregationMode::None;

@@ -61,7 +61,8 @@ void check_device_support(const FusionSpec& s, const Plan& p) {
   if (a.dtype != b.dtype || a.dtype == DType::F32)
     throw Error(fmt::format("GEMM operands '{}' ({}) and '{}' ({}) must both be bf16 or both f16", a.name,
                             name_of(a.dtype), b.name, name_of(b.dtype)));
-  if (p.tile_m != 64 && p.tile_m != 128) throw Error(fmt::format("plan tile_m {} is not 64 or 128", p.tile_m));
+  if (p.tile_m != 64 && p.tile_m != 128 && !(p.tile_m == 256 && p.wgs_per_tile == 2))
+    throw Error(fmt::format("plan tile_m {} is not 64 or 128 (or 256 cooperative)", p.tile_m));
   if (p.tile_n % 64 || p.tile_n < 64 || p.tile_n > 256) throw Error(fmt::format("plan tile_n {} is not in 64..256 step 64", p.tile_n));
 }
 
@@ -84,6 +85,10 @@ EmittedKernel emit(const FusionSpec& s, const Plan& p) {
   k.tile_n = p.tile_n;
   k.stages = p.stages;
   k.cluster_n = p.cluster_n;
+  k.cluster_m = p.cluster_m;
+  k.wgs_per_tile = p.wgs_per_tile;
+  k.raster_group = p.raster_group;
+  k.raster_along_n = p.raster_along_n;
   k.b_kmajor = s.b_layout == BLayout::NK;
   const RuntimeArg& a = s.args.at(static_cast<size_t>(s.arg_index(ArgRole::OperandA)));
 
@@ -104,7 +109,8 @@ EmittedKernel emit(const FusionSpec& s, const Plan& p) {
       "namespace {{\n"
       "{epilogue}"
       "using Mainloop = comfuse::MainloopSm90<{elem}, /*BKMajor=*/{kmajor}, /*BM=*/{bm}, /*BN=*/{bn},\n"
-      "                                       /*Stages=*/{stages}, /*ClusterN=*/{cn}>;\n"
+      "                                       /*Stages=*/{stages}, /*ClusterN=*/{cn}, /*WGsPerTile=*/{wgs},\n"
+      "                                       /*ClusterM=*/{cm}>;\n"
       "using Kernel = comfuse::FusedGemmSm90<Mainloop, Epilogue>;\n"
       "}}  // namespace\n"
       "\n"
@@ -112,6 +118,7 @@ EmittedKernel emit(const FusionSpec& s, const Plan& p) {
       fmt::arg("name", s.name), fmt::arg("slots", slot_doc), fmt::arg("epilogue", emit_epilogue_type(s)),
       fmt::arg("elem", emit_detail::cpp_type(a.dtype)), fmt::arg("kmajor", k.b_kmajor ? "true" : "false"),
       fmt::arg("bm", p.tile_m), fmt::arg("bn", p.tile_n), fmt::arg("stages", p.stages), fmt::arg("cn", p.cluster_n),
+      fmt::arg("wgs", p.wgs_per_tile), fmt::arg("cm", p.cluster_m),
       fmt::arg("entry", k.entry));
   return k;
 }

@@ -58,14 +58,17 @@ std::string explain(const FusionSpec& s, const Plan& p) {
   o += fmt::format("plan for fusion '{}'\n", s.name);
   o += fmt::format("  problem      M={} N={} K={}, A/B {}, B layout {}\n", pr.m, pr.n, pr.k, name_of(pr.ab_dtype),
                    s.b_layout == BLayout::NK ? "nk (N x K)" : "kn (K x N)");
-  o += fmt::format("  tiles        {}x{}x{} (tile_m per consumer warp group), {} x {} = {} tiles\n", p.tile_m,
-                   p.tile_n, p.tile_k, p.tiles_m, p.tiles_n, p.tiles_m * p.tiles_n);
+  o += fmt::format("  tiles        {}x{}x{} ({}), {} x {} = {} tiles\n", p.tile_m, p.tile_n, p.tile_k,
+                   p.wgs_per_tile == 1 ? "PingPong: one consumer warp group per tile"
+                                       : "cooperative: both consumer warp groups on one tile",
+                   p.tiles_m, p.tiles_n, p.tiles_m * p.tiles_n);
   o += fmt::format("  grid         persistent, {} CTAs = {} cluster(s) of {}x{} ({} resident at most, {} SMs "
                    "busy); {} job(s)\n",
-                   p.grid_ctas, p.grid_ctas / std::max(1, p.cluster_n), p.cluster_m, p.cluster_n,
+                   p.grid_ctas, p.grid_ctas / std::max(1, p.cluster_n * p.cluster_m), p.cluster_m, p.cluster_n,
                    p.clusters_resident, p.ctas_busy, p.jobs);
-  o += fmt::format("  cluster      {}x{} (C_N = {}), {} N-tile(s) per CTA, multicast A: {}\n", p.cluster_m,
-                   p.cluster_n, p.cluster_n, p.n_tiles_per_cta, p.multicast_a ? "yes" : "no");
+  o += fmt::format("  cluster      {}x{} (C_N = {}), {} N-tile(s) per CTA, multicast A: {}, multicast B: {}, raster "
+                   "{} x {}\n", p.cluster_m, p.cluster_n, p.cluster_n, p.n_tiles_per_cta, p.multicast_a ? "yes" : "no",
+                   p.cluster_m > 1 ? "yes" : "no", p.raster_group, p.raster_along_n ? "N-blocks" : "M-blocks");
   std::string strat(name_of(p.strategy));
   if (p.strategy == RowStrategy::Stash || p.strategy == RowStrategy::GlobalReread) {
     std::string vals;

@@ -87,6 +87,7 @@ double lookup(const std::map<int, double>& m, int key) {
 
 struct Candidate {
   int tile_m = 0, tile_n = 0, tile_k = 0, cluster = 1, stages = 0, regs = 0;
+  int wgs_per_tile = 1, cluster_m = 1, max_stages = kMaxStages;
   int64_t tiles_m = 0, tiles_n = 0, n_tiles = 1, jobs = 0;
   RowStrategy strategy = RowStrategy::NoReduction;
   int stash_elem = 0;
@@ -130,7 +131,8 @@ struct Search {
     // spends aligning its dynamic SMEM base for the 128-byte swizzle.
     // Each WG's epilogue storage is a 1024-aligned block (TMA staging needs it).
     b.store_buffer =
-        kConsumerWGs * align_up(c.tile_m * chain.store_bytes_per_row_of_64 + chain.row_broadcasts * c.tile_n * 4, 1024) +
+        kConsumerWGs * align_up(c.tile_m / c.wgs_per_tile * chain.store_bytes_per_row_of_64 +
+                                    chain.row_broadcasts * c.tile_n * 4, 1024) +
         1024;
     if (c.strategy == RowStrategy::Stash) {
       int64_t stash = int64_t{kConsumerWGs} * (c.n_tiles - 1) * c.tile_m * c.tile_n * values * c.stash_elem;
@@ -148,7 +150,7 @@ struct Search {
     b.barriers = align_up(16 * kMaxStages + kConsumerWGs * tun.reduce_buffer_phases * 16 + 64, 1024);
     const int stage_bytes = (c.tile_m + c.tile_n) * c.tile_k * ab_bytes;
     const int left = dev.smem_per_cta_bytes - b.reduction_buffer - b.store_buffer - b.stash - b.barriers;
-    c.stages = std::min(kMaxStages, left > 0 ? left / stage_bytes : 0);
+    c.stages = std::min(c.max_stages, left > 0 ? left / stage_bytes : 0);
     if (c.stages < kMinStages) {
       reject("stages", fmt::format("{}x{} tile with C_N={} {}: fewer than {} pipeline stages fit in {} of SMEM",
                                     c.tile_m, c.tile_n, c.cluster, name_of(c.strategy), kMinStages,
@@ -176,7 +178,8 @@ struct Search {
     epi += chain.reductions * round;
     const double ml = double(c.n_tiles) * t_tile;
 
-    const int resident_max = dev.clusters_resident.count(c.cluster) ? dev.clusters_resident.at(c.cluster) : 0;
+    const int size = c.cluster * c.cluster_m;
+    const int resident_max = dev.clusters_resident.count(size) ? dev.clusters_resident.at(size) : 0;
     c.resident = static_cast<int>(std::min<int64_t>(resident_max, c.jobs));
     const int64_t q = ceil_div(c.jobs, resident_max);
     const double t_cluster = ml + epi + double(q - 1) * std::max(ml, (ml + epi) / 2.0);
@@ -294,6 +297,27 @@ const Candidate* pick(const std::vector<Candidate>& cs, double near_tie) {
   return chosen;
 }
 
+// Elementwise epilogues (no row reduction): the configurations measured fastest on the
+// H200, per shape class (bench/NOTES.md, run 3: ncu + same-power-state timing against
+// cuBLAS). The cost model above is not calibrated for the mainloop; measurement wins.
+struct MeasuredConfig {
+  int tile_m, tile_n, wgs_per_tile, cluster_m, cluster_n, max_stages, raster_group;
+  bool raster_along_n;
+  const char* why;
+};
+MeasuredConfig measured_elementwise_config(const Problem& p) {
+  const int64_t tiles_128 = ceil_div(p.m, 128) * ceil_div(p.n, 128);
+  if (p.m <= 256)  // few row blocks: small tiles, pairs along N share A; L2-bound without split-K
+    return {64, 128, 1, 1, 2, 8, 8, true, "M <= 256: PingPong 64x128, C_N = 2, raster along N (0.80x cuBLAS, run 3)"};
+  if (tiles_128 >= 3000)  // >= ~8 waves of 128x128 tiles: cooperative 128x256, B shared along M
+    return {128, 256, 2, 2, 1, 4, 8, false,
+            "large (>= ~8 waves): cooperative 128x256, cluster 2 along M (B multicast), tensor pipe ~91% like cuBLAS"};
+  if (tiles_128 >= 1500)
+    return {128, 128, 1, 2, 1, 5, 4, false,
+            "medium: PingPong 128x128 hides the epilogue behind the other WG's mainloop, cluster 2 along M"};
+  return {128, 128, 1, 1, 1, 5, 16, false, "~4 waves: PingPong 128x128, no cluster (fewer lock-step stalls)"};
+}
+
 void validate(const FusionSpec& s, const Problem& p, const DeviceModel& dev, const PlanOptions& opt) {
   auto dim = [](const char* name, int64_t v) {
     if (v <= 0) throw Error(fmt::format("plan: problem dimension {} must be positive (got {})", name, v));
@@ -337,6 +361,22 @@ Plan make_plan(const FusionSpec& s, const Problem& p, const DeviceModel& dev, co
   const ChainInfo chain = plan_detail::analyze_chain(s);
   Search search{s, p, dev, tun, chain, static_cast<int>(size_of(p.ab_dtype)), {}};
   std::vector<Candidate> cands = search.run(opt);
+  const bool forced = opt.cluster_n || opt.tile_n || opt.tile_m || opt.strategy || opt.aggregation;
+  std::string measured_why;
+  if (chain.reductions == 0 && !forced) {
+    const MeasuredConfig mc = measured_elementwise_config(p);
+    Candidate m;
+    m.tile_m = mc.tile_m, m.tile_n = mc.tile_n, m.tile_k = 128 / search.ab_bytes, m.cluster = mc.cluster_n;
+    m.wgs_per_tile = mc.wgs_per_tile, m.cluster_m = mc.cluster_m, m.max_stages = mc.max_stages;
+    m.tiles_m = ceil_div(p.m, m.tile_m), m.tiles_n = ceil_div(p.n, m.tile_n);
+    m.jobs = ceil_div(m.tiles_m, m.cluster_m) * ceil_div(m.tiles_n, m.cluster);  // one job = one cluster tile
+    m.regs = m.tile_m / m.wgs_per_tile * m.tile_n / kThreadsPerWG + tun.reg_overhead;
+    if (search.budget(m)) {
+      search.estimate(m);
+      cands.insert(cands.begin(), m);
+      measured_why = mc.why;
+    }
+  }
   if (cands.empty()) {
     std::string why;
     for (const auto& [kind, ex] : search.rejections)
@@ -346,11 +386,11 @@ Plan make_plan(const FusionSpec& s, const Problem& p, const DeviceModel& dev, co
     throw Error(fmt::format("plan: nothing fits for {} x {} x {} ({} reductions):{}", p.m, p.n, p.k,
                             chain.reductions, why));
   }
-  const Candidate& c = *pick(cands, tun.near_tie);
+  const Candidate& c = measured_why.empty() ? *pick(cands, tun.near_tie) : cands.front();
 
   // When an option was forced, say what the model alone would have picked.
   std::string unforced;
-  if (opt.cluster_n || opt.tile_n || opt.tile_m || opt.strategy || opt.aggregation) {
+  if (forced) {
     Search free_search{s, p, dev, tun, chain, search.ab_bytes, {}};
     std::vector<Candidate> all = free_search.run({});
     if (!all.empty()) unforced = pick(all, tun.near_tie)->describe();
@@ -362,7 +402,15 @@ Plan make_plan(const FusionSpec& s, const Problem& p, const DeviceModel& dev, co
   plan.stages = c.stages;
   plan.pingpong = true;
   plan.consumer_warp_groups = kConsumerWGs;
-  plan.cluster_m = 1, plan.cluster_n = c.cluster;
+  plan.cluster_m = c.cluster_m, plan.cluster_n = c.cluster;
+  plan.wgs_per_tile = c.wgs_per_tile;
+  plan.pingpong = c.wgs_per_tile == 1;
+  plan.measured_config = measured_why;
+  if (!measured_why.empty()) {
+    const MeasuredConfig mc = measured_elementwise_config(p);
+    plan.raster_group = mc.raster_group;
+    plan.raster_along_n = mc.raster_along_n;
+  }
   plan.n_tiles_per_cta = static_cast<int>(c.n_tiles);
   plan.multicast_a = c.cluster > 1;
   plan.aggregation = c.agg;
@@ -372,8 +420,9 @@ Plan make_plan(const FusionSpec& s, const Problem& p, const DeviceModel& dev, co
   plan.smem = c.smem;
   plan.smem_limit = dev.smem_per_cta_bytes;
   plan.tiles_m = c.tiles_m, plan.tiles_n = c.tiles_n;
-  plan.clusters_resident = dev.clusters_resident.count(c.cluster) ? dev.clusters_resident.at(c.cluster) : 0;
-  plan.ctas_busy = plan.clusters_resident * c.cluster;
+  const int cluster_size = c.cluster * c.cluster_m;
+  plan.clusters_resident = dev.clusters_resident.count(cluster_size) ? dev.clusters_resident.at(cluster_size) : 0;
+  plan.ctas_busy = plan.clusters_resident * cluster_size;
   if (c.strategy == RowStrategy::Stash || c.strategy == RowStrategy::GlobalReread) {
     plan.stash_elem_bytes = c.stash_elem;
     plan.stashed = chain.stash_names;
@@ -382,7 +431,7 @@ Plan make_plan(const FusionSpec& s, const Problem& p, const DeviceModel& dev, co
   plan.regs_per_thread = c.regs;
   plan.store_subtile_n = chain.has_tile_output ? std::min(c.tile_n, tun.store_subtile_n) : 0;
   plan.jobs = c.jobs;
-  plan.grid_ctas = int64_t{c.resident} * c.cluster;
+  plan.grid_ctas = int64_t{c.resident} * c.cluster * c.cluster_m;
   plan.workspace_bytes = c.workspace;
   plan.estimate = c.est;
 

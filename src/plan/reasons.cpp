@@ -22,7 +22,14 @@ void add_reasons(Plan& plan, const ChainInfo& chain, const DeviceModel& dev, con
   const int64_t covered = int64_t{plan.cluster_n} * plan.tile_n * plan.n_tiles_per_cta;
   const std::string ab = std::string(name_of(p.ab_dtype));
 
-  r.push_back(fmt::format(
+  if (!plan.measured_config.empty())
+    r.push_back("configuration from the measured table for epilogues without reductions: " + plan.measured_config);
+  if (plan.wgs_per_tile == 2)
+    r.push_back(fmt::format("tile {}x{}x{}: cooperative, the {} consumer warp groups split one tile's rows ({} each); "
+                            "the epilogue is not overlapped with a mainloop, which measured cheaper than PingPong's "
+                            "smaller tiles at this size", plan.tile_m, plan.tile_n, plan.tile_k,
+                            plan.consumer_warp_groups, plan.tile_m / 2));
+  else r.push_back(fmt::format(
       "tile {}x{}x{}: PingPong, each of the {} consumer warp groups owns a {}x{} accumulator "
       "(~{} registers/thread with {} live tile value(s), limit {}); tile_k {} = one 128-byte {} row per TMA box",
       plan.tile_m, plan.tile_n, plan.tile_k, plan.consumer_warp_groups, plan.tile_m, plan.tile_n,
@@ -30,9 +37,9 @@ void add_reasons(Plan& plan, const ChainInfo& chain, const DeviceModel& dev, con
 
   const std::string forced = opt.cluster_n ? " (forced)" : "";
   if (plan.reductions == 0) {
-    r.push_back(fmt::format("cluster 1x{}{}: no reduction, so tiles finish alone; a cluster would only buy A "
-                            "multicast at the cost of lock-step and idle SMs ({} of {} busy at this size)",
-                            plan.cluster_n, forced, plan.ctas_busy, dev.sm_count));
+    r.push_back(fmt::format("cluster {}x{}{}: no reduction, so tiles finish alone; a cluster only buys operand "
+                            "multicast (A along N, B along M) at the cost of lock-step ({} of {} SMs busy at this size)",
+                            plan.cluster_m, plan.cluster_n, forced, plan.ctas_busy, dev.sm_count));
   } else {
     r.push_back(fmt::format("cluster 1x{}{}: {} clusters resident keep {} of {} SMs busy; the cluster covers "
                             "{} x {} x {} = {} columns of N = {}",

@@ -98,6 +98,8 @@ FusedKernel FusedKernel::build(const FusionSpec& spec, const Problem& problem, c
   st->shape.BM = st->emitted.tile_m;
   st->shape.BN = st->emitted.tile_n;
   st->shape.cluster_n = st->emitted.cluster_n;
+  st->shape.cluster_m = st->emitted.cluster_m;
+  st->shape.wgs_per_tile = st->emitted.wgs_per_tile;
   st->shape.b_kmajor = st->emitted.b_kmajor;
   st->shape.smem_bytes = smem;
   try {
@@ -142,6 +144,8 @@ void FusedKernel::run(const RunArgs& args, Stream stream) const {
   if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX) throw Error("M, N and K must each fit in 32 bits");
 
   Params p{};
+  p.raster_group = st.emitted.raster_group;
+  p.raster_along_n = st.emitted.raster_along_n ? 1 : 0;
   try {
     host::set_operands(p, st.shape, host_dtype(ra.dtype), A.data, A.ld ? A.ld : K, B.data,
                        B.ld ? B.ld : B.shape[1], int(M), int(N), int(K));

@@ -184,6 +184,14 @@ TEST_F(EmitCompile, PlannedSmemFitsTheKernelAtEveryTileShape) {
       ++compiled;
     }
   EXPECT_EQ(compiled, 6);
+  // And the measured configurations the planner picks by itself, one per shape class.
+  opt_.plan = {};
+  for (const Problem& pr : {shape(256, 4096, 4096), shape(4096, 4096, 4096), shape(8192, 4096, 4096), shape(8192, 8192, 8192)}) {
+    Plan plan;
+    CompiledKernel k = compile_only(s, pr, opt_, nullptr, &plan);
+    EXPECT_FALSE(plan.measured_config.empty());
+    EXPECT_TRUE(is_cubin_elf(k.cubin)) << plan.tile_m << "x" << plan.tile_n << " wgs " << plan.wgs_per_tile;
+  }
 }
 
 }  // namespace

@@ -151,14 +151,36 @@ template <class... Nodes> struct Stage {
       template <int I> static constexpr size_t offset_of() { return 0; }
     };
     using NodesStorage = cute::conditional_t<(Layout::offset(Layout::kN) > 0), NodesFull, NodesEmpty>;
-    struct TreeStorage {
+    // No empty members: an empty struct next to a 1024-aligned one would cost 1 KB. So per
+    // warp group: sum over stages of align_up(node bytes, 1024) (0 for a stage without), plus
+    // align_up(2 * C_N * rows * 4 + 16, 1024) for the channel (when it exists).
+    static constexpr bool kNodeBytes = Layout::offset(Layout::kN) > 0;
+    using PostTree = typename cute::conditional_t<kHasPost, PostExec, detail::NoTreeHolder>::TreeStorage;
+    struct TreeNodesPost {
       NodesStorage nodes;
-      typename cute::conditional_t<kHasPost, PostExec, detail::NoTreeHolder>::TreeStorage post;
+      PostTree post;
     };
-    struct SharedStorage {  // per consumer warp group: every stage's node storage + ONE channel
+    struct TreePost {
+      PostTree post;
+    };
+    struct TreeNodes {
+      NodesStorage nodes;
+    };
+    using TreeStorage = cute::conditional_t<kHasPost, cute::conditional_t<kNodeBytes, TreeNodesPost, TreePost>,
+                                            cute::conditional_t<kNodeBytes, TreeNodes, detail::NoTree>>;
+    // A stage without node storage hands its nodes a dummy (their SharedStorage is empty).
+    static COMFUSE_DEVICE NodesStorage& nodes_of(TreeStorage& ts) {
+      if constexpr (kNodeBytes) return ts.nodes;
+      else return *reinterpret_cast<NodesStorage*>(&ts);
+    }
+    struct SharedWithChan {  // per consumer warp group: every stage's node storage + ONE channel
       TreeStorage tree;
       ChanStorage chan;
     };
+    struct SharedNoChan {
+      TreeStorage tree;
+    };
+    using SharedStorage = cute::conditional_t<kClusterReduce, SharedWithChan, SharedNoChan>;
 
     Impls impls;
     cute::conditional_t<kHasPost, PostExec, detail::NoTree> post;
@@ -175,7 +197,7 @@ template <class... Nodes> struct Stage {
       // must be done before begin() rewrites it.
       if constexpr (!kHasStores) named_sync(bar_id, kWarpGroupThreads);
       cute::for_each(cute::make_int_sequence<kNumNodes>{}, [&](auto i) {
-        cute::get<decltype(i)::value>(impls).begin(c, detail::storage_get<decltype(i)::value, StorageTypes>(ts.nodes));
+        cute::get<decltype(i)::value>(impls).begin(c, detail::storage_get<decltype(i)::value, StorageTypes>(nodes_of(ts)));
       });
       // Before the first subtile rewrites the staging buffers, the previous tile's stores
       // must have read them; the same barrier publishes the vectors begin() wrote.
@@ -241,7 +263,7 @@ template <class... Nodes> struct Stage {
           named_sync(bar_id, kWarpGroupThreads);
           if (c.t == 0) {
             cute::for_each(cute::make_int_sequence<kNumNodes>{}, [&](auto i) {
-              cute::get<decltype(i)::value>(impls).subtile_end(c, detail::storage_get<decltype(i)::value, StorageTypes>(ts.nodes), s);
+              cute::get<decltype(i)::value>(impls).subtile_end(c, detail::storage_get<decltype(i)::value, StorageTypes>(nodes_of(ts)), s);
             });
             tma_store_commit();
           }
@@ -253,7 +275,12 @@ template <class... Nodes> struct Stage {
     // The root's entry, once per tile.
     template <class FragC> COMFUSE_DEVICE void run(EpiCtx const& c, SharedStorage& ss, FragC& accum, int bar_id) {
       begin_phase(c, ss.tree, bar_id);
-      body(c, ss.tree, accum, bar_id, ss.chan, round);
+      if constexpr (kClusterReduce) {
+        body(c, ss.tree, accum, bar_id, ss.chan, round);
+      } else {
+        detail::NoChannel::Storage none;
+        body(c, ss.tree, accum, bar_id, none, round);
+      }
     }
 
    private:
