@@ -43,19 +43,27 @@ struct DeviceModel {
   // MEASURED (naive DSMEM stores + full cluster barriers, 128 floats per CTA) for C_N >= 2:
   // one cluster all-reduce round, microseconds. C_N = 1 (warp shuffles only) is a GUESS.
   // The TMA-bulk/mbarrier version should beat these; they are upper bounds until re-measured.
-  std::map<int, double> cluster_allreduce_us = {{1, 0.05}, {2, 0.54}, {4, 0.63}, {8, 0.78}, {16, 1.06}};
+  // One DSMEM all-reduce round, peer-to-peer, TMA bulk + mbarrier, 64 floats per CTA
+  // (bench/dsmem_allreduce.cu on the H200, bench/NOTES.md); C_N = 1 is quad shuffles only.
+  std::map<int, double> cluster_allreduce_us = {{1, 0.05}, {2, 0.18}, {4, 0.27}, {8, 0.39}, {16, 0.61}};
+  // Whether the device templates walk several N-tiles per CTA for a row reduction (the
+  // Stash and GlobalReread strategies). Not built yet: rows must fit one cluster
+  // (N <= C_N x tile_n <= 16 x 256). The planner's model covers them for `explain`.
+  bool multi_tile_rows = false;
   // FACT of the PingPong register split (setmaxnreg 240 for consumers, 40 for the producer).
   int consumer_regs_per_thread = 240;
 };
 
 // Knobs to be measured on the GPU (issues 3 and 4); defaults are today's best guesses.
 struct PlannerTunables {
-  int p2p_max_cluster = 4;  // peer-to-peer at C_N <= this, leader-follower above
+  // Peer-to-peer at C_N <= this, leader-follower above. MEASURED: peer-to-peer won at every
+  // C_N in 2..16 (0.18-0.61 us vs 0.34-0.76 us a round), so there is no crossover below 16.
+  int p2p_max_cluster = 16;
   int max_stash_bytes = 96 * 1024;  // SMEM a CTA may spend keeping earlier N-tiles
 
   // Cost-model knobs (additive). Each is a GUESS awaiting GPU measurement unless noted.
   // MEASURED (naive form): leader-follower was 5-10% slower than peer-to-peer.
-  double leader_follower_penalty = 1.07;
+  double leader_follower_penalty = 1.5;  // MEASURED 1.2-1.9x a round (bench/NOTES.md)
   double tile_fixed_us = 0.3;      // GUESS: per-tile pipeline fill / store drain not hidden
   double epilogue_cpi = 1.5;       // GUESS: issue cycles per epilogue instruction per warp
   int reg_overhead = 48;           // GUESS: consumer registers besides live tile values

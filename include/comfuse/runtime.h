@@ -100,6 +100,8 @@ struct DeviceRunReport {
   std::vector<OutputCheck> outputs;
   double kernel_ms = 0;        // median over the timed launches (0 when not timed)
   double tflops = 0;           // 2*M*N*K / kernel time
+  double cublas_ms = 0;        // cuBLAS GEMM alone (bf16/f16 out), timed alternately with the
+                               // fused kernel in the same power state (0 when not asked)
   Plan plan;
   CompiledKernel compiled;
 };
@@ -108,6 +110,6 @@ struct DeviceRunReport {
 // with NaN first), downloads the outputs and compares them with run_graph. With
 // timing_reps > 0 also times that many launches (after warm-up) with CUDA events.
 DeviceRunReport run_and_check(const Graph& g, const Bindings& dims, uint64_t seed, const CompileOptions& opt = {},
-                              int timing_reps = 0, double input_offset = 0.0);
+                              int timing_reps = 0, double input_offset = 0.0, bool cublas_baseline = false);
 
 }  // namespace comfuse

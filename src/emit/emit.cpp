@@ -2,6 +2,7 @@
 #include "comfuse/emit.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <functional>
 
@@ -51,11 +52,30 @@ EmitContext make_context(const FusionSpec& s, const std::vector<ArgSlot>& slots)
 // What the device templates cannot express yet is refused here, by name, rather than
 // surfacing as a template error deep inside a JIT log.
 void check_device_support(const FusionSpec& s, const Plan& p) {
-  if (s.reduction_count() > 0)
-    throw Error(fmt::format(
-        "spec '{}' has {} row reduction(s): the cluster-reduction device templates (DSMEM aggregation) are not "
-        "built yet, so this epilogue cannot run on the GPU; `comfuse run --reference` executes it on the CPU",
-        s.name, s.reduction_count()));
+  if (p.strategy != RowStrategy::NoReduction && p.strategy != RowStrategy::OnChip)
+    throw Error(fmt::format("spec '{}': the plan walks {} N-tiles per CTA ({}); the device templates finish a row "
+                            "reduction only when one cluster covers the row (N <= C_N x tile_n)",
+                            s.name, p.n_tiles_per_cta, name_of(p.strategy)));
+  // The device carries a tile-shaped value across a reduction in the accumulator
+  // registers: one per stage boundary (kernels/comfuse/epilogue/stage.cuh).
+  struct TileBypassCheck : SpecVisitor {
+    std::string error;
+    void enter_stage(const Spec& st, int depth) override {
+      std::vector<std::string> names;
+      for (const SpecNode& n : st.nodes)
+        if (n.category == NodeCategory::Placeholder && n.placeholder == PlaceholderKind::Bypass &&
+            n.value_class == ValueClass::Tile)
+          names.push_back(n.origin);
+      if (names.size() > 1 && error.empty())
+        error = fmt::format("stage {} takes {} tile-shaped values across a reduction ({}); the device keeps one (in "
+                            "the accumulator registers): split the epilogue or express the others through that one",
+                            depth, names.size(), fmt::join(names, ", "));
+    }
+  } bypass_check;
+  bypass_check.walk(s.root);
+  if (!bypass_check.error.empty()) throw Error(fmt::format("spec '{}': {}", s.name, bypass_check.error));
+  if (s.reduction_count() > 0 && p.cluster_m != 1)
+    throw Error(fmt::format("spec '{}': a row reduction needs clusters along N only (cluster_m = {})", s.name, p.cluster_m));
   const RuntimeArg& a = s.args.at(static_cast<size_t>(s.arg_index(ArgRole::OperandA)));
   const RuntimeArg& b = s.args.at(static_cast<size_t>(s.arg_index(ArgRole::OperandB)));
   if (a.dtype != b.dtype || a.dtype == DType::F32)
@@ -111,7 +131,7 @@ EmittedKernel emit(const FusionSpec& s, const Plan& p) {
       "using Mainloop = comfuse::MainloopSm90<{elem}, /*BKMajor=*/{kmajor}, /*BM=*/{bm}, /*BN=*/{bn},\n"
       "                                       /*Stages=*/{stages}, /*ClusterN=*/{cn}, /*WGsPerTile=*/{wgs},\n"
       "                                       /*ClusterM=*/{cm}>;\n"
-      "using Kernel = comfuse::FusedGemmSm90<Mainloop, Epilogue>;\n"
+      "using Kernel = comfuse::FusedGemmSm90<Mainloop, Epilogue, comfuse::cluster::Aggregation::{agg}>;\n"
       "}}  // namespace\n"
       "\n"
       "COMFUSE_DEFINE_KERNEL({entry}, Kernel)\n",
@@ -119,6 +139,7 @@ EmittedKernel emit(const FusionSpec& s, const Plan& p) {
       fmt::arg("elem", emit_detail::cpp_type(a.dtype)), fmt::arg("kmajor", k.b_kmajor ? "true" : "false"),
       fmt::arg("bm", p.tile_m), fmt::arg("bn", p.tile_n), fmt::arg("stages", p.stages), fmt::arg("cn", p.cluster_n),
       fmt::arg("wgs", p.wgs_per_tile), fmt::arg("cm", p.cluster_m),
+      fmt::arg("agg", p.aggregation == AggregationMode::LeaderFollower ? "LeaderFollower" : "PeerToPeer"),
       fmt::arg("entry", k.entry));
   return k;
 }

@@ -78,6 +78,7 @@ ChainInfo analyze_chain(const FusionSpec& s) {
   const std::vector<StageRef> stages = collect_stages(s);
   for (const StageRef& st : stages) {
     int bypass_tiles = 0;
+    std::pair<int, int> storage{0, 0};
     for (const SpecNode& n : st.spec->nodes) {
       info.ops_per_element += node_cost(s, n);
       if (n.category == NodeCategory::Placeholder && n.placeholder == PlaceholderKind::Bypass &&
@@ -89,10 +90,15 @@ ChainInfo analyze_chain(const FusionSpec& s) {
         info.max_out_bytes = std::max(info.max_out_bytes,
                                       static_cast<int>(size_of(s.args[static_cast<size_t>(n.arg)].dtype)));
         info.store_bytes_per_row_of_64 += 64 * static_cast<int>(size_of(s.args[static_cast<size_t>(n.arg)].dtype));
+        storage.first += 64 * static_cast<int>(size_of(s.args[static_cast<size_t>(n.arg)].dtype));
       }
-      if (n.category == NodeCategory::Broadcast && n.broadcast == BroadcastKind::Row) ++info.row_broadcasts;
+      if (n.category == NodeCategory::Broadcast && n.broadcast == BroadcastKind::Row) {
+        ++info.row_broadcasts;
+        ++storage.second;
+      }
     }
     info.live_tile_values = std::max(info.live_tile_values, bypass_tiles);
+    info.stage_storage.push_back(storage);
     // Stage-1 values that stage 2 takes by bypass: the stash set. Anything later stages
     // need is an elementwise function of these, the statistics and broadcasts.
     if (st.depth == 1 && st.parent == 0) {

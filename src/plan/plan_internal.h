@@ -36,6 +36,8 @@ struct ChainInfo {
   // each Store node a tile_m x 64 subtile of its dtype, each RowBroadcast tile_n floats.
   int store_bytes_per_row_of_64 = 0;  // sum over Store nodes of 64 * sizeof(dtype)
   int row_broadcasts = 0;
+  // The same per stage: each stage's epilogue storage is its own 1024-aligned block.
+  std::vector<std::pair<int, int>> stage_storage;  // (store bytes per row of 64, row broadcasts)
 };
 ChainInfo analyze_chain(const FusionSpec& s);
 

@@ -124,16 +124,17 @@ struct Search {
   bool budget(Candidate& c) {
     const int values = static_cast<int>(chain.stash_nodes.size());
     SmemBudget& b = c.smem;
-    if (chain.reductions > 0 && c.cluster > 1)  // ONE buffer, independent of the reduction count
-      b.reduction_buffer = kConsumerWGs * tun.reduce_buffer_phases * c.cluster * c.tile_m * 4;
+    const int rows = c.tile_m / c.wgs_per_tile;  // rows one consumer WG holds
+    if (chain.reductions > 0 && c.cluster > 1)   // ONE buffer per WG channel, independent of the reduction count
+      b.reduction_buffer = kConsumerWGs * align_up(tun.reduce_buffer_phases * c.cluster * rows * 4 + 16, 1024);
     // Exactly what the epilogue templates allocate per consumer WG: one tile_m x 64 staging
     // subtile per Store node, tile_n floats per RowBroadcast, and the 1 KiB the kernel
     // spends aligning its dynamic SMEM base for the 128-byte swizzle.
     // Each WG's epilogue storage is a 1024-aligned block (TMA staging needs it).
-    b.store_buffer =
-        kConsumerWGs * align_up(c.tile_m / c.wgs_per_tile * chain.store_bytes_per_row_of_64 +
-                                    chain.row_broadcasts * c.tile_n * 4, 1024) +
-        1024;
+    int per_wg = 0;
+    for (const auto& [store64, row_vectors] : chain.stage_storage)
+      per_wg += align_up(rows * store64 + row_vectors * c.tile_n * 4, 1024);  // each stage its own block
+    b.store_buffer = kConsumerWGs * per_wg + 1024;
     if (c.strategy == RowStrategy::Stash) {
       int64_t stash = int64_t{kConsumerWGs} * (c.n_tiles - 1) * c.tile_m * c.tile_n * values * c.stash_elem;
       if (stash > tun.max_stash_bytes) {
@@ -232,7 +233,10 @@ struct Search {
           c.tile_m = tm, c.tile_n = tn, c.tile_k = tile_k, c.cluster = cn, c.regs = regs;
           c.tiles_m = ceil_div(p.m, tm);
           c.tiles_n = ceil_div(p.n, tn);
-          if (cn > c.tiles_n && !opt.cluster_n) continue;  // CTAs with no columns at all
+          // CTAs with no columns at all; a row reduction still takes the smallest power of two
+          // that covers the row (its extra CTAs add identities).
+          const bool covers_tight = chain.reductions > 0 && cn / 2 < c.tiles_n;
+          if (cn > c.tiles_n && !covers_tight && !opt.cluster_n) continue;
           std::vector<std::pair<RowStrategy, int>> variants;
           if (chain.reductions == 0) {
             c.n_tiles = 1;
@@ -244,6 +248,13 @@ struct Search {
             c.agg = opt.aggregation ? *opt.aggregation
                                     : (cn <= tun.p2p_max_cluster ? AggregationMode::PeerToPeer
                                                                  : AggregationMode::LeaderFollower);
+            if (c.n_tiles > 1 && !dev.multi_tile_rows) {
+              reject("device", fmt::format("N = {} needs {} N-tiles per CTA at {}x{} C_N={}: the device templates "
+                                           "do not walk several N-tiles per CTA yet (stash / global-reread), so a "
+                                           "row must fit one cluster: N <= C_N x tile_n <= 16 x 256",
+                                           p.n, c.n_tiles, tm, tn, cn));
+              continue;
+            }
             if (c.n_tiles == 1) {
               variants = {{RowStrategy::OnChip, 0}};
             } else if (chain.stash_nodes.empty()) {

@@ -142,6 +142,12 @@ void FusedKernel::run(const RunArgs& args, Stream stream) const {
   if ((nk ? B.shape[1] : B.shape[0]) != K)
     throw Error(fmt::format("B '{}' is {} but A '{}' is {}: K differs", rb.name, shape_str(B.shape), ra.name, shape_str(A.shape)));
   if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX) throw Error("M, N and K must each fit in 32 bits");
+  // A row reduction is finished inside one cluster: a longer row would silently reduce
+  // per cluster (the kernel's kMaxReduceN).
+  const int64_t row_cover = int64_t{st.emitted.cluster_n} * st.emitted.tile_n;
+  if (s.reduction_count() > 0 && N > row_cover)
+    throw Error(fmt::format("N = {} exceeds what this kernel's clusters cover for a row reduction ({} x {} = {}); "
+                            "build the kernel for this N", N, st.emitted.cluster_n, st.emitted.tile_n, row_cover));
 
   Params p{};
   p.raster_group = st.emitted.raster_group;

@@ -86,7 +86,7 @@ TEST(Emit, LiteralsAreExactFloatsAndShared) {
   EXPECT_EQ(epi.find("Lit2"), std::string::npos) << "0.1 appears twice but needs one struct";
 }
 
-TEST(Emit, ReductionsExpandRecursivelyButAreRefusedOnDeviceForNow) {
+TEST(Emit, ReductionsExpandRecursivelyIntoPostOpStages) {
   Graph g = parse_graph_file((kRoot / "examples/gemm_layernorm.cf").string());
   const LoweringResult r = lower(g);
   const FusionSpec& s = r.regions.at(0).spec;
@@ -94,11 +94,23 @@ TEST(Emit, ReductionsExpandRecursivelyButAreRefusedOnDeviceForNow) {
   EXPECT_NE(epi.find("comfuse::epi::Reduction<comfuse::epi::ReduceMean"), std::string::npos);
   EXPECT_NE(epi.find("comfuse::epi::Stat"), std::string::npos);
   EXPECT_NE(epi.find("comfuse::epi::Bypass<"), std::string::npos);
+  const Plan plan = make_plan(s, shape(8192, 4096, 4096));
+  const EmittedKernel k = emit(s, plan);
+  EXPECT_NE(k.source.find("comfuse::cluster::Aggregation::PeerToPeer"), std::string::npos);
+  PlanOptions leader;
+  leader.aggregation = AggregationMode::LeaderFollower;
+  EXPECT_NE(emit(s, make_plan(s, shape(8192, 4096, 4096), {}, {}, leader)).source.find("Aggregation::LeaderFollower"),
+            std::string::npos);
+  // A plan that walks several N-tiles per CTA cannot run on today's templates: refused by name.
+  DeviceModel full;
+  full.multi_tile_rows = true;
+  PlanOptions stash;
+  stash.strategy = RowStrategy::Stash;
   try {
-    emit(s, make_plan(s, shape(8192, 4096, 4096)));
+    emit(s, make_plan(s, shape(8192, 8192, 4096), full, {}, stash));
     FAIL() << "expected an Error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("reduction"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("N-tiles per CTA"), std::string::npos) << e.what();
   }
 }
 
@@ -129,19 +141,19 @@ class EmitCompile : public ::testing::Test {
   CompileOptions opt_;
 };
 
-TEST_F(EmitCompile, ExamplesElementwiseRegionsCompile) {
+TEST_F(EmitCompile, EveryExampleRegionCompiles) {
   int compiled = 0;
-  for (const char* name : {"gemm_bias_gelu.cf", "ffn.cf", "attention.cf"}) {
+  for (const char* name : {"gemm_bias_gelu.cf", "gemm_layernorm.cf", "gemm_rmsnorm.cf", "gemm_softmax.cf", "ffn.cf",
+                           "attention.cf"}) {
     Graph g = parse_graph_file((kRoot / "examples" / name).string());
     for (const FusedRegion& reg : lower(g).regions) {
-      if (reg.spec.reduction_count() > 0) continue;  // cluster reductions: issue 4
       CompiledKernel k = compile_only(reg.spec, shape(1000, 1032, 72), opt_);
       EXPECT_FALSE(k.wgmma_serialized) << k.log;
       EXPECT_TRUE(is_cubin_elf(k.cubin)) << name;
       ++compiled;
     }
   }
-  EXPECT_EQ(compiled, 4);
+  EXPECT_EQ(compiled, 8);
 }
 
 TEST_F(EmitCompile, EveryUnaryOpInOneKernel) {
@@ -191,6 +203,29 @@ TEST_F(EmitCompile, PlannedSmemFitsTheKernelAtEveryTileShape) {
     CompiledKernel k = compile_only(s, pr, opt_, nullptr, &plan);
     EXPECT_FALSE(plan.measured_config.empty());
     EXPECT_TRUE(is_cubin_elf(k.cubin)) << plan.tile_m << "x" << plan.tile_n << " wgs " << plan.wgs_per_tile;
+  }
+}
+
+}  // namespace
+}  // namespace comfuse
+
+namespace comfuse {
+namespace {
+
+TEST(Emit, TwoTileValuesAcrossOneReductionAreRefusedByName) {
+  Built b;
+  Value x = b.g.input("x", DType::BF16, {Dim::of("M"), Dim::of("K")});
+  Value w = b.g.input("w", DType::BF16, {Dim::of("N"), Dim::of("K")});
+  Value acc = b.g.matmul(x, w);
+  b.g.output(b.g.log_softmax(acc), "logp", DType::F32);
+  b.g.output(b.g.l2_normalize(acc), "unit", DType::BF16);
+  const LoweringResult r = lower(b.g);
+  const FusionSpec& s = r.regions.at(0).spec;
+  try {
+    emit(s, make_plan(s, shape(512, 1024, 64)));
+    FAIL() << "expected an Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tile-shaped values across a reduction"), std::string::npos) << e.what();
   }
 }
 

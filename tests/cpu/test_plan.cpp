@@ -49,6 +49,14 @@ FusionSpec chain(int L) {
 
 Problem prob(int64_t m, int64_t n, int64_t k) { return Problem{m, n, k, DType::BF16}; }
 
+// The planner's whole model, with the multi-N-tile strategies (stash, global-reread) that
+// the device templates do not implement yet; DeviceModel{} is today's device.
+DeviceModel full_device() {
+  DeviceModel d;
+  d.multi_tile_rows = true;
+  return d;
+}
+
 struct Named {
   const char* name;
   FusionSpec spec;
@@ -70,7 +78,7 @@ TEST(Plan, ProblemOfResolvesDimsAndDtype) {
 
 // Every plan of the sweep is internally consistent and fits the device.
 TEST(Plan, SweepFitsSmemAndFollowsTheRules) {
-  const DeviceModel dev;
+  const DeviceModel dev = full_device();
   const PlannerTunables tun;
   int plans = 0;
   for (const Named& sp : all_specs()) {
@@ -128,8 +136,8 @@ TEST(Plan, ReductionBufferIsIndependentOfReductionCount) {
     opt.cluster_n = c;
     opt.tile_n = 128;
     opt.tile_m = 64;
-    Plan p1 = make_plan(one, prob(4096, 8192, 4096), {}, {}, opt);
-    Plan p4 = make_plan(four, prob(4096, 8192, 4096), {}, {}, opt);
+    Plan p1 = make_plan(one, prob(4096, 8192, 4096), full_device(), {}, opt);
+    Plan p4 = make_plan(four, prob(4096, 8192, 4096), full_device(), {}, opt);
     ASSERT_EQ(p1.tile_m, p4.tile_m);
     EXPECT_GT(p1.smem.reduction_buffer, 0);
     EXPECT_EQ(p1.smem.reduction_buffer, p4.smem.reduction_buffer) << "C_N=" << c;
@@ -149,7 +157,7 @@ TEST(Plan, AggregationSwitchesAtP2pMaxCluster) {
     for (int c : {1, 2, 4, 8, 16}) {
       PlanOptions opt;
       opt.cluster_n = c;
-      Plan p = make_plan(s, prob(4096, 32768, 4096), {}, tun, opt);
+      Plan p = make_plan(s, prob(4096, 32768, 4096), full_device(), tun, opt);
       EXPECT_EQ(p.cluster_n, c);
       EXPECT_EQ(p.aggregation, c <= limit ? AggregationMode::PeerToPeer : AggregationMode::LeaderFollower)
           << "C_N=" << c << " limit=" << limit;
@@ -162,7 +170,7 @@ TEST(Plan, ForcedOptionsAreHonored) {
   PlanOptions opt;
   opt.cluster_n = 16;
   opt.tile_n = 256;
-  Plan p = make_plan(s, prob(8192, 4096, 4096), {}, {}, opt);
+  Plan p = make_plan(s, prob(8192, 4096, 4096), full_device(), {}, opt);
   EXPECT_EQ(p.cluster_n, 16);
   EXPECT_EQ(p.tile_n, 256);
   EXPECT_EQ(p.strategy, RowStrategy::OnChip);
@@ -172,7 +180,7 @@ TEST(Plan, ForcedOptionsAreHonored) {
   opt.cluster_n = 2;
   opt.aggregation = AggregationMode::LeaderFollower;
   opt.strategy = RowStrategy::GlobalReread;
-  p = make_plan(s, prob(8192, 8192, 4096), {}, {}, opt);
+  p = make_plan(s, prob(8192, 8192, 4096), full_device(), {}, opt);
   EXPECT_EQ(p.cluster_n, 2);
   EXPECT_EQ(p.aggregation, AggregationMode::LeaderFollower);
   EXPECT_EQ(p.strategy, RowStrategy::GlobalReread);
@@ -186,7 +194,7 @@ TEST(Plan, ForcedOptionsAreHonored) {
 TEST(Plan, StashKeepsStageOneBypassValues) {
   PlanOptions opt;
   opt.strategy = RowStrategy::Stash;
-  Plan p = make_plan(layer_norm(), prob(8192, 4096, 4096), {}, {}, opt);
+  Plan p = make_plan(layer_norm(), prob(8192, 4096, 4096), full_device(), {}, opt);
   EXPECT_EQ(p.strategy, RowStrategy::Stash);
   EXPECT_GT(p.n_tiles_per_cta, 1);
   ASSERT_FALSE(p.stashed.empty());
@@ -201,11 +209,11 @@ TEST(Plan, OccupancyVersusCoverage) {
   Plan small = make_plan(s, prob(256, 4096, 4096));
   EXPECT_EQ(small.strategy, RowStrategy::OnChip);
   // Large M, compute bound: 16-CTA clusters idle 20 SMs; the planner walks several N-tiles.
-  Plan large = make_plan(s, prob(8192, 4096, 4096));
+  Plan large = make_plan(s, prob(8192, 4096, 4096), full_device());
   EXPECT_LT(large.cluster_n, 16);
   EXPECT_GT(large.n_tiles_per_cta, 1);
   // Long rows still plan, re-reading earlier tiles through L2.
-  Plan wide = make_plan(s, prob(4096, 65536, 4096));
+  Plan wide = make_plan(s, prob(4096, 65536, 4096), full_device());
   EXPECT_EQ(wide.strategy, RowStrategy::GlobalReread);
   // No reduction: no reason for a cluster.
   EXPECT_EQ(make_plan(bias_gelu(), prob(8192, 4096, 4096)).cluster_n, 1);
@@ -229,23 +237,26 @@ TEST(Plan, RejectsImpossibleInput) {
   expect_error([&] { make_plan(s, prob(128, 4100, 64)); }, "N a multiple of 8");
   PlanOptions opt;
   opt.cluster_n = 3;
-  expect_error([&] { make_plan(s, prob(128, 4096, 64), {}, {}, opt); }, "cluster_n = 3");
+  expect_error([&] { make_plan(s, prob(128, 4096, 64), full_device(), {}, opt); }, "cluster_n = 3");
   opt = {};
   opt.tile_n = 100;
-  expect_error([&] { make_plan(s, prob(128, 4096, 64), {}, {}, opt); }, "tile_n = 100");
+  expect_error([&] { make_plan(s, prob(128, 4096, 64), full_device(), {}, opt); }, "tile_n = 100");
   opt = {};
   opt.tile_m = 96;
-  expect_error([&] { make_plan(s, prob(128, 4096, 64), {}, {}, opt); }, "tile_m = 96");
+  expect_error([&] { make_plan(s, prob(128, 4096, 64), full_device(), {}, opt); }, "tile_m = 96");
   opt = {};
   opt.strategy = RowStrategy::Stash;
-  expect_error([&] { make_plan(g, prob(128, 4096, 64), {}, {}, opt); }, "no reduction");
+  expect_error([&] { make_plan(g, prob(128, 4096, 64), full_device(), {}, opt); }, "no reduction");
   opt = {};
   opt.strategy = RowStrategy::OnChip;
   opt.cluster_n = 2;
-  expect_error([&] { make_plan(s, prob(128, 8192, 64), {}, {}, opt); }, "nothing fits");
+  expect_error([&] { make_plan(s, prob(128, 8192, 64), full_device(), {}, opt); }, "nothing fits");
   // Rows so long that even the global workspace of GlobalReread is beyond the limit.
-  expect_error([&] { make_plan(s, prob(4096, int64_t{1} << 24, 4096)); }, "workspace");
-  EXPECT_NO_THROW(make_plan(rms_norm(), prob(4096, 131072, 4096)));
+  expect_error([&] { make_plan(s, prob(4096, int64_t{1} << 24, 4096), full_device()); }, "workspace");
+  EXPECT_NO_THROW(make_plan(rms_norm(), prob(4096, 131072, 4096), full_device()));
+  // Today's device: a row longer than one cluster covers is refused, naming why.
+  expect_error([&] { make_plan(s, prob(4096, 8192, 4096)); }, "do not walk several N-tiles");
+  EXPECT_EQ(make_plan(s, prob(8192, 4096, 4096)).strategy, RowStrategy::OnChip);
   // A device with too little SMEM for two stages.
   DeviceModel tiny;
   tiny.smem_per_cta_bytes = 32 * 1024;
