@@ -102,7 +102,7 @@ std::string explain(const FusionSpec& s, const Plan& p) {
   else if (p.cluster_n == 1) red = "C_N = 1: rows reduce by warp shuffles, nothing crosses a CTA";
   else
     red = fmt::format("2 WGs x 2 phases x {} slots x {} rows x 4 B ({}), ONE buffer reused by all {} reduction(s)",
-                      p.cluster_n, p.tile_m,
+                      p.cluster_n, p.tile_m / p.wgs_per_tile,
                       p.aggregation == AggregationMode::LeaderFollower
                           ? "leader uses C_N slots, followers 1; every CTA reserves the leader's size"
                           : "peer-to-peer: one slot per peer",

@@ -397,7 +397,29 @@ Plan make_plan(const FusionSpec& s, const Problem& p, const DeviceModel& dev, co
     throw Error(fmt::format("plan: nothing fits for {} x {} x {} ({} reductions):{}", p.m, p.n, p.k,
                             chain.reductions, why));
   }
-  const Candidate& c = measured_why.empty() ? *pick(cands, tun.near_tie) : cands.front();
+  const Candidate* chosen = measured_why.empty() ? pick(cands, tun.near_tie) : &cands.front();
+
+  // Row reductions over a 16-CTA cluster with many row blocks: the cooperative 128x256 tile
+  // measured 1.64x cuBLAS against PingPong 64x256's 2.04x at M=8192, N=K=4096 (bench/NOTES.md,
+  // issue 4 run): the bigger tile's mainloop gain outweighs the unhidden epilogue. At M=256
+  // PingPong won (2.05x vs 2.58x), so only with enough row blocks to fill the clusters.
+  Candidate coop;
+  if (!forced && chain.reductions > 0 && chosen->strategy == RowStrategy::OnChip && chosen->cluster == 16 &&
+      p.m >= 1024 && chain.live_tile_values <= 1) {
+    coop = *chosen;
+    coop.tile_m = 128, coop.tile_n = 256, coop.wgs_per_tile = 2, coop.max_stages = kMaxStages;
+    coop.tiles_m = ceil_div(p.m, 128), coop.tiles_n = ceil_div(p.n, 256);
+    coop.jobs = coop.tiles_m;
+    coop.regs = 128 * 256 / (2 * kThreadsPerWG) + tun.reg_overhead;
+    coop.smem = {};
+    if (coop.tiles_n <= 16 && search.budget(coop)) {
+      search.estimate(coop);
+      chosen = &coop;
+      measured_why = "row reduction over a 16-CTA cluster at M >= 1024: cooperative 128x256 measured 1.64x cuBLAS vs "
+                     "2.04x for PingPong 64x256 (M=8192 N=K=4096, bench/NOTES.md)";
+    }
+  }
+  const Candidate& c = *chosen;
 
   // When an option was forced, say what the model alone would have picked.
   std::string unforced;
