@@ -88,6 +88,9 @@ template <> struct DType<cutlass::bfloat16_t> {
     return __bfloat162float(reinterpret_cast<__nv_bfloat16 const*>(p)[i]);
   }
   static COMFUSE_DEVICE float round(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+  // The two halves of pack2's word (a: low 16 bits).
+  static COMFUSE_DEVICE float unpack_lo(uint32_t w) { return __uint_as_float(w << 16); }
+  static COMFUSE_DEVICE float unpack_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
 };
 template <> struct DType<cutlass::half_t> {
   static COMFUSE_DEVICE uint32_t pack2(float a, float b) {
@@ -98,6 +101,8 @@ template <> struct DType<cutlass::half_t> {
     return __half2float(reinterpret_cast<__half const*>(p)[i]);
   }
   static COMFUSE_DEVICE float round(float x) { return __half2float(__float2half_rn(x)); }
+  static COMFUSE_DEVICE float unpack_lo(uint32_t w) { return __half2float(__ushort_as_half(uint16_t(w & 0xffffu))); }
+  static COMFUSE_DEVICE float unpack_hi(uint32_t w) { return __half2float(__ushort_as_half(uint16_t(w >> 16))); }
 };
 template <> struct DType<float> {
   static COMFUSE_DEVICE float load(void const* p, int i) { return reinterpret_cast<float const*>(p)[i]; }

@@ -32,7 +32,11 @@ bool gpu_available(std::string* why_not) {
   int count = 0;
   cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess || count == 0) {
-    if (why_not) *why_not = e != cudaSuccess ? cudaGetErrorString(e) : "no CUDA device";
+    if (why_not)
+      *why_not = e == cudaErrorInsufficientDriver || e == cudaErrorNoDevice
+                     ? fmt::format("no CUDA driver or GPU on this machine (cudaGetDeviceCount: {})", cudaGetErrorString(e))
+                 : e != cudaSuccess ? std::string(cudaGetErrorString(e))
+                                    : std::string("no CUDA device");
     cudaGetLastError();
     return false;
   }

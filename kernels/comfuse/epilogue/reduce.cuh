@@ -80,7 +80,9 @@ template <class Op, int Operand, class PostStage> struct Reduction {
   static constexpr bool kIsReduction = true;
   template <class Geo> struct Impl : NodeBase<Geo> {
     float a[Geo::MBlocks][2];
-    COMFUSE_DEVICE void begin(EpiCtx const&, NoStorage&) {
+    // Partials accumulate across the N-tiles of a job (Stash): reset on its first tile only.
+    COMFUSE_DEVICE void begin(EpiCtx const& c, NoStorage&) {
+      if (c.tile != 0) return;
       CUTE_UNROLL
       for (int mi = 0; mi < Geo::MBlocks; ++mi) a[mi][0] = a[mi][1] = Op::identity();
     }

@@ -35,17 +35,28 @@
 //    Col-class (per-row) or scalar K are captured into the Bypass node's [MBlocks][2]
 //    registers from the first fragment.
 //  * Geometry carries ClusterN and the aggregation mode (cluster::Aggregation).
+//  * Stash (Geometry::NTiles = T > 1, epilogue/stash.cuh): a job is T N-tiles of one row block
+//    (tile t at n0 + t * ClusterN * BN). The root stage runs its compute phase once per tile
+//    (run_tile, right after that tile's mainloop), its reduction partials accumulating across
+//    the tiles (Reduction::begin resets them on tile 0 only), and puts its kTileBypass value of
+//    tile t < T-1 into stash slot t (tile T-1: the accumulator registers, as with T == 1). After
+//    the last tile the reduce phase runs once (one cluster round per reduction, as with T == 1);
+//    every PostStage then streams over the T tiles (begin_phase per tile: its vectors are the
+//    tile's columns; tile 0's begin overlaps the DSMEM round), reading its bypassed tile value
+//    from slot t (or the registers) and writing its own kTileBypass value back in place.
 #pragma once
 #include "nodes.cuh"
 #include "reduce.cuh"
+#include "stash.cuh"
 #include "../cluster/dsmem.cuh"
 
 namespace comfuse::epi {
 
 // Tile geometry of one consumer warp group.
-template <int BM_, int BN_, int ClusterN_ = 1, cluster::Aggregation Agg_ = cluster::Aggregation::Auto>
+template <int BM_, int BN_, int ClusterN_ = 1, cluster::Aggregation Agg_ = cluster::Aggregation::Auto, int NTiles_ = 1>
 struct Geometry {
   static constexpr int BM = BM_, BN = BN_, ClusterN = ClusterN_;
+  static constexpr int NTiles = NTiles_;  // N-tiles of a job (Stash); 1: one tile, no stash
   static constexpr cluster::Aggregation Agg = cluster::resolve(Agg_, ClusterN_);
   static constexpr int MBlocks = BM / 64;   // m64 wgmma blocks
   static constexpr int SubTiles = BN / 64;  // 64-column store subtiles
@@ -222,10 +233,20 @@ template <class... Nodes> struct Stage {
       });
     }
 
-    // Compute phase over the whole tile (accum: the warp group's accumulator registers, on
-    // return holding kTileBypass's value for the PostStage), then the reduce phase + PostStage.
-    template <class FragC, class CS>
-    COMFUSE_DEVICE void body(EpiCtx const& c, TreeStorage& ts, FragC& accum, int bar_id, CS& chan, uint32_t& rnd) {
+    // Tile t of a job: the context of tile 0 moved by t * ClusterN * BN columns.
+    static COMFUSE_DEVICE EpiCtx tile_ctx(EpiCtx c, int t) {
+      c.n0 += t * Geo::ClusterN * Geo::BN;
+      c.tile = t;
+      return c;
+    }
+
+    // Compute phase over one tile c.tile (accum: the warp group's accumulator registers; the
+    // tile's input tile value comes from accum (root stage, or the job's last tile) or stash slot
+    // c.tile, and its kTileBypass value goes to the same place for the PostStage).
+    template <class FragC, class St>
+    COMFUSE_DEVICE void body(EpiCtx const& c, TreeStorage& ts, FragC& accum, int bar_id, St const& st) {
+      bool const in_regs = Geo::NTiles == 1 || c.tile == Geo::NTiles - 1;
+      constexpr bool kRoot = cute::is_same_v<Parent, NoParent>;
       CUTE_UNROLL
       for (int s = 0; s < Geo::SubTiles; ++s) {
         if constexpr (kHasStores) {
@@ -245,13 +266,22 @@ template <class... Nodes> struct Stage {
             fc.mi = mi;
             Frag acc;
             int const base = mi * (Geo::BN / 2) + 8 * (4 * s + j);
-            CUTE_UNROLL
-            for (int e = 0; e < kFrag; ++e) acc[e] = accum(base + e);
+            int const f = base / kFrag;  // the fragment's index in the stash
+            if (kRoot || in_regs) {
+              CUTE_UNROLL
+              for (int e = 0; e < kFrag; ++e) acc[e] = accum(base + e);
+            } else {
+              st.load(c.tile, f, acc);
+            }
             float vals[kNumNodes][kFrag];
             visit_all(c, fc, acc, vals);
             if constexpr (kTileBypass >= 0) {
-              CUTE_UNROLL
-              for (int e = 0; e < kFrag; ++e) accum(base + e) = vals[kTileBypass][e];
+              if (in_regs) {
+                CUTE_UNROLL
+                for (int e = 0; e < kFrag; ++e) accum(base + e) = vals[kTileBypass][e];
+              } else {
+                st.store(c.tile, f, vals[kTileBypass]);
+              }
             }
             if constexpr (kHasPost) {
               if (s == 0 && j == 0) capture_col_bypass(mi, vals);
@@ -269,18 +299,42 @@ template <class... Nodes> struct Stage {
           }
         }
       }
-      if constexpr (kEndsInReduction) reduce_phase(c, ts, accum, bar_id, chan, rnd);
     }
 
-    // The root's entry, once per tile.
-    template <class FragC> COMFUSE_DEVICE void run(EpiCtx const& c, SharedStorage& ss, FragC& accum, int bar_id) {
-      begin_phase(c, ss.tree, bar_id);
-      if constexpr (kClusterReduce) {
-        body(c, ss.tree, accum, bar_id, ss.chan, round);
-      } else {
-        detail::NoChannel::Storage none;
-        body(c, ss.tree, accum, bar_id, none, round);
+    // As a PostStage: stream over the job's tiles (c: tile 0, whose begin_phase the parent ran
+    // during its DSMEM round), then this stage's reduce phase.
+    template <class FragC, class CS, class St>
+    COMFUSE_DEVICE void stream(EpiCtx const& c, TreeStorage& ts, FragC& accum, int bar_id, CS& chan, uint32_t& rnd,
+                               St const& st) {
+      for (int t = 0; t < Geo::NTiles; ++t) {
+        EpiCtx const ct = tile_ctx(c, t);
+        if (t > 0) begin_phase(ct, ts, bar_id);
+        body(ct, ts, accum, bar_id, st);
       }
+      if constexpr (kEndsInReduction) reduce_phase(c, ts, accum, bar_id, chan, rnd, st);
+    }
+
+    // The root's entry, once per tile of a job (c: the job's tile 0, t: the tile), right after
+    // that tile's mainloop; after the last tile the reduce phase and the PostStages.
+    template <class FragC, class St = NoStash>
+    COMFUSE_DEVICE void run_tile(EpiCtx const& c, SharedStorage& ss, FragC& accum, int bar_id, int t, St const& st = St{}) {
+      EpiCtx const ct = tile_ctx(c, t);
+      begin_phase(ct, ss.tree, bar_id);
+      body(ct, ss.tree, accum, bar_id, st);
+      if constexpr (kEndsInReduction) {
+        if (t == Geo::NTiles - 1) {
+          if constexpr (kClusterReduce) {
+            reduce_phase(c, ss.tree, accum, bar_id, ss.chan, round, st);
+          } else {
+            detail::NoChannel::Storage none;
+            reduce_phase(c, ss.tree, accum, bar_id, none, round, st);
+          }
+        }
+      }
+    }
+    // One tile, no stash (NTiles == 1): today's entry.
+    template <class FragC> COMFUSE_DEVICE void run(EpiCtx const& c, SharedStorage& ss, FragC& accum, int bar_id) {
+      run_tile(c, ss, accum, bar_id, 0);
     }
 
    private:
@@ -315,8 +369,9 @@ template <class... Nodes> struct Stage {
     }
 
    private:
-    template <class FragC, class CS>
-    COMFUSE_DEVICE void reduce_phase(EpiCtx const& c, TreeStorage& ts, FragC& accum, int bar_id, CS& chan, uint32_t& rnd) {
+    template <class FragC, class CS, class St>
+    COMFUSE_DEVICE void reduce_phase(EpiCtx const& c, TreeStorage& ts, FragC& accum, int bar_id, CS& chan, uint32_t& rnd,
+                                     St const& st) {
       using Op = typename Last::ReduceOp;
       auto& red = cute::get<kNumNodes - 1>(impls);
       float v[Geo::MBlocks][2];
@@ -345,7 +400,7 @@ template <class... Nodes> struct Stage {
           CUTE_UNROLL
           for (int h = 0; h < 2; ++h) v[mi][h] = Op::finalize(v[mi][h], n);
         post.take_stat(v);
-        post.body(c, ts.post, accum, bar_id, chan, rnd);
+        post.stream(c, ts.post, accum, bar_id, chan, rnd, st);
       }
     }
   };
