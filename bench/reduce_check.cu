@@ -78,16 +78,23 @@ struct Variant {
   Epi epi;
   int max_clusters = 0;
   int max_reduce_n = 0;  // K::kMaxReduceN: the cluster must span the row
+  void* stash = nullptr;  // global stash workspace (ks.stash_bytes_per_cta > 0)
 };
 
-template <int BM, int BN, int S, int CN, int WG, class E, Aggregation Agg>
+// NT > 1: the Stash (NT N-tiles per job, stash type ST).
+template <int BM, int BN, int S, int CN, int WG, class E, Aggregation Agg, int NT = 1, class ST = bf16>
 Variant make_variant(Epi e) {
-  using K = comfuse::FusedGemmSm90<comfuse::MainloopSm90<bf16, true, BM, BN, S, CN, WG>, E, Agg>;
+  using K = comfuse::FusedGemmSm90<comfuse::MainloopSm90<bf16, true, BM, BN, S, CN, WG>, E, Agg, NT, ST>;
   Variant v;
   char buf[160];
   std::snprintf(buf, sizeof buf, "%s %s%dx%d s%d c%d %s", epi_name(e), WG == 2 ? "coop " : "pp ", BM, BN, S, CN,
                 K::Geo::Agg == Aggregation::PeerToPeer ? "p2p" : "leader");
   v.name = buf;
+  if (NT > 1)
+    v.name += " T" + std::to_string(NT) + (sizeof(ST) == 4 ? " f32" : " bf16") +
+              (K::kStashInSmem ? "-smem" : "-gmem") + " " + std::to_string(K::kSmemBytes / 1024) + "K";
+  v.ks.n_tiles = NT;
+  v.ks.stash_bytes_per_cta = K::kStashGlobalBytesPerCta;
   v.ks.BM = BM; v.ks.BN = BN; v.ks.wgs_per_tile = WG; v.ks.cluster_n = CN; v.ks.smem_bytes = K::kSmemBytes;
   v.func = reinterpret_cast<void const*>(&comfuse::fused_gemm_sm90<K>);
   v.epi = e;
@@ -200,6 +207,7 @@ static bool check(Variant& v, Problem& P, std::vector<int> rows, char const* tag
     return false;
   }
   if (!v.max_clusters) v.max_clusters = comfuse::host::prepare(v.func, v.ks);
+  if (v.ks.stash_bytes_per_cta > 0 && !v.stash) CK(cudaMalloc(&v.stash, comfuse::host::stash_workspace_bytes(v.ks, v.max_clusters)));
   int const nout = v.epi == Epi::Chain4 ? 2 : 1;
   for (int o = 0; o < 2; ++o) CK(cudaMemset(P.dout[o], 0xFF, (P.out_elems + 4096) * 2));
   comfuse::Params p{};
@@ -208,6 +216,7 @@ static bool check(Variant& v, Problem& P, std::vector<int> rows, char const* tag
   for (int o = 0; o < nout; ++o) comfuse::host::set_output(p, v.ks, o, DType::BF16, P.dout[o], P.N);
   p.vectors[0] = P.dbias; p.vectors[1] = P.dgamma; p.vectors[2] = P.dbeta;
   p.scalars[0] = P.alpha;
+  p.stash = v.stash;
   comfuse::host::launch(v.func, v.ks, p, 0, v.max_clusters);
   CK(cudaGetLastError());
   CK(cudaDeviceSynchronize());
@@ -358,6 +367,7 @@ static void run_timings(int& fails) {
 #endif
 }
 
+#ifndef RC_NO_MAIN
 int main(int argc, char** argv) {
   bool check_only = argc > 1 && std::string(argv[1]) == "--check-only";
   bool small_only = argc > 1 && std::string(argv[1]) == "--small";  // sanitizer run
@@ -367,3 +377,4 @@ int main(int argc, char** argv) {
   std::printf("%s: %d failure(s)\n", fails ? "FAILED" : "ALL PASS", fails);
   return fails ? 1 : 0;
 }
+#endif

@@ -23,11 +23,6 @@ struct EmittedKernel {
   std::string entry;   // extern "C" kernel symbol
   std::string source;  // the translation unit
   std::vector<ArgSlot> slots;
-  // Mirrors of the instantiated configuration, for the host side of the launch.
-  int tile_m = 0, tile_n = 0, stages = 0, cluster_n = 1, cluster_m = 1, wgs_per_tile = 1;
-  bool b_kmajor = true;
-  int raster_group = 8;  // tile scheduler (Params), from the plan
-  bool raster_along_n = false;
 };
 
 // Throws Error naming the node when the spec uses something the device templates

@@ -32,6 +32,9 @@ struct alignas(128) Params {
   // Epilogue runtime operands.
   void const* vectors[kMaxVectors];  // RowBroadcast: length N; ColBroadcast: length M
   float scalars[kMaxScalars];        // ScalarArg
+  // Stash in global memory (FusedGemmSm90::kStashGlobalBytesPerCta > 0): a workspace of
+  // grid CTAs x kStashGlobalBytesPerCta bytes, 16-byte aligned; else unused.
+  void* stash;
 };
 
 }  // namespace comfuse

@@ -101,15 +101,6 @@ EmittedKernel emit(const FusionSpec& s, const Plan& p) {
   EmittedKernel k;
   k.entry = "comfuse_fused_gemm";
   k.slots = assign_slots(s);
-  k.tile_m = p.tile_m;
-  k.tile_n = p.tile_n;
-  k.stages = p.stages;
-  k.cluster_n = p.cluster_n;
-  k.cluster_m = p.cluster_m;
-  k.wgs_per_tile = p.wgs_per_tile;
-  k.raster_group = p.raster_group;
-  k.raster_along_n = p.raster_along_n;
-  k.b_kmajor = s.b_layout == BLayout::NK;
   const RuntimeArg& a = s.args.at(static_cast<size_t>(s.arg_index(ArgRole::OperandA)));
 
   std::string slot_doc;
@@ -136,7 +127,7 @@ EmittedKernel emit(const FusionSpec& s, const Plan& p) {
       "\n"
       "COMFUSE_DEFINE_KERNEL({entry}, Kernel)\n",
       fmt::arg("name", s.name), fmt::arg("slots", slot_doc), fmt::arg("epilogue", emit_epilogue_type(s)),
-      fmt::arg("elem", emit_detail::cpp_type(a.dtype)), fmt::arg("kmajor", k.b_kmajor ? "true" : "false"),
+      fmt::arg("elem", emit_detail::cpp_type(a.dtype)), fmt::arg("kmajor", s.b_layout == BLayout::NK ? "true" : "false"),
       fmt::arg("bm", p.tile_m), fmt::arg("bn", p.tile_n), fmt::arg("stages", p.stages), fmt::arg("cn", p.cluster_n),
       fmt::arg("wgs", p.wgs_per_tile), fmt::arg("cm", p.cluster_m),
       fmt::arg("agg", p.aggregation == AggregationMode::LeaderFollower ? "LeaderFollower" : "PeerToPeer"),

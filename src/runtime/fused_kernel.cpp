@@ -99,12 +99,12 @@ FusedKernel FusedKernel::build(const FusionSpec& spec, const Problem& problem, c
              "finding the kernel's SMEM size");
   int smem = 0;
   cuda_check(cudaMemcpy(&smem, smem_sym, sizeof(int), cudaMemcpyDeviceToHost), "reading the kernel's SMEM size");
-  st->shape.BM = st->emitted.tile_m;
-  st->shape.BN = st->emitted.tile_n;
-  st->shape.cluster_n = st->emitted.cluster_n;
-  st->shape.cluster_m = st->emitted.cluster_m;
-  st->shape.wgs_per_tile = st->emitted.wgs_per_tile;
-  st->shape.b_kmajor = st->emitted.b_kmajor;
+  st->shape.BM = st->plan.tile_m;
+  st->shape.BN = st->plan.tile_n;
+  st->shape.cluster_n = st->plan.cluster_n;
+  st->shape.cluster_m = st->plan.cluster_m;
+  st->shape.wgs_per_tile = st->plan.wgs_per_tile;
+  st->shape.b_kmajor = spec.b_layout == BLayout::NK;
   st->shape.smem_bytes = smem;
   try {
     st->max_clusters = host::prepare(reinterpret_cast<const void*>(st->kernel), st->shape);
@@ -148,14 +148,14 @@ void FusedKernel::run(const RunArgs& args, Stream stream) const {
   if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX) throw Error("M, N and K must each fit in 32 bits");
   // A row reduction is finished inside one cluster: a longer row would silently reduce
   // per cluster (the kernel's kMaxReduceN).
-  const int64_t row_cover = int64_t{st.emitted.cluster_n} * st.emitted.tile_n;
+  const int64_t row_cover = int64_t{st.plan.cluster_n} * st.plan.tile_n * st.plan.n_tiles_per_cta;
   if (s.reduction_count() > 0 && N > row_cover)
-    throw Error(fmt::format("N = {} exceeds what this kernel's clusters cover for a row reduction ({} x {} = {}); "
-                            "build the kernel for this N", N, st.emitted.cluster_n, st.emitted.tile_n, row_cover));
+    throw Error(fmt::format("N = {} exceeds what this kernel's clusters cover for a row reduction ({} x {} x {} tiles = {}); "
+                            "build the kernel for this N", N, st.plan.cluster_n, st.plan.tile_n, st.plan.n_tiles_per_cta, row_cover));
 
   Params p{};
-  p.raster_group = st.emitted.raster_group;
-  p.raster_along_n = st.emitted.raster_along_n ? 1 : 0;
+  p.raster_group = st.plan.raster_group;
+  p.raster_along_n = st.plan.raster_along_n ? 1 : 0;
   try {
     host::set_operands(p, st.shape, host_dtype(ra.dtype), A.data, A.ld ? A.ld : K, B.data,
                        B.ld ? B.ld : B.shape[1], int(M), int(N), int(K));

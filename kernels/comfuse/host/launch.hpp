@@ -34,6 +34,8 @@ struct KernelShape {
   int wgs_per_tile = 1;  // 1: PingPong, 2: Cooperative (Mainloop::WGsPerTile)
   int smem_bytes = 0;    // Kernel::kSmemBytes (or the JIT module's <name>_smem_bytes)
   int cluster_m = 1;     // Mainloop::ClusterM: clusters along M sharing B (only with cluster_n == 1)
+  int n_tiles = 1;       // Kernel::NTiles: N-tiles per job (Stash)
+  int stash_bytes_per_cta = 0;  // Kernel::kStashGlobalBytesPerCta: global stash workspace per CTA
   int a_slices() const { return cluster_n < BM / 8 ? cluster_n : BM / 8; }
   int b_slices() const { return cluster_m < BN / 8 ? cluster_m : BN / 8; }
   int epi_rows() const { return BM / wgs_per_tile; }  // rows of one output TMA box
@@ -120,11 +122,17 @@ struct LaunchShape {
 // (clusters * cluster_m, 1), cluster (cluster_m, 1).
 inline LaunchShape launch_shape(KernelShape const& ks, Params const& p, int max_active_clusters) {
   auto cdiv = [](int a, int b) { return (a + b - 1) / b; };
-  int tiles = cdiv(cdiv(p.M, ks.BM), ks.cluster_m) * cdiv(cdiv(p.N, ks.BN), ks.cluster_n);
+  int tiles = cdiv(cdiv(p.M, ks.BM), ks.cluster_m) * cdiv(cdiv(p.N, ks.BN), ks.cluster_n * ks.n_tiles);
   int clusters = tiles < max_active_clusters ? tiles : max_active_clusters;
   if (clusters < 1) clusters = 1;
   return {dim3(clusters * ks.cluster_m, ks.cluster_n, 1), dim3(384, 1, 1), dim3(ks.cluster_m, ks.cluster_n, 1),
           ks.smem_bytes};
+}
+
+// Bytes of the global stash workspace (Params::stash) a launch needs (0: none): at most
+// max_active_clusters * cluster size CTAs.
+inline size_t stash_workspace_bytes(KernelShape const& ks, int max_active_clusters) {
+  return size_t(ks.stash_bytes_per_cta) * size_t(max_active_clusters) * size_t(ks.cluster_m * ks.cluster_n);
 }
 
 inline void check(cudaError_t e, char const* what) {
@@ -162,6 +170,9 @@ inline int prepare(void const* func, KernelShape const& ks) {
 
 inline void launch(void const* func, KernelShape const& ks, Params const& p, cudaStream_t stream, int max_clusters) {
   LaunchShape ls = launch_shape(ks, p, max_clusters);
+  if (ks.stash_bytes_per_cta > 0 && (!p.stash || reinterpret_cast<uintptr_t>(p.stash) % 16))
+    throw Error("comfuse: this kernel keeps its Stash in global memory: Params::stash must point to a 16-byte aligned "
+                "workspace of stash_workspace_bytes() bytes");
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = ls.cluster.x;

@@ -17,6 +17,23 @@
 // Persistent over tiles (scheduler/tile_scheduler.cuh), clusters of 1 x ClusterN CTAs
 // along N sharing the A tile through TMA multicast.
 //
+// Stash (NTiles = T > 1, epilogue/stash.cuh): a job of a CTA is T N-tiles of one row block
+//   (column blocks n, n + C_N, ..., n + (T-1) C_N: every CTA of the cluster walks the same
+//   jobs); a row reduction then covers N <= C_N * BN * T with small clusters. Per job: for each
+//   tile, its mainloop, then the root stage's compute phase (partials accumulate over the
+//   tiles; the tile-shaped bypass value of tiles 0..T-2 goes into the warp group's stash slots,
+//   the last tile's stays in the accumulators); after the last tile the reduce phase and every
+//   PostStage stream over the T tiles (stage.cuh). PingPong hands the tensor cores over PER
+//   JOB: a consumer keeps its MmaTurn for its T mainloops (with its cheap root compute phases in
+//   between) and passes it on after issuing its last tile's wgmmas, so that the long part (the
+//   PostStages over T tiles plus the cluster rounds) runs under the other consumer's T
+//   mainloops. (Per-tile hand-over would stall the other consumer's next tile behind this
+//   consumer's whole multi-tile epilogue.) StashT: float or bf16 (rounds the bypassed value).
+//   Stash bytes per consumer WG: (T-1) * kEpiRows * BN * sizeof(StashT); in SMEM beside the
+//   ring when it fits (StashSpace Auto/Smem), else in a global workspace (Params::stash,
+//   kStashGlobalBytesPerCta per CTA, CTA index blockIdx.x * gridDim.y + blockIdx.y), which the
+//   L2 mostly holds; the layout is thread-private either way (no barriers).
+//
 // Generated code instantiates comfuse::fused_gemm_sm90<FusedGemmSm90<Mainloop, Epi>>
 // (or wraps it in an extern "C" entry) and launches grid (clusters * ClusterM, ClusterN, 1),
 // cluster (ClusterM, ClusterN, 1), kThreads threads, kSmemBytes dynamic SMEM
@@ -31,21 +48,25 @@
 namespace comfuse {
 
 // Agg: how row reductions of Epi aggregate across the cluster (issue 4, cluster/dsmem.cuh).
-template <class Mainloop_, class Epi_, cluster::Aggregation Agg = cluster::Aggregation::Auto>
+template <class Mainloop_, class Epi_, cluster::Aggregation Agg = cluster::Aggregation::Auto, int NTiles_ = 1,
+          class StashT = cutlass::bfloat16_t, epi::StashSpace Space = epi::StashSpace::Auto>
 struct FusedGemmSm90 {
   using Mainloop = Mainloop_;
   using Epi = Epi_;
   static constexpr int BM = Mainloop::BM, BN = Mainloop::BN, ClusterN = Mainloop::ClusterN;
   static constexpr bool kPingPong = Mainloop::WGsPerTile == 1;
   static constexpr int kEpiRows = BM / Mainloop::WGsPerTile;  // rows of a consumer's epilogue
-  using Geo = epi::Geometry<kEpiRows, BN, ClusterN, Agg>;
+  static constexpr int NTiles = NTiles_;
+  static_assert(NTiles >= 1 && NTiles <= 64, "NTiles: N-tiles per job, 1..64");
+  using Geo = epi::Geometry<kEpiRows, BN, ClusterN, Agg, NTiles>;
   using EpiExec = typename Epi::template Exec<Geo>;
   static constexpr int ClusterM = Mainloop::ClusterM;  // clusters along M (B multicast), default 1
-  using Scheduler = TileScheduler<BM, BN, ClusterN, ClusterM>;
+  using Scheduler = TileScheduler<BM, BN, ClusterN, ClusterM, NTiles>;
   static_assert(!EpiExec::kClusterReduce || ClusterM == 1, "row reductions over the cluster need ClusterM == 1");
-  // Row reductions cover a row only when the cluster spans it (no multi-tile Stash yet): the
-  // host must reject N > kMaxReduceN (the results would be per-cluster partial rows).
-  static constexpr int kMaxReduceN = Epi::kEndsInReduction ? ClusterN * BN : 0x7fffffff;
+  // Row reductions cover a row only when one cluster's job spans it: the host must reject
+  // N > kMaxReduceN (the results would be partial rows).
+  static constexpr int kMaxReduceN = Epi::kEndsInReduction ? ClusterN * BN * NTiles : 0x7fffffff;
+  using Stash = cute::conditional_t<(NTiles > 1), epi::Stash<StashT, kEpiRows, BN, NTiles - 1>, epi::NoStash>;
   using Pipeline = typename Mainloop::Pipeline;
   using PipelineState = typename Mainloop::PipelineState;
 
@@ -54,14 +75,30 @@ struct FusedGemmSm90 {
   static constexpr int kConsumerRegs = 232;  // 40*128 + 232*256 <= 64K registers
   static_assert(kEpiRows * BN / kWarpGroupThreads <= 128, "accumulators of one warp group must leave room");
 
-  struct SharedStorage {
+  struct SharedBase {
     typename Mainloop::SharedStorage mainloop;              // the ring, 1024-aligned
     typename EpiExec::SharedStorage epi[2];                 // one per consumer WG
     typename Pipeline::SharedStorage pipe;                  // full/empty mbarriers
   };
+  static constexpr int kSmemLimit = 227 * 1024;
   // + 1024: the dynamic SMEM base is aligned up to 1024 bytes in-kernel (128B swizzle).
+  static constexpr int kSmemNoStash = int(sizeof(SharedBase)) + 1024;
+  static constexpr int kStashBytesPerWG = Stash::kBytes;
+  static constexpr bool kStashInSmem =
+      kStashBytesPerWG > 0 && (Space == epi::StashSpace::Smem ||
+                               (Space == epi::StashSpace::Auto && kSmemNoStash + 2 * kStashBytesPerWG <= kSmemLimit));
+  static_assert(Space != epi::StashSpace::Smem || kSmemNoStash + 2 * kStashBytesPerWG <= kSmemLimit,
+                "ComFuse Stash: 2 WGs x (NTiles-1) x rows x BN x sizeof(StashT) does not fit in SMEM beside the "
+                "mainloop ring: fewer Stages, smaller BN, a bf16 stash, more CTAs per cluster (fewer NTiles), or "
+                "StashSpace::Global");
+  struct SharedStash : SharedBase {
+    alignas(128) unsigned char stash[2][kStashBytesPerWG > 0 ? kStashBytesPerWG : 16];
+  };
+  using SharedStorage = cute::conditional_t<kStashInSmem, SharedStash, SharedBase>;
   static constexpr int kSmemBytes = int(sizeof(SharedStorage)) + 1024;
-  static_assert(kSmemBytes <= 227 * 1024, "SMEM over the sm_90 per-block limit: fewer stages");
+  static_assert(kSmemBytes <= kSmemLimit, "SMEM over the sm_90 per-block limit: fewer stages");
+  // Global stash: bytes of Params::stash per CTA (0: none needed).
+  static constexpr int kStashGlobalBytesPerCta = (kStashBytesPerWG > 0 && !kStashInSmem) ? 2 * kStashBytesPerWG : 0;
 
   static COMFUSE_DEVICE void run(Params const& p, char* smem_raw) {
     uintptr_t base = (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023);
@@ -99,7 +136,8 @@ struct FusedGemmSm90 {
         for (int k = 0;; ++k) {
           TileCoord tc = sched.tile(k);
           if (!tc.valid) break;
-          Mainloop::load(p, pipeline, state, ss.mainloop, tc.m_block, tc.n_block, sched.rank);
+          for (int nt = 0; nt < NTiles; ++nt)
+            Mainloop::load(p, pipeline, state, ss.mainloop, tc.m_block, tc.n_block + nt * ClusterN, sched.rank);
         }
         pipeline.producer_tail(state);  // no exit while peers may still signal our barriers
       }
@@ -109,9 +147,17 @@ struct FusedGemmSm90 {
       PipelineState read_state, release_state;
       EpiExec epi;
       typename Mainloop::FragC accum;
+      Stash stash;
+      if constexpr (kStashInSmem) {
+        stash.bind(reinterpret_cast<SharedStash&>(ss).stash[cw], t);
+      } else if constexpr (kStashGlobalBytesPerCta > 0) {
+        size_t const cta = size_t(blockIdx.x) * gridDim.y + blockIdx.y;
+        stash.bind(static_cast<char*>(p.stash) + (cta * 2 + cw) * size_t(kStashBytesPerWG), t);
+      }
+      int const job_kt = NTiles * kt;  // k-blocks of one job
       if constexpr (kPingPong) {
         if (cw == 1) {
-          read_state.advance(kt);  // the first k-blocks belong to consumer 0's first tile
+          read_state.advance(job_kt);  // the first k-blocks belong to consumer 0's first job
           release_state = read_state;
           named_arrive(barrier_id(NamedBarrier::MmaTurnWG0), 2 * kWarpGroupThreads);
         }
@@ -119,20 +165,25 @@ struct FusedGemmSm90 {
       for (int k = kPingPong ? cw : 0;; k += kPingPong ? 2 : 1) {
         TileCoord tc = sched.tile(k);
         if (!tc.valid) break;
-        if constexpr (kPingPong) {
-          named_sync(barrier_id(NamedBarrier::MmaTurnWG0, cw), 2 * kWarpGroupThreads);
-          Mainloop::mma(pipeline, read_state, release_state, ss.mainloop, accum, kt, t);
-          named_arrive(barrier_id(NamedBarrier::MmaTurnWG0, 1 - cw), 2 * kWarpGroupThreads);
-          Mainloop::mma_tail(pipeline, release_state, accum, kt);
-          read_state.advance(kt);  // skip the other consumer's tile
-          release_state = read_state;
-        } else {
-          Mainloop::mma(pipeline, read_state, release_state, ss.mainloop, accum, kt, threadIdx.x - kWarpGroupThreads);
-          Mainloop::mma_tail(pipeline, release_state, accum, kt);
-        }
         int const m0 = tc.m_block * BM + (kPingPong ? 0 : cw * kEpiRows);
-        epi::EpiCtx ctx{&p, m0, tc.n_block * BN, t, t / 32, t % 32};
-        epi.run(ctx, ss.epi[cw], accum, barrier_id(NamedBarrier::EpilogueWG0, cw));
+        epi::EpiCtx ctx{&p, m0, tc.n_block * BN, t, t / 32, t % 32};  // the job's tile 0
+        if constexpr (kPingPong) named_sync(barrier_id(NamedBarrier::MmaTurnWG0, cw), 2 * kWarpGroupThreads);
+        for (int nt = 0; nt < NTiles; ++nt) {
+          if constexpr (kPingPong) {
+            Mainloop::mma(pipeline, read_state, release_state, ss.mainloop, accum, kt, t);
+            // The turn goes to the other consumer once per job, after its last tile's wgmmas.
+            if (nt == NTiles - 1) named_arrive(barrier_id(NamedBarrier::MmaTurnWG0, 1 - cw), 2 * kWarpGroupThreads);
+            Mainloop::mma_tail(pipeline, release_state, accum, kt);
+          } else {
+            Mainloop::mma(pipeline, read_state, release_state, ss.mainloop, accum, kt, threadIdx.x - kWarpGroupThreads);
+            Mainloop::mma_tail(pipeline, release_state, accum, kt);
+          }
+          epi.run_tile(ctx, ss.epi[cw], accum, barrier_id(NamedBarrier::EpilogueWG0, cw), nt, stash);
+        }
+        if constexpr (kPingPong) {
+          read_state.advance(job_kt);  // skip the other consumer's job
+          release_state = read_state;
+        }
       }
       if (t == 0) tma_store_wait_all<0>();
     }

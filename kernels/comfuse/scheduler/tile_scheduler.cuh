@@ -19,6 +19,11 @@
 // ClusterM adjacent BM-row blocks times one BN-column block (the CTAs share B: multicast);
 // CTA rank r (blockIdx.x % ClusterM) takes row block ct.m * ClusterM + r. Row blocks past M
 // still run, as above (their B slice feeds the peers).
+// NTiles > 1 (the Stash, kernel/fused_gemm_sm90.cuh): a cluster tile ("job") spans
+// ClusterN * NTiles column blocks; tile(k) gives the job's first column block of this CTA,
+// ct.n * ClusterN * NTiles + rank, and the CTA's tile t of the job is that + t * ClusterN
+// (interleaved: at every tile the cluster covers ClusterN adjacent column blocks). All CTAs of
+// a cluster see the same jobs; PingPong consumer k % 2 takes job k.
 #pragma once
 #include "../common.cuh"
 #include "../params.cuh"
@@ -31,7 +36,7 @@ struct TileCoord {
   bool valid;
 };
 
-template <int BM, int BN, int ClusterN, int ClusterM = 1>
+template <int BM, int BN, int ClusterN, int ClusterM = 1, int NTiles = 1>
 struct TileScheduler {
   int tiles_m, cl_tiles_n, num_cluster_tiles;  // tiles_m: in cluster tiles (ClusterM row blocks)
   int group, along_n;
@@ -41,12 +46,12 @@ struct TileScheduler {
 
   // Host and device: how many cluster tiles a problem has (host sizes the grid with it).
   static constexpr int cluster_tiles(int M, int N) {
-    return ceil_div(ceil_div(M, BM), ClusterM) * ceil_div(ceil_div(N, BN), ClusterN);
+    return ceil_div(ceil_div(M, BM), ClusterM) * ceil_div(ceil_div(N, BN), ClusterN * NTiles);
   }
 
   COMFUSE_DEVICE explicit TileScheduler(Params const& p) {
     tiles_m = ceil_div(ceil_div(p.M, BM), ClusterM);
-    cl_tiles_n = ceil_div(ceil_div(p.N, BN), ClusterN);
+    cl_tiles_n = ceil_div(ceil_div(p.N, BN), ClusterN * NTiles);
     num_cluster_tiles = tiles_m * cl_tiles_n;
     group = p.raster_group > 0 ? p.raster_group : 1;
     along_n = p.raster_along_n;
@@ -71,7 +76,7 @@ struct TileScheduler {
     int b = r / in_band;                 // along the other axis
     int m = along_n ? b : a;
     int ncl = along_n ? a : b;
-    return {m * ClusterM + rank_m, ncl * ClusterN + rank, true};
+    return {m * ClusterM + rank_m, ncl * ClusterN * NTiles + rank, true};
   }
 };
 
