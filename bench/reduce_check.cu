@@ -79,6 +79,7 @@ struct Variant {
   int max_clusters = 0;
   int max_reduce_n = 0;  // K::kMaxReduceN: the cluster must span the row
   void* stash = nullptr;  // global stash workspace (ks.stash_bytes_per_cta > 0)
+  int round_below = 0;    // bf16 stash: columns < this (tiles 0..T-2) pass the stash rounded to bf16
 };
 
 // NT > 1: the Stash (NT N-tiles per job, stash type ST).
@@ -94,6 +95,7 @@ Variant make_variant(Epi e) {
     v.name += " T" + std::to_string(NT) + (sizeof(ST) == 4 ? " f32" : " bf16") +
               (K::kStashInSmem ? "-smem" : "-gmem") + " " + std::to_string(K::kSmemBytes / 1024) + "K";
   v.ks.n_tiles = NT;
+  if (NT > 1 && sizeof(ST) == 2) v.round_below = (NT - 1) * CN * BN;
   v.ks.stash_bytes_per_cta = K::kStashGlobalBytesPerCta;
   v.ks.BM = BM; v.ks.BN = BN; v.ks.wgs_per_tile = WG; v.ks.cluster_n = CN; v.ks.smem_bytes = K::kSmemBytes;
   v.func = reinterpret_cast<void const*>(&comfuse::fused_gemm_sm90<K>);
@@ -150,9 +152,13 @@ static void free_problem(Problem& P) {
   for (void* p : {P.dA, P.dB, P.dbias, P.dgamma, P.dbeta, P.dout[0], P.dout[1]}) cudaFree(p);
 }
 
-// fp64 reference of one row: outputs (1 or 2 rows of N).
-static void ref_row(Problem const& P, Epi e, int m, std::vector<double>& o0, std::vector<double>& o1) {
+// fp64 reference of one row: outputs (1 or 2 rows of N). round_below: a bf16 Stash rounds the
+// tile value each stage bypasses to the next (after the stage's reduction read it in fp32) in
+// columns < round_below (the job's tiles 0..T-2; the last tile stays in fp32 registers).
+static void ref_row(Problem const& P, Epi e, int m, std::vector<double>& o0, std::vector<double>& o1,
+                    int round_below = 0) {
   int const N = P.N, K = P.K;
+  auto R = [&](int n, double v) { return n < round_below ? double(bf(float(v))) : v; };
   std::vector<double> x(N);
   for (int n = 0; n < N; ++n) {
     double acc = 0;
@@ -169,25 +175,25 @@ static void ref_row(Problem const& P, Epi e, int m, std::vector<double>& o0, std
     double mean = 0, var = 0;
     for (double v : x) mean += v;
     mean /= N;
-    for (double v : x) var += (v - mean) * (v - mean);
+    for (int n = 0; n < N; ++n) var += (R(n, x[n]) - mean) * (R(n, x[n]) - mean);
     var /= N;
-    for (int n = 0; n < N; ++n) o0[n] = (x[n] - mean) / std::sqrt(var + eps) * P.gamma[n] + P.beta[n];
+    for (int n = 0; n < N; ++n) o0[n] = R(n, R(n, x[n]) - mean) / std::sqrt(var + eps) * P.gamma[n] + P.beta[n];
   } else if (e == Epi::RmsNorm) {
     double ms = 0;
     for (double v : x) ms += v * v;
     ms /= N;
-    for (int n = 0; n < N; ++n) o0[n] = x[n] / std::sqrt(ms + eps) * P.gamma[n];
+    for (int n = 0; n < N; ++n) o0[n] = R(n, x[n]) / std::sqrt(ms + eps) * P.gamma[n];
   } else {
     double mx = -INFINITY, s = 0;
     for (double v : x) mx = std::max(mx, v);
-    for (int n = 0; n < N; ++n) s += (o0[n] = std::exp(x[n] - mx));
-    for (auto& v : o0) v /= s;
+    for (int n = 0; n < N; ++n) s += (o0[n] = std::exp(R(n, x[n]) - mx));
+    for (int n = 0; n < N; ++n) o0[n] = R(n, o0[n]) / s;
     if (e == Epi::Chain4) {
       double mu = 0, mn = INFINITY;
       for (double v : o0) mu += v;
       mu /= N;
-      for (double v : o0) mn = std::min(mn, v - mu);
-      for (int n = 0; n < N; ++n) o1[n] = (o0[n] - mu - mn) / mu;
+      for (int n = 0; n < N; ++n) mn = std::min(mn, R(n, o0[n]) - mu);
+      for (int n = 0; n < N; ++n) o1[n] = (R(n, R(n, o0[n]) - mu) - mn) / mu;
     }
   }
 }
@@ -233,7 +239,7 @@ static bool check(Variant& v, Problem& P, std::vector<int> rows, char const* tag
     for (long ri = 0; ri < long(rows.size()); ++ri) {
       int m = rows[ri];
       std::vector<double> r0, r1;
-      ref_row(P, v.epi, m, r0, r1);
+      ref_row(P, v.epi, m, r0, r1, v.round_below);
       std::vector<double> const& r = o ? r1 : r0;
       double rmax = 0;
       for (double x : r) rmax = std::max(rmax, std::fabs(x));

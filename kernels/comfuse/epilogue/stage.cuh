@@ -241,11 +241,13 @@ template <class... Nodes> struct Stage {
     }
 
     // Compute phase over one tile c.tile (accum: the warp group's accumulator registers; the
-    // tile's input tile value comes from accum (root stage, or the job's last tile) or stash slot
-    // c.tile, and its kTileBypass value goes to the same place for the PostStage).
-    template <class FragC, class St>
+    // tile's input tile value comes from accum (root stage, or kInRegs: the job's last tile) or
+    // stash slot c.tile, and its kTileBypass value goes to the same place for the PostStage).
+    // kInRegs is a template argument, not a runtime test: a runtime choice per fragment made
+    // ptxas spill (~1.2 KB: both paths' values live at once).
+    template <bool kInRegs, class FragC, class St>
     COMFUSE_DEVICE void body(EpiCtx const& c, TreeStorage& ts, FragC& accum, int bar_id, St const& st) {
-      bool const in_regs = Geo::NTiles == 1 || c.tile == Geo::NTiles - 1;
+      constexpr bool in_regs = kInRegs;
       constexpr bool kRoot = cute::is_same_v<Parent, NoParent>;
       CUTE_UNROLL
       for (int s = 0; s < Geo::SubTiles; ++s) {
@@ -267,7 +269,7 @@ template <class... Nodes> struct Stage {
             Frag acc;
             int const base = mi * (Geo::BN / 2) + 8 * (4 * s + j);
             int const f = base / kFrag;  // the fragment's index in the stash
-            if (kRoot || in_regs) {
+            if constexpr (kRoot || in_regs) {
               CUTE_UNROLL
               for (int e = 0; e < kFrag; ++e) acc[e] = accum(base + e);
             } else {
@@ -276,7 +278,7 @@ template <class... Nodes> struct Stage {
             float vals[kNumNodes][kFrag];
             visit_all(c, fc, acc, vals);
             if constexpr (kTileBypass >= 0) {
-              if (in_regs) {
+              if constexpr (in_regs) {
                 CUTE_UNROLL
                 for (int e = 0; e < kFrag; ++e) accum(base + e) = vals[kTileBypass][e];
               } else {
@@ -306,10 +308,15 @@ template <class... Nodes> struct Stage {
     template <class FragC, class CS, class St>
     COMFUSE_DEVICE void stream(EpiCtx const& c, TreeStorage& ts, FragC& accum, int bar_id, CS& chan, uint32_t& rnd,
                                St const& st) {
-      for (int t = 0; t < Geo::NTiles; ++t) {
+      for (int t = 0; t < Geo::NTiles - 1; ++t) {  // tiles 0..T-2: stash slot t
         EpiCtx const ct = tile_ctx(c, t);
         if (t > 0) begin_phase(ct, ts, bar_id);
-        body(ct, ts, accum, bar_id, st);
+        body<false>(ct, ts, accum, bar_id, st);
+      }
+      {  // the last tile: the accumulator registers
+        EpiCtx const ct = tile_ctx(c, Geo::NTiles - 1);
+        if constexpr (Geo::NTiles > 1) begin_phase(ct, ts, bar_id);
+        body<true>(ct, ts, accum, bar_id, st);
       }
       if constexpr (kEndsInReduction) reduce_phase(c, ts, accum, bar_id, chan, rnd, st);
     }
@@ -320,7 +327,8 @@ template <class... Nodes> struct Stage {
     COMFUSE_DEVICE void run_tile(EpiCtx const& c, SharedStorage& ss, FragC& accum, int bar_id, int t, St const& st = St{}) {
       EpiCtx const ct = tile_ctx(c, t);
       begin_phase(ct, ss.tree, bar_id);
-      body(ct, ss.tree, accum, bar_id, st);
+      if (Geo::NTiles == 1 || t == Geo::NTiles - 1) body<true>(ct, ss.tree, accum, bar_id, st);
+      else body<false>(ct, ss.tree, accum, bar_id, st);
       if constexpr (kEndsInReduction) {
         if (t == Geo::NTiles - 1) {
           if constexpr (kClusterReduce) {

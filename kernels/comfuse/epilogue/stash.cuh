@@ -22,7 +22,9 @@ namespace comfuse::epi {
 
 enum class StashSpace : int { Auto = 0, Smem = 1, Global = 2 };
 
-template <class T, int Rows, int BN, int Slots> struct Stash {
+// kSmem: the region is SMEM, accessed with ld/st.shared.v4 (a generic pointer to SMEM compiled
+// to generic LD/ST.E.128); else global memory (LDG/STG.128).
+template <class T, int Rows, int BN, int Slots, bool kSmem> struct Stash {
   static_assert(sizeof(T) == 4 || sizeof(T) == 2, "stash type: float, bf16 or f16");
   static constexpr int kFrags = Rows * BN / (kWarpGroupThreads * kFrag);
   static constexpr int kChunks = kFrag * int(sizeof(T)) / 16;
@@ -38,27 +40,45 @@ template <class T, int Rows, int BN, int Slots> struct Stash {
   COMFUSE_DEVICE uint4* chunk(int slot, int f, int h) const {
     return reinterpret_cast<uint4*>(base + size_t(slot) * kSlotBytes + size_t((f * kChunks + h) * kWarpGroupThreads) * 16);
   }
+  COMFUSE_DEVICE void put(int slot, int f, int h, uint4 u) const {
+    if constexpr (kSmem) {
+      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_u32(chunk(slot, f, h))), "r"(u.x), "r"(u.y),
+                   "r"(u.z), "r"(u.w) : "memory");
+    } else {
+      *chunk(slot, f, h) = u;
+    }
+  }
+  COMFUSE_DEVICE uint4 get(int slot, int f, int h) const {
+    uint4 u;
+    if constexpr (kSmem) {
+      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n" : "=r"(u.x), "=r"(u.y), "=r"(u.z), "=r"(u.w)
+                   : "r"(smem_u32(chunk(slot, f, h))) : "memory");
+    } else {
+      u = *chunk(slot, f, h);
+    }
+    return u;
+  }
   COMFUSE_DEVICE void store(int slot, int f, Frag const& v) const {
     if constexpr (sizeof(T) == 4) {
       CUTE_UNROLL
       for (int h = 0; h < kChunks; ++h)
-        *chunk(slot, f, h) = make_uint4(__float_as_uint(v[4 * h]), __float_as_uint(v[4 * h + 1]),
-                                        __float_as_uint(v[4 * h + 2]), __float_as_uint(v[4 * h + 3]));
+        put(slot, f, h, make_uint4(__float_as_uint(v[4 * h]), __float_as_uint(v[4 * h + 1]),
+                                        __float_as_uint(v[4 * h + 2]), __float_as_uint(v[4 * h + 3])));
     } else {
-      *chunk(slot, f, 0) = make_uint4(DType<T>::pack2(v[0], v[1]), DType<T>::pack2(v[2], v[3]),
-                                      DType<T>::pack2(v[4], v[5]), DType<T>::pack2(v[6], v[7]));
+      put(slot, f, 0, make_uint4(DType<T>::pack2(v[0], v[1]), DType<T>::pack2(v[2], v[3]),
+                                 DType<T>::pack2(v[4], v[5]), DType<T>::pack2(v[6], v[7])));
     }
   }
   COMFUSE_DEVICE void load(int slot, int f, Frag& v) const {
     if constexpr (sizeof(T) == 4) {
       CUTE_UNROLL
       for (int h = 0; h < kChunks; ++h) {
-        uint4 u = *chunk(slot, f, h);
+        uint4 u = get(slot, f, h);
         v[4 * h] = __uint_as_float(u.x); v[4 * h + 1] = __uint_as_float(u.y);
         v[4 * h + 2] = __uint_as_float(u.z); v[4 * h + 3] = __uint_as_float(u.w);
       }
     } else {
-      uint4 u = *chunk(slot, f, 0);
+      uint4 u = get(slot, f, 0);
       uint32_t const w[4] = {u.x, u.y, u.z, u.w};
       CUTE_UNROLL
       for (int q = 0; q < 4; ++q) {

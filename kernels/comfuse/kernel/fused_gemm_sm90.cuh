@@ -66,7 +66,7 @@ struct FusedGemmSm90 {
   // Row reductions cover a row only when one cluster's job spans it: the host must reject
   // N > kMaxReduceN (the results would be partial rows).
   static constexpr int kMaxReduceN = Epi::kEndsInReduction ? ClusterN * BN * NTiles : 0x7fffffff;
-  using Stash = cute::conditional_t<(NTiles > 1), epi::Stash<StashT, kEpiRows, BN, NTiles - 1>, epi::NoStash>;
+  using StashSmem = epi::Stash<StashT, kEpiRows, BN, NTiles - 1, true>;  // layout; the space is chosen below
   using Pipeline = typename Mainloop::Pipeline;
   using PipelineState = typename Mainloop::PipelineState;
 
@@ -83,7 +83,7 @@ struct FusedGemmSm90 {
   static constexpr int kSmemLimit = 227 * 1024;
   // + 1024: the dynamic SMEM base is aligned up to 1024 bytes in-kernel (128B swizzle).
   static constexpr int kSmemNoStash = int(sizeof(SharedBase)) + 1024;
-  static constexpr int kStashBytesPerWG = Stash::kBytes;
+  static constexpr int kStashBytesPerWG = NTiles > 1 ? StashSmem::kBytes : 0;
   static constexpr bool kStashInSmem =
       kStashBytesPerWG > 0 && (Space == epi::StashSpace::Smem ||
                                (Space == epi::StashSpace::Auto && kSmemNoStash + 2 * kStashBytesPerWG <= kSmemLimit));
@@ -95,6 +95,7 @@ struct FusedGemmSm90 {
     alignas(128) unsigned char stash[2][kStashBytesPerWG > 0 ? kStashBytesPerWG : 16];
   };
   using SharedStorage = cute::conditional_t<kStashInSmem, SharedStash, SharedBase>;
+  using Stash = cute::conditional_t<(NTiles > 1), epi::Stash<StashT, kEpiRows, BN, NTiles - 1, kStashInSmem>, epi::NoStash>;
   static constexpr int kSmemBytes = int(sizeof(SharedStorage)) + 1024;
   static_assert(kSmemBytes <= kSmemLimit, "SMEM over the sm_90 per-block limit: fewer stages");
   // Global stash: bytes of Params::stash per CTA (0: none needed).
