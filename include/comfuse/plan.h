@@ -47,9 +47,9 @@ struct DeviceModel {
   // (bench/dsmem_allreduce.cu on the H200, bench/NOTES.md); C_N = 1 is quad shuffles only.
   std::map<int, double> cluster_allreduce_us = {{1, 0.05}, {2, 0.18}, {4, 0.27}, {8, 0.39}, {16, 0.61}};
   // Whether the device templates walk several N-tiles per CTA for a row reduction (the
-  // Stash and GlobalReread strategies). Not built yet: rows must fit one cluster
-  // (N <= C_N x tile_n <= 16 x 256). The planner's model covers them for `explain`.
-  bool multi_tile_rows = false;
+  // Stash strategy keeps earlier tiles' bypass value in SMEM, GlobalReread in an L2-resident
+  // global workspace: kernels/comfuse/epilogue/stash.cuh). Off: rows must fit one cluster.
+  bool multi_tile_rows = true;
   // FACT of the PingPong register split (setmaxnreg 240 for consumers, 40 for the producer).
   int consumer_regs_per_thread = 240;
 };

@@ -52,10 +52,10 @@ EmitContext make_context(const FusionSpec& s, const std::vector<ArgSlot>& slots)
 // What the device templates cannot express yet is refused here, by name, rather than
 // surfacing as a template error deep inside a JIT log.
 void check_device_support(const FusionSpec& s, const Plan& p) {
-  if (p.strategy != RowStrategy::NoReduction && p.strategy != RowStrategy::OnChip)
-    throw Error(fmt::format("spec '{}': the plan walks {} N-tiles per CTA ({}); the device templates finish a row "
-                            "reduction only when one cluster covers the row (N <= C_N x tile_n)",
-                            s.name, p.n_tiles_per_cta, name_of(p.strategy)));
+  if (p.n_tiles_per_cta > 1 && p.wgs_per_tile != 1)
+    throw Error(fmt::format("spec '{}': several N-tiles per CTA need the PingPong schedule", s.name));
+  if (p.n_tiles_per_cta > 64)
+    throw Error(fmt::format("spec '{}': {} N-tiles per CTA exceed the kernel's 64", s.name, p.n_tiles_per_cta));
   // The device carries a tile-shaped value across a reduction in the accumulator
   // registers: one per stage boundary (kernels/comfuse/epilogue/stage.cuh).
   struct TileBypassCheck : SpecVisitor {
@@ -122,7 +122,8 @@ EmittedKernel emit(const FusionSpec& s, const Plan& p) {
       "using Mainloop = comfuse::MainloopSm90<{elem}, /*BKMajor=*/{kmajor}, /*BM=*/{bm}, /*BN=*/{bn},\n"
       "                                       /*Stages=*/{stages}, /*ClusterN=*/{cn}, /*WGsPerTile=*/{wgs},\n"
       "                                       /*ClusterM=*/{cm}>;\n"
-      "using Kernel = comfuse::FusedGemmSm90<Mainloop, Epilogue, comfuse::cluster::Aggregation::{agg}>;\n"
+      "using Kernel = comfuse::FusedGemmSm90<Mainloop, Epilogue, comfuse::cluster::Aggregation::{agg},\n"
+      "                                      /*NTiles=*/{ntiles}, /*StashT=*/{stash_t}, comfuse::epi::StashSpace::{space}>;\n"
       "}}  // namespace\n"
       "\n"
       "COMFUSE_DEFINE_KERNEL({entry}, Kernel)\n",
@@ -131,6 +132,9 @@ EmittedKernel emit(const FusionSpec& s, const Plan& p) {
       fmt::arg("bm", p.tile_m), fmt::arg("bn", p.tile_n), fmt::arg("stages", p.stages), fmt::arg("cn", p.cluster_n),
       fmt::arg("wgs", p.wgs_per_tile), fmt::arg("cm", p.cluster_m),
       fmt::arg("agg", p.aggregation == AggregationMode::LeaderFollower ? "LeaderFollower" : "PeerToPeer"),
+      fmt::arg("ntiles", p.n_tiles_per_cta),
+      fmt::arg("stash_t", emit_detail::cpp_type(p.stash_elem_bytes == 2 ? DType::BF16 : DType::F32)),
+      fmt::arg("space", p.strategy == RowStrategy::Stash ? "Smem" : p.strategy == RowStrategy::GlobalReread ? "Global" : "Auto"),
       fmt::arg("entry", k.entry));
   return k;
 }

@@ -401,24 +401,41 @@ Plan make_plan(const FusionSpec& s, const Problem& p, const DeviceModel& dev, co
   }
   const Candidate* chosen = measured_why.empty() ? pick(cands, tun.near_tie) : &cands.front();
 
-  // Row reductions over a 16-CTA cluster with many row blocks: the cooperative 128x256 tile
-  // measured 1.64x cuBLAS against PingPong 64x256's 2.04x at M=8192, N=K=4096 (bench/NOTES.md,
-  // issue 4 run): the bigger tile's mainloop gain outweighs the unhidden epilogue. At M=256
-  // PingPong won (2.05x vs 2.58x), so only with enough row blocks to fill the clusters.
-  Candidate coop;
-  if (!forced && chain.reductions > 0 && chosen->strategy == RowStrategy::OnChip && chosen->cluster == 16 &&
-      p.m >= 1024 && chain.live_tile_values <= 1) {
-    coop = *chosen;
-    coop.tile_m = 128, coop.tile_n = 256, coop.wgs_per_tile = 2, coop.max_stages = kMaxStages;
-    coop.tiles_m = ceil_div(p.m, 128), coop.tiles_n = ceil_div(p.n, 256);
-    coop.jobs = coop.tiles_m;
-    coop.regs = 128 * 256 / (2 * kThreadsPerWG) + tun.reg_overhead;
-    coop.smem = {};
-    if (coop.tiles_n <= 16 && search.budget(coop)) {
-      search.estimate(coop);
-      chosen = &coop;
-      measured_why = "row reduction over a 16-CTA cluster at M >= 1024: cooperative 128x256 measured 1.64x cuBLAS vs "
-                     "2.04x for PingPong 64x256 (M=8192 N=K=4096, bench/NOTES.md)";
+  // Row reductions: the configurations measured best on the H200 (bench/NOTES.md, Stash run),
+  // where the cost model's mainloop guesses are not calibrated. Many row blocks (M >= 1024):
+  // clusters of 2 walking T = N / 512 N-tiles per CTA, earlier tiles' bypass value kept in
+  // an fp32 stash (LayerNorm 1.65x cuBLAS, RMSNorm 1.28x, Softmax 1.42x at M=8192 N=K=4096,
+  // against 2.02x for one tile per CTA over 16-CTA clusters); fp32 because a bf16 stash rounds x,
+  // which |mean| >> std punishes. Few row blocks: one tile per CTA over the smallest cluster
+  // that covers the row (M=256: 1.90x; clusters of 2-8 starve the SMs: 3.5-8.7x).
+  Candidate red;
+  if (!forced && chain.reductions > 0 && chain.live_tile_values <= 1 && dev.multi_tile_rows) {
+    red.tile_m = 64, red.tile_n = 256, red.tile_k = 128 / search.ab_bytes;
+    red.tiles_m = ceil_div(p.m, red.tile_m), red.tiles_n = ceil_div(p.n, red.tile_n);
+    int cluster = 2;
+    if (p.m < 1024)
+      while (cluster < 16 && cluster < red.tiles_n) cluster *= 2;
+    red.cluster = std::min<int>(cluster, static_cast<int>(std::max<int64_t>(1, red.tiles_n)));
+    while (red.cluster & (red.cluster - 1)) ++red.cluster;  // a power of two
+    red.n_tiles = ceil_div(red.tiles_n, red.cluster);
+    red.jobs = red.tiles_m;
+    red.agg = red.cluster <= tun.p2p_max_cluster ? AggregationMode::PeerToPeer : AggregationMode::LeaderFollower;
+    red.stash_elem = 4;
+    red.regs = 64 * 256 / kThreadsPerWG + tun.reg_overhead;
+    red.strategy = red.n_tiles == 1 ? RowStrategy::OnChip : RowStrategy::Stash;
+    bool ok = search.budget(red);
+    if (!ok && red.strategy == RowStrategy::Stash) {  // the stash does not fit on chip: L2-resident workspace
+      red.smem = {};
+      red.strategy = RowStrategy::GlobalReread;
+      ok = search.budget(red);
+    }
+    if (ok) {
+      search.estimate(red);
+      chosen = &red;
+      measured_why = p.m >= 1024 ? "row reduction with many row blocks: PingPong 64x256, clusters of 2, earlier N-tiles "
+                                   "in an fp32 stash (measured 1.28-1.65x cuBLAS vs 2.02x for 16-CTA one-tile rows)"
+                                 : "row reduction with few row blocks: one N-tile per CTA over the smallest covering "
+                                   "cluster (measured 1.90x cuBLAS at M=256; smaller clusters starve the SMs)";
     }
   }
   const Candidate& c = *chosen;
@@ -441,7 +458,7 @@ Plan make_plan(const FusionSpec& s, const Problem& p, const DeviceModel& dev, co
   plan.wgs_per_tile = c.wgs_per_tile;
   plan.pingpong = c.wgs_per_tile == 1;
   plan.measured_config = measured_why;
-  if (!measured_why.empty()) {
+  if (!measured_why.empty() && chain.reductions == 0) {
     const MeasuredConfig mc = measured_elementwise_config(p);
     plan.raster_group = mc.raster_group;
     plan.raster_along_n = mc.raster_along_n;

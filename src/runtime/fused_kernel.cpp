@@ -57,7 +57,9 @@ struct FusedKernel::State {
   cudaLibrary_t library = nullptr;
   cudaKernel_t kernel = nullptr;
   int max_clusters = 0;
+  void* stash = nullptr;  // global stash workspace (RowStrategy::GlobalReread), owned
   ~State() {
+    if (stash) cudaFree(stash);
     if (library) cudaLibraryUnload(library);
   }
 };
@@ -99,6 +101,11 @@ FusedKernel FusedKernel::build(const FusionSpec& spec, const Problem& problem, c
              "finding the kernel's SMEM size");
   int smem = 0;
   cuda_check(cudaMemcpy(&smem, smem_sym, sizeof(int), cudaMemcpyDeviceToHost), "reading the kernel's SMEM size");
+  void* stash_sym = nullptr;
+  int stash_per_cta = 0;
+  cuda_check(cudaLibraryGetGlobal(&stash_sym, &smem_size, st->library, (st->emitted.entry + "_stash_bytes_per_cta").c_str()),
+             "finding the kernel's stash size");
+  cuda_check(cudaMemcpy(&stash_per_cta, stash_sym, sizeof(int), cudaMemcpyDeviceToHost), "reading the kernel's stash size");
   st->shape.BM = st->plan.tile_m;
   st->shape.BN = st->plan.tile_n;
   st->shape.cluster_n = st->plan.cluster_n;
@@ -106,11 +113,17 @@ FusedKernel FusedKernel::build(const FusionSpec& spec, const Problem& problem, c
   st->shape.wgs_per_tile = st->plan.wgs_per_tile;
   st->shape.b_kmajor = spec.b_layout == BLayout::NK;
   st->shape.smem_bytes = smem;
+  st->shape.n_tiles = st->plan.n_tiles_per_cta;
+  st->shape.stash_bytes_per_cta = stash_per_cta;
   try {
     st->max_clusters = host::prepare(reinterpret_cast<const void*>(st->kernel), st->shape);
   } catch (const host::Error& e) {
     throw Error(e.what());
   }
+  // Earlier N-tiles' bypass values too big for SMEM live in a workspace sized for the
+  // persistent grid; it stays L2-resident when the plan said so (explain: workspace).
+  if (const size_t bytes = host::stash_workspace_bytes(st->shape, st->max_clusters); bytes > 0)
+    cuda_check(cudaMalloc(&st->stash, bytes), fmt::format("allocating the {}-byte stash workspace", bytes));
   return FusedKernel(std::move(st));
 }
 
@@ -154,6 +167,7 @@ void FusedKernel::run(const RunArgs& args, Stream stream) const {
                             "build the kernel for this N", N, st.plan.cluster_n, st.plan.tile_n, st.plan.n_tiles_per_cta, row_cover));
 
   Params p{};
+  p.stash = st.stash;
   p.raster_group = st.plan.raster_group;
   p.raster_along_n = st.plan.raster_along_n ? 1 : 0;
   try {

@@ -254,9 +254,22 @@ TEST(Plan, RejectsImpossibleInput) {
   // Rows so long that even the global workspace of GlobalReread is beyond the limit.
   expect_error([&] { make_plan(s, prob(4096, int64_t{1} << 24, 4096), full_device()); }, "workspace");
   EXPECT_NO_THROW(make_plan(rms_norm(), prob(4096, 131072, 4096), full_device()));
-  // Today's device: a row longer than one cluster covers is refused, naming why.
-  expect_error([&] { make_plan(s, prob(4096, 8192, 4096)); }, "do not walk several N-tiles");
-  EXPECT_EQ(make_plan(s, prob(8192, 4096, 4096)).strategy, RowStrategy::OnChip);
+  // A device without multi-N-tile rows refuses a row longer than one cluster covers, naming why.
+  DeviceModel one_tile;
+  one_tile.multi_tile_rows = false;
+  expect_error([&] { make_plan(s, prob(4096, 8192, 4096), one_tile); }, "do not walk several N-tiles");
+  EXPECT_EQ(make_plan(s, prob(8192, 4096, 4096), one_tile).strategy, RowStrategy::OnChip);
+  // Today's device: the measured rule, clusters of 2 and an fp32 stash in L2 for many row
+  // blocks; one tile per CTA over 16 CTAs for few.
+  const Plan many = make_plan(s, prob(8192, 4096, 4096));
+  EXPECT_EQ(many.cluster_n, 2);
+  EXPECT_EQ(many.n_tiles_per_cta, 8);
+  EXPECT_EQ(many.strategy, RowStrategy::GlobalReread);
+  EXPECT_EQ(many.stash_elem_bytes, 4);
+  const Plan few = make_plan(s, prob(256, 4096, 4096));
+  EXPECT_EQ(few.cluster_n, 16);
+  EXPECT_EQ(few.strategy, RowStrategy::OnChip);
+  EXPECT_EQ(make_plan(s, prob(64, 32768, 64)).n_tiles_per_cta, 8);
   // A device with too little SMEM for two stages.
   DeviceModel tiny;
   tiny.smem_per_cta_bytes = 32 * 1024;

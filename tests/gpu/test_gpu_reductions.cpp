@@ -102,13 +102,41 @@ TEST_F(GpuReduce, AmaxScaleAndAChainOfFourReductions) {
   EXPECT_EQ(p.reductions, 5);
 }
 
-TEST_F(GpuReduce, RowLongerThanAClusterIsRefusedClearly) {
-  try {
-    run_and_check(layer_norm_graph(), dims(128, 8192, 64), 1);
-    FAIL() << "N = 8192 needs several N-tiles per CTA, not built on the device";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("N-tiles"), std::string::npos) << e.what();
+// Rows longer than one cluster covers: each CTA walks several N-tiles, earlier tiles' bypass
+// value kept in an fp32 stash (SMEM when it fits, else an L2-resident global workspace).
+TEST_F(GpuReduce, StashManyRowBlocksClustersOfTwoGlobalWorkspace) {
+  Plan p = expect_matches(layer_norm_graph(), dims(1100, 4096, 128), {}, /*offset=*/1000.0);
+  EXPECT_EQ(p.cluster_n, 2);
+  EXPECT_EQ(p.n_tiles_per_cta, 8);
+  EXPECT_EQ(p.strategy, RowStrategy::GlobalReread);
+}
+
+TEST_F(GpuReduce, StashInSharedMemoryBothModes) {
+  for (AggregationMode mode : {AggregationMode::PeerToPeer, AggregationMode::LeaderFollower}) {
+    SCOPED_TRACE(std::string(name_of(mode)));
+    Case c;
+    c.g.output(c.g.softmax(c.acc), "p", DType::BF16);
+    CompileOptions opt;
+    opt.plan.cluster_n = 8;
+    opt.plan.strategy = RowStrategy::Stash;
+    opt.plan.aggregation = mode;
+    Plan p = expect_matches(c.g, dims(700, 4096, 64), opt);
+    EXPECT_EQ(p.n_tiles_per_cta, 2);
+    EXPECT_EQ(p.strategy, RowStrategy::Stash);
   }
+}
+
+TEST_F(GpuReduce, RowOf32768AndARaggedChainOverThreeTiles) {
+  Case a;
+  a.g.output(a.g.rms_norm(a.acc, a.row("gamma")), "y", DType::BF16);
+  Plan p = expect_matches(a.g, dims(100, 32768, 64));
+  EXPECT_EQ(p.n_tiles_per_cta, 8);
+  Case b;
+  Value v = b.acc;
+  for (ReduceOp op : {ReduceOp::Mean, ReduceOp::Max, ReduceOp::Sum, ReduceOp::Min}) v = v - b.g.reduce(op, v) * 0.5;
+  b.g.output(v, "chain", DType::F32);
+  Plan q = expect_matches(b.g, dims(1100, 1480, 96));
+  EXPECT_EQ(q.n_tiles_per_cta, 3);
 }
 
 }  // namespace

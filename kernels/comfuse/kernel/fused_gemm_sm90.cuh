@@ -206,6 +206,7 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1) fused_gemm_sm90(__grid_co
 // symbol for cuModuleGetFunction, no mangled template name to reproduce).
 #define COMFUSE_DEFINE_KERNEL(NAME, KERNEL)                                                    \
   extern "C" __constant__ int NAME##_smem_bytes = KERNEL::kSmemBytes;                          \
+  extern "C" __constant__ int NAME##_stash_bytes_per_cta = KERNEL::kStashGlobalBytesPerCta;    \
   extern "C" __global__ void __launch_bounds__(KERNEL::kThreads, 1)                            \
       NAME(__grid_constant__ comfuse::Params const p) {                                        \
     extern __shared__ char comfuse_smem[];                                                     \
