@@ -25,7 +25,8 @@ enum class NamedBarrier : int {
   MmaTurnWG1 = 2,  // consumer WG1 may start its mainloop (arrived by WG0)
   EpilogueWG0 = 3, // intra-WG sync of WG0's epilogue (SMEM staging, vectors)
   EpilogueWG1 = 4,
-  // issue 4 adds: ReduceWG0 = 5, ReduceWG1 = 6 (cross-warp reduction scratch).
+  // Row reductions need no barrier of their own: the cross-warp level is a no-op in the
+  // wgmma layout and the cluster round syncs on the epilogue barrier above (stage.cuh).
 };
 
 COMFUSE_DEVICE int barrier_id(NamedBarrier b, int wg = 0) { return static_cast<int>(b) + wg; }
