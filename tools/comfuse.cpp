@@ -3,8 +3,12 @@
 //
 //   comfuse lower   FILE                         regions, fallbacks, the Fusion Spec of each
 //   comfuse explain FILE --shape M,N,K [...]     the plan of each region (text, or --dot)
-//   comfuse run     FILE --shape M,N,K --reference [--seed S]
-//                                                CPU: graph executor vs lowered executor
+//   comfuse emit    FILE --shape M,N,K [...]     the CUDA C++ Ψ renders for each region
+//   comfuse compile FILE --shape M,N,K [...]     emit + JIT-compile (no GPU needed)
+//   comfuse run     FILE --shape M,N,K [...]     GPU: fused kernel vs fp64 reference, timed
+//                                                against cuBLAS; --reference: CPU only
+// explain, emit, compile and run take the plan overrides (--cluster-n, --tile-n, --tile-m,
+// --aggregation p2p|leader, --strategy on-chip|stash|global-reread).
 // Errors: `comfuse: error: <msg>` on stderr, exit 1 (graph files: FILE:line:col:);
 // command-line usage errors exit 2.
 #include <CLI/CLI.hpp>
@@ -126,6 +130,16 @@ PlanOptions plan_options(const ExplainArgs& a) {
   return o;
 }
 
+// The plan overrides every planning subcommand takes (debugging, and forcing e.g. the
+// aggregation mode to test both).
+void add_plan_options(CLI::App* cmd, ExplainArgs& ex) {
+  cmd->add_option("--cluster-n", ex.cluster_n, "force the cluster size C_N (1, 2, 4, 8, 16)");
+  cmd->add_option("--tile-n", ex.tile_n, "force tile_n (64, 128, 192, 256)");
+  cmd->add_option("--tile-m", ex.tile_m, "force rows per consumer warp group (64, 128)");
+  cmd->add_option("--aggregation", ex.aggregation, "force p2p or leader");
+  cmd->add_option("--strategy", ex.strategy, "force on-chip, stash or global-reread");
+}
+
 int cmd_explain(const std::string& file, const DimArgs& d, const ExplainArgs& a) {
   Graph g = load_graph(file);
   LoweringResult r = lower(g);
@@ -163,8 +177,10 @@ std::string sample(const Tensor& t, int64_t i) {
 // graph executor; bf16 outputs pass at rel_l2 <= 1e-2 (the bf16 bound).
 double gpu_tolerance(DType t) { return t == DType::BF16 ? 1e-2 : t == DType::F16 ? 5e-3 : 1e-4; }
 
-int run_gpu(const Graph& g, const Bindings& b, uint64_t seed) {
-  DeviceRunReport rep = run_and_check(g, b, seed, CompileOptions{}, /*timing_reps=*/20, /*input_offset=*/0.0,
+int run_gpu(const Graph& g, const Bindings& b, const PlanOptions& plan, uint64_t seed) {
+  CompileOptions opt;
+  opt.plan = plan;
+  DeviceRunReport rep = run_and_check(g, b, seed, opt, /*timing_reps=*/20, /*input_offset=*/0.0,
                                       /*cublas_baseline=*/true);
   const Plan& p = rep.plan;
   std::cout << fmt::format("kernel: {}x{} tile, C_N={}, {} stages; JIT {} ({:.2f} s{})\n", p.tile_m, p.tile_n,
@@ -185,18 +201,20 @@ int run_gpu(const Graph& g, const Bindings& b, uint64_t seed) {
   return 0;
 }
 
-int cmd_emit(const std::string& file, const DimArgs& d, bool compile) {
+int cmd_emit(const std::string& file, const DimArgs& d, const PlanOptions& plan, bool compile) {
+  CompileOptions opt;
+  opt.plan = plan;
   Graph g = load_graph(file);
   LoweringResult r = lower(g);
   const Bindings b = bindings(d, r);
   for (size_t i = 0; i < r.regions.size(); ++i) {
     const FusionSpec& s = r.regions[i].spec;
     if (!compile) {
-      std::cout << emit(s, make_plan(s, problem_of(s, b))).source;
+      std::cout << emit(s, make_plan(s, problem_of(s, b), DeviceModel{}, opt.tunables, plan)).source;
       continue;
     }
     EmittedKernel k;
-    CompiledKernel c = compile_only(s, problem_of(s, b), CompileOptions{}, &k);
+    CompiledKernel c = compile_only(s, problem_of(s, b), opt, &k);
     std::cout << fmt::format("region {} ({}): {} cubin {} bytes, {} in {:.2f} s{}, key {}\n", i, s.name, k.entry,
                              c.cubin.size(), c.compiler, c.cache_hit ? c.elapsed_seconds : c.compile_seconds,
                              c.cache_hit ? " (cache hit)" : "", c.key);
@@ -204,14 +222,15 @@ int cmd_emit(const std::string& file, const DimArgs& d, bool compile) {
   return 0;
 }
 
-int cmd_run(const std::string& file, const DimArgs& d, bool reference, bool gpu, uint64_t seed) {
+int cmd_run(const std::string& file, const DimArgs& d, const PlanOptions& plan, bool reference, bool gpu,
+            uint64_t seed) {
   if (reference && gpu) throw Error("run: choose one of --reference (CPU) or --gpu");
   Graph g = load_graph(file);
   LoweringResult r = lower(g);
   if (!reference) {
     std::string why;
     if (!gpu_available(&why)) throw Error("run: no usable GPU (" + why + "); use --reference for the CPU check");
-    return run_gpu(g, bindings(d, r), seed);
+    return run_gpu(g, bindings(d, r), plan, seed);
   }
   const Bindings b = bindings(d, r);
   std::mt19937_64 rng(seed);
@@ -269,19 +288,16 @@ int main(int argc, char** argv) {
   explain_cmd->add_option("file", file, "graph file (.cf)")->required();
   add_dim_options(explain_cmd, dims);
   explain_cmd->add_flag("--dot", ex.dot, "print Graphviz DOT of the stage chain instead of text");
-  explain_cmd->add_option("--cluster-n", ex.cluster_n, "force the cluster size C_N (1, 2, 4, 8, 16)");
-  explain_cmd->add_option("--tile-n", ex.tile_n, "force tile_n (64, 128, 192, 256)");
-  explain_cmd->add_option("--tile-m", ex.tile_m, "force rows per consumer warp group (64, 128)");
-  explain_cmd->add_option("--aggregation", ex.aggregation, "force p2p or leader");
-  explain_cmd->add_option("--strategy", ex.strategy, "force on-chip, stash or global-reread");
+  add_plan_options(explain_cmd, ex);
 
-  bool compile_flag = false;
   CLI::App* emit_cmd = app.add_subcommand("emit", "print the CUDA C++ that backend Psi renders for each region");
   emit_cmd->add_option("file", file, "graph file (.cf)")->required();
   add_dim_options(emit_cmd, dims);
+  add_plan_options(emit_cmd, ex);
   CLI::App* compile_cmd = app.add_subcommand("compile", "emit and JIT-compile each region (no GPU needed)");
   compile_cmd->add_option("file", file, "graph file (.cf)")->required();
   add_dim_options(compile_cmd, dims);
+  add_plan_options(compile_cmd, ex);
 
   CLI::App* run_cmd = app.add_subcommand("run", "execute on random inputs and check against the reference");
   run_cmd->add_option("file", file, "graph file (.cf)")->required();
@@ -289,6 +305,7 @@ int main(int argc, char** argv) {
   run_cmd->add_flag("--reference", reference, "CPU: compare the graph executor with the lowered executor");
   run_cmd->add_flag("--gpu", gpu, "GPU: run the fused kernel and check it (the default)");
   run_cmd->add_option("--seed", seed, "random input seed (default 1)");
+  add_plan_options(run_cmd, ex);
 
   try {
     app.parse(argc, argv);
@@ -299,9 +316,9 @@ int main(int argc, char** argv) {
   try {
     if (lower_cmd->parsed()) return cmd_lower(file);
     if (explain_cmd->parsed()) return cmd_explain(file, dims, ex);
-    if (emit_cmd->parsed()) return cmd_emit(file, dims, compile_flag);
-    if (compile_cmd->parsed()) return cmd_emit(file, dims, true);
-    if (run_cmd->parsed()) return cmd_run(file, dims, reference, gpu, seed);
+    if (emit_cmd->parsed()) return cmd_emit(file, dims, plan_options(ex), /*compile=*/false);
+    if (compile_cmd->parsed()) return cmd_emit(file, dims, plan_options(ex), /*compile=*/true);
+    if (run_cmd->parsed()) return cmd_run(file, dims, plan_options(ex), reference, gpu, seed);
   } catch (const Error& e) {
     std::cout.flush();
     std::cerr << "comfuse: error: " << e.what() << "\n";
