@@ -147,6 +147,7 @@ class Lowering {
     std::vector<int> reductions;          // graph ids, topological: r_0..r_{L-1}
     std::map<int, int> def_stage;         // node -> stage where its value first exists
     std::map<int, int> last_use;          // node -> last stage that reads it
+    std::map<int, std::set<int>> remat;   // node -> later stages that recompute it
     std::vector<std::pair<int, std::string>> sinks;  // (node, output name) stored
   };
 
@@ -202,7 +203,48 @@ class Lowering {
       for (auto& s : st.sinks) already = already || s.first == id;
       if (escapes && !already) st.sinks.emplace_back(id, g_.node(id).name);
     }
+    limit_tile_carries(st, r, mem);
     return st;
+  }
+
+  bool is_tile(int id, int r) const {
+    const Node& mm = g_.node(roots_[r]);
+    return classify(g_.node(id).shape, mm.shape[0], mm.shape[1]) == ValueClass::Tile;
+  }
+
+  // The device carries ONE tile-shaped value across each reduction (in the accumulator
+  // registers). Where more would cross stage boundary s, recompute in stage s the
+  // elementwise ones whose tile inputs cross anyway (e.g. x - max from x and the carried
+  // per-row max) instead of carrying them: their per-row inputs cross instead, which costs
+  // registers per row, not per element. What cannot be rewritten so stays as it is (emit
+  // then names it).
+  void limit_tile_carries(Staging& st, int r, const std::vector<int>& mem) const {
+    const int L = static_cast<int>(st.reductions.size());
+    for (int s = 1; s <= L; ++s) {
+      for (;;) {
+        std::vector<int> carried;
+        for (int id : mem)
+          if (g_.node(id).kind != OpKind::Reduce && is_tile(id, r) && st.def_stage.at(id) < s &&
+              st.last_use.at(id) >= s && !st.remat[id].count(s))
+            carried.push_back(id);
+        if (carried.size() <= 1) break;
+        int pick = -1;
+        for (int id : carried) {
+          const Node& n = g_.node(id);
+          if (n.kind != OpKind::Unary && n.kind != OpKind::Binary && n.kind != OpKind::Cast) continue;
+          bool inputs_cross = true;
+          for (int in : n.inputs)
+            if (in_region(in, r) && is_tile(in, r))
+              inputs_cross = inputs_cross && in != id &&
+                             std::find(carried.begin(), carried.end(), in) != carried.end();
+          if (inputs_cross) { pick = id; break; }
+        }
+        if (pick < 0) break;
+        st.remat[pick].insert(s);
+        for (int in : g_.node(pick).inputs)
+          if (in_region(in, r)) st.last_use[in] = std::max(st.last_use[in], s);
+      }
+    }
   }
 
   // --- emission ------------------------------------------------------------------------
@@ -283,7 +325,8 @@ class Lowering {
         index_in[s][red] = add(stat);
         store_if_sink(red, index_in[s][red]);
         for (int id : members_[r]) {
-          if (id == red || st.def_stage.at(id) >= s || st.last_use.at(id) < s) continue;
+          if (id == red || st.def_stage.at(id) >= s || st.last_use.at(id) < s || st.remat.count(id) && st.remat.at(id).count(s))
+            continue;
           SpecNode by;
           by.category = NodeCategory::Placeholder;
           by.placeholder = PlaceholderKind::Bypass;
@@ -319,7 +362,8 @@ class Lowering {
       };
       for (int id : members_[r]) {
         const Node& n = g_.node(id);
-        if (n.kind == OpKind::Reduce || st.def_stage.at(id) != s) continue;
+        const bool recomputed = st.remat.count(id) && st.remat.at(id).count(s);
+        if (n.kind == OpKind::Reduce || (st.def_stage.at(id) != s && !recomputed)) continue;
         SpecNode sn;
         sn.origin = n.name;
         if (n.kind == OpKind::MatMul) {
@@ -336,7 +380,7 @@ class Lowering {
           sn.cast_to = n.dtype;
         }
         index_in[s][id] = add(sn);
-        store_if_sink(id, index_in[s][id]);
+        if (!recomputed) store_if_sink(id, index_in[s][id]);
       }
       if (s < L) {
         const Node& red = g_.node(st.reductions[s]);

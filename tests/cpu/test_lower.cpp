@@ -187,3 +187,40 @@ TEST(Lower, ChainOfFourReductionsNestsFourDeep) {
 
 }  // namespace
 }  // namespace comfuse
+
+namespace comfuse {
+namespace {
+
+int tile_bypasses(const Spec& s) {
+  int n = 0;
+  for (const SpecNode& node : s.nodes)
+    n += node.category == NodeCategory::Placeholder && node.placeholder == PlaceholderKind::Bypass &&
+         node.value_class == ValueClass::Tile;
+  return n;
+}
+
+TEST(Lower, RecomputesInsteadOfCarryingASecondTileValue) {
+  Gemm t;
+  t.g.output(t.g.log_softmax(t.acc), "logp", DType::F32);
+  t.g.output(t.g.l2_normalize(t.acc), "unit", DType::BF16);
+  LoweringResult r = lower(t.g);
+  const FusionSpec& fs = r.regions.at(0).spec;
+  int stages = 0;
+  for (const Spec* s = &fs.root; !s->children.empty(); s = &s->children[0]) {
+    EXPECT_LE(tile_bypasses(s->children[0]), 1) << "stage " << stages + 1;
+    ++stages;
+  }
+  EXPECT_EQ(stages, fs.stage_count() - 1);
+  // acc - max is computed in stage 1 for exp() and again in stage 2 for the output.
+  struct CountSubs : SpecVisitor {
+    int n = 0;
+    void visit(const Spec&, int, const SpecNode& node, int) override {
+      n += node.category == NodeCategory::Compute && node.compute == ComputeKind::Binary && node.binary == BinaryOp::Sub;
+    }
+  } counter;
+  counter.walk(fs.root);
+  EXPECT_GE(counter.n, 3);  // x - max twice, then shifted - log(sum)
+}
+
+}  // namespace
+}  // namespace comfuse
