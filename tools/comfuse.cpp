@@ -175,7 +175,6 @@ std::string sample(const Tensor& t, int64_t i) {
 
 // GPU path: one fused kernel, random inputs, NaN-poisoned outputs, compared with the fp64
 // graph executor; bf16 outputs pass at rel_l2 <= 1e-2 (the bf16 bound).
-double gpu_tolerance(DType t) { return t == DType::BF16 ? 1e-2 : t == DType::F16 ? 5e-3 : 1e-4; }
 
 int run_gpu(const Graph& g, const Bindings& b, const PlanOptions& plan, uint64_t seed) {
   CompileOptions opt;
@@ -188,7 +187,7 @@ int run_gpu(const Graph& g, const Bindings& b, const PlanOptions& plan, uint64_t
                            rep.compiled.cache_hit ? ", cache hit" : "");
   bool ok = true;
   for (const OutputCheck& o : rep.outputs) {
-    const bool pass = o.unwritten == 0 && o.cmp.nonfinite_mismatch == 0 && o.cmp.rel_l2 <= gpu_tolerance(o.dtype);
+    const bool pass = o.unwritten == 0 && o.cmp.nonfinite_mismatch == 0 && o.cmp.rel_l2 <= gpu_result_tolerance(o.dtype);
     ok = ok && pass;
     std::cout << fmt::format("output {} {}: max_abs {:.3g}  max_rel {:.3g}  rel_l2 {:.3g}  unwritten {}  {}\n", o.name,
                              name_of(o.dtype), o.cmp.max_abs, o.cmp.max_rel, o.cmp.rel_l2, o.unwritten,

@@ -127,9 +127,9 @@ struct Plan {
   Problem problem;
   int tile_m = 0, tile_n = 0, tile_k = 0;
   int stages = 0;
-  bool pingpong = true;          // two consumer warp groups alternate mainloop/epilogue
   int consumer_warp_groups = 2;
-  int wgs_per_tile = 1;          // 1: PingPong (each WG owns a tile); 2: cooperative (both WGs share one)
+  int wgs_per_tile = 1;          // 1: PingPong (each WG owns a tile, they alternate mainloop and
+                                 // epilogue); 2: cooperative (both WGs share one tile)
   int cluster_m = 1, cluster_n = 1;  // cluster_m > 1 (B multicast) only without row reductions
   bool raster_along_n = false;   // tile scheduler: walk raster_group N-blocks (else M-blocks) together
   int raster_group = 8;

@@ -79,7 +79,7 @@ std::string explain(const FusionSpec& s, const Plan& p) {
   o += fmt::format("  strategy     {}\n", strat);
   o += fmt::format("  aggregation  {}\n", name_of(p.aggregation));
   o += fmt::format("  pipeline     {} stages, {}, {} consumer warp groups\n", p.stages,
-                   p.pingpong ? "PingPong" : "cooperative", p.consumer_warp_groups);
+                   p.wgs_per_tile == 1 ? "PingPong" : "cooperative", p.consumer_warp_groups);
   o += fmt::format("  estimate     {:.1f} us (mainloop {:.1f}, exposed epilogue {:.1f}, reread {:.1f}, DRAM floor "
                    "{:.1f})\n",
                    p.estimate.total_us, p.estimate.mainloop_us, p.estimate.epilogue_us, p.estimate.reread_us,

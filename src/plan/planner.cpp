@@ -88,6 +88,8 @@ double lookup(const std::map<int, double>& m, int key) {
 struct Candidate {
   int tile_m = 0, tile_n = 0, tile_k = 0, cluster = 1, stages = 0, regs = 0;
   int wgs_per_tile = 1, cluster_m = 1, max_stages = kMaxStages;
+  int raster_group = 8;
+  bool raster_along_n = false;
   int64_t tiles_m = 0, tiles_n = 0, n_tiles = 1, jobs = 0;
   RowStrategy strategy = RowStrategy::NoReduction;
   int stash_elem = 0;
@@ -381,6 +383,7 @@ Plan make_plan(const FusionSpec& s, const Problem& p, const DeviceModel& dev, co
     Candidate m;
     m.tile_m = mc.tile_m, m.tile_n = mc.tile_n, m.tile_k = 128 / search.ab_bytes, m.cluster = mc.cluster_n;
     m.wgs_per_tile = mc.wgs_per_tile, m.cluster_m = mc.cluster_m, m.max_stages = mc.max_stages;
+    m.raster_group = mc.raster_group, m.raster_along_n = mc.raster_along_n;
     m.tiles_m = ceil_div(p.m, m.tile_m), m.tiles_n = ceil_div(p.n, m.tile_n);
     m.jobs = ceil_div(m.tiles_m, m.cluster_m) * ceil_div(m.tiles_n, m.cluster);  // one job = one cluster tile
     m.regs = m.tile_m / m.wgs_per_tile * m.tile_n / kThreadsPerWG + tun.reg_overhead;
@@ -452,17 +455,12 @@ Plan make_plan(const FusionSpec& s, const Problem& p, const DeviceModel& dev, co
   plan.problem = p;
   plan.tile_m = c.tile_m, plan.tile_n = c.tile_n, plan.tile_k = c.tile_k;
   plan.stages = c.stages;
-  plan.pingpong = true;
   plan.consumer_warp_groups = kConsumerWGs;
   plan.cluster_m = c.cluster_m, plan.cluster_n = c.cluster;
   plan.wgs_per_tile = c.wgs_per_tile;
-  plan.pingpong = c.wgs_per_tile == 1;
   plan.measured_config = measured_why;
-  if (!measured_why.empty() && chain.reductions == 0) {
-    const MeasuredConfig mc = measured_elementwise_config(p);
-    plan.raster_group = mc.raster_group;
-    plan.raster_along_n = mc.raster_along_n;
-  }
+  plan.raster_group = c.raster_group;
+  plan.raster_along_n = c.raster_along_n;
   plan.n_tiles_per_cta = static_cast<int>(c.n_tiles);
   plan.multicast_a = c.cluster > 1;
   plan.aggregation = c.agg;

@@ -30,11 +30,16 @@ struct Built {
   LoweringResult r;
 };
 
+// acc = x[M, K] x w[N, K]^T in bf16: the GEMM every case starts from.
+Value bf16_gemm(Graph& g) {
+  Value x = g.input("x", DType::BF16, {Dim::of("M"), Dim::of("K")});
+  Value w = g.input("w", DType::BF16, {Dim::of("N"), Dim::of("K")});
+  return g.matmul(x, w);
+}
+
 Built build_unary_chain(const std::vector<UnaryOp>& ops) {
   Built b;
-  Value x = b.g.input("x", DType::BF16, {Dim::of("M"), Dim::of("K")});
-  Value w = b.g.input("w", DType::BF16, {Dim::of("N"), Dim::of("K")});
-  Value v = b.g.matmul(x, w);
+  Value v = bf16_gemm(b.g);
   for (UnaryOp op : ops) v = b.g.unary(op, v);
   b.g.output(v, "y", DType::BF16);
   b.r = lower(b.g);
@@ -113,9 +118,7 @@ TEST(Emit, ReductionsExpandRecursivelyIntoPostOpStages) {
 
 TEST(Emit, RowStatisticOutputIsRefusedWithItsName) {
   Built b;
-  Value x = b.g.input("x", DType::BF16, {Dim::of("M"), Dim::of("K")});
-  Value w = b.g.input("w", DType::BF16, {Dim::of("N"), Dim::of("K")});
-  Value m = b.g.reduce(ReduceOp::Max, b.g.matmul(x, w));
+  Value m = b.g.reduce(ReduceOp::Max, bf16_gemm(b.g));
   b.g.output(m, "rowmax", DType::F32);
   try {
     emit_epilogue_type(lower(b.g).regions.at(0).spec);
@@ -162,20 +165,13 @@ TEST_F(EmitCompile, EveryUnaryOpInOneKernel) {
   EXPECT_FALSE(k.wgmma_serialized);
 }
 
-}  // namespace
-}  // namespace comfuse
-
-namespace comfuse {
-namespace {
 
 // The planner's SMEM budget must match what the templates allocate: the heaviest
 // epilogue (two fp32 outputs, two row vectors) at every tile shape the planner can pick
 // must compile (the kernel static_asserts its SMEM), with the stages the plan chose.
 TEST_F(EmitCompile, PlannedSmemFitsTheKernelAtEveryTileShape) {
   Built b;
-  Value x = b.g.input("x", DType::BF16, {Dim::of("M"), Dim::of("K")});
-  Value w = b.g.input("w", DType::BF16, {Dim::of("N"), Dim::of("K")});
-  Value acc = b.g.matmul(x, w);
+  Value acc = bf16_gemm(b.g);
   Value r1 = b.g.input("r1", DType::BF16, {Dim::of("N")}), r2 = b.g.input("r2", DType::F32, {Dim::of("N")});
   b.g.output(acc * r1, "y1", DType::F32);
   b.g.output(acc + r2, "y2", DType::F32);
@@ -203,19 +199,12 @@ TEST_F(EmitCompile, PlannedSmemFitsTheKernelAtEveryTileShape) {
   }
 }
 
-}  // namespace
-}  // namespace comfuse
-
-namespace comfuse {
-namespace {
 
 TEST(Emit, TwoTileValuesAcrossOneReductionAreRefusedByName) {
   // Stage 2 needs e = exp(acc - max) and acc itself: e's tile input (acc - max) does not
   // cross, so Φ cannot recompute e there, and the device carries one tile value.
   Built b;
-  Value x = b.g.input("x", DType::BF16, {Dim::of("M"), Dim::of("K")});
-  Value w = b.g.input("w", DType::BF16, {Dim::of("N"), Dim::of("K")});
-  Value acc = b.g.matmul(x, w);
+  Value acc = bf16_gemm(b.g);
   Value e = b.g.unary(UnaryOp::Exp, acc - b.g.reduce(ReduceOp::Max, acc));
   b.g.output(e / b.g.reduce(ReduceOp::Sum, e) + acc, "y", DType::F32);
   const LoweringResult r = lower(b.g);
@@ -232,9 +221,7 @@ TEST_F(EmitCompile, RecomputedValuesLetTwoNormalizationsShareAKernel) {
   // log_softmax and l2_normalize of the same accumulator: stage 2 would carry acc and
   // acc - max; Φ recomputes acc - max there from acc and the carried per-row max.
   Built b;
-  Value x = b.g.input("x", DType::BF16, {Dim::of("M"), Dim::of("K")});
-  Value w = b.g.input("w", DType::BF16, {Dim::of("N"), Dim::of("K")});
-  Value acc = b.g.matmul(x, w);
+  Value acc = bf16_gemm(b.g);
   b.g.output(b.g.log_softmax(acc), "logp", DType::F32);
   b.g.output(b.g.l2_normalize(acc), "unit", DType::BF16);
   const LoweringResult r = lower(b.g);

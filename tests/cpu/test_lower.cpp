@@ -185,11 +185,6 @@ TEST(Lower, ChainOfFourReductionsNestsFourDeep) {
   EXPECT_EQ(r.regions.at(0).spec.stage_count(), 5);
 }
 
-}  // namespace
-}  // namespace comfuse
-
-namespace comfuse {
-namespace {
 
 int tile_bypasses(const Spec& s) {
   int n = 0;

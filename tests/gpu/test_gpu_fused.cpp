@@ -8,41 +8,17 @@
 #include <functional>
 
 #include "comfuse/runtime.h"
+#include "gpu/gpu_support.h"
 
 namespace comfuse {
 namespace {
 
-class Gpu : public ::testing::Test {
- protected:
-  void SetUp() override {
-    std::string why;
-    if (!gpu_available(&why)) GTEST_SKIP() << "no usable sm_90 GPU (" << why << "): GPU tests run on the device machine";
-  }
-};
-
-struct Case {
-  Graph g;
-  Value x, w, acc;
-  Case(DType in = DType::BF16, BLayout layout = BLayout::NK) {
-    x = g.input("x", in, {Dim::of("M"), Dim::of("K")});
-    w = g.input("w", in, layout == BLayout::NK ? Shape{Dim::of("N"), Dim::of("K")} : Shape{Dim::of("K"), Dim::of("N")});
-    acc = g.matmul(x, w, layout);
-  }
-  Value row(const std::string& n) { return g.input(n, DType::BF16, {Dim::of("N")}); }
-  Value col(const std::string& n) { return g.input(n, DType::F32, {Dim::of("M"), Dim::of(1)}); }
-};
-
-double tolerance(DType t) { return t == DType::BF16 ? 1e-2 : t == DType::F16 ? 5e-3 : 1e-4; }
+using gpu_test::expect_outputs_match;
+using Case = gpu_test::GemmCase;
+using Gpu = gpu_test::GpuTest;
 
 void expect_matches(const Graph& g, Bindings dims, const CompileOptions& opt = {}, uint64_t seed = 7) {
-  DeviceRunReport rep = run_and_check(g, dims, seed, opt);
-  ASSERT_FALSE(rep.outputs.empty());
-  for (const OutputCheck& o : rep.outputs) {
-    EXPECT_EQ(o.unwritten, 0) << o.name << ": elements left unwritten";
-    EXPECT_EQ(o.cmp.nonfinite_mismatch, 0) << o.name;
-    EXPECT_LE(o.cmp.rel_l2, tolerance(o.dtype)) << o.name << " max_abs " << o.cmp.max_abs;
-  }
-  EXPECT_FALSE(rep.compiled.wgmma_serialized);
+  expect_outputs_match(run_and_check(g, dims, seed, opt));
 }
 
 const Bindings kRagged = {{"M", 1000}, {"N", 1032}, {"K", 72}};

@@ -1,43 +1,20 @@
 // GPU correctness of cluster row reductions (issue 4): multi-stage epilogues whose
 // reductions span the CTAs of a cluster and finish over DSMEM, against the fp64 graph
 // executor. Skips, saying why, on a machine without an sm_90 GPU.
-#include <gtest/gtest.h>
-
-#include "comfuse/runtime.h"
+#include "gpu/gpu_support.h"
 
 namespace comfuse {
 namespace {
 
-class GpuReduce : public ::testing::Test {
- protected:
-  void SetUp() override {
-    std::string why;
-    if (!gpu_available(&why)) GTEST_SKIP() << "no usable sm_90 GPU (" << why << "): GPU tests run on the device machine";
-  }
-};
-
-struct Case {
-  Graph g;
-  Value acc;
-  explicit Case(DType in = DType::BF16) {
-    Value x = g.input("x", in, {Dim::of("M"), Dim::of("K")});
-    Value w = g.input("w", in, {Dim::of("N"), Dim::of("K")});
-    acc = g.matmul(x, w);
-  }
-  Value row(const std::string& n) { return g.input(n, DType::BF16, {Dim::of("N")}); }
-};
-
-double tolerance(DType t) { return t == DType::BF16 ? 1e-2 : t == DType::F16 ? 5e-3 : 1e-4; }
+using gpu_test::expect_outputs_match;
+using Case = gpu_test::GemmCase;
+using GpuReduce = gpu_test::GpuTest;
 
 // Runs on random inputs (vectors shifted by `offset`: mean >> std for LayerNorm), checks
 // every output, and returns the plan so tests can assert what ran.
 Plan expect_matches(const Graph& g, const Bindings& dims, const CompileOptions& opt = {}, double offset = 0.0) {
   DeviceRunReport rep = run_and_check(g, dims, /*seed=*/11, opt, /*timing_reps=*/0, offset);
-  for (const OutputCheck& o : rep.outputs) {
-    EXPECT_EQ(o.unwritten, 0) << o.name << ": elements left unwritten";
-    EXPECT_EQ(o.cmp.nonfinite_mismatch, 0) << o.name;
-    EXPECT_LE(o.cmp.rel_l2, tolerance(o.dtype)) << o.name << " max_abs " << o.cmp.max_abs;
-  }
+  expect_outputs_match(rep);
   EXPECT_GT(rep.plan.reductions, 0);
   return rep.plan;
 }

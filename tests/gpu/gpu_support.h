@@ -1,0 +1,44 @@
+#pragma once
+// Shared by the GPU test binaries: the skip on machines without an sm_90 GPU (CI), the
+// GEMM every case starts from, and the output checks against the fp64 reference.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "comfuse/runtime.h"
+
+namespace comfuse::gpu_test {
+
+class GpuTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!gpu_available(&why)) GTEST_SKIP() << "no usable sm_90 GPU (" << why << "): GPU tests run on the device machine";
+  }
+};
+
+// acc = x[M, K] x w (w given N x K, or K x N with layout kn) plus the vectors cases add.
+struct GemmCase {
+  Graph g;
+  Value acc;
+  explicit GemmCase(DType in = DType::BF16, BLayout layout = BLayout::NK) {
+    Value x = g.input("x", in, {Dim::of("M"), Dim::of("K")});
+    Value w = g.input("w", in, layout == BLayout::NK ? Shape{Dim::of("N"), Dim::of("K")} : Shape{Dim::of("K"), Dim::of("N")});
+    acc = g.matmul(x, w, layout);
+  }
+  Value row(const std::string& n) { return g.input(n, DType::BF16, {Dim::of("N")}); }
+  Value col(const std::string& n) { return g.input(n, DType::F32, {Dim::of("M"), Dim::of(1)}); }
+};
+
+// Every output fully written, finite where the reference is, and within tolerance.
+inline void expect_outputs_match(const DeviceRunReport& rep) {
+  ASSERT_FALSE(rep.outputs.empty());
+  for (const OutputCheck& o : rep.outputs) {
+    EXPECT_EQ(o.unwritten, 0) << o.name << ": elements left unwritten";
+    EXPECT_EQ(o.cmp.nonfinite_mismatch, 0) << o.name;
+    EXPECT_LE(o.cmp.rel_l2, gpu_result_tolerance(o.dtype)) << o.name << " max_abs " << o.cmp.max_abs;
+  }
+  EXPECT_FALSE(rep.compiled.wgmma_serialized);
+}
+
+}  // namespace comfuse::gpu_test
