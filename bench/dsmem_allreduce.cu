@@ -5,9 +5,12 @@
 // (200 KB dynamic SMEM, as the fused kernel does); the grid holds as many clusters as fit.
 // A chain of R dependent rounds (each round's input is the previous result) in one launch:
 // latency per round = kernel time / R. The first round's result is checked exactly.
+// Also the cross-cluster channel (cluster/global_exchange.cuh, Aggregation::Global): groups of
+// G in {2, 4, 8, 16, 32} single-CTA clusters exchanging through L2, one CTA per SM.
 // Build: nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++17 -O3 -DNDEBUG --expt-relaxed-constexpr
 //        -I third_party/cutlass/include -I kernels bench/dsmem_allreduce.cu -o dsmem_allreduce
 #include <comfuse/cluster/dsmem.cuh>
+#include <comfuse/cluster/global_exchange.cuh>
 
 #include <algorithm>
 #include <cstdio>
@@ -17,6 +20,7 @@ using comfuse::cluster::Aggregation;
 #define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); std::exit(1); } } while (0)
 
 struct Sum {
+  static __device__ float identity() { return 0.f; }
   static __device__ float combine(float a, float b) { return a + b; }
 };
 
@@ -37,8 +41,10 @@ __global__ void __launch_bounds__(128, 1) allreduce_kernel(int rounds, int* erro
     for (int h = 0; h < 2; ++h) v[mi][h] = float(Chan::row_of(t, mi, h) + 1000 * int(rank));
   uint32_t round = 0;
   // Round 0: exact check (integers in fp32): sum over ranks of row + 1000 rank.
-  Chan::start(st, round, t, 1, v);
-  Chan::template finish<Sum>(st, round, t, 1, v);
+  comfuse::RowGroupSlot const xs{};
+  comfuse::Params const p{};
+  Chan::start(st, round, xs, p, t, 1, v);
+  Chan::template finish<Sum>(st, round, xs, p, t, 1, v);
   ++round;
   for (int mi = 0; mi < MB; ++mi)
     for (int h = 0; h < 2; ++h) {
@@ -46,12 +52,80 @@ __global__ void __launch_bounds__(128, 1) allreduce_kernel(int rounds, int* erro
       if (v[mi][h] != want) atomicAdd(errors, 1);
     }
   for (int r = 0; r < rounds; ++r, ++round) {
-    Chan::start(st, round, t, 1, v);
-    Chan::template finish<Sum>(st, round, t, 1, v);
+    Chan::start(st, round, xs, p, t, 1, v);
+    Chan::template finish<Sum>(st, round, xs, p, t, 1, v);
     for (int mi = 0; mi < MB; ++mi) v[mi][0] *= 1.f / CN, v[mi][1] *= 1.f / CN;
   }
   if (v[0][0] == -1.f) sink[t] = v[0][1];  // keep the chain alive
   cute::cluster_sync();
+}
+
+// The L2 channel: CTA b is rank b % G of row group b / G (CTAs past the last whole group idle).
+template <int Rows, int G>
+__global__ void __launch_bounds__(128, 1) global_kernel(__grid_constant__ comfuse::Params const p, int rounds, int* errors,
+                                                        float* sink) {
+  using Chan = comfuse::cluster::GlobalRowAllReduce<Rows, G>;
+  if (int(blockIdx.x) >= int(gridDim.x) / G * G) return;
+  typename Chan::Storage st;
+  int const t = threadIdx.x;
+  comfuse::RowGroupSlot const xs{int(blockIdx.x) / G, int(blockIdx.x) % G};
+  constexpr int MB = Chan::MBlocks;
+  float v[MB][2];
+  for (int mi = 0; mi < MB; ++mi)
+    for (int h = 0; h < 2; ++h) v[mi][h] = float(Chan::row_of(t, mi, h) + 1000 * xs.rank);
+  uint32_t round = 0;
+  Chan::start(st, round, xs, p, t, 1, v);
+  Chan::template finish<Sum>(st, round, xs, p, t, 1, v);
+  ++round;
+  for (int mi = 0; mi < MB; ++mi)
+    for (int h = 0; h < 2; ++h) {
+      float want = float(G * Chan::row_of(t, mi, h) + 1000 * G * (G - 1) / 2);
+      if (v[mi][h] != want) atomicAdd(errors, 1);
+    }
+  for (int r = 0; r < rounds; ++r, ++round) {
+    Chan::start(st, round, xs, p, t, 1, v);
+    Chan::template finish<Sum>(st, round, xs, p, t, 1, v);
+    for (int mi = 0; mi < MB; ++mi) v[mi][0] *= 1.f / G, v[mi][1] *= 1.f / G;
+  }
+  if (v[0][0] == -1.f) sink[t] = v[0][1];
+}
+
+template <int Rows, int G> static float measure_global(int rounds, int* d_err, float* d_sink) {
+  auto k = global_kernel<Rows, G>;
+  CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  using Chan = comfuse::cluster::GlobalRowAllReduce<Rows, G>;
+  void* ws = nullptr;
+  size_t const bytes = size_t(sms) * Chan::kSlotBytes;
+  CK(cudaMalloc(&ws, bytes));
+  CK(cudaMemset(ws, 0, bytes));
+  comfuse::Params p{};
+  p.exchange = ws;
+  auto launch = [&](int r) {
+    ++p.epoch;  // as the runtime does: the flags are never cleared
+    k<<<sms, 128, kSmem>>>(p, r, d_err, d_sink);
+    CK(cudaGetLastError());
+  };
+  launch(10);
+  CK(cudaDeviceSynchronize());
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a)); CK(cudaEventCreate(&b));
+  std::vector<float> ts;
+  for (int i = 0; i < 5; ++i) {
+    CK(cudaEventRecord(a)); launch(rounds); CK(cudaEventRecord(b)); CK(cudaEventSynchronize(b));
+    float ms0; CK(cudaEventElapsedTime(&ms0, a, b));
+    CK(cudaEventRecord(a)); launch(0); CK(cudaEventRecord(b)); CK(cudaEventSynchronize(b));
+    float ms1; CK(cudaEventElapsedTime(&ms1, a, b));
+    ts.push_back((ms0 - ms1) * 1e3f / rounds);
+  }
+  CK(cudaFree(ws));
+  std::sort(ts.begin(), ts.end());
+  return ts[ts.size() / 2];
+}
+
+template <int Rows, int G> static void global_row(int rounds, int* d_err, float* d_sink) {
+  std::printf("| %d | %d | %.3f |\n", Rows, G, measure_global<Rows, G>(rounds, d_err, d_sink));
 }
 
 template <int Rows, int CN, Aggregation Mode>
@@ -104,6 +178,11 @@ int main() {
   row<64, 8>(rounds, d_err, d_sink); row<64, 16>(rounds, d_err, d_sink);
   row<128, 2>(rounds, d_err, d_sink); row<128, 4>(rounds, d_err, d_sink);
   row<128, 8>(rounds, d_err, d_sink); row<128, 16>(rounds, d_err, d_sink);
+  std::printf("\n| rows | G (clusters of 1 in a row group) | global (L2) exchange us/round |\n|---|---|---|\n");
+  global_row<64, 2>(rounds, d_err, d_sink); global_row<64, 4>(rounds, d_err, d_sink);
+  global_row<64, 8>(rounds, d_err, d_sink); global_row<64, 16>(rounds, d_err, d_sink);
+  global_row<64, 32>(rounds, d_err, d_sink); global_row<128, 2>(rounds, d_err, d_sink);
+  global_row<128, 4>(rounds, d_err, d_sink); global_row<128, 8>(rounds, d_err, d_sink);
   CK(cudaDeviceSynchronize());
   int err = 0;
   CK(cudaMemcpy(&err, d_err, 4, cudaMemcpyDeviceToHost));

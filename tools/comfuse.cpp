@@ -8,7 +8,8 @@
 //   comfuse run     FILE --shape M,N,K [...]     GPU: fused kernel vs fp64 reference, timed
 //                                                against cuBLAS; --reference: CPU only
 // explain, emit, compile and run take the plan overrides (--cluster-n, --tile-n, --tile-m,
-// --aggregation p2p|leader, --strategy on-chip|stash|global-reread).
+// --aggregation p2p|leader|global, --strategy on-chip|stash|global-reread; row groups:
+// --cluster-m, --row-group, --stash fp32|bf16).
 // Errors: `comfuse: error: <msg>` on stderr, exit 1 (graph files: FILE:line:col:);
 // command-line usage errors exit 2.
 #include <CLI/CLI.hpp>
@@ -110,8 +111,8 @@ int cmd_lower(const std::string& file) {
 
 struct ExplainArgs {
   bool dot = false;
-  std::optional<int> cluster_n, tile_n, tile_m;
-  std::string aggregation, strategy;
+  std::optional<int> cluster_n, tile_n, tile_m, cluster_m, row_group;
+  std::string aggregation, strategy, stash;
 };
 
 PlanOptions plan_options(const ExplainArgs& a) {
@@ -119,9 +120,16 @@ PlanOptions plan_options(const ExplainArgs& a) {
   o.cluster_n = a.cluster_n;
   o.tile_n = a.tile_n;
   o.tile_m = a.tile_m;
+  o.cluster_m = a.cluster_m;
+  o.row_group = a.row_group;
+  if (a.stash == "bf16") o.stash_bytes = 2;
+  else if (a.stash == "fp32") o.stash_bytes = 4;
+  else if (!a.stash.empty()) throw Error(fmt::format("--stash wants fp32 or bf16, got '{}'", a.stash));
   if (a.aggregation == "p2p" || a.aggregation == "peer-to-peer") o.aggregation = AggregationMode::PeerToPeer;
   else if (a.aggregation == "leader" || a.aggregation == "leader-follower") o.aggregation = AggregationMode::LeaderFollower;
-  else if (!a.aggregation.empty()) throw Error(fmt::format("--aggregation wants p2p or leader, got '{}'", a.aggregation));
+  else if (a.aggregation == "global") o.aggregation = AggregationMode::Global;
+  else if (!a.aggregation.empty())
+    throw Error(fmt::format("--aggregation wants p2p, leader or global, got '{}'", a.aggregation));
   if (a.strategy == "on-chip") o.strategy = RowStrategy::OnChip;
   else if (a.strategy == "stash") o.strategy = RowStrategy::Stash;
   else if (a.strategy == "global-reread") o.strategy = RowStrategy::GlobalReread;
@@ -136,8 +144,11 @@ void add_plan_options(CLI::App* cmd, ExplainArgs& ex) {
   cmd->add_option("--cluster-n", ex.cluster_n, "force the cluster size C_N (1, 2, 4, 8, 16)");
   cmd->add_option("--tile-n", ex.tile_n, "force tile_n (64, 128, 192, 256)");
   cmd->add_option("--tile-m", ex.tile_m, "force rows per consumer warp group (64, 128)");
-  cmd->add_option("--aggregation", ex.aggregation, "force p2p or leader");
-  cmd->add_option("--strategy", ex.strategy, "force on-chip, stash or global-reread");
+  cmd->add_option("--aggregation", ex.aggregation, "force p2p or leader (DSMEM, one cluster along N) or global (row groups)");
+  cmd->add_option("--strategy", ex.strategy, "force on-chip, stash or global-reread (DSMEM search)");
+  cmd->add_option("--cluster-m", ex.cluster_m, "row groups: clusters of 1 or 2 along M (B multicast)");
+  cmd->add_option("--row-group", ex.row_group, "row groups: G clusters share each row (power of two, 1..64)");
+  cmd->add_option("--stash", ex.stash, "row groups: stash element, fp32 or bf16");
 }
 
 int cmd_explain(const std::string& file, const DimArgs& d, const ExplainArgs& a) {
@@ -182,9 +193,14 @@ int run_gpu(const Graph& g, const Bindings& b, const PlanOptions& plan, uint64_t
   DeviceRunReport rep = run_and_check(g, b, seed, opt, /*timing_reps=*/20, /*input_offset=*/0.0,
                                       /*cublas_baseline=*/true);
   const Plan& p = rep.plan;
-  std::cout << fmt::format("kernel: {}x{} tile, C_N={}, {} stages; JIT {} ({:.2f} s{})\n", p.tile_m, p.tile_n,
-                           p.cluster_n, p.stages, rep.compiled.compiler, rep.compiled.elapsed_seconds,
-                           rep.compiled.cache_hit ? ", cache hit" : "");
+  std::string shape = fmt::format("{}x{} tile, {}, cluster {}x{}", p.tile_m, p.tile_n,
+                                  p.wgs_per_tile == 1 ? "PingPong" : "cooperative", p.cluster_m, p.cluster_n);
+  if (p.row_group > 1) shape += fmt::format(", row group {}", p.row_group);
+  if (p.n_tiles_per_cta > 1)
+    shape += fmt::format(", {} N-tiles/CTA ({} {} stash)", p.n_tiles_per_cta, p.stash_elem_bytes == 2 ? "bf16" : "fp32",
+                         p.strategy == RowStrategy::Stash ? "SMEM" : "global");
+  std::cout << fmt::format("kernel: {}, {} stages, {} CTAs; JIT {} ({:.2f} s{})\n", shape, p.stages, p.grid_ctas,
+                           rep.compiled.compiler, rep.compiled.elapsed_seconds, rep.compiled.cache_hit ? ", cache hit" : "");
   bool ok = true;
   for (const OutputCheck& o : rep.outputs) {
     const bool pass = o.unwritten == 0 && o.cmp.nonfinite_mismatch == 0 && o.cmp.rel_l2 <= gpu_result_tolerance(o.dtype);
@@ -194,7 +210,8 @@ int run_gpu(const Graph& g, const Bindings& b, const PlanOptions& plan, uint64_t
                              pass ? "OK" : "MISMATCH");
   }
   std::cout << fmt::format("time: fused {:.4f} ms ({:.1f} TFLOP/s), cuBLAS GEMM alone {:.4f} ms, fused / cuBLAS = "
-                           "{:.3f}x (medians of 5 alternating rounds of 20 launches)\n",
+                           "{:.3f}x (medians of 5 alternating rounds of 20 back-to-back launches, GPU time; cuBLAS = "
+                           "cublasLt, fastest of its heuristic's candidates)\n",
                            rep.kernel_ms, rep.tflops, rep.cublas_ms, rep.kernel_ms / rep.cublas_ms);
   if (!ok) throw Error("run: GPU result differs from the fp64 reference beyond tolerance");
   return 0;

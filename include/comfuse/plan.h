@@ -77,7 +77,10 @@ struct PlannerTunables {
   std::map<int, double> cluster_efficiency = {{1, 1.0}, {2, 1.0}, {4, 0.98}, {8, 0.97}, {16, 0.96}};
   int reduce_buffer_phases = 2;    // parity double-buffering of the unified reduction buffer
   int store_subtile_n = 64;        // epilogue TMA-store sub-tile width (columns)
-  bool allow_bf16_stash = true;    // stash (and GlobalReread workspace) in bf16 when cheaper
+  // Stash (and GlobalReread workspace) in bf16 when cheaper. Off by default: a bf16 stash rounds
+  // x before x - mean, which |mean| >> std turns into wrong rows (MEASURED: rel_l2 0.44 on
+  // LayerNorm with a 1000 offset); PlanOptions::stash_bytes = 2 opts in.
+  bool allow_bf16_stash = false;
   // GUESS: share of L2 a GlobalReread workspace may fill and still be re-read from L2; the
   // mainloop's operand tiles need the rest. Beyond it the re-read is charged at DRAM speed.
   double l2_workspace_fraction = 0.5;
@@ -85,9 +88,31 @@ struct PlannerTunables {
   // the runtime for. It bounds N: about 4M columns for a one-value stash at C_N = 16.
   int64_t max_workspace_bytes = 8ll << 30;
   double near_tie = 0.02;          // within 2% of the best: prefer the simpler strategy, smaller cluster
+
+  // Row groups (AggregationMode::Global, src/plan/row_groups.cpp).
+  // Mainloop speed of a PingPong tile (key tile_m * 1000 + tile_n) with B multicast along M,
+  // relative to sm_flops_per_s. MEASURED (bench/NOTES.md, row groups): 128x128 1.0 (parity with
+  // cuBLAS, also run 3); 64x256 0.95 (LayerNorm 8192x4096x4096 at one tile per CTA: 1.125x and
+  // 1.090x cuBLAS in two runs vs 0.989x and 1.092x for 128x128); 64x128 0.9 (GUESS).
+  std::map<int, double> row_group_mainloop_efficiency = {{64128, 0.9}, {64256, 0.95}, {128128, 1.0}};
+  // Share of a multi-tile job's stash traffic (write once, read per later stage) that the
+  // mainloops do not hide. MEASURED-ish: T = 2 cost 2-3% over T = 1 at 8192x4096x4096.
+  double row_group_stash_exposed = 0.5;
+  // Without B multicast (clusters of 1). MEASURED-ish: pp 128x128 alone ran 0.86x of the
+  // multicast version (L2-bound in ncu), pp 64x256 with A multicast only 0.65x.
+  double row_group_no_multicast_efficiency = 0.8;
+  // One exchange round through L2 among G clusters, microseconds, by G. MEASURED for G <= 32
+  // (bench/dsmem_allreduce.cu, LL protocol, 64 rows per CTA, idle GPU). 64: what a round
+  // costs inside the kernel, MEASURED indirectly (4096x8192x4096 LayerNorm, 128 CTAs in one
+  // group: 1.34x cuBLAS vs 1.26x at G = 32 with two tiles per CTA: the slowest of 128 CTAs
+  // sets every round; RMSNorm there 1.23x): 30 us keeps G = 64 a last resort).
+  std::map<int, double> row_group_exchange_us = {{1, 0.05}, {2, 0.89}, {4, 0.98}, {8, 1.03}, {16, 1.08}, {32, 1.44}, {64, 30.0}};
+  bool use_row_groups = true;      // rows with many row blocks go to row groups (else the DSMEM rule)
 };
 
-enum class AggregationMode { None, PeerToPeer, LeaderFollower };
+// Global: the CTAs that share a row are a row group of clusters exchanging through L2
+// (kernels/comfuse/cluster/global_exchange.cuh); the others: one cluster, over DSMEM.
+enum class AggregationMode { None, PeerToPeer, LeaderFollower, Global };
 enum class RowStrategy {
   NoReduction,   // elementwise epilogue only: any tile may finish alone
   OnChip,        // the cluster covers the row, one N-tile per CTA
@@ -112,6 +137,9 @@ struct PlanOptions {
   std::optional<int> tile_m;                  // force rows per consumer warp group (64 or 128)
   std::optional<AggregationMode> aggregation; // debug: force a mode
   std::optional<RowStrategy> strategy;        // force a row strategy (e.g. test GlobalReread)
+  std::optional<int> cluster_m;               // force clusters along M (B multicast); with a reduction: row groups
+  std::optional<int> row_group;               // force a row group of G clusters (Aggregation Global)
+  std::optional<int> stash_bytes;             // force the stash element: 4 (fp32) or 2 (bf16)
 };
 
 // The cost model's estimate for one candidate, microseconds.
@@ -130,7 +158,9 @@ struct Plan {
   int consumer_warp_groups = 2;
   int wgs_per_tile = 1;          // 1: PingPong (each WG owns a tile, they alternate mainloop and
                                  // epilogue); 2: cooperative (both WGs share one tile)
-  int cluster_m = 1, cluster_n = 1;  // cluster_m > 1 (B multicast) only without row reductions
+  int cluster_m = 1, cluster_n = 1;  // cluster_m > 1 (B multicast): no reduction, or row groups
+  int row_group = 1;             // clusters whose CTAs share a row (AggregationMode::Global); the
+                                 // row's CTAs: cluster_n * row_group
   bool raster_along_n = false;   // tile scheduler: walk raster_group N-blocks (else M-blocks) together
   int raster_group = 8;
   std::string measured_config;   // non-empty: the configuration came from the measured table

@@ -112,7 +112,8 @@ inline double gpu_result_tolerance(DType t) { return t == DType::BF16 ? 1e-2 : t
 
 // Lowers, compiles and runs `g` once on random inputs drawn from `seed` (outputs poisoned
 // with NaN first), downloads the outputs and compares them with run_graph. With
-// timing_reps > 0 also times that many launches (after warm-up) with CUDA events.
+// timing_reps > 0 also times batches of that many back-to-back launches (after warm-up; GPU time,
+// src/runtime/baseline.h), alternating with the cuBLAS GEMM alone when cublas_baseline.
 DeviceRunReport run_and_check(const Graph& g, const Bindings& dims, uint64_t seed, const CompileOptions& opt = {},
                               int timing_reps = 0, double input_offset = 0.0, bool cublas_baseline = false);
 

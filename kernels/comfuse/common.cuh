@@ -110,4 +110,11 @@ template <> struct DType<float> {
   static COMFUSE_DEVICE float round(float x) { return x; }
 };
 
+// Where a warp group's row-reduction partials meet those of the CTAs that share its rows:
+// slot = its row group's exchange slot, rank = its place along N in that group (cluster/).
+struct RowGroupSlot {
+  int slot = 0;
+  int rank = 0;
+};
+
 }  // namespace comfuse

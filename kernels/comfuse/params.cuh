@@ -35,6 +35,11 @@ struct alignas(128) Params {
   // Stash in global memory (FusedGemmSm90::kStashGlobalBytesPerCta > 0): a workspace of
   // grid CTAs x kStashGlobalBytesPerCta bytes, 16-byte aligned; else unused.
   void* stash;
+  // Row reductions across clusters (cluster::Aggregation::Global, cluster/global_exchange.cuh):
+  // a zero-initialized workspace of exchange slots, and a launch counter that tags its rounds
+  // (the host bumps it every launch and re-zeroes the workspace every 2^16 launches); else unused.
+  void* exchange;
+  unsigned epoch;
 };
 
 }  // namespace comfuse

@@ -74,8 +74,15 @@ void check_device_support(const FusionSpec& s, const Plan& p) {
   } bypass_check;
   bypass_check.walk(s.root);
   if (!bypass_check.error.empty()) throw Error(fmt::format("spec '{}': {}", s.name, bypass_check.error));
-  if (s.reduction_count() > 0 && p.cluster_m != 1)
-    throw Error(fmt::format("spec '{}': a row reduction needs clusters along N only (cluster_m = {})", s.name, p.cluster_m));
+  const bool global = p.aggregation == AggregationMode::Global;
+  if (s.reduction_count() > 0 && p.cluster_m != 1 && p.cluster_n != 1)
+    throw Error(fmt::format("spec '{}': a row reduction over DSMEM needs clusters along N only (cluster_m = {}); "
+                            "with clusters along M the row's CTAs exchange through L2 (aggregation global)", s.name, p.cluster_m));
+  if (p.row_group > 1 && (!global || p.cluster_n != 1))
+    throw Error(fmt::format("spec '{}': a row group of {} clusters needs aggregation global and clusters of 1 along N "
+                            "(plan: {}, cluster_n = {})", s.name, p.row_group, name_of(p.aggregation), p.cluster_n));
+  if (p.row_group < 1 || p.row_group > 64)
+    throw Error(fmt::format("spec '{}': row group {} is not in 1..64", s.name, p.row_group));
   const RuntimeArg& a = s.args.at(static_cast<size_t>(s.arg_index(ArgRole::OperandA)));
   const RuntimeArg& b = s.args.at(static_cast<size_t>(s.arg_index(ArgRole::OperandB)));
   if (a.dtype != b.dtype || a.dtype == DType::F32)
@@ -123,7 +130,8 @@ EmittedKernel emit(const FusionSpec& s, const Plan& p) {
       "                                       /*Stages=*/{stages}, /*ClusterN=*/{cn}, /*WGsPerTile=*/{wgs},\n"
       "                                       /*ClusterM=*/{cm}>;\n"
       "using Kernel = comfuse::FusedGemmSm90<Mainloop, Epilogue, comfuse::cluster::Aggregation::{agg},\n"
-      "                                      /*NTiles=*/{ntiles}, /*StashT=*/{stash_t}, comfuse::epi::StashSpace::{space}>;\n"
+      "                                      /*NTiles=*/{ntiles}, /*StashT=*/{stash_t}, comfuse::epi::StashSpace::{space},\n"
+      "                                      /*RowGroup=*/{row_group}>;\n"
       "}}  // namespace\n"
       "\n"
       "COMFUSE_DEFINE_KERNEL({entry}, Kernel)\n",
@@ -131,7 +139,10 @@ EmittedKernel emit(const FusionSpec& s, const Plan& p) {
       fmt::arg("elem", emit_detail::cpp_type(a.dtype)), fmt::arg("kmajor", s.b_layout == BLayout::NK ? "true" : "false"),
       fmt::arg("bm", p.tile_m), fmt::arg("bn", p.tile_n), fmt::arg("stages", p.stages), fmt::arg("cn", p.cluster_n),
       fmt::arg("wgs", p.wgs_per_tile), fmt::arg("cm", p.cluster_m),
-      fmt::arg("agg", p.aggregation == AggregationMode::LeaderFollower ? "LeaderFollower" : "PeerToPeer"),
+      fmt::arg("agg", p.aggregation == AggregationMode::LeaderFollower ? "LeaderFollower"
+                      : p.aggregation == AggregationMode::Global       ? "Global"
+                                                                       : "PeerToPeer"),
+      fmt::arg("row_group", p.row_group),
       fmt::arg("ntiles", p.n_tiles_per_cta),
       fmt::arg("stash_t", emit_detail::cpp_type(p.stash_elem_bytes == 2 ? DType::BF16 : DType::F32)),
       fmt::arg("space", p.strategy == RowStrategy::Stash ? "Smem" : p.strategy == RowStrategy::GlobalReread ? "Global" : "Auto"),

@@ -69,6 +69,9 @@ std::string explain(const FusionSpec& s, const Plan& p) {
   o += fmt::format("  cluster      {}x{} (C_N = {}), {} N-tile(s) per CTA, multicast A: {}, multicast B: {}, raster "
                    "{} x {}\n", p.cluster_m, p.cluster_n, p.cluster_n, p.n_tiles_per_cta, p.multicast_a ? "yes" : "no",
                    p.cluster_m > 1 ? "yes" : "no", p.raster_group, p.raster_along_n ? "N-blocks" : "M-blocks");
+  if (p.row_group > 1)
+    o += fmt::format("  row group    {} clusters share each row ({} CTAs along N), partials meet in L2\n", p.row_group,
+                     p.row_group * p.cluster_n);
   std::string strat(name_of(p.strategy));
   if (p.strategy == RowStrategy::Stash || p.strategy == RowStrategy::GlobalReread) {
     std::string vals;
@@ -99,6 +102,10 @@ std::string explain(const FusionSpec& s, const Plan& p) {
                   p.tile_k, p.tile_n, p.tile_k, ab));
   std::string red;
   if (p.reductions == 0) red = "no reduction";
+  else if (p.aggregation == AggregationMode::Global)
+    red = fmt::format("none on chip: the {} CTAs of a row group exchange partials through an L2 workspace "
+                      "(2 phases x {} x {} rows x 4 B per WG slot), reused by all {} reduction(s)",
+                      p.row_group, p.row_group, p.tile_m / p.wgs_per_tile, p.reductions);
   else if (p.cluster_n == 1) red = "C_N = 1: rows reduce by warp shuffles, nothing crosses a CTA";
   else
     red = fmt::format("2 WGs x 2 phases x {} slots x {} rows x 4 B ({}), ONE buffer reused by all {} reduction(s)",

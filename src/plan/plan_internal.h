@@ -48,6 +48,17 @@ std::string value_name(const Spec& stage, int index);
 
 std::string fmt_bytes(int64_t bytes);  // "40.0 KiB"
 
+// Row reductions over row groups of clusters along M (row_groups.cpp): the work division
+// priced per candidate, cheapest first. The planner takes the first whose SMEM budget fits.
+struct RowGroupChoice {
+  int tile_m = 0, tile_n = 0, cluster_m = 1, row_group = 1, stash_elem = 0, ab_bytes = 2;
+  int64_t n_tiles = 1, jobs = 0, groups = 0;
+  double mainloop_us = 0, tail_us = 0, exchange_us = 0, est_us = 0;
+  std::string describe() const;
+};
+std::vector<RowGroupChoice> row_group_candidates(const Problem& p, const ChainInfo& chain, const DeviceModel& dev,
+                                                 const PlannerTunables& tun, const PlanOptions& opt);
+
 // Fills plan.reasons: one line per choice (reasons.cpp). `unforced` describes what the
 // model would have picked without the forced options ("" when nothing was forced).
 void add_reasons(Plan& plan, const ChainInfo& chain, const DeviceModel& dev, const PlannerTunables& tun,

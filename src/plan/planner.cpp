@@ -40,6 +40,7 @@ std::string_view name_of(AggregationMode m) {
     case AggregationMode::None: return "none";
     case AggregationMode::PeerToPeer: return "peer-to-peer";
     case AggregationMode::LeaderFollower: return "leader-follower";
+    case AggregationMode::Global: return "global (L2 exchange across a row group of clusters)";
   }
   return "?";
 }
@@ -91,6 +92,7 @@ struct Candidate {
   int raster_group = 8;
   bool raster_along_n = false;
   int64_t tiles_m = 0, tiles_n = 0, n_tiles = 1, jobs = 0;
+  int row_group = 1;  // clusters that share a row (AggregationMode::Global)
   RowStrategy strategy = RowStrategy::NoReduction;
   int stash_elem = 0;
   AggregationMode agg = AggregationMode::None;
@@ -263,7 +265,7 @@ struct Search {
               variants = {{RowStrategy::Stash, 4}};  // nothing tile-sized to keep
             } else {
               variants = {{RowStrategy::Stash, 4}, {RowStrategy::GlobalReread, 4}};
-              if (tun.allow_bf16_stash) {
+              if (tun.allow_bf16_stash || opt.stash_bytes == 2) {
                 variants.push_back({RowStrategy::Stash, 2});
                 variants.push_back({RowStrategy::GlobalReread, 2});
               }
@@ -271,6 +273,7 @@ struct Search {
           }
           for (auto [strategy, elem] : variants) {
             if (opt.strategy && *opt.strategy != strategy) continue;
+            if (opt.stash_bytes && elem != 0 && elem != *opt.stash_bytes) continue;
             Candidate v = c;
             v.strategy = strategy;
             v.stash_elem = elem;
@@ -362,6 +365,18 @@ void validate(const FusionSpec& s, const Problem& p, const DeviceModel& dev, con
     throw Error(fmt::format("plan: tile_n = {} is not one of 64, 128, 192, 256", *opt.tile_n));
   if (opt.tile_m && *opt.tile_m != 64 && *opt.tile_m != 128)
     throw Error(fmt::format("plan: tile_m = {} is not 64 or 128 (rows per consumer warp group)", *opt.tile_m));
+  const bool rg = opt.row_group || opt.cluster_m || (opt.aggregation && *opt.aggregation == AggregationMode::Global);
+  if ((rg || opt.stash_bytes) && s.reduction_count() == 0)
+    throw Error("plan: cluster_m, row_group, stash_bytes and aggregation global shape row reductions; this epilogue has none");
+  if (rg && (opt.cluster_n || opt.strategy))
+    throw Error("plan: row groups (cluster_m, row_group, aggregation global) do not combine with a forced cluster_n or "
+                "strategy (those pick the DSMEM search)");
+  if (opt.cluster_m && *opt.cluster_m != 1 && *opt.cluster_m != 2)
+    throw Error(fmt::format("plan: cluster_m = {} is not 1 or 2", *opt.cluster_m));
+  if (opt.row_group && (*opt.row_group < 1 || *opt.row_group > 64 || (*opt.row_group & (*opt.row_group - 1))))
+    throw Error(fmt::format("plan: row_group = {} is not a power of two in 1..64", *opt.row_group));
+  if (opt.stash_bytes && *opt.stash_bytes != 2 && *opt.stash_bytes != 4)
+    throw Error(fmt::format("plan: stash_bytes = {} is not 2 (bf16) or 4 (fp32)", *opt.stash_bytes));
   if (opt.strategy && s.reduction_count() == 0 && *opt.strategy != RowStrategy::NoReduction)
     throw Error(fmt::format("plan: strategy {} asked for, but the epilogue has no reduction", name_of(*opt.strategy)));
   if (opt.strategy && s.reduction_count() > 0 && *opt.strategy == RowStrategy::NoReduction)
@@ -376,7 +391,8 @@ Plan make_plan(const FusionSpec& s, const Problem& p, const DeviceModel& dev, co
   const ChainInfo chain = plan_detail::analyze_chain(s);
   Search search{s, p, dev, tun, chain, static_cast<int>(size_of(p.ab_dtype)), {}};
   std::vector<Candidate> cands = search.run(opt);
-  const bool forced = opt.cluster_n || opt.tile_n || opt.tile_m || opt.strategy || opt.aggregation;
+  const bool forced = opt.cluster_n || opt.tile_n || opt.tile_m || opt.strategy || opt.aggregation || opt.cluster_m ||
+                      opt.row_group || opt.stash_bytes;
   std::string measured_why;
   if (chain.reductions == 0 && !forced) {
     const MeasuredConfig mc = measured_elementwise_config(p);
@@ -404,43 +420,54 @@ Plan make_plan(const FusionSpec& s, const Problem& p, const DeviceModel& dev, co
   }
   const Candidate* chosen = measured_why.empty() ? pick(cands, tun.near_tie) : &cands.front();
 
-  // Row reductions: the configurations measured best on the H200 (bench/NOTES.md, Stash run),
-  // where the cost model's mainloop guesses are not calibrated. Many row blocks (M >= 1024):
-  // clusters of 2 walking T = N / 512 N-tiles per CTA, earlier tiles' bypass value kept in
-  // an fp32 stash (LayerNorm 1.65x cuBLAS, RMSNorm 1.28x, Softmax 1.42x at M=8192 N=K=4096,
-  // against 2.02x for one tile per CTA over 16-CTA clusters); fp32 because a bf16 stash rounds x,
-  // which |mean| >> std punishes. Few row blocks: one tile per CTA over the smallest cluster
-  // that covers the row (M=256: 1.90x; clusters of 2-8 starve the SMs: 3.5-8.7x).
+  // Row reductions, unless a DSMEM-specific option was forced: row groups of clusters along M
+  // (row_groups.cpp), the cheapest division of the work whose SMEM budget fits. They replace
+  // the DSMEM rule measured before (PingPong 64x256 in clusters of 2 along N: 1.2-2.0x cuBLAS,
+  // its mainloop L2-bound because only A was multicast; bench/NOTES.md).
   Candidate red;
-  if (!forced && chain.reductions > 0 && chain.live_tile_values <= 1 && dev.multi_tile_rows) {
-    red.tile_m = 64, red.tile_n = 256, red.tile_k = 128 / search.ab_bytes;
-    red.tiles_m = ceil_div(p.m, red.tile_m), red.tiles_n = ceil_div(p.n, red.tile_n);
-    int cluster = 2;
-    if (p.m < 1024)
-      while (cluster < 16 && cluster < red.tiles_n) cluster *= 2;
-    red.cluster = std::min<int>(cluster, static_cast<int>(std::max<int64_t>(1, red.tiles_n)));
-    while (red.cluster & (red.cluster - 1)) ++red.cluster;  // a power of two
-    red.n_tiles = ceil_div(red.tiles_n, red.cluster);
-    red.jobs = red.tiles_m;
-    red.agg = red.cluster <= tun.p2p_max_cluster ? AggregationMode::PeerToPeer : AggregationMode::LeaderFollower;
-    red.stash_elem = 4;
-    red.regs = 64 * 256 / kThreadsPerWG + tun.reg_overhead;
-    red.strategy = red.n_tiles == 1 ? RowStrategy::OnChip : RowStrategy::Stash;
-    bool ok = search.budget(red);
-    if (!ok && red.strategy == RowStrategy::Stash) {  // the stash does not fit on chip: L2-resident workspace
-      red.smem = {};
-      red.strategy = RowStrategy::GlobalReread;
-      ok = search.budget(red);
-    }
-    if (ok) {
-      search.estimate(red);
+  const bool dsmem_forced = opt.cluster_n || opt.strategy ||
+                            (opt.aggregation && *opt.aggregation != AggregationMode::Global);
+  if (chain.reductions > 0 && chain.live_tile_values <= 1 && dev.multi_tile_rows && tun.use_row_groups && !dsmem_forced) {
+    for (const plan_detail::RowGroupChoice& g : plan_detail::row_group_candidates(p, chain, dev, tun, opt)) {
+      Candidate c;
+      c.tile_m = g.tile_m, c.tile_n = g.tile_n, c.tile_k = 128 / search.ab_bytes, c.cluster = 1;
+      c.cluster_m = g.cluster_m, c.row_group = g.row_group;
+      c.tiles_m = ceil_div(p.m, c.tile_m), c.tiles_n = ceil_div(p.n, c.tile_n);
+      c.n_tiles = g.n_tiles, c.jobs = g.jobs;
+      c.agg = g.row_group > 1 ? AggregationMode::Global : AggregationMode::None;
+      c.stash_elem = g.stash_elem;
+      c.regs = c.tile_m * c.tile_n / kThreadsPerWG + tun.reg_overhead;
+      c.strategy = c.n_tiles == 1 ? RowStrategy::OnChip : RowStrategy::Stash;
+      bool ok = search.budget(c);
+      if (!ok && c.strategy == RowStrategy::Stash) {  // not on chip: a global workspace, mostly L2
+        c.smem = {};
+        c.strategy = RowStrategy::GlobalReread;
+        ok = search.budget(c);
+      }
+      if (!ok) continue;
+      search.estimate(c);  // the DRAM floor; the times below are the row-group model's
+      c.resident = static_cast<int>(g.groups * g.row_group);
+      c.workspace = c.strategy == RowStrategy::GlobalReread
+                        ? int64_t{c.resident} * c.cluster_m * kConsumerWGs * (c.n_tiles - 1) * c.tile_m * c.tile_n *
+                              static_cast<int64_t>(chain.stash_nodes.size()) * c.stash_elem
+                        : 0;
+      c.est.mainloop_us = g.mainloop_us;
+      c.est.epilogue_us = g.tail_us + g.exchange_us;
+      c.est.reread_us = 0;
+      c.est.total_us = std::max(g.est_us, c.est.dram_floor_us);
+      red = c;
       chosen = &red;
-      measured_why = p.m >= 1024 ? "row reduction with many row blocks: PingPong 64x256, clusters of 2, earlier N-tiles "
-                                   "in an fp32 stash (measured 1.28-1.65x cuBLAS vs 2.02x for 16-CTA one-tile rows)"
-                                 : "row reduction with few row blocks: one N-tile per CTA over the smallest covering "
-                                   "cluster (measured 1.90x cuBLAS at M=256; smaller clusters starve the SMs)";
+      measured_why = "row reduction over a row group (src/plan/row_groups.cpp): " + g.describe() +
+                     "; PingPong tiles with B multicast along M run at cuBLAS parity, the row's CTAs meet in L2";
+      break;
     }
   }
+  const bool rg_forced = opt.row_group || opt.cluster_m ||
+                         (opt.aggregation && *opt.aggregation == AggregationMode::Global);
+  if (rg_forced && chosen != &red)
+    throw Error(fmt::format("plan: no row-group plan (PingPong 64x256, 128x128 or 64x128; clusters of 1 or 2 along M; "
+                            "row groups of 1..64 clusters resident at once; <= 64 N-tiles per CTA) fits the forced "
+                            "options for {} x {} x {}", p.m, p.n, p.k));
   const Candidate& c = *chosen;
 
   // When an option was forced, say what the model alone would have picked.
@@ -457,6 +484,7 @@ Plan make_plan(const FusionSpec& s, const Problem& p, const DeviceModel& dev, co
   plan.stages = c.stages;
   plan.consumer_warp_groups = kConsumerWGs;
   plan.cluster_m = c.cluster_m, plan.cluster_n = c.cluster;
+  plan.row_group = c.row_group;
   plan.wgs_per_tile = c.wgs_per_tile;
   plan.measured_config = measured_why;
   plan.raster_group = c.raster_group;

@@ -19,11 +19,12 @@ void add_reasons(Plan& plan, const ChainInfo& chain, const DeviceModel& dev, con
                  const PlanOptions& opt, const std::string& unforced) {
   auto& r = plan.reasons;
   const Problem& p = plan.problem;
-  const int64_t covered = int64_t{plan.cluster_n} * plan.tile_n * plan.n_tiles_per_cta;
+  const int64_t peers = int64_t{plan.cluster_n} * plan.row_group;  // CTAs that share a row
+  const int64_t covered = peers * plan.tile_n * plan.n_tiles_per_cta;
   const std::string ab = std::string(name_of(p.ab_dtype));
 
   if (!plan.measured_config.empty())
-    r.push_back("configuration chosen by measurement, not by the cost model: " + plan.measured_config);
+    r.push_back("configuration chosen outside the general cost model: " + plan.measured_config);
   if (plan.wgs_per_tile == 2)
     r.push_back(fmt::format("tile {}x{}x{}: cooperative, the {} consumer warp groups split one tile's rows ({} each); "
                             "the epilogue is not overlapped with a mainloop, which measured cheaper than PingPong's "
@@ -40,6 +41,13 @@ void add_reasons(Plan& plan, const ChainInfo& chain, const DeviceModel& dev, con
     r.push_back(fmt::format("cluster {}x{}{}: no reduction, so tiles finish alone; a cluster only buys operand "
                             "multicast (A along N, B along M) at the cost of lock-step ({} of {} SMs busy at this size)",
                             plan.cluster_m, plan.cluster_n, forced, plan.ctas_busy, dev.sm_count));
+  } else if (plan.row_group > 1) {
+    r.push_back(fmt::format("cluster {}x1 along M (B multicast) in row groups of {}: {} clusters resident keep {} of "
+                            "{} SMs busy; a row group's {} CTAs cover {} x {} x {} = {} columns of N = {}",
+                            plan.cluster_m, plan.row_group, plan.clusters_resident, plan.ctas_busy, dev.sm_count, peers,
+                            peers, plan.tile_n, plan.n_tiles_per_cta, covered, p.n));
+    r.push_back(fmt::format("{} N-tile(s) per CTA: ceil(ceil(N / tile_n) / {} CTAs) = ceil({} / {})",
+                            plan.n_tiles_per_cta, peers, plan.tiles_n, peers));
   } else {
     r.push_back(fmt::format("cluster 1x{}{}: {} clusters resident keep {} of {} SMs busy; the cluster covers "
                             "{} x {} x {} = {} columns of N = {}",
@@ -54,8 +62,9 @@ void add_reasons(Plan& plan, const ChainInfo& chain, const DeviceModel& dev, con
       r.push_back("strategy no-reduction: elementwise epilogue only, every tile stores on its own");
       break;
     case RowStrategy::OnChip:
-      r.push_back(fmt::format("strategy on-chip: C_N x tile_n = {} >= N = {}, each CTA holds its whole tile in "
-                              "registers through all {} stage(s)", covered, p.n, plan.stages_in_chain));
+      r.push_back(fmt::format("strategy on-chip: {} CTA(s) sharing a row x tile_n = {} >= N = {}, each CTA holds its "
+                              "whole tile in registers through all {} stage(s)", peers, covered, p.n,
+                              plan.stages_in_chain));
       break;
     case RowStrategy::Stash:
       if (plan.stashed.empty())
@@ -101,12 +110,23 @@ void add_reasons(Plan& plan, const ChainInfo& chain, const DeviceModel& dev, con
                               name_of(plan.aggregation), why));
       break;
     }
+    case AggregationMode::Global:
+      r.push_back(fmt::format(
+          "aggregation global: the {} CTAs that share a row sit in {} different clusters (clusters of {}x1 along M, "
+          "B multicast) and exchange one fp32 per row and round through L2 with release/acquire flags "
+          "(cluster/global_exchange.cuh); a cluster along N could only multicast A, which left the 64x256 PingPong "
+          "mainloop L2-bound at 1.53x cuBLAS (bench/NOTES.md), and 2-D clusters of 4 keep only 120 SMs busy",
+          plan.row_group * plan.cluster_n, plan.row_group, plan.cluster_m));
+      break;
   }
 
   r.push_back(plan.multicast_a
                   ? fmt::format("multicast A: the {} CTAs of a cluster share the row block, one TMA load feeds all",
                                 plan.cluster_n)
-                  : "no multicast: cluster of one");
+                  : plan.cluster_m > 1
+                      ? fmt::format("multicast B: the {} CTAs of a cluster share the column block, one TMA load feeds all",
+                                    plan.cluster_m)
+                      : "no multicast: cluster of one");
   r.push_back(fmt::format("{} pipeline stages: as many {}-byte ring stages as fit after the epilogue buffers "
                           "(range 2..8; both consumer WGs share one ring)",
                           plan.stages, (plan.tile_m + plan.tile_n) * plan.tile_k * int(size_of(p.ab_dtype))));
@@ -116,7 +136,7 @@ void add_reasons(Plan& plan, const ChainInfo& chain, const DeviceModel& dev, con
                           plan.reductions));
   r.push_back(fmt::format("persistent grid of {} CTAs: {} job(s) (row blocks{}) over {} resident cluster(s)",
                           plan.grid_ctas, plan.jobs, plan.reductions ? "" : " x N groups",
-                          plan.grid_ctas / std::max(1, plan.cluster_n)));
+                          plan.grid_ctas / std::max(1, plan.cluster_n * plan.cluster_m)));
   const PlanEstimate& e = plan.estimate;
   r.push_back(fmt::format("estimate {:.1f} us = max(mainloop {:.1f} + exposed epilogue {:.1f}, DRAM floor {:.1f}) + "
                           "reread {:.1f} (cost model in src/plan/planner.cpp; constants marked GUESS await GPU "

@@ -3,7 +3,6 @@
 // to it), outputs are poisoned with NaN so an unwritten element cannot pass.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
@@ -13,6 +12,7 @@
 
 #include "comfuse/lower.h"
 #include "comfuse/runtime.h"
+#include "baseline.h"
 
 namespace comfuse {
 namespace {
@@ -62,64 +62,6 @@ struct DeviceBuffer {
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
 };
 
-// The floor a fused kernel approaches: the same GEMM through cuBLAS, output in the A/B
-// dtype, row-major C = A x B^T (nk) or A x B (kn) expressed in cuBLAS's column-major terms.
-class CublasGemm {
- public:
-  CublasGemm(const FusionSpec& s, const RunArgs& args) {
-    const RuntimeArg& ra = s.args.at(static_cast<size_t>(s.arg_index(ArgRole::OperandA)));
-    const RuntimeArg& rb = s.args.at(static_cast<size_t>(s.arg_index(ArgRole::OperandB)));
-    const DeviceTensor& A = args.tensors.at(ra.name);
-    const DeviceTensor& B = args.tensors.at(rb.name);
-    nk_ = s.b_layout == BLayout::NK;
-    m_ = A.shape[0], k_ = A.shape[1], n_ = nk_ ? B.shape[0] : B.shape[1];
-    a_ = A.data, b_ = B.data;
-    type_ = ra.dtype == DType::F16 ? CUDA_R_16F : CUDA_R_16BF;
-    if (cublasCreate(&h_) != CUBLAS_STATUS_SUCCESS) throw Error("cublasCreate failed");
-    check(cudaMalloc(&c_, size_t(m_) * size_t(n_) * 2), "cudaMalloc (cuBLAS output)");
-  }
-  ~CublasGemm() {
-    cublasDestroy(h_);
-    cudaFree(c_);
-  }
-  void run() {
-    const float one = 1.f, zero = 0.f;
-    cublasStatus_t st = cublasGemmEx(h_, nk_ ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, int(n_), int(m_), int(k_), &one, b_,
-                                     type_, nk_ ? int(k_) : int(n_), a_, type_, int(k_), &zero, c_, type_, int(n_),
-                                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    if (st != CUBLAS_STATUS_SUCCESS) throw Error(fmt::format("cublasGemmEx failed ({})", int(st)));
-  }
-
- private:
-  cublasHandle_t h_ = nullptr;
-  bool nk_ = true;
-  int64_t m_ = 0, n_ = 0, k_ = 0;
-  const void *a_ = nullptr, *b_ = nullptr;
-  void* c_ = nullptr;
-  cudaDataType_t type_ = CUDA_R_16BF;
-};
-
-// Median time of `reps` launches of f, with CUDA events around each.
-template <class F>
-double median_ms(F&& f, int reps) {
-  cudaEvent_t start, stop;
-  check(cudaEventCreate(&start), "cudaEventCreate");
-  check(cudaEventCreate(&stop), "cudaEventCreate");
-  std::vector<float> ms;
-  for (int i = 0; i < reps; ++i) {
-    check(cudaEventRecord(start), "cudaEventRecord");
-    f();
-    check(cudaEventRecord(stop), "cudaEventRecord");
-    check(cudaEventSynchronize(stop), "cudaEventSynchronize");
-    float t = 0;
-    check(cudaEventElapsedTime(&t, start, stop), "cudaEventElapsedTime");
-    ms.push_back(t);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
-}
 
 // Rows the fp64 reference checks. Every fused epilogue op is row-local (reductions run
 // along N), so a sample of rows is an exact check of those rows; the CPU reference of the
@@ -238,15 +180,16 @@ DeviceRunReport run_and_check(const Graph& g, const Bindings& dims, uint64_t see
   if (timing_reps > 0) {
     // The GPU drifts between power states (bench/NOTES.md): the fused kernel and cuBLAS are
     // timed in alternating rounds after a warm-up, and each reports its median round.
-    std::unique_ptr<CublasGemm> blas = cublas_baseline ? std::make_unique<CublasGemm>(s, args) : nullptr;
+    std::unique_ptr<runtime_detail::CublasBaseline> blas =
+        cublas_baseline ? std::make_unique<runtime_detail::CublasBaseline>(s, args) : nullptr;
     for (int i = 0; i < 10; ++i) {
       k.run(args);
       if (blas) blas->run();
     }
     std::vector<double> fused, base;
     for (int round = 0; round < 5; ++round) {
-      fused.push_back(median_ms([&] { k.run(args); }, timing_reps));
-      if (blas) base.push_back(median_ms([&] { blas->run(); }, timing_reps));
+      fused.push_back(runtime_detail::batch_ms([&] { k.run(args); }, timing_reps));
+      if (blas) base.push_back(runtime_detail::batch_ms([&] { blas->run(); }, timing_reps));
     }
     check(cudaGetLastError(), "timed launches");
     rep.kernel_ms = median_of(fused);

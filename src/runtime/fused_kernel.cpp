@@ -4,6 +4,8 @@
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
+#include <atomic>
+
 #include "comfuse/host/launch.hpp"
 #include "comfuse/lower.h"
 #include "comfuse/runtime.h"
@@ -58,8 +60,14 @@ struct FusedKernel::State {
   cudaKernel_t kernel = nullptr;
   int max_clusters = 0;
   void* stash = nullptr;  // global stash workspace (RowStrategy::GlobalReread), owned
+  void* exchange = nullptr;  // cross-cluster row exchange (AggregationMode::Global), owned, zeroed once
+  size_t exchange_bytes = 0;
+  // Launch counter: tags the exchange's rounds (Params::epoch), so its flags are never reset.
+  // A FusedKernel's workspaces serve one launch at a time: run it on one stream at a time.
+  mutable std::atomic<unsigned> epoch{0};
   ~State() {
     if (stash) cudaFree(stash);
+    if (exchange) cudaFree(exchange);
     if (library) cudaLibraryUnload(library);
   }
 };
@@ -106,6 +114,11 @@ FusedKernel FusedKernel::build(const FusionSpec& spec, const Problem& problem, c
   cuda_check(cudaLibraryGetGlobal(&stash_sym, &smem_size, st->library, (st->emitted.entry + "_stash_bytes_per_cta").c_str()),
              "finding the kernel's stash size");
   cuda_check(cudaMemcpy(&stash_per_cta, stash_sym, sizeof(int), cudaMemcpyDeviceToHost), "reading the kernel's stash size");
+  void* exchange_sym = nullptr;
+  int exchange_per_slot = 0;
+  cuda_check(cudaLibraryGetGlobal(&exchange_sym, &smem_size, st->library, (st->emitted.entry + "_exchange_bytes_per_slot").c_str()),
+             "finding the kernel's exchange size");
+  cuda_check(cudaMemcpy(&exchange_per_slot, exchange_sym, sizeof(int), cudaMemcpyDeviceToHost), "reading the kernel's exchange size");
   st->shape.BM = st->plan.tile_m;
   st->shape.BN = st->plan.tile_n;
   st->shape.cluster_n = st->plan.cluster_n;
@@ -115,6 +128,8 @@ FusedKernel FusedKernel::build(const FusionSpec& spec, const Problem& problem, c
   st->shape.smem_bytes = smem;
   st->shape.n_tiles = st->plan.n_tiles_per_cta;
   st->shape.stash_bytes_per_cta = stash_per_cta;
+  st->shape.row_group = st->plan.row_group;
+  st->shape.exchange_bytes_per_slot = exchange_per_slot;
   try {
     st->max_clusters = host::prepare(reinterpret_cast<const void*>(st->kernel), st->shape);
   } catch (const host::Error& e) {
@@ -124,6 +139,11 @@ FusedKernel FusedKernel::build(const FusionSpec& spec, const Problem& problem, c
   // persistent grid; it stays L2-resident when the plan said so (explain: workspace).
   if (const size_t bytes = host::stash_workspace_bytes(st->shape, st->max_clusters); bytes > 0)
     cuda_check(cudaMalloc(&st->stash, bytes), fmt::format("allocating the {}-byte stash workspace", bytes));
+  if (const size_t bytes = host::exchange_workspace_bytes(st->shape, st->max_clusters); bytes > 0) {
+    cuda_check(cudaMalloc(&st->exchange, bytes), fmt::format("allocating the {}-byte row exchange workspace", bytes));
+    st->exchange_bytes = bytes;
+    cuda_check(cudaMemset(st->exchange, 0, bytes), "zeroing the row exchange workspace");
+  }
   return FusedKernel(std::move(st));
 }
 
@@ -161,13 +181,21 @@ void FusedKernel::run(const RunArgs& args, Stream stream) const {
   if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX) throw Error("M, N and K must each fit in 32 bits");
   // A row reduction is finished inside one cluster: a longer row would silently reduce
   // per cluster (the kernel's kMaxReduceN).
-  const int64_t row_cover = int64_t{st.plan.cluster_n} * st.plan.tile_n * st.plan.n_tiles_per_cta;
+  const int64_t peers = int64_t{st.plan.cluster_n} * st.plan.row_group;
+  const int64_t row_cover = peers * st.plan.tile_n * st.plan.n_tiles_per_cta;
   if (s.reduction_count() > 0 && N > row_cover)
-    throw Error(fmt::format("N = {} exceeds what this kernel's clusters cover for a row reduction ({} x {} x {} tiles = {}); "
-                            "build the kernel for this N", N, st.plan.cluster_n, st.plan.tile_n, st.plan.n_tiles_per_cta, row_cover));
+    throw Error(fmt::format("N = {} exceeds what this kernel's CTAs cover for a row reduction ({} CTAs x {} x {} tiles = {}); "
+                            "build the kernel for this N", N, peers, st.plan.tile_n, st.plan.n_tiles_per_cta, row_cover));
 
   Params p{};
   p.stash = st.stash;
+  p.exchange = st.exchange;
+  p.epoch = ++st.epoch;
+  if ((p.epoch & 0xffffu) == 0 && st.exchange) {  // the tags keep 16 bits of the epoch: start over
+    cuda_check(cudaMemsetAsync(st.exchange, 0, st.exchange_bytes, reinterpret_cast<cudaStream_t>(stream)),
+               "re-zeroing the row exchange workspace");
+    p.epoch = ++st.epoch;
+  }
   p.raster_group = st.plan.raster_group;
   p.raster_along_n = st.plan.raster_along_n ? 1 : 0;
   try {

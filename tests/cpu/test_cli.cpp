@@ -88,10 +88,18 @@ TEST_F(Cli, LowerEveryExample) {
 TEST_F(Cli, ExplainLayerNormAtLargeShape) {
   Result r = comfuse("explain '" + example("gemm_layernorm.cf") + "' --shape 8192,4096,4096");
   ASSERT_EQ(r.rc, 0) << r.err;
-  for (const char* needle : {"M=8192 N=4096 K=4096", "cluster      1x", "aggregation", "unified reduction buffer",
+  for (const char* needle : {"M=8192 N=4096 K=4096", "cluster      ", "aggregation", "unified reduction buffer",
                              "stage 1", "stage 2", "stage 3", "SMEM budget", "reasons:", "estimate"})
     EXPECT_TRUE(has(r.out, needle)) << needle << "\n" << r.out;
-  EXPECT_TRUE(std::regex_search(r.out, std::regex("aggregation  (peer-to-peer|leader-follower)"))) << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("aggregation  (peer-to-peer|leader-follower|global)"))) << r.out;
+  // Row groups show how many clusters share a row; forcing one is a flag away.
+  Result rg = comfuse("explain '" + example("gemm_layernorm.cf") + "' --shape 8192,4096,4096 --row-group 4 --cluster-m 2");
+  ASSERT_EQ(rg.rc, 0) << rg.err;
+  EXPECT_TRUE(has(rg.out, "row group    4 clusters share each row")) << rg.out;
+  EXPECT_TRUE(has(rg.out, "cluster      2x1")) << rg.out;
+  Result bad = comfuse("explain '" + example("gemm_layernorm.cf") + "' --shape 8192,4096,4096 --stash fp16");
+  EXPECT_EQ(bad.rc, 1);
+  EXPECT_TRUE(has(bad.err, "--stash wants fp32 or bf16")) << bad.err;
 }
 
 TEST_F(Cli, ExplainForcedOptions) {

@@ -102,13 +102,22 @@ TEST(Emit, ReductionsExpandRecursivelyIntoPostOpStages) {
   EXPECT_NE(epi.find("comfuse::epi::Bypass<"), std::string::npos);
   const Plan plan = make_plan(s, shape(8192, 4096, 4096));
   const EmittedKernel k = emit(s, plan);
-  EXPECT_NE(k.source.find("comfuse::cluster::Aggregation::PeerToPeer"), std::string::npos);
+  ASSERT_EQ(plan.aggregation, AggregationMode::Global);
+  EXPECT_NE(k.source.find("comfuse::cluster::Aggregation::Global"), std::string::npos);
+  EXPECT_NE(k.source.find(fmt::format("/*RowGroup=*/{}", plan.row_group)), std::string::npos) << k.source;
+  EXPECT_NE(k.source.find(fmt::format("/*ClusterM=*/{}", plan.cluster_m)), std::string::npos);
+  PlanOptions p2p;
+  p2p.aggregation = AggregationMode::PeerToPeer;
+  EXPECT_NE(emit(s, make_plan(s, shape(8192, 4096, 4096), {}, {}, p2p)).source.find("Aggregation::PeerToPeer"),
+            std::string::npos);
   PlanOptions leader;
   leader.aggregation = AggregationMode::LeaderFollower;
   EXPECT_NE(emit(s, make_plan(s, shape(8192, 4096, 4096), {}, {}, leader)).source.find("Aggregation::LeaderFollower"),
             std::string::npos);
   // A plan that walks several N-tiles per CTA instantiates the stash: count, type and space.
-  const Plan stash = make_plan(s, shape(8192, 4096, 4096));
+  PlanOptions two;
+  two.row_group = 2;
+  const Plan stash = make_plan(s, shape(8192, 4096, 4096), {}, {}, two);
   ASSERT_GT(stash.n_tiles_per_cta, 1);
   const std::string src = emit(s, stash).source;
   EXPECT_NE(src.find(fmt::format("/*NTiles=*/{}", stash.n_tiles_per_cta)), std::string::npos) << src;
@@ -199,6 +208,27 @@ TEST_F(EmitCompile, PlannedSmemFitsTheKernelAtEveryTileShape) {
   }
 }
 
+
+// Row groups (Aggregation::Global) with clusters along M, a multi-tile row in a global stash,
+// 64- and 128-row warp groups: the exchange channel and the scheduler's groups compile.
+TEST_F(EmitCompile, RowGroupKernelsCompile) {
+  Graph g = parse_graph_file((kRoot / "examples/gemm_layernorm.cf").string());
+  const LoweringResult r = lower(g);
+  const FusionSpec& s = r.regions.at(0).spec;
+  struct V { int g, cm, tm; };
+  for (V v : {V{2, 2, 64}, V{4, 1, 128}}) {
+    opt_.plan = {};
+    opt_.plan.row_group = v.g;
+    opt_.plan.cluster_m = v.cm;
+    opt_.plan.tile_m = v.tm;
+    Plan plan;
+    CompiledKernel k = compile_only(s, shape(4096, 4096, 4096), opt_, nullptr, &plan);
+    EXPECT_EQ(plan.row_group, v.g);
+    EXPECT_GT(plan.n_tiles_per_cta, 1);
+    EXPECT_TRUE(is_cubin_elf(k.cubin));
+    EXPECT_FALSE(k.wgmma_serialized) << k.log;
+  }
+}
 
 TEST(Emit, TwoTileValuesAcrossOneReductionAreRefusedByName) {
   // Stage 2 needs e = exp(acc - max) and acc itself: e's tile input (acc - max) does not

@@ -110,12 +110,23 @@ TEST(Plan, SweepFitsSmemAndFollowsTheRules) {
             EXPECT_EQ(p.smem.reduction_buffer, 0);
             continue;
           }
-          const bool covers = int64_t{p.cluster_n} * p.tile_n >= n;
-          EXPECT_GE(int64_t{p.cluster_n} * p.tile_n * p.n_tiles_per_cta, n);
-          EXPECT_EQ(p.strategy == RowStrategy::OnChip, covers);   // OnChip iff the cluster covers N
+          const int64_t peers = int64_t{p.cluster_n} * p.row_group;  // the CTAs that share a row
+          const bool covers = peers * p.tile_n >= n;
+          EXPECT_GE(peers * p.tile_n * p.n_tiles_per_cta, n);
+          EXPECT_EQ(p.strategy == RowStrategy::OnChip, covers);   // OnChip iff the row's CTAs cover N
           EXPECT_EQ(p.n_tiles_per_cta == 1, covers);
-          EXPECT_EQ(p.aggregation, p.cluster_n <= tun.p2p_max_cluster ? AggregationMode::PeerToPeer
-                                                                      : AggregationMode::LeaderFollower);
+          if (p.row_group > 1) {  // row groups: clusters along N are 1, the row meets in L2
+            EXPECT_EQ(p.aggregation, AggregationMode::Global);
+            EXPECT_EQ(p.cluster_n, 1);
+            EXPECT_EQ(p.smem.reduction_buffer, 0);
+            EXPECT_LE(p.grid_ctas / p.cluster_m, dev.clusters_resident.at(p.cluster_m));
+            EXPECT_EQ(p.grid_ctas / p.cluster_m % p.row_group, 0) << "whole row groups";
+          } else if (peers == 1) {
+            EXPECT_TRUE(p.aggregation == AggregationMode::None || p.aggregation == AggregationMode::PeerToPeer);
+          } else {
+            EXPECT_EQ(p.aggregation, p.cluster_n <= tun.p2p_max_cluster ? AggregationMode::PeerToPeer
+                                                                        : AggregationMode::LeaderFollower);
+          }
           if (p.strategy == RowStrategy::GlobalReread) {
             EXPECT_GT(p.workspace_bytes, 0);
           } else {
@@ -208,10 +219,12 @@ TEST(Plan, OccupancyVersusCoverage) {
   // Small M: few row blocks, latency bound: the cluster covers the row.
   Plan small = make_plan(s, prob(256, 4096, 4096));
   EXPECT_EQ(small.strategy, RowStrategy::OnChip);
-  // Large M, compute bound: 16-CTA clusters idle 20 SMs; the planner walks several N-tiles.
+  // Large M, compute bound: 16-CTA clusters idle 20 SMs; the planner keeps every SM busy
+  // (clusters of 2 along M sharing B, the row's CTAs in a row group).
   Plan large = make_plan(s, prob(8192, 4096, 4096), full_device());
   EXPECT_LT(large.cluster_n, 16);
-  EXPECT_GT(large.n_tiles_per_cta, 1);
+  EXPECT_EQ(large.ctas_busy, 132);
+  EXPECT_GE(large.grid_ctas, 128);
   // Long rows still plan, re-reading earlier tiles through L2.
   Plan wide = make_plan(s, prob(4096, 65536, 4096), full_device());
   EXPECT_EQ(wide.strategy, RowStrategy::GlobalReread);
@@ -259,17 +272,35 @@ TEST(Plan, RejectsImpossibleInput) {
   one_tile.multi_tile_rows = false;
   expect_error([&] { make_plan(s, prob(4096, 8192, 4096), one_tile); }, "do not walk several N-tiles");
   EXPECT_EQ(make_plan(s, prob(8192, 4096, 4096), one_tile).strategy, RowStrategy::OnChip);
-  // Today's device: the measured rule, clusters of 2 and an fp32 stash in L2 for many row
-  // blocks; one tile per CTA over 16 CTAs for few.
-  const Plan many = make_plan(s, prob(8192, 4096, 4096));
-  EXPECT_EQ(many.cluster_n, 2);
-  EXPECT_EQ(many.n_tiles_per_cta, 8);
-  EXPECT_EQ(many.strategy, RowStrategy::GlobalReread);
-  EXPECT_EQ(many.stash_elem_bytes, 4);
-  const Plan few = make_plan(s, prob(256, 4096, 4096));
-  EXPECT_EQ(few.cluster_n, 16);
-  EXPECT_EQ(few.strategy, RowStrategy::OnChip);
-  EXPECT_EQ(make_plan(s, prob(64, 32768, 64)).n_tiles_per_cta, 8);
+  // Today's device: row groups of clusters along M, many row blocks or few.
+  for (const Problem& pr : {prob(8192, 4096, 4096), prob(256, 4096, 4096), prob(64, 32768, 64)}) {
+    const Plan rg = make_plan(s, pr);
+    EXPECT_EQ(rg.aggregation, AggregationMode::Global);
+    EXPECT_EQ(rg.cluster_m, 2);
+    EXPECT_GE(int64_t{rg.row_group} * rg.tile_n * rg.n_tiles_per_cta, pr.n);
+  }
+  // Forcing a DSMEM option keeps the DSMEM search (clusters along N).
+  PlanOptions p2p;
+  p2p.aggregation = AggregationMode::PeerToPeer;
+  EXPECT_EQ(make_plan(s, prob(8192, 4096, 4096), full_device(), {}, p2p).row_group, 1);
+  // Row-group options are checked and explained.
+  PlanOptions bad;
+  bad.row_group = 3;
+  expect_error([&] { make_plan(s, prob(128, 4096, 64), full_device(), {}, bad); }, "row_group = 3");
+  bad = {};
+  bad.cluster_m = 4;
+  expect_error([&] { make_plan(s, prob(128, 4096, 64), full_device(), {}, bad); }, "cluster_m = 4");
+  bad = {};
+  bad.stash_bytes = 8;
+  expect_error([&] { make_plan(s, prob(128, 4096, 64), full_device(), {}, bad); }, "stash_bytes = 8");
+  bad = {};
+  bad.row_group = 2;
+  expect_error([&] { make_plan(g, prob(128, 4096, 64), full_device(), {}, bad); }, "has none");
+  bad.cluster_n = 2;
+  expect_error([&] { make_plan(s, prob(128, 4096, 64), full_device(), {}, bad); }, "do not combine");
+  bad = {};
+  bad.row_group = 2;  // 2 x 256 x 64 tiles < 2^20 columns
+  expect_error([&] { make_plan(s, prob(128, 1 << 20, 64), full_device(), {}, bad); }, "no row-group plan");
   // A device with too little SMEM for two stages.
   DeviceModel tiny;
   tiny.smem_per_cta_bytes = 32 * 1024;
@@ -284,9 +315,39 @@ TEST(Plan, ExplainShowsTheDecisions) {
                              "aggregation", "stage chain", "stage 1", "stage 2", "stage 3", "unified reduction buffer",
                              "mainloop ring", "total", "reasons", "mean("})
     EXPECT_NE(e.find(needle), std::string::npos) << needle << "\n" << e;
-  EXPECT_NE(e.find(fmt::format("1x{}", p.cluster_n)), std::string::npos);
+  EXPECT_NE(e.find(fmt::format("{}x{}", p.cluster_m, p.cluster_n)), std::string::npos);
+  if (p.row_group > 1) {
+    EXPECT_NE(e.find(fmt::format("row group    {} clusters share each row", p.row_group)), std::string::npos) << e;
+  }
   EXPECT_NE(e.find(std::string(name_of(p.aggregation))), std::string::npos);
   EXPECT_EQ(explain(s, p), explain(s, make_plan(s, prob(8192, 4096, 4096))));  // deterministic
+}
+
+// Row groups: forced shapes are honored, the work division is exact, and the workspace of a
+// multi-tile row is sized for the grid.
+TEST(Plan, RowGroupsDivideTheWork) {
+  FusionSpec s = layer_norm();
+  for (int g : {1, 2, 4, 8, 16, 32})
+    for (int cm : {1, 2}) {
+      SCOPED_TRACE(fmt::format("G={} cluster_m={}", g, cm));
+      PlanOptions opt;
+      opt.row_group = g;
+      opt.cluster_m = cm;
+      opt.tile_m = 64;
+      opt.tile_n = 256;
+      const Plan p = make_plan(s, prob(8192, 4096, 4096), full_device(), {}, opt);
+      EXPECT_EQ(p.row_group, g);
+      EXPECT_EQ(p.cluster_m, cm);
+      EXPECT_EQ(p.n_tiles_per_cta, std::max(1, 16 / g));
+      EXPECT_EQ(p.jobs, 128 / cm);
+      const int64_t clusters = p.grid_ctas / cm;
+      EXPECT_EQ(clusters % g, 0);
+      EXPECT_LE(clusters, full_device().clusters_resident.at(cm));
+      EXPECT_EQ(p.strategy, g == 16 || g == 32 ? RowStrategy::OnChip : RowStrategy::GlobalReread);
+      if (p.strategy == RowStrategy::GlobalReread) {
+        EXPECT_EQ(p.workspace_bytes, p.grid_ctas * 2 * (p.n_tiles_per_cta - 1) * 64 * 256 * 4);
+      }
+    }
 }
 
 TEST(Plan, DotHasOneClusterPerStage) {

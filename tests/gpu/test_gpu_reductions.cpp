@@ -1,6 +1,10 @@
 // GPU correctness of cluster row reductions (issue 4): multi-stage epilogues whose
 // reductions span the CTAs of a cluster and finish over DSMEM, against the fp64 graph
 // executor. Skips, saying why, on a machine without an sm_90 GPU.
+#include <fmt/format.h>
+
+#include <optional>
+
 #include "gpu/gpu_support.h"
 
 namespace comfuse {
@@ -82,7 +86,10 @@ TEST_F(GpuReduce, AmaxScaleAndAChainOfFourReductions) {
 // Rows longer than one cluster covers: each CTA walks several N-tiles, earlier tiles' bypass
 // value kept in an fp32 stash (SMEM when it fits, else an L2-resident global workspace).
 TEST_F(GpuReduce, StashManyRowBlocksClustersOfTwoGlobalWorkspace) {
-  Plan p = expect_matches(layer_norm_graph(), dims(1100, 4096, 128), {}, /*offset=*/1000.0);
+  CompileOptions opt;
+  opt.plan.cluster_n = 2;
+  opt.plan.strategy = RowStrategy::GlobalReread;
+  Plan p = expect_matches(layer_norm_graph(), dims(1100, 4096, 128), opt, /*offset=*/1000.0);
   EXPECT_EQ(p.cluster_n, 2);
   EXPECT_EQ(p.n_tiles_per_cta, 8);
   EXPECT_EQ(p.strategy, RowStrategy::GlobalReread);
@@ -97,6 +104,7 @@ TEST_F(GpuReduce, StashInSharedMemoryBothModes) {
     opt.plan.cluster_n = 8;
     opt.plan.strategy = RowStrategy::Stash;
     opt.plan.aggregation = mode;
+    opt.plan.stash_bytes = 2;  // bf16: fp32 for 2 tiles does not fit beside the ring (softmax: no cancellation)
     Plan p = expect_matches(c.g, dims(700, 4096, 64), opt);
     EXPECT_EQ(p.n_tiles_per_cta, 2);
     EXPECT_EQ(p.strategy, RowStrategy::Stash);
@@ -106,14 +114,76 @@ TEST_F(GpuReduce, StashInSharedMemoryBothModes) {
 TEST_F(GpuReduce, RowOf32768AndARaggedChainOverThreeTiles) {
   Case a;
   a.g.output(a.g.rms_norm(a.acc, a.row("gamma")), "y", DType::BF16);
-  Plan p = expect_matches(a.g, dims(100, 32768, 64));
+  CompileOptions c16;
+  c16.plan.cluster_n = 16;
+  Plan p = expect_matches(a.g, dims(100, 32768, 64), c16);
   EXPECT_EQ(p.n_tiles_per_cta, 8);
   Case b;
   Value v = b.acc;
   for (ReduceOp op : {ReduceOp::Mean, ReduceOp::Max, ReduceOp::Sum, ReduceOp::Min}) v = v - b.g.reduce(op, v) * 0.5;
   b.g.output(v, "chain", DType::F32);
-  Plan q = expect_matches(b.g, dims(1100, 1480, 96));
+  CompileOptions c2;
+  c2.plan.cluster_n = 2;
+  Plan q = expect_matches(b.g, dims(1100, 1480, 96), c2);
   EXPECT_EQ(q.n_tiles_per_cta, 3);
+}
+
+// Row groups (AggregationMode::Global): the CTAs that share a row are clusters of the
+// persistent grid (clusters along M multicast B) and exchange partials through L2.
+Plan expect_row_group(const Graph& g, const Bindings& d, int row_group, int cluster_m, std::optional<int> tile_m = {},
+                      double offset = 0.0, std::optional<int> stash_bytes = {}) {
+  CompileOptions opt;
+  opt.plan.row_group = row_group;
+  opt.plan.cluster_m = cluster_m;
+  opt.plan.tile_m = tile_m;
+  opt.plan.stash_bytes = stash_bytes;
+  Plan p = expect_matches(g, d, opt, offset);
+  EXPECT_EQ(p.row_group, row_group);
+  EXPECT_EQ(p.cluster_m, cluster_m);
+  EXPECT_EQ(p.aggregation, row_group > 1 ? AggregationMode::Global : AggregationMode::None);
+  return p;
+}
+
+TEST_F(GpuReduce, RowGroupsLayerNormLargeOffsetEveryShape) {
+  // Ragged M and N, several N-tiles per CTA (global stash), with and without B multicast,
+  // 64- and 128-row warp groups, one CTA covering the whole row (G = 1).
+  struct V { int g, cm; std::optional<int> tm; };
+  for (V v : {V{2, 2, {}}, V{4, 1, {}}, V{8, 2, 128}, V{16, 2, {}}, V{1, 2, {}}}) {
+    SCOPED_TRACE(fmt::format("row group {} cluster_m {}", v.g, v.cm));
+    Plan p = expect_row_group(layer_norm_graph(), dims(1000, 1032, 72), v.g, v.cm, v.tm, /*offset=*/1000.0);
+    if (v.g <= 4) EXPECT_GT(p.n_tiles_per_cta, 1);
+  }
+}
+
+TEST_F(GpuReduce, RowGroupsPlannerDefaultsSoftmaxAndRmsNorm) {
+  // What the planner picks by itself: 16-32 clusters per row at M = 300 (one tile per CTA),
+  // 64 clusters per row at N = 32768 (two tiles per CTA).
+  Case a;
+  a.g.output(a.g.softmax(a.acc * 0.125), "p", DType::BF16);
+  Plan p = expect_matches(a.g, dims(300, 4096, 256));
+  EXPECT_EQ(p.aggregation, AggregationMode::Global);
+  EXPECT_GE(p.row_group, 16);
+  Case b;
+  b.g.output(b.g.rms_norm(b.acc, b.row("gamma")), "y", DType::BF16);
+  Plan q = expect_matches(b.g, dims(100, 32768, 64));
+  EXPECT_EQ(q.aggregation, AggregationMode::Global);
+  EXPECT_GT(q.row_group * q.tile_n * q.n_tiles_per_cta, 32768 - 1);
+}
+
+TEST_F(GpuReduce, RowGroupsChainOfFiveAndBf16Stash) {
+  Case c;
+  Value amax = c.g.reduce(ReduceOp::Max, c.g.unary(UnaryOp::Abs, c.acc));
+  c.g.output(c.acc * (c.g.unary(UnaryOp::Reciprocal, amax) * 127.0), "q", DType::BF16);
+  Value v = c.acc;
+  for (ReduceOp op : {ReduceOp::Mean, ReduceOp::Max, ReduceOp::Sum, ReduceOp::Min}) v = v - c.g.reduce(op, v) * 0.5;
+  c.g.output(v, "chain", DType::F32);
+  Plan p = expect_row_group(c.g, dims(1100, 1480, 96), 2, 2);
+  EXPECT_EQ(p.reductions, 5);
+  EXPECT_GT(p.n_tiles_per_cta, 1);
+  Case r;  // a bf16 stash: no cancellation in RMSNorm, so bf16 rounding of x stays in tolerance
+  r.g.output(r.g.rms_norm(r.acc, r.row("gamma")), "y", DType::BF16);
+  Plan q = expect_row_group(r.g, dims(700, 4096, 64), 2, 2, {}, 0.0, 2);
+  EXPECT_EQ(q.stash_elem_bytes, 2);
 }
 
 }  // namespace

@@ -38,10 +38,13 @@
 // barrier before exit so that no CTA leaves while a peer may still write into its SMEM.
 #pragma once
 #include "../common.cuh"
+#include "../params.cuh"
 
 namespace comfuse::cluster {
 
-enum class Aggregation : int { Auto = 0, PeerToPeer = 1, LeaderFollower = 2 };
+// Global: the CTAs that share a row are in different clusters and exchange through L2
+// (cluster/global_exchange.cuh); PeerToPeer / LeaderFollower: one cluster, over DSMEM.
+enum class Aggregation : int { Auto = 0, PeerToPeer = 1, LeaderFollower = 2, Global = 3 };
 
 // Measured crossover (bench/dsmem_allreduce.cu, bench/NOTES.md, H200 2026-11-30): PeerToPeer
 // was faster at every C_N in 2..16 (0.18-0.69 us vs 0.34-0.85 us a round), so Auto picks
@@ -125,7 +128,8 @@ struct RowAllReduce {
 
   // Start round `round`: publish the partials (and, for PeerToPeer / followers, push them).
   // t: thread in the warp group; bar_id: the warp group's named barrier.
-  static COMFUSE_DEVICE void start(Storage& s, uint32_t round, int t, int bar_id, float const (&v)[MBlocks][2]) {
+  static COMFUSE_DEVICE void start(Storage& s, uint32_t round, RowGroupSlot const&, Params const&, int t, int bar_id,
+                                   float const (&v)[MBlocks][2]) {
     uint32_t const b = round & 1, rank = cluster_rank();
     uint32_t const full = smem_u32(&s.full[b]);
     if constexpr (Mode == Aggregation::LeaderFollower) {
@@ -157,7 +161,8 @@ struct RowAllReduce {
 
   // Finish round `round`: v becomes the cluster-wide combination (identical bits in every CTA).
   template <class Op>
-  static COMFUSE_DEVICE void finish(Storage& s, uint32_t round, int t, int bar_id, float (&v)[MBlocks][2]) {
+  static COMFUSE_DEVICE void finish(Storage& s, uint32_t round, RowGroupSlot const&, Params const&, int t, int bar_id,
+                                    float (&v)[MBlocks][2]) {
     uint32_t const b = round & 1, parity = (round >> 1) & 1, rank = cluster_rank();
     uint32_t const full = smem_u32(&s.full[b]);
     uint32_t const base = smem_u32(&s.slot[b][0][0]);

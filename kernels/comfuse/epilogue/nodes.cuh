@@ -35,6 +35,7 @@ struct EpiCtx {
   int t;            // thread index inside the consumer warp group (0..127)
   int warp, lane;   // warp inside the warp group, lane
   int tile = 0;     // Stash (NTiles > 1): which of the job's N-tiles (n0 is that tile's origin)
+  RowGroupSlot xs{};  // row reductions across clusters (Aggregation::Global): exchange slot, rank
 };
 
 COMFUSE_DEVICE int frag_row(int e) { return 8 * ((e >> 1) & 1); }

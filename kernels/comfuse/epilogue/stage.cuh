@@ -25,7 +25,9 @@
 //      (3) across the cluster's CTAs over DSMEM: cluster/dsmem.cuh (PeerToPeer or
 //          LeaderFollower, TMA bulk copies completing on mbarriers) through ONE unified
 //          reduction buffer per consumer warp group (SharedStorage::chan), reused by every
-//          reduction of the chain (a round counter gives buffer and parity).
+//          reduction of the chain (a round counter gives buffer and parity); or, for a row
+//          group of clusters (Aggregation::Global), across clusters through one L2 exchange
+//          slot per warp group (cluster/global_exchange.cuh), reused the same way.
 //    Op::finalize (mean: / true N), then the PostStage runs with the statistic bound to its
 //    Stat node; its begin() (vector loads) overlaps the DSMEM round.
 //  * Bypass<K> in a PostStage reads node K of the parent stage. A Tile-class K is written
@@ -34,9 +36,10 @@
 //    registers as its `acc`: at most ONE tile-shaped value per stage boundary (static_assert).
 //    Col-class (per-row) or scalar K are captured into the Bypass node's [MBlocks][2]
 //    registers from the first fragment.
-//  * Geometry carries ClusterN and the aggregation mode (cluster::Aggregation).
+//  * Geometry carries RowPeers (the CTAs that share a row: the cluster along N over DSMEM, or
+//    a row group of clusters exchanging through L2 with Aggregation::Global) and the mode.
 //  * Stash (Geometry::NTiles = T > 1, epilogue/stash.cuh): a job is T N-tiles of one row block
-//    (tile t at n0 + t * ClusterN * BN). The root stage runs its compute phase once per tile
+//    (tile t at n0 + t * RowPeers * BN). The root stage runs its compute phase once per tile
 //    (run_tile, right after that tile's mainloop), its reduction partials accumulating across
 //    the tiles (Reduction::begin resets them on tile 0 only), and puts its kTileBypass value of
 //    tile t < T-1 into stash slot t (tile T-1: the accumulator registers, as with T == 1). After
@@ -49,15 +52,18 @@
 #include "reduce.cuh"
 #include "stash.cuh"
 #include "../cluster/dsmem.cuh"
+#include "../cluster/global_exchange.cuh"
 
 namespace comfuse::epi {
 
 // Tile geometry of one consumer warp group.
-template <int BM_, int BN_, int ClusterN_ = 1, cluster::Aggregation Agg_ = cluster::Aggregation::Auto, int NTiles_ = 1>
+// RowPeers: CTAs that hold the same rows at the same time (tile t of a job sits at
+// n0 + t * RowPeers * BN); they are one cluster along N unless Agg == Global.
+template <int BM_, int BN_, int RowPeers_ = 1, cluster::Aggregation Agg_ = cluster::Aggregation::Auto, int NTiles_ = 1>
 struct Geometry {
-  static constexpr int BM = BM_, BN = BN_, ClusterN = ClusterN_;
+  static constexpr int BM = BM_, BN = BN_, RowPeers = RowPeers_;
   static constexpr int NTiles = NTiles_;  // N-tiles of a job (Stash); 1: one tile, no stash
-  static constexpr cluster::Aggregation Agg = cluster::resolve(Agg_, ClusterN_);
+  static constexpr cluster::Aggregation Agg = cluster::resolve(Agg_, RowPeers_);
   static constexpr int MBlocks = BM / 64;   // m64 wgmma blocks
   static constexpr int SubTiles = BN / 64;  // 64-column store subtiles
 };
@@ -108,7 +114,7 @@ struct NoTree {};
 struct NoTreeHolder {
   using TreeStorage = NoTree;
 };
-// ClusterN == 1: the reduce phase ends after the quad shuffles.
+// RowPeers == 1: the reduce phase ends after the quad shuffles.
 struct NoChannel {
   struct Storage {};
 };
@@ -143,9 +149,12 @@ template <class... Nodes> struct Stage {
     static constexpr bool kHasPost = kHasPostStage;
     using PostS = cute::conditional_t<kHasPost, PostStage, Stage<AccEntry>>;  // dummy when none
     using PostExec = typename PostS::template Exec<Geo, cute::conditional_t<kHasPost, Classes, NoParent>>;
-    static constexpr bool kClusterReduce = kEndsInReduction && Geo::ClusterN > 1;
-    using Chan = cute::conditional_t<kClusterReduce, cluster::RowAllReduce<Geo::BM, cute::max(Geo::ClusterN, 2), Geo::Agg>,
-                                     detail::NoChannel>;
+    static constexpr bool kClusterReduce = kEndsInReduction && Geo::RowPeers > 1;
+    static constexpr int kPeers = cute::max(Geo::RowPeers, 2);
+    using Chan = cute::conditional_t<
+        !kClusterReduce, detail::NoChannel,
+        cute::conditional_t<Geo::Agg == cluster::Aggregation::Global, cluster::GlobalRowAllReduce<Geo::BM, kPeers>,
+                            cluster::RowAllReduce<Geo::BM, cute::min(kPeers, 16), Geo::Agg>>>;
     using ChanStorage = typename Chan::Storage;
     static_assert(cute::is_same_v<Parent, NoParent> || (0 + ... + int(cute::is_same_v<Nodes, AccEntry>)) == 0,
                   "ComFuse: AccEntry only in the root stage; a PostOp stage reads the accumulator through Bypass");
@@ -191,7 +200,9 @@ template <class... Nodes> struct Stage {
     struct SharedNoChan {
       TreeStorage tree;
     };
-    using SharedStorage = cute::conditional_t<kClusterReduce, SharedWithChan, SharedNoChan>;
+    // The L2 channel keeps nothing on chip: no (empty, 1 KiB-padded) member for it.
+    static constexpr bool kChanInSmem = kClusterReduce && Geo::Agg != cluster::Aggregation::Global;
+    using SharedStorage = cute::conditional_t<kChanInSmem, SharedWithChan, SharedNoChan>;
 
     Impls impls;
     cute::conditional_t<kHasPost, PostExec, detail::NoTree> post;
@@ -199,7 +210,7 @@ template <class... Nodes> struct Stage {
 
     // One thread per CTA, before the kernel's first cluster barrier.
     static COMFUSE_DEVICE void init_shared(SharedStorage& ss) {
-      if constexpr (kClusterReduce) Chan::init(ss.chan);
+      if constexpr (kChanInSmem) Chan::init(ss.chan);
     }
 
     // Once per tile: every node's begin() (vectors -> SMEM), published by a barrier.
@@ -233,9 +244,9 @@ template <class... Nodes> struct Stage {
       });
     }
 
-    // Tile t of a job: the context of tile 0 moved by t * ClusterN * BN columns.
+    // Tile t of a job: the context of tile 0 moved by t * RowPeers * BN columns.
     static COMFUSE_DEVICE EpiCtx tile_ctx(EpiCtx c, int t) {
-      c.n0 += t * Geo::ClusterN * Geo::BN;
+      c.n0 += t * Geo::RowPeers * Geo::BN;
       c.tile = t;
       return c;
     }
@@ -331,8 +342,11 @@ template <class... Nodes> struct Stage {
       else body<false>(ct, ss.tree, accum, bar_id, st);
       if constexpr (kEndsInReduction) {
         if (t == Geo::NTiles - 1) {
-          if constexpr (kClusterReduce) {
+          if constexpr (kChanInSmem) {
             reduce_phase(c, ss.tree, accum, bar_id, ss.chan, round, st);
+          } else if constexpr (kClusterReduce) {
+            ChanStorage none;
+            reduce_phase(c, ss.tree, accum, bar_id, none, round, st);
           } else {
             detail::NoChannel::Storage none;
             reduce_phase(c, ss.tree, accum, bar_id, none, round, st);
@@ -395,10 +409,10 @@ template <class... Nodes> struct Stage {
         }
       // (2) across warps: nothing to do (see the header comment: no row spans two warps).
       // (3) across the cluster; the PostStage's begin() overlaps the DSMEM round.
-      if constexpr (kClusterReduce) Chan::start(chan, rnd, c.t, bar_id, v);
+      if constexpr (kClusterReduce) Chan::start(chan, rnd, c.xs, *c.p, c.t, bar_id, v);
       if constexpr (kHasPost) post.begin_phase(c, ts.post, bar_id);
       if constexpr (kClusterReduce) {
-        Chan::template finish<Op>(chan, rnd, c.t, bar_id, v);
+        Chan::template finish<Op>(chan, rnd, c.xs, *c.p, c.t, bar_id, v);
         ++rnd;
       }
       if constexpr (kHasPost) {

@@ -36,6 +36,8 @@ struct KernelShape {
   int cluster_m = 1;     // Mainloop::ClusterM: clusters along M sharing B (only with cluster_n == 1)
   int n_tiles = 1;       // Kernel::NTiles: N-tiles per job (Stash)
   int stash_bytes_per_cta = 0;  // Kernel::kStashGlobalBytesPerCta: global stash workspace per CTA
+  int row_group = 1;            // FusedGemmSm90's RowGroup: clusters whose CTAs share rows (Aggregation::Global)
+  int exchange_bytes_per_slot = 0;  // Kernel::kExchangeBytesPerSlot: cross-cluster exchange workspace
   int a_slices() const { return cluster_n < BM / 8 ? cluster_n : BM / 8; }
   int b_slices() const { return cluster_m < BN / 8 ? cluster_m : BN / 8; }
   int epi_rows() const { return BM / wgs_per_tile; }  // rows of one output TMA box
@@ -100,6 +102,7 @@ inline void set_operands(Params& p, KernelShape const& ks, DType in, void const*
   if (!ks.b_kmajor && N % 8) throw Error("comfuse: N-major B needs N % 8 == 0 (16-byte TMA row stride)");
   encode_2d(&p.tma_a, "A", in, A, M, K, lda, 64, ks.BM / ks.a_slices());
   if (ks.cluster_m > 1 && ks.cluster_n > 1) throw Error("comfuse: clusters along M and N at once are not supported");
+  if (ks.row_group > 1 && ks.cluster_n > 1) throw Error("comfuse: a row group of clusters needs clusters of 1 along N");
   if (ks.b_kmajor) encode_2d(&p.tma_b, "B (N x K)", in, B, N, K, ldb, 64, ks.BN / ks.b_slices());
   else encode_2d(&p.tma_b, "B (K x N)", in, B, K, N, ldb, 64, 64);
   p.M = M; p.N = N; p.K = K;
@@ -119,12 +122,19 @@ struct LaunchShape {
 
 // Grid: one cluster per resident cluster slot (persistent), at most one per cluster tile.
 // Clusters along N: grid (clusters, cluster_n), cluster (1, cluster_n); along M: grid
-// (clusters * cluster_m, 1), cluster (cluster_m, 1).
+// (clusters * cluster_m, 1), cluster (cluster_m, 1). Row groups (row_group = G > 1): whole
+// groups of G clusters, every one resident at once (the L2 exchange waits on all of them).
 inline LaunchShape launch_shape(KernelShape const& ks, Params const& p, int max_active_clusters) {
   auto cdiv = [](int a, int b) { return (a + b - 1) / b; };
-  int tiles = cdiv(cdiv(p.M, ks.BM), ks.cluster_m) * cdiv(cdiv(p.N, ks.BN), ks.cluster_n * ks.n_tiles);
-  int clusters = tiles < max_active_clusters ? tiles : max_active_clusters;
-  if (clusters < 1) clusters = 1;
+  int const g = ks.row_group < 1 ? 1 : ks.row_group;
+  int tiles = cdiv(cdiv(p.M, ks.BM), ks.cluster_m) * cdiv(cdiv(p.N, ks.BN), ks.cluster_n * g * ks.n_tiles);
+  int const groups_max = max_active_clusters / g;
+  if (groups_max < 1)
+    throw Error("comfuse: a row group of " + std::to_string(g) + " clusters does not fit on the GPU at once (" +
+                std::to_string(max_active_clusters) + " clusters resident): plan a smaller row group");
+  int groups = tiles < groups_max ? tiles : groups_max;
+  if (groups < 1) groups = 1;
+  int const clusters = groups * g;
   return {dim3(clusters * ks.cluster_m, ks.cluster_n, 1), dim3(384, 1, 1), dim3(ks.cluster_m, ks.cluster_n, 1),
           ks.smem_bytes};
 }
@@ -133,6 +143,15 @@ inline LaunchShape launch_shape(KernelShape const& ks, Params const& p, int max_
 // max_active_clusters * cluster size CTAs.
 inline size_t stash_workspace_bytes(KernelShape const& ks, int max_active_clusters) {
   return size_t(ks.stash_bytes_per_cta) * size_t(max_active_clusters) * size_t(ks.cluster_m * ks.cluster_n);
+}
+
+// Bytes of the cross-cluster exchange workspace (Params::exchange; 0: none): one slot per row
+// group, rank along M and consumer warp group. Zero it once after allocating it; then bump
+// Params::epoch on every launch (its words are tagged with it, never cleared), re-zeroing it
+// whenever epoch reaches a multiple of 65536 (the tag keeps 16 bits of it).
+inline size_t exchange_workspace_bytes(KernelShape const& ks, int max_active_clusters) {
+  int const g = ks.row_group < 1 ? 1 : ks.row_group;
+  return size_t(ks.exchange_bytes_per_slot) * size_t(max_active_clusters / g) * size_t(ks.cluster_m) * 2;
 }
 
 inline void check(cudaError_t e, char const* what) {
@@ -173,6 +192,11 @@ inline void launch(void const* func, KernelShape const& ks, Params const& p, cud
   if (ks.stash_bytes_per_cta > 0 && (!p.stash || reinterpret_cast<uintptr_t>(p.stash) % 16))
     throw Error("comfuse: this kernel keeps its Stash in global memory: Params::stash must point to a 16-byte aligned "
                 "workspace of stash_workspace_bytes() bytes");
+  if (ks.exchange_bytes_per_slot > 0 &&
+      (!p.exchange || reinterpret_cast<uintptr_t>(p.exchange) % 16 || (p.epoch & 0xffffu) == 0))
+    throw Error("comfuse: this kernel reduces rows across clusters: Params::exchange must point to a zeroed, 16-byte "
+                "aligned workspace of exchange_workspace_bytes() bytes, and Params::epoch must count launches from 1, "
+                "skipping multiples of 65536 (re-zero the workspace there; cluster/global_exchange.cuh)");
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = ls.cluster.x;

@@ -34,6 +34,12 @@
 //   kStashGlobalBytesPerCta per CTA, CTA index blockIdx.x * gridDim.y + blockIdx.y), which the
 //   L2 mostly holds; the layout is thread-private either way (no barriers).
 //
+// Row groups (RowGroup = G > 1, Agg = Global): the CTAs that share a row are G clusters of the
+//   persistent grid instead of one cluster along N, exchanging each reduction round through L2
+//   (cluster/global_exchange.cuh), so that the hardware cluster can run along M and multicast
+//   B (ClusterM = 2: the PingPong mainloops' L2 traffic at cuBLAS parity) with all 132 SMs busy.
+//   Columns, jobs and Stash work as with a cluster of G CTAs along N (scheduler).
+//
 // Generated code instantiates comfuse::fused_gemm_sm90<FusedGemmSm90<Mainloop, Epi>>
 // (or wraps it in an extern "C" entry) and launches grid (clusters * ClusterM, ClusterN, 1),
 // cluster (ClusterM, ClusterN, 1), kThreads threads, kSmemBytes dynamic SMEM
@@ -49,7 +55,7 @@ namespace comfuse {
 
 // Agg: how row reductions of Epi aggregate across the cluster (issue 4, cluster/dsmem.cuh).
 template <class Mainloop_, class Epi_, cluster::Aggregation Agg = cluster::Aggregation::Auto, int NTiles_ = 1,
-          class StashT = cutlass::bfloat16_t, epi::StashSpace Space = epi::StashSpace::Auto>
+          class StashT = cutlass::bfloat16_t, epi::StashSpace Space = epi::StashSpace::Auto, int RowGroup = 1>
 struct FusedGemmSm90 {
   using Mainloop = Mainloop_;
   using Epi = Epi_;
@@ -58,14 +64,23 @@ struct FusedGemmSm90 {
   static constexpr int kEpiRows = BM / Mainloop::WGsPerTile;  // rows of a consumer's epilogue
   static constexpr int NTiles = NTiles_;
   static_assert(NTiles >= 1 && NTiles <= 64, "NTiles: N-tiles per job, 1..64");
-  using Geo = epi::Geometry<kEpiRows, BN, ClusterN, Agg, NTiles>;
+  static constexpr bool kGlobal = Agg == cluster::Aggregation::Global;
+  static_assert(RowGroup >= 1 && (RowGroup == 1 || kGlobal), "RowGroup > 1: the row group exchanges through L2 (Aggregation::Global)");
+  static_assert(!kGlobal || ClusterN == 1, "Aggregation::Global: the row's CTAs are clusters of a row group (ClusterN == 1)");
+  static constexpr int RowPeers = ClusterN * RowGroup;  // CTAs that hold the same rows
+  using Geo = epi::Geometry<kEpiRows, BN, RowPeers, Agg, NTiles>;
   using EpiExec = typename Epi::template Exec<Geo>;
   static constexpr int ClusterM = Mainloop::ClusterM;  // clusters along M (B multicast), default 1
-  using Scheduler = TileScheduler<BM, BN, ClusterN, ClusterM, NTiles>;
-  static_assert(!EpiExec::kClusterReduce || ClusterM == 1, "row reductions over the cluster need ClusterM == 1");
-  // Row reductions cover a row only when one cluster's job spans it: the host must reject
+  using Scheduler = TileScheduler<BM, BN, ClusterN, ClusterM, NTiles, RowGroup>;
+  static constexpr bool kDsmemReduce = EpiExec::kClusterReduce && !kGlobal;
+  static_assert(!kDsmemReduce || ClusterM == 1, "row reductions over DSMEM need ClusterM == 1 (or Aggregation::Global)");
+  // Row reductions cover a row only when one row group's job spans it: the host must reject
   // N > kMaxReduceN (the results would be partial rows).
-  static constexpr int kMaxReduceN = Epi::kEndsInReduction ? ClusterN * BN * NTiles : 0x7fffffff;
+  static constexpr int kMaxReduceN = Epi::kEndsInReduction ? RowPeers * BN * NTiles : 0x7fffffff;
+  // Global exchange: bytes of Params::exchange per slot (host: slots = clusters / RowGroup *
+  // ClusterM * 2); 0: none needed.
+  static constexpr int kExchangeBytesPerSlot =
+      EpiExec::kClusterReduce && kGlobal ? cluster::GlobalRowAllReduce<kEpiRows, cute::max(RowPeers, 2)>::kSlotBytes : 0;
   using StashSmem = epi::Stash<StashT, kEpiRows, BN, NTiles - 1, true>;  // layout; the space is chosen below
   using Pipeline = typename Mainloop::Pipeline;
   using PipelineState = typename Mainloop::PipelineState;
@@ -138,7 +153,7 @@ struct FusedGemmSm90 {
           TileCoord tc = sched.tile(k);
           if (!tc.valid) break;
           for (int nt = 0; nt < NTiles; ++nt)
-            Mainloop::load(p, pipeline, state, ss.mainloop, tc.m_block, tc.n_block + nt * ClusterN, sched.rank);
+            Mainloop::load(p, pipeline, state, ss.mainloop, tc.m_block, tc.n_block + nt * RowPeers, sched.rank);
         }
         pipeline.producer_tail(state);  // no exit while peers may still signal our barriers
       }
@@ -168,6 +183,7 @@ struct FusedGemmSm90 {
         if (!tc.valid) break;
         int const m0 = tc.m_block * BM + (kPingPong ? 0 : cw * kEpiRows);
         epi::EpiCtx ctx{&p, m0, tc.n_block * BN, t, t / 32, t % 32};  // the job's tile 0
+        ctx.xs = RowGroupSlot{sched.exchange_slot(cw), sched.rank_n};
         if constexpr (kPingPong) named_sync(barrier_id(NamedBarrier::MmaTurnWG0, cw), 2 * kWarpGroupThreads);
         for (int nt = 0; nt < NTiles; ++nt) {
           if constexpr (kPingPong) {
@@ -190,7 +206,7 @@ struct FusedGemmSm90 {
     }
     // Row reductions push into peers' SMEM: no CTA leaves while a peer's copy may still read
     // or write its SMEM.
-    if constexpr (EpiExec::kClusterReduce) cute::cluster_sync();
+    if constexpr (kDsmemReduce) cute::cluster_sync();
   }
 };
 
@@ -207,6 +223,7 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1) fused_gemm_sm90(__grid_co
 #define COMFUSE_DEFINE_KERNEL(NAME, KERNEL)                                                    \
   extern "C" __constant__ int NAME##_smem_bytes = KERNEL::kSmemBytes;                          \
   extern "C" __constant__ int NAME##_stash_bytes_per_cta = KERNEL::kStashGlobalBytesPerCta;    \
+  extern "C" __constant__ int NAME##_exchange_bytes_per_slot = KERNEL::kExchangeBytesPerSlot;  \
   extern "C" __global__ void __launch_bounds__(KERNEL::kThreads, 1)                            \
       NAME(__grid_constant__ comfuse::Params const p) {                                        \
     extern __shared__ char comfuse_smem[];                                                     \

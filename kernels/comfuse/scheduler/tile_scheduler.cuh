@@ -24,6 +24,12 @@
 // ct.n * ClusterN * NTiles + rank, and the CTA's tile t of the job is that + t * ClusterN
 // (interleaved: at every tile the cluster covers ClusterN adjacent column blocks). All CTAs of
 // a cluster see the same jobs; PingPong consumer k % 2 takes job k.
+// RowGroup = G > 1 (row reductions across clusters, cluster/global_exchange.cuh): G consecutive
+// clusters form a row group that walks jobs together, like one cluster of G x ClusterN CTAs along
+// N: the job's column blocks are spread over G * ClusterN CTAs, CTA (cluster g*G + i, rank r)
+// taking rank_n = i * ClusterN + r. Group j takes jobs j, j + groups, ...: every CTA of a group
+// sees the same job sequence (the exchange's liveness argument needs it). The host launches
+// whole groups; clusters past the last whole group get no jobs.
 #pragma once
 #include "../common.cuh"
 #include "../params.cuh"
@@ -36,22 +42,24 @@ struct TileCoord {
   bool valid;
 };
 
-template <int BM, int BN, int ClusterN, int ClusterM = 1, int NTiles = 1>
+template <int BM, int BN, int ClusterN, int ClusterM = 1, int NTiles = 1, int RowGroup = 1>
 struct TileScheduler {
+  static constexpr int PeersN = ClusterN * RowGroup;  // CTAs that hold the same rows
   int tiles_m, cl_tiles_n, num_cluster_tiles;  // tiles_m: in cluster tiles (ClusterM row blocks)
   int group, along_n;
   int cluster_id, num_clusters, rank, rank_m;
+  int group_id, num_groups, rank_n;  // row groups of RowGroup clusters (1: a group is a cluster)
 
   static constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
   // Host and device: how many cluster tiles a problem has (host sizes the grid with it).
   static constexpr int cluster_tiles(int M, int N) {
-    return ceil_div(ceil_div(M, BM), ClusterM) * ceil_div(ceil_div(N, BN), ClusterN * NTiles);
+    return ceil_div(ceil_div(M, BM), ClusterM) * ceil_div(ceil_div(N, BN), PeersN * NTiles);
   }
 
   COMFUSE_DEVICE explicit TileScheduler(Params const& p) {
     tiles_m = ceil_div(ceil_div(p.M, BM), ClusterM);
-    cl_tiles_n = ceil_div(ceil_div(p.N, BN), ClusterN * NTiles);
+    cl_tiles_n = ceil_div(ceil_div(p.N, BN), PeersN * NTiles);
     num_cluster_tiles = tiles_m * cl_tiles_n;
     group = p.raster_group > 0 ? p.raster_group : 1;
     along_n = p.raster_along_n;
@@ -59,11 +67,19 @@ struct TileScheduler {
     num_clusters = ClusterM > 1 ? int(gridDim.x) / ClusterM : int(gridDim.x);
     rank = blockIdx.y;
     rank_m = ClusterM > 1 ? int(blockIdx.x) % ClusterM : 0;
+    group_id = cluster_id / RowGroup;
+    num_groups = num_clusters / RowGroup;
+    rank_n = (cluster_id % RowGroup) * ClusterN + rank;
   }
+
+  // The exchange slot of consumer warp group wg (cluster/global_exchange.cuh): one per
+  // (row group, rank along M, warp group); host/launch.hpp sizes the workspace to match.
+  COMFUSE_DEVICE int exchange_slot(int wg) const { return (group_id * ClusterM + rank_m) * 2 + wg; }
 
   // The k-th tile of this CTA (k = 0, 1, 2, ...).
   COMFUSE_DEVICE TileCoord tile(int k) const {
-    int t = cluster_id + k * num_clusters;
+    if (group_id >= num_groups) return {0, 0, false};
+    int t = group_id + k * num_groups;
     if (t >= num_cluster_tiles) return {0, 0, false};
     // Bands of `group` blocks along the major axis; the other axis is walked inside.
     int major = along_n ? cl_tiles_n : tiles_m;
@@ -76,7 +92,7 @@ struct TileScheduler {
     int b = r / in_band;                 // along the other axis
     int m = along_n ? b : a;
     int ncl = along_n ? a : b;
-    return {m * ClusterM + rank_m, ncl * ClusterN * NTiles + rank, true};
+    return {m * ClusterM + rank_m, ncl * PeersN * NTiles + rank_n, true};
   }
 };
 

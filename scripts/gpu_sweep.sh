@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Timed `comfuse run`s of forced plan variants on the device machine (bench/NOTES.md):
+#   SWEEP=file bash scripts/gpu_sweep.sh     file: one "example M,N,K [plan flags...]" per line
+# Compiles every variant in parallel first (NVRTC is single-threaded), then runs them one at
+# a time; each run checks against the fp64 reference and times fused vs cuBLAS GEMM alone in
+# alternating rounds (same power state). Prints one summary line per variant.
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+out="${OUT:-/tmp/comfuse-gpu-out}"; mkdir -p "$out"
+export LD_LIBRARY_PATH="$root/.carry/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+export COMFUSE_KERNELS_DIR="$root/kernels" COMFUSE_CUTLASS_INCLUDE="$root/third_party/cutlass/include"
+export COMFUSE_CACHE_DIR="${COMFUSE_CACHE_DIR:-/tmp/comfuse-cache}"
+cli=.carry/bin/comfuse
+mapfile -t lines < <(grep -v '^\s*#' "${SWEEP:?set SWEEP to a variant file}" | grep -v '^\s*$')
+for l in "${lines[@]}"; do
+  set -- $l; ex=$1; shape=$2; shift 2
+  echo "$cli compile examples/$ex.cf --shape $shape $* > /dev/null 2>&1"
+done | xargs -P "${JOBS:-14}" -I{} bash -c "{}"
+rc=0
+for l in "${lines[@]}"; do
+  set -- $l; ex=$1; shape=$2; shift 2
+  log="$out/sweep.log"
+  echo "-- $l" >> "$log"
+  if ! $cli run "examples/$ex.cf" --shape "$shape" "$@" > "$out/one.log" 2>&1; then rc=1; fi
+  cat "$out/one.log" >> "$log"
+  k=$(grep -m1 '^kernel:' "$out/one.log" | sed 's/; JIT.*//; s/^kernel: //')
+  t=$(grep -m1 '^time:' "$out/one.log" | sed -E 's/.*fused ([0-9.]+) ms.*cuBLAS GEMM alone ([0-9.]+) ms, fused \/ cuBLAS = ([0-9.]+x).*/\1 ms vs cuBLAS \2 ms = \3/')
+  bad=$(grep -c MISMATCH "$out/one.log")
+  printf '%-16s %-16s %-34s | %s | %s%s\n' "$ex" "$shape" "$*" "${t:-FAILED: $(tail -1 "$out/one.log")}" "$k" \
+    "$([ "$bad" = 0 ] || echo '  MISMATCH')"
+done
+exit $rc
