@@ -25,7 +25,7 @@ for l in "${lines[@]}"; do
   if ! $cli run "examples/$ex.cf" --shape "$shape" "$@" > "$out/one.log" 2>&1; then rc=1; fi
   cat "$out/one.log" >> "$log"
   k=$(grep -m1 '^kernel:' "$out/one.log" | sed 's/; JIT.*//; s/^kernel: //')
-  t=$(grep -m1 '^time:' "$out/one.log" | sed -E 's/.*fused ([0-9.]+) ms.*cuBLAS GEMM alone ([0-9.]+) ms, fused \/ cuBLAS = ([0-9.]+x).*/\1 ms vs cuBLAS \2 ms = \3/')
+  t=$(grep -m1 '^time:' "$out/one.log" | sed -E 's/.*fused ([0-9.]+) ms.*cuBLAS GEMM alone ([0-9.]+) ms, fused \/ cuBLAS = ([0-9.]+x) \(rounds ([0-9.]+-[0-9.]+);.*/\1 ms vs cuBLAS \2 ms = \3 [\4]/')
   bad=$(grep -c MISMATCH "$out/one.log")
   printf '%-16s %-16s %-34s | %s | %s%s\n' "$ex" "$shape" "$*" "${t:-FAILED: $(tail -1 "$out/one.log")}" "$k" \
     "$([ "$bad" = 0 ] || echo '  MISMATCH')"

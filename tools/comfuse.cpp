@@ -210,9 +210,10 @@ int run_gpu(const Graph& g, const Bindings& b, const PlanOptions& plan, uint64_t
                              pass ? "OK" : "MISMATCH");
   }
   std::cout << fmt::format("time: fused {:.4f} ms ({:.1f} TFLOP/s), cuBLAS GEMM alone {:.4f} ms, fused / cuBLAS = "
-                           "{:.3f}x (medians of 5 alternating rounds of 20 back-to-back launches, GPU time; cuBLAS = "
-                           "cublasLt, fastest of its heuristic's candidates)\n",
-                           rep.kernel_ms, rep.tflops, rep.cublas_ms, rep.kernel_ms / rep.cublas_ms);
+                           "{:.3f}x (rounds {:.3f}-{:.3f}; medians of {} alternating rounds of 20 back-to-back launches, "
+                           "GPU time; cuBLAS = cublasLt, fastest of its heuristic's candidates)\n",
+                           rep.kernel_ms, rep.tflops, rep.cublas_ms, rep.ratio, rep.ratio_lo, rep.ratio_hi,
+                           kTimingRounds);
   if (!ok) throw Error("run: GPU result differs from the fp64 reference beyond tolerance");
   return 0;
 }

@@ -102,6 +102,9 @@ struct DeviceRunReport {
   double tflops = 0;           // 2*M*N*K / kernel time
   double cublas_ms = 0;        // cuBLAS GEMM alone (bf16/f16 out), timed alternately with the
                                // fused kernel in the same power state (0 when not asked)
+  double ratio = 0;            // fused / cuBLAS: the median of the per-round ratios (each round
+                               // pairs the two in one power state); 0 when not asked
+  double ratio_lo = 0, ratio_hi = 0;  // the smallest and largest per-round ratio
   Plan plan;
   CompiledKernel compiled;
 };
@@ -114,6 +117,7 @@ inline double gpu_result_tolerance(DType t) { return t == DType::BF16 ? 1e-2 : t
 // with NaN first), downloads the outputs and compares them with run_graph. With
 // timing_reps > 0 also times batches of that many back-to-back launches (after warm-up; GPU time,
 // src/runtime/baseline.h), alternating with the cuBLAS GEMM alone when cublas_baseline.
+inline constexpr int kTimingRounds = 9;  // alternating fused / cuBLAS rounds of run_and_check
 DeviceRunReport run_and_check(const Graph& g, const Bindings& dims, uint64_t seed, const CompileOptions& opt = {},
                               int timing_reps = 0, double input_offset = 0.0, bool cublas_baseline = false);
 

@@ -179,7 +179,8 @@ DeviceRunReport run_and_check(const Graph& g, const Bindings& dims, uint64_t see
 
   if (timing_reps > 0) {
     // The GPU drifts between power states (bench/NOTES.md): the fused kernel and cuBLAS are
-    // timed in alternating rounds after a warm-up, and each reports its median round.
+    // timed in alternating rounds after a warm-up; times are median rounds, the ratio is the
+    // median of the per-round ratios (a round pairs both in one power state).
     std::unique_ptr<runtime_detail::CublasBaseline> blas =
         cublas_baseline ? std::make_unique<runtime_detail::CublasBaseline>(s, args) : nullptr;
     for (int i = 0; i < 10; ++i) {
@@ -187,13 +188,20 @@ DeviceRunReport run_and_check(const Graph& g, const Bindings& dims, uint64_t see
       if (blas) blas->run();
     }
     std::vector<double> fused, base;
-    for (int round = 0; round < 5; ++round) {
+    for (int round = 0; round < kTimingRounds; ++round) {
       fused.push_back(runtime_detail::batch_ms([&] { k.run(args); }, timing_reps));
       if (blas) base.push_back(runtime_detail::batch_ms([&] { blas->run(); }, timing_reps));
     }
     check(cudaGetLastError(), "timed launches");
     rep.kernel_ms = median_of(fused);
-    if (blas) rep.cublas_ms = median_of(base);
+    if (blas) {
+      rep.cublas_ms = median_of(base);
+      std::vector<double> ratios;
+      for (size_t i = 0; i < fused.size(); ++i) ratios.push_back(fused[i] / base[i]);
+      rep.ratio_lo = *std::min_element(ratios.begin(), ratios.end());
+      rep.ratio_hi = *std::max_element(ratios.begin(), ratios.end());
+      rep.ratio = median_of(ratios);
+    }
     const Problem& p = rep.plan.problem;
     rep.tflops = 2.0 * double(p.m) * double(p.n) * double(p.k) / (rep.kernel_ms * 1e-3) / 1e12;
   }
