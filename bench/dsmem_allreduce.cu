@@ -26,37 +26,42 @@ struct Sum {
 
 constexpr int kSmem = 200 * 1024;
 
-template <int Rows, int CN, Aggregation Mode>
-__global__ void __launch_bounds__(128, 1) allreduce_kernel(int rounds, int* errors, float* sink) {
-  using Chan = comfuse::cluster::RowAllReduce<Rows, CN, Mode>;
-  extern __shared__ __align__(1024) char smem[];
-  auto& st = *reinterpret_cast<typename Chan::Storage*>(smem);
+// Round 0 checked exactly (integers in fp32: the sum over ranks of row + 1000 rank), then a
+// chain of `rounds` dependent rounds (each round's input is the previous result / peers).
+template <class Chan, class St>
+__device__ void chain_of_rounds(St& st, comfuse::RowGroupSlot const& xs, comfuse::Params const& p, int rank, int peers,
+                                int rounds, int* errors, float* sink) {
   int const t = threadIdx.x;
-  uint32_t const rank = comfuse::cluster::cluster_rank();
-  if (t == 0) Chan::init(st);
-  cute::cluster_sync();
   constexpr int MB = Chan::MBlocks;
   float v[MB][2];
   for (int mi = 0; mi < MB; ++mi)
-    for (int h = 0; h < 2; ++h) v[mi][h] = float(Chan::row_of(t, mi, h) + 1000 * int(rank));
+    for (int h = 0; h < 2; ++h) v[mi][h] = float(Chan::row_of(t, mi, h) + 1000 * rank);
   uint32_t round = 0;
-  // Round 0: exact check (integers in fp32): sum over ranks of row + 1000 rank.
-  comfuse::RowGroupSlot const xs{};
-  comfuse::Params const p{};
   Chan::start(st, round, xs, p, t, 1, v);
   Chan::template finish<Sum>(st, round, xs, p, t, 1, v);
   ++round;
   for (int mi = 0; mi < MB; ++mi)
     for (int h = 0; h < 2; ++h) {
-      float want = float(CN * Chan::row_of(t, mi, h) + 1000 * CN * (CN - 1) / 2);
+      float want = float(peers * Chan::row_of(t, mi, h) + 1000 * peers * (peers - 1) / 2);
       if (v[mi][h] != want) atomicAdd(errors, 1);
     }
   for (int r = 0; r < rounds; ++r, ++round) {
     Chan::start(st, round, xs, p, t, 1, v);
     Chan::template finish<Sum>(st, round, xs, p, t, 1, v);
-    for (int mi = 0; mi < MB; ++mi) v[mi][0] *= 1.f / CN, v[mi][1] *= 1.f / CN;
+    for (int mi = 0; mi < MB; ++mi) v[mi][0] *= 1.f / peers, v[mi][1] *= 1.f / peers;
   }
   if (v[0][0] == -1.f) sink[t] = v[0][1];  // keep the chain alive
+}
+
+template <int Rows, int CN, Aggregation Mode>
+__global__ void __launch_bounds__(128, 1) allreduce_kernel(int rounds, int* errors, float* sink) {
+  using Chan = comfuse::cluster::RowAllReduce<Rows, CN, Mode>;
+  extern __shared__ __align__(1024) char smem[];
+  auto& st = *reinterpret_cast<typename Chan::Storage*>(smem);
+  if (threadIdx.x == 0) Chan::init(st);
+  cute::cluster_sync();
+  chain_of_rounds<Chan>(st, comfuse::RowGroupSlot{}, comfuse::Params{}, int(comfuse::cluster::cluster_rank()), CN, rounds,
+                        errors, sink);
   cute::cluster_sync();
 }
 
@@ -67,27 +72,27 @@ __global__ void __launch_bounds__(128, 1) global_kernel(__grid_constant__ comfus
   using Chan = comfuse::cluster::GlobalRowAllReduce<Rows, G>;
   if (int(blockIdx.x) >= int(gridDim.x) / G * G) return;
   typename Chan::Storage st;
-  int const t = threadIdx.x;
   comfuse::RowGroupSlot const xs{int(blockIdx.x) / G, int(blockIdx.x) % G};
-  constexpr int MB = Chan::MBlocks;
-  float v[MB][2];
-  for (int mi = 0; mi < MB; ++mi)
-    for (int h = 0; h < 2; ++h) v[mi][h] = float(Chan::row_of(t, mi, h) + 1000 * xs.rank);
-  uint32_t round = 0;
-  Chan::start(st, round, xs, p, t, 1, v);
-  Chan::template finish<Sum>(st, round, xs, p, t, 1, v);
-  ++round;
-  for (int mi = 0; mi < MB; ++mi)
-    for (int h = 0; h < 2; ++h) {
-      float want = float(G * Chan::row_of(t, mi, h) + 1000 * G * (G - 1) / 2);
-      if (v[mi][h] != want) atomicAdd(errors, 1);
-    }
-  for (int r = 0; r < rounds; ++r, ++round) {
-    Chan::start(st, round, xs, p, t, 1, v);
-    Chan::template finish<Sum>(st, round, xs, p, t, 1, v);
-    for (int mi = 0; mi < MB; ++mi) v[mi][0] *= 1.f / G, v[mi][1] *= 1.f / G;
+  chain_of_rounds<Chan>(st, xs, p, xs.rank, G, rounds, errors, sink);
+}
+
+// Microseconds per round: launches of `rounds` minus launches of 0 rounds, median of 5.
+template <class Launch> static float us_per_round(Launch&& launch, int rounds) {
+  launch(10);
+  CK(cudaDeviceSynchronize());
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a)); CK(cudaEventCreate(&b));
+  std::vector<float> ts;
+  for (int i = 0; i < 5; ++i) {
+    CK(cudaEventRecord(a)); launch(rounds); CK(cudaEventRecord(b)); CK(cudaEventSynchronize(b));
+    float ms0; CK(cudaEventElapsedTime(&ms0, a, b));
+    CK(cudaEventRecord(a)); launch(0); CK(cudaEventRecord(b)); CK(cudaEventSynchronize(b));
+    float ms1; CK(cudaEventElapsedTime(&ms1, a, b));
+    ts.push_back((ms0 - ms1) * 1e3f / rounds);  // launch cost removed
   }
-  if (v[0][0] == -1.f) sink[t] = v[0][1];
+  CK(cudaGetLastError());
+  std::sort(ts.begin(), ts.end());
+  return ts[ts.size() / 2];
 }
 
 template <int Rows, int G> static float measure_global(int rounds, int* d_err, float* d_sink) {
@@ -103,25 +108,13 @@ template <int Rows, int G> static float measure_global(int rounds, int* d_err, f
   comfuse::Params p{};
   p.exchange = ws;
   auto launch = [&](int r) {
-    ++p.epoch;  // as the runtime does: the flags are never cleared
+    ++p.epoch;  // as the runtime does: the tagged words are never cleared
     k<<<sms, 128, kSmem>>>(p, r, d_err, d_sink);
     CK(cudaGetLastError());
   };
-  launch(10);
-  CK(cudaDeviceSynchronize());
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a)); CK(cudaEventCreate(&b));
-  std::vector<float> ts;
-  for (int i = 0; i < 5; ++i) {
-    CK(cudaEventRecord(a)); launch(rounds); CK(cudaEventRecord(b)); CK(cudaEventSynchronize(b));
-    float ms0; CK(cudaEventElapsedTime(&ms0, a, b));
-    CK(cudaEventRecord(a)); launch(0); CK(cudaEventRecord(b)); CK(cudaEventSynchronize(b));
-    float ms1; CK(cudaEventElapsedTime(&ms1, a, b));
-    ts.push_back((ms0 - ms1) * 1e3f / rounds);
-  }
+  float const us = us_per_round(launch, rounds);
   CK(cudaFree(ws));
-  std::sort(ts.begin(), ts.end());
-  return ts[ts.size() / 2];
+  return us;
 }
 
 template <int Rows, int G> static void global_row(int rounds, int* d_err, float* d_sink) {
@@ -144,21 +137,7 @@ static float measure(int rounds, int* d_err, float* d_sink, int* clusters_out) {
   cfg.gridDim = dim3(CN * clusters, 1, 1);
   *clusters_out = clusters;
   auto launch = [&](int r) { CK(cudaLaunchKernelEx(&cfg, k, r, d_err, d_sink)); };
-  launch(10);
-  CK(cudaDeviceSynchronize());
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a)); CK(cudaEventCreate(&b));
-  std::vector<float> ts;
-  for (int i = 0; i < 5; ++i) {
-    CK(cudaEventRecord(a)); launch(rounds); CK(cudaEventRecord(b)); CK(cudaEventSynchronize(b));
-    float ms0; CK(cudaEventElapsedTime(&ms0, a, b));
-    CK(cudaEventRecord(a)); launch(0); CK(cudaEventRecord(b)); CK(cudaEventSynchronize(b));
-    float ms1; CK(cudaEventElapsedTime(&ms1, a, b));
-    ts.push_back((ms0 - ms1) * 1e3f / rounds);  // us per round, launch cost removed
-  }
-  CK(cudaGetLastError());
-  std::sort(ts.begin(), ts.end());
-  return ts[ts.size() / 2];
+  return us_per_round(launch, rounds);
 }
 
 template <int Rows, int CN> static void row(int rounds, int* d_err, float* d_sink) {

@@ -5,12 +5,7 @@
 # a time; each run checks against the fp64 reference and times fused vs cuBLAS GEMM alone in
 # alternating rounds (same power state). Prints one summary line per variant.
 set -uo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$root"
-out="${OUT:-/tmp/comfuse-gpu-out}"; mkdir -p "$out"
-export LD_LIBRARY_PATH="$root/.carry/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-export COMFUSE_KERNELS_DIR="$root/kernels" COMFUSE_CUTLASS_INCLUDE="$root/third_party/cutlass/include"
-export COMFUSE_CACHE_DIR="${COMFUSE_CACHE_DIR:-/tmp/comfuse-cache}"
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 cli=.carry/bin/comfuse
 mapfile -t lines < <(grep -v '^\s*#' "${SWEEP:?set SWEEP to a variant file}" | grep -v '^\s*$')
 for l in "${lines[@]}"; do

@@ -3,12 +3,7 @@
 # binaries built here by scripts/stage_gpu_carry.sh travel in .carry/, the CUTLASS headers
 # in third_party/; the JIT compiles kernels there with that machine's NVRTC.
 set -uo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$root"
-out="${OUT:-/tmp/comfuse-gpu-out}"; mkdir -p "$out"
-export LD_LIBRARY_PATH="$root/.carry/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-export COMFUSE_KERNELS_DIR="$root/kernels" COMFUSE_CUTLASS_INCLUDE="$root/third_party/cutlass/include"
-export COMFUSE_CACHE_DIR="${COMFUSE_CACHE_DIR:-/tmp/comfuse-cache}"
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader | tee "$out/gpu.txt"
 rc=0
 # Shards run in parallel: each JIT-compiles its own kernels (NVRTC is single-threaded);
