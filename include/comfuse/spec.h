@@ -92,7 +92,14 @@ struct FusionSpec {
   int reduction_count() const;
   // Stages in the chain (reductions + 1 along the deepest nest).
   int stage_count() const;
+  // Mean reductions whose PostStage reduces the variance about them (is_mean_then_variance).
+  int mean_variance_pairs() const;
 };
+
+// Whether reduction `i` of `stage` is a mean whose PostStage's reduction is the mean of
+// (its operand - that mean)^2, the variance about it (LayerNorm's chain after Φ). The device
+// can then exchange both in one round (kernels/comfuse/epilogue/reduce.cuh, kMoments).
+bool is_mean_then_variance(const Spec& stage, int i);
 
 // Text form. print() and parse_spec() round-trip: parse_spec(print(s)) == s.
 std::string print(const FusionSpec& s);

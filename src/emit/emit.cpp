@@ -49,6 +49,13 @@ EmitContext make_context(const FusionSpec& s, const std::vector<ArgSlot>& slots)
   return ctx;
 }
 
+// A mean and its variance share one round when each CTA holds its row values in registers
+// (one N-tile) and the row's CTAs meet in L2 or not at all (no DSMEM moments round).
+bool moments_fusable(const Plan& p) {
+  return p.n_tiles_per_cta == 1 && (p.aggregation == AggregationMode::Global || p.cluster_n * p.row_group == 1);
+}
+
+
 // What the device templates cannot express yet is refused here, by name, rather than
 // surfacing as a template error deep inside a JIT log.
 void check_device_support(const FusionSpec& s, const Plan& p) {
@@ -81,6 +88,10 @@ void check_device_support(const FusionSpec& s, const Plan& p) {
   if (p.row_group > 1 && (!global || p.cluster_n != 1))
     throw Error(fmt::format("spec '{}': a row group of {} clusters needs aggregation global and clusters of 1 along N "
                             "(plan: {}, cluster_n = {})", s.name, p.row_group, name_of(p.aggregation), p.cluster_n));
+  if (p.fused_moments && !moments_fusable(p))
+    throw Error(fmt::format("spec '{}': the plan fuses a mean and its variance into one round, which needs one N-tile "
+                            "per CTA and the L2 exchange or a single CTA per row (plan: {} N-tiles, {}, {} CTA(s) per row)",
+                            s.name, p.n_tiles_per_cta, name_of(p.aggregation), p.cluster_n * p.row_group));
   if (p.row_group < 1 || p.row_group > 64)
     throw Error(fmt::format("spec '{}': row group {} is not in 1..64", s.name, p.row_group));
   const RuntimeArg& a = s.args.at(static_cast<size_t>(s.arg_index(ArgRole::OperandA)));
@@ -95,8 +106,9 @@ void check_device_support(const FusionSpec& s, const Plan& p) {
 
 }  // namespace
 
-std::string emit_epilogue_type(const FusionSpec& s) {
+std::string emit_epilogue_type(const FusionSpec& s, bool fuse_moments) {
   EmitContext ctx = make_context(s, assign_slots(s));
+  ctx.fuse_moments = fuse_moments;
   const std::string stage = emit_detail::render_stage(ctx, s.root, "stage 0");
   std::string out;
   for (const std::string& l : ctx.literals) out += l + "\n";
@@ -135,7 +147,7 @@ EmittedKernel emit(const FusionSpec& s, const Plan& p) {
       "}}  // namespace\n"
       "\n"
       "COMFUSE_DEFINE_KERNEL({entry}, Kernel)\n",
-      fmt::arg("name", s.name), fmt::arg("slots", slot_doc), fmt::arg("epilogue", emit_epilogue_type(s)),
+      fmt::arg("name", s.name), fmt::arg("slots", slot_doc), fmt::arg("epilogue", emit_epilogue_type(s, p.fused_moments)),
       fmt::arg("elem", emit_detail::cpp_type(a.dtype)), fmt::arg("kmajor", s.b_layout == BLayout::NK ? "true" : "false"),
       fmt::arg("bm", p.tile_m), fmt::arg("bn", p.tile_n), fmt::arg("stages", p.stages), fmt::arg("cn", p.cluster_n),
       fmt::arg("wgs", p.wgs_per_tile), fmt::arg("cm", p.cluster_m),

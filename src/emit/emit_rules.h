@@ -14,7 +14,12 @@ struct EmitContext {
   std::map<int, int> slot_of_arg;       // FusionSpec arg -> Params slot (vectors/scalars/outputs)
   std::vector<std::string> literals;    // struct definitions, in first-use order
   std::string literal_struct(double v); // name of the struct holding v as a float
+  // The plan lets a mean and the variance about it share one exchange round (one N-tile per
+  // CTA; the L2 exchange or none): Reduction<..., Moments> on both (epilogue/reduce.cuh).
+  bool fuse_moments = false;
+  const Spec* moments_child = nullptr;  // the PostStage whose reduction takes the merged M2
 };
+
 
 // Renders one node as a template type; `path` locates it for error messages.
 using Rule = std::string (*)(EmitContext&, const Spec& stage, int index, const std::string& path);

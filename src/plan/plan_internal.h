@@ -21,6 +21,7 @@ std::vector<StageRef> collect_stages(const FusionSpec& s);
 struct ChainInfo {
   int reductions = 0;
   int stages_in_chain = 1;
+  int mean_variance_pairs = 0;  // pairs that can share one exchange round (fused moments)
   // Largest number of Tile-class Bypass placeholders entering any stage: tile-sized
   // register values that must survive a reduce phase (the accumulator counts as one).
   int live_tile_values = 1;

@@ -113,13 +113,28 @@ void add_reasons(Plan& plan, const ChainInfo& chain, const DeviceModel& dev, con
     case AggregationMode::Global:
       r.push_back(fmt::format(
           "aggregation global: the {} CTAs that share a row sit in {} different clusters (clusters of {}x1 along M, "
-          "B multicast) and exchange one fp32 per row and round through L2 with release/acquire flags "
-          "(cluster/global_exchange.cuh); a cluster along N could only multicast A, which left the 64x256 PingPong "
+          "B multicast) and exchange one fp32 per row and round through L2 in 8-byte words that carry "
+          "their own round tag (cluster/global_exchange.cuh); a cluster along N could only multicast A, which left the 64x256 PingPong "
           "mainloop L2-bound at 1.53x cuBLAS (bench/NOTES.md), and 2-D clusters of 4 keep only 120 SMs busy",
           plan.row_group * plan.cluster_n, plan.row_group, plan.cluster_m));
       break;
   }
 
+  if (chain.mean_variance_pairs > 0)
+    r.push_back(plan.fused_moments
+                    ? fmt::format("mean and variance in one round ({} pair(s)): each CTA sends its row sums and the sum "
+                                  "of squares about its own mean, merged by Chan's formula (safe when |mean| >> std); "
+                                  "one synchronization of the row's CTAs per job instead of two",
+                                  chain.mean_variance_pairs)
+                : opt.fuse_moments == false
+                    ? std::string("mean and variance in two rounds: forced by option")
+                : plan.n_tiles_per_cta == 1 && (plan.aggregation == AggregationMode::Global ||
+                                                plan.cluster_n * plan.row_group == 1)
+                    ? std::string("mean and variance in two rounds: each CTA has one job, so its epilogue is exposed "
+                                  "and the merge's extra pass costs more than the round it saves (measured at "
+                                  "256x4096x4096: 1.38x vs 1.47x cuBLAS)")
+                    : std::string("mean and variance in two rounds: the one-round merge needs one N-tile per CTA and "
+                                  "the L2 exchange or a single CTA per row"));
   r.push_back(plan.multicast_a
                   ? fmt::format("multicast A: the {} CTAs of a cluster share the row block, one TMA load feeds all",
                                 plan.cluster_n)
@@ -143,7 +158,6 @@ void add_reasons(Plan& plan, const ChainInfo& chain, const DeviceModel& dev, con
                           "measurement)",
                           e.total_us, e.mainloop_us, e.epilogue_us, e.dram_floor_us, e.reread_us));
   if (!unforced.empty()) r.push_back("without the forced options the model would pick: " + unforced);
-  (void)chain;
 }
 
 }  // namespace comfuse::plan_detail

@@ -81,7 +81,10 @@ std::vector<RowGroupChoice> row_group_candidates(const Problem& p, const ChainIn
         const double stage2 = stage1 * std::max(1, chain.stages_in_chain - 1) + elems * chain.max_out_bytes;
         const double per_sm_bytes_per_us = dev.dram_bytes_per_s / dev.sm_count * 1e-6;
         const double t_s1 = stage1 / per_sm_bytes_per_us, t_s2 = stage2 / per_sm_bytes_per_us;
-        c.exchange_us = chain.reductions * lookup(tun.row_group_exchange_us, g);
+        // A mean and its variance share a round when each CTA holds its row part in registers.
+        const bool fuse = n_tiles == 1 && opt.fuse_moments.value_or(jobs_per_cta >= 2);  // as planner.cpp decides
+        const int rounds = chain.reductions - (fuse ? chain.mean_variance_pairs : 0);
+        c.exchange_us = rounds * lookup(tun.row_group_exchange_us, g);
         if (jobs_per_cta == 1) {  // one consumer alone: nothing overlaps its epilogue
           c.mainloop_us = double(n_tiles) * t_tile;
           c.tail_us = double(n_tiles) * (t_s1 + t_s2);

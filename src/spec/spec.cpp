@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include <functional>
+
 #include <algorithm>
 #include <cmath>
 
@@ -323,6 +325,42 @@ void SpecVisitor::walk(const Spec& root, int depth) {
       walk(root.children[static_cast<size_t>(node.post)], depth + 1);
   }
   leave_stage(root, depth);
+}
+
+bool is_mean_then_variance(const Spec& st, int i) {
+  const SpecNode& r = st.nodes.at(static_cast<size_t>(i));
+  if (r.category != NodeCategory::Reduction || r.reduce != ReduceOp::Mean || r.post < 0) return false;
+  const Spec& post = st.children.at(static_cast<size_t>(r.post));
+  auto node = [&](int k) -> const SpecNode* {
+    return k >= 0 && k < static_cast<int>(post.nodes.size()) ? &post.nodes[static_cast<size_t>(k)] : nullptr;
+  };
+  const SpecNode* var = node(post.terminal);
+  if (!var || var->category != NodeCategory::Reduction || var->reduce != ReduceOp::Mean) return false;
+  const SpecNode* sq = node(var->operands.at(0));
+  if (!sq || sq->category != NodeCategory::Compute) return false;
+  int d = -1;
+  if (sq->compute == ComputeKind::Unary && sq->unary == UnaryOp::Square) d = sq->operands.at(0);
+  else if (sq->compute == ComputeKind::Binary && sq->binary == BinaryOp::Mul && sq->operands.at(0) == sq->operands.at(1))
+    d = sq->operands.at(0);
+  const SpecNode* diff = node(d);
+  if (!diff || diff->category != NodeCategory::Compute || diff->compute != ComputeKind::Binary ||
+      diff->binary != BinaryOp::Sub)
+    return false;
+  const SpecNode* x = node(diff->operands.at(0));
+  const SpecNode* mean = node(diff->operands.at(1));
+  return x && mean && x->category == NodeCategory::Placeholder && x->placeholder == PlaceholderKind::Bypass &&
+         x->source == r.operands.at(0) && x->value_class == ValueClass::Tile &&
+         mean->category == NodeCategory::Placeholder && mean->placeholder == PlaceholderKind::Stat;
+}
+
+int FusionSpec::mean_variance_pairs() const {
+  int pairs = 0;
+  std::function<void(const Spec&)> walk = [&](const Spec& st) {
+    for (size_t i = 0; i < st.nodes.size(); ++i) pairs += is_mean_then_variance(st, static_cast<int>(i)) ? 1 : 0;
+    for (const Spec& c : st.children) walk(c);
+  };
+  walk(root);
+  return pairs;
 }
 
 }  // namespace comfuse

@@ -108,8 +108,18 @@ TEST(Emit, ReductionsExpandRecursivelyIntoPostOpStages) {
   EXPECT_NE(k.source.find(fmt::format("/*ClusterM=*/{}", plan.cluster_m)), std::string::npos);
   PlanOptions p2p;
   p2p.aggregation = AggregationMode::PeerToPeer;
-  EXPECT_NE(emit(s, make_plan(s, shape(8192, 4096, 4096), {}, {}, p2p)).source.find("Aggregation::PeerToPeer"),
-            std::string::npos);
+  const std::string dsmem = emit(s, make_plan(s, shape(8192, 4096, 4096), {}, {}, p2p)).source;
+  EXPECT_NE(dsmem.find("Aggregation::PeerToPeer"), std::string::npos);
+  // LayerNorm's mean and variance share one round (Reduction<..., 1> around <..., 2>) when each
+  // CTA holds one N-tile and the row meets in L2; not over DSMEM, not with a stash.
+  ASSERT_EQ(plan.n_tiles_per_cta, 1);
+  EXPECT_NE(k.source.find(", 2>>, 1>"), std::string::npos) << k.source;
+  EXPECT_EQ(dsmem.find(", 2>>, 1>"), std::string::npos);
+  EXPECT_EQ(emit_epilogue_type(s).find(", 2>>"), std::string::npos);
+  // RMSNorm's one reduction is not a mean-then-variance chain.
+  Graph rms = parse_graph_file((kRoot / "examples/gemm_rmsnorm.cf").string());
+  const LoweringResult rr = lower(rms);
+  EXPECT_EQ(emit_epilogue_type(rr.regions.at(0).spec, true).find(">, 1>"), std::string::npos);
   PlanOptions leader;
   leader.aggregation = AggregationMode::LeaderFollower;
   EXPECT_NE(emit(s, make_plan(s, shape(8192, 4096, 4096), {}, {}, leader)).source.find("Aggregation::LeaderFollower"),
@@ -123,6 +133,7 @@ TEST(Emit, ReductionsExpandRecursivelyIntoPostOpStages) {
   EXPECT_NE(src.find(fmt::format("/*NTiles=*/{}", stash.n_tiles_per_cta)), std::string::npos) << src;
   EXPECT_NE(src.find("/*StashT=*/float"), std::string::npos);
   EXPECT_NE(src.find(stash.strategy == RowStrategy::Stash ? "StashSpace::Smem" : "StashSpace::Global"), std::string::npos);
+  EXPECT_EQ(src.find(", 2>>, 1>"), std::string::npos) << "a stash keeps two rounds";
 }
 
 TEST(Emit, RowStatisticOutputIsRefusedWithItsName) {

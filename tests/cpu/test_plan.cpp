@@ -350,6 +350,30 @@ TEST(Plan, RowGroupsDivideTheWork) {
     }
 }
 
+// LayerNorm's mean and variance share one exchange round where the epilogue hides behind the
+// other consumer's next job; not where a CTA has one job, not over DSMEM, not with a stash.
+TEST(Plan, FusedMomentsWhereTheEpilogueHides) {
+  FusionSpec ln = layer_norm();
+  EXPECT_EQ(ln.mean_variance_pairs(), 1);
+  EXPECT_EQ(rms_norm().mean_variance_pairs(), 0);
+  EXPECT_TRUE(make_plan(ln, prob(8192, 4096, 4096)).fused_moments);
+  EXPECT_FALSE(make_plan(ln, prob(256, 4096, 4096)).fused_moments);  // one job per CTA
+  EXPECT_FALSE(make_plan(rms_norm(), prob(8192, 4096, 4096)).fused_moments);
+  PlanOptions opt;
+  opt.fuse_moments = false;
+  EXPECT_FALSE(make_plan(ln, prob(8192, 4096, 4096), full_device(), {}, opt).fused_moments);
+  opt.fuse_moments = true;
+  EXPECT_TRUE(make_plan(ln, prob(256, 4096, 4096), full_device(), {}, opt).fused_moments);
+  opt = {};
+  opt.aggregation = AggregationMode::PeerToPeer;
+  EXPECT_FALSE(make_plan(ln, prob(8192, 4096, 4096), full_device(), {}, opt).fused_moments);
+  opt = {};
+  opt.row_group = 2;  // 8 N-tiles per CTA: the stash keeps two rounds
+  EXPECT_FALSE(make_plan(ln, prob(8192, 4096, 4096), full_device(), {}, opt).fused_moments);
+  const std::string e = explain(ln, make_plan(ln, prob(8192, 4096, 4096)));
+  EXPECT_NE(e.find("mean and variance in one round"), std::string::npos) << e;
+}
+
 TEST(Plan, DotHasOneClusterPerStage) {
   for (const Named& sp : all_specs()) {
     SCOPED_TRACE(sp.name);

@@ -5,6 +5,7 @@
 
 #include <optional>
 
+#include "comfuse/lower.h"
 #include "gpu/gpu_support.h"
 
 namespace comfuse {
@@ -152,6 +153,27 @@ TEST_F(GpuReduce, RowGroupsLayerNormLargeOffsetEveryShape) {
     SCOPED_TRACE(fmt::format("row group {} cluster_m {}", v.g, v.cm));
     Plan p = expect_row_group(layer_norm_graph(), dims(1000, 1032, 72), v.g, v.cm, v.tm, /*offset=*/1000.0);
     if (v.g <= 4) EXPECT_GT(p.n_tiles_per_cta, 1);
+  }
+}
+
+// LayerNorm with one N-tile per CTA: the mean and the variance share ONE exchange round
+// (sum and M2 about each CTA's own mean, Chan's merge). A 1000 offset makes E[x^2] - E[x]^2
+// useless, so only a sound merge passes. Ragged N leaves the last CTAs of a row partial/empty.
+TEST_F(GpuReduce, RowGroupsLayerNormMeanAndVarianceInOneRound) {
+  struct V { int g, cm, tm, tn; int64_t n; };
+  for (V v : {V{8, 2, 64, 256, 1032}, V{16, 1, 64, 128, 1032}, V{4, 2, 128, 128, 392}, V{1, 2, 64, 256, 200}}) {
+    SCOPED_TRACE(fmt::format("G={} cluster_m={} {}x{} N={}", v.g, v.cm, v.tm, v.tn, v.n));
+    CompileOptions opt;
+    opt.plan.row_group = v.g;
+    opt.plan.cluster_m = v.cm;
+    opt.plan.tile_m = v.tm;
+    opt.plan.tile_n = v.tn;
+    opt.plan.fuse_moments = true;  // one job per CTA here: the planner alone would keep two rounds
+    const Graph g = layer_norm_graph();
+    Plan p = expect_matches(g, dims(1000, v.n, 72), opt, /*offset=*/1000.0);
+    EXPECT_EQ(p.n_tiles_per_cta, 1);
+    const LoweringResult r = lower(g);
+    EXPECT_NE(emit(r.regions.at(0).spec, p).source.find(", 2>>, 1>"), std::string::npos) << "moments not fused";
   }
 }
 

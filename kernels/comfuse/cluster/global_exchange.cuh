@@ -12,7 +12,8 @@
 //
 // Workspace (Params::exchange, zeroed once at allocation; host/launch.hpp sizes it): one slot
 // per (row group, rank along M in the cluster, consumer warp group):
-//   uint64 word[2][Peers][Rows]     double-buffered by round parity, like the DSMEM channel
+//   uint64 word[2][Peers][2][Rows]  double-buffered by round parity, like the DSMEM channel;
+//                                   [0]: the round's values, [1]: second moments (moments rounds)
 // Each word carries its own flag (NCCL's "LL" protocol): high 32 bits a tag, low 32 bits the
 // fp32 partial, written and read as ONE 8-byte relaxed gpu-scope access (single-copy atomic),
 // so a reader that sees the round's tag sees that round's value: no fence, no separate flag,
@@ -61,8 +62,14 @@ struct GlobalRowAllReduce {
   static constexpr int MBlocks = Rows / 64;
   static_assert(Rows == 64 || Rows == 128, "a warp group holds 64 or 128 rows");
   static_assert(Peers >= 2 && Peers <= 64, "global row group: 2..64 CTAs");
-  static constexpr int kSlotBytes = 2 * Peers * Rows * 8;  // one warp group's slot
+  // One warp group's slot: parity x peers x (value rows, second-moment rows) words.
+  static constexpr int kSlotBytes = 2 * Peers * 2 * Rows * 8;
   static constexpr uint64_t kTimeoutNs = 10ull * 1000 * 1000 * 1000;
+
+  // The four lanes of a quad hold the same rows: lane q polls peers q, q + 4, ... (Peers / 4
+  // words a row, fewer loads and registers), folds them in rank order, and a quad butterfly
+  // finishes; every CTA runs the identical sequence, so all compute the same bits.
+  static constexpr int kPerLane = (Peers + 3) / 4;
 
   struct Storage {};  // nothing on chip
   static COMFUSE_DEVICE void init(Storage&) {}
@@ -73,24 +80,64 @@ struct GlobalRowAllReduce {
   }
   static COMFUSE_DEVICE uint64_t* words(RowGroupSlot const& x, Params const& p, uint32_t round, int rank) {
     return reinterpret_cast<uint64_t*>(static_cast<char*>(p.exchange) + size_t(x.slot) * kSlotBytes) +
-           ((round & 1) * Peers + rank) * Rows;
+           ((round & 1) * Peers + rank) * 2 * Rows;
   }
+  static COMFUSE_DEVICE uint64_t word(uint32_t tag_hi, float v) { return (uint64_t(tag_hi) << 32) | __float_as_uint(v); }
+  static COMFUSE_DEVICE float value(uint64_t w) { return __uint_as_float(uint32_t(w)); }
 
   static COMFUSE_DEVICE void start(Storage&, uint32_t round, RowGroupSlot const& x, Params const& p, int t, int,
                                    float const (&v)[MBlocks][2]) {
     if (t % 4 != 0) return;
     uint64_t* mine = words(x, p, round, x.rank);
-    uint64_t const hi = uint64_t(tag(p, round)) << 32;
     CUTE_UNROLL
     for (int mi = 0; mi < MBlocks; ++mi)
       CUTE_UNROLL
-      for (int h = 0; h < 2; ++h) st_relaxed_gpu_u64(mine + row_of(t, mi, h), hi | __float_as_uint(v[mi][h]));
+      for (int h = 0; h < 2; ++h) st_relaxed_gpu_u64(mine + row_of(t, mi, h), word(tag(p, round), v[mi][h]));
+  }
+  // A round of (sum, sum of squares about the CTA's own mean) pairs (Reduction kMoments).
+  static COMFUSE_DEVICE void start_moments(Storage&, uint32_t round, RowGroupSlot const& x, Params const& p, int t,
+                                           float const (&v)[MBlocks][2], float const (&m2)[MBlocks][2]) {
+    if (t % 4 != 0) return;
+    uint64_t* mine = words(x, p, round, x.rank);
+    CUTE_UNROLL
+    for (int mi = 0; mi < MBlocks; ++mi)
+      CUTE_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        st_relaxed_gpu_u64(mine + row_of(t, mi, h), word(tag(p, round), v[mi][h]));
+        st_relaxed_gpu_u64(mine + Rows + row_of(t, mi, h), word(tag(p, round), m2[mi][h]));
+      }
   }
 
-  // The four lanes of a quad hold the same rows: lane q polls peers q, q + 4, ... (Peers / 4
-  // words a row, fewer loads and registers), folds them in rank order, and a quad butterfly
-  // finishes; every CTA runs the identical sequence, so all compute the same bits.
-  static constexpr int kPerLane = (Peers + 3) / 4;
+
+  // Lane q's words at rows off[0..W) from peers q, q + 4, ...: all loads issued at once,
+  // then only the ones not yet tagged with this round are re-polled. Its own words are not
+  // read (set to `want`).
+  template <int W>
+  static COMFUSE_DEVICE void poll(uint64_t const* base, int const (&off)[W], uint32_t want, int q, int rank,
+                                  uint64_t& t0, uint64_t (&w)[W][kPerLane]) {
+    CUTE_UNROLL
+    for (int k = 0; k < W; ++k)
+      CUTE_UNROLL
+      for (int i = 0; i < kPerLane; ++i) {
+        int const j = q + 4 * i;
+        w[k][i] = j < Peers && j != rank ? ld_relaxed_gpu_u64(base + j * 2 * Rows + off[k]) : uint64_t(want) << 32;
+      }
+    for (;;) {
+      bool done = true;
+      CUTE_UNROLL
+      for (int k = 0; k < W; ++k)
+        CUTE_UNROLL
+        for (int i = 0; i < kPerLane; ++i)
+          if (uint32_t(w[k][i] >> 32) != want) {
+            done = false;
+            w[k][i] = ld_relaxed_gpu_u64(base + (q + 4 * i) * 2 * Rows + off[k]);
+          }
+      if (done) return;
+      uint64_t const now = global_timer_ns();
+      if (t0 == 0) t0 = now;
+      else if (now - t0 > kTimeoutNs) __trap();  // a peer CTA is not resident: fail, do not hang
+    }
+  }
 
   template <class Op>
   static COMFUSE_DEVICE void finish(Storage&, uint32_t round, RowGroupSlot const& x, Params const& p, int t, int,
@@ -103,35 +150,62 @@ struct GlobalRowAllReduce {
     for (int mi = 0; mi < MBlocks; ++mi)
       CUTE_UNROLL
       for (int h = 0; h < 2; ++h) {
-        int const row = row_of(t, mi, h);
-        uint64_t w[kPerLane];
-        CUTE_UNROLL
-        for (int i = 0; i < kPerLane; ++i) {
-          int const j = q + 4 * i;
-          w[i] = j < Peers && j != x.rank ? ld_relaxed_gpu_u64(base + j * Rows + row) : uint64_t(want) << 32;
-        }
-        for (;;) {  // re-poll the peers whose word is not this round's yet
-          bool done = true;
-          CUTE_UNROLL
-          for (int i = 0; i < kPerLane; ++i)
-            if (uint32_t(w[i] >> 32) != want) {
-              done = false;
-              w[i] = ld_relaxed_gpu_u64(base + (q + 4 * i) * Rows + row);
-            }
-          if (done) break;
-          uint64_t const now = global_timer_ns();
-          if (t0 == 0) t0 = now;
-          else if (now - t0 > kTimeoutNs) __trap();  // a peer CTA is not resident: fail, do not hang
-        }
+        uint64_t w[1][kPerLane];
+        int const off[1] = {row_of(t, mi, h)};
+        poll(base, off, want, q, x.rank, t0, w);
         float acc = Op::identity();
         CUTE_UNROLL
         for (int i = 0; i < kPerLane; ++i) {
           int const j = q + 4 * i;
-          if (j < Peers) acc = Op::combine(acc, j == x.rank ? v[mi][h] : __uint_as_float(uint32_t(w[i])));
+          if (j < Peers) acc = Op::combine(acc, j == x.rank ? v[mi][h] : value(w[0][i]));
         }
         acc = Op::combine(acc, __shfl_xor_sync(0xffffffffu, acc, 1));
         acc = Op::combine(acc, __shfl_xor_sync(0xffffffffu, acc, 2));
         v[mi][h] = acc;
+      }
+  }
+
+  // Finish a moments round: v (sums) becomes the row's total sum, m2 the row's sum of squares
+  // about the row mean, by Chan's merge: M2 = sum_j [M2_j + n_j (S_j / n_j - mean)^2], n_j the
+  // valid columns of peer j (n_of(j)), mean = total / N. Same bits in every CTA.
+  template <class NOf>
+  static COMFUSE_DEVICE void finish_moments(Storage&, uint32_t round, RowGroupSlot const& x, Params const& p, int t,
+                                            float (&v)[MBlocks][2], float (&m2)[MBlocks][2], NOf const& n_of) {
+    uint32_t const want = tag(p, round);
+    uint64_t const* base = words(x, p, round, 0);
+    int const q = t % 4;
+    uint64_t t0 = 0;
+    CUTE_UNROLL
+    for (int mi = 0; mi < MBlocks; ++mi)
+      CUTE_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        int const row = row_of(t, mi, h);
+        uint64_t w[2][kPerLane];  // [0]: the peers' sums, [1]: their M2, polled together
+        int const off[2] = {row, Rows + row};
+        poll(base, off, want, q, x.rank, t0, w);
+        float sum = 0.f;
+        CUTE_UNROLL
+        for (int i = 0; i < kPerLane; ++i) {
+          int const j = q + 4 * i;
+          if (j < Peers) sum += j == x.rank ? v[mi][h] : value(w[0][i]);
+        }
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        float const mean = __fdiv_rn(sum, float(p.N));
+        float acc = 0.f;
+        CUTE_UNROLL
+        for (int i = 0; i < kPerLane; ++i) {
+          int const j = q + 4 * i;
+          int const nj = j < Peers ? n_of(j) : 0;
+          if (nj > 0) {
+            float const d = __fdiv_rn(j == x.rank ? v[mi][h] : value(w[0][i]), float(nj)) - mean;
+            acc += (j == x.rank ? m2[mi][h] : value(w[1][i])) + float(nj) * d * d;
+          }
+        }
+        acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+        acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+        v[mi][h] = sum;
+        m2[mi][h] = acc;
       }
   }
 };

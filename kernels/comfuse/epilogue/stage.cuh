@@ -30,6 +30,10 @@
 //          slot per warp group (cluster/global_exchange.cuh), reused the same way.
 //    Op::finalize (mean: / true N), then the PostStage runs with the statistic bound to its
 //    Stat node; its begin() (vector loads) overlaps the DSMEM round.
+//    Mean then variance (Reduction kMoments, set by Ψ for one N-tile per CTA): the mean's
+//    reduce phase also sums the squares of its operand about the CTA's own mean and exchanges
+//    (sum, M2) in ONE round (Chan's merge); the variance's reduce phase then takes the merged
+//    M2 without a round. LayerNorm: one group-wide synchronization a job instead of two.
 //  * Bypass<K> in a PostStage reads node K of the parent stage. A Tile-class K is written
 //    back, fragment by fragment, into the accumulator registers (dead after AccEntry read
 //    them; every fragment is read before it is overwritten), and the PostStage streams those
@@ -111,6 +115,8 @@ namespace detail {
 template <class S, class = void> struct post_of { using type = void; };
 template <class S> struct post_of<S, cute::void_t<typename S::Post>> { using type = typename S::Post; };
 struct NoTree {};
+template <class N, class = void> struct moments_of { static constexpr int value = 0; };
+template <class N> struct moments_of<N, cute::void_t<decltype(N::kMoments)>> { static constexpr int value = N::kMoments; };
 struct NoTreeHolder {
   using TreeStorage = NoTree;
 };
@@ -207,6 +213,14 @@ template <class... Nodes> struct Stage {
     Impls impls;
     cute::conditional_t<kHasPost, PostExec, detail::NoTree> post;
     uint32_t round = 0;  // cluster rounds of this warp group's channel (root stage only)
+    // Reduction kMoments: 1 here makes the PostStage's reduction 2 (it takes given_m2, the
+    // row's sum of squares about its mean, from this stage's one round).
+    static constexpr int kMoments = detail::moments_of<Last>::value;
+    static_assert(kMoments != kMomentsMeanAndM2 || Geo::NTiles == 1,
+                  "Moments: one N-tile per CTA (the CTA's squares about its own mean need its values in registers)");
+    static_assert(kMoments != kMomentsMeanAndM2 || !kClusterReduce || Geo::Agg == cluster::Aggregation::Global,
+                  "Moments: the L2 exchange (row groups) or no exchange; the DSMEM channel has no moments round");
+    float given_m2[Geo::MBlocks][2];
 
     // One thread per CTA, before the kernel's first cluster barrier.
     static COMFUSE_DEVICE void init_shared(SharedStorage& ss) {
@@ -377,6 +391,10 @@ template <class... Nodes> struct Stage {
         }
       });
     }
+    template <class Arr> COMFUSE_DEVICE void take_given_m2(Arr const& v) {
+      CUTE_UNROLL
+      for (int mi = 0; mi < Geo::MBlocks; ++mi) given_m2[mi][0] = v[mi][0], given_m2[mi][1] = v[mi][1];
+    }
     template <class Arr> COMFUSE_DEVICE void take_stat(Arr const& v) {
       cute::for_each(cute::make_int_sequence<kNumNodes>{}, [&](auto i) {
         constexpr int I = decltype(i)::value;
@@ -391,29 +409,86 @@ template <class... Nodes> struct Stage {
     }
 
    private:
+    // kMomentsMeanAndM2: per row, the sum of squares of this CTA's values (the reduction's
+    // operand, which the compute phase left in the accumulator registers as the tile bypass)
+    // about the CTA's own mean sum / n_local; quad-reduced like the sum.
+    template <class FragC>
+    COMFUSE_DEVICE void local_m2(EpiCtx const& c, FragC& accum, float const (&sum)[Geo::MBlocks][2],
+                                 float (&m2)[Geo::MBlocks][2]) const {
+      static_assert(kTileBypass == Last::kOperandIndex, "Moments: the PostStage must bypass the mean's operand");
+      int const n_local = max(0, min(Geo::BN, c.p->N - c.n0));
+      float const inv = n_local > 0 ? __fdiv_rn(1.f, float(n_local)) : 0.f;
+      float mean[Geo::MBlocks][2];
+      CUTE_UNROLL
+      for (int mi = 0; mi < Geo::MBlocks; ++mi)
+        CUTE_UNROLL
+        for (int h = 0; h < 2; ++h) mean[mi][h] = sum[mi][h] * inv, m2[mi][h] = 0.f;
+      CUTE_UNROLL
+      for (int s = 0; s < Geo::SubTiles; ++s)
+        CUTE_UNROLL
+        for (int mi = 0; mi < Geo::MBlocks; ++mi)
+          CUTE_UNROLL
+          for (int j = 0; j < 4; ++j) {
+            int const col = c.n0 + s * 64 + j * 16 + 2 * (c.lane % 4);
+            int const base = mi * (Geo::BN / 2) + 8 * (4 * s + j);
+            CUTE_UNROLL
+            for (int e = 0; e < kFrag; ++e) {
+              float const d = accum(base + e) - mean[mi][(e >> 1) & 1];
+              if (col + frag_col(e) < c.p->N) m2[mi][(e >> 1) & 1] += d * d;
+            }
+          }
+      CUTE_UNROLL
+      for (int mi = 0; mi < Geo::MBlocks; ++mi)
+        CUTE_UNROLL
+        for (int h = 0; h < 2; ++h) {
+          m2[mi][h] += __shfl_xor_sync(0xffffffffu, m2[mi][h], 1);
+          m2[mi][h] += __shfl_xor_sync(0xffffffffu, m2[mi][h], 2);
+        }
+    }
+
     template <class FragC, class CS, class St>
     COMFUSE_DEVICE void reduce_phase(EpiCtx const& c, TreeStorage& ts, FragC& accum, int bar_id, CS& chan, uint32_t& rnd,
                                      St const& st) {
       using Op = typename Last::ReduceOp;
       auto& red = cute::get<kNumNodes - 1>(impls);
       float v[Geo::MBlocks][2];
-      // (1) the quad that holds a row: butterfly, every lane ends with the same bits.
-      CUTE_UNROLL
-      for (int mi = 0; mi < Geo::MBlocks; ++mi)
+      if constexpr (kMoments == kMomentsGivenM2) {  // the parent's round brought this sum
         CUTE_UNROLL
-        for (int h = 0; h < 2; ++h) {
-          float x = red.a[mi][h];
-          x = Op::combine(x, __shfl_xor_sync(0xffffffffu, x, 1));
-          x = Op::combine(x, __shfl_xor_sync(0xffffffffu, x, 2));
-          v[mi][h] = x;
+        for (int mi = 0; mi < Geo::MBlocks; ++mi) v[mi][0] = given_m2[mi][0], v[mi][1] = given_m2[mi][1];
+        if constexpr (kHasPost) post.begin_phase(c, ts.post, bar_id);
+      } else {
+        // (1) the quad that holds a row: butterfly, every lane ends with the same bits.
+        CUTE_UNROLL
+        for (int mi = 0; mi < Geo::MBlocks; ++mi)
+          CUTE_UNROLL
+          for (int h = 0; h < 2; ++h) {
+            float x = red.a[mi][h];
+            x = Op::combine(x, __shfl_xor_sync(0xffffffffu, x, 1));
+            x = Op::combine(x, __shfl_xor_sync(0xffffffffu, x, 2));
+            v[mi][h] = x;
+          }
+        // (2) across warps: nothing to do (see the header comment: no row spans two warps).
+        // (3) across the cluster; the PostStage's begin() overlaps the round.
+        if constexpr (kMoments == kMomentsMeanAndM2) {
+          float m2[Geo::MBlocks][2];
+          local_m2(c, accum, v, m2);
+          if constexpr (kClusterReduce) Chan::start_moments(chan, rnd, c.xs, *c.p, c.t, v, m2);
+          if constexpr (kHasPost) post.begin_phase(c, ts.post, bar_id);
+          if constexpr (kClusterReduce) {
+            int const n0 = c.n0 - c.xs.rank * Geo::BN, n = c.p->N;  // peer j holds columns n0 + j * BN ..
+            auto n_of = [&](int j) { return max(0, min(Geo::BN, n - (n0 + j * Geo::BN))); };
+            Chan::finish_moments(chan, rnd, c.xs, *c.p, c.t, v, m2, n_of);
+            ++rnd;
+          }
+          if constexpr (kHasPost) post.take_given_m2(m2);
+        } else {
+          if constexpr (kClusterReduce) Chan::start(chan, rnd, c.xs, *c.p, c.t, bar_id, v);
+          if constexpr (kHasPost) post.begin_phase(c, ts.post, bar_id);
+          if constexpr (kClusterReduce) {
+            Chan::template finish<Op>(chan, rnd, c.xs, *c.p, c.t, bar_id, v);
+            ++rnd;
+          }
         }
-      // (2) across warps: nothing to do (see the header comment: no row spans two warps).
-      // (3) across the cluster; the PostStage's begin() overlaps the DSMEM round.
-      if constexpr (kClusterReduce) Chan::start(chan, rnd, c.xs, *c.p, c.t, bar_id, v);
-      if constexpr (kHasPost) post.begin_phase(c, ts.post, bar_id);
-      if constexpr (kClusterReduce) {
-        Chan::template finish<Op>(chan, rnd, c.xs, *c.p, c.t, bar_id, v);
-        ++rnd;
       }
       if constexpr (kHasPost) {
         int const n = c.p->N;

@@ -43,7 +43,8 @@
 // Generated code instantiates comfuse::fused_gemm_sm90<FusedGemmSm90<Mainloop, Epi>>
 // (or wraps it in an extern "C" entry) and launches grid (clusters * ClusterM, ClusterN, 1),
 // cluster (ClusterM, ClusterN, 1), kThreads threads, kSmemBytes dynamic SMEM
-// (host/launch.hpp's launch_shape; ClusterM > 1 only for epilogues without row reductions).
+// (host/launch.hpp's launch_shape; ClusterM > 1 only with ClusterN == 1: no row reduction, or row
+// groups exchanging through L2).
 #pragma once
 #include "../common.cuh"
 #include "../params.cuh"

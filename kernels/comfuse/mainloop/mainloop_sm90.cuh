@@ -18,8 +18,9 @@
 // Cooperative with BM == 256 (2 x 128 rows, cuBLAS's favourite shape): each consumer WG runs
 //   its own one-warp-group TiledMma on its contiguous half of the A tile (rows 128*wg..),
 //   so a WG's accumulators always cover BM/WGsPerTile contiguous rows.
-// ClusterM (default 1; only with ClusterN == 1, i.e. for epilogues without row
-//   reductions): clusters of ClusterM x 1 CTAs along M share the B tile: CTA rank r <
+// ClusterM (default 1; only with ClusterN == 1: epilogues without row reductions, or row
+//   groups that reduce across clusters through L2): clusters of ClusterM x 1 CTAs along M
+//   share the B tile: CTA rank r <
 //   BSlices loads slice r of B and multicasts it to the cluster (the TMA box of B is then
 //   BN / BSlices rows when B is N x K; with K x N, rank r loads the 64-column boxes r, r +
 //   ClusterM, ...).

@@ -14,7 +14,7 @@
 // the N-block count is no multiple of ClusterN) still run: their CTA loads its A slice
 // for the peers; TMA zero-fills their B and clips their stores.
 //
-// ClusterM > 1 (only with ClusterN == 1; epilogues without row reductions): grid
+// ClusterM > 1 (only with ClusterN == 1: no row reduction, or row groups): grid
 // dim3(num_clusters * ClusterM, 1, 1), cluster dims (ClusterM, 1, 1); a cluster tile is
 // ClusterM adjacent BM-row blocks times one BN-column block (the CTAs share B: multicast);
 // CTA rank r (blockIdx.x % ClusterM) takes row block ct.m * ClusterM + r. Row blocks past M
