@@ -139,6 +139,24 @@ struct GlobalRowAllReduce {
     }
   }
 
+  // Lane q folds its peers' values in rank order (its own from `own`), then the quad butterfly
+  // folds the four lanes: the same sequence, so the same bits, in every lane and every CTA.
+  struct Add {
+    static COMFUSE_DEVICE float identity() { return 0.f; }
+    static COMFUSE_DEVICE float combine(float a, float b) { return a + b; }
+  };
+  template <class Op>
+  static COMFUSE_DEVICE float fold(uint64_t const (&w)[kPerLane], float own, int q, int rank) {
+    float acc = Op::identity();
+    CUTE_UNROLL
+    for (int i = 0; i < kPerLane; ++i) {
+      int const j = q + 4 * i;
+      if (j < Peers) acc = Op::combine(acc, j == rank ? own : value(w[i]));
+    }
+    acc = Op::combine(acc, __shfl_xor_sync(0xffffffffu, acc, 1));
+    return Op::combine(acc, __shfl_xor_sync(0xffffffffu, acc, 2));
+  }
+
   template <class Op>
   static COMFUSE_DEVICE void finish(Storage&, uint32_t round, RowGroupSlot const& x, Params const& p, int t, int,
                                     float (&v)[MBlocks][2]) {
@@ -153,15 +171,7 @@ struct GlobalRowAllReduce {
         uint64_t w[1][kPerLane];
         int const off[1] = {row_of(t, mi, h)};
         poll(base, off, want, q, x.rank, t0, w);
-        float acc = Op::identity();
-        CUTE_UNROLL
-        for (int i = 0; i < kPerLane; ++i) {
-          int const j = q + 4 * i;
-          if (j < Peers) acc = Op::combine(acc, j == x.rank ? v[mi][h] : value(w[0][i]));
-        }
-        acc = Op::combine(acc, __shfl_xor_sync(0xffffffffu, acc, 1));
-        acc = Op::combine(acc, __shfl_xor_sync(0xffffffffu, acc, 2));
-        v[mi][h] = acc;
+        v[mi][h] = fold<Op>(w[0], v[mi][h], q, x.rank);
       }
   }
 
@@ -183,14 +193,7 @@ struct GlobalRowAllReduce {
         uint64_t w[2][kPerLane];  // [0]: the peers' sums, [1]: their M2, polled together
         int const off[2] = {row, Rows + row};
         poll(base, off, want, q, x.rank, t0, w);
-        float sum = 0.f;
-        CUTE_UNROLL
-        for (int i = 0; i < kPerLane; ++i) {
-          int const j = q + 4 * i;
-          if (j < Peers) sum += j == x.rank ? v[mi][h] : value(w[0][i]);
-        }
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        float const sum = fold<Add>(w[0], v[mi][h], q, x.rank);
         float const mean = __fdiv_rn(sum, float(p.N));
         float acc = 0.f;
         CUTE_UNROLL
