@@ -105,7 +105,8 @@ std::string explain(const FusionSpec& s, const Plan& p) {
   if (p.reductions == 0) red = "no reduction";
   else if (p.aggregation == AggregationMode::Global)
     red = fmt::format("none on chip: the {} CTAs of a row group exchange partials through an L2 workspace "
-                      "(2 phases x {} x {} rows x 4 B per WG slot), reused by all {} reduction(s)",
+                      "(2 phases x {} peers x 2 x {} rows x 8-byte tagged words per WG slot), reused by all {} "
+                      "reduction(s)",
                       p.row_group, p.row_group, p.tile_m / p.wgs_per_tile, p.reductions);
   else if (p.cluster_n == 1) red = "C_N = 1: rows reduce by warp shuffles, nothing crosses a CTA";
   else
