@@ -120,6 +120,15 @@ struct Problem {
   void *dA, *dB, *dbias, *dgamma, *dbeta, *dout[2];
   size_t out_elems;
 };
+// The cuBLAS GEMM alone (bf16 out into C, B as N x K): the floor the fused variants are timed
+// against (cublasGemmEx's default algorithm; src/runtime/baseline.cpp's cublasLt pick is faster
+// at small M, see bench/NOTES.md).
+static void cublas_gemm(cublasHandle_t h, Problem const& P, void* C) {
+  float const one = 1.f, zero = 0.f;
+  cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, P.N, P.M, P.K, &one, P.dB, CUDA_R_16BF, P.K, P.dA, CUDA_R_16BF, P.K, &zero,
+               C, CUDA_R_16BF, P.N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+}
+
 static void* upload_bf16(std::vector<float> const& v) {
   std::vector<bf16> h(v.size());
   for (size_t i = 0; i < v.size(); ++i) h[i] = bf16(v[i]);
@@ -343,11 +352,7 @@ static void run_timings(int& fails) {
     Problem P = make_problem(M, N, K, 1.f, 7);
     void* C;
     CK(cudaMalloc(&C, size_t(M) * N * 2));
-    float one = 1.f, zero = 0.f;
-    auto gemm = [&] {
-      cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, P.dB, CUDA_R_16BF, K, P.dA, CUDA_R_16BF, K, &zero, C,
-                   CUDA_R_16BF, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    };
+    auto gemm = [&] { cublas_gemm(h, P, C); };
     float t_cb = median_ms(gemm);
     std::vector<int> rows = {0, 1, 63, 64, 127, M - 1};
     for (int i = 0; i < 10; ++i) rows.push_back(int(hash(i, 99) % uint32_t(M)));

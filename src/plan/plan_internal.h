@@ -49,6 +49,14 @@ std::string value_name(const Spec& stage, int index);
 
 std::string fmt_bytes(int64_t bytes);  // "40.0 KiB"
 
+// Whether the options ask for a row-group plan (cluster_m, row_group, aggregation global).
+bool row_groups_forced(const PlanOptions& opt);
+// Whether a mean and its variance share one exchange round (row_groups.cpp): one N-tile per
+// CTA, the row meets in L2 or in one CTA, and (unless forced) the epilogue hides behind the
+// other consumer's next job, i.e. a CTA has >= 2 jobs.
+bool fuse_moments(const ChainInfo& chain, const PlanOptions& opt, int64_t n_tiles, int64_t jobs_per_cta,
+                  bool l2_or_single_cta);
+
 // Row reductions over row groups of clusters along M (row_groups.cpp): the work division
 // priced per candidate, cheapest first. The planner takes the first whose SMEM budget fits.
 struct RowGroupChoice {

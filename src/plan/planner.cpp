@@ -365,7 +365,7 @@ void validate(const FusionSpec& s, const Problem& p, const DeviceModel& dev, con
     throw Error(fmt::format("plan: tile_n = {} is not one of 64, 128, 192, 256", *opt.tile_n));
   if (opt.tile_m && *opt.tile_m != 64 && *opt.tile_m != 128)
     throw Error(fmt::format("plan: tile_m = {} is not 64 or 128 (rows per consumer warp group)", *opt.tile_m));
-  const bool rg = opt.row_group || opt.cluster_m || (opt.aggregation && *opt.aggregation == AggregationMode::Global);
+  const bool rg = plan_detail::row_groups_forced(opt);
   if ((rg || opt.stash_bytes) && s.reduction_count() == 0)
     throw Error("plan: cluster_m, row_group, stash_bytes and aggregation global shape row reductions; this epilogue has none");
   if (rg && (opt.cluster_n || opt.strategy))
@@ -462,9 +462,7 @@ Plan make_plan(const FusionSpec& s, const Problem& p, const DeviceModel& dev, co
       break;
     }
   }
-  const bool rg_forced = opt.row_group || opt.cluster_m ||
-                         (opt.aggregation && *opt.aggregation == AggregationMode::Global);
-  if (rg_forced && chosen != &red)
+  if (plan_detail::row_groups_forced(opt) && chosen != &red)
     throw Error(fmt::format("plan: no row-group plan (PingPong 64x256, 128x128 or 64x128; clusters of 1 or 2 along M; "
                             "row groups of 1..64 clusters resident at once; <= 64 N-tiles per CTA) fits the forced "
                             "options for {} x {} x {}", p.m, p.n, p.k));
@@ -485,14 +483,9 @@ Plan make_plan(const FusionSpec& s, const Problem& p, const DeviceModel& dev, co
   plan.consumer_warp_groups = kConsumerWGs;
   plan.cluster_m = c.cluster_m, plan.cluster_n = c.cluster;
   plan.row_group = c.row_group;
-  // Fused moments save a synchronization of the row's CTAs but add a pass over the tile and the
-  // merge arithmetic; that pays when the epilogue hides behind the other consumer's next job
-  // (MEASURED: 8192x4096x4096 LayerNorm 1.055x vs 1.091x cuBLAS), not when a CTA has one job
-  // and its epilogue is exposed (256x4096x4096: 1.470x vs 1.379x). fuse_moments = true forces it.
   const int64_t groups = std::max<int64_t>(1, c.resident / std::max(1, c.row_group));
-  const bool overlapped = ceil_div(c.jobs, groups) >= 2;
-  plan.fused_moments = chain.mean_variance_pairs > 0 && opt.fuse_moments.value_or(overlapped) && c.n_tiles == 1 &&
-                       (c.agg == AggregationMode::Global || c.cluster * c.row_group == 1);
+  plan.fused_moments = plan_detail::fuse_moments(chain, opt, c.n_tiles, ceil_div(c.jobs, groups),
+                                                 c.agg == AggregationMode::Global || c.cluster * c.row_group == 1);
   plan.wgs_per_tile = c.wgs_per_tile;
   plan.measured_config = measured_why;
   plan.raster_group = c.raster_group;

@@ -103,22 +103,19 @@ FusedKernel FusedKernel::build(const FusionSpec& spec, const Problem& problem, c
   cuda_check(cudaLibraryLoadData(&st->library, st->compiled.cubin.data(), nullptr, nullptr, 0, nullptr, nullptr, 0),
              "loading the compiled kernel");
   cuda_check(cudaLibraryGetKernel(&st->kernel, st->library, st->emitted.entry.c_str()), "finding the kernel entry");
-  void* smem_sym = nullptr;
-  size_t smem_size = 0;
-  cuda_check(cudaLibraryGetGlobal(&smem_sym, &smem_size, st->library, (st->emitted.entry + "_smem_bytes").c_str()),
-             "finding the kernel's SMEM size");
-  int smem = 0;
-  cuda_check(cudaMemcpy(&smem, smem_sym, sizeof(int), cudaMemcpyDeviceToHost), "reading the kernel's SMEM size");
-  void* stash_sym = nullptr;
-  int stash_per_cta = 0;
-  cuda_check(cudaLibraryGetGlobal(&stash_sym, &smem_size, st->library, (st->emitted.entry + "_stash_bytes_per_cta").c_str()),
-             "finding the kernel's stash size");
-  cuda_check(cudaMemcpy(&stash_per_cta, stash_sym, sizeof(int), cudaMemcpyDeviceToHost), "reading the kernel's stash size");
-  void* exchange_sym = nullptr;
-  int exchange_per_slot = 0;
-  cuda_check(cudaLibraryGetGlobal(&exchange_sym, &smem_size, st->library, (st->emitted.entry + "_exchange_bytes_per_slot").c_str()),
-             "finding the kernel's exchange size");
-  cuda_check(cudaMemcpy(&exchange_per_slot, exchange_sym, sizeof(int), cudaMemcpyDeviceToHost), "reading the kernel's exchange size");
+  // The kernel's sizes, as COMFUSE_DEFINE_KERNEL exports them beside the entry point.
+  auto read_int = [&](const char* suffix, const char* what) {
+    void* sym = nullptr;
+    size_t bytes = 0;
+    cuda_check(cudaLibraryGetGlobal(&sym, &bytes, st->library, (st->emitted.entry + suffix).c_str()),
+               fmt::format("finding the kernel's {}", what));
+    int v = 0;
+    cuda_check(cudaMemcpy(&v, sym, sizeof(int), cudaMemcpyDeviceToHost), fmt::format("reading the kernel's {}", what));
+    return v;
+  };
+  const int smem = read_int("_smem_bytes", "SMEM size");
+  const int stash_per_cta = read_int("_stash_bytes_per_cta", "stash size");
+  const int exchange_per_slot = read_int("_exchange_bytes_per_slot", "exchange size");
   st->shape.BM = st->plan.tile_m;
   st->shape.BN = st->plan.tile_n;
   st->shape.cluster_n = st->plan.cluster_n;

@@ -87,27 +87,45 @@ struct GlobalRowAllReduce {
 
   static COMFUSE_DEVICE void start(Storage&, uint32_t round, RowGroupSlot const& x, Params const& p, int t, int,
                                    float const (&v)[MBlocks][2]) {
-    if (t % 4 != 0) return;
-    uint64_t* mine = words(x, p, round, x.rank);
-    CUTE_UNROLL
-    for (int mi = 0; mi < MBlocks; ++mi)
-      CUTE_UNROLL
-      for (int h = 0; h < 2; ++h) st_relaxed_gpu_u64(mine + row_of(t, mi, h), word(tag(p, round), v[mi][h]));
+    publish(round, x, p, t, 0, v);
   }
   // A round of (sum, sum of squares about the CTA's own mean) pairs (Reduction kMoments).
   static COMFUSE_DEVICE void start_moments(Storage&, uint32_t round, RowGroupSlot const& x, Params const& p, int t,
                                            float const (&v)[MBlocks][2], float const (&m2)[MBlocks][2]) {
+    publish(round, x, p, t, 0, v);
+    publish(round, x, p, t, Rows, m2);
+  }
+
+  // Quad leaders write their rows' words of this round at rows off + row of their own slot part.
+  static COMFUSE_DEVICE void publish(uint32_t round, RowGroupSlot const& x, Params const& p, int t, int off,
+                                     float const (&v)[MBlocks][2]) {
     if (t % 4 != 0) return;
     uint64_t* mine = words(x, p, round, x.rank);
     CUTE_UNROLL
     for (int mi = 0; mi < MBlocks; ++mi)
       CUTE_UNROLL
-      for (int h = 0; h < 2; ++h) {
-        st_relaxed_gpu_u64(mine + row_of(t, mi, h), word(tag(p, round), v[mi][h]));
-        st_relaxed_gpu_u64(mine + Rows + row_of(t, mi, h), word(tag(p, round), m2[mi][h]));
-      }
+      for (int h = 0; h < 2; ++h) st_relaxed_gpu_u64(mine + off + row_of(t, mi, h), word(tag(p, round), v[mi][h]));
   }
 
+  // For each of the thread's rows: lane q's words at rows k * Rows + row (k < W) of its peers,
+  // once all carry this round's tag, go to f(mi, h, w).
+  template <int W, class F>
+  static COMFUSE_DEVICE void for_each_row(uint32_t round, RowGroupSlot const& x, Params const& p, int t, F&& f) {
+    uint32_t const want = tag(p, round);
+    uint64_t const* base = words(x, p, round, 0);
+    uint64_t t0 = 0;
+    CUTE_UNROLL
+    for (int mi = 0; mi < MBlocks; ++mi)
+      CUTE_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        int off[W];
+        CUTE_UNROLL
+        for (int k = 0; k < W; ++k) off[k] = k * Rows + row_of(t, mi, h);
+        uint64_t w[W][kPerLane];
+        poll(base, off, want, t % 4, x.rank, t0, w);
+        f(mi, h, w);
+      }
+  }
 
   // Lane q's words at rows off[0..W) from peers q, q + 4, ...: all loads issued at once,
   // then only the ones not yet tagged with this round are re-polled. Its own words are not
@@ -160,19 +178,9 @@ struct GlobalRowAllReduce {
   template <class Op>
   static COMFUSE_DEVICE void finish(Storage&, uint32_t round, RowGroupSlot const& x, Params const& p, int t, int,
                                     float (&v)[MBlocks][2]) {
-    uint32_t const want = tag(p, round);
-    uint64_t const* base = words(x, p, round, 0);
-    int const q = t % 4;
-    uint64_t t0 = 0;
-    CUTE_UNROLL
-    for (int mi = 0; mi < MBlocks; ++mi)
-      CUTE_UNROLL
-      for (int h = 0; h < 2; ++h) {
-        uint64_t w[1][kPerLane];
-        int const off[1] = {row_of(t, mi, h)};
-        poll(base, off, want, q, x.rank, t0, w);
-        v[mi][h] = fold<Op>(w[0], v[mi][h], q, x.rank);
-      }
+    for_each_row<1>(round, x, p, t, [&](int mi, int h, uint64_t const (&w)[1][kPerLane]) {
+      v[mi][h] = fold<Op>(w[0], v[mi][h], t % 4, x.rank);
+    });
   }
 
   // Finish a moments round: v (sums) becomes the row's total sum, m2 the row's sum of squares
@@ -181,35 +189,26 @@ struct GlobalRowAllReduce {
   template <class NOf>
   static COMFUSE_DEVICE void finish_moments(Storage&, uint32_t round, RowGroupSlot const& x, Params const& p, int t,
                                             float (&v)[MBlocks][2], float (&m2)[MBlocks][2], NOf const& n_of) {
-    uint32_t const want = tag(p, round);
-    uint64_t const* base = words(x, p, round, 0);
     int const q = t % 4;
-    uint64_t t0 = 0;
-    CUTE_UNROLL
-    for (int mi = 0; mi < MBlocks; ++mi)
+    // w[0]: the peers' sums, w[1]: their M2, polled together.
+    for_each_row<2>(round, x, p, t, [&](int mi, int h, uint64_t const (&w)[2][kPerLane]) {
+      float const sum = fold<Add>(w[0], v[mi][h], q, x.rank);
+      float const mean = __fdiv_rn(sum, float(p.N));
+      float acc = 0.f;
       CUTE_UNROLL
-      for (int h = 0; h < 2; ++h) {
-        int const row = row_of(t, mi, h);
-        uint64_t w[2][kPerLane];  // [0]: the peers' sums, [1]: their M2, polled together
-        int const off[2] = {row, Rows + row};
-        poll(base, off, want, q, x.rank, t0, w);
-        float const sum = fold<Add>(w[0], v[mi][h], q, x.rank);
-        float const mean = __fdiv_rn(sum, float(p.N));
-        float acc = 0.f;
-        CUTE_UNROLL
-        for (int i = 0; i < kPerLane; ++i) {
-          int const j = q + 4 * i;
-          int const nj = j < Peers ? n_of(j) : 0;
-          if (nj > 0) {
-            float const d = __fdiv_rn(j == x.rank ? v[mi][h] : value(w[0][i]), float(nj)) - mean;
-            acc += (j == x.rank ? m2[mi][h] : value(w[1][i])) + float(nj) * d * d;
-          }
+      for (int i = 0; i < kPerLane; ++i) {
+        int const j = q + 4 * i;
+        int const nj = j < Peers ? n_of(j) : 0;
+        if (nj > 0) {
+          float const d = __fdiv_rn(j == x.rank ? v[mi][h] : value(w[0][i]), float(nj)) - mean;
+          acc += (j == x.rank ? m2[mi][h] : value(w[1][i])) + float(nj) * d * d;
         }
-        acc += __shfl_xor_sync(0xffffffffu, acc, 1);
-        acc += __shfl_xor_sync(0xffffffffu, acc, 2);
-        v[mi][h] = sum;
-        m2[mi][h] = acc;
       }
+      acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+      acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+      v[mi][h] = sum;
+      m2[mi][h] = acc;
+    });
   }
 };
 
