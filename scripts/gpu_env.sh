@@ -7,3 +7,15 @@ out="${OUT:-/tmp/comfuse-gpu-out}"; mkdir -p "$out"
 export LD_LIBRARY_PATH="$root/.carry/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 export COMFUSE_KERNELS_DIR="$root/kernels" COMFUSE_CUTLASS_INCLUDE="$root/third_party/cutlass/include"
 export COMFUSE_CACHE_DIR="${COMFUSE_CACHE_DIR:-/tmp/comfuse-cache}"
+
+# Sweep scripts (gpu_sweep.sh, gpu_ncu.sh): the variant lines of $SWEEP ("example M,N,K
+# [plan flags...]", # comments) into the array `lines`, each variant JIT-compiled in parallel
+# first (NVRTC is single-threaded; the process-safe cache then serves the runs).
+read_sweep_and_compile() {
+  mapfile -t lines < <(grep -v '^\s*#' "${SWEEP:?set SWEEP to a variant file}" | grep -v '^\s*$')
+  local l
+  for l in "${lines[@]}"; do
+    set -- $l; local ex=$1 shape=$2; shift 2
+    echo ".carry/bin/comfuse compile examples/$ex.cf --shape $shape $* > /dev/null 2>&1"
+  done | xargs -P "${JOBS:-14}" -I{} bash -c "{}"
+}

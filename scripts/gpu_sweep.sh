@@ -7,11 +7,7 @@
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 cli=.carry/bin/comfuse
-mapfile -t lines < <(grep -v '^\s*#' "${SWEEP:?set SWEEP to a variant file}" | grep -v '^\s*$')
-for l in "${lines[@]}"; do
-  set -- $l; ex=$1; shape=$2; shift 2
-  echo "$cli compile examples/$ex.cf --shape $shape $* > /dev/null 2>&1"
-done | xargs -P "${JOBS:-14}" -I{} bash -c "{}"
+read_sweep_and_compile
 rc=0
 for l in "${lines[@]}"; do
   set -- $l; ex=$1; shape=$2; shift 2

@@ -9,7 +9,7 @@
 //                                                against cuBLAS; --reference: CPU only
 // explain, emit, compile and run take the plan overrides (--cluster-n, --tile-n, --tile-m,
 // --aggregation p2p|leader|global, --strategy on-chip|stash|global-reread; row groups:
-// --cluster-m, --row-group, --stash fp32|bf16; --moments one-round|two-rounds).
+// --cluster-m, --row-group, --stash fp32|bf16; --pairs one-round|two-rounds).
 // Errors: `comfuse: error: <msg>` on stderr, exit 1 (graph files: FILE:line:col:);
 // command-line usage errors exit 2.
 #include <CLI/CLI.hpp>
@@ -112,7 +112,7 @@ int cmd_lower(const std::string& file) {
 struct ExplainArgs {
   bool dot = false;
   std::optional<int> cluster_n, tile_n, tile_m, cluster_m, row_group;
-  std::string aggregation, strategy, stash, moments;
+  std::string aggregation, strategy, stash, pairs;
 };
 
 PlanOptions plan_options(const ExplainArgs& a) {
@@ -122,9 +122,9 @@ PlanOptions plan_options(const ExplainArgs& a) {
   o.tile_m = a.tile_m;
   o.cluster_m = a.cluster_m;
   o.row_group = a.row_group;
-  if (a.moments == "one-round") o.fuse_moments = true;
-  else if (a.moments == "two-rounds") o.fuse_moments = false;
-  else if (!a.moments.empty()) throw Error(fmt::format("--moments wants one-round or two-rounds, got '{}'", a.moments));
+  if (a.pairs == "one-round") o.fuse_pairs = true;
+  else if (a.pairs == "two-rounds") o.fuse_pairs = false;
+  else if (!a.pairs.empty()) throw Error(fmt::format("--pairs wants one-round or two-rounds, got '{}'", a.pairs));
   if (a.stash == "bf16") o.stash_bytes = 2;
   else if (a.stash == "fp32") o.stash_bytes = 4;
   else if (!a.stash.empty()) throw Error(fmt::format("--stash wants fp32 or bf16, got '{}'", a.stash));
@@ -152,7 +152,9 @@ void add_plan_options(CLI::App* cmd, ExplainArgs& ex) {
   cmd->add_option("--cluster-m", ex.cluster_m, "row groups: clusters of 1 or 2 along M (B multicast)");
   cmd->add_option("--row-group", ex.row_group, "row groups: G clusters share each row (power of two, 1..64)");
   cmd->add_option("--stash", ex.stash, "row groups: stash element, fp32 or bf16");
-  cmd->add_option("--moments", ex.moments, "a mean and its variance (LayerNorm) in one-round (default where possible) or two-rounds");
+  cmd->add_option("--pairs", ex.pairs,
+                  "paired reductions (LayerNorm's mean and variance, softmax's max and sum of exp) in one-round "
+                  "(default where it pays) or two-rounds");
 }
 
 int cmd_explain(const std::string& file, const DimArgs& d, const ExplainArgs& a) {

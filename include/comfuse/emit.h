@@ -30,8 +30,8 @@ struct EmittedKernel {
 EmittedKernel emit(const FusionSpec& s, const Plan& p);
 
 // The epilogue type alone (e.g. for tests and `comfuse emit --epilogue`).
-// fuse_moments: a mean and the variance about it share one exchange round (emit() sets it
-// when the plan allows: one N-tile per CTA, row groups or a single CTA per row).
-std::string emit_epilogue_type(const FusionSpec& s, bool fuse_moments = false);
+// fuse_pairs: the kinds of paired reductions (pair_kind in spec.h) that share one exchange
+// round (emit() passes Plan::fused_pairs: one N-tile per CTA, row groups or one CTA per row).
+std::string emit_epilogue_type(const FusionSpec& s, OneRoundPairs fuse_pairs = {});
 
 }  // namespace comfuse

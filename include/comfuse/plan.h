@@ -140,7 +140,7 @@ struct PlanOptions {
   std::optional<int> cluster_m;               // force clusters along M (B multicast); with a reduction: row groups
   std::optional<int> row_group;               // force a row group of G clusters (Aggregation Global)
   std::optional<int> stash_bytes;             // force the stash element: 4 (fp32) or 2 (bf16)
-  std::optional<bool> fuse_moments;           // false: a mean and its variance take two rounds (A/B)
+  std::optional<bool> fuse_pairs;             // true / false: every pair in one round / two (A/B)
 };
 
 // The cost model's estimate for one candidate, microseconds.
@@ -160,9 +160,11 @@ struct Plan {
   int wgs_per_tile = 1;          // 1: PingPong (each WG owns a tile, they alternate mainloop and
                                  // epilogue); 2: cooperative (both WGs share one tile)
   int cluster_m = 1, cluster_n = 1;  // cluster_m > 1 (B multicast): no reduction, or row groups
-  // A mean and the variance about it (LayerNorm) exchange in ONE round (Chan's merge of per-CTA
-  // sums and M2): one N-tile per CTA, and the row's CTAs meet in L2 or are one CTA.
-  bool fused_moments = false;
+  // Paired reductions (pair_kind in spec.h) exchanged in ONE round: a mean and the variance
+  // about it (LayerNorm: Chan's merge of per-CTA sums and M2), a max and the sum of exp about
+  // it (softmax: the online-softmax merge). One N-tile per CTA, the row's CTAs meet in L2 or
+  // are one CTA.
+  OneRoundPairs fused_pairs;
   int row_group = 1;             // clusters whose CTAs share a row (AggregationMode::Global); the
                                  // row's CTAs: cluster_n * row_group
   bool raster_along_n = false;   // tile scheduler: walk raster_group N-blocks (else M-blocks) together

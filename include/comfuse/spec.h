@@ -28,6 +28,16 @@ enum class ValueClass { Tile, Col, Row, Scalar };
 enum class BroadcastKind { Scalar, Row, Col };  // Scalar: a literal or a runtime scalar arg
 enum class ComputeKind { Unary, Binary, Cast };
 enum class PlaceholderKind { Stat, Bypass };
+// Two reductions of a chain that share one exchange round (pair_kind below).
+enum class PairKind { None, MeanVariance, MaxExpSum };
+// Which kinds of pairs a kernel exchanges in one round (Plan::fused_pairs, emit).
+struct OneRoundPairs {
+  bool mean_variance = false, max_exp_sum = false;
+  bool any() const { return mean_variance || max_exp_sum; }
+  bool has(PairKind k) const {
+    return (k == PairKind::MeanVariance && mean_variance) || (k == PairKind::MaxExpSum && max_exp_sum);
+  }
+};
 
 std::string_view name_of(NodeCategory c);
 std::string_view name_of(ValueClass c);
@@ -92,14 +102,16 @@ struct FusionSpec {
   int reduction_count() const;
   // Stages in the chain (reductions + 1 along the deepest nest).
   int stage_count() const;
-  // Mean reductions whose PostStage reduces the variance about them (is_mean_then_variance).
-  int mean_variance_pairs() const;
+  // Reductions that pair with their PostStage's reduction in one exchange round (pair_kind).
+  int pair_count(PairKind kind) const;
 };
 
-// Whether reduction `i` of `stage` is a mean whose PostStage's reduction is the mean of
-// (its operand - that mean)^2, the variance about it (LayerNorm's chain after Φ). The device
-// can then exchange both in one round (kernels/comfuse/epilogue/reduce.cuh, kMoments).
-bool is_mean_then_variance(const Spec& stage, int i);
+// Whether reduction `i` of `stage` and its PostStage's reduction form a pair whose statistics
+// merge exactly from per-CTA partials, so the device exchanges both in ONE round
+// (kernels/comfuse/epilogue/reduce.cuh, kPair*):
+//   MeanVariance  a mean, then the mean of (its operand - that mean)^2 (LayerNorm after Φ);
+//   MaxExpSum     a max, then the sum of exp(its operand - that max) (softmax, log-softmax).
+PairKind pair_kind(const Spec& stage, int i);
 
 // Text form. print() and parse_spec() round-trip: parse_spec(print(s)) == s.
 std::string print(const FusionSpec& s);

@@ -44,14 +44,14 @@ std::vector<ArgSlot> assign_slots(const FusionSpec& s) {
 }
 
 EmitContext make_context(const FusionSpec& s, const std::vector<ArgSlot>& slots) {
-  EmitContext ctx{s, {}, {}};
+  EmitContext ctx{s, {}, {}, {}, nullptr};
   for (const ArgSlot& sl : slots) ctx.slot_of_arg[sl.arg] = sl.slot;
   return ctx;
 }
 
-// A mean and its variance share one round when each CTA holds its row values in registers
-// (one N-tile) and the row's CTAs meet in L2 or not at all (no DSMEM moments round).
-bool moments_fusable(const Plan& p) {
+// Paired reductions share one round when each CTA holds its row values in registers (one
+// N-tile) and the row's CTAs meet in L2 or not at all (the DSMEM channel has no pair round).
+bool pairs_fusable(const Plan& p) {
   return p.n_tiles_per_cta == 1 && (p.aggregation == AggregationMode::Global || p.cluster_n * p.row_group == 1);
 }
 
@@ -88,8 +88,8 @@ void check_device_support(const FusionSpec& s, const Plan& p) {
   if (p.row_group > 1 && (!global || p.cluster_n != 1))
     throw Error(fmt::format("spec '{}': a row group of {} clusters needs aggregation global and clusters of 1 along N "
                             "(plan: {}, cluster_n = {})", s.name, p.row_group, name_of(p.aggregation), p.cluster_n));
-  if (p.fused_moments && !moments_fusable(p))
-    throw Error(fmt::format("spec '{}': the plan fuses a mean and its variance into one round, which needs one N-tile "
+  if (p.fused_pairs.any() && !pairs_fusable(p))
+    throw Error(fmt::format("spec '{}': the plan fuses paired reductions (mean and variance, max and sum of exp) into one round, which needs one N-tile "
                             "per CTA and the L2 exchange or a single CTA per row (plan: {} N-tiles, {}, {} CTA(s) per row)",
                             s.name, p.n_tiles_per_cta, name_of(p.aggregation), p.cluster_n * p.row_group));
   if (p.row_group < 1 || p.row_group > 64)
@@ -106,9 +106,9 @@ void check_device_support(const FusionSpec& s, const Plan& p) {
 
 }  // namespace
 
-std::string emit_epilogue_type(const FusionSpec& s, bool fuse_moments) {
+std::string emit_epilogue_type(const FusionSpec& s, OneRoundPairs fuse_pairs) {
   EmitContext ctx = make_context(s, assign_slots(s));
-  ctx.fuse_moments = fuse_moments;
+  ctx.fuse_pairs = fuse_pairs;
   const std::string stage = emit_detail::render_stage(ctx, s.root, "stage 0");
   std::string out;
   for (const std::string& l : ctx.literals) out += l + "\n";
@@ -147,7 +147,7 @@ EmittedKernel emit(const FusionSpec& s, const Plan& p) {
       "}}  // namespace\n"
       "\n"
       "COMFUSE_DEFINE_KERNEL({entry}, Kernel)\n",
-      fmt::arg("name", s.name), fmt::arg("slots", slot_doc), fmt::arg("epilogue", emit_epilogue_type(s, p.fused_moments)),
+      fmt::arg("name", s.name), fmt::arg("slots", slot_doc), fmt::arg("epilogue", emit_epilogue_type(s, p.fused_pairs)),
       fmt::arg("elem", emit_detail::cpp_type(a.dtype)), fmt::arg("kmajor", s.b_layout == BLayout::NK ? "true" : "false"),
       fmt::arg("bm", p.tile_m), fmt::arg("bn", p.tile_n), fmt::arg("stages", p.stages), fmt::arg("cn", p.cluster_n),
       fmt::arg("wgs", p.wgs_per_tile), fmt::arg("cm", p.cluster_m),

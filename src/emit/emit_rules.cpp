@@ -72,18 +72,20 @@ std::string compute(EmitContext&, const Spec& st, int i, const std::string&) {
 // A reduction carries its PostOp stage as a template argument: structural induction.
 std::string reduction(EmitContext& ctx, const Spec& st, int i, const std::string& path) {
   const SpecNode& n = node_at(st, i);
-  // Moments: 1 on a mean whose PostStage is its variance, 2 on that variance.
-  int moments = ctx.moments_child == &st ? 2 : 0;
+  // Pairs (epilogue/reduce.cuh): kPairMeanM2 (1) or kPairMaxExpSum (3) on the first
+  // reduction, kPairGiven (2) on its PostStage's reduction.
+  int pair = ctx.pair_child == &st ? 2 : 0;
   std::string post = "void";
   if (n.post >= 0) {
     const Spec& child = st.children.at(static_cast<size_t>(n.post));
-    if (ctx.fuse_moments && moments == 0 && is_mean_then_variance(st, i)) {
-      moments = 1;
-      ctx.moments_child = &child;
+    const PairKind kind = pair == 0 ? pair_kind(st, i) : PairKind::None;
+    if (ctx.fuse_pairs.has(kind)) {
+      pair = kind == PairKind::MeanVariance ? 1 : 3;
+      ctx.pair_child = &child;
     }
     post = render_stage(ctx, child, fmt::format("{} > post of n{}", path, i));
   }
-  const std::string tail = moments ? fmt::format(", {}", moments) : "";
+  const std::string tail = pair ? fmt::format(", {}", pair) : "";
   return fmt::format("comfuse::epi::Reduction<comfuse::epi::{}, {}, {}{}>", device_functor_of(n.reduce), n.operands.at(0),
                      post, tail);
 }

@@ -14,10 +14,11 @@ struct EmitContext {
   std::map<int, int> slot_of_arg;       // FusionSpec arg -> Params slot (vectors/scalars/outputs)
   std::vector<std::string> literals;    // struct definitions, in first-use order
   std::string literal_struct(double v); // name of the struct holding v as a float
-  // The plan lets a mean and the variance about it share one exchange round (one N-tile per
-  // CTA; the L2 exchange or none): Reduction<..., Moments> on both (epilogue/reduce.cuh).
-  bool fuse_moments = false;
-  const Spec* moments_child = nullptr;  // the PostStage whose reduction takes the merged M2
+  // The plan lets paired reductions (pair_kind: mean + variance, max + sum of exp) share one
+  // exchange round (one N-tile per CTA; the L2 exchange or none): Reduction<..., Pair> on
+  // both (epilogue/reduce.cuh).
+  OneRoundPairs fuse_pairs;
+  const Spec* pair_child = nullptr;  // the PostStage whose reduction takes the merged statistic
 };
 
 

@@ -325,7 +325,7 @@ class Lowering {
         index_in[s][red] = add(stat);
         store_if_sink(red, index_in[s][red]);
         for (int id : members_[r]) {
-          if (id == red || st.def_stage.at(id) >= s || st.last_use.at(id) < s || st.remat.count(id) && st.remat.at(id).count(s))
+          if (id == red || st.def_stage.at(id) >= s || st.last_use.at(id) < s || (st.remat.count(id) && st.remat.at(id).count(s)))
             continue;
           SpecNode by;
           by.category = NodeCategory::Placeholder;

@@ -75,7 +75,8 @@ ChainInfo analyze_chain(const FusionSpec& s) {
   ChainInfo info;
   info.reductions = s.reduction_count();
   info.stages_in_chain = std::max(1, s.stage_count());
-  info.mean_variance_pairs = s.mean_variance_pairs();
+  info.mean_variance_pairs = s.pair_count(PairKind::MeanVariance);
+  info.max_exp_sum_pairs = s.pair_count(PairKind::MaxExpSum);
   const std::vector<StageRef> stages = collect_stages(s);
   for (const StageRef& st : stages) {
     int bypass_tiles = 0;

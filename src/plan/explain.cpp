@@ -81,7 +81,10 @@ std::string explain(const FusionSpec& s, const Plan& p) {
   }
   o += fmt::format("  strategy     {}\n", strat);
   o += fmt::format("  aggregation  {}{}\n", name_of(p.aggregation),
-                   p.fused_moments ? "; mean and variance in one round" : "");
+                   p.fused_pairs.mean_variance && p.fused_pairs.max_exp_sum ? "; paired reductions in one round"
+                   : p.fused_pairs.mean_variance ? "; mean and variance in one round"
+                   : p.fused_pairs.max_exp_sum   ? "; max and sum of exp in one round"
+                                                 : "");
   o += fmt::format("  pipeline     {} stages, {}, {} consumer warp groups\n", p.stages,
                    p.wgs_per_tile == 1 ? "PingPong" : "cooperative", p.consumer_warp_groups);
   o += fmt::format("  estimate     {:.1f} us (mainloop {:.1f}, exposed epilogue {:.1f}, reread {:.1f}, DRAM floor "

@@ -21,7 +21,10 @@ std::vector<StageRef> collect_stages(const FusionSpec& s);
 struct ChainInfo {
   int reductions = 0;
   int stages_in_chain = 1;
-  int mean_variance_pairs = 0;  // pairs that can share one exchange round (fused moments)
+  // Reduction pairs that can share one exchange round (pair_kind in spec.h, Plan::fused_pairs).
+  int mean_variance_pairs = 0;
+  int max_exp_sum_pairs = 0;
+  int pairs() const { return mean_variance_pairs + max_exp_sum_pairs; }
   // Largest number of Tile-class Bypass placeholders entering any stage: tile-sized
   // register values that must survive a reduce phase (the accumulator counts as one).
   int live_tile_values = 1;
@@ -51,11 +54,12 @@ std::string fmt_bytes(int64_t bytes);  // "40.0 KiB"
 
 // Whether the options ask for a row-group plan (cluster_m, row_group, aggregation global).
 bool row_groups_forced(const PlanOptions& opt);
-// Whether a mean and its variance share one exchange round (row_groups.cpp): one N-tile per
-// CTA, the row meets in L2 or in one CTA, and (unless forced) the epilogue hides behind the
-// other consumer's next job, i.e. a CTA has >= 2 jobs.
-bool fuse_moments(const ChainInfo& chain, const PlanOptions& opt, int64_t n_tiles, int64_t jobs_per_cta,
-                  bool l2_or_single_cta);
+// Which paired reductions share one exchange round (row_groups.cpp): where one N-tile per CTA
+// and the row meets in L2 or in one CTA, every pair when forced (PlanOptions::fuse_pairs), else
+// mean-and-variance pairs where a round is saved (row_peers > 1) and the epilogue hides behind
+// the other consumer's next job (>= 2 jobs per CTA); max-and-exp-sum pairs only when forced.
+OneRoundPairs fuse_pairs(const ChainInfo& chain, const PlanOptions& opt, int64_t n_tiles, int64_t jobs_per_cta,
+                         bool l2, int row_peers);
 
 // Row reductions over row groups of clusters along M (row_groups.cpp): the work division
 // priced per candidate, cheapest first. The planner takes the first whose SMEM budget fits.

@@ -1,6 +1,7 @@
 // One reason line per planner choice. Kept apart from the search so the search stays
 // about numbers and this file about words; explain() prints these verbatim.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "plan_internal.h"
 
@@ -120,21 +121,30 @@ void add_reasons(Plan& plan, const ChainInfo& chain, const DeviceModel& dev, con
       break;
   }
 
-  if (chain.mean_variance_pairs > 0)
-    r.push_back(plan.fused_moments
-                    ? fmt::format("mean and variance in one round ({} pair(s)): each CTA sends its row sums and the sum "
-                                  "of squares about its own mean, merged by Chan's formula (safe when |mean| >> std); "
-                                  "one synchronization of the row's CTAs per job instead of two",
-                                  chain.mean_variance_pairs)
-                : opt.fuse_moments == false
-                    ? std::string("mean and variance in two rounds: forced by option")
-                : plan.n_tiles_per_cta == 1 && (plan.aggregation == AggregationMode::Global ||
-                                                plan.cluster_n * plan.row_group == 1)
-                    ? std::string("mean and variance in two rounds: each CTA has one job, so its epilogue is exposed "
-                                  "and the merge's extra pass costs more than the round it saves (measured at "
-                                  "256x4096x4096: 1.38x vs 1.47x cuBLAS)")
-                    : std::string("mean and variance in two rounds: the one-round merge needs one N-tile per CTA and "
-                                  "the L2 exchange or a single CTA per row"));
+  // One line per kind of pair: one round or two, and why.
+  const bool pair_fusable = plan.n_tiles_per_cta == 1 &&
+                            (plan.aggregation == AggregationMode::Global || plan.cluster_n * plan.row_group == 1);
+  auto pair_line = [&](int count, bool fused, const std::string& what, const std::string& why_not_default) {
+    if (count == 0) return;
+    const std::string head = fmt::format("{} {}", count, what);
+    r.push_back(fused ? fmt::format("{}: in one round, one synchronization of the row's CTAs instead of two", head)
+                : opt.fuse_pairs == false ? fmt::format("{}: two rounds, forced by option", head)
+                : !pair_fusable ? fmt::format("{}: two rounds; one round needs one N-tile per CTA and the L2 exchange or "
+                                              "a single CTA per row",
+                                              head)
+                : plan.cluster_n * plan.row_group == 1 ? fmt::format("{}: two rounds; one CTA per row has no round to save", head)
+                                                       : fmt::format("{}: two rounds; {}", head, why_not_default));
+  };
+  pair_line(chain.mean_variance_pairs, plan.fused_pairs.mean_variance,
+            "mean-and-variance pair(s) (one round: each CTA sends its row sums and the sum of squares about its own "
+            "mean, merged by Chan's formula, safe when |mean| >> std)",
+            "each CTA has one job, so its epilogue is exposed and the merge's extra pass costs more than the round it "
+            "saves (measured at 256x4096x4096: LayerNorm 1.38x vs 1.47x cuBLAS)");
+  pair_line(chain.max_exp_sum_pairs, plan.fused_pairs.max_exp_sum,
+            "max-and-sum-of-exp pair(s) (one round: each CTA sends its row max and the sum of exp about its own max, "
+            "merged as online softmax does, S = sum_j S_j exp(max_j - max))",
+            "the one-round merge's extra exp pass costs more than the round it saves (ncu at 4096x8192x4096: 655k vs "
+            "628k cycles); --pairs one-round forces it");
   r.push_back(plan.multicast_a
                   ? fmt::format("multicast A: the {} CTAs of a cluster share the row block, one TMA load feeds all",
                                 plan.cluster_n)

@@ -81,8 +81,9 @@ std::vector<RowGroupChoice> row_group_candidates(const Problem& p, const ChainIn
         const double stage2 = stage1 * std::max(1, chain.stages_in_chain - 1) + elems * chain.max_out_bytes;
         const double per_sm_bytes_per_us = dev.dram_bytes_per_s / dev.sm_count * 1e-6;
         const double t_s1 = stage1 / per_sm_bytes_per_us, t_s2 = stage2 / per_sm_bytes_per_us;
-        const bool fuse = fuse_moments(chain, opt, n_tiles, jobs_per_cta, /*l2_or_single_cta=*/true);
-        const int rounds = chain.reductions - (fuse ? chain.mean_variance_pairs : 0);
+        const OneRoundPairs fuse = fuse_pairs(chain, opt, n_tiles, jobs_per_cta, /*l2=*/true, g);
+        const int rounds = chain.reductions - (fuse.mean_variance ? chain.mean_variance_pairs : 0) -
+                           (fuse.max_exp_sum ? chain.max_exp_sum_pairs : 0);
         c.exchange_us = rounds * lookup(tun.row_group_exchange_us, g);
         if (jobs_per_cta == 1) {  // one consumer alone: nothing overlaps its epilogue
           c.mainloop_us = double(n_tiles) * t_tile;
@@ -107,14 +108,21 @@ bool row_groups_forced(const PlanOptions& opt) {
   return opt.row_group || opt.cluster_m || (opt.aggregation && *opt.aggregation == AggregationMode::Global);
 }
 
-// Fused moments save a synchronization of the row's CTAs but add a pass over the tile and the
-// merge arithmetic; that pays when the epilogue hides behind the other consumer's next job
-// (MEASURED: 8192x4096x4096 LayerNorm 1.055x vs 1.091x cuBLAS), not when a CTA has one job
-// and its epilogue is exposed (256x4096x4096: 1.470x vs 1.379x). fuse_moments = true forces it.
-bool fuse_moments(const ChainInfo& chain, const PlanOptions& opt, int64_t n_tiles, int64_t jobs_per_cta,
-                  bool l2_or_single_cta) {
-  return chain.mean_variance_pairs > 0 && n_tiles == 1 && l2_or_single_cta &&
-         opt.fuse_moments.value_or(jobs_per_cta >= 2);
+// A fused pair saves a synchronization of the row's CTAs but adds a pass over the tile (and
+// for softmax an exp per element) and the merge arithmetic; that pays when the epilogue hides
+// behind the other consumer's next job (MEASURED: 8192x4096x4096 LayerNorm 1.055x vs 1.091x
+// cuBLAS), not when a CTA has one job and its epilogue is exposed (256x4096x4096: 1.470x vs
+// 1.379x), nor with one CTA per row (no round to save). fuse_pairs = true forces it where the
+// device can.
+// Max and sum of exp: never by default. The extra exp pass over the tile costs more than the
+// round it saves (MEASURED, ncu cycles at base clock, one round vs two: 8192x4096x4096 615.0k
+// vs 610.1k, 4096x8192x4096 655.1k vs 628.4k, 256x4096x4096 39.0k vs 37.3k; bench/NOTES.md).
+OneRoundPairs fuse_pairs(const ChainInfo& chain, const PlanOptions& opt, int64_t n_tiles, int64_t jobs_per_cta,
+                         bool l2, int row_peers) {
+  if (chain.pairs() == 0 || n_tiles != 1 || !(l2 || row_peers == 1)) return {};
+  if (opt.fuse_pairs) return {*opt.fuse_pairs && chain.mean_variance_pairs > 0, *opt.fuse_pairs && chain.max_exp_sum_pairs > 0};
+  const bool saves_a_round = row_peers > 1;  // one CTA per row: no round to save
+  return {chain.mean_variance_pairs > 0 && saves_a_round && jobs_per_cta >= 2, false};
 }
 
 std::string RowGroupChoice::describe() const {

@@ -327,36 +327,46 @@ void SpecVisitor::walk(const Spec& root, int depth) {
   leave_stage(root, depth);
 }
 
-bool is_mean_then_variance(const Spec& st, int i) {
+// Both pairs have one shape: reduction i (first op) of operand x, whose PostStage's terminal
+// reduction (second op) reduces f(Bypass(x) - Stat), f = square (x * x too) or exp.
+PairKind pair_kind(const Spec& st, int i) {
   const SpecNode& r = st.nodes.at(static_cast<size_t>(i));
-  if (r.category != NodeCategory::Reduction || r.reduce != ReduceOp::Mean || r.post < 0) return false;
+  if (r.category != NodeCategory::Reduction || r.post < 0) return PairKind::None;
   const Spec& post = st.children.at(static_cast<size_t>(r.post));
   auto node = [&](int k) -> const SpecNode* {
     return k >= 0 && k < static_cast<int>(post.nodes.size()) ? &post.nodes[static_cast<size_t>(k)] : nullptr;
   };
-  const SpecNode* var = node(post.terminal);
-  if (!var || var->category != NodeCategory::Reduction || var->reduce != ReduceOp::Mean) return false;
-  const SpecNode* sq = node(var->operands.at(0));
-  if (!sq || sq->category != NodeCategory::Compute) return false;
+  const SpecNode* second = node(post.terminal);
+  if (!second || second->category != NodeCategory::Reduction) return PairKind::None;
+  const SpecNode* f = node(second->operands.at(0));
+  if (!f || f->category != NodeCategory::Compute) return PairKind::None;
+  PairKind kind = PairKind::None;
   int d = -1;
-  if (sq->compute == ComputeKind::Unary && sq->unary == UnaryOp::Square) d = sq->operands.at(0);
-  else if (sq->compute == ComputeKind::Binary && sq->binary == BinaryOp::Mul && sq->operands.at(0) == sq->operands.at(1))
-    d = sq->operands.at(0);
+  if (r.reduce == ReduceOp::Mean && second->reduce == ReduceOp::Mean) {
+    kind = PairKind::MeanVariance;
+    if (f->compute == ComputeKind::Unary && f->unary == UnaryOp::Square) d = f->operands.at(0);
+    else if (f->compute == ComputeKind::Binary && f->binary == BinaryOp::Mul && f->operands.at(0) == f->operands.at(1))
+      d = f->operands.at(0);
+  } else if (r.reduce == ReduceOp::Max && second->reduce == ReduceOp::Sum) {
+    kind = PairKind::MaxExpSum;
+    if (f->compute == ComputeKind::Unary && f->unary == UnaryOp::Exp) d = f->operands.at(0);
+  }
   const SpecNode* diff = node(d);
   if (!diff || diff->category != NodeCategory::Compute || diff->compute != ComputeKind::Binary ||
       diff->binary != BinaryOp::Sub)
-    return false;
+    return PairKind::None;
   const SpecNode* x = node(diff->operands.at(0));
-  const SpecNode* mean = node(diff->operands.at(1));
-  return x && mean && x->category == NodeCategory::Placeholder && x->placeholder == PlaceholderKind::Bypass &&
-         x->source == r.operands.at(0) && x->value_class == ValueClass::Tile &&
-         mean->category == NodeCategory::Placeholder && mean->placeholder == PlaceholderKind::Stat;
+  const SpecNode* stat = node(diff->operands.at(1));
+  const bool shape = x && stat && x->category == NodeCategory::Placeholder && x->placeholder == PlaceholderKind::Bypass &&
+                     x->source == r.operands.at(0) && x->value_class == ValueClass::Tile &&
+                     stat->category == NodeCategory::Placeholder && stat->placeholder == PlaceholderKind::Stat;
+  return shape ? kind : PairKind::None;
 }
 
-int FusionSpec::mean_variance_pairs() const {
+int FusionSpec::pair_count(PairKind kind) const {
   int pairs = 0;
   std::function<void(const Spec&)> walk = [&](const Spec& st) {
-    for (size_t i = 0; i < st.nodes.size(); ++i) pairs += is_mean_then_variance(st, static_cast<int>(i)) ? 1 : 0;
+    for (size_t i = 0; i < st.nodes.size(); ++i) pairs += pair_kind(st, static_cast<int>(i)) == kind ? 1 : 0;
     for (const Spec& c : st.children) walk(c);
   };
   walk(root);

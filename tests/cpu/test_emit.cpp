@@ -116,10 +116,17 @@ TEST(Emit, ReductionsExpandRecursivelyIntoPostOpStages) {
   EXPECT_NE(k.source.find(", 2>>, 1>"), std::string::npos) << k.source;
   EXPECT_EQ(dsmem.find(", 2>>, 1>"), std::string::npos);
   EXPECT_EQ(emit_epilogue_type(s).find(", 2>>"), std::string::npos);
-  // RMSNorm's one reduction is not a mean-then-variance chain.
+  // RMSNorm's one reduction is not a pair; Softmax's max and sum of exp are (kPairMaxExpSum = 3
+  // around kPairGiven = 2), only when asked for.
+  const OneRoundPairs both{true, true};
   Graph rms = parse_graph_file((kRoot / "examples/gemm_rmsnorm.cf").string());
   const LoweringResult rr = lower(rms);
-  EXPECT_EQ(emit_epilogue_type(rr.regions.at(0).spec, true).find(">, 1>"), std::string::npos);
+  EXPECT_EQ(emit_epilogue_type(rr.regions.at(0).spec, both).find(">, 1>"), std::string::npos);
+  Graph sm = parse_graph_file((kRoot / "examples/gemm_softmax.cf").string());
+  const LoweringResult sr = lower(sm);
+  EXPECT_NE(emit_epilogue_type(sr.regions.at(0).spec, both).find(", 2>>, 3>"), std::string::npos);
+  EXPECT_EQ(emit_epilogue_type(sr.regions.at(0).spec, {true, false}).find(", 2>>, 3>"), std::string::npos);
+  EXPECT_EQ(emit_epilogue_type(s, {false, true}).find(", 2>>, 1>"), std::string::npos);
   PlanOptions leader;
   leader.aggregation = AggregationMode::LeaderFollower;
   EXPECT_NE(emit(s, make_plan(s, shape(8192, 4096, 4096), {}, {}, leader)).source.find("Aggregation::LeaderFollower"),

@@ -350,28 +350,67 @@ TEST(Plan, RowGroupsDivideTheWork) {
     }
 }
 
-// LayerNorm's mean and variance share one exchange round where the epilogue hides behind the
-// other consumer's next job; not where a CTA has one job, not over DSMEM, not with a stash.
-TEST(Plan, FusedMomentsWhereTheEpilogueHides) {
-  FusionSpec ln = layer_norm();
-  EXPECT_EQ(ln.mean_variance_pairs(), 1);
-  EXPECT_EQ(rms_norm().mean_variance_pairs(), 0);
-  EXPECT_TRUE(make_plan(ln, prob(8192, 4096, 4096)).fused_moments);
-  EXPECT_FALSE(make_plan(ln, prob(256, 4096, 4096)).fused_moments);  // one job per CTA
-  EXPECT_FALSE(make_plan(rms_norm(), prob(8192, 4096, 4096)).fused_moments);
+FusionSpec log_softmax() {
+  return lowered([](Graph& g, Value acc) { return g.log_softmax(acc); }, DType::F32);
+}
+
+// Paired reductions (LayerNorm's mean and variance, softmax's max and sum of exp) share one
+// exchange round: LayerNorm's where the epilogue hides behind the other consumer's next job
+// (not where a CTA has one job, not over DSMEM, not with a stash, not in one CTA unless
+// forced); softmax's only when forced (its extra exp pass measured slower than the round).
+TEST(Plan, PairedReductionsInOneRoundWhereTheEpilogueHides) {
+  FusionSpec ln = layer_norm(), sm = softmax(), lsm = log_softmax(), rms = rms_norm();
+  EXPECT_EQ(ln.pair_count(PairKind::MeanVariance), 1);
+  EXPECT_EQ(ln.pair_count(PairKind::MaxExpSum), 0);
+  EXPECT_EQ(sm.pair_count(PairKind::MaxExpSum), 1);
+  EXPECT_EQ(lsm.pair_count(PairKind::MaxExpSum), 1);
+  EXPECT_EQ(rms.pair_count(PairKind::MeanVariance) + rms.pair_count(PairKind::MaxExpSum), 0);
+  // LayerNorm: one round by default where the epilogue hides; Softmax: two (measured slower).
+  EXPECT_TRUE(make_plan(ln, prob(8192, 4096, 4096)).fused_pairs.mean_variance);
+  EXPECT_FALSE(make_plan(ln, prob(256, 4096, 4096)).fused_pairs.any());  // one job per CTA
+  EXPECT_FALSE(make_plan(ln, prob(8192, 128, 4096)).fused_pairs.any());  // one CTA per row: no round to save
+  EXPECT_FALSE(make_plan(sm, prob(8192, 4096, 4096)).fused_pairs.any());
+  EXPECT_FALSE(make_plan(rms, prob(8192, 4096, 4096)).fused_pairs.any());
   PlanOptions opt;
-  opt.fuse_moments = false;
-  EXPECT_FALSE(make_plan(ln, prob(8192, 4096, 4096), full_device(), {}, opt).fused_moments);
-  opt.fuse_moments = true;
-  EXPECT_TRUE(make_plan(ln, prob(256, 4096, 4096), full_device(), {}, opt).fused_moments);
+  opt.fuse_pairs = false;
+  EXPECT_FALSE(make_plan(ln, prob(8192, 4096, 4096), full_device(), {}, opt).fused_pairs.any());
+  opt.fuse_pairs = true;
+  EXPECT_TRUE(make_plan(ln, prob(256, 4096, 4096), full_device(), {}, opt).fused_pairs.mean_variance);
+  const Plan forced = make_plan(sm, prob(8192, 4096, 4096), full_device(), {}, opt);
+  EXPECT_TRUE(forced.fused_pairs.max_exp_sum);
+  EXPECT_FALSE(forced.fused_pairs.mean_variance);  // softmax has no mean-and-variance pair
+  EXPECT_TRUE(make_plan(sm, prob(8192, 128, 4096), full_device(), {}, opt).fused_pairs.max_exp_sum);  // one CTA works
   opt = {};
   opt.aggregation = AggregationMode::PeerToPeer;
-  EXPECT_FALSE(make_plan(ln, prob(8192, 4096, 4096), full_device(), {}, opt).fused_moments);
+  EXPECT_FALSE(make_plan(ln, prob(8192, 4096, 4096), full_device(), {}, opt).fused_pairs.any());
   opt = {};
   opt.row_group = 2;  // 8 N-tiles per CTA: the stash keeps two rounds
-  EXPECT_FALSE(make_plan(ln, prob(8192, 4096, 4096), full_device(), {}, opt).fused_moments);
-  const std::string e = explain(ln, make_plan(ln, prob(8192, 4096, 4096)));
-  EXPECT_NE(e.find("mean and variance in one round"), std::string::npos) << e;
+  opt.fuse_pairs = true;
+  EXPECT_FALSE(make_plan(sm, prob(8192, 4096, 4096), full_device(), {}, opt).fused_pairs.any());
+  const std::string e = explain(sm, forced);
+  EXPECT_NE(e.find("max and sum of exp in one round"), std::string::npos) << e;
+  EXPECT_NE(e.find("1 max-and-sum-of-exp pair(s)"), std::string::npos) << e;
+  const std::string d = explain(sm, make_plan(sm, prob(8192, 4096, 4096)));
+  EXPECT_NE(d.find("two rounds; the one-round merge's extra exp pass"), std::string::npos) << d;
+  const std::string l = explain(ln, make_plan(ln, prob(8192, 4096, 4096)));
+  EXPECT_NE(l.find("mean and variance in one round"), std::string::npos) << l;
+}
+
+// A look-alike that does not merge exactly is not a pair: exp(x - max) summed under a mean,
+// or exp of the max minus x.
+TEST(Plan, PairShapeIsExact) {
+  FusionSpec mean_of_exp = lowered([](Graph& g, Value acc) {
+    return acc / g.reduce(ReduceOp::Mean, g.unary(UnaryOp::Exp, acc - g.reduce(ReduceOp::Max, acc)));
+  });
+  EXPECT_EQ(mean_of_exp.pair_count(PairKind::MaxExpSum), 0);
+  FusionSpec flipped = lowered([](Graph& g, Value acc) {
+    return acc / g.reduce(ReduceOp::Sum, g.unary(UnaryOp::Exp, g.reduce(ReduceOp::Max, acc) - acc));
+  });
+  EXPECT_EQ(flipped.pair_count(PairKind::MaxExpSum), 0);
+  FusionSpec manual = lowered([](Graph& g, Value acc) {
+    return acc / g.reduce(ReduceOp::Sum, g.unary(UnaryOp::Exp, acc - g.reduce(ReduceOp::Max, acc)));
+  });
+  EXPECT_EQ(manual.pair_count(PairKind::MaxExpSum), 1);
 }
 
 TEST(Plan, DotHasOneClusterPerStage) {

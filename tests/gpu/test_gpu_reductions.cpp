@@ -152,7 +152,9 @@ TEST_F(GpuReduce, RowGroupsLayerNormLargeOffsetEveryShape) {
   for (V v : {V{2, 2, {}}, V{4, 1, {}}, V{8, 2, 128}, V{16, 2, {}}, V{1, 2, {}}}) {
     SCOPED_TRACE(fmt::format("row group {} cluster_m {}", v.g, v.cm));
     Plan p = expect_row_group(layer_norm_graph(), dims(1000, 1032, 72), v.g, v.cm, v.tm, /*offset=*/1000.0);
-    if (v.g <= 4) EXPECT_GT(p.n_tiles_per_cta, 1);
+    if (v.g <= 4) {
+      EXPECT_GT(p.n_tiles_per_cta, 1);
+    }
   }
 }
 
@@ -168,12 +170,41 @@ TEST_F(GpuReduce, RowGroupsLayerNormMeanAndVarianceInOneRound) {
     opt.plan.cluster_m = v.cm;
     opt.plan.tile_m = v.tm;
     opt.plan.tile_n = v.tn;
-    opt.plan.fuse_moments = true;  // one job per CTA here: the planner alone would keep two rounds
+    opt.plan.fuse_pairs = true;  // one job per CTA here: the planner alone would keep two rounds
     const Graph g = layer_norm_graph();
     Plan p = expect_matches(g, dims(1000, v.n, 72), opt, /*offset=*/1000.0);
     EXPECT_EQ(p.n_tiles_per_cta, 1);
     const LoweringResult r = lower(g);
-    EXPECT_NE(emit(r.regions.at(0).spec, p).source.find(", 2>>, 1>"), std::string::npos) << "moments not fused";
+    EXPECT_NE(emit(r.regions.at(0).spec, p).source.find(", 2>>, 1>"), std::string::npos) << "pair not fused";
+  }
+}
+
+// Softmax and log-softmax with one N-tile per CTA: the max and the sum of exp share ONE
+// exchange round (each CTA's max and sum of exp about it, the online-softmax merge). Logits
+// scaled up to a spread of ~10 make exp(max_j - max) span many orders across a row's CTAs;
+// ragged N leaves the last CTAs of a row partial or empty (max -inf, sum 0).
+TEST_F(GpuReduce, RowGroupsSoftmaxMaxAndExpSumInOneRound) {
+  struct V { int g, cm, tm, tn; int64_t n; double scale; };
+  for (V v : {V{8, 2, 64, 256, 1032, 0.125}, V{16, 1, 64, 128, 1032, 4.0}, V{4, 2, 128, 128, 392, 1.0},
+              V{1, 2, 64, 256, 200, 4.0}}) {
+    for (bool log : {false, true}) {
+      SCOPED_TRACE(fmt::format("{} G={} cluster_m={} {}x{} N={} scale {}", log ? "log-softmax" : "softmax", v.g, v.cm,
+                               v.tm, v.tn, v.n, v.scale));
+      CompileOptions opt;
+      opt.plan.row_group = v.g;
+      opt.plan.cluster_m = v.cm;
+      opt.plan.tile_m = v.tm;
+      opt.plan.tile_n = v.tn;
+      opt.plan.fuse_pairs = true;  // the planner alone keeps softmax in two rounds (measured faster)
+      Case c;
+      Value logits = c.acc * v.scale;
+      c.g.output(log ? c.g.log_softmax(logits) : c.g.softmax(logits), "p", log ? DType::F32 : DType::BF16);
+      Plan p = expect_matches(c.g, dims(1000, v.n, 72), opt);
+      EXPECT_EQ(p.n_tiles_per_cta, 1);
+      EXPECT_TRUE(p.fused_pairs.max_exp_sum);
+      const LoweringResult r = lower(c.g);
+      EXPECT_NE(emit(r.regions.at(0).spec, p).source.find(", 2>>, 3>"), std::string::npos) << "pair not fused";
+    }
   }
 }
 

@@ -13,7 +13,7 @@
 // Workspace (Params::exchange, zeroed once at allocation; host/launch.hpp sizes it): one slot
 // per (row group, rank along M in the cluster, consumer warp group):
 //   uint64 word[2][Peers][2][Rows]  double-buffered by round parity, like the DSMEM channel;
-//                                   [0]: the round's values, [1]: second moments (moments rounds)
+//                                   [0]: the round's values, [1]: second statistics (pair rounds)
 // Each word carries its own flag (NCCL's "LL" protocol): high 32 bits a tag, low 32 bits the
 // fp32 partial, written and read as ONE 8-byte relaxed gpu-scope access (single-copy atomic),
 // so a reader that sees the round's tag sees that round's value: no fence, no separate flag,
@@ -89,11 +89,11 @@ struct GlobalRowAllReduce {
                                    float const (&v)[MBlocks][2]) {
     publish(round, x, p, t, 0, v);
   }
-  // A round of (sum, sum of squares about the CTA's own mean) pairs (Reduction kMoments).
-  static COMFUSE_DEVICE void start_moments(Storage&, uint32_t round, RowGroupSlot const& x, Params const& p, int t,
-                                           float const (&v)[MBlocks][2], float const (&m2)[MBlocks][2]) {
+  // A round of (statistic, second statistic) pairs (Reduction kPair*, epilogue/reduce.cuh).
+  static COMFUSE_DEVICE void start_pair(Storage&, uint32_t round, RowGroupSlot const& x, Params const& p, int t,
+                                        float const (&v)[MBlocks][2], float const (&second)[MBlocks][2]) {
     publish(round, x, p, t, 0, v);
-    publish(round, x, p, t, Rows, m2);
+    publish(round, x, p, t, Rows, second);
   }
 
   // Quad leaders write their rows' words of this round at rows off + row of their own slot part.
@@ -159,10 +159,6 @@ struct GlobalRowAllReduce {
 
   // Lane q folds its peers' values in rank order (its own from `own`), then the quad butterfly
   // folds the four lanes: the same sequence, so the same bits, in every lane and every CTA.
-  struct Add {
-    static COMFUSE_DEVICE float identity() { return 0.f; }
-    static COMFUSE_DEVICE float combine(float a, float b) { return a + b; }
-  };
   template <class Op>
   static COMFUSE_DEVICE float fold(uint64_t const (&w)[kPerLane], float own, int q, int rank) {
     float acc = Op::identity();
@@ -183,31 +179,32 @@ struct GlobalRowAllReduce {
     });
   }
 
-  // Finish a moments round: v (sums) becomes the row's total sum, m2 the row's sum of squares
-  // about the row mean, by Chan's merge: M2 = sum_j [M2_j + n_j (S_j / n_j - mean)^2], n_j the
-  // valid columns of peer j (n_of(j)), mean = total / N. Same bits in every CTA.
-  template <class NOf>
-  static COMFUSE_DEVICE void finish_moments(Storage&, uint32_t round, RowGroupSlot const& x, Params const& p, int t,
-                                            float (&v)[MBlocks][2], float (&m2)[MBlocks][2], NOf const& n_of) {
+  // Finish a pair round: v becomes the row's statistic folded with First (same bits in every
+  // CTA), `second` the sum over peers j (lane q: j = q, q + 4, ..., then the quad butterfly) of
+  // term(j, v_j, second_j, center(statistic)): the exact merge of the second statistics (the
+  // caller's pair rule, epilogue/stage.cuh; center: once per row, e.g. the mean).
+  template <class First, class Center, class Term>
+  static COMFUSE_DEVICE void finish_pair(Storage&, uint32_t round, RowGroupSlot const& x, Params const& p, int t,
+                                         float (&v)[MBlocks][2], float (&second)[MBlocks][2], Center const& center,
+                                         Term const& term) {
     int const q = t % 4;
-    // w[0]: the peers' sums, w[1]: their M2, polled together.
+    // w[0]: the peers' statistics, w[1]: their second statistics, polled together.
     for_each_row<2>(round, x, p, t, [&](int mi, int h, uint64_t const (&w)[2][kPerLane]) {
-      float const sum = fold<Add>(w[0], v[mi][h], q, x.rank);
-      float const mean = __fdiv_rn(sum, float(p.N));
+      float const first = fold<First>(w[0], v[mi][h], q, x.rank);
+      float const c = center(first);
       float acc = 0.f;
       CUTE_UNROLL
       for (int i = 0; i < kPerLane; ++i) {
         int const j = q + 4 * i;
-        int const nj = j < Peers ? n_of(j) : 0;
-        if (nj > 0) {
-          float const d = __fdiv_rn(j == x.rank ? v[mi][h] : value(w[0][i]), float(nj)) - mean;
-          acc += (j == x.rank ? m2[mi][h] : value(w[1][i])) + float(nj) * d * d;
+        if (j < Peers) {
+          bool const own = j == x.rank;  // select the inputs, then ONE inlined term
+          acc += term(j, own ? v[mi][h] : value(w[0][i]), own ? second[mi][h] : value(w[1][i]), c);
         }
       }
       acc += __shfl_xor_sync(0xffffffffu, acc, 1);
       acc += __shfl_xor_sync(0xffffffffu, acc, 2);
-      v[mi][h] = sum;
-      m2[mi][h] = acc;
+      v[mi][h] = first;
+      second[mi][h] = acc;
     });
   }
 };

@@ -74,18 +74,25 @@ template <int K> struct Bypass {
 
 // Terminal reduction of a stage: thread-local aggregation per row. Columns >= N enter as
 // Op::identity() (whatever the operand computed there).
-// Moments (Ψ sets it for mean-then-variance, e.g. LayerNorm, one N-tile per CTA, L2 or no
-// exchange; stage.cuh): 1 on a Mean whose PostStage's reduction is the mean of
-// (operand - this mean)^2: the reduce phase also sums the squares about the CTA's own mean and
-// exchanges both in ONE round (Chan's merge, exact in the face of |mean| >> std); 2 on that
-// second reduction, which takes the merged sum from its parent instead of a round of its own.
-enum : int { kMomentsNone = 0, kMomentsMeanAndM2 = 1, kMomentsGivenM2 = 2 };
-template <class Op, int Operand, class PostStage, int Moments = kMomentsNone> struct Reduction {
+// Pair (Ψ sets it, one N-tile per CTA, L2 exchange or none; stage.cuh): two reductions of
+// a chain whose statistics merge exactly from per-CTA partials share ONE exchange round.
+//   kPairMeanM2      on a Mean whose PostStage reduces the mean of (operand - this mean)^2
+//                    (LayerNorm's variance): the reduce phase also sums the squares about the
+//                    CTA's own mean and exchanges (sum, M2); Chan's merge, exact when |mean| >> std.
+//   kPairMaxExpSum   on a Max whose PostStage reduces the sum of exp(operand - this max)
+//                    (softmax, log-softmax): the reduce phase also sums exp(x - the CTA's own
+//                    max) and exchanges (max, sum); the online-softmax merge
+//                    S = sum_j S_j exp(max_j - max).
+//   kPairGiven       on that PostStage's reduction: it takes the merged second statistic from
+//                    its parent instead of a round of its own.
+enum : int { kPairNone = 0, kPairMeanM2 = 1, kPairGiven = 2, kPairMaxExpSum = 3 };
+template <class Op, int Operand, class PostStage, int Pair = kPairNone> struct Reduction {
   using ReduceOp = Op;
   using Post = PostStage;
-  static constexpr int kMoments = Moments;
+  static constexpr int kPair = Pair;
   static constexpr int kOperandIndex = Operand;
-  static_assert(Moments == kMomentsNone || cute::is_same_v<Op, ReduceMean>, "Moments: mean reductions only");
+  static_assert(Pair != kPairMeanM2 || cute::is_same_v<Op, ReduceMean>, "kPairMeanM2: a mean reduction");
+  static_assert(Pair != kPairMaxExpSum || cute::is_same_v<Op, ReduceMax>, "kPairMaxExpSum: a max reduction");
   static constexpr bool kIsReduction = true;
   template <class Geo> struct Impl : NodeBase<Geo> {
     float a[Geo::MBlocks][2];
@@ -128,7 +135,7 @@ template <class Op, int A, int B> struct NodeClass<Compute<Op, A, B>> {
 };
 template <class T, int S> struct NodeClass<Cast<T, S>> { template <class P> static constexpr int get(int const* c) { return c[S]; } };
 template <int O, class T, int S> struct NodeClass<Store<O, T, S>> { template <class P> static constexpr int get(int const* c) { return c[S]; } };
-template <class Op, int A, class S, int M> struct NodeClass<Reduction<Op, A, S, M>> { template <class P> static constexpr int get(int const*) { return kClassCol; } };
+template <class Op, int A, class S, int Pr> struct NodeClass<Reduction<Op, A, S, Pr>> { template <class P> static constexpr int get(int const*) { return kClassCol; } };
 
 template <int N> struct IntArr { int v[N > 0 ? N : 1]; };
 template <class P, class... Nodes> struct StageClasses {

@@ -30,10 +30,12 @@
 //          slot per warp group (cluster/global_exchange.cuh), reused the same way.
 //    Op::finalize (mean: / true N), then the PostStage runs with the statistic bound to its
 //    Stat node; its begin() (vector loads) overlaps the DSMEM round.
-//    Mean then variance (Reduction kMoments, set by Ψ for one N-tile per CTA): the mean's
-//    reduce phase also sums the squares of its operand about the CTA's own mean and exchanges
-//    (sum, M2) in ONE round (Chan's merge); the variance's reduce phase then takes the merged
-//    M2 without a round. LayerNorm: one group-wide synchronization a job instead of two.
+//    Paired statistics (Reduction kPair*, set by Ψ for one N-tile per CTA, reduce.cuh): mean
+//    then variance (LayerNorm) or max then sum of exp (softmax): the first reduction's reduce
+//    phase also makes its CTA's second statistic from the registers (squares about the CTA's
+//    own mean; exp about its own max) and exchanges both in ONE round, merged exactly (Chan;
+//    online softmax); the second reduction takes the merged value without a round. One
+//    group-wide synchronization a job instead of two.
 //  * Bypass<K> in a PostStage reads node K of the parent stage. A Tile-class K is written
 //    back, fragment by fragment, into the accumulator registers (dead after AccEntry read
 //    them; every fragment is read before it is overwritten), and the PostStage streams those
@@ -115,8 +117,13 @@ namespace detail {
 template <class S, class = void> struct post_of { using type = void; };
 template <class S> struct post_of<S, cute::void_t<typename S::Post>> { using type = typename S::Post; };
 struct NoTree {};
-template <class N, class = void> struct moments_of { static constexpr int value = 0; };
-template <class N> struct moments_of<N, cute::void_t<decltype(N::kMoments)>> { static constexpr int value = N::kMoments; };
+// Compute<Div, A, B>: its operands (the executor divides by a per-row divisor with a reciprocal).
+template <class N> struct divisor_of { static constexpr int value = -1; };
+template <int A, int B> struct divisor_of<Compute<Div, A, B>> { static constexpr int value = B; };
+template <class N> struct dividend_of { static constexpr int value = -1; };
+template <int A, int B> struct dividend_of<Compute<Div, A, B>> { static constexpr int value = A; };
+template <class N, class = void> struct pair_of { static constexpr int value = 0; };
+template <class N> struct pair_of<N, cute::void_t<decltype(N::kPair)>> { static constexpr int value = N::kPair; };
 struct NoTreeHolder {
   using TreeStorage = NoTree;
 };
@@ -213,14 +220,16 @@ template <class... Nodes> struct Stage {
     Impls impls;
     cute::conditional_t<kHasPost, PostExec, detail::NoTree> post;
     uint32_t round = 0;  // cluster rounds of this warp group's channel (root stage only)
-    // Reduction kMoments: 1 here makes the PostStage's reduction 2 (it takes given_m2, the
-    // row's sum of squares about its mean, from this stage's one round).
-    static constexpr int kMoments = detail::moments_of<Last>::value;
-    static_assert(kMoments != kMomentsMeanAndM2 || Geo::NTiles == 1,
-                  "Moments: one N-tile per CTA (the CTA's squares about its own mean need its values in registers)");
-    static_assert(kMoments != kMomentsMeanAndM2 || !kClusterReduce || Geo::Agg == cluster::Aggregation::Global,
-                  "Moments: the L2 exchange (row groups) or no exchange; the DSMEM channel has no moments round");
-    float given_m2[Geo::MBlocks][2];
+    // Reduction kPair*: a pair here (kPairMeanM2, kPairMaxExpSum) makes the PostStage's
+    // reduction kPairGiven (it takes `given`, the row's merged second statistic, from this
+    // stage's one round).
+    static constexpr int kPair = detail::pair_of<Last>::value;
+    static constexpr bool kPairFirst = kPair == kPairMeanM2 || kPair == kPairMaxExpSum;
+    static_assert(!kPairFirst || Geo::NTiles == 1,
+                  "Pair: one N-tile per CTA (the CTA's second statistic needs its values in registers)");
+    static_assert(!kPairFirst || !kClusterReduce || Geo::Agg == cluster::Aggregation::Global,
+                  "Pair: the L2 exchange (row groups) or no exchange; the DSMEM channel has no pair round");
+    float given[Geo::MBlocks][2];
 
     // One thread per CTA, before the kernel's first cluster barrier.
     static COMFUSE_DEVICE void init_shared(SharedStorage& ss) {
@@ -252,6 +261,14 @@ template <class... Nodes> struct Stage {
         if constexpr (src >= 0 && Parent::cls(src) == kClassTile) {
           CUTE_UNROLL
           for (int e = 0; e < kFrag; ++e) vals[I][e] = acc[e];
+        } else if constexpr (detail::divisor_of<N>::value >= 0 &&
+                             Classes::cls(cute::max(detail::divisor_of<N>::value, 0)) != kClassTile) {
+          // a / b with one b per row (softmax's e / sum) or a scalar: one IEEE reciprocal per
+          // row (identical operands, so it is computed once), then a multiply per element,
+          // instead of an IEEE division (slow-path branch) per element. <= 1.5 ulp from a / b.
+          constexpr int a = detail::dividend_of<N>::value, b = detail::divisor_of<N>::value;
+          CUTE_UNROLL
+          for (int e = 0; e < kFrag; ++e) vals[I][e] = vals[a][e] * (1.f / vals[b][e]);
         } else {
           cute::get<I>(impls).template visit<I>(c, fc, acc, vals);
         }
@@ -391,9 +408,9 @@ template <class... Nodes> struct Stage {
         }
       });
     }
-    template <class Arr> COMFUSE_DEVICE void take_given_m2(Arr const& v) {
+    template <class Arr> COMFUSE_DEVICE void take_given(Arr const& v) {
       CUTE_UNROLL
-      for (int mi = 0; mi < Geo::MBlocks; ++mi) given_m2[mi][0] = v[mi][0], given_m2[mi][1] = v[mi][1];
+      for (int mi = 0; mi < Geo::MBlocks; ++mi) given[mi][0] = v[mi][0], given[mi][1] = v[mi][1];
     }
     template <class Arr> COMFUSE_DEVICE void take_stat(Arr const& v) {
       cute::for_each(cute::make_int_sequence<kNumNodes>{}, [&](auto i) {
@@ -409,20 +426,28 @@ template <class... Nodes> struct Stage {
     }
 
    private:
-    // kMomentsMeanAndM2: per row, the sum of squares of this CTA's values (the reduction's
-    // operand, which the compute phase left in the accumulator registers as the tile bypass)
-    // about the CTA's own mean sum / n_local; quad-reduced like the sum.
+    // The CTA's second statistic per row, from the reduction's operand, which the compute
+    // phase left in the accumulator registers as the tile bypass: kPairMeanM2 the sum of
+    // squares about the CTA's own mean (first / n_local), kPairMaxExpSum the sum of
+    // exp(x - the CTA's own max) (0 where that max is -inf: no finite value, no NaN). Quad-reduced.
+    // The term is computed for every element and only the add is predicated: expf under the
+    // column test compiled to a branch per element around a serial chain, ~3 us per 128x128
+    // tile on the H200 (bench/NOTES.md). ex2.approx (fast_exp): this sum only normalizes.
     template <class FragC>
-    COMFUSE_DEVICE void local_m2(EpiCtx const& c, FragC& accum, float const (&sum)[Geo::MBlocks][2],
-                                 float (&m2)[Geo::MBlocks][2]) const {
-      static_assert(kTileBypass == Last::kOperandIndex, "Moments: the PostStage must bypass the mean's operand");
+    COMFUSE_DEVICE void local_second(EpiCtx const& c, FragC& accum, float const (&first)[Geo::MBlocks][2],
+                                     float (&second)[Geo::MBlocks][2]) const {
+      static_assert(kTileBypass == Last::kOperandIndex, "Pair: the PostStage must bypass the first reduction's operand");
       int const n_local = max(0, min(Geo::BN, c.p->N - c.n0));
       float const inv = n_local > 0 ? __fdiv_rn(1.f, float(n_local)) : 0.f;
-      float mean[Geo::MBlocks][2];
+      float center[Geo::MBlocks][2];
       CUTE_UNROLL
       for (int mi = 0; mi < Geo::MBlocks; ++mi)
         CUTE_UNROLL
-        for (int h = 0; h < 2; ++h) mean[mi][h] = sum[mi][h] * inv, m2[mi][h] = 0.f;
+        for (int h = 0; h < 2; ++h) {
+          if constexpr (kPair == kPairMeanM2) center[mi][h] = first[mi][h] * inv;
+          else center[mi][h] = first[mi][h] == ReduceMax::identity() ? 0.f : first[mi][h];
+          second[mi][h] = 0.f;
+        }
       CUTE_UNROLL
       for (int s = 0; s < Geo::SubTiles; ++s)
         CUTE_UNROLL
@@ -433,17 +458,37 @@ template <class... Nodes> struct Stage {
             int const base = mi * (Geo::BN / 2) + 8 * (4 * s + j);
             CUTE_UNROLL
             for (int e = 0; e < kFrag; ++e) {
-              float const d = accum(base + e) - mean[mi][(e >> 1) & 1];
-              if (col + frag_col(e) < c.p->N) m2[mi][(e >> 1) & 1] += d * d;
+              float const d = accum(base + e) - center[mi][(e >> 1) & 1];
+              float const term = kPair == kPairMeanM2 ? d * d : fast_exp(d);
+              if (col + frag_col(e) < c.p->N) second[mi][(e >> 1) & 1] += term;
             }
           }
       CUTE_UNROLL
       for (int mi = 0; mi < Geo::MBlocks; ++mi)
         CUTE_UNROLL
         for (int h = 0; h < 2; ++h) {
-          m2[mi][h] += __shfl_xor_sync(0xffffffffu, m2[mi][h], 1);
-          m2[mi][h] += __shfl_xor_sync(0xffffffffu, m2[mi][h], 2);
+          second[mi][h] += __shfl_xor_sync(0xffffffffu, second[mi][h], 1);
+          second[mi][h] += __shfl_xor_sync(0xffffffffu, second[mi][h], 2);
         }
+    }
+
+    // The exact merge of peer j's second statistic (v_j: its first statistic, s_j: its second)
+    // into the row's, about the row's center (pair_center of the merged first statistic).
+    COMFUSE_DEVICE static float pair_center(EpiCtx const& c, float first) {
+      if constexpr (kPair == kPairMeanM2) return __fdiv_rn(first, float(c.p->N));  // the row mean
+      else return first;                                                           // the row max
+    }
+    COMFUSE_DEVICE static float pair_term(EpiCtx const& c, int j, float vj, float sj, float center) {
+      if constexpr (kPair == kPairMeanM2) {  // Chan: M2_j + n_j (S_j / n_j - mean)^2
+        int const n0 = c.n0 - c.xs.rank * Geo::BN;  // peer j holds columns n0 + j * BN ..
+        int const nj = max(0, min(Geo::BN, c.p->N - (n0 + j * Geo::BN)));
+        if (nj == 0) return 0.f;
+        float const d = __fdiv_rn(vj, float(nj)) - center;
+        return sj + float(nj) * d * d;
+      } else {  // online softmax: S_j exp(max_j - max); a peer with no finite value adds 0
+        float const scale = fast_exp(fminf(vj - center, 0.f));  // fminf: NaN (-inf - -inf) -> 0
+        return sj > 0.f ? sj * scale : 0.f;
+      }
     }
 
     template <class FragC, class CS, class St>
@@ -452,9 +497,9 @@ template <class... Nodes> struct Stage {
       using Op = typename Last::ReduceOp;
       auto& red = cute::get<kNumNodes - 1>(impls);
       float v[Geo::MBlocks][2];
-      if constexpr (kMoments == kMomentsGivenM2) {  // the parent's round brought this sum
+      if constexpr (kPair == kPairGiven) {  // the parent's round brought this statistic
         CUTE_UNROLL
-        for (int mi = 0; mi < Geo::MBlocks; ++mi) v[mi][0] = given_m2[mi][0], v[mi][1] = given_m2[mi][1];
+        for (int mi = 0; mi < Geo::MBlocks; ++mi) v[mi][0] = given[mi][0], v[mi][1] = given[mi][1];
         if constexpr (kHasPost) post.begin_phase(c, ts.post, bar_id);
       } else {
         // (1) the quad that holds a row: butterfly, every lane ends with the same bits.
@@ -469,18 +514,20 @@ template <class... Nodes> struct Stage {
           }
         // (2) across warps: nothing to do (see the header comment: no row spans two warps).
         // (3) across the cluster; the PostStage's begin() overlaps the round.
-        if constexpr (kMoments == kMomentsMeanAndM2) {
-          float m2[Geo::MBlocks][2];
-          local_m2(c, accum, v, m2);
-          if constexpr (kClusterReduce) Chan::start_moments(chan, rnd, c.xs, *c.p, c.t, v, m2);
+        if constexpr (kPairFirst) {
+          float second[Geo::MBlocks][2];
+          local_second(c, accum, v, second);
+          if constexpr (kClusterReduce) Chan::start_pair(chan, rnd, c.xs, *c.p, c.t, v, second);
           if constexpr (kHasPost) post.begin_phase(c, ts.post, bar_id);
           if constexpr (kClusterReduce) {
-            int const n0 = c.n0 - c.xs.rank * Geo::BN, n = c.p->N;  // peer j holds columns n0 + j * BN ..
-            auto n_of = [&](int j) { return max(0, min(Geo::BN, n - (n0 + j * Geo::BN))); };
-            Chan::finish_moments(chan, rnd, c.xs, *c.p, c.t, v, m2, n_of);
+            // The first statistic folds as a sum (the mean's finalize divides later) or a max.
+            using First = cute::conditional_t<kPair == kPairMeanM2, ReduceSum, ReduceMax>;
+            auto center = [&](float first) { return pair_center(c, first); };
+            auto term = [&](int j, float vj, float sj, float ctr) { return pair_term(c, j, vj, sj, ctr); };
+            Chan::template finish_pair<First>(chan, rnd, c.xs, *c.p, c.t, v, second, center, term);
             ++rnd;
           }
-          if constexpr (kHasPost) post.take_given_m2(m2);
+          if constexpr (kHasPost) post.take_given(second);
         } else {
           if constexpr (kClusterReduce) Chan::start(chan, rnd, c.xs, *c.p, c.t, bar_id, v);
           if constexpr (kHasPost) post.begin_phase(c, ts.post, bar_id);
