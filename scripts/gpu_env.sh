@@ -5,7 +5,8 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 out="${OUT:-/tmp/comfuse-gpu-out}"; mkdir -p "$out"
 export LD_LIBRARY_PATH="$root/.carry/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-export COMFUSE_KERNELS_DIR="$root/kernels" COMFUSE_CUTLASS_INCLUDE="$root/third_party/cutlass/include"
+# COMFUSE_KERNELS_DIR may point at a modified copy of kernels/ (A/B of a device change).
+export COMFUSE_KERNELS_DIR="${COMFUSE_KERNELS_DIR:-$root/kernels}" COMFUSE_CUTLASS_INCLUDE="$root/third_party/cutlass/include"
 export COMFUSE_CACHE_DIR="${COMFUSE_CACHE_DIR:-/tmp/comfuse-cache}"
 
 # Sweep scripts (gpu_sweep.sh, gpu_ncu.sh): the variant lines of $SWEEP ("example M,N,K
