@@ -149,7 +149,7 @@ void add_plan_options(CLI::App* cmd, ExplainArgs& ex) {
   cmd->add_option("--tile-m", ex.tile_m, "force rows per consumer warp group (64, 128)");
   cmd->add_option("--aggregation", ex.aggregation, "force p2p or leader (DSMEM, one cluster along N) or global (row groups)");
   cmd->add_option("--strategy", ex.strategy, "force on-chip, stash or global-reread (DSMEM search)");
-  cmd->add_option("--cluster-m", ex.cluster_m, "row groups: clusters of 1 or 2 along M (B multicast)");
+  cmd->add_option("--cluster-m", ex.cluster_m, "clusters of 1 or 2 along M (B multicast): row groups with a reduction, else a PingPong elementwise plan");
   cmd->add_option("--row-group", ex.row_group, "row groups: G clusters share each row (power of two, 1..64)");
   cmd->add_option("--stash", ex.stash, "row groups: stash element, fp32 or bf16");
   cmd->add_option("--pairs", ex.pairs,

@@ -319,7 +319,7 @@ const Candidate* pick(const std::vector<Candidate>& cs, double near_tie) {
 struct MeasuredConfig {
   int tile_m, tile_n, wgs_per_tile, cluster_m, cluster_n, max_stages, raster_group;
   bool raster_along_n;
-  const char* why;
+  std::string why;
 };
 MeasuredConfig measured_elementwise_config(const Problem& p) {
   const int64_t tiles_128 = ceil_div(p.m, 128) * ceil_div(p.n, 128);
@@ -366,9 +366,19 @@ void validate(const FusionSpec& s, const Problem& p, const DeviceModel& dev, con
   if (opt.tile_m && *opt.tile_m != 64 && *opt.tile_m != 128)
     throw Error(fmt::format("plan: tile_m = {} is not 64 or 128 (rows per consumer warp group)", *opt.tile_m));
   const bool rg = plan_detail::row_groups_forced(opt);
-  if ((rg || opt.stash_bytes) && s.reduction_count() == 0)
-    throw Error("plan: cluster_m, row_group, stash_bytes and aggregation global shape row reductions; this epilogue has none");
-  if (rg && (opt.cluster_n || opt.strategy))
+  const bool rg_only = opt.row_group || (opt.aggregation && *opt.aggregation == AggregationMode::Global);
+  if ((rg_only || opt.stash_bytes) && s.reduction_count() == 0)
+    throw Error("plan: row_group, stash_bytes and aggregation global shape row reductions; this epilogue has none");
+  if (opt.cluster_m && *opt.cluster_m > 1 && s.reduction_count() == 0) {
+    if (opt.cluster_n && *opt.cluster_n > 1)
+      throw Error("plan: clusters along M (cluster_m) or along N (cluster_n), not both");
+    const int tn = opt.tile_n.value_or(128);
+    if (s.b_layout == BLayout::KN && tn / 64 < *opt.cluster_m)
+      throw Error(fmt::format("plan: B is K x N: a cluster of {} along M multicasts B in 64-column boxes, one per "
+                              "CTA at least, so tile_n must be >= {} (got {})",
+                              *opt.cluster_m, 64 * *opt.cluster_m, tn));
+  }
+  if (rg && s.reduction_count() > 0 && (opt.cluster_n || opt.strategy))
     throw Error("plan: row groups (cluster_m, row_group, aggregation global) do not combine with a forced cluster_n or "
                 "strategy (those pick the DSMEM search)");
   if (opt.cluster_m && *opt.cluster_m != 1 && *opt.cluster_m != 2)
@@ -394,8 +404,16 @@ Plan make_plan(const FusionSpec& s, const Problem& p, const DeviceModel& dev, co
   const bool forced = opt.cluster_n || opt.tile_n || opt.tile_m || opt.strategy || opt.aggregation || opt.cluster_m ||
                       opt.row_group || opt.stash_bytes;
   std::string measured_why;
-  if (chain.reductions == 0 && !forced) {
-    const MeasuredConfig mc = measured_elementwise_config(p);
+  // Elementwise epilogue with clusters along M forced: the general search enumerates clusters
+  // along N only, so the forced configuration stands in for the measured one (PingPong).
+  const bool elementwise_cm = chain.reductions == 0 && opt.cluster_m.has_value();
+  if (chain.reductions == 0 && (!forced || elementwise_cm)) {
+    MeasuredConfig mc = measured_elementwise_config(p);
+    if (elementwise_cm) {
+      const int tm = opt.tile_m.value_or(128), tn = opt.tile_n.value_or(128);
+      mc = {tm, tn, 1, *opt.cluster_m, 1, kMaxStages, 8, false,
+            fmt::format("forced: PingPong {}x{}, clusters of {} along M (B multicast)", tm, tn, *opt.cluster_m)};
+    }
     Candidate m;
     m.tile_m = mc.tile_m, m.tile_n = mc.tile_n, m.tile_k = 128 / search.ab_bytes, m.cluster = mc.cluster_n;
     m.wgs_per_tile = mc.wgs_per_tile, m.cluster_m = mc.cluster_m, m.max_stages = mc.max_stages;
@@ -407,6 +425,8 @@ Plan make_plan(const FusionSpec& s, const Problem& p, const DeviceModel& dev, co
       search.estimate(m);
       cands.insert(cands.begin(), m);
       measured_why = mc.why;
+    } else if (elementwise_cm) {
+      throw Error(fmt::format("plan: {}: the SMEM budget does not fit two pipeline stages", mc.why));
     }
   }
   if (cands.empty()) {
@@ -462,7 +482,7 @@ Plan make_plan(const FusionSpec& s, const Problem& p, const DeviceModel& dev, co
       break;
     }
   }
-  if (plan_detail::row_groups_forced(opt) && chosen != &red)
+  if (chain.reductions > 0 && plan_detail::row_groups_forced(opt) && chosen != &red)
     throw Error(fmt::format("plan: no row-group plan (PingPong 64x256, 128x128 or 64x128; clusters of 1 or 2 along M; "
                             "row groups of 1..64 clusters resident at once; <= 64 N-tiles per CTA) fits the forced "
                             "options for {} x {} x {}", p.m, p.n, p.k));

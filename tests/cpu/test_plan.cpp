@@ -396,6 +396,28 @@ TEST(Plan, PairedReductionsInOneRoundWhereTheEpilogueHides) {
   EXPECT_NE(l.find("mean and variance in one round"), std::string::npos) << l;
 }
 
+// A reduction-free epilogue takes forced clusters along M (B multicast) with forced PingPong
+// tiles (e.g. to measure the row-group mainloop without its reductions); the combinations the
+// kernel cannot build are refused by name.
+TEST(Plan, ElementwiseClustersAlongMForced) {
+  FusionSpec bg = bias_gelu();
+  PlanOptions opt;
+  opt.cluster_m = 2, opt.tile_m = 64, opt.tile_n = 256;
+  const Plan p = make_plan(bg, prob(4096, 8192, 4096), full_device(), {}, opt);
+  EXPECT_EQ(p.cluster_m, 2);
+  EXPECT_EQ(p.cluster_n, 1);
+  EXPECT_EQ(p.tile_m, 64);
+  EXPECT_EQ(p.tile_n, 256);
+  EXPECT_EQ(p.wgs_per_tile, 1);
+  EXPECT_EQ(p.strategy, RowStrategy::NoReduction);
+  EXPECT_NE(explain(bg, p).find("forced: PingPong 64x256, clusters of 2 along M"), std::string::npos) << explain(bg, p);
+  opt.cluster_n = 2;
+  EXPECT_THROW(make_plan(bg, prob(4096, 8192, 4096), full_device(), {}, opt), Error);
+  opt = {};
+  opt.row_group = 2;
+  EXPECT_THROW(make_plan(bg, prob(4096, 8192, 4096), full_device(), {}, opt), Error);
+}
+
 // A look-alike that does not merge exactly is not a pair: exp(x - max) summed under a mean,
 // or exp of the max minus x.
 TEST(Plan, PairShapeIsExact) {
