@@ -266,7 +266,7 @@ template <class... Nodes> struct Stage {
           // a / b with one b per row (softmax's e / sum) or a scalar: one IEEE reciprocal per
           // row (identical operands, so it is computed once), then a multiply per element,
           // instead of an IEEE division (slow-path branch) per element: <= 1.5 ulp from a / b for
-          // normal b (a b below 2^-126 has no finite reciprocal: inf, where a / b may be finite).
+          // |b| >= 2^-126 (below 2^-128 the reciprocal overflows to inf where a / b may be finite).
           constexpr int a = detail::dividend_of<N>::value, b = detail::divisor_of<N>::value;
           CUTE_UNROLL
           for (int e = 0; e < kFrag; ++e) vals[I][e] = vals[a][e] * (1.f / vals[b][e]);
