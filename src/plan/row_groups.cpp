@@ -114,15 +114,20 @@ bool row_groups_forced(const PlanOptions& opt) {
 // cuBLAS), not when a CTA has one job and its epilogue is exposed (256x4096x4096: 1.470x vs
 // 1.379x), nor with one CTA per row (no round to save). fuse_pairs = true forces it where the
 // device can.
-// Max and sum of exp: never by default. The extra exp pass over the tile costs more than the
-// round it saves (MEASURED, ncu cycles at base clock, one round vs two: 8192x4096x4096 615.0k
-// vs 610.1k, 4096x8192x4096 655.1k vs 628.4k, 256x4096x4096 39.0k vs 37.3k; bench/NOTES.md).
+// Max and sum of exp: only where the exp tile dies at the sum (log-softmax), so the merge's exp
+// pass replaces the PostStage's instead of adding one (PREDICTED from LayerNorm's case and the
+// SASS: one-round log-softmax has 192 MUFU.EX2 vs 256, fewer instructions; not timed). Where
+// it outlives the sum (softmax divides it), the extra exp pass costs more than the round it
+// saves (MEASURED, ncu cycles at base clock, one round vs two: 8192x4096x4096 615.0k vs
+// 610.1k, 4096x8192x4096 655.1k vs 628.4k, 256x4096x4096 39.0k vs 37.3k; bench/NOTES.md).
 OneRoundPairs fuse_pairs(const ChainInfo& chain, const PlanOptions& opt, int64_t n_tiles, int64_t jobs_per_cta,
                          bool l2, int row_peers) {
   if (chain.pairs() == 0 || n_tiles != 1 || !(l2 || row_peers == 1)) return {};
   if (opt.fuse_pairs) return {*opt.fuse_pairs && chain.mean_variance_pairs > 0, *opt.fuse_pairs && chain.max_exp_sum_pairs > 0};
   const bool saves_a_round = row_peers > 1;  // one CTA per row: no round to save
-  return {chain.mean_variance_pairs > 0 && saves_a_round && jobs_per_cta >= 2, false};
+  const bool hides = saves_a_round && jobs_per_cta >= 2;
+  return {chain.mean_variance_pairs > 0 && hides,
+          chain.max_exp_sum_pairs > 0 && chain.max_exp_sum_pairs_live_exp == 0 && hides};
 }
 
 std::string RowGroupChoice::describe() const {

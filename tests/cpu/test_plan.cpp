@@ -357,7 +357,8 @@ FusionSpec log_softmax() {
 // Paired reductions (LayerNorm's mean and variance, softmax's max and sum of exp) share one
 // exchange round: LayerNorm's where the epilogue hides behind the other consumer's next job
 // (not where a CTA has one job, not over DSMEM, not with a stash, not in one CTA unless
-// forced); softmax's only when forced (its extra exp pass measured slower than the round).
+// forced); softmax's only when forced (its extra exp pass measured slower than the round),
+// log-softmax's like LayerNorm's (its exp dies at the sum: the merge's pass replaces it).
 TEST(Plan, PairedReductionsInOneRoundWhereTheEpilogueHides) {
   FusionSpec ln = layer_norm(), sm = softmax(), lsm = log_softmax(), rms = rms_norm();
   EXPECT_EQ(ln.pair_count(PairKind::MeanVariance), 1);
@@ -371,6 +372,11 @@ TEST(Plan, PairedReductionsInOneRoundWhereTheEpilogueHides) {
   EXPECT_FALSE(make_plan(ln, prob(8192, 128, 4096)).fused_pairs.any());  // one CTA per row: no round to save
   EXPECT_FALSE(make_plan(sm, prob(8192, 4096, 4096)).fused_pairs.any());
   EXPECT_FALSE(make_plan(rms, prob(8192, 4096, 4096)).fused_pairs.any());
+  // Log-softmax's exp dies at its sum: the merge's exp pass replaces the sum's, so one round.
+  EXPECT_EQ(sm.pair_count(PairKind::MaxExpSum, /*operand_live_only=*/true), 1);
+  EXPECT_EQ(lsm.pair_count(PairKind::MaxExpSum, /*operand_live_only=*/true), 0);
+  EXPECT_TRUE(make_plan(lsm, prob(8192, 4096, 4096)).fused_pairs.max_exp_sum);
+  EXPECT_FALSE(make_plan(lsm, prob(256, 4096, 4096)).fused_pairs.any());  // one job per CTA
   PlanOptions opt;
   opt.fuse_pairs = false;
   EXPECT_FALSE(make_plan(ln, prob(8192, 4096, 4096), full_device(), {}, opt).fused_pairs.any());
@@ -391,7 +397,7 @@ TEST(Plan, PairedReductionsInOneRoundWhereTheEpilogueHides) {
   EXPECT_NE(e.find("max and sum of exp in one round"), std::string::npos) << e;
   EXPECT_NE(e.find("1 max-and-sum-of-exp pair(s)"), std::string::npos) << e;
   const std::string d = explain(sm, make_plan(sm, prob(8192, 4096, 4096)));
-  EXPECT_NE(d.find("two rounds; the one-round merge's extra exp pass"), std::string::npos) << d;
+  EXPECT_NE(d.find("two rounds; the exp tile outlives its sum"), std::string::npos) << d;
   const std::string l = explain(ln, make_plan(ln, prob(8192, 4096, 4096)));
   EXPECT_NE(l.find("mean and variance in one round"), std::string::npos) << l;
 }
