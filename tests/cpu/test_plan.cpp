@@ -439,6 +439,19 @@ TEST(Plan, PairShapeIsExact) {
     return acc / g.reduce(ReduceOp::Sum, g.unary(UnaryOp::Exp, acc - g.reduce(ReduceOp::Max, acc)));
   });
   EXPECT_EQ(manual.pair_count(PairKind::MaxExpSum), 1);
+  // Mean and variance: (x - mean)^2 as square or as d * d, averaged; not summed, not about the
+  // mean of another value.
+  auto variance_of = [](bool square, ReduceOp outer, bool other_mean) {
+    return lowered([=](Graph& g, Value acc) {
+      Value d = acc - g.reduce(ReduceOp::Mean, other_mean ? acc * 2.0 : acc);
+      Value sq = square ? g.unary(UnaryOp::Square, d) : d * d;
+      return d * g.unary(UnaryOp::Rsqrt, g.reduce(outer, sq) + 1e-5);
+    });
+  };
+  EXPECT_EQ(variance_of(true, ReduceOp::Mean, false).pair_count(PairKind::MeanVariance), 1);
+  EXPECT_EQ(variance_of(false, ReduceOp::Mean, false).pair_count(PairKind::MeanVariance), 1);
+  EXPECT_EQ(variance_of(true, ReduceOp::Sum, false).pair_count(PairKind::MeanVariance), 0);
+  EXPECT_EQ(variance_of(true, ReduceOp::Mean, true).pair_count(PairKind::MeanVariance), 0);
 }
 
 TEST(Plan, DotHasOneClusterPerStage) {
