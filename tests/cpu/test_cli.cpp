@@ -100,6 +100,13 @@ TEST_F(Cli, ExplainLayerNormAtLargeShape) {
   Result bad = comfuse("explain '" + example("gemm_layernorm.cf") + "' --shape 8192,4096,4096 --stash fp16");
   EXPECT_EQ(bad.rc, 1);
   EXPECT_TRUE(has(bad.err, "--stash wants fp32 or bf16")) << bad.err;
+  // Paired reductions: softmax's max and sum of exp in one round only when asked for.
+  Result sm = comfuse("explain '" + example("gemm_softmax.cf") + "' --shape 8192,4096,4096 --pairs one-round");
+  ASSERT_EQ(sm.rc, 0) << sm.err;
+  EXPECT_TRUE(has(sm.out, "max and sum of exp in one round")) << sm.out;
+  Result bad_pairs = comfuse("explain '" + example("gemm_softmax.cf") + "' --shape 8192,4096,4096 --pairs three");
+  EXPECT_EQ(bad_pairs.rc, 1);
+  EXPECT_TRUE(has(bad_pairs.err, "--pairs wants one-round or two-rounds, got 'three'")) << bad_pairs.err;
 }
 
 TEST_F(Cli, ExplainForcedOptions) {
