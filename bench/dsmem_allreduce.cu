@@ -35,14 +35,14 @@ __device__ void chain_of_rounds(St& st, comfuse::RowGroupSlot const& xs, comfuse
   constexpr int MB = Chan::MBlocks;
   float v[MB][2];
   for (int mi = 0; mi < MB; ++mi)
-    for (int h = 0; h < 2; ++h) v[mi][h] = float(Chan::row_of(t, mi, h) + 1000 * rank);
+    for (int h = 0; h < 2; ++h) v[mi][h] = float(comfuse::accum_row(t, mi, h) + 1000 * rank);
   uint32_t round = 0;
   Chan::start(st, round, xs, p, t, 1, v);
   Chan::template finish<Sum>(st, round, xs, p, t, 1, v);
   ++round;
   for (int mi = 0; mi < MB; ++mi)
     for (int h = 0; h < 2; ++h) {
-      float want = float(peers * Chan::row_of(t, mi, h) + 1000 * peers * (peers - 1) / 2);
+      float want = float(peers * comfuse::accum_row(t, mi, h) + 1000 * peers * (peers - 1) / 2);
       if (v[mi][h] != want) atomicAdd(errors, 1);
     }
   for (int r = 0; r < rounds; ++r, ++round) {

@@ -215,6 +215,20 @@ static float bf16_bits_to_float(uint16_t b) {
 }
 
 // Launch once on poisoned outputs, check `rows` (all when empty) against the fp64 reference.
+// A variant's launch parameters on problem P: operands, every output its epilogue writes, the
+// epilogue's vectors (bias, gamma, beta) and alpha, its stash workspace.
+static comfuse::Params make_params(Variant const& v, Problem const& P) {
+  comfuse::Params p{};
+  p.raster_group = 8;
+  comfuse::host::set_operands(p, v.ks, DType::BF16, P.dA, P.K, P.dB, P.K, P.M, P.N, P.K);
+  int const nout = v.epi == Epi::Chain4 ? 2 : 1;
+  for (int o = 0; o < nout; ++o) comfuse::host::set_output(p, v.ks, o, DType::BF16, P.dout[o], P.N);
+  p.vectors[0] = P.dbias; p.vectors[1] = P.dgamma; p.vectors[2] = P.dbeta;
+  p.scalars[0] = P.alpha;
+  p.stash = v.stash;
+  return p;
+}
+
 static bool check(Variant& v, Problem& P, std::vector<int> rows, char const* tag) {
   if (P.N > v.max_reduce_n) {
     std::printf("  SKIP %s: N = %d > C_N * BN = %d (row reductions need the cluster to span the row)\n",
@@ -225,14 +239,7 @@ static bool check(Variant& v, Problem& P, std::vector<int> rows, char const* tag
   if (v.ks.stash_bytes_per_cta > 0 && !v.stash) CK(cudaMalloc(&v.stash, comfuse::host::stash_workspace_bytes(v.ks, v.max_clusters)));
   int const nout = v.epi == Epi::Chain4 ? 2 : 1;
   for (int o = 0; o < 2; ++o) CK(cudaMemset(P.dout[o], 0xFF, (P.out_elems + 4096) * 2));
-  comfuse::Params p{};
-  p.raster_group = 8;
-  comfuse::host::set_operands(p, v.ks, DType::BF16, P.dA, P.K, P.dB, P.K, P.M, P.N, P.K);
-  for (int o = 0; o < nout; ++o) comfuse::host::set_output(p, v.ks, o, DType::BF16, P.dout[o], P.N);
-  p.vectors[0] = P.dbias; p.vectors[1] = P.dgamma; p.vectors[2] = P.dbeta;
-  p.scalars[0] = P.alpha;
-  p.stash = v.stash;
-  comfuse::host::launch(v.func, v.ks, p, 0, v.max_clusters);
+  comfuse::host::launch(v.func, v.ks, make_params(v, P), 0, v.max_clusters);
   CK(cudaGetLastError());
   CK(cudaDeviceSynchronize());
   if (rows.empty())
@@ -272,7 +279,24 @@ static bool check(Variant& v, Problem& P, std::vector<int> rows, char const* tag
   return ok;
 }
 
+// One correctness case: a fresh problem (`note` describes it), each variant checked on `rows`
+// (empty: every row) against the fp64 reference.
+static void check_case(int& fails, int M, int N, int K, float offset, uint32_t seed, char const* note, char const* tag,
+                       std::vector<Variant> vs, std::vector<int> const& rows = {}) {
+  Problem P = make_problem(M, N, K, offset, seed);
+  std::printf("M=%d N=%d K=%d%s:\n", M, N, K, note);
+  for (auto& v : vs) fails += !check(v, P, rows, tag);
+  free_problem(P);
+}
+
 // ---- timing ----------------------------------------------------------------------------------
+// Rows a timing-shape run checks: tile edges and ten hashed rows.
+static std::vector<int> timing_rows(int M) {
+  std::vector<int> rows = {0, 1, 63, 64, 127, M - 1};
+  for (int i = 0; i < 10; ++i) rows.push_back(int(hash(i, 99) % uint32_t(M)));
+  return rows;
+}
+
 template <class F> static float median_ms(F&& f, int reps = 20) {
   for (int i = 0; i < 3; ++i) f();
   CK(cudaDeviceSynchronize());
@@ -313,21 +337,12 @@ static void run_checks(int& fails, bool small_only) {
   }
   if (small_only) return;
 #ifndef RC_QUICK
-  {  // cluster 16 (non-portable) covering N = 4000; no offset, both modes
-    Problem P = make_problem(1000, 4000, 256, 0.f, 2);
-    std::printf("M=1000 N=4000 K=256:\n");
-    std::vector<Variant> vs = {make_variant<64, 256, 4, 16, 1, EpiLayerNorm, kP>(Epi::LayerNorm),
-                               make_variant<64, 256, 4, 16, 1, EpiLayerNorm, kL>(Epi::LayerNorm)};
-    for (auto& v : vs) fails += !check(v, P, {}, "c16");
-    free_problem(P);
-  }
-  {  // no cluster (N <= BN): reduce phase = quad shuffles only
-    Problem P = make_problem(300, 200, 128, 100.f, 3);
-    std::printf("M=300 N=200 K=128:\n");
-    Variant v = make_variant<64, 256, 4, 1, 1, EpiChain4, kP>(Epi::Chain4);
-    fails += !check(v, P, {}, "c1");
-    free_problem(P);
-  }
+  // cluster 16 (non-portable) covering N = 4000; no offset, both modes
+  check_case(fails, 1000, 4000, 256, 0.f, 2, "", "c16",
+             {make_variant<64, 256, 4, 16, 1, EpiLayerNorm, kP>(Epi::LayerNorm),
+              make_variant<64, 256, 4, 16, 1, EpiLayerNorm, kL>(Epi::LayerNorm)});
+  // no cluster (N <= BN): reduce phase = quad shuffles only
+  check_case(fails, 300, 200, 128, 100.f, 3, "", "c1", {make_variant<64, 256, 4, 1, 1, EpiChain4, kP>(Epi::Chain4)});
 #endif
 }
 
@@ -354,16 +369,10 @@ static void run_timings(int& fails) {
     CK(cudaMalloc(&C, size_t(M) * N * 2));
     auto gemm = [&] { cublas_gemm(h, P, C); };
     float t_cb = median_ms(gemm);
-    std::vector<int> rows = {0, 1, 63, 64, 127, M - 1};
-    for (int i = 0; i < 10; ++i) rows.push_back(int(hash(i, 99) % uint32_t(M)));
+    std::vector<int> const rows = timing_rows(M);
     for (auto& v : vs) {
       if (!check(v, P, rows, "timing-shape")) { ++fails; continue; }
-      comfuse::Params p{};
-      p.raster_group = 8;
-      comfuse::host::set_operands(p, v.ks, DType::BF16, P.dA, K, P.dB, K, M, N, K);
-      comfuse::host::set_output(p, v.ks, 0, DType::BF16, P.dout[0], N);
-      p.vectors[0] = P.dbias; p.vectors[1] = P.dgamma; p.vectors[2] = P.dbeta;
-      p.scalars[0] = P.alpha;
+      comfuse::Params const p = make_params(v, P);
       float t = median_ms([&] { comfuse::host::launch(v.func, v.ks, p, 0, v.max_clusters); });
       float t_cb2 = median_ms(gemm);
       std::printf("| %d | %d | %d | %.4f | %s | %.4f | %.3fx |\n", M, N, K, 0.5f * (t_cb + t_cb2), v.name.c_str(), t,

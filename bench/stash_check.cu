@@ -23,49 +23,28 @@ std::vector<int> sample_rows(int M, int step) {
 
 void stash_checks(int& fails, bool small) {
   if (small) {  // sanitizer: small M, a global and an SMEM stash
-    Problem P = make_problem(130, 1480, 64, 100.f, 11);
-    std::printf("[small] M=130 N=1480 K=64:\n");
-    Variant a = make_variant<64, 256, 4, 2, 1, EpiChain4, kP, 3, float>(Epi::Chain4);
-    Variant b = make_variant<64, 128, 4, 4, 1, EpiChain4, kL, 3, bf16>(Epi::Chain4);
-    fails += !check(a, P, {}, "stash");
-    fails += !check(b, P, {}, "stash");
-    free_problem(P);
+    check_case(fails, 130, 1480, 64, 100.f, 11, " [small]", "stash",
+               {make_variant<64, 256, 4, 2, 1, EpiChain4, kP, 3, float>(Epi::Chain4),
+                make_variant<64, 128, 4, 4, 1, EpiChain4, kL, 3, bf16>(Epi::Chain4)});
     return;
   }
-  {
-    Problem P = make_problem(1000, 4096, 256, 2048.f, 21);
-    std::printf("M=1000 N=4096 K=256, bias offset 2048:\n");
-    std::vector<Variant> vs = {
-        make_variant<64, 256, 4, 2, 1, EpiLayerNorm, kP, 8, bf16>(Epi::LayerNorm),
-        make_variant<64, 256, 4, 2, 1, EpiLayerNorm, kL, 8, float>(Epi::LayerNorm),
-        make_variant<64, 256, 4, 4, 1, EpiLayerNorm, kP, 4, float>(Epi::LayerNorm),
-        make_variant<64, 256, 3, 8, 1, EpiLayerNorm, kP, 2, bf16>(Epi::LayerNorm),
-        make_variant<64, 128, 4, 8, 1, EpiLayerNorm, kL, 4, bf16>(Epi::LayerNorm),
-        make_variant<128, 256, 3, 8, 2, EpiLayerNorm, kP, 2, bf16>(Epi::LayerNorm),
-        make_variant<64, 256, 4, 2, 1, EpiSoftmax, kP, 8, float>(Epi::Softmax),
-        make_variant<64, 256, 4, 4, 1, EpiSoftmax, kL, 4, bf16>(Epi::Softmax),
-    };
-    for (auto& v : vs) fails += !check(v, P, {}, "stash");
-    free_problem(P);
-  }
-  {
-    Problem P = make_problem(1000, 1480, 256, 100.f, 22);
-    std::printf("M=1000 N=1480 (ragged) K=256, chain of 4 reductions:\n");
-    std::vector<Variant> vs = {
-        make_variant<64, 256, 4, 2, 1, EpiChain4, kP, 3, float>(Epi::Chain4),
-        make_variant<64, 256, 4, 2, 1, EpiChain4, kL, 3, bf16>(Epi::Chain4),
-        make_variant<64, 128, 4, 4, 1, EpiChain4, kP, 3, bf16>(Epi::Chain4),
-    };
-    for (auto& v : vs) fails += !check(v, P, {}, "stash");
-    free_problem(P);
-  }
-  {
-    Problem P = make_problem(1000, 32768, 256, 0.f, 23);
-    std::printf("M=1000 N=32768 K=256 (every 5th row checked):\n");
-    Variant v = make_variant<64, 256, 4, 16, 1, EpiRmsNorm, kP, 8, bf16>(Epi::RmsNorm);
-    fails += !check(v, P, sample_rows(1000, 5), "stash");
-    free_problem(P);
-  }
+  check_case(fails, 1000, 4096, 256, 2048.f, 21, ", bias offset 2048", "stash", {
+      make_variant<64, 256, 4, 2, 1, EpiLayerNorm, kP, 8, bf16>(Epi::LayerNorm),
+      make_variant<64, 256, 4, 2, 1, EpiLayerNorm, kL, 8, float>(Epi::LayerNorm),
+      make_variant<64, 256, 4, 4, 1, EpiLayerNorm, kP, 4, float>(Epi::LayerNorm),
+      make_variant<64, 256, 3, 8, 1, EpiLayerNorm, kP, 2, bf16>(Epi::LayerNorm),
+      make_variant<64, 128, 4, 8, 1, EpiLayerNorm, kL, 4, bf16>(Epi::LayerNorm),
+      make_variant<128, 256, 3, 8, 2, EpiLayerNorm, kP, 2, bf16>(Epi::LayerNorm),
+      make_variant<64, 256, 4, 2, 1, EpiSoftmax, kP, 8, float>(Epi::Softmax),
+      make_variant<64, 256, 4, 4, 1, EpiSoftmax, kL, 4, bf16>(Epi::Softmax),
+  });
+  check_case(fails, 1000, 1480, 256, 100.f, 22, " (ragged), chain of 4 reductions", "stash", {
+      make_variant<64, 256, 4, 2, 1, EpiChain4, kP, 3, float>(Epi::Chain4),
+      make_variant<64, 256, 4, 2, 1, EpiChain4, kL, 3, bf16>(Epi::Chain4),
+      make_variant<64, 128, 4, 4, 1, EpiChain4, kP, 3, bf16>(Epi::Chain4),
+  });
+  check_case(fails, 1000, 32768, 256, 0.f, 23, " (every 5th row checked)", "stash",
+             {make_variant<64, 256, 4, 16, 1, EpiRmsNorm, kP, 8, bf16>(Epi::RmsNorm)}, sample_rows(1000, 5));
 }
 
 float median_of(std::vector<float> v) {
@@ -101,22 +80,14 @@ void stash_timings(int& fails) {
     void* C;
     CK(cudaMalloc(&C, size_t(M) * N * 2));
     auto gemm = [&] { cublas_gemm(h, P, C); };
-    std::vector<int> rows = {0, 1, 63, 64, 127, M - 1};
-    for (int i = 0; i < 10; ++i) rows.push_back(int(hash(i, 99) % uint32_t(M)));
+    std::vector<int> const rows = timing_rows(M);
     std::vector<comfuse::Params> ps(vs.size());
     std::vector<char> ok(vs.size());
     for (size_t i = 0; i < vs.size(); ++i) {
       Variant& v = vs[i];
       ok[i] = check(v, P, rows, "timing-shape");
       if (!ok[i]) { ++fails; continue; }
-      comfuse::Params& p = ps[i];
-      p = comfuse::Params{};
-      p.raster_group = 8;
-      comfuse::host::set_operands(p, v.ks, DType::BF16, P.dA, K, P.dB, K, M, N, K);
-      comfuse::host::set_output(p, v.ks, 0, DType::BF16, P.dout[0], N);
-      p.vectors[0] = P.dbias; p.vectors[1] = P.dgamma; p.vectors[2] = P.dbeta;
-      p.scalars[0] = P.alpha;
-      p.stash = v.stash;
+      ps[i] = make_params(v, P);
     }
     median_ms(gemm, 200);  // heat-up: sustained power state
     std::vector<std::vector<float>> t(vs.size()), ratio(vs.size()), rel16(vs.size());

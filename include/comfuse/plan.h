@@ -196,6 +196,16 @@ struct Plan {
   std::vector<std::string> alternatives;  // the best rejected candidates, with estimates
 };
 
+// Whether paired reductions can share one round (Plan::fused_pairs): each CTA holds its row
+// values in registers (one N-tile) and the row's CTAs meet in L2 or are one CTA (the DSMEM
+// channel has no pair round).
+inline bool one_round_pairs_possible(int64_t n_tiles_per_cta, AggregationMode agg, int row_peers) {
+  return n_tiles_per_cta == 1 && (agg == AggregationMode::Global || row_peers == 1);
+}
+inline bool one_round_pairs_possible(const Plan& p) {
+  return one_round_pairs_possible(p.n_tiles_per_cta, p.aggregation, p.cluster_n * p.row_group);
+}
+
 // Throws Error with the reason when nothing fits (e.g. N beyond what any plan covers).
 Plan make_plan(const FusionSpec& s, const Problem& p, const DeviceModel& dev = {},
                const PlannerTunables& tun = {}, const PlanOptions& opt = {});

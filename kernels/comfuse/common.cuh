@@ -18,6 +18,12 @@ namespace comfuse {
 
 inline constexpr int kWarpGroupThreads = 128;
 
+// The row, within a warp group's tile, of accumulator pair h (registers with (i >> 1) & 1 == h)
+// of m64-block mi that thread t of the warp group holds (wgmma D layout: warp t / 32 owns rows
+// 16 w .. 16 w + 15 of each block, the quad t % 32 / 4 one of them, h adds 8). The epilogue
+// nodes and both reduction channels index per-row values by it.
+COMFUSE_DEVICE int accum_row(int t, int mi, int h) { return mi * 64 + (t / 32) * 16 + (t % 32) / 4 + 8 * h; }
+
 // Hardware named barriers (0 is __syncthreads). One id per purpose and warp group, so
 // that the two consumer warp groups never share a barrier they use at different times.
 enum class NamedBarrier : int {

@@ -49,11 +49,6 @@ EmitContext make_context(const FusionSpec& s, const std::vector<ArgSlot>& slots)
   return ctx;
 }
 
-// Paired reductions share one round when each CTA holds its row values in registers (one
-// N-tile) and the row's CTAs meet in L2 or not at all (the DSMEM channel has no pair round).
-bool pairs_fusable(const Plan& p) {
-  return p.n_tiles_per_cta == 1 && (p.aggregation == AggregationMode::Global || p.cluster_n * p.row_group == 1);
-}
 
 
 // What the device templates cannot express yet is refused here, by name, rather than
@@ -88,7 +83,7 @@ void check_device_support(const FusionSpec& s, const Plan& p) {
   if (p.row_group > 1 && (!global || p.cluster_n != 1))
     throw Error(fmt::format("spec '{}': a row group of {} clusters needs aggregation global and clusters of 1 along N "
                             "(plan: {}, cluster_n = {})", s.name, p.row_group, name_of(p.aggregation), p.cluster_n));
-  if (p.fused_pairs.any() && !pairs_fusable(p))
+  if (p.fused_pairs.any() && !one_round_pairs_possible(p))
     throw Error(fmt::format("spec '{}': the plan fuses paired reductions (mean and variance, max and sum of exp) into one round, which needs one N-tile "
                             "per CTA and the L2 exchange or a single CTA per row (plan: {} N-tiles, {}, {} CTA(s) per row)",
                             s.name, p.n_tiles_per_cta, name_of(p.aggregation), p.cluster_n * p.row_group));

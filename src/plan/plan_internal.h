@@ -61,7 +61,7 @@ bool row_groups_forced(const PlanOptions& opt);
 // the other consumer's next job (>= 2 jobs per CTA); max-and-exp-sum pairs likewise, unless an
 // exp tile outlives its sum (softmax: the merge would add an exp pass), then only when forced.
 OneRoundPairs fuse_pairs(const ChainInfo& chain, const PlanOptions& opt, int64_t n_tiles, int64_t jobs_per_cta,
-                         bool l2, int row_peers);
+                         AggregationMode agg, int row_peers);
 
 // Row reductions over row groups of clusters along M (row_groups.cpp): the work division
 // priced per candidate, cheapest first. The planner takes the first whose SMEM budget fits.

@@ -504,8 +504,8 @@ Plan make_plan(const FusionSpec& s, const Problem& p, const DeviceModel& dev, co
   plan.cluster_m = c.cluster_m, plan.cluster_n = c.cluster;
   plan.row_group = c.row_group;
   const int64_t groups = std::max<int64_t>(1, c.resident / std::max(1, c.row_group));
-  plan.fused_pairs = plan_detail::fuse_pairs(chain, opt, c.n_tiles, ceil_div(c.jobs, groups),
-                                             c.agg == AggregationMode::Global, c.cluster * c.row_group);
+  plan.fused_pairs =
+      plan_detail::fuse_pairs(chain, opt, c.n_tiles, ceil_div(c.jobs, groups), c.agg, c.cluster * c.row_group);
   plan.wgs_per_tile = c.wgs_per_tile;
   plan.measured_config = measured_why;
   plan.raster_group = c.raster_group;

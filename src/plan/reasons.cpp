@@ -122,8 +122,7 @@ void add_reasons(Plan& plan, const ChainInfo& chain, const DeviceModel& dev, con
   }
 
   // One line per kind of pair: one round or two, and why.
-  const bool pair_fusable = plan.n_tiles_per_cta == 1 &&
-                            (plan.aggregation == AggregationMode::Global || plan.cluster_n * plan.row_group == 1);
+  const bool pair_fusable = one_round_pairs_possible(plan);
   auto pair_line = [&](int count, bool fused, const std::string& what, const std::string& why_not_default) {
     if (count == 0) return;
     const std::string head = fmt::format("{} {}", count, what);

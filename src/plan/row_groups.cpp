@@ -81,7 +81,7 @@ std::vector<RowGroupChoice> row_group_candidates(const Problem& p, const ChainIn
         const double stage2 = stage1 * std::max(1, chain.stages_in_chain - 1) + elems * chain.max_out_bytes;
         const double per_sm_bytes_per_us = dev.dram_bytes_per_s / dev.sm_count * 1e-6;
         const double t_s1 = stage1 / per_sm_bytes_per_us, t_s2 = stage2 / per_sm_bytes_per_us;
-        const OneRoundPairs fuse = fuse_pairs(chain, opt, n_tiles, jobs_per_cta, /*l2=*/true, g);
+        const OneRoundPairs fuse = fuse_pairs(chain, opt, n_tiles, jobs_per_cta, AggregationMode::Global, g);
         const int rounds = chain.reductions - (fuse.mean_variance ? chain.mean_variance_pairs : 0) -
                            (fuse.max_exp_sum ? chain.max_exp_sum_pairs : 0);
         c.exchange_us = rounds * lookup(tun.row_group_exchange_us, g);
@@ -121,8 +121,8 @@ bool row_groups_forced(const PlanOptions& opt) {
 // saves (MEASURED, ncu cycles at base clock, one round vs two: 8192x4096x4096 615.0k vs
 // 610.1k, 4096x8192x4096 655.1k vs 628.4k, 256x4096x4096 39.0k vs 37.3k; bench/NOTES.md).
 OneRoundPairs fuse_pairs(const ChainInfo& chain, const PlanOptions& opt, int64_t n_tiles, int64_t jobs_per_cta,
-                         bool l2, int row_peers) {
-  if (chain.pairs() == 0 || n_tiles != 1 || !(l2 || row_peers == 1)) return {};
+                         AggregationMode agg, int row_peers) {
+  if (chain.pairs() == 0 || !one_round_pairs_possible(n_tiles, agg, row_peers)) return {};
   if (opt.fuse_pairs) return {*opt.fuse_pairs && chain.mean_variance_pairs > 0, *opt.fuse_pairs && chain.max_exp_sum_pairs > 0};
   const bool saves_a_round = row_peers > 1;  // one CTA per row: no round to save
   const bool hides = saves_a_round && jobs_per_cta >= 2;

@@ -124,7 +124,17 @@ struct RowAllReduce {
     fence_mbar_init_cluster();
   }
 
-  static COMFUSE_DEVICE int row_of(int t, int mi, int h) { return mi * 64 + (t / 32) * 16 + (t % 32) / 4 + 8 * h; }
+
+  // Quad leaders (the four lanes of a quad hold the same rows) store their rows' values into
+  // the slot at `slot`, fenced for the bulk copies (async proxy) that read it next.
+  static COMFUSE_DEVICE void store_rows(uint32_t slot, int t, float const (&v)[MBlocks][2]) {
+    if (t % 4 != 0) return;
+    CUTE_UNROLL
+    for (int mi = 0; mi < MBlocks; ++mi)
+      CUTE_UNROLL
+      for (int h = 0; h < 2; ++h) st_shared_f32(slot + 4 * accum_row(t, mi, h), v[mi][h]);
+    fence_view_async_shared();
+  }
 
   // Start round `round`: publish the partials (and, for PeerToPeer / followers, push them).
   // t: thread in the warp group; bar_id: the warp group's named barrier.
@@ -139,13 +149,7 @@ struct RowAllReduce {
       }
     }
     uint32_t const mine = smem_u32(&s.slot[b][rank][0]);
-    if (t % 4 == 0) {
-      CUTE_UNROLL
-      for (int mi = 0; mi < MBlocks; ++mi)
-        CUTE_UNROLL
-        for (int h = 0; h < 2; ++h) st_shared_f32(mine + 4 * row_of(t, mi, h), v[mi][h]);
-      fence_view_async_shared();
-    }
+    store_rows(mine, t, v);
     named_sync(bar_id, kWarpGroupThreads);
     if constexpr (Mode == Aggregation::PeerToPeer) {
       if (t == 0) mbar_arrive_expect_tx(full, (ClusterN - 1) * kSlotBytes);
@@ -172,7 +176,7 @@ struct RowAllReduce {
         CUTE_UNROLL
         for (int mi = 0; mi < MBlocks; ++mi)
           CUTE_UNROLL
-          for (int h = 0; h < 2; ++h) v[mi][h] = ld_shared_f32(base + 4 * row_of(t, mi, h));
+          for (int h = 0; h < 2; ++h) v[mi][h] = ld_shared_f32(base + 4 * accum_row(t, mi, h));
         return;
       }
     }
@@ -180,20 +184,14 @@ struct RowAllReduce {
     for (int mi = 0; mi < MBlocks; ++mi)
       CUTE_UNROLL
       for (int h = 0; h < 2; ++h) {
-        uint32_t const a = base + 4 * row_of(t, mi, h);
+        uint32_t const a = base + 4 * accum_row(t, mi, h);
         float acc = rank == 0 ? v[mi][h] : ld_shared_f32(a);
         CUTE_UNROLL
         for (int j = 1; j < ClusterN; ++j) acc = Op::combine(acc, uint32_t(j) == rank ? v[mi][h] : ld_shared_f32(a + j * kSlotBytes));
         v[mi][h] = acc;
       }
     if constexpr (Mode == Aggregation::LeaderFollower) {  // the leader broadcasts
-      if (t % 4 == 0) {
-        CUTE_UNROLL
-        for (int mi = 0; mi < MBlocks; ++mi)
-          CUTE_UNROLL
-          for (int h = 0; h < 2; ++h) st_shared_f32(base + 4 * row_of(t, mi, h), v[mi][h]);
-        fence_view_async_shared();
-      }
+      store_rows(base, t, v);
       named_sync(bar_id, kWarpGroupThreads);
       if (t < ClusterN - 1) {  // one follower per thread: the copies issue in parallel
         uint32_t const peer = t + 1;

@@ -74,7 +74,6 @@ struct GlobalRowAllReduce {
   struct Storage {};  // nothing on chip
   static COMFUSE_DEVICE void init(Storage&) {}
 
-  static COMFUSE_DEVICE int row_of(int t, int mi, int h) { return mi * 64 + (t / 32) * 16 + (t % 32) / 4 + 8 * h; }
   static COMFUSE_DEVICE uint32_t tag(Params const& p, uint32_t round) {
     return ((p.epoch & 0xffffu) << 16) | (round & 0xffffu);
   }
@@ -104,7 +103,7 @@ struct GlobalRowAllReduce {
     CUTE_UNROLL
     for (int mi = 0; mi < MBlocks; ++mi)
       CUTE_UNROLL
-      for (int h = 0; h < 2; ++h) st_relaxed_gpu_u64(mine + off + row_of(t, mi, h), word(tag(p, round), v[mi][h]));
+      for (int h = 0; h < 2; ++h) st_relaxed_gpu_u64(mine + off + accum_row(t, mi, h), word(tag(p, round), v[mi][h]));
   }
 
   // For each of the thread's rows: lane q's words at rows k * Rows + row (k < W) of its peers,
@@ -120,7 +119,7 @@ struct GlobalRowAllReduce {
       for (int h = 0; h < 2; ++h) {
         int off[W];
         CUTE_UNROLL
-        for (int k = 0; k < W; ++k) off[k] = k * Rows + row_of(t, mi, h);
+        for (int k = 0; k < W; ++k) off[k] = k * Rows + accum_row(t, mi, h);
         uint64_t w[W][kPerLane];
         poll(base, off, want, t % 4, x.rank, t0, w);
         f(mi, h, w);

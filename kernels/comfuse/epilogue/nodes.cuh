@@ -49,6 +49,16 @@ template <class Geo> struct NodeBase {
   COMFUSE_DEVICE void subtile_end(EpiCtx const&, SharedStorage&, int) {}
 };
 
+// A node with one value per row (a column vector, a reduction's statistic, a per-row bypass):
+// r[mi][h] for the thread's rows accum_row(t, mi, h), broadcast along the fragment's columns.
+template <class Geo> struct PerRowNode : NodeBase<Geo> {
+  float r[Geo::MBlocks][2];
+  template <int I, class V> COMFUSE_DEVICE void visit(EpiCtx const&, FragCoord const& fc, Frag const&, V& v) {
+    CUTE_UNROLL
+    for (int e = 0; e < kFrag; ++e) v[I][e] = r[fc.mi][(e >> 1) & 1];
+  }
+};
+
 // The fp32 accumulator fragment.
 struct AccEntry {
   template <class Geo> struct Impl : NodeBase<Geo> {
@@ -111,21 +121,17 @@ template <int Arg, class T> struct RowBroadcast {
 // 2 rows per 64-row block: loaded once per tile into registers. Rows >= M read 0.
 template <int Arg, class T> struct ColBroadcast {
   static_assert(Arg < kMaxVectors);
-  template <class Geo> struct Impl : NodeBase<Geo> {
-    float r[Geo::MBlocks][2];
+  template <class Geo> struct Impl : PerRowNode<Geo> {
+    using PerRowNode<Geo>::r;
     COMFUSE_DEVICE void begin(EpiCtx const& c, NoStorage&) {
       void const* src = c.p->vectors[Arg];
       CUTE_UNROLL
       for (int mi = 0; mi < Geo::MBlocks; ++mi)
         CUTE_UNROLL
         for (int h = 0; h < 2; ++h) {
-          int m = c.m0 + mi * 64 + c.warp * 16 + c.lane / 4 + 8 * h;
+          int m = c.m0 + accum_row(c.t, mi, h);
           r[mi][h] = m < c.p->M ? DType<T>::load(src, m) : 0.f;
         }
-    }
-    template <int I, class V> COMFUSE_DEVICE void visit(EpiCtx const&, FragCoord const& fc, Frag const&, V& v) {
-      CUTE_UNROLL
-      for (int e = 0; e < kFrag; ++e) v[I][e] = r[fc.mi][(e >> 1) & 1];
     }
   };
 };

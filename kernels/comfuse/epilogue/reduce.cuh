@@ -48,13 +48,7 @@ struct NoParent {
 // The statistic of the parent reduction, per row (set by the parent before this stage runs).
 struct Stat {
   static constexpr bool kIsStat = true;
-  template <class Geo> struct Impl : NodeBase<Geo> {
-    float r[Geo::MBlocks][2];
-    template <int I, class V> COMFUSE_DEVICE void visit(EpiCtx const&, FragCoord const& fc, Frag const&, V& v) {
-      CUTE_UNROLL
-      for (int e = 0; e < kFrag; ++e) v[I][e] = r[fc.mi][(e >> 1) & 1];
-    }
-  };
+  template <class Geo> struct Impl : PerRowNode<Geo> {};
 };
 
 // Node K of the parent stage. Tile-class: the fragment the executor passes as `acc` (the
@@ -62,14 +56,8 @@ struct Stat {
 // the parent filled while streaming.
 template <int K> struct Bypass {
   static constexpr int kSource = K;
-  template <class Geo> struct Impl : NodeBase<Geo> {
-    float r[Geo::MBlocks][2];
-    // Col/scalar class; for a Tile-class source the executor writes `acc` instead.
-    template <int I, class V> COMFUSE_DEVICE void visit(EpiCtx const&, FragCoord const& fc, Frag const&, V& v) {
-      CUTE_UNROLL
-      for (int e = 0; e < kFrag; ++e) v[I][e] = r[fc.mi][(e >> 1) & 1];
-    }
-  };
+  // Col/scalar class (the parent fills r); for a Tile-class source the executor writes `acc`.
+  template <class Geo> struct Impl : PerRowNode<Geo> {};
 };
 
 // Terminal reduction of a stage: thread-local aggregation per row. Columns >= N enter as

@@ -307,7 +307,7 @@ template <class... Nodes> struct Stage {
             FragCoord fc;
             fc.sub_col = j * 16 + 2 * (c.lane % 4);
             fc.col = s * 64 + fc.sub_col;
-            fc.row = mi * 64 + c.warp * 16 + c.lane / 4;
+            fc.row = accum_row(c.t, mi, 0);
             fc.mi = mi;
             Frag acc;
             int const base = mi * (Geo::BN / 2) + 8 * (4 * s + j);
@@ -376,11 +376,8 @@ template <class... Nodes> struct Stage {
         if (t == Geo::NTiles - 1) {
           if constexpr (kChanInSmem) {
             reduce_phase(c, ss.tree, accum, bar_id, ss.chan, round, st);
-          } else if constexpr (kClusterReduce) {
+          } else {  // the L2 channel or none: no storage on chip
             ChanStorage none;
-            reduce_phase(c, ss.tree, accum, bar_id, none, round, st);
-          } else {
-            detail::NoChannel::Storage none;
             reduce_phase(c, ss.tree, accum, bar_id, none, round, st);
           }
         }
