@@ -17,6 +17,6 @@ read_sweep_and_compile() {
   local l
   for l in "${lines[@]}"; do
     set -- $l; local ex=$1 shape=$2; shift 2
-    echo ".carry/bin/comfuse compile examples/$ex.cf --shape $shape $* > /dev/null 2>&1"
+    echo ".carry/bin/comfuse compile examples/$ex.cf --shape $shape $* ${TRACE_FLAG:-} > /dev/null 2>&1"
   done | xargs -P "${JOBS:-14}" -I{} bash -c "{}"
 }

@@ -15,9 +15,9 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
-#include <optional>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <random>
 
 #include "comfuse/error.h"
@@ -193,9 +193,10 @@ std::string sample(const Tensor& t, int64_t i) {
 // GPU path: one fused kernel, random inputs, NaN-poisoned outputs, compared with the fp64
 // graph executor; bf16 outputs pass at rel_l2 <= 1e-2 (the bf16 bound).
 
-int run_gpu(const Graph& g, const Bindings& b, const PlanOptions& plan, uint64_t seed) {
+int run_gpu(const Graph& g, const Bindings& b, const PlanOptions& plan, uint64_t seed, const std::string& trace_csv) {
   CompileOptions opt;
   opt.plan = plan;
+  opt.trace = !trace_csv.empty();
   DeviceRunReport rep = run_and_check(g, b, seed, opt, /*timing_reps=*/20, /*input_offset=*/0.0,
                                       /*cublas_baseline=*/true);
   const Plan& p = rep.plan;
@@ -220,13 +221,20 @@ int run_gpu(const Graph& g, const Bindings& b, const PlanOptions& plan, uint64_t
                            "GPU time; cuBLAS = cublasLt, fastest of its heuristic's candidates)\n",
                            rep.kernel_ms, rep.tflops, rep.cublas_ms, rep.ratio, rep.ratio_lo, rep.ratio_hi,
                            kTimingRounds);
+  if (opt.trace) {
+    std::string csv;
+    std::cout << summarize_trace(rep.trace, p, &csv);
+    std::ofstream(trace_csv) << csv;
+    std::cout << fmt::format("trace: every stamp in {}\n", trace_csv);
+  }
   if (!ok) throw Error("run: GPU result differs from the fp64 reference beyond tolerance");
   return 0;
 }
 
-int cmd_emit(const std::string& file, const DimArgs& d, const PlanOptions& plan, bool compile) {
+int cmd_emit(const std::string& file, const DimArgs& d, const PlanOptions& plan, bool compile, bool trace = false) {
   CompileOptions opt;
   opt.plan = plan;
+  opt.trace = trace;
   Graph g = load_graph(file);
   LoweringResult r = lower(g);
   const Bindings b = bindings(d, r);
@@ -246,14 +254,14 @@ int cmd_emit(const std::string& file, const DimArgs& d, const PlanOptions& plan,
 }
 
 int cmd_run(const std::string& file, const DimArgs& d, const PlanOptions& plan, bool reference, bool gpu,
-            uint64_t seed) {
+            uint64_t seed, const std::string& trace_csv) {
   if (reference && gpu) throw Error("run: choose one of --reference (CPU) or --gpu");
   Graph g = load_graph(file);
   LoweringResult r = lower(g);
   if (!reference) {
     std::string why;
     if (!gpu_available(&why)) throw Error("run: no usable GPU (" + why + "); use --reference for the CPU check");
-    return run_gpu(g, bindings(d, r), plan, seed);
+    return run_gpu(g, bindings(d, r), plan, seed, trace_csv);
   }
   const Bindings b = bindings(d, r);
   std::mt19937_64 rng(seed);
@@ -321,6 +329,8 @@ int main(int argc, char** argv) {
   compile_cmd->add_option("file", file, "graph file (.cf)")->required();
   add_dim_options(compile_cmd, dims);
   add_plan_options(compile_cmd, ex);
+  bool compile_trace = false;
+  compile_cmd->add_flag("--trace", compile_trace, "compile the traced build that `run --trace` launches");
 
   CLI::App* run_cmd = app.add_subcommand("run", "execute on random inputs and check against the reference");
   run_cmd->add_option("file", file, "graph file (.cf)")->required();
@@ -328,6 +338,10 @@ int main(int argc, char** argv) {
   run_cmd->add_flag("--reference", reference, "CPU: compare the graph executor with the lowered executor");
   run_cmd->add_flag("--gpu", gpu, "GPU: run the fused kernel and check it (the default)");
   run_cmd->add_option("--seed", seed, "random input seed (default 1)");
+  std::string trace_csv;
+  run_cmd->add_option("--trace", trace_csv,
+                      "GPU: build the kernel with its per-job timeline (kernels/comfuse/debug/trace.cuh), print "
+                      "where the time went and write every stamp to this CSV file");
   add_plan_options(run_cmd, ex);
 
   try {
@@ -340,8 +354,8 @@ int main(int argc, char** argv) {
     if (lower_cmd->parsed()) return cmd_lower(file);
     if (explain_cmd->parsed()) return cmd_explain(file, dims, ex);
     if (emit_cmd->parsed()) return cmd_emit(file, dims, plan_options(ex), /*compile=*/false);
-    if (compile_cmd->parsed()) return cmd_emit(file, dims, plan_options(ex), /*compile=*/true);
-    if (run_cmd->parsed()) return cmd_run(file, dims, plan_options(ex), reference, gpu, seed);
+    if (compile_cmd->parsed()) return cmd_emit(file, dims, plan_options(ex), /*compile=*/true, compile_trace);
+    if (run_cmd->parsed()) return cmd_run(file, dims, plan_options(ex), reference, gpu, seed, trace_csv);
   } catch (const Error& e) {
     std::cout.flush();
     std::cerr << "comfuse: error: " << e.what() << "\n";

@@ -45,6 +45,7 @@ struct CompileOptions {
   PlanOptions plan;
   PlannerTunables tunables;
   JitOptions jit;
+  bool trace = false;  // -DCOMFUSE_TRACE: the kernel stamps a per-job timeline (debug/trace.cuh)
 };
 
 // True when a CUDA device of compute capability 9.0 is usable by this process.
@@ -62,6 +63,9 @@ class FusedKernel {
   const Plan& plan() const;
   const EmittedKernel& emitted() const;
   const CompiledKernel& compiled() const;
+  // The timeline of the last launch (kernels/comfuse/debug/trace.cuh), empty unless the kernel
+  // was built with CompileOptions::trace. Synchronizes the device.
+  std::vector<uint64_t> trace() const;
 
   FusedKernel(FusedKernel&&) noexcept;
   FusedKernel& operator=(FusedKernel&&) noexcept;
@@ -105,6 +109,7 @@ struct DeviceRunReport {
   double ratio = 0;            // fused / cuBLAS: the median of the per-round ratios (each round
                                // pairs the two in one power state); 0 when not asked
   double ratio_lo = 0, ratio_hi = 0;  // the smallest and largest per-round ratio
+  std::vector<uint64_t> trace;        // CompileOptions::trace: the last launch's timeline
   Plan plan;
   CompiledKernel compiled;
 };
@@ -117,6 +122,10 @@ inline double gpu_result_tolerance(DType t) { return t == DType::BF16 ? 1e-2 : t
 // with NaN first), downloads the outputs and compares them with run_graph. With
 // timing_reps > 0 also times batches of that many back-to-back launches (after warm-up; GPU time,
 // src/runtime/baseline.h), alternating with the cuBLAS GEMM alone when cublas_baseline.
+// Where a traced kernel's time went (per-job mainloop, epilogue, tensor-idle gaps, cross-CTA
+// skew of a row group), from FusedKernel::trace(); `csv` (optional) gets every stamp.
+std::string summarize_trace(const std::vector<uint64_t>& trace, const Plan& plan, std::string* csv = nullptr);
+
 inline constexpr int kTimingRounds = 9;  // alternating fused / cuBLAS rounds of run_and_check
 DeviceRunReport run_and_check(const Graph& g, const Bindings& dims, uint64_t seed, const CompileOptions& opt = {},
                               int timing_reps = 0, double input_offset = 0.0, bool cublas_baseline = false);

@@ -102,9 +102,8 @@ struct FusionSpec {
   int reduction_count() const;
   // Stages in the chain (reductions + 1 along the deepest nest).
   int stage_count() const;
-  // Reductions that pair with their PostStage's reduction in one exchange round (pair_kind);
-  // operand_live_only: only those whose second operand outlives its reduction (pair_operand_live).
-  int pair_count(PairKind kind, bool operand_live_only = false) const;
+  // Reductions that pair with their PostStage's reduction in one exchange round (pair_kind).
+  int pair_count(PairKind kind) const;
 };
 
 // Whether reduction `i` of `stage` and its PostStage's reduction form a pair whose statistics
@@ -113,11 +112,6 @@ struct FusionSpec {
 //   MeanVariance  a mean, then the mean of (its operand - that mean)^2 (LayerNorm after Φ);
 //   MaxExpSum     a max, then the sum of exp(its operand - that max) (softmax, log-softmax).
 PairKind pair_kind(const Spec& stage, int i);
-// For a pair at reduction `i`: whether the second reduction's operand (softmax's exp(x - max))
-// is used beyond that reduction (softmax divides it by the sum; log-softmax does not). When it
-// is not, the one-round merge's pass over the tile replaces the PostStage's pass (which becomes
-// dead code); when it is, the one-round merge adds a pass.
-bool pair_operand_live(const Spec& stage, int i);
 
 // Text form. print() and parse_spec() round-trip: parse_spec(print(s)) == s.
 std::string print(const FusionSpec& s);

@@ -77,7 +77,6 @@ ChainInfo analyze_chain(const FusionSpec& s) {
   info.stages_in_chain = std::max(1, s.stage_count());
   info.mean_variance_pairs = s.pair_count(PairKind::MeanVariance);
   info.max_exp_sum_pairs = s.pair_count(PairKind::MaxExpSum);
-  info.max_exp_sum_pairs_live_exp = s.pair_count(PairKind::MaxExpSum, /*operand_live_only=*/true);
   const std::vector<StageRef> stages = collect_stages(s);
   for (const StageRef& st : stages) {
     int bypass_tiles = 0;

@@ -24,7 +24,6 @@ struct ChainInfo {
   // Reduction pairs that can share one exchange round (pair_kind in spec.h, Plan::fused_pairs).
   int mean_variance_pairs = 0;
   int max_exp_sum_pairs = 0;
-  int max_exp_sum_pairs_live_exp = 0;  // of those, the ones whose exp tile outlives the sum (softmax)
   int pairs() const { return mean_variance_pairs + max_exp_sum_pairs; }
   // Largest number of Tile-class Bypass placeholders entering any stage: tile-sized
   // register values that must survive a reduce phase (the accumulator counts as one).
@@ -57,9 +56,8 @@ std::string fmt_bytes(int64_t bytes);  // "40.0 KiB"
 bool row_groups_forced(const PlanOptions& opt);
 // Which paired reductions share one exchange round (row_groups.cpp): where one N-tile per CTA
 // and the row meets in L2 or in one CTA, every pair when forced (PlanOptions::fuse_pairs), else
-// mean-and-variance pairs where a round is saved (row_peers > 1) and the epilogue hides behind
-// the other consumer's next job (>= 2 jobs per CTA); max-and-exp-sum pairs likewise, unless an
-// exp tile outlives its sum (softmax: the merge would add an exp pass), then only when forced.
+// every pair where a round is saved (row_peers > 1) and the epilogue hides behind the other
+// consumer's next job (>= 2 jobs per CTA).
 OneRoundPairs fuse_pairs(const ChainInfo& chain, const PlanOptions& opt, int64_t n_tiles, int64_t jobs_per_cta,
                          AggregationMode agg, int row_peers);
 

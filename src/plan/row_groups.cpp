@@ -108,26 +108,22 @@ bool row_groups_forced(const PlanOptions& opt) {
   return opt.row_group || opt.cluster_m || (opt.aggregation && *opt.aggregation == AggregationMode::Global);
 }
 
-// A fused pair saves a synchronization of the row's CTAs but adds a pass over the tile (and
-// for softmax an exp per element) and the merge arithmetic; that pays when the epilogue hides
-// behind the other consumer's next job (MEASURED: 8192x4096x4096 LayerNorm 1.055x vs 1.091x
-// cuBLAS), not when a CTA has one job and its epilogue is exposed (256x4096x4096: 1.470x vs
-// 1.379x), nor with one CTA per row (no round to save). fuse_pairs = true forces it where the
-// device can.
-// Max and sum of exp: only where the exp tile dies at the sum (log-softmax), so the merge's exp
-// pass replaces the PostStage's instead of adding one (PREDICTED from LayerNorm's case and the
-// SASS: one-round log-softmax has 192 MUFU.EX2 vs 256, fewer instructions; not timed). Where
-// it outlives the sum (softmax divides it), the extra exp pass costs more than the round it
-// saves (MEASURED, ncu cycles at base clock, one round vs two: 8192x4096x4096 615.0k vs
-// 610.1k, 4096x8192x4096 655.1k vs 628.4k, 256x4096x4096 39.0k vs 37.3k; bench/NOTES.md).
+// A fused pair saves a synchronization of the row's CTAs but adds a pass over the tile (for
+// softmax an exp per element) and the merge arithmetic; that pays when the epilogue hides
+// behind the other consumer's next job, not when a CTA has one job and its epilogue is exposed,
+// nor with one CTA per row (no round to save). fuse_pairs = true forces it where the device can.
+// MEASURED (ncu cycles at base clock, one round vs two, bench/NOTES.md session 8, after the
+// pair root began its PostStages' loads with its own, stage.cuh begin_phase<true>):
+// 8192x4096x4096 LayerNorm 591.8k vs 614.8k (session 7), softmax 586.9k vs 616.4k, log-softmax
+// 582.1k vs 611.9k; 4096x8192x4096 a tie (618-625k both ways); 256x4096x4096 (one job per CTA)
+// LayerNorm 41.1k vs 37.7k.
 OneRoundPairs fuse_pairs(const ChainInfo& chain, const PlanOptions& opt, int64_t n_tiles, int64_t jobs_per_cta,
                          AggregationMode agg, int row_peers) {
   if (chain.pairs() == 0 || !one_round_pairs_possible(n_tiles, agg, row_peers)) return {};
   if (opt.fuse_pairs) return {*opt.fuse_pairs && chain.mean_variance_pairs > 0, *opt.fuse_pairs && chain.max_exp_sum_pairs > 0};
   const bool saves_a_round = row_peers > 1;  // one CTA per row: no round to save
   const bool hides = saves_a_round && jobs_per_cta >= 2;
-  return {chain.mean_variance_pairs > 0 && hides,
-          chain.max_exp_sum_pairs > 0 && chain.max_exp_sum_pairs_live_exp == 0 && hides};
+  return {chain.mean_variance_pairs > 0 && hides, chain.max_exp_sum_pairs > 0 && hides};
 }
 
 std::string RowGroupChoice::describe() const {

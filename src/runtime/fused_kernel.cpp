@@ -81,11 +81,25 @@ const Plan& FusedKernel::plan() const { return state_->plan; }
 const EmittedKernel& FusedKernel::emitted() const { return state_->emitted; }
 const CompiledKernel& FusedKernel::compiled() const { return state_->compiled; }
 
+std::vector<uint64_t> FusedKernel::trace() const {
+  void* sym = nullptr;
+  size_t bytes = 0;
+  if (cudaLibraryGetGlobal(&sym, &bytes, state_->library, "comfuse_trace") != cudaSuccess) {
+    cudaGetLastError();  // not a traced build
+    return {};
+  }
+  std::vector<uint64_t> words(bytes / sizeof(uint64_t));
+  cuda_check(cudaDeviceSynchronize(), "waiting for the traced launch");
+  cuda_check(cudaMemcpy(words.data(), sym, words.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost), "reading the trace");
+  return words;
+}
+
 CompiledKernel compile_only(const FusionSpec& spec, const Problem& problem, const CompileOptions& opt,
                             EmittedKernel* emitted, Plan* plan) {
   Plan p = make_plan(spec, problem, DeviceModel{}, opt.tunables, opt.plan);
   EmittedKernel k = emit(spec, p);
   KernelSource src{spec.name, k.source, k.entry, {}};
+  if (opt.trace) src.flags.push_back("-DCOMFUSE_TRACE");
   CompiledKernel c = jit_compile(src, opt.jit);
   if (c.wgmma_serialized)
     throw Error(fmt::format("kernel for '{}' compiled with serialized wgmma (ptxas C7510): a ComFuse bug\n{}", spec.name, c.log));

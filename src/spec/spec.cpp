@@ -363,28 +363,11 @@ PairKind pair_kind(const Spec& st, int i) {
   return shape ? kind : PairKind::None;
 }
 
-bool pair_operand_live(const Spec& st, int i) {
-  const SpecNode& r = st.nodes.at(static_cast<size_t>(i));
-  const Spec& post = st.children.at(static_cast<size_t>(r.post));
-  const SpecNode& second = post.nodes.at(static_cast<size_t>(post.terminal));
-  const int k = second.operands.at(0);
-  for (size_t j = 0; j < post.nodes.size(); ++j)
-    if (static_cast<int>(j) != post.terminal)
-      for (int o : post.nodes[j].operands)
-        if (o == k) return true;
-  if (second.post >= 0)
-    for (const SpecNode& n : post.children.at(static_cast<size_t>(second.post)).nodes)
-      if (n.category == NodeCategory::Placeholder && n.placeholder == PlaceholderKind::Bypass && n.source == k)
-        return true;
-  return false;
-}
-
-int FusionSpec::pair_count(PairKind kind, bool operand_live_only) const {
+int FusionSpec::pair_count(PairKind kind) const {
   int pairs = 0;
   std::function<void(const Spec&)> walk = [&](const Spec& st) {
     for (size_t i = 0; i < st.nodes.size(); ++i)
-      if (pair_kind(st, static_cast<int>(i)) == kind && (!operand_live_only || pair_operand_live(st, static_cast<int>(i))))
-        ++pairs;
+      if (pair_kind(st, static_cast<int>(i)) == kind) ++pairs;
     for (const Spec& c : st.children) walk(c);
   };
   walk(root);

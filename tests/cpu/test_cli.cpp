@@ -100,10 +100,17 @@ TEST_F(Cli, ExplainLayerNormAtLargeShape) {
   Result bad = comfuse("explain '" + example("gemm_layernorm.cf") + "' --shape 8192,4096,4096 --stash fp16");
   EXPECT_EQ(bad.rc, 1);
   EXPECT_TRUE(has(bad.err, "--stash wants fp32 or bf16")) << bad.err;
-  // Paired reductions: softmax's max and sum of exp in one round only when asked for.
-  Result sm = comfuse("explain '" + example("gemm_softmax.cf") + "' --shape 8192,4096,4096 --pairs one-round");
+  // Paired reductions: softmax's max and sum of exp in one round by default at 8192 rows (16
+  // jobs a CTA), forced at 256 (one job a CTA: two rounds by default), refused by name.
+  Result sm = comfuse("explain '" + example("gemm_softmax.cf") + "' --shape 8192,4096,4096");
   ASSERT_EQ(sm.rc, 0) << sm.err;
   EXPECT_TRUE(has(sm.out, "max and sum of exp in one round")) << sm.out;
+  Result sm256 = comfuse("explain '" + example("gemm_softmax.cf") + "' --shape 256,4096,4096");
+  ASSERT_EQ(sm256.rc, 0) << sm256.err;
+  EXPECT_FALSE(has(sm256.out, "max and sum of exp in one round")) << sm256.out;
+  Result forced = comfuse("explain '" + example("gemm_softmax.cf") + "' --shape 256,4096,4096 --pairs one-round");
+  ASSERT_EQ(forced.rc, 0) << forced.err;
+  EXPECT_TRUE(has(forced.out, "max and sum of exp in one round")) << forced.out;
   Result bad_pairs = comfuse("explain '" + example("gemm_softmax.cf") + "' --shape 8192,4096,4096 --pairs three");
   EXPECT_EQ(bad_pairs.rc, 1);
   EXPECT_TRUE(has(bad_pairs.err, "--pairs wants one-round or two-rounds, got 'three'")) << bad_pairs.err;

@@ -3,11 +3,13 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
+#include "comfuse/debug/trace.cuh"
 #include "comfuse/emit.h"
 #include "comfuse/lower.h"
 #include "comfuse/runtime.h"
@@ -192,6 +194,67 @@ TEST_F(EmitCompile, EveryUnaryOpInOneKernel) {
   EXPECT_FALSE(k.wgmma_serialized);
 }
 
+// summarize_trace on a hand-made timeline (the layout of kernels/comfuse/debug/trace.cuh): two
+// PingPong CTAs of one row group, three jobs each, 1 cycle per ns; CTA 1 runs 10 ns behind.
+// Mainloops 100, 110, 100 us. WG0's first epilogue ends at 250 us, after WG1's accumulators
+// (200 us): a 50 us gap of the tensor cores, all of it behind that epilogue.
+TEST(Trace, SummaryFindsTheIdleGapBehindAnEpilogue) {
+  std::vector<uint64_t> w(trace::kWords, 0);
+  struct J { int wg, job; uint64_t turn, issued, acc, done; };
+  const J jobs[] = {{0, 0, 1000, 91000, 101000, 251000}, {1, 0, 91000, 191000, 201000, 231000},
+                    {0, 1, 251000, 341000, 351000, 401000}};
+  for (int cta = 0; cta < 2; ++cta) {
+    uint64_t* rec = w.data() + size_t(cta) * trace::kWordsPerCta;
+    for (const J& j : jobs) {
+      const uint64_t ev[4] = {j.turn, j.issued, j.acc, j.done};
+      for (int e = 0; e < 4; ++e) {
+        const size_t at = size_t((j.wg * trace::kMaxJobs + j.job) * trace::kEvents + e) * 2;
+        rec[at] = ev[e] + 10 * cta;  // globaltimer
+        rec[at + 1] = ev[e];         // clock64
+      }
+    }
+    rec[trace::kPollBase] = 6000;  // WG0: 6 us in 2 polls
+    rec[trace::kPollBase + 1] = 2;
+    rec[trace::kWordsPerCta - 1] = 1 + cta;  // SM id + 1
+  }
+  Plan plan;
+  plan.wgs_per_tile = 1;
+  plan.row_group = 2;
+  std::string csv;
+  const std::string s = summarize_trace(w, plan, &csv);
+  EXPECT_NE(s.find("2 CTAs, 3 jobs each"), std::string::npos) << s;
+  EXPECT_NE(s.find("SM clock 1.00 GHz"), std::string::npos) << s;
+  EXPECT_NE(s.find("mainloop per job (turn -> accumulators ready), us: mean 103.33"), std::string::npos) << s;
+  EXPECT_NE(s.find("epilogue per job (accumulators ready -> done, rounds included), us: mean 76.67"), std::string::npos) << s;
+  EXPECT_NE(s.find("(next turn - accumulators ready), us: mean 50.00"), std::string::npos) << s;
+  EXPECT_NE(s.find("still in an epilogue, us: mean 50.00"), std::string::npos) << s;
+  EXPECT_NE(s.find("(0.7 polls, loads issued -> every tag seen), us: mean 2.00"), std::string::npos) << s;
+  EXPECT_NE(s.find("CTA span (first turn -> last done), us: mean 400.00"), std::string::npos) << s;
+  EXPECT_NE(s.find("spread per job (3 peer sets x jobs), us: mean 0.01"), std::string::npos) << s;
+  EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 1 + 2 * 3 * 4);  // header + every stamp
+  EXPECT_NE(summarize_trace({}, plan).find("trace: none"), std::string::npos);
+}
+
+// `comfuse run --trace`: the traced build compiles (a row-group LayerNorm, the kernel the trace
+// was made for), is a different cache entry, and carries the timeline buffer the runtime reads
+// (FusedKernel::trace looks the symbol up by name); the default build has no trace in it.
+TEST_F(EmitCompile, TracedBuildCarriesTheTimelineBuffer) {
+  Graph g = parse_graph_file((kRoot / "examples/gemm_layernorm.cf").string());
+  const LoweringResult r = lower(g);
+  const FusionSpec& s = r.regions.at(0).spec;
+  auto has_trace = [](const CompiledKernel& k) {
+    const std::string needle = "comfuse_trace";
+    return std::search(k.cubin.begin(), k.cubin.end(), needle.begin(), needle.end()) != k.cubin.end();
+  };
+  CompiledKernel plain = compile_only(s, shape(8192, 4096, 4096), opt_);
+  CompileOptions traced = opt_;
+  traced.trace = true;
+  CompiledKernel t = compile_only(s, shape(8192, 4096, 4096), traced);
+  EXPECT_NE(plain.key, t.key);
+  EXPECT_FALSE(has_trace(plain));
+  EXPECT_TRUE(has_trace(t));
+  EXPECT_FALSE(t.wgmma_serialized) << t.log;
+}
 
 // The planner's SMEM budget must match what the templates allocate: the heaviest
 // epilogue (two fp32 outputs, two row vectors) at every tile shape the planner can pick

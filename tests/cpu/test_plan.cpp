@@ -366,17 +366,17 @@ TEST(Plan, PairedReductionsInOneRoundWhereTheEpilogueHides) {
   EXPECT_EQ(sm.pair_count(PairKind::MaxExpSum), 1);
   EXPECT_EQ(lsm.pair_count(PairKind::MaxExpSum), 1);
   EXPECT_EQ(rms.pair_count(PairKind::MeanVariance) + rms.pair_count(PairKind::MaxExpSum), 0);
-  // LayerNorm: one round by default where the epilogue hides; Softmax: two (measured slower).
+  // Every pair in one round by default where the epilogue hides behind the other consumer's
+  // next job (measured faster or a tie); two where a CTA has one job or a row one CTA.
   EXPECT_TRUE(make_plan(ln, prob(8192, 4096, 4096)).fused_pairs.mean_variance);
   EXPECT_FALSE(make_plan(ln, prob(256, 4096, 4096)).fused_pairs.any());  // one job per CTA
   EXPECT_FALSE(make_plan(ln, prob(8192, 128, 4096)).fused_pairs.any());  // one CTA per row: no round to save
-  EXPECT_FALSE(make_plan(sm, prob(8192, 4096, 4096)).fused_pairs.any());
+  EXPECT_TRUE(make_plan(sm, prob(8192, 4096, 4096)).fused_pairs.max_exp_sum);
+  EXPECT_FALSE(make_plan(sm, prob(8192, 4096, 4096)).fused_pairs.mean_variance);
   EXPECT_FALSE(make_plan(rms, prob(8192, 4096, 4096)).fused_pairs.any());
-  // Log-softmax's exp dies at its sum: the merge's exp pass replaces the sum's, so one round.
-  EXPECT_EQ(sm.pair_count(PairKind::MaxExpSum, /*operand_live_only=*/true), 1);
-  EXPECT_EQ(lsm.pair_count(PairKind::MaxExpSum, /*operand_live_only=*/true), 0);
   EXPECT_TRUE(make_plan(lsm, prob(8192, 4096, 4096)).fused_pairs.max_exp_sum);
   EXPECT_FALSE(make_plan(lsm, prob(256, 4096, 4096)).fused_pairs.any());  // one job per CTA
+  EXPECT_FALSE(make_plan(sm, prob(256, 4096, 4096)).fused_pairs.any());
   PlanOptions opt;
   opt.fuse_pairs = false;
   EXPECT_FALSE(make_plan(ln, prob(8192, 4096, 4096), full_device(), {}, opt).fused_pairs.any());
@@ -396,8 +396,16 @@ TEST(Plan, PairedReductionsInOneRoundWhereTheEpilogueHides) {
   const std::string e = explain(sm, forced);
   EXPECT_NE(e.find("max and sum of exp in one round"), std::string::npos) << e;
   EXPECT_NE(e.find("1 max-and-sum-of-exp pair(s)"), std::string::npos) << e;
-  const std::string d = explain(sm, make_plan(sm, prob(8192, 4096, 4096)));
-  EXPECT_NE(d.find("two rounds; the exp tile outlives its sum"), std::string::npos) << d;
+  const std::string d = explain(sm, make_plan(sm, prob(256, 4096, 4096)));
+  EXPECT_NE(d.find("two rounds; each CTA has one job"), std::string::npos) << d;
+  opt = {};
+  opt.fuse_pairs = false;
+  const std::string f = explain(sm, make_plan(sm, prob(8192, 4096, 4096), full_device(), {}, opt));
+  EXPECT_NE(f.find("1 max-and-sum-of-exp pair(s) (one round: each CTA sends its row max and the sum of exp about its "
+                   "own max, merged as online softmax does, S = sum_j S_j exp(max_j - max)): two rounds, forced by "
+                   "option"),
+            std::string::npos)
+      << f;
   const std::string l = explain(ln, make_plan(ln, prob(8192, 4096, 4096)));
   EXPECT_NE(l.find("mean and variance in one round"), std::string::npos) << l;
 }

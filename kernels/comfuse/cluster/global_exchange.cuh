@@ -40,6 +40,7 @@
 #pragma once
 #include "../common.cuh"
 #include "../params.cuh"
+#include "../debug/trace.cuh"
 
 namespace comfuse::cluster {
 
@@ -107,7 +108,10 @@ struct GlobalRowAllReduce {
   }
 
   // For each of the thread's rows: lane q's words at rows k * Rows + row (k < W) of its peers,
-  // once all carry this round's tag, go to f(mi, h, w).
+  // once all carry this round's tag, go to f(mi, h, w). One row at a time on purpose: polling
+  // all of a round's rows at once (session 8, `comfuse run --trace`) did not shorten the rounds
+  // (their time is the wait for the row group's slowest CTA, not L2 round trips) and its
+  // registers made LayerNorm's pair round spill (+4% cycles).
   template <int W, class F>
   static COMFUSE_DEVICE void for_each_row(uint32_t round, RowGroupSlot const& x, Params const& p, int t, F&& f) {
     uint32_t const want = tag(p, round);
@@ -132,6 +136,7 @@ struct GlobalRowAllReduce {
   template <int W>
   static COMFUSE_DEVICE void poll(uint64_t const* base, int const (&off)[W], uint32_t want, int q, int rank,
                                   uint64_t& t0, uint64_t (&w)[W][kPerLane]) {
+    uint64_t const traced = trace::now();
     CUTE_UNROLL
     for (int k = 0; k < W; ++k)
       CUTE_UNROLL
@@ -149,7 +154,10 @@ struct GlobalRowAllReduce {
             done = false;
             w[k][i] = ld_relaxed_gpu_u64(base + (q + 4 * i) * 2 * Rows + off[k]);
           }
-      if (done) return;
+      if (done) {
+        trace::add_poll(traced);
+        return;
+      }
       uint64_t const now = global_timer_ns();
       if (t0 == 0) t0 = now;
       else if (now - t0 > kTimeoutNs) __trap();  // a peer CTA is not resident: fail, do not hang

@@ -237,19 +237,35 @@ template <class... Nodes> struct Stage {
     }
 
     // Once per tile: every node's begin() (vectors -> SMEM), published by a barrier.
+    // WithChain (a pair's root, run_tile): the PostStages that take their statistic from this
+    // stage's pair round (kPairGiven: no round of their own to hide a begin behind) begin here
+    // too, their loads in flight with this stage's under the same barrier (session 8 ncu source
+    // view: LayerNorm's gamma/beta staged after the pair round were ~1.8 us exposed per job).
+    template <bool WithChain = false>
     COMFUSE_DEVICE void begin_phase(EpiCtx const& c, TreeStorage& ts, int bar_id) {
       // Without stores no barrier ends the previous tile: its readers of begin()'s SMEM
       // must be done before begin() rewrites it.
       if constexpr (!kHasStores) named_sync(bar_id, kWarpGroupThreads);
-      cute::for_each(cute::make_int_sequence<kNumNodes>{}, [&](auto i) {
-        cute::get<decltype(i)::value>(impls).begin(c, detail::storage_get<decltype(i)::value, StorageTypes>(nodes_of(ts)));
-      });
+      begin_nodes(c, ts);
+      constexpr bool kChain = WithChain && kPairFirst && kHasPost;
+      if constexpr (kChain) post.begin_nodes_chain(c, ts.post);
       // Before the first subtile rewrites the staging buffers, the previous tile's stores
       // must have read them; the same barrier publishes the vectors begin() wrote.
-      if constexpr (kHasStores) {
+      if constexpr (kHasStores || kChain) {
         if (c.t == 0) tma_store_wait_read<0>();
       }
       named_sync(bar_id, kWarpGroupThreads);
+    }
+    COMFUSE_DEVICE void begin_nodes(EpiCtx const& c, TreeStorage& ts) {
+      cute::for_each(cute::make_int_sequence<kNumNodes>{}, [&](auto i) {
+        cute::get<decltype(i)::value>(impls).begin(c, detail::storage_get<decltype(i)::value, StorageTypes>(nodes_of(ts)));
+      });
+    }
+    // This stage's begin() and, along kPairGiven links, its PostStages' (their SMEM is their own:
+    // TreeStorage nests every stage's node storage). No barrier: the caller's publishes them.
+    COMFUSE_DEVICE void begin_nodes_chain(EpiCtx const& c, TreeStorage& ts) {
+      begin_nodes(c, ts);
+      if constexpr (kPair == kPairGiven && kHasPost) post.begin_nodes_chain(c, ts.post);
     }
 
     // One fragment through every node (Tile-class Bypass nodes read `acc`).
@@ -369,7 +385,7 @@ template <class... Nodes> struct Stage {
     template <class FragC, class St = NoStash>
     COMFUSE_DEVICE void run_tile(EpiCtx const& c, SharedStorage& ss, FragC& accum, int bar_id, int t, St const& st = St{}) {
       EpiCtx const ct = tile_ctx(c, t);
-      begin_phase(ct, ss.tree, bar_id);
+      begin_phase<true>(ct, ss.tree, bar_id);
       if (Geo::NTiles == 1 || t == Geo::NTiles - 1) body<true>(ct, ss.tree, accum, bar_id, st);
       else body<false>(ct, ss.tree, accum, bar_id, st);
       if constexpr (kEndsInReduction) {
@@ -481,7 +497,10 @@ template <class... Nodes> struct Stage {
         int const n0 = c.n0 - c.xs.rank * Geo::BN;  // peer j holds columns n0 + j * BN ..
         int const nj = max(0, min(Geo::BN, c.p->N - (n0 + j * Geo::BN)));
         if (nj == 0) return 0.f;
-        float const d = __fdiv_rn(vj, float(nj)) - center;
+        // Peers * rows of these per job: a multiply by 1/BN (exact: BN is a power of two) for
+        // every full peer; only a ragged last peer pays a division (a uniform branch).
+        float const inv_nj = nj == Geo::BN ? 1.f / float(Geo::BN) : __fdiv_rn(1.f, float(nj));
+        float const d = vj * inv_nj - center;
         return sj + float(nj) * d * d;
       } else {  // online softmax: S_j exp(max_j - max); a peer with no finite value adds 0
         float const scale = fast_exp(fminf(vj - center, 0.f));  // fminf: NaN (-inf - -inf) -> 0
@@ -498,7 +517,7 @@ template <class... Nodes> struct Stage {
       if constexpr (kPair == kPairGiven) {  // the parent's round brought this statistic
         CUTE_UNROLL
         for (int mi = 0; mi < Geo::MBlocks; ++mi) v[mi][0] = given[mi][0], v[mi][1] = given[mi][1];
-        if constexpr (kHasPost) post.begin_phase(c, ts.post, bar_id);
+        // The PostStage's begin() ran with the pair root's (begin_phase<true>).
       } else {
         // (1) the quad that holds a row: butterfly, every lane ends with the same bits.
         CUTE_UNROLL
@@ -516,7 +535,7 @@ template <class... Nodes> struct Stage {
           float second[Geo::MBlocks][2];
           local_second(c, accum, v, second);
           if constexpr (kClusterReduce) Chan::start_pair(chan, rnd, c.xs, *c.p, c.t, v, second);
-          if constexpr (kHasPost) post.begin_phase(c, ts.post, bar_id);
+          // (The PostStage's begin() ran with this stage's: run_tile, begin_phase<true>.)
           if constexpr (kClusterReduce) {
             // The first statistic folds as a sum (the mean's finalize divides later) or a max.
             using First = cute::conditional_t<kPair == kPairMeanM2, ReduceSum, ReduceMax>;

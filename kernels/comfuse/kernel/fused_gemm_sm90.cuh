@@ -51,6 +51,7 @@
 #include "../mainloop/mainloop_sm90.cuh"
 #include "../scheduler/tile_scheduler.cuh"
 #include "../epilogue/stage.cuh"
+#include "../debug/trace.cuh"
 
 namespace comfuse {
 
@@ -179,25 +180,32 @@ struct FusedGemmSm90 {
           named_arrive(barrier_id(NamedBarrier::MmaTurnWG0), 2 * kWarpGroupThreads);
         }
       }
-      for (int k = kPingPong ? cw : 0;; k += kPingPong ? 2 : 1) {
+      for (int k = kPingPong ? cw : 0, job = 0;; k += kPingPong ? 2 : 1, ++job) {
         TileCoord tc = sched.tile(k);
         if (!tc.valid) break;
         int const m0 = tc.m_block * BM + (kPingPong ? 0 : cw * kEpiRows);
         epi::EpiCtx ctx{&p, m0, tc.n_block * BN, t, t / 32, t % 32};  // the job's tile 0
         ctx.xs = RowGroupSlot{sched.exchange_slot(cw), sched.rank_n};
         if constexpr (kPingPong) named_sync(barrier_id(NamedBarrier::MmaTurnWG0, cw), 2 * kWarpGroupThreads);
+        trace::mark(t, cw, job, trace::kTurn);
         for (int nt = 0; nt < NTiles; ++nt) {
           if constexpr (kPingPong) {
             Mainloop::mma(pipeline, read_state, release_state, ss.mainloop, accum, kt, t);
             // The turn goes to the other consumer once per job, after its last tile's wgmmas.
-            if (nt == NTiles - 1) named_arrive(barrier_id(NamedBarrier::MmaTurnWG0, 1 - cw), 2 * kWarpGroupThreads);
+            if (nt == NTiles - 1) {
+              trace::mark(t, cw, job, trace::kIssued);
+              named_arrive(barrier_id(NamedBarrier::MmaTurnWG0, 1 - cw), 2 * kWarpGroupThreads);
+            }
             Mainloop::mma_tail(pipeline, release_state, accum, kt);
           } else {
             Mainloop::mma(pipeline, read_state, release_state, ss.mainloop, accum, kt, threadIdx.x - kWarpGroupThreads);
+            if (nt == NTiles - 1) trace::mark(t, cw, job, trace::kIssued);
             Mainloop::mma_tail(pipeline, release_state, accum, kt);
           }
+          if (nt == NTiles - 1) trace::mark(t, cw, job, trace::kAccReady);
           epi.run_tile(ctx, ss.epi[cw], accum, barrier_id(NamedBarrier::EpilogueWG0, cw), nt, stash);
         }
+        trace::mark(t, cw, job, trace::kEpiDone);
         if constexpr (kPingPong) {
           read_state.advance(job_kt);  // skip the other consumer's job
           release_state = read_state;

@@ -1,0 +1,91 @@
+// comfuse/debug/trace.cuh: an opt-in timeline of the consumer warp groups, to see where a
+// fused kernel's time goes beyond what ncu's totals say (bench/NOTES.md, session 8).
+//
+// Built only with -DCOMFUSE_TRACE (CompileOptions::trace, `comfuse run --trace`); otherwise
+// every hook is empty and the kernel is unchanged (same SASS). Thread 0 of each consumer warp
+// group stamps four events per job, both as %globaltimer (ns, comparable across SMs: cross-CTA
+// skew) and clock64 (cycles of this SM: exact intervals):
+//   kTurn        the warp group may issue its mainloop (PingPong: it holds the MmaTurn)
+//   kIssued      all of the job's wgmmas are issued (PingPong: the turn goes to the other WG)
+//   kAccReady    the accumulators are complete (mma_tail)
+//   kEpiDone     the job's epilogue, cluster/L2 rounds included, has returned
+// and sums the time it spends in L2 exchange polls (cluster/global_exchange.cuh).
+// The host reads `comfuse_trace` (runtime: FusedKernel::trace) after a launch; the last
+// launch's stamps stay there (each launch overwrites the same slots). Jobs past kMaxJobs and
+// CTAs past kMaxCtas are not recorded.
+#pragma once
+
+namespace comfuse::trace {
+
+inline constexpr int kMaxCtas = 160, kMaxJobs = 64, kEvents = 4;
+enum Event : int { kTurn = 0, kIssued = 1, kAccReady = 2, kEpiDone = 3 };
+// Per CTA: [wg 0..1][job][event][globaltimer, clock64]; then [wg 0..1][ns its thread 0 spent
+// in L2 exchange polls (from issuing the loads to seeing every tag), their count]; then one
+// word: the SM id + 1.
+inline constexpr int kPollBase = 2 * kMaxJobs * kEvents * 2;
+inline constexpr int kWordsPerCta = kPollBase + 4 + 1;
+inline constexpr int kWords = kMaxCtas * kWordsPerCta;
+
+}  // namespace comfuse::trace
+
+// The rest is device code (the host runtime includes this header for the layout above).
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+#ifdef COMFUSE_TRACE
+extern "C" {
+__device__ unsigned long long comfuse_trace[comfuse::trace::kWords];  // one JIT unit: defined here
+}
+#endif
+
+namespace comfuse::trace {
+
+__device__ __forceinline__ unsigned long long now() {
+#ifdef COMFUSE_TRACE
+  unsigned long long g;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(g));
+  return g;
+#else
+  return 0;
+#endif
+}
+
+#ifdef COMFUSE_TRACE
+__device__ __forceinline__ unsigned long long* record(int cta) {
+  return comfuse_trace + size_t(cta) * kWordsPerCta;
+}
+#endif
+
+// Thread t (0..127) of consumer warp group wg stamps event ev of its job-th job.
+__device__ __forceinline__ void mark(int t, int wg, int job, Event ev) {
+#ifdef COMFUSE_TRACE
+  int const cta = int(blockIdx.x * gridDim.y + blockIdx.y);
+  if (t != 0 || cta >= kMaxCtas || job >= kMaxJobs) return;
+  unsigned long long c;
+  unsigned sm;
+  unsigned long long const g = now();
+  asm volatile("mov.u64 %0, %%clock64;\n" : "=l"(c));
+  asm volatile("mov.u32 %0, %%smid;\n" : "=r"(sm));
+  unsigned long long* rec = record(cta);
+  if (job == 0 && ev == kTurn) rec[kPollBase + 2 * wg] = rec[kPollBase + 2 * wg + 1] = 0;
+  rec[((wg * kMaxJobs + job) * kEvents + ev) * 2] = g;
+  rec[((wg * kMaxJobs + job) * kEvents + ev) * 2 + 1] = c;
+  rec[kWordsPerCta - 1] = sm + 1;
+#else
+  (void)t, (void)wg, (void)job, (void)ev;
+#endif
+}
+
+// An exchange poll that started at now() == since has seen every tag.
+__device__ __forceinline__ void add_poll(unsigned long long since) {
+#ifdef COMFUSE_TRACE
+  int const cta = int(blockIdx.x * gridDim.y + blockIdx.y), wg = int(threadIdx.x) / 128 - 1;
+  if (threadIdx.x % 128 != 0 || wg < 0 || cta >= kMaxCtas) return;
+  unsigned long long* rec = record(cta) + kPollBase + 2 * wg;
+  rec[0] += now() - since;
+  rec[1] += 1;
+#else
+  (void)since;
+#endif
+}
+
+}  // namespace comfuse::trace
+#endif  // device code

@@ -1,0 +1,170 @@
+// Summary of a traced launch (kernels/comfuse/debug/trace.cuh): where each CTA's time went.
+//
+// Within a CTA, intervals use clock64 (exact, this SM's cycles), converted to microseconds
+// with the CTA's own measured clock (cycles / globaltimer ns over its span); across CTAs only
+// %globaltimer is comparable. PingPong: the tensor cores serve the two consumers' jobs in
+// turn order, so the idle time between jobs is next turn - previous accumulators ready (> 0),
+// and it is "behind an epilogue" when the next job's warp group was still in its previous
+// epilogue then. Cooperative: both WGs take every job; WG0's sequence is the CTA's.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+#include <numeric>
+
+#include "comfuse/debug/trace.cuh"
+#include "comfuse/runtime.h"
+
+namespace comfuse {
+
+namespace {
+
+struct Stamp {
+  uint64_t ns = 0, cyc = 0;
+};
+struct Job {
+  int wg = 0, index = 0;
+  Stamp ev[trace::kEvents];
+};
+struct Cta {
+  int id = 0, sm = -1, peers_key = 0;
+  double poll_us = 0, polls = 0;  // both consumer WGs' thread 0, in L2 exchange polls
+  std::vector<Job> jobs;  // by turn
+  double ghz = 0;         // cycles per ns over the CTA's span
+};
+
+struct Stats {
+  std::vector<double> v;
+  void add(double x) { v.push_back(x); }
+  double mean() const { return v.empty() ? 0 : std::accumulate(v.begin(), v.end(), 0.0) / double(v.size()); }
+  double pct(double q) const {
+    if (v.empty()) return 0;
+    std::vector<double> s = v;
+    std::sort(s.begin(), s.end());
+    return s[std::min(s.size() - 1, size_t(q * double(s.size())))];
+  }
+  double max() const { return v.empty() ? 0 : *std::max_element(v.begin(), v.end()); }
+  std::string str() const {
+    return fmt::format("mean {:.2f}, p50 {:.2f}, p90 {:.2f}, max {:.2f}", mean(), pct(0.5), pct(0.9), max());
+  }
+};
+
+}  // namespace
+
+std::string summarize_trace(const std::vector<uint64_t>& w, const Plan& plan, std::string* csv) {
+  if (w.size() < size_t(trace::kWords)) return "trace: none (build with CompileOptions::trace / --trace)\n";
+  const bool pingpong = plan.wgs_per_tile == 1;
+  const int cn = std::max(1, plan.cluster_n), cm = std::max(1, plan.cluster_m), g = std::max(1, plan.row_group);
+  if (csv) *csv = "cta,sm,wg,job,event,globaltimer_ns,clock64\n";
+  std::vector<Cta> ctas;
+  for (int c = 0; c < trace::kMaxCtas; ++c) {
+    const uint64_t* rec = w.data() + size_t(c) * trace::kWordsPerCta;
+    if (rec[trace::kWordsPerCta - 1] == 0) continue;
+    Cta cta;
+    cta.id = c;
+    cta.sm = int(rec[trace::kWordsPerCta - 1]) - 1;
+    // The CTAs that exchange a row's partials (scheduler/tile_scheduler.cuh): one cluster along
+    // N, or a row group of clusters per rank along M.
+    const int bx = c / cn;
+    cta.peers_key = g > 1 ? (bx / cm / g) * cm + bx % cm : bx;
+    for (int wg = 0; wg < 2; ++wg) {
+      cta.poll_us += double(rec[trace::kPollBase + 2 * wg]) * 1e-3;
+      cta.polls += double(rec[trace::kPollBase + 2 * wg + 1]);
+    }
+    for (int wg = 0; wg < 2; ++wg)
+      for (int j = 0; j < trace::kMaxJobs; ++j) {
+        Job job{wg, j, {}};
+        bool ok = true;
+        for (int e = 0; e < trace::kEvents; ++e) {
+          const size_t at = size_t((wg * trace::kMaxJobs + j) * trace::kEvents + e) * 2;
+          job.ev[e] = {rec[at], rec[at + 1]};
+          ok = ok && rec[at] != 0 && (e == 0 || job.ev[e].cyc >= job.ev[e - 1].cyc);
+          if (csv && rec[at] != 0)
+            *csv += fmt::format("{},{},{},{},{},{},{}\n", c, cta.sm, wg, j, e, rec[at], rec[at + 1]);
+        }
+        if (ok && (pingpong || wg == 0)) cta.jobs.push_back(job);
+      }
+    if (cta.jobs.empty()) continue;
+    std::sort(cta.jobs.begin(), cta.jobs.end(),
+              [](const Job& a, const Job& b) { return a.ev[trace::kTurn].cyc < b.ev[trace::kTurn].cyc; });
+    const Stamp& a = cta.jobs.front().ev[trace::kTurn];
+    Stamp b = a;
+    for (const Job& j : cta.jobs) b = j.ev[trace::kEpiDone].cyc > b.cyc ? j.ev[trace::kEpiDone] : b;
+    cta.ghz = b.ns > a.ns ? double(b.cyc - a.cyc) / double(b.ns - a.ns) : 0;
+    ctas.push_back(std::move(cta));
+  }
+  if (ctas.empty()) return "trace: no CTA recorded a job\n";
+
+  uint64_t t0 = UINT64_MAX, t1 = 0;
+  for (const Cta& c : ctas) {
+    t0 = std::min(t0, c.jobs.front().ev[trace::kTurn].ns);
+    for (const Job& j : c.jobs) t1 = std::max(t1, j.ev[trace::kEpiDone].ns);
+  }
+  Stats mainloop, epilogue, idle, idle_epi, span, head, tail, ghz, jobs, poll_per_job, polls_per_job;
+  for (const Cta& c : ctas) {
+    const double us = c.ghz > 0 ? 1e-3 / c.ghz : 0;  // microseconds per cycle
+    double gaps = 0, behind_epi = 0;
+    for (size_t i = 0; i < c.jobs.size(); ++i) {
+      const Job& j = c.jobs[i];
+      mainloop.add(double(j.ev[trace::kAccReady].cyc - j.ev[trace::kTurn].cyc) * us);
+      epilogue.add(double(j.ev[trace::kEpiDone].cyc - j.ev[trace::kAccReady].cyc) * us);
+      if (i + 1 == c.jobs.size()) continue;
+      const Job& n = c.jobs[i + 1];
+      const double gap = double(int64_t(n.ev[trace::kTurn].cyc - j.ev[trace::kAccReady].cyc));
+      if (gap <= 0) continue;
+      gaps += gap;
+      // The next job's warp group's previous epilogue (PingPong), or this job's (cooperative).
+      const Job* prev = nullptr;
+      for (size_t k = i + 1; k-- > 0;)
+        if (c.jobs[k].wg == n.wg) { prev = &c.jobs[k]; break; }
+      if (prev) {
+        const double busy = double(int64_t(prev->ev[trace::kEpiDone].cyc - j.ev[trace::kAccReady].cyc));
+        behind_epi += std::clamp(busy, 0.0, gap);
+      }
+    }
+    idle.add(gaps * us);
+    idle_epi.add(behind_epi * us);
+    const Job& last = c.jobs.back();
+    uint64_t done = 0;
+    for (const Job& j : c.jobs) done = std::max(done, j.ev[trace::kEpiDone].ns);
+    span.add(double(done - c.jobs.front().ev[trace::kTurn].ns) * 1e-3);
+    head.add(double(c.jobs.front().ev[trace::kTurn].ns - t0) * 1e-3);
+    tail.add(double(last.ev[trace::kEpiDone].cyc - last.ev[trace::kAccReady].cyc) * us);
+    ghz.add(c.ghz);
+    jobs.add(double(c.jobs.size()));
+    const double njobs = double(c.jobs.size()) * (pingpong ? 1 : 2);  // polls come from both WGs
+    poll_per_job.add(c.poll_us / njobs);
+    polls_per_job.add(c.polls / njobs);
+  }
+  // Skew inside each set of row peers: per (warp group, job), how far apart their
+  // accumulators became ready (the earliest then waits for the latest in the exchange).
+  std::map<std::tuple<int, int, int>, std::pair<uint64_t, uint64_t>> ready;  // (peers, wg, job) -> min, max
+  for (const Cta& c : ctas)
+    for (const Job& j : c.jobs) {
+      auto [it, fresh] = ready.try_emplace({c.peers_key, j.wg, j.index}, UINT64_MAX, 0);
+      it->second.first = std::min(it->second.first, j.ev[trace::kAccReady].ns);
+      it->second.second = std::max(it->second.second, j.ev[trace::kAccReady].ns);
+    }
+  Stats skew;
+  for (const auto& [k, mm] : ready) skew.add(double(mm.second - mm.first) * 1e-3);
+
+  std::string s = fmt::format(
+      "trace: {} CTAs, {} jobs each ({}), launch {:.1f} us from the first turn to the last epilogue; SM clock {:.2f} GHz\n",
+      ctas.size(), jobs.mean(), pingpong ? "PingPong, both consumers' jobs in turn order" : "cooperative",
+      double(t1 - t0) * 1e-3, ghz.mean());
+  s += fmt::format("  mainloop per job (turn -> accumulators ready), us: {}\n", mainloop.str());
+  s += fmt::format("  epilogue per job (accumulators ready -> done, rounds included), us: {}\n", epilogue.str());
+  s += fmt::format("  tensor idle between jobs per CTA (next turn - accumulators ready), us: {}\n", idle.str());
+  s += fmt::format("    of it while the next job's warp group was still in an epilogue, us: {}\n", idle_epi.str());
+  if (polls_per_job.max() > 0)
+    s += fmt::format("    L2 exchange polls of a job ({:.1f} polls, loads issued -> every tag seen), us: {}\n",
+                     polls_per_job.mean(), poll_per_job.str());
+  s += fmt::format("  CTA span (first turn -> last done), us: {}\n", span.str());
+  s += fmt::format("  start skew (first turn - earliest CTA's), us: {}; last epilogue (exposed tail), us: {}\n",
+                   head.str(), tail.str());
+  s += fmt::format("  row peers' accumulators-ready spread per job ({} peer sets x jobs), us: {}\n", ready.size(),
+                   skew.str());
+  return s;
+}
+
+}  // namespace comfuse
