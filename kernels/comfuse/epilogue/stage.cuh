@@ -29,7 +29,9 @@
 //          group of clusters (Aggregation::Global), across clusters through one L2 exchange
 //          slot per warp group (cluster/global_exchange.cuh), reused the same way.
 //    Op::finalize (mean: / true N), then the PostStage runs with the statistic bound to its
-//    Stat node; its begin() (vector loads) overlaps the DSMEM round.
+//    Stat node. Its begin() (vector loads) ran with the root stage's at the start of the job
+//    (one N-tile a job: every stage's, under one barrier, begin_phase<true>), or overlaps the
+//    round (several N-tiles: tile 0's).
 //    Paired statistics (Reduction kPair*, set by Ψ for one N-tile per CTA, reduce.cuh): mean
 //    then variance (LayerNorm) or max then sum of exp (softmax): the first reduction's reduce
 //    phase also makes its CTA's second statistic from the registers (squares about the CTA's
@@ -237,17 +239,19 @@ template <class... Nodes> struct Stage {
     }
 
     // Once per tile: every node's begin() (vectors -> SMEM), published by a barrier.
-    // WithChain (a pair's root, run_tile): the PostStages that take their statistic from this
-    // stage's pair round (kPairGiven: no round of their own to hide a begin behind) begin here
-    // too, their loads in flight with this stage's under the same barrier (session 8 ncu source
-    // view: LayerNorm's gamma/beta staged after the pair round were ~1.8 us exposed per job).
+    // WithChain (the root stage, run_tile) with one N-tile a job: every later stage begins here
+    // too (its vectors are the same tile's columns and its SMEM its own: TreeStorage nests every
+    // stage's node storage), all loads in flight at once under ONE barrier, instead of a
+    // begin_phase with its barriers inside each cluster round (session 8: the pair rounds of
+    // softmax / log-softmax went from 616k to 587k ncu cycles at 8192x4096x4096 with it).
     template <bool WithChain = false>
     COMFUSE_DEVICE void begin_phase(EpiCtx const& c, TreeStorage& ts, int bar_id) {
-      // Without stores no barrier ends the previous tile: its readers of begin()'s SMEM
-      // must be done before begin() rewrites it.
-      if constexpr (!kHasStores) named_sync(bar_id, kWarpGroupThreads);
+      constexpr bool kChain = WithChain && kHasPost && Geo::NTiles == 1;
+      // The previous job's readers of this SMEM must be done before begin() rewrites it: a
+      // stage with stores ends on a barrier after its last read, one without does not (nor,
+      // in general, does the last stage of a chain).
+      if constexpr (!kHasStores || kChain) named_sync(bar_id, kWarpGroupThreads);
       begin_nodes(c, ts);
-      constexpr bool kChain = WithChain && kPairFirst && kHasPost;
       if constexpr (kChain) post.begin_nodes_chain(c, ts.post);
       // Before the first subtile rewrites the staging buffers, the previous tile's stores
       // must have read them; the same barrier publishes the vectors begin() wrote.
@@ -261,11 +265,10 @@ template <class... Nodes> struct Stage {
         cute::get<decltype(i)::value>(impls).begin(c, detail::storage_get<decltype(i)::value, StorageTypes>(nodes_of(ts)));
       });
     }
-    // This stage's begin() and, along kPairGiven links, its PostStages' (their SMEM is their own:
-    // TreeStorage nests every stage's node storage). No barrier: the caller's publishes them.
+    // This stage's begin() and every later stage's; no barrier (the root's publishes them).
     COMFUSE_DEVICE void begin_nodes_chain(EpiCtx const& c, TreeStorage& ts) {
       begin_nodes(c, ts);
-      if constexpr (kPair == kPairGiven && kHasPost) post.begin_nodes_chain(c, ts.post);
+      if constexpr (kHasPost) post.begin_nodes_chain(c, ts.post);
     }
 
     // One fragment through every node (Tile-class Bypass nodes read `acc`).
@@ -517,7 +520,7 @@ template <class... Nodes> struct Stage {
       if constexpr (kPair == kPairGiven) {  // the parent's round brought this statistic
         CUTE_UNROLL
         for (int mi = 0; mi < Geo::MBlocks; ++mi) v[mi][0] = given[mi][0], v[mi][1] = given[mi][1];
-        // The PostStage's begin() ran with the pair root's (begin_phase<true>).
+        // (Pairs: one N-tile a job, so the PostStage's begin() ran with the root's.)
       } else {
         // (1) the quad that holds a row: butterfly, every lane ends with the same bits.
         CUTE_UNROLL
@@ -535,7 +538,7 @@ template <class... Nodes> struct Stage {
           float second[Geo::MBlocks][2];
           local_second(c, accum, v, second);
           if constexpr (kClusterReduce) Chan::start_pair(chan, rnd, c.xs, *c.p, c.t, v, second);
-          // (The PostStage's begin() ran with this stage's: run_tile, begin_phase<true>.)
+          // (One N-tile a job: the PostStage's begin() ran with the root's, begin_phase<true>.)
           if constexpr (kClusterReduce) {
             // The first statistic folds as a sum (the mean's finalize divides later) or a max.
             using First = cute::conditional_t<kPair == kPairMeanM2, ReduceSum, ReduceMax>;
@@ -547,7 +550,8 @@ template <class... Nodes> struct Stage {
           if constexpr (kHasPost) post.take_given(second);
         } else {
           if constexpr (kClusterReduce) Chan::start(chan, rnd, c.xs, *c.p, c.t, bar_id, v);
-          if constexpr (kHasPost) post.begin_phase(c, ts.post, bar_id);
+          // Several N-tiles a job: tile 0's begin overlaps the round (one: it ran with the root's).
+          if constexpr (kHasPost && Geo::NTiles > 1) post.begin_phase(c, ts.post, bar_id);
           if constexpr (kClusterReduce) {
             Chan::template finish<Op>(chan, rnd, c.xs, *c.p, c.t, bar_id, v);
             ++rnd;
