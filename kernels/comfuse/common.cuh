@@ -56,6 +56,12 @@ template <int N> COMFUSE_DEVICE void tma_store_wait_read() {
 template <int N> COMFUSE_DEVICE void tma_store_wait_all() {
   asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
 }
+// Nanoseconds, comparable across SMs (the L2 exchange's timeout, debug/trace.cuh's stamps).
+COMFUSE_DEVICE uint64_t global_timer_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+  return t;
+}
 
 template <int RegCount> COMFUSE_DEVICE void warpgroup_reg_alloc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(RegCount));

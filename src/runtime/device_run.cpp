@@ -202,10 +202,10 @@ DeviceRunReport run_and_check(const Graph& g, const Bindings& dims, uint64_t see
       rep.ratio_hi = *std::max_element(ratios.begin(), ratios.end());
       rep.ratio = median_of(ratios);
     }
-    if (opt.trace) rep.trace = k.trace();  // the last timed launch's timeline
     const Problem& p = rep.plan.problem;
     rep.tflops = 2.0 * double(p.m) * double(p.n) * double(p.k) / (rep.kernel_ms * 1e-3) / 1e12;
   }
+  if (opt.trace) rep.trace = k.trace();  // the last launch's timeline (a timed one when timed)
   return rep;
 }
 

@@ -27,7 +27,7 @@ struct Job {
   Stamp ev[trace::kEvents];
 };
 struct Cta {
-  int id = 0, sm = -1, peers_key = 0;
+  int sm = -1, peers_key = 0;
   double poll_us = 0, polls = 0;  // both consumer WGs' thread 0, in L2 exchange polls
   std::vector<Job> jobs;  // by turn
   double ghz = 0;         // cycles per ns over the CTA's span
@@ -61,7 +61,6 @@ std::string summarize_trace(const std::vector<uint64_t>& w, const Plan& plan, st
     const uint64_t* rec = w.data() + size_t(c) * trace::kWordsPerCta;
     if (rec[trace::kWordsPerCta - 1] == 0) continue;
     Cta cta;
-    cta.id = c;
     cta.sm = int(rec[trace::kWordsPerCta - 1]) - 1;
     // The CTAs that exchange a row's partials (scheduler/tile_scheduler.cuh): one cluster along
     // N, or a row group of clusters per rank along M.

@@ -52,11 +52,6 @@ COMFUSE_DEVICE uint64_t ld_relaxed_gpu_u64(uint64_t const* p) {
 COMFUSE_DEVICE void st_relaxed_gpu_u64(uint64_t* p, uint64_t v) {
   asm volatile("st.relaxed.gpu.global.b64 [%0], %1;\n" ::"l"(p), "l"(v) : "memory");
 }
-COMFUSE_DEVICE uint64_t global_timer_ns() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
-  return t;
-}
 
 template <int Rows, int Peers>
 struct GlobalRowAllReduce {

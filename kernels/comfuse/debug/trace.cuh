@@ -30,6 +30,8 @@ inline constexpr int kWords = kMaxCtas * kWordsPerCta;
 
 // The rest is device code (the host runtime includes this header for the layout above).
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+#include "../common.cuh"
+
 #ifdef COMFUSE_TRACE
 extern "C" {
 __device__ unsigned long long comfuse_trace[comfuse::trace::kWords];  // one JIT unit: defined here
@@ -38,33 +40,33 @@ __device__ unsigned long long comfuse_trace[comfuse::trace::kWords];  // one JIT
 
 namespace comfuse::trace {
 
+// global_timer_ns() when tracing, else 0 (and the hooks below compile to nothing).
 __device__ __forceinline__ unsigned long long now() {
 #ifdef COMFUSE_TRACE
-  unsigned long long g;
-  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(g));
-  return g;
+  return global_timer_ns();
 #else
   return 0;
 #endif
 }
 
 #ifdef COMFUSE_TRACE
-__device__ __forceinline__ unsigned long long* record(int cta) {
-  return comfuse_trace + size_t(cta) * kWordsPerCta;
+// This CTA's record, or nullptr past kMaxCtas.
+__device__ __forceinline__ unsigned long long* record() {
+  int const cta = int(blockIdx.x * gridDim.y + blockIdx.y);
+  return cta < kMaxCtas ? comfuse_trace + size_t(cta) * kWordsPerCta : nullptr;
 }
 #endif
 
 // Thread t (0..127) of consumer warp group wg stamps event ev of its job-th job.
 __device__ __forceinline__ void mark(int t, int wg, int job, Event ev) {
 #ifdef COMFUSE_TRACE
-  int const cta = int(blockIdx.x * gridDim.y + blockIdx.y);
-  if (t != 0 || cta >= kMaxCtas || job >= kMaxJobs) return;
+  unsigned long long* rec = record();
+  if (t != 0 || !rec || job >= kMaxJobs) return;
   unsigned long long c;
   unsigned sm;
   unsigned long long const g = now();
   asm volatile("mov.u64 %0, %%clock64;\n" : "=l"(c));
   asm volatile("mov.u32 %0, %%smid;\n" : "=r"(sm));
-  unsigned long long* rec = record(cta);
   if (job == 0 && ev == kTurn) rec[kPollBase + 2 * wg] = rec[kPollBase + 2 * wg + 1] = 0;
   rec[((wg * kMaxJobs + job) * kEvents + ev) * 2] = g;
   rec[((wg * kMaxJobs + job) * kEvents + ev) * 2 + 1] = c;
@@ -77,11 +79,11 @@ __device__ __forceinline__ void mark(int t, int wg, int job, Event ev) {
 // An exchange poll that started at now() == since has seen every tag.
 __device__ __forceinline__ void add_poll(unsigned long long since) {
 #ifdef COMFUSE_TRACE
-  int const cta = int(blockIdx.x * gridDim.y + blockIdx.y), wg = int(threadIdx.x) / 128 - 1;
-  if (threadIdx.x % 128 != 0 || wg < 0 || cta >= kMaxCtas) return;
-  unsigned long long* rec = record(cta) + kPollBase + 2 * wg;
-  rec[0] += now() - since;
-  rec[1] += 1;
+  int const wg = int(threadIdx.x) / 128 - 1;
+  unsigned long long* rec = record();
+  if (threadIdx.x % 128 != 0 || wg < 0 || !rec) return;
+  rec[kPollBase + 2 * wg] += now() - since;
+  rec[kPollBase + 2 * wg + 1] += 1;
 #else
   (void)since;
 #endif
