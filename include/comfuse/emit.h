@@ -29,6 +29,9 @@ struct EmittedKernel {
 // cannot express yet (the message says what and why).
 EmittedKernel emit(const FusionSpec& s, const Plan& p);
 
+// The KernelConfig as the generated source's `constexpr comfuse::KernelConfig kConfig{...};`.
+std::string kernel_config_source(const KernelConfig& c);
+
 // The epilogue type alone (e.g. for tests and `comfuse emit --epilogue`).
 // fuse_pairs: the kinds of paired reductions (pair_kind in spec.h) that share one exchange
 // round (emit() passes Plan::fused_pairs: one N-tile per CTA, row groups or one CTA per row).

@@ -12,7 +12,7 @@
 //      their consumers allow (fewer live registers), never before their inputs exist.
 //      A value defined in stage s and used in stage t > s is carried through stages
 //      s+1..t by Bypass placeholders: computed once, never recomputed.
-//   3. Emission: stage s+1 is the PostOp (nested spec) of r_s; leaves are
+//   3. Building the spec: stage s+1 is the PostOp (nested spec) of r_s; leaves are
 //      re-broadcast in each stage that reads them (a broadcast is a load, not a value
 //      worth carrying).
 #include "comfuse/lower.h"
@@ -247,10 +247,10 @@ class Lowering {
     }
   }
 
-  // --- emission ------------------------------------------------------------------------
-  struct Emitter {
+  // --- building the spec ----------------------------------------------------------------
+  // The runtime-argument table A of the spec being built: one argument per graph leaf.
+  struct ArgTable {
     FusionSpec& fs;
-    const Graph& g;
     std::map<int, int> arg_of_node;  // graph id -> arg index (leaves)
 
     int leaf_arg(const Node& leaf, ArgRole role) {
@@ -279,9 +279,9 @@ class Lowering {
     fs.m = mm.shape[0];
     fs.n = mm.shape[1];
     fs.k = a.shape[1];
-    Emitter em{fs, g_, {}};
-    em.leaf_arg(a, ArgRole::OperandA);
-    em.leaf_arg(g_.node(mm.inputs[1]), ArgRole::OperandB);
+    ArgTable args{fs, {}};
+    args.leaf_arg(a, ArgRole::OperandA);
+    args.leaf_arg(g_.node(mm.inputs[1]), ArgRole::OperandB);
 
     const Staging st = stage_region(r);
     const int L = static_cast<int>(st.reductions.size());
@@ -356,7 +356,7 @@ class Lowering {
           const ArgRole role = b.broadcast == BroadcastKind::Row   ? ArgRole::RowVector
                                : b.broadcast == BroadcastKind::Col ? ArgRole::ColVector
                                                                    : ArgRole::Scalar;
-          b.arg = em.leaf_arg(leaf, role);
+          b.arg = args.leaf_arg(leaf, role);
         }
         return leaf_here[in] = add(b);
       };

@@ -80,7 +80,7 @@ ChainInfo analyze_chain(const FusionSpec& s) {
   const std::vector<StageRef> stages = collect_stages(s);
   for (const StageRef& st : stages) {
     int bypass_tiles = 0;
-    std::pair<int, int> storage{0, 0};
+    ChainInfo::StageStorage storage;
     for (const SpecNode& n : st.spec->nodes) {
       info.ops_per_element += node_cost(s, n);
       if (n.category == NodeCategory::Placeholder && n.placeholder == PlaceholderKind::Bypass &&
@@ -88,18 +88,15 @@ ChainInfo analyze_chain(const FusionSpec& s) {
         ++bypass_tiles;
       if (n.category == NodeCategory::Store && n.arg >= 0 && n.arg < static_cast<int>(s.args.size()) &&
           s.args[static_cast<size_t>(n.arg)].value_class == ValueClass::Tile) {
+        const int bytes = static_cast<int>(size_of(s.args[static_cast<size_t>(n.arg)].dtype));
         info.has_tile_output = true;
-        info.max_out_bytes = std::max(info.max_out_bytes,
-                                      static_cast<int>(size_of(s.args[static_cast<size_t>(n.arg)].dtype)));
-        info.store_bytes_per_row_of_64 += 64 * static_cast<int>(size_of(s.args[static_cast<size_t>(n.arg)].dtype));
-        storage.first += 64 * static_cast<int>(size_of(s.args[static_cast<size_t>(n.arg)].dtype));
+        info.max_out_bytes = std::max(info.max_out_bytes, bytes);
+        storage.store_bytes_per_row_of_64 += 64 * bytes;
       }
-      if (n.category == NodeCategory::Broadcast && n.broadcast == BroadcastKind::Row) {
-        ++info.row_broadcasts;
-        ++storage.second;
-      }
+      if (n.category == NodeCategory::Broadcast && n.broadcast == BroadcastKind::Row) ++storage.row_broadcasts;
     }
     info.live_tile_values = std::max(info.live_tile_values, bypass_tiles);
+    info.carries_tile = info.carries_tile || bypass_tiles > 0;
     info.stage_storage.push_back(storage);
     // Stage-1 values that stage 2 takes by bypass: the stash set. Anything later stages
     // need is an elementwise function of these, the statistics and broadcasts.

@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "comfuse/lower.h"
+#include "comfuse/harness.h"
 #include "comfuse/runtime.h"
 #include "baseline.h"
 

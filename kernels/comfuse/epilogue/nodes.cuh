@@ -35,7 +35,7 @@ struct EpiCtx {
   int t;            // thread index inside the consumer warp group (0..127)
   int warp, lane;   // warp inside the warp group, lane
   int tile = 0;     // Stash (NTiles > 1): which of the job's N-tiles (n0 is that tile's origin)
-  RowGroupSlot xs{};  // row reductions across clusters (Aggregation::Global): exchange slot, rank
+  RowGroupSlot xs{};  // row reductions across clusters (Aggregation::L2Exchange): exchange slot, rank
 };
 
 COMFUSE_DEVICE int frag_row(int e) { return 8 * ((e >> 1) & 1); }
@@ -71,7 +71,7 @@ struct AccEntry {
 
 // A runtime scalar: params.scalars[Arg].
 template <int Arg> struct ScalarArg {
-  static_assert(Arg < kMaxScalars);
+  static_assert(Arg < Sm90::kMaxScalars);
   template <class Geo> struct Impl : NodeBase<Geo> {
     float s;
     COMFUSE_DEVICE void begin(EpiCtx const& c, NoStorage&) { s = c.p->scalars[Arg]; }
@@ -96,7 +96,7 @@ template <class L> struct ScalarLiteral {
 // per tile into the warp group's SMEM as fp32; a fragment reads two float2 (all rows of a
 // warp read the same words: broadcast, no bank conflict). Columns >= N read 0.
 template <int Arg, class T> struct RowBroadcast {
-  static_assert(Arg < kMaxVectors);
+  static_assert(Arg < Sm90::kMaxVectors);
   template <class Geo> struct Impl : NodeBase<Geo> {
     struct SharedStorage { alignas(16) float v[Geo::BN]; };
     uint32_t v_;  // shared-space address: ld.shared, not a generic load
@@ -120,7 +120,7 @@ template <int Arg, class T> struct RowBroadcast {
 // A vector of length M (one value per row), params.vectors[Arg] of type T. A thread holds
 // 2 rows per 64-row block: loaded once per tile into registers. Rows >= M read 0.
 template <int Arg, class T> struct ColBroadcast {
-  static_assert(Arg < kMaxVectors);
+  static_assert(Arg < Sm90::kMaxVectors);
   template <class Geo> struct Impl : PerRowNode<Geo> {
     using PerRowNode<Geo>::r;
     COMFUSE_DEVICE void begin(EpiCtx const& c, NoStorage&) {
@@ -166,7 +166,7 @@ template <class T, int Src> struct Cast {
 // columns (1 box for 16-bit T, 2 for fp32): the swizzle makes both stmatrix (16-bit) and
 // st.shared.v2 (fp32) writes bank-conflict free, and is what the TMA store un-swizzles.
 template <int Out, class T, int Src> struct Store {
-  static_assert(Out < kMaxOutputs);
+  static_assert(Out < Sm90::kMaxOutputs);
   static constexpr bool kIsStore = true;
   template <class Geo> struct Impl {
     static constexpr int kBoxCols = 128 / int(sizeof(T));

@@ -1,4 +1,4 @@
-// comfuse/epilogue/reduce.cuh: reduction nodes of the Stage-Stream epilogue (issue 4).
+// comfuse/epilogue/reduce.cuh: reduction nodes of the Stage-Stream epilogue.
 //
 //   Reduction<Op, Operand, PostStage>  terminal node of a Stage: thread-local aggregation of
 //                                      node Operand per row in the compute phase; the Stage
