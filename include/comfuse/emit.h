@@ -12,11 +12,11 @@
 namespace comfuse {
 
 // Where each runtime argument of the spec lands in the kernel's Params.
-enum class SlotKind { OperandA, OperandB, Vector, Scalar, Output };
+enum class SlotKind { OperandA, OperandB, Vector, Scalar, TileInput, Output, ColOutput };
 struct ArgSlot {
   int arg = -1;  // index into FusionSpec::args
   SlotKind kind = SlotKind::Vector;
-  int slot = 0;  // index into Params::vectors / scalars / tma_out
+  int slot = 0;  // index into Params::vectors / scalars / tma_in / tma_out / col_outputs
 };
 
 struct EmittedKernel {

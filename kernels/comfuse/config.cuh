@@ -39,6 +39,8 @@ struct Sm90 {
   static constexpr int kMaxOutputs = 4;  // Store nodes (output tensors) of an epilogue
   static constexpr int kMaxVectors = 8;  // RowBroadcast / ColBroadcast operands
   static constexpr int kMaxScalars = 8;  // ScalarArg operands
+  static constexpr int kMaxTileInputs = 4;  // TileInput operands ([M, N] tensors read by TMA)
+  static constexpr int kMaxColOutputs = 4;  // StoreCol nodes ([M, 1] outputs)
 };
 
 // How the CTAs that share a row finish a row reduction.

@@ -20,6 +20,8 @@ struct alignas(128) Params {
   TmaDesc tma_b;
   // Outputs, M x N row-major (N contiguous), box {128 bytes of columns, BM}, 128B swizzle.
   TmaDesc tma_out[Sm90::kMaxOutputs];
+  // [M, N] inputs of the epilogue (TileInput), the same layout and box as the outputs.
+  TmaDesc tma_in[Sm90::kMaxTileInputs];
   int M, N, K;
   // Tile scheduler: raster_group consecutive M-blocks (or N-cluster-blocks when
   // raster_along_n != 0) are walked together, to keep A (or B) panels hot in L2.
@@ -29,6 +31,7 @@ struct alignas(128) Params {
   // Epilogue runtime operands.
   void const* vectors[Sm90::kMaxVectors];  // RowBroadcast: length N; ColBroadcast: length M
   float scalars[Sm90::kMaxScalars];        // ScalarArg
+  void* col_outputs[Sm90::kMaxColOutputs];  // StoreCol: [M, 1] outputs, contiguous
   // Stash in a global workspace (StashSpace::Workspace): grid.cuh's stash_workspace_bytes,
   // 16-byte aligned; else unused.
   void* stash;

@@ -16,7 +16,7 @@ namespace {
 
 std::vector<ArgSlot> assign_slots(const FusionSpec& s) {
   std::vector<ArgSlot> slots;
-  int vectors = 0, scalars = 0, outputs = 0;
+  int vectors = 0, scalars = 0, tile_inputs = 0, outputs = 0, col_outputs = 0;
   for (size_t i = 0; i < s.args.size(); ++i) {
     const RuntimeArg& a = s.args[i];
     ArgSlot sl;
@@ -27,7 +27,11 @@ std::vector<ArgSlot> assign_slots(const FusionSpec& s) {
       case ArgRole::RowVector:
       case ArgRole::ColVector: sl.kind = SlotKind::Vector; sl.slot = vectors++; break;
       case ArgRole::Scalar: sl.kind = SlotKind::Scalar; sl.slot = scalars++; break;
-      case ArgRole::Output: sl.kind = SlotKind::Output; sl.slot = outputs++; break;
+      case ArgRole::TileInput: sl.kind = SlotKind::TileInput; sl.slot = tile_inputs++; break;
+      case ArgRole::Output:
+        if (a.value_class == ValueClass::Col) sl.kind = SlotKind::ColOutput, sl.slot = col_outputs++;
+        else sl.kind = SlotKind::Output, sl.slot = outputs++;
+        break;
     }
     slots.push_back(sl);
   }
@@ -37,6 +41,12 @@ std::vector<ArgSlot> assign_slots(const FusionSpec& s) {
     throw Error(fmt::format("spec '{}' reads {} runtime scalars; the kernel takes at most {}", s.name, scalars, Sm90::kMaxScalars));
   if (outputs > Sm90::kMaxOutputs)
     throw Error(fmt::format("spec '{}' stores {} outputs; the kernel writes at most {}", s.name, outputs, Sm90::kMaxOutputs));
+  if (tile_inputs > Sm90::kMaxTileInputs)
+    throw Error(fmt::format("spec '{}' reads {} [M, N] tensors in its epilogue; the kernel takes at most {}", s.name,
+                            tile_inputs, Sm90::kMaxTileInputs));
+  if (col_outputs > Sm90::kMaxColOutputs)
+    throw Error(fmt::format("spec '{}' stores {} per-row [M, 1] outputs; the kernel writes at most {}", s.name,
+                            col_outputs, Sm90::kMaxColOutputs));
   return slots;
 }
 
@@ -109,8 +119,13 @@ EmittedKernel emit(const FusionSpec& s, const Plan& p) {
   std::string slot_doc;
   for (const ArgSlot& sl : k.slots) {
     const RuntimeArg& arg = s.args[static_cast<size_t>(sl.arg)];
-    const char* where = sl.kind == SlotKind::OperandA ? "tma_a" : sl.kind == SlotKind::OperandB ? "tma_b"
-                        : sl.kind == SlotKind::Vector ? "vectors" : sl.kind == SlotKind::Scalar ? "scalars" : "tma_out";
+    const char* where = sl.kind == SlotKind::OperandA    ? "tma_a"
+                        : sl.kind == SlotKind::OperandB  ? "tma_b"
+                        : sl.kind == SlotKind::Vector    ? "vectors"
+                        : sl.kind == SlotKind::Scalar    ? "scalars"
+                        : sl.kind == SlotKind::TileInput ? "tma_in"
+                        : sl.kind == SlotKind::ColOutput ? "col_outputs"
+                                                         : "tma_out";
     slot_doc += sl.kind == SlotKind::OperandA || sl.kind == SlotKind::OperandB
                     ? fmt::format("//   {:<12} {} {}\n", where, arg.name, name_of(arg.dtype))
                     : fmt::format("//   {}[{}]{:<4} {} {}\n", where, sl.slot, "", arg.name, name_of(arg.dtype));

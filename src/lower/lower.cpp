@@ -5,7 +5,8 @@
 //      its op is in the domain (unary, binary, cast, last-dim reduction), one operand
 //      comes from the region, every other operand is a leaf Φ can broadcast (literal
 //      -> scalar, rank-0 input -> runtime scalar, [N] -> row vector, [M, 1] -> column
-//      vector) and its own shape is a tile [M, N] or a per-row column [M, 1]. Anything
+//      vector, [M, N] -> a tile input loaded with the accumulator's tile) and its own shape
+//      is a tile [M, N] or a per-row column [M, 1]. Anything
 //      else stays outside with the reason recorded.
 //   2. Staging: reductions, in topological order, are stage terminals r_0..r_{L-1};
 //      r_i's statistic exists from stage i+1. Elementwise nodes are placed as late as
@@ -113,9 +114,9 @@ class Lowering {
       if (depends_on_gemm_[in])
         return fmt::format("operand '{}' comes from outside this GEMM's epilogue ({})", leaf.name,
                            region_of_[in] == kNoRegion ? "an unfused node" : "another GEMM region");
-      auto lc = classify(leaf.shape, mm.shape[0], mm.shape[1]);
-      if (!lc || *lc == ValueClass::Tile)
-        return fmt::format("operand '{}' of shape {} is not a scalar, row vector [N] or column vector [M, 1]",
+      if (!classify(leaf.shape, mm.shape[0], mm.shape[1]))
+        return fmt::format("operand '{}' of shape {} is not a scalar, a row vector [N], a column vector [M, 1] or "
+                           "a tile [M, N] of this GEMM's output",
                            leaf.name, to_string(leaf.shape));
     }
     return "";
@@ -350,12 +351,14 @@ class Lowering {
           b.broadcast = BroadcastKind::Scalar;
           b.literal = leaf.value;
         } else {
-          b.broadcast = b.value_class == ValueClass::Row   ? BroadcastKind::Row
-                        : b.value_class == ValueClass::Col ? BroadcastKind::Col
-                                                           : BroadcastKind::Scalar;
-          const ArgRole role = b.broadcast == BroadcastKind::Row   ? ArgRole::RowVector
-                               : b.broadcast == BroadcastKind::Col ? ArgRole::ColVector
-                                                                   : ArgRole::Scalar;
+          b.broadcast = b.value_class == ValueClass::Row    ? BroadcastKind::Row
+                        : b.value_class == ValueClass::Col  ? BroadcastKind::Col
+                        : b.value_class == ValueClass::Tile ? BroadcastKind::Tile
+                                                            : BroadcastKind::Scalar;
+          const ArgRole role = b.broadcast == BroadcastKind::Row    ? ArgRole::RowVector
+                               : b.broadcast == BroadcastKind::Col  ? ArgRole::ColVector
+                               : b.broadcast == BroadcastKind::Tile ? ArgRole::TileInput
+                                                                    : ArgRole::Scalar;
           b.arg = args.leaf_arg(leaf, role);
         }
         return leaf_here[in] = add(b);

@@ -68,6 +68,7 @@ void estimate_cluster(Candidate& c, const Request& r) {
 
   double dram = double(r.p.m) * r.p.k * ab_bytes + double(r.p.n) * r.p.k * ab_bytes;
   if (chain.has_tile_output) dram += double(r.p.m) * r.p.n * chain.max_out_bytes;
+  dram += double(r.p.m) * r.p.n * double(chain.tile_input_bytes_per_element);
   c.est.dram_floor_us = dram / dev.dram_bytes_per_s * 1e6;
 
   c.workspace = 0;

@@ -131,11 +131,13 @@ void check_request(const FusionSpec& s, const Problem& p, const DeviceModel& dev
   if (s.b_layout == BLayout::KN && (p.n * eb) % 16 != 0)
     throw Error(fmt::format("plan: N = {} is not a multiple of {}: B is K x N (layout=kn) and TMA needs 16-byte "
                             "aligned rows", p.n, 16 / eb));
-  for (const RuntimeArg& a : s.args)
-    if (a.role == ArgRole::Output && a.value_class == ValueClass::Tile && (p.n * int64_t(size_of(a.dtype))) % 16 != 0)
-      throw Error(fmt::format("plan: output '{}' ({} x {} {}) has rows of {} bytes; the TMA store needs a multiple "
-                              "of 16 (N a multiple of {})", a.name, p.m, p.n, name_of(a.dtype),
-                              p.n * int64_t(size_of(a.dtype)), 16 / size_of(a.dtype)));
+  for (const RuntimeArg& a : s.args) {
+    const bool tma = (a.role == ArgRole::Output && a.value_class == ValueClass::Tile) || a.role == ArgRole::TileInput;
+    if (tma && (p.n * int64_t(size_of(a.dtype))) % 16 != 0)
+      throw Error(fmt::format("plan: {} '{}' ({} x {} {}) has rows of {} bytes; TMA needs a multiple of 16 (N a "
+                              "multiple of {})", a.role == ArgRole::Output ? "output" : "input", a.name, p.m, p.n,
+                              name_of(a.dtype), p.n * int64_t(size_of(a.dtype)), 16 / size_of(a.dtype)));
+  }
   // The spec's device limits.
   const int ia = s.arg_index(ArgRole::OperandA), ib = s.arg_index(ArgRole::OperandB);
   if (ia >= 0 && ib >= 0) {

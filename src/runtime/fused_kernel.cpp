@@ -196,12 +196,24 @@ void FusedKernel::run(const RunArgs& args, Stream stream) const {
           throw Error(fmt::format("{} '{}' has shape {}, expected {} elements ({})", name_of(a.role), a.name,
                                   shape_str(v.shape), want, a.role == ArgRole::RowVector ? "N" : "M"));
         p.vectors[sl.slot] = v.data;
-      } else if (sl.kind == SlotKind::Output) {
+      } else if (sl.kind == SlotKind::Output || sl.kind == SlotKind::TileInput) {
         const DeviceTensor& o = tensor(a);
         rank2(a, o);
         if (o.shape[0] != M || o.shape[1] != N)
-          throw Error(fmt::format("output '{}' has shape {}, expected [{}, {}]", a.name, shape_str(o.shape), M, N));
-        runtime_detail::set_output(p, kc, sl.slot, a.dtype, o.data, o.ld ? o.ld : N);
+          throw Error(fmt::format("{} '{}' has shape {}, expected [{}, {}]", sl.kind == SlotKind::Output ? "output" : "input",
+                                  a.name, shape_str(o.shape), M, N));
+        if (sl.kind == SlotKind::Output) runtime_detail::set_output(p, kc, sl.slot, a.dtype, o.data, o.ld ? o.ld : N);
+        else runtime_detail::set_tile_input(p, kc, sl.slot, a.dtype, o.data, o.ld ? o.ld : N);
+      } else if (sl.kind == SlotKind::ColOutput) {
+        const DeviceTensor& o = tensor(a);
+        int64_t len = 1;
+        for (int64_t d : o.shape) len *= d;
+        if (len != M || o.shape.empty() || (o.shape.size() == 2 && o.shape[1] != 1) || (o.ld != 0 && o.ld != 1))
+          throw Error(fmt::format("per-row output '{}' has shape {}, expected [{}, 1] (contiguous)", a.name,
+                                  shape_str(o.shape), M));
+        if (reinterpret_cast<uintptr_t>(o.data) % size_of(a.dtype))
+          throw Error(fmt::format("per-row output '{}' is not aligned to its element size", a.name));
+        p.col_outputs[sl.slot] = o.data;
       }
     }
     runtime_detail::launch(st.kernel, kc, p, reinterpret_cast<cudaStream_t>(stream), st.max_clusters);

@@ -100,6 +100,11 @@ void set_output(Params& p, const KernelConfig& k, int slot, DType t, void* D, in
   encode_2d(&p.tma_out[slot], "output", t, D, p.M, p.N, ldd, 128 / static_cast<uint32_t>(size_of(t)), k.epi_rows());
 }
 
+void set_tile_input(Params& p, const KernelConfig& k, int slot, DType t, const void* X, int64_t ld) {
+  if (slot < 0 || slot >= Sm90::kMaxTileInputs) throw Error(fmt::format("tile input slot {} out of range", slot));
+  encode_2d(&p.tma_in[slot], "epilogue input", t, X, p.M, p.N, ld, 128 / static_cast<uint32_t>(size_of(t)), k.epi_rows());
+}
+
 int prepare(cudaKernel_t kernel, const KernelConfig& k) {
   const void* func = reinterpret_cast<const void*>(kernel);
   check(cudaFuncSetAttribute(func, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem_bytes()),

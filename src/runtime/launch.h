@@ -19,6 +19,8 @@ void set_operands(Params& p, const KernelConfig& k, DType ab, const void* A, int
                   int M, int N, int K);
 // Output `slot` (the Store node's Out): M x N row-major, row stride ldd.
 void set_output(Params& p, const KernelConfig& k, int slot, DType t, void* D, int64_t ldd);
+// Epilogue input `slot` (the TileInput node's In): M x N row-major, row stride ld.
+void set_tile_input(Params& p, const KernelConfig& k, int slot, DType t, const void* X, int64_t ld);
 
 // Once per loaded kernel: raise its dynamic SMEM limit to k.smem_bytes(), allow clusters of
 // more than 8 CTAs, and return how many clusters fit on the GPU at once (the persistent

@@ -150,16 +150,28 @@ TEST(Emit, ReductionsExpandRecursivelyIntoPostOpStages) {
   EXPECT_EQ(src.find(", 2>>, 1>"), std::string::npos) << "a stash keeps two rounds";
 }
 
-TEST(Emit, RowStatisticOutputIsRefusedWithItsName) {
+// Per-row [M, 1] outputs store through StoreCol, [M, N] epilogue inputs load through TileInput
+// (their own Params slots: col_outputs, tma_in).
+TEST(Emit, RowStatisticOutputsAndTileInputs) {
   Built b;
-  Value m = b.g.reduce(ReduceOp::Max, bf16_gemm(b.g));
+  Value acc = bf16_gemm(b.g);
+  Value h = acc + b.g.input("residual", DType::F32, {Dim::of("M"), Dim::of("N")});
+  Value m = b.g.reduce(ReduceOp::Max, h);
+  b.g.output(h - m, "y", DType::BF16);
   b.g.output(m, "rowmax", DType::F32);
-  try {
-    emit_epilogue_type(lower(b.g).regions.at(0).spec);
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("rowmax"), std::string::npos);
-  }
+  const LoweringResult r = lower(b.g);
+  ASSERT_EQ(r.regions.size(), 1u);
+  ASSERT_TRUE(r.fallbacks.empty());
+  const FusionSpec& s = r.regions[0].spec;
+  const std::string epi = emit_epilogue_type(s);
+  EXPECT_NE(epi.find("comfuse::epi::TileInput<0, float>"), std::string::npos) << epi;
+  EXPECT_NE(epi.find("comfuse::epi::StoreCol<0, float, 0>"), std::string::npos) << epi;
+  const EmittedKernel k = emit(s, make_plan(s, shape(1000, 1032, 72)));
+  int tile_inputs = 0, col_outputs = 0;
+  for (const ArgSlot& sl : k.slots) tile_inputs += sl.kind == SlotKind::TileInput, col_outputs += sl.kind == SlotKind::ColOutput;
+  EXPECT_EQ(tile_inputs, 1);
+  EXPECT_EQ(col_outputs, 1);
+  EXPECT_NE(k.source.find("tma_in[0]     residual f32"), std::string::npos) << k.source;
 }
 
 // CI's proof that what Ψ emits is valid device code: every elementwise region of every
@@ -178,7 +190,7 @@ class EmitCompile : public ::testing::Test {
 TEST_F(EmitCompile, EveryExampleRegionCompiles) {
   int compiled = 0;
   for (const char* name : {"gemm_bias_gelu.cf", "gemm_layernorm.cf", "gemm_rmsnorm.cf", "gemm_softmax.cf", "ffn.cf",
-                           "attention.cf"}) {
+                           "attention.cf", "gemm_residual_layernorm.cf", "gemm_residual_rmsnorm.cf"}) {
     Graph g = parse_graph_file((kRoot / "examples" / name).string());
     for (const FusedRegion& reg : lower(g).regions) {
       CompiledKernel k = compile_only(reg.spec, shape(1000, 1032, 72), opt_);
@@ -187,7 +199,7 @@ TEST_F(EmitCompile, EveryExampleRegionCompiles) {
       ++compiled;
     }
   }
-  EXPECT_EQ(compiled, 8);
+  EXPECT_EQ(compiled, 10);
 }
 
 TEST_F(EmitCompile, EveryUnaryOpInOneKernel) {

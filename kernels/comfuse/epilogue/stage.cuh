@@ -266,9 +266,34 @@ template <class... Nodes> struct Stage {
                   "Pair: the L2 exchange (row groups) or no exchange; the DSMEM channel has no pair round");
     float given[Geo::MBlocks][2];
 
+    static constexpr bool kRoot = cute::is_same_v<Parent, NoParent>;
+    // Whether a node of the root stage loads its tile's inputs (TileInput): the kernel then
+    // calls prefetch() before each tile's mainloop.
+    static constexpr bool kRootLoads = (false || ... || Nodes::template Impl<Geo>::kLoads);
+
     // One thread per CTA, before the kernel's first cluster barrier.
     static COMFUSE_DEVICE void init_shared(SharedStorage& ss) {
       if constexpr (kChanInSmem) Chan::init(ss.chan);
+      init_nodes(tree_of(ss));
+    }
+    static COMFUSE_DEVICE void init_nodes(TreeStorage& ts) {
+      cute::for_each(cute::make_int_sequence<kNumNodes>{}, [&](auto i) {
+        using Impl = cute::tuple_element_t<decltype(i)::value, Impls>;
+        Impl::init(detail::storage_get<decltype(i)::value, StorageTypes>(nodes_of(ts)));
+      });
+      if constexpr (kHasPost) PostExec::init_nodes(post_tree(ts));
+    }
+
+    // The root stage's asynchronous input loads of tile c (TileInput), started before the
+    // tile's mainloop so that they land while the tensor cores work. Later stages start theirs
+    // at their begin(). Called after a barrier behind the warp group's last read of the buffers.
+    COMFUSE_DEVICE void prefetch(EpiCtx const& c, SharedStorage& ss) {
+      if constexpr (kRootLoads) load_nodes(c, tree_of(ss));
+    }
+    COMFUSE_DEVICE void load_nodes(EpiCtx const& c, TreeStorage& ts) {
+      cute::for_each(cute::make_int_sequence<kNumNodes>{}, [&](auto i) {
+        cute::get<decltype(i)::value>(impls).load(c, detail::storage_get<decltype(i)::value, StorageTypes>(nodes_of(ts)));
+      });
     }
 
     // Once per tile: every node's begin() (vectors -> SMEM), published by a barrier.
@@ -294,6 +319,7 @@ template <class... Nodes> struct Stage {
       named_sync(bar_id, kWarpGroupThreads);
     }
     COMFUSE_DEVICE void begin_nodes(EpiCtx const& c, TreeStorage& ts) {
+      if constexpr (!kRoot) load_nodes(c, ts);  // the root's were prefetched
       cute::for_each(cute::make_int_sequence<kNumNodes>{}, [&](auto i) {
         cute::get<decltype(i)::value>(impls).begin(c, detail::storage_get<decltype(i)::value, StorageTypes>(nodes_of(ts)));
       });
@@ -343,7 +369,9 @@ template <class... Nodes> struct Stage {
     template <bool kInRegs, class FragC, class St>
     COMFUSE_DEVICE void body(EpiCtx const& c, TreeStorage& ts, FragC& accum, int bar_id, St const& st) {
       constexpr bool in_regs = kInRegs;
-      constexpr bool kRoot = cute::is_same_v<Parent, NoParent>;
+      cute::for_each(cute::make_int_sequence<kNumNodes>{}, [&](auto i) {
+        cute::get<decltype(i)::value>(impls).acquire(c, detail::storage_get<decltype(i)::value, StorageTypes>(nodes_of(ts)));
+      });
       CUTE_UNROLL
       for (int s = 0; s < Geo::SubTiles; ++s) {
         if constexpr (kHasStores) {

@@ -176,6 +176,13 @@ struct FusedGemmSm90 {
         if constexpr (kPingPong) named_sync(barrier_id(NamedBarrier::MmaTurnWG0, cw), 2 * kWarpGroupThreads);
         trace::mark(t, cw, job, trace::kTurn);
         for (int nt = 0; nt < NTiles; ++nt) {
+          // The root stage's tile inputs (TileInput) load while the tile's mainloop runs. The
+          // buffers are free: PingPong passed the MmaTurn barrier behind this warp group's last
+          // read; cooperative syncs the warp group here.
+          if constexpr (EpiExec::kRootLoads) {
+            if constexpr (!kPingPong) named_sync(barrier_id(NamedBarrier::EpilogueWG0, cw), kWarpGroupThreads);
+            epi.prefetch(EpiExec::tile_ctx(ctx, nt), ss.epi[cw]);
+          }
           if constexpr (kPingPong) {
             Mainloop::mma(pipeline, read_state, release_state, ss.mainloop, accum, kt, t);
             // The turn goes to the other consumer once per job, after its last tile's wgmmas.
