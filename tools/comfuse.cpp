@@ -164,6 +164,12 @@ int cmd_explain(const std::string& file, const DimArgs& d, const ExplainArgs& a)
   if (r.regions.empty()) throw Error(fmt::format("{}: no fusable region (no matmul with an epilogue)", file));
   const Bindings b = bindings(d, r);
   const PlanOptions opt = plan_options(a);
+  if (const B2BCandidate* pair = one_b2b_kernel(r)) {  // one B2B kernel: the pair's plan
+    const FusionSpec &f = r.regions[static_cast<size_t>(pair->first_region)].spec,
+                     &e = r.regions[static_cast<size_t>(pair->second_region)].spec;
+    std::cout << explain(f, e, make_b2b_plan(f, e, b2b_problem_of(f, e, b), opt));
+    return 0;
+  }
   for (size_t i = 0; i < r.regions.size(); ++i) {
     const FusionSpec& s = r.regions[i].spec;
     Plan p;
@@ -202,13 +208,23 @@ int run_gpu(const Graph& g, const Bindings& b, const PlanOptions& plan, uint64_t
                                       /*cublas_baseline=*/true);
   const Plan& p = rep.plan;
   const KernelConfig& kc = p.kernel;
-  std::string shape = fmt::format("{}x{} tile, {}, cluster {}x{}", kc.tile_m, kc.tile_n,
-                                  kc.wgs_per_tile == 1 ? "PingPong" : "cooperative", kc.cluster_m, kc.cluster_n);
-  if (kc.row_group > 1) shape += fmt::format(", row group {}", kc.row_group);
-  if (kc.n_tiles > 1)
-    shape += fmt::format(", {} N-tiles/CTA ({} {} stash)", kc.n_tiles, kc.stash_elem_bytes == 2 ? "bf16" : "fp32",
-                         kc.stash_space == StashSpace::Workspace ? "workspace" : "SMEM");
-  std::cout << fmt::format("kernel: {}, {} ring stages, {} CTAs; JIT {} ({:.2f} s{})\n", shape, kc.ring_stages, p.grid_ctas,
+  std::string shape;
+  int stages = kc.ring_stages;
+  int64_t ctas = p.grid_ctas;
+  if (rep.b2b_plan.jobs > 0) {  // a B2B kernel
+    const B2bConfig& bc = rep.b2b_plan.kernel;
+    shape = fmt::format("b2b {} rows x {} of O per warp group, N1 chunks of {}, F {}, GEMM1 x{}", bc.tile_m, bc.tile_n2,
+                        bc.chunk_n1, name_of(rep.b2b_plan.intermediate), rep.b2b_plan.gemm1_passes);
+    stages = bc.ring_stages, ctas = rep.b2b_plan.grid_ctas;
+  } else {
+    shape = fmt::format("{}x{} tile, {}, cluster {}x{}", kc.tile_m, kc.tile_n,
+                        kc.wgs_per_tile == 1 ? "PingPong" : "cooperative", kc.cluster_m, kc.cluster_n);
+    if (kc.row_group > 1) shape += fmt::format(", row group {}", kc.row_group);
+    if (kc.n_tiles > 1)
+      shape += fmt::format(", {} N-tiles/CTA ({} {} stash)", kc.n_tiles, kc.stash_elem_bytes == 2 ? "bf16" : "fp32",
+                           kc.stash_space == StashSpace::Workspace ? "workspace" : "SMEM");
+  }
+  std::cout << fmt::format("kernel: {}, {} ring stages, {} CTAs; JIT {} ({:.2f} s{})\n", shape, stages, ctas,
                            rep.compiled.compiler, rep.compiled.elapsed_seconds, rep.compiled.cache_hit ? ", cache hit" : "");
   bool ok = true;
   for (const OutputCheck& o : rep.outputs) {
@@ -220,7 +236,8 @@ int run_gpu(const Graph& g, const Bindings& b, const PlanOptions& plan, uint64_t
   }
   std::cout << fmt::format("time: fused {:.4f} ms ({:.1f} TFLOP/s), cuBLAS GEMM alone {:.4f} ms, fused / cuBLAS = "
                            "{:.3f}x (rounds {:.3f}-{:.3f}; medians of {} alternating rounds of 20 back-to-back launches, "
-                           "GPU time; cuBLAS = cublasLt, fastest of its heuristic's candidates)\n",
+                           "GPU time; cuBLAS = cublasLt, fastest of its heuristic's candidates; a B2B kernel's: GEMM1 "
+                           "and GEMM2 back to back)\n",
                            rep.kernel_ms, rep.tflops, rep.cublas_ms, rep.ratio, rep.ratio_lo, rep.ratio_hi,
                            kTimingRounds);
   if (opt.trace) {
@@ -240,6 +257,21 @@ int cmd_emit(const std::string& file, const DimArgs& d, const PlanOptions& plan,
   Graph g = load_graph(file);
   LoweringResult r = lower(g);
   const Bindings b = bindings(d, r);
+  if (const B2BCandidate* pair = one_b2b_kernel(r)) {  // one B2B kernel for the pair
+    const FusionSpec &f = r.regions[static_cast<size_t>(pair->first_region)].spec,
+                     &e = r.regions[static_cast<size_t>(pair->second_region)].spec;
+    const B2bProblem pr = b2b_problem_of(f, e, b);
+    if (!compile) {
+      std::cout << emit_b2b(f, e, make_b2b_plan(f, e, pr, plan)).source;
+      return 0;
+    }
+    EmittedKernel k;
+    CompiledKernel c = compile_only_b2b(f, e, pr, opt, &k);
+    std::cout << fmt::format("b2b pair ({} -> {}): {} cubin {} bytes, {} in {:.2f} s{}, key {}\n", f.name, e.name,
+                             k.entry, c.cubin.size(), c.compiler, c.cache_hit ? c.elapsed_seconds : c.compile_seconds,
+                             c.cache_hit ? " (cache hit)" : "", c.key);
+    return 0;
+  }
   for (size_t i = 0; i < r.regions.size(); ++i) {
     const FusionSpec& s = r.regions[i].spec;
     if (!compile) {

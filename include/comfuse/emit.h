@@ -12,8 +12,11 @@
 namespace comfuse {
 
 // Where each runtime argument of the spec lands in the kernel's Params.
-enum class SlotKind { OperandA, OperandB, Vector, Scalar, TileInput, Output, ColOutput };
+// B2B kernels: OperandA is X, OperandB W1, OperandGate W3, OperandB2 W2 (tma_a, tma_b, tma_b3,
+// tma_b2); the intermediate S has no slot (it stays in registers).
+enum class SlotKind { OperandA, OperandB, OperandGate, OperandB2, Vector, Scalar, TileInput, Output, ColOutput };
 struct ArgSlot {
+  int spec = 0;  // which spec's args: 0 the kernel's (a B2B kernel's first), 1 a B2B kernel's second
   int arg = -1;  // index into FusionSpec::args
   SlotKind kind = SlotKind::Vector;
   int slot = 0;  // index into Params::vectors / scalars / tma_in / tma_out / col_outputs
@@ -28,6 +31,10 @@ struct EmittedKernel {
 // Throws Error naming the node when the spec uses something the device templates
 // cannot express yet (the message says what and why).
 EmittedKernel emit(const FusionSpec& s, const Plan& p);
+
+// The B2B kernel of a pair Φ found (lower.h's B2BCandidate): `first` is GEMM1 and F, storing the
+// intermediate S; `second` is GEMM2 (A = S) and its epilogue.
+EmittedKernel emit_b2b(const FusionSpec& first, const FusionSpec& second, const B2bPlan& p);
 
 // The KernelConfig as the generated source's `constexpr comfuse::KernelConfig kConfig{...};`.
 std::string kernel_config_source(const KernelConfig& c);

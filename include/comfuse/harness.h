@@ -22,13 +22,15 @@ struct DeviceRunReport {
   std::vector<OutputCheck> outputs;
   double kernel_ms = 0;        // median over the timed launches (0 when not timed)
   double tflops = 0;           // 2*M*N*K / kernel time
-  double cublas_ms = 0;        // cuBLAS GEMM alone (bf16/f16 out), timed alternately with the
-                               // fused kernel in the same power state (0 when not asked)
+  double cublas_ms = 0;        // cuBLAS GEMM alone (bf16/f16 out; a B2B kernel's two GEMMs back to
+                               // back), timed alternately with the fused kernel in the same power
+                               // state (0 when not asked)
   double ratio = 0;            // fused / cuBLAS: the median of the per-round ratios (each round
                                // pairs the two in one power state); 0 when not asked
   double ratio_lo = 0, ratio_hi = 0;  // the smallest and largest per-round ratio
   std::vector<uint64_t> trace;        // CompileOptions::trace: the last launch's timeline
-  Plan plan;
+  Plan plan;          // a single-GEMM kernel's plan
+  B2bPlan b2b_plan;   // a B2B kernel's (the pair's) plan
   CompiledKernel compiled;
 };
 

@@ -20,12 +20,16 @@ struct Fallback {
   std::string reason;
 };
 
-// A second matmul whose A operand is an epilogue output of the first: a B2BGEMM
-// candidate (O = F(X W1^T) W2^T) for the B2B backend.
+// A second matmul whose A operand is an epilogue output of the first: O = F(X W1^T) W2^T, the
+// pair the B2B kernel family fuses into one kernel with S = F(...) in registers
+// (kernels/comfuse/b2b/; plan.h's make_b2b_plan decides how, or says why not).
 struct B2BCandidate {
   int first_matmul = -1;
   int second_matmul = -1;
-  int via_node = -1;  // the epilogue value feeding the second matmul
+  int via_node = -1;       // the epilogue value feeding the second matmul (S)
+  int first_region = -1;   // regions[first_region] computes S; regions[second_region] consumes it
+  int second_region = -1;
+  std::string blocker;     // empty: one kernel can hold both; else why S must go through memory
 };
 
 struct LoweringResult {
@@ -36,6 +40,10 @@ struct LoweringResult {
 };
 
 LoweringResult lower(const Graph& g);
+
+// The B2B pair when the lowering is exactly two regions that one B2B kernel holds (and nothing
+// falls back); nullptr otherwise.
+const B2BCandidate* one_b2b_kernel(const LoweringResult& r);
 
 // Human-readable account of what was fused, what fell back and why.
 std::string describe(const Graph& g, const LoweringResult& r);

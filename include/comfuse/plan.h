@@ -118,4 +118,45 @@ Plan make_plan(const FusionSpec& s, const Problem& p, const PlanOptions& opt = {
 std::string explain(const FusionSpec& s, const Plan& p);  // text, for `comfuse explain`
 std::string to_dot(const FusionSpec& s, const Plan& p);   // Graphviz: stages, reductions, bypass edges
 
+// ---- Back-to-back GEMMs (the B2B kernel family, kernels/comfuse/b2b/) -------------------------
+// Two regions that Φ paired (lower.h, B2BCandidate): `first` is GEMM1 (X W1^T [, X W3^T]) with
+// the intermediate epilogue F, storing S; `second` is GEMM2 (S W2^T) with its epilogue. The
+// B2B kernel keeps S in registers.
+struct B2bProblem {
+  int64_t batches = 1;
+  int64_t m = 0, k = 0, n1 = 0, n2 = 0;
+  DType ab_dtype = DType::BF16;
+};
+B2bProblem b2b_problem_of(const FusionSpec& first, const FusionSpec& second, const Bindings& dims);
+
+// How F runs per chunk of N1: elementwise (FFN's gelu, SwiGLU's silu(P) * P3), or softmax over
+// all of N1 with its running max and sum (attention: online softmax, O rescaled per chunk).
+enum class B2bIntermediate { Elementwise, OnlineSoftmax };
+std::string_view name_of(B2bIntermediate f);
+
+struct B2bPlan {
+  B2bProblem problem;
+  B2bConfig kernel;  // THE kernel description (config.cuh), as KernelConfig for the single GEMM
+  B2bIntermediate intermediate = B2bIntermediate::Elementwise;
+  int64_t jobs = 0;        // consumer warp-group jobs: tile_m rows x tile_n2 columns of O, per batch
+  int64_t grid_ctas = 0;   // persistent grid (two consumer warp groups a CTA)
+  int gemm1_passes = 1;    // GEMM1 runs once per tile_n2 block of O: ceil(N2 / tile_n2)
+  double fused_us = 0;     // the model's estimate of the B2B kernel
+  double unfused_us = 0;   // ... and of GEMM1 + its epilogue, S through DRAM, GEMM2 + epilogue
+  std::vector<std::string> reasons;
+  std::vector<std::string> alternatives;
+};
+
+// F as the B2B kernel renders it: the first spec, or for an online softmax its prologue only
+// (the root stage, its max replaced by the Store of S of the max's operand; the kernel runs
+// the max, the sum and the division along the chunks). `s_arg`: the first spec's output S.
+FusionSpec b2b_intermediate(const FusionSpec& first, int s_arg, B2bIntermediate kind);
+int b2b_intermediate_arg(const FusionSpec& first, const FusionSpec& second);  // S in first.args
+
+// Throws Error with the reason when the pair cannot be one B2B kernel (F's reductions other
+// than a softmax over N1, GEMM2's reductions over more columns than a job holds, dtypes).
+B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B2bProblem& p,
+                      const PlanOptions& opt = {});
+std::string explain(const FusionSpec& first, const FusionSpec& second, const B2bPlan& p);
+
 }  // namespace comfuse

@@ -54,12 +54,18 @@ class FusedKernel {
  public:
   // Plans, emits, compiles (or loads from the JIT cache) and loads the kernel.
   static FusedKernel build(const FusionSpec& spec, const Problem& problem, const CompileOptions& opt = {});
+  // The same for a B2B pair (lower.h's B2BCandidate): GEMM1 and F, then GEMM2 and its
+  // epilogue, one kernel with the intermediate S in registers.
+  static FusedKernel build_b2b(const FusionSpec& first, const FusionSpec& second, const B2bProblem& problem,
+                               const CompileOptions& opt = {});
 
   // Validates every argument and launches. Throws Error naming the offending argument.
   void run(const RunArgs& args, Stream stream = nullptr) const;
 
-  const FusionSpec& spec() const;
-  const Plan& plan() const;
+  const FusionSpec& spec() const;  // a B2B kernel's first spec (GEMM1 and F)
+  const Plan& plan() const;        // a single-GEMM kernel's plan
+  const FusionSpec* second_spec() const;  // a B2B kernel's GEMM2 spec, else nullptr
+  const B2bPlan* b2b_plan() const;        // a B2B kernel's plan, else nullptr
   const EmittedKernel& emitted() const;
   const CompiledKernel& compiled() const;
   // The timeline of the last launch (kernels/comfuse/debug/trace.cuh), empty unless the kernel
@@ -67,6 +73,10 @@ class FusedKernel {
   std::vector<uint64_t> trace() const;
 
   FusedKernel(FusedKernel&&) noexcept;
+ private:
+  void run_b2b(const RunArgs& args, Stream stream) const;
+
+ public:
   FusedKernel& operator=(FusedKernel&&) noexcept;
   ~FusedKernel();
 
@@ -76,13 +86,16 @@ class FusedKernel {
   std::unique_ptr<State> state_;
 };
 
-// The whole-graph entry point: the graph must lower to exactly one region with no
-// fallbacks (otherwise the Error lists what is not fused and why).
+// The whole-graph entry point: the graph must lower to exactly one region with no fallbacks, or
+// to one B2B pair of regions (otherwise the Error lists what is not fused and why).
 FusedKernel compile(const Graph& g, const Bindings& dims, const CompileOptions& opt = {});
 
 // Emits and JIT-compiles without a GPU (for CI and `comfuse compile`).
 CompiledKernel compile_only(const FusionSpec& spec, const Problem& problem, const CompileOptions& opt = {},
                             EmittedKernel* emitted = nullptr, Plan* plan = nullptr);
+CompiledKernel compile_only_b2b(const FusionSpec& first, const FusionSpec& second, const B2bProblem& problem,
+                                const CompileOptions& opt = {}, EmittedKernel* emitted = nullptr,
+                                B2bPlan* plan = nullptr);
 
 }  // namespace comfuse
 

@@ -77,7 +77,9 @@ struct Spec {
   std::vector<Spec> children;
 };
 
-enum class ArgRole { OperandA, OperandB, Scalar, RowVector, ColVector, TileInput, Output };
+// OperandGate: a second B operand beside OperandB sharing A (a gated GEMM: AccEntry reads A x B,
+// GateEntry A x Gate; SwiGLU's x W1^T and x W3^T).
+enum class ArgRole { OperandA, OperandB, OperandGate, Scalar, RowVector, ColVector, TileInput, Output };
 std::string_view name_of(ArgRole r);
 
 struct RuntimeArg {

@@ -167,4 +167,55 @@ COMFUSE_HOST_DEVICE constexpr char const* check(KernelConfig const& c) {
   return nullptr;
 }
 
+// ---- The second kernel family: back-to-back GEMMs, O = F(X W1^T [, X W3^T]) W2^T ------------
+//
+// One description of a B2B kernel (kernels/comfuse/b2b/), filled by the planner's B2B decider,
+// written once by Ψ, launched from by the runtime, exactly as KernelConfig is for the single GEMM.
+// Each consumer warp group owns a job: tile_m rows of X (and of O) x tile_n2 columns of O, in
+// one batch. It walks N1 in chunks of chunk_n1: GEMM1 (X W1^T over K, from SMEM) gives P, the
+// intermediate epilogue F turns P into S in registers, GEMM2 (S from registers as the A
+// operand, W2 from SMEM) accumulates O; after the last chunk GEMM2's epilogue stores O.
+struct B2bConfig {
+  bool w1_kmajor = true;   // W1 (and W3) is N1 x K (the Linear weight; attention's keys)
+  bool w2_kmajor = true;   // W2 is N2 x N1 (the Linear weight); else N1 x N2 (attention's values)
+  bool gated = false;      // a second GEMM1, X W3^T, shares X's tiles (SwiGLU's up projection)
+  bool batched = false;    // X, W1 (W3), W2 and O have a leading batch dimension (B x H)
+  int tile_m = 64;         // rows of one consumer warp group's job
+  int chunk_n1 = 128;      // N1 columns per chunk: GEMM1's N, GEMM2's K
+  int tile_n2 = 128;       // O columns of a job
+  int ring_stages = 4;     // depth of each consumer warp group's SMEM ring (X/W1 and W2 k-blocks alike)
+  bool online_softmax = false;  // F is softmax over N1: running max and sum, O rescaled per chunk
+  bool causal = false;     // keys past the query's row are masked (top-left aligned, as torch's is_causal)
+  int epilogue_smem_bytes = 0;  // one consumer WG's F and GEMM2-epilogue node storage (the planner's model)
+
+  // One ring slot: an X k-block (tile_m x 64) and the B region, which holds either W1's (and W3's)
+  // k-block of the chunk or a W2 k-block (tile_n2 x 64 along N1).
+  COMFUSE_HOST_DEVICE constexpr int gemm1_b_rows() const { return (gated ? 2 : 1) * chunk_n1; }
+  COMFUSE_HOST_DEVICE constexpr int b_region_rows() const { return gemm1_b_rows() > tile_n2 ? gemm1_b_rows() : tile_n2; }
+  COMFUSE_HOST_DEVICE constexpr int slot_a_bytes() const { return tile_m * Sm90::kTileK * Sm90::kAbBytes; }
+  COMFUSE_HOST_DEVICE constexpr int slot_b_bytes() const { return b_region_rows() * Sm90::kTileK * Sm90::kAbBytes; }
+  COMFUSE_HOST_DEVICE constexpr int ring_bytes() const { return ring_stages * (slot_a_bytes() + slot_b_bytes()); }
+  // Dynamic SMEM: both consumer WGs' rings (1024-aligned regions), their epilogue storage, the
+  // rings' full/empty mbarriers, rounded to 1024, plus the kernel's base alignment.
+  COMFUSE_HOST_DEVICE constexpr int smem_bytes() const {
+    return align_up(Sm90::kConsumerWGs * (ring_bytes() + epilogue_smem_bytes + 16 * ring_stages), 1024) +
+           Sm90::kSmemBaseAlign;
+  }
+};
+
+COMFUSE_HOST_DEVICE constexpr char const* check(B2bConfig const& c) {
+  if (c.tile_m != 64) return "B2B tile_m: 64 rows per consumer warp group";
+  if (c.chunk_n1 != 64 && c.chunk_n1 != 128) return "B2B chunk_n1: 64 or 128";
+  if (c.tile_n2 % 64 != 0 || c.tile_n2 < 64 || c.tile_n2 > 256) return "B2B tile_n2: 64, 128, 192 or 256";
+  // Registers of a consumer thread: P (and P3) fp32, S bf16, O fp32.
+  if ((c.gated ? 2 : 1) * c.chunk_n1 / 2 + c.chunk_n1 / 4 + c.tile_n2 / 2 > 176)
+    return "B2B registers: P, S and O of a warp group exceed what a consumer thread holds (smaller chunk_n1 or tile_n2)";
+  if (c.online_softmax && c.gated) return "B2B: online softmax takes one GEMM1";
+  if (c.causal && !c.online_softmax) return "B2B: a causal mask comes with the online softmax";
+  if (c.ring_stages < 2) return "B2B ring_stages: at least 2";
+  if (c.epilogue_smem_bytes < 0) return "B2B epilogue_smem_bytes < 0";
+  if (c.smem_bytes() > Sm90::kSmemCapacity) return "B2B SMEM over the 227 KiB a block may use: fewer ring stages";
+  return nullptr;
+}
+
 }  // namespace comfuse

@@ -22,7 +22,13 @@ struct alignas(128) Params {
   TmaDesc tma_out[Sm90::kMaxOutputs];
   // [M, N] inputs of the epilogue (TileInput), the same layout and box as the outputs.
   TmaDesc tma_in[Sm90::kMaxTileInputs];
-  int M, N, K;
+  // Back-to-back GEMMs (kernels/comfuse/b2b/): tma_a is X, tma_b is W1; W3 (gated) and W2 here.
+  // Batched (B2bConfig::batched): every descriptor is 3-D, the batch outermost.
+  TmaDesc tma_b3;
+  TmaDesc tma_b2;
+  int M, N, K;  // B2B: M rows of X and O, N = N2 (O's columns), K (X's columns)
+  int N1;       // B2B: GEMM1's N = GEMM2's K
+  int batches;  // B2B: batch count (1 when not batched)
   // Tile scheduler: raster_group consecutive M-blocks (or N-cluster-blocks when
   // raster_along_n != 0) are walked together, to keep A (or B) panels hot in L2.
   int raster_group;

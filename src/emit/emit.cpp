@@ -12,18 +12,26 @@ namespace comfuse {
 
 using emit_detail::EmitContext;
 
-namespace {
-
-std::vector<ArgSlot> assign_slots(const FusionSpec& s) {
+// Params slots of the kernel's runtime arguments, over every spec the kernel renders (a B2B
+// kernel: GEMM1's and GEMM2's): one counter per slot kind. A B2B kernel's intermediate S (the
+// first spec's output that the second reads as A) takes none.
+std::vector<ArgSlot> emit_detail::assign_slots(const std::vector<const FusionSpec*>& specs) {
   std::vector<ArgSlot> slots;
   int vectors = 0, scalars = 0, tile_inputs = 0, outputs = 0, col_outputs = 0;
-  for (size_t i = 0; i < s.args.size(); ++i) {
-    const RuntimeArg& a = s.args[i];
+  const std::string intermediate =
+      specs.size() > 1 ? specs[1]->args.at(static_cast<size_t>(specs[1]->arg_index(ArgRole::OperandA))).name : "";
+  const std::string name = specs[0]->name;
+  for (size_t si = 0; si < specs.size(); ++si)
+  for (size_t i = 0; i < specs[si]->args.size(); ++i) {
+    const RuntimeArg& a = specs[si]->args[i];
+    if (!intermediate.empty() && a.name == intermediate) continue;
     ArgSlot sl;
+    sl.spec = static_cast<int>(si);
     sl.arg = static_cast<int>(i);
     switch (a.role) {
       case ArgRole::OperandA: sl.kind = SlotKind::OperandA; break;
-      case ArgRole::OperandB: sl.kind = SlotKind::OperandB; break;
+      case ArgRole::OperandB: sl.kind = si == 0 ? SlotKind::OperandB : SlotKind::OperandB2; break;
+      case ArgRole::OperandGate: sl.kind = SlotKind::OperandGate; break;
       case ArgRole::RowVector:
       case ArgRole::ColVector: sl.kind = SlotKind::Vector; sl.slot = vectors++; break;
       case ArgRole::Scalar: sl.kind = SlotKind::Scalar; sl.slot = scalars++; break;
@@ -36,23 +44,51 @@ std::vector<ArgSlot> assign_slots(const FusionSpec& s) {
     slots.push_back(sl);
   }
   if (vectors > Sm90::kMaxVectors)
-    throw Error(fmt::format("spec '{}' reads {} row/column vectors; the kernel takes at most {}", s.name, vectors, Sm90::kMaxVectors));
+    throw Error(fmt::format("spec '{}' reads {} row/column vectors; the kernel takes at most {}", name, vectors, Sm90::kMaxVectors));
   if (scalars > Sm90::kMaxScalars)
-    throw Error(fmt::format("spec '{}' reads {} runtime scalars; the kernel takes at most {}", s.name, scalars, Sm90::kMaxScalars));
+    throw Error(fmt::format("spec '{}' reads {} runtime scalars; the kernel takes at most {}", name, scalars, Sm90::kMaxScalars));
   if (outputs > Sm90::kMaxOutputs)
-    throw Error(fmt::format("spec '{}' stores {} outputs; the kernel writes at most {}", s.name, outputs, Sm90::kMaxOutputs));
+    throw Error(fmt::format("spec '{}' stores {} outputs; the kernel writes at most {}", name, outputs, Sm90::kMaxOutputs));
   if (tile_inputs > Sm90::kMaxTileInputs)
-    throw Error(fmt::format("spec '{}' reads {} [M, N] tensors in its epilogue; the kernel takes at most {}", s.name,
+    throw Error(fmt::format("spec '{}' reads {} [M, N] tensors in its epilogue; the kernel takes at most {}", name,
                             tile_inputs, Sm90::kMaxTileInputs));
   if (col_outputs > Sm90::kMaxColOutputs)
-    throw Error(fmt::format("spec '{}' stores {} per-row [M, 1] outputs; the kernel writes at most {}", s.name,
+    throw Error(fmt::format("spec '{}' stores {} per-row [M, 1] outputs; the kernel writes at most {}", name,
                             col_outputs, Sm90::kMaxColOutputs));
   return slots;
 }
 
+namespace {
+
+}  // namespace
+
+std::string emit_detail::slot_comment(const std::vector<const FusionSpec*>& specs, const std::vector<ArgSlot>& slots) {
+  std::string doc;
+  for (const ArgSlot& sl : slots) {
+    const RuntimeArg& arg = specs.at(static_cast<size_t>(sl.spec))->args[static_cast<size_t>(sl.arg)];
+    const char* where = sl.kind == SlotKind::OperandA      ? "tma_a"
+                        : sl.kind == SlotKind::OperandB    ? "tma_b"
+                        : sl.kind == SlotKind::OperandGate ? "tma_b3"
+                        : sl.kind == SlotKind::OperandB2   ? "tma_b2"
+                        : sl.kind == SlotKind::Vector      ? "vectors"
+                        : sl.kind == SlotKind::Scalar      ? "scalars"
+                        : sl.kind == SlotKind::TileInput   ? "tma_in"
+                        : sl.kind == SlotKind::ColOutput   ? "col_outputs"
+                                                           : "tma_out";
+    const bool operand = sl.kind == SlotKind::OperandA || sl.kind == SlotKind::OperandB ||
+                         sl.kind == SlotKind::OperandGate || sl.kind == SlotKind::OperandB2;
+    doc += operand ? fmt::format("//   {:<12} {} {}\n", where, arg.name, name_of(arg.dtype))
+                   : fmt::format("//   {}[{}]{:<4} {} {}\n", where, sl.slot, "", arg.name, name_of(arg.dtype));
+  }
+  return doc;
+}
+
+namespace {
+
 EmitContext make_context(const FusionSpec& s, const std::vector<ArgSlot>& slots) {
-  EmitContext ctx{s, {}, {}, {}, nullptr};
-  for (const ArgSlot& sl : slots) ctx.slot_of_arg[sl.arg] = sl.slot;
+  EmitContext ctx{s};
+  for (const ArgSlot& sl : slots)
+    if (sl.spec == 0) ctx.slot_of_arg[sl.arg] = sl.slot;
   return ctx;
 }
 
@@ -89,7 +125,7 @@ const char* stash_space_name(StashSpace s) {
 }  // namespace
 
 std::string emit_epilogue_type(const FusionSpec& s, OneRoundPairs fuse_pairs) {
-  EmitContext ctx = make_context(s, assign_slots(s));
+  EmitContext ctx = make_context(s, emit_detail::assign_slots({&s}));
   ctx.fuse_pairs = fuse_pairs;
   const std::string stage = emit_detail::render_stage(ctx, s.root, "stage 0");
   std::string out;
@@ -113,23 +149,10 @@ EmittedKernel emit(const FusionSpec& s, const Plan& p) {
   check_renderable(s, p);
   EmittedKernel k;
   k.entry = "comfuse_fused_gemm";
-  k.slots = assign_slots(s);
+  k.slots = emit_detail::assign_slots({&s});
   const RuntimeArg& a = s.args.at(static_cast<size_t>(s.arg_index(ArgRole::OperandA)));
 
-  std::string slot_doc;
-  for (const ArgSlot& sl : k.slots) {
-    const RuntimeArg& arg = s.args[static_cast<size_t>(sl.arg)];
-    const char* where = sl.kind == SlotKind::OperandA    ? "tma_a"
-                        : sl.kind == SlotKind::OperandB  ? "tma_b"
-                        : sl.kind == SlotKind::Vector    ? "vectors"
-                        : sl.kind == SlotKind::Scalar    ? "scalars"
-                        : sl.kind == SlotKind::TileInput ? "tma_in"
-                        : sl.kind == SlotKind::ColOutput ? "col_outputs"
-                                                         : "tma_out";
-    slot_doc += sl.kind == SlotKind::OperandA || sl.kind == SlotKind::OperandB
-                    ? fmt::format("//   {:<12} {} {}\n", where, arg.name, name_of(arg.dtype))
-                    : fmt::format("//   {}[{}]{:<4} {} {}\n", where, sl.slot, "", arg.name, name_of(arg.dtype));
-  }
+  const std::string slot_doc = emit_detail::slot_comment({&s}, k.slots);
   k.source = fmt::format(
       "// Generated by ComFuse (backend Psi) from fusion spec '{name}'. Do not edit: regenerate.\n"
       "// Params binding:\n{slots}"

@@ -100,6 +100,7 @@ std::string placeholder(EmitContext&, const Spec& st, int i, const std::string&)
 std::string store(EmitContext& ctx, const Spec& st, int i, const std::string& path) {
   const SpecNode& n = node_at(st, i);
   const RuntimeArg& a = ctx.spec.args.at(static_cast<size_t>(n.arg));
+  if (n.arg == ctx.operand_arg) return fmt::format("comfuse::epi::ToOperand<{}>", n.operands.at(0));
   if (a.value_class == ValueClass::Col)
     return fmt::format("comfuse::epi::StoreCol<{}, {}{}>", slot(ctx, n.arg, path), cpp_type(a.dtype), operands(n));
   return fmt::format("comfuse::epi::Store<{}, {}{}>", slot(ctx, n.arg, path), cpp_type(a.dtype), operands(n));

@@ -19,7 +19,15 @@ struct EmitContext {
   // both (epilogue/reduce.cuh).
   OneRoundPairs fuse_pairs;
   const Spec* pair_child = nullptr;  // the PostStage whose reduction takes the merged statistic
+  // A B2B kernel's F: the Store of this arg (the intermediate S) renders as ToOperand (S stays in
+  // registers as GEMM2's A operand); -1: none.
+  int operand_arg = -1;
 };
+
+// Params slots over every spec a kernel renders (emit.cpp).
+std::vector<ArgSlot> assign_slots(const std::vector<const FusionSpec*>& specs);
+// The kernel's `// Params binding:` comment.
+std::string slot_comment(const std::vector<const FusionSpec*>& specs, const std::vector<ArgSlot>& slots);
 
 
 // Renders one node as a template type; `path` locates it for error messages.

@@ -419,12 +419,32 @@ class Lowering {
     }
   }
 
+  // A second GEMM whose A operand is a value of another region's epilogue: the B2B pair. One
+  // kernel can hold both when S is what the first region exists for: S feeds the second GEMM
+  // only (nothing else reads it) and the first region stores nothing else.
   void find_b2b() {
     for (int r2 = 0; r2 < static_cast<int>(roots_.size()); ++r2) {
       const int via = g_.node(roots_[r2]).inputs[0];
       const int r1 = region_of_[via];
-      if (r1 != kNoRegion && r1 != r2)
-        result_.b2b_candidates.push_back(B2BCandidate{roots_[r1], roots_[r2], via});
+      if (r1 == kNoRegion || r1 == r2) continue;
+      B2BCandidate b{roots_[r1], roots_[r2], via, r1, r2, ""};
+      for (int c : consumers_[via])
+        if (live_[c] && c != roots_[r2])
+          b.blocker = fmt::format("'{}' is also read by '{}': it must be stored", g_.node(via).name, g_.node(c).name);
+      for (const GraphOutput& o : g_.outputs())
+        if (o.node == via) b.blocker = fmt::format("'{}' is a graph output: it must be stored", g_.node(via).name);
+      if (b.blocker.empty())
+        for (int id : members_[r1]) {
+          if (id == via) continue;
+          bool out = false;
+          for (const GraphOutput& o : g_.outputs()) out = out || o.node == id;
+          for (int c : consumers_[id]) out = out || (live_[c] && region_of_[c] != r1);
+          if (out) {
+            b.blocker = fmt::format("the first GEMM's epilogue also stores '{}'", g_.node(id).name);
+            break;
+          }
+        }
+      result_.b2b_candidates.push_back(b);
     }
   }
 
@@ -443,6 +463,11 @@ class Lowering {
 
 LoweringResult lower(const Graph& g) { return Lowering(g).run(); }
 
+const B2BCandidate* one_b2b_kernel(const LoweringResult& r) {
+  if (r.regions.size() != 2 || !r.fallbacks.empty() || r.b2b_candidates.size() != 1) return nullptr;
+  return r.b2b_candidates[0].blocker.empty() ? &r.b2b_candidates[0] : nullptr;
+}
+
 std::string describe(const Graph& g, const LoweringResult& r) {
   std::string out;
   for (size_t i = 0; i < r.regions.size(); ++i) {
@@ -457,8 +482,10 @@ std::string describe(const Graph& g, const LoweringResult& r) {
   for (const Fallback& f : r.fallbacks)
     out += fmt::format("fallback: '{}' ({}): {}\n", g.node(f.node).name, name_of(g.node(f.node).kind), f.reason);
   for (const B2BCandidate& b : r.b2b_candidates)
-    out += fmt::format("b2b candidate: '{}' feeds GEMM '{}' through '{}'\n", g.node(b.first_matmul).name,
-                       g.node(b.second_matmul).name, g.node(b.via_node).name);
+    out += fmt::format("b2b {}: region {} ('{}') feeds GEMM '{}' (region {}) through '{}'{}\n",
+                       b.blocker.empty() ? "pair" : "candidate", b.first_region, g.node(b.first_matmul).name,
+                       g.node(b.second_matmul).name, b.second_region, g.node(b.via_node).name,
+                       b.blocker.empty() ? ": one kernel, S in registers" : ", not fused: " + b.blocker);
   for (int id : r.dead_nodes) out += fmt::format("dead: '{}' reaches no output\n", g.node(id).name);
   if (r.regions.empty()) out += "no GEMM region: nothing fused\n";
   return out;

@@ -98,17 +98,29 @@ double median_of(std::vector<double> v) {
 
 DeviceRunReport run_and_check(const Graph& g, const Bindings& dims, uint64_t seed, const CompileOptions& opt,
                               int timing_reps, double input_offset, bool cublas_baseline) {
+  // One kernel: a single region, or a B2B pair (its intermediate S is no argument).
   LoweringResult r = lower(g);
-  if (r.regions.size() != 1 || !r.fallbacks.empty())
+  const B2BCandidate* pair = one_b2b_kernel(r);
+  if (!pair && (r.regions.size() != 1 || !r.fallbacks.empty()))
     throw Error("the graph does not lower to one fused kernel:\n" + describe(g, r));
-  const FusionSpec& s = r.regions[0].spec;
-  FusedKernel k = FusedKernel::build(s, problem_of(s, dims), opt);
+  const FusionSpec& s = r.regions[static_cast<size_t>(pair ? pair->first_region : 0)].spec;
+  const FusionSpec* second = pair ? &r.regions[static_cast<size_t>(pair->second_region)].spec : nullptr;
+  FusedKernel k = second ? FusedKernel::build_b2b(s, *second, b2b_problem_of(s, *second, dims), opt)
+                         : FusedKernel::build(s, problem_of(s, dims), opt);
+  const std::string intermediate =
+      second ? second->args.at(static_cast<size_t>(second->arg_index(ArgRole::OperandA))).name : "";
+  std::vector<const RuntimeArg*> kernel_args;
+  for (const FusionSpec* sp : {&s, second})
+    if (sp)
+      for (const RuntimeArg& a : sp->args)
+        if (a.name != intermediate) kernel_args.push_back(&a);
 
   std::mt19937_64 rng(seed);
   const TensorMap inputs = random_inputs(g, dims, rng, input_offset);
   // The reference on the sampled rows: inputs indexed by M are cut to those rows.
-  const Problem prob = problem_of(s, dims);
-  const std::vector<int64_t> rows = reference_rows(prob.m, prob.n, prob.k);
+  const Problem prob = problem_of(second ? *second : s, dims);  // M and the output columns N
+  const int64_t flops_k = second ? resolve(s.k, dims) + prob.k : prob.k;  // per output element
+  const std::vector<int64_t> rows = reference_rows(prob.m, prob.n, flops_k);
   TensorMap ref_inputs = inputs;
   Bindings ref_dims = dims;
   if (static_cast<int64_t>(rows.size()) != prob.m) {
@@ -128,7 +140,8 @@ DeviceRunReport run_and_check(const Graph& g, const Bindings& dims, uint64_t see
     size_t bytes;
   };
   std::vector<Out> outs;
-  for (const RuntimeArg& a : s.args) {
+  for (const RuntimeArg* ap : kernel_args) {
+    const RuntimeArg& a = *ap;
     std::vector<int64_t> shape;
     for (const Dim& d : a.shape) shape.push_back(resolve(d, dims));
     if (a.role == ArgRole::Scalar) {
@@ -157,6 +170,7 @@ DeviceRunReport run_and_check(const Graph& g, const Bindings& dims, uint64_t see
 
   DeviceRunReport rep;
   rep.plan = k.plan();
+  if (k.b2b_plan()) rep.b2b_plan = *k.b2b_plan();
   rep.compiled = k.compiled();
   for (const Out& o : outs) {
     std::vector<char> host(o.bytes);
@@ -183,16 +197,33 @@ DeviceRunReport run_and_check(const Graph& g, const Bindings& dims, uint64_t see
     // The GPU drifts between power states (bench/NOTES.md): the fused kernel and cuBLAS are
     // timed in alternating rounds after a warm-up; times are median rounds, the ratio is the
     // median of the per-round ratios (a round pairs both in one power state).
-    std::unique_ptr<runtime_detail::CublasBaseline> blas =
-        cublas_baseline ? std::make_unique<runtime_detail::CublasBaseline>(s, args) : nullptr;
+    // A B2B kernel's floor is cuBLAS's GEMM1 and GEMM2 alone, back to back (S in memory).
+    std::unique_ptr<runtime_detail::CublasBaseline> blas, blas2;
+    std::unique_ptr<DeviceBuffer> s_buffer;
+    RunArgs args2 = args;
+    if (cublas_baseline) {
+      blas = std::make_unique<runtime_detail::CublasBaseline>(s, args);
+      if (second) {
+        const RuntimeArg& sa = second->args.at(static_cast<size_t>(second->arg_index(ArgRole::OperandA)));
+        const int64_t n1 = resolve(s.n, dims);
+        s_buffer = std::make_unique<DeviceBuffer>(static_cast<size_t>(prob.m * n1) * size_of(sa.dtype));
+        check(cudaMemset(s_buffer->ptr, 0, static_cast<size_t>(prob.m * n1) * size_of(sa.dtype)), "S for cuBLAS");
+        args2.tensors[sa.name] = DeviceTensor{s_buffer->ptr, sa.dtype, {prob.m, n1}, 0};
+        blas2 = std::make_unique<runtime_detail::CublasBaseline>(*second, args2);
+      }
+    }
+    auto run_blas = [&] {
+      blas->run();
+      if (blas2) blas2->run();
+    };
     for (int i = 0; i < 10; ++i) {
       k.run(args);
-      if (blas) blas->run();
+      if (blas) run_blas();
     }
     std::vector<double> fused, base;
     for (int round = 0; round < kTimingRounds; ++round) {
       fused.push_back(runtime_detail::batch_ms([&] { k.run(args); }, timing_reps));
-      if (blas) base.push_back(runtime_detail::batch_ms([&] { blas->run(); }, timing_reps));
+      if (blas) base.push_back(runtime_detail::batch_ms(run_blas, timing_reps));
     }
     check(cudaGetLastError(), "timed launches");
     rep.kernel_ms = median_of(fused);
@@ -204,8 +235,11 @@ DeviceRunReport run_and_check(const Graph& g, const Bindings& dims, uint64_t see
       rep.ratio_hi = *std::max_element(ratios.begin(), ratios.end());
       rep.ratio = median_of(ratios);
     }
-    const Problem& p = rep.plan.problem;
-    rep.tflops = 2.0 * double(p.m) * double(p.n) * double(p.k) / (rep.kernel_ms * 1e-3) / 1e12;
+    // Useful FLOPs: one GEMM, or a B2B kernel's two (GEMM1 counted once, however often it ran).
+    double flops = 2.0 * double(prob.m) * double(prob.n) * double(prob.k);
+    if (second) flops += 2.0 * double(prob.m) * double(resolve(s.n, dims)) * double(resolve(s.k, dims)) *
+                         (s.arg_index(ArgRole::OperandGate) >= 0 ? 2 : 1);
+    rep.tflops = flops / (rep.kernel_ms * 1e-3) / 1e12;
   }
   if (opt.trace) rep.trace = k.trace();  // the last launch's timeline (a timed one when timed)
   return rep;

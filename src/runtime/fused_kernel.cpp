@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <atomic>
+#include <optional>
 
 #include "comfuse/lower.h"
 #include "comfuse/runtime.h"
@@ -48,8 +49,11 @@ bool gpu_available(std::string* why_not) {
 }
 
 struct FusedKernel::State {
-  FusionSpec spec;
+  FusionSpec spec;  // the kernel's spec; a B2B kernel's first (GEMM1 and F)
   Plan plan;
+  // A B2B kernel: GEMM2's spec and the pair's plan (the kernels/comfuse/b2b/ family).
+  std::optional<FusionSpec> second;
+  B2bPlan b2b_plan;
   EmittedKernel emitted;
   CompiledKernel compiled;
   cudaLibrary_t library = nullptr;
@@ -74,6 +78,8 @@ FusedKernel& FusedKernel::operator=(FusedKernel&&) noexcept = default;
 FusedKernel::~FusedKernel() = default;
 const FusionSpec& FusedKernel::spec() const { return state_->spec; }
 const Plan& FusedKernel::plan() const { return state_->plan; }
+const FusionSpec* FusedKernel::second_spec() const { return state_->second ? &*state_->second : nullptr; }
+const B2bPlan* FusedKernel::b2b_plan() const { return state_->second ? &state_->b2b_plan : nullptr; }
 const EmittedKernel& FusedKernel::emitted() const { return state_->emitted; }
 const CompiledKernel& FusedKernel::compiled() const { return state_->compiled; }
 
@@ -104,6 +110,20 @@ CompiledKernel compile_only(const FusionSpec& spec, const Problem& problem, cons
   return c;
 }
 
+CompiledKernel compile_only_b2b(const FusionSpec& first, const FusionSpec& second, const B2bProblem& problem,
+                                const CompileOptions& opt, EmittedKernel* emitted, B2bPlan* plan) {
+  B2bPlan p = make_b2b_plan(first, second, problem, opt.plan);
+  EmittedKernel k = emit_b2b(first, second, p);
+  KernelSource src{first.name + "_b2b", k.source, k.entry, {}};
+  CompiledKernel c = jit_compile(src, opt.jit);
+  if (c.wgmma_serialized)
+    throw Error(fmt::format("B2B kernel for '{}' compiled with serialized wgmma (ptxas C7510): a ComFuse bug\n{}",
+                            first.name, c.log));
+  if (emitted) *emitted = std::move(k);
+  if (plan) *plan = std::move(p);
+  return c;
+}
+
 FusedKernel FusedKernel::build(const FusionSpec& spec, const Problem& problem, const CompileOptions& opt) {
   std::string why;
   if (!gpu_available(&why)) throw Error("no usable GPU: " + why);
@@ -128,32 +148,102 @@ FusedKernel FusedKernel::build(const FusionSpec& spec, const Problem& problem, c
   return FusedKernel(std::move(st));
 }
 
-void FusedKernel::run(const RunArgs& args, Stream stream) const {
-  const State& st = *state_;
-  const FusionSpec& s = st.spec;
-  // Every argument present, with the right dtype; unknown names rejected.
+FusedKernel FusedKernel::build_b2b(const FusionSpec& first, const FusionSpec& second, const B2bProblem& problem,
+                                   const CompileOptions& opt) {
+  std::string why;
+  if (!gpu_available(&why)) throw Error("no usable GPU: " + why);
+  auto st = std::make_unique<State>();
+  st->spec = first;
+  st->second = second;
+  st->compiled = compile_only_b2b(first, second, problem, opt, &st->emitted, &st->b2b_plan);
+  cuda_check(cudaLibraryLoadData(&st->library, st->compiled.cubin.data(), nullptr, nullptr, 0, nullptr, nullptr, 0),
+             "loading the compiled kernel");
+  cuda_check(cudaLibraryGetKernel(&st->kernel, st->library, st->emitted.entry.c_str()), "finding the kernel entry");
+  st->max_clusters = runtime_detail::prepare(st->kernel, st->b2b_plan.kernel);
+  return FusedKernel(std::move(st));
+}
+
+namespace {
+
+const DeviceTensor& tensor_arg(const RunArgs& args, const RuntimeArg& a) {
+  auto it = args.tensors.find(a.name);
+  if (it == args.tensors.end()) throw Error(fmt::format("missing tensor argument '{}' ({})", a.name, name_of(a.role)));
+  if (it->second.dtype != a.dtype)
+    throw Error(fmt::format("argument '{}' is {}, the kernel was built for {}", a.name, name_of(it->second.dtype),
+                            name_of(a.dtype)));
+  if (!it->second.data) throw Error(fmt::format("argument '{}' has a null pointer", a.name));
+  return it->second;
+}
+
+const DeviceTensor& matrix_arg(const RunArgs& args, const RuntimeArg& a) {
+  const DeviceTensor& t = tensor_arg(args, a);
+  if (t.shape.size() != 2) throw Error(fmt::format("argument '{}' must be 2-D, got {}", a.name, shape_str(t.shape)));
+  return t;
+}
+
+// Every tensor argument names one of the kernel's (the intermediate of a B2B kernel is not one).
+void check_names(const RunArgs& args, const std::vector<const FusionSpec*>& specs, const std::string& skip) {
   for (const auto& [name, t] : args.tensors) {
     bool known = false;
-    for (const RuntimeArg& a : s.args) known = known || (a.name == name && a.role != ArgRole::Scalar);
-    if (!known) throw Error(fmt::format("argument '{}' is not a tensor argument of kernel '{}'", name, s.name));
+    for (const FusionSpec* s : specs)
+      for (const RuntimeArg& a : s->args) known = known || (a.name == name && a.role != ArgRole::Scalar && a.name != skip);
+    if (!known) throw Error(fmt::format("argument '{}' is not a tensor argument of kernel '{}'", name, specs[0]->name));
   }
-  auto tensor = [&](const RuntimeArg& a) -> const DeviceTensor& {
-    auto it = args.tensors.find(a.name);
-    if (it == args.tensors.end()) throw Error(fmt::format("missing tensor argument '{}' ({})", a.name, name_of(a.role)));
-    if (it->second.dtype != a.dtype)
-      throw Error(fmt::format("argument '{}' is {}, the kernel was built for {}", a.name, name_of(it->second.dtype), name_of(a.dtype)));
-    if (!it->second.data) throw Error(fmt::format("argument '{}' has a null pointer", a.name));
-    return it->second;
-  };
-  auto rank2 = [](const RuntimeArg& a, const DeviceTensor& t) {
-    if (t.shape.size() != 2) throw Error(fmt::format("argument '{}' must be 2-D, got {}", a.name, shape_str(t.shape)));
-  };
+}
+
+// The epilogue's runtime arguments into their Params slots: scalars, row/column vectors,
+// [M, N] inputs and outputs, [M, 1] outputs (N: the epilogue's columns; a B2B kernel's N2).
+void bind_epilogue(const RunArgs& args, const std::vector<const FusionSpec*>& specs, const std::vector<ArgSlot>& slots,
+                   Params& p, int64_t M, int64_t N, int epi_rows) {
+  for (const ArgSlot& sl : slots) {
+    const RuntimeArg& a = specs.at(static_cast<size_t>(sl.spec))->args.at(static_cast<size_t>(sl.arg));
+    if (sl.kind == SlotKind::Scalar) {
+      auto it = args.scalars.find(a.name);
+      if (it == args.scalars.end()) throw Error(fmt::format("missing scalar argument '{}'", a.name));
+      p.scalars[sl.slot] = static_cast<float>(it->second);
+    } else if (sl.kind == SlotKind::Vector) {
+      const DeviceTensor& v = tensor_arg(args, a);
+      // A B2B kernel's F reads vectors along N1 (its columns are GEMM1's).
+      const int64_t cols = sl.spec == 0 && specs.size() > 1 ? p.N1 : N;
+      const int64_t want = a.role == ArgRole::RowVector ? cols : M;
+      int64_t len = 1;
+      for (int64_t d : v.shape) len *= d;
+      if (len != want || v.shape.empty())
+        throw Error(fmt::format("{} '{}' has shape {}, expected {} elements", name_of(a.role), a.name,
+                                shape_str(v.shape), want));
+      p.vectors[sl.slot] = v.data;
+    } else if (sl.kind == SlotKind::Output || sl.kind == SlotKind::TileInput) {
+      const DeviceTensor& o = matrix_arg(args, a);
+      if (o.shape[0] != M || o.shape[1] != N)
+        throw Error(fmt::format("{} '{}' has shape {}, expected [{}, {}]", sl.kind == SlotKind::Output ? "output" : "input",
+                                a.name, shape_str(o.shape), M, N));
+      if (sl.kind == SlotKind::Output) runtime_detail::set_output(p, epi_rows, sl.slot, a.dtype, o.data, o.ld ? o.ld : N);
+      else runtime_detail::set_tile_input(p, epi_rows, sl.slot, a.dtype, o.data, o.ld ? o.ld : N);
+    } else if (sl.kind == SlotKind::ColOutput) {
+      const DeviceTensor& o = tensor_arg(args, a);
+      int64_t len = 1;
+      for (int64_t d : o.shape) len *= d;
+      if (len != M || o.shape.empty() || (o.shape.size() == 2 && o.shape[1] != 1) || (o.ld != 0 && o.ld != 1))
+        throw Error(fmt::format("per-row output '{}' has shape {}, expected [{}, 1] (contiguous)", a.name,
+                                shape_str(o.shape), M));
+      if (reinterpret_cast<uintptr_t>(o.data) % size_of(a.dtype))
+        throw Error(fmt::format("per-row output '{}' is not aligned to its element size", a.name));
+      p.col_outputs[sl.slot] = o.data;
+    }
+  }
+}
+
+}  // namespace
+
+void FusedKernel::run(const RunArgs& args, Stream stream) const {
+  const State& st = *state_;
+  if (st.second) return run_b2b(args, stream);
+  const FusionSpec& s = st.spec;
+  check_names(args, {&s}, "");
   const RuntimeArg& ra = s.args.at(static_cast<size_t>(s.arg_index(ArgRole::OperandA)));
   const RuntimeArg& rb = s.args.at(static_cast<size_t>(s.arg_index(ArgRole::OperandB)));
-  const DeviceTensor& A = tensor(ra);
-  const DeviceTensor& B = tensor(rb);
-  rank2(ra, A);
-  rank2(rb, B);
+  const DeviceTensor& A = matrix_arg(args, ra);
+  const DeviceTensor& B = matrix_arg(args, rb);
   const int64_t M = A.shape[0], K = A.shape[1];
   const bool nk = s.b_layout == BLayout::NK;
   const int64_t N = nk ? B.shape[0] : B.shape[1];
@@ -178,50 +268,67 @@ void FusedKernel::run(const RunArgs& args, Stream stream) const {
   }
   p.raster_group = st.plan.raster_group;
   p.raster_along_n = st.plan.raster_along_n ? 1 : 0;
+  p.batches = 1;
   runtime_detail::set_operands(p, kc, ra.dtype, A.data, A.ld ? A.ld : K, B.data, B.ld ? B.ld : B.shape[1], int(M),
                                int(N), int(K));
-  {
-    for (const ArgSlot& sl : st.emitted.slots) {
-      const RuntimeArg& a = s.args.at(static_cast<size_t>(sl.arg));
-      if (sl.kind == SlotKind::Scalar) {
-        auto it = args.scalars.find(a.name);
-        if (it == args.scalars.end()) throw Error(fmt::format("missing scalar argument '{}'", a.name));
-        p.scalars[sl.slot] = static_cast<float>(it->second);
-      } else if (sl.kind == SlotKind::Vector) {
-        const DeviceTensor& v = tensor(a);
-        const int64_t want = a.role == ArgRole::RowVector ? N : M;
-        int64_t len = 1;
-        for (int64_t d : v.shape) len *= d;
-        if (len != want || v.shape.empty())
-          throw Error(fmt::format("{} '{}' has shape {}, expected {} elements ({})", name_of(a.role), a.name,
-                                  shape_str(v.shape), want, a.role == ArgRole::RowVector ? "N" : "M"));
-        p.vectors[sl.slot] = v.data;
-      } else if (sl.kind == SlotKind::Output || sl.kind == SlotKind::TileInput) {
-        const DeviceTensor& o = tensor(a);
-        rank2(a, o);
-        if (o.shape[0] != M || o.shape[1] != N)
-          throw Error(fmt::format("{} '{}' has shape {}, expected [{}, {}]", sl.kind == SlotKind::Output ? "output" : "input",
-                                  a.name, shape_str(o.shape), M, N));
-        if (sl.kind == SlotKind::Output) runtime_detail::set_output(p, kc, sl.slot, a.dtype, o.data, o.ld ? o.ld : N);
-        else runtime_detail::set_tile_input(p, kc, sl.slot, a.dtype, o.data, o.ld ? o.ld : N);
-      } else if (sl.kind == SlotKind::ColOutput) {
-        const DeviceTensor& o = tensor(a);
-        int64_t len = 1;
-        for (int64_t d : o.shape) len *= d;
-        if (len != M || o.shape.empty() || (o.shape.size() == 2 && o.shape[1] != 1) || (o.ld != 0 && o.ld != 1))
-          throw Error(fmt::format("per-row output '{}' has shape {}, expected [{}, 1] (contiguous)", a.name,
-                                  shape_str(o.shape), M));
-        if (reinterpret_cast<uintptr_t>(o.data) % size_of(a.dtype))
-          throw Error(fmt::format("per-row output '{}' is not aligned to its element size", a.name));
-        p.col_outputs[sl.slot] = o.data;
-      }
-    }
-    runtime_detail::launch(st.kernel, kc, p, reinterpret_cast<cudaStream_t>(stream), st.max_clusters);
+  bind_epilogue(args, {&s}, st.emitted.slots, p, M, N, kc.epi_rows());
+  runtime_detail::launch(st.kernel, kc, p, reinterpret_cast<cudaStream_t>(stream), st.max_clusters);
+}
+
+// X [M, K]; W1 (and W3) [N1, K] (nk) or [K, N1]; W2 [N2, N1] (nk) or [N1, N2]; GEMM2's epilogue
+// arguments over [M, N2].
+void FusedKernel::run_b2b(const RunArgs& args, Stream stream) const {
+  const State& st = *state_;
+  const FusionSpec &f = st.spec, &e = *st.second;
+  const B2bConfig& kc = st.b2b_plan.kernel;
+  const std::string s_name = e.args.at(static_cast<size_t>(e.arg_index(ArgRole::OperandA))).name;
+  check_names(args, {&f, &e}, s_name);
+  const RuntimeArg& rx = f.args.at(static_cast<size_t>(f.arg_index(ArgRole::OperandA)));
+  const RuntimeArg& rw1 = f.args.at(static_cast<size_t>(f.arg_index(ArgRole::OperandB)));
+  const RuntimeArg& rw2 = e.args.at(static_cast<size_t>(e.arg_index(ArgRole::OperandB)));
+  const DeviceTensor& X = matrix_arg(args, rx);
+  const DeviceTensor& W1 = matrix_arg(args, rw1);
+  const DeviceTensor& W2 = matrix_arg(args, rw2);
+  const int64_t M = X.shape[0], K = X.shape[1];
+  const int64_t N1 = kc.w1_kmajor ? W1.shape[0] : W1.shape[1];
+  const int64_t N2 = kc.w2_kmajor ? W2.shape[0] : W2.shape[1];
+  if ((kc.w1_kmajor ? W1.shape[1] : W1.shape[0]) != K)
+    throw Error(fmt::format("W1 '{}' is {} but X '{}' is {}: K differs", rw1.name, shape_str(W1.shape), rx.name,
+                            shape_str(X.shape)));
+  if ((kc.w2_kmajor ? W2.shape[1] : W2.shape[0]) != N1)
+    throw Error(fmt::format("W2 '{}' is {} but W1 '{}' is {}: N1 differs", rw2.name, shape_str(W2.shape), rw1.name,
+                            shape_str(W1.shape)));
+  for (int64_t d : {M, K, N1, N2})
+    if (d > INT32_MAX) throw Error("M, K, N1 and N2 must each fit in 32 bits");
+  Params p{};
+  p.M = int(M), p.K = int(K), p.N1 = int(N1), p.N = int(N2), p.batches = 1;
+  const uint32_t box = Sm90::kTileK;
+  auto ld = [](const DeviceTensor& t) { return uint64_t(t.ld ? t.ld : t.shape[1]); };
+  runtime_detail::encode_tensor(&p.tma_a, "X", rx.dtype, X.data, M, K, ld(X), box, kc.tile_m);
+  auto weight = [&](TmaDesc* d, const char* what, const RuntimeArg& a, const DeviceTensor& t, bool kmajor, int rows) {
+    runtime_detail::encode_tensor(d, what, a.dtype, t.data, t.shape[0], t.shape[1], ld(t), box, kmajor ? rows : box);
+  };
+  weight(&p.tma_b, "W1", rw1, W1, kc.w1_kmajor, kc.chunk_n1);
+  if (kc.gated) {
+    const RuntimeArg& rw3 = f.args.at(static_cast<size_t>(f.arg_index(ArgRole::OperandGate)));
+    const DeviceTensor& W3 = matrix_arg(args, rw3);
+    if (W3.shape != W1.shape)
+      throw Error(fmt::format("W3 '{}' is {} but W1 '{}' is {}", rw3.name, shape_str(W3.shape), rw1.name,
+                              shape_str(W1.shape)));
+    weight(&p.tma_b3, "W3", rw3, W3, kc.w1_kmajor, kc.chunk_n1);
   }
+  weight(&p.tma_b2, "W2", rw2, W2, kc.w2_kmajor, kc.tile_n2);
+  bind_epilogue(args, {&f, &e}, st.emitted.slots, p, M, N2, kc.tile_m);
+  runtime_detail::launch(st.kernel, kc, p, reinterpret_cast<cudaStream_t>(stream), st.max_clusters);
 }
 
 FusedKernel compile(const Graph& g, const Bindings& dims, const CompileOptions& opt) {
   LoweringResult r = lower(g);
+  if (const B2BCandidate* b = one_b2b_kernel(r)) {
+    const FusionSpec &f = r.regions[static_cast<size_t>(b->first_region)].spec,
+                     &e = r.regions[static_cast<size_t>(b->second_region)].spec;
+    return FusedKernel::build_b2b(f, e, b2b_problem_of(f, e, dims), opt);
+  }
   if (r.regions.size() != 1 || !r.fallbacks.empty())
     throw Error("the graph does not lower to one fused kernel:\n" + describe(g, r));
   const FusionSpec& s = r.regions[0].spec;

@@ -35,9 +35,11 @@ EncodeTiledFn encode_tiled_fn() {
   return fn;
 }
 
+}  // namespace
+
 // A 2-D row-major tensor: `rows` x `cols`, row stride `ld` elements, box {box_cols, box_rows},
 // 128-byte swizzle (box_cols * elem == 128).
-void encode_2d(TmaDesc* out, const char* what, DType t, const void* ptr, uint64_t rows, uint64_t cols, uint64_t ld,
+void encode_tensor(TmaDesc* out, const char* what, DType t, const void* ptr, uint64_t rows, uint64_t cols, uint64_t ld,
                uint32_t box_cols, uint32_t box_rows) {
   const int eb = static_cast<int>(size_of(t));
   auto fail = [&](const std::string& why) {
@@ -65,9 +67,11 @@ void encode_2d(TmaDesc* out, const char* what, DType t, const void* ptr, uint64_
   std::memcpy(out, &map, sizeof(map));
 }
 
-// A launch of the fused kernel: Sm90::kThreads threads, k.smem_bytes() of dynamic SMEM, clusters
-// of cluster_x x cluster_y (`attr` must outlive the config).
-cudaLaunchConfig_t launch_config(const KernelConfig& k, dim3 grid, int cluster_x, int cluster_y, cudaStream_t stream,
+namespace {
+
+// A launch of Sm90::kThreads threads a CTA with `smem` bytes of dynamic SMEM, in clusters of
+// cluster_x x cluster_y (`attr` must outlive the config).
+cudaLaunchConfig_t launch_config(dim3 grid, int cluster_x, int cluster_y, int smem, cudaStream_t stream,
                                  cudaLaunchAttribute& attr) {
   attr = {};
   attr.id = cudaLaunchAttributeClusterDimension;
@@ -77,7 +81,7 @@ cudaLaunchConfig_t launch_config(const KernelConfig& k, dim3 grid, int cluster_x
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = dim3(Sm90::kThreads, 1, 1);
-  cfg.dynamicSmemBytes = k.smem_bytes();
+  cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cfg.attrs = &attr;
   cfg.numAttrs = 1;
@@ -89,20 +93,20 @@ cudaLaunchConfig_t launch_config(const KernelConfig& k, dim3 grid, int cluster_x
 void set_operands(Params& p, const KernelConfig& k, DType ab, const void* A, int64_t lda, const void* B, int64_t ldb,
                   int M, int N, int K) {
   if (ab == DType::F32) throw Error("GEMM inputs must be bf16 or f16");
-  encode_2d(&p.tma_a, "A", ab, A, M, K, lda, Sm90::kTileK, k.tile_m / k.a_slices());
-  if (k.b_kmajor) encode_2d(&p.tma_b, "B (N x K)", ab, B, N, K, ldb, Sm90::kTileK, k.tile_n / k.b_slices());
-  else encode_2d(&p.tma_b, "B (K x N)", ab, B, K, N, ldb, 64, Sm90::kTileK);
+  encode_tensor(&p.tma_a, "A", ab, A, M, K, lda, Sm90::kTileK, k.tile_m / k.a_slices());
+  if (k.b_kmajor) encode_tensor(&p.tma_b, "B (N x K)", ab, B, N, K, ldb, Sm90::kTileK, k.tile_n / k.b_slices());
+  else encode_tensor(&p.tma_b, "B (K x N)", ab, B, K, N, ldb, 64, Sm90::kTileK);
   p.M = M, p.N = N, p.K = K;
 }
 
-void set_output(Params& p, const KernelConfig& k, int slot, DType t, void* D, int64_t ldd) {
+void set_output(Params& p, int epi_rows, int slot, DType t, void* D, int64_t ldd) {
   if (slot < 0 || slot >= Sm90::kMaxOutputs) throw Error(fmt::format("output slot {} out of range", slot));
-  encode_2d(&p.tma_out[slot], "output", t, D, p.M, p.N, ldd, 128 / static_cast<uint32_t>(size_of(t)), k.epi_rows());
+  encode_tensor(&p.tma_out[slot], "output", t, D, p.M, p.N, ldd, 128 / static_cast<uint32_t>(size_of(t)), epi_rows);
 }
 
-void set_tile_input(Params& p, const KernelConfig& k, int slot, DType t, const void* X, int64_t ld) {
+void set_tile_input(Params& p, int epi_rows, int slot, DType t, const void* X, int64_t ld) {
   if (slot < 0 || slot >= Sm90::kMaxTileInputs) throw Error(fmt::format("tile input slot {} out of range", slot));
-  encode_2d(&p.tma_in[slot], "epilogue input", t, X, p.M, p.N, ld, 128 / static_cast<uint32_t>(size_of(t)), k.epi_rows());
+  encode_tensor(&p.tma_in[slot], "epilogue input", t, X, p.M, p.N, ld, 128 / static_cast<uint32_t>(size_of(t)), epi_rows);
 }
 
 int prepare(cudaKernel_t kernel, const KernelConfig& k) {
@@ -113,7 +117,7 @@ int prepare(cudaKernel_t kernel, const KernelConfig& k) {
     check(cudaFuncSetAttribute(func, cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
           "cudaFuncSetAttribute(NonPortableClusterSizeAllowed)");
   cudaLaunchAttribute attr;
-  const cudaLaunchConfig_t cfg = launch_config(k, dim3(k.cluster_m, k.cluster_n, 1), k.cluster_m, k.cluster_n, nullptr, attr);
+  const cudaLaunchConfig_t cfg = launch_config(dim3(k.cluster_m, k.cluster_n, 1), k.cluster_m, k.cluster_n, k.smem_bytes(), nullptr, attr);
   int max_clusters = 0;
   check(cudaOccupancyMaxActiveClusters(&max_clusters, func, &cfg), "cudaOccupancyMaxActiveClusters");
   if (max_clusters < 1) throw Error("the kernel fits no cluster on this GPU (SMEM or cluster size)");
@@ -132,7 +136,28 @@ void launch(cudaKernel_t kernel, const KernelConfig& k, const Params& p, cudaStr
                 "workspace of exchange_workspace_bytes() bytes, and Params::epoch must count launches from 1, "
                 "skipping multiples of 65536 (re-zero the workspace there; cluster/global_exchange.cuh)");
   cudaLaunchAttribute attr;
-  const cudaLaunchConfig_t cfg = launch_config(k, dim3(g.grid_x, g.grid_y, 1), g.cluster_x, g.cluster_y, stream, attr);
+  const cudaLaunchConfig_t cfg = launch_config(dim3(g.grid_x, g.grid_y, 1), g.cluster_x, g.cluster_y, k.smem_bytes(), stream, attr);
+  void* args[1] = {const_cast<Params*>(&p)};
+  check(cudaLaunchKernelExC(&cfg, reinterpret_cast<const void*>(kernel), args), "cudaLaunchKernelExC");
+}
+
+int prepare(cudaKernel_t kernel, const B2bConfig& k) {
+  const void* func = reinterpret_cast<const void*>(kernel);
+  check(cudaFuncSetAttribute(func, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem_bytes()),
+        "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+  int per_sm = 0, sms = 0, dev = 0;
+  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, func, Sm90::kThreads, k.smem_bytes()),
+        "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+  check(cudaGetDevice(&dev), "cudaGetDevice");
+  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
+  if (per_sm < 1) throw Error("the B2B kernel fits no CTA on this GPU (SMEM)");
+  return per_sm * sms;
+}
+
+void launch(cudaKernel_t kernel, const B2bConfig& k, const Params& p, cudaStream_t stream, int max_active_ctas) {
+  const int grid = b2b_grid(k, p.batches, p.M, p.N, max_active_ctas);
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t cfg = launch_config(dim3(grid, 1, 1), 1, 1, k.smem_bytes(), stream, attr);
   void* args[1] = {const_cast<Params*>(&p)};
   check(cudaLaunchKernelExC(&cfg, reinterpret_cast<const void*>(kernel), args), "cudaLaunchKernelExC");
 }

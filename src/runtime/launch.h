@@ -17,10 +17,11 @@ namespace comfuse::runtime_detail {
 // (stride ldb >= N). A and B are 16-bit (bf16 or f16), both the same type.
 void set_operands(Params& p, const KernelConfig& k, DType ab, const void* A, int64_t lda, const void* B, int64_t ldb,
                   int M, int N, int K);
-// Output `slot` (the Store node's Out): M x N row-major, row stride ldd.
-void set_output(Params& p, const KernelConfig& k, int slot, DType t, void* D, int64_t ldd);
+// Output `slot` (the Store node's Out): M x N row-major, row stride ldd; the TMA box is
+// `epi_rows` rows (one consumer warp group's tile) of 128 bytes of columns.
+void set_output(Params& p, int epi_rows, int slot, DType t, void* D, int64_t ldd);
 // Epilogue input `slot` (the TileInput node's In): M x N row-major, row stride ld.
-void set_tile_input(Params& p, const KernelConfig& k, int slot, DType t, const void* X, int64_t ld);
+void set_tile_input(Params& p, int epi_rows, int slot, DType t, const void* X, int64_t ld);
 
 // Once per loaded kernel: raise its dynamic SMEM limit to k.smem_bytes(), allow clusters of
 // more than 8 CTAs, and return how many clusters fit on the GPU at once (the persistent
@@ -30,5 +31,14 @@ int prepare(cudaKernel_t kernel, const KernelConfig& k);
 // Launches on `stream` with the grid of launch_grid(k, M, N, max_active_clusters). Checks the
 // workspaces the configuration needs (Params::stash, Params::exchange and epoch).
 void launch(cudaKernel_t kernel, const KernelConfig& k, const Params& p, cudaStream_t stream, int max_active_clusters);
+
+// A 2-D row-major tensor `rows` x `cols` (row stride ld elements) as a TMA descriptor with box
+// {box_cols, box_rows} and 128-byte swizzle; errors name `what`.
+void encode_tensor(TmaDesc* out, const char* what, DType t, const void* ptr, uint64_t rows, uint64_t cols, uint64_t ld,
+                   uint32_t box_cols, uint32_t box_rows);
+
+// B2B kernels (kernels/comfuse/b2b/): the same for a B2bConfig; no clusters, one CTA per SM.
+int prepare(cudaKernel_t kernel, const B2bConfig& k);  // CTAs resident at once
+void launch(cudaKernel_t kernel, const B2bConfig& k, const Params& p, cudaStream_t stream, int max_active_ctas);
 
 }  // namespace comfuse::runtime_detail

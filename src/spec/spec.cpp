@@ -37,6 +37,7 @@ std::string_view name_of(ArgRole r) {
   switch (r) {
     case ArgRole::OperandA: return "operand_a";
     case ArgRole::OperandB: return "operand_b";
+    case ArgRole::OperandGate: return "operand_gate";
     case ArgRole::Scalar: return "scalar";
     case ArgRole::RowVector: return "row_vector";
     case ArgRole::ColVector: return "col_vector";

@@ -317,12 +317,12 @@ class SpecParser {
     RuntimeArg a;
     const Tok role = ident("an arg role");
     bool found = false;
-    for (ArgRole r : {ArgRole::OperandA, ArgRole::OperandB, ArgRole::Scalar, ArgRole::RowVector, ArgRole::ColVector,
-                      ArgRole::TileInput, ArgRole::Output})
+    for (ArgRole r : {ArgRole::OperandA, ArgRole::OperandB, ArgRole::OperandGate, ArgRole::Scalar, ArgRole::RowVector,
+                      ArgRole::ColVector, ArgRole::TileInput, ArgRole::Output})
       if (role.text == name_of(r)) a.role = r, found = true;
     if (!found)
-      throw Error(role.loc, fmt::format("bad arg role `{}` (expected operand_a, operand_b, scalar, row_vector, "
-                                        "col_vector, tile_input or output)", role.text));
+      throw Error(role.loc, fmt::format("bad arg role `{}` (expected operand_a, operand_b, operand_gate, scalar, "
+                                        "row_vector, col_vector, tile_input or output)", role.text));
     a.name = name("an arg name");
     const Tok dt = ident("a dtype");
     auto d = dtype_from_name(dt.text);

@@ -42,6 +42,8 @@ struct EpiCtx {
   int t;            // thread index inside the consumer warp group (0..127)
   int warp, lane;   // warp inside the warp group, lane
   int tile = 0;     // Stash (NTiles > 1): which of the job's N-tiles (n0 is that tile's origin)
+  int batch = 0;    // batched kernels (Geometry::kBatched): the job's batch
+  float const* gate = nullptr;  // B2B's gated GEMM1: the current fragment of X W3^T (GateEntry)
   RowGroupSlot xs{};  // row reductions across clusters (Aggregation::L2Exchange): exchange slot, rank
 };
 
@@ -104,6 +106,44 @@ struct AccEntry {
     template <int I, class V> COMFUSE_DEVICE void visit(EpiCtx const&, FragCoord const&, Frag const& acc, V& v) {
       CUTE_UNROLL
       for (int e = 0; e < kFrag; ++e) v[I][e] = acc[e];
+    }
+  };
+};
+
+// The gated GEMM1's accumulator fragment (X W3^T beside AccEntry's X W1^T; B2B kernels set
+// EpiCtx::gate per fragment).
+struct GateEntry {
+  template <class Geo> struct Impl : NodeBase<Geo> {
+    template <int I, class V> COMFUSE_DEVICE void visit(EpiCtx const& c, FragCoord const&, Frag const&, V& v) {
+      CUTE_UNROLL
+      for (int e = 0; e < kFrag; ++e) v[I][e] = c.gate[e];
+    }
+  };
+};
+
+// The value that becomes the next GEMM's A operand (the B2B kernel's S): it stays in registers.
+template <int Src> struct ToOperand {
+  static constexpr bool kIsOperand = true;
+  template <class Geo> struct Impl : NodeBase<Geo> {
+    template <int I, class V> COMFUSE_DEVICE void visit(EpiCtx const&, FragCoord const&, Frag const&, V& v) {
+      static_assert(Src < I);
+      CUTE_UNROLL
+      for (int e = 0; e < kFrag; ++e) v[I][e] = v[Src][e];
+    }
+  };
+};
+
+// -inf where the element's key (column) lies past its query (row): the causal mask of
+// attention, top-left aligned (row r attends to columns 0..r), as torch's is_causal.
+template <int Src> struct CausalMask {
+  template <class Geo> struct Impl : NodeBase<Geo> {
+    template <int I, class V> COMFUSE_DEVICE void visit(EpiCtx const& c, FragCoord const& fc, Frag const&, V& v) {
+      static_assert(Src < I);
+      CUTE_UNROLL
+      for (int e = 0; e < kFrag; ++e) {
+        int const row = c.m0 + fc.row + frag_row(e), col = c.n0 + fc.col + frag_col(e);
+        v[I][e] = col > row ? -__int_as_float(0x7f800000) : v[Src][e];
+      }
     }
   };
 };
@@ -225,9 +265,14 @@ template <int Out, class T, int Src> struct Store {
     }
     COMFUSE_DEVICE void subtile_end(EpiCtx const& c, SharedStorage& s, int sub) {
       CUTE_UNROLL
-      for (int b = 0; b < Layout::kBoxes; ++b)
-        cute::SM90_TMA_STORE_2D::copy(&c.p->tma_out[Out], s.buf + b * Layout::kBoxBytes,
-                                      c.n0 + sub * 64 + b * Layout::kBoxCols, c.m0);
+      for (int b = 0; b < Layout::kBoxes; ++b) {
+        if constexpr (Geo::kBatched)
+          cute::SM90_TMA_STORE_3D::copy(&c.p->tma_out[Out], s.buf + b * Layout::kBoxBytes,
+                                        c.n0 + sub * 64 + b * Layout::kBoxCols, c.m0, c.batch);
+        else
+          cute::SM90_TMA_STORE_2D::copy(&c.p->tma_out[Out], s.buf + b * Layout::kBoxBytes,
+                                        c.n0 + sub * 64 + b * Layout::kBoxCols, c.m0);
+      }
     }
   };
 };
@@ -265,10 +310,16 @@ template <int In, class T> struct TileInput {
       CUTE_UNROLL
       for (int sub = 0; sub < Geo::SubTiles; ++sub)
         CUTE_UNROLL
-        for (int b = 0; b < Layout::kBoxes; ++b)
-          cute::SM90_TMA_LOAD_2D::copy(&c.p->tma_in[In], reinterpret_cast<uint64_t*>(&s.full), kEvictFirst,
-                                       s.buf + sub * Layout::kBytes + b * Layout::kBoxBytes,
-                                       c.n0 + sub * 64 + b * Layout::kBoxCols, c.m0);
+        for (int b = 0; b < Layout::kBoxes; ++b) {
+          unsigned char* dst = s.buf + sub * Layout::kBytes + b * Layout::kBoxBytes;
+          int const col = c.n0 + sub * 64 + b * Layout::kBoxCols;
+          if constexpr (Geo::kBatched)
+            cute::SM90_TMA_LOAD_3D::copy(&c.p->tma_in[In], reinterpret_cast<uint64_t*>(&s.full), kEvictFirst, dst,
+                                         col, c.m0, c.batch);
+          else
+            cute::SM90_TMA_LOAD_2D::copy(&c.p->tma_in[In], reinterpret_cast<uint64_t*>(&s.full), kEvictFirst, dst,
+                                         col, c.m0);
+        }
     }
     COMFUSE_DEVICE void begin(EpiCtx const&, SharedStorage& s) { base_ = smem_u32(s.buf); }
     COMFUSE_DEVICE void acquire(EpiCtx const&, SharedStorage& s) {
@@ -309,7 +360,7 @@ template <int Out, class T, int Src> struct StoreCol {
     template <int I, class V> COMFUSE_DEVICE void visit(EpiCtx const& c, FragCoord const& fc, Frag const&, V& v) {
       static_assert(Src < I);
       if (fc.col == 0 && c.n0 == 0 && c.lane % 4 == 0) {
-        T* out = static_cast<T*>(c.p->col_outputs[Out]);
+        T* out = static_cast<T*>(c.p->col_outputs[Out]) + (Geo::kBatched ? size_t(c.batch) * c.p->M : 0);
         CUTE_UNROLL
         for (int h = 0; h < 2; ++h) {
           int const m = c.m0 + fc.row + 8 * h;

@@ -124,6 +124,8 @@ template <class Op, int A, int B> struct NodeClass<Compute<Op, A, B>> {
 template <class T, int S> struct NodeClass<Cast<T, S>> { template <class P> static constexpr int get(int const* c) { return c[S]; } };
 template <int O, class T, int S> struct NodeClass<Store<O, T, S>> { template <class P> static constexpr int get(int const* c) { return c[S]; } };
 template <int O, class T, int S> struct NodeClass<StoreCol<O, T, S>> { template <class P> static constexpr int get(int const* c) { return c[S]; } };
+template <int S> struct NodeClass<ToOperand<S>> { template <class P> static constexpr int get(int const* c) { return c[S]; } };
+template <int S> struct NodeClass<CausalMask<S>> { template <class P> static constexpr int get(int const*) { return kClassTile; } };
 template <class Op, int A, class S, int Pr> struct NodeClass<Reduction<Op, A, S, Pr>> { template <class P> static constexpr int get(int const*) { return kClassCol; } };
 
 template <int N> struct IntArr { int v[N > 0 ? N : 1]; };

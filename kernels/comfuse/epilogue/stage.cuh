@@ -67,9 +67,11 @@ namespace comfuse::epi {
 // Tile geometry of one consumer warp group.
 // RowPeers: CTAs that hold the same rows at the same time (tile t of a job sits at
 // n0 + t * RowPeers * BN); they are one cluster along N unless Agg == Global.
-template <int BM_, int BN_, int RowPeers_ = 1, Aggregation Agg_ = Aggregation::None, int NTiles_ = 1>
+template <int BM_, int BN_, int RowPeers_ = 1, Aggregation Agg_ = Aggregation::None, int NTiles_ = 1,
+          bool Batched_ = false>
 struct Geometry {
   static constexpr int BM = BM_, BN = BN_, RowPeers = RowPeers_;
+  static constexpr bool kBatched = Batched_;  // tensors carry a leading batch dim (EpiCtx::batch)
   static constexpr int NTiles = NTiles_;  // N-tiles of a job (Stash); 1: one tile, no stash
   static constexpr Aggregation Agg = Agg_;
   static constexpr int MBlocks = BM / 64;   // m64 wgmma blocks
@@ -141,6 +143,7 @@ template <class... Nodes> struct Stage {
   static constexpr bool kHasStores = kNumStores > 0;
   using Last = cute::tuple_element_t<kNumNodes - 1, cute::tuple<Nodes...>>;
   static constexpr bool kEndsInReduction = detail::is_reduction<Last>::value;
+  static constexpr bool kUsesGate = (false || ... || cute::is_same_v<Nodes, GateEntry>);  // reads EpiCtx::gate
   static_assert((0 + ... + int(detail::is_reduction<Nodes>::value)) == int(kEndsInReduction),
                 "ComFuse: a Reduction must be the last (terminal) node of its Stage, one per Stage");
   static_assert((0 + ... + int(detail::is_stat<Nodes>::value)) <= 1, "ComFuse: at most one Stat node per Stage");

@@ -56,4 +56,38 @@ COMFUSE_HOST_DEVICE constexpr long long exchange_workspace_bytes(KernelConfig co
   return (long long)c.exchange_slot_bytes() * (max_active_clusters / c.row_group) * c.cluster_m * Sm90::kConsumerWGs;
 }
 
+// ---- B2B kernels (b2b/b2b_gemm_sm90.cuh): a job is one consumer warp group's tile_m rows x
+// tile_n2 columns of O in one batch; each warp group walks its own jobs (persistent).
+struct B2bJob {
+  int batch, m_block, n2_block;
+  bool valid;
+};
+
+COMFUSE_HOST_DEVICE constexpr int b2b_job_count(B2bConfig const& c, int batches, int M, int N2) {
+  return batches * ceil_div(M, c.tile_m) * ceil_div(N2, c.tile_n2);
+}
+
+// Job j. With a causal mask the row blocks run last-first: their jobs walk the most chunks, and
+// a persistent grid should start the long ones first.
+COMFUSE_HOST_DEVICE constexpr B2bJob b2b_job(B2bConfig const& c, int j, int batches, int M, int N2) {
+  int const mb = ceil_div(M, c.tile_m), nb = ceil_div(N2, c.tile_n2);
+  if (j >= batches * mb * nb) return {0, 0, 0, false};
+  int const n2_block = j % nb, rest = j / nb;
+  int const m_rev = rest % mb, batch = rest / mb;
+  return {batch, c.causal ? mb - 1 - m_rev : m_rev, n2_block, true};
+}
+
+// N1 chunks a job walks: all of N1, or with a causal mask only those that reach its rows.
+COMFUSE_HOST_DEVICE constexpr int b2b_chunks(B2bConfig const& c, int m_block, int M, int N1) {
+  int const last_row = (m_block + 1) * c.tile_m;
+  int const cols = c.causal ? (last_row < N1 ? last_row : N1) : N1;
+  return ceil_div(cols, c.chunk_n1);
+}
+
+// One CTA per SM at most, two consumer warp groups each walking their own jobs.
+COMFUSE_HOST_DEVICE constexpr int b2b_grid(B2bConfig const& c, int batches, int M, int N2, int max_active_ctas) {
+  int const ctas = ceil_div(b2b_job_count(c, batches, M, N2), Sm90::kConsumerWGs);
+  return ctas < max_active_ctas ? (ctas > 0 ? ctas : 1) : max_active_ctas;
+}
+
 }  // namespace comfuse

@@ -1,0 +1,161 @@
+// comfuse/b2b/b2b_gemm_sm90.cuh: the back-to-back GEMM kernel (sm_90a), the second kernel
+// family: O = F(X W1^T [, X W3^T]) W2^T, then GEMM2's epilogue, with S = F(P) never leaving
+// the registers.
+//
+// 384 threads = 3 warp groups, one CTA per SM (persistent over jobs):
+//   WG0  producer (setmaxnreg.dec 40): warp w's first lane feeds consumer w's ring
+//        (b2b/ring.cuh): per chunk of N1, the X/W1 k-blocks, then the W2 k-blocks (b2b/
+//        mainloop_b2b.cuh), in exactly the order the consumer takes them. The W2 k-blocks of a
+//        chunk land while the consumer runs F on it.
+//   WG1, WG2  consumers (setmaxnreg.inc 232), each on its own jobs: tile_m rows x tile_n2
+//        columns of O (b2b job order: scheduler/grid.cuh). Per chunk: ML1 (GEMM1, SS wgmma),
+//        Epi1 (F: b2b/intermediate.cuh), ML2 (GEMM2, RS wgmma: S from registers). GEMM2 of
+//        chunk c runs on the tensor cores while ML1 of chunk c + 1 is issued behind it; the two
+//        consumer warp groups interleave on the tensor cores, one's F beside the other's GEMMs.
+//        After the last chunk, Epi2: GEMM2's Stage-Stream epilogue on O (bias, residual,
+//        activation, a norm over tile_n2 >= N2, stores by TMA).
+// A slot is released once the wgmmas that read it completed: the consumer waits for all its
+// wgmmas before F (which rewrites S and, for the online softmax, rescales O), so every slot
+// taken so far is released there, and at the job's end.
+#pragma once
+#include "../common.cuh"
+#include "../params.cuh"
+#include "../scheduler/grid.cuh"
+#include "mainloop_b2b.cuh"
+#include "intermediate.cuh"
+
+namespace comfuse::b2b {
+
+// C: the kernel's description (config.cuh's B2bConfig); F: ElementwiseF<Stage> or
+// OnlineSoftmaxF<Stage> over a Stage ending in ToOperand; Epi2: a Stage on O.
+template <B2bConfig C, class Element, template <class, class> class FKind, class FStage, class Epi2Stage>
+struct B2bGemmSm90 {
+  static_assert(check(C) == nullptr, "ComFuse: B2bConfig refused by check() (config.cuh); the host planner names the reason");
+  using Mainloop = MainloopB2b<Element, C>;
+  using RingT = typename Mainloop::RingT;
+  using State = typename Mainloop::State;
+  using Geo1 = epi::Geometry<C.tile_m, C.chunk_n1, 1, Aggregation::None, 1, C.batched>;
+  using Geo2 = epi::Geometry<C.tile_m, C.tile_n2, 1, Aggregation::None, 1, C.batched>;
+  using F = FKind<FStage, Geo1>;
+  using Epi2 = typename Epi2Stage::template Exec<Geo2>;
+  static constexpr int kThreads = Sm90::kThreads;
+
+  // Per consumer warp group: its ring, then its F and Epi2 storage (1024-aligned blocks, none
+  // when empty), as KernelConfig-style arithmetic the host repeats (B2bConfig::smem_bytes).
+  static constexpr int kFBytes = cute::is_same_v<typename F::SharedStorage, epi::detail::NoTree> ? 0
+                                 : align_up(int(sizeof(typename F::SharedStorage)), 1024);
+  static constexpr int kEpi2Bytes = cute::is_same_v<typename Epi2::SharedStorage, epi::detail::NoTree> ? 0
+                                    : align_up(int(sizeof(typename Epi2::SharedStorage)), 1024);
+  static_assert(kFBytes + kEpi2Bytes <= C.epilogue_smem_bytes || C.epilogue_smem_bytes == 0,
+                "ComFuse: F and GEMM2's epilogue exceed B2bConfig::epilogue_smem_bytes (the planner's model)");
+  struct alignas(1024) PerWG {
+    typename Mainloop::SharedStorage ring;
+    unsigned char epi[kFBytes + kEpi2Bytes > 0 ? kFBytes + kEpi2Bytes : 16];
+  };
+  struct SharedStorage {
+    PerWG wg[Sm90::kConsumerWGs];
+    typename RingT::Storage bars[Sm90::kConsumerWGs];
+  };
+  static_assert(int(sizeof(SharedStorage)) + Sm90::kSmemBaseAlign <= C.smem_bytes(),
+                "ComFuse: the B2B kernel's SMEM exceeds B2bConfig::smem_bytes()");
+
+  static COMFUSE_DEVICE typename F::SharedStorage& f_storage(PerWG& w) {
+    return *reinterpret_cast<typename F::SharedStorage*>(w.epi);
+  }
+  static COMFUSE_DEVICE typename Epi2::SharedStorage& epi2_storage(PerWG& w) {
+    return *reinterpret_cast<typename Epi2::SharedStorage*>(w.epi + kFBytes);
+  }
+
+  static COMFUSE_DEVICE void run(Params const& p, char* smem_raw) {
+    uintptr_t base = (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023);
+    SharedStorage& ss = *reinterpret_cast<SharedStorage*>(base);
+    int const wg = threadIdx.x / kWarpGroupThreads;
+    int const t = threadIdx.x % kWarpGroupThreads;
+    if (threadIdx.x == 0) {
+      for (int w = 0; w < Sm90::kConsumerWGs; ++w) {
+        RingT::init(ss.bars[w]);
+        F::init(f_storage(ss.wg[w]));
+        Epi2::init_shared(epi2_storage(ss.wg[w]));
+      }
+      cutlass::arch::fence_barrier_init();
+    }
+    __syncthreads();
+
+    int const stride = int(gridDim.x) * Sm90::kConsumerWGs;
+    if (wg == 0) {
+      warpgroup_reg_dealloc<Sm90::kProducerRegs>();
+      int const w = t / 32;  // the consumer warp group this warp feeds
+      if (w < Sm90::kConsumerWGs && t % 32 == 0) {
+        State st = RingT::producer_start();
+        for (int j = int(blockIdx.x) * Sm90::kConsumerWGs + w;; j += stride) {
+          B2bJob const job = b2b_job(C, j, p.batches, p.M, p.N);
+          if (!job.valid) break;
+          int const chunks = b2b_chunks(C, job.m_block, p.M, p.N1);
+          for (int c = 0; c < chunks; ++c)
+            Mainloop::load_chunk(p, ss.bars[w], st, ss.wg[w].ring, job.m_block * C.tile_m, c * C.chunk_n1,
+                                 job.n2_block * C.tile_n2, job.batch);
+        }
+      }
+    } else {
+      warpgroup_reg_alloc<Sm90::kConsumerRegs>();
+      int const cw = wg - 1;
+      PerWG& mine = ss.wg[cw];
+      typename RingT::Storage& ring = ss.bars[cw];
+      int const bar_id = barrier_id(NamedBarrier::EpilogueWG0, cw);
+      State rd = RingT::consumer_start(), rel = RingT::consumer_start();
+      int pending = 0;  // slots taken whose wgmmas may still run
+      auto release_all = [&] {
+        for (; pending > 0; --pending) {
+          RingT::release(ring, rel, t);
+          rel.advance();
+        }
+      };
+      F f;
+      Epi2 epi2;
+      typename Mainloop::FragP P, P3;
+      typename Mainloop::FragS S;
+      typename Mainloop::FragO O;
+      for (int j = int(blockIdx.x) * Sm90::kConsumerWGs + cw;; j += stride) {
+        B2bJob const job = b2b_job(C, j, p.batches, p.M, p.N);
+        if (!job.valid) break;
+        int const m0 = job.m_block * C.tile_m;
+        int const chunks = b2b_chunks(C, job.m_block, p.M, p.N1);
+        epi::EpiCtx c2{&p, m0, job.n2_block * C.tile_n2, t, t / 32, t % 32};
+        c2.batch = job.batch;
+        // Epi2's tile inputs (a residual) load while the chunks run; the previous job's
+        // readers of that SMEM passed Epi2's last barrier.
+        if constexpr (Epi2::kRootLoads) {
+          named_sync(bar_id, kWarpGroupThreads);
+          epi2.prefetch(c2, epi2_storage(mine));
+        }
+        f.start_job();
+        for (int c = 0; c < chunks; ++c) {
+          Mainloop::gemm1(p, ring, rd, mine.ring, P, P3, t);  // behind GEMM2 of chunk c - 1
+          pending += Mainloop::k_blocks(p);
+          cute::warpgroup_wait<0>();
+          release_all();
+          epi::EpiCtx c1{&p, m0, c * C.chunk_n1, t, t / 32, t % 32};
+          c1.batch = job.batch;
+          f.apply(c1, f_storage(mine), bar_id, P, P3, S, O, c == 0);
+          Mainloop::gemm2(ring, rd, mine.ring, S, O, c == 0, t);
+          pending += Mainloop::kGemm2Blocks;
+        }
+        cute::warpgroup_wait<0>();
+        release_all();
+        f.finish(O);
+        epi2.run(c2, epi2_storage(mine), O, bar_id);
+      }
+      if (t == 0) tma_store_wait_all<0>();
+    }
+  }
+};
+
+}  // namespace comfuse::b2b
+
+// A generated B2B translation unit's entry point (extern "C", as COMFUSE_DEFINE_KERNEL).
+#define COMFUSE_DEFINE_B2B_KERNEL(NAME, KERNEL)                            \
+  extern "C" __global__ void __launch_bounds__(KERNEL::kThreads, 1)        \
+      NAME(__grid_constant__ comfuse::Params const p) {                    \
+    extern __shared__ char comfuse_smem[];                                 \
+    KERNEL::run(p, comfuse_smem);                                          \
+  }

@@ -1,0 +1,133 @@
+// comfuse/b2b/intermediate.cuh: F, the intermediate epilogue of a B2B kernel, which turns GEMM1's
+// accumulator P (per chunk of N1) into GEMM2's register operand S.
+//
+//   ElementwiseF<Stage>   F is a Stage-Stream stage (epilogue/stage.cuh) without reductions,
+//                         ending in ToOperand: FFN's gelu(P + b1), SwiGLU's silu(P) * P3
+//                         (GateEntry reads P3). Its nodes' vectors are the chunk's columns.
+//   OnlineSoftmaxF<Stage> F is softmax over all of N1 of a Stage-Stream prologue x (the scaled,
+//                         maybe masked scores): no chunk sees the whole row, so the row max and
+//                         sum run along the chunks (online softmax): per chunk m' = max(m, max x),
+//                         O and l scaled by exp(m - m'), S = exp(x - m'), l += sum S; after the
+//                         last chunk O /= l. Exactly softmax(x) W2^T, in one pass over N1.
+#pragma once
+#include "../epilogue/stage.cuh"
+
+namespace comfuse::b2b {
+
+// The prologue/F stage over one chunk: begin() (the chunk's vectors), then every fragment
+// through visit_all; f(base, values of the ToOperand node) per fragment.
+template <class Stage, class Geo>
+struct ChunkStage {
+  using Exec = typename Stage::template Exec<Geo>;
+  using SharedStorage = typename Exec::SharedStorage;
+  static constexpr int kOut = Stage::kNumNodes - 1;
+  Exec exec;
+
+  static COMFUSE_DEVICE void init(SharedStorage& ss) { Exec::init_shared(ss); }
+
+  template <class FP, class F>
+  COMFUSE_DEVICE void stream(epi::EpiCtx c, SharedStorage& ss, int bar_id, FP const& P, FP const& P3, F&& f) {
+    exec.begin_phase(c, Exec::tree_of(ss), bar_id);
+    CUTE_UNROLL
+    for (int s = 0; s < Geo::SubTiles; ++s)
+      CUTE_UNROLL
+      for (int j = 0; j < 4; ++j) {
+        epi::FragCoord fc;
+        fc.sub_col = j * 16 + 2 * (c.lane % 4);
+        fc.col = s * 64 + fc.sub_col;
+        fc.row = accum_row(c.t, 0, 0);
+        fc.mi = 0;
+        int const base = 8 * (4 * s + j);
+        epi::Frag acc, gate;
+        CUTE_UNROLL
+        for (int e = 0; e < epi::kFrag; ++e) acc[e] = P(base + e);
+        if constexpr (Stage::kUsesGate) {
+          CUTE_UNROLL
+          for (int e = 0; e < epi::kFrag; ++e) gate[e] = P3(base + e);
+          c.gate = gate;
+        }
+        float vals[Stage::kNumNodes][epi::kFrag];
+        exec.visit_all(c, fc, acc, vals);
+        f(base, vals[kOut]);
+      }
+  }
+};
+
+template <class Stage, class Geo>
+struct ElementwiseF {
+  ChunkStage<Stage, Geo> stage;
+  using SharedStorage = typename ChunkStage<Stage, Geo>::SharedStorage;
+  static COMFUSE_DEVICE void init(SharedStorage& ss) { ChunkStage<Stage, Geo>::init(ss); }
+  COMFUSE_DEVICE void start_job() {}
+  template <class FP, class FS, class FO>
+  COMFUSE_DEVICE void apply(epi::EpiCtx const& c, SharedStorage& ss, int bar_id, FP& P, FP const& P3, FS& S, FO&, bool) {
+    stage.stream(c, ss, bar_id, P, P3, [&](int base, float const (&v)[epi::kFrag]) {
+      CUTE_UNROLL
+      for (int e = 0; e < epi::kFrag; ++e) S(base + e) = typename FS::value_type(v[e]);
+    });
+  }
+  template <class FO> COMFUSE_DEVICE void finish(FO&) {}
+};
+
+template <class Stage, class Geo>
+struct OnlineSoftmaxF {
+  ChunkStage<Stage, Geo> stage;
+  using SharedStorage = typename ChunkStage<Stage, Geo>::SharedStorage;
+  static COMFUSE_DEVICE float neg_inf() { return -__int_as_float(0x7f800000); }
+  float m[2], l[2];  // running max of the thread's rows (r, r + 8), and its partial row sums
+
+  static COMFUSE_DEVICE void init(SharedStorage& ss) { ChunkStage<Stage, Geo>::init(ss); }
+  COMFUSE_DEVICE void start_job() { m[0] = m[1] = neg_inf(), l[0] = l[1] = 0.f; }
+
+  template <class FP, class FS, class FO>
+  COMFUSE_DEVICE void apply(epi::EpiCtx const& c, SharedStorage& ss, int bar_id, FP& P, FP const& P3, FS& S, FO& O, bool first) {
+    // x = the prologue, in place of P; columns past N1 do not exist.
+    float cmax[2] = {neg_inf(), neg_inf()};
+    stage.stream(c, ss, bar_id, P, P3, [&](int base, float const (&v)[epi::kFrag]) {
+      int const col0 = c.n0 + 16 * (base / 8) + 2 * (c.lane % 4);  // fragment base / 8: the 16-column block
+      CUTE_UNROLL
+      for (int e = 0; e < epi::kFrag; ++e) {
+        float const x = col0 + epi::frag_col(e) < c.p->N1 ? v[e] : neg_inf();
+        P(base + e) = x;
+        cmax[(e >> 1) & 1] = fmaxf(cmax[(e >> 1) & 1], x);
+      }
+    });
+    float scale[2], ref[2];
+    CUTE_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      cmax[h] = fmaxf(cmax[h], __shfl_xor_sync(0xffffffffu, cmax[h], 1));
+      cmax[h] = fmaxf(cmax[h], __shfl_xor_sync(0xffffffffu, cmax[h], 2));
+      float const mn = fmaxf(m[h], cmax[h]);
+      ref[h] = mn == neg_inf() ? 0.f : mn;  // a row masked so far: no NaN from -inf - -inf
+      scale[h] = epi::fast_exp(m[h] - ref[h]);
+      m[h] = mn;
+      l[h] *= scale[h];
+    }
+    if (!first) {
+      CUTE_UNROLL
+      for (int i = 0; i < cute::size(O); ++i) O(i) *= scale[(i >> 1) & 1];
+    }
+    CUTE_UNROLL
+    for (int i = 0; i < cute::size(P); ++i) {
+      float const e = epi::fast_exp(P(i) - ref[(i >> 1) & 1]);
+      S(i) = typename FS::value_type(e);
+      l[(i >> 1) & 1] += e;
+    }
+  }
+
+  // After the last chunk: O /= the row's sum (0 where a row had nothing: rows past M).
+  template <class FO> COMFUSE_DEVICE void finish(FO& O) {
+    float inv[2];
+    CUTE_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      float s = l[h];
+      s += __shfl_xor_sync(0xffffffffu, s, 1);
+      s += __shfl_xor_sync(0xffffffffu, s, 2);
+      inv[h] = s > 0.f ? __fdiv_rn(1.f, s) : 0.f;
+    }
+    CUTE_UNROLL
+    for (int i = 0; i < cute::size(O); ++i) O(i) *= inv[(i >> 1) & 1];
+  }
+};
+
+}  // namespace comfuse::b2b

@@ -1,0 +1,172 @@
+// comfuse/b2b/mainloop_b2b.cuh: the two GEMMs of a B2B kernel, for one consumer warp group.
+//
+// The ring (b2b/ring.cuh) is unified: every slot holds an X k-block (tile_m x 64) in its A region
+// and, in its B region, either W1's k-block of the chunk (chunk_n1 x 64; gated: W3's beside it)
+// or one k-block of W2 along N1 (tile_n2 x 64). Per chunk the producer loads K/64 slots of
+// X/W1, then chunk_n1/64 slots of W2; the consumer takes them in the same order:
+//   GEMM1  P = X W1^T (SS wgmma: both operands in SMEM), m64 x chunk_n1, fp32 in registers;
+//   F      S = F(P), bf16/f16 in registers, in the layout of GEMM2's register A operand (the
+//          accumulator's values of 16 columns are, in order, one k16 A fragment: no shuffle);
+//   GEMM2  O += S W2^T (RS wgmma: A from registers, W2 from SMEM), m64 x tile_n2.
+// X is re-read per chunk (from L2): the slot holds both so that K is not bounded by SMEM.
+#pragma once
+#include "../common.cuh"
+#include "../params.cuh"
+#include "ring.cuh"
+
+namespace comfuse::b2b {
+
+template <class Element_, B2bConfig C>
+struct MainloopB2b {
+  using Element = Element_;
+  static constexpr int BM = C.tile_m, BN1 = C.chunk_n1, BN2 = C.tile_n2, BK = Sm90::kTileK, Stages = C.ring_stages;
+  static constexpr int kBRows = C.b_region_rows();
+  static constexpr int kSlotA = BM * BK, kSlotB = kBRows * BK;  // elements
+  static_assert(sizeof(Element) == Sm90::kAbBytes, "16-bit inputs (bf16, fp16)");
+  using RingT = Ring<Stages>;
+  using State = typename RingT::State;
+
+  struct SharedStorage {
+    alignas(1024) Element A[Stages * kSlotA];
+    alignas(1024) Element B[Stages * kSlotB];
+  };
+
+  template <bool KMajor> using Major = cute::integral_constant<cute::GMMA::Major, KMajor ? cute::GMMA::Major::K : cute::GMMA::Major::MN>;
+  // One slot's operand tiles. MN-major tiles are 64-column atoms, one TMA box {64, 64} each.
+  template <int Rows, bool KMajor>
+  using SlotLayout = cute::conditional_t<KMajor,
+      decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<Element>{}, cute::Shape<cute::Int<Rows>, cute::Int<BK>>{})),
+      decltype(cute::tile_to_shape(cute::GMMA::Layout_MN_SW128_Atom<Element>{}, cute::Shape<cute::Int<Rows>, cute::Int<BK>>{}))>;
+  using LayoutX = SlotLayout<BM, true>;
+  using LayoutW1 = SlotLayout<BN1, C.w1_kmajor>;
+  using LayoutW2 = SlotLayout<BN2, C.w2_kmajor>;
+
+  using TiledMma1 = decltype(cute::make_tiled_mma(cute::GMMA::ss_op_selector<Element, Element, float,
+      cute::Shape<cute::Int<BM>, cute::Int<BN1>, cute::Int<BK>>, cute::GMMA::Major::K, Major<C.w1_kmajor>::value>()));
+  using TiledMma2 = decltype(cute::make_tiled_mma(cute::GMMA::rs_op_selector<Element, Element, float,
+      cute::Shape<cute::Int<BM>, cute::Int<BN2>, cute::Int<BN1>>, cute::GMMA::Major::K, Major<C.w2_kmajor>::value>()));
+  using FragP = decltype(cute::partition_fragment_C(TiledMma1{}, cute::Shape<cute::Int<BM>, cute::Int<BN1>>{}));
+  using FragO = decltype(cute::partition_fragment_C(TiledMma2{}, cute::Shape<cute::Int<BM>, cute::Int<BN2>>{}));
+  // S as GEMM2's register A operand: ((2,2,2), 1, BN1/16) values; flat index i is the P
+  // accumulator's flat index i (same rows and columns), so S(i) = F(P(i)).
+  using LayoutS = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<Element>{},
+                                                cute::Shape<cute::Int<BM>, cute::Int<BN1>>{}));
+  using FragS = decltype(TiledMma2{}.get_slice(0).partition_fragment_A(
+      cute::make_tensor(cute::make_smem_ptr(static_cast<Element*>(nullptr)), LayoutS{})));
+
+  static constexpr uint32_t kTxGemm1 = uint32_t((BM + C.gemm1_b_rows()) * BK * sizeof(Element));
+  static constexpr uint32_t kTxGemm2 = uint32_t(BN2 * BK * sizeof(Element));
+  static COMFUSE_DEVICE int k_blocks(Params const& p) { return (p.K + BK - 1) / BK; }
+  static constexpr int kGemm2Blocks = BN1 / BK;  // W2 k-blocks of a chunk
+
+  // ---- producer: one thread per consumer warp group --------------------------------------
+  template <class Desc>
+  static COMFUSE_DEVICE void tma(Desc const* d, uint64_t* bar, uint64_t hint, Element* dst, int c0, int c1, int batch) {
+    if constexpr (C.batched) cute::SM90_TMA_LOAD_3D::copy(d, bar, hint, dst, c0, c1, batch);
+    else cute::SM90_TMA_LOAD_2D::copy(d, bar, hint, dst, c0, c1);
+  }
+  // The operand tile of `Rows` rows (output dim) x 64 (k) at (row0, k0) of a K-major (row0 along
+  // the rows, k0 along the contiguous columns) or MN-major tensor (k0 along the rows).
+  template <int Rows, bool KMajor>
+  static COMFUSE_DEVICE void load_tile(TmaDesc const* d, uint64_t* bar, uint64_t hint, Element* dst, int row0, int k0,
+                                       int batch) {
+    if constexpr (KMajor) {
+      tma(d, bar, hint, dst, k0, row0, batch);
+    } else {
+      CUTE_UNROLL
+      for (int j = 0; j < Rows / 64; ++j) tma(d, bar, hint, dst + j * 64 * BK, row0 + j * 64, k0, batch);
+    }
+  }
+
+  // One chunk's slots for a job: K/64 X/W1 (/W3) k-blocks, then BN1/64 W2 k-blocks.
+  static COMFUSE_DEVICE void load_chunk(Params const& p, typename RingT::Storage& ring, State& st, SharedStorage& s,
+                                        int m0, int n1_0, int n2_0, int batch) {
+    constexpr uint64_t kEvictNormal = 0x1000000000000000ull;
+    int const kb_count = k_blocks(p);
+    for (int kb = 0; kb < kb_count; ++kb) {
+      uint64_t* bar = RingT::acquire(ring, st, kTxGemm1);
+      Element* b = s.B + st.index * kSlotB;
+      tma(&p.tma_a, bar, kEvictNormal, s.A + st.index * kSlotA, kb * BK, m0, batch);
+      load_tile<BN1, C.w1_kmajor>(&p.tma_b, bar, kEvictNormal, b, n1_0, kb * BK, batch);
+      if constexpr (C.gated) load_tile<BN1, C.w1_kmajor>(&p.tma_b3, bar, kEvictNormal, b + BN1 * BK, n1_0, kb * BK, batch);
+      st.advance();
+    }
+    CUTE_UNROLL
+    for (int kb = 0; kb < kGemm2Blocks; ++kb) {
+      uint64_t* bar = RingT::acquire(ring, st, kTxGemm2);
+      load_tile<BN2, C.w2_kmajor>(&p.tma_b2, bar, kEvictNormal, s.B + st.index * kSlotB, n2_0, n1_0 + kb * BK, batch);
+      st.advance();
+    }
+  }
+
+  // ---- consumer: one warp group -----------------------------------------------------------
+  // GEMM1 of a chunk: P (and P3) = X W1^T (W3^T) over K. Returns with the wgmmas in flight;
+  // `issued` counts the slots taken (their release waits for completion).
+  template <class FP>
+  static COMFUSE_DEVICE void gemm1(Params const& p, typename RingT::Storage& ring, State& rd, SharedStorage& s, FP& P,
+                                   FP& P3, int t) {
+    using namespace cute;
+    TiledMma1 mma;
+    auto thr = mma.get_slice(t);
+    int const kb_count = k_blocks(p);
+    mma.accumulate_ = GMMA::ScaleOut::Zero;
+    warpgroup_fence_operand(P);
+    if constexpr (C.gated) warpgroup_fence_operand(P3);
+    for (int kb = 0; kb < kb_count; ++kb) {
+      RingT::wait(ring, rd);
+      Tensor sX = make_tensor(make_smem_ptr(s.A + rd.index * kSlotA), LayoutX{});
+      Tensor sW = make_tensor(make_smem_ptr(s.B + rd.index * kSlotB), LayoutW1{});
+      Tensor tX = thr.make_fragment_A(thr.partition_A(sX));
+      Tensor tW = thr.make_fragment_B(thr.partition_B(sW));
+      warpgroup_arrive();
+      auto acc_flag = mma.accumulate_;
+      CUTE_UNROLL
+      for (int k = 0; k < size<2>(tX); ++k) {
+        cute::gemm(mma, tX(_, _, k), tW(_, _, k), P);
+        mma.accumulate_ = GMMA::ScaleOut::One;
+      }
+      if constexpr (C.gated) {
+        Tensor sW3 = make_tensor(make_smem_ptr(s.B + rd.index * kSlotB + BN1 * BK), LayoutW1{});
+        Tensor tW3 = thr.make_fragment_B(thr.partition_B(sW3));
+        mma.accumulate_ = acc_flag;
+        CUTE_UNROLL
+        for (int k = 0; k < size<2>(tX); ++k) {
+          cute::gemm(mma, tX(_, _, k), tW3(_, _, k), P3);
+          mma.accumulate_ = GMMA::ScaleOut::One;
+        }
+      }
+      warpgroup_commit_batch();
+      rd.advance();
+    }
+    warpgroup_fence_operand(P);
+    if constexpr (C.gated) warpgroup_fence_operand(P3);
+  }
+
+  // GEMM2 of a chunk: O (+)= S W2^T over the chunk's N1 columns; `first`: O starts at 0.
+  template <class FS, class FO>
+  static COMFUSE_DEVICE void gemm2(typename RingT::Storage& ring, State& rd, SharedStorage& s, FS const& S, FO& O,
+                                   bool first, int t) {
+    using namespace cute;
+    TiledMma2 mma;
+    auto thr = mma.get_slice(t);
+    mma.accumulate_ = first ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+    warpgroup_fence_operand(O);
+    CUTE_UNROLL
+    for (int kb = 0; kb < kGemm2Blocks; ++kb) {
+      RingT::wait(ring, rd);
+      Tensor sW = make_tensor(make_smem_ptr(s.B + rd.index * kSlotB), LayoutW2{});
+      Tensor tW = thr.make_fragment_B(thr.partition_B(sW));
+      warpgroup_arrive();
+      CUTE_UNROLL
+      for (int k = 0; k < size<2>(tW); ++k) {
+        cute::gemm(mma, S(_, _, kb * size<2>(tW) + k), tW(_, _, k), O);
+        mma.accumulate_ = GMMA::ScaleOut::One;
+      }
+      warpgroup_commit_batch();
+      rd.advance();
+    }
+    warpgroup_fence_operand(O);
+  }
+};
+
+}  // namespace comfuse::b2b

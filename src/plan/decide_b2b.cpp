@@ -1,0 +1,243 @@
+// The B2B decider: plans a pair of regions (lower.h's B2BCandidate) as one back-to-back GEMM
+// kernel (kernels/comfuse/b2b/), the planner's steps for the second kernel family:
+//   check     F (the first region's epilogue) runs per chunk of N1: elementwise, or softmax over
+//             all of N1 (online: running max and sum); GEMM2's epilogue reduces only what one
+//             job holds (N2 <= tile_n2); S, X, W1 and W2 are one 16-bit type
+//   layout    tile_m 64 rows per consumer warp group; tile_n2 the smallest that covers N2 (one
+//             pass of GEMM1), else 256 with GEMM1 repeated per block of O; chunk_n1 128 unless
+//             the registers need 64
+//   storage   F's and GEMM2's epilogue storage, then the deepest ring that fits (<= 8)
+//   launch    jobs (batch x row blocks x O blocks), two consumer warp groups a CTA, one CTA an SM
+//   estimate  both GEMMs at the measured per-SM rate and B2B efficiency (GUESS), against the
+//             unfused path (the two GEMMs and S through DRAM)
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "comfuse/scheduler/grid.cuh"
+#include "plan_internal.h"
+
+namespace comfuse {
+
+std::string_view name_of(B2bIntermediate f) {
+  return f == B2bIntermediate::OnlineSoftmax ? "online softmax over N1" : "elementwise per chunk";
+}
+
+B2bProblem b2b_problem_of(const FusionSpec& first, const FusionSpec& second, const Bindings& dims) {
+  B2bProblem p;
+  p.m = resolve(first.m, dims);
+  p.k = resolve(first.k, dims);
+  p.n1 = resolve(first.n, dims);
+  p.n2 = resolve(second.n, dims);
+  const int a = first.arg_index(ArgRole::OperandA);
+  if (a >= 0) p.ab_dtype = first.args[static_cast<size_t>(a)].dtype;
+  return p;
+}
+
+namespace {
+
+using plan_detail::fmt_bytes;
+
+// F = softmax over N1 of a prologue x, as Φ lowers softmax(x) (then maybe a cast) into S: a root
+// stage ending in max(x), whose PostOp sums exp(x - max), whose PostOp divides that by the sum
+// (or multiplies by its reciprocal) and stores S. Returns why not, or "".
+std::string online_softmax_shape(const FusionSpec& f) {
+  const Spec& root = f.root;
+  const SpecNode& t0 = root.nodes.at(static_cast<size_t>(root.terminal));
+  if (t0.category != NodeCategory::Reduction || pair_kind(root, root.terminal) != PairKind::MaxExpSum)
+    return "its first reduction is not the max of a softmax (then the sum of exp(x - max))";
+  const Spec& s1 = root.children.at(static_cast<size_t>(t0.post));
+  const SpecNode& t1 = s1.nodes.at(static_cast<size_t>(s1.terminal));
+  if (t1.post < 0) return "the softmax's sum has no stage after it";
+  const Spec& s2 = s1.children.at(static_cast<size_t>(t1.post));
+  if (!s2.children.empty()) return "a reduction follows the softmax";
+  int stores = 0;
+  for (const SpecNode& n : s2.nodes) {
+    switch (n.category) {
+      case NodeCategory::Placeholder: break;
+      case NodeCategory::Store: ++stores; break;
+      case NodeCategory::Compute:
+        if (n.compute == ComputeKind::Cast) break;
+        if (n.compute == ComputeKind::Binary && n.binary == BinaryOp::Div) break;
+        if (n.compute == ComputeKind::Binary && n.binary == BinaryOp::Mul) break;
+        if (n.compute == ComputeKind::Unary && n.unary == UnaryOp::Reciprocal) break;
+        return fmt::format("after the softmax's sum F computes {} (only e / sum feeds S)", n.origin);
+      default: return fmt::format("after the softmax's sum F has '{}'", n.origin);
+    }
+  }
+  if (stores != 1) return "F stores more than S";
+  return "";
+}
+
+void check_pair(const FusionSpec& first, const FusionSpec& second, const B2bProblem& p, B2bIntermediate* kind) {
+  const int s_arg = second.arg_index(ArgRole::OperandA);
+  const RuntimeArg& s = second.args.at(static_cast<size_t>(s_arg));
+  const RuntimeArg& w2 = second.args.at(static_cast<size_t>(second.arg_index(ArgRole::OperandB)));
+  const RuntimeArg& x = first.args.at(static_cast<size_t>(first.arg_index(ArgRole::OperandA)));
+  if (s.dtype != x.dtype || w2.dtype != x.dtype || x.dtype == DType::F32)
+    throw Error(fmt::format("b2b: S '{}' ({}), X '{}' ({}) and W2 '{}' ({}) must be one 16-bit type (cast S to {})",
+                            s.name, name_of(s.dtype), x.name, name_of(x.dtype), w2.name, name_of(w2.dtype),
+                            name_of(x.dtype)));
+  int outputs = 0;
+  for (const RuntimeArg& a : first.args)
+    if (a.role == ArgRole::Output) {
+      ++outputs;
+      if (a.name != s.name) throw Error(fmt::format("b2b: the first GEMM's epilogue also stores '{}'", a.name));
+    }
+  if (outputs != 1) throw Error("b2b: the first GEMM's epilogue must store S and nothing else");
+  *kind = B2bIntermediate::Elementwise;
+  if (first.reduction_count() > 0) {
+    const std::string why = online_softmax_shape(first);
+    if (!why.empty())
+      throw Error(fmt::format("b2b: F reduces over N1 and {}: a B2B kernel holds one chunk of N1 at a time, so "
+                              "only a softmax over N1 runs online (running max and sum)", why));
+    *kind = B2bIntermediate::OnlineSoftmax;
+  }
+  if (second.reduction_count() > 0 && p.n2 > 256)
+    throw Error(fmt::format("b2b: GEMM2's epilogue reduces rows of N2 = {} columns; one B2B job holds at most 256",
+                            p.n2));
+  if (p.k % 8 != 0 || p.n1 % 8 != 0 || p.n2 % 8 != 0)
+    throw Error(fmt::format("b2b: K = {}, N1 = {} and N2 = {} must be multiples of 8 (16-byte TMA rows)", p.k, p.n1,
+                            p.n2));
+}
+
+// The spec with S's Store removed: what F keeps in SMEM (S itself stays in registers).
+FusionSpec without_store_of(FusionSpec f, int s_arg) {
+  struct Strip {
+    static void stage(Spec& st, int arg) {
+      for (SpecNode& n : st.nodes)
+        if (n.category == NodeCategory::Store && n.arg == arg) n.category = NodeCategory::Placeholder;
+      for (Spec& c : st.children) stage(c, arg);
+    }
+  };
+  Strip::stage(f.root, s_arg);
+  return f;
+}
+
+}  // namespace
+
+int b2b_intermediate_arg(const FusionSpec& first, const FusionSpec& second) {
+  const std::string& s = second.args.at(static_cast<size_t>(second.arg_index(ArgRole::OperandA))).name;
+  for (size_t i = 0; i < first.args.size(); ++i)
+    if (first.args[i].role == ArgRole::Output && first.args[i].name == s) return static_cast<int>(i);
+  throw Error(fmt::format("b2b: '{}' does not store the intermediate '{}'", first.name, s));
+}
+
+FusionSpec b2b_intermediate(const FusionSpec& first, int s_arg, B2bIntermediate kind) {
+  FusionSpec f = first;
+  if (kind != B2bIntermediate::OnlineSoftmax) return f;
+  SpecNode& t = f.root.nodes.at(static_cast<size_t>(f.root.terminal));
+  SpecNode to;
+  to.category = NodeCategory::Store;
+  to.value_class = ValueClass::Tile;
+  to.operands = {t.operands.at(0)};
+  to.arg = s_arg;
+  to.origin = first.args.at(static_cast<size_t>(s_arg)).name;
+  t = to;
+  f.root.children.clear();
+  return f;
+}
+
+B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B2bProblem& p, const PlanOptions& opt) {
+  for (auto [name, v] : {std::pair{"M", p.m}, {"K", p.k}, {"N1", p.n1}, {"N2", p.n2}, {"batches", p.batches}})
+    if (v <= 0 || v > std::numeric_limits<int32_t>::max())
+      throw Error(fmt::format("b2b: {} = {} must be in 1..2^31-1", name, v));
+  B2bPlan plan;
+  plan.problem = p;
+  check_pair(first, second, p, &plan.intermediate);
+  const DeviceModel dev;
+  const PlannerTunables tun;
+
+  // Layout.
+  B2bConfig& k = plan.kernel;
+  k.w1_kmajor = first.b_layout == BLayout::NK;
+  k.w2_kmajor = second.b_layout == BLayout::NK;
+  k.gated = first.arg_index(ArgRole::OperandGate) >= 0;
+  k.batched = p.batches > 1;
+  k.online_softmax = plan.intermediate == B2bIntermediate::OnlineSoftmax;
+  k.causal = false;
+  k.tile_n2 = p.n2 <= 64 ? 64 : p.n2 <= 128 ? 128 : p.n2 <= 192 ? 192 : 256;
+  if (opt.tile_n) k.tile_n2 = *opt.tile_n;
+  plan.gemm1_passes = static_cast<int>((p.n2 + k.tile_n2 - 1) / k.tile_n2);
+  k.chunk_n1 = 128;
+  if (check(k) && std::string(check(k)).find("registers") != std::string::npos) k.chunk_n1 = 64;
+  if (k.online_softmax && k.chunk_n1 == 128 && k.tile_n2 > 128) k.chunk_n1 = 64;
+
+  // Storage: F's and GEMM2's epilogue storage, then the ring.
+  const int s_arg = b2b_intermediate_arg(first, second);
+  const plan_detail::ChainInfo f_chain =
+      plan_detail::analyze_chain(without_store_of(b2b_intermediate(first, s_arg, plan.intermediate), s_arg));
+  const plan_detail::ChainInfo e_chain = plan_detail::analyze_chain(second);
+  KernelConfig fk, ek;  // the epilogue model's view of each: rows, tile width, no exchange
+  fk.tile_m = ek.tile_m = k.tile_m;
+  fk.tile_n = k.chunk_n1, ek.tile_n = k.tile_n2;
+  fk.row_reduction = false, ek.row_reduction = second.reduction_count() > 0;
+  const int f_bytes = plan_detail::epilogue_smem_bytes(f_chain, fk);
+  const int e_bytes = plan_detail::epilogue_smem_bytes(e_chain, ek);
+  k.epilogue_smem_bytes = align_up(f_bytes, 1024) + align_up(e_bytes, 1024);
+  for (k.ring_stages = 8; k.ring_stages > 2 && k.smem_bytes() > dev.smem_per_cta_bytes; --k.ring_stages) {
+  }
+  if (const char* why = check(k)) throw Error(fmt::format("b2b: no kernel fits: {}", why));
+
+  // Launch.
+  plan.jobs = int64_t{b2b_job_count(k, static_cast<int>(p.batches), static_cast<int>(p.m), static_cast<int>(p.n2))};
+  plan.grid_ctas = b2b_grid(k, static_cast<int>(p.batches), static_cast<int>(p.m), static_cast<int>(p.n2), dev.sm_count);
+
+  // Estimate. GUESS: the B2B mainloops reach 0.75 of the measured per-SM rate (one warp group's
+  // F between its GEMMs, the other warp group's GEMMs beside it); a causal mask halves GEMM work.
+  const double gemm1 = 2.0 * p.batches * p.m * p.k * p.n1 * (k.gated ? 2 : 1);
+  const double gemm2 = 2.0 * p.batches * p.m * p.n1 * p.n2;
+  const double causal = k.causal ? 0.5 : 1.0;
+  const double rate = dev.sm_count * dev.sm_flops_per_s;
+  plan.fused_us = causal * (plan.gemm1_passes * gemm1 + gemm2) / (rate * 0.75) * 1e6;
+  const double s_bytes = 2.0 * p.batches * p.m * p.n1 * 2;  // S written and read back
+  plan.unfused_us = causal * (gemm1 + gemm2) / rate * 1e6 + s_bytes / dev.dram_bytes_per_s * 1e6;
+
+  auto& r = plan.reasons;
+  r.push_back(fmt::format("F: {} (chunks of {} columns of N1 = {})", name_of(plan.intermediate), k.chunk_n1, p.n1));
+  r.push_back(fmt::format("jobs: {} rows x {} columns of O per consumer warp group; {} job(s) on {} CTAs (two "
+                          "consumer warp groups each)", k.tile_m, k.tile_n2, plan.jobs, plan.grid_ctas));
+  r.push_back(plan.gemm1_passes == 1
+                  ? fmt::format("GEMM1 runs once: one job holds all N2 = {} columns of O", p.n2)
+                  : fmt::format("GEMM1 runs {} times: O's N2 = {} columns need {} blocks of {} (its registers "
+                                "hold at most 256 columns a warp group), and each block rebuilds S",
+                                plan.gemm1_passes, p.n2, plan.gemm1_passes, k.tile_n2));
+  r.push_back(fmt::format("registers per consumer thread: P {} (x{}), S {}, O {} fp32 / 16-bit pairs", k.chunk_n1 / 2,
+                          k.gated ? 2 : 1, k.chunk_n1 / 4, k.tile_n2 / 2));
+  r.push_back(fmt::format("ring: {} stages of {} per consumer warp group (an X k-block and a {}-row B region that holds "
+                          "W1{}'s k-block or a W2 k-block); SMEM {} of {}",
+                          k.ring_stages, fmt_bytes(k.slot_a_bytes() + k.slot_b_bytes()), k.b_region_rows(),
+                          k.gated ? " and W3" : "", fmt_bytes(k.smem_bytes()), fmt_bytes(dev.smem_per_cta_bytes)));
+  if (k.causal) r.push_back("causal mask: a job walks only the chunks that reach its rows");
+  r.push_back(fmt::format("estimate {:.1f} us fused against {:.1f} us unfused (GEMM1 and GEMM2 at the measured rate, "
+                          "S through DRAM); the B2B efficiency 0.75 is a GUESS{}",
+                          plan.fused_us, plan.unfused_us,
+                          plan.fused_us > plan.unfused_us ? ": fusion is not expected to pay at this shape" : ""));
+  (void)tun;
+  return plan;
+}
+
+std::string explain(const FusionSpec& first, const FusionSpec& second, const B2bPlan& p) {
+  const B2bConfig& k = p.kernel;
+  std::string o = fmt::format("b2b plan for '{}' -> '{}' (one kernel, S in registers)\n", first.name, second.name);
+  o += fmt::format("  problem      M={} K={} N1={} N2={}{}, {} {}\n", p.problem.m, p.problem.k, p.problem.n1, p.problem.n2,
+                   p.problem.batches > 1 ? fmt::format(" x {} batches", p.problem.batches) : "",
+                   name_of(p.problem.ab_dtype), k.gated ? "(gated: X W1^T and X W3^T)" : "");
+  o += fmt::format("  tiles        {} rows x {} of O per consumer warp group, N1 in chunks of {}\n", k.tile_m,
+                   k.tile_n2, k.chunk_n1);
+  o += fmt::format("  pipeline     ML1 (GEMM1, SS wgmma) -> Epi1 (F: {}) -> ML2 (GEMM2, RS wgmma: S from "
+                   "registers) per chunk, Epi2 after the last; two consumer warp groups on their own jobs\n",
+                   name_of(p.intermediate));
+  o += fmt::format("  ring         {} stages per consumer warp group, X/W1 and W2 k-blocks in the same slots\n",
+                   k.ring_stages);
+  o += fmt::format("  grid         {} CTAs, {} jobs\n", p.grid_ctas, p.jobs);
+  o += fmt::format("  SMEM         {} (rings {}, epilogues {})\n", fmt_bytes(k.smem_bytes()),
+                   fmt_bytes(2 * k.ring_bytes()), fmt_bytes(2 * k.epilogue_smem_bytes));
+  o += fmt::format("  estimate     {:.1f} us fused, {:.1f} us unfused\n", p.fused_us, p.unfused_us);
+  o += "reasons:\n";
+  for (const std::string& r : p.reasons) o += "  - " + r + "\n";
+  return o;
+}
+
+}  // namespace comfuse

@@ -1,0 +1,145 @@
+// The B2B kernel family on the CPU: Φ pairs a second GEMM with the first whose epilogue feeds
+// it (and says why not where S must be stored), the B2B planner's layout and refusals, Ψ's
+// source (F with S as the register operand, GEMM2's epilogue, one B2bConfig), and NVRTC
+// compiles the FFN and attention kernels with their RS wgmmas.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "comfuse/emit.h"
+#include "comfuse/lower.h"
+#include "comfuse/plan.h"
+#include "comfuse/runtime.h"
+#include "comfuse/text.h"
+
+namespace comfuse {
+namespace {
+
+const std::filesystem::path kRoot = COMFUSE_SOURCE_DIR;
+
+struct Pair {
+  Graph g;
+  LoweringResult r;
+  const B2BCandidate* b = nullptr;
+  const FusionSpec& first() const { return r.regions.at(static_cast<size_t>(b->first_region)).spec; }
+  const FusionSpec& second() const { return r.regions.at(static_cast<size_t>(b->second_region)).spec; }
+};
+
+Pair lowered(const std::string& example) {
+  Pair p;
+  p.g = parse_graph_file((kRoot / "examples" / example).string());
+  p.r = lower(p.g);
+  p.b = one_b2b_kernel(p.r);
+  return p;
+}
+
+TEST(B2b, FfnAndAttentionArePairs) {
+  for (const char* ex : {"ffn.cf", "attention.cf"}) {
+    SCOPED_TRACE(ex);
+    Pair p = lowered(ex);
+    ASSERT_NE(p.b, nullptr) << describe(p.g, p.r);
+    EXPECT_TRUE(p.b->blocker.empty());
+    EXPECT_NE(describe(p.g, p.r).find("one kernel, S in registers"), std::string::npos);
+  }
+}
+
+TEST(B2b, PlanLayoutAndIntermediate) {
+  Pair ffn = lowered("ffn.cf");
+  B2bProblem pr{1, 8192, 1024, 4096, 1024, DType::BF16};
+  B2bPlan p = make_b2b_plan(ffn.first(), ffn.second(), pr);
+  EXPECT_EQ(p.intermediate, B2bIntermediate::Elementwise);
+  EXPECT_EQ(p.kernel.tile_n2, 256);
+  EXPECT_EQ(p.gemm1_passes, 4);  // N2 = 1024 in blocks of 256: GEMM1 four times
+  EXPECT_EQ(check(p.kernel), nullptr);
+  EXPECT_LE(p.kernel.smem_bytes(), Sm90::kSmemCapacity);
+  EXPECT_GE(p.kernel.ring_stages, 2);
+  EXPECT_NE(explain(ffn.first(), ffn.second(), p).find("GEMM1 runs 4 times"), std::string::npos);
+
+  Pair att = lowered("attention.cf");
+  B2bPlan a = make_b2b_plan(att.first(), att.second(), B2bProblem{1, 1024, 128, 1024, 128, DType::BF16});
+  EXPECT_EQ(a.intermediate, B2bIntermediate::OnlineSoftmax);
+  EXPECT_TRUE(a.kernel.online_softmax);
+  EXPECT_FALSE(a.kernel.w2_kmajor);  // V is N1 x N2
+  EXPECT_EQ(a.kernel.tile_n2, 128);
+  EXPECT_EQ(a.gemm1_passes, 1);
+}
+
+// F reducing over N1 other than as a softmax cannot run per chunk; S read elsewhere must be
+// stored. Both say so by name.
+TEST(B2b, RefusalsSayWhy) {
+  Graph g = parse_graph(R"(
+input x: bf16[M, K]
+input w1: bf16[N, K]
+input w2: bf16[D, N]
+h = matmul(x, w1)
+n = cast(layer_norm(h), bf16)
+y = matmul(n, w2)
+output y: bf16
+)");
+  LoweringResult r = lower(g);
+  const B2BCandidate* b = one_b2b_kernel(r);
+  ASSERT_NE(b, nullptr);
+  try {
+    make_b2b_plan(r.regions[0].spec, r.regions[1].spec, B2bProblem{1, 512, 64, 512, 64, DType::BF16});
+    FAIL() << "expected an Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("softmax"), std::string::npos) << e.what();
+  }
+  Graph g2 = parse_graph(R"(
+input x: bf16[M, K]
+input w1: bf16[N, K]
+input w2: bf16[D, N]
+h = matmul(x, w1)
+s = cast(gelu(h), bf16)
+y = matmul(s, w2)
+output y: bf16
+output s: bf16
+)");
+  LoweringResult r2 = lower(g2);
+  EXPECT_EQ(one_b2b_kernel(r2), nullptr);
+  ASSERT_EQ(r2.b2b_candidates.size(), 1u);
+  EXPECT_NE(r2.b2b_candidates[0].blocker.find("graph output"), std::string::npos) << r2.b2b_candidates[0].blocker;
+}
+
+TEST(B2b, EmitWritesOneConfigAndTheRegisterOperand) {
+  Pair ffn = lowered("ffn.cf");
+  const B2bPlan p = make_b2b_plan(ffn.first(), ffn.second(), B2bProblem{1, 1000, 72, 520, 136, DType::BF16});
+  const EmittedKernel k = emit_b2b(ffn.first(), ffn.second(), p);
+  EXPECT_NE(k.source.find("comfuse::epi::ToOperand<"), std::string::npos) << k.source;
+  EXPECT_NE(k.source.find("comfuse::b2b::ElementwiseF"), std::string::npos);
+  EXPECT_NE(k.source.find("constexpr comfuse::B2bConfig kConfig{"), std::string::npos);
+  EXPECT_NE(k.source.find("tma_b2       w2 bf16"), std::string::npos) << k.source;
+  EXPECT_EQ(k.source.find(" sb "), std::string::npos) << "S has no Params slot";
+  Pair att = lowered("attention.cf");
+  const B2bPlan a = make_b2b_plan(att.first(), att.second(), B2bProblem{1, 300, 64, 520, 64, DType::BF16});
+  const std::string src = emit_b2b(att.first(), att.second(), a).source;
+  EXPECT_NE(src.find("comfuse::b2b::OnlineSoftmaxF"), std::string::npos) << src;
+  EXPECT_EQ(src.find("ReduceMax"), std::string::npos) << "the kernel runs the softmax's reductions itself";
+}
+
+class B2bCompile : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    cache_ = std::filesystem::temp_directory_path() / ("comfuse-b2b-test-" + std::to_string(::getpid()));
+    opt_.jit.cache_dir = cache_;
+  }
+  void TearDown() override { std::filesystem::remove_all(cache_); }
+  std::filesystem::path cache_;
+  CompileOptions opt_;
+};
+
+TEST_F(B2bCompile, FfnAndAttentionCompileWithRegisterOperandWgmma) {
+  for (const char* ex : {"ffn.cf", "attention.cf"}) {
+    SCOPED_TRACE(ex);
+    Pair p = lowered(ex);
+    ASSERT_NE(p.b, nullptr);
+    const CompiledKernel c =
+        compile_only_b2b(p.first(), p.second(), B2bProblem{1, 1000, 128, 1032, 128, DType::BF16}, opt_);
+    EXPECT_TRUE(is_cubin_elf(c.cubin));
+    EXPECT_FALSE(c.wgmma_serialized) << c.log;
+  }
+}
+
+}  // namespace
+}  // namespace comfuse
