@@ -206,6 +206,11 @@ inline bool one_round_pairs_possible(const Plan& p) {
   return one_round_pairs_possible(p.n_tiles_per_cta, p.aggregation, p.cluster_n * p.row_group);
 }
 
+// What the device templates cannot express (operand dtypes, per-row [M, 1] outputs, more than
+// one tile-shaped value across a reduction, the kernel's argument slots): throws Error naming
+// the values in the user's terms and what is supported instead. make_plan calls it first.
+void check_device_limits(const FusionSpec& s);
+
 // Throws Error with the reason when nothing fits (e.g. N beyond what any plan covers).
 Plan make_plan(const FusionSpec& s, const Problem& p, const DeviceModel& dev = {},
                const PlannerTunables& tun = {}, const PlanOptions& opt = {});

@@ -337,12 +337,12 @@ MeasuredConfig measured_elementwise_config(const Problem& p) {
 }
 
 void validate(const FusionSpec& s, const Problem& p, const DeviceModel& dev, const PlanOptions& opt) {
-  auto dim = [](const char* name, int64_t v) {
-    if (v <= 0) throw Error(fmt::format("plan: problem dimension {} must be positive (got {})", name, v));
-    if (v > std::numeric_limits<int32_t>::max())
-      throw Error(fmt::format("plan: problem dimension {} = {} exceeds 2^31-1 (TMA coordinates are 32-bit)", name, v));
-  };
-  dim("M", p.m), dim("N", p.n), dim("K", p.k);
+  try {
+    check_problem_size(p.m, p.n, p.k, dim_label(s.m, "M"), dim_label(s.n, "N"), dim_label(s.k, "K"));
+    check_device_limits(s);
+  } catch (const Error& e) {
+    throw Error(fmt::format("plan: {}", e.what()));
+  }
   const int64_t eb = static_cast<int64_t>(size_of(p.ab_dtype));
   if ((p.k * eb) % 16 != 0)
     throw Error(fmt::format("plan: K = {} is not a multiple of {}: TMA needs 16-byte aligned rows of {} A and B "
