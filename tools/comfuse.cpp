@@ -210,7 +210,7 @@ int run_gpu(const Graph& g, const Bindings& b, const PlanOptions& plan, uint64_t
                            rep.compiled.compiler, rep.compiled.elapsed_seconds, rep.compiled.cache_hit ? ", cache hit" : "");
   bool ok = true;
   for (const OutputCheck& o : rep.outputs) {
-    const bool pass = o.unwritten == 0 && o.cmp.nonfinite_mismatch == 0 && o.cmp.rel_l2 <= gpu_result_tolerance(o.dtype);
+    const bool pass = o.unwritten == 0 && o.cmp.nonfinite == 0 && o.cmp.rel_l2 <= gpu_result_tolerance(o.dtype);
     ok = ok && pass;
     std::cout << fmt::format("output {} {}: max_abs {:.3g}  max_rel {:.3g}  rel_l2 {:.3g}  unwritten {}  {}\n", o.name,
                              name_of(o.dtype), o.cmp.max_abs, o.cmp.max_rel, o.cmp.rel_l2, o.unwritten,
@@ -281,13 +281,13 @@ int cmd_run(const std::string& file, const DimArgs& d, const PlanOptions& plan, 
     const Tensor &want = rt->second, &got = lt->second;
     if (want.shape != got.shape) throw Error(fmt::format("run: output '{}' has different shapes", out.name));
     Comparison c = compare(got, want);
-    const bool pass = c.nonfinite_mismatch == 0 && c.rel_l2 <= tolerance(out.dtype);
+    const bool pass = c.nonfinite == 0 && c.rel_l2 <= tolerance(out.dtype);
     ok = ok && pass;
     std::string shape;
     for (int64_t e : want.shape) shape += fmt::format("{}{}", shape.empty() ? "" : " x ", e);
     std::cout << fmt::format("output {} [{}] {}: max_abs {:.3g}  max_rel {:.3g}  rel_l2 {:.3g}  nonfinite {}  {}\n",
                              out.name, shape, name_of(out.dtype), c.max_abs, c.max_rel, c.rel_l2,
-                             c.nonfinite_mismatch, pass ? "OK" : "MISMATCH");
+                             c.nonfinite, pass ? "OK" : "MISMATCH");
     const int64_t n = want.numel();
     std::string line = "  samples (graph | lowered):";
     for (int64_t i : {int64_t{0}, n / 3, 2 * n / 3, n - 1})
