@@ -75,7 +75,7 @@ void check_capacities(const FusionSpec& s) {
   }
   auto limit = [&](const std::vector<std::string>& v, int most, const char* what) {
     if (static_cast<int>(v.size()) > most)
-      throw Error(fmt::format("GEMM {}'s epilogue {} {} {} ({}); the kernel takes at most {}", gemm_name(s),
+      throw Error(fmt::format("the epilogue of GEMM {} {} {} {} ({}); the kernel takes at most {}", gemm_name(s),
                               what[0] == 's' ? "stores" : "reads", v.size(), what, fmt::join(v, ", "), most));
   };
   limit(vectors, kMaxVectors, "row/column vectors");
