@@ -67,6 +67,7 @@ struct GraphOutput {
   int node = -1;
   std::string name;
   DType dtype = DType::F32;  // rounding applied when stored
+  SourceLoc loc;             // where the text format declared it, if it did
 };
 
 class Graph;
@@ -132,5 +133,26 @@ class Graph {
   SourceLoc loc_{};
   int name_counter_ = 0;
 };
+
+// How the user knows each node, for messages (indexed by node id): "'y'" for a node the user
+// named or stores as output 'y'; for one a composite or a nested expression made
+// ("%reduce3"), its op and the named statement it belongs to, e.g. "the mean inside 'y'
+// (line 5)", or the named value it feeds ("the sum feeding 's'").
+std::vector<std::string> user_descriptions(const Graph& g);
+
+// ---- Problem sizes (src/graph/problem.cpp) --------------------------------------------
+// One rule for every path that takes concrete sizes (the planner, the CPU executors): each
+// dim is at least 1 and at most kMaxDimSize, and a GEMM's M x N output is at most
+// kMaxTiles64 tiles of 64 x 64. Why: the kernel holds M, N and K in int32
+// (kernels/comfuse/params.cuh), rounds M and N up to whole tiles of up to 256 in int32 and
+// numbers the tiles in int32 (scheduler/tile_scheduler.cuh); TMA coordinates are int32.
+inline constexpr int64_t kMaxDimSize = (int64_t{1} << 31) - 256;  // 2147483392
+inline constexpr int64_t kMaxTiles64 = (int64_t{1} << 31) - 1;    // ceil(M/64) * ceil(N/64)
+// `name` says which dim ("M", "N (D)", "'K'").
+void check_dim_size(const std::string& name, int64_t v);
+void check_problem_size(int64_t m, int64_t n, int64_t k, const std::string& m_name = "M",
+                        const std::string& n_name = "N", const std::string& k_name = "K");
+// "M" for a GEMM dim whose symbol is M (or concrete), "N (D)" when the graph calls it D.
+std::string dim_label(const Dim& d, const std::string& role);
 
 }  // namespace comfuse

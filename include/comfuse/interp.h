@@ -64,10 +64,39 @@ TensorMap run_lowered(const Graph& g, const LoweringResult& r, const Bindings& d
                       const ReduceTiling& t = {});
 
 struct Comparison {
-  double max_abs = 0, max_rel = 0;  // max |a-b| and max |a-b| / max(|b|, floor)
-  double rel_l2 = 0;                // ||a-b|| / ||b||
-  int64_t nonfinite_mismatch = 0;
+  double max_abs = 0, max_rel = 0;  // max |a-b| and max |a-b| / max(|b|, floor), finite elements
+  double rel_l2 = 0;                // ||a-b|| / ||b|| over the elements finite on both sides
+  // Elements that are NaN or inf on either side. A check with any fails: NaN on both sides
+  // (e.g. layer_norm with eps < 0) must not pass as "equal".
+  int64_t nonfinite = 0;
 };
 Comparison compare(const Tensor& got, const Tensor& ref, double rel_floor = 1e-6);
+
+// The rel_l2 by which run_lowered may differ from run_graph on output `o`: fp64
+// reassociation (1e-9) where nothing is rounded on the way, else one rounding step of the
+// coarsest dtype the value passes through: its own (bf16 4e-3, f16 5e-4) and that of every
+// intermediate a region stores and an op outside the region reads back (f32 1e-6 too).
+double reference_tolerance(const Graph& g, const LoweringResult& r, const GraphOutput& o);
+
+// ---- What a CPU check can take ---------------------------------------------------------
+// Every executor first checks the sizes (check_problem_size in graph.h for each matmul, every
+// bound dim in 1..kMaxDimSize) and the memory it would hold.
+void check_sizes(const Graph& g, const Bindings& dims);
+
+// The executors hold fp64 tensors and free each intermediate after its last use. An estimate
+// of the most bytes `comfuse run --reference` holds at once (the inputs, both executors'
+// outputs, twice the largest set of intermediates alive at once: run_lowered's regions also
+// copy their arguments), and the budget run_graph and run_lowered refuse beyond, naming it.
+inline constexpr int64_t kReferenceMemoryBudget = int64_t{4} << 30;  // 4 GiB
+int64_t reference_memory_bytes(const Graph& g, const Bindings& dims);
+void check_reference_memory(const Graph& g, const Bindings& dims, int64_t budget = kReferenceMemoryBudget);
+
+// The rows of M a check compares: all of them for small problems (M x N x K <= 2e9 or M <= 48),
+// else 48 (the first 16, 16 spread, the last 16). Valid where every op is row-local in M.
+std::vector<int64_t> reference_rows(int64_t m, int64_t n, int64_t k);
+// Whether row i of every value of `g` depends only on row i of the inputs indexed by the
+// symbol `m` (no transpose or reduction across M, no GEMM B operand indexed by M, M only as
+// the first dim): then a check of some rows is a check of those rows exactly.
+bool row_local(const Graph& g, const std::string& m);
 
 }  // namespace comfuse

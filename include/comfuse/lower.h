@@ -37,8 +37,13 @@ struct LoweringResult {
   std::vector<Fallback> fallbacks;
   std::vector<B2BCandidate> b2b_candidates;
   std::vector<int> dead_nodes;  // computed but reaching no output
+  // What the kernels will compute differently from the fp64 graph, e.g. a constant that
+  // rounds to inf or 0 in the epilogue's f32 (one line each, in the user's names).
+  std::vector<std::string> warnings;
 };
 
+// Throws Error when there is nothing to fuse (no outputs, or no matmul reaches one) and when
+// an output is a graph input or a constant itself (no kernel computes it).
 LoweringResult lower(const Graph& g);
 
 // The B2B pair when the lowering is exactly two regions that one B2B kernel holds (and nothing

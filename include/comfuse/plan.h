@@ -111,6 +111,11 @@ inline bool one_round_pairs_possible(const Plan& p) {
   return one_round_pairs_possible(p.kernel.n_tiles, p.kernel.aggregation, p.kernel.row_peers());
 }
 
+// What the device templates cannot express (operand dtypes, more than one tile-shaped value
+// across a reduction, the kernel's argument slots): throws Error naming the values in the
+// user's terms and what is supported instead. make_plan calls it first.
+void check_device_limits(const FusionSpec& s);
+
 // Plans `s` at `p` on the H200 (src/plan/calibration.h). Throws Error with the reason when
 // nothing fits (e.g. N beyond what any plan covers) or an option cannot be honoured.
 Plan make_plan(const FusionSpec& s, const Problem& p, const PlanOptions& opt = {});

@@ -14,6 +14,7 @@
 // a broadcast row vector) or a Scalar.
 #include <cstdint>
 #include <iosfwd>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -98,6 +99,12 @@ struct FusionSpec {
   Dim m, n, k;              // the GEMM's symbolic problem dims
   std::vector<RuntimeArg> args;  // A
   Spec root;
+  // How the user knows the graph values this spec names (args, node origins) that the graph
+  // named itself, e.g. "%reduce3" -> "the sum inside 's' (line 3)". For messages only: Φ fills
+  // it; it is neither printed nor compared.
+  std::map<std::string, std::string> user_names;
+  // user_names' entry for a graph name, else the name quoted: "'x'".
+  std::string describe(const std::string& graph_name) const;
 
   int arg_index(ArgRole role) const;  // first arg with this role, -1 if none
   // Number of Reduction nodes in the whole nest.

@@ -12,13 +12,23 @@
 //
 // Errors name line and column. The parser never crashes or hangs on any input.
 #include <string>
+#include <string_view>
 
 #include "comfuse/graph.h"
 
 namespace comfuse {
 
 Graph parse_graph(const std::string& text);       // throws Error(SourceLoc, ...)
-Graph parse_graph_file(const std::string& path);  // throws Error naming the file
+// Throws Error naming the file: not a regular file (a directory, a FIFO: never blocks on
+// one), unreadable (with the OS's reason), over 16 MiB, or a parse error (line and column).
+Graph parse_graph_file(const std::string& path);
+
+// User text as a message may show it: bytes outside printable ASCII as \xNN (no terminal
+// control sequence gets through), at most `max_bytes` of it.
+std::string printable(std::string_view s, size_t max_bytes = 256);
+// Two lines for a located error: about `width` bytes of `line` around `column` (1-based),
+// escaped, and a caret under the column.
+std::string excerpt(std::string_view line, int column, size_t width = 120);
 std::string print_graph(const Graph& g);          // parse_graph(print_graph(g)) rebuilds g
 
 }  // namespace comfuse

@@ -20,10 +20,13 @@ std::string cpp_type(DType t) {
 
 namespace {
 
+// A float constant expression NVRTC and nvcc both accept in `static constexpr float value = ...`.
+// NVRTC knows neither __builtin_inff nor __builtin_huge_valf, and __int_as_float is not
+// constexpr; __builtin_bit_cast of the IEEE bits is.
 std::string float_literal(double v) {
   const float f = static_cast<float>(v);
-  if (std::isnan(f)) return "__builtin_nanf(\"\")";
-  if (std::isinf(f)) return f > 0 ? "__builtin_inff()" : "(-__builtin_inff())";
+  if (std::isnan(f)) return "__builtin_bit_cast(float, 0x7fc00000u)";
+  if (std::isinf(f)) return f > 0 ? "__builtin_bit_cast(float, 0x7f800000u)" : "__builtin_bit_cast(float, 0xff800000u)";
   // Shortest text that reads back as the same float.
   return fmt::format("{}f", f).find_first_of(".en") == std::string::npos ? fmt::format("{}.0f", f) : fmt::format("{}f", f);
 }

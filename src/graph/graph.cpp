@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <unordered_map>
 
 namespace comfuse {
 
@@ -79,6 +80,10 @@ void Graph::rename(Value v, const std::string& name) {
   if (name.empty()) throw Error(loc_, "empty name");
   int other = find(name);
   if (other >= 0 && other != v.id) throw Error(loc_, fmt::format("name '{}' is already defined", name));
+  // Outputs and inputs bind by name at run time: one name, one tensor.
+  for (const GraphOutput& o : outputs_)
+    if (o.name == name && o.node != v.id)
+      throw Error(loc_, fmt::format("name '{}' is already the name of an output (of '{}')", name, node(o.node).name));
   Node& n = nodes_.at(static_cast<size_t>(v.id));
   by_name_.erase(n.name);
   n.name = name;
@@ -248,9 +253,75 @@ Value Graph::l2_normalize(Value x, double eps) {
 
 void Graph::output(Value v, const std::string& name, DType dtype) {
   check_handle(this, v, "output", loc_);
+  if (name.empty()) throw Error(loc_, "an output needs a name");
   for (const GraphOutput& o : outputs_)
     if (o.name == name) throw Error(loc_, fmt::format("output '{}' is declared twice", name));
-  outputs_.push_back(GraphOutput{v.id, name, dtype});
+  // Arguments bind by name at run time: an output named like another value (an input above
+  // all) would alias it, e.g. one buffer as both operand A and the output.
+  if (const int other = find(name); other >= 0 && other != v.id) {
+    const Node& o = node(other);
+    throw Error(loc_, fmt::format("output name '{}' is already the name of {} '{}'{}; give the output its own name",
+                                  name, o.kind == OpKind::Input ? "the input" : "the value", name,
+                                  o.loc.known() ? fmt::format(" (line {})", o.loc.line) : std::string()));
+  }
+  outputs_.push_back(GraphOutput{v.id, name, dtype, loc_});
+}
+
+namespace {
+
+std::string op_label(const Node& n) {
+  switch (n.kind) {
+    case OpKind::Input: return "input";
+    case OpKind::Constant: return fmt::format("constant {}", n.value);
+    case OpKind::MatMul: return "matmul";
+    case OpKind::Unary: return std::string(name_of(n.unary));
+    case OpKind::Binary: return std::string(name_of(n.binary));
+    case OpKind::Cast: return fmt::format("cast to {}", name_of(n.dtype));
+    case OpKind::Reduce: return std::string(name_of(n.reduce));
+    case OpKind::Transpose: return "transpose";
+  }
+  return "?";
+}
+
+bool user_named(const Node& n) { return !n.name.empty() && n.name[0] != '%'; }
+
+}  // namespace
+
+std::vector<std::string> user_descriptions(const Graph& g) {
+  const auto& nodes = g.nodes();
+  const auto consumers = g.consumers();
+  // The name the user gave each node: its own, else the output it is stored as (API graphs
+  // name values only there).
+  std::vector<std::string> given(nodes.size());
+  for (const Node& n : nodes)
+    if (user_named(n)) given[static_cast<size_t>(n.id)] = n.name;
+  for (const GraphOutput& o : g.outputs())
+    if (given[static_cast<size_t>(o.node)].empty()) given[static_cast<size_t>(o.node)] = o.name;
+  // The named statement of each source line (the text format: one statement per line).
+  std::unordered_map<int, int> named_on_line;
+  for (const Node& n : nodes)
+    if (user_named(n) && n.loc.known()) named_on_line.emplace(n.loc.line, n.id);
+  // The nearest named value each node feeds (ids are topological: consumers come later).
+  std::vector<int> feeds(nodes.size(), -1);
+  for (int id = static_cast<int>(nodes.size()) - 1; id >= 0; --id)
+    for (int c : consumers[static_cast<size_t>(id)]) {
+      feeds[static_cast<size_t>(id)] = !given[static_cast<size_t>(c)].empty() ? c : feeds[static_cast<size_t>(c)];
+      if (feeds[static_cast<size_t>(id)] >= 0) break;
+    }
+  std::vector<std::string> out(nodes.size());
+  for (const Node& n : nodes) {
+    std::string& d = out[static_cast<size_t>(n.id)];
+    if (!given[static_cast<size_t>(n.id)].empty()) {
+      d = fmt::format("'{}'", given[static_cast<size_t>(n.id)]);
+    } else if (auto it = named_on_line.find(n.loc.line); n.loc.known() && it != named_on_line.end()) {
+      d = fmt::format("the {} inside '{}' (line {})", op_label(n), g.node(it->second).name, n.loc.line);
+    } else if (const int f = feeds[static_cast<size_t>(n.id)]; f >= 0) {
+      d = fmt::format("the {} feeding '{}'", op_label(n), given[static_cast<size_t>(f)]);
+    } else {
+      d = fmt::format("an unnamed {} ('{}')", op_label(n), n.name);
+    }
+  }
+  return out;
 }
 
 }  // namespace comfuse

@@ -2,13 +2,14 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <optional>
 
 #include "interp_internal.h"
 
 namespace comfuse {
 namespace interp_detail {
 
-Tensor take_input(const Node& n, const Bindings& dims, const TensorMap& inputs) {
+const Tensor& take_input(const Node& n, const Bindings& dims, const TensorMap& inputs) {
   auto it = inputs.find(n.name);
   if (it == inputs.end())
     throw Error(n.loc, fmt::format("input '{}' of shape {} was not supplied", n.name, to_string(n.shape)));
@@ -88,11 +89,29 @@ Tensor eval_node(const Node& n, const Bindings& dims, const std::vector<const Te
   throw Error(n.loc, "eval_node: unknown op");
 }
 
+std::vector<int> read_counts(const Graph& g) {
+  std::vector<int> reads(g.nodes().size(), 0);
+  std::vector<bool> needed(g.nodes().size(), false);
+  for (const GraphOutput& o : g.outputs()) {
+    needed[static_cast<size_t>(o.node)] = true;
+    ++reads[static_cast<size_t>(o.node)];
+  }
+  for (int id = static_cast<int>(g.nodes().size()) - 1; id >= 0; --id) {
+    if (!needed[static_cast<size_t>(id)]) continue;
+    for (int in : g.node(id).inputs) {
+      needed[static_cast<size_t>(in)] = true;
+      ++reads[static_cast<size_t>(in)];
+    }
+  }
+  return reads;
+}
+
 }  // namespace interp_detail
 
 using namespace interp_detail;
 
 std::vector<Tensor> run_graph_all(const Graph& g, const Bindings& dims, const TensorMap& inputs) {
+  check_sizes(g, dims);
   std::vector<Tensor> vals(g.nodes().size());
   for (const Node& n : g.nodes()) {  // ids are topological: operands precede their users
     if (n.kind == OpKind::Input) {
@@ -107,9 +126,34 @@ std::vector<Tensor> run_graph_all(const Graph& g, const Bindings& dims, const Te
 }
 
 TensorMap run_graph(const Graph& g, const Bindings& dims, const TensorMap& inputs) {
-  std::vector<Tensor> vals = run_graph_all(g, dims, inputs);
+  check_sizes(g, dims);
+  check_reference_memory(g, dims);
+  // Ids are topological; each value is freed after its last read.
+  std::vector<int> reads = read_counts(g);
+  std::vector<std::optional<Tensor>> owned(g.nodes().size());
+  std::vector<const Tensor*> val(g.nodes().size(), nullptr);
+  auto release = [&](int id) {
+    if (--reads[static_cast<size_t>(id)] == 0) owned[static_cast<size_t>(id)].reset();
+  };
   TensorMap out;
-  for (const GraphOutput& o : g.outputs()) out[o.name] = rounded(vals[o.node], o.dtype);
+  for (const Node& n : g.nodes()) {
+    const size_t id = static_cast<size_t>(n.id);
+    if (reads[id] == 0) continue;  // no output needs it
+    if (n.kind == OpKind::Input) {
+      val[id] = &take_input(n, dims, inputs);
+    } else {
+      std::vector<const Tensor*> in;
+      for (int i : n.inputs) in.push_back(val[static_cast<size_t>(i)]);
+      owned[id] = eval_node(n, dims, in);
+      val[id] = &*owned[id];
+      for (int i : n.inputs) release(i);
+    }
+    for (const GraphOutput& o : g.outputs())
+      if (o.node == n.id) {
+        out[o.name] = rounded(*val[id], o.dtype);
+        release(n.id);
+      }
+  }
   return out;
 }
 

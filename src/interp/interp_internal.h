@@ -1,5 +1,6 @@
 #pragma once
 // Helpers shared by the CPU executors (src/interp only).
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -18,7 +19,16 @@ Tensor rounded(Tensor t, DType d);
 Tensor matmul(const Tensor& a, const Tensor& b, BLayout layout);
 
 // The graph input `n`, checked against its declared shape (Error naming it otherwise).
-Tensor take_input(const Node& n, const Bindings& dims, const TensorMap& inputs);
+const Tensor& take_input(const Node& n, const Bindings& dims, const TensorMap& inputs);
+
+// How often evaluating g's outputs reads each node's value: once per needed consumer
+// operand and once per graph output; 0 for nodes no output needs (the executors skip them
+// and free a value when its count reaches 0).
+std::vector<int> read_counts(const Graph& g);
+
+// run_spec on arguments held elsewhere (run_lowered's values, without copying them).
+TensorMap run_spec_refs(const FusionSpec& s, const Bindings& dims, const std::map<std::string, const Tensor*>& args,
+                        const ReduceTiling& t);
 
 // Evaluates a non-Input node from its operand values (in `n.inputs` order).
 Tensor eval_node(const Node& n, const Bindings& dims, const std::vector<const Tensor*>& in);

@@ -21,20 +21,22 @@ ValueClass join(ValueClass a, ValueClass b) {
 
 class SpecExec {
  public:
-  SpecExec(const FusionSpec& fs, const Bindings& dims, const TensorMap& args, const ReduceTiling& t)
+  // `args`: each non-output argument by name; the operands are read in place, not copied.
+  SpecExec(const FusionSpec& fs, const Bindings& dims, const std::map<std::string, const Tensor*>& args,
+           const ReduceTiling& t)
       : fs_(fs), tiling_(t), bind_(dims) {
     const int ia = find_role(ArgRole::OperandA), ib = find_role(ArgRole::OperandB);
     if (ia < 0 || ib < 0) throw Error(fmt::format("spec '{}': no {} argument", fs.name, ia < 0 ? "A" : "B"));
-    vals_.resize(fs.args.size());
+    std::vector<const Tensor*> in(fs.args.size(), nullptr);
     for (size_t i = 0; i < fs.args.size(); ++i) {
       const RuntimeArg& a = fs.args[i];
       if (a.role == ArgRole::Output) continue;
       auto it = args.find(a.name);
-      if (it == args.end())
+      if (it == args.end() || !it->second)
         throw Error(fmt::format("spec '{}': {} argument '{}' was not supplied", fs.name, name_of(a.role), a.name));
-      vals_[i] = it->second;
+      in[i] = it->second;
     }
-    const Tensor &A = vals_[ia], &B = vals_[ib];
+    const Tensor &A = *in[static_cast<size_t>(ia)], &B = *in[static_cast<size_t>(ib)];
     if (A.shape.size() != 2 || B.shape.size() != 2)
       throw Error(fmt::format("spec '{}': operands must be rank 2, got A {} and B {}", fs.name, shape_str(A.shape),
                               shape_str(B.shape)));
@@ -43,15 +45,18 @@ class SpecExec {
     check_dim(fs.m, M_, "M");
     check_dim(fs.n, N_, "N");
     check_dim(fs.k, A.shape[1], "K");
+    check_problem_size(M_, N_, A.shape[1], dim_label(fs.m, "M"), dim_label(fs.n, "N"), dim_label(fs.k, "K"));
     if (!fs.m.sym.empty()) bind_[fs.m.sym] = M_;
     if (!fs.n.sym.empty()) bind_[fs.n.sym] = N_;
     acc_ = matmul(A, B, fs.b_layout);
+    vals_.resize(fs.args.size());
     for (size_t i = 0; i < fs.args.size(); ++i) {
       const RuntimeArg& a = fs.args[i];
-      const auto expect = [&](int64_t rows, int64_t cols) {
-        if (vals_[i].numel() != rows * cols)
+      const auto expect = [&](int64_t rows, int64_t cols) {  // a broadcast operand: small, copied
+        if (in[i]->numel() != rows * cols)
           throw Error(fmt::format("spec '{}': {} argument '{}' has shape {}, expected {} values", fs.name,
-                                  name_of(a.role), a.name, shape_str(vals_[i].shape), rows * cols));
+                                  name_of(a.role), a.name, shape_str(in[i]->shape), rows * cols));
+        vals_[i] = *in[i];
         vals_[i].shape = {rows, cols};
       };
       if (a.role == ArgRole::Scalar) expect(1, 1);
@@ -62,7 +67,7 @@ class SpecExec {
   }
 
   TensorMap run() {
-    exec(fs_.root, "root", nullptr, nullptr);
+    exec(fs_.root, "root", nullptr);
     for (const RuntimeArg& a : fs_.args)
       if (a.role == ArgRole::Output && !out_.count(a.name))
         throw Error(fmt::format("spec '{}': output '{}' is never stored", fs_.name, a.name));
@@ -101,14 +106,39 @@ class SpecExec {
     return fs_.args[a];
   }
 
+  // A stage's values as its PostOps see them: bypass_reads counts the PostOps' Bypass reads
+  // still to come per value; the last one takes the value instead of copying it.
+  struct Parent {
+    std::vector<Tensor>* v;
+    const std::vector<ValueClass>* cls;
+    std::vector<int>* bypass_reads;
+  };
+
   // Executes one stage. `parent` holds the parent stage's values (for Bypass), `stat`
   // the parent reduction's result (for Stat); both null at the root.
-  void exec(const Spec& st, const std::string& path, const std::vector<Tensor>* parent,
-            const std::vector<ValueClass>* parent_cls, const Tensor* stat = nullptr) {
+  void exec(const Spec& st, const std::string& path, Parent* parent, const Tensor* stat = nullptr) {
     const size_t count = st.nodes.size();
     std::vector<Tensor> v(count);
     std::vector<ValueClass> cls(count);
     std::vector<std::pair<int, int>> posts;  // (reduction node, child index)
+    // A value is freed after its last use in this stage unless a PostOp reads it later (a
+    // bypassed value, a reduction's statistic), and the PostOp takes it over: a chain of
+    // many reductions holds a few tiles at a time, not every stage's.
+    constexpr int kStatistic = 1 << 30;  // a reduction's value is its PostOps' Stat: never taken over
+    std::vector<int> last_use(count, -1), bypass_reads(count, 0);
+    for (size_t i = 0; i < count; ++i) {
+      for (int o : st.nodes[i].operands)
+        if (o >= 0 && o < static_cast<int>(count)) last_use[static_cast<size_t>(o)] = static_cast<int>(i);
+      if (st.nodes[i].category == NodeCategory::Reduction) bypass_reads[i] = kStatistic;
+    }
+    for (const Spec& child : st.children)
+      for (const SpecNode& n : child.nodes)
+        if (n.category == NodeCategory::Placeholder && n.placeholder == PlaceholderKind::Bypass && n.source >= 0 &&
+            n.source < static_cast<int>(count))
+          ++bypass_reads[static_cast<size_t>(n.source)];
+    auto release = [&](size_t i, size_t after) {
+      if (bypass_reads[i] == 0 && last_use[i] <= static_cast<int>(after)) v[i] = Tensor{};
+    };
     for (size_t ui = 0; ui < count; ++ui) {
       const int i = static_cast<int>(ui);
       const SpecNode& n = st.nodes[ui];
@@ -186,10 +216,12 @@ class SpecExec {
             cls[ui] = ValueClass::Col;
           } else {
             if (!parent) fail(path, i, "a Bypass placeholder outside a PostOp");
-            if (n.source < 0 || n.source >= static_cast<int>(parent->size()))
+            if (n.source < 0 || n.source >= static_cast<int>(parent->v->size()))
               fail(path, i, fmt::format("bypass source {} is not a node of the parent stage", n.source));
-            v[ui] = (*parent)[static_cast<size_t>(n.source)];
-            cls[ui] = (*parent_cls)[static_cast<size_t>(n.source)];
+            const size_t src = static_cast<size_t>(n.source);
+            if (--(*parent->bypass_reads)[src] == 0) v[ui] = std::move((*parent->v)[src]);
+            else v[ui] = (*parent->v)[src];
+            cls[ui] = (*parent->cls)[src];
           }
           break;
         case NodeCategory::Store: {
@@ -203,9 +235,13 @@ class SpecExec {
       }
       if (cls[ui] != n.value_class)
         fail(path, i, fmt::format("declared class {} but its value is a {}", name_of(n.value_class), name_of(cls[ui])));
+      for (int o : n.operands) release(static_cast<size_t>(o), ui);
+      release(ui, ui);  // nothing reads it (a store's copy, a dead value)
     }
+    if (parent == nullptr) acc_ = Tensor{};  // the root stage is the only one with an acc entry
+    Parent self{&v, &cls, &bypass_reads};
     for (auto [r, child] : posts)
-      exec(st.children[static_cast<size_t>(child)], fmt::format("{}/{}", path, child), &v, &cls, &v[static_cast<size_t>(r)]);
+      exec(st.children[static_cast<size_t>(child)], fmt::format("{}/{}", path, child), &self, &v[static_cast<size_t>(r)]);
   }
 
   void store(const std::string& path, int i, const RuntimeArg& a, const Tensor& x, ValueClass c) {
@@ -235,7 +271,7 @@ class SpecExec {
   const FusionSpec& fs_;
   ReduceTiling tiling_;
   Bindings bind_;  // the caller's dims, plus M and N as the operands give them
-  std::vector<Tensor> vals_;  // by arg index (non-output args)
+  std::vector<Tensor> vals_;  // by arg index: the broadcast arguments as [rows, cols] (operands are not kept)
   Tensor acc_;
   int64_t M_ = 0, N_ = 0;
   TensorMap out_;
@@ -243,8 +279,17 @@ class SpecExec {
 
 }  // namespace
 
-TensorMap run_spec(const FusionSpec& s, const Bindings& dims, const TensorMap& args, const ReduceTiling& t) {
+namespace interp_detail {
+TensorMap run_spec_refs(const FusionSpec& s, const Bindings& dims, const std::map<std::string, const Tensor*>& args,
+                        const ReduceTiling& t) {
   return SpecExec(s, dims, args, t).run();
+}
+}  // namespace interp_detail
+
+TensorMap run_spec(const FusionSpec& s, const Bindings& dims, const TensorMap& args, const ReduceTiling& t) {
+  std::map<std::string, const Tensor*> refs;
+  for (const auto& [name, t_] : args) refs[name] = &t_;
+  return run_spec_refs(s, dims, refs, t);
 }
 
 }  // namespace comfuse

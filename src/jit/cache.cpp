@@ -37,10 +37,18 @@ namespace {
 
 constexpr int kFormat = 1;  // bump when the entry layout or key recipe changes
 
+// COMFUSE_LOG names an spdlog level. spdlog maps an unknown name to `off`, which would also
+// silence the warnings that matter (a corrupt cache entry, an nvcc fallback): refuse it.
 void init_logging() {
   static std::once_flag once;
   std::call_once(once, [] {
-    if (const char* lvl = std::getenv("COMFUSE_LOG"); lvl && *lvl) spdlog::set_level(spdlog::level::from_str(lvl));
+    const char* lvl = std::getenv("COMFUSE_LOG");
+    if (!lvl || !*lvl) return;
+    const spdlog::level::level_enum level = spdlog::level::from_str(lvl);
+    if (level == spdlog::level::off && std::string_view(lvl) != "off")
+      throw Error(fmt::format("COMFUSE_LOG='{}' is not a log level (trace, debug, info, warn, error, critical, off)",
+                              lvl));
+    spdlog::set_level(level);
   });
 }
 
@@ -116,6 +124,15 @@ fs::path kernels_dir_of(const JitOptions& opt) {
 }
 
 fs::path cache_dir_of(const JitOptions& opt) { return opt.cache_dir.empty() ? default_cache_dir() : opt.cache_dir; }
+
+// Where cache_dir_of's answer came from, for an error that says what to change.
+std::string cache_dir_source(const JitOptions& opt) {
+  if (!opt.cache_dir.empty()) return "JitOptions::cache_dir";
+  if (const char* d = std::getenv("COMFUSE_CACHE_DIR"); d && *d) return "$COMFUSE_CACHE_DIR";
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return "$XDG_CACHE_HOME/comfuse";
+  if (const char* h = std::getenv("HOME"); h && *h) return "$HOME/.cache/comfuse";
+  return "the temporary directory";
+}
 
 fs::path dump_dir_of(const JitOptions& opt) {
   if (!opt.dump_dir.empty()) return opt.dump_dir;
@@ -359,7 +376,17 @@ CompiledKernel jit_compile(const KernelSource& src, const JitOptions& opt) {
   std::error_code mk_ec;
   fs::create_directories(build, mk_ec);
   if (!mk_ec) fs::create_directories(work, mk_ec);
-  if (mk_ec) throw Error(fmt::format("jit: cannot create {}: {} (set COMFUSE_CACHE_DIR)", build.string(), mk_ec.message()));
+  if (mk_ec && !opt.use_cache)
+    throw Error(fmt::format("jit: cannot create the scratch directory {}: {} (TMPDIR names where)", build.string(),
+                            mk_ec.message()));
+  if (mk_ec) {
+    const std::string from = cache_dir_source(opt);
+    throw Error(fmt::format("jit: the JIT cache directory '{}' (from {}) is not writable: cannot create {}: {}{}",
+                            root.string(), from, build.string(), mk_ec.message(),
+                            from == "$COMFUSE_CACHE_DIR" || from == "JitOptions::cache_dir"
+                                ? ""
+                                : "; set COMFUSE_CACHE_DIR to a writable directory"));
+  }
   struct Cleanup {
     fs::path a, b;
     ~Cleanup() {

@@ -21,6 +21,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -49,9 +51,12 @@ std::optional<ValueClass> classify(const Shape& s, const Dim& m, const Dim& n) {
   return std::nullopt;
 }
 
-// Storage dtype of a materialized value: a cast names it, everything else stays fp32.
-DType storage_dtype(const Node& n) {
-  return (n.kind == OpKind::Input || n.kind == OpKind::Cast) ? n.dtype : DType::F32;
+// Storage dtype of a materialized value: a cast names it, a transpose keeps its operand's
+// (it moves values, it does not round them), everything else stays fp32.
+DType storage_dtype(const Graph& g, const Node& n) {
+  const Node* at = &n;
+  while (at->kind == OpKind::Transpose) at = &g.node(at->inputs[0]);
+  return (at->kind == OpKind::Input || at->kind == OpKind::Cast) ? at->dtype : DType::F32;
 }
 
 class Lowering {
@@ -59,6 +64,7 @@ class Lowering {
   explicit Lowering(const Graph& g) : g_(g), consumers_(g.consumers()) {}
 
   LoweringResult run() {
+    check_outputs();
     const size_t count = g_.nodes().size();
     region_of_.assign(count, kNoRegion);
     depends_on_gemm_.assign(count, false);
@@ -71,6 +77,7 @@ class Lowering {
     }
     for (const Node& n : g_.nodes())
       if (n.kind == OpKind::MatMul && live_[n.id]) grow_region(n);
+    if (roots_.empty()) nothing_to_fuse();
     for (size_t r = 0; r < roots_.size(); ++r) result_.regions.push_back(build_region(static_cast<int>(r)));
     report_outside();
     find_b2b();
@@ -78,6 +85,33 @@ class Lowering {
   }
 
  private:
+  // Outputs a kernel can compute: there are some, and none is an input or a constant as it
+  // stands (a kernel would have nothing to compute; an input's buffer would be its own output).
+  void check_outputs() const {
+    if (g_.outputs().empty())
+      throw Error("nothing to fuse: the graph has no outputs (declare one, e.g. `output y: bf16`)");
+    for (const GraphOutput& o : g_.outputs()) {
+      const Node& n = g_.node(o.node);
+      if (n.kind == OpKind::Input)
+        throw Error(o.loc, fmt::format("output '{}' is the graph input '{}' itself: a kernel computes its outputs "
+                                       "from a GEMM and its epilogue; copy inputs outside ComFuse",
+                                       o.name, n.name));
+      if (n.kind == OpKind::Constant)
+        throw Error(o.loc, fmt::format("output '{}' is the constant {}: a kernel computes its outputs from a GEMM and "
+                                       "its epilogue",
+                                       o.name, n.value));
+    }
+  }
+
+  [[noreturn]] void nothing_to_fuse() const {
+    std::string dead;
+    for (const Node& n : g_.nodes())
+      if (n.kind == OpKind::MatMul && dead.empty()) dead = n.name;
+    if (dead.empty())
+      throw Error("nothing to fuse: the graph has no matmul (ComFuse fuses a GEMM with its epilogue)");
+    throw Error(fmt::format("nothing to fuse: no output depends on a matmul (matmul '{}' reaches no output)", dead));
+  }
+
   // Nodes from which some graph output is reachable.
   std::vector<bool> live_nodes() const {
     std::vector<bool> live(g_.nodes().size(), false);
@@ -252,19 +286,22 @@ class Lowering {
   // The runtime-argument table A of the spec being built: one argument per graph leaf.
   struct ArgTable {
     FusionSpec& fs;
-    std::map<int, int> arg_of_node;  // graph id -> arg index (leaves)
+    const Graph& g;
+    // (graph id, role) -> arg index. Keyed by role too: one tensor may be both GEMM operands
+    // (X x X^T), and the kernel loads A and B through separate descriptors.
+    std::map<std::pair<int, ArgRole>, int> arg_of_node;
 
     int leaf_arg(const Node& leaf, ArgRole role) {
-      auto it = arg_of_node.find(leaf.id);
+      auto it = arg_of_node.find({leaf.id, role});
       if (it != arg_of_node.end()) return it->second;
       RuntimeArg a;
       a.name = leaf.name;
       a.role = role;
-      a.dtype = storage_dtype(leaf);
+      a.dtype = storage_dtype(g, leaf);
       a.shape = leaf.shape;
       a.graph_node = leaf.id;
       fs.args.push_back(a);
-      return arg_of_node[leaf.id] = static_cast<int>(fs.args.size()) - 1;
+      return arg_of_node[{leaf.id, role}] = static_cast<int>(fs.args.size()) - 1;
     }
   };
 
@@ -280,7 +317,7 @@ class Lowering {
     fs.m = mm.shape[0];
     fs.n = mm.shape[1];
     fs.k = a.shape[1];
-    ArgTable args{fs, {}};
+    ArgTable args{fs, g_, {}};
     args.leaf_arg(a, ArgRole::OperandA);
     args.leaf_arg(g_.node(mm.inputs[1]), ArgRole::OperandB);
 
@@ -302,7 +339,7 @@ class Lowering {
           out.graph_node = id;
           out.shape = g_.node(id).shape;
           out.value_class = sp.nodes[at].value_class;
-          out.dtype = storage_dtype(g_.node(id));
+          out.dtype = storage_dtype(g_, g_.node(id));
           for (const GraphOutput& o : g_.outputs())
             if (o.node == id && o.name == name) out.dtype = o.dtype;
           fs.args.push_back(out);
@@ -350,6 +387,7 @@ class Lowering {
         if (leaf.kind == OpKind::Constant) {
           b.broadcast = BroadcastKind::Scalar;
           b.literal = leaf.value;
+          warn_literal(leaf);
         } else {
           b.broadcast = b.value_class == ValueClass::Row    ? BroadcastKind::Row
                         : b.value_class == ValueClass::Col  ? BroadcastKind::Col
@@ -402,7 +440,47 @@ class Lowering {
           if (sp.nodes[i].category == NodeCategory::Store) sp.terminal = i;
       }
     }
+    name_for_user(fs);
     return region;
+  }
+
+  // The epilogue computes in f32: a literal f32 cannot hold differs from the fp64 graph.
+  void warn_literal(const Node& c) {
+    if (!warned_.insert(c.id).second || !std::isfinite(c.value)) return;
+    const float f = static_cast<float>(c.value);
+    const char* to = std::isinf(f) ? "inf" : (f == 0.0f && c.value != 0.0) ? "0" : nullptr;
+    if (!to) return;
+    const std::string& what = described()[static_cast<size_t>(c.id)];  // "the constant 1e+300 inside 'y' (line 4)"
+    result_.warnings.push_back(fmt::format("{} rounds to {} in f32, the precision the kernel's epilogue computes in "
+                                           "(the CPU reference keeps fp64)",
+                                           what[0] == '\'' ? fmt::format("constant {} = {}", what, c.value) : what, to));
+  }
+
+  // Graph names the graph made up itself ("%reduce3"), in the user's terms, for messages.
+  void name_for_user(FusionSpec& fs) {
+    auto note = [&](const std::string& name) {
+      if (name.empty() || name[0] != '%' || fs.user_names.count(name)) return;
+      if (const int id = g_.find(name); id >= 0) fs.user_names[name] = described()[static_cast<size_t>(id)];
+    };
+    for (const RuntimeArg& a : fs.args) {
+      note(a.name);
+      // An argument the graph computes (a fallback, another region's store): say so.
+      if (a.role != ArgRole::Output && a.graph_node >= 0 && g_.node(a.graph_node).kind != OpKind::Input)
+        fs.user_names[a.name] = described()[static_cast<size_t>(a.graph_node)] +
+                                (region_of_[a.graph_node] != kNoRegion ? " (stored by another fused kernel)"
+                                                                       : " (computed outside the kernel)");
+    }
+    struct Origins : SpecVisitor {
+      std::function<void(const std::string&)> note;
+      void visit(const Spec&, int, const SpecNode& n, int) override { note(n.origin); }
+    } origins;
+    origins.note = note;
+    origins.walk(fs.root);
+  }
+
+  const std::vector<std::string>& described() {
+    if (described_.empty()) described_ = user_descriptions(g_);
+    return described_;
   }
 
   // --- reporting -----------------------------------------------------------------------
@@ -415,8 +493,24 @@ class Lowering {
         why = depends_on_gemm_[n.id]
                   ? "its operands come from an unfused node"
                   : "does not depend on a GEMM accumulator: computed before the kernel and passed as a runtime argument";
+      if (n.kind == OpKind::Transpose) why += transpose_hint(n);
       result_.fallbacks.push_back(Fallback{n.id, why});
     }
+  }
+
+  // A transposed GEMM operand: what the kernel reads without one.
+  std::string transpose_hint(const Node& t) const {
+    for (int c : consumers_[t.id]) {
+      const Node& mm = g_.node(c);
+      if (mm.kind != OpKind::MatMul) continue;
+      const std::string& src = g_.node(t.inputs[0]).name;
+      if (mm.inputs[1] == t.id)
+        return fmt::format("; matmul({}, {}{}) reads B = '{}' in the other layout without a transpose",
+                           g_.node(mm.inputs[0]).name, src, mm.b_layout == BLayout::NK ? ", layout=kn" : "", src);
+      return fmt::format("; the kernel reads A as [M, K] row-major: give '{}' to matmul '{}' already transposed",
+                         src, mm.name);
+    }
+    return "";
   }
 
   // A second GEMM whose A operand is a value of another region's epilogue: the B2B pair. One
@@ -428,6 +522,13 @@ class Lowering {
       const int r1 = region_of_[via];
       if (r1 == kNoRegion || r1 == r2) continue;
       B2BCandidate b{roots_[r1], roots_[r2], via, r1, r2, ""};
+      const Node& gemm2 = g_.node(roots_[r2]);
+      // GEMM2 reads S from registers as its A operand and W2 from global memory by TMA: W2
+      // must be a graph input, and S a 16-bit value (the register operand of a 16-bit MMA).
+      if (gemm2.inputs.size() > 1 && depends_on_gemm_[gemm2.inputs[1]])
+        b.blocker = fmt::format("'{}' reads operand B '{}' from a GEMM", gemm2.name, g_.node(gemm2.inputs[1]).name);
+      if (g_.node(via).dtype == DType::F32)
+        b.blocker = fmt::format("'{}' is f32; the second GEMM reads a 16-bit operand (cast it)", g_.node(via).name);
       for (int c : consumers_[via])
         if (live_[c] && c != roots_[r2])
           b.blocker = fmt::format("'{}' is also read by '{}': it must be stored", g_.node(via).name, g_.node(c).name);
@@ -457,6 +558,8 @@ class Lowering {
   std::vector<int> roots_;                 // region -> matmul id
   std::vector<std::vector<int>> members_;  // region -> graph ids, topological
   LoweringResult result_;
+  std::set<int> warned_;                   // constants already warned about
+  std::vector<std::string> described_;     // user_descriptions(g_), built when first needed
 };
 
 }  // namespace
@@ -487,7 +590,7 @@ std::string describe(const Graph& g, const LoweringResult& r) {
                        g.node(b.second_matmul).name, b.second_region, g.node(b.via_node).name,
                        b.blocker.empty() ? ": one kernel, S in registers" : ", not fused: " + b.blocker);
   for (int id : r.dead_nodes) out += fmt::format("dead: '{}' reaches no output\n", g.node(id).name);
-  if (r.regions.empty()) out += "no GEMM region: nothing fused\n";
+  for (const std::string& w : r.warnings) out += fmt::format("warning: {}\n", w);
   return out;
 }
 

@@ -118,12 +118,12 @@ constexpr int kTileNs[] = {64, 128, 192, 256};
 
 // ---- 1. check_request ------------------------------------------------------------------------
 void check_request(const FusionSpec& s, const Problem& p, const DeviceModel& dev, const PlanOptions& opt) {
-  auto dim = [](const char* name, int64_t v) {
-    if (v <= 0) throw Error(fmt::format("plan: problem dimension {} must be positive (got {})", name, v));
-    if (v > std::numeric_limits<int32_t>::max())
-      throw Error(fmt::format("plan: problem dimension {} = {} exceeds 2^31-1 (TMA coordinates are 32-bit)", name, v));
-  };
-  dim("M", p.m), dim("N", p.n), dim("K", p.k);
+  try {
+    check_problem_size(p.m, p.n, p.k, dim_label(s.m, "M"), dim_label(s.n, "N"), dim_label(s.k, "K"));
+    check_device_limits(s);  // the spec's device limits, in the user's names (limits.cpp)
+  } catch (const Error& e) {
+    throw Error(fmt::format("plan: {}", e.what()));
+  }
   const int64_t eb = static_cast<int64_t>(size_of(p.ab_dtype));
   if ((p.k * eb) % 16 != 0)
     throw Error(fmt::format("plan: K = {} is not a multiple of {}: TMA needs 16-byte aligned rows of {} A and B "
@@ -138,33 +138,6 @@ void check_request(const FusionSpec& s, const Problem& p, const DeviceModel& dev
                               "multiple of {})", a.role == ArgRole::Output ? "output" : "input", a.name, p.m, p.n,
                               name_of(a.dtype), p.n * int64_t(size_of(a.dtype)), 16 / size_of(a.dtype)));
   }
-  // The spec's device limits.
-  const int ia = s.arg_index(ArgRole::OperandA), ib = s.arg_index(ArgRole::OperandB);
-  if (ia >= 0 && ib >= 0) {
-    const RuntimeArg& a = s.args[static_cast<size_t>(ia)];
-    const RuntimeArg& b = s.args[static_cast<size_t>(ib)];
-    if (a.dtype != b.dtype || a.dtype == DType::F32)
-      throw Error(fmt::format("plan: GEMM operands '{}' ({}) and '{}' ({}) must both be bf16 or both f16", a.name,
-                              name_of(a.dtype), b.name, name_of(b.dtype)));
-  }
-  // The device carries a tile-shaped value across a reduction in the accumulator registers:
-  // one per stage boundary (kernels/comfuse/epilogue/stage.cuh).
-  struct TileBypassCheck : SpecVisitor {
-    std::string error;
-    void enter_stage(const Spec& st, int depth) override {
-      std::vector<std::string> names;
-      for (const SpecNode& n : st.nodes)
-        if (n.category == NodeCategory::Placeholder && n.placeholder == PlaceholderKind::Bypass &&
-            n.value_class == ValueClass::Tile)
-          names.push_back(n.origin);
-      if (names.size() > 1 && error.empty())
-        error = fmt::format("stage {} takes {} tile-shaped values across a reduction ({}); the device keeps one (in "
-                            "the accumulator registers): split the epilogue or express the others through that one",
-                            depth, names.size(), fmt::join(names, ", "));
-    }
-  } bypass_check;
-  bypass_check.walk(s.root);
-  if (!bypass_check.error.empty()) throw Error(fmt::format("plan: spec '{}': {}", s.name, bypass_check.error));
 
   if (opt.cluster_n) {
     const int c = *opt.cluster_n;

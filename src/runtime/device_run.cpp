@@ -64,21 +64,6 @@ struct DeviceBuffer {
 };
 
 
-// Rows the fp64 reference checks. Every fused epilogue op is row-local (reductions run
-// along N), so a sample of rows is an exact check of those rows; the CPU reference of the
-// full product is only affordable for small problems.
-std::vector<int64_t> reference_rows(int64_t m, int64_t n, int64_t k) {
-  std::vector<int64_t> rows;
-  if (double(m) * double(n) * double(k) <= 2e9 || m <= 48) {
-    for (int64_t r = 0; r < m; ++r) rows.push_back(r);
-    return rows;
-  }
-  for (int64_t r = 0; r < 16; ++r) rows.push_back(r);                    // first tile's rows
-  for (int64_t i = 1; i <= 16; ++i) rows.push_back(i * (m - 32) / 17 + 16);  // spread
-  for (int64_t r = m - 16; r < m; ++r) rows.push_back(r);                // ragged last tile
-  return rows;
-}
-
 Tensor take_rows(const Tensor& t, const std::vector<int64_t>& rows) {
   Tensor out;
   out.shape = t.shape;
@@ -120,11 +105,12 @@ DeviceRunReport run_and_check(const Graph& g, const Bindings& dims, uint64_t see
   // The reference on the sampled rows: inputs indexed by M are cut to those rows.
   const Problem prob = problem_of(second ? *second : s, dims);  // M and the output columns N
   const int64_t flops_k = second ? resolve(s.k, dims) + prob.k : prob.k;  // per output element
-  const std::vector<int64_t> rows = reference_rows(prob.m, prob.n, flops_k);
   TensorMap ref_inputs = inputs;
   Bindings ref_dims = dims;
+  // Sampled rows need ops that are row-local in M (not X x X^T, whose B has M rows too).
+  const std::vector<int64_t> rows =
+      row_local(g, s.m.sym) ? reference_rows(prob.m, prob.n, flops_k) : reference_rows(prob.m, 1, 1);
   if (static_cast<int64_t>(rows.size()) != prob.m) {
-    if (s.m.sym.empty()) throw Error("row-sampled reference needs a symbolic M");
     ref_dims[s.m.sym] = static_cast<int64_t>(rows.size());
     for (const Node& n : g.nodes())
       if (n.kind == OpKind::Input && n.shape.size() == 2 && n.shape[0] == s.m)
@@ -142,6 +128,7 @@ DeviceRunReport run_and_check(const Graph& g, const Bindings& dims, uint64_t see
   std::vector<Out> outs;
   for (const RuntimeArg* ap : kernel_args) {
     const RuntimeArg& a = *ap;
+    if (args.tensors.count(a.name) || args.scalars.count(a.name)) continue;  // X x X^T: one tensor, A and B
     std::vector<int64_t> shape;
     for (const Dim& d : a.shape) shape.push_back(resolve(d, dims));
     if (a.role == ArgRole::Scalar) {

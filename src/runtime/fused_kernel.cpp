@@ -249,7 +249,7 @@ void FusedKernel::run(const RunArgs& args, Stream stream) const {
   const int64_t N = nk ? B.shape[0] : B.shape[1];
   if ((nk ? B.shape[1] : B.shape[0]) != K)
     throw Error(fmt::format("B '{}' is {} but A '{}' is {}: K differs", rb.name, shape_str(B.shape), ra.name, shape_str(A.shape)));
-  if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX) throw Error("M, N and K must each fit in 32 bits");
+  check_problem_size(M, N, K);  // the one size rule (graph.h), as the plan was made under
   // A row reduction is finished by the CTAs that share a row: a longer row would silently
   // reduce in pieces.
   const KernelConfig& kc = st.plan.kernel;

@@ -47,6 +47,11 @@ std::string_view name_of(ArgRole r) {
   return "?";
 }
 
+std::string FusionSpec::describe(const std::string& graph_name) const {
+  auto it = user_names.find(graph_name);
+  return it != user_names.end() ? it->second : "'" + graph_name + "'";
+}
+
 int FusionSpec::arg_index(ArgRole role) const {
   for (size_t i = 0; i < args.size(); ++i)
     if (args[i].role == role) return static_cast<int>(i);

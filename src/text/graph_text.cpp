@@ -7,12 +7,17 @@
 // so that the Graph builder's linear name lookups cannot turn into a quadratic hang.
 #include "comfuse/text.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <charconv>
 #include <cmath>
-#include <fstream>
+#include <cerrno>
+#include <cstring>
 #include <optional>
 #include <string_view>
 #include <unordered_map>
@@ -34,6 +39,12 @@ bool ident_start(char c) {
 bool ident_char(char c) { return ident_start(c) || (c >= '0' && c <= '9') || c == '.'; }
 bool is_digit(char c) { return c >= '0' && c <= '9'; }
 
+// A name or number as a message shows it: lines may be 64 KiB long, messages stay short.
+std::string clip(std::string_view s) {
+  constexpr size_t kShown = 64;
+  return s.size() <= kShown ? std::string(s) : fmt::format("{}...({} bytes)", s.substr(0, kShown), s.size());
+}
+
 std::string show_char(char c) {
   auto u = static_cast<unsigned char>(c);
   if (u >= 0x21 && u < 0x7f) return fmt::format("'{}'", c);
@@ -52,9 +63,9 @@ struct Tok {
 std::string describe(const Tok& t) {
   switch (t.kind) {
     case TK::End: return "end of line";
-    case TK::Number: return fmt::format("number `{}`", t.text);
-    case TK::Ident: return fmt::format("`{}`", t.text);
-    case TK::Punct: return fmt::format("'{}'", t.text);
+    case TK::Number: return fmt::format("number `{}`", clip(t.text));
+    case TK::Ident: return fmt::format("`{}`", clip(t.text));
+    case TK::Punct: return fmt::format("'{}'", clip(t.text));
   }
   return "?";
 }
@@ -99,7 +110,7 @@ std::vector<Tok> lex_line(std::string_view s, int line) {
       while (end < s.size() && ident_char(s[end])) ++end;
       t.kind = TK::Number;
       t.text = std::string(s.substr(i, end - i));
-      if (end != j) throw Error(t.loc, fmt::format("malformed number `{}`", t.text));
+      if (end != j) throw Error(t.loc, fmt::format("malformed number `{}`", clip(t.text)));
       std::string_view body = s.substr(i, j - i);
       const bool neg = body[0] == '-';
       if (body[0] == '-' || body[0] == '+') body.remove_prefix(1);
@@ -109,9 +120,9 @@ std::vector<Tok> lex_line(std::string_view s, int line) {
         double v = 0.0;
         auto [p, ec] = std::from_chars(body.data(), body.data() + body.size(), v);
         if (ec == std::errc::result_out_of_range)
-          throw Error(t.loc, fmt::format("number `{}` is out of range", t.text));
+          throw Error(t.loc, fmt::format("number `{}` is out of range", clip(t.text)));
         if (ec != std::errc() || p != body.data() + body.size())
-          throw Error(t.loc, fmt::format("malformed number `{}`", t.text));
+          throw Error(t.loc, fmt::format("malformed number `{}`", clip(t.text)));
         t.num = v;
       }
       if (neg) t.num = -t.num;
@@ -238,7 +249,7 @@ class Parser {
       const Node& n = g_.node(it->second);
       throw Error(name.loc, n.loc.known() ? fmt::format("redefinition of `{}` (first defined at line {})",
                                                         name.text, n.loc.line)
-                                          : fmt::format("redefinition of `{}`", name.text));
+                                          : fmt::format("redefinition of `{}`", clip(name.text)));
     }
   }
 
@@ -258,14 +269,14 @@ class Parser {
     if (first.text == "input" && !is_punct(peek(1), '=')) return input_stmt();
     if (first.text == "output" && !is_punct(peek(1), '=')) return output_stmt();
     const Tok name = next();
-    expect_punct('=', fmt::format("after `{}` (statements are `NAME = OP(...)`)", name.text));
+    expect_punct('=', fmt::format("after `{}` (statements are `NAME = OP(...)`)", clip(name.text)));
     check_new_name(name);
     const Tok rhs_start = peek();
     Expr e = parse_expr(0);
     expect_end();
     if (e.kind == Expr::Name)
       throw Error(rhs_start.loc, fmt::format("`{} = {}` only aliases `{}`; a statement must apply an op",
-                                             name.text, e.tok.text, e.tok.text));
+                                             clip(name.text), clip(e.tok.text), clip(e.tok.text)));
     Value v = eval(e);
     g_.set_location(name.loc);
     g_.rename(v, name.text);
@@ -276,7 +287,7 @@ class Parser {
     next();  // `input`
     const Tok name = expect_ident("an input name after `input`");
     check_new_name(name);
-    expect_punct(':', fmt::format("after input name `{}`", name.text));
+    expect_punct(':', fmt::format("after input name `{}`", clip(name.text)));
     const DType dt = dtype_of(next());
     expect_punct('[', "to open the shape (use [] for a scalar)");
     Shape shape;
@@ -289,16 +300,16 @@ class Parser {
           int64_t v = 0;
           auto [p, ec] = std::from_chars(d.text.data(), d.text.data() + d.text.size(), v);
           if (ec == std::errc::result_out_of_range)
-            throw Error(d.loc, fmt::format("bad dim `{}`: out of range", d.text));
+            throw Error(d.loc, fmt::format("bad dim `{}`: out of range", clip(d.text)));
           if (ec != std::errc() || p != d.text.data() + d.text.size())
-            throw Error(d.loc, fmt::format("bad dim `{}`: expected a positive integer or a name", d.text));
-          if (v <= 0) throw Error(d.loc, fmt::format("bad dim `{}`: dimensions must be positive", d.text));
+            throw Error(d.loc, fmt::format("bad dim `{}`: expected a positive integer or a name", clip(d.text)));
+          if (v <= 0) throw Error(d.loc, fmt::format("bad dim `{}`: dimensions must be positive", clip(d.text)));
           shape.push_back(Dim::of(v));
         } else {
           throw Error(d.loc, fmt::format("bad dim: expected a name or a positive integer, found {}", describe(d)));
         }
         if (shape.size() > 2)
-          throw Error(d.loc, fmt::format("input `{}`: rank {} is not supported (at most 2)", name.text, shape.size()));
+          throw Error(d.loc, fmt::format("input `{}`: rank {} is not supported (at most 2)", clip(name.text), shape.size()));
         if (is_punct(peek(), ']')) break;
         expect_punct(',', "or ']' in the shape");
       }
@@ -325,7 +336,7 @@ class Parser {
     }
     expect_end();
     auto it = names_.find(name.text);
-    if (it == names_.end()) throw Error(name.loc, fmt::format("undefined name `{}`", name.text));
+    if (it == names_.end()) throw Error(name.loc, fmt::format("undefined name `{}`", clip(name.text)));
     g_.set_location(alias.loc);
     g_.output(Value{&g_, it->second}, alias.text, dt);
   }
@@ -345,23 +356,23 @@ class Parser {
     if (is_punct(peek(), ')')) { next(); return e; }
     for (;;) {
       if (peek().kind == TK::End)
-        throw Error(peek().loc, fmt::format("missing ')' to close `{}(` opened at column {}", t.text, open.loc.column));
+        throw Error(peek().loc, fmt::format("missing ')' to close `{}(` opened at column {}", clip(t.text), open.loc.column));
       if (peek().kind == TK::Ident && is_punct(peek(1), '=')) {
         Tok key = next();
         next();  // '='
         const Tok& val = next();
         if (val.kind != TK::Number && val.kind != TK::Ident)
-          throw Error(val.loc, fmt::format("expected a value for `{}=`, found {}", key.text, describe(val)));
+          throw Error(val.loc, fmt::format("expected a value for `{}=`, found {}", clip(key.text), describe(val)));
         for (auto& [k, v] : e.kws)
-          if (k.text == key.text) throw Error(key.loc, fmt::format("keyword `{}` given twice", key.text));
+          if (k.text == key.text) throw Error(key.loc, fmt::format("keyword `{}` given twice", clip(key.text)));
         e.kws.emplace_back(std::move(key), val);
       } else {
         e.args.push_back(parse_expr(depth + 1));
       }
       if (is_punct(peek(), ')')) { next(); return e; }
       if (peek().kind == TK::End)
-        throw Error(peek().loc, fmt::format("missing ')' to close `{}(` opened at column {}", t.text, open.loc.column));
-      expect_punct(',', fmt::format("or ')' in the arguments of `{}`", t.text));
+        throw Error(peek().loc, fmt::format("missing ')' to close `{}(` opened at column {}", clip(t.text), open.loc.column));
+      expect_punct(',', fmt::format("or ')' in the arguments of `{}`", clip(t.text)));
     }
   }
 
@@ -372,7 +383,7 @@ class Parser {
     if (it != names_.end()) return Value{&g_, it->second};
     if (t.text == "nan") throw Error(t.loc, "NaN literal is not allowed");
     if (t.text == "inf") throw Error(t.loc, "undefined name `inf` (write an infinity as const(inf))");
-    throw Error(t.loc, fmt::format("undefined name `{}`", t.text));
+    throw Error(t.loc, fmt::format("undefined name `{}`", clip(t.text)));
   }
 
   Value operand(const Expr& e) {
@@ -395,14 +406,14 @@ class Parser {
 
   void arity(const Expr& e, size_t lo, size_t hi, std::string_view takes) {
     if (e.args.size() < lo || e.args.size() > hi)
-      throw Error(e.tok.loc, fmt::format("wrong arity: `{}` takes {}, got {}", e.tok.text, takes, e.args.size()));
+      throw Error(e.tok.loc, fmt::format("wrong arity: `{}` takes {}, got {}", clip(e.tok.text), takes, e.args.size()));
   }
 
   void allow_kws(const Expr& e, std::initializer_list<std::string_view> ok) {
     for (const auto& [k, v] : e.kws)
       if (std::find(ok.begin(), ok.end(), k.text) == ok.end())
-        throw Error(k.loc, ok.size() ? fmt::format("`{}` has no keyword `{}` (it takes {}=)", e.tok.text, k.text, *ok.begin())
-                                     : fmt::format("`{}` takes no keyword arguments (got `{}=`)", e.tok.text, k.text));
+        throw Error(k.loc, ok.size() ? fmt::format("`{}` has no keyword `{}` (it takes {}=)", clip(e.tok.text), clip(k.text), *ok.begin())
+                                     : fmt::format("`{}` takes no keyword arguments (got `{}=`)", clip(e.tok.text), clip(k.text)));
   }
 
   const Tok* kw(const Expr& e, std::string_view key) {
@@ -446,7 +457,7 @@ class Parser {
       arity(e, 2, 2, "2 arguments (value, dtype)");
       allow_kws(e, {});
       const Expr& d = e.args[1];
-      if (d.kind == Expr::Call) throw Error(d.tok.loc, fmt::format("bad dtype `{}(...)`", d.tok.text));
+      if (d.kind == Expr::Call) throw Error(d.tok.loc, fmt::format("bad dtype `{}(...)`", clip(d.tok.text)));
       const DType to = dtype_of(d.tok);
       Value x = arg(0);
       return build([&] { return g_.cast(x, to); });
@@ -529,7 +540,7 @@ class Parser {
     std::string takes = (u || r) && b ? (u ? "1 operand (unary) or 2 (binary)" : "1 operand (reduction) or 2 (binary)")
                         : b       ? "2 operands"
                                   : "1 operand";
-    throw Error(at, fmt::format("wrong arity: `{}` takes {}, got {}", op, takes, n));
+    throw Error(at, fmt::format("wrong arity: `{}` takes {}, got {}", clip(op), takes, n));
   }
 
   [[noreturn]] void unknown_op(const Tok& t) {
@@ -540,8 +551,8 @@ class Parser {
       if (d < best_d) best_d = d, best = n;
     }
     if (best_d <= std::max<size_t>(2, best.size() / 3))
-      throw Error(t.loc, fmt::format("unknown op `{}`; did you mean `{}`?", t.text, best));
-    throw Error(t.loc, fmt::format("unknown op `{}` (ops are listed in include/comfuse/ops.def)", t.text));
+      throw Error(t.loc, fmt::format("unknown op `{}`; did you mean `{}`?", clip(t.text), best));
+    throw Error(t.loc, fmt::format("unknown op `{}` (ops are listed in include/comfuse/ops.def)", clip(t.text)));
   }
 
   Graph g_;
@@ -566,18 +577,45 @@ const std::string& checked(const std::string& s, std::string_view what) {
 
 Graph parse_graph(const std::string& text) { return Parser().run(text); }
 
+namespace {
+
+std::string file_kind(mode_t m) {
+  if (S_ISDIR(m)) return "a directory";
+  if (S_ISFIFO(m)) return "a FIFO";
+  if (S_ISCHR(m)) return "a character device";
+  if (S_ISBLK(m)) return "a block device";
+  if (S_ISSOCK(m)) return "a socket";
+  return "not a regular file";
+}
+
+}  // namespace
+
 Graph parse_graph_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(fmt::format("cannot open graph file '{}'", path));
-  in.seekg(0, std::ios::end);
-  const auto size = in.tellg();
-  if (size < 0) throw Error(fmt::format("cannot read graph file '{}'", path));
-  if (static_cast<size_t>(size) > kMaxInput)
-    throw Error(fmt::format("graph file '{}' is {} bytes; the limit is 16 MiB", path, static_cast<size_t>(size)));
-  in.seekg(0);
-  std::string text(static_cast<size_t>(size), '\0');
-  in.read(text.data(), size);
-  if (!in) throw Error(fmt::format("cannot read graph file '{}'", path));
+  // O_NONBLOCK: opening a FIFO must not wait for a writer. Only regular files are read.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) throw Error(fmt::format("cannot open graph file '{}': {}", printable(path), std::strerror(errno)));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) throw Error(fmt::format("cannot read graph file '{}': {}", printable(path), std::strerror(errno)));
+  if (!S_ISREG(st.st_mode))
+    throw Error(fmt::format("graph file '{}' is {}; a graph file must be a regular file", printable(path),
+                            file_kind(st.st_mode)));
+  if (static_cast<uint64_t>(st.st_size) > kMaxInput)
+    throw Error(fmt::format("graph file '{}' is {} bytes; the limit is 16 MiB", printable(path), st.st_size));
+  std::string text;
+  char buf[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (n < 0) throw Error(fmt::format("cannot read graph file '{}': {}", printable(path), std::strerror(errno)));
+    if (n == 0) break;
+    text.append(buf, static_cast<size_t>(n));
+    if (text.size() > kMaxInput)  // it grew while being read
+      throw Error(fmt::format("graph file '{}' is more than 16 MiB", printable(path)));
+  }
   try {
     return parse_graph(text);
   } catch (const Error& e) {
@@ -590,6 +628,29 @@ Graph parse_graph_file(const std::string& path) {
     }
     throw Error(fmt::format("{}: {}", path, msg));
   }
+}
+
+std::string printable(std::string_view s, size_t max_bytes) {
+  std::string out;
+  for (size_t i = 0; i < s.size() && i < max_bytes; ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c >= 0x20 && c < 0x7f) out += static_cast<char>(c);
+    else out += fmt::format("\\x{:02x}", c);
+  }
+  if (s.size() > max_bytes) out += fmt::format("...({} bytes)", s.size());
+  return out;
+}
+
+std::string excerpt(std::string_view line, int column, size_t width) {
+  // A window of `width` bytes around the column, then escaped: the caret moves with both.
+  const size_t col = column > 0 ? static_cast<size_t>(column - 1) : 0;
+  const size_t begin = col > width / 2 ? std::min(col - width / 2, line.size() > width ? line.size() - width : 0) : 0;
+  const std::string_view window = line.substr(std::min(begin, line.size()), width);
+  std::string text = begin > 0 ? "..." : "";
+  const size_t caret_base = text.size() + printable(window.substr(0, std::min(col - begin, window.size()))).size();
+  text += printable(window);
+  if (begin + window.size() < line.size()) text += "...";
+  return fmt::format("  {}\n  {}^", text, std::string(caret_base, ' '));
 }
 
 std::string print_graph(const Graph& g) {

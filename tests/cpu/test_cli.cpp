@@ -2,6 +2,7 @@
 // prints, and error messages. The binary is found beside this test binary (both are
 // built into the same build directory), the examples through COMFUSE_SOURCE_DIR.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -13,6 +14,7 @@
 #include <regex>
 #include <sstream>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -37,10 +39,11 @@ std::string slurp(const fs::path& p) {
   return ss.str();
 }
 
-// Runs `comfuse ARGS`, capturing stdout and stderr apart.
-Result comfuse(const std::string& args) {
+// Runs `comfuse ARGS` (after the environment assignments `env`, e.g. "COMFUSE_LOG=debug"),
+// capturing stdout and stderr apart. `timeout 120` ends a run that would hang.
+Result comfuse(const std::string& args, const std::string& env = "") {
   const fs::path err = fs::temp_directory_path() / ("comfuse_cli_err_" + std::to_string(getpid()));
-  const std::string cmd = "'" + binary().string() + "' " + args + " 2>'" + err.string() + "'";
+  const std::string cmd = env + " timeout 120 '" + binary().string() + "' " + args + " 2>'" + err.string() + "'";
   Result r;
   FILE* pipe = popen(cmd.c_str(), "r");
   if (!pipe) return r;
@@ -55,6 +58,21 @@ Result comfuse(const std::string& args) {
 }
 
 bool has(const std::string& hay, const std::string& needle) { return hay.find(needle) != std::string::npos; }
+
+// A graph file for one test, removed after it.
+struct GraphFile {
+  fs::path path;
+  explicit GraphFile(const std::string& text, const std::string& tag = "g") {
+    static int counter = 0;
+    path = fs::temp_directory_path() /
+           ("comfuse_cli_" + tag + "_" + std::to_string(getpid()) + "_" + std::to_string(counter++) + ".cf");
+    std::ofstream(path, std::ios::binary) << text;
+  }
+  ~GraphFile() { fs::remove(path); }
+  std::string arg() const { return "'" + path.string() + "'"; }
+};
+
+constexpr const char* kGemm = "input x: bf16[M, K]\ninput w: bf16[N, K]\nacc = matmul(x, w)\n";
 
 class Cli : public ::testing::Test {
  protected:
@@ -98,8 +116,8 @@ TEST_F(Cli, ExplainLayerNormAtLargeShape) {
   EXPECT_TRUE(has(rg.out, "row group    4 clusters share each row")) << rg.out;
   EXPECT_TRUE(has(rg.out, "cluster      2x1")) << rg.out;
   Result bad = comfuse("explain '" + example("gemm_layernorm.cf") + "' --shape 8192,4096,4096 --stash fp16");
-  EXPECT_EQ(bad.rc, 1);
-  EXPECT_TRUE(has(bad.err, "--stash wants fp32 or bf16")) << bad.err;
+  EXPECT_EQ(bad.rc, 2);  // a usage error
+  EXPECT_TRUE(has(bad.err, "--stash: fp16 not in {fp32,bf16}")) << bad.err;
   // Paired reductions: softmax's max and sum of exp in one round by default at 8192 rows (16
   // jobs a CTA), forced at 256 (one job a CTA: two rounds by default), refused by name.
   Result sm = comfuse("explain '" + example("gemm_softmax.cf") + "' --shape 8192,4096,4096");
@@ -112,8 +130,8 @@ TEST_F(Cli, ExplainLayerNormAtLargeShape) {
   ASSERT_EQ(forced.rc, 0) << forced.err;
   EXPECT_TRUE(has(forced.out, "max and sum of exp in one round")) << forced.out;
   Result bad_pairs = comfuse("explain '" + example("gemm_softmax.cf") + "' --shape 8192,4096,4096 --pairs three");
-  EXPECT_EQ(bad_pairs.rc, 1);
-  EXPECT_TRUE(has(bad_pairs.err, "--pairs wants one-round or two-rounds, got 'three'")) << bad_pairs.err;
+  EXPECT_EQ(bad_pairs.rc, 2);
+  EXPECT_TRUE(has(bad_pairs.err, "--pairs: three not in {one-round,two-rounds}")) << bad_pairs.err;
 }
 
 TEST_F(Cli, ExplainForcedOptions) {
@@ -143,7 +161,8 @@ TEST_F(Cli, ExplainEveryExample) {
     SCOPED_TRACE(ex);
     Result r = comfuse("explain '" + example(ex) + "' --shape 4096,4096,4096" + extra_dims(ex));
     EXPECT_EQ(r.rc, 0) << r.err;
-    EXPECT_TRUE(has(r.out, "plan for fusion")) << r.out;
+    // A graph of two chained GEMMs plans as one B2B kernel; every other example as one GEMM kernel.
+    EXPECT_TRUE(has(r.out, "plan for fusion") || has(r.out, "b2b plan for")) << r.out;
   }
 }
 
@@ -193,15 +212,297 @@ TEST_F(Cli, ErrorsExitOne) {
   EXPECT_EQ(r.rc, 1);
   EXPECT_TRUE(has(r.err, "'D'")) << r.err;
 
-  r = comfuse("explain '" + example("gemm_layernorm.cf") + "' --shape 128,4096,64 --aggregation ring");
-  EXPECT_EQ(r.rc, 1);
-  EXPECT_TRUE(has(r.err, "--aggregation")) << r.err;
 }
 
 TEST_F(Cli, UsageErrorsExitTwo) {
   EXPECT_EQ(comfuse("").rc, 2);
   EXPECT_EQ(comfuse("explain").rc, 2);  // FILE missing
   EXPECT_EQ(comfuse("--help").rc, 0);
+  // A value outside an option's choices is a usage error too, named with the choices.
+  const std::string ln = " '" + example("gemm_layernorm.cf") + "' --shape 128,4096,64";
+  for (const auto& [opt, shown] : std::vector<std::pair<std::string, std::string>>{
+           {"--aggregation bogus", "--aggregation: bogus not in {p2p,leader,l2}"},
+           {"--strategy bogus", "--strategy: bogus not in {on-chip,smem-stash,workspace-stash}"},
+           {"--stash bogus", "--stash: bogus not in {fp32,bf16}"},
+           {"--pairs bogus", "--pairs: bogus not in {one-round,two-rounds}"},
+           {"--cluster-n 3", "--cluster-n: 3 not in {1,2,4,8,16}"}}) {
+    for (const char* cmd : {"explain", "emit", "compile", "run"}) {
+      SCOPED_TRACE(std::string(cmd) + " " + opt);
+      Result r = comfuse(cmd + ln + " " + opt);
+      EXPECT_EQ(r.rc, 2);
+      EXPECT_TRUE(has(r.err, shown)) << r.err;
+    }
+  }
+}
+
+// ---- issue 10: wrong or internal results, late refusals, input limits ---------------------
+
+// X x X^T: one input bound to both operands (two arguments of the same name, A and B).
+TEST_F(Cli, OneInputAsBothGemmOperands) {
+  GraphFile f("input x: bf16[M, K]\nacc = matmul(x, x)\ny = gelu(acc)\noutput y: bf16\n");
+  Result lo = comfuse("lower " + f.arg());
+  ASSERT_EQ(lo.rc, 0) << lo.err;
+  EXPECT_TRUE(has(lo.out, "a0: operand_a x bf16[M, K]")) << lo.out;
+  EXPECT_TRUE(has(lo.out, "a1: operand_b x bf16[M, K]")) << lo.out;
+  Result em = comfuse("emit " + f.arg() + " --shape 256,256,64");
+  ASSERT_EQ(em.rc, 0) << em.err;
+  EXPECT_TRUE(std::regex_search(em.out, std::regex("//   tma_a +x bf16"))) << em.out;
+  EXPECT_TRUE(std::regex_search(em.out, std::regex("//   tma_b +x bf16"))) << em.out;
+  Result ref = comfuse("run " + f.arg() + " --reference --shape 96,96,64");
+  EXPECT_EQ(ref.rc, 0) << ref.out << ref.err;
+  EXPECT_TRUE(has(ref.out, "output y [96 x 96] bf16")) << ref.out;
+  EXPECT_TRUE(has(ref.out, " OK")) << ref.out;
+  // M and N are one dimension here: --shape must not give them two values.
+  Result two = comfuse("explain " + f.arg() + " --shape 256,128,64");
+  EXPECT_EQ(two.rc, 1);
+  EXPECT_TRUE(has(two.err, "--shape's N = 128 contradicts --shape's M = 256 (both are the graph's dimension 'M')"))
+      << two.err;
+}
+
+// A GEMM whose operands are another GEMM's f32 result: refused by name, never a crash.
+TEST_F(Cli, GemmOfAnotherGemmsF32ResultIsRefusedByName) {
+  GraphFile f(std::string(kGemm) + "acc2 = matmul(acc, acc)\noutput acc2: bf16\n");
+  for (const char* cmd : {"explain", "emit", "compile"}) {
+    SCOPED_TRACE(cmd);
+    Result r = comfuse(std::string(cmd) + " " + f.arg() + " --shape 128,128,128");
+    EXPECT_EQ(r.rc, 1);
+    EXPECT_TRUE(has(r.err, "GEMM 'acc2' reads operand A 'acc' (stored by another fused kernel) in f32")) << r.err;
+    EXPECT_TRUE(has(r.err, "cast(acc, bf16)")) << r.err;
+    EXPECT_FALSE(has(r.err, "internal")) << r.err;
+  }
+  Result ref = comfuse("run " + f.arg() + " --reference --shape 64,64,64");
+  EXPECT_EQ(ref.rc, 0) << ref.out << ref.err;  // the CPU executes it
+}
+
+TEST_F(Cli, OutputsThatAliasInputsAreRefused) {
+  GraphFile input_out(std::string(kGemm) + "output x: bf16\n");
+  Result r = comfuse("lower " + input_out.arg());
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_TRUE(has(r.err, ":4:8: output 'x' is the graph input 'x' itself")) << r.err;
+  GraphFile renamed(std::string(kGemm) + "y = relu(acc)\noutput y: bf16 as x\n");
+  for (const char* cmd : {"lower", "explain", "emit"}) {
+    SCOPED_TRACE(cmd);
+    Result a = comfuse(std::string(cmd) + " " + renamed.arg() + (cmd[0] == 'l' ? "" : " --shape 128,128,64"));
+    EXPECT_EQ(a.rc, 1);
+    EXPECT_TRUE(has(a.err, ":5:19: output name 'x' is already the name of the input 'x' (line 1)")) << a.err;
+  }
+}
+
+// A check whose both sides are NaN fails; the output says what `run --reference` compares.
+TEST_F(Cli, ReferenceCheckFailsOnNaNAndSaysWhatItCompares) {
+  GraphFile f(std::string(kGemm) + "y = layer_norm(acc, eps=-1)\noutput y: bf16\n");
+  Result r = comfuse("run " + f.arg() + " --reference --shape 64,64,64");
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_TRUE(has(r.out, "MISMATCH")) << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("nonfinite [1-9][0-9]*  MISMATCH"))) << r.out;
+  EXPECT_TRUE(has(r.err, "is NaN or inf")) << r.err;
+  EXPECT_TRUE(has(r.out, "CPU, fp64 on both sides")) << r.out;
+  EXPECT_TRUE(has(r.out, "No kernel runs")) << r.out;
+}
+
+// A fallback reading a stored f32 intermediate rounds it: the tolerance follows that dtype.
+TEST_F(Cli, ReferenceToleranceFollowsStoredIntermediates) {
+  GraphFile f(std::string(kGemm) + "y = gelu(acc)\nt = transpose(y)\nz = exp(t)\noutput z: f32\n");
+  Result r = comfuse("run " + f.arg() + " --reference --shape 64,64,64");
+  EXPECT_EQ(r.rc, 0) << r.out << r.err;
+  EXPECT_TRUE(has(r.out, "(tolerance 1e-06)")) << r.out;
+  EXPECT_TRUE(has(r.out, " OK")) << r.out;
+}
+
+TEST_F(Cli, DeviceLimitsAreRefusedByThePlannerInTheUsersNames) {
+  // A per-row value leaving the kernel (the auto-named inner sum read by the outer one) is a
+  // stored [M, 1] output; five of them exceed the kernel's per-row output slots.
+  GraphFile per_row(std::string(kGemm) + "s = sum(sum(acc))\noutput s: f32\n");
+  GraphFile five(std::string(kGemm) + "s1 = sum(acc)\ns2 = max(acc)\ns3 = min(acc)\ns4 = sum(relu(acc))\n"
+                 "s5 = max(relu(acc))\noutput s1: f32\noutput s2: f32\noutput s3: f32\noutput s4: f32\n"
+                 "output s5: f32\n");
+  // f32 GEMM operands.
+  GraphFile f32(std::string("input xf: f32[M, K]\ninput w: bf16[N, K]\nacc = matmul(xf, w)\noutput acc: bf16\n"));
+  for (const char* cmd : {"explain", "emit", "compile"}) {
+    SCOPED_TRACE(cmd);
+    Result r = comfuse(std::string(cmd) + " " + per_row.arg() + " --shape 128,128,64");
+    EXPECT_EQ(r.rc, 0) << r.err;
+    Result f = comfuse(std::string(cmd) + " " + five.arg() + " --shape 128,128,64");
+    EXPECT_EQ(f.rc, 1);
+    EXPECT_TRUE(has(f.err, "the epilogue of GEMM 'acc' stores 5 per-row [M, 1] outputs ('s1', 's2'")) << f.err;
+    EXPECT_FALSE(has(f.err, "%")) << f.err;
+    Result o = comfuse(std::string(cmd) + " " + f32.arg() + " --shape 128,128,64");
+    EXPECT_EQ(o.rc, 1);
+    EXPECT_TRUE(has(o.err, "plan: GEMM 'acc' reads operand A 'xf' in f32; the tensor cores take bf16 or f16")) << o.err;
+  }
+  // The CPU reference still runs them.
+  EXPECT_EQ(comfuse("run " + per_row.arg() + " --reference --shape 64,64,64").rc, 0);
+  EXPECT_EQ(comfuse("run " + five.arg() + " --reference --shape 64,64,64").rc, 0);
+}
+
+// A transposed operand is computed before the kernel and keeps its input's dtype.
+TEST_F(Cli, TransposedOperandKeepsItsDtype) {
+  GraphFile f("input x: bf16[K, M]\ninput w: bf16[N, K]\nxt = transpose(x)\nacc = matmul(xt, w)\noutput acc: bf16\n");
+  Result lo = comfuse("lower " + f.arg());
+  ASSERT_EQ(lo.rc, 0) << lo.err;
+  EXPECT_TRUE(has(lo.out, "a0: operand_a xt bf16[M, K]")) << lo.out;
+  EXPECT_TRUE(has(lo.out, "give 'x' to matmul 'acc' already transposed")) << lo.out;
+  Result em = comfuse("emit " + f.arg() + " --shape 128,128,64");
+  EXPECT_EQ(em.rc, 0) << em.err;
+  GraphFile b("input x: bf16[M, K]\ninput w: bf16[K, N]\nwt = transpose(w)\nacc = matmul(x, wt)\noutput acc: bf16\n");
+  Result hint = comfuse("lower " + b.arg());
+  EXPECT_TRUE(has(hint.out, "matmul(x, w, layout=kn) reads B = 'w' in the other layout without a transpose")) << hint.out;
+}
+
+TEST_F(Cli, NothingToFuseIsOneErrorEverywhere) {
+  const std::vector<std::pair<std::string, std::string>> graphs = {
+      {"input x: bf16[M, K]\ny = relu(x)\noutput y: bf16\n", "nothing to fuse: the graph has no matmul"},
+      {kGemm, "nothing to fuse: the graph has no outputs"},
+      {"c = add(1, 2)\noutput c: f32\n", "nothing to fuse: the graph has no matmul"},
+      {"c = const(2)\noutput c: f32\n", "output 'c' is the constant 2"},
+      {std::string(kGemm) + "input b: bf16[N]\nb2 = mul(b, 2)\noutput b2: bf16\n",
+       "nothing to fuse: no output depends on a matmul (matmul 'acc' reaches no output)"}};
+  for (const auto& [text, says] : graphs) {
+    GraphFile f(text);
+    for (const char* cmd : {"lower", "explain", "emit", "compile", "run --reference"}) {
+      SCOPED_TRACE(text + cmd);
+      Result r = comfuse(std::string(cmd) + " " + f.arg() + (cmd[0] == 'l' ? "" : " --shape 64,64,64"));
+      EXPECT_EQ(r.rc, 1);
+      EXPECT_TRUE(has(r.err, says)) << r.err;
+      EXPECT_TRUE(r.out.empty()) << r.out;
+    }
+  }
+}
+
+TEST_F(Cli, DimensionsAndOptionsAreNeverIgnoredSilently) {
+  const std::string ln = "'" + example("gemm_layernorm.cf") + "'";
+  Result unknown = comfuse("explain " + ln + " --shape 128,4096,64 --dim Q=5");
+  EXPECT_EQ(unknown.rc, 1);
+  EXPECT_TRUE(has(unknown.err, "--dim Q: the graph has no dimension 'Q' (its dimensions: K, M, N)")) << unknown.err;
+  GraphFile fixed("input x: bf16[M, K]\ninput w: bf16[4096, K]\nacc = matmul(x, w)\noutput acc: bf16\n");
+  Result differs = comfuse("explain " + fixed.arg() + " --shape 128,256,64");
+  EXPECT_EQ(differs.rc, 1);
+  EXPECT_TRUE(has(differs.err, "--shape's N = 256, but the graph fixes N = 4096 (GEMM 'acc')")) << differs.err;
+  EXPECT_EQ(comfuse("explain " + fixed.arg() + " --shape 128,4096,64").rc, 0);  // agreeing is fine
+  Result twice = comfuse("explain " + ln + " --shape 128,4096,64 --dim M=256");
+  EXPECT_EQ(twice.rc, 1);
+  EXPECT_TRUE(has(twice.err, "--dim M = 256 contradicts --shape's M = 128")) << twice.err;
+  // The CPU check takes no plan and runs no kernel: GPU-only options are usage errors.
+  for (const char* opt : {"--tile-n 128", "--cluster-m 2", "--aggregation l2", "--trace t.csv", "--gpu"}) {
+    SCOPED_TRACE(opt);
+    Result r = comfuse("run " + ln + " --reference --shape 128,4096,64 " + opt);
+    EXPECT_EQ(r.rc, 2);
+    EXPECT_TRUE(has(r.err, "--reference excludes")) << r.err;
+  }
+  Result seed = comfuse("run " + ln + " --reference --shape 128,512,64 --seed -1");
+  EXPECT_EQ(seed.rc, 2);
+  EXPECT_TRUE(has(seed.err, "--seed")) << seed.err;
+}
+
+TEST_F(Cli, InfiniteAndOutOfRangeLiterals) {
+  GraphFile f(std::string(kGemm) + "y = max(acc, const(-inf))\nz = add(y, 1e300)\nq = mul(z, 1e-50)\noutput q: bf16\n");
+  Result r = comfuse("emit " + f.arg() + " --shape 128,128,64");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_TRUE(has(r.out, "static constexpr float value = __builtin_bit_cast(float, 0xff800000u);")) << r.out;
+  EXPECT_TRUE(has(r.out, "static constexpr float value = __builtin_bit_cast(float, 0x7f800000u);")) << r.out;
+  EXPECT_FALSE(has(r.out, "__builtin_inff")) << r.out;
+  EXPECT_TRUE(has(r.err, "warning: the constant 1e+300 inside 'z' (line 5) rounds to inf in f32")) << r.err;
+  EXPECT_TRUE(has(r.err, "warning: the constant 1e-50 inside 'q' (line 6) rounds to 0 in f32")) << r.err;
+}
+
+// NVRTC compiles an infinite literal itself: no nvcc fallback (debug logs would show it).
+TEST_F(Cli, InfiniteLiteralCompilesWithNvrtcAlone) {
+  GraphFile f(std::string(kGemm) + "y = max(acc, const(-inf))\noutput y: bf16\n");
+  const fs::path cache = fs::temp_directory_path() / ("comfuse_cli_cache_" + std::to_string(getpid()));
+  Result r = comfuse("compile " + f.arg() + " --shape 128,128,64",
+                     "COMFUSE_LOG=debug COMFUSE_JIT_COMPILER=nvrtc COMFUSE_NVCC=/nonexistent/nvcc COMFUSE_CACHE_DIR='" +
+                         cache.string() + "'");
+  fs::remove_all(cache);
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_TRUE(has(r.out, "nvrtc-")) << r.out;
+  EXPECT_FALSE(has(r.out + r.err, "nvcc")) << r.out << r.err;
+}
+
+TEST_F(Cli, ProblemSizesAreValidatedOnEveryPath) {
+  const std::string ln = "'" + example("gemm_bias_gelu.cf") + "'";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"2147483648,4096,4096", "M = 2147483648 exceeds 2147483392 (2^31 - 256)"},
+      {"99999999999,4096,4096", "M = 99999999999 exceeds 2147483392"},
+      {"2147483647,4096,4096", "M = 2147483647 exceeds 2147483392"},
+      {"-5,4096,4096", "M = -5: a dimension must be at least 1"},
+      {"0,4096,4096", "M = 0: a dimension must be at least 1"},
+      {"64,64,0", "K = 0: a dimension must be at least 1"},
+      {"2147483392,2147483392,64", "is 1125899638407184 tiles of 64 x 64"}};
+  for (const auto& [shape, says] : cases)
+    for (const char* cmd : {"explain", "emit", "run --reference"}) {
+      SCOPED_TRACE(std::string(cmd) + " " + shape);
+      Result r = comfuse(std::string(cmd) + " " + ln + " --shape " + shape);
+      EXPECT_EQ(r.rc, 1);
+      EXPECT_TRUE(has(r.err, says)) << r.err;
+      EXPECT_FALSE(has(r.err, "internal")) << r.err;
+    }
+}
+
+TEST_F(Cli, ReferenceMemoryIsBoundedAndLargeShapesSampleRows) {
+  // 5000 chained nodes at a small shape: freed after their last use, so it runs.
+  std::string chain = std::string(kGemm) + "v0 = relu(acc)\n";
+  for (int i = 1; i < 5000; ++i) chain += "v" + std::to_string(i) + " = mul(v" + std::to_string(i - 1) + ", 1.0001)\n";
+  chain += "output v4999: f32\n";
+  GraphFile f(chain);
+  Result r = comfuse("run " + f.arg() + " --reference --shape 64,64,64");
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_TRUE(has(r.out, " OK")) << r.out;
+  // What would not fit is refused with the estimate, before any allocation.
+  Result big = comfuse("run '" + example("gemm_bias_gelu.cf") + "' --reference --shape 64,100000,100000");
+  EXPECT_EQ(big.rc, 1);
+  EXPECT_TRUE(std::regex_search(big.err, std::regex("would hold about [0-9.]+ GiB .* its budget is 4.00 GiB"))) << big.err;
+  // A large M checks 48 rows: every op is row-local.
+  Result rows = comfuse("run '" + example("gemm_layernorm.cf") + "' --reference --shape 100000,256,256");
+  EXPECT_EQ(rows.rc, 0) << rows.err;
+  EXPECT_TRUE(has(rows.out, "(48 of 100000 rows: every op is row-local in M)")) << rows.out;
+}
+
+TEST_F(Cli, FilesThatAreNotGraphs) {
+  const fs::path fifo = fs::temp_directory_path() / ("comfuse_cli_fifo_" + std::to_string(getpid()));
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  Result f = comfuse("lower '" + fifo.string() + "'");  // must not block waiting for a writer
+  fs::remove(fifo);
+  EXPECT_EQ(f.rc, 1);
+  EXPECT_TRUE(has(f.err, "is a FIFO; a graph file must be a regular file")) << f.err;
+  Result d = comfuse("lower '" + fs::temp_directory_path().string() + "'");
+  EXPECT_EQ(d.rc, 1);
+  EXPECT_TRUE(has(d.err, "is a directory; a graph file must be a regular file")) << d.err;
+  EXPECT_FALSE(has(d.err, "9223372036854775807")) << d.err;
+  Result missing = comfuse("lower /nonexistent/graph.cf");
+  EXPECT_TRUE(has(missing.err, "cannot open graph file '/nonexistent/graph.cf': No such file or directory"))
+      << missing.err;
+  Result notdir = comfuse("lower /etc/hostname/graph.cf");
+  EXPECT_TRUE(has(notdir.err, ": Not a directory")) << notdir.err;
+}
+
+TEST_F(Cli, ParseErrorsShowAShortEscapedExcerpt) {
+  GraphFile longline(std::string(kGemm) + "y = relu(acc) " + std::string(1 << 20, 'x') + "\noutput y: bf16\n");
+  Result l = comfuse("lower " + longline.arg());
+  EXPECT_EQ(l.rc, 1);
+  EXPECT_LT(l.err.size(), 1000u) << l.err.size();
+  EXPECT_TRUE(has(l.err, ":4:65537: line is 1048590 bytes long; the limit is 64 KiB")) << l.err.substr(0, 300);
+  GraphFile esc(std::string(kGemm) + "y = relu(acc) \x1b]0;pwned\x07\x1b[2J\noutput y: bf16\n");
+  Result e = comfuse("lower " + esc.arg());
+  EXPECT_EQ(e.rc, 1);
+  EXPECT_EQ(e.err.find('\x1b'), std::string::npos) << "a raw ESC reached the terminal";
+  EXPECT_EQ(e.err.find('\x07'), std::string::npos);
+  EXPECT_TRUE(has(e.err, "unexpected character byte 0x1b")) << e.err;
+  EXPECT_TRUE(has(e.err, "y = relu(acc) \\x1b]0;pwned\\x07\\x1b[2J\n")) << e.err;
+  // The caret stays under the offending byte after escaping.
+  EXPECT_TRUE(has(e.err, "\n  " + std::string(14, ' ') + "^")) << e.err;
+}
+
+TEST_F(Cli, LoggingAndCacheDirectoryErrors) {
+  const std::string ex = "compile '" + example("gemm_bias_gelu.cf") + "' --shape 128,128,64";
+  Result log = comfuse(ex, "COMFUSE_LOG=bogus");
+  EXPECT_EQ(log.rc, 1);
+  EXPECT_TRUE(has(log.err, "COMFUSE_LOG='bogus' is not a log level (trace, debug, info, warn, error, critical, off)"))
+      << log.err;
+  Result cache = comfuse(ex, "COMFUSE_CACHE_DIR=/etc/hostname/cache");
+  EXPECT_EQ(cache.rc, 1);
+  EXPECT_TRUE(has(cache.err, "the JIT cache directory '/etc/hostname/cache' (from $COMFUSE_CACHE_DIR) is not writable"))
+      << cache.err;
+  EXPECT_FALSE(has(cache.err, "set COMFUSE_CACHE_DIR")) << cache.err;
 }
 
 }  // namespace

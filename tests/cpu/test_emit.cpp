@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -200,6 +201,23 @@ TEST_F(EmitCompile, EveryExampleRegionCompiles) {
     }
   }
   EXPECT_EQ(compiled, 10);
+}
+
+// NVRTC has no __builtin_inff: infinite literals compile with NVRTC alone (no nvcc fallback).
+TEST_F(EmitCompile, InfiniteLiteralsCompileWithNvrtcAlone) {
+  Built b;
+  Value acc = bf16_gemm(b.g);
+  b.g.output(b.g.binary(BinaryOp::Min, b.g.binary(BinaryOp::Max, acc, -INFINITY), INFINITY), "y", DType::BF16);
+  const LoweringResult r = lower(b.g);
+  const FusionSpec& s = r.regions.at(0).spec;
+  const std::string epi = emit_epilogue_type(s);
+  EXPECT_NE(epi.find("static constexpr float value = __builtin_bit_cast(float, 0xff800000u);"), std::string::npos) << epi;
+  EXPECT_NE(epi.find("static constexpr float value = __builtin_bit_cast(float, 0x7f800000u);"), std::string::npos) << epi;
+  opt_.jit.compiler = CompilerKind::Nvrtc;
+  opt_.jit.nvcc_fallback = false;
+  CompiledKernel k = compile_only(s, shape(256, 256, 64), opt_);
+  EXPECT_TRUE(is_cubin_elf(k.cubin));
+  EXPECT_EQ(k.compiler.rfind("nvrtc-", 0), 0u) << k.compiler;
 }
 
 TEST_F(EmitCompile, EveryUnaryOpInOneKernel) {

@@ -85,12 +85,22 @@ TEST(Tensor, BroadcastingReads) {
 }
 
 TEST(Compare, ReportsErrors) {
-  Comparison c = compare(T({3}, {1, 2.5, NAN}), T({3}, {1, 2, NAN}));
+  Comparison c = compare(T({3}, {1, 2.5, 7}), T({3}, {1, 2, 7}));
   EXPECT_DOUBLE_EQ(c.max_abs, 0.5);
   EXPECT_DOUBLE_EQ(c.max_rel, 0.25);
-  EXPECT_EQ(c.nonfinite_mismatch, 0);
-  EXPECT_EQ(compare(T({2}, {INFINITY, 1}), T({2}, {1, 1})).nonfinite_mismatch, 1);
+  EXPECT_EQ(c.nonfinite, 0);
+  EXPECT_EQ(compare(T({2}, {INFINITY, 1}), T({2}, {1, 1})).nonfinite, 1);
   EXPECT_THROW(compare(T({2}, {1, 1}), T({1, 2}, {1, 1})), Error);
+}
+
+// NaN or inf on both sides is not agreement: layer_norm with eps < 0 gives NaN in both
+// executors, and such a check must fail.
+TEST(Compare, NonFiniteOnEitherSideCounts) {
+  Comparison c = compare(T({4}, {1, NAN, INFINITY, -INFINITY}), T({4}, {1, NAN, INFINITY, -INFINITY}));
+  EXPECT_EQ(c.nonfinite, 3);
+  EXPECT_EQ(c.rel_l2, 0.0);  // over the finite elements
+  EXPECT_EQ(compare(T({2}, {1, 2}), T({2}, {NAN, 2})).nonfinite, 1);
+  EXPECT_EQ(compare(T({2}, {1, NAN}), T({2}, {1, 2})).nonfinite, 1);
 }
 
 TEST(Graph, MatMulBothLayoutsMatchHand) {
@@ -522,6 +532,110 @@ TEST(RunSpec, HandBuiltTwoStageCentering) {
   missing.erase("bias");
   EXPECT_THROW(run_spec(fs, {}, missing), Error);
   EXPECT_THROW(run_spec(fs, {{"M", 4}}, args), Error);  // dims disagree with the operands
+}
+
+// X x X^T: run_lowered binds the one input to both operands.
+TEST(Lowered, OneInputAsBothOperands) {
+  Graph g;
+  Value x = g.input("x", DType::F32, {Dim::of("M"), Dim::of("K")});
+  g.output(g.matmul(x, x), "gram", DType::F32);
+  const Tensor xs = T({2, 3}, {1, 2, 3, -1, 0, 2});
+  const TensorMap in{{"x", xs}};
+  const Bindings d{{"M", 2}, {"K", 3}};
+  const TensorMap got = run_lowered(g, lower(g), d, in);
+  EXPECT_EQ(got.at("gram").data, hand_matmul_nk(xs, xs).data);
+  EXPECT_EQ(got.at("gram").data, (std::vector<double>{14, 5, 5, 5}));
+}
+
+// The reference check's tolerance follows what is rounded on the way: a region's f32 store
+// that an op outside reads back loosens an f32 output from fp64 reassociation to f32 rounding.
+TEST(Lowered, ToleranceFollowsStoredIntermediates) {
+  Gemm t(BLayout::NK, DType::BF16);
+  Value y = t.g.unary(UnaryOp::GeluTanh, t.acc);
+  t.g.output(t.g.unary(UnaryOp::Exp, t.g.transpose(y)), "z", DType::F32);  // transpose: a fallback
+  t.g.output(y, "y", DType::F32);                                           // stored, read by nothing outside
+  t.g.output(t.g.unary(UnaryOp::Relu, t.acc), "r", DType::BF16);
+  const LoweringResult lr = lower(t.g);
+  ASSERT_EQ(lr.fallbacks.size(), 2u);
+  EXPECT_EQ(reference_tolerance(t.g, lr, t.g.outputs()[0]), 1e-6);
+  EXPECT_EQ(reference_tolerance(t.g, lr, t.g.outputs()[1]), 1e-9);
+  EXPECT_EQ(reference_tolerance(t.g, lr, t.g.outputs()[2]), 4e-3);
+  const Bindings d{{"M", 40}, {"N", 56}, {"K", 64}};
+  std::mt19937_64 rng(5);
+  const TensorMap in = random_inputs(t.g, d, rng);
+  const TensorMap ref = run_graph(t.g, d, in), low = run_lowered(t.g, lr, d, in);
+  const Comparison c = compare(low.at("z"), ref.at("z"));
+  EXPECT_GT(c.rel_l2, 1e-9);  // the f32 rounding of y shows
+  EXPECT_LE(c.rel_l2, 1e-6);
+}
+
+TEST(Lowered, RowLocality) {
+  Gemm t;
+  t.g.output(t.g.layer_norm(t.acc, t.row("gamma"), t.row("beta")), "y", DType::BF16);
+  EXPECT_TRUE(row_local(t.g, "M"));
+  EXPECT_FALSE(row_local(t.g, ""));
+  Gemm cols;
+  cols.g.output(cols.g.reduce(ReduceOp::Sum, cols.acc, 0), "colsum", DType::F32);  // across rows
+  EXPECT_FALSE(row_local(cols.g, "M"));
+  Graph gram;
+  Value x = gram.input("x", DType::BF16, {Dim::of("M"), Dim::of("K")});
+  gram.output(gram.matmul(x, x), "g", DType::F32);  // B has M rows too
+  EXPECT_FALSE(row_local(gram, "M"));
+  EXPECT_EQ(reference_rows(100000, 256, 256).size(), 48u);
+  EXPECT_EQ(reference_rows(1000, 256, 256).size(), 1000u);
+}
+
+// Intermediates are freed after their last use, so the estimate (and the executors) hold a
+// few tensors of a long chain, not all of them; beyond the budget the check is refused.
+TEST(Lowered, MemoryOfLongChainsStaysBounded) {
+  Gemm t;
+  Value v = t.acc;
+  for (int i = 0; i < 5000; ++i) v = t.g.unary(i % 2 ? UnaryOp::Relu : UnaryOp::Neg, v);
+  t.g.output(v, "y", DType::F32);
+  const Bindings d{{"M", 256}, {"N", 1024}, {"K", 64}};
+  const int64_t tile = 8 * 256 * 1024;  // one fp64 [M, N] tensor
+  const int64_t bytes = reference_memory_bytes(t.g, d);
+  EXPECT_GT(bytes, 2 * tile);
+  EXPECT_LT(bytes, 8 * tile) << "5000 intermediates of " << tile << " bytes each must not all stay alive";
+  try {
+    check_reference_memory(t.g, d, /*budget=*/tile);
+    FAIL() << "over the budget";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the fp64 CPU reference would hold about"), std::string::npos) << e.what();
+  }
+  // A 500-node chain runs, and both executors agree.
+  Gemm small;
+  Value s = small.acc;
+  for (int i = 0; i < 500; ++i) s = small.g.binary(BinaryOp::Add, s, small.row("b" + std::to_string(i)));
+  small.g.output(s, "y", DType::F32);
+  const Bindings sd{{"M", 8}, {"N", 16}, {"K", 64}};
+  std::mt19937_64 rng(3);
+  const TensorMap in = random_inputs(small.g, sd, rng);
+  const Comparison c = compare(run_lowered(small.g, lower(small.g), sd, in).at("y"), run_graph(small.g, sd, in).at("y"));
+  EXPECT_EQ(c.nonfinite, 0);
+  EXPECT_LE(c.rel_l2, 1e-12);
+}
+
+TEST(Lowered, SizesAreCheckedBeforeAnyAllocation) {
+  Gemm t;
+  t.g.output(t.acc, "y", DType::F32);
+  const LoweringResult lr = lower(t.g);
+  for (const auto& [dims, says] : std::vector<std::pair<Bindings, std::string>>{
+           {{{"M", 0}, {"N", 8}, {"K", 8}}, "M = 0: a dimension must be at least 1"},
+           {{{"M", 8}, {"N", -3}, {"K", 8}}, "N = -3: a dimension must be at least 1"},
+           {{{"M", 8}, {"N", 8}, {"K", int64_t{1} << 31}}, "K = 2147483648 exceeds 2147483392"}}) {
+    for (int which = 0; which < 3; ++which) {
+      try {
+        std::mt19937_64 rng(1);
+        if (which == 0) run_graph(t.g, dims, {});
+        if (which == 1) run_lowered(t.g, lr, dims, {});
+        if (which == 2) random_inputs(t.g, dims, rng);
+        ADD_FAILURE() << "expected an Error mentioning " << says;
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -122,6 +122,23 @@ TEST_F(Jit, NvccCompilesTrivialKernel) {
   std::cout << "[ timing ] nvcc trivial kernel: " << k.compile_seconds << " s\n";
 }
 
+// A cache root this process cannot write: the error names it and where it came from.
+TEST_F(Jit, UnwritableCacheDirIsNamed) {
+  opt_.cache_dir = "/etc/hostname/comfuse-cache";  // under a regular file: never creatable
+  opt_.compiler = CompilerKind::Nvrtc;
+  try {
+    jit_compile(trivial(), opt_);
+    FAIL();
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("the JIT cache directory '/etc/hostname/comfuse-cache' (from JitOptions::cache_dir) is not "
+                        "writable"),
+              std::string::npos)
+        << what;
+    EXPECT_NE(what.find("Not a directory"), std::string::npos) << what;
+  }
+}
+
 TEST_F(Jit, MangledEntryIsFound) {
   KernelSource s{"tmpl", "template <int N> __global__ void scale(float* p) { p[threadIdx.x] *= N; }\n"
                          "template __global__ void scale<3>(float*);\n",

@@ -223,5 +223,103 @@ TEST(Lower, RecomputesInsteadOfCarryingASecondTileValue) {
   EXPECT_GE(counter.n, 3);  // x - max twice, then shifted - log(sum)
 }
 
+// X x X^T (a Gram matrix, attention with shared Q and K): one graph input, two arguments.
+TEST(Lower, OneInputBindsBothOperands) {
+  Graph g;
+  Value x = g.input("x", DType::BF16, {Dim::of("M"), Dim::of("K")});
+  g.output(g.matmul(x, x), "gram", DType::F32);
+  LoweringResult r = lower(g);
+  ASSERT_EQ(r.regions.size(), 1u);
+  const FusionSpec& fs = r.regions[0].spec;
+  ASSERT_EQ(fs.args.size(), 3u);
+  EXPECT_EQ(fs.args[0].role, ArgRole::OperandA);
+  EXPECT_EQ(fs.args[1].role, ArgRole::OperandB);
+  EXPECT_EQ(fs.args[0].name, "x");
+  EXPECT_EQ(fs.args[1].name, "x");
+  EXPECT_EQ(fs.args[0].graph_node, fs.args[1].graph_node);
+  EXPECT_EQ(fs.n, Dim::of("M"));
+  EXPECT_NO_THROW(verify(fs));
+  EXPECT_EQ(parse_spec(print(fs)), fs);
+}
+
+TEST(Lower, NothingToFuseIsAnError) {
+  auto says = [](const Graph& g, const std::string& needle) {
+    try {
+      lower(g);
+      ADD_FAILURE() << "expected an Error mentioning " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  Gemm none;
+  says(none.g, "nothing to fuse: the graph has no outputs");
+  Graph no_mm;
+  no_mm.output(no_mm.unary(UnaryOp::Relu, no_mm.input("x", DType::BF16, {Dim::of("M"), Dim::of("N")})), "y",
+               DType::BF16);
+  says(no_mm, "nothing to fuse: the graph has no matmul");
+  Gemm dead;
+  dead.g.output(dead.row("bias") * 2.0, "b2", DType::BF16);
+  says(dead.g, "nothing to fuse: no output depends on a matmul (matmul");
+  Gemm input_out;
+  input_out.g.output(input_out.x, "x_again", DType::BF16);
+  says(input_out.g, "output 'x_again' is the graph input 'x' itself");
+  Gemm const_out;
+  const_out.g.output(const_out.g.constant(2), "two", DType::F32);
+  says(const_out.g, "output 'two' is the constant 2");
+}
+
+// Outputs bind by name at run time, as inputs do: one name, one tensor.
+TEST(Lower, OutputNamesMustNotAliasOtherValues) {
+  Gemm t;
+  Value y = t.g.unary(UnaryOp::Relu, t.acc);
+  try {
+    t.g.output(y, "x", DType::BF16);
+    FAIL() << "an output named like input x";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("output name 'x' is already the name of the input 'x'"), std::string::npos)
+        << e.what();
+  }
+  t.g.output(y, "y_out", DType::BF16);
+  EXPECT_THROW(t.g.input("y_out", DType::BF16, {Dim::of("N")}), Error);  // a later value may not take it either
+  EXPECT_NO_THROW(t.g.output(t.acc, "acc_out", DType::F32));
+}
+
+// Names the graph made up ("%reduce3") reach messages in the user's terms.
+TEST(Lower, AutoNamedValuesAreDescribedInTheUsersTerms) {
+  Gemm t;
+  Value inner = t.g.reduce(ReduceOp::Sum, t.acc);
+  Value s = t.g.reduce(ReduceOp::Sum, inner);
+  t.g.rename(s, "s");
+  t.g.output(s, "s", DType::F32);
+  LoweringResult r = lower(t.g);
+  const FusionSpec& fs = r.regions.at(0).spec;
+  ASSERT_EQ(inner.node().name[0], '%');
+  EXPECT_EQ(fs.describe(inner.node().name), "the sum feeding 's'");
+  EXPECT_EQ(fs.describe("x"), "'x'");
+}
+
+TEST(Lower, WarnsWhereALiteralLeavesF32sRange) {
+  Gemm t;
+  t.g.output((t.acc + 1e300) * 1e-50 + 0.5, "y", DType::BF16);
+  LoweringResult r = lower(t.g);
+  ASSERT_EQ(r.warnings.size(), 2u);
+  EXPECT_NE(r.warnings[0].find("the constant 1e+300 feeding 'y' rounds to inf in f32"), std::string::npos)
+      << r.warnings[0];
+  EXPECT_NE(r.warnings[1].find("the constant 1e-50 feeding 'y' rounds to 0 in f32"), std::string::npos)
+      << r.warnings[1];
+}
+
+TEST(Lower, TransposeKeepsItsOperandsDtype) {
+  Graph g;
+  Value x = g.input("x", DType::F16, {Dim::of("K"), Dim::of("M")});
+  Value w = g.input("w", DType::F16, {Dim::of("N"), Dim::of("K")});
+  g.output(g.matmul(g.transpose(x), w), "y", DType::F16);
+  LoweringResult r = lower(g);
+  const FusionSpec& fs = r.regions.at(0).spec;
+  EXPECT_EQ(fs.args.at(static_cast<size_t>(fs.arg_index(ArgRole::OperandA))).dtype, DType::F16);
+  ASSERT_EQ(r.fallbacks.size(), 1u);
+  EXPECT_NE(r.fallbacks[0].reason.find("already transposed"), std::string::npos) << r.fallbacks[0].reason;
+}
+
 }  // namespace
 }  // namespace comfuse

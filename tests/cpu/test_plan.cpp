@@ -244,9 +244,9 @@ void expect_error(const std::function<void()>& f, const std::string& needle) {
 
 TEST(Plan, RejectsImpossibleInput) {
   FusionSpec s = layer_norm(), g = bias_gelu();
-  expect_error([&] { make_plan(s, prob(0, 4096, 4096)); }, "dimension M");
-  expect_error([&] { make_plan(s, prob(128, -1, 4096)); }, "dimension N");
-  expect_error([&] { make_plan(s, prob(128, 4096, 0)); }, "dimension K");
+  expect_error([&] { make_plan(s, prob(0, 4096, 4096)); }, "M = 0: a dimension must be at least 1");
+  expect_error([&] { make_plan(s, prob(128, -1, 4096)); }, "N = -1: a dimension must be at least 1");
+  expect_error([&] { make_plan(s, prob(128, 4096, 0)); }, "K = 0: a dimension must be at least 1");
   expect_error([&] { make_plan(s, prob(128, 4096, 100)); }, "K = 100");
   expect_error([&] { make_plan(s, prob(128, 4100, 64)); }, "N a multiple of 8");
   PlanOptions opt;
@@ -482,6 +482,86 @@ TEST(Plan, DotHasOneClusterPerStage) {
   }
   FusionSpec ln = layer_norm();
   EXPECT_NE(to_dot(ln, make_plan(ln, prob(256, 4096, 4096))).find("style=dashed, label=\"bypass\""), std::string::npos);
+}
+
+std::string plan_error(const FusionSpec& s, const Problem& p = {512, 1024, 64, DType::BF16}) {
+  try {
+    make_plan(s, p);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(planned)";
+}
+
+// What the device templates cannot express is refused before planning, naming the user's
+// values (never %-names or spec node numbers) and what to do instead.
+TEST(Plan, DeviceLimitsAreRefusedInTheUsersNames) {
+  // A per-row value stored (the auto-named inner sum, which an op outside the kernel reads)
+  // is a supported [M, 1] output, in f32 or 16 bits.
+  EXPECT_EQ(plan_error(lowered([](Graph& g, Value acc) { return g.reduce(ReduceOp::Sum, g.reduce(ReduceOp::Sum, acc)); })),
+            "(planned)");
+  EXPECT_EQ(plan_error(lowered([](Graph& g, Value acc) { return g.reduce(ReduceOp::Max, acc); }, DType::F32)), "(planned)");
+  // f32 and mixed operands.
+  for (DType a : {DType::F32, DType::F16}) {
+    Graph g;
+    Value x = g.input("x", a, {Dim::of("M"), Dim::of("K")});
+    Value w = g.input("w", DType::BF16, {Dim::of("N"), Dim::of("K")});
+    g.output(g.matmul(x, w), "y", DType::BF16);
+    const std::string e = plan_error(lower(g).regions.at(0).spec);
+    EXPECT_NE(e.find(a == DType::F32 ? "plan: GEMM 'y' reads operand A 'x' in f32; the tensor cores take bf16 or f16"
+                                     : "plan: GEMM 'y' reads A 'x' as f16 and B 'w' as bf16: both operands must be"),
+              std::string::npos)
+        << e;
+  }
+  // An operand computed outside the kernel in f32.
+  Graph h;
+  Value x = h.input("x", DType::BF16, {Dim::of("M"), Dim::of("K")});
+  Value w = h.input("w", DType::BF16, {Dim::of("N"), Dim::of("K")});
+  Value x2 = h.binary(BinaryOp::Mul, x, 2.0);
+  h.rename(x2, "x2");
+  h.output(h.matmul(x2, w), "y", DType::BF16);
+  const std::string e = plan_error(lower(h).regions.at(0).spec);
+  EXPECT_NE(e.find("reads operand A 'x2' (computed outside the kernel) in f32"), std::string::npos) << e;
+  EXPECT_NE(e.find("cast(x2, bf16)"), std::string::npos) << e;
+  // Two tile-shaped values across one reduction.
+  const std::string two = plan_error(lowered([](Graph& g, Value acc) {
+    Value ex = g.unary(UnaryOp::Exp, acc - g.reduce(ReduceOp::Max, acc));
+    return ex / g.reduce(ReduceOp::Sum, ex) + acc;
+  }));
+  EXPECT_NE(two.find("2 tile-shaped values across a reduction: the matmul feeding 'y' and the exp feeding 'y' are "
+                     "needed after the sum feeding 'y'"),
+            std::string::npos)
+      << two;
+  // More row vectors than the kernel's argument slots.
+  const std::string many = plan_error(lowered([](Graph& g, Value acc) {
+    for (int i = 0; i < 9; ++i) acc = acc + row(g, "b" + std::to_string(i));
+    return acc;
+  }));
+  EXPECT_NE(many.find("reads 9 row/column vectors ('b0', 'b1', 'b2', 'b3', 'b4', 'b5', 'b6', 'b7', 'b8'); the kernel "
+                      "takes at most 8"),
+            std::string::npos)
+      << many;
+}
+
+// One size rule: dims in 1..2^31 - 256, at most 2^31 - 1 tiles of 64 x 64.
+TEST(Plan, ProblemSizeRule) {
+  EXPECT_NO_THROW(check_problem_size(kMaxDimSize, 64, kMaxDimSize));
+  EXPECT_THROW(check_problem_size(kMaxDimSize + 1, 64, 64), Error);
+  EXPECT_THROW(check_problem_size(64, 64, 0), Error);
+  EXPECT_THROW(check_problem_size(64, -64, 64), Error);
+  const int64_t side = 64 * 46340;  // 46340^2 < 2^31 - 1 < 46341^2
+  EXPECT_NO_THROW(check_problem_size(side, side, 64));
+  try {
+    check_problem_size(side + 64, side + 64, 64, "M", "N (D)");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "M x N (D) = 2965824 x 2965824 is 2147488281 tiles of 64 x 64; the kernel numbers tiles in 32-bit "
+              "integers (at most 2147483647)");
+  }
+  EXPECT_EQ(plan_error(bias_gelu(), {int64_t{1} << 31, 4096, 4096, DType::BF16}),
+            "plan: M = 2147483648 exceeds 2147483392 (2^31 - 256): the kernel holds M, N and K in 32-bit integers "
+            "and rounds them up to whole tiles of up to 256");
 }
 
 }  // namespace

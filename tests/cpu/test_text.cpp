@@ -1,6 +1,8 @@
 // Graph text format: every op, every composite, errors with line and column, exact
 // print/parse round trips on examples/, and no crash on garbage.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <algorithm>
@@ -294,6 +296,45 @@ TEST(Text, ParseGraphFileNamesTheFile) {
     EXPECT_EQ(e.loc().line, 2);
     EXPECT_EQ(e.loc().column, 5);
     EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+  }
+}
+
+// Only regular files are read: a FIFO must not block (no writer ever comes), a directory
+// must not be sized, and an unreadable path says the OS's reason.
+TEST(Text, ParseGraphFileRefusesWhatIsNotARegularFile) {
+  auto says = [](const std::string& path, const std::string& needle) {
+    try {
+      parse_graph_file(path);
+      ADD_FAILURE() << path;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  const std::string fifo = testing::TempDir() + "/graph_fifo_" + std::to_string(::getpid());
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  says(fifo, "is a FIFO; a graph file must be a regular file");
+  std::remove(fifo.c_str());
+  says(testing::TempDir(), "is a directory; a graph file must be a regular file");
+  says("/nonexistent/x.cf", "cannot open graph file '/nonexistent/x.cf': No such file or directory");
+}
+
+// What an error echoes of the user's text: escaped (no terminal control sequence), clipped.
+TEST(Text, ExcerptsAreEscapedAndClipped) {
+  EXPECT_EQ(printable("a\x1b[2Jb\x07"), "a\\x1b[2Jb\\x07");
+  EXPECT_EQ(printable(std::string(300, 'x'), 4), "xxxx...(300 bytes)");
+  // The caret stays under the column once bytes before it are escaped.
+  EXPECT_EQ(excerpt("ab\x1b" "cd", 4), "  ab\\x1bcd\n        ^");  // under the c
+  const std::string line(1 << 20, 'y');
+  const std::string ex = excerpt(line, 500000);
+  EXPECT_LT(ex.size(), 300u);
+  EXPECT_EQ(ex.find('^') - ex.find('\n') - 1, ex.find("...") + 3 + 60) << ex;
+  // Names in messages are clipped too: a 60 KB name is not repeated whole.
+  try {
+    parse_graph("y = relu(" + std::string(60000, 'n') + ")\n");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_LT(std::string(e.what()).size(), 200u);
+    EXPECT_NE(std::string(e.what()).find("...(60000 bytes)"), std::string::npos) << e.what();
   }
 }
 
