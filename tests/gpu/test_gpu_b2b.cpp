@@ -1,0 +1,90 @@
+// GPU correctness of the B2B kernel family (kernels/comfuse/b2b/): O = F(X W1^T) W2^T with S
+// in registers, for elementwise F (an FFN, with vectors along N1 and an epilogue after GEMM2)
+// and the online softmax (attention), bf16 and f16, ragged shapes, against the fp64 graph
+// executor on random inputs. Skips, saying why, on a machine without an sm_90 GPU.
+#include <fmt/format.h>
+
+#include "comfuse/text.h"
+#include "gpu/gpu_support.h"
+
+namespace comfuse {
+namespace {
+
+using gpu_test::expect_outputs_match;
+using GpuB2b = gpu_test::GpuTest;
+
+DeviceRunReport expect_one_b2b_kernel_matches(const std::string& text, const Bindings& d,
+                                              const CompileOptions& opt = {}) {
+  const Graph g = parse_graph(text);
+  DeviceRunReport rep = run_and_check(g, d, /*seed=*/11, opt, /*timing_reps=*/0);
+  expect_outputs_match(rep);
+  EXPECT_GT(rep.b2b_plan.jobs, 0) << "planned as one B2B kernel";
+  return rep;
+}
+
+std::string ffn(const char* dtype, const char* act) {
+  return fmt::format(R"(
+input x: {0}[M, K]
+input w1: {0}[N, K]
+input b1: {0}[N]
+input w2: {0}[D, N]
+input b2: {0}[D]
+h = matmul(x, w1)
+s = cast({1}(add(h, b1)), {0})
+y = matmul(s, w2)
+z = add(y, b2)
+output z: {0}
+)",
+                     dtype, act);
+}
+
+TEST_F(GpuB2b, FeedForwardElementwiseF) {
+  struct V {
+    const char* dtype;
+    const char* act;
+    int64_t m, k, n, d;
+  };
+  for (const V& v : {V{"bf16", "gelu", 1000, 72, 520, 136}, V{"f16", "relu", 333, 256, 1032, 64},
+                     V{"bf16", "silu", 300, 128, 1024, 520}, V{"bf16", "gelu", 1, 64, 256, 256}}) {
+    SCOPED_TRACE(fmt::format("{} {}: M={} K={} N={} D={}", v.dtype, v.act, v.m, v.k, v.n, v.d));
+    expect_one_b2b_kernel_matches(ffn(v.dtype, v.act), {{"M", v.m}, {"K", v.k}, {"N", v.n}, {"D", v.d}});
+  }
+}
+
+// GEMM2's epilogue may reduce its rows (N2 <= 256): an RMSNorm after the FFN.
+TEST_F(GpuB2b, FeedForwardThenRmsNorm) {
+  const std::string g = R"(
+input x: bf16[M, K]
+input w1: bf16[N, K]
+input w2: bf16[D, N]
+input gamma: bf16[D]
+h = matmul(x, w1)
+s = cast(relu(h), bf16)
+y = matmul(s, w2)
+nrm = rms_norm(y, gamma)
+output nrm: bf16
+)";
+  for (int64_t d : {128, 256})
+    expect_one_b2b_kernel_matches(g, {{"M", 700}, {"K", 64}, {"N", 520}, {"D", d}});
+}
+
+TEST_F(GpuB2b, AttentionOnlineSoftmax) {
+  const std::string g = R"(
+input q: bf16[M, K]
+input k: bf16[N, K]
+input v: bf16[N, DV]
+s = matmul(q, k)
+p = cast(softmax(mul(s, 0.125)), bf16)
+o = matmul(p, v, layout=kn)
+output o: bf16
+)";
+  for (const Bindings& d : {Bindings{{"M", 300}, {"N", 520}, {"K", 64}, {"DV", 64}},
+                            Bindings{{"M", 1000}, {"N", 1032}, {"K", 128}, {"DV", 128}},
+                            Bindings{{"M", 64}, {"N", 4096}, {"K", 64}, {"DV", 128}}}) {
+    SCOPED_TRACE(fmt::format("M={} N={} K={} DV={}", d.at("M"), d.at("N"), d.at("K"), d.at("DV")));
+    expect_one_b2b_kernel_matches(g, d);
+  }
+}
+
+}  // namespace
+}  // namespace comfuse
