@@ -25,6 +25,12 @@ class Config:
     rest: str = os.environ.get("COMFUSE_REST", "inductor")
     # Raise instead of falling back when a fused kernel cannot run (GPU tests).
     strict: bool = _env_flag("COMFUSE_STRICT")
+    # Plan every kernel so that it can be captured in a CUDA graph and replayed (no row-group
+    # L2 exchange, whose per-launch tag a replay would repeat). torch.compile's
+    # "reduce-overhead" and "max-autotune" modes imply it; set it when capturing by hand.
+    cuda_graph_safe: bool = _env_flag("COMFUSE_CUDA_GRAPH_SAFE")
+    # Keep each region's last inputs (RuntimeRegion.last_inputs), for per-region benchmarks.
+    record_inputs: bool = False
     # Kernel plan overrides for every region (the keys of `comfuse explain` flags, e.g.
     # {"aggregation": "p2p"}); empty: the planner decides.
     plan_options: dict = field(default_factory=dict)

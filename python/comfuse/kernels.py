@@ -123,6 +123,7 @@ class RuntimeRegion:
         self._out_shapes: dict = {}
         self._global_plan: dict = {}
         self._warned: set = set()
+        self.last_inputs = None
 
     # -- fake / fallback ------------------------------------------------------------------
     def fake(self, tensors, sizes):
@@ -154,7 +155,7 @@ class RuntimeRegion:
         bucket = m_bucket(m)
         opts = dict(info.plan_options)
         dims = {"M": bucket, "N": info.n, "K": info.k}
-        if (capturing or self.cudagraphs) and opts.get("aggregation") != "p2p":
+        if (capturing or self.cudagraphs or config.cuda_graph_safe) and opts.get("aggregation") != "p2p":
             # Row groups tag their L2 exchange with a per-launch counter that a graph replay
             # would repeat: a captured launch uses a DSMEM (cluster) exchange instead.
             glob = self._global_plan.get(bucket)
@@ -185,6 +186,8 @@ class RuntimeRegion:
     def run(self, tensors, sizes):
         info = self.info
         info.calls += 1
+        if config.record_inputs:
+            self.last_inputs = (list(tensors), list(sizes))
         ok, why = gpu_status()
         if not ok:
             return self.fallback(tensors, sizes, why)

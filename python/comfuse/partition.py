@@ -246,7 +246,11 @@ def find_regions(gm: fx.GraphModule, next_id) -> list[Candidate]:
             nodes = _drop(nodes, bad, root)
         info.fx_nodes = [n.name for n in nodes]
         info.ops = [where(n) for n in nodes if n is root or n.target not in _VIEW_LIKE]
-        info.excluded = [Excluded(where(n), n.name, r) for n, r in excluded.items()]
+        # Report the region's boundary: the ops that consume one of its values and stay out
+        # (what lies beyond them follows from them).
+        final = set(nodes)
+        info.excluded = [Excluded(where(n), n.name, r) for n, r in excluded.items()
+                         if any(i in final for i in n.all_input_nodes)]
         if tr is not None:
             claimed.update(n for n in nodes)
             g = tr.gemm
@@ -297,7 +301,7 @@ def decide(c: Candidate, cudagraphs: bool) -> None:
     opts: dict = dict(config.plan_options)
     try:
         plan = region.plan(dims, opts).summary()
-        if cudagraphs and plan["aggregation"].startswith("global"):
+        if (cudagraphs or config.cuda_graph_safe) and plan["aggregation"].startswith("global"):
             # A row group's L2 exchange tags its words with a per-launch counter that a CUDA
             # graph replay would repeat: under CUDA graphs, plan a DSMEM (cluster) exchange.
             opts = {**opts, "aggregation": "p2p"}
