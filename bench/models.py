@@ -132,7 +132,7 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm()).item()
 
 
-VARIANTS = ("eager", "inductor", "max-autotune", "comfuse")
+VARIANTS = ("eager", "comfuse", "inductor", "max-autotune")
 
 
 def compiled(variant: str, module):
@@ -149,7 +149,7 @@ def compiled(variant: str, module):
 
 
 def bench_case(arch: str, phase: str, batch: int, seq: int, layers: int, variants, small: bool, reps: int,
-               results: dict, log) -> None:
+               results: dict, log, deadline: float = 0) -> None:
     import comfuse
 
     model, ids = build(arch, layers=layers, batch=batch, seq=seq if phase == "prefill" else 16, small=small)
@@ -175,6 +175,9 @@ def bench_case(arch: str, phase: str, batch: int, seq: int, layers: int, variant
         ref = module(*args).float()
     row = {"case": name, "arch": arch, "phase": phase, "batch": batch, "seq": seq if phase == "prefill" else 1}
     for v in variants:
+        if deadline and time.time() > deadline:
+            log(f"{name:28s} {v:13s} skipped (time budget spent)")
+            continue
         comfuse.config.cuda_graph_safe = v == "comfuse"
         comfuse.config.record_inputs = v == "comfuse"
         f = compiled(v, module)
@@ -328,7 +331,9 @@ def main(argv=None) -> int:
     ap.add_argument("--small", action="store_true", help="tiny widths (a smoke test of the script)")
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--budget-s", type=float, default=0, help="start no new case after this many seconds (0: no limit)")
     args = ap.parse_args(argv)
+    start = time.time()
 
     import comfuse
     import transformers
@@ -337,23 +342,31 @@ def main(argv=None) -> int:
         print(f"bench/models.py needs an sm_90 GPU: {comfuse.gpu_available()[1]}")
         return 2
     comfuse.config.strict = False
-    logf = open(os.path.join(args.out, "models.log"), "a") if os.path.isdir(args.out) else None
+    os.makedirs(args.out, exist_ok=True)
+    logf = open(os.path.join(args.out, "models.log"), "a")
 
     def log(msg):
         print(msg, flush=True)
-        if logf:
-            logf.write(msg + "\n")
-            logf.flush()
+        logf.write(msg + "\n")
+        logf.flush()
 
     results = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "transformers": transformers.__version__,
                "layers": args.layers, "cases": []}
     variants = args.variants.split(",")
     decode_batches = (1, 32) if args.quick else (1, 4, 16, 32)
-    for arch in args.arch.split(","):
+    archs = args.arch.split(",")
+    for ai, arch in enumerate(archs):
         cases = [("prefill", 8, 1024)] + [("decode", b, 0) for b in decode_batches]
+        # Each model gets its share of what is left of the budget.
+        arch_start = time.time()
+        left = args.budget_s - (arch_start - start)
+        deadline = arch_start + left / (len(archs) - ai) if args.budget_s else 0
         for phase, batch, seq in cases:
+            if deadline and time.time() > deadline:
+                log(f"{arch} {phase} b{batch}: skipped (time budget of {args.budget_s:.0f} s spent)")
+                continue
             try:
-                bench_case(arch, phase, batch, seq, args.layers, variants, args.small, args.reps, results, log)
+                bench_case(arch, phase, batch, seq, args.layers, variants, args.small, args.reps, results, log, deadline)
             except Exception as e:
                 import traceback
 

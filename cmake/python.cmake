@@ -23,9 +23,12 @@ target_compile_definitions(_core PRIVATE
   COMFUSE_VERSION="${SKBUILD_PROJECT_VERSION}")
 # libnvrtc / libcublas come from the CUDA toolkit this was built against (torch may already
 # have loaded a copy of the same soname, which the loader then reuses).
+get_target_property(_nvrtc CUDA::nvrtc LOCATION)
+get_filename_component(_nvrtc_dir "${_nvrtc}" REALPATH)
+get_filename_component(_nvrtc_dir "${_nvrtc_dir}" DIRECTORY)
 set_target_properties(_core PROPERTIES
-  BUILD_RPATH "${CUDAToolkit_LIBRARY_DIR}"
-  INSTALL_RPATH "$ORIGIN;${CUDAToolkit_LIBRARY_DIR}")
+  BUILD_RPATH "${_nvrtc_dir}"
+  INSTALL_RPATH "$ORIGIN;${_nvrtc_dir};${CUDAToolkit_LIBRARY_DIR}")
 
 set(COMFUSE_PY_DEST comfuse)
 install(TARGETS _core LIBRARY DESTINATION ${COMFUSE_PY_DEST})

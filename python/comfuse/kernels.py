@@ -223,7 +223,8 @@ class RuntimeRegion:
             """t as an r x c row-major matrix with a 16-byte aligned base and row stride."""
             x = t.reshape(r, c) if t.dim() != 2 or tuple(t.shape) != (r, c) else t
             es = x.element_size()
-            if x.stride(1) != 1 and c > 1 or (x.stride(0) * es) % 16 or x.data_ptr() % 16:
+            if (x.stride(1) != 1 and c > 1) or (x.stride(0) < c and r > 1) or (x.stride(0) * es) % 16 \
+                    or x.data_ptr() % 16:
                 log.debug("comfuse: region %d copies a %s operand to packed rows", info.id, tuple(t.shape))
                 x = x.contiguous()
                 if x.data_ptr() % 16:
@@ -253,6 +254,8 @@ class RuntimeRegion:
                 continue
             elif role == "col":
                 x = t.reshape(-1).contiguous()
+                if x.data_ptr() % 16:
+                    x = x.clone()
                 keep.append(x)
                 args[name] = (x.data_ptr(), dt, [m], 0)
                 continue

@@ -383,11 +383,10 @@ class Translator:
             x = self.operand(args[0], node)
             dtype = kw.get("dtype", args[1] if len(args) > 1 else None)
             if t == aten._to_copy.default:
-                for k in ("device", "layout"):
-                    if kw.get(k) is not None and k == "layout" and kw[k] != torch.strided:
+                # A dtype conversion only: a device or layout change leaves the region.
+                for k in ("device", "layout", "pin_memory"):
+                    if kw.get(k) not in (None, torch.strided, False):
                         raise Unsupported(node, f"_to_copy with {k}={kw[k]}")
-                if kw.get("device") is not None and val(args[0]) is not None and torch.device(kw["device"]) != val(args[0]).device:
-                    raise Unsupported(node, "_to_copy to another device")
             if dtype is None:
                 return x
             return self._check_class(node, TV(g.cast(x.id, cf_dtype(dtype, node)), x.cls))
