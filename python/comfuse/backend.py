@@ -172,9 +172,9 @@ def _compile(gm: fx.GraphModule, example_inputs, mode=None, options=None, explai
     cudagraphs = bool(opts.get("triton.cudagraphs", False))
     g = GraphReport(index=0, mode=mode)
     g.dynamic = any(isinstance(x, torch.SymInt) for x in example_inputs)
-    _record(g)
     training = torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs)
     if training:
+        _record(g)
         _training_report(gm, g)
         log.info("comfuse: graph %d %s", g.index, g.note)
         if explain_only or config.rest == "eager":
@@ -186,6 +186,7 @@ def _compile(gm: fx.GraphModule, example_inputs, mode=None, options=None, explai
     def inference(agm: fx.GraphModule, ex):
         ctx = torch._guards.TracingContext.try_get()
         static = list(ctx.fw_metadata.static_input_indices) if ctx is not None and ctx.fw_metadata else None
+        _record(g)  # here, not before: Dynamo may restart and call the backend again
         rewrite(agm, g, cudagraphs, apply=not explain_only)
         if explain_only:
             return _boxed(agm)

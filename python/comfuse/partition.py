@@ -206,8 +206,8 @@ def find_regions(gm: fx.GraphModule, next_id) -> list[Candidate]:
             out.append(Candidate(root, [root], None, None, info))
             continue
         nodes, desc, refused = grow(root, order)
-        nodes = [n for n in nodes if n is root or n not in claimed]
-        nodes = _drop(nodes, set(), root)
+        # An op an earlier region took stays there; what depends on it here goes too.
+        nodes = _drop(nodes, {n for n in nodes if n is not root and n in claimed}, root)
         excluded: dict[fx.Node, str] = {n: r for n, r in refused}
         tr = low = None
         for _ in range(64):
