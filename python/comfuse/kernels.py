@@ -109,6 +109,8 @@ class _Fallback(Exception):
 class RuntimeRegion:
     """What the custom op needs to run one region."""
 
+    device_type = "cuda"  # where kernels run (a test emulates them on the CPU)
+
     def __init__(self, info: RegionInfo, region, roles: list[str], names: list[str], n_kernel_inputs: int,
                  out_names: list[str], subgraph: fx.GraphModule, cudagraphs: bool):
         self.info = info
@@ -195,12 +197,12 @@ class RuntimeRegion:
         for t, role in zip(tensors[: self.n_kernel_inputs], self.roles):
             if role == "scalar":
                 continue
-            if t.device.type != "cuda":
+            if t.device.type != self.device_type:
                 return self.fallback(tensors, sizes, f"tensor on {t.device}: fused kernels run on the GPU")
             dev = dev or t.device
             if t.requires_grad and torch.is_grad_enabled():
                 return self.fallback(tensors, sizes, "a tensor requires gradients: the fused kernels are inference only")
-        if dev.index is not None and dev.index != torch.cuda.current_device():
+        if dev.type == "cuda" and dev.index is not None and dev.index != torch.cuda.current_device():
             return self.fallback(tensors, sizes, f"tensors on {dev}, not the current device")
         try:
             return self._launch(tensors, sizes, dev)
@@ -210,14 +212,23 @@ class RuntimeRegion:
             return self.fallback(tensors, sizes, str(e).splitlines()[0])
 
     def _launch(self, tensors, sizes, dev):
+        m = tensors[0].numel() // self.info.k
+        capturing = dev.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        kern = self.kernel(m, capturing)
+        args, scalars, outs, views = self.prepare(tensors, sizes, dev, m, capturing)  # views: keeps copies alive
+        stream = torch.cuda.current_stream(dev).cuda_stream if dev.type == "cuda" else 0
+        kern.run(args, scalars, stream)
+        return outs
+
+    def prepare(self, tensors, sizes, dev, m: int, capturing: bool = False):
+        """The kernel's arguments: (name -> (pointer, dtype, shape, row stride), scalars, outputs,
+        name -> the tensor each pointer belongs to). Operands are viewed as the kernel's 2-D
+        matrices and vectors; one that is not packed rows with a 16-byte aligned base and row
+        stride is copied (the copies live in the returned views until the launch is enqueued;
+        later kernels on the stream are ordered after it, so the allocator may reuse them)."""
         info = self.info
         n, k = info.n, info.k
-        a = tensors[0]
-        m = a.numel() // k
-        capturing = torch.cuda.is_current_stream_capturing()
-        kern = self.kernel(m, capturing)
-        args, scalars = {}, {}
-        keep = []  # copies made here must live until the launch is enqueued
+        args, scalars, views = {}, {}, {}
 
         def rows(t, r, c):
             """t as an r x c row-major matrix with a 16-byte aligned base and row stride."""
@@ -229,11 +240,16 @@ class RuntimeRegion:
                 x = x.contiguous()
                 if x.data_ptr() % 16:
                     x = x.clone()
-            keep.append(x)
             return x
 
         for i in range(self.n_kernel_inputs):
             t, role, name = tensors[i], self.roles[i], self.names[i]
+            if role == "scalar":
+                if t.device.type != "cpu" and capturing:
+                    raise _Fallback(f"scalar operand '{name}' lives on the GPU: reading it inside a CUDA graph "
+                                    "capture is not possible")
+                scalars[name] = float(t.item())
+                continue
             dt = _NAMES[t.dtype]
             if role == "a":
                 x = rows(t, m, k)
@@ -245,31 +261,26 @@ class RuntimeRegion:
             elif role == "row":
                 x = rows(t.reshape(1, n), 1, n)
                 args[name] = (x.data_ptr(), dt, [n], 0)
-                continue
-            elif role == "scalar":
-                if t.device.type != "cpu" and capturing:
-                    raise _Fallback(f"scalar operand '{name}' lives on the GPU: reading it inside a CUDA graph "
-                                    "capture is not possible")
-                scalars[name] = float(t.item())
+                views[name] = x.reshape(n)
                 continue
             elif role == "col":
                 x = t.reshape(-1).contiguous()
                 if x.data_ptr() % 16:
                     x = x.clone()
-                keep.append(x)
                 args[name] = (x.data_ptr(), dt, [m], 0)
+                views[name] = x
                 continue
             else:  # tile
                 x = rows(t, m, n)
             args[name] = (x.data_ptr(), dt, list(x.shape), x.stride(0))
+            views[name] = x
         outs = []
         for (shape, dtype), name in zip(self.out_shapes(tensors, sizes), self.out_names):
             o = torch.empty(shape, dtype=dtype, device=dev)
             outs.append(o)
             args[name] = (o.data_ptr(), _NAMES[dtype], [m, n], n)
-        stream = torch.cuda.current_stream(dev).cuda_stream
-        kern.run(args, scalars, stream)
-        return outs
+            views[name] = o.view(m, n)
+        return args, scalars, outs, views
 
 
 def _aliases(o: torch.Tensor, tensors) -> bool:
@@ -281,7 +292,8 @@ def _aliases(o: torch.Tensor, tensors) -> bool:
 
 
 # ---- the custom op --------------------------------------------------------------------------
-@torch.library.custom_op("comfuse::fused", mutates_args=())
+# Inputs keep the strides the graph gave them (a t() of a weight stays a view: no copy).
+@torch.library.custom_op("comfuse::fused", mutates_args=(), tags=(torch.Tag.needs_exact_strides,))
 def fused(region: int, tensors: list[torch.Tensor], sizes: list[int]) -> list[torch.Tensor]:
     r = REGISTRY.get(region)
     if r is None:

@@ -32,9 +32,11 @@ def assert_bf16_close(out, ref, rel=2e-2):
     assert torch.isfinite(o).all()
 
 
-def compiled_run(model, *inputs, mode=None, dynamic=None, rest="eager"):
+def compiled_run(model, *inputs, mode=None, dynamic=None, rest="eager", always_fuse=True):
     comfuse.config.strict = True
     comfuse.config.rest = rest
+    if always_fuse:  # the kernel is under test, not the planner's decision
+        comfuse.config.min_gain = -1e9
     f = torch.compile(model, backend="comfuse", mode=mode, dynamic=dynamic)
     with torch.no_grad(), comfuse.collecting() as rep:
         out = f(*inputs)
@@ -92,6 +94,7 @@ def test_decode_rows_share_one_kernel(gpu):
     model = M.LinearLayerNorm(2048, 2048).to(torch.bfloat16).to(gpu).eval()
     comfuse.config.strict = True
     comfuse.config.rest = "eager"
+    comfuse.config.min_gain = -1e9
     f = torch.compile(model, backend="comfuse", dynamic=True)
     with torch.no_grad(), comfuse.collecting() as rep:
         x = randn(1, 1, 2048, device=gpu)
@@ -108,6 +111,7 @@ def test_decode_rows_share_one_kernel(gpu):
 def test_cuda_graphs_reduce_overhead(gpu):
     model = M.LinearLayerNorm(4096, 4096).to(torch.bfloat16).to(gpu).eval()
     comfuse.config.strict = True
+    comfuse.config.min_gain = -1e9
     f = torch.compile(model, backend="comfuse", mode="reduce-overhead")
     with torch.no_grad(), comfuse.collecting() as rep:
         for step in range(4):  # warm-up, record, replays
@@ -125,6 +129,8 @@ def test_manual_cuda_graph_capture(gpu):
     model = M.LinearSoftmax(1024, 4096).to(torch.bfloat16).to(gpu).eval()
     comfuse.config.strict = True
     comfuse.config.rest = "eager"
+    comfuse.config.min_gain = -1e9
+    comfuse.config.cuda_graph_safe = True  # the capture below is by hand
     f = torch.compile(model, backend="comfuse")
     x = randn(2048, 1024, device=gpu)
     with torch.no_grad():
@@ -196,7 +202,7 @@ def test_transformers_model_end_to_end(gpu, arch):
     model, ids = bench_models.build(arch, layers=2, batch=4, seq=256, device=gpu)
     with torch.no_grad():
         ref = model(ids).logits.float()
-    out, rep = compiled_run(model, ids)
+    out, rep = compiled_run(model, ids, always_fuse=False)
     print(rep)
     assert_bf16_close(out.logits, ref, rel=3e-2)
     assert all(r.fallback_calls == 0 for r in rep.regions), str(rep)
