@@ -269,7 +269,8 @@ def write_results(results: dict, out: str) -> None:
         lines.append(f"| {r['case']} | {f(r.get('eager_ms'))} | {f(r.get('inductor_ms'))} | {f(r.get('max-autotune_ms'))} | "
                      f"{f(r.get('comfuse_ms'))} | {f(r.get('comfuse_speedup_vs_eager'), 2)}x | "
                      f"{f(r.get('comfuse_vs_inductor'), 2)}x | {f(r.get('comfuse_vs_max-autotune'), 2)}x | "
-                     f"{r.get('fused_regions', '-')}/{r.get('gemm_regions', '-')} | {max(errs) if errs else '-':.2e} |")
+                     f"{r.get('fused_regions', '-')}/{r.get('gemm_regions', '-')} | "
+                     + (f"{max(errs):.2e}" if errs else "-") + " |")
     lines += ["", "## Fused regions (kernel vs the same ops unfused)", "",
               "| case | region | M x N x K | fused us | inductor us | eager us | vs inductor | vs eager | planner fused/unfused us |",
               "|---|---|---|---|---|---|---|---|---|"]
@@ -338,10 +339,6 @@ def main(argv=None) -> int:
     import comfuse
     import transformers
 
-    if not torch.cuda.is_available() or not comfuse.gpu_available()[0]:
-        print(f"bench/models.py needs an sm_90 GPU: {comfuse.gpu_available()[1]}")
-        return 2
-    comfuse.config.strict = False
     os.makedirs(args.out, exist_ok=True)
     logf = open(os.path.join(args.out, "models.log"), "a")
 
@@ -349,6 +346,11 @@ def main(argv=None) -> int:
         print(msg, flush=True)
         logf.write(msg + "\n")
         logf.flush()
+
+    if not torch.cuda.is_available() or not comfuse.gpu_available()[0]:
+        log(f"bench/models.py needs an sm_90 GPU: {comfuse.gpu_available()[1]}")
+        return 2
+    comfuse.config.strict = False
 
     results = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "transformers": transformers.__version__,
                "layers": args.layers, "cases": []}

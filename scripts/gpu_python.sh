@@ -64,11 +64,12 @@ for phase in "${phases[@]}"; do
     ;;
   bench)
     [[ -n "$(ls "$root"/python/comfuse/_core*.so 2>/dev/null)" ]] && export PYTHONPATH="$root/python"
+    # models.py logs to models.log itself; its stderr (warnings, tracebacks) joins it.
     timeout "${BENCH_TIMEOUT:-560}" "$py" "$root/bench/models.py" --out "$out" ${BENCH_ARGS:---quick --layers 2 --budget-s 420} \
-      > /dev/null 2>&1
+      > /dev/null 2>> "$out/models.log"
     s=$?; [[ $s == 0 ]] || rc=1
     note "bench: exit $s ($((SECONDS - t0)) s); results in RESULTS.md, results.json, speedups.png, models.log"
-    [[ -f "$out/RESULTS.md" ]] && cat "$out/RESULTS.md" >> "$out/summary.txt"
+    if [[ -f "$out/RESULTS.md" ]]; then cat "$out/RESULTS.md" >> "$out/summary.txt"; else tail -5 "$out/models.log" | tee -a "$out/summary.txt"; fi
     ;;
   *) note "unknown phase '$phase' (build, test, bench)"; rc=2 ;;
   esac
