@@ -148,11 +148,15 @@ def compiled(variant: str, module):
     return torch.compile(module, backend=comfuse.comfuse_backend)
 
 
+DEVICE = "cuda"
+
+
 def bench_case(arch: str, phase: str, batch: int, seq: int, layers: int, variants, small: bool, reps: int,
                results: dict, log, deadline: float = 0) -> None:
     import comfuse
 
-    model, ids = build(arch, layers=layers, batch=batch, seq=seq if phase == "prefill" else 16, small=small)
+    model, ids = build(arch, layers=layers, batch=batch, seq=seq if phase == "prefill" else 16, small=small,
+                       device=DEVICE)
     name = f"{arch} {phase} b{batch}" + (f"x{seq}" if phase == "prefill" else "")
     fresh = lambda: None  # noqa: E731
     if phase == "prefill":
@@ -240,8 +244,9 @@ def region_rows(rep, reps: int) -> list[dict]:
             row["eager_us"] = 1e3 * gpu_time_ms(lambda: sub(*tensors, *sizes), reps=reps)
             row["speedup_vs_inductor"] = row["inductor_us"] / row["fused_us"]
             row["speedup_vs_eager"] = row["eager_us"] / row["fused_us"]
-            fused_out = rr.run(tensors, sizes)
-            unfused_out = sub(*tensors, *sizes)
+            with torch.no_grad():  # weights require grad: outside no_grad the region runs unfused
+                fused_out = rr.run(tensors, sizes)
+                unfused_out = sub(*tensors, *sizes)
             row["err_vs_eager"] = max(rel_err(a, b) for a, b in zip(fused_out, unfused_out))
         except Exception as e:
             row["error"] = f"{type(e).__name__}: {e}"[:300]
@@ -261,14 +266,17 @@ def write_results(results: dict, out: str) -> None:
              "| case | eager ms | inductor ms | max-autotune ms | comfuse ms | comfuse vs eager | vs inductor | vs max-autotune | fused / GEMM regions | max rel err |",
              "|---|---|---|---|---|---|---|---|---|---|"]
 
-    def f(x, p=3):
-        return "-" if x is None else f"{x:.{p}f}"
+    def f(v, p=3):
+        return "-" if v is None else f"{v:.{p}f}"
+
+    def x(v):
+        return "-" if v is None else f"{v:.2f}x"
 
     for r in results["cases"]:
         errs = [r.get(f"{v}_err") for v in VARIANTS if r.get(f"{v}_err") is not None]
         lines.append(f"| {r['case']} | {f(r.get('eager_ms'))} | {f(r.get('inductor_ms'))} | {f(r.get('max-autotune_ms'))} | "
-                     f"{f(r.get('comfuse_ms'))} | {f(r.get('comfuse_speedup_vs_eager'), 2)}x | "
-                     f"{f(r.get('comfuse_vs_inductor'), 2)}x | {f(r.get('comfuse_vs_max-autotune'), 2)}x | "
+                     f"{f(r.get('comfuse_ms'))} | {x(r.get('comfuse_speedup_vs_eager'))} | "
+                     f"{x(r.get('comfuse_vs_inductor'))} | {x(r.get('comfuse_vs_max-autotune'))} | "
                      f"{r.get('fused_regions', '-')}/{r.get('gemm_regions', '-')} | "
                      + (f"{max(errs):.2e}" if errs else "-") + " |")
     lines += ["", "## Fused regions (kernel vs the same ops unfused)", "",
@@ -277,8 +285,9 @@ def write_results(results: dict, out: str) -> None:
     for r in results["cases"]:
         for g in r.get("regions", []):
             lines.append(f"| {r['case']} | {g['region']} | {g['m']}x{g['n']}x{g['k']} | {f(g.get('fused_us'), 1)} | "
-                         f"{f(g.get('inductor_us'), 1)} | {f(g.get('eager_us'), 1)} | {f(g.get('speedup_vs_inductor'), 2)}x | "
-                         f"{f(g.get('speedup_vs_eager'), 2)}x | {f(g.get('fused_est_us'), 1)}/{f(g.get('unfused_est_us'), 1)} |")
+                         f"{f(g.get('inductor_us'), 1)} | {f(g.get('eager_us'), 1)} | {x(g.get('speedup_vs_inductor'))} | "
+                         f"{x(g.get('speedup_vs_eager'))} | {f(g.get('fused_est_us'), 1)}/{f(g.get('unfused_est_us'), 1)} |"
+                         + (f" {g['error']}" if g.get("error") else ""))
     with open(os.path.join(out, "RESULTS.md"), "w") as fh:
         fh.write("\n".join(lines) + "\n")
     try:
