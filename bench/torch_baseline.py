@@ -3,7 +3,7 @@
 cuBLAS GEMM alone (torch.matmul), then the same epilogue as examples/gemm_{layernorm,rmsnorm,
 softmax}.cf unfused in PyTorch eager (cuBLAS GEMM + separate elementwise and reduction kernels)
 and under torch.compile. Every variant is timed in alternating rounds with the GEMM alone, so
-both run in the same power state (the H200 sits at its power cap; see NOTES run 3), and each
+both run in the same power state (the H200 sits at its power cap; see bench/NOTES.md), and each
 ratio is to the GEMM of the same round. bf16 throughout, B given N x K as in the examples.
 """
 import os

@@ -42,6 +42,9 @@ if [ "${SANITIZE:-1}" = 1 ]; then
     compute-sanitizer --tool "$tool" --error-exitcode 9 .carry/bin/test_gpu_reductions \
       --gtest_filter='GpuReduce.LayerNorm*:GpuReduce.StashInSharedMemory*:GpuReduce.RowGroupsChain*:GpuReduce.RowGroups*InOneRound' --gtest_brief=1 > "$out/sanitizer-$tool-reduce.log" 2>&1
     s=$?; tail -3 "$out/sanitizer-$tool-reduce.log"; echo "$tool (cluster reductions) exit $s"; [ $s = 0 ] || rc=1
+    compute-sanitizer --tool "$tool" --error-exitcode 9 .carry/bin/test_gpu_channels --gtest_brief=1 \
+      > "$out/sanitizer-$tool-channels.log" 2>&1
+    s=$?; tail -3 "$out/sanitizer-$tool-channels.log"; echo "$tool (channels) exit $s"; [ $s = 0 ] || rc=1
   done
 fi
 echo "gpu_tests.sh: exit $rc"

@@ -5,7 +5,7 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${1:-$root/build}"
 rm -rf "$root/.carry" && mkdir -p "$root/.carry/bin" "$root/.carry/lib"
-for b in "$build"/test_gpu_* "$build/comfuse" "$build/dsmem_allreduce"; do
+for b in "$build"/test_gpu_* "$build/comfuse" "$build/channel_bench"; do
   [[ -x "$b" && "$b" != *.cmake ]] || continue
   strip -o "$root/.carry/bin/$(basename "$b")" "$b"
 done

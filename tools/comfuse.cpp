@@ -8,7 +8,7 @@
 //   comfuse run     FILE --shape M,N,K [...]     GPU: fused kernel vs fp64 reference, timed
 //                                                against cuBLAS; --reference: CPU only
 // explain, emit, compile and run take the plan overrides (--cluster-n, --tile-n, --tile-m,
-// --aggregation p2p|leader|global, --strategy on-chip|stash|global-reread; row groups:
+// --aggregation p2p|leader|l2, --strategy on-chip|smem-stash|workspace-stash; row groups:
 // --cluster-m, --row-group, --stash fp32|bf16; --pairs one-round|two-rounds).
 // Errors: `comfuse: error: <msg>` on stderr, exit 1 (graph files: FILE:line:col:);
 // command-line usage errors exit 2.
@@ -24,6 +24,7 @@
 #include "comfuse/interp.h"
 #include "comfuse/lower.h"
 #include "comfuse/plan.h"
+#include "comfuse/harness.h"
 #include "comfuse/runtime.h"
 #include "comfuse/spec.h"
 #include "comfuse/text.h"
@@ -128,16 +129,16 @@ PlanOptions plan_options(const ExplainArgs& a) {
   if (a.stash == "bf16") o.stash_bytes = 2;
   else if (a.stash == "fp32") o.stash_bytes = 4;
   else if (!a.stash.empty()) throw Error(fmt::format("--stash wants fp32 or bf16, got '{}'", a.stash));
-  if (a.aggregation == "p2p" || a.aggregation == "peer-to-peer") o.aggregation = AggregationMode::PeerToPeer;
-  else if (a.aggregation == "leader" || a.aggregation == "leader-follower") o.aggregation = AggregationMode::LeaderFollower;
-  else if (a.aggregation == "global") o.aggregation = AggregationMode::Global;
+  if (a.aggregation == "p2p") o.aggregation = Aggregation::PeerToPeer;
+  else if (a.aggregation == "leader") o.aggregation = Aggregation::LeaderFollower;
+  else if (a.aggregation == "l2") o.aggregation = Aggregation::L2Exchange;
   else if (!a.aggregation.empty())
-    throw Error(fmt::format("--aggregation wants p2p, leader or global, got '{}'", a.aggregation));
+    throw Error(fmt::format("--aggregation wants p2p, leader or l2, got '{}'", a.aggregation));
   if (a.strategy == "on-chip") o.strategy = RowStrategy::OnChip;
-  else if (a.strategy == "stash") o.strategy = RowStrategy::Stash;
-  else if (a.strategy == "global-reread") o.strategy = RowStrategy::GlobalReread;
+  else if (a.strategy == "smem-stash") o.strategy = RowStrategy::SmemStash;
+  else if (a.strategy == "workspace-stash") o.strategy = RowStrategy::WorkspaceStash;
   else if (!a.strategy.empty())
-    throw Error(fmt::format("--strategy wants on-chip, stash or global-reread, got '{}'", a.strategy));
+    throw Error(fmt::format("--strategy wants on-chip, smem-stash or workspace-stash, got '{}'", a.strategy));
   return o;
 }
 
@@ -147,8 +148,8 @@ void add_plan_options(CLI::App* cmd, ExplainArgs& ex) {
   cmd->add_option("--cluster-n", ex.cluster_n, "force the cluster size C_N (1, 2, 4, 8, 16)");
   cmd->add_option("--tile-n", ex.tile_n, "force tile_n (64, 128, 192, 256)");
   cmd->add_option("--tile-m", ex.tile_m, "force rows per consumer warp group (64, 128)");
-  cmd->add_option("--aggregation", ex.aggregation, "force p2p or leader (DSMEM, one cluster along N) or global (row groups)");
-  cmd->add_option("--strategy", ex.strategy, "force on-chip, stash or global-reread (DSMEM search)");
+  cmd->add_option("--aggregation", ex.aggregation, "force p2p or leader (DSMEM, one cluster along N) or l2 (row groups)");
+  cmd->add_option("--strategy", ex.strategy, "force on-chip, smem-stash or workspace-stash (DSMEM search)");
   cmd->add_option("--cluster-m", ex.cluster_m, "clusters of 1 or 2 along M (B multicast): row groups with a reduction, else a PingPong elementwise plan");
   cmd->add_option("--row-group", ex.row_group, "row groups: G clusters share each row (power of two, 1..64)");
   cmd->add_option("--stash", ex.stash, "row groups: stash element, fp32 or bf16");
@@ -167,7 +168,7 @@ int cmd_explain(const std::string& file, const DimArgs& d, const ExplainArgs& a)
     const FusionSpec& s = r.regions[i].spec;
     Plan p;
     try {
-      p = make_plan(s, problem_of(s, b), DeviceModel{}, PlannerTunables{}, opt);
+      p = make_plan(s, problem_of(s, b), opt);
     } catch (const Error& e) {
       throw Error(fmt::format("region {} ({}): {}", i, s.name, e.what()));
     }
@@ -200,13 +201,14 @@ int run_gpu(const Graph& g, const Bindings& b, const PlanOptions& plan, uint64_t
   DeviceRunReport rep = run_and_check(g, b, seed, opt, /*timing_reps=*/20, /*input_offset=*/0.0,
                                       /*cublas_baseline=*/true);
   const Plan& p = rep.plan;
-  std::string shape = fmt::format("{}x{} tile, {}, cluster {}x{}", p.tile_m, p.tile_n,
-                                  p.wgs_per_tile == 1 ? "PingPong" : "cooperative", p.cluster_m, p.cluster_n);
-  if (p.row_group > 1) shape += fmt::format(", row group {}", p.row_group);
-  if (p.n_tiles_per_cta > 1)
-    shape += fmt::format(", {} N-tiles/CTA ({} {} stash)", p.n_tiles_per_cta, p.stash_elem_bytes == 2 ? "bf16" : "fp32",
-                         p.strategy == RowStrategy::Stash ? "SMEM" : "global");
-  std::cout << fmt::format("kernel: {}, {} stages, {} CTAs; JIT {} ({:.2f} s{})\n", shape, p.stages, p.grid_ctas,
+  const KernelConfig& kc = p.kernel;
+  std::string shape = fmt::format("{}x{} tile, {}, cluster {}x{}", kc.tile_m, kc.tile_n,
+                                  kc.wgs_per_tile == 1 ? "PingPong" : "cooperative", kc.cluster_m, kc.cluster_n);
+  if (kc.row_group > 1) shape += fmt::format(", row group {}", kc.row_group);
+  if (kc.n_tiles > 1)
+    shape += fmt::format(", {} N-tiles/CTA ({} {} stash)", kc.n_tiles, kc.stash_elem_bytes == 2 ? "bf16" : "fp32",
+                         kc.stash_space == StashSpace::Workspace ? "workspace" : "SMEM");
+  std::cout << fmt::format("kernel: {}, {} ring stages, {} CTAs; JIT {} ({:.2f} s{})\n", shape, kc.ring_stages, p.grid_ctas,
                            rep.compiled.compiler, rep.compiled.elapsed_seconds, rep.compiled.cache_hit ? ", cache hit" : "");
   bool ok = true;
   for (const OutputCheck& o : rep.outputs) {
@@ -241,7 +243,7 @@ int cmd_emit(const std::string& file, const DimArgs& d, const PlanOptions& plan,
   for (size_t i = 0; i < r.regions.size(); ++i) {
     const FusionSpec& s = r.regions[i].spec;
     if (!compile) {
-      std::cout << emit(s, make_plan(s, problem_of(s, b), DeviceModel{}, opt.tunables, plan)).source;
+      std::cout << emit(s, make_plan(s, problem_of(s, b), plan)).source;
       continue;
     }
     EmittedKernel k;

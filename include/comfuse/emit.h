@@ -12,11 +12,11 @@
 namespace comfuse {
 
 // Where each runtime argument of the spec lands in the kernel's Params.
-enum class SlotKind { OperandA, OperandB, Vector, Scalar, Output };
+enum class SlotKind { OperandA, OperandB, Vector, Scalar, TileInput, Output, ColOutput };
 struct ArgSlot {
   int arg = -1;  // index into FusionSpec::args
   SlotKind kind = SlotKind::Vector;
-  int slot = 0;  // index into Params::vectors / scalars / tma_out
+  int slot = 0;  // index into Params::vectors / scalars / tma_in / tma_out / col_outputs
 };
 
 struct EmittedKernel {
@@ -28,6 +28,9 @@ struct EmittedKernel {
 // Throws Error naming the node when the spec uses something the device templates
 // cannot express yet (the message says what and why).
 EmittedKernel emit(const FusionSpec& s, const Plan& p);
+
+// The KernelConfig as the generated source's `constexpr comfuse::KernelConfig kConfig{...};`.
+std::string kernel_config_source(const KernelConfig& c);
 
 // The epilogue type alone (e.g. for tests and `comfuse emit --epilogue`).
 // fuse_pairs: the kinds of paired reductions (pair_kind in spec.h) that share one exchange

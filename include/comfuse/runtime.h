@@ -43,7 +43,6 @@ struct RunArgs {
 
 struct CompileOptions {
   PlanOptions plan;
-  PlannerTunables tunables;
   JitOptions jit;
   bool trace = false;  // -DCOMFUSE_TRACE: the kernel stamps a per-job timeline (debug/trace.cuh)
 };
@@ -87,47 +86,3 @@ CompiledKernel compile_only(const FusionSpec& spec, const Problem& problem, cons
 
 }  // namespace comfuse
 
-// ---- Run a whole graph on the GPU on random inputs and check it against the fp64
-// reference (used by `comfuse run --gpu` and the GPU tests).
-#include "comfuse/interp.h"
-
-namespace comfuse {
-
-struct OutputCheck {
-  std::string name;
-  DType dtype = DType::F32;
-  Comparison cmp;          // GPU result vs run_graph (fp64)
-  int64_t unwritten = 0;   // elements still holding the NaN poison after the run
-};
-
-struct DeviceRunReport {
-  std::vector<OutputCheck> outputs;
-  double kernel_ms = 0;        // median over the timed launches (0 when not timed)
-  double tflops = 0;           // 2*M*N*K / kernel time
-  double cublas_ms = 0;        // cuBLAS GEMM alone (bf16/f16 out), timed alternately with the
-                               // fused kernel in the same power state (0 when not asked)
-  double ratio = 0;            // fused / cuBLAS: the median of the per-round ratios (each round
-                               // pairs the two in one power state); 0 when not asked
-  double ratio_lo = 0, ratio_hi = 0;  // the smallest and largest per-round ratio
-  std::vector<uint64_t> trace;        // CompileOptions::trace: the last launch's timeline
-  Plan plan;
-  CompiledKernel compiled;
-};
-
-// The rel_l2 a GPU output may differ from the fp64 reference by: the bf16 bound the
-// project holds kernels to (1e-2), and the finer ones its f16 and f32 outputs allow.
-inline double gpu_result_tolerance(DType t) { return t == DType::BF16 ? 1e-2 : t == DType::F16 ? 5e-3 : 1e-4; }
-
-// Lowers, compiles and runs `g` once on random inputs drawn from `seed` (outputs poisoned
-// with NaN first), downloads the outputs and compares them with run_graph. With
-// timing_reps > 0 also times batches of that many back-to-back launches (after warm-up; GPU time,
-// src/runtime/baseline.h), alternating with the cuBLAS GEMM alone when cublas_baseline.
-// Where a traced kernel's time went (per-job mainloop, epilogue, tensor-idle gaps, cross-CTA
-// skew of a row group), from FusedKernel::trace(); `csv` (optional) gets every stamp.
-std::string summarize_trace(const std::vector<uint64_t>& trace, const Plan& plan, std::string* csv = nullptr);
-
-inline constexpr int kTimingRounds = 9;  // alternating fused / cuBLAS rounds of run_and_check
-DeviceRunReport run_and_check(const Graph& g, const Bindings& dims, uint64_t seed, const CompileOptions& opt = {},
-                              int timing_reps = 0, double input_offset = 0.0, bool cublas_baseline = false);
-
-}  // namespace comfuse

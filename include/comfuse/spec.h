@@ -25,7 +25,7 @@ namespace comfuse {
 
 enum class NodeCategory { AccEntry, Broadcast, Compute, Reduction, Placeholder, Store };
 enum class ValueClass { Tile, Col, Row, Scalar };
-enum class BroadcastKind { Scalar, Row, Col };  // Scalar: a literal or a runtime scalar arg
+enum class BroadcastKind { Scalar, Row, Col, Tile };  // Scalar: a literal or a runtime scalar arg; Tile: an [M, N] input
 enum class ComputeKind { Unary, Binary, Cast };
 enum class PlaceholderKind { Stat, Bypass };
 // Two reductions of a chain that share one exchange round (pair_kind below).
@@ -77,7 +77,7 @@ struct Spec {
   std::vector<Spec> children;
 };
 
-enum class ArgRole { OperandA, OperandB, Scalar, RowVector, ColVector, Output };
+enum class ArgRole { OperandA, OperandB, Scalar, RowVector, ColVector, TileInput, Output };
 std::string_view name_of(ArgRole r);
 
 struct RuntimeArg {

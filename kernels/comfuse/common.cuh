@@ -12,11 +12,13 @@
 #include <cutlass/numeric_types.h>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
+#include "config.cuh"
+
 #define COMFUSE_DEVICE __device__ __forceinline__
 
 namespace comfuse {
 
-inline constexpr int kWarpGroupThreads = 128;
+inline constexpr int kWarpGroupThreads = Sm90::kWarpGroupThreads;
 
 // The row, within a warp group's tile, of accumulator pair h (registers with (i >> 1) & 1 == h)
 // of m64-block mi that thread t of the warp group holds (wgmma D layout: warp t / 32 owns rows

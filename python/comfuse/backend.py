@@ -75,6 +75,7 @@ def rewrite(gm: fx.GraphModule, g: GraphReport, cudagraphs: bool, apply: bool = 
     cands = find_regions(gm, next_region_id)
     ok, why_not = gpu_status()
     changed = False
+    subst: dict[fx.Node, fx.Node] = {}  # a replaced region's outputs -> the getitems that now carry them
     for c in cands:
         decide(c, cudagraphs)
         info = c.info
@@ -93,7 +94,7 @@ def rewrite(gm: fx.GraphModule, g: GraphReport, cudagraphs: bool, apply: bool = 
                 continue
         log.info("comfuse: %s + %d op(s): %s", info.root, len(info.ops) - 1, info.reason)
         if apply:
-            _replace(gm, c, cudagraphs)
+            _replace(gm, c, cudagraphs, subst)
             changed = True
     if changed:
         from torch.fx.passes.tools_common import legalize_graph
@@ -103,11 +104,12 @@ def rewrite(gm: fx.GraphModule, g: GraphReport, cudagraphs: bool, apply: bool = 
         gm.recompile()
 
 
-def _replace(gm: fx.GraphModule, c, cudagraphs: bool) -> None:
+def _replace(gm: fx.GraphModule, c, cudagraphs: bool, subst: dict) -> None:
     tr = c.translator
     nodes = c.nodes
     inset = set(nodes)
-    ext_t: list[fx.Node] = list(tr.inputs)
+    # An operand produced by a region replaced before this one is now that region's getitem.
+    ext_t: list[fx.Node] = [subst.get(n, n) for n in tr.inputs]
     ext_s: list[fx.Node] = []
     seen = set(ext_t)
     for n in nodes:
@@ -129,7 +131,7 @@ def _replace(gm: fx.GraphModule, c, cudagraphs: bool) -> None:
     sub = fx.GraphModule(torch.nn.Module(), sg)
     info = c.info
     REGISTRY[info.id] = RuntimeRegion(info, c.lowering.regions()[0], tr.input_roles, tr.input_names,
-                                      len(tr.inputs), tr.output_names, sub, cudagraphs)
+                                      len(tr.inputs), tr.output_names, sub, cudagraphs, tr.output_classes)
     order = {n: k for k, n in enumerate(gm.graph.nodes)}
     last = max(nodes, key=order.__getitem__)
     graph = gm.graph
@@ -142,6 +144,7 @@ def _replace(gm: fx.GraphModule, c, cudagraphs: bool) -> None:
             gi = graph.call_function(operator.getitem, (call, k))
         gi.meta = {kk: v for kk, v in o.meta.items() if kk in ("val", "tensor_meta", "stack_trace", "nn_module_stack")}
         o.replace_all_uses_with(gi, delete_user_cb=lambda u: u not in inset)
+        subst[o] = gi
         prev = gi
     for n in reversed(nodes):
         graph.erase_node(n)

@@ -112,13 +112,14 @@ class RuntimeRegion:
     device_type = "cuda"  # where kernels run (a test emulates them on the CPU)
 
     def __init__(self, info: RegionInfo, region, roles: list[str], names: list[str], n_kernel_inputs: int,
-                 out_names: list[str], subgraph: fx.GraphModule, cudagraphs: bool):
+                 out_names: list[str], subgraph: fx.GraphModule, cudagraphs: bool, out_classes: list[str] | None = None):
         self.info = info
         self.region = region              # _core.Region: its Fusion Spec
         self.roles = roles                # per kernel input: a, b, row, col, tile
         self.names = names                # their ComFuse graph names
         self.n_kernel_inputs = n_kernel_inputs
         self.out_names = out_names
+        self.out_classes = out_classes or ["tile"] * len(out_names)  # tile [M, N] or col [M, 1]
         self.subgraph = subgraph          # the region's aten ops: fake impl and fallback
         self.cudagraphs = cudagraphs
         self.key_text = info.graph_text
@@ -138,8 +139,16 @@ class RuntimeRegion:
             self._warned.add(why)
             self.info.runtime_fallback = why
             log.info("comfuse: region %d (%s) runs unfused: %s", self.info.id, self.info.root, why)
-        outs = [o.contiguous() for o in self.subgraph(*tensors, *sizes)]
-        return [o.clone() if _aliases(o, tensors) else o for o in outs]
+        # Outputs of a custom op may alias neither its inputs nor each other (two outputs can be
+        # views of one value): each gets storage of its own.
+        outs, seen = [], set()
+        for o in self.subgraph(*tensors, *sizes):
+            o = o.contiguous()
+            if _aliases(o, tensors) or o.untyped_storage().data_ptr() in seen:
+                o = o.clone()
+            seen.add(o.untyped_storage().data_ptr())
+            outs.append(o)
+        return outs
 
     # -- the kernel -------------------------------------------------------------------------
     def out_shapes(self, tensors, sizes):
@@ -162,7 +171,7 @@ class RuntimeRegion:
             # would repeat: a captured launch uses a DSMEM (cluster) exchange instead.
             glob = self._global_plan.get(bucket)
             if glob is None:
-                glob = self._global_plan[bucket] = self.region.plan(dims, opts).summary()["aggregation"].startswith("global")
+                glob = self._global_plan[bucket] = self.region.plan(dims, opts).summary()["l2_exchange"]
             if glob:
                 opts["aggregation"] = "p2p"
         key = (self.key_text, info.n, info.k, bucket, tuple(sorted(opts.items())))
@@ -275,11 +284,15 @@ class RuntimeRegion:
             args[name] = (x.data_ptr(), dt, list(x.shape), x.stride(0))
             views[name] = x
         outs = []
-        for (shape, dtype), name in zip(self.out_shapes(tensors, sizes), self.out_names):
+        for (shape, dtype), name, cls in zip(self.out_shapes(tensors, sizes), self.out_names, self.out_classes):
             o = torch.empty(shape, dtype=dtype, device=dev)
             outs.append(o)
-            args[name] = (o.data_ptr(), _NAMES[dtype], [m, n], n)
-            views[name] = o.view(m, n)
+            if cls == "col":  # one value per row
+                args[name] = (o.data_ptr(), _NAMES[dtype], [m, 1], 0)
+                views[name] = o.view(m, 1)
+            else:
+                args[name] = (o.data_ptr(), _NAMES[dtype], [m, n], n)
+                views[name] = o.view(m, n)
         return args, scalars, outs, views
 
 

@@ -69,6 +69,9 @@ def source_line(node: fx.Node) -> str:
 # GUESS (until measured in bench/models.py): what one unfused epilogue kernel costs beyond its
 # DRAM traffic (launch and tail), microseconds.
 EPILOGUE_KERNEL_US = 3.0
+# The DRAM bandwidth the planner prices streaming traffic at (src/plan/calibration.h: ~85% of the
+# H200's 4.8 TB/s), for the unfused epilogue's pass.
+DRAM_BYTES_PER_S = 4.0e12
 
 
 def m_bucket(m: int) -> int:
@@ -301,7 +304,7 @@ def decide(c: Candidate, cudagraphs: bool) -> None:
     opts: dict = dict(config.plan_options)
     try:
         plan = region.plan(dims, opts).summary()
-        if (cudagraphs or config.cuda_graph_safe) and plan["aggregation"].startswith("global"):
+        if (cudagraphs or config.cuda_graph_safe) and plan["l2_exchange"]:
             # A row group's L2 exchange tags its words with a per-launch counter that a CUDA
             # graph replay would repeat: under CUDA graphs, plan a DSMEM (cluster) exchange.
             opts = {**opts, "aggregation": "p2p"}
@@ -318,11 +321,11 @@ def decide(c: Candidate, cudagraphs: bool) -> None:
     # writes the region's outputs; where the region is elementwise only and every consumer is
     # elementwise too, Inductor fuses it into that consumer instead and nothing is saved.
     esize = 2 if info.dtype in ("bf16", "f16") else 4
-    tiles_in = sum(1 for r in tr.input_roles if r == "tile")
-    out_bytes = sum(val(o).element_size() for o in tr.outputs)
-    bytes_ = m * info.n * (esize + tiles_in * esize + out_bytes)
-    dram = _core.device_model()["dram_bytes_per_s"]
-    epi = bytes_ / dram * 1e6 + EPILOGUE_KERNEL_US
+    tiles_in = sum(val(n).element_size() for n, r in zip(tr.inputs, tr.input_roles) if r == "tile")
+    out_bytes = sum(val(o).element_size() * (info.n if cls == "tile" else 1)
+                    for o, cls in zip(tr.outputs, tr.output_classes))
+    bytes_ = m * (info.n * (esize + tiles_in) + out_bytes)
+    epi = bytes_ / DRAM_BYTES_PER_S * 1e6 + EPILOGUE_KERNEL_US
     reductions = region.reductions
     external = [u for o in tr.outputs for u in o.users if u not in set(c.nodes)]
     absorbed = reductions == 0 and external and all(

@@ -103,7 +103,8 @@ def eager_fp64(c, values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         args.append(v.detach().to(torch.float64).cpu() if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
     outs = _Float64(gm).run(*args)
     m = values[tr.gemm.a.name].numel() // tr.gemm.k
-    return {o.name: r.to(val(o).dtype).to(torch.float64).reshape(m, tr.gemm.n) for o, r in zip(tr.outputs, outs)}
+    return {o.name: r.to(val(o).dtype).to(torch.float64).reshape(m, tr.gemm.n if cls == "tile" else 1)
+            for o, r, cls in zip(tr.outputs, outs, tr.output_classes)}
 
 
 def ulp(dtype: torch.dtype, x: torch.Tensor) -> torch.Tensor:

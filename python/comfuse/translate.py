@@ -227,6 +227,7 @@ class Translator:
         self.outputs: list[fx.Node] = []
         self.output_names: list[str] = []
         self.fx_name: dict[str, str] = {}
+        self.output_classes: list[str] = []  # tile or col, per output
 
     # -- classification --------------------------------------------------------------
     def classify(self, v: torch.Tensor) -> str | None:
@@ -340,10 +341,11 @@ class Translator:
             if not isinstance(tv, TV):
                 raise Unsupported(node, f"'{node.name}' (a tuple) is used outside the region")
             v = val(node)
-            if tv.cls != "tile":
-                raise Unsupported(node, f"'{node.name}' is a per-row {tv.cls} value used outside the region: "
-                                        "the kernel stores only [M, N] tiles (per-row [M, 1] outputs are not supported yet)")
+            if tv.cls not in ("tile", "col"):
+                raise Unsupported(node, f"'{node.name}' is a {tv.cls} value used outside the region: the kernel "
+                                        "stores [M, N] tiles and per-row [M, 1] values")
             name = f"out{len(self.outputs)}"
+            self.output_classes.append(tv.cls)
             self.fx_name[name] = node.name
             self.g.output(tv.id, name, cf_dtype(v.dtype, node))
             self.outputs.append(node)

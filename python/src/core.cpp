@@ -87,18 +87,18 @@ PlanOptions plan_options(const nb::dict& o) {
     else if (key == "row_group") p.row_group = nb::cast<int>(v);
     else if (key == "stash_bytes") p.stash_bytes = nb::cast<int>(v);
     else if (key == "fuse_pairs") p.fuse_pairs = nb::cast<bool>(v);
-    else if (key == "aggregation") {
+    else if (key == "aggregation") {  // the names of `comfuse explain --aggregation`
       const std::string a = nb::cast<std::string>(v);
-      p.aggregation = a == "p2p" ? AggregationMode::PeerToPeer
-                      : a == "leader" ? AggregationMode::LeaderFollower
-                      : a == "global" ? AggregationMode::Global
-                                      : throw Error("aggregation wants p2p, leader or global, got '" + a + "'");
+      p.aggregation = a == "p2p" ? Aggregation::PeerToPeer
+                      : a == "leader" ? Aggregation::LeaderFollower
+                      : a == "l2" ? Aggregation::L2Exchange
+                                  : throw Error("aggregation wants p2p, leader or l2, got '" + a + "'");
     } else if (key == "strategy") {
       const std::string s = nb::cast<std::string>(v);
       p.strategy = s == "on-chip" ? RowStrategy::OnChip
-                   : s == "stash" ? RowStrategy::Stash
-                   : s == "global-reread" ? RowStrategy::GlobalReread
-                                          : throw Error("strategy wants on-chip, stash or global-reread, got '" + s + "'");
+                   : s == "smem-stash" ? RowStrategy::SmemStash
+                   : s == "workspace-stash" ? RowStrategy::WorkspaceStash
+                                            : throw Error("strategy wants on-chip, smem-stash or workspace-stash, got '" + s + "'");
     } else {
       throw Error("unknown plan option '" + key + "'");
     }
@@ -116,16 +116,18 @@ nb::dict plan_summary(const Plan& p) {
   d["m"] = p.problem.m;
   d["n"] = p.problem.n;
   d["k"] = p.problem.k;
-  d["tile_m"] = p.tile_m;
-  d["tile_n"] = p.tile_n;
-  d["tile_k"] = p.tile_k;
-  d["stages"] = p.stages;
-  d["cluster_m"] = p.cluster_m;
-  d["cluster_n"] = p.cluster_n;
-  d["row_group"] = p.row_group;
-  d["n_tiles_per_cta"] = p.n_tiles_per_cta;
-  d["aggregation"] = std::string(name_of(p.aggregation));
-  d["strategy"] = std::string(name_of(p.strategy));
+  const KernelConfig& k = p.kernel;
+  d["tile_m"] = k.tile_m;
+  d["tile_n"] = k.tile_n;
+  d["tile_k"] = Sm90::kTileK;
+  d["stages"] = k.ring_stages;
+  d["cluster_m"] = k.cluster_m;
+  d["cluster_n"] = k.cluster_n;
+  d["row_group"] = k.row_group;
+  d["n_tiles_per_cta"] = k.n_tiles;
+  d["aggregation"] = std::string(name_of(k.aggregation));
+  d["l2_exchange"] = k.aggregation == Aggregation::L2Exchange;  // graph replays need another plan
+  d["strategy"] = std::string(name_of(p.strategy()));
   d["reductions"] = p.reductions;
   d["workspace_bytes"] = p.workspace_bytes;
   d["smem_bytes"] = p.smem.total();
@@ -313,7 +315,7 @@ NB_MODULE(_core, m) {
         return std::make_tuple(p.m, p.n, p.k, std::string(name_of(p.ab_dtype)));
       })
       .def("plan", [](const PyRegion& r, const Bindings& dims, const nb::dict& opts) {
-        return PyPlan{r.region.spec, make_plan(r.region.spec, r.problem(dims), DeviceModel{}, PlannerTunables{}, plan_options(opts))};
+        return PyPlan{r.region.spec, make_plan(r.region.spec, r.problem(dims), plan_options(opts))};
       }, "dims"_a, "options"_a = nb::dict())
       .def("compile", [](const PyRegion& r, const Bindings& dims, const nb::dict& opts) {
         CompileOptions o = compile_options(opts);
@@ -364,13 +366,4 @@ NB_MODULE(_core, m) {
     return std::make_pair(ok, why);
   }, "(True, '') when a CUDA device of compute capability 9.0 is usable, else (False, why)");
 
-  m.def("device_model", [] {
-    DeviceModel d;
-    nb::dict out;
-    out["sm_count"] = d.sm_count;
-    out["dram_bytes_per_s"] = d.dram_bytes_per_s;
-    out["sm_flops_per_s"] = d.sm_flops_per_s;
-    out["l2_bytes"] = d.l2_bytes;
-    return out;
-  });
 }

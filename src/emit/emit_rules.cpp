@@ -52,6 +52,7 @@ std::string broadcast(EmitContext& ctx, const Spec& st, int i, const std::string
     case BroadcastKind::Scalar: return fmt::format("comfuse::epi::ScalarArg<{}>", slot(ctx, n.arg, path));
     case BroadcastKind::Row: return fmt::format("comfuse::epi::RowBroadcast<{}, {}>", slot(ctx, n.arg, path), cpp_type(a.dtype));
     case BroadcastKind::Col: return fmt::format("comfuse::epi::ColBroadcast<{}, {}>", slot(ctx, n.arg, path), cpp_type(a.dtype));
+    case BroadcastKind::Tile: return fmt::format("comfuse::epi::TileInput<{}, {}>", slot(ctx, n.arg, path), cpp_type(a.dtype));
   }
   return "";
 }
@@ -99,9 +100,8 @@ std::string placeholder(EmitContext&, const Spec& st, int i, const std::string&)
 std::string store(EmitContext& ctx, const Spec& st, int i, const std::string& path) {
   const SpecNode& n = node_at(st, i);
   const RuntimeArg& a = ctx.spec.args.at(static_cast<size_t>(n.arg));
-  if (a.value_class != ValueClass::Tile)
-    throw Error(fmt::format("{}: node n{} stores '{}', a per-row [M, 1] value: the device epilogue stores full tiles only",
-                            path, i, a.name));
+  if (a.value_class == ValueClass::Col)
+    return fmt::format("comfuse::epi::StoreCol<{}, {}{}>", slot(ctx, n.arg, path), cpp_type(a.dtype), operands(n));
   return fmt::format("comfuse::epi::Store<{}, {}{}>", slot(ctx, n.arg, path), cpp_type(a.dtype), operands(n));
 }
 

@@ -57,6 +57,7 @@ class SpecExec {
       if (a.role == ArgRole::Scalar) expect(1, 1);
       if (a.role == ArgRole::RowVector) expect(1, N_);
       if (a.role == ArgRole::ColVector) expect(M_, 1);
+      if (a.role == ArgRole::TileInput) expect(M_, N_);
     }
   }
 
@@ -122,9 +123,10 @@ class SpecExec {
       switch (n.category) {
         case NodeCategory::AccEntry: v[ui] = acc_; cls[ui] = ValueClass::Tile; break;
         case NodeCategory::Broadcast: {
-          const ValueClass want = n.broadcast == BroadcastKind::Row   ? ValueClass::Row
-                                  : n.broadcast == BroadcastKind::Col ? ValueClass::Col
-                                                                      : ValueClass::Scalar;
+          const ValueClass want = n.broadcast == BroadcastKind::Row    ? ValueClass::Row
+                                  : n.broadcast == BroadcastKind::Col  ? ValueClass::Col
+                                  : n.broadcast == BroadcastKind::Tile ? ValueClass::Tile
+                                                                       : ValueClass::Scalar;
           cls[ui] = want;
           if (n.arg < 0) {
             if (n.broadcast != BroadcastKind::Scalar) fail(path, i, "a row/col broadcast needs an argument");
@@ -132,9 +134,10 @@ class SpecExec {
             break;
           }
           const RuntimeArg& a = arg(path, i, n.arg);
-          const ArgRole role = want == ValueClass::Row   ? ArgRole::RowVector
-                               : want == ValueClass::Col ? ArgRole::ColVector
-                                                         : ArgRole::Scalar;
+          const ArgRole role = want == ValueClass::Row    ? ArgRole::RowVector
+                               : want == ValueClass::Col  ? ArgRole::ColVector
+                               : want == ValueClass::Tile ? ArgRole::TileInput
+                                                          : ArgRole::Scalar;
           if (a.role != role)
             fail(path, i, fmt::format("broadcast of '{}' expects a {} argument, it is a {}", a.name, name_of(role),
                                       name_of(a.role)));

@@ -57,8 +57,10 @@ fs::path kernels_dir_of(const JitOptions& opt) {
 
 // Flags both compilers share, in key order. -DNDEBUG is not optional: CUTLASS's device
 // asserts are extern calls inside the wgmma pipeline and make ptxas serialize every wgmma.
+// C++20: the kernel takes its KernelConfig (kernels/comfuse/config.cuh) as a class-type
+// template argument, written with designated initializers.
 std::vector<std::string> common_flags(const KernelSource& src, const JitOptions& opt) {
-  std::vector<std::string> f = {"-std=c++17", "-DNDEBUG"};
+  std::vector<std::string> f = {"-std=c++20", "-DNDEBUG"};
   if (opt.fast_math) f.push_back("--use_fast_math");
   f.push_back("-I" + kernels_dir_of(opt).string());
   for (const std::string& d : toolkit_include_dirs()) f.push_back("-I" + d);

@@ -5,14 +5,15 @@
 //      its op is in the domain (unary, binary, cast, last-dim reduction), one operand
 //      comes from the region, every other operand is a leaf Φ can broadcast (literal
 //      -> scalar, rank-0 input -> runtime scalar, [N] -> row vector, [M, 1] -> column
-//      vector) and its own shape is a tile [M, N] or a per-row column [M, 1]. Anything
+//      vector, [M, N] -> a tile input loaded with the accumulator's tile) and its own shape
+//      is a tile [M, N] or a per-row column [M, 1]. Anything
 //      else stays outside with the reason recorded.
 //   2. Staging: reductions, in topological order, are stage terminals r_0..r_{L-1};
 //      r_i's statistic exists from stage i+1. Elementwise nodes are placed as late as
 //      their consumers allow (fewer live registers), never before their inputs exist.
 //      A value defined in stage s and used in stage t > s is carried through stages
 //      s+1..t by Bypass placeholders: computed once, never recomputed.
-//   3. Emission: stage s+1 is the PostOp (nested spec) of r_s; leaves are
+//   3. Building the spec: stage s+1 is the PostOp (nested spec) of r_s; leaves are
 //      re-broadcast in each stage that reads them (a broadcast is a load, not a value
 //      worth carrying).
 #include "comfuse/lower.h"
@@ -113,9 +114,9 @@ class Lowering {
       if (depends_on_gemm_[in])
         return fmt::format("operand '{}' comes from outside this GEMM's epilogue ({})", leaf.name,
                            region_of_[in] == kNoRegion ? "an unfused node" : "another GEMM region");
-      auto lc = classify(leaf.shape, mm.shape[0], mm.shape[1]);
-      if (!lc || *lc == ValueClass::Tile)
-        return fmt::format("operand '{}' of shape {} is not a scalar, row vector [N] or column vector [M, 1]",
+      if (!classify(leaf.shape, mm.shape[0], mm.shape[1]))
+        return fmt::format("operand '{}' of shape {} is not a scalar, a row vector [N], a column vector [M, 1] or "
+                           "a tile [M, N] of this GEMM's output",
                            leaf.name, to_string(leaf.shape));
     }
     return "";
@@ -247,10 +248,10 @@ class Lowering {
     }
   }
 
-  // --- emission ------------------------------------------------------------------------
-  struct Emitter {
+  // --- building the spec ----------------------------------------------------------------
+  // The runtime-argument table A of the spec being built: one argument per graph leaf.
+  struct ArgTable {
     FusionSpec& fs;
-    const Graph& g;
     std::map<int, int> arg_of_node;  // graph id -> arg index (leaves)
 
     int leaf_arg(const Node& leaf, ArgRole role) {
@@ -279,9 +280,9 @@ class Lowering {
     fs.m = mm.shape[0];
     fs.n = mm.shape[1];
     fs.k = a.shape[1];
-    Emitter em{fs, g_, {}};
-    em.leaf_arg(a, ArgRole::OperandA);
-    em.leaf_arg(g_.node(mm.inputs[1]), ArgRole::OperandB);
+    ArgTable args{fs, {}};
+    args.leaf_arg(a, ArgRole::OperandA);
+    args.leaf_arg(g_.node(mm.inputs[1]), ArgRole::OperandB);
 
     const Staging st = stage_region(r);
     const int L = static_cast<int>(st.reductions.size());
@@ -350,13 +351,15 @@ class Lowering {
           b.broadcast = BroadcastKind::Scalar;
           b.literal = leaf.value;
         } else {
-          b.broadcast = b.value_class == ValueClass::Row   ? BroadcastKind::Row
-                        : b.value_class == ValueClass::Col ? BroadcastKind::Col
-                                                           : BroadcastKind::Scalar;
-          const ArgRole role = b.broadcast == BroadcastKind::Row   ? ArgRole::RowVector
-                               : b.broadcast == BroadcastKind::Col ? ArgRole::ColVector
-                                                                   : ArgRole::Scalar;
-          b.arg = em.leaf_arg(leaf, role);
+          b.broadcast = b.value_class == ValueClass::Row    ? BroadcastKind::Row
+                        : b.value_class == ValueClass::Col  ? BroadcastKind::Col
+                        : b.value_class == ValueClass::Tile ? BroadcastKind::Tile
+                                                            : BroadcastKind::Scalar;
+          const ArgRole role = b.broadcast == BroadcastKind::Row    ? ArgRole::RowVector
+                               : b.broadcast == BroadcastKind::Col  ? ArgRole::ColVector
+                               : b.broadcast == BroadcastKind::Tile ? ArgRole::TileInput
+                                                                    : ArgRole::Scalar;
+          b.arg = args.leaf_arg(leaf, role);
         }
         return leaf_here[in] = add(b);
       };

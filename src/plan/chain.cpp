@@ -77,10 +77,12 @@ ChainInfo analyze_chain(const FusionSpec& s) {
   info.stages_in_chain = std::max(1, s.stage_count());
   info.mean_variance_pairs = s.pair_count(PairKind::MeanVariance);
   info.max_exp_sum_pairs = s.pair_count(PairKind::MaxExpSum);
+  for (const RuntimeArg& a : s.args)
+    if (a.role == ArgRole::TileInput) info.tile_input_bytes_per_element += static_cast<int64_t>(size_of(a.dtype));
   const std::vector<StageRef> stages = collect_stages(s);
   for (const StageRef& st : stages) {
     int bypass_tiles = 0;
-    std::pair<int, int> storage{0, 0};
+    ChainInfo::StageStorage storage;
     for (const SpecNode& n : st.spec->nodes) {
       info.ops_per_element += node_cost(s, n);
       if (n.category == NodeCategory::Placeholder && n.placeholder == PlaceholderKind::Bypass &&
@@ -88,18 +90,19 @@ ChainInfo analyze_chain(const FusionSpec& s) {
         ++bypass_tiles;
       if (n.category == NodeCategory::Store && n.arg >= 0 && n.arg < static_cast<int>(s.args.size()) &&
           s.args[static_cast<size_t>(n.arg)].value_class == ValueClass::Tile) {
+        const int bytes = static_cast<int>(size_of(s.args[static_cast<size_t>(n.arg)].dtype));
         info.has_tile_output = true;
-        info.max_out_bytes = std::max(info.max_out_bytes,
-                                      static_cast<int>(size_of(s.args[static_cast<size_t>(n.arg)].dtype)));
-        info.store_bytes_per_row_of_64 += 64 * static_cast<int>(size_of(s.args[static_cast<size_t>(n.arg)].dtype));
-        storage.first += 64 * static_cast<int>(size_of(s.args[static_cast<size_t>(n.arg)].dtype));
+        info.max_out_bytes = std::max(info.max_out_bytes, bytes);
+        storage.store_bytes_per_row_of_64 += 64 * bytes;
       }
-      if (n.category == NodeCategory::Broadcast && n.broadcast == BroadcastKind::Row) {
-        ++info.row_broadcasts;
-        ++storage.second;
+      if (n.category == NodeCategory::Broadcast && n.broadcast == BroadcastKind::Row) ++storage.row_broadcasts;
+      if (n.category == NodeCategory::Broadcast && n.broadcast == BroadcastKind::Tile) {
+        storage.tile_input_elem_bytes += static_cast<int>(size_of(s.args.at(static_cast<size_t>(n.arg)).dtype));
+        ++storage.tile_inputs;
       }
     }
     info.live_tile_values = std::max(info.live_tile_values, bypass_tiles);
+    info.carries_tile = info.carries_tile || bypass_tiles > 0;
     info.stage_storage.push_back(storage);
     // Stage-1 values that stage 2 takes by bypass: the stash set. Anything later stages
     // need is an elementwise function of these, the statistics and broadcasts.
@@ -142,7 +145,10 @@ std::string node_label(const FusionSpec& s, const Spec& stage, int index) {
     case NodeCategory::Broadcast:
       if (n.arg < 0) return fmt::format("{:g}", n.literal);
       return fmt::format("{}[{}]", arg_name(n.arg),
-                         n.broadcast == BroadcastKind::Row ? "row" : n.broadcast == BroadcastKind::Col ? "col" : "scalar");
+                         n.broadcast == BroadcastKind::Row    ? "row"
+                         : n.broadcast == BroadcastKind::Col  ? "col"
+                         : n.broadcast == BroadcastKind::Tile ? "tile"
+                                                              : "scalar");
     case NodeCategory::Compute:
       if (n.compute == ComputeKind::Cast) return fmt::format("cast<{}>({})", name_of(n.cast_to), ops());
       if (n.compute == ComputeKind::Unary) return fmt::format("{}({})", name_of(n.unary), ops());

@@ -44,8 +44,8 @@ std::string to_dot(const FusionSpec& s, const Plan& p) {
       "{}: M={} N={} K={}\\ltile {}x{}x{}, {} stages, cluster 1x{}, {} N-tile(s)/CTA\\lstrategy {}, "
       "aggregation {}\\lSMEM {} of {} (unified reduction buffer {})\\lest {:.1f} us\\l"
       "legend: solid = operand, dashed = bypass, bold blue = reduction -> PostOp\\l",
-      esc(s.name), p.problem.m, p.problem.n, p.problem.k, p.tile_m, p.tile_n, p.tile_k, p.stages, p.cluster_n,
-      p.n_tiles_per_cta, name_of(p.strategy), name_of(p.aggregation), plan_detail::fmt_bytes(p.smem.total()),
+      esc(s.name), p.problem.m, p.problem.n, p.problem.k, p.kernel.tile_m, p.kernel.tile_n, Sm90::kTileK, p.kernel.ring_stages, p.kernel.cluster_n,
+      p.kernel.n_tiles, name_of(p.strategy()), name_of(p.kernel.aggregation), plan_detail::fmt_bytes(p.smem.total()),
       plan_detail::fmt_bytes(p.smem_limit), plan_detail::fmt_bytes(p.smem.reduction_buffer), p.estimate.total_us);
   o += fmt::format("  label=\"{}\";\n", summary);
 

@@ -58,35 +58,35 @@ std::string explain(const FusionSpec& s, const Plan& p) {
   o += fmt::format("plan for fusion '{}'\n", s.name);
   o += fmt::format("  problem      M={} N={} K={}, A/B {}, B layout {}\n", pr.m, pr.n, pr.k, name_of(pr.ab_dtype),
                    s.b_layout == BLayout::NK ? "nk (N x K)" : "kn (K x N)");
-  o += fmt::format("  tiles        {}x{}x{} ({}), {} x {} = {} tiles\n", p.tile_m, p.tile_n, p.tile_k,
-                   p.wgs_per_tile == 1 ? "PingPong: one consumer warp group per tile"
+  o += fmt::format("  tiles        {}x{}x{} ({}), {} x {} = {} tiles\n", p.kernel.tile_m, p.kernel.tile_n, Sm90::kTileK,
+                   p.kernel.wgs_per_tile == 1 ? "PingPong: one consumer warp group per tile"
                                        : "cooperative: both consumer warp groups on one tile",
                    p.tiles_m, p.tiles_n, p.tiles_m * p.tiles_n);
   o += fmt::format("  grid         persistent, {} CTAs = {} cluster(s) of {}x{} ({} resident at most, {} SMs "
                    "busy); {} job(s)\n",
-                   p.grid_ctas, p.grid_ctas / std::max(1, p.cluster_n * p.cluster_m), p.cluster_m, p.cluster_n,
+                   p.grid_ctas, p.grid_ctas / std::max(1, p.kernel.cluster_n * p.kernel.cluster_m), p.kernel.cluster_m, p.kernel.cluster_n,
                    p.clusters_resident, p.ctas_busy, p.jobs);
   o += fmt::format("  cluster      {}x{} (C_N = {}), {} N-tile(s) per CTA, multicast A: {}, multicast B: {}, raster "
-                   "{} x {}\n", p.cluster_m, p.cluster_n, p.cluster_n, p.n_tiles_per_cta, p.multicast_a ? "yes" : "no",
-                   p.cluster_m > 1 ? "yes" : "no", p.raster_group, p.raster_along_n ? "N-blocks" : "M-blocks");
-  if (p.row_group > 1)
-    o += fmt::format("  row group    {} clusters share each row ({} CTAs along N), partials meet in L2\n", p.row_group,
-                     p.row_group * p.cluster_n);
-  std::string strat(name_of(p.strategy));
-  if (p.strategy == RowStrategy::Stash || p.strategy == RowStrategy::GlobalReread) {
+                   "{} x {}\n", p.kernel.cluster_m, p.kernel.cluster_n, p.kernel.cluster_n, p.kernel.n_tiles, (p.kernel.cluster_n > 1) ? "yes" : "no",
+                   p.kernel.cluster_m > 1 ? "yes" : "no", p.raster_group, p.raster_along_n ? "N-blocks" : "M-blocks");
+  if (p.kernel.row_group > 1)
+    o += fmt::format("  row group    {} clusters share each row ({} CTAs along N), partials meet in L2\n", p.kernel.row_group,
+                     p.kernel.row_group * p.kernel.cluster_n);
+  std::string strat(name_of(p.strategy()));
+  if (p.strategy() == RowStrategy::SmemStash || p.strategy() == RowStrategy::WorkspaceStash) {
     std::string vals;
     for (const std::string& v : p.stashed) vals += (vals.empty() ? "" : ", ") + v;
-    strat += fmt::format(" ({} {}{})", p.stash_elem_bytes == 2 ? "bf16" : "fp32", vals.empty() ? "nothing" : vals,
-                         p.strategy == RowStrategy::GlobalReread ? ", workspace " + fmt_bytes(p.workspace_bytes) : "");
+    strat += fmt::format(" ({} {}{})", p.kernel.stash_elem_bytes == 2 ? "bf16" : "fp32", vals.empty() ? "nothing" : vals,
+                         p.strategy() == RowStrategy::WorkspaceStash ? ", workspace " + fmt_bytes(p.workspace_bytes) : "");
   }
   o += fmt::format("  strategy     {}\n", strat);
-  o += fmt::format("  aggregation  {}{}\n", name_of(p.aggregation),
+  o += fmt::format("  aggregation  {}{}\n", name_of(p.kernel.aggregation),
                    p.fused_pairs.mean_variance && p.fused_pairs.max_exp_sum ? "; paired reductions in one round"
                    : p.fused_pairs.mean_variance ? "; mean and variance in one round"
                    : p.fused_pairs.max_exp_sum   ? "; max and sum of exp in one round"
                                                  : "");
-  o += fmt::format("  pipeline     {} stages, {}, {} consumer warp groups\n", p.stages,
-                   p.wgs_per_tile == 1 ? "PingPong" : "cooperative", p.consumer_warp_groups);
+  o += fmt::format("  pipeline     {} stages, {}, {} consumer warp groups\n", p.kernel.ring_stages,
+                   p.kernel.wgs_per_tile == 1 ? "PingPong" : "cooperative", Sm90::kConsumerWGs);
   o += fmt::format("  estimate     {:.1f} us (mainloop {:.1f}, exposed epilogue {:.1f}, reread {:.1f}, DRAM floor "
                    "{:.1f})\n",
                    p.estimate.total_us, p.estimate.mainloop_us, p.estimate.epilogue_us, p.estimate.reread_us,
@@ -102,31 +102,31 @@ std::string explain(const FusionSpec& s, const Plan& p) {
   };
   o += "SMEM budget (per CTA):\n";
   row("mainloop ring", b.mainloop_ring,
-      fmt::format("{} stages x ({}x{} A + {}x{} B) x {} B, one ring shared by both consumer WGs", p.stages, p.tile_m,
-                  p.tile_k, p.tile_n, p.tile_k, ab));
+      fmt::format("{} stages x ({}x{} A + {}x{} B) x {} B, one ring shared by both consumer WGs", p.kernel.ring_stages, p.kernel.tile_m,
+                  Sm90::kTileK, p.kernel.tile_n, Sm90::kTileK, ab));
   std::string red;
   if (p.reductions == 0) red = "no reduction";
-  else if (p.aggregation == AggregationMode::Global)
+  else if (p.kernel.aggregation == Aggregation::L2Exchange)
     red = fmt::format("none on chip: the {} CTAs of a row group exchange partials through an L2 workspace "
                       "(2 phases x {} peers x 2 x {} rows x 8-byte tagged words per WG slot), reused by all {} "
                       "reduction(s)",
-                      p.row_group, p.row_group, p.tile_m / p.wgs_per_tile, p.reductions);
-  else if (p.cluster_n == 1) red = "C_N = 1: rows reduce by warp shuffles, nothing crosses a CTA";
+                      p.kernel.row_group, p.kernel.row_group, p.kernel.tile_m / p.kernel.wgs_per_tile, p.reductions);
+  else if (p.kernel.cluster_n == 1) red = "C_N = 1: rows reduce by warp shuffles, nothing crosses a CTA";
   else
     red = fmt::format("2 WGs x 2 phases x {} slots x {} rows x 4 B ({}), ONE buffer reused by all {} reduction(s)",
-                      p.cluster_n, p.tile_m / p.wgs_per_tile,
-                      p.aggregation == AggregationMode::LeaderFollower
+                      p.kernel.cluster_n, p.kernel.tile_m / p.kernel.wgs_per_tile,
+                      p.kernel.aggregation == Aggregation::LeaderFollower
                           ? "leader uses C_N slots, followers 1; every CTA reserves the leader's size"
                           : "peer-to-peer: one slot per peer",
                       p.reductions);
   row("unified reduction buffer", b.reduction_buffer, red);
   row("stash", b.stash,
-      p.strategy == RowStrategy::Stash && b.stash > 0
-          ? fmt::format("2 WGs x {} earlier tile(s) x {}x{} x {} value(s) x {} B", p.n_tiles_per_cta - 1, p.tile_m,
-                        p.tile_n, p.stashed.size(), p.stash_elem_bytes)
+      p.strategy() == RowStrategy::SmemStash && b.stash > 0
+          ? fmt::format("2 WGs x {} earlier tile(s) x {}x{} x {} value(s) x {} B", p.kernel.n_tiles - 1, p.kernel.tile_m,
+                        p.kernel.tile_n, p.stashed.size(), p.kernel.stash_elem_bytes)
           : "-");
   row("store buffer", b.store_buffer,
-      fmt::format("2 WGs x ({}x{} staging sub-tile per output + row vectors) + 1 KiB base alignment", p.tile_m,
+      fmt::format("2 WGs x ({}x{} staging sub-tile per output + row vectors) + 1 KiB base alignment", p.kernel.tile_m,
                   p.store_subtile_n));
   row("barriers", b.barriers, "mbarriers: ring, reduction channel per WG and phase, PingPong order, store");
   row("total", b.total(), fmt::format("of {} ({} free)", fmt_bytes(p.smem_limit), fmt_bytes(p.smem_limit - b.total())));

@@ -1,9 +1,10 @@
 #pragma once
-// Shared by planner.cpp, explain.cpp and dot.cpp: what the planner needs to know about a
-// spec's stage chain, and short node labels for the human-facing printers.
+// Shared by the planner's steps (planner.cpp and the files it names): what the planner knows
+// about a spec's stage chain, the candidate a decider proposes, and the printers' helpers.
 #include <string>
 #include <vector>
 
+#include "calibration.h"
 #include "comfuse/plan.h"
 #include "comfuse/spec.h"
 
@@ -13,7 +14,7 @@ namespace comfuse::plan_detail {
 struct StageRef {
   const Spec* spec = nullptr;
   int depth = 0;
-  int parent = -1;          // index into the stage list, -1 for the root
+  int parent = -1;            // index into the stage list, -1 for the root
   int parent_reduction = -1;  // node index (in the parent) of the reduction whose PostOp this is
 };
 std::vector<StageRef> collect_stages(const FusionSpec& s);
@@ -28,20 +29,28 @@ struct ChainInfo {
   // Largest number of Tile-class Bypass placeholders entering any stage: tile-sized
   // register values that must survive a reduce phase (the accumulator counts as one).
   int live_tile_values = 1;
+  // Whether any stage boundary carries a tile-shaped value: a job of several N-tiles then
+  // keeps it for its earlier tiles (a stash).
+  bool carries_tile = false;
   // Tile-class values of stage 1 bypassed into stage 2: what a CTA walking several
-  // N-tiles must keep for its earlier tiles (later stages recompute from these).
+  // N-tiles keeps for its earlier tiles (later stages recompute from these).
   std::vector<int> stash_nodes;  // node indices in the root stage
   std::vector<std::string> stash_names;
   // Epilogue instructions per tile element, summed over every stage (cost model).
   double ops_per_element = 0;
   bool has_tile_output = false;
   int max_out_bytes = 0;  // widest stored Tile output element
-  // What the epilogue stages in SMEM per consumer WG (kernels/comfuse/epilogue/nodes.cuh):
-  // each Store node a tile_m x 64 subtile of its dtype, each RowBroadcast tile_n floats.
-  int store_bytes_per_row_of_64 = 0;  // sum over Store nodes of 64 * sizeof(dtype)
-  int row_broadcasts = 0;
-  // The same per stage: each stage's epilogue storage is its own 1024-aligned block.
-  std::vector<std::pair<int, int>> stage_storage;  // (store bytes per row of 64, row broadcasts)
+  // What each stage keeps in SMEM per consumer WG (kernels/comfuse/epilogue/nodes.cuh): each
+  // Store node a rows x 64 staging subtile of its dtype, each TileInput its rows x tile_n tile
+  // (and an mbarrier), each RowBroadcast tile_n floats.
+  struct StageStorage {
+    int store_bytes_per_row_of_64 = 0;  // sum over Store nodes of 64 * sizeof(dtype)
+    int tile_input_elem_bytes = 0;      // sum over TileInput nodes of sizeof(dtype)
+    int tile_inputs = 0;
+    int row_broadcasts = 0;
+  };
+  int64_t tile_input_bytes_per_element = 0;  // the [M, N] inputs the kernel reads, once each (DRAM model)
+  std::vector<StageStorage> stage_storage;
 };
 ChainInfo analyze_chain(const FusionSpec& s);
 
@@ -52,25 +61,76 @@ std::string value_name(const Spec& stage, int index);
 
 std::string fmt_bytes(int64_t bytes);  // "40.0 KiB"
 
-// Whether the options ask for a row-group plan (cluster_m, row_group, aggregation global).
-bool row_groups_forced(const PlanOptions& opt);
-// Which paired reductions share one exchange round (row_groups.cpp): where one N-tile per CTA
-// and the row meets in L2 or in one CTA, every pair when forced (PlanOptions::fuse_pairs), else
-// every pair where a round is saved (row_peers > 1) and the epilogue hides behind the other
-// consumer's next job (>= 2 jobs per CTA).
-OneRoundPairs fuse_pairs(const ChainInfo& chain, const PlanOptions& opt, int64_t n_tiles, int64_t jobs_per_cta,
-                         AggregationMode agg, int row_peers);
+inline int64_t ceil_div64(int64_t a, int64_t b) { return (a + b - 1) / b; }
+// A calibration table's value at `key`: the largest entry <= key, else the smallest.
+inline double lookup(const std::map<int, double>& m, int key) {
+  if (m.empty()) return 1.0;
+  auto it = m.upper_bound(key);
+  if (it == m.begin()) return it->second;
+  return std::prev(it)->second;
+}
 
-// Row reductions over row groups of clusters along M (row_groups.cpp): the work division
-// priced per candidate, cheapest first. The planner takes the first whose SMEM budget fits.
-struct RowGroupChoice {
-  int tile_m = 0, tile_n = 0, cluster_m = 1, row_group = 1, stash_elem = 0, ab_bytes = 2;
-  int64_t n_tiles = 1, jobs = 0, groups = 0;
-  double mainloop_us = 0, tail_us = 0, exchange_us = 0, est_us = 0;
+// A configuration a decider proposes: the kernel it would build and what the planner knows
+// about running it.
+struct Candidate {
+  KernelConfig k;
+  int max_ring_stages = 8;
+  int raster_group = 8;
+  bool raster_along_n = false;
+  int regs = 0;                 // consumer register estimate
+  int64_t tiles_m = 0, tiles_n = 0, jobs = 0;
+  int resident = 0;             // clusters the grid holds
+  int64_t workspace = 0;        // WorkspaceStash: bytes of the global stash
+  PlanEstimate est;
+  std::string why;              // a measured or model-specific account, for the reasons
+  RowStrategy strategy() const;
   std::string describe() const;
 };
-std::vector<RowGroupChoice> row_group_candidates(const Problem& p, const ChainInfo& chain, const DeviceModel& dev,
-                                                 const PlannerTunables& tun, const PlanOptions& opt);
+
+// Step "storage": one consumer WG's epilogue SMEM as the kernel lays it out (every stage's node
+// storage, 1024-aligned blocks, then the DSMEM channel), and the deepest ring that fits beside
+// it and the stash. False (with the reason recorded by the caller) when not even two ring
+// stages fit.
+int epilogue_smem_bytes(const ChainInfo& chain, const KernelConfig& k);
+bool fit_ring(Candidate& c, const ChainInfo& chain, const DeviceModel& dev);
+// KernelConfig::smem_bytes() broken down for explain.
+SmemBudget smem_budget(const KernelConfig& k);
+
+// Why candidates died, for the error when nothing fits: per kind, the first example and a count.
+struct Rejections {
+  std::vector<std::pair<std::string, std::pair<std::string, int>>> kinds;
+  void add(const std::string& kind, std::string why);
+  std::string str() const;
+};
+
+struct Request {
+  const FusionSpec& spec;
+  const Problem& p;
+  const DeviceModel& dev;
+  const PlannerTunables& tun;
+  const PlanOptions& opt;
+  const ChainInfo& chain;
+};
+
+// Step "decide": one decider per plan kind proposes candidates (with storage fitted and their
+// estimate), cheapest first where the kind has a model of its own.
+//   elementwise  (decide_elementwise.cpp)  no row reduction: measured configurations per shape class
+//   row groups   (decide_row_groups.cpp)   the row's CTAs are clusters along M meeting in L2
+//   DSMEM        (decide_cluster.cpp)      one cluster along N covers the row (the paper's path)
+std::vector<Candidate> decide_elementwise(const Request& r, Rejections& why);
+std::vector<Candidate> decide_row_groups(const Request& r, Rejections& why);
+std::vector<Candidate> decide_cluster(const Request& r, Rejections& why);
+// The DSMEM search's cost model, also the DRAM floor of every kind (decide_cluster.cpp).
+void estimate_cluster(Candidate& c, const Request& r);
+
+// Whether the options ask for a row-group plan (cluster_m, row_group, aggregation L2Exchange).
+bool row_groups_forced(const PlanOptions& opt);
+// Which paired reductions share one exchange round: where one N-tile per CTA and the row meets
+// in L2 or in one CTA, every pair when forced (PlanOptions::fuse_pairs), else every pair where
+// a round is saved (row_peers > 1) and the epilogue hides behind the other consumer's next job
+// (>= 2 jobs per CTA).
+OneRoundPairs fuse_pairs(const ChainInfo& chain, const PlanOptions& opt, int64_t n_tiles, int64_t jobs_per_cta,
+                         Aggregation agg, int row_peers);
 
 // Fills plan.reasons: one line per choice (reasons.cpp). `unforced` describes what the
 // model would have picked without the forced options ("" when nothing was forced).

@@ -20,45 +20,45 @@ void add_reasons(Plan& plan, const ChainInfo& chain, const DeviceModel& dev, con
                  const PlanOptions& opt, const std::string& unforced) {
   auto& r = plan.reasons;
   const Problem& p = plan.problem;
-  const int64_t peers = int64_t{plan.cluster_n} * plan.row_group;  // CTAs that share a row
-  const int64_t covered = peers * plan.tile_n * plan.n_tiles_per_cta;
+  const int64_t peers = int64_t{plan.kernel.cluster_n} * plan.kernel.row_group;  // CTAs that share a row
+  const int64_t covered = peers * plan.kernel.tile_n * plan.kernel.n_tiles;
   const std::string ab = std::string(name_of(p.ab_dtype));
 
   if (!plan.measured_config.empty())
-    r.push_back("configuration chosen outside the general cost model: " + plan.measured_config);
-  if (plan.wgs_per_tile == 2)
+    r.push_back("why this configuration: " + plan.measured_config);
+  if (plan.kernel.wgs_per_tile == 2)
     r.push_back(fmt::format("tile {}x{}x{}: cooperative, the {} consumer warp groups split one tile's rows ({} each); "
                             "the epilogue is not overlapped with a mainloop, which measured cheaper than PingPong's "
-                            "smaller tiles at this size", plan.tile_m, plan.tile_n, plan.tile_k,
-                            plan.consumer_warp_groups, plan.tile_m / 2));
+                            "smaller tiles at this size", plan.kernel.tile_m, plan.kernel.tile_n, Sm90::kTileK,
+                            Sm90::kConsumerWGs, plan.kernel.tile_m / 2));
   else r.push_back(fmt::format(
       "tile {}x{}x{}: PingPong, each of the {} consumer warp groups owns a {}x{} accumulator "
       "(~{} registers/thread with {} live tile value(s), limit {}); tile_k {} = one 128-byte {} row per TMA box",
-      plan.tile_m, plan.tile_n, plan.tile_k, plan.consumer_warp_groups, plan.tile_m, plan.tile_n,
-      plan.regs_per_thread, plan.live_tile_values, dev.consumer_regs_per_thread, plan.tile_k, ab));
+      plan.kernel.tile_m, plan.kernel.tile_n, Sm90::kTileK, Sm90::kConsumerWGs, plan.kernel.tile_m, plan.kernel.tile_n,
+      plan.regs_per_thread, plan.live_tile_values, Sm90::kConsumerRegs, Sm90::kTileK, ab));
 
   const std::string forced = opt.cluster_n ? " (forced)" : "";
   if (plan.reductions == 0) {
     r.push_back(fmt::format("cluster {}x{}{}: no reduction, so tiles finish alone; a cluster only buys operand "
                             "multicast (A along N, B along M) at the cost of lock-step ({} of {} SMs busy at this size)",
-                            plan.cluster_m, plan.cluster_n, forced, plan.ctas_busy, dev.sm_count));
-  } else if (plan.row_group > 1) {
+                            plan.kernel.cluster_m, plan.kernel.cluster_n, forced, plan.ctas_busy, dev.sm_count));
+  } else if (plan.kernel.row_group > 1) {
     r.push_back(fmt::format("cluster {}x1 along M (B multicast) in row groups of {}: {} clusters resident keep {} of "
                             "{} SMs busy; a row group's {} CTAs cover {} x {} x {} = {} columns of N = {}",
-                            plan.cluster_m, plan.row_group, plan.clusters_resident, plan.ctas_busy, dev.sm_count, peers,
-                            peers, plan.tile_n, plan.n_tiles_per_cta, covered, p.n));
+                            plan.kernel.cluster_m, plan.kernel.row_group, plan.clusters_resident, plan.ctas_busy, dev.sm_count, peers,
+                            peers, plan.kernel.tile_n, plan.kernel.n_tiles, covered, p.n));
     r.push_back(fmt::format("{} N-tile(s) per CTA: ceil(ceil(N / tile_n) / {} CTAs) = ceil({} / {})",
-                            plan.n_tiles_per_cta, peers, plan.tiles_n, peers));
+                            plan.kernel.n_tiles, peers, plan.tiles_n, peers));
   } else {
     r.push_back(fmt::format("cluster 1x{}{}: {} clusters resident keep {} of {} SMs busy; the cluster covers "
                             "{} x {} x {} = {} columns of N = {}",
-                            plan.cluster_n, forced, plan.clusters_resident, plan.ctas_busy, dev.sm_count,
-                            plan.cluster_n, plan.tile_n, plan.n_tiles_per_cta, covered, p.n));
+                            plan.kernel.cluster_n, forced, plan.clusters_resident, plan.ctas_busy, dev.sm_count,
+                            plan.kernel.cluster_n, plan.kernel.tile_n, plan.kernel.n_tiles, covered, p.n));
     r.push_back(fmt::format("{} N-tile(s) per CTA: ceil(ceil(N / tile_n) / C_N) = ceil({} / {})",
-                            plan.n_tiles_per_cta, plan.tiles_n, plan.cluster_n));
+                            plan.kernel.n_tiles, plan.tiles_n, plan.kernel.cluster_n));
   }
 
-  switch (plan.strategy) {
+  switch (plan.strategy()) {
     case RowStrategy::NoReduction:
       r.push_back("strategy no-reduction: elementwise epilogue only, every tile stores on its own");
       break;
@@ -67,26 +67,26 @@ void add_reasons(Plan& plan, const ChainInfo& chain, const DeviceModel& dev, con
                               "whole tile in registers through all {} stage(s)", peers, covered, p.n,
                               plan.stages_in_chain));
       break;
-    case RowStrategy::Stash:
+    case RowStrategy::SmemStash:
       if (plan.stashed.empty())
-        r.push_back(fmt::format("strategy stash: {} N-tiles per CTA, but later stages read only statistics, so "
-                                "nothing tile-sized is kept (0 B)", plan.n_tiles_per_cta));
+        r.push_back(fmt::format("strategy smem-stash: {} N-tiles per CTA, but later stages read only statistics, so "
+                                "nothing tile-sized is kept (0 B)", plan.kernel.n_tiles));
       else
         r.push_back(fmt::format(
-            "strategy stash: the {} earlier N-tile(s) of each row block keep stage 1's bypass values [{}] in SMEM "
+            "strategy smem-stash: the {} earlier N-tile(s) of each row block keep stage 1's bypass values [{}] in SMEM "
             "as {} per consumer WG ({} total, limit max_stash_bytes {}){}; later stages recompute from them",
-            plan.n_tiles_per_cta - 1, join(plan.stashed), plan.stash_elem_bytes == 2 ? "bf16" : "fp32",
+            plan.kernel.n_tiles - 1, join(plan.stashed), plan.kernel.stash_elem_bytes == 2 ? "bf16" : "fp32",
             fmt_bytes(plan.smem.stash), fmt_bytes(tun.max_stash_bytes),
-            plan.stash_elem_bytes == 2 ? " (bf16: fp32 did not fit or cost more; rounds them like the unfused "
+            plan.kernel.stash_elem_bytes == 2 ? " (bf16: fp32 did not fit or cost more; rounds them like the unfused "
                                          "path's bf16 intermediate would)"
                                        : ""));
       break;
-    case RowStrategy::GlobalReread:
+    case RowStrategy::WorkspaceStash:
       r.push_back(fmt::format(
-          "strategy global-reread: the {} earlier N-tile(s) per CTA do not fit on chip, so stage 1's bypass values "
+          "strategy workspace-stash: the {} earlier N-tile(s) per CTA do not fit on chip, so stage 1's bypass values "
           "[{}] go to a global {} workspace ({} for the jobs in flight, {}) and are re-read by each of the {} later "
           "stage(s)",
-          plan.n_tiles_per_cta - 1, join(plan.stashed), plan.stash_elem_bytes == 2 ? "bf16" : "fp32",
+          plan.kernel.n_tiles - 1, join(plan.stashed), plan.kernel.stash_elem_bytes == 2 ? "bf16" : "fp32",
           fmt_bytes(plan.workspace_bytes),
           double(plan.workspace_bytes) <= tun.l2_workspace_fraction * double(dev.l2_bytes)
               ? "stays in L2"
@@ -95,29 +95,29 @@ void add_reasons(Plan& plan, const ChainInfo& chain, const DeviceModel& dev, con
       break;
   }
 
-  switch (plan.aggregation) {
-    case AggregationMode::None:
+  switch (plan.kernel.aggregation) {
+    case Aggregation::None:
       r.push_back("aggregation none: no reduction crosses a CTA");
       break;
-    case AggregationMode::PeerToPeer:
-    case AggregationMode::LeaderFollower: {
-      const bool p2p = plan.aggregation == AggregationMode::PeerToPeer;
+    case Aggregation::PeerToPeer:
+    case Aggregation::LeaderFollower: {
+      const bool p2p = plan.kernel.aggregation == Aggregation::PeerToPeer;
       std::string why = opt.aggregation ? "forced by option"
-                        : p2p ? fmt::format("C_N = {} <= p2p_max_cluster = {}", plan.cluster_n, tun.p2p_max_cluster)
-                              : fmt::format("C_N = {} > p2p_max_cluster = {}", plan.cluster_n, tun.p2p_max_cluster);
-      if (plan.cluster_n == 1) why += "; C_N = 1: rows finish by warp shuffles, no DSMEM traffic";
+                        : p2p ? fmt::format("C_N = {} <= p2p_max_cluster = {}", plan.kernel.cluster_n, tun.p2p_max_cluster)
+                              : fmt::format("C_N = {} > p2p_max_cluster = {}", plan.kernel.cluster_n, tun.p2p_max_cluster);
+      if (plan.kernel.cluster_n == 1) why += "; C_N = 1: rows finish by warp shuffles, no DSMEM traffic";
       r.push_back(fmt::format("aggregation {}: {} (measured with TMA bulk copies + mbarriers: peer-to-peer took "
                               "0.18-0.61 us a round at C_N 2-16, leader-follower 0.34-0.76 us: no crossover up to 16)",
-                              name_of(plan.aggregation), why));
+                              name_of(plan.kernel.aggregation), why));
       break;
     }
-    case AggregationMode::Global:
+    case Aggregation::L2Exchange:
       r.push_back(fmt::format(
-          "aggregation global: the {} CTAs that share a row sit in {} different clusters (clusters of {}x1 along M, "
+          "aggregation l2: the {} CTAs that share a row sit in {} different clusters (clusters of {}x1 along M, "
           "B multicast) and exchange one fp32 per row and round through L2 in 8-byte words that carry "
           "their own round tag (cluster/global_exchange.cuh); a cluster along N could only multicast A, which left the 64x256 PingPong "
           "mainloop L2-bound at 1.53x cuBLAS (bench/NOTES.md), and 2-D clusters of 4 keep only 120 SMs busy",
-          plan.row_group * plan.cluster_n, plan.row_group, plan.cluster_m));
+          plan.kernel.row_group * plan.kernel.cluster_n, plan.kernel.row_group, plan.kernel.cluster_m));
       break;
   }
 
@@ -131,7 +131,7 @@ void add_reasons(Plan& plan, const ChainInfo& chain, const DeviceModel& dev, con
                 : !pair_fusable ? fmt::format("{}: two rounds; one round needs one N-tile per CTA and the L2 exchange or "
                                               "a single CTA per row",
                                               head)
-                : plan.cluster_n * plan.row_group == 1 ? fmt::format("{}: two rounds; one CTA per row has no round to save", head)
+                : plan.kernel.cluster_n * plan.kernel.row_group == 1 ? fmt::format("{}: two rounds; one CTA per row has no round to save", head)
                                                        : fmt::format("{}: two rounds; {}", head, why_not_default));
   };
   const std::string exposed =
@@ -145,27 +145,27 @@ void add_reasons(Plan& plan, const ChainInfo& chain, const DeviceModel& dev, con
             "max-and-sum-of-exp pair(s) (one round: each CTA sends its row max and the sum of exp about its own max, "
             "merged as online softmax does, S = sum_j S_j exp(max_j - max))",
             exposed);
-  r.push_back(plan.multicast_a
+  r.push_back((plan.kernel.cluster_n > 1)
                   ? fmt::format("multicast A: the {} CTAs of a cluster share the row block, one TMA load feeds all",
-                                plan.cluster_n)
-                  : plan.cluster_m > 1
+                                plan.kernel.cluster_n)
+                  : plan.kernel.cluster_m > 1
                       ? fmt::format("multicast B: the {} CTAs of a cluster share the column block, one TMA load feeds all",
-                                    plan.cluster_m)
+                                    plan.kernel.cluster_m)
                       : "no multicast: cluster of one");
-  r.push_back(fmt::format("{} pipeline stages: as many {}-byte ring stages as fit after the epilogue buffers "
+  r.push_back(fmt::format("{} ring stages: as many {}-byte ring stages as fit after the epilogue buffers "
                           "(range 2..8; both consumer WGs share one ring)",
-                          plan.stages, (plan.tile_m + plan.tile_n) * plan.tile_k * int(size_of(p.ab_dtype))));
+                          plan.kernel.ring_stages, (plan.kernel.tile_m + plan.kernel.tile_n) * Sm90::kTileK * int(size_of(p.ab_dtype))));
   r.push_back(fmt::format("SMEM {} of {}: the unified reduction buffer ({}) is sized by tile_m, C_N and the mode "
                           "only, not by the number of reductions (here {})",
                           fmt_bytes(plan.smem.total()), fmt_bytes(plan.smem_limit), fmt_bytes(plan.smem.reduction_buffer),
                           plan.reductions));
   r.push_back(fmt::format("persistent grid of {} CTAs: {} job(s) (row blocks{}) over {} resident cluster(s)",
                           plan.grid_ctas, plan.jobs, plan.reductions ? "" : " x N groups",
-                          plan.grid_ctas / std::max(1, plan.cluster_n * plan.cluster_m)));
+                          plan.grid_ctas / std::max(1, plan.kernel.cluster_n * plan.kernel.cluster_m)));
   const PlanEstimate& e = plan.estimate;
   r.push_back(fmt::format("estimate {:.1f} us = max(mainloop {:.1f} + exposed epilogue {:.1f}, DRAM floor {:.1f}) + "
-                          "reread {:.1f} (cost model in src/plan/planner.cpp; constants marked GUESS await GPU "
-                          "measurement)",
+                          "reread {:.1f} (the decider's cost model, src/plan/decide_*.cpp; constants marked GUESS in "
+                          "src/plan/calibration.h await GPU measurement)",
                           e.total_us, e.mainloop_us, e.epilogue_us, e.dram_floor_us, e.reread_us));
   if (!unforced.empty()) r.push_back("without the forced options the model would pick: " + unforced);
 }

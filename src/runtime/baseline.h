@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "comfuse/harness.h"
 #include "comfuse/runtime.h"
 
 namespace comfuse::runtime_detail {

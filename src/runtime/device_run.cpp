@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "comfuse/lower.h"
+#include "comfuse/harness.h"
 #include "comfuse/runtime.h"
 #include "baseline.h"
 
@@ -161,9 +162,10 @@ DeviceRunReport run_and_check(const Graph& g, const Bindings& dims, uint64_t see
     std::vector<char> host(o.bytes);
     check(cudaMemcpy(host.data(), o.ptr, o.bytes, cudaMemcpyDeviceToHost), "downloading outputs");
     const Tensor& ref = want.at(o.arg->name);
-    Tensor full;
-    full.shape = {prob.m, prob.n};
-    full.data.resize(static_cast<size_t>(prob.m * prob.n));
+    Tensor full;  // [M, N], or [M, 1] for a per-row output
+    const int64_t cols = o.arg->value_class == ValueClass::Col ? 1 : prob.n;
+    full.shape = {prob.m, cols};
+    full.data.resize(static_cast<size_t>(prob.m * cols));
     OutputCheck oc;
     oc.name = o.arg->name;
     oc.dtype = o.arg->dtype;

@@ -6,9 +6,10 @@
 
 #include <atomic>
 
-#include "comfuse/host/launch.hpp"
 #include "comfuse/lower.h"
 #include "comfuse/runtime.h"
+#include "comfuse/scheduler/grid.cuh"
+#include "launch.h"
 
 namespace comfuse {
 
@@ -16,10 +17,6 @@ namespace {
 
 void cuda_check(cudaError_t e, const std::string& what) {
   if (e != cudaSuccess) throw Error(fmt::format("{}: {}", what, cudaGetErrorString(e)));
-}
-
-host::DType host_dtype(DType t) {
-  return t == DType::BF16 ? host::DType::BF16 : t == DType::F16 ? host::DType::F16 : host::DType::F32;
 }
 
 std::string shape_str(const std::vector<int64_t>& s) {
@@ -55,12 +52,11 @@ struct FusedKernel::State {
   Plan plan;
   EmittedKernel emitted;
   CompiledKernel compiled;
-  host::KernelShape shape;
   cudaLibrary_t library = nullptr;
   cudaKernel_t kernel = nullptr;
   int max_clusters = 0;
-  void* stash = nullptr;  // global stash workspace (RowStrategy::GlobalReread), owned
-  void* exchange = nullptr;  // cross-cluster row exchange (AggregationMode::Global), owned, zeroed once
+  void* stash = nullptr;     // the stash workspace (StashSpace::Workspace), owned
+  void* exchange = nullptr;  // the L2 row exchange (Aggregation::L2Exchange), owned, zeroed once
   size_t exchange_bytes = 0;
   // Launch counter: tags the exchange's rounds (Params::epoch), so its flags are never reset.
   // A FusedKernel's workspaces serve one launch at a time: run it on one stream at a time.
@@ -96,7 +92,7 @@ std::vector<uint64_t> FusedKernel::trace() const {
 
 CompiledKernel compile_only(const FusionSpec& spec, const Problem& problem, const CompileOptions& opt,
                             EmittedKernel* emitted, Plan* plan) {
-  Plan p = make_plan(spec, problem, DeviceModel{}, opt.tunables, opt.plan);
+  Plan p = make_plan(spec, problem, opt.plan);
   EmittedKernel k = emit(spec, p);
   KernelSource src{spec.name, k.source, k.entry, {}};
   if (opt.trace) src.flags.push_back("-DCOMFUSE_TRACE");
@@ -117,40 +113,14 @@ FusedKernel FusedKernel::build(const FusionSpec& spec, const Problem& problem, c
   cuda_check(cudaLibraryLoadData(&st->library, st->compiled.cubin.data(), nullptr, nullptr, 0, nullptr, nullptr, 0),
              "loading the compiled kernel");
   cuda_check(cudaLibraryGetKernel(&st->kernel, st->library, st->emitted.entry.c_str()), "finding the kernel entry");
-  // The kernel's sizes, as COMFUSE_DEFINE_KERNEL exports them beside the entry point.
-  auto read_int = [&](const char* suffix, const char* what) {
-    void* sym = nullptr;
-    size_t bytes = 0;
-    cuda_check(cudaLibraryGetGlobal(&sym, &bytes, st->library, (st->emitted.entry + suffix).c_str()),
-               fmt::format("finding the kernel's {}", what));
-    int v = 0;
-    cuda_check(cudaMemcpy(&v, sym, sizeof(int), cudaMemcpyDeviceToHost), fmt::format("reading the kernel's {}", what));
-    return v;
-  };
-  const int smem = read_int("_smem_bytes", "SMEM size");
-  const int stash_per_cta = read_int("_stash_bytes_per_cta", "stash size");
-  const int exchange_per_slot = read_int("_exchange_bytes_per_slot", "exchange size");
-  st->shape.BM = st->plan.tile_m;
-  st->shape.BN = st->plan.tile_n;
-  st->shape.cluster_n = st->plan.cluster_n;
-  st->shape.cluster_m = st->plan.cluster_m;
-  st->shape.wgs_per_tile = st->plan.wgs_per_tile;
-  st->shape.b_kmajor = spec.b_layout == BLayout::NK;
-  st->shape.smem_bytes = smem;
-  st->shape.n_tiles = st->plan.n_tiles_per_cta;
-  st->shape.stash_bytes_per_cta = stash_per_cta;
-  st->shape.row_group = st->plan.row_group;
-  st->shape.exchange_bytes_per_slot = exchange_per_slot;
-  try {
-    st->max_clusters = host::prepare(reinterpret_cast<const void*>(st->kernel), st->shape);
-  } catch (const host::Error& e) {
-    throw Error(e.what());
-  }
-  // Earlier N-tiles' bypass values too big for SMEM live in a workspace sized for the
-  // persistent grid; it stays L2-resident when the plan said so (explain: workspace).
-  if (const size_t bytes = host::stash_workspace_bytes(st->shape, st->max_clusters); bytes > 0)
+  // Everything the launch needs comes from the plan's KernelConfig: the kernel was built from it.
+  const KernelConfig& kc = st->plan.kernel;
+  st->max_clusters = runtime_detail::prepare(st->kernel, kc);
+  // The stash a plan keeps in global memory lives in a workspace sized for the persistent grid;
+  // it stays L2-resident when the plan said so (explain: workspace).
+  if (const size_t bytes = static_cast<size_t>(stash_workspace_bytes(kc, st->max_clusters)); bytes > 0)
     cuda_check(cudaMalloc(&st->stash, bytes), fmt::format("allocating the {}-byte stash workspace", bytes));
-  if (const size_t bytes = host::exchange_workspace_bytes(st->shape, st->max_clusters); bytes > 0) {
+  if (const size_t bytes = static_cast<size_t>(exchange_workspace_bytes(kc, st->max_clusters)); bytes > 0) {
     cuda_check(cudaMalloc(&st->exchange, bytes), fmt::format("allocating the {}-byte row exchange workspace", bytes));
     st->exchange_bytes = bytes;
     cuda_check(cudaMemset(st->exchange, 0, bytes), "zeroing the row exchange workspace");
@@ -190,13 +160,12 @@ void FusedKernel::run(const RunArgs& args, Stream stream) const {
   if ((nk ? B.shape[1] : B.shape[0]) != K)
     throw Error(fmt::format("B '{}' is {} but A '{}' is {}: K differs", rb.name, shape_str(B.shape), ra.name, shape_str(A.shape)));
   if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX) throw Error("M, N and K must each fit in 32 bits");
-  // A row reduction is finished inside one cluster: a longer row would silently reduce
-  // per cluster (the kernel's kMaxReduceN).
-  const int64_t peers = int64_t{st.plan.cluster_n} * st.plan.row_group;
-  const int64_t row_cover = peers * st.plan.tile_n * st.plan.n_tiles_per_cta;
-  if (s.reduction_count() > 0 && N > row_cover)
-    throw Error(fmt::format("N = {} exceeds what this kernel's CTAs cover for a row reduction ({} CTAs x {} x {} tiles = {}); "
-                            "build the kernel for this N", N, peers, st.plan.tile_n, st.plan.n_tiles_per_cta, row_cover));
+  // A row reduction is finished by the CTAs that share a row: a longer row would silently
+  // reduce in pieces.
+  const KernelConfig& kc = st.plan.kernel;
+  if (kc.row_reduction && N > kc.row_cover())
+    throw Error(fmt::format("N = {} exceeds what this kernel's CTAs cover for a row reduction ({} CTAs x {} x {} tiles = "
+                            "{}); build the kernel for this N", N, kc.row_peers(), kc.tile_n, kc.n_tiles, kc.row_cover()));
 
   Params p{};
   p.stash = st.stash;
@@ -209,9 +178,9 @@ void FusedKernel::run(const RunArgs& args, Stream stream) const {
   }
   p.raster_group = st.plan.raster_group;
   p.raster_along_n = st.plan.raster_along_n ? 1 : 0;
-  try {
-    host::set_operands(p, st.shape, host_dtype(ra.dtype), A.data, A.ld ? A.ld : K, B.data,
-                       B.ld ? B.ld : B.shape[1], int(M), int(N), int(K));
+  runtime_detail::set_operands(p, kc, ra.dtype, A.data, A.ld ? A.ld : K, B.data, B.ld ? B.ld : B.shape[1], int(M),
+                               int(N), int(K));
+  {
     for (const ArgSlot& sl : st.emitted.slots) {
       const RuntimeArg& a = s.args.at(static_cast<size_t>(sl.arg));
       if (sl.kind == SlotKind::Scalar) {
@@ -227,17 +196,27 @@ void FusedKernel::run(const RunArgs& args, Stream stream) const {
           throw Error(fmt::format("{} '{}' has shape {}, expected {} elements ({})", name_of(a.role), a.name,
                                   shape_str(v.shape), want, a.role == ArgRole::RowVector ? "N" : "M"));
         p.vectors[sl.slot] = v.data;
-      } else if (sl.kind == SlotKind::Output) {
+      } else if (sl.kind == SlotKind::Output || sl.kind == SlotKind::TileInput) {
         const DeviceTensor& o = tensor(a);
         rank2(a, o);
         if (o.shape[0] != M || o.shape[1] != N)
-          throw Error(fmt::format("output '{}' has shape {}, expected [{}, {}]", a.name, shape_str(o.shape), M, N));
-        host::set_output(p, st.shape, sl.slot, host_dtype(a.dtype), o.data, o.ld ? o.ld : N);
+          throw Error(fmt::format("{} '{}' has shape {}, expected [{}, {}]", sl.kind == SlotKind::Output ? "output" : "input",
+                                  a.name, shape_str(o.shape), M, N));
+        if (sl.kind == SlotKind::Output) runtime_detail::set_output(p, kc, sl.slot, a.dtype, o.data, o.ld ? o.ld : N);
+        else runtime_detail::set_tile_input(p, kc, sl.slot, a.dtype, o.data, o.ld ? o.ld : N);
+      } else if (sl.kind == SlotKind::ColOutput) {
+        const DeviceTensor& o = tensor(a);
+        int64_t len = 1;
+        for (int64_t d : o.shape) len *= d;
+        if (len != M || o.shape.empty() || (o.shape.size() == 2 && o.shape[1] != 1) || (o.ld != 0 && o.ld != 1))
+          throw Error(fmt::format("per-row output '{}' has shape {}, expected [{}, 1] (contiguous)", a.name,
+                                  shape_str(o.shape), M));
+        if (reinterpret_cast<uintptr_t>(o.data) % size_of(a.dtype))
+          throw Error(fmt::format("per-row output '{}' is not aligned to its element size", a.name));
+        p.col_outputs[sl.slot] = o.data;
       }
     }
-    host::launch(reinterpret_cast<const void*>(st.kernel), st.shape, p, reinterpret_cast<cudaStream_t>(stream), st.max_clusters);
-  } catch (const host::Error& e) {
-    throw Error(e.what());
+    runtime_detail::launch(st.kernel, kc, p, reinterpret_cast<cudaStream_t>(stream), st.max_clusters);
   }
 }
 

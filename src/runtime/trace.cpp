@@ -13,6 +13,7 @@
 #include <numeric>
 
 #include "comfuse/debug/trace.cuh"
+#include "comfuse/harness.h"
 #include "comfuse/runtime.h"
 
 namespace comfuse {
@@ -53,8 +54,8 @@ struct Stats {
 
 std::string summarize_trace(const std::vector<uint64_t>& w, const Plan& plan, std::string* csv) {
   if (w.size() < size_t(trace::kWords)) return "trace: none (build with CompileOptions::trace / --trace)\n";
-  const bool pingpong = plan.wgs_per_tile == 1;
-  const int cn = std::max(1, plan.cluster_n), cm = std::max(1, plan.cluster_m), g = std::max(1, plan.row_group);
+  const bool pingpong = plan.kernel.wgs_per_tile == 1;
+  const int cn = std::max(1, plan.kernel.cluster_n), cm = std::max(1, plan.kernel.cluster_m), g = std::max(1, plan.kernel.row_group);
   if (csv) *csv = "cta,sm,wg,job,event,globaltimer_ns,clock64\n";
   std::vector<Cta> ctas;
   for (int c = 0; c < trace::kMaxCtas; ++c) {

@@ -40,6 +40,7 @@ std::string_view name_of(ArgRole r) {
     case ArgRole::Scalar: return "scalar";
     case ArgRole::RowVector: return "row_vector";
     case ArgRole::ColVector: return "col_vector";
+    case ArgRole::TileInput: return "tile_input";
     case ArgRole::Output: return "output";
   }
   return "?";
@@ -210,6 +211,10 @@ class Verifier {
             case BroadcastKind::Col:
               expect_arg(at, node.arg, ArgRole::ColVector, "a col broadcast");
               expect_class(at, node, ValueClass::Col, "a col broadcast");
+              break;
+            case BroadcastKind::Tile:
+              expect_arg(at, node.arg, ArgRole::TileInput, "a tile input");
+              expect_class(at, node, ValueClass::Tile, "a tile input");
               break;
             case BroadcastKind::Scalar:
               if (node.arg >= 0) expect_arg(at, node.arg, ArgRole::Scalar, "a scalar broadcast");  // < 0: literal

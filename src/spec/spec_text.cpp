@@ -72,7 +72,7 @@ std::string dim_text(const Dim& d) {
 std::string ref(char prefix, int i) { return i >= 0 ? fmt::format("{}{}", prefix, i) : std::to_string(i); }
 
 std::string_view bcast_name(BroadcastKind k) {
-  return k == BroadcastKind::Row ? "row" : k == BroadcastKind::Col ? "col" : "scalar";
+  return k == BroadcastKind::Row ? "row" : k == BroadcastKind::Col ? "col" : k == BroadcastKind::Tile ? "tile" : "scalar";
 }
 
 void print_stage(std::string& out, const Spec& sp, int indent) {
@@ -318,11 +318,11 @@ class SpecParser {
     const Tok role = ident("an arg role");
     bool found = false;
     for (ArgRole r : {ArgRole::OperandA, ArgRole::OperandB, ArgRole::Scalar, ArgRole::RowVector, ArgRole::ColVector,
-                      ArgRole::Output})
+                      ArgRole::TileInput, ArgRole::Output})
       if (role.text == name_of(r)) a.role = r, found = true;
     if (!found)
       throw Error(role.loc, fmt::format("bad arg role `{}` (expected operand_a, operand_b, scalar, row_vector, "
-                                        "col_vector or output)", role.text));
+                                        "col_vector, tile_input or output)", role.text));
     a.name = name("an arg name");
     const Tok dt = ident("a dtype");
     auto d = dtype_from_name(dt.text);
@@ -395,7 +395,8 @@ class SpecParser {
       if (*k == "row") n.broadcast = BroadcastKind::Row;
       else if (*k == "col") n.broadcast = BroadcastKind::Col;
       else if (*k == "scalar") n.broadcast = BroadcastKind::Scalar;
-      else throw Error(op.loc, fmt::format("bad broadcast `{}` (expected bcast.row, bcast.col or bcast.scalar)", w));
+      else if (*k == "tile") n.broadcast = BroadcastKind::Tile;
+      else throw Error(op.loc, fmt::format("bad broadcast `{}` (expected bcast.row, bcast.col, bcast.scalar or bcast.tile)", w));
       if (tok_.kind == TK::Ident && tok_.text.size() > 1 && tok_.text[0] == 'a' && is_digit(tok_.text[1]))
         n.arg = index_ref('a', "an arg");
       else if (tok_.kind == TK::Number || is_ident("inf") || is_ident("nan")) {

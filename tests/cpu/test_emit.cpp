@@ -12,6 +12,7 @@
 #include "comfuse/debug/trace.cuh"
 #include "comfuse/emit.h"
 #include "comfuse/lower.h"
+#include "comfuse/harness.h"
 #include "comfuse/runtime.h"
 #include "comfuse/text.h"
 
@@ -104,17 +105,20 @@ TEST(Emit, ReductionsExpandRecursivelyIntoPostOpStages) {
   EXPECT_NE(epi.find("comfuse::epi::Bypass<"), std::string::npos);
   const Plan plan = make_plan(s, shape(8192, 4096, 4096));
   const EmittedKernel k = emit(s, plan);
-  ASSERT_EQ(plan.aggregation, AggregationMode::Global);
-  EXPECT_NE(k.source.find("comfuse::cluster::Aggregation::Global"), std::string::npos);
-  EXPECT_NE(k.source.find(fmt::format("/*RowGroup=*/{}", plan.row_group)), std::string::npos) << k.source;
-  EXPECT_NE(k.source.find(fmt::format("/*ClusterM=*/{}", plan.cluster_m)), std::string::npos);
+  ASSERT_EQ(plan.kernel.aggregation, Aggregation::L2Exchange);
+  // The plan's KernelConfig is written once, as the kernel's template argument.
+  EXPECT_NE(k.source.find(kernel_config_source(plan.kernel)), std::string::npos) << k.source;
+  EXPECT_NE(k.source.find("FusedGemmSm90<kConfig, cutlass::bfloat16_t, Epilogue>"), std::string::npos) << k.source;
+  EXPECT_NE(k.source.find(".aggregation = comfuse::Aggregation::L2Exchange"), std::string::npos);
+  EXPECT_NE(k.source.find(fmt::format(".row_group = {}", plan.kernel.row_group)), std::string::npos) << k.source;
+  EXPECT_NE(k.source.find(fmt::format(".cluster_m = {}", plan.kernel.cluster_m)), std::string::npos);
   PlanOptions p2p;
-  p2p.aggregation = AggregationMode::PeerToPeer;
-  const std::string dsmem = emit(s, make_plan(s, shape(8192, 4096, 4096), {}, {}, p2p)).source;
+  p2p.aggregation = Aggregation::PeerToPeer;
+  const std::string dsmem = emit(s, make_plan(s, shape(8192, 4096, 4096), p2p)).source;
   EXPECT_NE(dsmem.find("Aggregation::PeerToPeer"), std::string::npos);
   // LayerNorm's mean and variance share one round (Reduction<..., 1> around <..., 2>) when each
   // CTA holds one N-tile and the row meets in L2; not over DSMEM, not with a stash.
-  ASSERT_EQ(plan.n_tiles_per_cta, 1);
+  ASSERT_EQ(plan.kernel.n_tiles, 1);
   EXPECT_NE(k.source.find(", 2>>, 1>"), std::string::npos) << k.source;
   EXPECT_EQ(dsmem.find(", 2>>, 1>"), std::string::npos);
   EXPECT_EQ(emit_epilogue_type(s).find(", 2>>"), std::string::npos);
@@ -130,31 +134,44 @@ TEST(Emit, ReductionsExpandRecursivelyIntoPostOpStages) {
   EXPECT_EQ(emit_epilogue_type(sr.regions.at(0).spec, {true, false}).find(", 2>>, 3>"), std::string::npos);
   EXPECT_EQ(emit_epilogue_type(s, {false, true}).find(", 2>>, 1>"), std::string::npos);
   PlanOptions leader;
-  leader.aggregation = AggregationMode::LeaderFollower;
-  EXPECT_NE(emit(s, make_plan(s, shape(8192, 4096, 4096), {}, {}, leader)).source.find("Aggregation::LeaderFollower"),
+  leader.aggregation = Aggregation::LeaderFollower;
+  EXPECT_NE(emit(s, make_plan(s, shape(8192, 4096, 4096), leader)).source.find("Aggregation::LeaderFollower"),
             std::string::npos);
   // A plan that walks several N-tiles per CTA instantiates the stash: count, type and space.
   PlanOptions two;
   two.row_group = 2;
-  const Plan stash = make_plan(s, shape(8192, 4096, 4096), {}, {}, two);
-  ASSERT_GT(stash.n_tiles_per_cta, 1);
+  const Plan stash = make_plan(s, shape(8192, 4096, 4096), two);
+  ASSERT_GT(stash.kernel.n_tiles, 1);
   const std::string src = emit(s, stash).source;
-  EXPECT_NE(src.find(fmt::format("/*NTiles=*/{}", stash.n_tiles_per_cta)), std::string::npos) << src;
-  EXPECT_NE(src.find("/*StashT=*/float"), std::string::npos);
-  EXPECT_NE(src.find(stash.strategy == RowStrategy::Stash ? "StashSpace::Smem" : "StashSpace::Global"), std::string::npos);
+  EXPECT_NE(src.find(fmt::format(".n_tiles = {}", stash.kernel.n_tiles)), std::string::npos) << src;
+  EXPECT_NE(src.find(".stash_elem_bytes = 4"), std::string::npos);
+  EXPECT_NE(src.find(stash.strategy() == RowStrategy::SmemStash ? "StashSpace::Smem" : "StashSpace::Workspace"),
+            std::string::npos);
   EXPECT_EQ(src.find(", 2>>, 1>"), std::string::npos) << "a stash keeps two rounds";
 }
 
-TEST(Emit, RowStatisticOutputIsRefusedWithItsName) {
+// Per-row [M, 1] outputs store through StoreCol, [M, N] epilogue inputs load through TileInput
+// (their own Params slots: col_outputs, tma_in).
+TEST(Emit, RowStatisticOutputsAndTileInputs) {
   Built b;
-  Value m = b.g.reduce(ReduceOp::Max, bf16_gemm(b.g));
+  Value acc = bf16_gemm(b.g);
+  Value h = acc + b.g.input("residual", DType::F32, {Dim::of("M"), Dim::of("N")});
+  Value m = b.g.reduce(ReduceOp::Max, h);
+  b.g.output(h - m, "y", DType::BF16);
   b.g.output(m, "rowmax", DType::F32);
-  try {
-    emit_epilogue_type(lower(b.g).regions.at(0).spec);
-    FAIL();
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("rowmax"), std::string::npos);
-  }
+  const LoweringResult r = lower(b.g);
+  ASSERT_EQ(r.regions.size(), 1u);
+  ASSERT_TRUE(r.fallbacks.empty());
+  const FusionSpec& s = r.regions[0].spec;
+  const std::string epi = emit_epilogue_type(s);
+  EXPECT_NE(epi.find("comfuse::epi::TileInput<0, float>"), std::string::npos) << epi;
+  EXPECT_NE(epi.find("comfuse::epi::StoreCol<0, float, 0>"), std::string::npos) << epi;
+  const EmittedKernel k = emit(s, make_plan(s, shape(1000, 1032, 72)));
+  int tile_inputs = 0, col_outputs = 0;
+  for (const ArgSlot& sl : k.slots) tile_inputs += sl.kind == SlotKind::TileInput, col_outputs += sl.kind == SlotKind::ColOutput;
+  EXPECT_EQ(tile_inputs, 1);
+  EXPECT_EQ(col_outputs, 1);
+  EXPECT_NE(k.source.find("tma_in[0]     residual f32"), std::string::npos) << k.source;
 }
 
 // CI's proof that what Ψ emits is valid device code: every elementwise region of every
@@ -173,7 +190,7 @@ class EmitCompile : public ::testing::Test {
 TEST_F(EmitCompile, EveryExampleRegionCompiles) {
   int compiled = 0;
   for (const char* name : {"gemm_bias_gelu.cf", "gemm_layernorm.cf", "gemm_rmsnorm.cf", "gemm_softmax.cf", "ffn.cf",
-                           "attention.cf"}) {
+                           "attention.cf", "gemm_residual_layernorm.cf", "gemm_residual_rmsnorm.cf"}) {
     Graph g = parse_graph_file((kRoot / "examples" / name).string());
     for (const FusedRegion& reg : lower(g).regions) {
       CompiledKernel k = compile_only(reg.spec, shape(1000, 1032, 72), opt_);
@@ -182,7 +199,7 @@ TEST_F(EmitCompile, EveryExampleRegionCompiles) {
       ++compiled;
     }
   }
-  EXPECT_EQ(compiled, 8);
+  EXPECT_EQ(compiled, 10);
 }
 
 TEST_F(EmitCompile, EveryUnaryOpInOneKernel) {
@@ -218,8 +235,8 @@ TEST(Trace, SummaryFindsTheIdleGapBehindAnEpilogue) {
     rec[trace::kWordsPerCta - 1] = 1 + cta;  // SM id + 1
   }
   Plan plan;
-  plan.wgs_per_tile = 1;
-  plan.row_group = 2;
+  plan.kernel.wgs_per_tile = 1;
+  plan.kernel.row_group = 2;
   std::string csv;
   const std::string s = summarize_trace(w, plan, &csv);
   EXPECT_NE(s.find("2 CTAs, 3 jobs each"), std::string::npos) << s;
@@ -275,7 +292,7 @@ TEST_F(EmitCompile, PlannedSmemFitsTheKernelAtEveryTileShape) {
       opt_.plan.tile_n = tn;
       Plan plan;
       CompiledKernel k = compile_only(s, shape(4096, 4096, 4096), opt_, nullptr, &plan);
-      EXPECT_TRUE(is_cubin_elf(k.cubin)) << tm << "x" << tn << " with " << plan.stages << " stages";
+      EXPECT_TRUE(is_cubin_elf(k.cubin)) << tm << "x" << tn << " with " << plan.kernel.ring_stages << " stages";
       ++compiled;
     }
   EXPECT_EQ(compiled, 6);
@@ -285,7 +302,7 @@ TEST_F(EmitCompile, PlannedSmemFitsTheKernelAtEveryTileShape) {
     Plan plan;
     CompiledKernel k = compile_only(s, pr, opt_, nullptr, &plan);
     EXPECT_FALSE(plan.measured_config.empty());
-    EXPECT_TRUE(is_cubin_elf(k.cubin)) << plan.tile_m << "x" << plan.tile_n << " wgs " << plan.wgs_per_tile;
+    EXPECT_TRUE(is_cubin_elf(k.cubin)) << plan.kernel.tile_m << "x" << plan.kernel.tile_n << " wgs " << plan.kernel.wgs_per_tile;
   }
 }
 
@@ -304,8 +321,8 @@ TEST_F(EmitCompile, RowGroupKernelsCompile) {
     opt_.plan.tile_m = v.tm;
     Plan plan;
     CompiledKernel k = compile_only(s, shape(4096, 4096, 4096), opt_, nullptr, &plan);
-    EXPECT_EQ(plan.row_group, v.g);
-    EXPECT_GT(plan.n_tiles_per_cta, 1);
+    EXPECT_EQ(plan.kernel.row_group, v.g);
+    EXPECT_GT(plan.kernel.n_tiles, 1);
     EXPECT_TRUE(is_cubin_elf(k.cubin));
     EXPECT_FALSE(k.wgmma_serialized) << k.log;
   }

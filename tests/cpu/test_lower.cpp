@@ -157,13 +157,19 @@ TEST(Lower, OutOfDomainOpsFallBackWithReasons) {
   EXPECT_NE(describe(t.g, r).find("fallback"), std::string::npos);
 }
 
-TEST(Lower, FullTileSideInputIsNotFused) {
+// An [M, N] side input (a residual) joins the epilogue as a tile input.
+TEST(Lower, FullTileSideInputIsATileInput) {
   Gemm t;
   Value resid = t.g.input("resid", DType::BF16, {Dim::of("M"), Dim::of("N")});
   t.g.output(t.acc + resid, "y", DType::BF16);
   LoweringResult r = lower(t.g);
-  ASSERT_EQ(r.fallbacks.size(), 1u);
-  EXPECT_NE(r.fallbacks[0].reason.find("resid"), std::string::npos);
+  ASSERT_TRUE(r.fallbacks.empty());
+  const FusionSpec& s = r.regions.at(0).spec;
+  const int a = s.arg_index(ArgRole::TileInput);
+  ASSERT_GE(a, 0);
+  EXPECT_EQ(s.args[static_cast<size_t>(a)].name, "resid");
+  EXPECT_EQ(s.root.nodes.at(1).broadcast, BroadcastKind::Tile);
+  EXPECT_EQ(parse_spec(print(s)), s);
 }
 
 TEST(Lower, DeadNodesAreReportedNotFused) {

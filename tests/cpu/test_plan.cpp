@@ -8,6 +8,7 @@
 
 #include "comfuse/lower.h"
 #include "comfuse/plan.h"
+#include "plan/calibration.h"
 
 namespace comfuse {
 namespace {
@@ -91,43 +92,43 @@ TEST(Plan, SweepFitsSmemAndFollowsTheRules) {
           ++plans;
           EXPECT_LE(p.smem.total(), dev.smem_per_cta_bytes);
           EXPECT_EQ(p.smem_limit, dev.smem_per_cta_bytes);
-          EXPECT_GE(p.stages, 2);
-          EXPECT_LE(p.stages, 8);
-          EXPECT_TRUE(p.tile_m == 64 || p.tile_m == 128);
-          EXPECT_TRUE(p.tile_n == 64 || p.tile_n == 128 || p.tile_n == 192 || p.tile_n == 256);
-          EXPECT_EQ(p.tile_k, 64);
-          EXPECT_EQ(p.smem.mainloop_ring, p.stages * (p.tile_m + p.tile_n) * p.tile_k * 2);
+          EXPECT_GE(p.kernel.ring_stages, 2);
+          EXPECT_LE(p.kernel.ring_stages, 8);
+          EXPECT_TRUE(p.kernel.tile_m == 64 || p.kernel.tile_m == 128);
+          EXPECT_TRUE(p.kernel.tile_n == 64 || p.kernel.tile_n == 128 || p.kernel.tile_n == 192 || p.kernel.tile_n == 256);
+          EXPECT_EQ(Sm90::kTileK, 64);
+          EXPECT_EQ(p.smem.mainloop_ring, p.kernel.ring_stages * (p.kernel.tile_m + p.kernel.tile_n) * Sm90::kTileK * 2);
           EXPECT_LE(p.smem.stash, tun.max_stash_bytes);
-          EXPECT_EQ(p.multicast_a, p.cluster_n > 1);
+          EXPECT_EQ((p.kernel.cluster_n > 1), p.kernel.cluster_n > 1);
           EXPECT_EQ(p.reductions, L);
           EXPECT_GT(p.grid_ctas, 0);
           EXPECT_LE(p.grid_ctas, dev.sm_count);
           EXPECT_GT(p.estimate.total_us, 0);
           EXPECT_GE(p.reasons.size(), 8u);
           if (L == 0) {
-            EXPECT_EQ(p.strategy, RowStrategy::NoReduction);
-            EXPECT_EQ(p.aggregation, AggregationMode::None);
+            EXPECT_EQ(p.strategy(), RowStrategy::NoReduction);
+            EXPECT_EQ(p.kernel.aggregation, Aggregation::None);
             EXPECT_EQ(p.smem.reduction_buffer, 0);
             continue;
           }
-          const int64_t peers = int64_t{p.cluster_n} * p.row_group;  // the CTAs that share a row
-          const bool covers = peers * p.tile_n >= n;
-          EXPECT_GE(peers * p.tile_n * p.n_tiles_per_cta, n);
-          EXPECT_EQ(p.strategy == RowStrategy::OnChip, covers);   // OnChip iff the row's CTAs cover N
-          EXPECT_EQ(p.n_tiles_per_cta == 1, covers);
-          if (p.row_group > 1) {  // row groups: clusters along N are 1, the row meets in L2
-            EXPECT_EQ(p.aggregation, AggregationMode::Global);
-            EXPECT_EQ(p.cluster_n, 1);
+          const int64_t peers = int64_t{p.kernel.cluster_n} * p.kernel.row_group;  // the CTAs that share a row
+          const bool covers = peers * p.kernel.tile_n >= n;
+          EXPECT_GE(peers * p.kernel.tile_n * p.kernel.n_tiles, n);
+          EXPECT_EQ(p.strategy() == RowStrategy::OnChip, covers);   // OnChip iff the row's CTAs cover N
+          EXPECT_EQ(p.kernel.n_tiles == 1, covers);
+          if (p.kernel.row_group > 1) {  // row groups: clusters along N are 1, the row meets in L2
+            EXPECT_EQ(p.kernel.aggregation, Aggregation::L2Exchange);
+            EXPECT_EQ(p.kernel.cluster_n, 1);
             EXPECT_EQ(p.smem.reduction_buffer, 0);
-            EXPECT_LE(p.grid_ctas / p.cluster_m, dev.clusters_resident.at(p.cluster_m));
-            EXPECT_EQ(p.grid_ctas / p.cluster_m % p.row_group, 0) << "whole row groups";
+            EXPECT_LE(p.grid_ctas / p.kernel.cluster_m, dev.clusters_resident.at(p.kernel.cluster_m));
+            EXPECT_EQ(p.grid_ctas / p.kernel.cluster_m % p.kernel.row_group, 0) << "whole row groups";
           } else if (peers == 1) {
-            EXPECT_TRUE(p.aggregation == AggregationMode::None || p.aggregation == AggregationMode::PeerToPeer);
+            EXPECT_TRUE(p.kernel.aggregation == Aggregation::None || p.kernel.aggregation == Aggregation::PeerToPeer);
           } else {
-            EXPECT_EQ(p.aggregation, p.cluster_n <= tun.p2p_max_cluster ? AggregationMode::PeerToPeer
-                                                                        : AggregationMode::LeaderFollower);
+            EXPECT_EQ(p.kernel.aggregation, p.kernel.cluster_n <= tun.p2p_max_cluster ? Aggregation::PeerToPeer
+                                                                        : Aggregation::LeaderFollower);
           }
-          if (p.strategy == RowStrategy::GlobalReread) {
+          if (p.strategy() == RowStrategy::WorkspaceStash) {
             EXPECT_GT(p.workspace_bytes, 0);
           } else {
             EXPECT_EQ(p.workspace_bytes, 0);
@@ -149,13 +150,13 @@ TEST(Plan, ReductionBufferIsIndependentOfReductionCount) {
     opt.tile_m = 64;
     Plan p1 = make_plan(one, prob(4096, 8192, 4096), full_device(), {}, opt);
     Plan p4 = make_plan(four, prob(4096, 8192, 4096), full_device(), {}, opt);
-    ASSERT_EQ(p1.tile_m, p4.tile_m);
+    ASSERT_EQ(p1.kernel.tile_m, p4.kernel.tile_m);
     EXPECT_GT(p1.smem.reduction_buffer, 0);
     EXPECT_EQ(p1.smem.reduction_buffer, p4.smem.reduction_buffer) << "C_N=" << c;
   }
   // Unforced, same shape: whatever the planner picks, the buffer follows tile_m and C_N only.
   Plan a = make_plan(one, prob(256, 4096, 4096)), b = make_plan(four, prob(256, 4096, 4096));
-  if (a.tile_m == b.tile_m && a.cluster_n == b.cluster_n) {
+  if (a.kernel.tile_m == b.kernel.tile_m && a.kernel.cluster_n == b.kernel.cluster_n) {
     EXPECT_EQ(a.smem.reduction_buffer, b.smem.reduction_buffer);
   }
 }
@@ -168,9 +169,9 @@ TEST(Plan, AggregationSwitchesAtP2pMaxCluster) {
     for (int c : {1, 2, 4, 8, 16}) {
       PlanOptions opt;
       opt.cluster_n = c;
-      Plan p = make_plan(s, prob(4096, 32768, 4096), full_device(), tun, opt);
-      EXPECT_EQ(p.cluster_n, c);
-      EXPECT_EQ(p.aggregation, c <= limit ? AggregationMode::PeerToPeer : AggregationMode::LeaderFollower)
+      Plan p = make_plan(s, prob(4096, 16384, 4096), full_device(), tun, opt);  // C_N = 1: 64 N-tiles of 256
+      EXPECT_EQ(p.kernel.cluster_n, c);
+      EXPECT_EQ(p.kernel.aggregation, c <= limit ? Aggregation::PeerToPeer : Aggregation::LeaderFollower)
           << "C_N=" << c << " limit=" << limit;
     }
   }
@@ -182,19 +183,19 @@ TEST(Plan, ForcedOptionsAreHonored) {
   opt.cluster_n = 16;
   opt.tile_n = 256;
   Plan p = make_plan(s, prob(8192, 4096, 4096), full_device(), {}, opt);
-  EXPECT_EQ(p.cluster_n, 16);
-  EXPECT_EQ(p.tile_n, 256);
-  EXPECT_EQ(p.strategy, RowStrategy::OnChip);
+  EXPECT_EQ(p.kernel.cluster_n, 16);
+  EXPECT_EQ(p.kernel.tile_n, 256);
+  EXPECT_EQ(p.strategy(), RowStrategy::OnChip);
   EXPECT_EQ(p.ctas_busy, 112);  // measured residency of 16-CTA clusters
 
   opt = {};
   opt.cluster_n = 2;
-  opt.aggregation = AggregationMode::LeaderFollower;
-  opt.strategy = RowStrategy::GlobalReread;
+  opt.aggregation = Aggregation::LeaderFollower;
+  opt.strategy = RowStrategy::WorkspaceStash;
   p = make_plan(s, prob(8192, 8192, 4096), full_device(), {}, opt);
-  EXPECT_EQ(p.cluster_n, 2);
-  EXPECT_EQ(p.aggregation, AggregationMode::LeaderFollower);
-  EXPECT_EQ(p.strategy, RowStrategy::GlobalReread);
+  EXPECT_EQ(p.kernel.cluster_n, 2);
+  EXPECT_EQ(p.kernel.aggregation, Aggregation::LeaderFollower);
+  EXPECT_EQ(p.strategy(), RowStrategy::WorkspaceStash);
   EXPECT_FALSE(p.stashed.empty());
   EXPECT_GT(p.workspace_bytes, 0);
   // A forced plan says what the model alone would have chosen.
@@ -204,32 +205,32 @@ TEST(Plan, ForcedOptionsAreHonored) {
 
 TEST(Plan, StashKeepsStageOneBypassValues) {
   PlanOptions opt;
-  opt.strategy = RowStrategy::Stash;
+  opt.strategy = RowStrategy::SmemStash;
   Plan p = make_plan(layer_norm(), prob(8192, 4096, 4096), full_device(), {}, opt);
-  EXPECT_EQ(p.strategy, RowStrategy::Stash);
-  EXPECT_GT(p.n_tiles_per_cta, 1);
+  EXPECT_EQ(p.strategy(), RowStrategy::SmemStash);
+  EXPECT_GT(p.kernel.n_tiles, 1);
   ASSERT_FALSE(p.stashed.empty());
-  EXPECT_TRUE(p.stash_elem_bytes == 2 || p.stash_elem_bytes == 4);
-  EXPECT_EQ(p.smem.stash, 2 * (p.n_tiles_per_cta - 1) * p.tile_m * p.tile_n *
-                              static_cast<int>(p.stashed.size()) * p.stash_elem_bytes);
+  EXPECT_TRUE(p.kernel.stash_elem_bytes == 2 || p.kernel.stash_elem_bytes == 4);
+  EXPECT_EQ(p.smem.stash, 2 * (p.kernel.n_tiles - 1) * p.kernel.tile_m * p.kernel.tile_n *
+                              static_cast<int>(p.stashed.size()) * p.kernel.stash_elem_bytes);
 }
 
 TEST(Plan, OccupancyVersusCoverage) {
   FusionSpec s = layer_norm();
   // Small M: few row blocks, latency bound: the cluster covers the row.
   Plan small = make_plan(s, prob(256, 4096, 4096));
-  EXPECT_EQ(small.strategy, RowStrategy::OnChip);
+  EXPECT_EQ(small.strategy(), RowStrategy::OnChip);
   // Large M, compute bound: 16-CTA clusters idle 20 SMs; the planner keeps every SM busy
   // (clusters of 2 along M sharing B, the row's CTAs in a row group).
   Plan large = make_plan(s, prob(8192, 4096, 4096), full_device());
-  EXPECT_LT(large.cluster_n, 16);
+  EXPECT_LT(large.kernel.cluster_n, 16);
   EXPECT_EQ(large.ctas_busy, 132);
   EXPECT_GE(large.grid_ctas, 128);
   // Long rows still plan, re-reading earlier tiles through L2.
   Plan wide = make_plan(s, prob(4096, 65536, 4096), full_device());
-  EXPECT_EQ(wide.strategy, RowStrategy::GlobalReread);
+  EXPECT_EQ(wide.strategy(), RowStrategy::WorkspaceStash);
   // No reduction: no reason for a cluster.
-  EXPECT_EQ(make_plan(bias_gelu(), prob(8192, 4096, 4096)).cluster_n, 1);
+  EXPECT_EQ(make_plan(bias_gelu(), prob(8192, 4096, 4096)).kernel.cluster_n, 1);
 }
 
 void expect_error(const std::function<void()>& f, const std::string& needle) {
@@ -258,31 +259,31 @@ TEST(Plan, RejectsImpossibleInput) {
   opt.tile_m = 96;
   expect_error([&] { make_plan(s, prob(128, 4096, 64), full_device(), {}, opt); }, "tile_m = 96");
   opt = {};
-  opt.strategy = RowStrategy::Stash;
+  opt.strategy = RowStrategy::SmemStash;
   expect_error([&] { make_plan(g, prob(128, 4096, 64), full_device(), {}, opt); }, "no reduction");
   opt = {};
   opt.strategy = RowStrategy::OnChip;
   opt.cluster_n = 2;
   expect_error([&] { make_plan(s, prob(128, 8192, 64), full_device(), {}, opt); }, "nothing fits");
-  // Rows so long that even the global workspace of GlobalReread is beyond the limit.
-  expect_error([&] { make_plan(s, prob(4096, int64_t{1} << 24, 4096), full_device()); }, "workspace");
+  // Rows so long that even 16 CTAs x 256 columns x 64 N-tiles per CTA cannot cover them.
+  expect_error([&] { make_plan(s, prob(4096, int64_t{1} << 24, 4096), full_device()); }, "N-tiles per CTA");
   EXPECT_NO_THROW(make_plan(rms_norm(), prob(4096, 131072, 4096), full_device()));
   // A device without multi-N-tile rows refuses a row longer than one cluster covers, naming why.
   DeviceModel one_tile;
   one_tile.multi_tile_rows = false;
-  expect_error([&] { make_plan(s, prob(4096, 8192, 4096), one_tile); }, "do not walk several N-tiles");
-  EXPECT_EQ(make_plan(s, prob(8192, 4096, 4096), one_tile).strategy, RowStrategy::OnChip);
+  expect_error([&] { make_plan(s, prob(4096, 8192, 4096), one_tile, {}); }, "do not walk several N-tiles");
+  EXPECT_EQ(make_plan(s, prob(8192, 4096, 4096), one_tile, {}).strategy(), RowStrategy::OnChip);
   // Today's device: row groups of clusters along M, many row blocks or few.
   for (const Problem& pr : {prob(8192, 4096, 4096), prob(256, 4096, 4096), prob(64, 32768, 64)}) {
     const Plan rg = make_plan(s, pr);
-    EXPECT_EQ(rg.aggregation, AggregationMode::Global);
-    EXPECT_EQ(rg.cluster_m, 2);
-    EXPECT_GE(int64_t{rg.row_group} * rg.tile_n * rg.n_tiles_per_cta, pr.n);
+    EXPECT_EQ(rg.kernel.aggregation, Aggregation::L2Exchange);
+    EXPECT_EQ(rg.kernel.cluster_m, 2);
+    EXPECT_GE(int64_t{rg.kernel.row_group} * rg.kernel.tile_n * rg.kernel.n_tiles, pr.n);
   }
   // Forcing a DSMEM option keeps the DSMEM search (clusters along N).
   PlanOptions p2p;
-  p2p.aggregation = AggregationMode::PeerToPeer;
-  EXPECT_EQ(make_plan(s, prob(8192, 4096, 4096), full_device(), {}, p2p).row_group, 1);
+  p2p.aggregation = Aggregation::PeerToPeer;
+  EXPECT_EQ(make_plan(s, prob(8192, 4096, 4096), full_device(), {}, p2p).kernel.row_group, 1);
   // Row-group options are checked and explained.
   PlanOptions bad;
   bad.row_group = 3;
@@ -304,7 +305,7 @@ TEST(Plan, RejectsImpossibleInput) {
   // A device with too little SMEM for two stages.
   DeviceModel tiny;
   tiny.smem_per_cta_bytes = 32 * 1024;
-  expect_error([&] { make_plan(s, prob(128, 4096, 64), tiny); }, "pipeline stages");
+  expect_error([&] { make_plan(s, prob(128, 4096, 64), tiny, {}); }, "pipeline stages");
 }
 
 TEST(Plan, ExplainShowsTheDecisions) {
@@ -315,11 +316,11 @@ TEST(Plan, ExplainShowsTheDecisions) {
                              "aggregation", "stage chain", "stage 1", "stage 2", "stage 3", "unified reduction buffer",
                              "mainloop ring", "total", "reasons", "mean("})
     EXPECT_NE(e.find(needle), std::string::npos) << needle << "\n" << e;
-  EXPECT_NE(e.find(fmt::format("{}x{}", p.cluster_m, p.cluster_n)), std::string::npos);
-  if (p.row_group > 1) {
-    EXPECT_NE(e.find(fmt::format("row group    {} clusters share each row", p.row_group)), std::string::npos) << e;
+  EXPECT_NE(e.find(fmt::format("{}x{}", p.kernel.cluster_m, p.kernel.cluster_n)), std::string::npos);
+  if (p.kernel.row_group > 1) {
+    EXPECT_NE(e.find(fmt::format("row group    {} clusters share each row", p.kernel.row_group)), std::string::npos) << e;
   }
-  EXPECT_NE(e.find(std::string(name_of(p.aggregation))), std::string::npos);
+  EXPECT_NE(e.find(std::string(name_of(p.kernel.aggregation))), std::string::npos);
   EXPECT_EQ(explain(s, p), explain(s, make_plan(s, prob(8192, 4096, 4096))));  // deterministic
 }
 
@@ -336,16 +337,16 @@ TEST(Plan, RowGroupsDivideTheWork) {
       opt.tile_m = 64;
       opt.tile_n = 256;
       const Plan p = make_plan(s, prob(8192, 4096, 4096), full_device(), {}, opt);
-      EXPECT_EQ(p.row_group, g);
-      EXPECT_EQ(p.cluster_m, cm);
-      EXPECT_EQ(p.n_tiles_per_cta, std::max(1, 16 / g));
+      EXPECT_EQ(p.kernel.row_group, g);
+      EXPECT_EQ(p.kernel.cluster_m, cm);
+      EXPECT_EQ(p.kernel.n_tiles, std::max(1, 16 / g));
       EXPECT_EQ(p.jobs, 128 / cm);
       const int64_t clusters = p.grid_ctas / cm;
       EXPECT_EQ(clusters % g, 0);
       EXPECT_LE(clusters, full_device().clusters_resident.at(cm));
-      EXPECT_EQ(p.strategy, g == 16 || g == 32 ? RowStrategy::OnChip : RowStrategy::GlobalReread);
-      if (p.strategy == RowStrategy::GlobalReread) {
-        EXPECT_EQ(p.workspace_bytes, p.grid_ctas * 2 * (p.n_tiles_per_cta - 1) * 64 * 256 * 4);
+      EXPECT_EQ(p.strategy(), g == 16 || g == 32 ? RowStrategy::OnChip : RowStrategy::WorkspaceStash);
+      if (p.strategy() == RowStrategy::WorkspaceStash) {
+        EXPECT_EQ(p.workspace_bytes, p.grid_ctas * 2 * (p.kernel.n_tiles - 1) * 64 * 256 * 4);
       }
     }
 }
@@ -387,7 +388,7 @@ TEST(Plan, PairedReductionsInOneRoundWhereTheEpilogueHides) {
   EXPECT_FALSE(forced.fused_pairs.mean_variance);  // softmax has no mean-and-variance pair
   EXPECT_TRUE(make_plan(sm, prob(8192, 128, 4096), full_device(), {}, opt).fused_pairs.max_exp_sum);  // one CTA works
   opt = {};
-  opt.aggregation = AggregationMode::PeerToPeer;
+  opt.aggregation = Aggregation::PeerToPeer;
   EXPECT_FALSE(make_plan(ln, prob(8192, 4096, 4096), full_device(), {}, opt).fused_pairs.any());
   opt = {};
   opt.row_group = 2;  // 8 N-tiles per CTA: the stash keeps two rounds
@@ -418,12 +419,12 @@ TEST(Plan, ElementwiseClustersAlongMForced) {
   PlanOptions opt;
   opt.cluster_m = 2, opt.tile_m = 64, opt.tile_n = 256;
   const Plan p = make_plan(bg, prob(4096, 8192, 4096), full_device(), {}, opt);
-  EXPECT_EQ(p.cluster_m, 2);
-  EXPECT_EQ(p.cluster_n, 1);
-  EXPECT_EQ(p.tile_m, 64);
-  EXPECT_EQ(p.tile_n, 256);
-  EXPECT_EQ(p.wgs_per_tile, 1);
-  EXPECT_EQ(p.strategy, RowStrategy::NoReduction);
+  EXPECT_EQ(p.kernel.cluster_m, 2);
+  EXPECT_EQ(p.kernel.cluster_n, 1);
+  EXPECT_EQ(p.kernel.tile_m, 64);
+  EXPECT_EQ(p.kernel.tile_n, 256);
+  EXPECT_EQ(p.kernel.wgs_per_tile, 1);
+  EXPECT_EQ(p.strategy(), RowStrategy::NoReduction);
   EXPECT_NE(explain(bg, p).find("forced: PingPong 64x256, clusters of 2 along M"), std::string::npos) << explain(bg, p);
   opt.cluster_n = 2;
   EXPECT_THROW(make_plan(bg, prob(4096, 8192, 4096), full_device(), {}, opt), Error);

@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "comfuse/harness.h"
 #include "comfuse/runtime.h"
 
 namespace comfuse::gpu_test {

@@ -1,4 +1,4 @@
-// GPU correctness of the fused GEMM + Stage-Stream epilogue (issue 3), against the fp64
+// GPU correctness of the fused GEMM + Stage-Stream epilogue, against the fp64
 // graph executor on random inputs. Skips, saying why, on a machine without an sm_90 GPU.
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
-// GPU correctness of cluster row reductions (issue 4): multi-stage epilogues whose
-// reductions span the CTAs of a cluster and finish over DSMEM, against the fp64 graph
+// GPU correctness of row reductions across CTAs: multi-stage epilogues whose reductions span
+// the CTAs of a cluster (over DSMEM) or of a row group (through L2), against the fp64 graph
 // executor. Skips, saying why, on a machine without an sm_90 GPU.
 #include <fmt/format.h>
 
@@ -35,14 +35,14 @@ Graph layer_norm_graph() {
   return std::move(c.g);
 }
 
-TEST_F(GpuReduce, LayerNormBothAggregationModesRaggedLargeOffset) {
-  for (AggregationMode mode : {AggregationMode::PeerToPeer, AggregationMode::LeaderFollower}) {
+TEST_F(GpuReduce, LayerNormBothAggregationsRaggedLargeOffset) {
+  for (Aggregation mode : {Aggregation::PeerToPeer, Aggregation::LeaderFollower}) {
     SCOPED_TRACE(std::string(name_of(mode)));
     CompileOptions opt;
     opt.plan.aggregation = mode;
     Plan p = expect_matches(layer_norm_graph(), dims(1000, 1032, 72), opt, /*offset=*/1000.0);
-    EXPECT_EQ(p.aggregation, mode);
-    EXPECT_GT(p.cluster_n, 1);
+    EXPECT_EQ(p.kernel.aggregation, mode);
+    EXPECT_GT(p.kernel.cluster_n, 1);
   }
 }
 
@@ -58,7 +58,7 @@ TEST_F(GpuReduce, SoftmaxFullClusterOf16) {
   CompileOptions opt;
   opt.plan.cluster_n = 16;
   Plan p = expect_matches(c.g, dims(300, 4096, 128), opt);
-  EXPECT_EQ(p.cluster_n, 16);
+  EXPECT_EQ(p.kernel.cluster_n, 16);
 }
 
 TEST_F(GpuReduce, LogSoftmaxAndL2Normalize) {
@@ -89,26 +89,26 @@ TEST_F(GpuReduce, AmaxScaleAndAChainOfFourReductions) {
 TEST_F(GpuReduce, StashManyRowBlocksClustersOfTwoGlobalWorkspace) {
   CompileOptions opt;
   opt.plan.cluster_n = 2;
-  opt.plan.strategy = RowStrategy::GlobalReread;
+  opt.plan.strategy = RowStrategy::WorkspaceStash;
   Plan p = expect_matches(layer_norm_graph(), dims(1100, 4096, 128), opt, /*offset=*/1000.0);
-  EXPECT_EQ(p.cluster_n, 2);
-  EXPECT_EQ(p.n_tiles_per_cta, 8);
-  EXPECT_EQ(p.strategy, RowStrategy::GlobalReread);
+  EXPECT_EQ(p.kernel.cluster_n, 2);
+  EXPECT_EQ(p.kernel.n_tiles, 8);
+  EXPECT_EQ(p.strategy(), RowStrategy::WorkspaceStash);
 }
 
 TEST_F(GpuReduce, StashInSharedMemoryBothModes) {
-  for (AggregationMode mode : {AggregationMode::PeerToPeer, AggregationMode::LeaderFollower}) {
+  for (Aggregation mode : {Aggregation::PeerToPeer, Aggregation::LeaderFollower}) {
     SCOPED_TRACE(std::string(name_of(mode)));
     Case c;
     c.g.output(c.g.softmax(c.acc), "p", DType::BF16);
     CompileOptions opt;
     opt.plan.cluster_n = 8;
-    opt.plan.strategy = RowStrategy::Stash;
+    opt.plan.strategy = RowStrategy::SmemStash;
     opt.plan.aggregation = mode;
     opt.plan.stash_bytes = 2;  // bf16: fp32 for 2 tiles does not fit beside the ring (softmax: no cancellation)
     Plan p = expect_matches(c.g, dims(700, 4096, 64), opt);
-    EXPECT_EQ(p.n_tiles_per_cta, 2);
-    EXPECT_EQ(p.strategy, RowStrategy::Stash);
+    EXPECT_EQ(p.kernel.n_tiles, 2);
+    EXPECT_EQ(p.strategy(), RowStrategy::SmemStash);
   }
 }
 
@@ -118,7 +118,7 @@ TEST_F(GpuReduce, RowOf32768AndARaggedChainOverThreeTiles) {
   CompileOptions c16;
   c16.plan.cluster_n = 16;
   Plan p = expect_matches(a.g, dims(100, 32768, 64), c16);
-  EXPECT_EQ(p.n_tiles_per_cta, 8);
+  EXPECT_EQ(p.kernel.n_tiles, 8);
   Case b;
   Value v = b.acc;
   for (ReduceOp op : {ReduceOp::Mean, ReduceOp::Max, ReduceOp::Sum, ReduceOp::Min}) v = v - b.g.reduce(op, v) * 0.5;
@@ -126,10 +126,50 @@ TEST_F(GpuReduce, RowOf32768AndARaggedChainOverThreeTiles) {
   CompileOptions c2;
   c2.plan.cluster_n = 2;
   Plan q = expect_matches(b.g, dims(1100, 1480, 96), c2);
-  EXPECT_EQ(q.n_tiles_per_cta, 3);
+  EXPECT_EQ(q.kernel.n_tiles, 3);
 }
 
-// Row groups (AggregationMode::Global): the CTAs that share a row are clusters of the
+// The stash matrix (several N-tiles per CTA over a DSMEM cluster): cluster sizes, both modes,
+// fp32 and bf16, SMEM and workspace, LayerNorm with a large offset, softmax and a ragged chain
+// of four reductions.
+TEST_F(GpuReduce, StashMatrixClusterSizesModesTypesAndSpaces) {
+  struct V {
+    int cn, tn;
+    Aggregation mode;
+    RowStrategy where;
+    int elem;
+    int expect_tiles;
+  };
+  const V ln[] = {{2, 256, Aggregation::PeerToPeer, RowStrategy::WorkspaceStash, 2, 8},
+                  {4, 256, Aggregation::LeaderFollower, RowStrategy::WorkspaceStash, 4, 4},
+                  {8, 128, Aggregation::LeaderFollower, RowStrategy::SmemStash, 2, 4}};
+  for (const V& v : ln) {
+    SCOPED_TRACE(fmt::format("LayerNorm C_N={} tile_n={} {} {} {} B", v.cn, v.tn, name_of(v.mode), name_of(v.where),
+                             v.elem));
+    CompileOptions opt;
+    opt.plan.cluster_n = v.cn, opt.plan.tile_n = v.tn, opt.plan.aggregation = v.mode;
+    opt.plan.strategy = v.where, opt.plan.stash_bytes = v.elem;
+    const Plan p = expect_matches(layer_norm_graph(), dims(1000, 4096, 256), opt, /*offset=*/2048.0);
+    EXPECT_EQ(p.kernel.n_tiles, v.expect_tiles);
+    EXPECT_EQ(p.strategy(), v.where);
+    EXPECT_EQ(p.kernel.stash_elem_bytes, v.elem);
+  }
+  Case sm;
+  sm.g.output(sm.g.softmax(sm.acc), "p", DType::BF16);
+  CompileOptions so;
+  so.plan.cluster_n = 4, so.plan.aggregation = Aggregation::LeaderFollower, so.plan.stash_bytes = 2;
+  EXPECT_GT(expect_matches(sm.g, dims(700, 4096, 64), so).kernel.n_tiles, 1);
+  Case ch;
+  Value v = ch.acc + ch.row("bias");
+  for (ReduceOp op : {ReduceOp::Max, ReduceOp::Mean, ReduceOp::Min, ReduceOp::Sum}) v = v - ch.g.reduce(op, v) * 0.25;
+  ch.g.output(v, "chain", DType::BF16);
+  CompileOptions co;
+  co.plan.cluster_n = 4, co.plan.tile_n = 128, co.plan.aggregation = Aggregation::LeaderFollower;
+  const Plan q = expect_matches(ch.g, dims(130, 1480, 64), co, /*offset=*/100.0);
+  EXPECT_EQ(q.kernel.n_tiles, 3);
+}
+
+// Row groups (Aggregation::L2Exchange): the CTAs that share a row are clusters of the
 // persistent grid (clusters along M multicast B) and exchange partials through L2.
 Plan expect_row_group(const Graph& g, const Bindings& d, int row_group, int cluster_m, std::optional<int> tile_m = {},
                       double offset = 0.0, std::optional<int> stash_bytes = {}) {
@@ -139,9 +179,9 @@ Plan expect_row_group(const Graph& g, const Bindings& d, int row_group, int clus
   opt.plan.tile_m = tile_m;
   opt.plan.stash_bytes = stash_bytes;
   Plan p = expect_matches(g, d, opt, offset);
-  EXPECT_EQ(p.row_group, row_group);
-  EXPECT_EQ(p.cluster_m, cluster_m);
-  EXPECT_EQ(p.aggregation, row_group > 1 ? AggregationMode::Global : AggregationMode::None);
+  EXPECT_EQ(p.kernel.row_group, row_group);
+  EXPECT_EQ(p.kernel.cluster_m, cluster_m);
+  EXPECT_EQ(p.kernel.aggregation, row_group > 1 ? Aggregation::L2Exchange : Aggregation::None);
   return p;
 }
 
@@ -153,7 +193,7 @@ TEST_F(GpuReduce, RowGroupsLayerNormLargeOffsetEveryShape) {
     SCOPED_TRACE(fmt::format("row group {} cluster_m {}", v.g, v.cm));
     Plan p = expect_row_group(layer_norm_graph(), dims(1000, 1032, 72), v.g, v.cm, v.tm, /*offset=*/1000.0);
     if (v.g <= 4) {
-      EXPECT_GT(p.n_tiles_per_cta, 1);
+      EXPECT_GT(p.kernel.n_tiles, 1);
     }
   }
 }
@@ -173,7 +213,7 @@ TEST_F(GpuReduce, RowGroupsLayerNormMeanAndVarianceInOneRound) {
     opt.plan.fuse_pairs = true;  // one job per CTA here: the planner alone would keep two rounds
     const Graph g = layer_norm_graph();
     Plan p = expect_matches(g, dims(1000, v.n, 72), opt, /*offset=*/1000.0);
-    EXPECT_EQ(p.n_tiles_per_cta, 1);
+    EXPECT_EQ(p.kernel.n_tiles, 1);
     const LoweringResult r = lower(g);
     EXPECT_NE(emit(r.regions.at(0).spec, p).source.find(", 2>>, 1>"), std::string::npos) << "pair not fused";
   }
@@ -200,7 +240,7 @@ TEST_F(GpuReduce, RowGroupsSoftmaxMaxAndExpSumInOneRound) {
       Value logits = c.acc * v.scale;
       c.g.output(log ? c.g.log_softmax(logits) : c.g.softmax(logits), "p", log ? DType::F32 : DType::BF16);
       Plan p = expect_matches(c.g, dims(1000, v.n, 72), opt);
-      EXPECT_EQ(p.n_tiles_per_cta, 1);
+      EXPECT_EQ(p.kernel.n_tiles, 1);
       EXPECT_TRUE(p.fused_pairs.max_exp_sum);
       const LoweringResult r = lower(c.g);
       EXPECT_NE(emit(r.regions.at(0).spec, p).source.find(", 2>>, 3>"), std::string::npos) << "pair not fused";
@@ -214,13 +254,13 @@ TEST_F(GpuReduce, RowGroupsPlannerDefaultsSoftmaxAndRmsNorm) {
   Case a;
   a.g.output(a.g.softmax(a.acc * 0.125), "p", DType::BF16);
   Plan p = expect_matches(a.g, dims(300, 4096, 256));
-  EXPECT_EQ(p.aggregation, AggregationMode::Global);
-  EXPECT_GE(p.row_group, 16);
+  EXPECT_EQ(p.kernel.aggregation, Aggregation::L2Exchange);
+  EXPECT_GE(p.kernel.row_group, 16);
   Case b;
   b.g.output(b.g.rms_norm(b.acc, b.row("gamma")), "y", DType::BF16);
   Plan q = expect_matches(b.g, dims(100, 32768, 64));
-  EXPECT_EQ(q.aggregation, AggregationMode::Global);
-  EXPECT_GT(q.row_group * q.tile_n * q.n_tiles_per_cta, 32768 - 1);
+  EXPECT_EQ(q.kernel.aggregation, Aggregation::L2Exchange);
+  EXPECT_GT(q.kernel.row_group * q.kernel.tile_n * q.kernel.n_tiles, 32768 - 1);
 }
 
 TEST_F(GpuReduce, RowGroupsChainOfFiveAndBf16Stash) {
@@ -232,11 +272,11 @@ TEST_F(GpuReduce, RowGroupsChainOfFiveAndBf16Stash) {
   c.g.output(v, "chain", DType::F32);
   Plan p = expect_row_group(c.g, dims(1100, 1480, 96), 2, 2);
   EXPECT_EQ(p.reductions, 5);
-  EXPECT_GT(p.n_tiles_per_cta, 1);
+  EXPECT_GT(p.kernel.n_tiles, 1);
   Case r;  // a bf16 stash: no cancellation in RMSNorm, so bf16 rounding of x stays in tolerance
   r.g.output(r.g.rms_norm(r.acc, r.row("gamma")), "y", DType::BF16);
   Plan q = expect_row_group(r.g, dims(700, 4096, 64), 2, 2, {}, 0.0, 2);
-  EXPECT_EQ(q.stash_elem_bytes, 2);
+  EXPECT_EQ(q.kernel.stash_elem_bytes, 2);
 }
 
 }  // namespace

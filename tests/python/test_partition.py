@@ -1,5 +1,7 @@
 """Capture, partition and translation on small modules (CPU): which ops each region holds, which
 fall back and why (Φ's reasons where Φ decides), and the planner's decision."""
+import re
+
 import pytest
 import torch
 
@@ -47,7 +49,7 @@ def test_linear_residual_layer_norm_goes_through_phi():
     c = cap.by_root("proj")
     if "add" in ops_of(c):  # Φ accepts residuals
         assert ops_of(c) == ["addmm", "add", "native_layer_norm"]
-        assert "input in2: bf16[M, N]" in c.info.graph_text
+        assert re.search(r"input in\d+: bf16\[M, N\]", c.info.graph_text)
         return
     reasons = {e.node.split(":")[-1].split(" ")[0]: e.reason for e in c.info.excluded}
     assert reasons["add"].startswith("Φ: operand"), reasons
@@ -167,8 +169,8 @@ def test_cuda_graph_mode_plans_without_row_group_exchange():
     x = randn(2, 2048, 4096)
     plain = capture(m, x).by_root("proj").info
     graphs = capture(m, x, cudagraphs=True).by_root("proj").info
-    assert not graphs.plan["aggregation"].startswith("global")
-    if plain.plan["aggregation"].startswith("global"):
+    assert not graphs.plan["l2_exchange"]
+    if plain.plan["l2_exchange"]:
         assert graphs.plan_options == {"aggregation": "p2p"}
 
 

@@ -42,20 +42,6 @@
 
 namespace comfuse::cluster {
 
-// Global: the CTAs that share a row are in different clusters and exchange through L2
-// (cluster/global_exchange.cuh); PeerToPeer / LeaderFollower: one cluster, over DSMEM.
-enum class Aggregation : int { Auto = 0, PeerToPeer = 1, LeaderFollower = 2, Global = 3 };
-
-// Measured crossover (bench/dsmem_allreduce.cu, bench/NOTES.md, H200 2026-11-30): PeerToPeer
-// was faster at every C_N in 2..16 (0.18-0.69 us vs 0.34-0.85 us a round), so Auto picks
-// PeerToPeer for ClusterN < kLeaderFollowerFrom = 17, i.e. always; LeaderFollower only when forced.
-inline constexpr int kLeaderFollowerFrom = 17;
-
-constexpr Aggregation resolve(Aggregation a, int cluster_n) {
-  return a != Aggregation::Auto ? a
-       : cluster_n >= kLeaderFollowerFrom ? Aggregation::LeaderFollower : Aggregation::PeerToPeer;
-}
-
 // ---- PTX wrappers CuTe does not provide in this form ---------------------------------------
 COMFUSE_DEVICE uint32_t mapa(uint32_t smem_addr, uint32_t rank) {
   uint32_t r;
@@ -104,9 +90,12 @@ COMFUSE_DEVICE void st_shared_f32(uint32_t addr, float v) {
 // ---- the channel --------------------------------------------------------------------------
 // MBlocks x 2 rows per thread (the wgmma layout: tile-local row mi*64 + warp*16 + lane/4 + 8h),
 // after the quad shuffles every lane of a quad holds its rows' CTA-partial.
+// Mode: PeerToPeer or LeaderFollower (the planner picks; src/plan/calibration.h has the
+// measured rounds of both).
 template <int Rows, int ClusterN, Aggregation Mode_>
 struct RowAllReduce {
-  static constexpr Aggregation Mode = resolve(Mode_, ClusterN);
+  static constexpr Aggregation Mode = Mode_;
+  static_assert(Mode == Aggregation::PeerToPeer || Mode == Aggregation::LeaderFollower, "a DSMEM mode");
   static constexpr int MBlocks = Rows / 64;
   static constexpr uint32_t kSlotBytes = Rows * 4;
   static_assert(Rows == 64 || Rows == 128, "a warp group holds 64 or 128 rows");
@@ -116,6 +105,7 @@ struct RowAllReduce {
     alignas(128) float slot[2][ClusterN][Rows];
     alignas(8) uint64_t full[2];
   };
+  static_assert(sizeof(Storage) == dsmem_channel_bytes(Rows, ClusterN), "config.cuh's channel size");
 
   // One thread, before the kernel's first cluster barrier.
   static COMFUSE_DEVICE void init(Storage& s) {

@@ -104,7 +104,7 @@ struct GlobalRowAllReduce {
 
   // For each of the thread's rows: lane q's words at rows k * Rows + row (k < W) of its peers,
   // once all carry this round's tag, go to f(mi, h, w). One row at a time on purpose: polling
-  // all of a round's rows at once (session 8, `comfuse run --trace`) did not shorten the rounds
+  // all of a round's rows at once (measured with `comfuse run --trace`) did not shorten the rounds
   // (their time is the wait for the row group's slowest CTA, not L2 round trips) and its
   // registers made LayerNorm's pair round spill (+4% cycles).
   template <int W, class F>

@@ -1,5 +1,5 @@
 // comfuse/debug/trace.cuh: an opt-in timeline of the consumer warp groups, to see where a
-// fused kernel's time goes beyond what ncu's totals say (bench/NOTES.md, session 8).
+// fused kernel's time goes beyond what ncu's totals say (bench/NOTES.md has what it showed).
 //
 // Built only with -DCOMFUSE_TRACE (CompileOptions::trace, `comfuse run --trace`); otherwise
 // every hook is empty and the kernel is unchanged (same SASS). Thread 0 of each consumer warp

@@ -3,7 +3,14 @@
 // A node is a descriptor type; its device implementation is `Node::Impl<Geo>` (Geo: the
 // warp group's tile geometry, see stage.cuh). An Impl provides
 //   struct SharedStorage;                         per consumer warp group (may be empty)
+//   static void init(SharedStorage&);             once per CTA, by one thread, before the
+//                                                 kernel's first cluster barrier (mbarriers)
+//   void load(EpiCtx const&, SharedStorage&);     once per tile, by one thread: asynchronous
+//                                                 loads of the tile's inputs (TileInput); the
+//                                                 root stage's run before the tile's mainloop
 //   void begin(EpiCtx const&, SharedStorage&);    once per tile, before any fragment
+//   void acquire(EpiCtx const&, SharedStorage&);  once per tile, when its stage starts
+//                                                 streaming: wait for what load() started
 //   template <int I, class V> void visit(EpiCtx const&, FragCoord const&, Frag const& acc, V& vals);
 //                                                 per fragment: writes vals[I] from vals[operands]
 //   void subtile_end(EpiCtx const&, SharedStorage&, int s);   once per 64-column subtile,
@@ -35,7 +42,7 @@ struct EpiCtx {
   int t;            // thread index inside the consumer warp group (0..127)
   int warp, lane;   // warp inside the warp group, lane
   int tile = 0;     // Stash (NTiles > 1): which of the job's N-tiles (n0 is that tile's origin)
-  RowGroupSlot xs{};  // row reductions across clusters (Aggregation::Global): exchange slot, rank
+  RowGroupSlot xs{};  // row reductions across clusters (Aggregation::L2Exchange): exchange slot, rank
 };
 
 COMFUSE_DEVICE int frag_row(int e) { return 8 * ((e >> 1) & 1); }
@@ -43,10 +50,42 @@ COMFUSE_DEVICE int frag_col(int e) { return 8 * (e >> 2) + (e & 1); }
 
 struct NoStorage {};
 
+// The defaults take any storage type: a node that overrides only some of the hooks keeps the
+// others for its own SharedStorage.
 template <class Geo> struct NodeBase {
   using SharedStorage = NoStorage;
-  COMFUSE_DEVICE void begin(EpiCtx const&, SharedStorage&) {}
-  COMFUSE_DEVICE void subtile_end(EpiCtx const&, SharedStorage&, int) {}
+  static constexpr bool kLoads = false;  // whether load() starts anything (TileInput)
+  template <class S> static COMFUSE_DEVICE void init(S&) {}
+  template <class S> COMFUSE_DEVICE void load(EpiCtx const&, S&) {}
+  template <class S> COMFUSE_DEVICE void begin(EpiCtx const&, S&) {}
+  template <class S> COMFUSE_DEVICE void acquire(EpiCtx const&, S&) {}
+  template <class S> COMFUSE_DEVICE void subtile_end(EpiCtx const&, S&, int) {}
+};
+
+// The 128-byte-swizzled staging layout of a BM x 64-column subtile of 16- or 32-bit elements,
+// in boxes of 128 bytes of columns (1 box for 16-bit T, 2 for fp32): what a TMA box {128 bytes,
+// BM rows} with 128-byte swizzle reads or writes. Bank-conflict free for stmatrix / ldmatrix
+// (16-bit: lane l addresses row l % 8 of 8x8 matrix l / 8) and for st/ld.shared.v2 (fp32).
+template <class T, int BM> struct SwizzledSubtile {
+  static constexpr int kBoxCols = 128 / int(sizeof(T));
+  static constexpr int kBoxes = 64 / kBoxCols;
+  static constexpr int kBoxBytes = BM * 128;
+  static constexpr int kBytes = kBoxes * kBoxBytes;
+  // 16-bit: the address lane `lane` gives stmatrix/ldmatrix .x4 for the fragment at (fc.mi,
+  // fc.sub_col) of warp `warp`.
+  static COMFUSE_DEVICE uint32_t matrix_addr(uint32_t base, int warp, int lane, FragCoord const& fc) {
+    int const q = lane / 8;
+    int const row = fc.mi * 64 + warp * 16 + (lane % 8) + 8 * (q & 1);
+    int const col = (fc.sub_col & ~15) + 8 * (q >> 1);
+    return base + row * 128 + (((col >> 3) ^ (row & 7)) << 4);
+  }
+  // fp32: the address of pair p (elements 2p, 2p + 1) of the fragment.
+  static COMFUSE_DEVICE uint32_t pair_addr(uint32_t base, FragCoord const& fc, int p) {
+    int const row = fc.row + 8 * (p & 1);
+    int const col = fc.sub_col + 8 * (p >> 1);
+    int const cb = col % kBoxCols;
+    return base + (col / kBoxCols) * kBoxBytes + row * 128 + ((((cb * 4) >> 4) ^ (row & 7)) << 4) + (cb * 4 & 15);
+  }
 };
 
 // A node with one value per row (a column vector, a reduction's statistic, a per-row bypass):
@@ -71,7 +110,7 @@ struct AccEntry {
 
 // A runtime scalar: params.scalars[Arg].
 template <int Arg> struct ScalarArg {
-  static_assert(Arg < kMaxScalars);
+  static_assert(Arg < Sm90::kMaxScalars);
   template <class Geo> struct Impl : NodeBase<Geo> {
     float s;
     COMFUSE_DEVICE void begin(EpiCtx const& c, NoStorage&) { s = c.p->scalars[Arg]; }
@@ -96,7 +135,7 @@ template <class L> struct ScalarLiteral {
 // per tile into the warp group's SMEM as fp32; a fragment reads two float2 (all rows of a
 // warp read the same words: broadcast, no bank conflict). Columns >= N read 0.
 template <int Arg, class T> struct RowBroadcast {
-  static_assert(Arg < kMaxVectors);
+  static_assert(Arg < Sm90::kMaxVectors);
   template <class Geo> struct Impl : NodeBase<Geo> {
     struct SharedStorage { alignas(16) float v[Geo::BN]; };
     uint32_t v_;  // shared-space address: ld.shared, not a generic load
@@ -120,7 +159,7 @@ template <int Arg, class T> struct RowBroadcast {
 // A vector of length M (one value per row), params.vectors[Arg] of type T. A thread holds
 // 2 rows per 64-row block: loaded once per tile into registers. Rows >= M read 0.
 template <int Arg, class T> struct ColBroadcast {
-  static_assert(Arg < kMaxVectors);
+  static_assert(Arg < Sm90::kMaxVectors);
   template <class Geo> struct Impl : PerRowNode<Geo> {
     using PerRowNode<Geo>::r;
     COMFUSE_DEVICE void begin(EpiCtx const& c, NoStorage&) {
@@ -162,46 +201,123 @@ template <class T, int Src> struct Cast {
 };
 
 // Store node Src to output Out (type T, M x N row-major) through SMEM and TMA.
-// Staging: one BM x 64 subtile per warp group, as 128-byte-swizzled boxes of 128 bytes of
-// columns (1 box for 16-bit T, 2 for fp32): the swizzle makes both stmatrix (16-bit) and
-// st.shared.v2 (fp32) writes bank-conflict free, and is what the TMA store un-swizzles.
+// Staging: one BM x 64 subtile per warp group (SwizzledSubtile), what the TMA store un-swizzles.
 template <int Out, class T, int Src> struct Store {
-  static_assert(Out < kMaxOutputs);
+  static_assert(Out < Sm90::kMaxOutputs);
   static constexpr bool kIsStore = true;
-  template <class Geo> struct Impl {
-    static constexpr int kBoxCols = 128 / int(sizeof(T));
-    static constexpr int kBoxes = 64 / kBoxCols;
-    static constexpr int kBoxBytes = Geo::BM * 128;
-    struct SharedStorage { alignas(1024) unsigned char buf[kBoxes * kBoxBytes]; };
+  template <class Geo> struct Impl : NodeBase<Geo> {
+    using Layout = SwizzledSubtile<T, Geo::BM>;
+    struct SharedStorage { alignas(1024) unsigned char buf[Layout::kBytes]; };
     uint32_t base_;
     COMFUSE_DEVICE void begin(EpiCtx const&, SharedStorage& s) { base_ = smem_u32(s.buf); }
     template <int I, class V> COMFUSE_DEVICE void visit(EpiCtx const& c, FragCoord const& fc, Frag const&, V& v) {
       static_assert(Src < I);
       if constexpr (sizeof(T) == 2) {
-        int q = c.lane / 8;
-        int row = fc.mi * 64 + c.warp * 16 + (c.lane % 8) + 8 * (q & 1);
-        int col = (fc.sub_col & ~15) + 8 * (q >> 1);
-        uint32_t addr = base_ + row * 128 + (((col >> 3) ^ (row & 7)) << 4);
-        stmatrix_x4(addr, DType<T>::pack2(v[Src][0], v[Src][1]), DType<T>::pack2(v[Src][2], v[Src][3]),
-                    DType<T>::pack2(v[Src][4], v[Src][5]), DType<T>::pack2(v[Src][6], v[Src][7]));
+        stmatrix_x4(Layout::matrix_addr(base_, c.warp, c.lane, fc), DType<T>::pack2(v[Src][0], v[Src][1]),
+                    DType<T>::pack2(v[Src][2], v[Src][3]), DType<T>::pack2(v[Src][4], v[Src][5]),
+                    DType<T>::pack2(v[Src][6], v[Src][7]));
       } else {
         CUTE_UNROLL
-        for (int p = 0; p < 4; ++p) {
-          int row = fc.row + 8 * (p & 1);
-          int col = fc.sub_col + 8 * (p >> 1);
-          int cb = col % kBoxCols;
-          uint32_t addr = base_ + (col / kBoxCols) * kBoxBytes + row * 128 + ((((cb * 4) >> 4) ^ (row & 7)) << 4) +
-                          (cb * 4 & 15);
-          st_shared_v2(addr, v[Src][2 * p], v[Src][2 * p + 1]);
-        }
+        for (int p = 0; p < 4; ++p) st_shared_v2(Layout::pair_addr(base_, fc, p), v[Src][2 * p], v[Src][2 * p + 1]);
       }
       CUTE_UNROLL
       for (int e = 0; e < kFrag; ++e) v[I][e] = v[Src][e];
     }
     COMFUSE_DEVICE void subtile_end(EpiCtx const& c, SharedStorage& s, int sub) {
       CUTE_UNROLL
-      for (int b = 0; b < kBoxes; ++b)
-        cute::SM90_TMA_STORE_2D::copy(&c.p->tma_out[Out], s.buf + b * kBoxBytes, c.n0 + sub * 64 + b * kBoxCols, c.m0);
+      for (int b = 0; b < Layout::kBoxes; ++b)
+        cute::SM90_TMA_STORE_2D::copy(&c.p->tma_out[Out], s.buf + b * Layout::kBoxBytes,
+                                      c.n0 + sub * 64 + b * Layout::kBoxCols, c.m0);
+    }
+  };
+};
+
+// An [M, N] input of the epilogue (a residual, a gate, a mask), type T, read through
+// params.tma_in[In]: the warp group's whole BM x BN tile is loaded by TMA into SMEM (one
+// SwizzledSubtile per 64 columns; TMA fills rows and columns past M and N with zeros) by one
+// thread, completing on the node's mbarrier. load() starts it: for the root stage before the
+// tile's mainloop (so it lands while the tensor cores work), for a later stage at its begin().
+// acquire() waits; each fragment then reads its 8 values with one ldmatrix (16-bit) or four
+// ld.shared.v2 (fp32). The buffer is rewritten by the next tile's load() only after every
+// thread of the warp group passed a barrier behind its last read (the kernel's MmaTurn sync,
+// or the epilogue's last store barrier; stage.cuh).
+template <int In, class T> struct TileInput {
+  static_assert(In < Sm90::kMaxTileInputs);
+  template <class Geo> struct Impl : NodeBase<Geo> {
+    using Layout = SwizzledSubtile<T, Geo::BM>;
+    static constexpr int kSubtileBytes = Layout::kBytes;
+    struct SharedStorage {
+      alignas(1024) unsigned char buf[Geo::SubTiles * Layout::kBytes];
+      uint64_t full;
+    };
+    static constexpr bool kLoads = true;
+    uint32_t base_;
+    uint32_t phase_ = 0;  // parity of the mbarrier's next completion (one per tile)
+    static COMFUSE_DEVICE void init(SharedStorage& s) {
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_u32(&s.full)) : "memory");
+    }
+    COMFUSE_DEVICE void load(EpiCtx const& c, SharedStorage& s) {
+      if (c.t != 0) return;
+      uint32_t const bar = smem_u32(&s.full);
+      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar),
+                   "r"(uint32_t(sizeof(s.buf))) : "memory");
+      constexpr uint64_t kEvictFirst = 0x12F0000000000000ull;  // streamed once
+      CUTE_UNROLL
+      for (int sub = 0; sub < Geo::SubTiles; ++sub)
+        CUTE_UNROLL
+        for (int b = 0; b < Layout::kBoxes; ++b)
+          cute::SM90_TMA_LOAD_2D::copy(&c.p->tma_in[In], reinterpret_cast<uint64_t*>(&s.full), kEvictFirst,
+                                       s.buf + sub * Layout::kBytes + b * Layout::kBoxBytes,
+                                       c.n0 + sub * 64 + b * Layout::kBoxCols, c.m0);
+    }
+    COMFUSE_DEVICE void begin(EpiCtx const&, SharedStorage& s) { base_ = smem_u32(s.buf); }
+    COMFUSE_DEVICE void acquire(EpiCtx const&, SharedStorage& s) {
+      uint32_t const bar = smem_u32(&s.full);
+      asm volatile(
+          "{\n.reg .pred p;\nTILE_IN_WAIT_%=:\n"
+          "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+          "@!p bra TILE_IN_WAIT_%=;\n}\n" ::"r"(bar), "r"(phase_) : "memory");
+      phase_ ^= 1;
+    }
+    template <int I, class V> COMFUSE_DEVICE void visit(EpiCtx const& c, FragCoord const& fc, Frag const&, V& v) {
+      uint32_t const sub = base_ + (fc.col / 64) * kSubtileBytes;
+      if constexpr (sizeof(T) == 2) {
+        uint32_t r[4];
+        asm volatile("ldmatrix.sync.aligned.x4.m8n8.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(Layout::matrix_addr(sub, c.warp, c.lane, fc)));
+        CUTE_UNROLL
+        for (int q = 0; q < 4; ++q) v[I][2 * q] = DType<T>::unpack_lo(r[q]), v[I][2 * q + 1] = DType<T>::unpack_hi(r[q]);
+      } else {
+        CUTE_UNROLL
+        for (int p = 0; p < 4; ++p) {
+          float2 const x = ld_shared_v2(Layout::pair_addr(sub, fc, p));
+          v[I][2 * p] = x.x, v[I][2 * p + 1] = x.y;
+        }
+      }
+    }
+  };
+};
+
+// Store a per-row (Col-class) node Src to output Out, an [M, 1] vector of T
+// (params.col_outputs[Out], contiguous): one plain store per row, by the quad leader that holds
+// it, from the CTA whose tile starts at column 0 (every CTA of the row holds the same value
+// after a reduction; one writes), on the fragment at column 0 (the value is the same along the row).
+template <int Out, class T, int Src> struct StoreCol {
+  static_assert(Out < Sm90::kMaxColOutputs);
+  template <class Geo> struct Impl : NodeBase<Geo> {
+    template <int I, class V> COMFUSE_DEVICE void visit(EpiCtx const& c, FragCoord const& fc, Frag const&, V& v) {
+      static_assert(Src < I);
+      if (fc.col == 0 && c.n0 == 0 && c.lane % 4 == 0) {
+        T* out = static_cast<T*>(c.p->col_outputs[Out]);
+        CUTE_UNROLL
+        for (int h = 0; h < 2; ++h) {
+          int const m = c.m0 + fc.row + 8 * h;
+          if (m < c.p->M) out[m] = T(v[Src][2 * h]);
+        }
+      }
+      CUTE_UNROLL
+      for (int e = 0; e < kFrag; ++e) v[I][e] = v[Src][e];
     }
   };
 };

@@ -4,7 +4,7 @@
 // (__expf: ~2 ulp relative; __fdividef: 2 ulp, and 0 for a divisor beyond 2^126, which is
 // the right limit where it is used). IEEE division costs a slow-path branch per element,
 // and the epilogue is fully unrolled: code size matters (instruction cache), see NOTES.md.
-// Reductions (ReduceSum, ReduceMean, ReduceMax, ReduceMin) come with issue 4.
+// The reductions' functors (ReduceSum, ReduceMean, ReduceMax, ReduceMin) are in reduce.cuh.
 #pragma once
 #include "../common.cuh"
 

@@ -1,4 +1,4 @@
-// comfuse/epilogue/reduce.cuh: reduction nodes of the Stage-Stream epilogue (issue 4).
+// comfuse/epilogue/reduce.cuh: reduction nodes of the Stage-Stream epilogue.
 //
 //   Reduction<Op, Operand, PostStage>  terminal node of a Stage: thread-local aggregation of
 //                                      node Operand per row in the compute phase; the Stage
@@ -123,6 +123,7 @@ template <class Op, int A, int B> struct NodeClass<Compute<Op, A, B>> {
 };
 template <class T, int S> struct NodeClass<Cast<T, S>> { template <class P> static constexpr int get(int const* c) { return c[S]; } };
 template <int O, class T, int S> struct NodeClass<Store<O, T, S>> { template <class P> static constexpr int get(int const* c) { return c[S]; } };
+template <int O, class T, int S> struct NodeClass<StoreCol<O, T, S>> { template <class P> static constexpr int get(int const* c) { return c[S]; } };
 template <class Op, int A, class S, int Pr> struct NodeClass<Reduction<Op, A, S, Pr>> { template <class P> static constexpr int get(int const*) { return kClassCol; } };
 
 template <int N> struct IntArr { int v[N > 0 ? N : 1]; };

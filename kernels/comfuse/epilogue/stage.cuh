@@ -13,7 +13,7 @@
 // warp group syncs, one thread issues the TMA stores; before the next subtile rewrites
 // the buffers that thread waits until the previous stores have read SMEM.
 //
-// Reductions (issue 4, epilogue/reduce.cuh, cluster/dsmem.cuh):
+// Reductions (epilogue/reduce.cuh, cluster/dsmem.cuh, cluster/global_exchange.cuh):
 //  * Reduction<Op, Operand, PostStage> is the terminal node of its Stage. In the compute
 //    phase it aggregates its operand thread-locally per row ([MBlocks][2] registers; columns
 //    >= N enter as Op's identity). Reduce phase (run by this executor):
@@ -26,7 +26,7 @@
 //          LeaderFollower, TMA bulk copies completing on mbarriers) through ONE unified
 //          reduction buffer per consumer warp group (SharedStorage::chan), reused by every
 //          reduction of the chain (a round counter gives buffer and parity); or, for a row
-//          group of clusters (Aggregation::Global), across clusters through one L2 exchange
+//          group of clusters (Aggregation::L2Exchange), across clusters through one L2 exchange
 //          slot per warp group (cluster/global_exchange.cuh), reused the same way.
 //    Op::finalize (mean: / true N), then the PostStage runs with the statistic bound to its
 //    Stat node. Its begin() (vector loads) ran with the root stage's at the start of the job
@@ -45,7 +45,7 @@
 //    Col-class (per-row) or scalar K are captured into the Bypass node's [MBlocks][2]
 //    registers from the first fragment.
 //  * Geometry carries RowPeers (the CTAs that share a row: the cluster along N over DSMEM, or
-//    a row group of clusters exchanging through L2 with Aggregation::Global) and the mode.
+//    a row group of clusters exchanging through L2 with Aggregation::L2Exchange) and the mode.
 //  * Stash (Geometry::NTiles = T > 1, epilogue/stash.cuh): a job is T N-tiles of one row block
 //    (tile t at n0 + t * RowPeers * BN). The root stage runs its compute phase once per tile
 //    (run_tile, right after that tile's mainloop), its reduction partials accumulating across
@@ -67,11 +67,11 @@ namespace comfuse::epi {
 // Tile geometry of one consumer warp group.
 // RowPeers: CTAs that hold the same rows at the same time (tile t of a job sits at
 // n0 + t * RowPeers * BN); they are one cluster along N unless Agg == Global.
-template <int BM_, int BN_, int RowPeers_ = 1, cluster::Aggregation Agg_ = cluster::Aggregation::Auto, int NTiles_ = 1>
+template <int BM_, int BN_, int RowPeers_ = 1, Aggregation Agg_ = Aggregation::None, int NTiles_ = 1>
 struct Geometry {
   static constexpr int BM = BM_, BN = BN_, RowPeers = RowPeers_;
   static constexpr int NTiles = NTiles_;  // N-tiles of a job (Stash); 1: one tile, no stash
-  static constexpr cluster::Aggregation Agg = cluster::resolve(Agg_, RowPeers_);
+  static constexpr Aggregation Agg = Agg_;
   static constexpr int MBlocks = BM / 64;   // m64 wgmma blocks
   static constexpr int SubTiles = BN / 64;  // 64-column store subtiles
 };
@@ -168,7 +168,7 @@ template <class... Nodes> struct Stage {
     static constexpr int kPeers = cute::max(Geo::RowPeers, 2);
     using Chan = cute::conditional_t<
         !kClusterReduce, detail::NoChannel,
-        cute::conditional_t<Geo::Agg == cluster::Aggregation::Global, cluster::GlobalRowAllReduce<Geo::BM, kPeers>,
+        cute::conditional_t<Geo::Agg == Aggregation::L2Exchange, cluster::GlobalRowAllReduce<Geo::BM, kPeers>,
                             cluster::RowAllReduce<Geo::BM, cute::min(kPeers, 16), Geo::Agg>>>;
     using ChanStorage = typename Chan::Storage;
     static_assert(cute::is_same_v<Parent, NoParent> || (0 + ... + int(cute::is_same_v<Nodes, AccEntry>)) == 0,
@@ -177,6 +177,13 @@ template <class... Nodes> struct Stage {
                   "ComFuse: a PostOp stage may bypass at most ONE tile-shaped value of its parent (it travels in the "
                   "accumulator registers); recompute the others or chain them through one value");
     static constexpr int kTileBypass = kHasPost ? PostS::template tile_bypass_source<Classes>() : -1;
+    // Whether any stage boundary from here on carries a tile-shaped value (a job of several
+    // N-tiles then needs a stash for it).
+    static constexpr bool carries_tile() {
+      if constexpr (kHasPost) return kTileBypass >= 0 || PostExec::kCarriesTile;
+      else return false;
+    }
+    static constexpr bool kCarriesTile = carries_tile();
 
     struct alignas(1024) NodesFull : Layout::Storage {
       template <int I> static constexpr size_t offset_of() { return Layout::offset(I); }
@@ -187,10 +194,21 @@ template <class... Nodes> struct Stage {
     };
     using NodesStorage = cute::conditional_t<(Layout::offset(Layout::kN) > 0), NodesFull, NodesEmpty>;
     // No empty members: an empty struct next to a 1024-aligned one would cost 1 KB. So per
-    // warp group: sum over stages of align_up(node bytes, 1024) (0 for a stage without), plus
-    // align_up(2 * C_N * rows * 4 + 16, 1024) for the channel (when it exists).
+    // warp group: the sum over stages of align_up(node bytes, 1024) (0 for a stage without),
+    // plus the channel (when it exists): the planner's epilogue model (src/plan/storage.cpp)
+    // and KernelConfig::epilogue_smem_bytes.
     static constexpr bool kNodeBytes = Layout::offset(Layout::kN) > 0;
     using PostTree = typename cute::conditional_t<kHasPost, PostExec, detail::NoTreeHolder>::TreeStorage;
+    // Whether this stage or a later one keeps anything in SMEM (a tree without storage takes none).
+    static constexpr bool tree_has_storage() {
+      if constexpr (kHasPost) return kNodeBytes || PostExec::kTreeHasStorage;
+      else return kNodeBytes;
+    }
+    static constexpr bool kTreeHasStorage = tree_has_storage();
+    static constexpr bool tree_has_post_storage() {
+      if constexpr (kHasPost) return PostExec::kTreeHasStorage;
+      else return false;
+    }
     struct TreeNodesPost {
       NodesStorage nodes;
       PostTree post;
@@ -201,23 +219,38 @@ template <class... Nodes> struct Stage {
     struct TreeNodes {
       NodesStorage nodes;
     };
-    using TreeStorage = cute::conditional_t<kHasPost, cute::conditional_t<kNodeBytes, TreeNodesPost, TreePost>,
-                                            cute::conditional_t<kNodeBytes, TreeNodes, detail::NoTree>>;
-    // A stage without node storage hands its nodes a dummy (their SharedStorage is empty).
+    using TreeStorage = cute::conditional_t<
+        tree_has_post_storage(), cute::conditional_t<kNodeBytes, TreeNodesPost, TreePost>,
+        cute::conditional_t<kNodeBytes, TreeNodes, detail::NoTree>>;
+    // A stage without node storage hands its nodes a dummy (their SharedStorage is empty); a
+    // chain whose later stages keep nothing hands them a dummy tree likewise.
     static COMFUSE_DEVICE NodesStorage& nodes_of(TreeStorage& ts) {
       if constexpr (kNodeBytes) return ts.nodes;
       else return *reinterpret_cast<NodesStorage*>(&ts);
     }
-    struct SharedWithChan {  // per consumer warp group: every stage's node storage + ONE channel
+    static COMFUSE_DEVICE PostTree& post_tree(TreeStorage& ts) {
+      if constexpr (tree_has_post_storage()) return ts.post;
+      else return *reinterpret_cast<PostTree*>(&ts);
+    }
+    struct SharedTreeChan {  // per consumer warp group: every stage's node storage + ONE channel
       TreeStorage tree;
       ChanStorage chan;
     };
-    struct SharedNoChan {
+    struct SharedTree {
       TreeStorage tree;
     };
+    struct SharedChan {
+      ChanStorage chan;
+    };
     // The L2 channel keeps nothing on chip: no (empty, 1 KiB-padded) member for it.
-    static constexpr bool kChanInSmem = kClusterReduce && Geo::Agg != cluster::Aggregation::Global;
-    using SharedStorage = cute::conditional_t<kChanInSmem, SharedWithChan, SharedNoChan>;
+    static constexpr bool kChanInSmem = kClusterReduce && Geo::Agg != Aggregation::L2Exchange;
+    using SharedStorage = cute::conditional_t<
+        kChanInSmem, cute::conditional_t<kTreeHasStorage, SharedTreeChan, SharedChan>,
+        cute::conditional_t<kTreeHasStorage, SharedTree, detail::NoTree>>;
+    static COMFUSE_DEVICE TreeStorage& tree_of(SharedStorage& ss) {
+      if constexpr (kTreeHasStorage) return ss.tree;
+      else return *reinterpret_cast<TreeStorage*>(&ss);
+    }
 
     Impls impls;
     cute::conditional_t<kHasPost, PostExec, detail::NoTree> post;
@@ -229,20 +262,45 @@ template <class... Nodes> struct Stage {
     static constexpr bool kPairFirst = kPair == kPairMeanM2 || kPair == kPairMaxExpSum;
     static_assert(!kPairFirst || Geo::NTiles == 1,
                   "Pair: one N-tile per CTA (the CTA's second statistic needs its values in registers)");
-    static_assert(!kPairFirst || !kClusterReduce || Geo::Agg == cluster::Aggregation::Global,
+    static_assert(!kPairFirst || !kClusterReduce || Geo::Agg == Aggregation::L2Exchange,
                   "Pair: the L2 exchange (row groups) or no exchange; the DSMEM channel has no pair round");
     float given[Geo::MBlocks][2];
+
+    static constexpr bool kRoot = cute::is_same_v<Parent, NoParent>;
+    // Whether a node of the root stage loads its tile's inputs (TileInput): the kernel then
+    // calls prefetch() before each tile's mainloop.
+    static constexpr bool kRootLoads = (false || ... || Nodes::template Impl<Geo>::kLoads);
 
     // One thread per CTA, before the kernel's first cluster barrier.
     static COMFUSE_DEVICE void init_shared(SharedStorage& ss) {
       if constexpr (kChanInSmem) Chan::init(ss.chan);
+      init_nodes(tree_of(ss));
+    }
+    static COMFUSE_DEVICE void init_nodes(TreeStorage& ts) {
+      cute::for_each(cute::make_int_sequence<kNumNodes>{}, [&](auto i) {
+        using Impl = cute::tuple_element_t<decltype(i)::value, Impls>;
+        Impl::init(detail::storage_get<decltype(i)::value, StorageTypes>(nodes_of(ts)));
+      });
+      if constexpr (kHasPost) PostExec::init_nodes(post_tree(ts));
+    }
+
+    // The root stage's asynchronous input loads of tile c (TileInput), started before the
+    // tile's mainloop so that they land while the tensor cores work. Later stages start theirs
+    // at their begin(). Called after a barrier behind the warp group's last read of the buffers.
+    COMFUSE_DEVICE void prefetch(EpiCtx const& c, SharedStorage& ss) {
+      if constexpr (kRootLoads) load_nodes(c, tree_of(ss));
+    }
+    COMFUSE_DEVICE void load_nodes(EpiCtx const& c, TreeStorage& ts) {
+      cute::for_each(cute::make_int_sequence<kNumNodes>{}, [&](auto i) {
+        cute::get<decltype(i)::value>(impls).load(c, detail::storage_get<decltype(i)::value, StorageTypes>(nodes_of(ts)));
+      });
     }
 
     // Once per tile: every node's begin() (vectors -> SMEM), published by a barrier.
     // WithChain (the root stage, run_tile) with one N-tile a job: every later stage begins here
     // too (its vectors are the same tile's columns and its SMEM its own: TreeStorage nests every
     // stage's node storage), all loads in flight at once under ONE barrier, instead of a
-    // begin_phase with its barriers inside each cluster round (session 8: the pair rounds of
+    // begin_phase with its barriers inside each cluster round (measured: the pair rounds of
     // softmax / log-softmax went from 616k to 587k ncu cycles at 8192x4096x4096 with it).
     template <bool WithChain = false>
     COMFUSE_DEVICE void begin_phase(EpiCtx const& c, TreeStorage& ts, int bar_id) {
@@ -252,7 +310,7 @@ template <class... Nodes> struct Stage {
       // in general, does the last stage of a chain).
       if constexpr (!kHasStores || kChain) named_sync(bar_id, kWarpGroupThreads);
       begin_nodes(c, ts);
-      if constexpr (kChain) post.begin_nodes_chain(c, ts.post);
+      if constexpr (kChain) post.begin_nodes_chain(c, post_tree(ts));
       // Before the first subtile rewrites the staging buffers, the previous tile's stores
       // must have read them; the same barrier publishes the vectors begin() wrote.
       if constexpr (kHasStores || kChain) {
@@ -261,6 +319,7 @@ template <class... Nodes> struct Stage {
       named_sync(bar_id, kWarpGroupThreads);
     }
     COMFUSE_DEVICE void begin_nodes(EpiCtx const& c, TreeStorage& ts) {
+      if constexpr (!kRoot) load_nodes(c, ts);  // the root's were prefetched
       cute::for_each(cute::make_int_sequence<kNumNodes>{}, [&](auto i) {
         cute::get<decltype(i)::value>(impls).begin(c, detail::storage_get<decltype(i)::value, StorageTypes>(nodes_of(ts)));
       });
@@ -268,7 +327,7 @@ template <class... Nodes> struct Stage {
     // This stage's begin() and every later stage's; no barrier (the root's publishes them).
     COMFUSE_DEVICE void begin_nodes_chain(EpiCtx const& c, TreeStorage& ts) {
       begin_nodes(c, ts);
-      if constexpr (kHasPost) post.begin_nodes_chain(c, ts.post);
+      if constexpr (kHasPost) post.begin_nodes_chain(c, post_tree(ts));
     }
 
     // One fragment through every node (Tile-class Bypass nodes read `acc`).
@@ -310,7 +369,9 @@ template <class... Nodes> struct Stage {
     template <bool kInRegs, class FragC, class St>
     COMFUSE_DEVICE void body(EpiCtx const& c, TreeStorage& ts, FragC& accum, int bar_id, St const& st) {
       constexpr bool in_regs = kInRegs;
-      constexpr bool kRoot = cute::is_same_v<Parent, NoParent>;
+      cute::for_each(cute::make_int_sequence<kNumNodes>{}, [&](auto i) {
+        cute::get<decltype(i)::value>(impls).acquire(c, detail::storage_get<decltype(i)::value, StorageTypes>(nodes_of(ts)));
+      });
       CUTE_UNROLL
       for (int s = 0; s < Geo::SubTiles; ++s) {
         if constexpr (kHasStores) {
@@ -388,16 +449,17 @@ template <class... Nodes> struct Stage {
     template <class FragC, class St = NoStash>
     COMFUSE_DEVICE void run_tile(EpiCtx const& c, SharedStorage& ss, FragC& accum, int bar_id, int t, St const& st = St{}) {
       EpiCtx const ct = tile_ctx(c, t);
-      begin_phase<true>(ct, ss.tree, bar_id);
-      if (Geo::NTiles == 1 || t == Geo::NTiles - 1) body<true>(ct, ss.tree, accum, bar_id, st);
-      else body<false>(ct, ss.tree, accum, bar_id, st);
+      TreeStorage& tree = tree_of(ss);
+      begin_phase<true>(ct, tree, bar_id);
+      if (Geo::NTiles == 1 || t == Geo::NTiles - 1) body<true>(ct, tree, accum, bar_id, st);
+      else body<false>(ct, tree, accum, bar_id, st);
       if constexpr (kEndsInReduction) {
         if (t == Geo::NTiles - 1) {
           if constexpr (kChanInSmem) {
-            reduce_phase(c, ss.tree, accum, bar_id, ss.chan, round, st);
+            reduce_phase(c, tree, accum, bar_id, ss.chan, round, st);
           } else {  // the L2 channel or none: no storage on chip
             ChanStorage none;
-            reduce_phase(c, ss.tree, accum, bar_id, none, round, st);
+            reduce_phase(c, tree, accum, bar_id, none, round, st);
           }
         }
       }
@@ -551,7 +613,7 @@ template <class... Nodes> struct Stage {
         } else {
           if constexpr (kClusterReduce) Chan::start(chan, rnd, c.xs, *c.p, c.t, bar_id, v);
           // Several N-tiles a job: tile 0's begin overlaps the round (one: it ran with the root's).
-          if constexpr (kHasPost && Geo::NTiles > 1) post.begin_phase(c, ts.post, bar_id);
+          if constexpr (kHasPost && Geo::NTiles > 1) post.begin_phase(c, post_tree(ts), bar_id);
           if constexpr (kClusterReduce) {
             Chan::template finish<Op>(chan, rnd, c.xs, *c.p, c.t, bar_id, v);
             ++rnd;
@@ -565,7 +627,7 @@ template <class... Nodes> struct Stage {
           CUTE_UNROLL
           for (int h = 0; h < 2; ++h) v[mi][h] = Op::finalize(v[mi][h], n);
         post.take_stat(v);
-        post.stream(c, ts.post, accum, bar_id, chan, rnd, st);
+        post.stream(c, post_tree(ts), accum, bar_id, chan, rnd, st);
       }
     }
   };

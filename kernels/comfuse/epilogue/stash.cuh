@@ -20,8 +20,6 @@
 
 namespace comfuse::epi {
 
-enum class StashSpace : int { Auto = 0, Smem = 1, Global = 2 };
-
 // kSmem: the region is SMEM, accessed with ld/st.shared.v4 (a generic pointer to SMEM compiled
 // to generic LD/ST.E.128); else global memory (LDG/STG.128).
 template <class T, int Rows, int BN, int Slots, bool kSmem> struct Stash {

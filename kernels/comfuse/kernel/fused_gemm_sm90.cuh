@@ -4,18 +4,18 @@
 //   WG0  producer: setmaxnreg.dec to 40; one thread issues every TMA load into the
 //        Stages-deep SMEM ring (mainloop/mainloop_sm90.cuh), tile after tile.
 //   WG1, WG2  consumers (setmaxnreg.inc to 232), in one of two schedules
-//     PingPong (Mainloop::WGsPerTile == 1): consumer c takes the CTA's tiles c, c+2, ...;
+//     PingPong (KernelConfig::wgs_per_tile == 1): consumer c takes the CTA's tiles c, c+2, ...;
 //        each owns a whole BM x BN tile (BM*BN/128 fp32 accumulators a thread). The tensor
 //        cores serve one consumer at a time: a consumer waits for its MmaTurn barrier,
 //        issues all wgmmas of its tile, hands the turn to the other consumer, then waits
 //        for its last wgmmas and runs the epilogue (epilogue/stage.cuh) while the other
 //        consumer's mainloop runs.
-//     Cooperative (WGsPerTile == 2): both consumers take every tile of the CTA, 64 rows
+//     Cooperative (wgs_per_tile == 2): both consumers take every tile of the CTA, 64 rows
 //        each, and run their halves' epilogues side by side; the producer meanwhile fills
 //        the ring for the next tile. Bigger tiles (128 x 256) for less SMEM traffic per
 //        MAC; the epilogue is not hidden behind a mainloop.
-// Persistent over tiles (scheduler/tile_scheduler.cuh), clusters of 1 x ClusterN CTAs
-// along N sharing the A tile through TMA multicast.
+// Persistent over tiles (scheduler/tile_scheduler.cuh), clusters of 1 x cluster_n CTAs
+// along N sharing the A tile through TMA multicast, or cluster_m x 1 along M sharing B.
 //
 // Stash (NTiles = T > 1, epilogue/stash.cuh): a job of a CTA is T N-tiles of one row block
 //   (column blocks n, n + C_N, ..., n + (T-1) C_N: every CTA of the cluster walks the same
@@ -29,22 +29,20 @@
 //   PostStages over T tiles plus the cluster rounds) runs under the other consumer's T
 //   mainloops. (Per-tile hand-over would stall the other consumer's next tile behind this
 //   consumer's whole multi-tile epilogue.) StashT: float or bf16 (rounds the bypassed value).
-//   Stash bytes per consumer WG: (T-1) * kEpiRows * BN * sizeof(StashT); in SMEM beside the
-//   ring when it fits (StashSpace Auto/Smem), else in a global workspace (Params::stash,
-//   kStashGlobalBytesPerCta per CTA, CTA index blockIdx.x * gridDim.y + blockIdx.y), which the
-//   L2 mostly holds; the layout is thread-private either way (no barriers).
+//   Stash bytes per consumer WG: KernelConfig::stash_bytes_per_wg(); in SMEM beside the ring
+//   (StashSpace::Smem) or in a global workspace (StashSpace::Workspace), which the L2 mostly
+//   holds; the layout is thread-private either way (no barriers).
 //
-// Row groups (RowGroup = G > 1, Agg = Global): the CTAs that share a row are G clusters of the
+// Row groups (row_group = G > 1, Aggregation::L2Exchange): the CTAs that share a row are G clusters of the
 //   persistent grid instead of one cluster along N, exchanging each reduction round through L2
 //   (cluster/global_exchange.cuh), so that the hardware cluster can run along M and multicast
-//   B (ClusterM = 2: the PingPong mainloops' L2 traffic at cuBLAS parity) with all 132 SMs busy.
+//   B (cluster_m = 2: the PingPong mainloops' L2 traffic at cuBLAS parity) with all 132 SMs busy.
 //   Columns, jobs and Stash work as with a cluster of G CTAs along N (scheduler).
 //
-// Generated code instantiates comfuse::fused_gemm_sm90<FusedGemmSm90<Mainloop, Epi>>
-// (or wraps it in an extern "C" entry) and launches grid (clusters * ClusterM, ClusterN, 1),
-// cluster (ClusterM, ClusterN, 1), kThreads threads, kSmemBytes dynamic SMEM
-// (host/launch.hpp's launch_shape; ClusterM > 1 only with ClusterN == 1: no row reduction, or row
-// groups exchanging through L2).
+// Generated code writes `constexpr comfuse::KernelConfig kConfig{...}` once, instantiates
+// FusedGemmSm90<kConfig, Element, Epilogue> and wraps it in an extern "C" entry
+// (COMFUSE_DEFINE_KERNEL). The runtime launches it with kConfig's grid (scheduler/grid.cuh),
+// Sm90::kThreads threads and kConfig.smem_bytes() of dynamic SMEM.
 #pragma once
 #include "../common.cuh"
 #include "../params.cuh"
@@ -55,68 +53,57 @@
 
 namespace comfuse {
 
-// Agg: how row reductions of Epi aggregate across the cluster (issue 4, cluster/dsmem.cuh).
-template <class Mainloop_, class Epi_, cluster::Aggregation Agg = cluster::Aggregation::Auto, int NTiles_ = 1,
-          class StashT = cutlass::bfloat16_t, epi::StashSpace Space = epi::StashSpace::Auto, int RowGroup = 1>
+// C: the kernel's one description (config.cuh), written once by the generated source;
+// Element: bf16 or f16 (A and B); Epi: the epilogue, a Stage (epilogue/stage.cuh).
+template <KernelConfig C, class Element, class Epi_>
 struct FusedGemmSm90 {
-  using Mainloop = Mainloop_;
+  static_assert(check(C) == nullptr, "ComFuse: KernelConfig refused by check() (config.cuh); the host "
+                                     "planner calls check() and names the reason");
+  static constexpr KernelConfig kConfig = C;
+  using Mainloop = MainloopSm90<Element, C>;
   using Epi = Epi_;
-  static constexpr int BM = Mainloop::BM, BN = Mainloop::BN, ClusterN = Mainloop::ClusterN;
-  static constexpr bool kPingPong = Mainloop::WGsPerTile == 1;
-  static constexpr int kEpiRows = BM / Mainloop::WGsPerTile;  // rows of a consumer's epilogue
-  static constexpr int NTiles = NTiles_;
-  static_assert(NTiles >= 1 && NTiles <= 64, "NTiles: N-tiles per job, 1..64");
-  static constexpr bool kGlobal = Agg == cluster::Aggregation::Global;
-  static_assert(RowGroup >= 1 && (RowGroup == 1 || kGlobal), "RowGroup > 1: the row group exchanges through L2 (Aggregation::Global)");
-  static_assert(!kGlobal || ClusterN == 1, "Aggregation::Global: the row's CTAs are clusters of a row group (ClusterN == 1)");
-  static constexpr int RowPeers = ClusterN * RowGroup;  // CTAs that hold the same rows
-  using Geo = epi::Geometry<kEpiRows, BN, RowPeers, Agg, NTiles>;
+  static constexpr int BM = C.tile_m, BN = C.tile_n, ClusterN = C.cluster_n, ClusterM = C.cluster_m;
+  static constexpr bool kPingPong = C.wgs_per_tile == 1;
+  static constexpr int kEpiRows = C.epi_rows();  // rows of a consumer's epilogue
+  static constexpr int NTiles = C.n_tiles;
+  static constexpr bool kGlobal = C.aggregation == Aggregation::L2Exchange;
+  static constexpr int RowPeers = C.row_peers();  // CTAs that hold the same rows
+  using Geo = epi::Geometry<kEpiRows, BN, RowPeers, C.aggregation, NTiles>;
   using EpiExec = typename Epi::template Exec<Geo>;
-  static constexpr int ClusterM = Mainloop::ClusterM;  // clusters along M (B multicast), default 1
-  using Scheduler = TileScheduler<BM, BN, ClusterN, ClusterM, NTiles, RowGroup>;
+  using Scheduler = TileScheduler<C>;
+  static_assert(C.row_reduction == Epi::kEndsInReduction, "KernelConfig::row_reduction: does the epilogue reduce rows");
   static constexpr bool kDsmemReduce = EpiExec::kClusterReduce && !kGlobal;
-  static_assert(!kDsmemReduce || ClusterM == 1, "row reductions over DSMEM need ClusterM == 1 (or Aggregation::Global)");
-  // Row reductions cover a row only when one row group's job spans it: the host must reject
-  // N > kMaxReduceN (the results would be partial rows).
-  static constexpr int kMaxReduceN = Epi::kEndsInReduction ? RowPeers * BN * NTiles : 0x7fffffff;
-  // Global exchange: bytes of Params::exchange per slot (host: slots = clusters / RowGroup *
-  // ClusterM * 2); 0: none needed.
-  static constexpr int kExchangeBytesPerSlot =
-      EpiExec::kClusterReduce && kGlobal ? cluster::GlobalRowAllReduce<kEpiRows, cute::max(RowPeers, 2)>::kSlotBytes : 0;
-  using StashSmem = epi::Stash<StashT, kEpiRows, BN, NTiles - 1, true>;  // layout; the space is chosen below
   using Pipeline = typename Mainloop::Pipeline;
   using PipelineState = typename Mainloop::PipelineState;
 
-  static constexpr int kThreads = 3 * kWarpGroupThreads;
-  static constexpr int kProducerRegs = 40;
-  static constexpr int kConsumerRegs = 232;  // 40*128 + 232*256 <= 64K registers
-  static_assert(kEpiRows * BN / kWarpGroupThreads <= 128, "accumulators of one warp group must leave room");
+  static constexpr int kThreads = Sm90::kThreads;
+  static constexpr int kProducerRegs = Sm90::kProducerRegs;
+  static constexpr int kConsumerRegs = Sm90::kConsumerRegs;
 
   struct SharedBase {
     typename Mainloop::SharedStorage mainloop;              // the ring, 1024-aligned
     typename EpiExec::SharedStorage epi[2];                 // one per consumer WG
     typename Pipeline::SharedStorage pipe;                  // full/empty mbarriers
   };
-  static constexpr int kSmemLimit = 227 * 1024;
-  // + 1024: the dynamic SMEM base is aligned up to 1024 bytes in-kernel (128B swizzle).
-  static constexpr int kSmemNoStash = int(sizeof(SharedBase)) + 1024;
-  static constexpr int kStashBytesPerWG = NTiles > 1 ? StashSmem::kBytes : 0;
-  static constexpr bool kStashInSmem =
-      kStashBytesPerWG > 0 && (Space == epi::StashSpace::Smem ||
-                               (Space == epi::StashSpace::Auto && kSmemNoStash + 2 * kStashBytesPerWG <= kSmemLimit));
-  static_assert(Space != epi::StashSpace::Smem || kSmemNoStash + 2 * kStashBytesPerWG <= kSmemLimit,
-                "ComFuse Stash: 2 WGs x (NTiles-1) x rows x BN x sizeof(StashT) does not fit in SMEM beside the "
-                "mainloop ring: fewer Stages, smaller BN, a bf16 stash, more CTAs per cluster (fewer NTiles), or "
-                "StashSpace::Global");
+  static_assert(int(sizeof(typename EpiExec::SharedStorage)) <= C.epilogue_smem_bytes || C.epilogue_smem_bytes == 0,
+                "ComFuse: the epilogue's SMEM exceeds KernelConfig::epilogue_smem_bytes (the planner's model)");
+  // Stash (NTiles > 1): the job's earlier tiles' bypassed value, in SMEM beside the ring or in
+  // the global workspace (Params::stash, C.stash_workspace_bytes_per_cta() a CTA, CTA index
+  // blockIdx.x * gridDim.y + blockIdx.y), which the L2 mostly holds.
+  using StashT = cute::conditional_t<C.stash_elem_bytes == 2, cutlass::bfloat16_t, float>;
+  static constexpr bool kStashInSmem = C.stash_space == StashSpace::Smem;
+  static constexpr int kStashBytesPerWG = C.stash_bytes_per_wg();
+  static_assert(NTiles == 1 || C.stash_elem_bytes > 0 || !EpiExec::kCarriesTile,
+                "ComFuse: a tile-shaped value crosses a reduction with several N-tiles per job: it needs a stash");
   struct SharedStash : SharedBase {
     alignas(128) unsigned char stash[2][kStashBytesPerWG > 0 ? kStashBytesPerWG : 16];
   };
   using SharedStorage = cute::conditional_t<kStashInSmem, SharedStash, SharedBase>;
-  using Stash = cute::conditional_t<(NTiles > 1), epi::Stash<StashT, kEpiRows, BN, NTiles - 1, kStashInSmem>, epi::NoStash>;
-  static constexpr int kSmemBytes = int(sizeof(SharedStorage)) + 1024;
-  static_assert(kSmemBytes <= kSmemLimit, "SMEM over the sm_90 per-block limit: fewer stages");
-  // Global stash: bytes of Params::stash per CTA (0: none needed).
-  static constexpr int kStashGlobalBytesPerCta = (kStashBytesPerWG > 0 && !kStashInSmem) ? 2 * kStashBytesPerWG : 0;
+  using Stash = cute::conditional_t<(kStashBytesPerWG > 0), epi::Stash<StashT, kEpiRows, BN, NTiles - 1, kStashInSmem>,
+                                    epi::NoStash>;
+  // What the launch asks for (C.smem_bytes()) holds what the kernel uses (+ its base alignment).
+  static_assert(int(sizeof(SharedStorage)) + Sm90::kSmemBaseAlign <= C.smem_bytes(),
+                "ComFuse: the kernel's SMEM exceeds KernelConfig::smem_bytes()");
 
   static COMFUSE_DEVICE void run(Params const& p, char* smem_raw) {
     uintptr_t base = (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023);
@@ -168,7 +155,7 @@ struct FusedGemmSm90 {
       Stash stash;
       if constexpr (kStashInSmem) {
         stash.bind(reinterpret_cast<SharedStash&>(ss).stash[cw], t);
-      } else if constexpr (kStashGlobalBytesPerCta > 0) {
+      } else if constexpr (kStashBytesPerWG > 0) {
         size_t const cta = size_t(blockIdx.x) * gridDim.y + blockIdx.y;
         stash.bind(static_cast<char*>(p.stash) + (cta * 2 + cw) * size_t(kStashBytesPerWG), t);
       }
@@ -189,6 +176,13 @@ struct FusedGemmSm90 {
         if constexpr (kPingPong) named_sync(barrier_id(NamedBarrier::MmaTurnWG0, cw), 2 * kWarpGroupThreads);
         trace::mark(t, cw, job, trace::kTurn);
         for (int nt = 0; nt < NTiles; ++nt) {
+          // The root stage's tile inputs (TileInput) load while the tile's mainloop runs. The
+          // buffers are free: PingPong passed the MmaTurn barrier behind this warp group's last
+          // read; cooperative syncs the warp group here.
+          if constexpr (EpiExec::kRootLoads) {
+            if constexpr (!kPingPong) named_sync(barrier_id(NamedBarrier::EpilogueWG0, cw), kWarpGroupThreads);
+            epi.prefetch(EpiExec::tile_ctx(ctx, nt), ss.epi[cw]);
+          }
           if constexpr (kPingPong) {
             Mainloop::mma(pipeline, read_state, release_state, ss.mainloop, accum, kt, t);
             // The turn goes to the other consumer once per job, after its last tile's wgmmas.
@@ -228,13 +222,11 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1) fused_gemm_sm90(__grid_co
 }  // namespace comfuse
 
 // A generated translation unit names its entry point with this (extern "C": a stable
-// symbol for cuModuleGetFunction, no mangled template name to reproduce).
-#define COMFUSE_DEFINE_KERNEL(NAME, KERNEL)                                                    \
-  extern "C" __constant__ int NAME##_smem_bytes = KERNEL::kSmemBytes;                          \
-  extern "C" __constant__ int NAME##_stash_bytes_per_cta = KERNEL::kStashGlobalBytesPerCta;    \
-  extern "C" __constant__ int NAME##_exchange_bytes_per_slot = KERNEL::kExchangeBytesPerSlot;  \
-  extern "C" __global__ void __launch_bounds__(KERNEL::kThreads, 1)                            \
-      NAME(__grid_constant__ comfuse::Params const p) {                                        \
-    extern __shared__ char comfuse_smem[];                                                     \
-    KERNEL::run(p, comfuse_smem);                                                              \
+// symbol for cuLibraryGetKernel, no mangled template name to reproduce). The launch's sizes
+// come from the same KernelConfig on the host (config.cuh, scheduler/grid.cuh).
+#define COMFUSE_DEFINE_KERNEL(NAME, KERNEL)                                \
+  extern "C" __global__ void __launch_bounds__(KERNEL::kThreads, 1)        \
+      NAME(__grid_constant__ comfuse::Params const p) {                    \
+    extern __shared__ char comfuse_smem[];                                 \
+    KERNEL::run(p, comfuse_smem);                                          \
   }

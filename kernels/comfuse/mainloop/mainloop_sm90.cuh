@@ -35,35 +35,25 @@
 
 namespace comfuse {
 
-template <class Element_, bool BKMajor_, int BM_, int BN_, int Stages_, int ClusterN_, int WGsPerTile_ = 1,
-          int ClusterM_ = 1, int MmaDepth_ = 1>
+// The configuration is the kernel's (config.cuh); check() has validated it.
+template <class Element_, KernelConfig C>
 struct MainloopSm90 {
   using Element = Element_;
-  static constexpr bool BKMajor = BKMajor_;  // B is N x K (PyTorch Linear weight)
-  static constexpr int BM = BM_, BN = BN_, BK = 128 / int(sizeof(Element)), Stages = Stages_;
-  static constexpr int ClusterN = ClusterN_;
-  static constexpr int WGsPerTile = WGsPerTile_;
-  static constexpr int ClusterM = ClusterM_;
-  static constexpr int MmaDepth = MmaDepth_;
+  static constexpr bool BKMajor = C.b_kmajor;  // B is N x K (PyTorch Linear weight)
+  static constexpr int BM = C.tile_m, BN = C.tile_n, BK = 128 / int(sizeof(Element)), Stages = C.ring_stages;
+  static constexpr int ClusterN = C.cluster_n;
+  static constexpr int WGsPerTile = C.wgs_per_tile;
+  static constexpr int ClusterM = C.cluster_m;
+  static constexpr int MmaDepth = C.mma_depth;
   static constexpr int kConsumerThreads = WGsPerTile * 128;  // threads that consume one k-block
-  static constexpr int WGRows = BM / WGsPerTile;             // rows of one consumer WG's accumulators
-  static_assert(WGsPerTile == 1 || (WGsPerTile == 2 && (BM_ == 128 || BM_ == 256)),
-                "cooperative: 128 or 256 rows, half per WG");
-  static_assert(sizeof(Element) == 2, "16-bit inputs (bf16, fp16)");
-  static_assert(WGRows == 64 || WGRows == 128, "a warp group covers 64 or 128 rows");
-  static_assert(ClusterM == 1 || ClusterM == 2 || ClusterM == 4, "ClusterM in {1, 2, 4}");
-  static_assert(ClusterM == 1 || ClusterN == 1, "clusters along M or along N, not both");
-  static_assert(BKMajor || BN / 64 >= ClusterM, "K x N B: one 64-column box per rank at least");
-  static_assert(MmaDepth == 1 || MmaDepth == 2, "MmaDepth in {1, 2}");
-  static_assert(MmaDepth < Stages, "the producer needs a free slot");
-  static_assert(BN % 64 == 0 && BN <= 256, "BN in {64, 128, 192, 256}");
-  static_assert(ClusterN == 1 || ClusterN == 2 || ClusterN == 4 || ClusterN == 8 || ClusterN == 16);
+  static constexpr int WGRows = C.epi_rows();                // rows of one consumer WG's accumulators
+  static_assert(sizeof(Element) == Sm90::kAbBytes && BK == Sm90::kTileK, "16-bit inputs (bf16, fp16)");
 
   // A slices for the multicast: each >= 8 rows (one swizzle atom), so slices start on
-  // 1024-byte boundaries.
-  static constexpr int ASlices = ClusterN < BM / 8 ? ClusterN : BM / 8;
+  // 1024-byte boundaries; B slices likewise along M.
+  static constexpr int ASlices = C.a_slices();
   static constexpr int ASliceRows = BM / ASlices;
-  static constexpr int BSlices = ClusterM < BN / 8 ? ClusterM : BN / 8;  // K-major B multicast slices
+  static constexpr int BSlices = C.b_slices();  // K-major B multicast slices
   static constexpr int BSliceRows = BN / BSlices;
   static constexpr uint32_t kTxBytes = uint32_t((BM + BN) * BK * sizeof(Element));
 

@@ -1,9 +1,10 @@
-// comfuse/scheduler/tile_scheduler.cuh: persistent, cluster-aware tile scheduler.
+// comfuse/scheduler/tile_scheduler.cuh: persistent, cluster-aware tile scheduler (device half;
+// scheduler/grid.cuh is the host half: the job counts and the grid it launches with).
 //
 // Grid: dim3(num_clusters, ClusterN, 1), cluster dims (1, ClusterN, 1). A cluster walks
 // "cluster tiles": one BM-row block times ClusterN adjacent BN-column blocks. CTA rank r
 // of the cluster (blockIdx.y) takes column block ct.n * ClusterN + r of the SAME rows, so
-// every CTA of a cluster holds the same M rows at the same time (issue 4's cross-CTA row
+// every CTA of a cluster holds the same M rows at the same time (the cross-CTA row
 // reductions and the multicast of A rely on this). Cluster c takes cluster tiles
 // c, c + num_clusters, c + 2 num_clusters, ...; all CTAs of a cluster see the same
 // sequence, the k-th one of which goes to consumer warp group k % 2 (PingPong).
@@ -33,6 +34,7 @@
 #pragma once
 #include "../common.cuh"
 #include "../params.cuh"
+#include "grid.cuh"
 
 namespace comfuse {
 
@@ -42,24 +44,18 @@ struct TileCoord {
   bool valid;
 };
 
-template <int BM, int BN, int ClusterN, int ClusterM = 1, int NTiles = 1, int RowGroup = 1>
+template <KernelConfig C>
 struct TileScheduler {
-  static constexpr int PeersN = ClusterN * RowGroup;  // CTAs that hold the same rows
+  static constexpr int ClusterN = C.cluster_n, ClusterM = C.cluster_m, NTiles = C.n_tiles, RowGroup = C.row_group;
+  static constexpr int PeersN = C.row_peers();  // CTAs that hold the same rows
   int tiles_m, cl_tiles_n, num_cluster_tiles;  // tiles_m: in cluster tiles (ClusterM row blocks)
   int group, along_n;
   int cluster_id, num_clusters, rank, rank_m;
   int group_id, num_groups, rank_n;  // row groups of RowGroup clusters (1: a group is a cluster)
 
-  static constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
-
-  // Host and device: how many cluster tiles a problem has (host sizes the grid with it).
-  static constexpr int cluster_tiles(int M, int N) {
-    return ceil_div(ceil_div(M, BM), ClusterM) * ceil_div(ceil_div(N, BN), PeersN * NTiles);
-  }
-
   COMFUSE_DEVICE explicit TileScheduler(Params const& p) {
-    tiles_m = ceil_div(ceil_div(p.M, BM), ClusterM);
-    cl_tiles_n = ceil_div(ceil_div(p.N, BN), PeersN * NTiles);
+    tiles_m = job_rows(C, p.M);
+    cl_tiles_n = job_cols(C, p.N);
     num_cluster_tiles = tiles_m * cl_tiles_n;
     group = p.raster_group > 0 ? p.raster_group : 1;
     along_n = p.raster_along_n;
@@ -73,7 +69,7 @@ struct TileScheduler {
   }
 
   // The exchange slot of consumer warp group wg (cluster/global_exchange.cuh): one per
-  // (row group, rank along M, warp group); host/launch.hpp sizes the workspace to match.
+  // (row group, rank along M, warp group); grid.cuh's exchange_workspace_bytes sizes the workspace to match.
   COMFUSE_DEVICE int exchange_slot(int wg) const { return (group_id * ClusterM + rank_m) * 2 + wg; }
 
   // The k-th tile of this CTA (k = 0, 1, 2, ...).

@@ -1,0 +1,81 @@
+#pragma once
+// The GPU harness (not the library's API): run a whole graph on random inputs, check every
+// output against the fp64 reference, time it against cuBLAS GEMM alone, and summarize a traced
+// launch. Used by `comfuse run` and the GPU tests; src/runtime/device_run.cpp, trace.cpp.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "comfuse/interp.h"
+#include "comfuse/runtime.h"
+
+namespace comfuse {
+
+struct OutputCheck {
+  std::string name;
+  DType dtype = DType::F32;
+  Comparison cmp;          // GPU result vs run_graph (fp64)
+  int64_t unwritten = 0;   // elements still holding the NaN poison after the run
+};
+
+struct DeviceRunReport {
+  std::vector<OutputCheck> outputs;
+  double kernel_ms = 0;        // median over the timed launches (0 when not timed)
+  double tflops = 0;           // 2*M*N*K / kernel time
+  double cublas_ms = 0;        // cuBLAS GEMM alone (bf16/f16 out), timed alternately with the
+                               // fused kernel in the same power state (0 when not asked)
+  double ratio = 0;            // fused / cuBLAS: the median of the per-round ratios (each round
+                               // pairs the two in one power state); 0 when not asked
+  double ratio_lo = 0, ratio_hi = 0;  // the smallest and largest per-round ratio
+  std::vector<uint64_t> trace;        // CompileOptions::trace: the last launch's timeline
+  Plan plan;
+  CompiledKernel compiled;
+};
+
+// The rel_l2 a GPU output may differ from the fp64 reference by: the bf16 bound the
+// project holds kernels to (1e-2), and the finer ones its f16 and f32 outputs allow.
+inline double gpu_result_tolerance(DType t) { return t == DType::BF16 ? 1e-2 : t == DType::F16 ? 5e-3 : 1e-4; }
+
+// Lowers, compiles and runs `g` once on random inputs drawn from `seed` (outputs poisoned
+// with NaN first), downloads the outputs and compares them with run_graph. With
+// timing_reps > 0 also times batches of that many back-to-back launches (after warm-up; GPU time,
+// src/runtime/baseline.h), alternating with the cuBLAS GEMM alone when cublas_baseline.
+// Where a traced kernel's time went (per-job mainloop, epilogue, tensor-idle gaps, cross-CTA
+// skew of a row group), from FusedKernel::trace(); `csv` (optional) gets every stamp.
+std::string summarize_trace(const std::vector<uint64_t>& trace, const Plan& plan, std::string* csv = nullptr);
+
+inline constexpr int kTimingRounds = 9;  // alternating fused / cuBLAS rounds of run_and_check
+DeviceRunReport run_and_check(const Graph& g, const Bindings& dims, uint64_t seed, const CompileOptions& opt = {},
+                              int timing_reps = 0, double input_offset = 0.0, bool cublas_baseline = false);
+
+}  // namespace comfuse
+
+// ---- The cross-CTA channels on their own (kernels/comfuse/debug/channel_probe.cuh): the GPU
+// test checks them, bench/channel_bench.cpp times them.
+#include "comfuse/params.cuh"
+
+namespace comfuse {
+
+class ChannelProbe {
+ public:
+  // JIT-compiles channel_probe.cuh followed by `instantiations` (COMFUSE_DSMEM_PROBE(...),
+  // COMFUSE_L2_PROBE(...) lines) and loads it. Needs a GPU.
+  explicit ChannelProbe(const std::string& instantiations);
+  ~ChannelProbe();
+  ChannelProbe(const ChannelProbe&) = delete;
+  ChannelProbe& operator=(const ChannelProbe&) = delete;
+
+  struct Result {
+    int errors = 0;    // rows that differ from the exact sum (meaningful for rounds >= 1)
+    double ms = 0;     // GPU time of the launch
+    int clusters = 0;  // clusters launched: as many as fit, each CTA taking a whole SM
+  };
+  // Runs probe `entry` for `rounds` dependent rounds on clusters of `cluster` CTAs along x.
+  Result run(const std::string& entry, int cluster, const Params& p, int rounds) const;
+
+ private:
+  struct State;
+  State* st_;
+};
+
+}  // namespace comfuse

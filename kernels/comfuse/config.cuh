@@ -1,0 +1,170 @@
+// comfuse/config.cuh: ONE description of a fused-GEMM kernel (KernelConfig), and the sm_90
+// limits every layer checks against (Sm90).
+//
+// The planner fills a KernelConfig; Ψ writes it into the generated source once, as the kernel
+// template's argument (`constexpr comfuse::KernelConfig kConfig{...}`); the kernel is built from
+// it; the runtime sizes the dynamic SMEM, the workspaces and the grid from the same value with
+// the functions below (scheduler/grid.cuh for the grid). Nothing is read back from a compiled
+// kernel. check() is the one place that says why a configuration cannot be built (what CUTLASS
+// collectives call can_implement): the kernel static_asserts it, the planner filters with it.
+//
+// Host and device, NVRTC-compatible: no CUDA, CuTe or standard-library headers.
+#pragma once
+
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+#define COMFUSE_HOST_DEVICE __host__ __device__
+#else
+#define COMFUSE_HOST_DEVICE
+#endif
+
+namespace comfuse {
+
+// sm_90 facts and the kernel's fixed split of them.
+struct Sm90 {
+  static constexpr int kWarpGroupThreads = 128;
+  static constexpr int kConsumerWGs = 2;
+  static constexpr int kThreads = (1 + kConsumerWGs) * kWarpGroupThreads;  // producer WG + 2 consumer WGs
+  // setmaxnreg split of the SM's 64K registers (one CTA per SM): 40 * 128 + 232 * 256 = 64512.
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs = 232;
+  static constexpr int kSmemCapacity = 227 * 1024;  // dynamic SMEM one block may opt into
+  static constexpr int kSmemBaseAlign = 1024;       // the kernel aligns its SMEM base (128-byte swizzle atoms)
+  static constexpr int kMaxClusterSize = 16;        // non-portable cluster size limit
+  static constexpr int kAbBytes = 2;                // A and B are 16-bit (bf16 or f16)
+  static constexpr int kTileK = 128 / kAbBytes;     // one 128-byte swizzled row of A or B per TMA box
+  static constexpr int kMaxAccumulatorsPerThread = 128;  // one consumer WG's fp32 tile in registers
+  static constexpr int kMaxNTiles = 64;             // N-tiles one CTA walks per job
+  static constexpr int kMaxRowGroup = 64;           // clusters of one row group
+  // Params slots (params.cuh).
+  static constexpr int kMaxOutputs = 4;  // Store nodes (output tensors) of an epilogue
+  static constexpr int kMaxVectors = 8;  // RowBroadcast / ColBroadcast operands
+  static constexpr int kMaxScalars = 8;  // ScalarArg operands
+  static constexpr int kMaxTileInputs = 4;  // TileInput operands ([M, N] tensors read by TMA)
+  static constexpr int kMaxColOutputs = 4;  // StoreCol nodes ([M, 1] outputs)
+};
+
+// How the CTAs that share a row finish a row reduction.
+//   PeerToPeer / LeaderFollower: the row's CTAs are one cluster along N and exchange over DSMEM
+//     (cluster/dsmem.cuh): every CTA pushes its partials to every peer, or to a leader that
+//     reduces and pushes the result back.
+//   L2Exchange: the row's CTAs are a row group of clusters of the persistent grid and exchange
+//     through an L2 workspace (cluster/global_exchange.cuh).
+//   None: no reduction crosses a CTA.
+enum class Aggregation : int { None = 0, PeerToPeer = 1, LeaderFollower = 2, L2Exchange = 3 };
+
+// Where a CTA walking several N-tiles of a row block keeps the earlier tiles' bypassed value
+// (epilogue/stash.cuh): nowhere (one N-tile, or nothing tile-shaped crosses a reduction), in
+// SMEM beside the ring, or in a global workspace the L2 mostly holds.
+enum class StashSpace : int { None = 0, Smem = 1, Workspace = 2 };
+
+COMFUSE_HOST_DEVICE constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
+COMFUSE_HOST_DEVICE constexpr int align_up(int v, int a) { return (v + a - 1) / a * a; }
+
+// Bytes of one consumer WG's DSMEM channel (cluster/dsmem.cuh, RowAllReduce::Storage): two
+// round-parity buffers of one fp32 per row and peer, and two mbarriers; 128-byte aligned.
+COMFUSE_HOST_DEVICE constexpr int dsmem_channel_bytes(int rows, int cluster_n) {
+  return align_up(2 * cluster_n * rows * 4 + 16, 128);
+}
+
+struct KernelConfig {
+  // Mainloop.
+  bool b_kmajor = true;   // B is N x K (K contiguous: the Linear weight); else K x N
+  int tile_m = 128;       // rows of a CTA tile
+  int tile_n = 128;       // columns of a CTA tile
+  int ring_stages = 4;    // depth of the SMEM ring of A/B k-blocks (not the epilogue's stages)
+  int wgs_per_tile = 1;   // 1: PingPong (each consumer WG owns a tile); 2: cooperative (both share one)
+  int mma_depth = 1;      // k-blocks of wgmma a consumer leaves in flight
+  int cluster_m = 1;      // clusters along M share the B tile (TMA multicast)
+  int cluster_n = 1;      // clusters along N share the A tile (TMA multicast) and a row's reduction
+  // Work division.
+  int n_tiles = 1;        // N-tiles one CTA walks per job (a row too long for the row's CTAs)
+  int row_group = 1;      // clusters whose CTAs share a row (Aggregation::L2Exchange)
+  // Epilogue.
+  bool row_reduction = false;              // some stage of the epilogue ends in a row reduction
+  Aggregation aggregation = Aggregation::None;
+  StashSpace stash_space = StashSpace::None;
+  int stash_elem_bytes = 0;                // 4: fp32, 2: bf16, 0: nothing stashed
+  int epilogue_smem_bytes = 0;             // one consumer WG's epilogue SMEM: every stage's node storage
+                                           // and the DSMEM channel (the planner's model; the kernel
+                                           // static_asserts that its storage fits)
+
+  COMFUSE_HOST_DEVICE constexpr int epi_rows() const { return tile_m / wgs_per_tile; }  // one WG's rows
+  COMFUSE_HOST_DEVICE constexpr int cluster_size() const { return cluster_m * cluster_n; }
+  COMFUSE_HOST_DEVICE constexpr int row_peers() const { return cluster_n * row_group; }  // CTAs sharing a row
+  COMFUSE_HOST_DEVICE constexpr bool cross_cta_reduction() const { return row_reduction && row_peers() > 1; }
+  // A slices of the multicast along N (each >= 8 rows: one swizzle atom), B slices along M.
+  COMFUSE_HOST_DEVICE constexpr int a_slices() const { return cluster_n < tile_m / 8 ? cluster_n : tile_m / 8; }
+  COMFUSE_HOST_DEVICE constexpr int b_slices() const { return cluster_m < tile_n / 8 ? cluster_m : tile_n / 8; }
+  COMFUSE_HOST_DEVICE constexpr int ring_stage_bytes() const { return (tile_m + tile_n) * Sm90::kTileK * Sm90::kAbBytes; }
+  COMFUSE_HOST_DEVICE constexpr int ring_bytes() const { return ring_stages * ring_stage_bytes(); }
+  // Columns one job of the row's CTAs covers: a row reduction needs N <= this.
+  COMFUSE_HOST_DEVICE constexpr int row_cover() const { return row_peers() * tile_n * n_tiles; }
+  // Stash of one consumer WG: the job's earlier n_tiles - 1 tiles of its rows.
+  COMFUSE_HOST_DEVICE constexpr int stash_bytes_per_wg() const {
+    return n_tiles > 1 ? (n_tiles - 1) * epi_rows() * tile_n * stash_elem_bytes : 0;
+  }
+  // The kernel's SMEM without a stash: the ring (A and B 1024-aligned), both consumer WGs'
+  // epilogue storage and the ring's full/empty mbarriers, rounded to the 1024-byte alignment of
+  // the ring, plus the 1024 bytes the kernel may skip to align its base.
+  COMFUSE_HOST_DEVICE constexpr int smem_bytes_without_stash() const {
+    return align_up(ring_bytes() + Sm90::kConsumerWGs * epilogue_smem_bytes + 16 * ring_stages, 1024) +
+           Sm90::kSmemBaseAlign;
+  }
+  // Dynamic SMEM a launch asks for (fused_gemm_sm90.cuh's SharedStorage + the base alignment).
+  COMFUSE_HOST_DEVICE constexpr int smem_bytes() const {
+    return stash_space == StashSpace::Smem
+               ? align_up(smem_bytes_without_stash() + Sm90::kConsumerWGs * stash_bytes_per_wg(), 1024)
+               : smem_bytes_without_stash();
+  }
+  // Global workspaces the runtime allocates (scheduler/grid.cuh sizes them for the grid).
+  COMFUSE_HOST_DEVICE constexpr int stash_workspace_bytes_per_cta() const {
+    return stash_space == StashSpace::Workspace ? Sm90::kConsumerWGs * stash_bytes_per_wg() : 0;
+  }
+  // One exchange slot of the L2 channel: round parity x peers x (values, second statistics) x rows
+  // of 8-byte tagged words (cluster/global_exchange.cuh; at least 2 peers).
+  COMFUSE_HOST_DEVICE constexpr int exchange_peers() const { return row_peers() > 2 ? row_peers() : 2; }
+  COMFUSE_HOST_DEVICE constexpr int exchange_slot_bytes() const {
+    return aggregation == Aggregation::L2Exchange && cross_cta_reduction() ? 2 * exchange_peers() * 2 * epi_rows() * 8
+                                                                           : 0;
+  }
+};
+
+// Why `c` cannot be built, or nullptr when it can: every limit of the kernel templates and of
+// sm_90 in one place. The planner skips candidates it refuses; the kernel static_asserts it.
+COMFUSE_HOST_DEVICE constexpr bool is_pow2(int v) { return v > 0 && (v & (v - 1)) == 0; }
+
+COMFUSE_HOST_DEVICE constexpr char const* check(KernelConfig const& c) {
+  if (c.wgs_per_tile != 1 && c.wgs_per_tile != 2) return "wgs_per_tile: 1 (PingPong) or 2 (cooperative)";
+  if (c.wgs_per_tile == 1 && c.tile_m != 64 && c.tile_m != 128) return "PingPong tile_m: 64 or 128 rows per warp group";
+  if (c.wgs_per_tile == 2 && c.tile_m != 128 && c.tile_m != 256) return "cooperative tile_m: 128 or 256 (half per warp group)";
+  if (c.tile_n % 64 != 0 || c.tile_n < 64 || c.tile_n > 256) return "tile_n: 64, 128, 192 or 256";
+  if (c.epi_rows() * c.tile_n / Sm90::kWarpGroupThreads > Sm90::kMaxAccumulatorsPerThread)
+    return "a warp group's tile exceeds 128 fp32 accumulators per thread";
+  if (c.mma_depth != 1 && c.mma_depth != 2) return "mma_depth: 1 or 2";
+  if (c.ring_stages < 2 || c.ring_stages <= c.mma_depth) return "ring_stages: at least 2, and more than mma_depth";
+  if (!is_pow2(c.cluster_n) || c.cluster_n > Sm90::kMaxClusterSize) return "cluster_n: 1, 2, 4, 8 or 16";
+  if (c.cluster_m != 1 && c.cluster_m != 2 && c.cluster_m != 4) return "cluster_m: 1, 2 or 4";
+  if (c.cluster_m > 1 && c.cluster_n > 1) return "clusters along M or along N, not both";
+  if (!c.b_kmajor && c.tile_n / 64 < c.cluster_m)
+    return "K x N B multicasts 64-column boxes along M: tile_n >= 64 * cluster_m";
+  if (c.n_tiles < 1 || c.n_tiles > Sm90::kMaxNTiles) return "n_tiles: 1..64 N-tiles per job";
+  if (c.n_tiles > 1 && c.wgs_per_tile != 1) return "several N-tiles per job need the PingPong schedule";
+  if (!is_pow2(c.row_group) || c.row_group > Sm90::kMaxRowGroup) return "row_group: a power of two in 1..64";
+  if (c.row_group > 1 && c.aggregation != Aggregation::L2Exchange)
+    return "a row group of clusters exchanges through L2 (aggregation L2Exchange)";
+  if (c.aggregation == Aggregation::L2Exchange && c.cluster_n != 1)
+    return "the L2 exchange joins clusters of 1 along N (the row's CTAs are the row group)";
+  if (c.cross_cta_reduction() && c.aggregation == Aggregation::None)
+    return "a row reduction across CTAs needs an aggregation mode";
+  if (c.cross_cta_reduction() && c.aggregation != Aggregation::L2Exchange && c.cluster_m != 1)
+    return "a row reduction over DSMEM needs clusters along N only (cluster_m == 1)";
+  if (c.stash_elem_bytes != 0 && c.stash_elem_bytes != 2 && c.stash_elem_bytes != 4)
+    return "stash_elem_bytes: 0 (nothing), 2 (bf16) or 4 (fp32)";
+  if ((c.stash_bytes_per_wg() > 0) != (c.stash_space != StashSpace::None))
+    return "a stash needs a space (SMEM or workspace), and a space needs something to stash";
+  if (c.epilogue_smem_bytes < 0) return "epilogue_smem_bytes < 0";
+  if (c.smem_bytes() > Sm90::kSmemCapacity) return "SMEM over the 227 KiB a block may use: fewer ring stages or a smaller stash";
+  return nullptr;
+}
+
+}  // namespace comfuse

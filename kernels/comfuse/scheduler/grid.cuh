@@ -1,0 +1,59 @@
+// comfuse/scheduler/grid.cuh: the persistent tile scheduler's shape, for host and device: how a
+// problem divides into jobs, the grid a launch takes, and the workspaces sized for that grid.
+// scheduler/tile_scheduler.cuh walks the same jobs on the device; the runtime launches with
+// launch_grid(). Host and device, NVRTC-compatible.
+//
+// A job is cluster_m row blocks x one N group: the row_peers() * n_tiles column blocks that the
+// CTAs sharing those rows walk together (a cluster along N, or a row group of clusters).
+#pragma once
+#include "../config.cuh"
+
+namespace comfuse {
+
+COMFUSE_HOST_DEVICE constexpr int job_rows(KernelConfig const& c, int M) { return ceil_div(ceil_div(M, c.tile_m), c.cluster_m); }
+COMFUSE_HOST_DEVICE constexpr int job_cols(KernelConfig const& c, int N) {
+  return ceil_div(ceil_div(N, c.tile_n), c.row_peers() * c.n_tiles);
+}
+COMFUSE_HOST_DEVICE constexpr int job_count(KernelConfig const& c, int M, int N) { return job_rows(c, M) * job_cols(c, N); }
+
+struct LaunchGrid {
+  int grid_x = 0, grid_y = 0;        // grid (z = 1)
+  int cluster_x = 1, cluster_y = 1;  // cluster dims (z = 1)
+  int clusters = 0;                  // clusters launched
+  char const* error = nullptr;       // why there is no grid
+};
+
+// One cluster per resident cluster slot (persistent), at most one per job. A row group's G
+// clusters must all be resident at once (the L2 exchange waits on every one of them), so the
+// grid holds whole row groups only: clusters past the last whole group would get no jobs.
+// Clusters along N: grid (clusters, cluster_n), along M: grid (clusters * cluster_m, 1).
+COMFUSE_HOST_DEVICE constexpr LaunchGrid launch_grid(KernelConfig const& c, int M, int N, int max_active_clusters) {
+  LaunchGrid g;
+  int const groups_max = max_active_clusters / c.row_group;
+  if (groups_max < 1) {
+    g.error = "a row group's clusters do not fit on the GPU at once: plan a smaller row group";
+    return g;
+  }
+  int const jobs = job_count(c, M, N);
+  int const groups = jobs < groups_max ? (jobs > 0 ? jobs : 1) : groups_max;
+  g.clusters = groups * c.row_group;
+  g.grid_x = g.clusters * c.cluster_m;
+  g.grid_y = c.cluster_n;
+  g.cluster_x = c.cluster_m;
+  g.cluster_y = c.cluster_n;
+  return g;
+}
+
+// Workspaces for a grid of at most max_active_clusters clusters (bytes; 0: none).
+// The global stash: one region per CTA (the CTA index blockIdx.x * gridDim.y + blockIdx.y).
+COMFUSE_HOST_DEVICE constexpr long long stash_workspace_bytes(KernelConfig const& c, int max_active_clusters) {
+  return (long long)c.stash_workspace_bytes_per_cta() * max_active_clusters * c.cluster_size();
+}
+// The L2 exchange: one slot per (row group, rank along M, consumer warp group)
+// (TileScheduler::exchange_slot). Zeroed once after allocation; then every launch bumps
+// Params::epoch (the words carry it), re-zeroing whenever epoch reaches a multiple of 65536.
+COMFUSE_HOST_DEVICE constexpr long long exchange_workspace_bytes(KernelConfig const& c, int max_active_clusters) {
+  return (long long)c.exchange_slot_bytes() * (max_active_clusters / c.row_group) * c.cluster_m * Sm90::kConsumerWGs;
+}
+
+}  // namespace comfuse

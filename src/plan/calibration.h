@@ -1,0 +1,112 @@
+#pragma once
+// What the planner knows about the H200 it plans for: measured numbers, each with the
+// measurement it came from (bench/NOTES.md has the runs), and the guesses that still await
+// one, marked GUESS. The hardware limits the kernel is built against are not here but in
+// kernels/comfuse/config.cuh (Sm90); this file holds what only measurement settles.
+//
+// Tests build variants of these (a device without multi-tile rows, a smaller SMEM) and call
+// the make_plan overload below.
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "comfuse/plan.h"
+
+namespace comfuse {
+
+struct DeviceModel {
+  int sm_count = 132;
+  int smem_per_cta_bytes = Sm90::kSmemCapacity;
+  int max_cluster = Sm90::kMaxClusterSize;
+  // Clusters resident at once when each CTA fills an SM (384 threads, ~200 KB SMEM):
+  // MEASURED, cudaOccupancyMaxActiveClusters on the lent H200 (DESIGN.md's table).
+  std::map<int, int> clusters_resident = {{1, 132}, {2, 66}, {4, 30}, {8, 15}, {16, 7}};
+  // MEASURED: a 128x256x4096 bf16 tile's mainloop takes ~45 us on one SM (DESIGN.md),
+  // i.e. 2*128*256*4096 / 45e-6 = 5.96 TFLOP/s per SM.
+  double sm_flops_per_s = 5.96e12;
+  // GUESS: H200 HBM3e peak is 4.8 TB/s; ~85% of it is what streaming kernels reach (a
+  // device-to-device copy measured 4.3 TB/s counting both directions).
+  double dram_bytes_per_s = 4.0e12;
+  // GUESS: L2 bandwidth available to epilogue re-reads (WorkspaceStash), whole chip.
+  double l2_bytes_per_s = 6.0e12;
+  // FACT (datasheet; the card reports 60 MB of which ~50 serve one partition pair well).
+  int64_t l2_bytes = 50ll << 20;
+  // GUESS: SM clock under sustained tensor load (boost is 1.98 GHz; ~1.3 GHz at the power
+  // cap in the large GEMMs' per-job timelines, bench/NOTES.md).
+  double clock_hz = 1.755e9;
+  // MEASURED: one DSMEM all-reduce round, peer-to-peer, TMA bulk + mbarrier, 64 floats per
+  // CTA (bench/dsmem_allreduce.cu on the H200), by C_N; C_N = 1 is quad shuffles only (GUESS).
+  std::map<int, double> cluster_allreduce_us = {{1, 0.05}, {2, 0.18}, {4, 0.27}, {8, 0.39}, {16, 0.61}};
+  // Whether the device templates walk several N-tiles per CTA for a row reduction (a stash).
+  // Off: rows must fit one cluster (tests plan for such a device).
+  bool multi_tile_rows = true;
+};
+
+struct PlannerTunables {
+  // MEASURED (bench/dsmem_allreduce.cu): peer-to-peer won at every C_N in 2..16 (0.18-0.61 us
+  // vs 0.34-0.76 us a round), so there is no crossover below 16: leader-follower only when forced.
+  int p2p_max_cluster = 16;
+  // MEASURED 1.2-1.9x a round, leader-follower over peer-to-peer (bench/NOTES.md).
+  double leader_follower_penalty = 1.5;
+  int max_stash_bytes = 96 * 1024;  // POLICY: SMEM a CTA may spend keeping earlier N-tiles
+
+  // Cost-model knobs of the DSMEM search. GUESSES unless noted.
+  double tile_fixed_us = 0.3;      // GUESS: per-tile pipeline fill / store drain not hidden
+  double epilogue_cpi = 1.5;       // GUESS: issue cycles per epilogue instruction per warp
+  int reg_overhead = 48;           // GUESS: consumer registers besides live tile values
+  // GUESS: mainloop efficiency by ring depth (depth >= 4 is full speed).
+  std::map<int, double> stage_efficiency = {{2, 0.85}, {3, 0.95}, {4, 1.0}};
+  // GUESS: mainloop efficiency by tile_n (SMEM operand traffic per MMA grows as tiles shrink).
+  std::map<int, double> tile_n_efficiency = {{64, 0.75}, {128, 0.90}, {192, 0.95}, {256, 1.0}};
+  // GUESS: lock-step cost of clusters along N (multicast A waits for the slowest CTA).
+  // Untuned CUTLASS 1x2-along-N ran at 0.77x of 2x1-along-M (DESIGN.md); we assume tuning
+  // recovers most of that and charge only a few percent.
+  std::map<int, double> cluster_efficiency = {{1, 1.0}, {2, 1.0}, {4, 0.98}, {8, 0.97}, {16, 0.96}};
+  int store_subtile_n = 64;        // FACT of the epilogue: 64-column TMA-store sub-tiles
+  // A bf16 stash rounds x before x - mean, which |mean| >> std turns into wrong rows (MEASURED:
+  // rel_l2 0.44 on LayerNorm with a 1000 offset): off unless PlanOptions::stash_bytes = 2.
+  bool allow_bf16_stash = false;
+  // GUESS: share of L2 a WorkspaceStash workspace may fill and still be re-read from L2; the
+  // mainloop's operand tiles need the rest. Beyond it the re-read is charged at DRAM speed.
+  double l2_workspace_fraction = 0.5;
+  // POLICY: the most global scratch a WorkspaceStash plan may ask the runtime for. It bounds
+  // N: about 4M columns for a one-value stash at C_N = 16.
+  int64_t max_workspace_bytes = 8ll << 30;
+  double near_tie = 0.02;  // POLICY: within 2% of the best, prefer the simpler strategy, smaller cluster
+
+  // Row groups (the L2 exchange, decide_row_groups.cpp).
+  // Mainloop speed of a PingPong tile (key tile_m * 1000 + tile_n) with B multicast along M,
+  // relative to sm_flops_per_s. MEASURED (bench/NOTES.md, row groups): 128x128 1.0 (parity with
+  // cuBLAS); 64x256 0.95 (LayerNorm 8192x4096x4096 at one tile per CTA: 1.125x and 1.090x cuBLAS
+  // in two runs vs 0.989x and 1.092x for 128x128); 64x128 0.9 (GUESS).
+  std::map<int, double> row_group_mainloop_efficiency = {{64128, 0.9}, {64256, 0.95}, {128128, 1.0}};
+  // Share of a multi-tile job's stash traffic (write once, read per later stage) that the
+  // mainloops do not hide. MEASURED-ish: T = 2 cost 2-3% over T = 1 at 8192x4096x4096.
+  double row_group_stash_exposed = 0.5;
+  // Without B multicast (clusters of 1). MEASURED-ish: PingPong 128x128 alone ran 0.86x of the
+  // multicast version (L2-bound in ncu), PingPong 64x256 with A multicast only 0.65x.
+  double row_group_no_multicast_efficiency = 0.8;
+  // One exchange round through L2 among G clusters, microseconds, by G. MEASURED for G <= 32
+  // (bench/dsmem_allreduce.cu, LL protocol, 64 rows per CTA, idle GPU). 64: what a round costs
+  // inside the kernel, MEASURED indirectly (4096x8192x4096 LayerNorm, 128 CTAs in one group:
+  // 1.34x cuBLAS vs 1.26x at G = 32 with two tiles per CTA: the slowest of 128 CTAs sets every
+  // round; RMSNorm there 1.23x): 30 us keeps G = 64 a last resort.
+  std::map<int, double> row_group_exchange_us = {{1, 0.05}, {2, 0.89}, {4, 0.98}, {8, 1.03}, {16, 1.08}, {32, 1.44}, {64, 30.0}};
+  bool use_row_groups = true;  // rows with a reduction go to row groups (else the DSMEM search)
+};
+
+// Elementwise epilogues (no row reduction): the configurations measured fastest on the H200,
+// per shape class (bench/NOTES.md: ncu and same-power-state timing against cuBLAS). The
+// cost model is not calibrated for the mainloop; measurement wins.
+struct MeasuredConfig {
+  int tile_m, tile_n, wgs_per_tile, cluster_m, cluster_n, max_ring_stages, raster_group;
+  bool raster_along_n;
+  std::string why;
+};
+MeasuredConfig measured_elementwise_config(const Problem& p);
+
+// make_plan with an explicit device and tunables (tests; the public overload passes the H200's).
+Plan make_plan(const FusionSpec& s, const Problem& p, const DeviceModel& dev, const PlannerTunables& tun = {},
+               const PlanOptions& opt = {});
+
+}  // namespace comfuse

@@ -1,0 +1,194 @@
+// The DSMEM decider: the row's CTAs are one cluster 1 x C_N along N (the paper's path), or,
+// with no reduction, any tile finishes alone. A small scored search:
+//
+// Candidates: tile_m in {64, 128} (rows per consumer warp group; PingPong gives each of the
+// two consumer WGs its own tile), tile_n in {64, 128, 192, 256}, cluster 1 x C_N with C_N in
+// {1, 2, 4, 8, 16}, and for reductions the row strategy (on-chip; several N-tiles per CTA with
+// an SMEM stash or a workspace stash, fp32 or bf16). Each gets its storage (the ring takes what
+// is left) and an estimated time:
+//
+//   T = max(T_cluster, T_dram) + T_reread
+//   T_cluster = ml + epi + (q - 1) * max(ml, (ml + epi) / 2)
+//     ml  = n_tiles * t_tile                mainloop of one job (one row block) on one CTA
+//     epi = epilogue instructions + one cluster all-reduce round per reduction
+//     q   = ceil(jobs / clusters_resident(C_N))     wave quantization at the resident SMs
+//   The (q - 1) term is PingPong: one WG's epilogue hides behind the other's mainloop, and
+//   when the epilogue dominates the two WGs' epilogues overlap each other.
+//   T_dram   = unique DRAM bytes / bandwidth   (small-M shapes are memory bound)
+//   T_reread = workspace-stash bytes (write once, read once per later stage) / L2 bandwidth,
+//              or / DRAM bandwidth when the workspace in flight would not stay in L2
+//
+// Which constants are measured and which are guesses: calibration.h.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "plan_internal.h"
+
+namespace comfuse::plan_detail {
+namespace {
+
+constexpr int kTileMs[] = {64, 128};
+constexpr int kTileNs[] = {64, 128, 192, 256};
+constexpr int kClusterNs[] = {1, 2, 4, 8, 16};
+
+
+}  // namespace
+
+void estimate_cluster(Candidate& c, const Request& r) {
+  const ChainInfo& chain = r.chain;
+  const DeviceModel& dev = r.dev;
+  const PlannerTunables& tun = r.tun;
+  const KernelConfig& k = c.k;
+  const int ab_bytes = static_cast<int>(size_of(r.p.ab_dtype));
+  const int values = k.stash_elem_bytes > 0 ? 1 : 0;  // the stash keeps one tile value
+  const int64_t k_tiles = ceil_div64(r.p.k, Sm90::kTileK);
+  const double eff = lookup(tun.tile_n_efficiency, k.tile_n) * lookup(tun.cluster_efficiency, k.cluster_n) *
+                     (k_tiles >= 4 ? lookup(tun.stage_efficiency, k.ring_stages) : 1.0);
+  const double t_tile = 2.0 * k.tile_m * k.tile_n * double(k_tiles * Sm90::kTileK) / (dev.sm_flops_per_s * eff) * 1e6 +
+                        tun.tile_fixed_us;
+  const double elems = double(k.tile_m) * k.tile_n / Sm90::kWarpGroupThreads;  // per thread
+  double instr = double(k.n_tiles) * elems * chain.ops_per_element;
+  if (k.n_tiles > 1)  // the stash: written once, read per later stage
+    instr += double(k.n_tiles - 1) * values * elems * chain.stages_in_chain;
+  double epi = instr * tun.epilogue_cpi / dev.clock_hz * 1e6;
+  double round = chain.reductions > 0 ? lookup(dev.cluster_allreduce_us, k.cluster_n) : 0.0;
+  if (k.aggregation == Aggregation::LeaderFollower) round *= tun.leader_follower_penalty;
+  epi += chain.reductions * round;
+  const double ml = double(k.n_tiles) * t_tile;
+
+  const auto res = dev.clusters_resident.find(k.cluster_size());
+  const int resident_max = res == dev.clusters_resident.end() ? 0 : res->second;
+  c.resident = static_cast<int>(std::min<int64_t>(resident_max, c.jobs));
+  const int64_t q = ceil_div64(c.jobs, std::max(1, resident_max));
+  const double t_cluster = ml + epi + double(q - 1) * std::max(ml, (ml + epi) / 2.0);
+  c.est.mainloop_us = double(q) * ml;
+  c.est.epilogue_us = t_cluster - c.est.mainloop_us;
+
+  double dram = double(r.p.m) * r.p.k * ab_bytes + double(r.p.n) * r.p.k * ab_bytes;
+  if (chain.has_tile_output) dram += double(r.p.m) * r.p.n * chain.max_out_bytes;
+  dram += double(r.p.m) * r.p.n * double(chain.tile_input_bytes_per_element);
+  c.est.dram_floor_us = dram / dev.dram_bytes_per_s * 1e6;
+
+  c.workspace = 0;
+  c.est.reread_us = 0;
+  if (k.stash_space == StashSpace::Workspace) {
+    // Scratch for every job in flight: each CTA's two WGs hold one job each.
+    c.workspace = int64_t{c.resident} * k.cluster_size() * k.stash_workspace_bytes_per_cta();
+    const bool in_l2 = double(c.workspace) <= tun.l2_workspace_fraction * double(dev.l2_bytes);
+    const double per_job = double(k.stash_bytes_per_wg()) * (k.tile_m / k.epi_rows()) * chain.stages_in_chain;
+    c.est.reread_us = double(c.jobs) * k.cluster_n * per_job / (in_l2 ? dev.l2_bytes_per_s : dev.dram_bytes_per_s) * 1e6;
+  }
+  c.est.total_us = std::max(t_cluster, c.est.dram_floor_us) + c.est.reread_us;
+}
+
+std::vector<Candidate> decide_cluster(const Request& r, Rejections& why) {
+  const ChainInfo& chain = r.chain;
+  const PlanOptions& opt = r.opt;
+  const DeviceModel& dev = r.dev;
+  const PlannerTunables& tun = r.tun;
+  std::vector<Candidate> out;
+  for (int tm : kTileMs) {
+    if (opt.tile_m && *opt.tile_m != tm) continue;
+    for (int tn : kTileNs) {
+      if (opt.tile_n && *opt.tile_n != tn) continue;
+      // The kernel keeps one consumer WG's whole tile in registers (PingPong).
+      if (tm * tn / Sm90::kWarpGroupThreads > Sm90::kMaxAccumulatorsPerThread) {
+        why.add("registers", fmt::format("{}x{} tile: {} accumulators/thread exceed the kernel's {}", tm, tn,
+                                         tm * tn / Sm90::kWarpGroupThreads, Sm90::kMaxAccumulatorsPerThread));
+        continue;
+      }
+      const int regs = chain.live_tile_values * tm * tn / Sm90::kWarpGroupThreads + tun.reg_overhead;
+      if (regs > Sm90::kConsumerRegs) {
+        why.add("registers", fmt::format("{}x{} tile: ~{} registers/thread for {} live tile value(s) exceed {}", tm, tn,
+                                         regs, chain.live_tile_values, Sm90::kConsumerRegs));
+        continue;
+      }
+      for (int cn : kClusterNs) {
+        if (opt.cluster_n && *opt.cluster_n != cn) continue;
+        if (cn > dev.max_cluster || !dev.clusters_resident.count(cn)) continue;
+        Candidate c;
+        c.k.b_kmajor = r.spec.b_layout == BLayout::NK;
+        c.k.tile_m = tm, c.k.tile_n = tn, c.k.cluster_n = cn, c.regs = regs;
+        c.k.row_reduction = chain.reductions > 0;
+        c.tiles_m = ceil_div64(r.p.m, tm);
+        c.tiles_n = ceil_div64(r.p.n, tn);
+        // CTAs with no columns at all; a row reduction still takes the smallest power of two
+        // that covers the row (its extra CTAs add identities).
+        const bool covers_tight = chain.reductions > 0 && cn / 2 < c.tiles_n;
+        if (cn > c.tiles_n && !covers_tight && !opt.cluster_n) continue;
+        // (strategy, stash element): on-chip, SMEM stash, workspace stash.
+        std::vector<std::pair<RowStrategy, int>> variants;
+        if (chain.reductions == 0) {
+          c.jobs = c.tiles_m * ceil_div64(c.tiles_n, cn);
+          variants = {{RowStrategy::NoReduction, 0}};
+        } else {
+          const int64_t n_tiles = ceil_div64(c.tiles_n, cn);
+          c.jobs = c.tiles_m;
+          c.k.aggregation = opt.aggregation ? *opt.aggregation
+                                            : (cn <= tun.p2p_max_cluster ? Aggregation::PeerToPeer
+                                                                         : Aggregation::LeaderFollower);
+          if (n_tiles > Sm90::kMaxNTiles) {
+            why.add("n_tiles", fmt::format("N = {} needs {} N-tiles per CTA at {}x{} C_N={}: more than the kernel's {}",
+                                           r.p.n, n_tiles, tm, tn, cn, Sm90::kMaxNTiles));
+            continue;
+          }
+          if (n_tiles > 1 && !dev.multi_tile_rows) {
+            why.add("device", fmt::format("N = {} needs {} N-tiles per CTA at {}x{} C_N={}: the device templates "
+                                          "do not walk several N-tiles per CTA yet (stash / global-reread), so a "
+                                          "row must fit one cluster: N <= C_N x tile_n <= 16 x 256",
+                                          r.p.n, n_tiles, tm, tn, cn));
+            continue;
+          }
+          c.k.n_tiles = static_cast<int>(n_tiles);
+          if (n_tiles == 1) {
+            variants = {{RowStrategy::OnChip, 0}};
+          } else if (!chain.carries_tile) {
+            variants = {{RowStrategy::SmemStash, 0}};  // nothing tile-sized to keep
+          } else {
+            variants = {{RowStrategy::SmemStash, 4}, {RowStrategy::WorkspaceStash, 4}};
+            if (tun.allow_bf16_stash || opt.stash_bytes == 2) {
+              variants.push_back({RowStrategy::SmemStash, 2});
+              variants.push_back({RowStrategy::WorkspaceStash, 2});
+            }
+          }
+        }
+        for (auto [strategy, elem] : variants) {
+          if (opt.strategy && *opt.strategy != strategy) continue;
+          if (opt.stash_bytes && elem != 0 && elem != *opt.stash_bytes) continue;
+          Candidate v = c;
+          v.k.stash_elem_bytes = elem;
+          v.k.stash_space = elem == 0 ? StashSpace::None
+                            : strategy == RowStrategy::SmemStash ? StashSpace::Smem
+                                                                 : StashSpace::Workspace;
+          if (v.k.stash_space == StashSpace::Smem && Sm90::kConsumerWGs * v.k.stash_bytes_per_wg() > tun.max_stash_bytes) {
+            why.add("stash", fmt::format("stash of {} exceeds max_stash_bytes {}",
+                                         fmt_bytes(Sm90::kConsumerWGs * int64_t{v.k.stash_bytes_per_wg()}),
+                                         fmt_bytes(tun.max_stash_bytes)));
+            continue;
+          }
+          if (!fit_ring(v, chain, dev)) {
+            why.add("stages", fmt::format("{}x{} tile with C_N={} {}: fewer than 2 pipeline (ring) stages fit in {} of SMEM", tm,
+                                          tn, cn, name_of(strategy), fmt_bytes(dev.smem_per_cta_bytes)));
+            continue;
+          }
+          if (const char* bad = check(v.k)) {
+            why.add("kernel", fmt::format("{}x{} tile with C_N={}: {}", tm, tn, cn, bad));
+            continue;
+          }
+          estimate_cluster(v, r);
+          if (v.workspace > tun.max_workspace_bytes) {
+            why.add("workspace", fmt::format("workspace-stash needs {} of workspace (limit max_workspace_bytes {})",
+                                             fmt_bytes(v.workspace), fmt_bytes(tun.max_workspace_bytes)));
+            continue;
+          }
+          out.push_back(v);
+        }
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace comfuse::plan_detail

@@ -1,0 +1,47 @@
+// The elementwise decider: an epilogue without row reductions, so any tile finishes alone.
+// Unforced, the configuration measured fastest for the problem's shape class wins
+// (calibration.cpp, measured_elementwise_config); forced clusters along M take PingPong tiles
+// with B multicast. The general search (decide_cluster.cpp) adds its candidates as runners-up,
+// or decides when other options are forced.
+#include <fmt/format.h>
+
+#include "plan_internal.h"
+
+namespace comfuse::plan_detail {
+
+std::vector<Candidate> decide_elementwise(const Request& r, Rejections& why) {
+  const PlanOptions& opt = r.opt;
+  std::vector<Candidate> search = decide_cluster(r, why);
+  const bool forced_cm = opt.cluster_m.has_value();
+  const bool forced_other = opt.cluster_n || opt.tile_n || opt.tile_m || opt.strategy || opt.aggregation ||
+                            opt.row_group || opt.stash_bytes;
+  if (forced_other && !forced_cm) return search;
+
+  MeasuredConfig mc = measured_elementwise_config(r.p);
+  if (forced_cm) {
+    const int tm = opt.tile_m.value_or(128), tn = opt.tile_n.value_or(128);
+    mc = {tm, tn, 1, *opt.cluster_m, 1, 8, 8, false,
+          fmt::format("forced: PingPong {}x{}, clusters of {} along M (B multicast)", tm, tn, *opt.cluster_m)};
+  }
+  Candidate m;
+  m.k.b_kmajor = r.spec.b_layout == BLayout::NK;
+  m.k.tile_m = mc.tile_m, m.k.tile_n = mc.tile_n, m.k.wgs_per_tile = mc.wgs_per_tile;
+  m.k.cluster_m = mc.cluster_m, m.k.cluster_n = mc.cluster_n;
+  m.max_ring_stages = mc.max_ring_stages;
+  m.raster_group = mc.raster_group, m.raster_along_n = mc.raster_along_n;
+  m.tiles_m = (r.p.m + m.k.tile_m - 1) / m.k.tile_m, m.tiles_n = (r.p.n + m.k.tile_n - 1) / m.k.tile_n;
+  m.jobs = (m.tiles_m + m.k.cluster_m - 1) / m.k.cluster_m * ((m.tiles_n + m.k.cluster_n - 1) / m.k.cluster_n);
+  m.regs = m.k.epi_rows() * m.k.tile_n / Sm90::kWarpGroupThreads + r.tun.reg_overhead;
+  m.why = mc.why;
+  if (!fit_ring(m, r.chain, r.dev) || check(m.k) != nullptr) {
+    if (forced_cm)
+      throw Error(fmt::format("plan: {}: {}", mc.why,
+                              check(m.k) ? check(m.k) : "the SMEM budget does not fit two pipeline stages"));
+    return search;
+  }
+  estimate_cluster(m, r);
+  search.insert(search.begin(), m);
+  return search;
+}
+
+}  // namespace comfuse::plan_detail

@@ -1,0 +1,173 @@
+// The row-group decider: a row reduction whose CTAs are G clusters of the persistent grid
+// (Aggregation::L2Exchange); the hardware cluster runs along M (B multicast), and the row's
+// partials meet in L2 (kernels/comfuse/cluster/global_exchange.cuh).
+//
+// Why a model of its own: the DSMEM search (decide_cluster.cpp) prices mainloops with guessed
+// efficiency tables; here the mainloop configurations are few and measured (PingPong 64x256
+// or 128x128 with B multicast run at cuBLAS parity, bench/NOTES.md), so what decides is
+// the work division, which is exact arithmetic:
+//   jobs        = ceil(row blocks / cluster_m)        a job: cluster_m row blocks x all of N
+//   groups      = min(jobs, clusters resident / G)    row groups running at once
+//   T           = ceil(N-tiles / G)                   N-tiles per CTA and job
+//   per CTA     = ceil(jobs / groups) jobs x T tiles of mainloop
+// PingPong hides a job's stash write-back and later stages behind the other consumer's next
+// job, except the last one (the tail: T tiles of stage-2 traffic), a share of the stash
+// traffic (it competes with the mainloop's operand loads), and except when a CTA has one job
+// only (its one consumer runs alone: every epilogue exposed). Each reduction costs one
+// exchange round, exposed once at the end. Candidates come cheapest first; the first whose
+// storage fits wins (a stash that does not fit in SMEM moves to a workspace).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "plan_internal.h"
+
+namespace comfuse::plan_detail {
+namespace {
+
+
+struct TileShape {
+  int tile_m, tile_n;
+};
+constexpr TileShape kTiles[] = {{64, 256}, {128, 128}, {64, 128}};
+constexpr int kClusterMs[] = {2, 1};
+constexpr int kGroups[] = {1, 2, 4, 8, 16, 32, 64};
+
+// The model's account of one division of the work (microseconds).
+struct Division {
+  double mainloop_us = 0, tail_us = 0, exchange_us = 0, est_us = 0;
+};
+
+}  // namespace
+
+std::vector<Candidate> decide_row_groups(const Request& r, Rejections& why) {
+  const Problem& p = r.p;
+  const ChainInfo& chain = r.chain;
+  const DeviceModel& dev = r.dev;
+  const PlannerTunables& tun = r.tun;
+  const PlanOptions& opt = r.opt;
+  struct Option {
+    Candidate c;
+    Division d;
+    int resident = 0;  // clusters: whole row groups at once
+  };
+  std::vector<Option> options;
+  const int stash_bytes = opt.stash_bytes.value_or(4);
+  for (const TileShape& ts : kTiles) {
+    if (opt.tile_m && *opt.tile_m != ts.tile_m) continue;
+    if (opt.tile_n && *opt.tile_n != ts.tile_n) continue;
+    for (int cm : kClusterMs) {
+      if (opt.cluster_m && *opt.cluster_m != cm) continue;
+      const auto res = dev.clusters_resident.find(cm);
+      if (res == dev.clusters_resident.end()) continue;
+      const int64_t tiles_m = ceil_div64(p.m, ts.tile_m), tiles_n = ceil_div64(p.n, ts.tile_n);
+      for (int g : kGroups) {
+        if (opt.row_group && *opt.row_group != g) continue;
+        if (!opt.row_group && g > 1 && g / 2 >= tiles_n) continue;  // CTAs with no columns at all
+        const int64_t groups_max = res->second / g;
+        if (groups_max < 1) continue;
+        const int64_t n_tiles = ceil_div64(tiles_n, g);
+        if (n_tiles > Sm90::kMaxNTiles) continue;
+        Option o;
+        Candidate& c = o.c;
+        c.k.b_kmajor = r.spec.b_layout == BLayout::NK;
+        c.k.tile_m = ts.tile_m, c.k.tile_n = ts.tile_n, c.k.cluster_m = cm, c.k.row_group = g;
+        c.k.n_tiles = static_cast<int>(n_tiles);
+        c.k.row_reduction = true;
+        c.k.aggregation = g > 1 ? Aggregation::L2Exchange : Aggregation::None;
+        c.k.stash_elem_bytes = n_tiles > 1 && chain.carries_tile ? stash_bytes : 0;
+        c.k.stash_space = c.k.stash_elem_bytes > 0 ? StashSpace::Smem : StashSpace::None;
+        c.tiles_m = tiles_m, c.tiles_n = tiles_n;
+        c.jobs = ceil_div64(tiles_m, cm);
+        const int64_t groups = std::min(c.jobs, groups_max);
+        o.resident = static_cast<int>(groups * g);
+        c.regs = ts.tile_m * ts.tile_n / Sm90::kWarpGroupThreads + tun.reg_overhead;
+        const int64_t jobs_per_cta = ceil_div64(c.jobs, groups);
+        const double eff = lookup(tun.row_group_mainloop_efficiency, ts.tile_m * 1000 + ts.tile_n) *
+                           (cm > 1 ? 1.0 : tun.row_group_no_multicast_efficiency);
+        const double t_tile = 2.0 * ts.tile_m * ts.tile_n * double(p.k) / (dev.sm_flops_per_s * eff) * 1e6;
+        // Epilogue bytes of one tile: the stash written once and read back by each later stage
+        // (none when T == 1), the outputs written. At one SM's share of DRAM bandwidth.
+        const double elems = double(ts.tile_m) * ts.tile_n;
+        const double stage1 = elems * c.k.stash_elem_bytes;
+        const double stage2 = stage1 * std::max(1, chain.stages_in_chain - 1) + elems * chain.max_out_bytes;
+        const double per_sm_bytes_per_us = dev.dram_bytes_per_s / dev.sm_count * 1e-6;
+        const double t_s1 = stage1 / per_sm_bytes_per_us, t_s2 = stage2 / per_sm_bytes_per_us;
+        const OneRoundPairs fuse = fuse_pairs(chain, opt, n_tiles, jobs_per_cta, Aggregation::L2Exchange, g);
+        const int rounds = chain.reductions - (fuse.mean_variance ? chain.mean_variance_pairs : 0) -
+                           (fuse.max_exp_sum ? chain.max_exp_sum_pairs : 0);
+        Division& d = o.d;
+        d.exchange_us = rounds * lookup(tun.row_group_exchange_us, g);
+        if (jobs_per_cta == 1) {  // one consumer alone: nothing overlaps its epilogue
+          d.mainloop_us = double(n_tiles) * t_tile;
+          d.tail_us = double(n_tiles) * (t_s1 + t_s2);
+        } else {  // the other consumer's mainloops hide all but a share of the stash traffic
+          d.mainloop_us = double(jobs_per_cta * n_tiles) * (t_tile + tun.row_group_stash_exposed * t_s1);
+          d.tail_us = double(n_tiles) * t_s2;
+        }
+        d.est_us = d.mainloop_us + d.tail_us + d.exchange_us;
+        options.push_back(o);
+      }
+    }
+  }
+  std::stable_sort(options.begin(), options.end(),
+                   [](const Option& a, const Option& b) { return a.d.est_us < b.d.est_us; });
+
+  std::vector<Candidate> out;
+  for (Option& o : options) {
+    Candidate& c = o.c;
+    bool ok = fit_ring(c, chain, dev) &&
+              (c.k.stash_space != StashSpace::Smem ||
+               Sm90::kConsumerWGs * c.k.stash_bytes_per_wg() <= tun.max_stash_bytes);
+    if (!ok && c.k.stash_space == StashSpace::Smem) {  // not on chip: a global workspace, mostly L2
+      c.k.stash_space = StashSpace::Workspace;
+      ok = fit_ring(c, chain, dev);
+    }
+    if (ok && check(c.k) != nullptr) ok = false;
+    if (!ok) {
+      why.add("row-group storage", fmt::format("PingPong {}x{} clusters {}x1, row group {}: {}", c.k.tile_m, c.k.tile_n,
+                                               c.k.cluster_m, c.k.row_group,
+                                               check(c.k) ? check(c.k) : "fewer than 2 pipeline stages fit"));
+      continue;
+    }
+    estimate_cluster(c, r);  // the DRAM floor; the times below are the row-group model's
+    c.resident = o.resident;
+    c.workspace = int64_t{c.resident} * c.k.cluster_size() * c.k.stash_workspace_bytes_per_cta();
+    c.est.mainloop_us = o.d.mainloop_us;
+    c.est.epilogue_us = o.d.tail_us + o.d.exchange_us;
+    c.est.reread_us = 0;
+    c.est.total_us = std::max(o.d.est_us, c.est.dram_floor_us);
+    c.why = fmt::format("row reduction over a row group (src/plan/decide_row_groups.cpp): PingPong {}x{}, clusters {}x1 "
+                        "in row groups of {}, {} N-tile(s)/CTA: est {:.1f} us (mainloop {:.1f}, tail {:.1f}, exchange "
+                        "{:.1f}); PingPong tiles with B multicast along M run at cuBLAS parity, the row's CTAs meet in L2",
+                        c.k.tile_m, c.k.tile_n, c.k.cluster_m, c.k.row_group, c.k.n_tiles, o.d.est_us, o.d.mainloop_us,
+                        o.d.tail_us, o.d.exchange_us);
+    out.push_back(c);
+  }
+  return out;
+}
+
+bool row_groups_forced(const PlanOptions& opt) {
+  return opt.row_group || opt.cluster_m || (opt.aggregation && *opt.aggregation == Aggregation::L2Exchange);
+}
+
+// A fused pair saves a synchronization of the row's CTAs but adds a pass over the tile (for
+// softmax an exp per element) and the merge arithmetic; that pays when the epilogue hides
+// behind the other consumer's next job, not when a CTA has one job and its epilogue is exposed,
+// nor with one CTA per row (no round to save). fuse_pairs = true forces it where the device can.
+// MEASURED (ncu cycles at base clock, one round vs two, bench/NOTES.md, with the pair root
+// beginning its PostStages' loads with its own, stage.cuh begin_phase<true>):
+// 8192x4096x4096 LayerNorm 591.8k vs 614.8k, softmax 586.9k vs 616.4k, log-softmax
+// 582.1k vs 611.9k; 4096x8192x4096 a tie (618-625k both ways); 256x4096x4096 (one job per CTA)
+// LayerNorm 41.1k vs 37.7k.
+OneRoundPairs fuse_pairs(const ChainInfo& chain, const PlanOptions& opt, int64_t n_tiles, int64_t jobs_per_cta,
+                         Aggregation agg, int row_peers) {
+  if (chain.pairs() == 0 || !one_round_pairs_possible(n_tiles, agg, row_peers)) return {};
+  if (opt.fuse_pairs) return {*opt.fuse_pairs && chain.mean_variance_pairs > 0, *opt.fuse_pairs && chain.max_exp_sum_pairs > 0};
+  const bool saves_a_round = row_peers > 1;  // one CTA per row: no round to save
+  const bool hides = saves_a_round && jobs_per_cta >= 2;
+  return {chain.mean_variance_pairs > 0 && hides, chain.max_exp_sum_pairs > 0 && hides};
+}
+
+}  // namespace comfuse::plan_detail

@@ -1,0 +1,52 @@
+// The planner's storage step: the SMEM an epilogue needs, as the kernel lays it out, and the
+// deepest ring of A/B k-blocks that fits beside it (KernelConfig::smem_bytes() is the total).
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "plan_internal.h"
+
+namespace comfuse::plan_detail {
+
+// One consumer WG's epilogue storage (kernels/comfuse/epilogue/stage.cuh, Exec::SharedStorage):
+// per stage, its nodes' storage in one 1024-aligned block (TMA-store staging: rows x 64 columns
+// of each output's dtype; a TileInput: its rows x tile_n tile, 1024-aligned, and its mbarrier,
+// which the alignment rounds to 1 KiB; a RowBroadcast: tile_n floats), none for a stage without; then the
+// DSMEM channel (one per WG, shared by every reduction of the chain), the whole rounded to the
+// blocks' 1024-byte alignment.
+int epilogue_smem_bytes(const ChainInfo& chain, const KernelConfig& k) {
+  const int rows = k.epi_rows();
+  int tree = 0;
+  for (const ChainInfo::StageStorage& st : chain.stage_storage)
+    tree += align_up(rows * st.store_bytes_per_row_of_64 + rows * k.tile_n * st.tile_input_elem_bytes +
+                         1024 * st.tile_inputs + st.row_broadcasts * k.tile_n * 4,
+                     1024);
+  const bool dsmem = k.cross_cta_reduction() && k.aggregation != Aggregation::L2Exchange;
+  const int channel = dsmem ? dsmem_channel_bytes(rows, k.cluster_n) : 0;
+  return tree > 0 ? align_up(tree + channel, 1024) : channel;
+}
+
+bool fit_ring(Candidate& c, const ChainInfo& chain, const DeviceModel& dev) {
+  c.k.epilogue_smem_bytes = epilogue_smem_bytes(chain, c.k);
+  for (int stages = c.max_ring_stages; stages >= 2; --stages) {
+    c.k.ring_stages = stages;
+    if (c.k.smem_bytes() <= dev.smem_per_cta_bytes) return true;
+  }
+  return false;
+}
+
+SmemBudget smem_budget(const KernelConfig& k) {
+  SmemBudget b;
+  b.mainloop_ring = k.ring_bytes();
+  const bool dsmem = k.cross_cta_reduction() && k.aggregation != Aggregation::L2Exchange;
+  const int channel = dsmem ? dsmem_channel_bytes(k.epi_rows(), k.cluster_n) : 0;
+  // The channel's share of the WG's 1024-aligned epilogue block.
+  const int tree_and_pad = k.epilogue_smem_bytes - channel;
+  b.reduction_buffer = Sm90::kConsumerWGs * channel;
+  b.store_buffer = Sm90::kConsumerWGs * tree_and_pad;
+  b.stash = k.stash_space == StashSpace::Smem ? Sm90::kConsumerWGs * k.stash_bytes_per_wg() : 0;
+  b.barriers = k.smem_bytes() - b.mainloop_ring - b.reduction_buffer - b.store_buffer - b.stash;
+  return b;
+}
+
+}  // namespace comfuse::plan_detail

@@ -1,0 +1,140 @@
+// Launching a fused kernel from its KernelConfig (launch.h).
+#include "launch.h"
+
+#include <cuda.h>
+#include <fmt/format.h>
+
+#include <cstring>
+#include <string>
+
+#include "comfuse/error.h"
+#include "comfuse/scheduler/grid.cuh"
+
+namespace comfuse::runtime_detail {
+namespace {
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw Error(fmt::format("{}: {}", what, cudaGetErrorString(e)));
+}
+
+// cuTensorMapEncodeTiled's signature (driver API 12.0), declared here so that no link
+// against libcuda and no cudaTypedefs.h is needed.
+using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                   const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+EncodeTiledFn encode_tiled_fn() {
+  static EncodeTiledFn fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q);
+    if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || !p)
+      throw Error("cannot resolve cuTensorMapEncodeTiled from the driver (needs driver >= 12.0)");
+    return reinterpret_cast<EncodeTiledFn>(p);
+  }();
+  return fn;
+}
+
+// A 2-D row-major tensor: `rows` x `cols`, row stride `ld` elements, box {box_cols, box_rows},
+// 128-byte swizzle (box_cols * elem == 128).
+void encode_2d(TmaDesc* out, const char* what, DType t, const void* ptr, uint64_t rows, uint64_t cols, uint64_t ld,
+               uint32_t box_cols, uint32_t box_rows) {
+  const int eb = static_cast<int>(size_of(t));
+  auto fail = [&](const std::string& why) {
+    throw Error(fmt::format("operand {} ({}, {} x {}, ld {}): {}", what, name_of(t), rows, cols, ld, why));
+  };
+  if (!ptr) fail("null pointer");
+  if (reinterpret_cast<uintptr_t>(ptr) % 16) fail("base address must be 16-byte aligned");
+  if (rows == 0 || cols == 0) fail("empty");
+  if (ld < cols) fail("row stride smaller than the row");
+  if ((ld * eb) % 16) fail(fmt::format("row stride must be a multiple of 16 bytes ({} elements)", 16 / eb));
+  if (rows >= (1ull << 32) || cols >= (1ull << 32)) fail("dimension >= 2^32");
+  cuuint64_t dims[2] = {cols, rows};
+  cuuint64_t strides[1] = {ld * eb};
+  cuuint32_t box[2] = {box_cols, box_rows};
+  cuuint32_t estr[2] = {1, 1};
+  const CUtensorMapDataType dt = t == DType::BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                 : t == DType::F16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                                   : CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
+  static_assert(sizeof(CUtensorMap) == sizeof(TmaDesc) && alignof(CUtensorMap) <= alignof(TmaDesc));
+  CUtensorMap map;
+  const CUresult r = encode_tiled_fn()(&map, dt, 2, const_cast<void*>(ptr), dims, strides, box, estr,
+                                       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                       CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) fail(fmt::format("cuTensorMapEncodeTiled failed with CUresult {}", int(r)));
+  std::memcpy(out, &map, sizeof(map));
+}
+
+// A launch of the fused kernel: Sm90::kThreads threads, k.smem_bytes() of dynamic SMEM, clusters
+// of cluster_x x cluster_y (`attr` must outlive the config).
+cudaLaunchConfig_t launch_config(const KernelConfig& k, dim3 grid, int cluster_x, int cluster_y, cudaStream_t stream,
+                                 cudaLaunchAttribute& attr) {
+  attr = {};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = cluster_x;
+  attr.val.clusterDim.y = cluster_y;
+  attr.val.clusterDim.z = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(Sm90::kThreads, 1, 1);
+  cfg.dynamicSmemBytes = k.smem_bytes();
+  cfg.stream = stream;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  return cfg;
+}
+
+}  // namespace
+
+void set_operands(Params& p, const KernelConfig& k, DType ab, const void* A, int64_t lda, const void* B, int64_t ldb,
+                  int M, int N, int K) {
+  if (ab == DType::F32) throw Error("GEMM inputs must be bf16 or f16");
+  encode_2d(&p.tma_a, "A", ab, A, M, K, lda, Sm90::kTileK, k.tile_m / k.a_slices());
+  if (k.b_kmajor) encode_2d(&p.tma_b, "B (N x K)", ab, B, N, K, ldb, Sm90::kTileK, k.tile_n / k.b_slices());
+  else encode_2d(&p.tma_b, "B (K x N)", ab, B, K, N, ldb, 64, Sm90::kTileK);
+  p.M = M, p.N = N, p.K = K;
+}
+
+void set_output(Params& p, const KernelConfig& k, int slot, DType t, void* D, int64_t ldd) {
+  if (slot < 0 || slot >= Sm90::kMaxOutputs) throw Error(fmt::format("output slot {} out of range", slot));
+  encode_2d(&p.tma_out[slot], "output", t, D, p.M, p.N, ldd, 128 / static_cast<uint32_t>(size_of(t)), k.epi_rows());
+}
+
+void set_tile_input(Params& p, const KernelConfig& k, int slot, DType t, const void* X, int64_t ld) {
+  if (slot < 0 || slot >= Sm90::kMaxTileInputs) throw Error(fmt::format("tile input slot {} out of range", slot));
+  encode_2d(&p.tma_in[slot], "epilogue input", t, X, p.M, p.N, ld, 128 / static_cast<uint32_t>(size_of(t)), k.epi_rows());
+}
+
+int prepare(cudaKernel_t kernel, const KernelConfig& k) {
+  const void* func = reinterpret_cast<const void*>(kernel);
+  check(cudaFuncSetAttribute(func, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem_bytes()),
+        "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+  if (k.cluster_size() > 8)
+    check(cudaFuncSetAttribute(func, cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
+          "cudaFuncSetAttribute(NonPortableClusterSizeAllowed)");
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t cfg = launch_config(k, dim3(k.cluster_m, k.cluster_n, 1), k.cluster_m, k.cluster_n, nullptr, attr);
+  int max_clusters = 0;
+  check(cudaOccupancyMaxActiveClusters(&max_clusters, func, &cfg), "cudaOccupancyMaxActiveClusters");
+  if (max_clusters < 1) throw Error("the kernel fits no cluster on this GPU (SMEM or cluster size)");
+  return max_clusters;
+}
+
+void launch(cudaKernel_t kernel, const KernelConfig& k, const Params& p, cudaStream_t stream, int max_active_clusters) {
+  const LaunchGrid g = launch_grid(k, p.M, p.N, max_active_clusters);
+  if (g.error) throw Error(fmt::format("{} ({} clusters resident at once)", g.error, max_active_clusters));
+  if (k.stash_workspace_bytes_per_cta() > 0 && (!p.stash || reinterpret_cast<uintptr_t>(p.stash) % 16))
+    throw Error("this kernel keeps its stash in a workspace: Params::stash must point to a 16-byte aligned workspace "
+                "of stash_workspace_bytes() bytes");
+  if (k.exchange_slot_bytes() > 0 &&
+      (!p.exchange || reinterpret_cast<uintptr_t>(p.exchange) % 16 || (p.epoch & 0xffffu) == 0))
+    throw Error("this kernel reduces rows across clusters: Params::exchange must point to a zeroed, 16-byte aligned "
+                "workspace of exchange_workspace_bytes() bytes, and Params::epoch must count launches from 1, "
+                "skipping multiples of 65536 (re-zero the workspace there; cluster/global_exchange.cuh)");
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t cfg = launch_config(k, dim3(g.grid_x, g.grid_y, 1), g.cluster_x, g.cluster_y, stream, attr);
+  void* args[1] = {const_cast<Params*>(&p)};
+  check(cudaLaunchKernelExC(&cfg, reinterpret_cast<const void*>(kernel), args), "cudaLaunchKernelExC");
+}
+
+}  // namespace comfuse::runtime_detail

@@ -1,0 +1,101 @@
+// GPU correctness of the epilogues real transformer layers need: [M, N] inputs read by TMA
+// with the accumulator's tile (a residual, a gate, a per-element scale; bf16, f16 and f32),
+// outputs of several stages' tile values (the pre-norm sum and the norm), and per-row [M, 1]
+// outputs (a norm's mean and rstd, a softmax's log-sum-exp), against the fp64 graph executor
+// on random inputs, ragged shapes, planner defaults and forced plans. Skips, saying why, on a
+// machine without an sm_90 GPU.
+#include <fmt/format.h>
+
+#include "gpu/gpu_support.h"
+
+namespace comfuse {
+namespace {
+
+using gpu_test::expect_outputs_match;
+using Case = gpu_test::GemmCase;
+using GpuLayer = gpu_test::GpuTest;
+
+Bindings dims(int64_t m, int64_t n, int64_t k) { return {{"M", m}, {"N", n}, {"K", k}}; }
+
+DeviceRunReport expect_matches(const Graph& g, const Bindings& d, const CompileOptions& opt = {}, double offset = 0.0) {
+  DeviceRunReport rep = run_and_check(g, d, /*seed=*/5, opt, /*timing_reps=*/0, offset);
+  expect_outputs_match(rep);
+  return rep;
+}
+
+// h = acc + bias + residual; y = LayerNorm(h); outputs h, y, mean and rstd.
+Graph residual_layer_norm(DType in, DType residual_dtype) {
+  Case c(in);
+  Value r = c.g.input("residual", residual_dtype, {Dim::of("M"), Dim::of("N")});
+  Value h = c.acc + c.g.input("bias", in, {Dim::of("N")}) + r;
+  Value mu = c.g.reduce(ReduceOp::Mean, h);
+  Value d = h - mu;
+  Value rstd = c.g.unary(UnaryOp::Rsqrt, c.g.reduce(ReduceOp::Mean, d * d) + 1e-5);
+  Value y = d * rstd * c.g.input("gamma", in, {Dim::of("N")}) + c.g.input("beta", in, {Dim::of("N")});
+  c.g.output(h, "h", in);
+  c.g.output(y, "y", in);
+  c.g.output(mu, "mu", DType::F32);
+  c.g.output(rstd, "rstd", DType::F32);
+  return std::move(c.g);
+}
+
+TEST_F(GpuLayer, ResidualLayerNormPreNormSumAndRowStatistics) {
+  struct V {
+    DType in, res;
+    Bindings d;
+    const char* plan;
+  };
+  for (const V& v : {V{DType::BF16, DType::BF16, dims(1000, 1032, 72), "default"},
+                     V{DType::F16, DType::F16, dims(333, 520, 64), "default"},
+                     V{DType::BF16, DType::F32, dims(1000, 1032, 72), "default"},
+                     V{DType::BF16, DType::BF16, dims(1000, 1032, 72), "p2p"},
+                     V{DType::BF16, DType::BF16, dims(700, 4096, 64), "smem-stash"}}) {
+    SCOPED_TRACE(fmt::format("{} in, {} residual, {} rows x {} cols, {} plan", name_of(v.in), name_of(v.res),
+                             v.d.at("M"), v.d.at("N"), v.plan));
+    CompileOptions opt;
+    if (std::string(v.plan) == "p2p") opt.plan.aggregation = Aggregation::PeerToPeer;
+    if (std::string(v.plan) == "smem-stash") {  // several N-tiles per CTA: each loads its residual tile
+      opt.plan.cluster_n = 8, opt.plan.tile_n = 128, opt.plan.strategy = RowStrategy::SmemStash;
+      opt.plan.stash_bytes = 2;
+    }
+    const DeviceRunReport rep = expect_matches(residual_layer_norm(v.in, v.res), v.d, opt, /*offset=*/50.0);
+    EXPECT_EQ(rep.outputs.size(), 4u);
+  }
+}
+
+// Llama's o_proj + residual -> RMSNorm, at the planner's choice for a large shape's rows.
+TEST_F(GpuLayer, ResidualRmsNormPlannerDefault) {
+  Case c;
+  Value h = c.acc + c.g.input("residual", DType::BF16, {Dim::of("M"), Dim::of("N")});
+  c.g.output(h, "h", DType::BF16);
+  c.g.output(c.g.rms_norm(h, c.row("gamma")), "y", DType::BF16);
+  expect_matches(c.g, dims(1100, 2048, 256));
+}
+
+// Elementwise epilogues with several [M, N] inputs (a gate and a per-element f32 scale), with
+// the measured configuration of each shape class (PingPong and cooperative tiles).
+TEST_F(GpuLayer, GateAndScaleInputsElementwise) {
+  for (const Bindings& d : {dims(200, 264, 64), dims(2000, 2056, 128), dims(6400, 8192, 64)}) {
+    SCOPED_TRACE(fmt::format("{} x {}", d.at("M"), d.at("N")));
+    Case c;
+    Value gate = c.g.input("gate", DType::BF16, {Dim::of("M"), Dim::of("N")});
+    Value scale = c.g.input("scale", DType::F32, {Dim::of("M"), Dim::of("N")});
+    c.g.output(c.g.unary(UnaryOp::Silu, c.acc) * gate * scale, "y", DType::BF16);
+    expect_matches(c.g, d);
+  }
+}
+
+// A softmax's log-sum-exp as a per-row output beside the probabilities.
+TEST_F(GpuLayer, SoftmaxWithLogSumExp) {
+  Case c;
+  Value x = c.acc * 0.125;
+  Value mx = c.g.reduce(ReduceOp::Max, x);
+  Value e = c.g.unary(UnaryOp::Exp, x - mx);
+  Value sum = c.g.reduce(ReduceOp::Sum, e);
+  c.g.output(e / sum, "p", DType::BF16);
+  c.g.output(mx + c.g.unary(UnaryOp::Log, sum), "lse", DType::F32);
+  expect_matches(c.g, dims(777, 1000, 64));
+}
+
+}  // namespace
+}  // namespace comfuse
