@@ -18,6 +18,13 @@ def ops_of(c):
     return [o.split(":")[-1].split(" ")[0] for o in c.info.ops]
 
 
+def planner_decided(c):
+    """The region reached the planner whole: fused, or refused for its estimate alone (the cost
+    model may change; the translation must not)."""
+    assert c.info.status == "fused" or c.info.reason.startswith("no predicted gain"), c.info.reason
+    assert c.info.plan and c.info.fused_us and c.info.unfused_us
+
+
 def module(m):
     return m.to(torch.bfloat16).eval()
 
@@ -27,7 +34,7 @@ def test_linear_bias_gelu(approximate):
     cap = capture(module(M.LinearGelu(1024, 2048, approximate)), randn(*BIG))
     c = cap.by_root("proj")
     assert ops_of(c) == ["addmm", "gelu"]
-    assert c.info.status == "fused", c.info.reason
+    planner_decided(c)
     assert ("gelu_tanh" if approximate == "tanh" else "gelu(") in c.info.graph_text
     assert c.info.layout == "nk" and (c.info.n, c.info.k) == (2048, 1024)
     assert c.info.m == 2048
@@ -37,7 +44,7 @@ def test_linear_layer_norm():
     cap = capture(module(M.LinearLayerNorm(1024, 1024)), randn(*BIG))
     c = cap.by_root("proj")
     assert ops_of(c) == ["addmm", "native_layer_norm"]
-    assert c.info.status == "fused", c.info.reason
+    planner_decided(c)
     assert c.info.plan["reductions"] == 2
 
 
@@ -62,7 +69,7 @@ def test_linear_softmax_and_scale():
     cap = capture(module(M.LinearSoftmax(1024, 2048)), randn(*BIG))
     c = cap.by_root("proj")
     assert ops_of(c) == ["mm", "mul", "_softmax"]
-    assert c.info.status == "fused", c.info.reason
+    planner_decided(c)
     assert "mul(" in c.info.graph_text and "0.125" in c.info.graph_text
 
 
@@ -77,7 +84,7 @@ def test_rms_norm_as_transformers_writes_it():
     cap = capture(module(M.LinearRMSNorm(1024, 2048)), randn(*BIG))
     c = cap.by_root("proj")
     assert ops_of(c) == ["mm", "_to_copy", "pow", "mean", "add", "rsqrt", "mul", "_to_copy", "mul"]
-    assert c.info.status == "fused", c.info.reason
+    planner_decided(c)
     assert "cast(" in c.info.graph_text and "rsqrt(" in c.info.graph_text
 
 
@@ -87,7 +94,7 @@ def test_gpt2_mlp_block():
     fc = cap.by_root("c_fc")
     assert fc.info.layout == "kn"
     assert ops_of(fc)[0] == "addmm" and "tanh" in ops_of(fc) and "pow" in ops_of(fc)
-    assert fc.info.status == "fused", fc.info.reason
+    planner_decided(fc)
     assert "layout=kn" in fc.info.graph_text
     proj = cap.by_root("c_proj")
     assert proj.info.layout == "kn"
