@@ -36,6 +36,13 @@ for phase in "${phases[@]}"; do
   t0=$SECONDS
   case "$phase" in
   build)
+    # An extension module needs the interpreter's headers (python3.X-dev); say so plainly.
+    inc="$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"
+    if [[ ! -f "$inc/Python.h" ]]; then
+      note "build: no Python.h under $inc: this interpreter has no development headers (python3.X-dev); cannot build"
+      exit 1
+    fi
+    note "build: $("$py" -c 'import importlib.metadata as m; print(", ".join(f"{p} {m.version(p)}" for p in ("nanobind", "scikit-build-core", "torch", "transformers")))' 2>&1); cmake $(cmake --version | head -1 | cut -d' ' -f3)"
     # pip builds the wheel with the machine's scikit-build-core and nanobind (no isolation, no
     # network); if that fails (e.g. an older scikit-build-core), plain CMake builds the module
     # into python/comfuse and PYTHONPATH points there.
