@@ -4,6 +4,7 @@
 #   clang (libFuzzer for the text-format fuzz target).
 #   CUTLASS/CuTe headers from the nvidia-cutlass wheel (PyPI), unpacked into
 #   third_party/cutlass/include; the wheel's Python code is not used.
+#   The Python package's test environment: build/pyvenv (scripts/setup_python.sh).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
@@ -51,3 +52,4 @@ if [[ "$(cat "$stamp" 2>/dev/null)" != "$CUTLASS_WHEEL_VERSION" ]]; then
   echo "$CUTLASS_WHEEL_VERSION" > "$stamp"
 fi
 echo "[setup] dependencies ready (CUTLASS headers: $dest/include)"
+bash "$root/scripts/setup_python.sh"

@@ -1,0 +1,391 @@
+"""Real models end to end: GPT-2 and a Llama-style decoder from `transformers` configs with
+random weights (bf16, nothing downloaded), checked against eager, then timed on the GPU:
+
+    eager | torch.compile (Inductor default) | torch.compile max-autotune | backend="comfuse"
+
+for prefill (batch x seq tokens, e.g. 8 x 1024) and decode (one token per sequence, batch
+1..32, a StaticCache holding the prompt). Times are GPU-only: each variant's forward is
+captured once in a CUDA graph and replayed back to back between CUDA events (median of
+rounds), so Python and launch overhead are out of every number alike. max-autotune runs as
+"max-autotune-no-cudagraphs" (the capture here is the CUDA graph). ComFuse kernels are built
+before capture, with graph-safe plans (config.cuda_graph_safe).
+
+Per fused region, the kernel is timed against the same region unfused (its aten ops under
+Inductor, and eager), on the tensors the model gave it.
+
+    python bench/models.py [--out DIR] [--quick] [--layers N] [--arch gpt2,llama]
+writes DIR/RESULTS.md, DIR/results.json, DIR/speedups.png and prints every fusion report.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+
+# ---- models ---------------------------------------------------------------------------------
+def config_of(arch: str, layers: int, small: bool):
+    import transformers as tf
+
+    if arch == "gpt2":
+        if small:
+            return tf.GPT2Config(n_layer=layers, n_embd=256, n_head=4, n_positions=2048, vocab_size=1024,
+                                 bos_token_id=0, eos_token_id=0)
+        # GPT-2 medium's width (1024, 16 heads, MLP 4096), a few layers.
+        return tf.GPT2Config(n_layer=layers, n_embd=1024, n_head=16, n_positions=2048, vocab_size=50257)
+    if arch == "llama":
+        if small:
+            return tf.LlamaConfig(num_hidden_layers=layers, hidden_size=256, intermediate_size=688,
+                                  num_attention_heads=4, num_key_value_heads=2, vocab_size=1024,
+                                  max_position_embeddings=2048, bos_token_id=0, eos_token_id=0)
+        # Llama-3-8B's widths (4096, GQA 32/8, SwiGLU 14336), a few layers.
+        return tf.LlamaConfig(num_hidden_layers=layers, hidden_size=4096, intermediate_size=14336,
+                              num_attention_heads=32, num_key_value_heads=8, vocab_size=32000,
+                              max_position_embeddings=4096, rope_theta=500000.0)
+    raise ValueError(arch)
+
+
+def build(arch: str, layers: int = 2, batch: int = 2, seq: int = 128, device="cuda", small: bool = False, seed: int = 0):
+    """A model with random weights (bf16, eval) and random token ids [batch, seq]."""
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    cfg = config_of(arch, layers, small)
+    cfg._attn_implementation = "sdpa"
+    cls = tf.GPT2LMHeadModel if arch == "gpt2" else tf.LlamaForCausalLM
+    model = cls(cfg).to(dtype=torch.bfloat16, device=device).eval()
+    ids = torch.randint(0, cfg.vocab_size, (batch, seq), device=device)
+    return model, ids
+
+
+class Prefill(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids):
+        return self.model(input_ids=ids, use_cache=False).logits
+
+
+class Decode(torch.nn.Module):
+    """One decode step at a fixed position of a StaticCache (re-running it rewrites the same slot)."""
+
+    def __init__(self, model, cache):
+        super().__init__()
+        self.model = model
+        self.cache = cache
+
+    def forward(self, tok, pos):
+        return self.model(input_ids=tok, past_key_values=self.cache, cache_position=pos, use_cache=True).logits
+
+
+def static_cache(model, batch: int, prompt, max_len: int):
+    import transformers as tf
+
+    cache = tf.StaticCache(config=model.config, max_cache_len=max_len)
+    with torch.no_grad():
+        model(input_ids=prompt, past_key_values=cache, use_cache=True,
+              cache_position=torch.arange(prompt.shape[1], device=prompt.device))
+    return cache
+
+
+# ---- timing ---------------------------------------------------------------------------------
+def gpu_time_ms(fn, reps: int = 20, rounds: int = 7, graph: bool = True) -> float:
+    """Median over rounds of the per-call GPU time of `fn` (a CUDA graph of it replayed `reps` times
+    between events; graph=False: back-to-back calls)."""
+    with torch.no_grad():
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        run = fn
+        if graph:
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                fn()
+            torch.cuda.current_stream().wait_stream(s)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                fn()
+            run = g.replay
+            run()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(rounds):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            for _ in range(reps):
+                run()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b) / reps)
+    return statistics.median(times)
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.float(), b.float()
+    return ((a - b).norm() / b.norm()).item()
+
+
+VARIANTS = ("eager", "comfuse", "inductor", "max-autotune")
+
+
+def compiled(variant: str, module):
+    import comfuse
+
+    torch._dynamo.reset()
+    if variant == "eager":
+        return module
+    if variant == "inductor":
+        return torch.compile(module)
+    if variant == "max-autotune":
+        return torch.compile(module, mode="max-autotune-no-cudagraphs")
+    return torch.compile(module, backend=comfuse.comfuse_backend)
+
+
+DEVICE = "cuda"
+
+
+def bench_case(arch: str, phase: str, batch: int, seq: int, layers: int, variants, small: bool, reps: int,
+               results: dict, log, deadline: float = 0) -> None:
+    import comfuse
+
+    model, ids = build(arch, layers=layers, batch=batch, seq=seq if phase == "prefill" else 16, small=small,
+                       device=DEVICE)
+    name = f"{arch} {phase} b{batch}" + (f"x{seq}" if phase == "prefill" else "")
+    fresh = lambda: None  # noqa: E731
+    if phase == "prefill":
+        module, args = Prefill(model), (ids,)
+    else:
+        cache = static_cache(model, batch, ids, max_len=64)
+        tok = ids[:, -1:].contiguous()
+        pos = torch.tensor([ids.shape[1]], device=ids.device)
+        module, args = Decode(model, cache), (tok, pos)
+
+        def fresh():
+            # A decode step is checked on the cache as the prompt left it (a step changes the
+            # cache's state beyond its slot); timing replays the step whatever the state.
+            with torch.no_grad():
+                cache.reset()
+                model(input_ids=ids, past_key_values=cache, use_cache=True,
+                      cache_position=torch.arange(ids.shape[1], device=ids.device))
+    fresh()
+    with torch.no_grad():
+        ref = module(*args).float()
+    row = {"case": name, "arch": arch, "phase": phase, "batch": batch, "seq": seq if phase == "prefill" else 1}
+    for v in variants:
+        if deadline and time.time() > deadline:
+            log(f"{name:28s} {v:13s} skipped (time budget spent)")
+            continue
+        comfuse.config.cuda_graph_safe = v == "comfuse"
+        comfuse.config.record_inputs = v == "comfuse"
+        f = compiled(v, module)
+        fresh()
+        t0 = time.perf_counter()
+        with torch.no_grad(), comfuse.collecting() as rep:
+            out = f(*args).float()
+            torch.cuda.synchronize()
+        row[f"{v}_first_call_s"] = time.perf_counter() - t0
+        row[f"{v}_err"] = rel_err(out, ref)
+        try:
+            row[f"{v}_ms"] = gpu_time_ms(lambda: f(*args), reps=reps)
+        except Exception as e:  # a variant that cannot be captured is reported, not fatal
+            row[f"{v}_ms"] = None
+            row[f"{v}_error"] = f"{type(e).__name__}: {e}"[:300]
+        if v == "comfuse":
+            log(f"--- fusion report: {name}\n{rep}")
+            row["regions"] = region_rows(rep, reps)
+            row["fused_regions"] = sum(1 for r in rep.regions if r.status == "fused")
+            row["gemm_regions"] = len(rep.regions)
+        log(f"{name:28s} {v:13s} err {row[f'{v}_err']:.2e}  "
+            + (f"{row[f'{v}_ms']:.3f} ms" if row.get(f"{v}_ms") else f"FAILED {row.get(f'{v}_error')}"))
+    base = row.get("eager_ms")
+    for v in variants:
+        if row.get(f"{v}_ms") and base:
+            row[f"{v}_speedup_vs_eager"] = base / row[f"{v}_ms"]
+    for v in ("inductor", "max-autotune"):
+        if row.get(f"{v}_ms") and row.get("comfuse_ms"):
+            row[f"comfuse_vs_{v}"] = row[f"{v}_ms"] / row["comfuse_ms"]
+    results["cases"].append(row)
+    del model, module
+    torch.cuda.empty_cache()
+
+
+def region_rows(rep, reps: int) -> list[dict]:
+    """Each fused region: its kernel against its own aten ops, unfused (Inductor and eager)."""
+    from comfuse.kernels import REGISTRY
+
+    rows = []
+    seen = set()
+    for info in rep.regions:
+        if info.status != "fused":
+            continue
+        rr = REGISTRY.get(info.id)
+        if rr is None or rr.last_inputs is None:
+            continue
+        key = (info.graph_text, info.n, info.k, str(info.m))
+        if key in seen:  # identical layers: time one
+            continue
+        seen.add(key)
+        tensors, sizes = rr.last_inputs
+        row = {"region": info.root + " + " + ", ".join(o.split(":")[-1] for o in info.ops[1:]),
+               "m": tensors[0].numel() // info.k, "n": info.n, "k": info.k,
+               "fused_est_us": info.fused_us, "unfused_est_us": info.unfused_us}
+        sub = rr.subgraph
+        ind = torch.compile(sub)
+        try:
+            row["fused_us"] = 1e3 * gpu_time_ms(lambda: rr.run(tensors, sizes), reps=reps)
+            row["inductor_us"] = 1e3 * gpu_time_ms(lambda: ind(*tensors, *sizes), reps=reps)
+            row["eager_us"] = 1e3 * gpu_time_ms(lambda: sub(*tensors, *sizes), reps=reps)
+            row["speedup_vs_inductor"] = row["inductor_us"] / row["fused_us"]
+            row["speedup_vs_eager"] = row["eager_us"] / row["fused_us"]
+            with torch.no_grad():  # weights require grad: outside no_grad the region runs unfused
+                fused_out = rr.run(tensors, sizes)
+                unfused_out = sub(*tensors, *sizes)
+            row["err_vs_eager"] = max(rel_err(a, b) for a, b in zip(fused_out, unfused_out))
+        except Exception as e:
+            row["error"] = f"{type(e).__name__}: {e}"[:300]
+        rows.append(row)
+    return rows
+
+
+# ---- output ---------------------------------------------------------------------------------
+def write_results(results: dict, out: str) -> None:
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "results.json"), "w") as f:
+        json.dump(results, f, indent=1, default=str)
+    lines = ["# ComFuse on real models (bench/models.py)", "",
+             f"GPU: {results['gpu']}; torch {results['torch']}; transformers {results['transformers']}; "
+             f"{results['layers']} layer(s); GPU-only times (CUDA graph replay), median of rounds.", "",
+             "## Whole model", "",
+             "| case | eager ms | inductor ms | max-autotune ms | comfuse ms | comfuse vs eager | vs inductor | vs max-autotune | fused / GEMM regions | max rel err |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+
+    def f(v, p=3):
+        return "-" if v is None else f"{v:.{p}f}"
+
+    def x(v):
+        return "-" if v is None else f"{v:.2f}x"
+
+    for r in results["cases"]:
+        errs = [r.get(f"{v}_err") for v in VARIANTS if r.get(f"{v}_err") is not None]
+        lines.append(f"| {r['case']} | {f(r.get('eager_ms'))} | {f(r.get('inductor_ms'))} | {f(r.get('max-autotune_ms'))} | "
+                     f"{f(r.get('comfuse_ms'))} | {x(r.get('comfuse_speedup_vs_eager'))} | "
+                     f"{x(r.get('comfuse_vs_inductor'))} | {x(r.get('comfuse_vs_max-autotune'))} | "
+                     f"{r.get('fused_regions', '-')}/{r.get('gemm_regions', '-')} | "
+                     + (f"{max(errs):.2e}" if errs else "-") + " |")
+    lines += ["", "## Fused regions (kernel vs the same ops unfused)", "",
+              "| case | region | M x N x K | fused us | inductor us | eager us | vs inductor | vs eager | planner fused/unfused us |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for r in results["cases"]:
+        for g in r.get("regions", []):
+            lines.append(f"| {r['case']} | {g['region']} | {g['m']}x{g['n']}x{g['k']} | {f(g.get('fused_us'), 1)} | "
+                         f"{f(g.get('inductor_us'), 1)} | {f(g.get('eager_us'), 1)} | {x(g.get('speedup_vs_inductor'))} | "
+                         f"{x(g.get('speedup_vs_eager'))} | {f(g.get('fused_est_us'), 1)}/{f(g.get('unfused_est_us'), 1)} |"
+                         + (f" {g['error']}" if g.get("error") else ""))
+    with open(os.path.join(out, "RESULTS.md"), "w") as fh:
+        fh.write("\n".join(lines) + "\n")
+    try:
+        plot(results, os.path.join(out, "speedups.png"))
+    except Exception as e:  # matplotlib missing: the numbers still stand
+        print(f"plot skipped: {e}")
+
+
+def plot(results: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cases = results["cases"]
+    regions = [(r["case"], g) for r in cases for g in r.get("regions", []) if g.get("speedup_vs_inductor")]
+    fig, axes = plt.subplots(1, 2, figsize=(15, 6), gridspec_kw={"width_ratios": [max(2, len(cases)), max(1, len(regions))]})
+    ax = axes[0]
+    width = 0.27
+    xs = range(len(cases))
+    for i, (v, label) in enumerate((("comfuse_speedup_vs_eager", "vs eager"), ("comfuse_vs_inductor", "vs Inductor"),
+                                    ("comfuse_vs_max-autotune", "vs max-autotune"))):
+        ax.bar([x + (i - 1) * width for x in xs], [r.get(v) or 0 for r in cases], width, label=label)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels([r["case"] for r in cases], rotation=45, ha="right", fontsize=8)
+    ax.set_ylabel("speedup of backend=comfuse (x)")
+    ax.set_title("whole model")
+    ax.legend()
+    ax = axes[1]
+    if regions:
+        xs = range(len(regions))
+        ax.bar([x - 0.2 for x in xs], [g["speedup_vs_inductor"] for _, g in regions], 0.4, label="vs Inductor")
+        ax.bar([x + 0.2 for x in xs], [g["speedup_vs_eager"] for _, g in regions], 0.4, label="vs eager")
+        ax.set_xticks(list(xs))
+        ax.set_xticklabels([f"{c}\n{g['region'][:40]}\n{g['m']}x{g['n']}x{g['k']}" for c, g in regions],
+                           rotation=45, ha="right", fontsize=6)
+        ax.legend()
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_title("fused regions (kernel vs the same ops unfused)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.environ.get("OUT", "bench/out"))
+    ap.add_argument("--arch", default="gpt2,llama")
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--quick", action="store_true", help="one prefill and two decode batches per model")
+    ap.add_argument("--small", action="store_true", help="tiny widths (a smoke test of the script)")
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--budget-s", type=float, default=0, help="start no new case after this many seconds (0: no limit)")
+    args = ap.parse_args(argv)
+    start = time.time()
+
+    import comfuse
+    import transformers
+
+    os.makedirs(args.out, exist_ok=True)
+    logf = open(os.path.join(args.out, "models.log"), "a")
+
+    def log(msg):
+        print(msg, flush=True)
+        logf.write(msg + "\n")
+        logf.flush()
+
+    if not torch.cuda.is_available() or not comfuse.gpu_available()[0]:
+        log(f"bench/models.py needs an sm_90 GPU: {comfuse.gpu_available()[1]}")
+        return 2
+    comfuse.config.strict = False
+
+    results = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "transformers": transformers.__version__,
+               "layers": args.layers, "cases": []}
+    variants = args.variants.split(",")
+    decode_batches = (1, 32) if args.quick else (1, 4, 16, 32)
+    archs = args.arch.split(",")
+    for ai, arch in enumerate(archs):
+        cases = [("prefill", 8, 1024)] + [("decode", b, 0) for b in decode_batches]
+        # Each model gets its share of what is left of the budget.
+        arch_start = time.time()
+        left = args.budget_s - (arch_start - start)
+        deadline = arch_start + left / (len(archs) - ai) if args.budget_s else 0
+        for phase, batch, seq in cases:
+            if deadline and time.time() > deadline:
+                log(f"{arch} {phase} b{batch}: skipped (time budget of {args.budget_s:.0f} s spent)")
+                continue
+            try:
+                bench_case(arch, phase, batch, seq, args.layers, variants, args.small, args.reps, results, log, deadline)
+            except Exception as e:
+                import traceback
+
+                log(f"{arch} {phase} b{batch}: FAILED {type(e).__name__}: {e}\n{traceback.format_exc()}")
+            write_results(results, args.out)
+    log(open(os.path.join(args.out, "RESULTS.md")).read() if os.path.exists(os.path.join(args.out, "RESULTS.md")) else "")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

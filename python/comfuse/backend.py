@@ -1,0 +1,225 @@
+"""The torch.compile backend: `torch.compile(model, backend="comfuse")`.
+
+Dynamo's graph goes through AOTAutograd without decompositions, which gives aten-level ops as
+the model wrote them (addmm, views, native_layer_norm, _softmax, gelu, ...). partition.py
+finds the GEMM + epilogue regions and decides; each fused region is replaced by one call of
+the custom op comfuse::fused (kernels.py), and the rewritten graph goes to Inductor
+(compile_fx) for everything else, with the options of the torch.compile mode
+("reduce-overhead" and "max-autotune" capture CUDA graphs; fused kernels then plan a DSMEM
+exchange, which graph replays keep correct).
+
+Inference only: a graph that needs gradients is not partitioned (the report says so) and goes
+to Inductor whole.
+"""
+from __future__ import annotations
+
+import logging
+import operator
+
+import torch
+import torch.fx as fx
+
+from .config import config
+from .kernels import REGISTRY, RuntimeRegion, gpu_status, next_region_id
+from .partition import RegionInfo, decide, find_regions, where
+from .report import FusionReport, GraphReport
+from .translate import val
+
+log = logging.getLogger("comfuse")
+
+# Every graph this process compiled (comfuse.last_report() / comfuse.reports()).
+REPORT = FusionReport()
+_collectors: list[FusionReport] = []
+
+
+def _record(g: GraphReport) -> None:
+    g.index = len(REPORT.graphs)
+    REPORT.graphs.append(g)
+    for c in _collectors:
+        c.graphs.append(g)
+
+
+def _boxed(fn):
+    def run(args):
+        return fn(*args)
+
+    run._boxed_call = True
+    return run
+
+
+def _mode_options(mode, options) -> dict:
+    opts: dict = {}
+    if mode and mode != "default":
+        import torch._inductor as ind
+
+        opts.update(ind.list_mode_options(mode))
+    opts.update(options or {})
+    return opts
+
+
+_GEMM_CALLS = {torch._C._nn.linear, torch.nn.functional.linear, torch.matmul, operator.matmul, torch.mm,
+               torch.addmm, torch.bmm}
+
+
+def _training_report(gm: fx.GraphModule, g: GraphReport) -> None:
+    g.note = ("needs gradients: not partitioned (the fused kernels are inference only; run under "
+              "torch.no_grad() or torch.inference_mode()); the whole graph goes to Inductor")
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and n.target in _GEMM_CALLS:
+            g.regions.append(RegionInfo(id=next_region_id(), root=where(n), fx_nodes=[n.name], ops=[where(n)],
+                                        status="fallback", reason="needs gradients (inference only)"))
+
+
+def rewrite(gm: fx.GraphModule, g: GraphReport, cudagraphs: bool, apply: bool = True) -> None:
+    """Partition `gm` (aten level), decide, and replace fused regions by comfuse::fused calls."""
+    cands = find_regions(gm, next_region_id)
+    ok, why_not = gpu_status()
+    changed = False
+    subst: dict[fx.Node, fx.Node] = {}  # a replaced region's outputs -> the getitems that now carry them
+    for c in cands:
+        decide(c, cudagraphs)
+        info = c.info
+        g.regions.append(info)
+        if info.status != "fused":
+            log.info("comfuse: %s: %s: %s", info.root, info.status, info.reason)
+            continue
+        devices = {val(n).device.type for n, role in zip(c.translator.inputs, c.translator.input_roles)
+                   if role != "scalar"}
+        here = None if devices == {"cuda"} and ok else (why_not if not ok else f"inputs on {'/'.join(sorted(devices))}")
+        if here:
+            info.status = "fusable"
+            info.reason += f"; not fused here: {here}"
+            if not config.force_regions:
+                log.info("comfuse: %s: %s", info.root, info.reason)
+                continue
+        log.info("comfuse: %s + %d op(s): %s", info.root, len(info.ops) - 1, info.reason)
+        if apply:
+            _replace(gm, c, cudagraphs, subst)
+            changed = True
+    if changed:
+        from torch.fx.passes.tools_common import legalize_graph
+
+        legalize_graph(gm)
+        gm.graph.lint()
+        gm.recompile()
+
+
+def _replace(gm: fx.GraphModule, c, cudagraphs: bool, subst: dict) -> None:
+    tr = c.translator
+    nodes = c.nodes
+    inset = set(nodes)
+    # An operand produced by a region replaced before this one is now that region's getitem.
+    ext_t: list[fx.Node] = [subst.get(n, n) for n in tr.inputs]
+    ext_s: list[fx.Node] = []
+    seen = set(ext_t)
+    for n in nodes:
+        for i in n.all_input_nodes:
+            if i in inset or i in seen:
+                continue
+            seen.add(i)
+            (ext_t if isinstance(val(i), torch.Tensor) else ext_s).append(i)
+    # The region's aten ops as their own GraphModule: the fake implementation and the fallback.
+    sg = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    for i in ext_t + ext_s:
+        p = sg.placeholder(i.name)
+        p.meta = dict(i.meta)
+        env[i] = p
+    for n in nodes:
+        env[n] = sg.node_copy(n, lambda x: env[x])
+    sg.output(tuple(env[o] for o in tr.outputs))
+    sub = fx.GraphModule(torch.nn.Module(), sg)
+    info = c.info
+    REGISTRY[info.id] = RuntimeRegion(info, c.lowering.regions()[0], tr.input_roles, tr.input_names,
+                                      len(tr.inputs), tr.output_names, sub, cudagraphs, tr.output_classes)
+    order = {n: k for k, n in enumerate(gm.graph.nodes)}
+    last = max(nodes, key=order.__getitem__)
+    graph = gm.graph
+    with graph.inserting_after(last):
+        call = graph.call_function(torch.ops.comfuse.fused.default, (info.id, ext_t, ext_s))
+    call.meta["val"] = [o.meta.get("val") for o in tr.outputs]
+    prev = call
+    for k, o in enumerate(tr.outputs):
+        with graph.inserting_after(prev):
+            gi = graph.call_function(operator.getitem, (call, k))
+        gi.meta = {kk: v for kk, v in o.meta.items() if kk in ("val", "tensor_meta", "stack_trace", "nn_module_stack")}
+        o.replace_all_uses_with(gi, delete_user_cb=lambda u: u not in inset)
+        subst[o] = gi
+        prev = gi
+    for n in reversed(nodes):
+        graph.erase_node(n)
+
+
+def _compile_rest(gm: fx.GraphModule, example_inputs, opts: dict, static_idxs):
+    if config.rest == "eager":
+        return _boxed(gm)
+    from torch._inductor.compile_fx import compile_fx, compile_fx_inner
+
+    def inner(g, ex, **kw):
+        # The rewritten graph reaches Inductor as a plain aten graph: tell it which inputs are
+        # parameters (fixed addresses), as Dynamo would have, so CUDA graphs do not copy them.
+        if static_idxs is not None:
+            kw["static_input_idxs"] = list(static_idxs)
+        return compile_fx_inner(g, ex, **kw)
+
+    # Regions live in this process only: keep Inductor's on-disk graph caches out of it.
+    patches = {"fx_graph_cache": False, **opts}
+    with torch._functorch.config.patch(enable_autograd_cache=False):
+        return _boxed(compile_fx(gm, example_inputs, inner_compile=inner, config_patches=patches))
+
+
+def _compile(gm: fx.GraphModule, example_inputs, mode=None, options=None, explain_only: bool = False):
+    from torch._dynamo.backends.common import aot_autograd
+
+    opts = _mode_options(mode, options)
+    cudagraphs = bool(opts.get("triton.cudagraphs", False))
+    g = GraphReport(index=0, mode=mode)
+    g.dynamic = any(isinstance(x, torch.SymInt) for x in example_inputs)
+    training = torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs)
+    if training:
+        _record(g)
+        _training_report(gm, g)
+        log.info("comfuse: graph %d %s", g.index, g.note)
+        if explain_only or config.rest == "eager":
+            return gm.forward
+        from torch._inductor.compile_fx import compile_fx
+
+        return compile_fx(gm, example_inputs, config_patches={"fx_graph_cache": False, **opts})
+
+    def inference(agm: fx.GraphModule, ex):
+        ctx = torch._guards.TracingContext.try_get()
+        static = list(ctx.fw_metadata.static_input_indices) if ctx is not None and ctx.fw_metadata else None
+        _record(g)  # here, not before: Dynamo may restart and call the backend again
+        rewrite(agm, g, cudagraphs, apply=not explain_only)
+        if explain_only:
+            return _boxed(agm)
+        return _compile_rest(agm, ex, opts, static)
+
+    return aot_autograd(fw_compiler=inference, inference_compiler=inference)(gm, example_inputs)
+
+
+def comfuse_backend(gm: fx.GraphModule, example_inputs, mode=None, options=None, **_):
+    """torch.compile backend (registered as "comfuse"); `mode` and `options` as torch.compile's."""
+    return _compile(gm, example_inputs, mode=mode, options=options)
+
+
+def explain_backend(gm: fx.GraphModule, example_inputs, mode=None, options=None, **_):
+    """Partitions and reports; runs the graph eagerly (no kernel built, nothing compiled)."""
+    return _compile(gm, example_inputs, mode=mode, options=options, explain_only=True)
+
+
+def collecting():
+    """Context manager: a FusionReport of the graphs compiled inside it."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def cm():
+        rep = FusionReport()
+        _collectors.append(rep)
+        try:
+            yield rep
+        finally:
+            _collectors.remove(rep)
+
+    return cm()
+

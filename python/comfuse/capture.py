@@ -1,0 +1,58 @@
+"""Capture without compiling: the aten graph of a model, its candidate regions and decisions,
+and every FX node's value on the example inputs (for tests and for checking a translation
+with comfuse.reference). Nothing is rewritten and no kernel is built."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx as fx
+
+from .kernels import next_region_id
+from .partition import Candidate, decide, find_regions
+
+
+@dataclass
+class Capture:
+    gm: fx.GraphModule | None = None
+    candidates: list[Candidate] = field(default_factory=list)
+    values: dict = field(default_factory=dict)   # FX node name -> value on the example inputs
+
+    def by_root(self, needle: str) -> Candidate:
+        """The candidate whose root's where() contains `needle` (e.g. a module path)."""
+        found = [c for c in self.candidates if needle in c.info.root]
+        if len(found) != 1:
+            raise KeyError(f"{len(found)} regions match {needle!r}: {[c.info.root for c in self.candidates]}")
+        return found[0]
+
+
+def capture(model, *inputs, cudagraphs: bool = False, dynamic: bool = False, **kwargs) -> Capture:
+    from torch._dynamo.backends.common import aot_autograd
+
+    cap = Capture()
+
+    def inference(agm: fx.GraphModule, ex):
+        cap.gm = agm
+        cap.candidates = find_regions(agm, next_region_id)
+        for c in cap.candidates:
+            decide(c, cudagraphs)
+
+        class Recorder(fx.Interpreter):
+            def run_node(self, n):
+                v = super().run_node(n)
+                cap.values[n.name] = v
+                return v
+
+        def run(args):
+            return Recorder(agm).run(*args)
+
+        run._boxed_call = True
+        return run
+
+    def backend(gm, ex, **_):
+        return aot_autograd(fw_compiler=inference, inference_compiler=inference)(gm, ex)
+
+    compiled = torch.compile(model, backend=backend, dynamic=dynamic)
+    with torch.no_grad():
+        compiled(*inputs, **kwargs)
+    return cap

@@ -1,0 +1,39 @@
+"""Settings of the PyTorch frontend (attributes of comfuse.config; environment defaults)."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+
+def _env_flag(name: str, default: bool = False) -> bool:
+    v = os.environ.get(name)
+    return default if v is None else v not in ("", "0", "false", "False", "no")
+
+
+@dataclass
+class Config:
+    # Compiled kernels kept in memory (an LRU over the on-disk JIT cache, which keeps them all).
+    # Kernels used inside a CUDA graph capture are pinned: a replay launches them.
+    kernel_cache_size: int = int(os.environ.get("COMFUSE_KERNEL_CACHE_SIZE", "64"))
+    # Fuse where the planner's fused estimate < unfused estimate * (1 - min_gain).
+    min_gain: float = float(os.environ.get("COMFUSE_MIN_GAIN", "0.0"))
+    # Rewrite fusable regions even where no sm_90 GPU runs them (they then execute their aten
+    # subgraph): lets CPU tests drive the custom op, its fake implementation and Inductor.
+    force_regions: bool = _env_flag("COMFUSE_FORCE_REGIONS")
+    # What compiles the rest of the graph: "inductor" (compile_fx) or "eager" (the aten graph
+    # as it is: fast, for tests and explain).
+    rest: str = os.environ.get("COMFUSE_REST", "inductor")
+    # Raise instead of falling back when a fused kernel cannot run (GPU tests).
+    strict: bool = _env_flag("COMFUSE_STRICT")
+    # Plan every kernel so that it can be captured in a CUDA graph and replayed (no row-group
+    # L2 exchange, whose per-launch tag a replay would repeat). torch.compile's
+    # "reduce-overhead" and "max-autotune" modes imply it; set it when capturing by hand.
+    cuda_graph_safe: bool = _env_flag("COMFUSE_CUDA_GRAPH_SAFE")
+    # Keep each region's last inputs (RuntimeRegion.last_inputs), for per-region benchmarks.
+    record_inputs: bool = False
+    # Kernel plan overrides for every region (the keys of `comfuse explain` flags, e.g.
+    # {"aggregation": "p2p"}); empty: the planner decides.
+    plan_options: dict = field(default_factory=dict)
+
+
+config = Config()

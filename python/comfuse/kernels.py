@@ -1,0 +1,422 @@
+"""Running fused regions: the custom op, its fake implementation, and the kernel cache.
+
+Each fused region becomes one call of the custom op
+
+    comfuse::fused(int region, Tensor[] tensors, SymInt[] sizes) -> Tensor[]
+
+`region` keys the in-process registry (REGISTRY) of RuntimeRegion objects; `tensors` are the
+region's operands (GEMM A and B, then vectors / residuals), `sizes` the symbolic sizes its views
+use under dynamic shapes. The fake (meta) implementation runs the region's aten subgraph on fake
+tensors, so shapes, dtypes and symbolic sizes propagate exactly as they would unfused and the
+surrounding graph compiles (Inductor) and captures (CUDA graphs) as usual.
+
+The real implementation launches the ComFuse kernel on torch's current stream, outputs from
+torch's caching allocator. Where it cannot (no sm_90 GPU, CPU tensors, a tensor that needs
+gradients, a kernel that is not built yet during a CUDA graph capture, a launch error), it runs
+the same aten subgraph instead and records why (RegionInfo.runtime_fallback, logged once).
+
+Kernels are keyed by shape class: the region's ComFuse graph (canonical names), N, K, the plan
+options and M rounded up to a power of two (partition.m_bucket), so a decode loop whose M stays
+in one class never recompiles. A bounded LRU (config.kernel_cache_size) keeps them in memory
+over the on-disk JIT cache; compile times land in RegionInfo.compiles.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections import OrderedDict
+
+import torch
+import torch.fx as fx
+
+from . import _core
+from .config import config
+from .partition import RegionInfo, m_bucket
+
+log = logging.getLogger("comfuse")
+
+REGISTRY: dict[int, "RuntimeRegion"] = {}
+_ids = itertools.count(1)
+
+
+def next_region_id() -> int:
+    return next(_ids)
+
+
+_NAMES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
+
+_gpu: tuple[bool, str] | None = None
+
+
+def gpu_status() -> tuple[bool, str]:
+    """(True, '') where an sm_90 GPU runs ComFuse kernels, else (False, why)."""
+    global _gpu
+    if _gpu is None:
+        ok, why = _core.gpu_available()
+        if ok and not torch.cuda.is_available():
+            ok, why = False, "torch has no CUDA"
+        _gpu = (bool(ok), "" if ok else f"no sm_90 GPU: {why}")
+    return _gpu
+
+
+class KernelCache:
+    """A bounded LRU of compiled kernels; entries used in a CUDA graph capture are pinned."""
+
+    def __init__(self):
+        self.entries: OrderedDict = OrderedDict()
+        self.pinned: set = set()
+        self.lock = threading.Lock()
+        self.compiles = 0
+        self.hits = 0
+
+    def get(self, key):
+        with self.lock:
+            k = self.entries.get(key)
+            if k is not None:
+                self.entries.move_to_end(key)
+                self.hits += 1
+            return k
+
+    def put(self, key, kernel) -> None:
+        with self.lock:
+            self.entries[key] = kernel
+            self.entries.move_to_end(key)
+            self.compiles += 1
+            while len(self.entries) > max(1, config.kernel_cache_size):
+                victim = next((k for k in self.entries if k not in self.pinned), None)
+                if victim is None:
+                    break
+                del self.entries[victim]
+
+    def pin(self, key) -> None:
+        with self.lock:
+            self.pinned.add(key)
+
+    def clear(self) -> None:
+        with self.lock:
+            self.entries = OrderedDict((k, v) for k, v in self.entries.items() if k in self.pinned)
+
+
+CACHE = KernelCache()
+
+
+class _Fallback(Exception):
+    pass
+
+
+class RuntimeRegion:
+    """What the custom op needs to run one region."""
+
+    device_type = "cuda"  # where kernels run (a test emulates them on the CPU)
+
+    def __init__(self, info: RegionInfo, region, roles: list[str], names: list[str], n_kernel_inputs: int,
+                 out_names: list[str], subgraph: fx.GraphModule, cudagraphs: bool, out_classes: list[str] | None = None):
+        self.info = info
+        self.region = region              # _core.Region: its Fusion Spec
+        self.roles = roles                # per kernel input: a, b, row, col, tile
+        self.names = names                # their ComFuse graph names
+        self.n_kernel_inputs = n_kernel_inputs
+        self.out_names = out_names
+        self.out_classes = out_classes or ["tile"] * len(out_names)  # tile [M, N] or col [M, 1]
+        self.subgraph = subgraph          # the region's aten ops: fake impl and fallback
+        self.cudagraphs = cudagraphs
+        self.key_text = info.graph_text
+        self._out_shapes: dict = {}
+        self._global_plan: dict = {}
+        self._warned: set = set()
+        self.last_inputs = None
+
+    # -- fake / fallback ------------------------------------------------------------------
+    def fake(self, tensors, sizes):
+        outs = self.subgraph(*tensors, *sizes)
+        return [torch.empty(o.shape, dtype=o.dtype, device=o.device) for o in outs]
+
+    def fallback(self, tensors, sizes, why: str):
+        self.info.fallback_calls += 1
+        if why not in self._warned:
+            self._warned.add(why)
+            self.info.runtime_fallback = why
+            log.info("comfuse: region %d (%s) runs unfused: %s", self.info.id, self.info.root, why)
+        # Outputs of a custom op may alias neither its inputs nor each other (two outputs can be
+        # views of one value): each gets storage of its own.
+        outs, seen = [], set()
+        for o in self.subgraph(*tensors, *sizes):
+            o = o.contiguous()
+            if _aliases(o, tensors) or o.untyped_storage().data_ptr() in seen:
+                o = o.clone()
+            seen.add(o.untyped_storage().data_ptr())
+            outs.append(o)
+        return outs
+
+    # -- the kernel -------------------------------------------------------------------------
+    def out_shapes(self, tensors, sizes):
+        key = tuple(tuple(t.shape) for t in tensors) + tuple(sizes)
+        shapes = self._out_shapes.get(key)
+        if shapes is None:
+            meta = [torch.empty(t.shape, dtype=t.dtype, device="meta") if isinstance(t, torch.Tensor) else t
+                    for t in tensors]
+            shapes = [(tuple(o.shape), o.dtype) for o in self.subgraph(*meta, *sizes)]
+            self._out_shapes[key] = shapes
+        return shapes
+
+    def kernel(self, m: int, capturing: bool):
+        info = self.info
+        bucket = m_bucket(m)
+        opts = dict(info.plan_options)
+        dims = {"M": bucket, "N": info.n, "K": info.k}
+        if (capturing or self.cudagraphs or config.cuda_graph_safe) and opts.get("aggregation") != "p2p":
+            # Row groups tag their L2 exchange with a per-launch counter that a graph replay
+            # would repeat: a captured launch uses a DSMEM (cluster) exchange instead.
+            glob = self._global_plan.get(bucket)
+            if glob is None:
+                glob = self._global_plan[bucket] = self.region.plan(dims, opts).summary()["l2_exchange"]
+            if glob:
+                opts["aggregation"] = "p2p"
+        key = (self.key_text, info.n, info.k, bucket, tuple(sorted(opts.items())))
+        k = CACHE.get(key)
+        if k is None:
+            if capturing:
+                raise _Fallback(f"no kernel for M <= {bucket} was built before this CUDA graph capture "
+                                "(run the model once before capturing)")
+            t0 = time.perf_counter()
+            k = self.region.compile(dims, opts)
+            wall = time.perf_counter() - t0
+            c = k.compiled()
+            rec = {"m_bucket": bucket, "seconds": wall, "compile_seconds": c["compile_seconds"],
+                   "cache_hit": c["cache_hit"], "options": opts, "plan": k.plan().summary()}
+            info.compiles.append(rec)
+            log.info("comfuse: region %d (%s): kernel for M <= %d %s in %.2f s", info.id, info.root, bucket,
+                     "loaded from the JIT cache" if c["cache_hit"] else "compiled", wall)
+            CACHE.put(key, k)
+        if capturing:
+            CACHE.pin(key)
+        return k
+
+    def run(self, tensors, sizes):
+        info = self.info
+        info.calls += 1
+        if config.record_inputs:
+            self.last_inputs = (list(tensors), list(sizes))
+        ok, why = gpu_status()
+        if not ok:
+            return self.fallback(tensors, sizes, why)
+        dev = None
+        for t, role in zip(tensors[: self.n_kernel_inputs], self.roles):
+            if role == "scalar":
+                continue
+            if t.device.type != self.device_type:
+                return self.fallback(tensors, sizes, f"tensor on {t.device}: fused kernels run on the GPU")
+            dev = dev or t.device
+            if t.requires_grad and torch.is_grad_enabled():
+                return self.fallback(tensors, sizes, "a tensor requires gradients: the fused kernels are inference only")
+        if dev.type == "cuda" and dev.index is not None and dev.index != torch.cuda.current_device():
+            return self.fallback(tensors, sizes, f"tensors on {dev}, not the current device")
+        try:
+            return self._launch(tensors, sizes, dev)
+        except (_Fallback, _core.Error) as e:
+            if config.strict and not isinstance(e, _Fallback):
+                raise
+            return self.fallback(tensors, sizes, str(e).splitlines()[0])
+
+    def _launch(self, tensors, sizes, dev):
+        m = tensors[0].numel() // self.info.k
+        capturing = dev.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        kern = self.kernel(m, capturing)
+        args, scalars, outs, views = self.prepare(tensors, sizes, dev, m, capturing)  # views: keeps copies alive
+        stream = torch.cuda.current_stream(dev).cuda_stream if dev.type == "cuda" else 0
+        kern.run(args, scalars, stream)
+        return outs
+
+    def prepare(self, tensors, sizes, dev, m: int, capturing: bool = False):
+        """The kernel's arguments: (name -> (pointer, dtype, shape, row stride), scalars, outputs,
+        name -> the tensor each pointer belongs to). Operands are viewed as the kernel's 2-D
+        matrices and vectors; one that is not packed rows with a 16-byte aligned base and row
+        stride is copied (the copies live in the returned views until the launch is enqueued;
+        later kernels on the stream are ordered after it, so the allocator may reuse them)."""
+        info = self.info
+        n, k = info.n, info.k
+        args, scalars, views = {}, {}, {}
+
+        def rows(t, r, c):
+            """t as an r x c row-major matrix with a 16-byte aligned base and row stride."""
+            x = t.reshape(r, c) if t.dim() != 2 or tuple(t.shape) != (r, c) else t
+            es = x.element_size()
+            if (x.stride(1) != 1 and c > 1) or (x.stride(0) < c and r > 1) or (x.stride(0) * es) % 16 \
+                    or x.data_ptr() % 16:
+                log.debug("comfuse: region %d copies a %s operand to packed rows", info.id, tuple(t.shape))
+                x = x.contiguous()
+                if x.data_ptr() % 16:
+                    x = x.clone()
+            return x
+
+        for i in range(self.n_kernel_inputs):
+            t, role, name = tensors[i], self.roles[i], self.names[i]
+            if role == "scalar":
+                if t.device.type != "cpu" and capturing:
+                    raise _Fallback(f"scalar operand '{name}' lives on the GPU: reading it inside a CUDA graph "
+                                    "capture is not possible")
+                scalars[name] = float(t.item())
+                continue
+            dt = _NAMES[t.dtype]
+            if role == "a":
+                x = rows(t, m, k)
+            elif role == "b":
+                if info.layout == "nk":   # the GEMM sees [K, N] = W^T of an N x K weight
+                    x = rows(t.reshape(k, n).t(), n, k)
+                else:
+                    x = rows(t, k, n)
+            elif role == "row":
+                x = rows(t.reshape(1, n), 1, n)
+                args[name] = (x.data_ptr(), dt, [n], 0)
+                views[name] = x.reshape(n)
+                continue
+            elif role == "col":
+                x = t.reshape(-1).contiguous()
+                if x.data_ptr() % 16:
+                    x = x.clone()
+                args[name] = (x.data_ptr(), dt, [m], 0)
+                views[name] = x
+                continue
+            else:  # tile
+                x = rows(t, m, n)
+            args[name] = (x.data_ptr(), dt, list(x.shape), x.stride(0))
+            views[name] = x
+        outs = []
+        for (shape, dtype), name, cls in zip(self.out_shapes(tensors, sizes), self.out_names, self.out_classes):
+            o = torch.empty(shape, dtype=dtype, device=dev)
+            outs.append(o)
+            if cls == "col":  # one value per row
+                args[name] = (o.data_ptr(), _NAMES[dtype], [m, 1], 0)
+                views[name] = o.view(m, 1)
+            else:
+                args[name] = (o.data_ptr(), _NAMES[dtype], [m, n], n)
+                views[name] = o.view(m, n)
+        return args, scalars, outs, views
+
+
+def _aliases(o: torch.Tensor, tensors) -> bool:
+    try:
+        p = o.untyped_storage().data_ptr()
+        return any(isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() == p for t in tensors)
+    except Exception:
+        return False
+
+
+# ---- the custom op --------------------------------------------------------------------------
+# Inputs keep the strides the graph gave them (a t() of a weight stays a view: no copy).
+@torch.library.custom_op("comfuse::fused", mutates_args=(), tags=(torch.Tag.needs_exact_strides,))
+def fused(region: int, tensors: list[torch.Tensor], sizes: list[int]) -> list[torch.Tensor]:
+    r = REGISTRY.get(region)
+    if r is None:
+        raise RuntimeError(f"comfuse: region {region} is not registered in this process (a graph compiled by "
+                           "another process? ComFuse regions live in memory only)")
+    return r.run(list(tensors), list(sizes))
+
+
+@fused.register_fake
+def _fused_fake(region: int, tensors: list[torch.Tensor], sizes: list[int]) -> list[torch.Tensor]:
+    r = REGISTRY.get(region)
+    if r is None:
+        raise RuntimeError(f"comfuse: region {region} is not registered in this process")
+    return r.fake(list(tensors), list(sizes))
+
+
+# ---- the direct API: one ComFuse graph, torch tensors in and out ------------------------------
+_TORCH = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+
+
+class Kernel:
+    """A compiled ComFuse graph (one fused region) called on torch CUDA tensors.
+
+    Every argument is checked against the kernel before launch, with an error naming it: a
+    CPU tensor, a dtype or shape that differs from the graph's, a last dimension that is not
+    contiguous, a row stride or base address that is not 16-byte aligned (TMA). Nothing is
+    copied behind the caller's back here (the torch.compile path copies, and logs it).
+    Outputs not passed are allocated with torch's caching allocator; the launch goes on
+    torch.cuda.current_stream()."""
+
+    def __init__(self, graph: "_core.Graph", dims: dict, plan_options: dict | None = None):
+        low = _core.lower(graph)
+        regions = low.regions()
+        if len(regions) != 1 or low.fallbacks():
+            raise _core.Error("the graph does not lower to one fused kernel:\n" + low.describe())
+        self.region = regions[0]
+        self.dims = dict(dims)
+        self.args = self.region.args()
+        self.kernel = self.region.compile(self.dims, dict(plan_options or {}))
+
+    def plan(self) -> dict:
+        return self.kernel.plan().summary()
+
+    def explain(self) -> str:
+        return self.kernel.plan().explain()
+
+    def compiled(self) -> dict:
+        return self.kernel.compiled()
+
+    def _shape(self, shape) -> list[int]:
+        return [d if isinstance(d, int) else self.dims[d] for d in shape]
+
+    def __call__(self, scalars: dict | None = None, **tensors):
+        args, outs = {}, {}
+        for a in self.args:
+            name, role = a["name"], a["role"]
+            if role == "scalar":
+                continue
+            want = self._shape(a["shape"])
+            if role == "output" and name not in tensors:
+                t = torch.empty(want, dtype=_TORCH[a["dtype"]], device="cuda")
+            elif name not in tensors:
+                raise ValueError(f"missing tensor argument '{name}' ({role})")
+            else:
+                t = tensors[name]
+            check_tensor(name, t, _TORCH[a["dtype"]], want)
+            if role == "output":
+                outs[name] = t
+            ld = t.stride(0) if t.dim() == 2 else 0
+            args[name] = (t.data_ptr(), a["dtype"], list(t.shape), ld)
+        unknown = set(tensors) - {a["name"] for a in self.args}
+        if unknown:
+            raise ValueError(f"unknown argument(s) {sorted(unknown)}; the kernel takes {[a['name'] for a in self.args]}")
+        self.kernel.run(args, {k: float(v) for k, v in (scalars or {}).items()},
+                        torch.cuda.current_stream().cuda_stream)
+        return outs
+
+
+def check_tensor(name: str, t, dtype: torch.dtype, shape: list[int]) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"argument '{name}' is a {type(t).__name__}, not a tensor")
+    if t.device.type != "cuda":
+        raise ValueError(f"argument '{name}' is on {t.device}: ComFuse kernels take CUDA tensors")
+    if t.dtype != dtype:
+        raise ValueError(f"argument '{name}' is {t.dtype}, the kernel was built for {dtype}")
+    matrix = len(shape) == 2 and shape[1] != 1  # operands, tiles, outputs; else a row or column vector
+    if (list(t.shape) != list(shape)) if matrix else (t.numel() != _numel(shape)):
+        raise ValueError(f"argument '{name}' has shape {list(t.shape)}, the kernel expects {shape}")
+    if t.dim() >= 1 and t.shape[-1] > 1 and t.stride(-1) != 1:
+        raise ValueError(f"argument '{name}' has strides {t.stride()}: its last dimension must be contiguous "
+                         "(pass .contiguous())")
+    if t.dim() == 1 and not t.is_contiguous():
+        raise ValueError(f"argument '{name}' (a vector) is not contiguous")
+    if t.data_ptr() % 16:
+        raise ValueError(f"argument '{name}' starts at an address that is not 16-byte aligned (a view at an offset? "
+                         "pass .clone())")
+    if t.dim() == 2 and (t.stride(0) * t.element_size()) % 16:
+        raise ValueError(f"argument '{name}' has a row stride of {t.stride(0) * t.element_size()} bytes: TMA needs a "
+                         "multiple of 16")
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def compile_graph(graph, dims: dict, **plan_options) -> Kernel:
+    """Compile a ComFuse graph (comfuse.Graph or its text) for `dims` (e.g. {"M": 4096, ...})."""
+    if isinstance(graph, str):
+        graph = _core.parse_graph(graph)
+    return Kernel(graph, dims, plan_options)

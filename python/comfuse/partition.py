@@ -1,0 +1,345 @@
+"""Finding GEMM + epilogue regions in an aten-level FX graph and deciding which to fuse.
+
+For each GEMM (mm / addmm / bmm over one broadcast matrix), in graph order:
+  1. grow: the nodes after it that consume region values and that the translator knows
+     (elementwise, casts, row reductions, layer_norm, softmax, views that keep rows);
+  2. translate (translate.py) into a ComFuse graph; a node it refuses ends the region there;
+  3. lower with Φ (the C++ core): what Φ leaves out of the region is dropped with Φ's reason,
+     and the rest is translated again, until Φ fuses every node of the candidate;
+  4. decide: the planner's estimate for the fused kernel against the unfused path (the GEMM
+     alone as the planner prices it, plus an epilogue kernel that reads the GEMM output and
+     writes the results at DRAM speed, plus a launch): fused only where it predicts a gain.
+Everything not fused stays in the graph for Inductor. Every decision has a reason, reported
+by the user's module path and op name (report.py).
+"""
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx as fx
+
+from . import _core
+from .config import config
+from .translate import (Translator, Unsupported, descendants_of, gemm_of, is_gemm, is_translatable, rename_reason,
+                        val)
+
+log = logging.getLogger("comfuse")
+
+aten = torch.ops.aten
+
+
+# ---- names the user knows -----------------------------------------------------------------
+def module_path(node: fx.Node) -> str:
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return ""
+    path = list(stack.values())[-1][0]
+    path = re.sub(r"_modules\['([^']*)'\]", r"\1", path)
+    path = re.sub(r"\[(\d+)\]", r".\1", path)
+    path = re.sub(r"^L\['[^']*'\]\.?", "", path)
+    return path
+
+
+def op_name(node: fx.Node) -> str:
+    t = node.target
+    if hasattr(t, "overloadpacket"):
+        return t.overloadpacket.__name__
+    return getattr(t, "__name__", str(t))
+
+
+def where(node: fx.Node) -> str:
+    """'<module path>.<op>' (or the op and FX name where no module is known)."""
+    path = module_path(node)
+    op = op_name(node)
+    if path:
+        return f"{path}:{op}"
+    return op if node.name == op else f"{op} ({node.name})"
+
+
+def source_line(node: fx.Node) -> str:
+    st = node.meta.get("stack_trace") or ""
+    lines = [l.strip() for l in st.strip().splitlines() if l.strip()]
+    return lines[-1] if lines else ""
+
+
+# ---- the decision's numbers ---------------------------------------------------------------
+# GUESS (until measured in bench/models.py): what one unfused epilogue kernel costs beyond its
+# DRAM traffic (launch and tail), microseconds.
+EPILOGUE_KERNEL_US = 3.0
+# The DRAM bandwidth the planner prices streaming traffic at (src/plan/calibration.h: ~85% of the
+# H200's 4.8 TB/s), for the unfused epilogue's pass.
+DRAM_BYTES_PER_S = 4.0e12
+
+
+def m_bucket(m: int) -> int:
+    """The shape class a kernel is compiled for: rows rounded up to a power of two (>= 64)."""
+    b = 64
+    while b < m:
+        b *= 2
+    return b
+
+
+_bare_gemm_cache: dict = {}
+
+
+def bare_gemm_us(m: int, n: int, k: int, dtype: str, layout: str) -> float:
+    """The planner's estimate for the GEMM alone (stored in its output dtype)."""
+    key = (m, n, k, dtype, layout)
+    if key not in _bare_gemm_cache:
+        g = _core.Graph()
+        a = g.input("a", dtype, ["M", "K"])
+        b = g.input("b", dtype, ["N", "K"] if layout == "nk" else ["K", "N"])
+        g.output(g.matmul(a, b, layout), "y", dtype)
+        region = _core.lower(g).regions()[0]
+        _bare_gemm_cache[key] = region.plan({"M": m, "N": n, "K": k}).summary()["total_us"]
+    return _bare_gemm_cache[key]
+
+
+# ---- records -------------------------------------------------------------------------------
+@dataclass
+class Excluded:
+    node: str      # where(): module path and op
+    fx_name: str
+    reason: str
+
+
+@dataclass
+class RegionInfo:
+    """One GEMM root and what became of it."""
+    id: int
+    root: str                       # where(root)
+    fx_nodes: list[str]             # FX names of the region (root first)
+    ops: list[str]                  # where() of every non-view region node
+    status: str = "fallback"        # fused | fallback
+    reason: str = ""
+    m: object = None
+    n: int = 0
+    k: int = 0
+    dtype: str = ""
+    layout: str = ""
+    graph_text: str = ""
+    fused_us: float | None = None
+    unfused_us: float | None = None
+    plan: dict = field(default_factory=dict)
+    plan_options: dict = field(default_factory=dict)
+    excluded: list[Excluded] = field(default_factory=list)
+    # Runtime (kernels.py fills these as shapes come): per shape class, compile numbers.
+    compiles: list[dict] = field(default_factory=list)
+    calls: int = 0
+    fallback_calls: int = 0
+    runtime_fallback: str = ""
+
+    @property
+    def gain(self) -> float | None:
+        if self.fused_us and self.unfused_us:
+            return self.unfused_us / self.fused_us
+        return None
+
+
+@dataclass
+class Candidate:
+    root: fx.Node
+    nodes: list[fx.Node]
+    translator: Translator | None
+    lowering: object | None
+    info: RegionInfo
+
+
+def _drop(nodes: list[fx.Node], bad: set[fx.Node], root: fx.Node) -> list[fx.Node]:
+    """`nodes` without `bad` and without every node that depends on a dropped node."""
+    keep: list[fx.Node] = []
+    kept: set[fx.Node] = set()
+    dropped = set(bad)
+    for n in nodes:
+        if n is not root and (n in dropped or any(i in dropped for i in n.all_input_nodes)):
+            dropped.add(n)
+            continue
+        keep.append(n)
+        kept.add(n)
+    return keep
+
+
+def grow(root: fx.Node, order: dict[fx.Node, int]) -> tuple[list[fx.Node], set[fx.Node], list[tuple[fx.Node, str]]]:
+    desc = descendants_of(root)
+    region = [root]
+    inset = {root}
+    refused: list[tuple[fx.Node, str]] = []
+    for node in sorted(desc, key=order.__getitem__):
+        ins = node.all_input_nodes
+        if not any(i in inset for i in ins):
+            continue
+        if node.op != "call_function":
+            continue  # the graph's output node
+        if is_gemm(node):
+            refused.append((node, "a second GEMM consumes this value: it starts its own region"))
+            continue
+        if not is_translatable(node):
+            refused.append((node, f"op {node.target} is outside the fusion domain"))
+            continue
+        through = [i for i in ins if i not in inset and i in desc]
+        if through:
+            refused.append((node, f"operand '{through[0].name}' comes from this GEMM's output through an unfused op"))
+            continue
+        if node.target == aten.native_layer_norm.default:
+            stats = [u for u in node.users if not (u.target is __import__("operator").getitem and u.args[1] == 0)]
+            if any(u.users for u in stats):
+                refused.append((node, "native_layer_norm's mean/rstd are used (training): per-row outputs are not stored"))
+                continue
+        region.append(node)
+        inset.add(node)
+    return region, desc, refused
+
+
+def find_regions(gm: fx.GraphModule, next_id) -> list[Candidate]:
+    """Every GEMM root of the graph with its final region (no decision yet)."""
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    claimed: set[fx.Node] = set()
+    out: list[Candidate] = []
+    for root in list(gm.graph.nodes):
+        if not is_gemm(root) or root in claimed:
+            continue
+        info = RegionInfo(id=next_id(), root=where(root), fx_nodes=[root.name], ops=[where(root)])
+        try:
+            gemm_of(root)
+        except Unsupported as e:
+            info.reason = e.reason
+            out.append(Candidate(root, [root], None, None, info))
+            continue
+        nodes, desc, refused = grow(root, order)
+        # An op an earlier region took stays there; what depends on it here goes too.
+        nodes = _drop(nodes, {n for n in nodes if n is not root and n in claimed}, root)
+        excluded: dict[fx.Node, str] = {n: r for n, r in refused}
+        tr = low = None
+        for _ in range(64):
+            tr = Translator(root, nodes, desc)
+            try:
+                tr.translate()
+            except Unsupported as e:
+                bad = e.node if e.node is not None and e.node is not root else None
+                if bad is None:
+                    info.reason = e.reason
+                    tr = None
+                    break
+                excluded.setdefault(bad, e.reason)
+                nodes = _drop(nodes, {bad}, root)
+                continue
+            low = _core.lower(tr.g)
+            regions = low.regions()
+            fused_ids = set(regions[0].fused_nodes) if regions else set()
+            reason_of = {nid: why for nid, _, why in low.fallbacks()}
+            bad: set[fx.Node] = set()
+            for n in nodes:
+                ids = tr.cf_of.get(n, [])
+                missing = [i for i in ids if i not in fused_ids and tr.g.node(i)["kind"] not in ("input", "const")]
+                if missing:
+                    bad.add(n)
+                    why = next((reason_of[i] for i in missing if i in reason_of and
+                                not reason_of[i].startswith("its operands come from")), None)
+                    why = why or next((reason_of[i] for i in missing if i in reason_of), "left out of the region by the lowering")
+                    excluded.setdefault(n, f"Φ: {rename_reason(why, tr.fx_name)}")
+            if not bad:
+                break
+            if root in bad:
+                info.reason = excluded.get(root, "the lowering does not fuse this GEMM")
+                tr = None
+                break
+            nodes = _drop(nodes, bad, root)
+        info.fx_nodes = [n.name for n in nodes]
+        info.ops = [where(n) for n in nodes if n is root or n.target not in _VIEW_LIKE]
+        # Report the region's boundary: the ops that consume one of its values and stay out
+        # (what lies beyond them follows from them).
+        final = set(nodes)
+        info.excluded = [Excluded(where(n), n.name, r) for n, r in excluded.items()
+                         if any(i in final for i in n.all_input_nodes)]
+        if tr is not None:
+            claimed.update(n for n in nodes)
+            g = tr.gemm
+            info.m, info.n, info.k = g.m, g.n, g.k
+            info.dtype = {torch.bfloat16: "bf16", torch.float16: "f16"}[g.dtype]
+            info.layout = g.layout
+            info.graph_text = tr.g.text()
+        out.append(Candidate(root, nodes, tr, low, info))
+    return out
+
+
+from .translate import VIEWS as _VIEWS  # noqa: E402
+
+_VIEW_LIKE = _VIEWS | {__import__("operator").getitem}
+
+
+def _hint(x) -> int:
+    if isinstance(x, int):
+        return x
+    try:
+        from torch.fx.experimental import symbolic_shapes as ss
+
+        return int(ss.size_hint(x) if hasattr(ss, "size_hint") else ss.hint_int(x))
+    except Exception:
+        return int(x)
+
+
+def decide(c: Candidate, cudagraphs: bool) -> None:
+    """Sets c.info.status/reason from the planner's estimates (the region must have translated)."""
+    info = c.info
+    tr = c.translator
+    if tr is None:
+        info.status = "fallback"
+        return
+    epilogue = [n for n in c.nodes if n is not c.root and n.target not in _VIEW_LIKE]
+    if not epilogue:
+        info.status = "fallback"
+        if not info.reason:
+            specific = [e for e in info.excluded if not e.reason.startswith(("a second GEMM", "Φ: its operands come"))]
+            first = next(iter(specific or info.excluded), None)
+            info.reason = ("no epilogue op fuses after this GEMM" +
+                           (f" (next: {first.node}: {first.reason})" if first else "") +
+                           ": cuBLAS runs it" + (" with its bias" if c.root.target == aten.addmm.default else ""))
+        return
+    m = _hint(info.m)
+    dims = {"M": m, "N": info.n, "K": info.k}
+    region = c.lowering.regions()[0]
+    opts: dict = dict(config.plan_options)
+    try:
+        plan = region.plan(dims, opts).summary()
+        if (cudagraphs or config.cuda_graph_safe) and plan["l2_exchange"]:
+            # A row group's L2 exchange tags its words with a per-launch counter that a CUDA
+            # graph replay would repeat: under CUDA graphs, plan a DSMEM (cluster) exchange.
+            opts = {**opts, "aggregation": "p2p"}
+            plan = region.plan(dims, opts).summary()
+    except _core.Error as e:
+        info.status = "fallback"
+        info.reason = f"planner: {e}"
+        return
+    info.plan = plan
+    info.plan_options = opts
+    fused = plan["total_us"]
+    gemm = bare_gemm_us(m, info.n, info.k, info.dtype, info.layout)
+    # The unfused epilogue: one kernel that reads the GEMM output and the tile operands and
+    # writes the region's outputs; where the region is elementwise only and every consumer is
+    # elementwise too, Inductor fuses it into that consumer instead and nothing is saved.
+    esize = 2 if info.dtype in ("bf16", "f16") else 4
+    tiles_in = sum(val(n).element_size() for n, r in zip(tr.inputs, tr.input_roles) if r == "tile")
+    out_bytes = sum(val(o).element_size() * (info.n if cls == "tile" else 1)
+                    for o, cls in zip(tr.outputs, tr.output_classes))
+    bytes_ = m * (info.n * (esize + tiles_in) + out_bytes)
+    epi = bytes_ / DRAM_BYTES_PER_S * 1e6 + EPILOGUE_KERNEL_US
+    reductions = region.reductions
+    external = [u for o in tr.outputs for u in o.users if u not in set(c.nodes)]
+    absorbed = reductions == 0 and external and all(
+        u.op == "call_function" and hasattr(u.target, "tags") and torch.Tag.pointwise in u.target.tags for u in external)
+    if absorbed:
+        epi = 0.0
+    unfused = gemm + epi
+    info.fused_us, info.unfused_us = fused, unfused
+    if fused < unfused * (1.0 - config.min_gain):
+        info.status = "fused"
+        info.reason = (f"planner: fused {fused:.1f} us vs unfused {unfused:.1f} us "
+                       f"(GEMM {gemm:.1f} + epilogue {epi:.1f}) at M={m}")
+    else:
+        info.status = "fallback"
+        info.reason = (f"no predicted gain: fused {fused:.1f} us vs unfused {unfused:.1f} us (GEMM {gemm:.1f} + "
+                       + (f"0: Inductor fuses this elementwise epilogue into its consumer {where(external[0])}"
+                          if absorbed else f"epilogue {epi:.1f}") + f") at M={m}")

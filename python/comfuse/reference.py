@@ -1,0 +1,114 @@
+"""Checking a translation: the region's ComFuse graph on the C++ fp64 reference executor
+against the region's aten ops in torch float64, on the same inputs.
+
+Both sides compute in float64 and round where the model stores: at casts (`_to_copy` to bf16
+rounds; the ComFuse graph's cast does the same) and at the region's outputs (to their dtype).
+They differ only by fp64 reassociation, which can flip a rounding at a tie: compare with one
+unit in the last place of the output dtype.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx as fx
+
+from . import _core
+from .translate import CASTS, val
+
+
+def _host(t: torch.Tensor):
+    x = t.detach().to(torch.float64).contiguous().cpu()
+    return list(x.shape), x.numpy().tobytes()
+
+
+def _torch(shape, data: bytes) -> torch.Tensor:
+    return torch.frombuffer(bytearray(data), dtype=torch.float64).reshape(shape)
+
+
+def kernel_inputs(c, values: dict[str, torch.Tensor]) -> tuple[dict, dict]:
+    """The ComFuse graph's inputs (by canonical name) and dims from the FX values of a region."""
+    tr = c.translator
+    g = tr.gemm
+    m = values[g.a.name].numel() // g.k
+    dims = {"M": int(m), "N": g.n, "K": g.k}
+    out = {}
+    for node, name, role in zip(tr.inputs, tr.input_names, tr.input_roles):
+        t = values[node.name]
+        if role == "a":
+            t = t.reshape(m, g.k)
+        elif role == "b":
+            t = t.reshape(g.k, g.n)
+            if g.layout == "nk":
+                t = t.t()
+        elif role == "row":
+            t = t.reshape(g.n)
+        elif role == "col":
+            t = t.reshape(m, 1)
+        elif role == "scalar":
+            t = t.reshape(())
+        else:
+            t = t.reshape(m, g.n)
+        out[name] = t
+    return out, dims
+
+
+def comfuse_fp64(c, values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The translated graph on the C++ fp64 executor: outputs by FX name, as [M, N]."""
+    tr = c.translator
+    ins, dims = kernel_inputs(c, values)
+    res = _core.run_graph(tr.g, dims, {k: _host(v) for k, v in ins.items()})
+    return {tr.fx_name[name]: _torch(*res[name]) for name in tr.output_names}
+
+
+def lowered_fp64(c, values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Same through Φ's Fusion Spec executor (what the kernel computes, in fp64)."""
+    tr = c.translator
+    ins, dims = kernel_inputs(c, values)
+    res = _core.run_lowered(_core.lower(tr.g), dims, {k: _host(v) for k, v in ins.items()})
+    return {tr.fx_name[name]: _torch(*res[name]) for name in tr.output_names}
+
+
+class _Float64(fx.Interpreter):
+    def call_function(self, target, args, kwargs):
+        if target in CASTS:
+            x = args[0]
+            dtype = kwargs.get("dtype", args[1] if len(args) > 1 else None)
+            return x if dtype is None else x.to(dtype).to(torch.float64)
+        kwargs = {k: (torch.float64 if isinstance(v, torch.dtype) and v.is_floating_point else v)
+                  for k, v in kwargs.items()}
+        return super().call_function(target, args, kwargs)
+
+
+def eager_fp64(c, values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The region's aten ops in torch float64 (CPU), rounding at casts and outputs."""
+    tr = c.translator
+    nodes = c.nodes
+    inset = set(nodes)
+    g = fx.Graph()
+    env = {}
+    ext = []
+    for n in nodes:
+        for i in n.all_input_nodes:
+            if i not in inset and i not in env:
+                env[i] = g.placeholder(i.name)
+                ext.append(i)
+    for n in nodes:
+        env[n] = g.node_copy(n, lambda x: env[x])
+    g.output(tuple(env[o] for o in tr.outputs))
+    gm = fx.GraphModule(torch.nn.Module(), g)
+    args = []
+    for i in ext:
+        v = values[i.name]
+        args.append(v.detach().to(torch.float64).cpu() if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
+    outs = _Float64(gm).run(*args)
+    m = values[tr.gemm.a.name].numel() // tr.gemm.k
+    return {o.name: r.to(val(o).dtype).to(torch.float64).reshape(m, tr.gemm.n if cls == "tile" else 1)
+            for o, r, cls in zip(tr.outputs, outs, tr.output_classes)}
+
+
+def ulp(dtype: torch.dtype, x: torch.Tensor) -> torch.Tensor:
+    """One unit in the last place of `dtype` at |x| (float64)."""
+    mant = {torch.bfloat16: 7, torch.float16: 10, torch.float32: 23}[dtype]
+    e = torch.floor(torch.log2(x.abs().clamp_min(torch.finfo(dtype).tiny)))
+    return torch.pow(2.0, e - mant)

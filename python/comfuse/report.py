@@ -1,0 +1,81 @@
+"""What fused, what fell back and why, by the user's module paths and op names."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .partition import RegionInfo
+
+
+@dataclass
+class GraphReport:
+    """One graph torch.compile handed to the backend."""
+    index: int
+    regions: list[RegionInfo] = field(default_factory=list)
+    note: str = ""          # e.g. why the graph was not partitioned at all
+    mode: str | None = None
+    dynamic: bool = False
+
+
+@dataclass
+class FusionReport:
+    graphs: list[GraphReport] = field(default_factory=list)
+
+    @property
+    def regions(self) -> list[RegionInfo]:
+        return [r for g in self.graphs for r in g.regions]
+
+    def fused(self) -> list[RegionInfo]:
+        return [r for r in self.regions if r.status == "fused"]
+
+    def fusable(self) -> list[RegionInfo]:
+        return [r for r in self.regions if r.status in ("fused", "fusable")]
+
+    def fallbacks(self) -> list[RegionInfo]:
+        return [r for r in self.regions if r.status == "fallback"]
+
+    def summary(self) -> str:
+        rs = self.regions
+        n = {s: sum(1 for r in rs if r.status == s) for s in ("fused", "fusable", "fallback")}
+        parts = [f"{n['fused']} fused"]
+        if n["fusable"]:
+            parts.append(f"{n['fusable']} fusable but not fused here")
+        parts.append(f"{n['fallback']} left to Inductor")
+        return f"comfuse: {len(self.graphs)} graph(s), {len(rs)} GEMM region(s): " + ", ".join(parts)
+
+    def __str__(self) -> str:
+        lines = [self.summary()]
+        for g in self.graphs:
+            head = f"graph {g.index}" + (f" (mode={g.mode})" if g.mode else "") + (" dynamic" if g.dynamic else "")
+            lines.append(head + (f": {g.note}" if g.note else ""))
+            for r in g.regions:
+                lines.extend("  " + l for l in format_region(r))
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return self.summary()
+
+
+def format_region(r: RegionInfo) -> list[str]:
+    ops = [o for o in r.ops[1:]]
+    head = f"[{r.status}] {r.root}"
+    if ops:
+        head += " + " + ", ".join(ops)
+    out = [head]
+    if r.n:
+        out.append(f"    GEMM M={r.m} N={r.n} K={r.k} {r.dtype} B {r.layout}")
+    if r.reason:
+        out.append(f"    {r.reason}")
+    if r.plan and r.status != "fallback":
+        p = r.plan
+        out.append(f"    plan: tile {p['tile_m']}x{p['tile_n']}x{p['tile_k']}, cluster {p['cluster_m']}x{p['cluster_n']}, "
+                   f"row group {p['row_group']}, {p['n_tiles_per_cta']} N-tile(s)/CTA, {p['strategy']}, "
+                   f"{p['aggregation'].split(' ')[0]}" + (f" (options {r.plan_options})" if r.plan_options else ""))
+    for e in r.excluded:
+        out.append(f"    not fused: {e.node}: {e.reason}")
+    for c in r.compiles:
+        out.append(f"    kernel M<={c['m_bucket']}: {'JIT cache hit' if c['cache_hit'] else 'compiled'} in {c['seconds']:.2f} s"
+                   + (f" (compiler {c['compile_seconds']:.2f} s)" if not c["cache_hit"] else ""))
+    if r.calls:
+        out.append(f"    calls {r.calls}, unfused at run time {r.fallback_calls}"
+                   + (f" ({r.runtime_fallback})" if r.runtime_fallback else ""))
+    return out

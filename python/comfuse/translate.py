@@ -1,0 +1,502 @@
+"""aten-level FX -> ComFuse graph, for one candidate region (a GEMM and the nodes after it).
+
+A region's FX values are classified against the GEMM's output [M, N], where M is the product
+of all leading dims (3-D activations [B, S, H] are rows B*S of a 2-D GEMM):
+
+    tile    [..., N] with prod(leading) == M      (the accumulator and what follows from it)
+    col     [..., 1] or [...] with prod == M      (per-row statistics: mean, max, rstd ...)
+    row     [N] or [1, ..., 1, N]                 (bias, gamma, beta)
+    scalar  a Python number                       (a literal in the kernel)
+
+Views that keep that row layout (view/reshape/_unsafe_view/clone/alias/unsqueeze of a col)
+translate to nothing. Operands from outside the region become ComFuse graph inputs named after
+their FX node: [N] -> a row vector, [M, 1] -> a column, [M, N] -> a tile input (a residual;
+Φ decides whether it fuses, and says why not). Every FX op the translator does not know, or a
+shape it cannot classify, raises Unsupported with the reason; the region then ends before it.
+"""
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx as fx
+
+from . import _core
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+
+class Unsupported(Exception):
+    """A node the translator cannot put into the region, with the reason."""
+
+    def __init__(self, node: fx.Node | None, reason: str):
+        super().__init__(reason)
+        self.node = node
+        self.reason = reason
+
+
+_DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
+GEMM_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def cf_dtype(dt: torch.dtype, node: fx.Node | None = None) -> str:
+    if dt not in _DTYPES:
+        raise Unsupported(node, f"dtype {dt} is outside the fusion domain (bf16, f16, f32)")
+    return _DTYPES[dt]
+
+
+def val(node) -> torch.Tensor | None:
+    v = node.meta.get("val") if isinstance(node, fx.Node) else None
+    return v if isinstance(v, torch.Tensor) else None
+
+
+def _prod(xs):
+    p = 1
+    for x in xs:
+        p = p * x
+    return p
+
+
+def _known_equal(a, b) -> bool:
+    """a == b without adding a shape guard (symbolic sizes under dynamic shapes)."""
+    if isinstance(a, int) and isinstance(b, int):
+        return a == b
+    try:
+        from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+        return bool(statically_known_true(a == b))
+    except Exception:  # pragma: no cover - very old torch
+        return False
+
+
+def static_int(x) -> int | None:
+    if isinstance(x, int):
+        return x
+    try:
+        from torch.fx.experimental.symbolic_shapes import is_concrete_int
+
+        return int(x) if is_concrete_int(x) else None
+    except Exception:  # pragma: no cover
+        return None
+
+
+# ---- ops -------------------------------------------------------------------------------
+UNARY = {
+    aten.silu.default: "silu",
+    aten.relu.default: "relu",
+    aten.sigmoid.default: "sigmoid",
+    aten.tanh.default: "tanh",
+    aten.exp.default: "exp",
+    aten.log.default: "log",
+    aten.rsqrt.default: "rsqrt",
+    aten.sqrt.default: "sqrt",
+    aten.neg.default: "neg",
+    aten.reciprocal.default: "reciprocal",
+    aten.abs.default: "abs",
+    aten.square.default: "square",
+}
+BINARY = {
+    aten.add.Tensor: "add", aten.add.Scalar: "add",
+    aten.sub.Tensor: "sub", aten.sub.Scalar: "sub",
+    aten.mul.Tensor: "mul", aten.mul.Scalar: "mul",
+    aten.div.Tensor: "div", aten.div.Scalar: "div",
+    aten.maximum.default: "max", aten.minimum.default: "min",
+}
+REDUCE = {
+    aten.mean.dim: "mean",
+    aten.sum.dim_IntList: "sum",
+    aten.amax.default: "max",
+    aten.amin.default: "min",
+}
+# Views and copies that do not change values; they keep a region value's row layout or the
+# translation refuses them (a transpose or split of a tile leaves the region).
+VIEWS = {
+    aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.clone.default,
+    aten.alias.default, aten.detach.default, aten.contiguous.default, aten.unsqueeze.default,
+    aten.squeeze.dim, aten.squeeze.dims, aten.expand.default,
+}
+CASTS = {aten._to_copy.default, prims.convert_element_type.default}
+GEMMS = {aten.mm.default, aten.addmm.default, aten.bmm.default}
+OTHER = {
+    aten.gelu.default, aten.pow.Tensor_Scalar, aten.rsub.Scalar, aten.rsub.Tensor,
+    aten.native_layer_norm.default, aten._softmax.default, aten._log_softmax.default,
+    aten.clamp_min.default, aten.clamp_max.default, operator.getitem,
+}
+
+
+def is_translatable(node: fx.Node) -> bool:
+    t = node.target
+    return node.op == "call_function" and (
+        t in UNARY or t in BINARY or t in REDUCE or t in VIEWS or t in CASTS or t in OTHER)
+
+
+def is_gemm(node: fx.Node) -> bool:
+    return node.op == "call_function" and node.target in GEMMS
+
+
+# ---- values ----------------------------------------------------------------------------
+@dataclass
+class TV:
+    """A translated value: a ComFuse node id and its shape class."""
+    id: int
+    cls: str  # tile | col | row | scalar
+
+
+@dataclass
+class Gemm:
+    """What the region's root computes: acc[M, N] = A[M, K] x B."""
+    a: fx.Node
+    b: fx.Node            # the FX value fed to the GEMM as [K, N] (a t() of a weight, or a weight)
+    layout: str           # "nk": B given as N x K (Linear); "kn": K x N (Conv1D, plain matmul)
+    m: object             # int or SymInt: rows (product of A's leading dims)
+    n: int
+    k: int
+    dtype: torch.dtype
+    bias: object = None   # addmm's bias (an FX node), or None
+    alpha: float = 1.0
+    beta: float = 1.0
+
+
+def gemm_of(node: fx.Node) -> Gemm:
+    """The GEMM a root node computes, or Unsupported with the reason."""
+    t = node.target
+    if t == aten.mm.default:
+        a, b = node.args[:2]
+        g = Gemm(a=a, b=b, layout="", m=None, n=0, k=0, dtype=torch.float32)
+    elif t == aten.addmm.default:
+        bias, a, b = node.args[:3]
+        g = Gemm(a=a, b=b, layout="", m=None, n=0, k=0, dtype=torch.float32, bias=bias,
+                 beta=float(node.kwargs.get("beta", 1)), alpha=float(node.kwargs.get("alpha", 1)))
+    elif t == aten.bmm.default:
+        a, b = node.args[:2]
+        # A batched GEMM whose B is one matrix broadcast to every batch is a 2-D GEMM over the
+        # flattened rows of A.
+        if not (isinstance(b, fx.Node) and b.op == "call_function" and b.target == aten.expand.default):
+            raise Unsupported(node, "bmm with a different B per batch is a batched GEMM (the kernel runs one 2-D GEMM)")
+        src = b.args[0]
+        sv = val(src)
+        if sv is None or not (sv.dim() == 2 or (sv.dim() == 3 and static_int(sv.shape[0]) == 1)):
+            raise Unsupported(node, "bmm whose B is not one matrix broadcast over the batch")
+        g = Gemm(a=a, b=src, layout="", m=None, n=0, k=0, dtype=torch.float32)
+    else:
+        raise Unsupported(node, f"{t} is not a GEMM")
+    av, bv = val(g.a), val(g.b)
+    if av is None or bv is None:
+        raise Unsupported(node, "GEMM operands without shape metadata")
+    if av.dtype not in GEMM_DTYPES or bv.dtype != av.dtype:
+        raise Unsupported(node, f"GEMM operands are {av.dtype} x {bv.dtype}: the kernel takes bf16 or f16 operands of one dtype")
+    k = static_int(av.shape[-1])
+    n = static_int(bv.shape[-1])
+    if k is None or n is None:
+        raise Unsupported(node, "K or N is dynamic (the weights' dims must be static)")
+    g.k, g.n, g.dtype = k, n, av.dtype
+    g.m = _prod(av.shape[:-1])
+    # Layout from B's strides ([K, N] as the GEMM sees it): a t() of an N x K weight has
+    # stride (1, K'); a K x N weight (GPT-2's Conv1D) has stride (N', 1).
+    bs = bv.stride()[-2:]
+    if static_int(bs[0]) == 1 and bv.shape[-1] != 1:
+        g.layout = "nk"
+    else:
+        g.layout = "kn"
+    esize = av.element_size()
+    for what, d in (("K", k), ("N", n)):
+        if (d * esize) % 16:
+            raise Unsupported(node, f"{what} = {d}: a row of {d * esize} bytes is not a multiple of 16 (TMA needs 16-byte rows)")
+    return g
+
+
+class Translator:
+    """Builds the ComFuse graph of one candidate region (root first, FX graph order)."""
+
+    def __init__(self, root: fx.Node, nodes: list[fx.Node], descendants: set[fx.Node]):
+        self.root = root
+        self.nodes = nodes
+        self.in_region = set(nodes)
+        self.descendants = descendants  # of the root: such a node can never be an operand
+        self.g = _core.Graph()
+        self.env: dict[fx.Node, object] = {}
+        self.cf_of: dict[fx.Node, list[int]] = {}
+        self.inputs: list[fx.Node] = []        # tensor inputs, in custom-op order
+        self.input_names: list[str] = []
+        self.input_roles: list[str] = []       # a, b, row, col, tile
+        self.leaf_ids: dict[fx.Node, TV] = {}
+        self.gemm = gemm_of(root)
+        self.outputs: list[fx.Node] = []
+        self.output_names: list[str] = []
+        self.fx_name: dict[str, str] = {}
+        self.output_classes: list[str] = []  # tile or col, per output
+
+    # -- classification --------------------------------------------------------------
+    def classify(self, v: torch.Tensor) -> str | None:
+        shape = list(v.shape)
+        n, m = self.gemm.n, self.gemm.m
+        if not shape:
+            return "scalar"
+        last = shape[-1]
+        lead = _prod(shape[:-1])
+        if _known_equal(last, n) and _known_equal(lead, m) and not (isinstance(m, int) and m == 1 and n == 1):
+            return "tile"
+        if _known_equal(last, n) and all(_known_equal(d, 1) for d in shape[:-1]):
+            return "row"
+        if _known_equal(last, 1) and _known_equal(lead, m):
+            return "col"
+        if _known_equal(_prod(shape), m) and not _known_equal(last, n):
+            return "col"  # a keepdim=False statistic
+        if all(_known_equal(d, 1) for d in shape):
+            return "scalar"
+        return None
+
+    # -- operands ----------------------------------------------------------------------
+    def _add_input(self, node: fx.Node, role: str, dtype: str, shape: list) -> int:
+        # Canonical names (a, b, in2, ...; outputs out0, ...) make the graph text, and so the
+        # kernel cache key, the same for every layer of a model; fx_name maps them back.
+        name = role if role in ("a", "b") else f"in{len(self.inputs)}"
+        self.fx_name[name] = node.name
+        vid = self.g.input(name, dtype, shape)
+        self.inputs.append(node)
+        self.input_names.append(name)
+        self.input_roles.append(role)
+        return vid
+
+    def operand(self, x, user: fx.Node) -> TV:
+        if isinstance(x, bool) or x is None:
+            raise Unsupported(user, f"operand {x!r} is not a number or a tensor")
+        if isinstance(x, (int, float)):
+            return TV(self.g.constant(float(x)), "scalar")
+        if not isinstance(x, fx.Node):
+            raise Unsupported(user, f"operand {x!r} ({type(x).__name__}) is not a number or a tensor")
+        if x in self.in_region:
+            tv = self.env.get(x)
+            if not isinstance(tv, TV):
+                raise Unsupported(user, f"operand '{x.name}' is not a tensor value of the region")
+            return tv
+        if x in self.leaf_ids:
+            return self.leaf_ids[x]
+        v = val(x)
+        if v is None:
+            raise Unsupported(user, f"operand '{x.name}' is a symbolic scalar (only Python numbers become kernel literals)")
+        if x in self.descendants:
+            raise Unsupported(user, f"operand '{x.name}' is computed from this GEMM's output outside the region")
+        cls = self.classify(v)
+        if cls == "scalar" or cls is None and v.numel() == 1:
+            # A one-element tensor (e.g. a float Dynamo keeps symbolic under dynamic=True): a
+            # runtime scalar of the kernel, read on the host at each call.
+            if not v.is_floating_point():
+                raise Unsupported(user, f"operand '{x.name}' is a {v.dtype} scalar tensor")
+            tv = TV(self._add_input(x, "scalar", "f32", []), "scalar")
+            self.leaf_ids[x] = tv
+            return tv
+        dt = cf_dtype(v.dtype, user)
+        if cls == "row":
+            tv = TV(self._add_input(x, "row", dt, ["N"]), "row")
+        elif cls == "col":
+            tv = TV(self._add_input(x, "col", dt, ["M", 1]), "col")
+        elif cls == "tile":
+            tv = TV(self._add_input(x, "tile", dt, ["M", "N"]), "tile")
+        else:
+            raise Unsupported(user, f"operand '{x.name}' of shape {tuple(v.shape)} broadcasts as neither a row [N], "
+                                    f"a column [M, 1] nor the tile [M, N] of this GEMM (M = {self.gemm.m}, N = {self.gemm.n})")
+        self.leaf_ids[x] = tv
+        return tv
+
+    # -- the region --------------------------------------------------------------------
+    def translate(self) -> None:
+        gm = self.gemm
+        dt = cf_dtype(gm.dtype)
+        a = self._add_input(gm.a, "a", dt, ["M", "K"])
+        b = self._add_input(gm.b, "b", dt, ["N", "K"] if gm.layout == "nk" else ["K", "N"])
+        acc = self.g.matmul(a, b, gm.layout)
+        ids = [acc]
+        if gm.alpha != 1.0:
+            acc = self.g.binary("mul", acc, self.g.constant(gm.alpha))
+            ids.append(acc)
+        if gm.bias is not None:
+            bias = self.operand(gm.bias, self.root)
+            if gm.beta != 1.0:
+                bias_id = self.g.binary("mul", bias.id, self.g.constant(gm.beta))
+                ids.append(bias_id)
+            else:
+                bias_id = bias.id
+            acc = self.g.binary("add", acc, bias_id)
+            ids.append(acc)
+        self.env[self.root] = TV(acc, "tile")
+        self.cf_of[self.root] = ids
+        for node in self.nodes:
+            if node is self.root:
+                continue
+            before = len(self.g)
+            self.env[node] = self.node(node)
+            self.cf_of[node] = list(range(before, len(self.g)))
+        self._declare_outputs()
+
+    def _declare_outputs(self) -> None:
+        for node in self.nodes:
+            external = [u for u in node.users if u not in self.in_region]
+            if not external:
+                continue
+            tv = self.env[node]
+            if not isinstance(tv, TV):
+                raise Unsupported(node, f"'{node.name}' (a tuple) is used outside the region")
+            v = val(node)
+            if tv.cls not in ("tile", "col"):
+                raise Unsupported(node, f"'{node.name}' is a {tv.cls} value used outside the region: the kernel "
+                                        "stores [M, N] tiles and per-row [M, 1] values")
+            name = f"out{len(self.outputs)}"
+            self.output_classes.append(tv.cls)
+            self.fx_name[name] = node.name
+            self.g.output(tv.id, name, cf_dtype(v.dtype, node))
+            self.outputs.append(node)
+            self.output_names.append(name)
+
+    def _check_class(self, node: fx.Node, tv: TV) -> TV:
+        v = val(node)
+        if v is None:
+            return tv
+        cls = self.classify(v)
+        if cls is None:
+            raise Unsupported(node, f"result shape {tuple(v.shape)} is neither the tile [M, N] nor a per-row column")
+        return TV(tv.id, cls if cls != "scalar" else tv.cls)
+
+    def node(self, node: fx.Node):
+        t = node.target
+        args, kw = node.args, node.kwargs
+        g = self.g
+        v = val(node)
+        if v is not None and v.dtype not in _DTYPES:
+            raise Unsupported(node, f"result dtype {v.dtype} is outside the fusion domain")
+        if t == operator.getitem:
+            src = self.env.get(args[0])
+            if isinstance(src, tuple) and args[1] in range(len(src)) and src[args[1]] is not None:
+                return src[args[1]]
+            raise Unsupported(node, f"getitem {args[1]} of '{args[0].name}' (native_layer_norm's mean/rstd are "
+                                    "per-row values the kernel does not store)")
+        if t in VIEWS:
+            x = self.operand(args[0], node)
+            if x.cls in ("tile", "col"):
+                cls = self.classify(v) if v is not None else None
+                if cls != x.cls:
+                    raise Unsupported(node, f"{t.__name__ if hasattr(t, '__name__') else t} to {tuple(v.shape)} changes "
+                                            "the row layout of the GEMM output")
+            return x
+        if t in CASTS:
+            x = self.operand(args[0], node)
+            dtype = kw.get("dtype", args[1] if len(args) > 1 else None)
+            if t == aten._to_copy.default:
+                # A dtype conversion only: a device or layout change leaves the region.
+                for k in ("device", "layout", "pin_memory"):
+                    if kw.get(k) not in (None, torch.strided, False):
+                        raise Unsupported(node, f"_to_copy with {k}={kw[k]}")
+            if dtype is None:
+                return x
+            return self._check_class(node, TV(g.cast(x.id, cf_dtype(dtype, node)), x.cls))
+        if t in UNARY:
+            x = self.operand(args[0], node)
+            return self._check_class(node, TV(g.unary(UNARY[t], x.id), x.cls))
+        if t == aten.gelu.default:
+            x = self.operand(args[0], node)
+            approx = kw.get("approximate", args[1] if len(args) > 1 else "none")
+            return self._check_class(node, TV(g.unary("gelu_tanh" if approx == "tanh" else "gelu", x.id), x.cls))
+        if t == aten.pow.Tensor_Scalar:
+            x = self.operand(args[0], node)
+            e = float(args[1])
+            if e == 1.0:
+                return x
+            if e == 2.0:
+                return self._check_class(node, TV(g.unary("square", x.id), x.cls))
+            if e == 0.5:
+                return self._check_class(node, TV(g.unary("sqrt", x.id), x.cls))
+            if e == -0.5:
+                return self._check_class(node, TV(g.unary("rsqrt", x.id), x.cls))
+            if e == -1.0:
+                return self._check_class(node, TV(g.unary("reciprocal", x.id), x.cls))
+            return self._check_class(node, TV(g.binary("pow", x.id, g.constant(e)), x.cls))
+        if t in BINARY:
+            a = self.operand(args[0], node)
+            b = self.operand(args[1], node)
+            alpha = kw.get("alpha", 1)
+            if t == aten.div.Tensor and kw.get("rounding_mode") is not None:
+                raise Unsupported(node, "div with a rounding mode")
+            bid = b.id
+            if alpha != 1:
+                bid = g.binary("mul", bid, g.constant(float(alpha)))
+            return self._check_class(node, TV(g.binary(BINARY[t], a.id, bid), _join(a.cls, b.cls)))
+        if t in (aten.rsub.Scalar, aten.rsub.Tensor):
+            a = self.operand(args[0], node)
+            b = self.operand(args[1], node)
+            alpha = kw.get("alpha", 1)
+            aid = a.id if alpha == 1 else g.binary("mul", a.id, g.constant(float(alpha)))
+            return self._check_class(node, TV(g.binary("sub", b.id, aid), _join(a.cls, b.cls)))
+        if t in (aten.clamp_min.default, aten.clamp_max.default):
+            a = self.operand(args[0], node)
+            b = self.operand(args[1], node)
+            return self._check_class(node, TV(g.binary("max" if t == aten.clamp_min.default else "min", a.id, b.id), a.cls))
+        if t in REDUCE:
+            x = self.operand(args[0], node)
+            self._last_dim(node, x, args[1] if len(args) > 1 else kw.get("dim"))
+            if t in (aten.mean.dim, aten.sum.dim_IntList) and kw.get("dtype") not in (None, torch.float32):
+                raise Unsupported(node, f"{t} with dtype={kw.get('dtype')}")
+            return TV(g.reduce(REDUCE[t], x.id, -1), "col")
+        if t == aten.native_layer_norm.default:
+            x = self.operand(args[0], node)
+            shape, w, b, eps = args[1], args[2], args[3], args[4]
+            if x.cls != "tile" or len(shape) != 1 or not _known_equal(shape[0], self.gemm.n):
+                raise Unsupported(node, f"layer_norm over {list(shape)}, not the last (N) dimension of the GEMM output")
+            wid = self.operand(w, node).id if w is not None else -1
+            bid = self.operand(b, node).id if b is not None else -1
+            return (TV(g.layer_norm(x.id, wid, bid, float(eps)), "tile"), None, None)
+        if t in (aten._softmax.default, aten._log_softmax.default):
+            x = self.operand(args[0], node)
+            self._last_dim(node, x, [args[1]])
+            y = g.softmax(x.id) if t == aten._softmax.default else g.log_softmax(x.id)
+            return TV(y, "tile")
+        raise Unsupported(node, f"op {t} is outside the fusion domain")
+
+    def _last_dim(self, node: fx.Node, x: TV, dims) -> None:
+        v = val(node.args[0])
+        rank = v.dim() if v is not None else 2
+        if x.cls != "tile":
+            raise Unsupported(node, "reduces a value that is not a full [M, N] tile")
+        if dims is None or len(dims) != 1 or int(dims[0]) % rank != rank - 1:
+            raise Unsupported(node, f"reduces dims {dims}, not the last (N) dimension")
+
+
+def _join(a: str, b: str) -> str:
+    if "tile" in (a, b):
+        return "tile"
+    if a == "col" and b == "row" or a == "row" and b == "col":
+        return "tile"
+    if "col" in (a, b):
+        return "col"
+    if "row" in (a, b):
+        return "row"
+    return "scalar"
+
+
+def descendants_of(node: fx.Node) -> set[fx.Node]:
+    seen: set[fx.Node] = set()
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        for u in n.users:
+            if u not in seen:
+                seen.add(u)
+                stack.append(u)
+    return seen
+
+
+def node_inputs(node: fx.Node) -> list[fx.Node]:
+    return list(node.all_input_nodes)
+
+
+__all__ = ["Translator", "Unsupported", "Gemm", "gemm_of", "is_gemm", "is_translatable", "descendants_of",
+           "val", "TV", "cf_dtype", "math"]
+
+
+def rename_reason(reason: str, names: dict[str, str]) -> str:
+    """Φ's reason with canonical graph names replaced by the FX names the user can find."""
+    for cf, fxn in names.items():
+        reason = reason.replace(f"'{cf}'", f"'{fxn}'")
+    return reason

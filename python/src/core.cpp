@@ -1,0 +1,369 @@
+// comfuse._core: a thin nanobind binding over the C++ core's public API (graph.h, text.h,
+// lower.h, plan.h, runtime.h, interp.h). Python holds graph values as node ids, ops and dtypes
+// by their names in ops.def / dtype.h, and tensors as (data pointer, dtype, shape, row stride):
+// no torch C++ here, the torch side (python/comfuse/) checks tensors and passes pointers.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/map.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/variant.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstring>
+#include <memory>
+#include <variant>
+
+#include "comfuse/graph.h"
+#include "comfuse/interp.h"
+#include "comfuse/lower.h"
+#include "comfuse/plan.h"
+#include "comfuse/runtime.h"
+#include "comfuse/text.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace comfuse::py {
+namespace {
+
+DType dtype_of(const std::string& s) {
+  auto t = dtype_from_name(s);
+  if (!t) throw Error("unknown dtype '" + s + "' (bf16, f16, f32)");
+  return *t;
+}
+
+using DimArg = std::variant<int64_t, std::string>;
+
+Shape shape_of(const std::vector<DimArg>& dims) {
+  Shape s;
+  for (const DimArg& d : dims)
+    s.push_back(std::holds_alternative<int64_t>(d) ? Dim::of(std::get<int64_t>(d)) : Dim::of(std::get<std::string>(d)));
+  return s;
+}
+
+std::vector<DimArg> dims_of(const Shape& s) {
+  std::vector<DimArg> out;
+  for (const Dim& d : s) out.push_back(d.sym.empty() ? DimArg(d.size) : DimArg(d.sym));
+  return out;
+}
+
+// The builder keeps values as node ids on the Python side.
+struct PyGraph {
+  Graph g;
+  Value v(int id) {
+    if (id < 0 || id >= static_cast<int>(g.nodes().size())) throw Error("node " + std::to_string(id) + " is not in this graph");
+    return Value{&g, id};
+  }
+  Value opt(int id) { return id < 0 ? Value{&g, -1} : v(id); }
+};
+
+nb::dict node_info(const Graph& g, int id) {
+  const Node& n = g.node(id);
+  nb::dict d;
+  d["id"] = n.id;
+  d["name"] = n.name;
+  d["kind"] = std::string(name_of(n.kind));
+  d["dtype"] = std::string(name_of(n.dtype));
+  d["shape"] = dims_of(n.shape);
+  d["inputs"] = n.inputs;
+  if (n.kind == OpKind::Unary) d["op"] = std::string(name_of(n.unary));
+  if (n.kind == OpKind::Binary) d["op"] = std::string(name_of(n.binary));
+  if (n.kind == OpKind::Reduce) d["op"] = std::string(name_of(n.reduce));
+  if (n.kind == OpKind::Constant) d["value"] = n.value;
+  return d;
+}
+
+PlanOptions plan_options(const nb::dict& o) {
+  PlanOptions p;
+  for (auto [k, v] : o) {
+    const std::string key = nb::cast<std::string>(k);
+    if (v.is_none()) continue;
+    if (key == "cluster_n") p.cluster_n = nb::cast<int>(v);
+    else if (key == "tile_n") p.tile_n = nb::cast<int>(v);
+    else if (key == "tile_m") p.tile_m = nb::cast<int>(v);
+    else if (key == "cluster_m") p.cluster_m = nb::cast<int>(v);
+    else if (key == "row_group") p.row_group = nb::cast<int>(v);
+    else if (key == "stash_bytes") p.stash_bytes = nb::cast<int>(v);
+    else if (key == "fuse_pairs") p.fuse_pairs = nb::cast<bool>(v);
+    else if (key == "aggregation") {  // the names of `comfuse explain --aggregation`
+      const std::string a = nb::cast<std::string>(v);
+      p.aggregation = a == "p2p" ? Aggregation::PeerToPeer
+                      : a == "leader" ? Aggregation::LeaderFollower
+                      : a == "l2" ? Aggregation::L2Exchange
+                                  : throw Error("aggregation wants p2p, leader or l2, got '" + a + "'");
+    } else if (key == "strategy") {
+      const std::string s = nb::cast<std::string>(v);
+      p.strategy = s == "on-chip" ? RowStrategy::OnChip
+                   : s == "smem-stash" ? RowStrategy::SmemStash
+                   : s == "workspace-stash" ? RowStrategy::WorkspaceStash
+                                            : throw Error("strategy wants on-chip, smem-stash or workspace-stash, got '" + s + "'");
+    } else {
+      throw Error("unknown plan option '" + key + "'");
+    }
+  }
+  return p;
+}
+
+struct PyPlan {
+  FusionSpec spec;
+  Plan plan;
+};
+
+nb::dict plan_summary(const Plan& p) {
+  nb::dict d;
+  d["m"] = p.problem.m;
+  d["n"] = p.problem.n;
+  d["k"] = p.problem.k;
+  const KernelConfig& k = p.kernel;
+  d["tile_m"] = k.tile_m;
+  d["tile_n"] = k.tile_n;
+  d["tile_k"] = Sm90::kTileK;
+  d["stages"] = k.ring_stages;
+  d["cluster_m"] = k.cluster_m;
+  d["cluster_n"] = k.cluster_n;
+  d["row_group"] = k.row_group;
+  d["n_tiles_per_cta"] = k.n_tiles;
+  d["aggregation"] = std::string(name_of(k.aggregation));
+  d["l2_exchange"] = k.aggregation == Aggregation::L2Exchange;  // graph replays need another plan
+  d["strategy"] = std::string(name_of(p.strategy()));
+  d["reductions"] = p.reductions;
+  d["workspace_bytes"] = p.workspace_bytes;
+  d["smem_bytes"] = p.smem.total();
+  d["mainloop_us"] = p.estimate.mainloop_us;
+  d["epilogue_us"] = p.estimate.epilogue_us;
+  d["reread_us"] = p.estimate.reread_us;
+  d["dram_floor_us"] = p.estimate.dram_floor_us;
+  d["total_us"] = p.estimate.total_us;
+  d["reasons"] = p.reasons;
+  return d;
+}
+
+struct PyRegion {
+  std::shared_ptr<const Graph> graph;
+  FusedRegion region;
+
+  Problem problem(const Bindings& dims) const { return problem_of(region.spec, dims); }
+};
+
+struct PyKernel {
+  std::shared_ptr<FusedKernel> k;
+};
+
+nb::dict compiled_info(const CompiledKernel& c) {
+  nb::dict d;
+  d["key"] = c.key;
+  d["compiler"] = c.compiler;
+  d["compile_seconds"] = c.compile_seconds;
+  d["elapsed_seconds"] = c.elapsed_seconds;
+  d["cache_hit"] = c.cache_hit;
+  return d;
+}
+
+CompileOptions compile_options(const nb::dict& plan_opts) {
+  CompileOptions o;
+  o.plan = plan_options(plan_opts);
+  return o;
+}
+
+struct PyLowering {
+  std::shared_ptr<const Graph> graph;
+  LoweringResult result;
+};
+
+// Tensors for the fp64 executors cross as (shape, bytes of float64, row-major).
+using HostTensor = std::pair<std::vector<int64_t>, nb::bytes>;
+
+TensorMap host_tensors(const std::map<std::string, HostTensor>& in) {
+  TensorMap m;
+  for (const auto& [name, t] : in) {
+    Tensor x;
+    x.shape = t.first;
+    const int64_t n = x.numel();
+    if (static_cast<int64_t>(t.second.size()) != n * 8)
+      throw Error("tensor '" + name + "': " + std::to_string(t.second.size()) + " bytes for " + std::to_string(n) +
+                  " float64 elements");
+    x.data.resize(static_cast<size_t>(n));
+    std::memcpy(x.data.data(), t.second.c_str(), static_cast<size_t>(n) * 8);
+    m[name] = std::move(x);
+  }
+  return m;
+}
+
+std::map<std::string, HostTensor> py_tensors(const TensorMap& m) {
+  std::map<std::string, HostTensor> out;
+  for (const auto& [name, t] : m)
+    out.emplace(name, HostTensor{t.shape, nb::bytes(reinterpret_cast<const char*>(t.data.data()), t.data.size() * 8)});
+  return out;
+}
+
+nb::list region_args(const FusionSpec& s) {
+  nb::list out;
+  for (const RuntimeArg& a : s.args) {
+    nb::dict d;
+    d["name"] = a.name;
+    d["role"] = std::string(name_of(a.role));
+    d["dtype"] = std::string(name_of(a.dtype));
+    d["shape"] = dims_of(a.shape);
+    d["value_class"] = std::string(name_of(a.value_class));
+    d["graph_node"] = a.graph_node;
+    out.append(d);
+  }
+  return out;
+}
+
+}  // namespace
+}  // namespace comfuse::py
+
+NB_MODULE(_core, m) {
+  using namespace comfuse;
+  using namespace comfuse::py;
+  m.doc() = "ComFuse C++ core: graph builder, lowering, planner, JIT compile and launch";
+  nb::exception<Error>(m, "Error", PyExc_RuntimeError);
+  // Fused regions (and their specs) live in a process-wide registry until exit: not leaks.
+  nb::set_leak_warnings(false);
+
+  m.def("build_info", [] {
+    nb::dict d;
+    d["kernels_dir"] = std::string(COMFUSE_KERNELS_DIR);
+    d["cutlass_include"] = std::string(COMFUSE_CUTLASS_INCLUDE);
+    d["version"] = std::string(COMFUSE_VERSION);
+    return d;
+  });
+
+  nb::class_<PyGraph>(m, "Graph")
+      .def(nb::init<>())
+      .def("input", [](PyGraph& g, const std::string& name, const std::string& dtype, const std::vector<DimArg>& shape) {
+        return g.g.input(name, dtype_of(dtype), shape_of(shape)).id;
+      }, "name"_a, "dtype"_a, "shape"_a)
+      .def("constant", [](PyGraph& g, double v) { return g.g.constant(v).id; })
+      .def("matmul", [](PyGraph& g, int a, int b, const std::string& layout) {
+        if (layout != "nk" && layout != "kn") throw Error("matmul layout wants nk or kn, got '" + layout + "'");
+        return g.g.matmul(g.v(a), g.v(b), layout == "kn" ? BLayout::KN : BLayout::NK).id;
+      }, "a"_a, "b"_a, "layout"_a = "nk")
+      .def("unary", [](PyGraph& g, const std::string& op, int x) {
+        auto u = unary_op_from_name(op);
+        if (!u) throw Error("unknown unary op '" + op + "'");
+        return g.g.unary(*u, g.v(x)).id;
+      })
+      .def("binary", [](PyGraph& g, const std::string& op, int a, int b) {
+        auto o = binary_op_from_name(op);
+        if (!o) throw Error("unknown binary op '" + op + "'");
+        return g.g.binary(*o, g.v(a), g.v(b)).id;
+      })
+      .def("cast", [](PyGraph& g, int x, const std::string& dtype) { return g.g.cast(g.v(x), dtype_of(dtype)).id; })
+      .def("reduce", [](PyGraph& g, const std::string& op, int x, int dim) {
+        auto r = reduce_op_from_name(op);
+        if (!r) throw Error("unknown reduction '" + op + "'");
+        return g.g.reduce(*r, g.v(x), dim).id;
+      }, "op"_a, "x"_a, "dim"_a = -1)
+      .def("layer_norm", [](PyGraph& g, int x, int gamma, int beta, double eps) {
+        return g.g.layer_norm(g.v(x), g.opt(gamma), g.opt(beta), eps).id;
+      }, "x"_a, "gamma"_a = -1, "beta"_a = -1, "eps"_a = 1e-5)
+      .def("rms_norm", [](PyGraph& g, int x, int gamma, double eps) { return g.g.rms_norm(g.v(x), g.opt(gamma), eps).id; },
+           "x"_a, "gamma"_a = -1, "eps"_a = 1e-6)
+      .def("softmax", [](PyGraph& g, int x) { return g.g.softmax(g.v(x)).id; })
+      .def("log_softmax", [](PyGraph& g, int x) { return g.g.log_softmax(g.v(x)).id; })
+      .def("l2_normalize", [](PyGraph& g, int x, double eps) { return g.g.l2_normalize(g.v(x), eps).id; }, "x"_a,
+           "eps"_a = 1e-12)
+      .def("output", [](PyGraph& g, int v, const std::string& name, const std::string& dtype) {
+        g.g.output(g.v(v), name, dtype_of(dtype));
+      })
+      .def("rename", [](PyGraph& g, int v, const std::string& name) { g.g.rename(g.v(v), name); })
+      .def("find", [](const PyGraph& g, const std::string& name) { return g.g.find(name); })
+      .def("node", [](const PyGraph& g, int id) { return node_info(g.g, id); })
+      .def("__len__", [](const PyGraph& g) { return g.g.nodes().size(); })
+      .def("outputs", [](const PyGraph& g) {
+        std::vector<std::tuple<int, std::string, std::string>> out;
+        for (const GraphOutput& o : g.g.outputs()) out.emplace_back(o.node, o.name, std::string(name_of(o.dtype)));
+        return out;
+      })
+      .def("text", [](const PyGraph& g) { return print_graph(g.g); });
+
+  m.def("parse_graph", [](const std::string& text) { return PyGraph{parse_graph(text)}; });
+
+  nb::class_<PyPlan>(m, "Plan")
+      .def("summary", [](const PyPlan& p) { return plan_summary(p.plan); })
+      .def("explain", [](const PyPlan& p) { return explain(p.spec, p.plan); })
+      .def("dot", [](const PyPlan& p) { return to_dot(p.spec, p.plan); });
+
+  nb::class_<PyKernel>(m, "FusedKernel")
+      .def("run", [](const PyKernel& k, const std::map<std::string, std::tuple<uintptr_t, std::string, std::vector<int64_t>, int64_t>>& tensors,
+                     const std::map<std::string, double>& scalars, uintptr_t stream) {
+        RunArgs args;
+        for (const auto& [name, t] : tensors)
+          args.tensors[name] = DeviceTensor{reinterpret_cast<void*>(std::get<0>(t)), dtype_of(std::get<1>(t)), std::get<2>(t), std::get<3>(t)};
+        args.scalars = scalars;
+        nb::gil_scoped_release unlocked;
+        k.k->run(args, reinterpret_cast<Stream>(stream));
+      }, "tensors"_a, "scalars"_a, "stream"_a)
+      .def("plan", [](const PyKernel& k) { return PyPlan{k.k->spec(), k.k->plan()}; })
+      .def("compiled", [](const PyKernel& k) { return compiled_info(k.k->compiled()); });
+
+  nb::class_<PyRegion>(m, "Region")
+      .def_prop_ro("name", [](const PyRegion& r) { return r.region.spec.name; })
+      .def_prop_ro("matmul_node", [](const PyRegion& r) { return r.region.matmul_node; })
+      .def_prop_ro("fused_nodes", [](const PyRegion& r) { return r.region.fused_nodes; })
+      .def_prop_ro("b_layout", [](const PyRegion& r) { return std::string(r.region.spec.b_layout == BLayout::KN ? "kn" : "nk"); })
+      .def_prop_ro("reductions", [](const PyRegion& r) { return r.region.spec.reduction_count(); })
+      .def_prop_ro("stages", [](const PyRegion& r) { return r.region.spec.stage_count(); })
+      .def("args", [](const PyRegion& r) { return region_args(r.region.spec); })
+      .def("spec_text", [](const PyRegion& r) { return print(r.region.spec); })
+      .def("problem", [](const PyRegion& r, const Bindings& dims) {
+        Problem p = r.problem(dims);
+        return std::make_tuple(p.m, p.n, p.k, std::string(name_of(p.ab_dtype)));
+      })
+      .def("plan", [](const PyRegion& r, const Bindings& dims, const nb::dict& opts) {
+        return PyPlan{r.region.spec, make_plan(r.region.spec, r.problem(dims), plan_options(opts))};
+      }, "dims"_a, "options"_a = nb::dict())
+      .def("compile", [](const PyRegion& r, const Bindings& dims, const nb::dict& opts) {
+        CompileOptions o = compile_options(opts);
+        const Problem p = r.problem(dims);
+        nb::gil_scoped_release unlocked;  // NVRTC takes seconds: let other Python threads run
+        return PyKernel{std::make_shared<FusedKernel>(FusedKernel::build(r.region.spec, p, o))};
+      }, "dims"_a, "options"_a = nb::dict())
+      .def("compile_only", [](const PyRegion& r, const Bindings& dims, const nb::dict& opts) {
+        CompileOptions o = compile_options(opts);
+        const Problem p = r.problem(dims);
+        CompiledKernel c;
+        {
+          nb::gil_scoped_release unlocked;
+          c = compile_only(r.region.spec, p, o);
+        }
+        return compiled_info(c);
+      }, "dims"_a, "options"_a = nb::dict());
+
+  nb::class_<PyLowering>(m, "Lowering")
+      .def("regions", [](const PyLowering& l) {
+        std::vector<PyRegion> out;
+        for (const FusedRegion& r : l.result.regions) out.push_back(PyRegion{l.graph, r});
+        return out;
+      })
+      .def("fallbacks", [](const PyLowering& l) {
+        std::vector<std::tuple<int, std::string, std::string>> out;
+        for (const Fallback& f : l.result.fallbacks) out.emplace_back(f.node, l.graph->node(f.node).name, f.reason);
+        return out;
+      })
+      .def("dead_nodes", [](const PyLowering& l) { return l.result.dead_nodes; })
+      .def("describe", [](const PyLowering& l) { return describe(*l.graph, l.result); });
+
+  m.def("lower", [](const PyGraph& g) {
+    auto graph = std::make_shared<const Graph>(g.g);
+    return PyLowering{graph, lower(*graph)};
+  });
+
+  m.def("run_graph", [](const PyGraph& g, const Bindings& dims, const std::map<std::string, HostTensor>& inputs) {
+    return py_tensors(run_graph(g.g, dims, host_tensors(inputs)));
+  }, "graph"_a, "dims"_a, "inputs"_a, "fp64 reference executor of the whole graph; tensors as (shape, float64 bytes)");
+  m.def("run_lowered", [](const PyLowering& l, const Bindings& dims, const std::map<std::string, HostTensor>& inputs) {
+    return py_tensors(run_lowered(*l.graph, l.result, dims, host_tensors(inputs)));
+  }, "lowering"_a, "dims"_a, "inputs"_a, "fp64 executor of the lowered graph (regions through their Fusion Specs)");
+
+  m.def("gpu_available", [] {
+    std::string why;
+    const bool ok = gpu_available(&why);
+    return std::make_pair(ok, why);
+  }, "(True, '') when a CUDA device of compute capability 9.0 is usable, else (False, why)");
+
+}

@@ -1,0 +1,40 @@
+"""Shared pieces of the Python tests. GPU tests (test_gpu*.py) carry the `gpu` fixture, which
+skips them with the reason where no sm_90 GPU runs ComFuse kernels (CI)."""
+import logging
+
+import pytest
+import torch
+
+import comfuse
+
+
+@pytest.fixture
+def gpu():
+    ok, why = comfuse.gpu_available()
+    if not ok:
+        pytest.skip(f"GPU test skipped: {why}")
+    return torch.device("cuda")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_config():
+    """Each test starts from the default configuration and a clean Dynamo cache."""
+    saved = dict(vars(comfuse.config))
+    torch._dynamo.reset()
+    yield
+    for k, v in saved.items():
+        setattr(comfuse.config, k, v)
+    torch._dynamo.reset()
+
+
+@pytest.fixture(autouse=True)
+def _log(caplog):
+    caplog.set_level(logging.INFO, logger="comfuse")
+
+
+def randn(*shape, dtype=torch.bfloat16, offset=0.0, scale=1.0, device="cpu", seed=None):
+    """Random inputs that are never zero (|x| >= 0.05 away from 0 before the offset)."""
+    g = torch.Generator().manual_seed(seed if seed is not None else hash(shape) % 10_000)
+    x = torch.randn(*shape, generator=g, dtype=torch.float64)
+    x = torch.where(x.abs() < 0.05, torch.sign(x + 1e-9) * 0.05, x)
+    return (x * scale + offset).to(dtype).to(device)

@@ -1,0 +1,212 @@
+"""torch.compile(backend="comfuse") end to end on the CPU. Fused kernels need an sm_90 GPU;
+here the documented behaviour is checked: regions the planner would fuse are reported as
+"fusable" with the reason ("no sm_90 GPU ...") and the graph runs through Inductor unfused; with
+config.force_regions the custom op goes into the graph (its fake implementation feeds
+Inductor) and runs the region's aten ops."""
+import operator
+
+import pytest
+import torch
+
+import comfuse
+from comfuse.kernels import REGISTRY
+
+from conftest import randn
+import modules as M
+
+
+@pytest.fixture(autouse=True)
+def always_fuse():
+    """These tests are about what happens to a region the planner accepts, not its estimate."""
+    comfuse.config.min_gain = -1e9
+
+
+def close(a, b, tol=2e-2):
+    if isinstance(a, (tuple, list)):
+        for x, y in zip(a, b):
+            close(x, y, tol)
+        return
+    assert a.shape == b.shape and a.dtype == b.dtype
+    torch.testing.assert_close(a.float(), b.float(), rtol=tol, atol=tol)
+
+
+def run(model, *inputs, **kw):
+    model = model.to(torch.bfloat16).eval()
+    with torch.no_grad(), comfuse.collecting() as rep:
+        ref = model(*inputs)
+        out = torch.compile(model, backend="comfuse", **kw)(*inputs)
+    return out, ref, rep
+
+
+def test_cpu_regions_are_reported_and_run_unfused():
+    comfuse.config.rest = "eager"
+    out, ref, rep = run(M.LinearLayerNorm(1024, 1024), randn(4, 512, 1024))
+    close(out, ref)
+    (r,) = rep.regions
+    if comfuse.gpu_available()[0]:
+        pytest.skip("this machine has an sm_90 GPU")
+    assert r.status == "fusable"
+    assert "not fused here: no sm_90 GPU" in r.reason
+    assert r.calls == 0  # not rewritten: nothing of ComFuse runs
+    assert "fusable but not fused here" in rep.summary()
+
+
+@pytest.mark.parametrize("rest", ["eager", "inductor"])
+def test_forced_region_goes_through_the_custom_op(rest):
+    comfuse.config.force_regions = True
+    comfuse.config.rest = rest
+    model = M.LinearLayerNorm(256, 512)
+    x = randn(2, 96, 256)
+    out, ref, rep = run(model, x)
+    close(out, ref)
+    (r,) = rep.regions
+    assert r.status in ("fused", "fusable")
+    assert r.calls == 1
+    if not comfuse.gpu_available()[0]:
+        assert r.fallback_calls == 1 and "no sm_90 GPU" in r.runtime_fallback
+    assert r.id in REGISTRY
+
+
+def test_graph_has_the_custom_op_and_no_region_ops():
+    comfuse.config.force_regions = True
+    comfuse.config.rest = "eager"
+    seen = {}
+
+    def spy(gm, ex, **kw):
+        from torch._dynamo.backends.common import aot_autograd
+        from comfuse.backend import rewrite
+        from comfuse.report import GraphReport
+
+        def inference(agm, ex2):
+            rewrite(agm, GraphReport(0), cudagraphs=False)
+            seen["targets"] = [n.target for n in agm.graph.nodes if n.op == "call_function"]
+
+            def f(args):
+                return agm(*args)
+
+            f._boxed_call = True
+            return f
+
+        return aot_autograd(fw_compiler=inference, inference_compiler=inference)(gm, ex)
+
+    model = M.GPT2MLP(256, 1024).to(torch.bfloat16).eval()
+    x = randn(4, 128, 256)
+    with torch.no_grad():
+        ref = model(x)
+        out = torch.compile(model, backend=spy)(x)
+    close(out, ref)
+    t = seen["targets"]
+    assert torch.ops.comfuse.fused.default in t
+    assert torch.ops.aten.tanh.default not in t  # gelu_new went into the region
+    assert operator.getitem in t
+
+
+def test_several_outputs_and_outside_users():
+    """A region value used inside and outside the region becomes an extra output."""
+
+    class TwoUsers(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(256, 512)
+
+        def forward(self, x):
+            h = torch.nn.functional.gelu(self.proj(x))
+            return torch.softmax(h, -1), h.cumsum(-1)
+
+    comfuse.config.force_regions = True
+    comfuse.config.rest = "inductor"
+    out, ref, rep = run(TwoUsers(), randn(3, 64, 256))
+    close(out, ref, tol=5e-2)
+    (r,) = rep.regions
+    assert r.calls == 1
+
+
+def test_dynamic_shapes_and_one_region_per_graph():
+    comfuse.config.force_regions = True
+    comfuse.config.rest = "eager"
+    model = M.LinearSoftmax(128, 256).to(torch.bfloat16).eval()
+    f = torch.compile(model, backend="comfuse", dynamic=True)
+    with torch.no_grad(), comfuse.collecting() as rep:
+        for rows in (17, 64, 5):
+            x = randn(rows, 128)
+            close(f(x), model(x))
+    assert len(rep.graphs) == 1, "a dynamic graph must not recompile per M"
+    assert rep.graphs[0].dynamic
+    (r,) = rep.regions
+    assert r.calls == 3
+
+
+def test_training_graph_is_not_partitioned():
+    comfuse.config.rest = "eager"
+    model = M.LinearGelu(64, 128).to(torch.bfloat16)
+    x = randn(4, 64).requires_grad_(True)
+    with comfuse.collecting() as rep:
+        y = torch.compile(model, backend="comfuse")(x)
+        y.float().sum().backward()
+    assert x.grad is not None
+    assert "needs gradients" in rep.graphs[0].note
+    assert all(r.status == "fallback" and "gradients" in r.reason for r in rep.regions)
+
+
+def test_fuse_a_function():
+    comfuse.config.force_regions = True
+    comfuse.config.rest = "eager"
+    w = randn(512, 256, scale=0.05)
+    b = randn(512)
+
+    @comfuse.fuse
+    def f(x):
+        return torch.nn.functional.silu(x @ w.t() + b) * 2.0
+
+    x = randn(100, 256)
+    with torch.no_grad(), comfuse.collecting() as rep:
+        close(f(x), torch.nn.functional.silu(x @ w.t() + b) * 2.0)
+    (r,) = rep.regions
+    assert [o.split(":")[-1] for o in r.ops] == ["mm", "add", "silu", "mul"]
+
+
+def test_explain_names_modules_and_reasons():
+    model = torch.nn.Sequential(M.LinearLayerNorm(1024, 1024), M.NotFusable(1024)).to(torch.bfloat16).eval()
+    model[1].f32.float()
+    rep = comfuse.explain(model, randn(4, 512, 1024))
+    text = str(rep)
+    assert "0.proj:addmm + 0.norm:native_layer_norm" in text
+    assert "1.proj:addmm" in text and "1.f32:addmm" in text
+    assert "bf16 or f16" in text
+    assert "GEMM M=2048 N=1024 K=1024 bf16" in text
+    statuses = {r.root: r.status for r in rep.regions}
+    first = next(r for r in rep.regions if r.root == "0.proj:addmm")
+    assert first.status in ("fused", "fusable") or first.reason.startswith("no predicted gain"), first.reason
+    assert statuses["1.f32:addmm"] == "fallback"
+
+
+def test_unsupported_ops_fall_back_never_crash():
+    class Odd(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(64, 64)
+            self.b = torch.nn.Linear(64, 64)
+
+        def forward(self, x, mask):
+            h = self.a(x)
+            h = torch.where(mask, h, -h)                    # where: outside the domain
+            g = self.b(x).clamp(-1, 1).to(torch.int32)      # an integer cast
+            t = h * torch.tensor(2.0, dtype=torch.bfloat16)  # a 0-d tensor operand
+            return t, g
+
+    comfuse.config.force_regions = True
+    comfuse.config.rest = "eager"  # Inductor's own CPU path is covered above; its C++ build of this graph is slow
+    x = randn(8, 64)
+    mask = torch.rand(8, 64) > 0.5
+    out, ref, rep = run(Odd(), x, mask)
+    close(out[0], ref[0])
+    assert torch.equal(out[1], ref[1])
+    reasons = " ".join(e.reason for r in rep.regions for e in r.excluded) + " ".join(r.reason for r in rep.regions)
+    assert "outside the fusion domain" in reasons
+
+
+def test_report_of_the_process():
+    comfuse.config.rest = "eager"
+    run(M.LinearGelu(64, 128), randn(4, 64))
+    assert comfuse.last_report().graphs
+    assert "GEMM region" in comfuse.last_report().summary()

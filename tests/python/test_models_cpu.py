@@ -1,0 +1,56 @@
+"""transformers models (random weights from a config, tiny widths) through the backend on the
+CPU: prefill and a StaticCache decode step match eager, and the report names the regions by
+the model's module paths (GPT-2's MLP: Conv1D = addmm with a K x N weight, then gelu_new)."""
+import pytest
+import torch
+
+import comfuse
+
+transformers = pytest.importorskip("transformers")
+import bench_models  # noqa: E402
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_prefill_and_decode_match_eager(arch):
+    comfuse.config.force_regions = True  # fusable regions go through the custom op (its aten fallback here)
+    comfuse.config.rest = "eager"
+    mod = bench_models.module()
+    model, ids = mod.build(arch, layers=2, batch=2, seq=16, device="cpu", small=True)
+    prefill = mod.Prefill(model)
+    with torch.no_grad():
+        ref = prefill(ids)
+        with comfuse.collecting() as rep:
+            out = torch.compile(prefill, backend="comfuse")(ids)
+    assert mod.rel_err(out, ref) < 1e-6
+    roots = [r.root for r in rep.regions]
+    if arch == "gpt2":
+        fc = next(r for r in rep.regions if r.root == "model.transformer.h.0.mlp.c_fc:addmm")
+        assert fc.layout == "kn"
+        assert [o.split(":")[-1] for o in fc.ops[1:]] == ["mul", "pow", "mul", "add", "mul", "tanh", "add", "mul"]
+        assert "model.transformer.h.1.attn.c_attn:addmm" in roots
+    else:
+        assert "model.model.layers.0.mlp.gate_proj:mm" in roots
+        gate = next(r for r in rep.regions if r.root == "model.model.layers.0.mlp.gate_proj:mm")
+        assert any("silu" in o for o in gate.ops)
+    text = str(rep)
+    assert "lm_head" in text
+
+    torch._dynamo.reset()
+    cache = mod.static_cache(model, 2, ids, 64)
+    tok, pos = ids[:, -1:].contiguous(), torch.tensor([ids.shape[1]])
+    dec = mod.Decode(model, cache)
+
+    def fresh():
+        cache.reset()
+        model(input_ids=ids, past_key_values=cache, use_cache=True, cache_position=torch.arange(ids.shape[1]))
+
+    with torch.no_grad():
+        fresh()
+        ref = dec(tok, pos)
+        fresh()
+        with comfuse.collecting() as rep:
+            f = torch.compile(dec, backend="comfuse")
+            out = f(tok, pos)
+            f(tok, pos)
+    assert mod.rel_err(out, ref) < 1e-6
+    assert len(rep.graphs) == 1
