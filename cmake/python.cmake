@@ -17,6 +17,13 @@ if(NOT SKBUILD_PROJECT_VERSION)
 endif()
 nanobind_add_module(_core NB_STATIC python/src/core.cpp)
 target_link_libraries(_core PRIVATE comfuse_core)
+# The module shares a process with torch, which loads its libraries RTLD_GLOBAL and defines
+# symbols of the same names (inline templates, the static CUDA runtime's): bound to each
+# other's copies, either side crashes (a segfault in lowering, free(): invalid pointer at
+# torch's import). So nothing of comfuse_core or its static libraries is exported, and the
+# module's references bind to its own definitions.
+set_target_properties(comfuse_core _core PROPERTIES CXX_VISIBILITY_PRESET hidden VISIBILITY_INLINES_HIDDEN ON)
+target_link_options(_core PRIVATE "LINKER:-Bsymbolic" "LINKER:--exclude-libs,ALL")
 target_compile_definitions(_core PRIVATE
   COMFUSE_KERNELS_DIR="${CMAKE_SOURCE_DIR}/kernels"
   COMFUSE_CUTLASS_INCLUDE="${COMFUSE_CUTLASS_INCLUDE}"

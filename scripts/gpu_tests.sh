@@ -13,13 +13,19 @@ for t in .carry/bin/test_gpu_*; do
   echo "== $t ($shards shards)"
   pids=()
   for i in $(seq 0 $((shards - 1))); do
-    GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i "$t" --gtest_brief=1 > "$out/$(basename "$t").$i.log" 2>&1 &
+    # A hung kernel must not take the whole call with it: each shard has its own limit.
+    GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout "${SHARD_TIMEOUT:-200}" "$t" --gtest_brief=1 \
+      > "$out/$(basename "$t").$i.log" 2>&1 &
     pids+=($!)
   done
   for i in "${!pids[@]}"; do
-    wait "${pids[$i]}" || { rc=1; echo "shard $i FAILED:"; }
+    wait "${pids[$i]}"; s=$?
+    [ $s = 0 ] || { rc=1; echo "shard $i FAILED (exit $s$([ $s = 124 ] && echo ': timed out'))"; }
     grep -E "FAILED|Failure|PASSED|SKIPPED|error" "$out/$(basename "$t").$i.log" | head -20
   done
+  # One log per binary: the device tool returns a limited number of files.
+  for i in "${!pids[@]}"; do echo "---- shard $i"; cat "$out/$(basename "$t").$i.log"; done > "$out/$(basename "$t").log"
+  rm -f "$out/$(basename "$t")".[0-9]*.log
 done
 echo "== CLI on the GPU"
 # The JIT path end to end at the benchmark shapes, each timed against cuBLAS GEMM alone in

@@ -24,11 +24,11 @@ namespace fs = std::filesystem;
 namespace comfuse {
 namespace {
 
-// Split a CMake list ("a;b") into its items.
+// Split a path list ("a:b", as CMakeLists.txt joins the CUDA include directories) into its items.
 std::vector<std::string> split_list(const std::string& s) {
   std::vector<std::string> out;
   std::stringstream ss(s);
-  for (std::string item; std::getline(ss, item, ';');)
+  for (std::string item; std::getline(ss, item, ':');)
     if (!item.empty()) out.push_back(item);
   return out;
 }

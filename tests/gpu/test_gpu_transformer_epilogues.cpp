@@ -58,7 +58,9 @@ TEST_F(GpuLayer, ResidualLayerNormPreNormSumAndRowStatistics) {
       opt.plan.cluster_n = 8, opt.plan.tile_n = 128, opt.plan.strategy = RowStrategy::SmemStash;
       opt.plan.stash_bytes = 2;
     }
-    const DeviceRunReport rep = expect_matches(residual_layer_norm(v.in, v.res), v.d, opt, /*offset=*/50.0);
+    // The bf16 stash rounds h (opt-in, as an unfused bf16 h would): no offset to cancel there.
+    const double offset = opt.plan.stash_bytes == 2 ? 0.0 : 50.0;
+    const DeviceRunReport rep = expect_matches(residual_layer_norm(v.in, v.res), v.d, opt, offset);
     EXPECT_EQ(rep.outputs.size(), 4u);
   }
 }

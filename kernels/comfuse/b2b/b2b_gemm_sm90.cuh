@@ -14,9 +14,9 @@
 //        consumer warp groups interleave on the tensor cores, one's F beside the other's GEMMs.
 //        After the last chunk, Epi2: GEMM2's Stage-Stream epilogue on O (bias, residual,
 //        activation, a norm over tile_n2 >= N2, stores by TMA).
-// A slot is released once the wgmmas that read it completed: the consumer waits for all its
-// wgmmas before F (which rewrites S and, for the online softmax, rescales O), so every slot
-// taken so far is released there, and at the job's end.
+// A slot is released once the wgmmas that read it completed (b2b/ring.cuh's Taken: each
+// k-block as its commit group completes); before F (which reads P, rewrites S and, for the
+// online softmax, rescales O) the consumer waits for all its wgmmas.
 #pragma once
 #include "../common.cuh"
 #include "../params.cuh"
@@ -102,14 +102,8 @@ struct B2bGemmSm90 {
       PerWG& mine = ss.wg[cw];
       typename RingT::Storage& ring = ss.bars[cw];
       int const bar_id = barrier_id(NamedBarrier::EpilogueWG0, cw);
-      State rd = RingT::consumer_start(), rel = RingT::consumer_start();
-      int pending = 0;  // slots taken whose wgmmas may still run
-      auto release_all = [&] {
-        for (; pending > 0; --pending) {
-          RingT::release(ring, rel, t);
-          rel.advance();
-        }
-      };
+      State rd = RingT::consumer_start();
+      typename RingT::Taken taken;
       F f;
       Epi2 epi2;
       typename Mainloop::FragP P, P3;
@@ -120,7 +114,7 @@ struct B2bGemmSm90 {
         if (!job.valid) break;
         int const m0 = job.m_block * C.tile_m;
         int const chunks = b2b_chunks(C, job.m_block, p.M, p.N1);
-        epi::EpiCtx c2{&p, m0, job.n2_block * C.tile_n2, t, t / 32, t % 32};
+        epi::EpiCtx c2{&p, m0, job.n2_block * C.tile_n2, p.N, t, t / 32, t % 32};
         c2.batch = job.batch;
         // Epi2's tile inputs (a residual) load while the chunks run; the previous job's
         // readers of that SMEM passed Epi2's last barrier.
@@ -130,18 +124,14 @@ struct B2bGemmSm90 {
         }
         f.start_job();
         for (int c = 0; c < chunks; ++c) {
-          Mainloop::gemm1(p, ring, rd, mine.ring, P, P3, t);  // behind GEMM2 of chunk c - 1
-          pending += Mainloop::k_blocks(p);
-          cute::warpgroup_wait<0>();
-          release_all();
-          epi::EpiCtx c1{&p, m0, c * C.chunk_n1, t, t / 32, t % 32};
+          Mainloop::gemm1(p, ring, rd, taken, mine.ring, P, P3, t);  // behind GEMM2 of chunk c - 1
+          taken.all_completed(ring, t);  // F reads P and rewrites S (and rescales O)
+          epi::EpiCtx c1{&p, m0, c * C.chunk_n1, p.N1, t, t / 32, t % 32};
           c1.batch = job.batch;
           f.apply(c1, f_storage(mine), bar_id, P, P3, S, O, c == 0);
-          Mainloop::gemm2(ring, rd, mine.ring, S, O, c == 0, t);
-          pending += Mainloop::kGemm2Blocks;
+          Mainloop::gemm2(ring, rd, taken, mine.ring, S, O, c == 0, t);
         }
-        cute::warpgroup_wait<0>();
-        release_all();
+        taken.all_completed(ring, t);
         f.finish(O);
         epi2.run(c2, epi2_storage(mine), O, bar_id);
       }

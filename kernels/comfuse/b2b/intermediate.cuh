@@ -15,7 +15,8 @@
 namespace comfuse::b2b {
 
 // The prologue/F stage over one chunk: begin() (the chunk's vectors), then every fragment
-// through visit_all; f(base, values of the ToOperand node) per fragment.
+// through visit_all; f(base, col, values of the ToOperand node) per fragment (base: its first
+// flat index in P; col: the column of N1 its element 0 is in).
 template <class Stage, class Geo>
 struct ChunkStage {
   using Exec = typename Stage::template Exec<Geo>;
@@ -48,7 +49,7 @@ struct ChunkStage {
         }
         float vals[Stage::kNumNodes][epi::kFrag];
         exec.visit_all(c, fc, acc, vals);
-        f(base, vals[kOut]);
+        f(base, c.n0 + fc.col, vals[kOut]);
       }
   }
 };
@@ -61,9 +62,12 @@ struct ElementwiseF {
   COMFUSE_DEVICE void start_job() {}
   template <class FP, class FS, class FO>
   COMFUSE_DEVICE void apply(epi::EpiCtx const& c, SharedStorage& ss, int bar_id, FP& P, FP const& P3, FS& S, FO&, bool) {
-    stage.stream(c, ss, bar_id, P, P3, [&](int base, float const (&v)[epi::kFrag]) {
+    // Columns past N1 are 0 in S whatever F gives there (F(0) may be 0.5 or inf; W2 past N1
+    // reads 0 by TMA, and inf * 0 is NaN).
+    stage.stream(c, ss, bar_id, P, P3, [&](int base, int col0, float const (&v)[epi::kFrag]) {
       CUTE_UNROLL
-      for (int e = 0; e < epi::kFrag; ++e) S(base + e) = typename FS::value_type(v[e]);
+      for (int e = 0; e < epi::kFrag; ++e)
+        S(base + e) = typename FS::value_type(col0 + epi::frag_col(e) < c.N ? v[e] : 0.f);
     });
   }
   template <class FO> COMFUSE_DEVICE void finish(FO&) {}
@@ -83,11 +87,10 @@ struct OnlineSoftmaxF {
   COMFUSE_DEVICE void apply(epi::EpiCtx const& c, SharedStorage& ss, int bar_id, FP& P, FP const& P3, FS& S, FO& O, bool first) {
     // x = the prologue, in place of P; columns past N1 do not exist.
     float cmax[2] = {neg_inf(), neg_inf()};
-    stage.stream(c, ss, bar_id, P, P3, [&](int base, float const (&v)[epi::kFrag]) {
-      int const col0 = c.n0 + 16 * (base / 8) + 2 * (c.lane % 4);  // fragment base / 8: the 16-column block
+    stage.stream(c, ss, bar_id, P, P3, [&](int base, int col0, float const (&v)[epi::kFrag]) {
       CUTE_UNROLL
       for (int e = 0; e < epi::kFrag; ++e) {
-        float const x = col0 + epi::frag_col(e) < c.p->N1 ? v[e] : neg_inf();
+        float const x = col0 + epi::frag_col(e) < c.N ? v[e] : neg_inf();
         P(base + e) = x;
         cmax[(e >> 1) & 1] = fmaxf(cmax[(e >> 1) & 1], x);
       }

@@ -25,6 +25,7 @@ struct MainloopB2b {
   static_assert(sizeof(Element) == Sm90::kAbBytes, "16-bit inputs (bf16, fp16)");
   using RingT = Ring<Stages>;
   using State = typename RingT::State;
+  using Taken = typename RingT::Taken;
 
   struct SharedStorage {
     alignas(1024) Element A[Stages * kSlotA];
@@ -32,11 +33,13 @@ struct MainloopB2b {
   };
 
   template <bool KMajor> using Major = cute::integral_constant<cute::GMMA::Major, KMajor ? cute::GMMA::Major::K : cute::GMMA::Major::MN>;
-  // One slot's operand tiles. MN-major tiles are 64-column atoms, one TMA box {64, 64} each.
+  // One slot's operand tiles. An MN-major tile is Rows / 64 blocks of 64 rows x 64 k, each one
+  // TMA box {64, 64} (8 KiB, contiguous): its swizzle atoms (64 x 8) go along k first.
   template <int Rows, bool KMajor>
   using SlotLayout = cute::conditional_t<KMajor,
       decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<Element>{}, cute::Shape<cute::Int<Rows>, cute::Int<BK>>{})),
-      decltype(cute::tile_to_shape(cute::GMMA::Layout_MN_SW128_Atom<Element>{}, cute::Shape<cute::Int<Rows>, cute::Int<BK>>{}))>;
+      decltype(cute::tile_to_shape(cute::GMMA::Layout_MN_SW128_Atom<Element>{}, cute::Shape<cute::Int<Rows>, cute::Int<BK>>{},
+                                   cute::Step<cute::_2, cute::_1>{}))>;
   using LayoutX = SlotLayout<BM, true>;
   using LayoutW1 = SlotLayout<BN1, C.w1_kmajor>;
   using LayoutW2 = SlotLayout<BN2, C.w2_kmajor>;
@@ -100,11 +103,11 @@ struct MainloopB2b {
   }
 
   // ---- consumer: one warp group -----------------------------------------------------------
-  // GEMM1 of a chunk: P (and P3) = X W1^T (W3^T) over K. Returns with the wgmmas in flight;
-  // `issued` counts the slots taken (their release waits for completion).
+  // GEMM1 of a chunk: P (and P3) = X W1^T (W3^T) over K. Returns with the last k-block's
+  // wgmmas in flight; every earlier slot (GEMM2's of the previous chunk too) is released.
   template <class FP>
-  static COMFUSE_DEVICE void gemm1(Params const& p, typename RingT::Storage& ring, State& rd, SharedStorage& s, FP& P,
-                                   FP& P3, int t) {
+  static COMFUSE_DEVICE void gemm1(Params const& p, typename RingT::Storage& ring, State& rd, Taken& taken,
+                                   SharedStorage& s, FP& P, FP& P3, int t) {
     using namespace cute;
     TiledMma1 mma;
     auto thr = mma.get_slice(t);
@@ -137,15 +140,17 @@ struct MainloopB2b {
       }
       warpgroup_commit_batch();
       rd.advance();
+      taken.completed_but_one(ring, t);
     }
     warpgroup_fence_operand(P);
     if constexpr (C.gated) warpgroup_fence_operand(P3);
   }
 
   // GEMM2 of a chunk: O (+)= S W2^T over the chunk's N1 columns; `first`: O starts at 0.
+  // Returns with the last k-block's wgmmas in flight, as gemm1.
   template <class FS, class FO>
-  static COMFUSE_DEVICE void gemm2(typename RingT::Storage& ring, State& rd, SharedStorage& s, FS const& S, FO& O,
-                                   bool first, int t) {
+  static COMFUSE_DEVICE void gemm2(typename RingT::Storage& ring, State& rd, Taken& taken, SharedStorage& s,
+                                   FS const& S, FO& O, bool first, int t) {
     using namespace cute;
     TiledMma2 mma;
     auto thr = mma.get_slice(t);
@@ -164,6 +169,7 @@ struct MainloopB2b {
       }
       warpgroup_commit_batch();
       rd.advance();
+      taken.completed_but_one(ring, t);
     }
     warpgroup_fence_operand(O);
   }

@@ -4,8 +4,8 @@
 //
 // Stages slots, each guarded by a `full` mbarrier (one arrival: the producer's arrive.expect_tx
 // with the slot's TMA bytes, which may differ per slot: an X/W1 k-block or a W2 k-block) and an
-// `empty` mbarrier (one arrival: an elected consumer thread, after the warp group's wgmmas that
-// read the slot completed). Phase parity: a freshly initialized barrier is in phase 0; waiting
+// `empty` mbarrier (one arrival: thread 0 of the consumer warp group, after the warp group's
+// wgmmas that read the slot completed: Taken). Phase parity: a freshly initialized barrier is in phase 0; waiting
 // for parity P returns once the phase of parity P completed. The producer starts at parity 1 on
 // `empty` (every slot starts free), the consumer at parity 0 on `full`.
 #pragma once
@@ -49,10 +49,34 @@ struct Ring {
 
   // Consumer: wait until slot `st` holds its data.
   static COMFUSE_DEVICE void wait(Storage& s, State const& st) { cutlass::arch::ClusterBarrier::wait(&s.full[st.index], st.phase); }
-  // Consumer: the warp group's wgmmas that read slot `st` completed (the caller waited for them).
-  static COMFUSE_DEVICE void release(Storage& s, State const& st, int t) {
-    if (t == 0) cutlass::arch::ClusterBarrier::arrive(&s.empty[st.index]);
-  }
+  // Consumer: the slots it took, in order, whose wgmmas may still run. Each k-block is one
+  // wgmma commit group reading one slot, and commit groups complete in order, so after
+  // warpgroup_wait<N> every slot but the last N taken is free again. Releasing as the groups
+  // complete (not once per chunk) keeps the ring turning whatever K and N1 are: a consumer
+  // holds at most two slots (one in flight, one awaited), so two stages never deadlock.
+  struct Taken {
+    State rel = consumer_start();
+    int pending = 0;
+    // All but the last N commit groups completed (the caller waited with warpgroup_wait<N>).
+    template <int N>
+    COMFUSE_DEVICE void release_all_but(Storage& s, int t) {
+      for (; pending > N; --pending) {
+        if (t == 0) cutlass::arch::ClusterBarrier::arrive(&s.empty[rel.index]);
+        rel.advance();
+      }
+    }
+    // After committing a slot's wgmmas: wait for every earlier group, free their slots.
+    COMFUSE_DEVICE void completed_but_one(Storage& s, int t) {
+      ++pending;
+      cute::warpgroup_wait<1>();
+      release_all_but<1>(s, t);
+    }
+    // Every wgmma completed (warpgroup_wait<0>): every slot free.
+    COMFUSE_DEVICE void all_completed(Storage& s, int t) {
+      cute::warpgroup_wait<0>();
+      release_all_but<0>(s, t);
+    }
+  };
 };
 
 }  // namespace comfuse::b2b

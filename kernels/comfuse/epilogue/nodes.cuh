@@ -39,6 +39,7 @@ struct FragCoord {
 struct EpiCtx {
   Params const* p;
   int m0, n0;       // tile origin (elements)
+  int N;            // columns of the epilogue's values: N (a B2B kernel's F: N1; its Epi2: N2)
   int t;            // thread index inside the consumer warp group (0..127)
   int warp, lane;   // warp inside the warp group, lane
   int tile = 0;     // Stash (NTiles > 1): which of the job's N-tiles (n0 is that tile's origin)
@@ -182,7 +183,7 @@ template <int Arg, class T> struct RowBroadcast {
     COMFUSE_DEVICE void begin(EpiCtx const& c, SharedStorage& s) {
       v_ = smem_u32(s.v);
       void const* src = c.p->vectors[Arg];
-      int const n_valid = c.p->N - c.n0;
+      int const n_valid = c.N - c.n0;
       for (int i = c.t; i < Geo::BN; i += kWarpGroupThreads)
         s.v[i] = i < n_valid ? DType<T>::load(src, c.n0 + i) : 0.f;
     }

@@ -92,7 +92,7 @@ template <class Op, int Operand, class PostStage, int Pair = kPairNone> struct R
     }
     template <int I, class V> COMFUSE_DEVICE void visit(EpiCtx const& c, FragCoord const& fc, Frag const&, V& v) {
       static_assert(Operand < I, "operands must precede the node");
-      int const n_valid = c.p->N - c.n0 - fc.col;  // columns of this fragment that exist: col < n_valid
+      int const n_valid = c.N - c.n0 - fc.col;  // columns of this fragment that exist: col < n_valid
       CUTE_UNROLL
       for (int e = 0; e < kFrag; ++e) {
         float x = frag_col(e) < n_valid ? v[Operand][e] : Op::identity();

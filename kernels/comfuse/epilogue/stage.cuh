@@ -519,7 +519,7 @@ template <class... Nodes> struct Stage {
     COMFUSE_DEVICE void local_second(EpiCtx const& c, FragC& accum, float const (&first)[Geo::MBlocks][2],
                                      float (&second)[Geo::MBlocks][2]) const {
       static_assert(kTileBypass == Last::kOperandIndex, "Pair: the PostStage must bypass the first reduction's operand");
-      int const n_local = max(0, min(Geo::BN, c.p->N - c.n0));
+      int const n_local = max(0, min(Geo::BN, c.N - c.n0));
       float const inv = n_local > 0 ? __fdiv_rn(1.f, float(n_local)) : 0.f;
       float center[Geo::MBlocks][2];
       CUTE_UNROLL
@@ -542,7 +542,7 @@ template <class... Nodes> struct Stage {
             for (int e = 0; e < kFrag; ++e) {
               float const d = accum(base + e) - center[mi][(e >> 1) & 1];
               float const term = kPair == kPairMeanM2 ? d * d : fast_exp(d);
-              if (col + frag_col(e) < c.p->N) second[mi][(e >> 1) & 1] += term;
+              if (col + frag_col(e) < c.N) second[mi][(e >> 1) & 1] += term;
             }
           }
       CUTE_UNROLL
@@ -557,13 +557,13 @@ template <class... Nodes> struct Stage {
     // The exact merge of peer j's second statistic (v_j: its first statistic, s_j: its second)
     // into the row's, about the row's center (pair_center of the merged first statistic).
     COMFUSE_DEVICE static float pair_center(EpiCtx const& c, float first) {
-      if constexpr (kPair == kPairMeanM2) return __fdiv_rn(first, float(c.p->N));  // the row mean
+      if constexpr (kPair == kPairMeanM2) return __fdiv_rn(first, float(c.N));  // the row mean
       else return first;                                                           // the row max
     }
     COMFUSE_DEVICE static float pair_term(EpiCtx const& c, int j, float vj, float sj, float center) {
       if constexpr (kPair == kPairMeanM2) {  // Chan: M2_j + n_j (S_j / n_j - mean)^2
         int const n0 = c.n0 - c.xs.rank * Geo::BN;  // peer j holds columns n0 + j * BN ..
-        int const nj = max(0, min(Geo::BN, c.p->N - (n0 + j * Geo::BN)));
+        int const nj = max(0, min(Geo::BN, c.N - (n0 + j * Geo::BN)));
         if (nj == 0) return 0.f;
         // Peers * rows of these per job: a multiply by 1/BN (exact: BN is a power of two) for
         // every full peer; only a ragged last peer pays a division (a uniform branch).
@@ -624,7 +624,7 @@ template <class... Nodes> struct Stage {
         }
       }
       if constexpr (kHasPost) {
-        int const n = c.p->N;
+        int const n = c.N;
         CUTE_UNROLL
         for (int mi = 0; mi < Geo::MBlocks; ++mi)
           CUTE_UNROLL
