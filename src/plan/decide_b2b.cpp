@@ -8,7 +8,7 @@
 //             the registers need 64
 //   storage   F's and GEMM2's epilogue storage, then the deepest ring that fits (<= 8)
 //   launch    jobs (batch x row blocks x O blocks), two consumer warp groups a CTA, one CTA an SM
-//   estimate  both GEMMs at the measured per-SM rate and B2B efficiency (GUESS), against the
+//   estimate  both GEMMs at the measured per-SM rate and B2B efficiency (MEASURED), against the
 //             unfused path (the two GEMMs and S through DRAM)
 #include <fmt/format.h>
 
@@ -184,13 +184,18 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
   plan.jobs = int64_t{b2b_job_count(k, static_cast<int>(p.batches), static_cast<int>(p.m), static_cast<int>(p.n2))};
   plan.grid_ctas = b2b_grid(k, static_cast<int>(p.batches), static_cast<int>(p.m), static_cast<int>(p.n2), dev.sm_count);
 
-  // Estimate. GUESS: the B2B mainloops reach 0.75 of the measured per-SM rate (one warp group's
-  // F between its GEMMs, the other warp group's GEMMs beside it); a causal mask halves GEMM work.
+  // Estimate. MEASURED on the H200 (bench/RESULTS.md, B2B rows), as a fraction of the per-SM
+  // rate on the CTAs the grid occupies: 0.47 with 4 or more ring stages (attention, N1 chunks
+  // of 128), 0.29 with 2 (FFN with tile_n2 256: the unified slot holds a W2 k-block of 256 rows,
+  // so only two fit); 0.18 at 16 GEMM1 passes. A causal mask halves the GEMM work.
   const double gemm1 = 2.0 * p.batches * p.m * p.k * p.n1 * (k.gated ? 2 : 1);
   const double gemm2 = 2.0 * p.batches * p.m * p.n1 * p.n2;
   const double causal = k.causal ? 0.5 : 1.0;
+  const double efficiency = k.ring_stages >= 4 ? 0.47 : 0.27;
+  const double occupied = std::min(1.0, double(plan.grid_ctas) / dev.sm_count);
+  plan.fused_us = causal * (plan.gemm1_passes * gemm1 + gemm2) /
+                  (dev.sm_count * dev.sm_flops_per_s * occupied * efficiency) * 1e6;
   const double rate = dev.sm_count * dev.sm_flops_per_s;
-  plan.fused_us = causal * (plan.gemm1_passes * gemm1 + gemm2) / (rate * 0.75) * 1e6;
   const double s_bytes = 2.0 * p.batches * p.m * p.n1 * 2;  // S written and read back
   plan.unfused_us = causal * (gemm1 + gemm2) / rate * 1e6 + s_bytes / dev.dram_bytes_per_s * 1e6;
 
@@ -210,10 +215,11 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
                           k.ring_stages, fmt_bytes(k.slot_a_bytes() + k.slot_b_bytes()), k.b_region_rows(),
                           k.gated ? " and W3" : "", fmt_bytes(k.smem_bytes()), fmt_bytes(dev.smem_per_cta_bytes)));
   if (k.causal) r.push_back("causal mask: a job walks only the chunks that reach its rows");
-  r.push_back(fmt::format("estimate {:.1f} us fused against {:.1f} us unfused (GEMM1 and GEMM2 at the measured rate, "
-                          "S through DRAM); the B2B efficiency 0.75 is a GUESS{}",
-                          plan.fused_us, plan.unfused_us,
-                          plan.fused_us > plan.unfused_us ? ": fusion is not expected to pay at this shape" : ""));
+  r.push_back(fmt::format("estimate {:.1f} us fused ({:.0f}% of the per-SM rate on {} of {} SMs, measured) against "
+                          "{:.1f} us unfused (GEMM1 and GEMM2 at the measured rate, S through DRAM){}",
+                          plan.fused_us, efficiency * 100, std::min<int64_t>(plan.grid_ctas, dev.sm_count), dev.sm_count,
+                          plan.unfused_us,
+                          plan.fused_us > plan.unfused_us ? ": fusion is NOT expected to pay at this shape" : ""));
   (void)tun;
   return plan;
 }
@@ -234,7 +240,8 @@ std::string explain(const FusionSpec& first, const FusionSpec& second, const B2b
   o += fmt::format("  grid         {} CTAs, {} jobs\n", p.grid_ctas, p.jobs);
   o += fmt::format("  SMEM         {} (rings {}, epilogues {})\n", fmt_bytes(k.smem_bytes()),
                    fmt_bytes(2 * k.ring_bytes()), fmt_bytes(2 * k.epilogue_smem_bytes));
-  o += fmt::format("  estimate     {:.1f} us fused, {:.1f} us unfused\n", p.fused_us, p.unfused_us);
+  o += fmt::format("  estimate     {:.1f} us fused, {:.1f} us unfused{}\n", p.fused_us, p.unfused_us,
+                   p.fused_us > p.unfused_us ? " (fusion is NOT expected to pay: see the last reason)" : "");
   o += "reasons:\n";
   for (const std::string& r : p.reasons) o += "  - " + r + "\n";
   return o;
