@@ -80,6 +80,10 @@ std::string explain(const FusionSpec& s, const Plan& p) {
                          p.strategy() == RowStrategy::WorkspaceStash ? ", workspace " + fmt_bytes(p.workspace_bytes) : "");
   }
   o += fmt::format("  strategy     {}\n", strat);
+  if (p.kernel.stash_elem_bytes == 2 && !p.stashed.empty())
+    o += "  precision    the bf16 stash (requested) rounds the stashed value between stages, as an unfused bf16 "
+         "intermediate would: where a later stage subtracts a row mean (LayerNorm), a mean large against the "
+         "row's spread loses those bits (--stash fp32 keeps them)\n";
   o += fmt::format("  aggregation  {}{}\n", name_of(p.kernel.aggregation),
                    p.fused_pairs.mean_variance && p.fused_pairs.max_exp_sum ? "; paired reductions in one round"
                    : p.fused_pairs.mean_variance ? "; mean and variance in one round"
