@@ -133,6 +133,9 @@ struct B2bProblem {
   DType ab_dtype = DType::BF16;
 };
 B2bProblem b2b_problem_of(const FusionSpec& first, const FusionSpec& second, const Bindings& dims);
+// The size rule (graph.h's check_problem_size) for both GEMMs, and the batch count: the planner
+// and FusedKernel::run_b2b refuse a size the same way.
+void check_b2b_problem_size(const B2bProblem& p);
 
 // How F runs per chunk of N1: elementwise (FFN's gelu, SwiGLU's silu(P) * P3), or softmax over
 // all of N1 with its running max and sum (attention: online softmax, O rescaled per chunk).

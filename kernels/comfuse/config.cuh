@@ -194,6 +194,11 @@ struct B2bConfig {
   COMFUSE_HOST_DEVICE constexpr int b_region_rows() const { return gemm1_b_rows() > tile_n2 ? gemm1_b_rows() : tile_n2; }
   COMFUSE_HOST_DEVICE constexpr int slot_a_bytes() const { return tile_m * Sm90::kTileK * Sm90::kAbBytes; }
   COMFUSE_HOST_DEVICE constexpr int slot_b_bytes() const { return b_region_rows() * Sm90::kTileK * Sm90::kAbBytes; }
+  // Registers a consumer thread holds for P (and P3) in fp32, S as 16-bit pairs and O in fp32,
+  // and the most it may spend on them beside the kernel's own (the FFN and attention kernels
+  // within this bound compile to 168 registers without spills).
+  static constexpr int kMaxLiveValues = 176;
+  COMFUSE_HOST_DEVICE constexpr int live_values() const { return (gated ? 2 : 1) * chunk_n1 / 2 + chunk_n1 / 4 + tile_n2 / 2; }
   COMFUSE_HOST_DEVICE constexpr int ring_bytes() const { return ring_stages * (slot_a_bytes() + slot_b_bytes()); }
   // Dynamic SMEM: both consumer WGs' rings (1024-aligned regions), their epilogue storage, the
   // rings' full/empty mbarriers, rounded to 1024, plus the kernel's base alignment.
@@ -207,8 +212,7 @@ COMFUSE_HOST_DEVICE constexpr char const* check(B2bConfig const& c) {
   if (c.tile_m != 64) return "B2B tile_m: 64 rows per consumer warp group";
   if (c.chunk_n1 != 64 && c.chunk_n1 != 128) return "B2B chunk_n1: 64 or 128";
   if (c.tile_n2 % 64 != 0 || c.tile_n2 < 64 || c.tile_n2 > 256) return "B2B tile_n2: 64, 128, 192 or 256";
-  // Registers of a consumer thread: P (and P3) fp32, S bf16, O fp32.
-  if ((c.gated ? 2 : 1) * c.chunk_n1 / 2 + c.chunk_n1 / 4 + c.tile_n2 / 2 > 176)
+  if (c.live_values() > B2bConfig::kMaxLiveValues)
     return "B2B registers: P, S and O of a warp group exceed what a consumer thread holds (smaller chunk_n1 or tile_n2)";
   if (c.online_softmax && c.gated) return "B2B: online softmax takes one GEMM1";
   if (c.causal && !c.online_softmax) return "B2B: a causal mask comes with the online softmax";

@@ -14,16 +14,14 @@ using emit_detail::EmitContext;
 
 namespace {
 
-const char* bool_text(bool b) { return b ? "true" : "false"; }
-
 std::string b2b_config_source(const B2bConfig& c) {
   return fmt::format(
       "constexpr comfuse::B2bConfig kConfig{{\n"
       "    .w1_kmajor = {}, .w2_kmajor = {}, .gated = {}, .batched = {},\n"
       "    .tile_m = {}, .chunk_n1 = {}, .tile_n2 = {}, .ring_stages = {},\n"
       "    .online_softmax = {}, .causal = {}, .epilogue_smem_bytes = {}}};\n",
-      bool_text(c.w1_kmajor), bool_text(c.w2_kmajor), bool_text(c.gated), bool_text(c.batched), c.tile_m, c.chunk_n1,
-      c.tile_n2, c.ring_stages, bool_text(c.online_softmax), bool_text(c.causal), c.epilogue_smem_bytes);
+      c.w1_kmajor, c.w2_kmajor, c.gated, c.batched, c.tile_m, c.chunk_n1, c.tile_n2, c.ring_stages, c.online_softmax,
+      c.causal, c.epilogue_smem_bytes);  // fmt writes bools as true / false
 }
 
 }  // namespace

@@ -10,6 +10,7 @@ namespace comfuse::emit_detail {
 
 // State shared by the rules while one FusionSpec is rendered.
 struct EmitContext {
+  explicit EmitContext(const FusionSpec& s) : spec(s) {}
   const FusionSpec& spec;
   std::map<int, int> slot_of_arg;       // FusionSpec arg -> Params slot (vectors/scalars/outputs)
   std::vector<std::string> literals;    // struct definitions, in first-use order

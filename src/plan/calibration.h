@@ -37,6 +37,12 @@ struct DeviceModel {
   // MEASURED: one DSMEM all-reduce round, peer-to-peer, TMA bulk + mbarrier, 64 floats per
   // CTA (bench/dsmem_allreduce.cu on the H200), by C_N; C_N = 1 is quad shuffles only (GUESS).
   std::map<int, double> cluster_allreduce_us = {{1, 0.05}, {2, 0.18}, {4, 0.27}, {8, 0.39}, {16, 0.61}};
+  // MEASURED (bench/RESULTS.md, B2B rows): a B2B kernel's two GEMMs as a fraction of
+  // sm_flops_per_s on the SMs its grid occupies, by ring depth: 0.47 with 4 or more stages
+  // (attention 16384^2, d 128, N1 chunks of 128); with 2, 0.29 (FFN M=8192, tile_n2 256: the
+  // unified slot holds a 256-row W2 k-block, so only two fit) and 0.18 at 16 GEMM1 passes.
+  double b2b_efficiency_deep_ring = 0.47;
+  double b2b_efficiency_shallow_ring = 0.27;
   // Whether the device templates walk several N-tiles per CTA for a row reduction (a stash).
   // Off: rows must fit one cluster (tests plan for such a device).
   bool multi_tile_rows = true;

@@ -13,7 +13,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cmath>
 
 #include "comfuse/scheduler/grid.cuh"
 #include "plan_internal.h"
@@ -33,6 +32,12 @@ B2bProblem b2b_problem_of(const FusionSpec& first, const FusionSpec& second, con
   const int a = first.arg_index(ArgRole::OperandA);
   if (a >= 0) p.ab_dtype = first.args[static_cast<size_t>(a)].dtype;
   return p;
+}
+
+void check_b2b_problem_size(const B2bProblem& p) {
+  check_dim_size("batches", p.batches);
+  check_problem_size(p.m, p.n1, p.k, "M", "N1", "K");   // GEMM1: P = X W1^T
+  check_problem_size(p.m, p.n2, p.n1, "M", "N2", "N1");  // GEMM2: O = S W2^T
 }
 
 namespace {
@@ -140,14 +145,11 @@ FusionSpec b2b_intermediate(const FusionSpec& first, int s_arg, B2bIntermediate 
 }
 
 B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B2bProblem& p, const PlanOptions& opt) {
-  for (auto [name, v] : {std::pair{"M", p.m}, {"K", p.k}, {"N1", p.n1}, {"N2", p.n2}, {"batches", p.batches}})
-    if (v <= 0 || v > std::numeric_limits<int32_t>::max())
-      throw Error(fmt::format("b2b: {} = {} must be in 1..2^31-1", name, v));
+  check_b2b_problem_size(p);
   B2bPlan plan;
   plan.problem = p;
   check_pair(first, second, p, &plan.intermediate);
   const DeviceModel dev;
-  const PlannerTunables tun;
 
   // Layout.
   B2bConfig& k = plan.kernel;
@@ -161,7 +163,7 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
   if (opt.tile_n) k.tile_n2 = *opt.tile_n;
   plan.gemm1_passes = static_cast<int>((p.n2 + k.tile_n2 - 1) / k.tile_n2);
   k.chunk_n1 = 128;
-  if (check(k) && std::string(check(k)).find("registers") != std::string::npos) k.chunk_n1 = 64;
+  if (k.live_values() > B2bConfig::kMaxLiveValues) k.chunk_n1 = 64;
   if (k.online_softmax && k.chunk_n1 == 128 && k.tile_n2 > 128) k.chunk_n1 = 64;
 
   // Storage: F's and GEMM2's epilogue storage, then the ring.
@@ -184,18 +186,16 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
   plan.jobs = int64_t{b2b_job_count(k, static_cast<int>(p.batches), static_cast<int>(p.m), static_cast<int>(p.n2))};
   plan.grid_ctas = b2b_grid(k, static_cast<int>(p.batches), static_cast<int>(p.m), static_cast<int>(p.n2), dev.sm_count);
 
-  // Estimate. MEASURED on the H200 (bench/RESULTS.md, B2B rows), as a fraction of the per-SM
-  // rate on the CTAs the grid occupies: 0.47 with 4 or more ring stages (attention, N1 chunks
-  // of 128), 0.29 with 2 (FFN with tile_n2 256: the unified slot holds a W2 k-block of 256 rows,
-  // so only two fit); 0.18 at 16 GEMM1 passes. A causal mask halves the GEMM work.
+  // Estimate: the GEMMs at the measured B2B efficiency (calibration.h) on the SMs the grid
+  // occupies, against both GEMMs at the full rate with S through DRAM. A causal mask halves the
+  // GEMM work.
   const double gemm1 = 2.0 * p.batches * p.m * p.k * p.n1 * (k.gated ? 2 : 1);
   const double gemm2 = 2.0 * p.batches * p.m * p.n1 * p.n2;
   const double causal = k.causal ? 0.5 : 1.0;
-  const double efficiency = k.ring_stages >= 4 ? 0.47 : 0.27;
-  const double occupied = std::min(1.0, double(plan.grid_ctas) / dev.sm_count);
-  plan.fused_us = causal * (plan.gemm1_passes * gemm1 + gemm2) /
-                  (dev.sm_count * dev.sm_flops_per_s * occupied * efficiency) * 1e6;
   const double rate = dev.sm_count * dev.sm_flops_per_s;
+  const double efficiency = k.ring_stages >= 4 ? dev.b2b_efficiency_deep_ring : dev.b2b_efficiency_shallow_ring;
+  const double occupied = std::min(1.0, double(plan.grid_ctas) / dev.sm_count);
+  plan.fused_us = causal * (plan.gemm1_passes * gemm1 + gemm2) / (rate * occupied * efficiency) * 1e6;
   const double s_bytes = 2.0 * p.batches * p.m * p.n1 * 2;  // S written and read back
   plan.unfused_us = causal * (gemm1 + gemm2) / rate * 1e6 + s_bytes / dev.dram_bytes_per_s * 1e6;
 
@@ -220,7 +220,6 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
                           plan.fused_us, efficiency * 100, std::min<int64_t>(plan.grid_ctas, dev.sm_count), dev.sm_count,
                           plan.unfused_us,
                           plan.fused_us > plan.unfused_us ? ": fusion is NOT expected to pay at this shape" : ""));
-  (void)tun;
   return plan;
 }
 

@@ -303,7 +303,9 @@ Plan make_plan(const FusionSpec& s, const Problem& p, const DeviceModel& dev, co
   std::string unforced;
   if (any_forced(opt)) {
     try {
-      const Plan free = make_plan(s, p, dev, tun, PlanOptions{.fuse_pairs = opt.fuse_pairs});
+      PlanOptions planner_alone;
+      planner_alone.fuse_pairs = opt.fuse_pairs;
+      const Plan free = make_plan(s, p, dev, tun, planner_alone);
       unforced = fmt::format("{} {}x{}, cluster {}x{}{}, {}, {} ring stages: est {:.1f} us",
                              free.kernel.wgs_per_tile == 1 ? "PingPong" : "cooperative", free.kernel.tile_m,
                              free.kernel.tile_n, free.kernel.cluster_m, free.kernel.cluster_n,

@@ -298,8 +298,11 @@ void FusedKernel::run_b2b(const RunArgs& args, Stream stream) const {
   if ((kc.w2_kmajor ? W2.shape[1] : W2.shape[0]) != N1)
     throw Error(fmt::format("W2 '{}' is {} but W1 '{}' is {}: N1 differs", rw2.name, shape_str(W2.shape), rw1.name,
                             shape_str(W1.shape)));
-  for (int64_t d : {M, K, N1, N2})
-    if (d > INT32_MAX) throw Error("M, K, N1 and N2 must each fit in 32 bits");
+  check_b2b_problem_size(B2bProblem{1, M, K, N1, N2, rx.dtype});  // as the plan was made under
+  // GEMM2's epilogue finishes a row reduction inside one job: a longer row would reduce in pieces.
+  if (e.reduction_count() > 0 && N2 > kc.tile_n2)
+    throw Error(fmt::format("N2 = {} exceeds the {} columns of O one job of this kernel holds for GEMM2's row "
+                            "reduction; build the kernel for this N2", N2, kc.tile_n2));
   Params p{};
   p.M = int(M), p.K = int(K), p.N1 = int(N1), p.N = int(N2), p.batches = 1;
   const uint32_t box = Sm90::kTileK;
