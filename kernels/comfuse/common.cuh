@@ -124,6 +124,24 @@ template <> struct DType<float> {
   static COMFUSE_DEVICE float round(float x) { return x; }
 };
 
+// CTA-local mbarriers by shared-space address (the DSMEM channels, TileInput's loads): init
+// with an arrival count, arm for a number of TMA / bulk-copy bytes, wait for a phase's parity.
+COMFUSE_DEVICE void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+COMFUSE_DEVICE void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+COMFUSE_DEVICE void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra WAIT_%=;\n"
+      "}\n" ::"r"(bar), "r"(parity) : "memory");
+}
+
 // Where a warp group's row-reduction partials meet those of the CTAs that share its rows:
 // slot = its row group's exchange slot, rank = its place along N in that group (cluster/).
 struct RowGroupSlot {

@@ -48,23 +48,8 @@ COMFUSE_DEVICE uint32_t mapa(uint32_t smem_addr, uint32_t rank) {
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(smem_addr), "r"(rank));
   return r;
 }
-COMFUSE_DEVICE void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
 COMFUSE_DEVICE void fence_mbar_init_cluster() {
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-}
-COMFUSE_DEVICE void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-COMFUSE_DEVICE void mbar_wait(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "WAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-      "@!p bra WAIT_%=;\n"
-      "}\n" ::"r"(bar), "r"(parity) : "memory");
 }
 // Bulk copy local SMEM -> a peer's SMEM (dst and bar: shared::cluster addresses from mapa),
 // completing `bytes` transactions on the peer's mbarrier. bytes % 16 == 0, 16-byte aligned.

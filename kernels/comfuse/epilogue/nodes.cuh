@@ -299,14 +299,10 @@ template <int In, class T> struct TileInput {
     static constexpr bool kLoads = true;
     uint32_t base_;
     uint32_t phase_ = 0;  // parity of the mbarrier's next completion (one per tile)
-    static COMFUSE_DEVICE void init(SharedStorage& s) {
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_u32(&s.full)) : "memory");
-    }
+    static COMFUSE_DEVICE void init(SharedStorage& s) { mbar_init(smem_u32(&s.full), 1); }
     COMFUSE_DEVICE void load(EpiCtx const& c, SharedStorage& s) {
       if (c.t != 0) return;
-      uint32_t const bar = smem_u32(&s.full);
-      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar),
-                   "r"(uint32_t(sizeof(s.buf))) : "memory");
+      mbar_arrive_expect_tx(smem_u32(&s.full), uint32_t(sizeof(s.buf)));
       constexpr uint64_t kEvictFirst = 0x12F0000000000000ull;  // streamed once
       CUTE_UNROLL
       for (int sub = 0; sub < Geo::SubTiles; ++sub)
@@ -324,11 +320,7 @@ template <int In, class T> struct TileInput {
     }
     COMFUSE_DEVICE void begin(EpiCtx const&, SharedStorage& s) { base_ = smem_u32(s.buf); }
     COMFUSE_DEVICE void acquire(EpiCtx const&, SharedStorage& s) {
-      uint32_t const bar = smem_u32(&s.full);
-      asm volatile(
-          "{\n.reg .pred p;\nTILE_IN_WAIT_%=:\n"
-          "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-          "@!p bra TILE_IN_WAIT_%=;\n}\n" ::"r"(bar), "r"(phase_) : "memory");
+      mbar_wait(smem_u32(&s.full), phase_);
       phase_ ^= 1;
     }
     template <int I, class V> COMFUSE_DEVICE void visit(EpiCtx const& c, FragCoord const& fc, Frag const&, V& v) {
