@@ -235,7 +235,7 @@ TEST_F(Cli, UsageErrorsExitTwo) {
   }
 }
 
-// ---- issue 10: wrong or internal results, late refusals, input limits ---------------------
+// ---- wrong or internal results, late refusals, input limits --------------------------------
 
 // X x X^T: one input bound to both operands (two arguments of the same name, A and B).
 TEST_F(Cli, OneInputAsBothGemmOperands) {
