@@ -84,13 +84,19 @@ class Decode(torch.nn.Module):
         return self.model(input_ids=tok, past_key_values=self.cache, cache_position=pos, use_cache=True).logits
 
 
-def static_cache(model, batch: int, prompt, max_len: int):
-    import transformers as tf
-
-    cache = tf.StaticCache(config=model.config, max_cache_len=max_len)
+def prefill_cache(model, cache, prompt) -> None:
+    """Run the prompt [batch, seq] through the model into `cache` (positions 0 .. seq - 1)."""
     with torch.no_grad():
         model(input_ids=prompt, past_key_values=cache, use_cache=True,
               cache_position=torch.arange(prompt.shape[1], device=prompt.device))
+
+
+def static_cache(model, prompt, max_len: int):
+    """A StaticCache of `max_len` positions holding the prompt [batch, seq]."""
+    import transformers as tf
+
+    cache = tf.StaticCache(config=model.config, max_cache_len=max_len)
+    prefill_cache(model, cache, prompt)
     return cache
 
 
@@ -162,7 +168,7 @@ def bench_case(arch: str, phase: str, batch: int, seq: int, layers: int, variant
     if phase == "prefill":
         module, args = Prefill(model), (ids,)
     else:
-        cache = static_cache(model, batch, ids, max_len=64)
+        cache = static_cache(model, ids, max_len=64)
         tok = ids[:, -1:].contiguous()
         pos = torch.tensor([ids.shape[1]], device=ids.device)
         module, args = Decode(model, cache), (tok, pos)
@@ -172,8 +178,7 @@ def bench_case(arch: str, phase: str, batch: int, seq: int, layers: int, variant
             # cache's state beyond its slot); timing replays the step whatever the state.
             with torch.no_grad():
                 cache.reset()
-                model(input_ids=ids, past_key_values=cache, use_cache=True,
-                      cache_position=torch.arange(ids.shape[1], device=ids.device))
+                prefill_cache(model, cache, ids)
     fresh()
     with torch.no_grad():
         ref = module(*args).float()

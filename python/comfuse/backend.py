@@ -21,7 +21,7 @@ import torch.fx as fx
 
 from .config import config
 from .kernels import REGISTRY, RuntimeRegion, gpu_status, next_region_id
-from .partition import RegionInfo, decide, find_regions, where
+from .partition import RegionInfo, decide, external_inputs, find_regions, region_module, where
 from .report import FusionReport, GraphReport
 from .translate import val
 
@@ -40,6 +40,12 @@ def _record(g: GraphReport) -> None:
 
 
 def _boxed(fn):
+    """`fn` with the boxed calling convention (one list of arguments) that AOTAutograd expects.
+    Not torch's make_boxed_func: that wraps with functools.wraps, which would copy the callee's
+    attributes (a GraphModule's modules and hooks, Inductor's compiled graph's cache key and CUDA
+    graph info) onto the function and chain __wrapped__ into Inductor's output, which torch's
+    wrapper walks (serialization, the bundled AOTAutograd cache) follow."""
+
     def run(args):
         return fn(*args)
 
@@ -111,27 +117,15 @@ def _replace(gm: fx.GraphModule, c, cudagraphs: bool, subst: dict) -> None:
     # An operand produced by a region replaced before this one is now that region's getitem.
     ext_t: list[fx.Node] = [subst.get(n, n) for n in tr.inputs]
     ext_s: list[fx.Node] = []
-    seen = set(ext_t)
-    for n in nodes:
-        for i in n.all_input_nodes:
-            if i in inset or i in seen:
-                continue
-            seen.add(i)
+    known = set(ext_t)
+    for i in external_inputs(nodes):
+        if i not in known:
             (ext_t if isinstance(val(i), torch.Tensor) else ext_s).append(i)
     # The region's aten ops as their own GraphModule: the fake implementation and the fallback.
-    sg = fx.Graph()
-    env: dict[fx.Node, fx.Node] = {}
-    for i in ext_t + ext_s:
-        p = sg.placeholder(i.name)
-        p.meta = dict(i.meta)
-        env[i] = p
-    for n in nodes:
-        env[n] = sg.node_copy(n, lambda x: env[x])
-    sg.output(tuple(env[o] for o in tr.outputs))
-    sub = fx.GraphModule(torch.nn.Module(), sg)
+    sub = region_module(nodes, tr.outputs, ext_t + ext_s)
     info = c.info
-    REGISTRY[info.id] = RuntimeRegion(info, c.lowering.regions()[0], tr.input_roles, tr.input_names,
-                                      len(tr.inputs), tr.output_names, sub, cudagraphs, tr.output_classes)
+    REGISTRY[info.id] = RuntimeRegion(info, c.region, tr.input_roles, tr.input_names, tr.output_names, sub,
+                                      cudagraphs, tr.output_classes)
     order = {n: k for k, n in enumerate(gm.graph.nodes)}
     last = max(nodes, key=order.__getitem__)
     graph = gm.graph

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
+from .backend import _boxed
 from .kernels import next_region_id
 from .partition import Candidate, decide, find_regions
 
@@ -43,11 +44,7 @@ def capture(model, *inputs, cudagraphs: bool = False, dynamic: bool = False, **k
                 cap.values[n.name] = v
                 return v
 
-        def run(args):
-            return Recorder(agm).run(*args)
-
-        run._boxed_call = True
-        return run
+        return _boxed(lambda *args: Recorder(agm).run(*args))
 
     def backend(gm, ex, **_):
         return aot_autograd(fw_compiler=inference, inference_compiler=inference)(gm, ex)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import threading
 import time
 from collections import OrderedDict
@@ -33,7 +34,8 @@ import torch.fx as fx
 
 from . import _core
 from .config import config
-from .partition import RegionInfo, m_bucket
+from .partition import RegionInfo, cuda_graph_options, m_bucket
+from .translate import _DTYPES
 
 log = logging.getLogger("comfuse")
 
@@ -45,7 +47,7 @@ def next_region_id() -> int:
     return next(_ids)
 
 
-_NAMES = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
+_NAMES = _DTYPES  # torch dtype -> the kernel's dtype name
 
 _gpu: tuple[bool, str] | None = None
 
@@ -69,14 +71,12 @@ class KernelCache:
         self.pinned: set = set()
         self.lock = threading.Lock()
         self.compiles = 0
-        self.hits = 0
 
     def get(self, key):
         with self.lock:
             k = self.entries.get(key)
             if k is not None:
                 self.entries.move_to_end(key)
-                self.hits += 1
             return k
 
     def put(self, key, kernel) -> None:
@@ -111,20 +111,20 @@ class RuntimeRegion:
 
     device_type = "cuda"  # where kernels run (a test emulates them on the CPU)
 
-    def __init__(self, info: RegionInfo, region, roles: list[str], names: list[str], n_kernel_inputs: int,
-                 out_names: list[str], subgraph: fx.GraphModule, cudagraphs: bool, out_classes: list[str] | None = None):
+    def __init__(self, info: RegionInfo, region, roles: list[str], names: list[str], out_names: list[str],
+                 subgraph: fx.GraphModule, cudagraphs: bool, out_classes: list[str] | None = None):
         self.info = info
         self.region = region              # _core.Region: its Fusion Spec
         self.roles = roles                # per kernel input: a, b, row, col, tile
         self.names = names                # their ComFuse graph names
-        self.n_kernel_inputs = n_kernel_inputs
         self.out_names = out_names
         self.out_classes = out_classes or ["tile"] * len(out_names)  # tile [M, N] or col [M, 1]
         self.subgraph = subgraph          # the region's aten ops: fake impl and fallback
         self.cudagraphs = cudagraphs
         self.key_text = info.graph_text
         self._out_shapes: dict = {}
-        self._global_plan: dict = {}
+        self._global_plan: dict = {}    # M bucket -> whether its plan uses the L2 exchange
+        self._keys: dict = {}           # (M bucket, graph-safe) -> (kernel cache key, plan options)
         self._warned: set = set()
         self.last_inputs = None
 
@@ -161,31 +161,42 @@ class RuntimeRegion:
             self._out_shapes[key] = shapes
         return shapes
 
+    def _dims(self, bucket: int) -> dict:
+        return {"M": bucket, "N": self.info.n, "K": self.info.k}
+
+    def _l2_exchange(self, bucket: int, opts: dict) -> bool:
+        glob = self._global_plan.get(bucket)
+        if glob is None:
+            glob = self._global_plan[bucket] = self.region.plan(self._dims(bucket), opts).summary()["l2_exchange"]
+        return glob
+
+    def _key(self, bucket: int, safe: bool) -> tuple:
+        """(kernel cache key, plan options) of an M bucket; `safe`: the kernel may be captured in
+        a CUDA graph (config.cuda_graph_safe can change at run time, so it is part of the memo's key)."""
+        memo = self._keys.get((bucket, safe))
+        if memo is None:
+            info = self.info
+            base = dict(info.plan_options)
+            opts = cuda_graph_options(base, lambda: self._l2_exchange(bucket, base)) if safe else base
+            key = (self.key_text, info.n, info.k, bucket, tuple(sorted(opts.items())))
+            memo = self._keys[(bucket, safe)] = (key, opts)
+        return memo
+
     def kernel(self, m: int, capturing: bool):
         info = self.info
         bucket = m_bucket(m)
-        opts = dict(info.plan_options)
-        dims = {"M": bucket, "N": info.n, "K": info.k}
-        if (capturing or self.cudagraphs or config.cuda_graph_safe) and opts.get("aggregation") != "p2p":
-            # Row groups tag their L2 exchange with a per-launch counter that a graph replay
-            # would repeat: a captured launch uses a DSMEM (cluster) exchange instead.
-            glob = self._global_plan.get(bucket)
-            if glob is None:
-                glob = self._global_plan[bucket] = self.region.plan(dims, opts).summary()["l2_exchange"]
-            if glob:
-                opts["aggregation"] = "p2p"
-        key = (self.key_text, info.n, info.k, bucket, tuple(sorted(opts.items())))
+        key, opts = self._key(bucket, bool(capturing or self.cudagraphs or config.cuda_graph_safe))
         k = CACHE.get(key)
         if k is None:
             if capturing:
                 raise _Fallback(f"no kernel for M <= {bucket} was built before this CUDA graph capture "
                                 "(run the model once before capturing)")
             t0 = time.perf_counter()
-            k = self.region.compile(dims, opts)
+            k = self.region.compile(self._dims(bucket), opts)
             wall = time.perf_counter() - t0
             c = k.compiled()
             rec = {"m_bucket": bucket, "seconds": wall, "compile_seconds": c["compile_seconds"],
-                   "cache_hit": c["cache_hit"], "options": opts, "plan": k.plan().summary()}
+                   "cache_hit": c["cache_hit"], "options": dict(opts), "plan": k.plan().summary()}
             info.compiles.append(rec)
             log.info("comfuse: region %d (%s): kernel for M <= %d %s in %.2f s", info.id, info.root, bucket,
                      "loaded from the JIT cache" if c["cache_hit"] else "compiled", wall)
@@ -203,7 +214,7 @@ class RuntimeRegion:
         if not ok:
             return self.fallback(tensors, sizes, why)
         dev = None
-        for t, role in zip(tensors[: self.n_kernel_inputs], self.roles):
+        for t, role in zip(tensors, self.roles):  # the kernel's inputs come first
             if role == "scalar":
                 continue
             if t.device.type != self.device_type:
@@ -251,8 +262,7 @@ class RuntimeRegion:
                     x = x.clone()
             return x
 
-        for i in range(self.n_kernel_inputs):
-            t, role, name = tensors[i], self.roles[i], self.names[i]
+        for t, role, name in zip(tensors, self.roles, self.names):
             if role == "scalar":
                 if t.device.type != "cpu" and capturing:
                     raise _Fallback(f"scalar operand '{name}' lives on the GPU: reading it inside a CUDA graph "
@@ -324,7 +334,7 @@ def _fused_fake(region: int, tensors: list[torch.Tensor], sizes: list[int]) -> l
 
 
 # ---- the direct API: one ComFuse graph, torch tensors in and out ------------------------------
-_TORCH = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+_TORCH = {name: dt for dt, name in _DTYPES.items()}
 
 
 class Kernel:
@@ -393,7 +403,7 @@ def check_tensor(name: str, t, dtype: torch.dtype, shape: list[int]) -> None:
     if t.dtype != dtype:
         raise ValueError(f"argument '{name}' is {t.dtype}, the kernel was built for {dtype}")
     matrix = len(shape) == 2 and shape[1] != 1  # operands, tiles, outputs; else a row or column vector
-    if (list(t.shape) != list(shape)) if matrix else (t.numel() != _numel(shape)):
+    if (list(t.shape) != list(shape)) if matrix else (t.numel() != math.prod(shape)):
         raise ValueError(f"argument '{name}' has shape {list(t.shape)}, the kernel expects {shape}")
     if t.dim() >= 1 and t.shape[-1] > 1 and t.stride(-1) != 1:
         raise ValueError(f"argument '{name}' has strides {t.stride()}: its last dimension must be contiguous "
@@ -406,13 +416,6 @@ def check_tensor(name: str, t, dtype: torch.dtype, shape: list[int]) -> None:
     if t.dim() == 2 and (t.stride(0) * t.element_size()) % 16:
         raise ValueError(f"argument '{name}' has a row stride of {t.stride(0) * t.element_size()} bytes: TMA needs a "
                          "multiple of 16")
-
-
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def compile_graph(graph, dims: dict, **plan_options) -> Kernel:

@@ -15,6 +15,7 @@ by the user's module path and op name (report.py).
 from __future__ import annotations
 
 import logging
+import operator
 import re
 from dataclasses import dataclass, field
 
@@ -23,8 +24,8 @@ import torch.fx as fx
 
 from . import _core
 from .config import config
-from .translate import (Translator, Unsupported, descendants_of, gemm_of, is_gemm, is_translatable, rename_reason,
-                        val)
+from .translate import (_DTYPES, Translator, Unsupported, descendants_of, gemm_of, is_gemm, is_translatable,
+                        rename_reason, val)
 
 log = logging.getLogger("comfuse")
 
@@ -59,12 +60,6 @@ def where(node: fx.Node) -> str:
     return op if node.name == op else f"{op} ({node.name})"
 
 
-def source_line(node: fx.Node) -> str:
-    st = node.meta.get("stack_trace") or ""
-    lines = [l.strip() for l in st.strip().splitlines() if l.strip()]
-    return lines[-1] if lines else ""
-
-
 # ---- the decision's numbers ---------------------------------------------------------------
 # GUESS (until measured in bench/models.py): what one unfused epilogue kernel costs beyond its
 # DRAM traffic (launch and tail), microseconds.
@@ -76,10 +71,18 @@ DRAM_BYTES_PER_S = 4.0e12
 
 def m_bucket(m: int) -> int:
     """The shape class a kernel is compiled for: rows rounded up to a power of two (>= 64)."""
-    b = 64
-    while b < m:
-        b *= 2
-    return b
+    return max(64, 1 << (m - 1).bit_length())
+
+
+def cuda_graph_options(opts: dict, l2_exchange) -> dict:
+    """The plan options for a kernel that a CUDA graph may capture and replay. A row group's L2
+    exchange tags its words with a per-launch counter that a graph replay would repeat: where the
+    plan for `opts` uses it (`l2_exchange()`, asked only where `opts` do not already ask for a
+    DSMEM exchange), the kernel plans a DSMEM (cluster) exchange instead. Returns `opts` itself
+    where nothing changes."""
+    if opts.get("aggregation") != "p2p" and l2_exchange():
+        return {**opts, "aggregation": "p2p"}
+    return opts
 
 
 _bare_gemm_cache: dict = {}
@@ -146,6 +149,7 @@ class Candidate:
     translator: Translator | None
     lowering: object | None
     info: RegionInfo
+    region: object | None = None    # the lowering's fused region (_core.Region) where it translated
 
 
 def _drop(nodes: list[fx.Node], bad: set[fx.Node], root: fx.Node) -> list[fx.Node]:
@@ -184,7 +188,7 @@ def grow(root: fx.Node, order: dict[fx.Node, int]) -> tuple[list[fx.Node], set[f
             refused.append((node, f"operand '{through[0].name}' comes from this GEMM's output through an unfused op"))
             continue
         if node.target == aten.native_layer_norm.default:
-            stats = [u for u in node.users if not (u.target is __import__("operator").getitem and u.args[1] == 0)]
+            stats = [u for u in node.users if not (u.target is operator.getitem and u.args[1] == 0)]
             if any(u.users for u in stats):
                 refused.append((node, "native_layer_norm's mean/rstd are used (training): per-row outputs are not stored"))
                 continue
@@ -212,7 +216,7 @@ def find_regions(gm: fx.GraphModule, next_id) -> list[Candidate]:
         # An op an earlier region took stays there; what depends on it here goes too.
         nodes = _drop(nodes, {n for n in nodes if n is not root and n in claimed}, root)
         excluded: dict[fx.Node, str] = {n: r for n, r in refused}
-        tr = low = None
+        tr = low = region = None
         for _ in range(64):
             tr = Translator(root, nodes, desc)
             try:
@@ -228,7 +232,8 @@ def find_regions(gm: fx.GraphModule, next_id) -> list[Candidate]:
                 continue
             low = _core.lower(tr.g)
             regions = low.regions()
-            fused_ids = set(regions[0].fused_nodes) if regions else set()
+            region = regions[0] if regions else None
+            fused_ids = set(region.fused_nodes) if region is not None else set()
             reason_of = {nid: why for nid, _, why in low.fallbacks()}
             bad: set[fx.Node] = set()
             for n in nodes:
@@ -255,19 +260,46 @@ def find_regions(gm: fx.GraphModule, next_id) -> list[Candidate]:
         info.excluded = [Excluded(where(n), n.name, r) for n, r in excluded.items()
                          if any(i in final for i in n.all_input_nodes)]
         if tr is not None:
-            claimed.update(n for n in nodes)
+            claimed.update(nodes)
             g = tr.gemm
             info.m, info.n, info.k = g.m, g.n, g.k
-            info.dtype = {torch.bfloat16: "bf16", torch.float16: "f16"}[g.dtype]
+            info.dtype = _DTYPES[g.dtype]  # bf16 or f16: gemm_of refuses other operands
             info.layout = g.layout
             info.graph_text = tr.g.text()
-        out.append(Candidate(root, nodes, tr, low, info))
+        out.append(Candidate(root, nodes, tr, low, info, region))
     return out
 
 
 from .translate import VIEWS as _VIEWS  # noqa: E402
 
-_VIEW_LIKE = _VIEWS | {__import__("operator").getitem}
+_VIEW_LIKE = _VIEWS | {operator.getitem}
+
+
+def external_inputs(nodes: list[fx.Node]) -> list[fx.Node]:
+    """The nodes outside `nodes` that they read, in the order of first use."""
+    inset = set(nodes)
+    ext: dict[fx.Node, None] = {}
+    for n in nodes:
+        for i in n.all_input_nodes:
+            if i not in inset:
+                ext.setdefault(i)
+    return list(ext)
+
+
+def region_module(nodes: list[fx.Node], outputs: list[fx.Node], inputs: list[fx.Node]) -> fx.GraphModule:
+    """A region's aten ops as a GraphModule of their own: one placeholder per external input (in
+    the order of `inputs`, named after it and carrying its meta), a copy of every node, and the
+    outputs as a tuple."""
+    g = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    for i in inputs:
+        p = g.placeholder(i.name)
+        p.meta = dict(i.meta)
+        env[i] = p
+    for n in nodes:
+        env[n] = g.node_copy(n, lambda x: env[x])
+    g.output(tuple(env[o] for o in outputs))
+    return fx.GraphModule(torch.nn.Module(), g)
 
 
 def _hint(x) -> int:
@@ -300,15 +332,14 @@ def decide(c: Candidate, cudagraphs: bool) -> None:
         return
     m = _hint(info.m)
     dims = {"M": m, "N": info.n, "K": info.k}
-    region = c.lowering.regions()[0]
+    region = c.region
     opts: dict = dict(config.plan_options)
     try:
         plan = region.plan(dims, opts).summary()
-        if (cudagraphs or config.cuda_graph_safe) and plan["l2_exchange"]:
-            # A row group's L2 exchange tags its words with a per-launch counter that a CUDA
-            # graph replay would repeat: under CUDA graphs, plan a DSMEM (cluster) exchange.
-            opts = {**opts, "aggregation": "p2p"}
-            plan = region.plan(dims, opts).summary()
+        if cudagraphs or config.cuda_graph_safe:
+            safe = cuda_graph_options(opts, lambda: plan["l2_exchange"])
+            if safe is not opts:
+                opts, plan = safe, region.plan(dims, safe).summary()
     except _core.Error as e:
         info.status = "fallback"
         info.reason = f"planner: {e}"
@@ -327,7 +358,8 @@ def decide(c: Candidate, cudagraphs: bool) -> None:
     bytes_ = m * (info.n * (esize + tiles_in) + out_bytes)
     epi = bytes_ / DRAM_BYTES_PER_S * 1e6 + EPILOGUE_KERNEL_US
     reductions = region.reductions
-    external = [u for o in tr.outputs for u in o.users if u not in set(c.nodes)]
+    inset = set(c.nodes)
+    external = [u for o in tr.outputs for u in o.users if u not in inset]
     absorbed = reductions == 0 and external and all(
         u.op == "call_function" and hasattr(u.target, "tags") and torch.Tag.pointwise in u.target.tags for u in external)
     if absorbed:

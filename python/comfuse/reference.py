@@ -8,12 +8,11 @@ unit in the last place of the output dtype.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 import torch.fx as fx
 
 from . import _core
+from .partition import external_inputs, region_module
 from .translate import CASTS, val
 
 
@@ -83,20 +82,8 @@ class _Float64(fx.Interpreter):
 def eager_fp64(c, values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The region's aten ops in torch float64 (CPU), rounding at casts and outputs."""
     tr = c.translator
-    nodes = c.nodes
-    inset = set(nodes)
-    g = fx.Graph()
-    env = {}
-    ext = []
-    for n in nodes:
-        for i in n.all_input_nodes:
-            if i not in inset and i not in env:
-                env[i] = g.placeholder(i.name)
-                ext.append(i)
-    for n in nodes:
-        env[n] = g.node_copy(n, lambda x: env[x])
-    g.output(tuple(env[o] for o in tr.outputs))
-    gm = fx.GraphModule(torch.nn.Module(), g)
+    ext = external_inputs(c.nodes)
+    gm = region_module(c.nodes, tr.outputs, ext)
     args = []
     for i in ext:
         v = values[i.name]

@@ -56,7 +56,7 @@ class FusionReport:
 
 
 def format_region(r: RegionInfo) -> list[str]:
-    ops = [o for o in r.ops[1:]]
+    ops = r.ops[1:]
     head = f"[{r.status}] {r.root}"
     if ops:
         head += " + " + ", ".join(ops)

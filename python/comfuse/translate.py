@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import operator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.fx as fx
@@ -51,13 +51,6 @@ def cf_dtype(dt: torch.dtype, node: fx.Node | None = None) -> str:
 def val(node) -> torch.Tensor | None:
     v = node.meta.get("val") if isinstance(node, fx.Node) else None
     return v if isinstance(v, torch.Tensor) else None
-
-
-def _prod(xs):
-    p = 1
-    for x in xs:
-        p = p * x
-    return p
 
 
 def _known_equal(a, b) -> bool:
@@ -193,7 +186,7 @@ def gemm_of(node: fx.Node) -> Gemm:
     if k is None or n is None:
         raise Unsupported(node, "K or N is dynamic (the weights' dims must be static)")
     g.k, g.n, g.dtype = k, n, av.dtype
-    g.m = _prod(av.shape[:-1])
+    g.m = math.prod(av.shape[:-1])
     # Layout from B's strides ([K, N] as the GEMM sees it): a t() of an N x K weight has
     # stride (1, K'); a K x N weight (GPT-2's Conv1D) has stride (N', 1).
     bs = bv.stride()[-2:]
@@ -236,14 +229,14 @@ class Translator:
         if not shape:
             return "scalar"
         last = shape[-1]
-        lead = _prod(shape[:-1])
+        lead = math.prod(shape[:-1])
         if _known_equal(last, n) and _known_equal(lead, m) and not (isinstance(m, int) and m == 1 and n == 1):
             return "tile"
         if _known_equal(last, n) and all(_known_equal(d, 1) for d in shape[:-1]):
             return "row"
         if _known_equal(last, 1) and _known_equal(lead, m):
             return "col"
-        if _known_equal(_prod(shape), m) and not _known_equal(last, n):
+        if _known_equal(math.prod(shape), m) and not _known_equal(last, n):
             return "col"  # a keepdim=False statistic
         if all(_known_equal(d, 1) for d in shape):
             return "scalar"
@@ -487,12 +480,8 @@ def descendants_of(node: fx.Node) -> set[fx.Node]:
     return seen
 
 
-def node_inputs(node: fx.Node) -> list[fx.Node]:
-    return list(node.all_input_nodes)
-
-
 __all__ = ["Translator", "Unsupported", "Gemm", "gemm_of", "is_gemm", "is_translatable", "descendants_of",
-           "val", "TV", "cf_dtype", "math"]
+           "val", "TV", "cf_dtype"]
 
 
 def rename_reason(reason: str, names: dict[str, str]) -> str:

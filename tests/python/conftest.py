@@ -32,6 +32,14 @@ def _log(caplog):
     caplog.set_level(logging.INFO, logger="comfuse")
 
 
+def compile_vs_eager(model, *inputs, **compile_kw):
+    model = model.to(torch.bfloat16).eval()
+    with torch.no_grad(), comfuse.collecting() as rep:
+        ref = model(*inputs)
+        out = torch.compile(model, backend="comfuse", **compile_kw)(*inputs)
+    return out, ref, rep
+
+
 def randn(*shape, dtype=torch.bfloat16, offset=0.0, scale=1.0, device="cpu", seed=None):
     """Random inputs that are never zero (|x| >= 0.05 away from 0 before the offset)."""
     g = torch.Generator().manual_seed(seed if seed is not None else hash(shape) % 10_000)

@@ -11,7 +11,7 @@ import torch
 import comfuse
 from comfuse.kernels import REGISTRY
 
-from conftest import randn
+from conftest import compile_vs_eager as run, randn
 import modules as M
 
 
@@ -28,14 +28,6 @@ def close(a, b, tol=2e-2):
         return
     assert a.shape == b.shape and a.dtype == b.dtype
     torch.testing.assert_close(a.float(), b.float(), rtol=tol, atol=tol)
-
-
-def run(model, *inputs, **kw):
-    model = model.to(torch.bfloat16).eval()
-    with torch.no_grad(), comfuse.collecting() as rep:
-        ref = model(*inputs)
-        out = torch.compile(model, backend="comfuse", **kw)(*inputs)
-    return out, ref, rep
 
 
 def test_cpu_regions_are_reported_and_run_unfused():
@@ -74,18 +66,13 @@ def test_graph_has_the_custom_op_and_no_region_ops():
 
     def spy(gm, ex, **kw):
         from torch._dynamo.backends.common import aot_autograd
-        from comfuse.backend import rewrite
+        from comfuse.backend import _boxed, rewrite
         from comfuse.report import GraphReport
 
         def inference(agm, ex2):
             rewrite(agm, GraphReport(0), cudagraphs=False)
             seen["targets"] = [n.target for n in agm.graph.nodes if n.op == "call_function"]
-
-            def f(args):
-                return agm(*args)
-
-            f._boxed_call = True
-            return f
+            return _boxed(agm)
 
         return aot_autograd(fw_compiler=inference, inference_compiler=inference)(gm, ex)
 

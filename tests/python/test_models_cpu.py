@@ -36,13 +36,13 @@ def test_prefill_and_decode_match_eager(arch):
     assert "lm_head" in text
 
     torch._dynamo.reset()
-    cache = mod.static_cache(model, 2, ids, 64)
+    cache = mod.static_cache(model, ids, 64)
     tok, pos = ids[:, -1:].contiguous(), torch.tensor([ids.shape[1]])
     dec = mod.Decode(model, cache)
 
     def fresh():
         cache.reset()
-        model(input_ids=ids, past_key_values=cache, use_cache=True, cache_position=torch.arange(ids.shape[1]))
+        mod.prefill_cache(model, cache, ids)
 
     with torch.no_grad():
         fresh()

@@ -12,7 +12,7 @@ from comfuse import backend as backend_mod
 from comfuse import kernels
 from comfuse.reference import _host, _torch
 
-from conftest import randn
+from conftest import compile_vs_eager, randn
 import modules as M
 
 
@@ -72,10 +72,7 @@ def emulate(monkeypatch):
 
 
 def run(model, *inputs, dynamic=None):
-    model = model.to(torch.bfloat16).eval()
-    with torch.no_grad(), comfuse.collecting() as rep:
-        ref = model(*inputs)
-        out = torch.compile(model, backend="comfuse", dynamic=dynamic)(*inputs)
+    out, ref, rep = compile_vs_eager(model, *inputs, dynamic=dynamic)
     ran = [r for r in rep.regions if r.calls]
     assert ran, str(rep)
     for r in ran:
