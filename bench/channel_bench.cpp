@@ -38,7 +38,6 @@ std::string instantiations() {
 
 double us_per_round(const ChannelProbe& probe, const std::string& entry, int cluster, Params& p, int rounds) {
   auto launch = [&](int r) {
-    ++p.epoch;  // as the runtime does: the L2 channel's tagged words are never cleared
     return probe.run(entry, cluster, p, r);
   };
   launch(10);
@@ -73,8 +72,8 @@ int main(int argc, char** argv) {
       }
     void* ws = nullptr;
     const size_t bytes = size_t(1) << 26;  // >= 132 CTAs x 2 x 2 x 128 rows x 8 bytes
-    if (cudaMalloc(&ws, bytes) != cudaSuccess || cudaMemset(ws, 0, bytes) != cudaSuccess)
-      throw comfuse::Error("allocating the exchange workspace");
+    if (cudaMalloc(&ws, bytes) != cudaSuccess) throw comfuse::Error("allocating the exchange workspace");
+    comfuse::init_exchange_workspace(ws, bytes);
     Params p{};
     p.exchange = ws;
     std::cout << "\n| rows | G (row group of clusters of 1) | L2 exchange us/round |\n|---|---|---|\n";

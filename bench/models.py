@@ -8,7 +8,7 @@ for prefill (batch x seq tokens, e.g. 8 x 1024) and decode (one token per sequen
 captured once in a CUDA graph and replayed back to back between CUDA events (median of
 rounds), so Python and launch overhead are out of every number alike. max-autotune runs as
 "max-autotune-no-cudagraphs" (the capture here is the CUDA graph). ComFuse kernels are built
-before capture, with graph-safe plans (config.cuda_graph_safe).
+before capture (a first call), as any kernel that a CUDA graph captures.
 
 Per fused region, the kernel is timed against the same region unfused (its aten ops under
 Inductor, and eager), on the tensors the model gave it.
@@ -72,8 +72,29 @@ class Prefill(torch.nn.Module):
         return self.model(input_ids=ids, use_cache=False).logits
 
 
+def set_cache_length(cache, length) -> None:
+    """Point every layer of a StaticCache at `length` tokens (an int or a 1-element tensor): the next
+    step writes slot `length` and attends to slots 0 .. length.
+
+    transformers 5.x takes no `cache_position`: a StaticLayer keeps its own fill counter, a 0-d
+    tensor `cumulative_length` (a static address, moved to the cache's device on first use); each
+    forward writes its keys/values at slots counter .. counter + q_len - 1, adds q_len to it in place,
+    and the model takes its positions (RoPE / wpe) and the causal mask's query offset from it. The
+    counter is set in place (a copy_, capturable in a CUDA graph), so a replayed step stays where
+    it was put instead of moving one slot on per call (and past max_cache_len)."""
+    for layer in cache.layers:
+        counter = getattr(layer, "cumulative_length", None)
+        if not isinstance(counter, torch.Tensor):
+            raise TypeError(f"{type(layer).__name__}: no tensor fill counter (not a full-attention StaticLayer)")
+        if isinstance(length, torch.Tensor):
+            counter.copy_(length.reshape(()))
+        else:
+            counter.fill_(length)
+
+
 class Decode(torch.nn.Module):
-    """One decode step at a fixed position of a StaticCache (re-running it rewrites the same slot)."""
+    """One decode step at a fixed position of a StaticCache: every call (and every replay of a CUDA
+    graph of it) writes the same slot `pos` and attends to slots 0 .. pos."""
 
     def __init__(self, model, cache):
         super().__init__()
@@ -81,14 +102,16 @@ class Decode(torch.nn.Module):
         self.cache = cache
 
     def forward(self, tok, pos):
-        return self.model(input_ids=tok, past_key_values=self.cache, cache_position=pos, use_cache=True).logits
+        set_cache_length(self.cache, pos)
+        return self.model(input_ids=tok, past_key_values=self.cache, position_ids=pos.view(1, -1),
+                          use_cache=True).logits
 
 
 def prefill_cache(model, cache, prompt) -> None:
     """Run the prompt [batch, seq] through the model into `cache` (positions 0 .. seq - 1)."""
     with torch.no_grad():
-        model(input_ids=prompt, past_key_values=cache, use_cache=True,
-              cache_position=torch.arange(prompt.shape[1], device=prompt.device))
+        set_cache_length(cache, 0)
+        model(input_ids=prompt, past_key_values=cache, use_cache=True)
 
 
 def static_cache(model, prompt, max_len: int):
@@ -174,8 +197,8 @@ def bench_case(arch: str, phase: str, batch: int, seq: int, layers: int, variant
         module, args = Decode(model, cache), (tok, pos)
 
         def fresh():
-            # A decode step is checked on the cache as the prompt left it (a step changes the
-            # cache's state beyond its slot); timing replays the step whatever the state.
+            # Each variant starts from the cache as the prompt left it (slot `pos` and the counter
+            # are rewritten by every step, so replays see the same state).
             with torch.no_grad():
                 cache.reset()
                 prefill_cache(model, cache, ids)
@@ -187,7 +210,6 @@ def bench_case(arch: str, phase: str, batch: int, seq: int, layers: int, variant
         if deadline and time.time() > deadline:
             log(f"{name:28s} {v:13s} skipped (time budget spent)")
             continue
-        comfuse.config.cuda_graph_safe = v == "comfuse"
         comfuse.config.record_inputs = v == "comfuse"
         f = compiled(v, module)
         fresh()

@@ -50,6 +50,11 @@ struct CompileOptions {
 // True when a CUDA device of compute capability 9.0 is usable by this process.
 bool gpu_available(std::string* why_not = nullptr);
 
+// Makes `bytes` of device memory a fresh L2 row-exchange workspace (Aggregation::L2Exchange;
+// scheduler/grid.cuh sizes it): zeroed, with its ExchangeHeader (config.cuh). Once, when it is
+// allocated: the kernels keep it valid from launch to launch, CUDA graph replays included.
+void init_exchange_workspace(void* workspace, size_t bytes);
+
 class FusedKernel {
  public:
   // Plans, emits, compiles (or loads from the JIT cache) and loads the kernel.
@@ -59,7 +64,9 @@ class FusedKernel {
   static FusedKernel build_b2b(const FusionSpec& first, const FusionSpec& second, const B2bProblem& problem,
                                const CompileOptions& opt = {});
 
-  // Validates every argument and launches. Throws Error naming the offending argument.
+  // Validates every argument and launches. Throws Error naming the offending argument. A
+  // kernel's workspaces serve one launch at a time: run one FusedKernel on one stream at a time
+  // (a CUDA graph may capture and replay it).
   void run(const RunArgs& args, Stream stream = nullptr) const;
 
   const FusionSpec& spec() const;  // a B2B kernel's first spec (GEMM1 and F)

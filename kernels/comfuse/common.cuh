@@ -143,10 +143,12 @@ COMFUSE_DEVICE void mbar_wait(uint32_t bar, uint32_t parity) {
 }
 
 // Where a warp group's row-reduction partials meet those of the CTAs that share its rows:
-// slot = its row group's exchange slot, rank = its place along N in that group (cluster/).
+// slot = its row group's exchange slot, rank = its place along N in that group, epoch = the
+// launch's tag for the L2 exchange's words (cluster/global_exchange.cuh; unused by DSMEM).
 struct RowGroupSlot {
   int slot = 0;
   int rank = 0;
+  uint32_t epoch = 0;
 };
 
 }  // namespace comfuse

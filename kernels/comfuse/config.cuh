@@ -129,6 +129,18 @@ struct KernelConfig {
   }
 };
 
+// The head of the L2 exchange workspace (cluster/global_exchange.cuh), before its slots: the
+// launch counter whose value tags the exchanged words. It lives on the device and the kernel
+// advances it (the last consumer warp group to finish a launch), so a launch replayed from a
+// CUDA graph tags its rounds anew; the host only initializes the workspace once, when it
+// allocates it: all zero but slot_bytes.
+struct ExchangeHeader {
+  unsigned epoch;                // launches finished since the workspace was initialized
+  unsigned retired;              // consumer warp groups of the running launch done with the channel
+  unsigned long long slot_bytes;  // the bytes after the header (zeroed again where tags wrap)
+};
+inline constexpr int kExchangeHeaderBytes = 128;  // keeps the slots 128-byte aligned
+
 // Why `c` cannot be built, or nullptr when it can: every limit of the kernel templates and of
 // sm_90 in one place. The planner skips candidates it refuses; the kernel static_asserts it.
 COMFUSE_HOST_DEVICE constexpr bool is_pow2(int v) { return v > 0 && (v & (v - 1)) == 0; }

@@ -42,11 +42,9 @@ struct alignas(128) Params {
   // 16-byte aligned; else unused.
   void* stash;
   // Row reductions across clusters (Aggregation::L2Exchange, cluster/global_exchange.cuh): a
-  // zero-initialized workspace of exchange slots (grid.cuh's exchange_workspace_bytes), and a
-  // launch counter that tags its rounds (the host bumps it every launch and re-zeroes the
-  // workspace every 2^16 launches); else unused.
+  // workspace of grid.cuh's exchange_workspace_bytes, zeroed once when allocated (the kernel
+  // keeps its launch counter in it); else unused.
   void* exchange;
-  unsigned epoch;
 };
 
 }  // namespace comfuse

@@ -20,8 +20,8 @@ import torch
 import torch.fx as fx
 
 from .config import config
-from .kernels import REGISTRY, RuntimeRegion, gpu_status, next_region_id
-from .partition import RegionInfo, decide, external_inputs, find_regions, region_module, where
+from .kernels import REGISTRY, RuntimeRegion, gpu_status, next_region_id, precompile
+from .partition import RegionInfo, decide, external_inputs, find_regions, region_module, size_hint, where
 from .report import FusionReport, GraphReport
 from .translate import val
 
@@ -76,14 +76,15 @@ def _training_report(gm: fx.GraphModule, g: GraphReport) -> None:
                                         status="fallback", reason="needs gradients (inference only)"))
 
 
-def rewrite(gm: fx.GraphModule, g: GraphReport, cudagraphs: bool, apply: bool = True) -> None:
+def rewrite(gm: fx.GraphModule, g: GraphReport, apply: bool = True) -> None:
     """Partition `gm` (aten level), decide, and replace fused regions by comfuse::fused calls."""
     cands = find_regions(gm, next_region_id)
     ok, why_not = gpu_status()
     changed = False
+    on_gpu: list[tuple[RuntimeRegion, int]] = []  # replaced regions whose kernels this process runs
     subst: dict[fx.Node, fx.Node] = {}  # a replaced region's outputs -> the getitems that now carry them
     for c in cands:
-        decide(c, cudagraphs)
+        decide(c)
         info = c.info
         g.regions.append(info)
         if info.status != "fused":
@@ -100,8 +101,12 @@ def rewrite(gm: fx.GraphModule, g: GraphReport, cudagraphs: bool, apply: bool = 
                 continue
         log.info("comfuse: %s + %d op(s): %s", info.root, len(info.ops) - 1, info.reason)
         if apply:
-            _replace(gm, c, cudagraphs, subst)
+            rr = _replace(gm, c, subst)
             changed = True
+            if here is None:
+                on_gpu.append((rr, size_hint(info.m)))
+    if on_gpu:
+        precompile(on_gpu)
     if changed:
         from torch.fx.passes.tools_common import legalize_graph
 
@@ -110,7 +115,7 @@ def rewrite(gm: fx.GraphModule, g: GraphReport, cudagraphs: bool, apply: bool = 
         gm.recompile()
 
 
-def _replace(gm: fx.GraphModule, c, cudagraphs: bool, subst: dict) -> None:
+def _replace(gm: fx.GraphModule, c, subst: dict) -> RuntimeRegion:
     tr = c.translator
     nodes = c.nodes
     inset = set(nodes)
@@ -124,8 +129,8 @@ def _replace(gm: fx.GraphModule, c, cudagraphs: bool, subst: dict) -> None:
     # The region's aten ops as their own GraphModule: the fake implementation and the fallback.
     sub = region_module(nodes, tr.outputs, ext_t + ext_s)
     info = c.info
-    REGISTRY[info.id] = RuntimeRegion(info, c.region, tr.input_roles, tr.input_names, tr.output_names, sub,
-                                      cudagraphs, tr.output_classes)
+    rr = REGISTRY[info.id] = RuntimeRegion(info, c.region, tr.input_roles, tr.input_names, tr.output_names, sub,
+                                           tr.output_classes)
     order = {n: k for k, n in enumerate(gm.graph.nodes)}
     last = max(nodes, key=order.__getitem__)
     graph = gm.graph
@@ -142,6 +147,7 @@ def _replace(gm: fx.GraphModule, c, cudagraphs: bool, subst: dict) -> None:
         prev = gi
     for n in reversed(nodes):
         graph.erase_node(n)
+    return rr
 
 
 def _compile_rest(gm: fx.GraphModule, example_inputs, opts: dict, static_idxs):
@@ -166,7 +172,6 @@ def _compile(gm: fx.GraphModule, example_inputs, mode=None, options=None, explai
     from torch._dynamo.backends.common import aot_autograd
 
     opts = _mode_options(mode, options)
-    cudagraphs = bool(opts.get("triton.cudagraphs", False))
     g = GraphReport(index=0, mode=mode)
     g.dynamic = any(isinstance(x, torch.SymInt) for x in example_inputs)
     training = torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs)
@@ -184,7 +189,7 @@ def _compile(gm: fx.GraphModule, example_inputs, mode=None, options=None, explai
         ctx = torch._guards.TracingContext.try_get()
         static = list(ctx.fw_metadata.static_input_indices) if ctx is not None and ctx.fw_metadata else None
         _record(g)  # here, not before: Dynamo may restart and call the backend again
-        rewrite(agm, g, cudagraphs, apply=not explain_only)
+        rewrite(agm, g, apply=not explain_only)
         if explain_only:
             return _boxed(agm)
         return _compile_rest(agm, ex, opts, static)

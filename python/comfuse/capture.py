@@ -27,7 +27,7 @@ class Capture:
         return found[0]
 
 
-def capture(model, *inputs, cudagraphs: bool = False, dynamic: bool = False, **kwargs) -> Capture:
+def capture(model, *inputs, dynamic: bool = False, **kwargs) -> Capture:
     from torch._dynamo.backends.common import aot_autograd
 
     cap = Capture()
@@ -36,7 +36,7 @@ def capture(model, *inputs, cudagraphs: bool = False, dynamic: bool = False, **k
         cap.gm = agm
         cap.candidates = find_regions(agm, next_region_id)
         for c in cap.candidates:
-            decide(c, cudagraphs)
+            decide(c)
 
         class Recorder(fx.Interpreter):
             def run_node(self, n):

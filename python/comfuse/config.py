@@ -25,10 +25,9 @@ class Config:
     rest: str = os.environ.get("COMFUSE_REST", "inductor")
     # Raise instead of falling back when a fused kernel cannot run (GPU tests).
     strict: bool = _env_flag("COMFUSE_STRICT")
-    # Plan every kernel so that it can be captured in a CUDA graph and replayed (no row-group
-    # L2 exchange, whose per-launch tag a replay would repeat). torch.compile's
-    # "reduce-overhead" and "max-autotune" modes imply it; set it when capturing by hand.
-    cuda_graph_safe: bool = _env_flag("COMFUSE_CUDA_GRAPH_SAFE")
+    # Threads that build a graph's kernels at once when torch.compile hands it over (NVRTC
+    # releases the GIL); 1: each kernel is built by its first call.
+    compile_threads: int = int(os.environ.get("COMFUSE_COMPILE_THREADS", str(min(16, os.cpu_count() or 1))))
     # Keep each region's last inputs (RuntimeRegion.last_inputs), for per-region benchmarks.
     record_inputs: bool = False
     # Kernel plan overrides for every region (the keys of `comfuse explain` flags, e.g.

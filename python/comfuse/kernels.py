@@ -28,13 +28,14 @@ import math
 import threading
 import time
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import torch.fx as fx
 
 from . import _core
 from .config import config
-from .partition import RegionInfo, cuda_graph_options, m_bucket
+from .partition import RegionInfo, m_bucket
 from .translate import _DTYPES
 
 log = logging.getLogger("comfuse")
@@ -102,6 +103,33 @@ class KernelCache:
 CACHE = KernelCache()
 
 
+def precompile(regions: list[tuple["RuntimeRegion", int]]) -> None:
+    """Builds the kernels that the regions of one graph will first run ((region, rows) pairs) all
+    at once, one thread per distinct kernel (at most config.compile_threads): NVRTC releases the GIL, so a
+    model's kernels take the time of the slowest, not the sum. A kernel that fails to build is
+    left for its first call, which falls back (or raises under config.strict) with the reason."""
+    todo: dict = {}
+    for r, m in regions:
+        bucket, key, opts = r.kernel_key(m)
+        if CACHE.get(key) is None and key not in todo:
+            todo[key] = (r, bucket, opts)
+    if len(todo) < 2 or config.compile_threads < 2:
+        return  # one kernel: built by its first call, as without precompiling
+
+    def one(item):
+        key, (r, bucket, opts) = item
+        try:
+            CACHE.put(key, r.build(bucket, opts))
+        except _core.Error as e:
+            log.debug("comfuse: region %d: precompile failed (its first call reports it): %s", r.info.id, e)
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=min(len(todo), config.compile_threads)) as pool:
+        list(pool.map(one, todo.items()))
+    log.info("comfuse: %d kernels built in %.1f s (%d threads)", len(todo), time.perf_counter() - t0,
+             min(len(todo), config.compile_threads))
+
+
 class _Fallback(Exception):
     pass
 
@@ -112,7 +140,7 @@ class RuntimeRegion:
     device_type = "cuda"  # where kernels run (a test emulates them on the CPU)
 
     def __init__(self, info: RegionInfo, region, roles: list[str], names: list[str], out_names: list[str],
-                 subgraph: fx.GraphModule, cudagraphs: bool, out_classes: list[str] | None = None):
+                 subgraph: fx.GraphModule, out_classes: list[str] | None = None):
         self.info = info
         self.region = region              # _core.Region: its Fusion Spec
         self.roles = roles                # per kernel input: a, b, row, col, tile
@@ -120,11 +148,9 @@ class RuntimeRegion:
         self.out_names = out_names
         self.out_classes = out_classes or ["tile"] * len(out_names)  # tile [M, N] or col [M, 1]
         self.subgraph = subgraph          # the region's aten ops: fake impl and fallback
-        self.cudagraphs = cudagraphs
         self.key_text = info.graph_text
         self._out_shapes: dict = {}
-        self._global_plan: dict = {}    # M bucket -> whether its plan uses the L2 exchange
-        self._keys: dict = {}           # (M bucket, graph-safe) -> (kernel cache key, plan options)
+        self._keys: dict = {}           # M bucket -> kernel cache key
         self._warned: set = set()
         self.last_inputs = None
 
@@ -164,42 +190,39 @@ class RuntimeRegion:
     def _dims(self, bucket: int) -> dict:
         return {"M": bucket, "N": self.info.n, "K": self.info.k}
 
-    def _l2_exchange(self, bucket: int, opts: dict) -> bool:
-        glob = self._global_plan.get(bucket)
-        if glob is None:
-            glob = self._global_plan[bucket] = self.region.plan(self._dims(bucket), opts).summary()["l2_exchange"]
-        return glob
+    def kernel_key(self, m: int) -> tuple:
+        """(M bucket, kernel cache key, plan options) of the kernel that runs m rows. Every kernel
+        may be captured in a CUDA graph and replayed (the L2 row exchange keeps its launch counter
+        on the device), so one key serves eager calls and captures alike."""
+        bucket = m_bucket(m)
+        info = self.info
+        key = self._keys.get(bucket)
+        if key is None:
+            key = self._keys[bucket] = (self.key_text, info.n, info.k, bucket, tuple(sorted(info.plan_options.items())))
+        return bucket, key, info.plan_options
 
-    def _key(self, bucket: int, safe: bool) -> tuple:
-        """(kernel cache key, plan options) of an M bucket; `safe`: the kernel may be captured in
-        a CUDA graph (config.cuda_graph_safe can change at run time, so it is part of the memo's key)."""
-        memo = self._keys.get((bucket, safe))
-        if memo is None:
-            info = self.info
-            base = dict(info.plan_options)
-            opts = cuda_graph_options(base, lambda: self._l2_exchange(bucket, base)) if safe else base
-            key = (self.key_text, info.n, info.k, bucket, tuple(sorted(opts.items())))
-            memo = self._keys[(bucket, safe)] = (key, opts)
-        return memo
+    def build(self, bucket: int, opts: dict):
+        """Compiles (or loads from the JIT cache) the kernel of an M bucket and records it."""
+        info = self.info
+        t0 = time.perf_counter()
+        k = self.region.compile(self._dims(bucket), opts)
+        wall = time.perf_counter() - t0
+        c = k.compiled()
+        rec = {"m_bucket": bucket, "seconds": wall, "compile_seconds": c["compile_seconds"],
+               "cache_hit": c["cache_hit"], "options": dict(opts), "plan": k.plan().summary()}
+        info.compiles.append(rec)
+        log.info("comfuse: region %d (%s): kernel for M <= %d %s in %.2f s", info.id, info.root, bucket,
+                 "loaded from the JIT cache" if c["cache_hit"] else "compiled", wall)
+        return k
 
     def kernel(self, m: int, capturing: bool):
-        info = self.info
-        bucket = m_bucket(m)
-        key, opts = self._key(bucket, bool(capturing or self.cudagraphs or config.cuda_graph_safe))
+        bucket, key, opts = self.kernel_key(m)
         k = CACHE.get(key)
         if k is None:
             if capturing:
                 raise _Fallback(f"no kernel for M <= {bucket} was built before this CUDA graph capture "
                                 "(run the model once before capturing)")
-            t0 = time.perf_counter()
-            k = self.region.compile(self._dims(bucket), opts)
-            wall = time.perf_counter() - t0
-            c = k.compiled()
-            rec = {"m_bucket": bucket, "seconds": wall, "compile_seconds": c["compile_seconds"],
-                   "cache_hit": c["cache_hit"], "options": dict(opts), "plan": k.plan().summary()}
-            info.compiles.append(rec)
-            log.info("comfuse: region %d (%s): kernel for M <= %d %s in %.2f s", info.id, info.root, bucket,
-                     "loaded from the JIT cache" if c["cache_hit"] else "compiled", wall)
+            k = self.build(bucket, opts)
             CACHE.put(key, k)
         if capturing:
             CACHE.pin(key)

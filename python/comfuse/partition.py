@@ -74,17 +74,6 @@ def m_bucket(m: int) -> int:
     return max(64, 1 << (m - 1).bit_length())
 
 
-def cuda_graph_options(opts: dict, l2_exchange) -> dict:
-    """The plan options for a kernel that a CUDA graph may capture and replay. A row group's L2
-    exchange tags its words with a per-launch counter that a graph replay would repeat: where the
-    plan for `opts` uses it (`l2_exchange()`, asked only where `opts` do not already ask for a
-    DSMEM exchange), the kernel plans a DSMEM (cluster) exchange instead. Returns `opts` itself
-    where nothing changes."""
-    if opts.get("aggregation") != "p2p" and l2_exchange():
-        return {**opts, "aggregation": "p2p"}
-    return opts
-
-
 _bare_gemm_cache: dict = {}
 
 
@@ -302,7 +291,7 @@ def region_module(nodes: list[fx.Node], outputs: list[fx.Node], inputs: list[fx.
     return fx.GraphModule(torch.nn.Module(), g)
 
 
-def _hint(x) -> int:
+def size_hint(x) -> int:
     if isinstance(x, int):
         return x
     try:
@@ -313,7 +302,7 @@ def _hint(x) -> int:
         return int(x)
 
 
-def decide(c: Candidate, cudagraphs: bool) -> None:
+def decide(c: Candidate) -> None:
     """Sets c.info.status/reason from the planner's estimates (the region must have translated)."""
     info = c.info
     tr = c.translator
@@ -330,16 +319,12 @@ def decide(c: Candidate, cudagraphs: bool) -> None:
                            (f" (next: {first.node}: {first.reason})" if first else "") +
                            ": cuBLAS runs it" + (" with its bias" if c.root.target == aten.addmm.default else ""))
         return
-    m = _hint(info.m)
+    m = size_hint(info.m)
     dims = {"M": m, "N": info.n, "K": info.k}
     region = c.region
     opts: dict = dict(config.plan_options)
     try:
         plan = region.plan(dims, opts).summary()
-        if cudagraphs or config.cuda_graph_safe:
-            safe = cuda_graph_options(opts, lambda: plan["l2_exchange"])
-            if safe is not opts:
-                opts, plan = safe, region.plan(dims, safe).summary()
     except _core.Error as e:
         info.status = "fallback"
         info.reason = f"planner: {e}"

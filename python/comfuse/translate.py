@@ -273,7 +273,9 @@ class Translator:
             raise Unsupported(user, f"operand '{x.name}' is a symbolic scalar (only Python numbers become kernel literals)")
         if x in self.descendants:
             raise Unsupported(user, f"operand '{x.name}' is computed from this GEMM's output outside the region")
-        cls = self.classify(v)
+        # A 1-D operand broadcasts along the last dim: a row even where M is 1 (the graph Dynamo
+        # specializes to M = 1 must build the same kernel as the dynamic graph, not a tile input).
+        cls = "row" if v.dim() == 1 and _known_equal(v.shape[0], self.gemm.n) else self.classify(v)
         if cls == "scalar" or cls is None and v.numel() == 1:
             # A one-element tensor (e.g. a float Dynamo keeps symbolic under dynamic=True): a
             # runtime scalar of the kernel, read on the host at each call.

@@ -126,7 +126,7 @@ nb::dict plan_summary(const Plan& p) {
   d["row_group"] = k.row_group;
   d["n_tiles_per_cta"] = k.n_tiles;
   d["aggregation"] = std::string(name_of(k.aggregation));
-  d["l2_exchange"] = k.aggregation == Aggregation::L2Exchange;  // graph replays need another plan
+  d["l2_exchange"] = k.aggregation == Aggregation::L2Exchange;  // rows reduced across clusters through L2
   d["strategy"] = std::string(name_of(p.strategy()));
   d["reductions"] = p.reductions;
   d["workspace_bytes"] = p.workspace_bytes;

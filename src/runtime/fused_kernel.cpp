@@ -60,11 +60,7 @@ struct FusedKernel::State {
   cudaKernel_t kernel = nullptr;
   int max_clusters = 0;
   void* stash = nullptr;     // the stash workspace (StashSpace::Workspace), owned
-  void* exchange = nullptr;  // the L2 row exchange (Aggregation::L2Exchange), owned, zeroed once
-  size_t exchange_bytes = 0;
-  // Launch counter: tags the exchange's rounds (Params::epoch), so its flags are never reset.
-  // A FusedKernel's workspaces serve one launch at a time: run it on one stream at a time.
-  mutable std::atomic<unsigned> epoch{0};
+  void* exchange = nullptr;  // the L2 row exchange (Aggregation::L2Exchange), owned, initialized once
   ~State() {
     if (stash) cudaFree(stash);
     if (exchange) cudaFree(exchange);
@@ -142,8 +138,7 @@ FusedKernel FusedKernel::build(const FusionSpec& spec, const Problem& problem, c
     cuda_check(cudaMalloc(&st->stash, bytes), fmt::format("allocating the {}-byte stash workspace", bytes));
   if (const size_t bytes = static_cast<size_t>(exchange_workspace_bytes(kc, st->max_clusters)); bytes > 0) {
     cuda_check(cudaMalloc(&st->exchange, bytes), fmt::format("allocating the {}-byte row exchange workspace", bytes));
-    st->exchange_bytes = bytes;
-    cuda_check(cudaMemset(st->exchange, 0, bytes), "zeroing the row exchange workspace");
+    init_exchange_workspace(st->exchange, bytes);
   }
   return FusedKernel(std::move(st));
 }
@@ -260,12 +255,6 @@ void FusedKernel::run(const RunArgs& args, Stream stream) const {
   Params p{};
   p.stash = st.stash;
   p.exchange = st.exchange;
-  p.epoch = ++st.epoch;
-  if ((p.epoch & 0xffffu) == 0 && st.exchange) {  // the tags keep 16 bits of the epoch: start over
-    cuda_check(cudaMemsetAsync(st.exchange, 0, st.exchange_bytes, reinterpret_cast<cudaStream_t>(stream)),
-               "re-zeroing the row exchange workspace");
-    p.epoch = ++st.epoch;
-  }
   p.raster_group = st.plan.raster_group;
   p.raster_along_n = st.plan.raster_along_n ? 1 : 0;
   p.batches = 1;

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "comfuse/error.h"
+#include "comfuse/runtime.h"
 #include "comfuse/scheduler/grid.cuh"
 
 namespace comfuse::runtime_detail {
@@ -130,11 +131,9 @@ void launch(cudaKernel_t kernel, const KernelConfig& k, const Params& p, cudaStr
   if (k.stash_workspace_bytes_per_cta() > 0 && (!p.stash || reinterpret_cast<uintptr_t>(p.stash) % 16))
     throw Error("this kernel keeps its stash in a workspace: Params::stash must point to a 16-byte aligned workspace "
                 "of stash_workspace_bytes() bytes");
-  if (k.exchange_slot_bytes() > 0 &&
-      (!p.exchange || reinterpret_cast<uintptr_t>(p.exchange) % 16 || (p.epoch & 0xffffu) == 0))
-    throw Error("this kernel reduces rows across clusters: Params::exchange must point to a zeroed, 16-byte aligned "
-                "workspace of exchange_workspace_bytes() bytes, and Params::epoch must count launches from 1, "
-                "skipping multiples of 65536 (re-zero the workspace there; cluster/global_exchange.cuh)");
+  if (k.exchange_slot_bytes() > 0 && (!p.exchange || reinterpret_cast<uintptr_t>(p.exchange) % 16))
+    throw Error("this kernel reduces rows across clusters: Params::exchange must point to a 16-byte aligned "
+                "workspace of exchange_workspace_bytes() bytes, initialized once by init_exchange_workspace()");
   cudaLaunchAttribute attr;
   const cudaLaunchConfig_t cfg = launch_config(dim3(g.grid_x, g.grid_y, 1), g.cluster_x, g.cluster_y, k.smem_bytes(), stream, attr);
   void* args[1] = {const_cast<Params*>(&p)};
@@ -163,3 +162,14 @@ void launch(cudaKernel_t kernel, const B2bConfig& k, const Params& p, cudaStream
 }
 
 }  // namespace comfuse::runtime_detail
+
+namespace comfuse {
+
+void init_exchange_workspace(void* workspace, size_t bytes) {
+  if (bytes < size_t(kExchangeHeaderBytes)) throw Error(fmt::format("an exchange workspace of {} bytes has no room for its header", bytes));
+  runtime_detail::check(cudaMemset(workspace, 0, bytes), "zeroing the row exchange workspace");
+  const ExchangeHeader h{0, 0, bytes - kExchangeHeaderBytes};
+  runtime_detail::check(cudaMemcpy(workspace, &h, sizeof h, cudaMemcpyHostToDevice), "writing the row exchange header");
+}
+
+}  // namespace comfuse

@@ -10,6 +10,7 @@
 #include <memory>
 
 #include "comfuse/harness.h"
+#include "comfuse/runtime.h"
 #include "gpu/gpu_support.h"
 
 namespace comfuse::gpu_test {
@@ -48,23 +49,38 @@ TEST_F(GpuChannels, DsmemBothModesEveryClusterSize) {
   }
 }
 
-// The L2 exchange: its tagged words are never cleared, so consecutive launches (epochs) reuse
-// them; the workspace is one slot per row group of the grid.
+// The L2 exchange: its tagged words are never cleared, so consecutive launches reuse them,
+// told apart by the launch counter the kernels keep in the workspace (no host involvement, as
+// in a CUDA graph replay); the workspace is one slot per row group of the grid.
 TEST_F(GpuChannels, L2ExchangeEveryRowGroupAcrossLaunches) {
   int sms = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
   void* ws = nullptr;
-  const size_t bytes = size_t(sms) * 2 * 2 * 128 * 8;  // sms / G slots of 2 x G x 2 x rows words
+  // The header, then sms / G slots of 2 x G x 2 x rows words.
+  const size_t bytes = kExchangeHeaderBytes + size_t(sms) * 2 * 2 * 128 * 8;
   ASSERT_EQ(cudaMalloc(&ws, bytes), cudaSuccess);
-  ASSERT_EQ(cudaMemset(ws, 0, bytes), cudaSuccess);
+  init_exchange_workspace(ws, bytes);
   Params p{};
   p.exchange = ws;
+  auto epoch = [&] {
+    ExchangeHeader h{};
+    EXPECT_EQ(cudaMemcpy(&h, ws, sizeof h, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(h.retired, 0u);
+    return h.epoch;
+  };
+  unsigned launches = 0;
   for (auto [rows, g] : {std::pair{64, 2}, {64, 4}, {64, 8}, {64, 16}, {64, 32}, {128, 2}, {128, 16}})
-    for (int launch = 0; launch < 3; ++launch) {
-      ++p.epoch;
+    for (int launch = 0; launch < 3; ++launch, ++launches) {
       const std::string entry = fmt::format("l2_{}_{}", rows, g);
       EXPECT_EQ(run(entry, 1, p), 0) << entry << " launch " << launch;
     }
+  EXPECT_EQ(epoch(), launches);
+  // Across the wrap of the tags' epoch bits (65535 launches): the last launch before it zeroes
+  // the slots, so the words of 65535 launches ago cannot pass for the next launch's.
+  const unsigned near_wrap = 2 * 65535 - 2;
+  ASSERT_EQ(cudaMemcpy(ws, &near_wrap, sizeof near_wrap, cudaMemcpyHostToDevice), cudaSuccess);
+  for (int launch = 0; launch < 4; ++launch) EXPECT_EQ(run("l2_64_8", 1, p), 0) << "launch " << launch << " at the wrap";
+  EXPECT_EQ(epoch(), near_wrap + 4);
   cudaFree(ws);
 }
 

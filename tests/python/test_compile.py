@@ -70,7 +70,7 @@ def test_graph_has_the_custom_op_and_no_region_ops():
         from comfuse.report import GraphReport
 
         def inference(agm, ex2):
-            rewrite(agm, GraphReport(0), cudagraphs=False)
+            rewrite(agm, GraphReport(0))
             seen["targets"] = [n.target for n in agm.graph.nodes if n.op == "call_function"]
             return _boxed(agm)
 

@@ -109,19 +109,19 @@ def test_decode_rows_share_one_kernel(gpu):
 
 
 def test_cuda_graphs_reduce_overhead(gpu):
+    """Replays of a captured kernel whose row groups exchange through L2: each replay must tag
+    its rounds anew (the launch counter lives on the device), or it reads the last one's words."""
     model = M.LinearLayerNorm(4096, 4096).to(torch.bfloat16).to(gpu).eval()
     comfuse.config.strict = True
     comfuse.config.min_gain = -1e9
     f = torch.compile(model, backend="comfuse", mode="reduce-overhead")
     with torch.no_grad(), comfuse.collecting() as rep:
-        for step in range(4):  # warm-up, record, replays
+        for step in range(6):  # warm-up, record, replays
             x = randn(2, 2048, 4096, device=gpu, seed=10 + step)
             out = f(x).clone()
             assert_bf16_close(out, reference_f32(model, x))
     r = fused_region(rep, "proj")
-    assert not r.plan["l2_exchange"]
-    for c in r.compiles:
-        assert not c["plan"]["l2_exchange"]
+    assert r.plan["l2_exchange"], r.plan  # the planner's choice at this shape: the case under test
 
 
 def test_manual_cuda_graph_capture(gpu):
@@ -130,7 +130,6 @@ def test_manual_cuda_graph_capture(gpu):
     comfuse.config.strict = True
     comfuse.config.rest = "eager"
     comfuse.config.min_gain = -1e9
-    comfuse.config.cuda_graph_safe = True  # the capture below is by hand
     f = torch.compile(model, backend="comfuse")
     x = randn(2048, 1024, device=gpu)
     with torch.no_grad():
@@ -143,7 +142,7 @@ def test_manual_cuda_graph_capture(gpu):
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
             y = f(x)
-        for seed in (1, 2):
+        for seed in (1, 2, 3):
             x.copy_(randn(2048, 1024, device=gpu, seed=seed))
             g.replay()
             torch.cuda.synchronize()

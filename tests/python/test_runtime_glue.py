@@ -125,3 +125,39 @@ def test_bmm_over_one_broadcast_matrix(emulate):
     model = M.BatchedWeight(64, 128)
     out, ref, _ = run(model, randn(3, 16, 64), randn(3, 64, 128))
     close(out, ref)
+
+
+def test_precompile_builds_each_kernel_once_in_parallel(monkeypatch):
+    """A graph's distinct kernels are built at once (threads), each once; layers that share a
+    kernel key share the build, and a failed build is left for the first call to report."""
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(comfuse.config, "compile_threads", 4)
+    monkeypatch.setattr(kernels, "CACHE", kernels.KernelCache())
+    running, peak, built, lock = [0], [0], [], threading.Lock()
+
+    class Region:
+        def __init__(self, key, fail=False):
+            self.key, self.fail, self.info = key, fail, SimpleNamespace(id=key)
+
+        def kernel_key(self, m, capturing=False):
+            return kernels.m_bucket(m), ("text", self.key, kernels.m_bucket(m)), {}
+
+        def build(self, bucket, opts):
+            with lock:
+                running[0] += 1
+                peak[0] = max(peak[0], running[0])
+            time.sleep(0.2)
+            with lock:
+                running[0] -= 1
+                built.append(self.key)
+            if self.fail:
+                raise _core.Error("no kernel")
+            return f"kernel {self.key}"
+
+    regions = [(Region(1), 8), (Region(1), 16), (Region(2), 8), (Region(3, fail=True), 8)]
+    kernels.precompile(regions)
+    assert sorted(built) == [1, 2, 3] and peak[0] == 3
+    assert kernels.CACHE.get(("text", 1, 64)) == "kernel 1" and kernels.CACHE.get(("text", 3, 64)) is None

@@ -10,19 +10,29 @@
 // that share a row sit in Peers different clusters of the persistent grid ("a row group",
 // scheduler/tile_scheduler.cuh), exchanging one fp32 per row and round through global memory.
 //
-// Workspace (Params::exchange, zeroed once at allocation; host/launch.hpp sizes it): one slot
-// per (row group, rank along M in the cluster, consumer warp group):
+// Workspace (Params::exchange, zeroed once at allocation; scheduler/grid.cuh sizes it): the
+// ExchangeHeader (config.cuh: the launch counter), then one slot per (row group, rank along M in
+// the cluster, consumer warp group):
 //   uint64 word[2][Peers][2][Rows]  double-buffered by round parity, like the DSMEM channel;
 //                                   [0]: the round's values, [1]: second statistics (pair rounds)
 // Each word carries its own flag (NCCL's "LL" protocol): high 32 bits a tag, low 32 bits the
 // fp32 partial, written and read as ONE 8-byte relaxed gpu-scope access (single-copy atomic),
 // so a reader that sees the round's tag sees that round's value: no fence, no separate flag,
 // no barrier, and every thread polls only the words it needs, all in flight at once.
-//   tag = (Params::epoch mod 2^16) << 16 | (round mod 2^16), never 0 (the host skips epochs
-//   that are 0 mod 2^16 and re-zeroes the workspace there).
+//   tag = (epoch mod 65535 + 1) << 16 | (round mod 2^16), never 0 (zeroed memory).
 // A word is rewritten every second round of its writer, so the stale value a reader can find
 // is that writer's round r - 2 (tag differs) or, on a word's first use in a launch, a value of
-// an earlier launch (epoch bits differ for 2^16 launches; then the host re-zeroes).
+// an earlier launch (epoch bits differ for 65535 launches; then the slots are zeroed again).
+//
+// The launch counter lives in the workspace, not in Params: a CUDA graph replays a launch
+// with the same Params, and a counter fixed at capture would let a replay read the words of
+// the launch before it. Every consumer warp group reads the counter before its first round
+// (exchange_epoch) and counts itself out after its last (retire_exchange); the last one of the
+// launch advances the counter (and zeroes the slots where the tag's epoch bits wrap). Every
+// warp group read the counter before any could be last, and the next launch on the stream
+// starts after this one ends, so a launch sees one value throughout. Launches of one kernel
+// on several streams at once would share the counter and the slots: a FusedKernel runs on one
+// stream at a time (include/comfuse/runtime.h).
 //
 // A round: quad leaders store their rows' words into word[b][rank]; lane q of each quad then
 // polls word[b][j][row] of peers j = q, q + 4, ... until the tags match, folds them in rank
@@ -53,6 +63,46 @@ COMFUSE_DEVICE void st_relaxed_gpu_u64(uint64_t* p, uint64_t v) {
   asm volatile("st.relaxed.gpu.global.b64 [%0], %1;\n" ::"l"(p), "l"(v) : "memory");
 }
 
+// Launches whose tags differ (the epoch bits of a tag take 65535 values, never 0).
+inline constexpr uint32_t kTagEpochs = 65535;
+
+COMFUSE_DEVICE ExchangeHeader* exchange_header(Params const& p) { return static_cast<ExchangeHeader*>(p.exchange); }
+
+// This launch's epoch (read by every thread of a consumer warp group before its first round).
+COMFUSE_DEVICE uint32_t exchange_epoch(Params const& p) {
+  uint32_t v;
+  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(&exchange_header(p)->epoch) : "memory");
+  return v;
+}
+
+// A consumer warp group is done with the channel (all of its threads call this after their last
+// round; bar_id: a named barrier of the warp group's 128 threads). `participants`: the warp
+// groups of the launch that call it. The last one advances the counter; where the tags' epoch
+// bits wrap, its first warp first zeroes every slot (ExchangeHeader::slot_bytes), so no word of
+// 65535 launches ago can carry the next launch's tag.
+COMFUSE_DEVICE void retire_exchange(Params const& p, uint32_t epoch, int t, int bar_id, uint32_t participants) {
+  named_sync(bar_id, kWarpGroupThreads);  // the warp group's last reads are done
+  if (t >= 32) return;
+  ExchangeHeader* h = exchange_header(p);
+  uint32_t last = 0;
+  if (t == 0) {
+    uint32_t before;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;\n" : "=r"(before) : "l"(&h->retired) : "memory");
+    last = before == participants - 1;
+  }
+  if (!__shfl_sync(0xffffffffu, last, 0)) return;
+  uint32_t const next = epoch + 1;
+  if (next % kTagEpochs == 0) {
+    uint4* s = reinterpret_cast<uint4*>(reinterpret_cast<char*>(p.exchange) + kExchangeHeaderBytes);
+    for (size_t i = t; i < h->slot_bytes / sizeof(uint4); i += 32) s[i] = make_uint4(0, 0, 0, 0);
+    __syncwarp();
+  }
+  if (t == 0) {
+    h->retired = 0;
+    asm volatile("st.relaxed.gpu.global.u32 [%0], %1;\n" ::"l"(&h->epoch), "r"(next) : "memory");
+  }
+}
+
 template <int Rows, int Peers>
 struct GlobalRowAllReduce {
   static constexpr int MBlocks = Rows / 64;
@@ -70,11 +120,12 @@ struct GlobalRowAllReduce {
   struct Storage {};  // nothing on chip
   static COMFUSE_DEVICE void init(Storage&) {}
 
-  static COMFUSE_DEVICE uint32_t tag(Params const& p, uint32_t round) {
-    return ((p.epoch & 0xffffu) << 16) | (round & 0xffffu);
+  static COMFUSE_DEVICE uint32_t tag(RowGroupSlot const& x, uint32_t round) {
+    return ((x.epoch % kTagEpochs + 1) << 16) | (round & 0xffffu);
   }
   static COMFUSE_DEVICE uint64_t* words(RowGroupSlot const& x, Params const& p, uint32_t round, int rank) {
-    return reinterpret_cast<uint64_t*>(static_cast<char*>(p.exchange) + size_t(x.slot) * kSlotBytes) +
+    return reinterpret_cast<uint64_t*>(static_cast<char*>(p.exchange) + kExchangeHeaderBytes +
+                                       size_t(x.slot) * kSlotBytes) +
            ((round & 1) * Peers + rank) * 2 * Rows;
   }
   static COMFUSE_DEVICE uint64_t word(uint32_t tag_hi, float v) { return (uint64_t(tag_hi) << 32) | __float_as_uint(v); }
@@ -99,7 +150,7 @@ struct GlobalRowAllReduce {
     CUTE_UNROLL
     for (int mi = 0; mi < MBlocks; ++mi)
       CUTE_UNROLL
-      for (int h = 0; h < 2; ++h) st_relaxed_gpu_u64(mine + off + accum_row(t, mi, h), word(tag(p, round), v[mi][h]));
+      for (int h = 0; h < 2; ++h) st_relaxed_gpu_u64(mine + off + accum_row(t, mi, h), word(tag(x, round), v[mi][h]));
   }
 
   // For each of the thread's rows: lane q's words at rows k * Rows + row (k < W) of its peers,
@@ -109,7 +160,7 @@ struct GlobalRowAllReduce {
   // registers made LayerNorm's pair round spill (+4% cycles).
   template <int W, class F>
   static COMFUSE_DEVICE void for_each_row(uint32_t round, RowGroupSlot const& x, Params const& p, int t, F&& f) {
-    uint32_t const want = tag(p, round);
+    uint32_t const want = tag(x, round);
     uint64_t const* base = words(x, p, round, 0);
     uint64_t t0 = 0;
     CUTE_UNROLL

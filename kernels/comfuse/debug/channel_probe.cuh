@@ -52,14 +52,19 @@ __device__ void dsmem_probe(int rounds, int* errors) {
   cute::cluster_sync();
 }
 
-// CTA b is rank b % G of row group b / G (CTAs past the last whole group idle).
+// CTA b is rank b % G of row group b / G (CTAs past the last whole group idle). Each CTA is
+// one "warp group" of the launch counter, as in the kernels: it reads the epoch first and
+// retires last (cluster/global_exchange.cuh).
 template <int Rows, int G>
 __device__ void l2_probe(comfuse::Params const& p, int rounds, int* errors) {
   using Chan = comfuse::cluster::GlobalRowAllReduce<Rows, G>;
-  if (int(blockIdx.x) >= int(gridDim.x) / G * G) return;
-  typename Chan::Storage st;
-  comfuse::RowGroupSlot const xs{int(blockIdx.x) / G, int(blockIdx.x) % G};
-  rounds_and_check<Chan>(st, xs, p, xs.rank, G, rounds, errors);
+  uint32_t const epoch = comfuse::cluster::exchange_epoch(p);
+  if (int(blockIdx.x) < int(gridDim.x) / G * G) {
+    typename Chan::Storage st;
+    comfuse::RowGroupSlot const xs{int(blockIdx.x) / G, int(blockIdx.x) % G, epoch};
+    rounds_and_check<Chan>(st, xs, p, xs.rank, G, rounds, errors);
+  }
+  comfuse::cluster::retire_exchange(p, epoch, int(threadIdx.x), 1, gridDim.x);
 }
 
 }  // namespace comfuse::probe

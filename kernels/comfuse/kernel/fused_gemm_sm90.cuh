@@ -67,6 +67,7 @@ struct FusedGemmSm90 {
   static constexpr int kEpiRows = C.epi_rows();  // rows of a consumer's epilogue
   static constexpr int NTiles = C.n_tiles;
   static constexpr bool kGlobal = C.aggregation == Aggregation::L2Exchange;
+  static constexpr bool kL2Exchange = C.exchange_slot_bytes() > 0;  // rows reduced through the L2 workspace
   static constexpr int RowPeers = C.row_peers();  // CTAs that hold the same rows
   using Geo = epi::Geometry<kEpiRows, BN, RowPeers, C.aggregation, NTiles>;
   using EpiExec = typename Epi::template Exec<Geo>;
@@ -160,6 +161,7 @@ struct FusedGemmSm90 {
         stash.bind(static_cast<char*>(p.stash) + (cta * 2 + cw) * size_t(kStashBytesPerWG), t);
       }
       int const job_kt = NTiles * kt;  // k-blocks of one job
+      uint32_t const epoch = kL2Exchange ? cluster::exchange_epoch(p) : 0;  // tags this launch's rounds
       if constexpr (kPingPong) {
         if (cw == 1) {
           read_state.advance(job_kt);  // the first k-blocks belong to consumer 0's first job
@@ -172,7 +174,7 @@ struct FusedGemmSm90 {
         if (!tc.valid) break;
         int const m0 = tc.m_block * BM + (kPingPong ? 0 : cw * kEpiRows);
         epi::EpiCtx ctx{&p, m0, tc.n_block * BN, p.N, t, t / 32, t % 32};  // the job's tile 0
-        ctx.xs = RowGroupSlot{sched.exchange_slot(cw), sched.rank_n};
+        ctx.xs = RowGroupSlot{sched.exchange_slot(cw), sched.rank_n, epoch};
         if constexpr (kPingPong) named_sync(barrier_id(NamedBarrier::MmaTurnWG0, cw), 2 * kWarpGroupThreads);
         trace::mark(t, cw, job, trace::kTurn);
         for (int nt = 0; nt < NTiles; ++nt) {
@@ -206,6 +208,9 @@ struct FusedGemmSm90 {
         }
       }
       if (t == 0) tma_store_wait_all<0>();
+      if constexpr (kL2Exchange)
+        cluster::retire_exchange(p, epoch, t, barrier_id(NamedBarrier::EpilogueWG0, cw),
+                                 gridDim.x * gridDim.y * Sm90::kConsumerWGs);
     }
     // Row reductions push into peers' SMEM: no CTA leaves while a peer's copy may still read
     // or write its SMEM.

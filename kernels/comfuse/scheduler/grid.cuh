@@ -49,11 +49,13 @@ COMFUSE_HOST_DEVICE constexpr LaunchGrid launch_grid(KernelConfig const& c, int 
 COMFUSE_HOST_DEVICE constexpr long long stash_workspace_bytes(KernelConfig const& c, int max_active_clusters) {
   return (long long)c.stash_workspace_bytes_per_cta() * max_active_clusters * c.cluster_size();
 }
-// The L2 exchange: one slot per (row group, rank along M, consumer warp group)
-// (TileScheduler::exchange_slot). Zeroed once after allocation; then every launch bumps
-// Params::epoch (the words carry it), re-zeroing whenever epoch reaches a multiple of 65536.
+// The L2 exchange: its header (ExchangeHeader, config.cuh), then one slot per (row group, rank
+// along M, consumer warp group) (TileScheduler::exchange_slot). Zeroed once after allocation;
+// the kernels keep it valid from then on (cluster/global_exchange.cuh).
 COMFUSE_HOST_DEVICE constexpr long long exchange_workspace_bytes(KernelConfig const& c, int max_active_clusters) {
-  return (long long)c.exchange_slot_bytes() * (max_active_clusters / c.row_group) * c.cluster_m * Sm90::kConsumerWGs;
+  long long const slots = (long long)c.exchange_slot_bytes() * (max_active_clusters / c.row_group) * c.cluster_m *
+                          Sm90::kConsumerWGs;
+  return slots > 0 ? kExchangeHeaderBytes + slots : 0;
 }
 
 // ---- B2B kernels (b2b/b2b_gemm_sm90.cuh): a job is one consumer warp group's tile_m rows x
