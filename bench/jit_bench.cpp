@@ -2,7 +2,9 @@
 // first, with and without the NVRTC precompiled header (JitOptions::pch), sequentially or from
 // several threads (as the Python frontend's precompile does). Each run uses a fresh cache
 // directory, so every compile is a miss. Sources: kernel.cu files that COMFUSE_JIT_DUMP wrote.
-//   jit_bench [--pch] [--threads T] [--keep-cubins DIR] NAME=FILE.cu ...
+//   jit_bench [--pch] [--threads T] [--flag F]... [--keep-cubins DIR] NAME=FILE.cu ...
+// --flag adds a compiler flag to every kernel (e.g. --split-compile=2); COMFUSE_KERNELS_DIR
+// compiles them against another kernels/ tree.
 // NAME is the kernel's name (its dump folder's prefix, e.g. region0_acc): NVRTC derives
 // internal symbol names from it, so the same name gives the cubin the CLI builds.
 #include <sys/resource.h>
@@ -30,12 +32,14 @@ int main(int argc, char** argv) {
   opt.pch = false;
   int threads = 1;
   fs::path keep;
+  std::vector<std::string> extra;
   std::vector<comfuse::KernelSource> srcs;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--pch") opt.pch = true;
     else if (a == "--threads" && i + 1 < argc) threads = std::atoi(argv[++i]);
     else if (a == "--keep-cubins" && i + 1 < argc) keep = argv[++i];
+    else if (a == "--flag" && i + 1 < argc) extra.push_back(argv[++i]);
     else if (size_t eq = a.find('='); eq != std::string::npos) {
       std::ifstream in(a.substr(eq + 1));
       std::stringstream ss;
@@ -43,9 +47,10 @@ int main(int argc, char** argv) {
       if (!in) return std::fprintf(stderr, "cannot read %s\n", a.substr(eq + 1).c_str()), 2;
       srcs.push_back({a.substr(0, eq), ss.str(), "", {}});
     } else {
-      return std::fprintf(stderr, "usage: jit_bench [--pch] [--threads T] [--keep-cubins DIR] NAME=FILE.cu ...\n"), 2;
+      return std::fprintf(stderr, "usage: jit_bench [--pch] [--threads T] [--flag F]... [--keep-cubins DIR] NAME=FILE.cu ...\n"), 2;
     }
   }
+  for (comfuse::KernelSource& s : srcs) s.flags = extra;
   char tmpl[] = "/tmp/comfuse-jit-bench-XXXXXX";
   if (!mkdtemp(tmpl)) return 2;
   opt.cache_dir = tmpl;
