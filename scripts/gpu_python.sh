@@ -10,7 +10,9 @@
 # run them one by one (a warm machine keeps the build and the JIT cache):
 #   bash scripts/gpu_python.sh build test      bash scripts/gpu_python.sh bench
 #   PYTHON=...        interpreter (default /opt/torch/.venv/bin/python3, else python3)
-#   BENCH_ARGS="..."  bench/models.py arguments (default: --quick --layers 2 --budget-s 420)
+#   BENCH_SCRIPT=...  the benchmark the bench phase runs (default bench/models.py; bench/matrix.py
+#                     is the epilogue matrix: give it BENCH_ARGS, e.g. "--quick --budget-s 420")
+#   BENCH_ARGS="..."  its arguments (default: --quick --layers 2 --budget-s 420)
 #   TEST_ARGS="..."   extra pytest arguments (e.g. -k gpu)
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -72,11 +74,12 @@ for phase in "${phases[@]}"; do
   bench)
     [[ -n "$(ls "$root"/python/comfuse/_core*.so 2>/dev/null)" ]] && export PYTHONPATH="$root/python"
     # models.py logs to models.log itself; its stderr (warnings, tracebacks) joins it.
-    timeout "${BENCH_TIMEOUT:-560}" "$py" "$root/bench/models.py" --out "$out" ${BENCH_ARGS:---quick --layers 2 --budget-s 420} \
+    timeout "${BENCH_TIMEOUT:-560}" "$py" "$root/${BENCH_SCRIPT:-bench/models.py}" --out "$out" ${BENCH_ARGS:---quick --layers 2 --budget-s 420} \
       > /dev/null 2>> "$out/models.log"
     s=$?; [[ $s == 0 ]] || rc=1
-    note "bench: exit $s ($((SECONDS - t0)) s); results in RESULTS.md, results.json, speedups.png, models.log"
-    if [[ -f "$out/RESULTS.md" ]]; then cat "$out/RESULTS.md" >> "$out/summary.txt"; else tail -5 "$out/models.log" | tee -a "$out/summary.txt"; fi
+    note "bench: exit $s ($((SECONDS - t0)) s); results (RESULTS.md or matrix.md, .json, the plot) and models.log in $out"
+    table="$out/RESULTS.md"; [[ -f "$out/matrix.md" ]] && table="$out/matrix.md"
+    if [[ -f "$table" ]]; then cat "$table" >> "$out/summary.txt"; else tail -5 "$out/models.log" | tee -a "$out/summary.txt"; fi
     ;;
   *) note "unknown phase '$phase' (build, test, bench)"; rc=2 ;;
   esac

@@ -58,7 +58,7 @@ struct CompiledKernel {
   double compile_seconds = 0;       // time the compiler took when the entry was built
   double elapsed_seconds = 0;       // time this jit_compile call took (hit: load + verify)
   bool cache_hit = false;           // true: loaded from disk without compiling
-  bool wgmma_serialized = false;    // ptxas C7510: wgmma serialized, the kernel will be slow
+  bool wgmma_serialized = false;    // ptxas C7510/C7520: wgmma serialized, the kernel will be slow
   bool pch_used = false;            // this call compiled against a precompiled header
   std::string log;                  // compiler log (ptxas diagnostics included)
   std::filesystem::path entry_dir;  // <cache>/<key>, empty when use_cache is false

@@ -408,7 +408,7 @@ class Kernel:
             check_tensor(name, t, _TORCH[a["dtype"]], want)
             if role == "output":
                 outs[name] = t
-            ld = t.stride(0) if t.dim() == 2 else 0
+            ld = t.stride(0) if _is_matrix(want) else 0  # vectors and [M, 1] columns are packed
             args[name] = (t.data_ptr(), a["dtype"], list(t.shape), ld)
         unknown = set(tensors) - {a["name"] for a in self.args}
         if unknown:
@@ -418,6 +418,11 @@ class Kernel:
         return outs
 
 
+def _is_matrix(shape: list[int]) -> bool:
+    """An [M, K] / [N, K] operand, an [M, N] tile; else a row [N] or a column [M, 1] (packed)."""
+    return len(shape) == 2 and shape[1] != 1
+
+
 def check_tensor(name: str, t, dtype: torch.dtype, shape: list[int]) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"argument '{name}' is a {type(t).__name__}, not a tensor")
@@ -425,18 +430,18 @@ def check_tensor(name: str, t, dtype: torch.dtype, shape: list[int]) -> None:
         raise ValueError(f"argument '{name}' is on {t.device}: ComFuse kernels take CUDA tensors")
     if t.dtype != dtype:
         raise ValueError(f"argument '{name}' is {t.dtype}, the kernel was built for {dtype}")
-    matrix = len(shape) == 2 and shape[1] != 1  # operands, tiles, outputs; else a row or column vector
+    matrix = _is_matrix(shape)
     if (list(t.shape) != list(shape)) if matrix else (t.numel() != math.prod(shape)):
         raise ValueError(f"argument '{name}' has shape {list(t.shape)}, the kernel expects {shape}")
     if t.dim() >= 1 and t.shape[-1] > 1 and t.stride(-1) != 1:
         raise ValueError(f"argument '{name}' has strides {t.stride()}: its last dimension must be contiguous "
                          "(pass .contiguous())")
-    if t.dim() == 1 and not t.is_contiguous():
+    if not matrix and not t.is_contiguous():
         raise ValueError(f"argument '{name}' (a vector) is not contiguous")
     if t.data_ptr() % 16:
         raise ValueError(f"argument '{name}' starts at an address that is not 16-byte aligned (a view at an offset? "
                          "pass .clone())")
-    if t.dim() == 2 and (t.stride(0) * t.element_size()) % 16:
+    if matrix and (t.stride(0) * t.element_size()) % 16:
         raise ValueError(f"argument '{name}' has a row stride of {t.stride(0) * t.element_size()} bytes: TMA needs a "
                          "multiple of 16")
 

@@ -333,7 +333,7 @@ void check_entry(const KernelSource& src, const CompiledKernel& ck) {
 void report_serialization(const KernelSource& src, const CompiledKernel& ck) {
   // Error level on purpose: the kernel runs and is correct, so nothing else would notice.
   if (ck.wgmma_serialized)
-    spdlog::error("jit: ptxas serialized the wgmma pipeline of '{}' (C7510): expect a slow kernel. "
+    spdlog::error("jit: ptxas serialized the wgmma pipeline of '{}' (C7510/C7520): expect a slow kernel. "
                   "Keep asserts, printf and calls out of the wgmma region.", src.name);
 }
 

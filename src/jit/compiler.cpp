@@ -70,9 +70,10 @@ std::vector<std::string> common_flags(const KernelSource& src, const JitOptions&
   return f;
 }
 
-// ptxas C7510 = "wgmma.mma_async instructions are serialized": correct but slow code.
+// ptxas C7510 and C7520 = "wgmma.mma_async instructions are serialized" (C7520: because of a
+// warpgroup arrive it had to insert in a divergent path): correct but slow code.
 bool mentions_wgmma_serialization(const std::string& log) {
-  return log.find("C7510") != std::string::npos;
+  return log.find("C7510") != std::string::npos || log.find("C7520") != std::string::npos;
 }
 
 

@@ -86,6 +86,13 @@ struct PlannerTunables {
   // cuBLAS); 64x256 0.95 (LayerNorm 8192x4096x4096 at one tile per CTA: 1.125x and 1.090x cuBLAS
   // in two runs vs 0.989x and 1.092x for 128x128); 64x128 0.9 (GUESS).
   std::map<int, double> row_group_mainloop_efficiency = {{64128, 0.9}, {64256, 0.95}, {128128, 1.0}};
+  // The same mainloop by ring depth, where the epilogue's SMEM (TMA-store staging per output, a
+  // TileInput's whole tile) leaves fewer k-blocks in flight than a TMA round trip needs.
+  // MEASURED on the H200 (PingPong 128x128, clusters 2x1, row groups; bench/NOTES.md): 2
+  // stages 2.57-2.70x cuBLAS (residual RMSNorm 8192x4096x4096 and x14336, residual LayerNorm
+  // 8192x1024x4096); 3 stages 1.60-1.71x (the same norms with one output less, in the models
+  // benchmark); 5 stages 1.03-1.05x. 4: GUESS between.
+  std::map<int, double> row_group_ring_efficiency = {{2, 0.385}, {3, 0.6}, {4, 0.85}, {5, 1.0}};
   // Share of a multi-tile job's stash traffic (write once, read per later stage) that the
   // mainloops do not hide. MEASURED-ish: T = 2 cost 2-3% over T = 1 at 8192x4096x4096.
   double row_group_stash_exposed = 0.5;

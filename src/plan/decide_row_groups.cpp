@@ -131,6 +131,11 @@ std::vector<Candidate> decide_row_groups(const Request& r, Rejections& why) {
                                                check(c.k) ? check(c.k) : "fewer than 2 pipeline stages fit"));
       continue;
     }
+    // The ring depth is known only now (what the epilogue's SMEM leaves): a shallow ring
+    // starves the mainloop.
+    const double ring = lookup(tun.row_group_ring_efficiency, c.k.ring_stages);
+    o.d.mainloop_us /= ring;
+    o.d.est_us = o.d.mainloop_us + o.d.tail_us + o.d.exchange_us;
     estimate_cluster(c, r);  // the DRAM floor; the times below are the row-group model's
     c.resident = o.resident;
     c.workspace = int64_t{c.resident} * c.k.cluster_size() * c.k.stash_workspace_bytes_per_cta();
@@ -143,6 +148,10 @@ std::vector<Candidate> decide_row_groups(const Request& r, Rejections& why) {
                         "{:.1f}); PingPong tiles with B multicast along M run at cuBLAS parity, the row's CTAs meet in L2",
                         c.k.tile_m, c.k.tile_n, c.k.cluster_m, c.k.row_group, c.k.n_tiles, o.d.est_us, o.d.mainloop_us,
                         o.d.tail_us, o.d.exchange_us);
+    if (ring < 1.0)
+      c.why += fmt::format("; but the epilogue's SMEM leaves {} ring stages: the mainloop runs at {:.2f} of that speed "
+                           "(MEASURED, calibration.h row_group_ring_efficiency)",
+                           c.k.ring_stages, ring);
     out.push_back(c);
   }
   return out;

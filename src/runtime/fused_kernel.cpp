@@ -100,7 +100,7 @@ CompiledKernel compile_only(const FusionSpec& spec, const Problem& problem, cons
   if (opt.trace) src.flags.push_back("-DCOMFUSE_TRACE");
   CompiledKernel c = jit_compile(src, opt.jit);
   if (c.wgmma_serialized)
-    throw Error(fmt::format("kernel for '{}' compiled with serialized wgmma (ptxas C7510): a ComFuse bug\n{}", spec.name, c.log));
+    throw Error(fmt::format("kernel for '{}' compiled with serialized wgmma (ptxas C7510/C7520): a ComFuse bug\n{}", spec.name, c.log));
   if (emitted) *emitted = std::move(k);
   if (plan) *plan = std::move(p);
   return c;
@@ -113,7 +113,7 @@ CompiledKernel compile_only_b2b(const FusionSpec& first, const FusionSpec& secon
   KernelSource src{first.name + "_b2b", k.source, k.entry, {}};
   CompiledKernel c = jit_compile(src, opt.jit);
   if (c.wgmma_serialized)
-    throw Error(fmt::format("B2B kernel for '{}' compiled with serialized wgmma (ptxas C7510): a ComFuse bug\n{}",
+    throw Error(fmt::format("B2B kernel for '{}' compiled with serialized wgmma (ptxas C7510/C7520): a ComFuse bug\n{}",
                             first.name, c.log));
   if (emitted) *emitted = std::move(k);
   if (plan) *plan = std::move(p);

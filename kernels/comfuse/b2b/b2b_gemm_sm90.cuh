@@ -123,12 +123,19 @@ struct B2bGemmSm90 {
           epi2.prefetch(c2, epi2_storage(mine));
         }
         f.start_job();
+        // The wgmma register operands (O, the accumulator GEMM2 reads back; S, its A operand)
+        // get their last definition before a wgmma here, in warp-group-uniform code: written
+        // last inside F's or Epi2's branches, ptxas puts its warpgroup arrive there and
+        // serializes every wgmma of the kernel (C7520).
+        cute::warpgroup_fence_operand(O);
         for (int c = 0; c < chunks; ++c) {
           Mainloop::gemm1(p, ring, rd, taken, mine.ring, P, P3, t);  // behind GEMM2 of chunk c - 1
           taken.all_completed(ring, t);  // F reads P and rewrites S (and rescales O)
           epi::EpiCtx c1{&p, m0, c * C.chunk_n1, p.N1, t, t / 32, t % 32};
           c1.batch = job.batch;
           f.apply(c1, f_storage(mine), bar_id, P, P3, S, O, c == 0);
+          cute::warpgroup_fence_operand(S);
+          cute::warpgroup_fence_operand(O);
           Mainloop::gemm2(ring, rd, taken, mine.ring, S, O, c == 0, t);
         }
         taken.all_completed(ring, t);
