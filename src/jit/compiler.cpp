@@ -162,10 +162,11 @@ NvrtcRun run_nvrtc(const std::string& source, const std::string& file_name, cons
 }
 
 // ---- precompiled headers (PchRequest in jit.h) ------------------------------------------
-// Measured on the project's kernels (CUDA 13.0): the #include block takes ~1.2-1.4 s of a
-// 5-7 s compile; its PCH is ~300 MB; making it takes ~2 s, and a compile that uses it saves
-// the parse but pays ~0.5-0.9 s of page faults mapping the PCH into NVRTC's heap. Off by
-// default for that reason (JitOptions::pch).
+// Measured on the project's kernels (CUDA 13.0, 2 cores; bench/NOTES.md): the #include block
+// takes ~1.1 s of a 2.5-3.2 s compile; its PCH is ~225 MB and takes ~2 s to make; a compile
+// that uses it saves the parse but pays ~0.4-0.8 s of page faults mapping the PCH into
+// NVRTC's heap (64 KB mmaps of the file), so it gains ~0.3-0.6 s per later kernel of the same
+// #include block in the same process. Off by default for that reason (JitOptions::pch).
 
 // PCH warnings, silenced on both sides (the flags of the compile that uses a PCH must equal
 // those that made it): 626 invalid PCH, 629 options differ, 630 directives differ, 2226
