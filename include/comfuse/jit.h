@@ -11,9 +11,11 @@
 //                                    override the build-time header paths (a relocated tree)
 //   COMFUSE_LOG=debug|info|...       spdlog level, set on the first jit_compile (compile times and
 //                                    cache hits log at debug)
+//   COMFUSE_JIT_PCH=1                what JitOptions::pch unset means (default 0: no precompiled header)
 // Failed sources are kept in $TMPDIR/comfuse-jit-failed/<name>-<key>.cu (+ .log).
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -43,6 +45,9 @@ struct JitOptions {
   std::filesystem::path kernels_dir;           // empty: the project's kernels/ (an include path
                                                // whose headers are content-hashed into the key)
   std::filesystem::path dump_dir;              // empty: $COMFUSE_JIT_DUMP (may be empty: no dump)
+  // NVRTC precompiled header of the source's leading #include block (jit_pch_stats below says
+  // what it costs and saves). Unset: $COMFUSE_JIT_PCH. Never changes the cubin or the key.
+  std::optional<bool> pch;
 };
 
 struct CompiledKernel {
@@ -54,6 +59,7 @@ struct CompiledKernel {
   double elapsed_seconds = 0;       // time this jit_compile call took (hit: load + verify)
   bool cache_hit = false;           // true: loaded from disk without compiling
   bool wgmma_serialized = false;    // ptxas C7510/C7520: wgmma serialized, the kernel will be slow
+  bool pch_used = false;            // this call compiled against a precompiled header
   std::string log;                  // compiler log (ptxas diagnostics included)
   std::filesystem::path entry_dir;  // <cache>/<key>, empty when use_cache is false
 };
@@ -67,13 +73,34 @@ std::string jit_cache_key(const KernelSource& src, const JitOptions& opt = {});
 
 std::filesystem::path default_cache_dir();
 
+// Precompiled headers (NVRTC only). An NVRTC PCH can only be used by the process that made
+// it (it is a dump of NVRTC's PCH heap, whose address differs per process), so each process
+// keeps its own under <cache>/pch/<pid>.<salt>/ and removes them at exit. The PCH covers the
+// source's leading preprocessor directives (its #include block: CuTe/CUTLASS and the kernel
+// headers); it is made once per (directives, flags, project headers' contents) from a source
+// holding only those directives, then every compile with the same block uses it. A PCH that
+// cannot be made or used costs one plain compile, never a failure.
+struct PchRequest {
+  std::filesystem::path dir;  // this process's PCH directory; empty: no PCH
+  std::string salt;           // folded into the PCH's key: the included project headers' hashes
+};
+
+struct JitPchStats {
+  int created = 0;         // PCH files made
+  int used = 0;            // compiles that used one
+  int failed = 0;          // creations or uses that failed (the compile ran without a PCH)
+  double create_seconds = 0;  // total time spent making them
+};
+JitPchStats jit_pch_stats();  // this process's, since it started
+
 // Result of one compiler run, before caching.
 struct CompileOutput {
   std::vector<char> cubin;
   std::string ptx;  // only when asked for (dumps)
   std::string log;
   bool wgmma_serialized = false;
-  double seconds = 0;
+  bool pch_used = false;
+  double seconds = 0;  // a PCH made for this compile included
 };
 
 // One abstract compiler, two implementations; jit_compile picks one per call from
@@ -87,9 +114,11 @@ class Compiler {
   // Every flag that changes the output, in order (extra flags last). Part of the key.
   virtual std::vector<std::string> flags(const KernelSource& src, const JitOptions& opt) const = 0;
   // Compile src with exactly `flags`. work_dir is an existing private scratch directory.
-  // Throws Error (message = compiler log) when the compiler reports a failure.
+  // Throws Error (message = compiler log) when the compiler reports a failure. `pch`: where
+  // this process's precompiled headers live (NVRTC uses it; nvcc ignores it).
   virtual CompileOutput compile(const KernelSource& src, const std::vector<std::string>& flags,
-                                const std::filesystem::path& work_dir, bool want_ptx) const = 0;
+                                const std::filesystem::path& work_dir, bool want_ptx,
+                                const PchRequest& pch) const = 0;
 };
 
 // Process-wide instances (created on first use; identity queries the toolkit once).

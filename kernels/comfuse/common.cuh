@@ -6,7 +6,7 @@
 
 #include <cute/tensor_impl.hpp>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
-#include <cute/algorithm/gemm.hpp>
+#include <cute/arch/mma_sm90.hpp>
 #include <cute/arch/copy_sm90_tma.hpp>
 #include <cute/arch/cluster_sm90.hpp>
 #include <cutlass/numeric_types.h>

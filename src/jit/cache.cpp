@@ -4,10 +4,13 @@
 //   <key>/kernel.cubin, kernel.cu, meta.json   one finished entry, never modified in place
 //   tmp/<key>.<unique>/                          an entry being built (renamed into place)
 //   tmp/<key>.<unique>.work/                     compiler scratch (nvcc files), deleted
+//   pch/<pid>.<salt>/<pch key>.pch               one process's NVRTC precompiled headers (PchRequest
+//                                                in jit.h), removed when it exits
 // An entry becomes visible only through rename(2) of a complete, fsynced directory, so a
 // reader sees all of it or nothing; when two processes race, the loser's rename fails
 // (the target is a non-empty directory) and it uses the winner's entry.
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -17,6 +20,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <random>
 #include <regex>
@@ -115,6 +119,42 @@ void sweep_stale(const fs::path& tmp_root) {
     auto t = fs::last_write_time(it->path(), ec);
     if (!ec && now - t > std::chrono::hours(1)) discard_dir(it->path(), tmp_root);
   }
+}
+
+// This process's PCH directory under <root>/pch, made on first use and removed at exit (by
+// the process that made it, not a forked child). Directories of processes that died without
+// removing theirs are swept then: their pid is gone.
+fs::path process_pch_dir(const fs::path& root) {
+  struct Dirs {
+    std::mutex mu;
+    std::map<fs::path, fs::path> by_root;
+    pid_t owner = getpid();
+    ~Dirs() {
+      if (getpid() != owner) return;
+      std::error_code ec;
+      for (const auto& [root, dir] : by_root) fs::remove_all(dir, ec);
+    }
+  };
+  static Dirs dirs;
+  std::lock_guard lock(dirs.mu);
+  auto it = dirs.by_root.find(root);
+  if (it != dirs.by_root.end()) return it->second;
+  fs::path pch_root = root / "pch";
+  std::error_code ec;
+  for (fs::directory_iterator d(pch_root, ec), end; !ec && d != end; d.increment(ec)) {
+    const std::string name = d->path().filename().string();
+    const long pid = std::strtol(name.c_str(), nullptr, 10);
+    if (pid > 0 && pid != getpid() && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH)
+      discard_dir(d->path(), root / "tmp");
+  }
+  static const uint64_t salt = std::random_device{}();
+  return dirs.by_root[root] = pch_root / fmt::format("{}.{:x}", getpid(), salt);
+}
+
+bool pch_wanted(const JitOptions& opt) {
+  if (opt.pch) return *opt.pch;
+  const char* env = std::getenv("COMFUSE_JIT_PCH");
+  return env && *env && std::string_view(env) != "0";
 }
 
 fs::path kernels_dir_of(const JitOptions& opt) {
@@ -396,9 +436,14 @@ CompiledKernel jit_compile(const KernelSource& src, const JitOptions& opt) {
     }
   } cleanup{build, work};
 
+  PchRequest pch;
+  if (cc.kind() == CompilerKind::Nvrtc && pch_wanted(opt)) {
+    pch.dir = process_pch_dir(root);
+    for (const auto& [path, hash] : k.headers) pch.salt += path + ":" + hash + "\n";
+  }
   CompileOutput co;
   try {
-    co = cc.compile(src, k.flags, work, !dump_root.empty());
+    co = cc.compile(src, k.flags, work, !dump_root.empty(), pch);
   } catch (const Error& e) {
     if (cc.kind() == CompilerKind::Nvrtc && opt.nvcc_fallback) {
       spdlog::warn("jit: NVRTC failed on '{}'; retrying with nvcc", src.name);
@@ -421,11 +466,12 @@ CompiledKernel jit_compile(const KernelSource& src, const JitOptions& opt) {
   ck.compiler = cc.identity();
   ck.compile_seconds = co.seconds;
   ck.wgmma_serialized = co.wgmma_serialized;
+  ck.pch_used = co.pch_used;
   ck.log = co.log;
   if (!is_cubin_elf(ck.cubin)) throw Error(fmt::format("jit: {} returned a cubin that is not a CUDA ELF", cc.identity()));
   check_entry(src, ck);
-  spdlog::debug("jit: compiled '{}' with {} in {:.2f} s, cubin {} bytes, key {}", src.name, cc.identity(), co.seconds,
-                ck.cubin.size(), k.key);
+  spdlog::debug("jit: compiled '{}' with {}{} in {:.2f} s, cubin {} bytes, key {}", src.name, cc.identity(),
+                co.pch_used ? " (PCH)" : "", co.seconds, ck.cubin.size(), k.key);
   report_serialization(src, ck);
 
   if (opt.use_cache) {

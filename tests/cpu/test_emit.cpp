@@ -14,6 +14,7 @@
 #include "comfuse/emit.h"
 #include "comfuse/lower.h"
 #include "comfuse/harness.h"
+#include "comfuse/jit.h"
 #include "comfuse/runtime.h"
 #include "comfuse/text.h"
 
@@ -201,6 +202,111 @@ TEST_F(EmitCompile, EveryExampleRegionCompiles) {
     }
   }
   EXPECT_EQ(compiled, 10);
+}
+
+// kernels/comfuse/mainloop/wgmma.cuh writes out the wgmma operands that CuTe's TiledMMA
+// partitioning derives (the mainloops no longer instantiate that algebra: most of a JIT
+// compile's time). Checked here against CuTe itself, at compile time, for every tile shape and
+// operand layout the mainloops take, reachable by the planner or not: the descriptor tensors'
+// layouts, the descriptors' SBO/LBO (make_gmma_desc's derivation), the fragments' types.
+const char* kWgmmaVsCute = R"(
+#include <cute/tensor.hpp>
+#include "comfuse/mainloop/wgmma.cuh"
+using namespace cute;
+namespace W = comfuse::wgmma;
+
+// make_gmma_desc's SBO and LBO of the SMEM tensor of one wgmma operand (in 16-byte units).
+template <GMMA::Major M, class Op>
+constexpr uint32_t cute_sbo() {
+  using U = decltype(layout(recast<uint128_t const>(declval<Op>())));
+  if constexpr (M == GMMA::Major::K) return stride<0, 1>(logical_divide(U{}, Tile<Layout<_8, _1>, Layout<_2, _1>>{}));
+  else return stride<1, 1>(logical_divide(U{}, Tile<Layout<_8, _1>, Layout<_8, _1>>{}));
+}
+template <GMMA::Major M, class Op>
+constexpr uint32_t cute_lbo() {
+  using U = decltype(layout(recast<uint128_t const>(declval<Op>())));
+  if constexpr (M == GMMA::Major::K) return stride<1, 0>(logical_divide(U{}, Tile<Layout<_8, _1>, Layout<_2, _1>>{}));
+  else return stride<0, 1>(logical_divide(U{}, Tile<Layout<_8, _1>, Layout<_8, _1>>{}));
+}
+template <class T, GMMA::Major M, int Rows>
+using SwTile = conditional_t<M == GMMA::Major::K,
+    decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<T>{}, Shape<Int<Rows>, _64>{})),
+    decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<T>{}, Shape<Int<Rows>, _64>{}, Step<_2, _1>{}))>;
+
+// The fused mainloop (mainloop_sm90.cuh): a ring of Stages (BM | BN) x 64 tiles; a warp group
+// takes WGRows rows of A (cooperative: WGRows = BM / 2).
+template <class T, int BM, int WGRows, int BN, int Stages, GMMA::Major MB>
+struct Fused {
+  using SmemA = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<T>{}, make_shape(Int<BM>{}, _64{}, Int<Stages>{})));
+  using SmemB = conditional_t<MB == GMMA::Major::K,
+      decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<T>{}, make_shape(Int<BN>{}, _64{}, Int<Stages>{}))),
+      decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<T>{}, make_shape(Int<BN>{}, _64{}, Int<Stages>{}), Step<_2, _1, _3>{}))>;
+  using Mma = decltype(make_tiled_mma(GMMA::ss_op_selector<T, T, float, Shape<_64, Int<BN>, _64>, GMMA::Major::K, MB>()));
+  using Thr = decltype(Mma{}.get_slice(0));
+  using SA = decltype(local_tile(make_tensor(make_smem_ptr(static_cast<T*>(nullptr)), SmemA{}),
+                                 make_shape(Int<WGRows>{}, _64{}, Int<Stages>{}), make_coord(1, 0, 0)));
+  using SB = decltype(make_tensor(make_smem_ptr(static_cast<T*>(nullptr)), SmemB{}));
+  using PA = decltype(declval<Thr>().partition_A(declval<SA>()));
+  using PB = decltype(declval<Thr>().partition_B(declval<SB>()));
+  using Frags = W::SsFragments<WGRows, BM, BN, Stages, MB>;
+  static_assert(is_same_v<typename decltype(declval<Thr>().make_fragment_A(declval<PA>()))::layout_type, typename Frags::LayoutA>);
+  static_assert(is_same_v<typename decltype(declval<Thr>().make_fragment_B(declval<PB>()))::layout_type, typename Frags::LayoutB>);
+  static_assert(is_same_v<decltype(partition_fragment_C(Mma{}, Shape<Int<WGRows>, Int<BN>>{})), typename Frags::FragC>);
+  using A0 = decltype(tensor<0>(declval<PA>()));
+  using B0 = decltype(tensor<0>(declval<PB>()));
+  static_assert(cute_sbo<GMMA::Major::K, A0>() == W::Sw128<GMMA::Major::K>::kSbo);
+  static_assert(cute_lbo<GMMA::Major::K, A0>() == W::Sw128<GMMA::Major::K>::template lbo<WGRows>());
+  static_assert(cute_sbo<MB, B0>() == W::Sw128<MB>::kSbo);
+  static_assert(cute_lbo<MB, B0>() == W::Sw128<MB>::template lbo<BN>());
+  static constexpr bool ok = true;
+};
+
+// The B2B mainloop (b2b/mainloop_b2b.cuh): one k-block slot per wgmma operand; GEMM2 takes S
+// from registers.
+template <class T, int BN1, int BN2, GMMA::Major M1, GMMA::Major M2>
+struct B2b {
+  using Mma1 = decltype(make_tiled_mma(GMMA::ss_op_selector<T, T, float, Shape<_64, Int<BN1>, _64>, GMMA::Major::K, M1>()));
+  using Mma2 = decltype(make_tiled_mma(GMMA::rs_op_selector<T, T, float, Shape<_64, Int<BN2>, Int<BN1>>, GMMA::Major::K, M2>()));
+  using T1 = decltype(Mma1{}.get_slice(0));
+  using T2 = decltype(Mma2{}.get_slice(0));
+  template <GMMA::Major M, int Rows>
+  using Tile = decltype(make_tensor(make_smem_ptr(static_cast<T*>(nullptr)), SwTile<T, M, Rows>{}));
+  using PX = decltype(declval<T1>().partition_A(declval<Tile<GMMA::Major::K, 64>>()));
+  using PW1 = decltype(declval<T1>().partition_B(declval<Tile<M1, BN1>>()));
+  using PW2 = decltype(declval<T2>().partition_B(declval<Tile<M2, BN2>>()));
+  static_assert(is_same_v<typename decltype(declval<T1>().make_fragment_A(declval<PX>()))::layout_type, W::KBlockDescLayout<GMMA::Major::K>>);
+  static_assert(is_same_v<typename decltype(declval<T1>().make_fragment_B(declval<PW1>()))::layout_type, W::KBlockDescLayout<M1>>);
+  static_assert(is_same_v<typename decltype(declval<T2>().make_fragment_B(declval<PW2>()))::layout_type, W::KBlockDescLayout<M2>>);
+  static_assert(is_same_v<decltype(partition_fragment_C(Mma1{}, Shape<_64, Int<BN1>>{})), W::AccumM64<BN1>>);
+  static_assert(is_same_v<decltype(partition_fragment_C(Mma2{}, Shape<_64, Int<BN2>>{})), W::AccumM64<BN2>>);
+  using TileS = decltype(make_tensor(make_smem_ptr(static_cast<T*>(nullptr)),
+                                     tile_to_shape(GMMA::Layout_K_SW128_Atom<T>{}, Shape<_64, Int<BN1>>{})));
+  static_assert(is_same_v<decltype(declval<T2>().partition_fragment_A(declval<TileS>())), W::RegsA64<T, BN1>>);
+  static_assert(cute_sbo<M1, decltype(tensor<0>(declval<PW1>()))>() == W::Sw128<M1>::kSbo);
+  static_assert(cute_lbo<M1, decltype(tensor<0>(declval<PW1>()))>() == W::Sw128<M1>::template lbo<BN1>());
+  static_assert(cute_lbo<M2, decltype(tensor<0>(declval<PW2>()))>() == W::Sw128<M2>::template lbo<BN2>());
+  static constexpr bool ok = true;
+};
+
+using bf16 = cutlass::bfloat16_t;
+constexpr auto K = GMMA::Major::K, MN = GMMA::Major::MN;
+static_assert(Fused<bf16, 64, 64, 64, 7, K>::ok && Fused<bf16, 64, 64, 256, 5, MN>::ok);
+static_assert(Fused<bf16, 128, 128, 128, 5, K>::ok && Fused<bf16, 128, 128, 64, 7, MN>::ok);
+static_assert(Fused<cutlass::half_t, 128, 128, 128, 2, MN>::ok);
+static_assert(Fused<bf16, 128, 64, 256, 4, K>::ok && Fused<bf16, 128, 64, 256, 4, MN>::ok);  // cooperative
+static_assert(Fused<bf16, 256, 128, 64, 3, MN>::ok);  // cooperative, 2 x 128 rows
+static_assert(B2b<bf16, 64, 256, K, K>::ok && B2b<bf16, 128, 64, MN, MN>::ok);
+static_assert(B2b<cutlass::half_t, 128, 192, K, MN>::ok && B2b<bf16, 64, 128, MN, K>::ok);
+
+extern "C" __global__ void wgmma_vs_cute() {}
+)";
+
+TEST_F(EmitCompile, HandWrittenWgmmaOperandsMatchCute) {
+  opt_.jit.compiler = CompilerKind::Nvrtc;
+  opt_.jit.nvcc_fallback = false;
+  opt_.jit.use_cache = false;
+  CompiledKernel k = jit_compile({"wgmma_vs_cute", kWgmmaVsCute, "wgmma_vs_cute", {}}, opt_.jit);
+  EXPECT_TRUE(is_cubin_elf(k.cubin));
 }
 
 // NVRTC has no __builtin_inff: infinite literals compile with NVRTC alone (no nvcc fallback).

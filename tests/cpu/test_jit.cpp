@@ -13,6 +13,8 @@
 #include <regex>
 #include <set>
 
+#include <fmt/format.h>
+
 #include "comfuse/jit.h"
 
 namespace fs = std::filesystem;
@@ -220,6 +222,130 @@ TEST_F(Jit, EditingAnIncludedProjectHeaderChangesTheKey) {
   EXPECT_NE(before, jit_cache_key(s, opt_));
   opt_.compiler = CompilerKind::Nvrtc;  // the kernels dir is really on the include path
   expect_valid(jit_compile(s, opt_), "f");
+}
+
+// ---- NVRTC precompiled header (JitOptions::pch) ----------------------------------------
+// Kernels that share their #include block, as generated kernels do (a comment header, then
+// the kernel header): a small project header keeps the PCH at a few MB.
+KernelSource pch_kernel(const std::string& name, const std::string& header, int scale) {
+  return {name,
+          fmt::format("// kernel {}\n#include <comfuse/{}>\n\n"
+                      "extern \"C\" __global__ void {}(float* p) {{ p[threadIdx.x] = Scale<{}>::apply(p[threadIdx.x]); }}\n",
+                      name, header, name, scale),
+          name, {}};
+}
+
+class JitPch : public Jit {
+ protected:
+  void SetUp() override {
+    Jit::SetUp();
+    fs::path k = dir_ / "kernels";
+    fs::create_directories(k / "comfuse");
+    for (const char* h : {"scale.cuh", "scale2.cuh", "scale3.cuh"})
+      std::ofstream(k / "comfuse" / h)
+          << "#pragma once\ntemplate <int N> struct Scale { static __device__ float apply(float x) { return x * N; } };\n";
+    opt_.kernels_dir = k;
+    opt_.compiler = CompilerKind::Nvrtc;
+    opt_.nvcc_fallback = false;
+    opt_.pch = true;
+  }
+  // The same kernel without a PCH and without the cache: the reference cubin.
+  std::vector<char> plain_cubin(const KernelSource& s) const {
+    JitOptions o = opt_;
+    o.pch = false;
+    o.use_cache = false;
+    return jit_compile(s, o).cubin;
+  }
+  std::vector<fs::path> pch_files() const {
+    std::vector<fs::path> out;
+    if (fs::exists(opt_.cache_dir / "pch"))
+      for (const auto& e : fs::recursive_directory_iterator(opt_.cache_dir / "pch"))
+        if (e.path().extension() == ".pch") out.push_back(e.path());
+    return out;
+  }
+};
+
+TEST_F(JitPch, SecondKernelWithTheSameIncludesUsesTheFirstOnesPch) {
+  const JitPchStats before = jit_pch_stats();
+  CompiledKernel a = jit_compile(pch_kernel("ka", "scale.cuh", 2), opt_);
+  EXPECT_TRUE(a.pch_used) << a.log;
+  EXPECT_EQ(jit_pch_stats().created, before.created + 1);
+  ASSERT_EQ(pch_files().size(), 1u) << "the PCH lives under <cache>/pch/<this process>/";
+  EXPECT_NE(pch_files()[0].parent_path().filename().string().find(std::to_string(getpid()) + "."), std::string::npos);
+
+  KernelSource sb = pch_kernel("kb", "scale.cuh", 3);
+  CompiledKernel b = jit_compile(sb, opt_);
+  EXPECT_TRUE(b.pch_used) << b.log;
+  EXPECT_FALSE(b.cache_hit);
+  const JitPchStats after = jit_pch_stats();
+  EXPECT_EQ(after.created, before.created + 1) << "the second kernel made a PCH of its own";
+  EXPECT_EQ(after.used, before.used + 2);
+  EXPECT_EQ(after.failed, before.failed);
+  EXPECT_EQ(pch_files().size(), 1u);
+
+  // Same cubin, same key, same log as without the PCH: a cache entry does not record it.
+  EXPECT_EQ(b.cubin, plain_cubin(sb));
+  JitOptions off = opt_;
+  off.pch = false;
+  EXPECT_EQ(b.key, jit_cache_key(sb, off));
+  EXPECT_EQ(b.log.find("precompiled"), std::string::npos) << b.log;
+  EXPECT_FALSE(jit_compile(sb, opt_).pch_used) << "a cache hit compiles nothing";
+
+  // Other flags: another PCH (NVRTC refuses a PCH made with different options).
+  KernelSource sc = pch_kernel("kc", "scale.cuh", 4);
+  sc.flags = {"-DOTHER=1"};
+  EXPECT_TRUE(jit_compile(sc, opt_).pch_used);
+  EXPECT_EQ(jit_pch_stats().created, before.created + 2);
+}
+
+// A PCH that NVRTC cannot use costs a plain compile, never a failure, and is not tried again.
+// Truncated, NVRTC stops with a catastrophic error (the compile is redone without it);
+// overwritten with noise, NVRTC skips it (warning 626, silenced).
+TEST_F(JitPch, UnusablePchFallsBackToAPlainCompile) {
+  struct Damage {
+    const char* header;
+    std::function<void(const fs::path&)> apply;
+  };
+  const Damage damages[] = {
+      {"scale2.cuh", [](const fs::path& p) { fs::resize_file(p, 4096); }},
+      {"scale3.cuh",
+       [](const fs::path& p) {
+         std::ofstream out(p, std::ios::binary | std::ios::trunc);
+         for (int i = 0; i < (1 << 20); ++i) out.put(static_cast<char>(i * 2654435761u >> 24));
+       }},
+  };
+  for (const Damage& d : damages) {
+    SCOPED_TRACE(d.header);
+    ASSERT_TRUE(jit_compile(pch_kernel("first", d.header, 2), opt_).pch_used);
+    std::vector<fs::path> files = pch_files();
+    ASSERT_FALSE(files.empty());
+    for (const fs::path& f : files) d.apply(f);
+
+    const JitPchStats before = jit_pch_stats();
+    KernelSource s = pch_kernel("second", d.header, 5);
+    CompiledKernel k = jit_compile(s, opt_);
+    EXPECT_FALSE(k.pch_used);
+    EXPECT_EQ(k.cubin, plain_cubin(s));
+    EXPECT_EQ(k.log.find("precompiled"), std::string::npos) << k.log;
+    EXPECT_EQ(jit_pch_stats().failed, before.failed + 1);
+
+    CompiledKernel again = jit_compile(pch_kernel("third", d.header, 6), opt_);
+    EXPECT_FALSE(again.pch_used);
+    EXPECT_EQ(jit_pch_stats().failed, before.failed + 1) << "the unusable PCH was tried again";
+    EXPECT_EQ(jit_pch_stats().created, before.created) << "nor remade";
+    for (const fs::path& f : files) fs::remove(f);
+  }
+}
+
+// A source that does not start with directives has no PCH, and a source error stays an error
+// (reported once, from the plain compile's log).
+TEST_F(JitPch, NoIncludeBlockNoPch) {
+  const JitPchStats before = jit_pch_stats();
+  EXPECT_FALSE(jit_compile(trivial(), opt_).pch_used);
+  KernelSource bad = pch_kernel("bad", "scale.cuh", 2);
+  bad.source += "int broken = ;\n";
+  EXPECT_THROW(jit_compile(bad, opt_), Error);
+  EXPECT_EQ(jit_pch_stats().failed, before.failed);
 }
 
 void corrupt_and_rebuild(Jit& t, const JitOptions& opt, const std::function<void(const fs::path&)>& damage) {

@@ -11,6 +11,7 @@
 // X is re-read per chunk (from L2): the slot holds both so that K is not bounded by SMEM.
 #pragma once
 #include "../common.cuh"
+#include "../mainloop/wgmma.cuh"
 #include "../params.cuh"
 #include "ring.cuh"
 
@@ -32,30 +33,20 @@ struct MainloopB2b {
     alignas(1024) Element B[Stages * kSlotB];
   };
 
-  template <bool KMajor> using Major = cute::integral_constant<cute::GMMA::Major, KMajor ? cute::GMMA::Major::K : cute::GMMA::Major::MN>;
-  // One slot's operand tiles. An MN-major tile is Rows / 64 blocks of 64 rows x 64 k, each one
-  // TMA box {64, 64} (8 KiB, contiguous): its swizzle atoms (64 x 8) go along k first.
-  template <int Rows, bool KMajor>
-  using SlotLayout = cute::conditional_t<KMajor,
-      decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<Element>{}, cute::Shape<cute::Int<Rows>, cute::Int<BK>>{})),
-      decltype(cute::tile_to_shape(cute::GMMA::Layout_MN_SW128_Atom<Element>{}, cute::Shape<cute::Int<Rows>, cute::Int<BK>>{},
-                                   cute::Step<cute::_2, cute::_1>{}))>;
-  using LayoutX = SlotLayout<BM, true>;
-  using LayoutW1 = SlotLayout<BN1, C.w1_kmajor>;
-  using LayoutW2 = SlotLayout<BN2, C.w2_kmajor>;
-
-  using TiledMma1 = decltype(cute::make_tiled_mma(cute::GMMA::ss_op_selector<Element, Element, float,
-      cute::Shape<cute::Int<BM>, cute::Int<BN1>, cute::Int<BK>>, cute::GMMA::Major::K, Major<C.w1_kmajor>::value>()));
-  using TiledMma2 = decltype(cute::make_tiled_mma(cute::GMMA::rs_op_selector<Element, Element, float,
-      cute::Shape<cute::Int<BM>, cute::Int<BN2>, cute::Int<BN1>>, cute::GMMA::Major::K, Major<C.w2_kmajor>::value>()));
-  using FragP = decltype(cute::partition_fragment_C(TiledMma1{}, cute::Shape<cute::Int<BM>, cute::Int<BN1>>{}));
-  using FragO = decltype(cute::partition_fragment_C(TiledMma2{}, cute::Shape<cute::Int<BM>, cute::Int<BN2>>{}));
+  template <bool KMajor> static constexpr auto kMajor = KMajor ? wgmma::Major::K : wgmma::Major::MN;
+  // One slot's operand tiles (a k-block: Rows x 64): K-major, or MN-major as Rows / 64 blocks of
+  // 64 rows x 64 k, each one TMA box {64, 64} (8 KiB, contiguous), swizzle atoms (64 x 8)
+  // along k first (wgmma.cuh describes both).
+  using Mma1 = cute::MMA_Traits<decltype(cute::GMMA::ss_op_selector<Element, Element, float,
+      cute::Shape<cute::Int<BM>, cute::Int<BN1>, cute::Int<BK>>, cute::GMMA::Major::K, kMajor<C.w1_kmajor>>())>;
+  using Mma2 = cute::MMA_Traits<decltype(cute::GMMA::rs_op_selector<Element, Element, float,
+      cute::Shape<cute::Int<BM>, cute::Int<BN2>, cute::Int<BN1>>, cute::GMMA::Major::K, kMajor<C.w2_kmajor>>())>;
+  static_assert(BM == 64, "one m64 wgmma per warp group");
+  using FragP = wgmma::AccumM64<BN1>;
+  using FragO = wgmma::AccumM64<BN2>;
   // S as GEMM2's register A operand: ((2,2,2), 1, BN1/16) values; flat index i is the P
   // accumulator's flat index i (same rows and columns), so S(i) = F(P(i)).
-  using LayoutS = decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<Element>{},
-                                                cute::Shape<cute::Int<BM>, cute::Int<BN1>>{}));
-  using FragS = decltype(TiledMma2{}.get_slice(0).partition_fragment_A(
-      cute::make_tensor(cute::make_smem_ptr(static_cast<Element*>(nullptr)), LayoutS{})));
+  using FragS = wgmma::RegsA64<Element, BN1>;
 
   static constexpr uint32_t kTxGemm1 = uint32_t((BM + C.gemm1_b_rows()) * BK * sizeof(Element));
   static constexpr uint32_t kTxGemm2 = uint32_t(BN2 * BK * sizeof(Element));
@@ -109,32 +100,28 @@ struct MainloopB2b {
   static COMFUSE_DEVICE void gemm1(Params const& p, typename RingT::Storage& ring, State& rd, Taken& taken,
                                    SharedStorage& s, FP& P, FP& P3, int t) {
     using namespace cute;
-    TiledMma1 mma;
-    auto thr = mma.get_slice(t);
+    Mma1 mma;
     int const kb_count = k_blocks(p);
     mma.accumulate_ = GMMA::ScaleOut::Zero;
     warpgroup_fence_operand(P);
     if constexpr (C.gated) warpgroup_fence_operand(P3);
     for (int kb = 0; kb < kb_count; ++kb) {
       RingT::wait(ring, rd);
-      Tensor sX = make_tensor(make_smem_ptr(s.A + rd.index * kSlotA), LayoutX{});
-      Tensor sW = make_tensor(make_smem_ptr(s.B + rd.index * kSlotB), LayoutW1{});
-      Tensor tX = thr.make_fragment_A(thr.partition_A(sX));
-      Tensor tW = thr.make_fragment_B(thr.partition_B(sW));
+      Tensor tX = wgmma::kblock_descs<wgmma::Major::K, BM>(s.A + rd.index * kSlotA);
+      Tensor tW = wgmma::kblock_descs<kMajor<C.w1_kmajor>, BN1>(s.B + rd.index * kSlotB);
       warpgroup_arrive();
       auto acc_flag = mma.accumulate_;
       CUTE_UNROLL
       for (int k = 0; k < size<2>(tX); ++k) {
-        cute::gemm(mma, tX(_, _, k), tW(_, _, k), P);
+        wgmma::gemm(mma, tX(_, _, k), tW(_, _, k), P);
         mma.accumulate_ = GMMA::ScaleOut::One;
       }
       if constexpr (C.gated) {
-        Tensor sW3 = make_tensor(make_smem_ptr(s.B + rd.index * kSlotB + BN1 * BK), LayoutW1{});
-        Tensor tW3 = thr.make_fragment_B(thr.partition_B(sW3));
+        Tensor tW3 = wgmma::kblock_descs<kMajor<C.w1_kmajor>, BN1>(s.B + rd.index * kSlotB + BN1 * BK);
         mma.accumulate_ = acc_flag;
         CUTE_UNROLL
         for (int k = 0; k < size<2>(tX); ++k) {
-          cute::gemm(mma, tX(_, _, k), tW3(_, _, k), P3);
+          wgmma::gemm(mma, tX(_, _, k), tW3(_, _, k), P3);
           mma.accumulate_ = GMMA::ScaleOut::One;
         }
       }
@@ -152,19 +139,17 @@ struct MainloopB2b {
   static COMFUSE_DEVICE void gemm2(typename RingT::Storage& ring, State& rd, Taken& taken, SharedStorage& s,
                                    FS const& S, FO& O, bool first, int t) {
     using namespace cute;
-    TiledMma2 mma;
-    auto thr = mma.get_slice(t);
+    Mma2 mma;
     mma.accumulate_ = first ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
     warpgroup_fence_operand(O);
     CUTE_UNROLL
     for (int kb = 0; kb < kGemm2Blocks; ++kb) {
       RingT::wait(ring, rd);
-      Tensor sW = make_tensor(make_smem_ptr(s.B + rd.index * kSlotB), LayoutW2{});
-      Tensor tW = thr.make_fragment_B(thr.partition_B(sW));
+      Tensor tW = wgmma::kblock_descs<kMajor<C.w2_kmajor>, BN2>(s.B + rd.index * kSlotB);
       warpgroup_arrive();
       CUTE_UNROLL
       for (int k = 0; k < size<2>(tW); ++k) {
-        cute::gemm(mma, S(_, _, kb * size<2>(tW) + k), tW(_, _, k), O);
+        wgmma::gemm(mma, S(_, _, kb * size<2>(tW) + k), tW(_, _, k), O);
         mma.accumulate_ = GMMA::ScaleOut::One;
       }
       warpgroup_commit_batch();

@@ -12,12 +12,13 @@
 //   B: N x K (K-major, one box {64, BN}) or K x N (N-major, BN/64 boxes {64, 64}).
 // Consumers: WGsPerTile == 1 (PingPong): one warp group computes the whole BM x BN tile
 //   (BM/64 wgmma m64nBNk16 per k16 step). WGsPerTile == 2 (Cooperative): BM == 128, both
-//   consumer warp groups work on the same tile, 64 rows each (the TiledMma spans 256
-//   threads). Either way a consumer waits for the slot, issues the wgmmas of the k-block,
+//   consumer warp groups work on the same tile, 64 rows each. Either way a consumer waits for the slot, issues the wgmmas of the k-block,
 //   keeps one k-block in flight, and releases the slot of the previous k-block.
 // Cooperative with BM == 256 (2 x 128 rows, cuBLAS's favourite shape): each consumer WG runs
-//   its own one-warp-group TiledMma on its contiguous half of the A tile (rows 128*wg..),
-//   so a WG's accumulators always cover BM/WGsPerTile contiguous rows.
+//   its one-warp-group wgmmas on its contiguous half of the A tile (rows 128*wg..), so a
+//   WG's accumulators always cover BM/WGsPerTile contiguous rows.
+// The wgmma operands (SMEM descriptors, accumulator fragment) come from wgmma.cuh, written out
+// rather than derived by CuTe's TiledMMA partitioning: same SASS, half the JIT compile time.
 // ClusterM (default 1; only with ClusterN == 1: epilogues without row reductions, or row
 //   groups that reduce across clusters through L2): clusters of ClusterM x 1 CTAs along M
 //   share the B tile: CTA rank r <
@@ -32,6 +33,7 @@
 #pragma once
 #include "../common.cuh"
 #include "../params.cuh"
+#include "wgmma.cuh"
 
 namespace comfuse {
 
@@ -57,24 +59,13 @@ struct MainloopSm90 {
   static constexpr int BSliceRows = BN / BSlices;
   static constexpr uint32_t kTxBytes = uint32_t((BM + BN) * BK * sizeof(Element));
 
-  using MajorB = cute::conditional_t<BKMajor, cute::integral_constant<cute::GMMA::Major, cute::GMMA::Major::K>,
-                                     cute::integral_constant<cute::GMMA::Major, cute::GMMA::Major::MN>>;
-  using SmemLayoutA = decltype(cute::tile_to_shape(
-      cute::GMMA::Layout_K_SW128_Atom<Element>{},
-      cute::make_shape(cute::Int<BM>{}, cute::Int<BK>{}, cute::Int<Stages>{})));
-  // N-major B: 64-column atoms, K-blocks of one atom contiguous (= one TMA box {64, 64}).
-  using SmemLayoutB = cute::conditional_t<BKMajor,
-      decltype(cute::tile_to_shape(cute::GMMA::Layout_K_SW128_Atom<Element>{},
-                                   cute::make_shape(cute::Int<BN>{}, cute::Int<BK>{}, cute::Int<Stages>{}))),
-      decltype(cute::tile_to_shape(cute::GMMA::Layout_MN_SW128_Atom<Element>{},
-                                   cute::make_shape(cute::Int<BN>{}, cute::Int<BK>{}, cute::Int<Stages>{}),
-                                   cute::Step<cute::_2, cute::_1, cute::_3>{}))>;
-
+  static constexpr auto MajorB = BKMajor ? wgmma::Major::K : wgmma::Major::MN;
   using MmaOp = decltype(cute::GMMA::ss_op_selector<Element, Element, float,
                          cute::Shape<cute::_64, cute::Int<BN>, cute::Int<BK>>,
-                         cute::GMMA::Major::K, MajorB::value>());
+                         cute::GMMA::Major::K, MajorB>());
   // One warp group's MMA; a cooperative WG applies it to its own WGRows rows of A.
-  using TiledMma = decltype(cute::make_tiled_mma(MmaOp{}));
+  using MmaTraits = cute::MMA_Traits<MmaOp>;
+  using Frags = wgmma::SsFragments<WGRows, BM, BN, Stages, MajorB>;
 
   using Pipeline = cutlass::PipelineTmaAsync<Stages>;
   using PipelineState = typename Pipeline::PipelineState;
@@ -88,7 +79,7 @@ struct MainloopSm90 {
   // Accumulator registers of one thread: WGRows*BN/128 floats; register i of m64-block mi
   // holds row 64*mi (+ WGRows*wg when cooperative) + 16*warp + lane/4 + 8*((i>>1)&1),
   // column 8*(i>>2) + 2*(lane%4) + (i&1).
-  using FragC = decltype(cute::partition_fragment_C(TiledMma{}, cute::Shape<cute::Int<WGRows>, cute::Int<BN>>{}));
+  using FragC = typename Frags::FragC;
 
   static COMFUSE_DEVICE int k_tiles(Params const& p) { return (p.K + BK - 1) / BK; }
 
@@ -145,16 +136,13 @@ struct MainloopSm90 {
   static COMFUSE_DEVICE void mma(Pipeline& pipeline, PipelineState& read_state, PipelineState& release_state,
                                  SharedStorage& smem, FragC& accum, int kt_count, int mma_thread) {
     using namespace cute;
-    Tensor sA_all = make_tensor(make_smem_ptr(smem.A), SmemLayoutA{});
-    Tensor sB = make_tensor(make_smem_ptr(smem.B), SmemLayoutB{});
-    // This WG's rows of A: (WGRows, BK, Stages); offsets are multiples of 64 rows (8 KB),
-    // so the 128B swizzle pattern is unchanged.
-    Tensor sA = local_tile(sA_all, make_shape(Int<WGRows>{}, Int<BK>{}, Int<Stages>{}),
-                           make_coord(mma_thread / kWarpGroupThreads, 0, 0));
-    TiledMma tiled_mma;
-    auto thr = tiled_mma.get_slice(mma_thread % kWarpGroupThreads);
-    Tensor tCrA = thr.make_fragment_A(thr.partition_A(sA));  // (MMA, MMA_M, MMA_K, PIPE)
-    Tensor tCrB = thr.make_fragment_B(thr.partition_B(sB));  // (MMA, MMA_N, MMA_K, PIPE)
+    // This WG's rows of A: a multiple of 64 rows (8 KB) in, so the 128B swizzle pattern is
+    // unchanged. (MMA, MMA_M, MMA_K, PIPE) and (MMA, MMA_N, MMA_K, PIPE) descriptor tensors.
+    Element const* a0 = smem.A + (mma_thread / kWarpGroupThreads) * WGRows * BK;
+    Tensor tCrA = make_tensor(GMMA::DescriptorIterator{wgmma::sw128_desc<GMMA::Major::K, WGRows>(a0)},
+                              typename Frags::LayoutA{});
+    Tensor tCrB = make_tensor(GMMA::DescriptorIterator{wgmma::sw128_desc<MajorB, BN>(smem.B)}, typename Frags::LayoutB{});
+    MmaTraits tiled_mma;
 
     tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
     warpgroup_fence_operand(accum);
@@ -164,7 +152,7 @@ struct MainloopSm90 {
       warpgroup_arrive();
       CUTE_UNROLL
       for (int kb = 0; kb < size<2>(tCrA); ++kb) {
-        cute::gemm(tiled_mma, tCrA(_, _, kb, s), tCrB(_, _, kb, s), accum);
+        wgmma::gemm(tiled_mma, tCrA(_, _, kb, s), tCrB(_, _, kb, s), accum);
         tiled_mma.accumulate_ = GMMA::ScaleOut::One;
       }
       warpgroup_commit_batch();
