@@ -32,6 +32,7 @@
 #include <spdlog/spdlog.h>
 
 #include "comfuse/jit.h"
+#include "field_hash.h"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -194,13 +195,8 @@ KeyInputs make_key(const KernelSource& src, const JitOptions& opt, const Compile
   k.flags = cc.flags(src, opt);
   fs::path kdir = kernels_dir_of(opt);
   k.headers = project_headers(src.source, kdir);
-  XXH3_state_t* st = XXH3_createState();
-  XXH3_128bits_reset(st);
-  auto field = [&](std::string_view s) {
-    uint64_t n = s.size();
-    XXH3_128bits_update(st, &n, sizeof n);
-    XXH3_128bits_update(st, s.data(), s.size());
-  };
+  jit_detail::FieldHash key;
+  auto field = [&](std::string_view s) { key.field(s); };
   field(fmt::format("comfuse-jit-v{}", kFormat));
   field(src.name);
   field(src.source);
@@ -213,9 +209,7 @@ KeyInputs make_key(const KernelSource& src, const JitOptions& opt, const Compile
     field(path);
     field(hash);
   }
-  XXH128_hash_t h = XXH3_128bits_digest(st);
-  XXH3_freeState(st);
-  k.key = hex64(h.high64) + hex64(h.low64);
+  k.key = key.hex();
   return k;
 }
 

@@ -20,6 +20,7 @@
 #include <spdlog/spdlog.h>
 
 #include "comfuse/jit.h"
+#include "field_hash.h"
 
 namespace fs = std::filesystem;
 
@@ -315,20 +316,12 @@ class NvrtcCompiler final : public Compiler {
                         std::string& key) const {
     const std::string prefix = leading_directives(src.source);
     if (prefix.empty()) return {};
-    XXH3_state_t* st = XXH3_createState();
-    XXH3_128bits_reset(st);
-    auto field = [&](std::string_view s) {
-      uint64_t n = s.size();
-      XXH3_128bits_update(st, &n, sizeof n);
-      XXH3_128bits_update(st, s.data(), s.size());
-    };
-    field(identity_);
-    for (const std::string& f : flags) field(f);
-    field(prefix);
-    field(req.salt);
-    XXH128_hash_t h = XXH3_128bits_digest(st);
-    XXH3_freeState(st);
-    key = fmt::format("{:016x}{:016x}", h.high64, h.low64);
+    jit_detail::FieldHash hash;
+    hash.field(identity_);
+    for (const std::string& f : flags) hash.field(f);
+    hash.field(prefix);
+    hash.field(req.salt);
+    key = hash.hex();
 
     PchRegistry& reg = pch_registry();
     {
