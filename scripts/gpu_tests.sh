@@ -39,7 +39,8 @@ for r in $runs; do
   .carry/bin/comfuse run "examples/${r%%:*}.cf" --shape "${r#*:}" >> "$out/cli.log" 2>&1 || rc=1
 done
 # B2B pairs (bench/RESULTS.md's B2B rows): shapes as --dim bindings.
-b2b_runs="${B2B_RUNS:-ffn:M=8192,K=1024,N=4096,D=256 attention:M=16384,N=16384,K=128,DV=128 attention:M=4096,N=4096,K=64,DV=64}"
+b2b_runs="${B2B_RUNS:-ffn:M=8192,K=1024,N=4096,D=256 attention:M=16384,N=16384,K=128,DV=128 attention:M=4096,N=4096,K=64,DV=64
+  attention_causal:M=16384,N=16384,K=128,DV=128 attention_causal:M=4096,N=4096,K=64,DV=64}"
 dims() { echo "${1#*:}" | tr ',' '\n' | sed 's/^/--dim /' | tr '\n' ' '; }
 for r in $b2b_runs; do .carry/bin/comfuse compile "examples/${r%%:*}.cf" $(dims "$r") > /dev/null 2>&1 & done; wait
 for r in $b2b_runs; do

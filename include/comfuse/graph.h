@@ -42,6 +42,7 @@ enum class OpKind {
   Cast,       // round to a storage dtype
   Reduce,     // over one dim, keepdim; `dim` is -1 for the last dim
   Transpose,  // rank-2 transpose (outside the fusion domain; executed by the reference)
+  CausalMask, // -inf where col > row of a matmul's [M, N] output (ops.h, CausalMaskOp)
 };
 std::string_view name_of(OpKind k);
 
@@ -100,6 +101,10 @@ class Graph {
   Value cast(Value x, DType to);
   Value reduce(ReduceOp op, Value x, int dim = -1);
   Value transpose(Value x);
+  // The causal mask of attention scores (ops.h, CausalMaskOp): -inf where the column (key) lies
+  // past the row (query). `x` must be a tile [M, N] of a matmul's output or computed from one
+  // (e.g. matmul(q, k) * scale): the mask reads the element's row and column in that output.
+  Value causal_mask(Value x);
 
   // Composites (expanded into primitives). gamma/beta may be absent (id -1).
   Value layer_norm(Value x, Value gamma, Value beta, double eps = 1e-5);

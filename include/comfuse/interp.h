@@ -33,8 +33,17 @@ using TensorMap = std::map<std::string, Tensor>;  // keyed by graph input / outp
 // epilogue like LayerNorm(acc + bias) rows whose mean >> std (a cancellation test).
 TensorMap random_inputs(const Graph& g, const Bindings& dims, std::mt19937_64& rng, double offset = 0.0);
 
+// Some rows of a larger problem (reference_rows): the inputs whose first dim is `dim` hold
+// rows `rows` of the full problem's, and the bindings bind `dim` to rows.size(). A
+// position-dependent op (causal_mask) reads each row's index in the full problem from it.
+struct RowSample {
+  std::string dim;
+  std::vector<int64_t> rows;
+};
+
 // Executes the whole graph (every op, fused domain or not). Returns the graph outputs.
-TensorMap run_graph(const Graph& g, const Bindings& dims, const TensorMap& inputs);
+// `sample`: the inputs are some rows of a larger problem (default: the whole problem).
+TensorMap run_graph(const Graph& g, const Bindings& dims, const TensorMap& inputs, const RowSample& sample = {});
 // Every node's value (for debugging and for feeding regions), indexed by node id.
 std::vector<Tensor> run_graph_all(const Graph& g, const Bindings& dims, const TensorMap& inputs);
 
@@ -96,7 +105,8 @@ void check_reference_memory(const Graph& g, const Bindings& dims, int64_t budget
 std::vector<int64_t> reference_rows(int64_t m, int64_t n, int64_t k);
 // Whether row i of every value of `g` depends only on row i of the inputs indexed by the
 // symbol `m` (no transpose or reduction across M, no GEMM B operand indexed by M, M only as
-// the first dim): then a check of some rows is a check of those rows exactly.
+// the first dim), and on the index i itself (a causal mask: run_graph takes the rows' indices
+// from its RowSample): then a check of some rows is a check of those rows exactly.
 bool row_local(const Graph& g, const std::string& m);
 
 }  // namespace comfuse

@@ -1,5 +1,7 @@
 #pragma once
-// Typed views of the operator vocabulary in ops.def.
+// Typed views of the operator vocabulary in ops.def, and the one position-dependent op.
+#include <cstdint>
+#include <limits>
 #include <optional>
 #include <string_view>
 
@@ -40,5 +42,21 @@ double apply(BinaryOp op, double a, double b);
 double reduce_identity(ReduceOp op);
 double reduce_combine(ReduceOp op, double acc, double x);
 double reduce_finalize(ReduceOp op, double acc, long long n);
+
+// The causal mask of attention: the one op whose value depends on the element's position
+// (its row and column in the GEMM's [M, N] output) and not on its operand alone, so it is not
+// an ops.def row but its own kind (OpKind::CausalMask in graph.h, ComputeKind::CausalMask in
+// spec.h). Its one description, as ops.def's rows are for the others: the name (graph text,
+// spec text, messages), the fp64 semantics (every CPU executor) and the device node Psi
+// instantiates (kernels/comfuse/epilogue/nodes.cuh, CausalMask<Src>).
+struct CausalMaskOp {
+  static constexpr std::string_view name = "causal_mask";
+  static constexpr std::string_view device_node = "CausalMask";
+  // -inf where the key (column) lies past the query (row): top-left aligned, row r attends to
+  // columns 0..r, as torch's is_causal. `row` and `col` index the whole [M, N] output.
+  static double apply(double x, int64_t row, int64_t col) {
+    return col > row ? -std::numeric_limits<double>::infinity() : x;
+  }
+};
 
 }  // namespace comfuse

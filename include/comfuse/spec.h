@@ -27,7 +27,8 @@ namespace comfuse {
 enum class NodeCategory { AccEntry, Broadcast, Compute, Reduction, Placeholder, Store };
 enum class ValueClass { Tile, Col, Row, Scalar };
 enum class BroadcastKind { Scalar, Row, Col, Tile };  // Scalar: a literal or a runtime scalar arg; Tile: an [M, N] input
-enum class ComputeKind { Unary, Binary, Cast };
+// CausalMask: -inf where the element's column lies past its row (ops.h, CausalMaskOp), of a tile.
+enum class ComputeKind { Unary, Binary, Cast, CausalMask };
 enum class PlaceholderKind { Stat, Bypass };
 // Two reductions of a chain that share one exchange round (pair_kind below).
 enum class PairKind { None, MeanVariance, MaxExpSum };

@@ -263,6 +263,7 @@ NB_MODULE(_core, m) {
       }, "x"_a, "gamma"_a = -1, "beta"_a = -1, "eps"_a = 1e-5)
       .def("rms_norm", [](PyGraph& g, int x, int gamma, double eps) { return g.g.rms_norm(g.v(x), g.opt(gamma), eps).id; },
            "x"_a, "gamma"_a = -1, "eps"_a = 1e-6)
+      .def("causal_mask", [](PyGraph& g, int x) { return g.g.causal_mask(g.v(x)).id; })
       .def("softmax", [](PyGraph& g, int x) { return g.g.softmax(g.v(x)).id; })
       .def("log_softmax", [](PyGraph& g, int x) { return g.g.log_softmax(g.v(x)).id; })
       .def("l2_normalize", [](PyGraph& g, int x, double eps) { return g.g.l2_normalize(g.v(x), eps).id; }, "x"_a,

@@ -1,6 +1,7 @@
 // Ψ's expansion rules: each NodeCategory maps to one device template family of
 // kernels/comfuse/epilogue/nodes.cuh. An op's device functor name comes from the
-// vocabulary (ops.def), so a new op needs no change here.
+// vocabulary (ops.def; the causal mask's from CausalMaskOp in ops.h), so a new op needs no
+// change here.
 #include <fmt/format.h>
 
 #include <cmath>
@@ -69,6 +70,8 @@ std::string compute(EmitContext&, const Spec& st, int i, const std::string&) {
       return fmt::format("comfuse::epi::Compute<comfuse::epi::{}{}>", device_functor_of(n.binary), operands(n));
     case ComputeKind::Cast:
       return fmt::format("comfuse::epi::Cast<{}{}>", cpp_type(n.cast_to), operands(n));
+    case ComputeKind::CausalMask:
+      return fmt::format("comfuse::epi::{}<{}>", CausalMaskOp::device_node, n.operands.at(0));
   }
   return "";
 }

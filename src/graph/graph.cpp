@@ -6,6 +6,10 @@
 #include <unordered_map>
 
 namespace comfuse {
+namespace {
+std::string op_label(const Node& n);  // "sum", "cast to bf16": for messages (below)
+bool user_named(const Node& n);       // a name the user gave, not one the graph made up
+}  // namespace
 
 std::string Dim::str() const { return sym.empty() ? std::to_string(size) : sym; }
 
@@ -32,6 +36,7 @@ std::string_view name_of(OpKind k) {
     case OpKind::Cast: return "cast";
     case OpKind::Reduce: return "reduce";
     case OpKind::Transpose: return "transpose";
+    case OpKind::CausalMask: return CausalMaskOp::name;
   }
   return "?";
 }
@@ -216,6 +221,45 @@ Value Graph::transpose(Value x) {
   return add_node(std::move(n));
 }
 
+Value Graph::causal_mask(Value x) {
+  check_handle(this, x, CausalMaskOp::name, loc_);
+  const Shape& s = node(x.id).shape;
+  auto who = [&] {  // the operand as the user wrote it: by name, or the op a nested expression applies
+    const Node& in = node(x.id);
+    return user_named(in) ? fmt::format("'{}'", in.name) : fmt::format("the {} it is given", op_label(in));
+  };
+  if (s.size() != 2)
+    throw Error(loc_, fmt::format("{}: {} has shape {}; the mask applies to a rank-2 tile [M, N] of a matmul's output "
+                                  "(rows: queries, columns: keys)",
+                                  CausalMaskOp::name, who(), to_string(s)));
+  // The matmuls x is computed from (ids are topological: inputs precede their users).
+  std::vector<bool> upstream(nodes_.size(), false);
+  upstream[static_cast<size_t>(x.id)] = true;
+  bool from_matmul = false, tile = false;
+  for (int id = x.id; id >= 0; --id) {
+    if (!upstream[static_cast<size_t>(id)]) continue;
+    const Node& n = node(id);
+    if (n.kind == OpKind::MatMul) {
+      from_matmul = true;
+      tile = tile || n.shape == s;
+    }
+    for (int in : n.inputs) upstream[static_cast<size_t>(in)] = true;
+  }
+  if (!from_matmul)
+    throw Error(loc_, fmt::format("{}: {} is not computed from a matmul; the mask applies to a tile [M, N] of a "
+                                  "matmul's output, e.g. the scores matmul(q, k)",
+                                  CausalMaskOp::name, who()));
+  if (!tile)
+    throw Error(loc_, fmt::format("{}: {} has shape {}, which is not the output shape of a matmul it is computed from; "
+                                  "the mask applies to a tile [M, N] of a matmul's output",
+                                  CausalMaskOp::name, who(), to_string(s)));
+  Node n;
+  n.kind = OpKind::CausalMask;
+  n.inputs = {x.id};
+  n.shape = s;
+  return add_node(std::move(n));
+}
+
 // Composites. Numerics follow DESIGN.md: variance of (x - mean), softmax subtracts the max.
 Value Graph::layer_norm(Value x, Value gamma, Value beta, double eps) {
   Value mean = reduce(ReduceOp::Mean, x);
@@ -279,6 +323,7 @@ std::string op_label(const Node& n) {
     case OpKind::Cast: return fmt::format("cast to {}", name_of(n.dtype));
     case OpKind::Reduce: return std::string(name_of(n.reduce));
     case OpKind::Transpose: return "transpose";
+    case OpKind::CausalMask: return std::string(CausalMaskOp::name);
   }
   return "?";
 }

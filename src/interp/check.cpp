@@ -124,6 +124,7 @@ bool row_local(const Graph& g, const std::string& m) {
       case OpKind::MatMul:
         if (mentions(g.node(n.inputs[1]).shape)) return false;  // B indexed by M: X x X^T
         break;
+      case OpKind::CausalMask: break;  // reads the row's index too: run_graph takes it from its RowSample
       default: break;
     }
   }

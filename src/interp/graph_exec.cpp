@@ -49,7 +49,7 @@ Tensor reduce(const Node& n, const Tensor& x) {
 
 }  // namespace
 
-Tensor eval_node(const Node& n, const Bindings& dims, const std::vector<const Tensor*>& in) {
+Tensor eval_node(const Node& n, const Bindings& dims, const std::vector<const Tensor*>& in, const RowSample& sample) {
   switch (n.kind) {
     case OpKind::Input: throw Error(n.loc, "eval_node: inputs are taken, not evaluated");
     case OpKind::Constant: return filled({}, n.value);
@@ -76,6 +76,24 @@ Tensor eval_node(const Node& n, const Bindings& dims, const std::vector<const Te
       return t;
     }
     case OpKind::Reduce: return reduce(n, *in[0]);
+    case OpKind::CausalMask: {
+      Tensor t = *in[0];
+      if (t.shape.size() != 2) throw Error(n.loc, fmt::format("{} '{}' needs rank 2", CausalMaskOp::name, n.name));
+      const int64_t rows = t.shape[0], cols = t.shape[1];
+      // The row's index in the whole problem: a sample's rows are some rows of it.
+      const bool sampled = !sample.dim.empty() && n.shape.at(0).sym == sample.dim;
+      if (sampled && static_cast<int64_t>(sample.rows.size()) != rows)
+        throw Error(n.loc, fmt::format("{} '{}': {} rows, but the row sample names {}", CausalMaskOp::name, n.name, rows,
+                                       sample.rows.size()));
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t row = sampled ? sample.rows[static_cast<size_t>(r)] : r;
+        for (int64_t c = 0; c < cols; ++c) {
+          double& v = t.data[static_cast<size_t>(r * cols + c)];
+          v = CausalMaskOp::apply(v, row, c);
+        }
+      }
+      return t;
+    }
     case OpKind::Transpose: {
       const Tensor& x = *in[0];
       if (x.shape.size() != 2) throw Error(n.loc, fmt::format("transpose '{}' needs rank 2", n.name));
@@ -125,7 +143,7 @@ std::vector<Tensor> run_graph_all(const Graph& g, const Bindings& dims, const Te
   return vals;
 }
 
-TensorMap run_graph(const Graph& g, const Bindings& dims, const TensorMap& inputs) {
+TensorMap run_graph(const Graph& g, const Bindings& dims, const TensorMap& inputs, const RowSample& sample) {
   check_sizes(g, dims);
   check_reference_memory(g, dims);
   // Ids are topological; each value is freed after its last read.
@@ -144,7 +162,7 @@ TensorMap run_graph(const Graph& g, const Bindings& dims, const TensorMap& input
     } else {
       std::vector<const Tensor*> in;
       for (int i : n.inputs) in.push_back(val[static_cast<size_t>(i)]);
-      owned[id] = eval_node(n, dims, in);
+      owned[id] = eval_node(n, dims, in, sample);
       val[id] = &*owned[id];
       for (int i : n.inputs) release(i);
     }

@@ -30,7 +30,9 @@ std::vector<int> read_counts(const Graph& g);
 TensorMap run_spec_refs(const FusionSpec& s, const Bindings& dims, const std::map<std::string, const Tensor*>& args,
                         const ReduceTiling& t);
 
-// Evaluates a non-Input node from its operand values (in `n.inputs` order).
-Tensor eval_node(const Node& n, const Bindings& dims, const std::vector<const Tensor*>& in);
+// Evaluates a non-Input node from its operand values (in `n.inputs` order); `sample`: the
+// operands hold some rows of a larger problem (interp.h, RowSample).
+Tensor eval_node(const Node& n, const Bindings& dims, const std::vector<const Tensor*>& in,
+                 const RowSample& sample = {});
 
 }  // namespace comfuse::interp_detail

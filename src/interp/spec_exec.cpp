@@ -188,6 +188,15 @@ class SpecExec {
           } else if (n.compute == ComputeKind::Unary) {
             v[ui] = opnd(0);
             for (double& x : v[ui].data) x = apply(n.unary, x);
+          } else if (n.compute == ComputeKind::CausalMask) {
+            if (c != ValueClass::Tile) fail(path, i, fmt::format("{} of a {}, not a tile", CausalMaskOp::name, name_of(c)));
+            Tensor t = opnd(0);  // [M_, N_]: rows and columns of the whole output
+            for (int64_t r = 0; r < M_; ++r)
+              for (int64_t k = 0; k < N_; ++k) {
+                double& x = t.data[static_cast<size_t>(r * N_ + k)];
+                x = CausalMaskOp::apply(x, r, k);
+              }
+            v[ui] = std::move(t);
           } else {
             v[ui] = rounded(opnd(0), n.cast_to);
           }

@@ -2,7 +2,8 @@
 //
 // Three passes per GEMM root:
 //   1. Region growth (the closure of Φ): a node joins the region of matmul `mm` when
-//      its op is in the domain (unary, binary, cast, last-dim reduction), one operand
+//      its op is in the domain (unary, binary, cast, last-dim reduction, the causal mask of
+//      the [M, N] tile, whose device node reads each element's row and column), one operand
 //      comes from the region, every other operand is a leaf Φ can broadcast (literal
 //      -> scalar, rank-0 input -> runtime scalar, [N] -> row vector, [M, 1] -> column
 //      vector, [M, N] -> a tile input loaded with the accumulator's tile) and its own shape
@@ -129,7 +130,7 @@ class Lowering {
     for (int in : n.inputs) touches = touches || region_of_[in] == r;
     if (!touches) return "";  // not a candidate; no reason needed
     switch (n.kind) {
-      case OpKind::Unary: case OpKind::Binary: case OpKind::Cast: break;
+      case OpKind::Unary: case OpKind::Binary: case OpKind::Cast: case OpKind::CausalMask: break;
       case OpKind::Reduce:
         if (n.reduce_dim != static_cast<int>(g_.node(n.inputs[0]).shape.size()) - 1)
           return fmt::format("{} reduces dim {}, not the last (N) dimension", name_of(n.reduce), n.reduce_dim);
@@ -142,6 +143,9 @@ class Lowering {
       return fmt::format("result shape {} is neither the tile [M, N] nor a per-row column [M, 1]", to_string(n.shape));
     if (n.kind == OpKind::Reduce && classify(g_.node(n.inputs[0]).shape, mm.shape[0], mm.shape[1]) != ValueClass::Tile)
       return "reduces a value that is not a full [M, N] tile";
+    if (n.kind == OpKind::CausalMask && *cls != ValueClass::Tile)
+      return fmt::format("{} masks the GEMM's [M, N] tile by row and column; its operand is {}", CausalMaskOp::name,
+                         to_string(n.shape));
     for (int in : n.inputs) {
       if (region_of_[in] == r) continue;
       const Node& leaf = g_.node(in);
@@ -266,7 +270,9 @@ class Lowering {
         int pick = -1;
         for (int id : carried) {
           const Node& n = g_.node(id);
-          if (n.kind != OpKind::Unary && n.kind != OpKind::Binary && n.kind != OpKind::Cast) continue;
+          if (n.kind != OpKind::Unary && n.kind != OpKind::Binary && n.kind != OpKind::Cast &&
+              n.kind != OpKind::CausalMask)
+            continue;
           bool inputs_cross = true;
           for (int in : n.inputs)
             if (in_region(in, r) && is_tile(in, r))
@@ -414,8 +420,10 @@ class Lowering {
           sn.category = NodeCategory::Compute;
           sn.value_class = *classify(n.shape, mm.shape[0], mm.shape[1]);
           for (int in : n.inputs) sn.operands.push_back(operand(in));
-          sn.compute = n.kind == OpKind::Unary ? ComputeKind::Unary
-                       : n.kind == OpKind::Binary ? ComputeKind::Binary : ComputeKind::Cast;
+          sn.compute = n.kind == OpKind::Unary        ? ComputeKind::Unary
+                       : n.kind == OpKind::Binary     ? ComputeKind::Binary
+                       : n.kind == OpKind::CausalMask ? ComputeKind::CausalMask
+                                                      : ComputeKind::Cast;
           sn.unary = n.unary;
           sn.binary = n.binary;
           sn.cast_to = n.dtype;

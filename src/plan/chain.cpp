@@ -54,6 +54,7 @@ double node_cost(const FusionSpec& s, const SpecNode& n) {
     case NodeCategory::Store: return 2.0;       // convert + st.shared for the TMA store
     case NodeCategory::Compute:
       if (n.compute == ComputeKind::Cast) return 1.0;
+      if (n.compute == ComputeKind::CausalMask) return 2.0;  // compare the position, select
       if (n.compute == ComputeKind::Unary) return transcendental(n.unary) ? 8.0 : 1.0;
       if (n.binary == BinaryOp::Div) return 4.0;
       if (n.binary == BinaryOp::Pow) return 16.0;
@@ -151,6 +152,7 @@ std::string node_label(const FusionSpec& s, const Spec& stage, int index) {
                                                               : "scalar");
     case NodeCategory::Compute:
       if (n.compute == ComputeKind::Cast) return fmt::format("cast<{}>({})", name_of(n.cast_to), ops());
+      if (n.compute == ComputeKind::CausalMask) return fmt::format("{}({})", CausalMaskOp::name, ops());
       if (n.compute == ComputeKind::Unary) return fmt::format("{}({})", name_of(n.unary), ops());
       return fmt::format("{}({})", name_of(n.binary), ops());
     case NodeCategory::Reduction: return fmt::format("{}({})", name_of(n.reduce), ops());

@@ -1,8 +1,9 @@
 // The B2B decider: plans a pair of regions (lower.h's B2BCandidate) as one back-to-back GEMM
 // kernel (kernels/comfuse/b2b/), the planner's steps for the second kernel family:
 //   check     F (the first region's epilogue) runs per chunk of N1: elementwise, or softmax over
-//             all of N1 (online: running max and sum); GEMM2's epilogue reduces only what one
-//             job holds (N2 <= tile_n2); S, X, W1 and W2 are one 16-bit type
+//             all of N1 (online: running max and sum), maybe of causally masked scores (then a
+//             job skips the chunks past its rows); GEMM2's epilogue reduces only what one job
+//             holds (N2 <= tile_n2); S, X, W1 and W2 are one 16-bit type
 //   layout    tile_m 64 rows per consumer warp group; tile_n2 the smallest that covers N2 (one
 //             pass of GEMM1), else 256 with GEMM1 repeated per block of O; chunk_n1 128 unless
 //             the registers need 64
@@ -13,6 +14,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "comfuse/scheduler/grid.cuh"
 #include "plan_internal.h"
@@ -107,6 +109,65 @@ void check_pair(const FusionSpec& first, const FusionSpec& second, const B2bProb
                             p.n2));
 }
 
+// The origin of a causal mask in the spec nest, or "" when it has none.
+std::string causal_mask_in(const Spec& st) {
+  for (const SpecNode& n : st.nodes)
+    if (n.category == NodeCategory::Compute && n.compute == ComputeKind::CausalMask) return n.origin;
+  for (const Spec& c : st.children)
+    if (std::string o = causal_mask_in(c); !o.empty()) return o;
+  return "";
+}
+
+// Whether node i of `st` is -inf wherever a causal mask made it -inf: the mask, or the mask
+// through ops that keep -inf (a cast, adding or subtracting a finite literal, multiplying or
+// dividing by a positive finite one: attention's scale). The online softmax weighs such columns
+// exp(-inf) = 0, so a job may skip the chunks that hold nothing else.
+bool masked_to_neg_inf(const Spec& st, int i) {
+  const SpecNode& n = st.nodes.at(static_cast<size_t>(i));
+  if (n.category != NodeCategory::Compute) return false;
+  auto literal = [&](int k, bool positive) {
+    const SpecNode& b = st.nodes.at(static_cast<size_t>(k));
+    return b.category == NodeCategory::Broadcast && b.arg < 0 && std::isfinite(b.literal) &&
+           (!positive || b.literal > 0.0);
+  };
+  switch (n.compute) {
+    case ComputeKind::CausalMask: return true;
+    case ComputeKind::Cast: return masked_to_neg_inf(st, n.operands.at(0));
+    case ComputeKind::Unary: return false;
+    case ComputeKind::Binary: {
+      const int a = n.operands.at(0), b = n.operands.at(1);
+      // x op literal (either side where op commutes), the literal finite, and positive to scale.
+      auto through = [&](bool positive, bool commutes) {
+        return (literal(b, positive) && masked_to_neg_inf(st, a)) ||
+               (commutes && literal(a, positive) && masked_to_neg_inf(st, b));
+      };
+      switch (n.binary) {
+        case BinaryOp::Add: return through(false, true);
+        case BinaryOp::Sub: return through(false, false);
+        case BinaryOp::Mul: return through(true, true);
+        case BinaryOp::Div: return through(true, false);
+        default: return false;
+      }
+    }
+  }
+  return false;
+}
+
+// The share of GEMM work a causal job walks (b2b_chunks over every row block, scheduler/grid.cuh):
+// about half at M = N1, less when M < N1 (top-left aligned: the rows reach only their columns).
+double causal_share(const B2bConfig& k, int64_t m, int64_t n1) {
+  B2bConfig full = k;
+  full.causal = false;
+  const int64_t blocks = (m + k.tile_m - 1) / k.tile_m;
+  const int64_t all = b2b_chunks(full, 0, static_cast<int>(m), static_cast<int>(n1));
+  // Blocks from ceil(N1 / tile_m) - 1 on reach every column: only the ones before differ.
+  const int64_t partial = std::min<int64_t>(blocks, (n1 + k.tile_m - 1) / k.tile_m);
+  int64_t walked = (blocks - partial) * all;
+  for (int64_t b = 0; b < partial; ++b)
+    walked += b2b_chunks(k, static_cast<int>(b), static_cast<int>(m), static_cast<int>(n1));
+  return double(walked) / (double(blocks) * double(all));
+}
+
 // The spec with S's Store removed: what F keeps in SMEM (S itself stays in registers).
 FusionSpec without_store_of(FusionSpec f, int s_arg) {
   struct Strip {
@@ -158,7 +219,18 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
   k.gated = first.arg_index(ArgRole::OperandGate) >= 0;
   k.batched = p.batches > 1;
   k.online_softmax = plan.intermediate == B2bIntermediate::OnlineSoftmax;
-  k.causal = false;
+  // A causal mask in F (attention's masked scores): the kernel skips a job's chunks past its rows
+  // with the online softmax only (check(): -inf weighs 0 there; elementwise F would read it).
+  const std::string mask = causal_mask_in(first.root);
+  if (!mask.empty() && !k.online_softmax)
+    throw Error(fmt::format("b2b: F applies the causal mask {} but is not a softmax over N1 ({}): a B2B kernel takes a "
+                            "causal mask with the online softmax only, which weighs the masked columns 0 and skips "
+                            "the chunks past a job's rows",
+                            first.describe(mask), name_of(plan.intermediate)));
+  if (!mask.empty()) {
+    const SpecNode& max = first.root.nodes.at(static_cast<size_t>(first.root.terminal));  // the softmax's max
+    k.causal = masked_to_neg_inf(first.root, max.operands.at(0));
+  }
   k.tile_n2 = p.n2 <= 64 ? 64 : p.n2 <= 128 ? 128 : p.n2 <= 192 ? 192 : 256;
   if (opt.tile_n) k.tile_n2 = *opt.tile_n;
   plan.gemm1_passes = static_cast<int>((p.n2 + k.tile_n2 - 1) / k.tile_n2);
@@ -187,17 +259,18 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
   plan.grid_ctas = b2b_grid(k, static_cast<int>(p.batches), static_cast<int>(p.m), static_cast<int>(p.n2), dev.sm_count);
 
   // Estimate: the GEMMs at the measured B2B efficiency (calibration.h) on the SMs the grid
-  // occupies, against both GEMMs at the full rate with S through DRAM. A causal mask halves the
-  // GEMM work.
+  // occupies, against both GEMMs at the full rate with S through DRAM. A causal mask leaves the
+  // fused kernel the chunks that reach its rows (about half the GEMM work at M = N1); the unfused
+  // GEMMs compute every column and mask afterwards.
   const double gemm1 = 2.0 * p.batches * p.m * p.k * p.n1 * (k.gated ? 2 : 1);
   const double gemm2 = 2.0 * p.batches * p.m * p.n1 * p.n2;
-  const double causal = k.causal ? 0.5 : 1.0;
+  const double causal = k.causal ? causal_share(k, p.m, p.n1) : 1.0;
   const double rate = dev.sm_count * dev.sm_flops_per_s;
   const double efficiency = k.ring_stages >= 4 ? dev.b2b_efficiency_deep_ring : dev.b2b_efficiency_shallow_ring;
   const double occupied = std::min(1.0, double(plan.grid_ctas) / dev.sm_count);
   plan.fused_us = causal * (plan.gemm1_passes * gemm1 + gemm2) / (rate * occupied * efficiency) * 1e6;
   const double s_bytes = 2.0 * p.batches * p.m * p.n1 * 2;  // S written and read back
-  plan.unfused_us = causal * (gemm1 + gemm2) / rate * 1e6 + s_bytes / dev.dram_bytes_per_s * 1e6;
+  plan.unfused_us = (gemm1 + gemm2) / rate * 1e6 + s_bytes / dev.dram_bytes_per_s * 1e6;
 
   auto& r = plan.reasons;
   r.push_back(fmt::format("F: {} (chunks of {} columns of N1 = {})", name_of(plan.intermediate), k.chunk_n1, p.n1));
@@ -214,7 +287,14 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
                           "W1{}'s k-block or a W2 k-block); SMEM {} of {}",
                           k.ring_stages, fmt_bytes(k.slot_a_bytes() + k.slot_b_bytes()), k.b_region_rows(),
                           k.gated ? " and W3" : "", fmt_bytes(k.smem_bytes()), fmt_bytes(dev.smem_per_cta_bytes)));
-  if (k.causal) r.push_back("causal mask: a job walks only the chunks that reach its rows");
+  if (k.causal)
+    r.push_back(fmt::format("causal mask {}: a job walks only the chunks of N1 that reach its rows ({:.0f}% of the "
+                            "GEMM work), its row blocks last-first (the longest jobs start first)",
+                            first.describe(mask), causal * 100));
+  else if (!mask.empty())
+    r.push_back(fmt::format("causal mask {}: the softmax's input is not the mask (or the mask through a cast, a finite "
+                            "shift or a positive scale), so masked columns need not weigh 0: every job walks all of N1",
+                            first.describe(mask)));
   r.push_back(fmt::format("estimate {:.1f} us fused ({:.0f}% of the per-SM rate on {} of {} SMs, measured) against "
                           "{:.1f} us unfused (GEMM1 and GEMM2 at the measured rate, S through DRAM){}",
                           plan.fused_us, efficiency * 100, std::min<int64_t>(plan.grid_ctas, dev.sm_count), dev.sm_count,

@@ -107,16 +107,18 @@ DeviceRunReport run_and_check(const Graph& g, const Bindings& dims, uint64_t see
   const int64_t flops_k = second ? resolve(s.k, dims) + prob.k : prob.k;  // per output element
   TensorMap ref_inputs = inputs;
   Bindings ref_dims = dims;
+  RowSample sample;
   // Sampled rows need ops that are row-local in M (not X x X^T, whose B has M rows too).
   const std::vector<int64_t> rows =
       row_local(g, s.m.sym) ? reference_rows(prob.m, prob.n, flops_k) : reference_rows(prob.m, 1, 1);
   if (static_cast<int64_t>(rows.size()) != prob.m) {
     ref_dims[s.m.sym] = static_cast<int64_t>(rows.size());
+    sample = RowSample{s.m.sym, rows};  // a causal mask reads the rows' indices
     for (const Node& n : g.nodes())
       if (n.kind == OpKind::Input && n.shape.size() == 2 && n.shape[0] == s.m)
         ref_inputs[n.name] = take_rows(inputs.at(n.name), rows);
   }
-  const TensorMap want = run_graph(g, ref_dims, ref_inputs);
+  const TensorMap want = run_graph(g, ref_dims, ref_inputs, sample);
 
   std::vector<std::unique_ptr<DeviceBuffer>> buffers;
   RunArgs args;
@@ -226,6 +228,12 @@ DeviceRunReport run_and_check(const Graph& g, const Bindings& dims, uint64_t see
     double flops = 2.0 * double(prob.m) * double(prob.n) * double(prob.k);
     if (second) flops += 2.0 * double(prob.m) * double(resolve(s.n, dims)) * double(resolve(s.k, dims)) *
                          (s.arg_index(ArgRole::OperandGate) >= 0 ? 2 : 1);
+    // A causal B2B kernel's useful work: the unmasked scores only (row r keeps min(r + 1, N1) keys).
+    if (second && rep.b2b_plan.kernel.causal) {
+      const double m = double(prob.m), n1 = double(resolve(s.n, dims));
+      const double kept = m <= n1 ? m * (m + 1) / 2 : n1 * (n1 + 1) / 2 + (m - n1) * n1;
+      flops *= kept / (m * n1);
+    }
     rep.tflops = flops / (rep.kernel_ms * 1e-3) / 1e12;
   }
   if (opt.trace) rep.trace = k.trace();  // the last launch's timeline (a timed one when timed)

@@ -103,6 +103,7 @@ bool same_node(const SpecNode& a, const SpecNode& b) {
         case ComputeKind::Unary: return a.unary == b.unary;
         case ComputeKind::Binary: return a.binary == b.binary;
         case ComputeKind::Cast: return a.cast_to == b.cast_to;
+        case ComputeKind::CausalMask: return true;
       }
       return false;
     case NodeCategory::Reduction: return a.reduce == b.reduce && a.post == b.post;
@@ -235,6 +236,12 @@ class Verifier {
               fail(at, fmt::format("pow's exponent n{} must be a scalar, is a {}", node.operands[1], name_of(cls(1))));
             expect_class(at, node, combine(cls(0), cls(1)),
                          fmt::format("{} op {}", name_of(cls(0)), name_of(cls(1))));
+          } else if (node.compute == ComputeKind::CausalMask) {
+            expect_arity(at, node, 1, CausalMaskOp::name);
+            if (cls(0) != ValueClass::Tile)
+              fail(at, fmt::format("{} masks a tile (it reads each element's row and column); operand n{} is a {}",
+                                   CausalMaskOp::name, node.operands[0], name_of(cls(0))));
+            expect_class(at, node, ValueClass::Tile, "a causal mask keeps its tile");
           } else {
             expect_arity(at, node, 1, node.compute == ComputeKind::Cast ? std::string("a cast")
                                                                          : fmt::format("unary `{}`", name_of(node.unary)));

@@ -86,9 +86,10 @@ void print_stage(std::string& out, const Spec& sp, int indent) {
         body = fmt::format("bcast.{} {}", bcast_name(n.broadcast), n.arg >= 0 ? ref('a', n.arg) : fmt::format("{}", n.literal));
         break;
       case NodeCategory::Compute:
-        body = n.compute == ComputeKind::Unary    ? std::string(name_of(n.unary))
-               : n.compute == ComputeKind::Binary ? std::string(name_of(n.binary))
-                                                  : fmt::format("cast.{}", name_of(n.cast_to));
+        body = n.compute == ComputeKind::Unary        ? std::string(name_of(n.unary))
+               : n.compute == ComputeKind::Binary     ? std::string(name_of(n.binary))
+               : n.compute == ComputeKind::CausalMask ? std::string(CausalMaskOp::name)
+                                                      : fmt::format("cast.{}", name_of(n.cast_to));
         break;
       case NodeCategory::Reduction: body = fmt::format("reduce.{}", name_of(n.reduce)); break;
       case NodeCategory::Placeholder: body = n.placeholder == PlaceholderKind::Stat ? "stat" : "bypass"; break;
@@ -382,7 +383,7 @@ class SpecParser {
     SpecNode n;
     n.value_class = value_class(take());
     punct('=');
-    const Tok op = ident("an op (acc, bcast.*, a compute op, cast.*, reduce.*, stat, bypass, store)");
+    const Tok op = ident("an op (acc, bcast.*, a compute op, causal_mask, cast.*, reduce.*, stat, bypass, store)");
     const std::string& w = op.text;
     auto suffix = [&](std::string_view pre) -> std::optional<std::string_view> {
       if (w.size() > pre.size() && w.compare(0, pre.size(), pre) == 0) return std::string_view(w).substr(pre.size());
@@ -427,6 +428,9 @@ class SpecParser {
       n.placeholder = w == "stat" ? PlaceholderKind::Stat : PlaceholderKind::Bypass;
     } else if (w == "store") {
       n.category = NodeCategory::Store;
+    } else if (w == CausalMaskOp::name) {
+      n.category = NodeCategory::Compute;
+      n.compute = ComputeKind::CausalMask;
     } else if (auto u = unary_op_from_name(w)) {
       n.category = NodeCategory::Compute;
       n.compute = ComputeKind::Unary;

@@ -169,6 +169,7 @@ const char* const kSpecialOps[] = {"matmul", "cast", "transpose", "const", "laye
 // last enumerator), so a new ops.def row shows up in hints without an edit here.
 std::vector<std::string> known_op_names() {
   std::vector<std::string> names(std::begin(kSpecialOps), std::end(kSpecialOps));
+  names.emplace_back(CausalMaskOp::name);
   auto add = [&](std::string_view n) {
     if (std::find(names.begin(), names.end(), n) == names.end()) names.emplace_back(n);
   };
@@ -504,6 +505,12 @@ class Parser {
       Value x = arg(0);
       return build([&] { return g_.l2_normalize(x, eps); });
     }
+    if (op == CausalMaskOp::name) {
+      arity(e, 1, 1, "1 operand (a matmul's [M, N] output, e.g. the attention scores)");
+      allow_kws(e, {});
+      Value x = arg(0);
+      return build([&] { return g_.causal_mask(x); });
+    }
     if (op == "softmax" || op == "log_softmax") {
       arity(e, 1, 1, "1 operand");
       allow_kws(e, {});
@@ -697,6 +704,9 @@ std::string print_graph(const Graph& g) {
       }
       case OpKind::Transpose:
         out += fmt::format("{} = transpose({})\n", name(n.id), name(n.inputs.at(0)));
+        break;
+      case OpKind::CausalMask:
+        out += fmt::format("{} = {}({})\n", name(n.id), CausalMaskOp::name, name(n.inputs.at(0)));
         break;
     }
   }

@@ -1,7 +1,8 @@
 // The B2B kernel family on the CPU: Φ pairs a second GEMM with the first whose epilogue feeds
 // it (and says why not where S must be stored), the B2B planner's layout and refusals, Ψ's
-// source (F with S as the register operand, GEMM2's epilogue, one B2bConfig), and NVRTC
-// compiles the FFN and attention kernels with their RS wgmmas.
+// source (F with S as the register operand, GEMM2's epilogue, one B2bConfig), the causal mask
+// (B2bConfig::causal, priced, refused without the online softmax), and NVRTC compiles the FFN,
+// attention and causal attention kernels with their RS wgmmas.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -35,7 +36,7 @@ Pair lowered(const std::string& example) {
 }
 
 TEST(B2b, FfnAndAttentionArePairs) {
-  for (const char* ex : {"ffn.cf", "attention.cf"}) {
+  for (const char* ex : {"ffn.cf", "attention.cf", "attention_causal.cf"}) {
     SCOPED_TRACE(ex);
     Pair p = lowered(ex);
     ASSERT_NE(p.b, nullptr) << describe(p.g, p.r);
@@ -63,6 +64,80 @@ TEST(B2b, PlanLayoutAndIntermediate) {
   EXPECT_FALSE(a.kernel.w2_kmajor);  // V is N1 x N2
   EXPECT_EQ(a.kernel.tile_n2, 128);
   EXPECT_EQ(a.gemm1_passes, 1);
+}
+
+// A causal mask before the softmax: the plan sets B2bConfig::causal (a job walks only the chunks
+// of N1 that reach its rows), which halves the fused estimate at M = N1 and takes less where
+// M < N1 (top-left aligned); the unfused GEMMs compute everything. Explain says so.
+TEST(B2b, CausalAttentionPlan) {
+  Pair att = lowered("attention.cf"), causal = lowered("attention_causal.cf");
+  ASSERT_NE(causal.b, nullptr) << describe(causal.g, causal.r);
+  const B2bProblem pr{1, 8192, 128, 8192, 128, DType::BF16};
+  const B2bPlan full = make_b2b_plan(att.first(), att.second(), pr);
+  const B2bPlan c = make_b2b_plan(causal.first(), causal.second(), pr);
+  EXPECT_FALSE(full.kernel.causal);
+  EXPECT_TRUE(c.kernel.causal);
+  EXPECT_TRUE(c.kernel.online_softmax);
+  EXPECT_EQ(check(c.kernel), nullptr);
+  EXPECT_EQ(c.intermediate, B2bIntermediate::OnlineSoftmax);
+  // The same kernel shape, half the work: 128 row blocks walk 1, 1, 2, 2, ... 64 chunks of 128.
+  EXPECT_EQ(c.kernel.tile_n2, full.kernel.tile_n2);
+  EXPECT_EQ(c.kernel.chunk_n1, full.kernel.chunk_n1);
+  EXPECT_EQ(c.kernel.ring_stages, full.kernel.ring_stages);
+  EXPECT_EQ(c.grid_ctas, full.grid_ctas);
+  EXPECT_NEAR(c.fused_us / full.fused_us, 2.0 * (64 * 65 / 2) / (128.0 * 64), 1e-9);
+  EXPECT_GE(c.fused_us / full.fused_us, 0.5);
+  EXPECT_LE(c.fused_us / full.fused_us, 0.51);
+  EXPECT_DOUBLE_EQ(c.unfused_us, full.unfused_us);
+  const std::string why = explain(causal.first(), causal.second(), c);
+  EXPECT_NE(why.find("causal mask 'masked': a job walks only the chunks of N1 that reach its rows (51% of the GEMM "
+                     "work)"),
+            std::string::npos)
+      << why;
+  EXPECT_EQ(explain(att.first(), att.second(), full).find("causal mask"), std::string::npos);
+  // M < N1: the rows reach the first M columns only.
+  const B2bPlan wide = make_b2b_plan(causal.first(), causal.second(), B2bProblem{1, 1024, 64, 8192, 64, DType::BF16});
+  const B2bPlan wide_full = make_b2b_plan(att.first(), att.second(), B2bProblem{1, 1024, 64, 8192, 64, DType::BF16});
+  EXPECT_NEAR(wide.fused_us / wide_full.fused_us, 72.0 / (16 * 64), 1e-9);  // 16 blocks: 1, 1, 2, 2, .. 8 of 64
+}
+
+// The mask must give the softmax -inf (then exp weighs 0) for a job to skip chunks: through the
+// scale, a cast or a finite shift it does; clamped to a finite value it does not, and every job
+// walks all of N1 (correct, not faster), saying why. Without the online softmax it is refused.
+TEST(B2b, CausalMaskNeedsTheOnlineSoftmax) {
+  const std::string head = R"(
+input q: bf16[M, K]
+input k: bf16[N, K]
+input v: bf16[N, DV]
+s = matmul(q, k)
+)";
+  const std::string tail = "o = matmul(pb, v, layout=kn)\noutput o: bf16\n";
+  const B2bProblem pr{1, 1024, 64, 1024, 64, DType::BF16};
+  auto plan = [&](const std::string& body) {
+    Graph g = parse_graph(head + body + tail);
+    LoweringResult r = lower(g);
+    const B2BCandidate* b = one_b2b_kernel(r);
+    EXPECT_NE(b, nullptr) << describe(g, r);
+    return make_b2b_plan(r.regions.at(0).spec, r.regions.at(1).spec, pr);
+  };
+  EXPECT_TRUE(plan("m = causal_mask(s)\npb = cast(softmax(sub(mul(m, 0.5), 3)), bf16)\n").kernel.causal);
+  EXPECT_TRUE(plan("m = causal_mask(cast(s, bf16))\npb = cast(softmax(div(m, 8)), bf16)\n").kernel.causal);
+  const B2bPlan clamped = plan("m = causal_mask(s)\npb = cast(softmax(max(m, -30)), bf16)\n");
+  EXPECT_FALSE(clamped.kernel.causal);
+  EXPECT_TRUE(clamped.kernel.online_softmax);
+  bool said = false;
+  for (const std::string& r : clamped.reasons) said = said || r.find("every job walks all of N1") != std::string::npos;
+  EXPECT_TRUE(said);
+  EXPECT_FALSE(plan("m = causal_mask(s)\npb = cast(softmax(mul(m, -1)), bf16)\n").kernel.causal);
+  try {
+    plan("m = causal_mask(s)\npb = cast(relu(m), bf16)\n");
+    FAIL() << "expected an Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("b2b: F applies the causal mask 'm' but is not a softmax over N1 "
+                                         "(elementwise per chunk)"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 // F reducing over N1 other than as a softmax cannot run per chunk; S read elsewhere must be
@@ -116,6 +191,17 @@ TEST(B2b, EmitWritesOneConfigAndTheRegisterOperand) {
   const std::string src = emit_b2b(att.first(), att.second(), a).source;
   EXPECT_NE(src.find("comfuse::b2b::OnlineSoftmaxF"), std::string::npos) << src;
   EXPECT_EQ(src.find("ReduceMax"), std::string::npos) << "the kernel runs the softmax's reductions itself";
+  EXPECT_NE(src.find(".causal = false"), std::string::npos) << src;
+  EXPECT_EQ(src.find("CausalMask"), std::string::npos) << src;
+  // The causal kernel: F's prologue masks the scaled scores, the config walks the chunks causally.
+  Pair causal = lowered("attention_causal.cf");
+  const B2bPlan c = make_b2b_plan(causal.first(), causal.second(), B2bProblem{1, 300, 64, 520, 64, DType::BF16});
+  const std::string csrc = emit_b2b(causal.first(), causal.second(), c).source;
+  EXPECT_NE(csrc.find("comfuse::epi::Compute<comfuse::epi::Mul, 0, 1>,\n    /* n3 */ comfuse::epi::CausalMask<2>,\n"
+                      "    /* n4 */ comfuse::epi::ToOperand<3>>"),
+            std::string::npos)
+      << csrc;
+  EXPECT_NE(csrc.find(".online_softmax = true, .causal = true"), std::string::npos) << csrc;
 }
 
 class B2bCompile : public ::testing::Test {
@@ -130,7 +216,7 @@ class B2bCompile : public ::testing::Test {
 };
 
 TEST_F(B2bCompile, FfnAndAttentionCompileWithRegisterOperandWgmma) {
-  for (const char* ex : {"ffn.cf", "attention.cf"}) {
+  for (const char* ex : {"ffn.cf", "attention.cf", "attention_causal.cf"}) {
     SCOPED_TRACE(ex);
     Pair p = lowered(ex);
     ASSERT_NE(p.b, nullptr);

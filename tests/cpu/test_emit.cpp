@@ -70,6 +70,26 @@ TEST(Emit, EveryVocabularyOpHasARuleAndADeviceFunctor) {
     EXPECT_TRUE(has_functor(device_functor_of(static_cast<BinaryOp>(i)))) << name_of(static_cast<BinaryOp>(i));
 }
 
+// The causal mask renders as its device node (CausalMaskOp::device_node, nodes.cuh) on its
+// operand's index, in whichever stage Φ put it.
+TEST(Emit, CausalMaskRendersAsItsDeviceNode) {
+  EXPECT_NE(read_file(kRoot / "kernels/comfuse/epilogue/nodes.cuh")
+                .find("template <int Src> struct " + std::string(CausalMaskOp::device_node) + " {"),
+            std::string::npos);
+  Built b;
+  Value acc = bf16_gemm(b.g);
+  b.g.output(b.g.softmax(b.g.causal_mask(acc * 0.125)), "p", DType::BF16);
+  b.r = lower(b.g);
+  const FusionSpec& s = b.r.regions.at(0).spec;
+  const std::string epi = emit_epilogue_type(s);
+  EXPECT_NE(epi.find("/* n2 */ comfuse::epi::Compute<comfuse::epi::Mul, 0, 1>,\n    /* n3 */ comfuse::epi::CausalMask<2>,\n"
+                     "    /* n4 */ comfuse::epi::Reduction<comfuse::epi::ReduceMax, 3,"),
+            std::string::npos)
+      << epi;
+  const std::string src = emit(s, make_plan(s, shape(1000, 1032, 72))).source;
+  EXPECT_NE(src.find("comfuse::epi::CausalMask<2>"), std::string::npos) << src;
+}
+
 TEST(Emit, DeterministicAndSlotsFollowArgs) {
   Graph g = parse_graph_file((kRoot / "examples/gemm_bias_gelu.cf").string());
   LoweringResult r = lower(g);
@@ -192,7 +212,8 @@ class EmitCompile : public ::testing::Test {
 TEST_F(EmitCompile, EveryExampleRegionCompiles) {
   int compiled = 0;
   for (const char* name : {"gemm_bias_gelu.cf", "gemm_layernorm.cf", "gemm_rmsnorm.cf", "gemm_softmax.cf", "ffn.cf",
-                           "attention.cf", "gemm_residual_layernorm.cf", "gemm_residual_rmsnorm.cf"}) {
+                           "attention.cf", "attention_causal.cf", "gemm_residual_layernorm.cf",
+                           "gemm_residual_rmsnorm.cf"}) {
     Graph g = parse_graph_file((kRoot / "examples" / name).string());
     for (const FusedRegion& reg : lower(g).regions) {
       CompiledKernel k = compile_only(reg.spec, shape(1000, 1032, 72), opt_);
@@ -201,7 +222,7 @@ TEST_F(EmitCompile, EveryExampleRegionCompiles) {
       ++compiled;
     }
   }
-  EXPECT_EQ(compiled, 10);
+  EXPECT_EQ(compiled, 12);
 }
 
 // kernels/comfuse/mainloop/wgmma.cuh writes out the wgmma operands that CuTe's TiledMMA

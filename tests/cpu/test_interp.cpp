@@ -198,6 +198,63 @@ TEST(Graph, ReductionsOverEitherDim) {
   EXPECT_EQ(out.at("xt").data, (std::vector<double>{1, 4, -2, 5, 3, -6}));
 }
 
+// The causal mask against a hand-written loop: -inf where col > row of the [M, N] output, then a
+// softmax over each row (row r weighs columns 0..r); M < N and M > N. run_lowered (the mask
+// as a node of the Fusion Spec, run_spec) agrees.
+TEST(Graph, CausalMaskMatchesHandLoop) {
+  for (const auto& [M, N] : {std::pair<int64_t, int64_t>{5, 7}, {9, 4}}) {
+    SCOPED_TRACE(testing::Message() << "M=" << M << " N=" << N);
+    Gemm t;
+    Value masked = t.g.causal_mask(t.acc * 0.5);
+    t.g.output(masked, "masked", DType::F32);
+    t.g.output(t.g.softmax(masked), "p", DType::F32);
+    const Bindings d{{"M", M}, {"N", N}, {"K", 3}};
+    std::mt19937_64 rng(3);
+    const TensorMap in = random_inputs(t.g, d, rng);
+    const TensorMap out = run_graph(t.g, d, in);
+    const Tensor acc = hand_matmul_nk(in.at("x"), in.at("w"));
+    for (int64_t r = 0; r < M; ++r) {
+      double mx = -INFINITY, sum = 0;
+      for (int64_t c = 0; c <= std::min(r, N - 1); ++c) mx = std::max(mx, 0.5 * get(acc, r, c));
+      for (int64_t c = 0; c <= std::min(r, N - 1); ++c) sum += std::exp(0.5 * get(acc, r, c) - mx);
+      for (int64_t c = 0; c < N; ++c) {
+        const double want_masked = c > r ? -INFINITY : 0.5 * get(acc, r, c);
+        const double want_p = c > r ? 0.0 : std::exp(0.5 * get(acc, r, c) - mx) / sum;
+        EXPECT_EQ(get(out.at("masked"), r, c), want_masked) << r << ", " << c;
+        EXPECT_NEAR(get(out.at("p"), r, c), want_p, ulp(DType::F32, want_p)) << r << ", " << c;  // stored as f32
+      }
+    }
+    Gemm u;  // the softmax alone: -inf outputs compare as non-finite
+    u.g.output(u.g.softmax(u.g.causal_mask(u.acc * 0.5)), "p", DType::F32);
+    const TensorMap ref = run_both(u.g, d, in);
+    EXPECT_EQ(compare(ref.at("p"), out.at("p")).max_abs, 0.0);
+  }
+}
+
+// Checked on sampled rows (reference_rows), the mask reads each row's index in the whole
+// problem from the RowSample: the rows come out as the full problem's.
+TEST(Graph, CausalMaskOnSampledRows) {
+  Gemm t;
+  t.g.output(t.g.softmax(t.g.causal_mask(t.acc)), "p", DType::F32);
+  EXPECT_TRUE(row_local(t.g, "M"));
+  const Bindings d{{"M", 100}, {"N", 80}, {"K", 8}};
+  std::mt19937_64 rng(4);
+  const TensorMap in = random_inputs(t.g, d, rng);
+  const Tensor full = run_graph(t.g, d, in).at("p");
+  const std::vector<int64_t> rows = {0, 7, 50, 79, 80, 99};
+  TensorMap some = in;
+  Tensor& x = some.at("x");
+  x.shape[0] = static_cast<int64_t>(rows.size());
+  x.data.clear();
+  for (int64_t r : rows)
+    for (int64_t k = 0; k < 8; ++k) x.data.push_back(get(in.at("x"), r, k));
+  const Tensor got = run_graph(t.g, {{"M", 6}, {"N", 80}, {"K", 8}}, some, RowSample{"M", rows}).at("p");
+  for (size_t i = 0; i < rows.size(); ++i)
+    for (int64_t c = 0; c < 80; ++c) EXPECT_EQ(get(got, static_cast<int64_t>(i), c), get(full, rows[i], c)) << rows[i];
+  EXPECT_EQ(get(got, 1, 8), 0.0);  // row 7 weighs columns 0..7 only
+  EXPECT_GT(get(got, 1, 7), 0.0);
+}
+
 TEST(Graph, MissingOrMisshapedInputIsNamed) {
   Gemm t;
   t.g.output(t.acc + t.row("bias"), "y", DType::BF16);

@@ -87,6 +87,45 @@ TEST(Lower, SoftmaxAndRmsNormHaveBoundedDepth) {
   }
 }
 
+// The causal mask joins the GEMM's region as a compute node of the Stage-Stream spec, where its
+// consumers need it: before the softmax's max (then bypassed), or in a later stage.
+TEST(Lower, CausalMaskIsANodeOfTheSpec) {
+  Gemm t;
+  Value masked = t.g.causal_mask(t.acc * 0.125);
+  t.g.rename(masked, "masked");
+  t.g.output(t.g.softmax(masked), "p", DType::BF16);
+  LoweringResult r = lower(t.g);
+  ASSERT_EQ(r.regions.size(), 1u);
+  EXPECT_TRUE(r.fallbacks.empty()) << describe(t.g, r);
+  const FusionSpec& fs = r.regions[0].spec;
+  EXPECT_NO_THROW(verify(fs));
+  const Spec& s0 = fs.root;
+  const SpecNode& max = terminal(s0);
+  ASSERT_EQ(max.reduce, ReduceOp::Max);
+  const SpecNode& mask = s0.nodes.at(static_cast<size_t>(max.operands.at(0)));
+  EXPECT_EQ(mask.category, NodeCategory::Compute);
+  EXPECT_EQ(mask.compute, ComputeKind::CausalMask);
+  EXPECT_EQ(mask.value_class, ValueClass::Tile);
+  EXPECT_EQ(mask.origin, "masked");
+  EXPECT_EQ(s0.nodes.at(static_cast<size_t>(mask.operands.at(0))).binary, BinaryOp::Mul);
+  EXPECT_EQ(pair_kind(s0, s0.terminal), PairKind::MaxExpSum);  // softmax's max and sum still pair
+  EXPECT_NE(print(fs).find("tile = causal_mask n2 origin=masked"), std::string::npos) << print(fs);
+
+  // Masking x - max(x): the mask runs in the max's PostOp.
+  Gemm u;
+  Value y = u.g.causal_mask(u.acc - u.g.reduce(ReduceOp::Max, u.acc));
+  u.g.output(y, "y", DType::F32);
+  LoweringResult ru = lower(u.g);
+  ASSERT_EQ(ru.regions.size(), 1u);
+  EXPECT_TRUE(ru.fallbacks.empty()) << describe(u.g, ru);
+  const Spec& post = ru.regions[0].spec.root.children.at(0);
+  bool in_post = false;
+  for (const SpecNode& n : post.nodes)
+    in_post = in_post || (n.category == NodeCategory::Compute && n.compute == ComputeKind::CausalMask);
+  EXPECT_TRUE(in_post) << print(ru.regions[0].spec);
+  EXPECT_NO_THROW(verify(ru.regions[0].spec));
+}
+
 TEST(Lower, StatisticStoredAsColumnOutput) {
   Gemm t;
   Value m = t.g.reduce(ReduceOp::Max, t.acc);

@@ -47,6 +47,11 @@ SpecNode unary(UnaryOp op, ValueClass vc, int a) {
   n.unary = op;
   return n;
 }
+SpecNode causal_mask(ValueClass vc, int a) {
+  SpecNode n = node(NodeCategory::Compute, vc, {a});
+  n.compute = ComputeKind::CausalMask;
+  return n;
+}
 SpecNode reduction(ReduceOp op, int a, int post) {
   SpecNode n = node(NodeCategory::Reduction, ValueClass::Col, {a});
   n.reduce = op;
@@ -151,6 +156,20 @@ TEST(SpecText, HandBuiltRoundTripAndVerify) {
   std::ostringstream os;
   os << fs;
   EXPECT_EQ(os.str(), text);
+}
+
+// The causal mask is a compute node of its own kind: printed by name, parsed back, verified.
+TEST(SpecText, CausalMaskRoundTrips) {
+  FusionSpec fs = gemm_ln();
+  fs.root.children[0].nodes[7] = causal_mask(ValueClass::Tile, 6);
+  fs.root.children[0].nodes[7].origin = "masked";
+  EXPECT_NO_THROW(verify(fs));
+  expect_round_trip(fs);
+  EXPECT_NE(print(fs).find("n7: tile = causal_mask n6 origin=masked"), std::string::npos) << print(fs);
+  FusionSpec other = fs;
+  other.root.children[0].nodes[7] = unary(UnaryOp::GeluTanh, ValueClass::Tile, 6);
+  other.root.children[0].nodes[7].origin = "masked";
+  EXPECT_FALSE(fs == other);
 }
 
 TEST(SpecText, ExactDoublesNamesAndDims) {
@@ -324,6 +343,16 @@ TEST(SpecVerify, RejectsMalformedSpecs) {
        },
        "node n6: operand n5 is this stage's reduction"},
       {"empty stage", [](FusionSpec& s) { s.root.children[0].nodes.clear(); }, "(stage 1): the stage has no nodes"},
+      {"causal mask of a col", [](FusionSpec& s) { s.root.children[0].nodes[7] = causal_mask(ValueClass::Col, 5); },
+       "node n7: causal_mask masks a tile (it reads each element's row and column); operand n5 is a col"},
+      {"causal mask arity",
+       [](FusionSpec& s) {
+         s.root.children[0].nodes[7] = causal_mask(ValueClass::Tile, 6);
+         s.root.children[0].nodes[7].operands = {6, 6};
+       },
+       "node n7: causal_mask takes 1 operand, has 2"},
+      {"causal mask class", [](FusionSpec& s) { s.root.nodes[4] = causal_mask(ValueClass::Col, 2); },
+       "node n4: value class is col, expected tile (a causal mask keeps its tile)"},
   };
   for (const VerifyCase& c : cases) {
     SCOPED_TRACE(c.what);

@@ -217,6 +217,39 @@ TEST(Text, Composites) {
   }
 }
 
+// The causal mask: a statement of its own kind, built as the builder builds it, printed back
+// as written; refused where it cannot mean "the scores' row and column", at its line and column.
+TEST(Text, CausalMask) {
+  const std::string h = "input q: bf16[M, K]\ninput k: bf16[N, K]\ns = matmul(q, k)\n";
+  Graph parsed = parse_graph(h + "m = causal_mask(mul(s, 0.125))\noutput m: f32\n");
+  const Node& m = parsed.node(parsed.find("m"));
+  EXPECT_EQ(m.kind, OpKind::CausalMask);
+  EXPECT_EQ(m.shape, (Shape{Dim::of("M"), Dim::of("N")}));
+  EXPECT_EQ(name_of(m.kind), "causal_mask");
+  expect_round_trip(parsed);
+  EXPECT_NE(print_graph(parsed).find("m = causal_mask(%binary4)\n"), std::string::npos) << print_graph(parsed);
+  Graph built;
+  Value q = built.input("q", DType::BF16, {Dim::of("M"), Dim::of("K")});
+  Value k = built.input("k", DType::BF16, {Dim::of("N"), Dim::of("K")});
+  Value s = built.matmul(q, k);
+  built.rename(s, "s");
+  Value y = built.causal_mask(s * 0.125);
+  built.rename(y, "m");
+  built.output(y, "m", DType::F32);
+  expect_same_graph(built, parsed);
+
+  EXPECT_PARSE_ERROR(h + "m = causal_mask(q)\n", 4, 5, "causal_mask: 'q' is not computed from a matmul");
+  EXPECT_PARSE_ERROR(h + "m = causal_mask(sum(s))\n", 4, 5,
+                     "causal_mask: the sum it is given has shape [M, 1], which is not the output shape of a matmul it "
+                     "is computed from");
+  EXPECT_PARSE_ERROR(h + "input b: f32[N]\nm = causal_mask(b)\n", 5, 5, "'b' has shape [N]; the mask applies to a rank-2");
+  EXPECT_PARSE_ERROR(h + "m = causal_mask(s, s)\n", 4, 5, "wrong arity: `causal_mask` takes 1 operand");
+  EXPECT_PARSE_ERROR(h + "m = causal_mask(s, offset=1)\n", 4, 20, "`causal_mask` takes no keyword arguments");
+  EXPECT_PARSE_ERROR(h + "m = causal_msk(s)\n", 4, 5, "did you mean `causal_mask`?");
+  // Only a value computed from the matmul's output tile: not its transpose's [N, M].
+  EXPECT_PARSE_ERROR(h + "m = causal_mask(transpose(s))\n", 4, 5, "the transpose it is given has shape [N, M]");
+}
+
 TEST(Text, ErrorsCarryLineAndColumn) {
   const std::string h = kHeader;  // two lines
   EXPECT_PARSE_ERROR(h + "z = gelu_tan(x)\n", 3, 5, "unknown op `gelu_tan`; did you mean `gelu_tanh`?");

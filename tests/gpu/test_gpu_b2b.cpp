@@ -1,7 +1,7 @@
 // GPU correctness of the B2B kernel family (kernels/comfuse/b2b/): O = F(X W1^T) W2^T with S
 // in registers, for elementwise F (an FFN, with vectors along N1 and an epilogue after GEMM2)
-// and the online softmax (attention), bf16 and f16, ragged shapes, against the fp64 graph
-// executor on random inputs. Skips, saying why, on a machine without an sm_90 GPU.
+// and the online softmax (attention, causal too), bf16 and f16, ragged shapes, against the fp64
+// graph executor on random inputs. Skips, saying why, on a machine without an sm_90 GPU.
 #include <fmt/format.h>
 
 #include "comfuse/text.h"
@@ -83,6 +83,36 @@ output o: bf16
                             Bindings{{"M", 64}, {"N", 4096}, {"K", 64}, {"DV", 128}}}) {
     SCOPED_TRACE(fmt::format("M={} N={} K={} DV={}", d.at("M"), d.at("N"), d.at("K"), d.at("DV")));
     expect_one_b2b_kernel_matches(g, d);
+  }
+}
+
+// Causal attention: the mask before the softmax (top-left aligned, as torch's is_causal). The
+// kernel walks, per block of 64 rows, only the chunks of N that reach it (row blocks last-first),
+// and the prologue masks the columns of the diagonal chunk. Ragged M and N, M < N (the rows reach
+// the first columns only), M > N (the rows past N see every key), DV 64 and 128, bf16 and f16.
+TEST_F(GpuB2b, CausalAttentionOnlineSoftmax) {
+  for (const char* dtype : {"bf16", "f16"}) {
+    const std::string g = fmt::format(R"(
+input q: {0}[M, K]
+input k: {0}[N, K]
+input v: {0}[N, DV]
+s = matmul(q, k)
+masked = causal_mask(mul(s, 0.125))
+p = cast(softmax(masked), {0})
+o = matmul(p, v, layout=kn)
+output o: {0}
+)",
+                                      dtype);
+    for (const Bindings& d : {Bindings{{"M", 300}, {"N", 520}, {"K", 64}, {"DV", 64}},
+                              Bindings{{"M", 1000}, {"N", 1032}, {"K", 128}, {"DV", 128}},
+                              Bindings{{"M", 1000}, {"N", 328}, {"K", 64}, {"DV", 128}},
+                              Bindings{{"M", 77}, {"N", 4096}, {"K", 64}, {"DV", 64}},
+                              Bindings{{"M", 2100}, {"N", 1960}, {"K", 64}, {"DV", 64}}}) {
+      SCOPED_TRACE(fmt::format("{} M={} N={} K={} DV={}", dtype, d.at("M"), d.at("N"), d.at("K"), d.at("DV")));
+      const DeviceRunReport rep = expect_one_b2b_kernel_matches(g, d);
+      EXPECT_TRUE(rep.b2b_plan.kernel.causal);
+      EXPECT_TRUE(rep.b2b_plan.kernel.online_softmax);
+    }
   }
 }
 

@@ -3,6 +3,7 @@
 // executor. Skips, saying why, on a machine without an sm_90 GPU.
 #include <fmt/format.h>
 
+#include <functional>
 #include <optional>
 
 #include "comfuse/lower.h"
@@ -265,6 +266,47 @@ TEST_F(GpuReduce, RowGroupsPlannerDefaultsSoftmaxAndRmsNorm) {
   Plan q = expect_matches(b.g, dims(100, 32768, 64));
   EXPECT_EQ(q.kernel.aggregation, Aggregation::L2Exchange);
   EXPECT_GT(q.kernel.row_group * q.kernel.tile_n * q.kernel.n_tiles, 32768 - 1);
+}
+
+// The causal mask before a softmax (attention scores at one GEMM): -inf where the column lies
+// past the row, so the CTAs whose columns all lie past a row hold no finite value of it (max
+// -inf, sum 0). Every way a row's CTAs meet: the planner's choice, a row group in one round,
+// DSMEM clusters (both modes), stashes in SMEM and in the workspace (the mask of earlier N-tiles
+// stashed); M < N, M > N, ragged, bf16 and f16.
+TEST_F(GpuReduce, CausalSoftmaxEveryRowStrategy) {
+  struct V {
+    const char* what;
+    DType dt;
+    int64_t m, n, k;
+    std::function<void(PlanOptions&)> force;
+  };
+  const V cases[] = {
+      {"planner", DType::BF16, 1000, 1032, 72, [](PlanOptions&) {}},
+      {"planner f16, M < N", DType::F16, 333, 4096, 64, [](PlanOptions&) {}},
+      {"row group of 8, one round", DType::BF16, 1000, 1032, 72,
+       [](PlanOptions& o) { o.row_group = 8, o.cluster_m = 2, o.tile_m = 64, o.tile_n = 256, o.fuse_pairs = true; }},
+      {"DSMEM peer-to-peer", DType::BF16, 300, 1000, 64,
+       [](PlanOptions& o) { o.cluster_n = 8, o.aggregation = Aggregation::PeerToPeer; }},
+      {"DSMEM leader-follower, M > N", DType::F16, 1000, 520, 64,
+       [](PlanOptions& o) { o.cluster_n = 4, o.aggregation = Aggregation::LeaderFollower; }},
+      {"SMEM stash", DType::BF16, 700, 4096, 64,
+       [](PlanOptions& o) {
+         o.cluster_n = 8, o.strategy = RowStrategy::SmemStash, o.aggregation = Aggregation::PeerToPeer;
+         o.stash_bytes = 2;
+       }},
+      {"workspace stash", DType::BF16, 1100, 4096, 128,
+       [](PlanOptions& o) { o.cluster_n = 2, o.strategy = RowStrategy::WorkspaceStash; }},
+  };
+  for (const V& v : cases) {
+    SCOPED_TRACE(fmt::format("{}: M={} N={} K={}", v.what, v.m, v.n, v.k));
+    Case c(v.dt);
+    c.g.output(c.g.softmax(c.g.causal_mask(c.acc * 0.125)), "p", v.dt);
+    CompileOptions opt;
+    v.force(opt.plan);
+    const Plan p = expect_matches(c.g, dims(v.m, v.n, v.k), opt);
+    const LoweringResult r = lower(c.g);
+    EXPECT_NE(emit(r.regions.at(0).spec, p).source.find("comfuse::epi::CausalMask<2>"), std::string::npos);
+  }
 }
 
 TEST_F(GpuReduce, RowGroupsChainOfFiveAndBf16Stash) {
