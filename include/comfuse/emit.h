@@ -19,7 +19,7 @@ struct ArgSlot {
   int spec = 0;  // which spec's args: 0 the kernel's (a B2B kernel's first), 1 a B2B kernel's second
   int arg = -1;  // index into FusionSpec::args
   SlotKind kind = SlotKind::Vector;
-  int slot = 0;  // index into Params::vectors / scalars / tma_in / tma_out / col_outputs
+  int slot = 0;  // index into Params::vectors / scalars / tma_in and tile_in / tma_out / col_outputs
 };
 
 struct EmittedKernel {

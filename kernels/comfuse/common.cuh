@@ -124,8 +124,8 @@ template <> struct DType<float> {
   static COMFUSE_DEVICE float round(float x) { return x; }
 };
 
-// CTA-local mbarriers by shared-space address (the DSMEM channels, TileInput's loads): init
-// with an arrival count, arm for a number of TMA / bulk-copy bytes, wait for a phase's parity.
+// CTA-local mbarriers by shared-space address (the DSMEM channels): init with an arrival
+// count, arm for a number of TMA / bulk-copy bytes, wait for a phase's parity.
 COMFUSE_DEVICE void mbar_init(uint32_t bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
 }

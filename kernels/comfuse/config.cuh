@@ -86,7 +86,7 @@ struct KernelConfig {
   int stash_elem_bytes = 0;                // 4: fp32, 2: bf16, 0: nothing stashed
   int epilogue_smem_bytes = 0;             // one consumer WG's epilogue SMEM: every stage's node storage
                                            // and the DSMEM channel (the planner's model; the kernel
-                                           // static_asserts that its storage fits)
+                                           // static_asserts that it is exact)
 
   COMFUSE_HOST_DEVICE constexpr int epi_rows() const { return tile_m / wgs_per_tile; }  // one WG's rows
   COMFUSE_HOST_DEVICE constexpr int cluster_size() const { return cluster_m * cluster_n; }

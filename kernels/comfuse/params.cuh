@@ -13,6 +13,16 @@ struct alignas(128) TmaDesc {
   unsigned char bytes[128];
 };
 
+// An [M, N] epilogue input as TileInput reads it from global memory: row-major, strides in
+// elements. The base and row stride are those of its TMA descriptor (16-byte aligned, which
+// aligns the column pairs a thread loads); batch_stride steps between the batches of a
+// batched kernel (Geometry::kBatched).
+struct TileInputRef {
+  void const* data;
+  long long ld;
+  long long batch_stride;
+};
+
 struct alignas(128) Params {
   // Mainloop operands. A: M x K, K contiguous, box {64, BM / a_slices}.
   // B K-major (N x K): box {64, BN}; B N-major (K x N): box {64, 64} (BN/64 boxes a stage).
@@ -20,7 +30,8 @@ struct alignas(128) Params {
   TmaDesc tma_b;
   // Outputs, M x N row-major (N contiguous), box {128 bytes of columns, BM}, 128B swizzle.
   TmaDesc tma_out[Sm90::kMaxOutputs];
-  // [M, N] inputs of the epilogue (TileInput), the same layout and box as the outputs.
+  // [M, N] inputs of the epilogue (TileInput), the same layout and box as the outputs: only
+  // their L2 prefetch goes through these; the epilogue reads them at tile_in.
   TmaDesc tma_in[Sm90::kMaxTileInputs];
   // Back-to-back GEMMs (kernels/comfuse/b2b/): tma_a is X, tma_b is W1; W3 (gated) and W2 here.
   // Batched (B2bConfig::batched): every descriptor is 3-D, the batch outermost.
@@ -38,6 +49,7 @@ struct alignas(128) Params {
   void const* vectors[Sm90::kMaxVectors];  // RowBroadcast: length N; ColBroadcast: length M
   float scalars[Sm90::kMaxScalars];        // ScalarArg
   void* col_outputs[Sm90::kMaxColOutputs];  // StoreCol: [M, 1] outputs, contiguous
+  TileInputRef tile_in[Sm90::kMaxTileInputs];  // TileInput: the tensors of tma_in
   // Stash in a global workspace (StashSpace::Workspace): grid.cuh's stash_workspace_bytes,
   // 16-byte aligned; else unused.
   void* stash;

@@ -97,10 +97,6 @@ ChainInfo analyze_chain(const FusionSpec& s) {
         storage.store_bytes_per_row_of_64 += 64 * bytes;
       }
       if (n.category == NodeCategory::Broadcast && n.broadcast == BroadcastKind::Row) ++storage.row_broadcasts;
-      if (n.category == NodeCategory::Broadcast && n.broadcast == BroadcastKind::Tile) {
-        storage.tile_input_elem_bytes += static_cast<int>(size_of(s.args.at(static_cast<size_t>(n.arg)).dtype));
-        ++storage.tile_inputs;
-      }
     }
     info.live_tile_values = std::max(info.live_tile_values, bypass_tiles);
     info.carries_tile = info.carries_tile || bypass_tiles > 0;

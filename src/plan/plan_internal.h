@@ -41,12 +41,9 @@ struct ChainInfo {
   bool has_tile_output = false;
   int max_out_bytes = 0;  // widest stored Tile output element
   // What each stage keeps in SMEM per consumer WG (kernels/comfuse/epilogue/nodes.cuh): each
-  // Store node a rows x 64 staging subtile of its dtype, each TileInput its rows x tile_n tile
-  // (and an mbarrier), each RowBroadcast tile_n floats.
+  // Store node a rows x 64 staging subtile of its dtype, each RowBroadcast tile_n floats.
   struct StageStorage {
     int store_bytes_per_row_of_64 = 0;  // sum over Store nodes of 64 * sizeof(dtype)
-    int tile_input_elem_bytes = 0;      // sum over TileInput nodes of sizeof(dtype)
-    int tile_inputs = 0;
     int row_broadcasts = 0;
   };
   int64_t tile_input_bytes_per_element = 0;  // the [M, N] inputs the kernel reads, once each (DRAM model)

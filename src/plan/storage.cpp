@@ -10,17 +10,14 @@ namespace comfuse::plan_detail {
 
 // One consumer WG's epilogue storage (kernels/comfuse/epilogue/stage.cuh, Exec::SharedStorage):
 // per stage, its nodes' storage in one 1024-aligned block (TMA-store staging: rows x 64 columns
-// of each output's dtype; a TileInput: its rows x tile_n tile, 1024-aligned, and its mbarrier,
-// which the alignment rounds to 1 KiB; a RowBroadcast: tile_n floats), none for a stage without; then the
-// DSMEM channel (one per WG, shared by every reduction of the chain), the whole rounded to the
-// blocks' 1024-byte alignment.
+// of each output's dtype; a RowBroadcast: tile_n floats; a TileInput reads global memory and
+// keeps nothing), none for a stage without; then the DSMEM channel (one per WG, shared by every
+// reduction of the chain), the whole rounded to the blocks' 1024-byte alignment.
 int epilogue_smem_bytes(const ChainInfo& chain, const KernelConfig& k) {
   const int rows = k.epi_rows();
   int tree = 0;
   for (const ChainInfo::StageStorage& st : chain.stage_storage)
-    tree += align_up(rows * st.store_bytes_per_row_of_64 + rows * k.tile_n * st.tile_input_elem_bytes +
-                         1024 * st.tile_inputs + st.row_broadcasts * k.tile_n * 4,
-                     1024);
+    tree += align_up(rows * st.store_bytes_per_row_of_64 + st.row_broadcasts * k.tile_n * 4, 1024);
   const bool dsmem = k.cross_cta_reduction() && k.aggregation != Aggregation::L2Exchange;
   const int channel = dsmem ? dsmem_channel_bytes(rows, k.cluster_n) : 0;
   return tree > 0 ? align_up(tree + channel, 1024) : channel;

@@ -192,14 +192,14 @@ void bind_epilogue(const RunArgs& args, const std::vector<const FusionSpec*>& sp
                    Params& p, int64_t M, int64_t N, int epi_rows) {
   for (const ArgSlot& sl : slots) {
     const RuntimeArg& a = specs.at(static_cast<size_t>(sl.spec))->args.at(static_cast<size_t>(sl.arg));
+    // A B2B kernel's F reads vectors and [M, N] inputs along N1 (its columns are GEMM1's).
+    const int64_t cols = sl.spec == 0 && specs.size() > 1 ? p.N1 : N;
     if (sl.kind == SlotKind::Scalar) {
       auto it = args.scalars.find(a.name);
       if (it == args.scalars.end()) throw Error(fmt::format("missing scalar argument '{}'", a.name));
       p.scalars[sl.slot] = static_cast<float>(it->second);
     } else if (sl.kind == SlotKind::Vector) {
       const DeviceTensor& v = tensor_arg(args, a);
-      // A B2B kernel's F reads vectors along N1 (its columns are GEMM1's).
-      const int64_t cols = sl.spec == 0 && specs.size() > 1 ? p.N1 : N;
       const int64_t want = a.role == ArgRole::RowVector ? cols : M;
       int64_t len = 1;
       for (int64_t d : v.shape) len *= d;
@@ -209,11 +209,11 @@ void bind_epilogue(const RunArgs& args, const std::vector<const FusionSpec*>& sp
       p.vectors[sl.slot] = v.data;
     } else if (sl.kind == SlotKind::Output || sl.kind == SlotKind::TileInput) {
       const DeviceTensor& o = matrix_arg(args, a);
-      if (o.shape[0] != M || o.shape[1] != N)
+      if (o.shape[0] != M || o.shape[1] != cols)
         throw Error(fmt::format("{} '{}' has shape {}, expected [{}, {}]", sl.kind == SlotKind::Output ? "output" : "input",
-                                a.name, shape_str(o.shape), M, N));
+                                a.name, shape_str(o.shape), M, cols));
       if (sl.kind == SlotKind::Output) runtime_detail::set_output(p, epi_rows, sl.slot, a.dtype, o.data, o.ld ? o.ld : N);
-      else runtime_detail::set_tile_input(p, epi_rows, sl.slot, a.dtype, o.data, o.ld ? o.ld : N);
+      else runtime_detail::set_tile_input(p, epi_rows, sl.slot, a.dtype, o.data, cols, o.ld ? o.ld : cols);
     } else if (sl.kind == SlotKind::ColOutput) {
       const DeviceTensor& o = tensor_arg(args, a);
       int64_t len = 1;

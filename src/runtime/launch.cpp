@@ -105,9 +105,10 @@ void set_output(Params& p, int epi_rows, int slot, DType t, void* D, int64_t ldd
   encode_tensor(&p.tma_out[slot], "output", t, D, p.M, p.N, ldd, 128 / static_cast<uint32_t>(size_of(t)), epi_rows);
 }
 
-void set_tile_input(Params& p, int epi_rows, int slot, DType t, const void* X, int64_t ld) {
+void set_tile_input(Params& p, int epi_rows, int slot, DType t, const void* X, int64_t cols, int64_t ld) {
   if (slot < 0 || slot >= Sm90::kMaxTileInputs) throw Error(fmt::format("tile input slot {} out of range", slot));
-  encode_tensor(&p.tma_in[slot], "epilogue input", t, X, p.M, p.N, ld, 128 / static_cast<uint32_t>(size_of(t)), epi_rows);
+  encode_tensor(&p.tma_in[slot], "epilogue input", t, X, p.M, cols, ld, 128 / static_cast<uint32_t>(size_of(t)), epi_rows);
+  p.tile_in[slot] = TileInputRef{X, ld, int64_t{p.M} * ld};
 }
 
 int prepare(cudaKernel_t kernel, const KernelConfig& k) {

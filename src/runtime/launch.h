@@ -20,8 +20,10 @@ void set_operands(Params& p, const KernelConfig& k, DType ab, const void* A, int
 // Output `slot` (the Store node's Out): M x N row-major, row stride ldd; the TMA box is
 // `epi_rows` rows (one consumer warp group's tile) of 128 bytes of columns.
 void set_output(Params& p, int epi_rows, int slot, DType t, void* D, int64_t ldd);
-// Epilogue input `slot` (the TileInput node's In): M x N row-major, row stride ld.
-void set_tile_input(Params& p, int epi_rows, int slot, DType t, const void* X, int64_t ld);
+// Epilogue input `slot` (the TileInput node's In): M x cols row-major, row stride ld (the
+// epilogue's columns: N, or a B2B kernel's N1 for its F); the TMA box (its L2 prefetch) as an
+// output's. Batches, where a kernel has them, follow each other M rows apart.
+void set_tile_input(Params& p, int epi_rows, int slot, DType t, const void* X, int64_t cols, int64_t ld);
 
 // Once per loaded kernel: raise its dynamic SMEM limit to k.smem_bytes(), allow clusters of
 // more than 8 CTAs, and return how many clusters fit on the GPU at once (the persistent

@@ -227,5 +227,46 @@ TEST_F(B2bCompile, FfnAndAttentionCompileWithRegisterOperandWgmma) {
   }
 }
 
+// [M, N] inputs on both sides of S (a scale in F, a residual in GEMM2's epilogue) keep nothing
+// in SMEM: the pair plans the same FFN's epilogue storage and ring as without them, and
+// compiles, batched too (3-D L2 prefetches, the batch stride).
+TEST_F(B2bCompile, TileInputsKeepNothingInSmemAndCompile) {
+  auto ffn = [](bool inputs) {
+    return parse_graph(fmt::format(R"(
+input x: bf16[M, K]
+input w1: bf16[N, K]
+input w2: bf16[D, N]
+{}
+h = matmul(x, w1)
+s = cast({}, bf16)
+y = matmul(s, w2)
+z = {}
+output z: bf16
+)",
+                                   inputs ? "input scale: f32[M, N]\ninput residual: f32[M, D]" : "",
+                                   inputs ? "mul(gelu(h), scale)" : "gelu(h)", inputs ? "add(y, residual)" : "cast(y, bf16)"));
+  };
+  const Graph plain_g = ffn(false), in_g = ffn(true);
+  const LoweringResult plain_r = lower(plain_g), in_r = lower(in_g);
+  const B2BCandidate *plain = one_b2b_kernel(plain_r), *in = one_b2b_kernel(in_r);
+  ASSERT_NE(plain, nullptr) << describe(plain_g, plain_r);
+  ASSERT_NE(in, nullptr) << describe(in_g, in_r);
+  auto spec = [](const LoweringResult& r, int region) -> const FusionSpec& {
+    return r.regions.at(static_cast<size_t>(region)).spec;
+  };
+  const FusionSpec &f = spec(in_r, in->first_region), &e = spec(in_r, in->second_region);
+  const B2bProblem big{1, 4096, 1024, 4096, 256, DType::BF16};
+  const B2bPlan p0 = make_b2b_plan(spec(plain_r, plain->first_region), spec(plain_r, plain->second_region), big);
+  const B2bPlan p1 = make_b2b_plan(f, e, big);
+  EXPECT_EQ(p1.kernel.epilogue_smem_bytes, p0.kernel.epilogue_smem_bytes);
+  EXPECT_EQ(p1.kernel.ring_stages, p0.kernel.ring_stages);
+  for (const int64_t batches : {1, 2}) {
+    SCOPED_TRACE(fmt::format("{} batch(es)", batches));
+    const CompiledKernel c = compile_only_b2b(f, e, B2bProblem{batches, 1000, 128, 1032, 136, DType::BF16}, opt_);
+    EXPECT_TRUE(is_cubin_elf(c.cubin));
+    EXPECT_FALSE(c.wgmma_serialized) << c.log;
+  }
+}
+
 }  // namespace
 }  // namespace comfuse

@@ -39,6 +39,16 @@ FusionSpec rms_norm() {
 FusionSpec softmax() {
   return lowered([](Graph& g, Value acc) { return g.softmax(acc * 0.125); });
 }
+// A transformer block's residual norm: h = acc (+ bias) + residual, y = LayerNorm(h) or
+// RMSNorm(h); h is stored too where store_h (the next block's residual, as
+// examples/gemm_residual_*.cf), else the spec is the plain norm's plus the [M, N] input.
+FusionSpec residual_norm(bool layer, DType residual, bool store_h) {
+  return lowered([=](Graph& g, Value acc) {
+    Value h = (layer ? acc + row(g, "bias") : acc) + g.input("residual", residual, {Dim::of("M"), Dim::of("N")});
+    if (store_h) g.output(h, "h", DType::BF16);
+    return layer ? g.layer_norm(h, row(g, "gamma"), row(g, "beta")) : g.rms_norm(h, row(g, "gamma"));
+  });
+}
 // L dependent reductions: x <- x - mean(x), L times.
 FusionSpec chain(int L) {
   return lowered([L](Graph& g, Value acc) {
@@ -64,7 +74,7 @@ struct Named {
 };
 std::vector<Named> all_specs() {
   return {{"bias_gelu", bias_gelu()}, {"layer_norm", layer_norm()}, {"rms_norm", rms_norm()},
-          {"softmax", softmax()},     {"chain4", chain(4)}};
+          {"softmax", softmax()},     {"chain4", chain(4)},          {"residual_rms_norm", residual_norm(false, DType::F32, true)}};
 }
 
 TEST(Plan, ProblemOfResolvesDimsAndDtype) {
@@ -135,7 +145,7 @@ TEST(Plan, SweepFitsSmemAndFollowsTheRules) {
           }
         }
   }
-  EXPECT_EQ(plans, 5 * 4 * 5 * 2);
+  EXPECT_EQ(plans, static_cast<int>(all_specs().size()) * 4 * 5 * 2);
 }
 
 // Mechanism 4: ONE reduction buffer, O(1) in the number of reductions.
@@ -158,6 +168,37 @@ TEST(Plan, ReductionBufferIsIndependentOfReductionCount) {
   Plan a = make_plan(one, prob(256, 4096, 4096)), b = make_plan(four, prob(256, 4096, 4096));
   if (a.kernel.tile_m == b.kernel.tile_m && a.kernel.cluster_n == b.kernel.cluster_n) {
     EXPECT_EQ(a.smem.reduction_buffer, b.smem.reduction_buffer);
+  }
+}
+
+// An [M, N] epilogue input keeps nothing in SMEM (TileInput reads global memory after an L2
+// prefetch), so a residual costs the mainloop no ring stages: the residual norm plans exactly
+// the plain norm's kernel, bf16 or f32 residual; storing h as well adds only h's staging
+// subtile, beside the deepest ring that still fits. The shapes are the measured ones.
+TEST(Plan, TileInputsKeepNothingInSmem) {
+  const DeviceModel dev;
+  for (const bool layer : {false, true}) {
+    const Problem pr = layer ? prob(8192, 1024, 4096) : prob(8192, 4096, 4096);
+    const Plan plain = make_plan(layer ? layer_norm() : rms_norm(), pr, dev);
+    for (const DType res : {DType::BF16, DType::F32}) {
+      SCOPED_TRACE(fmt::format("{}, {} residual", layer ? "LayerNorm" : "RMSNorm", name_of(res)));
+      const Plan p = make_plan(residual_norm(layer, res, false), pr, dev);
+      EXPECT_EQ(p.kernel.tile_m, plain.kernel.tile_m);
+      EXPECT_EQ(p.kernel.tile_n, plain.kernel.tile_n);
+      EXPECT_EQ(p.kernel.epilogue_smem_bytes, plain.kernel.epilogue_smem_bytes);
+      EXPECT_EQ(p.kernel.ring_stages, plain.kernel.ring_stages);
+      EXPECT_EQ(p.smem.total(), plain.smem.total());
+
+      const Plan ph = make_plan(residual_norm(layer, res, true), pr, dev);
+      ASSERT_EQ(ph.kernel.tile_m, plain.kernel.tile_m);
+      ASSERT_EQ(ph.kernel.tile_n, plain.kernel.tile_n);
+      // h's bf16 staging subtile (whole KiB) joins the root stage's storage block.
+      EXPECT_EQ(ph.kernel.epilogue_smem_bytes, plain.kernel.epilogue_smem_bytes + ph.kernel.epi_rows() * 64 * 2);
+      KernelConfig deeper = ph.kernel;
+      ++deeper.ring_stages;
+      EXPECT_GT(deeper.smem_bytes(), dev.smem_per_cta_bytes) << ph.kernel.ring_stages << " stages: one more fits";
+      EXPECT_GE(ph.kernel.ring_stages, plain.kernel.ring_stages - 1);
+    }
   }
 }
 

@@ -1,7 +1,8 @@
 // GPU correctness of the B2B kernel family (kernels/comfuse/b2b/): O = F(X W1^T) W2^T with S
-// in registers, for elementwise F (an FFN, with vectors along N1 and an epilogue after GEMM2)
-// and the online softmax (attention, causal too), bf16 and f16, ragged shapes, against the fp64
-// graph executor on random inputs. Skips, saying why, on a machine without an sm_90 GPU.
+// in registers, for elementwise F (an FFN, with vectors and [M, N1] inputs along N1 and an
+// epilogue after GEMM2, a residual included) and the online softmax (attention, causal too),
+// bf16 and f16, ragged shapes, against the fp64 graph executor on random inputs. Skips, saying
+// why, on a machine without an sm_90 GPU.
 #include <fmt/format.h>
 
 #include "comfuse/text.h"
@@ -66,6 +67,33 @@ output nrm: bf16
 )";
   for (int64_t d : {128, 256})
     expect_one_b2b_kernel_matches(g, {{"M", 700}, {"K", 64}, {"N", 520}, {"D", d}});
+}
+
+// [M, N] inputs on both sides of S: a per-element f32 scale in F (columns of N1, read per
+// chunk) and a residual in GEMM2's epilogue (bf16 or f32, prefetched into L2 while the chunks
+// run), over ragged M, N1 and N2.
+TEST_F(GpuB2b, FeedForwardWithTileInputsOnBothSides) {
+  struct V {
+    const char* res;
+    int64_t m, k, n, d;
+  };
+  for (const V& v : {V{"bf16", 1000, 72, 520, 136}, V{"f32", 333, 256, 1032, 64}, V{"bf16", 300, 128, 1024, 256}}) {
+    SCOPED_TRACE(fmt::format("{} residual: M={} K={} N={} D={}", v.res, v.m, v.k, v.n, v.d));
+    const std::string g = fmt::format(R"(
+input x: bf16[M, K]
+input w1: bf16[N, K]
+input scale: f32[M, N]
+input w2: bf16[D, N]
+input residual: {}[M, D]
+h = matmul(x, w1)
+s = cast(mul(gelu(h), scale), bf16)
+y = matmul(s, w2)
+z = add(y, residual)
+output z: bf16
+)",
+                                      v.res);
+    expect_one_b2b_kernel_matches(g, {{"M", v.m}, {"K", v.k}, {"N", v.n}, {"D", v.d}});
+  }
 }
 
 TEST_F(GpuB2b, AttentionOnlineSoftmax) {

@@ -1,5 +1,6 @@
-// GPU correctness of the epilogues real transformer layers need: [M, N] inputs read by TMA
-// with the accumulator's tile (a residual, a gate, a per-element scale; bf16, f16 and f32),
+// GPU correctness of the epilogues real transformer layers need: [M, N] inputs read with the
+// accumulator's tile (a residual, a gate, a per-element scale; bf16, f16 and f32; prefetched
+// into L2 and read from global memory, zero past M and N),
 // outputs of several stages' tile values (the pre-norm sum and the norm), and per-row [M, 1]
 // outputs (a norm's mean and rstd, a softmax's log-sum-exp), against the fp64 graph executor
 // on random inputs, ragged shapes, planner defaults and forced plans. Skips, saying why, on a
@@ -65,17 +66,47 @@ TEST_F(GpuLayer, ResidualLayerNormPreNormSumAndRowStatistics) {
   }
 }
 
-// Llama's o_proj + residual -> RMSNorm, at the planner's choice for a large shape's rows.
+// Llama's o_proj + residual -> RMSNorm, at the planner's choice for a large shape's rows, and
+// for the measured shape's (8192 x 4096: 128 x 128 PingPong tiles in row groups), bf16 and f32
+// residuals.
 TEST_F(GpuLayer, ResidualRmsNormPlannerDefault) {
-  Case c;
-  Value h = c.acc + c.g.input("residual", DType::BF16, {Dim::of("M"), Dim::of("N")});
-  c.g.output(h, "h", DType::BF16);
-  c.g.output(c.g.rms_norm(h, c.row("gamma")), "y", DType::BF16);
-  expect_matches(c.g, dims(1100, 2048, 256));
+  for (const DType res : {DType::BF16, DType::F32})
+    for (const Bindings& d : {dims(1100, 2048, 256), dims(8192, 4096, 256)}) {
+      SCOPED_TRACE(fmt::format("{} residual, {} x {}", name_of(res), d.at("M"), d.at("N")));
+      Case c;
+      Value h = c.acc + c.g.input("residual", res, {Dim::of("M"), Dim::of("N")});
+      c.g.output(h, "h", DType::BF16);
+      c.g.output(c.g.rms_norm(h, c.row("gamma")), "y", DType::BF16);
+      expect_matches(c.g, d);
+    }
+}
+
+// An [M, N] input read by a later stage (after the norm's reduction: the stage starts its own
+// L2 prefetch), with the root stage's residual, over ragged edges; with several N-tiles per CTA
+// too (the later stage reads the input of each tile of the job).
+TEST_F(GpuLayer, TileInputInALaterStage) {
+  for (const char* plan : {"default", "smem-stash"}) {
+    SCOPED_TRACE(plan);
+    Case c;
+    Value h = c.acc + c.g.input("residual", DType::BF16, {Dim::of("M"), Dim::of("N")});
+    Value gate = c.g.input("gate", DType::F32, {Dim::of("M"), Dim::of("N")});
+    c.g.output(c.g.rms_norm(h, c.row("gamma")) * gate, "y", DType::BF16);
+    CompileOptions opt;
+    if (std::string(plan) == "smem-stash") {  // 4 N-tiles per CTA, the last one ragged
+      opt.plan.cluster_n = 8, opt.plan.tile_n = 128, opt.plan.strategy = RowStrategy::SmemStash;
+      opt.plan.stash_bytes = 2;
+    }
+    const DeviceRunReport rep = expect_matches(c.g, std::string(plan) == "default" ? dims(1000, 1032, 72)
+                                                                                    : dims(700, 3976, 64), opt);
+    if (std::string(plan) == "smem-stash") {
+      EXPECT_GT(rep.plan.kernel.n_tiles, 1);
+    }
+  }
 }
 
 // Elementwise epilogues with several [M, N] inputs (a gate and a per-element f32 scale), with
-// the measured configuration of each shape class (PingPong and cooperative tiles).
+// the measured configuration of each shape class (PingPong 128 x 128, and cooperative 128 x 256
+// for the largest, whose warp groups each read 64 rows of the tile), ragged and not.
 TEST_F(GpuLayer, GateAndScaleInputsElementwise) {
   for (const Bindings& d : {dims(200, 264, 64), dims(2000, 2056, 128), dims(6400, 8192, 64)}) {
     SCOPED_TRACE(fmt::format("{} x {}", d.at("M"), d.at("N")));
@@ -83,7 +114,10 @@ TEST_F(GpuLayer, GateAndScaleInputsElementwise) {
     Value gate = c.g.input("gate", DType::BF16, {Dim::of("M"), Dim::of("N")});
     Value scale = c.g.input("scale", DType::F32, {Dim::of("M"), Dim::of("N")});
     c.g.output(c.g.unary(UnaryOp::Silu, c.acc) * gate * scale, "y", DType::BF16);
-    expect_matches(c.g, d);
+    const DeviceRunReport rep = expect_matches(c.g, d);
+    if (d.at("M") == 6400) {
+      EXPECT_EQ(rep.plan.kernel.wgs_per_tile, 2) << "the cooperative kernel";
+    }
   }
 }
 

@@ -46,8 +46,8 @@ struct B2bGemmSm90 {
                                  : align_up(int(sizeof(typename F::SharedStorage)), 1024);
   static constexpr int kEpi2Bytes = cute::is_same_v<typename Epi2::SharedStorage, epi::detail::NoTree> ? 0
                                     : align_up(int(sizeof(typename Epi2::SharedStorage)), 1024);
-  static_assert(kFBytes + kEpi2Bytes <= C.epilogue_smem_bytes || C.epilogue_smem_bytes == 0,
-                "ComFuse: F and GEMM2's epilogue exceed B2bConfig::epilogue_smem_bytes (the planner's model)");
+  static_assert(kFBytes + kEpi2Bytes == C.epilogue_smem_bytes || C.epilogue_smem_bytes == 0,
+                "ComFuse: F and GEMM2's epilogue differ from B2bConfig::epilogue_smem_bytes (the planner's model)");
   struct alignas(1024) PerWG {
     typename Mainloop::SharedStorage ring;
     unsigned char epi[kFBytes + kEpi2Bytes > 0 ? kFBytes + kEpi2Bytes : 16];
@@ -116,12 +116,8 @@ struct B2bGemmSm90 {
         int const chunks = b2b_chunks(C, job.m_block, p.M, p.N1);
         epi::EpiCtx c2{&p, m0, job.n2_block * C.tile_n2, p.N, t, t / 32, t % 32};
         c2.batch = job.batch;
-        // Epi2's tile inputs (a residual) load while the chunks run; the previous job's
-        // readers of that SMEM passed Epi2's last barrier.
-        if constexpr (Epi2::kRootLoads) {
-          named_sync(bar_id, kWarpGroupThreads);
-          epi2.prefetch(c2, epi2_storage(mine));
-        }
+        // Epi2's tile inputs (a residual) go to L2 while the chunks run.
+        if constexpr (Epi2::kRootLoads) epi2.prefetch(c2, epi2_storage(mine));
         f.start_job();
         // The wgmma register operands (O, the accumulator GEMM2 reads back; S, its A operand)
         // get their last definition before a wgmma here, in warp-group-uniform code: written

@@ -5,12 +5,14 @@
 //   struct SharedStorage;                         per consumer warp group (may be empty)
 //   static void init(SharedStorage&);             once per CTA, by one thread, before the
 //                                                 kernel's first cluster barrier (mbarriers)
-//   void load(EpiCtx const&, SharedStorage&);     once per tile, by one thread: asynchronous
-//                                                 loads of the tile's inputs (TileInput); the
-//                                                 root stage's run before the tile's mainloop
+//   void load(EpiCtx const&, SharedStorage&);     once per tile, by one thread: starts the
+//                                                 tile's inputs on their way (TileInput: an L2
+//                                                 prefetch); the root stage's run before the
+//                                                 tile's mainloop
 //   void begin(EpiCtx const&, SharedStorage&);    once per tile, before any fragment
 //   void acquire(EpiCtx const&, SharedStorage&);  once per tile, when its stage starts
 //                                                 streaming: wait for what load() started
+//                                                 where the fragments read it
 //   template <int I, class V> void visit(EpiCtx const&, FragCoord const&, Frag const& acc, V& vals);
 //                                                 per fragment: writes vals[I] from vals[operands]
 //   void subtile_end(EpiCtx const&, SharedStorage&, int s);   once per 64-column subtile,
@@ -67,14 +69,14 @@ template <class Geo> struct NodeBase {
 
 // The 128-byte-swizzled staging layout of a BM x 64-column subtile of 16- or 32-bit elements,
 // in boxes of 128 bytes of columns (1 box for 16-bit T, 2 for fp32): what a TMA box {128 bytes,
-// BM rows} with 128-byte swizzle reads or writes. Bank-conflict free for stmatrix / ldmatrix
-// (16-bit: lane l addresses row l % 8 of 8x8 matrix l / 8) and for st/ld.shared.v2 (fp32).
+// BM rows} with 128-byte swizzle reads. Bank-conflict free for stmatrix (16-bit: lane l
+// addresses row l % 8 of 8x8 matrix l / 8) and for st.shared.v2 (fp32).
 template <class T, int BM> struct SwizzledSubtile {
   static constexpr int kBoxCols = 128 / int(sizeof(T));
   static constexpr int kBoxes = 64 / kBoxCols;
   static constexpr int kBoxBytes = BM * 128;
   static constexpr int kBytes = kBoxes * kBoxBytes;
-  // 16-bit: the address lane `lane` gives stmatrix/ldmatrix .x4 for the fragment at (fc.mi,
+  // 16-bit: the address lane `lane` gives stmatrix .x4 for the fragment at (fc.mi,
   // fc.sub_col) of warp `warp`.
   static COMFUSE_DEVICE uint32_t matrix_addr(uint32_t base, int warp, int lane, FragCoord const& fc) {
     int const q = lane / 8;
@@ -278,66 +280,54 @@ template <int Out, class T, int Src> struct Store {
   };
 };
 
-// An [M, N] input of the epilogue (a residual, a gate, a mask), type T, read through
-// params.tma_in[In]: the warp group's whole BM x BN tile is loaded by TMA into SMEM (one
-// SwizzledSubtile per 64 columns; TMA fills rows and columns past M and N with zeros) by one
-// thread, completing on the node's mbarrier. load() starts it: for the root stage before the
-// tile's mainloop (so it lands while the tensor cores work), for a later stage at its begin().
-// acquire() waits; each fragment then reads its 8 values with one ldmatrix (16-bit) or four
-// ld.shared.v2 (fp32). The buffer is rewritten by the next tile's load() only after every
-// thread of the warp group passed a barrier behind its last read (the kernel's MmaTurn sync,
-// or the epilogue's last store barrier; stage.cuh).
+// An [M, N] input of the epilogue (a residual, a gate, a mask), type T, row-major at
+// params.tile_in[In]. It keeps nothing in SMEM, where a whole BM x BN tile per warp group would
+// cost the mainloop its ring stages: load() (one thread; for the root stage before the tile's
+// mainloop, for a later stage at its begin()) prefetches the tile into L2 through the TMA
+// descriptor params.tma_in[In], one box of 128 bytes of columns x BM rows at a time, so that it
+// is there when the epilogue runs; each fragment then reads its 8 values straight from global
+// memory, one load per adjacent column pair (4 bytes of 16-bit T, 8 of fp32: the descriptor's
+// 16-byte aligned base and row stride align every pair). Rows >= M and columns >= N read 0.
 template <int In, class T> struct TileInput {
   static_assert(In < Sm90::kMaxTileInputs);
   template <class Geo> struct Impl : NodeBase<Geo> {
-    using Layout = SwizzledSubtile<T, Geo::BM>;
-    static constexpr int kSubtileBytes = Layout::kBytes;
-    struct SharedStorage {
-      alignas(1024) unsigned char buf[Geo::SubTiles * Layout::kBytes];
-      uint64_t full;
-    };
     static constexpr bool kLoads = true;
-    uint32_t base_;
-    uint32_t phase_ = 0;  // parity of the mbarrier's next completion (one per tile)
-    static COMFUSE_DEVICE void init(SharedStorage& s) { mbar_init(smem_u32(&s.full), 1); }
-    COMFUSE_DEVICE void load(EpiCtx const& c, SharedStorage& s) {
-      if (c.t != 0) return;
-      mbar_arrive_expect_tx(smem_u32(&s.full), uint32_t(sizeof(s.buf)));
-      constexpr uint64_t kEvictFirst = 0x12F0000000000000ull;  // streamed once
+    static constexpr int kBoxCols = 128 / int(sizeof(T));
+    T const* tile_;       // element (m0, n0) of the tile, in the job's batch
+    long long ld_;        // row stride (elements)
+    int rows_, cols_;     // rows and columns of the tile that lie inside [M, N]
+    COMFUSE_DEVICE void load(EpiCtx const& c, NoStorage&) {
+      if (c.t != 0 || c.m0 >= c.p->M) return;  // a cooperative tile's second half may lie past M
       CUTE_UNROLL
-      for (int sub = 0; sub < Geo::SubTiles; ++sub)
-        CUTE_UNROLL
-        for (int b = 0; b < Layout::kBoxes; ++b) {
-          unsigned char* dst = s.buf + sub * Layout::kBytes + b * Layout::kBoxBytes;
-          int const col = c.n0 + sub * 64 + b * Layout::kBoxCols;
-          if constexpr (Geo::kBatched)
-            cute::SM90_TMA_LOAD_3D::copy(&c.p->tma_in[In], reinterpret_cast<uint64_t*>(&s.full), kEvictFirst, dst,
-                                         col, c.m0, c.batch);
-          else
-            cute::SM90_TMA_LOAD_2D::copy(&c.p->tma_in[In], reinterpret_cast<uint64_t*>(&s.full), kEvictFirst, dst,
-                                         col, c.m0);
-        }
+      for (int col = 0; col < Geo::BN; col += kBoxCols) {
+        if (c.n0 + col >= c.N) break;
+        if constexpr (Geo::kBatched)
+          cute::SM90_TMA_LOAD_3D::PREFETCH::copy(&c.p->tma_in[In], c.n0 + col, c.m0, c.batch);
+        else
+          cute::SM90_TMA_LOAD_2D::PREFETCH::copy(&c.p->tma_in[In], c.n0 + col, c.m0);
+      }
     }
-    COMFUSE_DEVICE void begin(EpiCtx const&, SharedStorage& s) { base_ = smem_u32(s.buf); }
-    COMFUSE_DEVICE void acquire(EpiCtx const&, SharedStorage& s) {
-      mbar_wait(smem_u32(&s.full), phase_);
-      phase_ ^= 1;
+    COMFUSE_DEVICE void begin(EpiCtx const& c, NoStorage&) {
+      TileInputRef const& in = c.p->tile_in[In];
+      ld_ = in.ld;
+      tile_ = static_cast<T const*>(in.data) + (Geo::kBatched ? c.batch * in.batch_stride : 0) + c.m0 * ld_ + c.n0;
+      rows_ = c.p->M - c.m0;
+      cols_ = c.N - c.n0;
     }
-    template <int I, class V> COMFUSE_DEVICE void visit(EpiCtx const& c, FragCoord const& fc, Frag const&, V& v) {
-      uint32_t const sub = base_ + (fc.col / 64) * kSubtileBytes;
-      if constexpr (sizeof(T) == 2) {
-        uint32_t r[4];
-        asm volatile("ldmatrix.sync.aligned.x4.m8n8.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                     : "r"(Layout::matrix_addr(sub, c.warp, c.lane, fc)));
-        CUTE_UNROLL
-        for (int q = 0; q < 4; ++q) v[I][2 * q] = DType<T>::unpack_lo(r[q]), v[I][2 * q + 1] = DType<T>::unpack_hi(r[q]);
-      } else {
-        CUTE_UNROLL
-        for (int p = 0; p < 4; ++p) {
-          float2 const x = ld_shared_v2(Layout::pair_addr(sub, fc, p));
-          v[I][2 * p] = x.x, v[I][2 * p + 1] = x.y;
-        }
+    // Predicated loads of the raw words (zero bits read 0.f in every T), converted after: no
+    // branches and no dependence between the pairs, so ptxas can issue a subtile's loads ahead
+    // of their use. A pair whose first column is inside N loads whole: its aligned word holds
+    // that valid element, so it cannot fault even where an odd N puts the second past the row.
+    using Word = cute::conditional_t<sizeof(T) == 2, uint32_t, float2>;
+    template <int I, class V> COMFUSE_DEVICE void visit(EpiCtx const&, FragCoord const& fc, Frag const&, V& v) {
+      CUTE_UNROLL
+      for (int e = 0; e < kFrag; e += 2) {
+        int const row = fc.row + frag_row(e), col = fc.col + frag_col(e);  // element e + 1: col + 1
+        Word w{};
+        if (row < rows_ && col < cols_) w = *reinterpret_cast<Word const*>(tile_ + row * ld_ + col);
+        if constexpr (sizeof(T) == 2) v[I][e] = DType<T>::unpack_lo(w), v[I][e + 1] = DType<T>::unpack_hi(w);
+        else v[I][e] = w.x, v[I][e + 1] = w.y;
+        if (col + 1 >= cols_) v[I][e + 1] = 0.f;
       }
     }
   };

@@ -270,8 +270,8 @@ template <class... Nodes> struct Stage {
     float given[Geo::MBlocks][2];
 
     static constexpr bool kRoot = cute::is_same_v<Parent, NoParent>;
-    // Whether a node of the root stage loads its tile's inputs (TileInput): the kernel then
-    // calls prefetch() before each tile's mainloop.
+    // Whether a node of the root stage starts its tile's inputs early (TileInput's L2
+    // prefetch): the kernel then calls prefetch() before each tile's mainloop.
     static constexpr bool kRootLoads = (false || ... || Nodes::template Impl<Geo>::kLoads);
 
     // One thread per CTA, before the kernel's first cluster barrier.
@@ -287,9 +287,9 @@ template <class... Nodes> struct Stage {
       if constexpr (kHasPost) PostExec::init_nodes(post_tree(ts));
     }
 
-    // The root stage's asynchronous input loads of tile c (TileInput), started before the
+    // The root stage's input prefetches of tile c (TileInput: into L2), started before the
     // tile's mainloop so that they land while the tensor cores work. Later stages start theirs
-    // at their begin(). Called after a barrier behind the warp group's last read of the buffers.
+    // at their begin(). They write no SMEM: no barrier orders them after the previous tile.
     COMFUSE_DEVICE void prefetch(EpiCtx const& c, SharedStorage& ss) {
       if constexpr (kRootLoads) load_nodes(c, tree_of(ss));
     }

@@ -86,8 +86,9 @@ struct FusedGemmSm90 {
     typename EpiExec::SharedStorage epi[2];                 // one per consumer WG
     typename Pipeline::SharedStorage pipe;                  // full/empty mbarriers
   };
-  static_assert(int(sizeof(typename EpiExec::SharedStorage)) <= C.epilogue_smem_bytes || C.epilogue_smem_bytes == 0,
-                "ComFuse: the epilogue's SMEM exceeds KernelConfig::epilogue_smem_bytes (the planner's model)");
+  // Exact, not just a bound: a model that over-counts costs the mainloop ring stages for nothing.
+  static_assert(int(sizeof(typename EpiExec::SharedStorage)) == C.epilogue_smem_bytes || C.epilogue_smem_bytes == 0,
+                "ComFuse: the epilogue's SMEM differs from KernelConfig::epilogue_smem_bytes (the planner's model)");
   // Stash (NTiles > 1): the job's earlier tiles' bypassed value, in SMEM beside the ring or in
   // the global workspace (Params::stash, C.stash_workspace_bytes_per_cta() a CTA, CTA index
   // blockIdx.x * gridDim.y + blockIdx.y), which the L2 mostly holds.
@@ -178,13 +179,8 @@ struct FusedGemmSm90 {
         if constexpr (kPingPong) named_sync(barrier_id(NamedBarrier::MmaTurnWG0, cw), 2 * kWarpGroupThreads);
         trace::mark(t, cw, job, trace::kTurn);
         for (int nt = 0; nt < NTiles; ++nt) {
-          // The root stage's tile inputs (TileInput) load while the tile's mainloop runs. The
-          // buffers are free: PingPong passed the MmaTurn barrier behind this warp group's last
-          // read; cooperative syncs the warp group here.
-          if constexpr (EpiExec::kRootLoads) {
-            if constexpr (!kPingPong) named_sync(barrier_id(NamedBarrier::EpilogueWG0, cw), kWarpGroupThreads);
-            epi.prefetch(EpiExec::tile_ctx(ctx, nt), ss.epi[cw]);
-          }
+          // The root stage's tile inputs (TileInput) go to L2 while the tile's mainloop runs.
+          if constexpr (EpiExec::kRootLoads) epi.prefetch(EpiExec::tile_ctx(ctx, nt), ss.epi[cw]);
           if constexpr (kPingPong) {
             Mainloop::mma(pipeline, read_state, release_state, ss.mainloop, accum, kt, t);
             // The turn goes to the other consumer once per job, after its last tile's wgmmas.
