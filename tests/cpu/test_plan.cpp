@@ -392,9 +392,10 @@ TEST(Plan, RowGroupsDivideTheWork) {
     }
 }
 
-// A pre-norm residual (an [M, N] TileInput) and the pre-norm sum as a second output take SMEM
-// from the ring; the row-group model prices the shallower ring (MEASURED 2.6x cuBLAS at two
-// stages against 1.03x at five, calibration.h), so the frontend does not fuse where it loses.
+// The pre-norm sum as a second output takes its TMA staging from the ring (a TileInput keeps
+// nothing in SMEM: it is prefetched into L2 and read from global); the row-group model prices
+// the shallower ring (calibration.h: MEASURED 2.6x cuBLAS at two stages against 1.03x at five),
+// so the frontend does not fuse where it loses.
 TEST(Plan, ShallowRingIsPriced) {
   const FusionSpec plain = rms_norm();
   const FusionSpec residual = lowered([](Graph& g, Value acc) {
@@ -408,7 +409,8 @@ TEST(Plan, ShallowRingIsPriced) {
   ASSERT_EQ(b.kernel.aggregation, Aggregation::L2Exchange);
   EXPECT_GE(a.kernel.ring_stages, 5);
   EXPECT_LT(b.kernel.ring_stages, a.kernel.ring_stages);
-  EXPECT_GT(b.estimate.total_us, 2.0 * a.estimate.total_us) << b.estimate.total_us << " vs " << a.estimate.total_us;
+  EXPECT_GE(b.kernel.ring_stages, 4);  // the residual takes no ring stage, the output h one
+  EXPECT_GT(b.estimate.total_us, 1.1 * a.estimate.total_us) << b.estimate.total_us << " vs " << a.estimate.total_us;
   EXPECT_NE(explain(residual, b).find("ring stages: the mainloop runs at"), std::string::npos);
 }
 
