@@ -60,6 +60,11 @@ if [ "${SANITIZE:-1}" = 1 ]; then
     compute-sanitizer --tool "$tool" --error-exitcode 9 .carry/bin/test_gpu_channels --gtest_brief=1 \
       > "$out/sanitizer-$tool-channels.log" 2>&1
     s=$?; tail -3 "$out/sanitizer-$tool-channels.log"; echo "$tool (channels) exit $s"; [ $s = 0 ] || rc=1
+    # The B2B family (issue 13 asks its kernels clean under both tools): one FFN, one attention.
+    timeout "${SANITIZE_B2B_TIMEOUT:-150}" compute-sanitizer --tool "$tool" --error-exitcode 9 .carry/bin/test_gpu_b2b \
+      --gtest_filter='GpuB2b.FeedForwardElementwiseF:GpuB2b.CausalAttentionOnlineSoftmax' --gtest_brief=1 \
+      > "$out/sanitizer-$tool-b2b.log" 2>&1
+    s=$?; tail -3 "$out/sanitizer-$tool-b2b.log"; echo "$tool (b2b) exit $s"; [ $s = 0 ] || rc=1
   done
 fi
 echo "gpu_tests.sh: exit $rc"
