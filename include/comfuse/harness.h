@@ -20,6 +20,7 @@ struct OutputCheck {
 
 struct DeviceRunReport {
   std::vector<OutputCheck> outputs;
+  std::vector<OutputCheck> outputs_after_timing;  // timed runs: the outputs of one more launch after them
   double kernel_ms = 0;        // median over the timed launches (0 when not timed)
   double tflops = 0;           // 2*M*N*K / kernel time
   double cublas_ms = 0;        // cuBLAS GEMM alone (bf16/f16 out; a B2B kernel's two GEMMs back to

@@ -52,6 +52,7 @@ struct PlanOptions {
   std::optional<RowStrategy> strategy;        // force a row strategy (a DSMEM plan)
   std::optional<int> cluster_m;               // force clusters along M (B multicast); with a reduction: row groups
   std::optional<int> row_group;               // force a row group of G clusters (L2 exchange)
+  std::optional<int> k_splits;                // force split-K: K-splits per tile (1: none)
   std::optional<int> stash_bytes;             // force the stash element: 4 (fp32) or 2 (bf16)
   std::optional<bool> fuse_pairs;             // true / false: every pair in one round / two (A/B)
 };

@@ -50,10 +50,12 @@ struct CompileOptions {
 // True when a CUDA device of compute capability 9.0 is usable by this process.
 bool gpu_available(std::string* why_not = nullptr);
 
-// Makes `bytes` of device memory a fresh L2 row-exchange workspace (Aggregation::L2Exchange;
-// scheduler/grid.cuh sizes it): zeroed, with its ExchangeHeader (config.cuh). Once, when it is
-// allocated: the kernels keep it valid from launch to launch, CUDA graph replays included.
-void init_exchange_workspace(void* workspace, size_t bytes);
+// Makes `bytes` of device memory a fresh exchange workspace (the L2 row exchange and split-K;
+// scheduler/grid.cuh's exchange_layout sizes it): its ExchangeHeader (config.cuh) and the
+// `tagged_bytes` after it (the exchange slots and split-K tags: exchange_layout().tagged_bytes)
+// zeroed. Once, when it is allocated: the kernels keep it valid from launch to launch, CUDA
+// graph replays included.
+void init_exchange_workspace(void* workspace, size_t bytes, size_t tagged_bytes = SIZE_MAX);
 
 class FusedKernel {
  public:

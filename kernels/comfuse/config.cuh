@@ -35,6 +35,7 @@ struct Sm90 {
   static constexpr int kMaxAccumulatorsPerThread = 128;  // one consumer WG's fp32 tile in registers
   static constexpr int kMaxNTiles = 64;             // N-tiles one CTA walks per job
   static constexpr int kMaxRowGroup = 64;           // clusters of one row group
+  static constexpr int kMaxKSplits = 16;            // K-splits of one tile (split-K)
   // Params slots (params.cuh).
   static constexpr int kMaxOutputs = 4;  // Store nodes (output tensors) of an epilogue
   static constexpr int kMaxVectors = 8;  // RowBroadcast / ColBroadcast operands
@@ -79,6 +80,7 @@ struct KernelConfig {
   // Work division.
   int n_tiles = 1;        // N-tiles one CTA walks per job (a row too long for the row's CTAs)
   int row_group = 1;      // clusters whose CTAs share a row (Aggregation::L2Exchange)
+  int k_splits = 1;       // clusters that each take 1/k_splits of K of the same tiles (split-K, below)
   // Epilogue.
   bool row_reduction = false;              // some stage of the epilogue ends in a row reduction
   Aggregation aggregation = Aggregation::None;
@@ -127,6 +129,15 @@ struct KernelConfig {
     return aggregation == Aggregation::L2Exchange && cross_cta_reduction() ? 2 * exchange_peers() * 2 * epi_rows() * 8
                                                                            : 0;
   }
+  // Split-K (scheduler/split_k.cuh): the k_splits clusters of a tile's K-splits each run the
+  // mainloop over their share of K; the first (the tile's owner) adds the others' fp32 partial
+  // tiles, passed through the exchange workspace in a fixed order, and alone runs the epilogue.
+  // What a problem with fewer tiles than SMs (decode) needs to keep every SM streaming B.
+  // Per owner warp group: one partial tile per other split, and one 4-byte tag per split.
+  COMFUSE_HOST_DEVICE constexpr int split_partial_bytes() const { return k_splits > 1 ? epi_rows() * tile_n * 4 : 0; }
+  COMFUSE_HOST_DEVICE constexpr int split_flag_bytes() const { return k_splits > 1 ? k_splits * 4 : 0; }
+  // The exchange workspace's header (its launch counter) serves the row exchange and split-K.
+  COMFUSE_HOST_DEVICE constexpr bool uses_exchange_workspace() const { return exchange_slot_bytes() > 0 || k_splits > 1; }
 };
 
 // The head of the L2 exchange workspace (cluster/global_exchange.cuh), before its slots: the
@@ -162,6 +173,9 @@ COMFUSE_HOST_DEVICE constexpr char const* check(KernelConfig const& c) {
   if (c.n_tiles < 1 || c.n_tiles > Sm90::kMaxNTiles) return "n_tiles: 1..64 N-tiles per job";
   if (c.n_tiles > 1 && c.wgs_per_tile != 1) return "several N-tiles per job need the PingPong schedule";
   if (!is_pow2(c.row_group) || c.row_group > Sm90::kMaxRowGroup) return "row_group: a power of two in 1..64";
+  if (c.k_splits < 1 || c.k_splits > Sm90::kMaxKSplits) return "k_splits: 1..16 K-splits per tile";
+  if (c.k_splits > 1 && c.wgs_per_tile != 1) return "split-K needs the PingPong schedule (one warp group per tile)";
+  if (c.k_splits > 1 && c.n_tiles != 1) return "split-K takes one N-tile per job";
   if (c.row_group > 1 && c.aggregation != Aggregation::L2Exchange)
     return "a row group of clusters exchanges through L2 (aggregation L2Exchange)";
   if (c.aggregation == Aggregation::L2Exchange && c.cluster_n != 1)

@@ -44,7 +44,9 @@ struct alignas(128) Params {
   // raster_along_n != 0) are walked together, to keep A (or B) panels hot in L2.
   int raster_group;
   int raster_along_n;
-  int pad_;
+  // The cluster count the exchange workspace was laid out for (grid.cuh's exchange_layout):
+  // the most clusters a launch of this kernel may have.
+  int workspace_clusters;
   // Epilogue runtime operands.
   void const* vectors[Sm90::kMaxVectors];  // RowBroadcast: length N; ColBroadcast: length M
   float scalars[Sm90::kMaxScalars];        // ScalarArg
@@ -53,9 +55,10 @@ struct alignas(128) Params {
   // Stash in a global workspace (StashSpace::Workspace): grid.cuh's stash_workspace_bytes,
   // 16-byte aligned; else unused.
   void* stash;
-  // Row reductions across clusters (Aggregation::L2Exchange, cluster/global_exchange.cuh): a
-  // workspace of grid.cuh's exchange_workspace_bytes, zeroed once when allocated (the kernel
-  // keeps its launch counter in it); else unused.
+  // Row reductions across clusters (Aggregation::L2Exchange, cluster/global_exchange.cuh) and
+  // split-K partial tiles (scheduler/split_k.cuh): a workspace of grid.cuh's
+  // exchange_workspace_bytes, initialized once when allocated (the kernel keeps its launch
+  // counter in it); else unused.
   void* exchange;
 };
 

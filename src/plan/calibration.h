@@ -91,8 +91,10 @@ struct PlannerTunables {
   // MEASURED on the H200 (PingPong 128x128, clusters 2x1, row groups; bench/NOTES.md): 2
   // stages 2.57-2.70x cuBLAS (residual RMSNorm 8192x4096x4096 and x14336, residual LayerNorm
   // 8192x1024x4096); 3 stages 1.60-1.71x (the same norms with one output less, in the models
-  // benchmark); 5 stages 1.03-1.05x. 4: GUESS between.
-  std::map<int, double> row_group_ring_efficiency = {{2, 0.385}, {3, 0.6}, {4, 0.85}, {5, 1.0}};
+  // benchmark); 4 stages 1.185x (residual RMSNorm 8192x4096x4096 with its residual read from
+  // global, against 1.03-1.07x for RMSNorm/LayerNorm at 5) and 1.075x at K = 14336; 5 stages
+  // 1.03-1.05x.
+  std::map<int, double> row_group_ring_efficiency = {{2, 0.385}, {3, 0.6}, {4, 0.9}, {5, 1.0}};
   // Share of a multi-tile job's stash traffic (write once, read per later stage) that the
   // mainloops do not hide. MEASURED-ish: T = 2 cost 2-3% over T = 1 at 8192x4096x4096.
   double row_group_stash_exposed = 0.5;
@@ -106,6 +108,21 @@ struct PlannerTunables {
   // round; RMSNorm there 1.23x): 30 us keeps G = 64 a last resort.
   std::map<int, double> row_group_exchange_us = {{1, 0.05}, {2, 0.89}, {4, 0.98}, {8, 1.03}, {16, 1.08}, {32, 1.44}, {64, 30.0}};
   bool use_row_groups = true;  // rows with a reduction go to row groups (else the DSMEM search)
+
+  // One wave of jobs (decode and small M; decide_row_groups.cpp), MEASURED on the H200 with
+  // `comfuse run --trace` (bench/NOTES.md, split-K): what one SM pulls from DRAM through an
+  // 8-stage ring (RMSNorm M=1, N=2048, K=4096: 0.5 MiB per CTA in 10.7 us, 32 CTAs), and what
+  // the DRAM gives a kernel of a few microseconds (all of B, 16 MiB in 9.0 us with 128 CTAs
+  // and 32 MiB in 16.4 us: not the 4.8 TB/s of long streams).
+  double sm_stream_bytes_per_s = 47e9;
+  double one_wave_dram_bytes_per_s = 1.9e12;
+  // Split-K (KernelConfig::k_splits, kernels/comfuse/scheduler/split_k.cuh), where a problem
+  // has fewer tiles than SMs. What the hand-over adds to a job, microseconds: the splits' partial
+  // tiles through L2 and a tag's round trip. MEASURED-ish: the traced epilogue of a split-K
+  // decode job was 0.1-0.2 us longer than the unsplit one's (p50 and p90).
+  double split_k_handover_us = 0.3;
+  // Fewest k-blocks a split's mainloop takes (a shorter one is mostly ring fill). GUESS.
+  int split_k_min_k_blocks = 4;
 };
 
 // Elementwise epilogues (no row reduction): the configurations measured fastest on the H200,

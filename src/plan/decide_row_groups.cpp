@@ -16,10 +16,15 @@
 // only (its one consumer runs alone: every epilogue exposed). Each reduction costs one
 // exchange round, exposed once at the end. Candidates come cheapest first; the first whose
 // storage fits wins (a stash that does not fit in SMEM moves to a workspace).
+// Split-K (S > 1, one N-tile per CTA, every job in one wave): S split groups of G clusters share
+// each job's K, so a CTA's mainloop is 1/S of the tile's and each job pays one hand-over of
+// partial tiles (calibration.h split_k_handover_us). Where jobs * G fill the GPU already,
+// splitting only adds hand-overs, so it is not proposed.
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "plan_internal.h"
 
@@ -33,6 +38,7 @@ struct TileShape {
 constexpr TileShape kTiles[] = {{64, 256}, {128, 128}, {64, 128}};
 constexpr int kClusterMs[] = {2, 1};
 constexpr int kGroups[] = {1, 2, 4, 8, 16, 32, 64};
+constexpr int kSplits[] = {1, 2, 3, 4, 6, 8, 12, 16};
 
 // The model's account of one division of the work (microseconds).
 struct Division {
@@ -62,18 +68,28 @@ std::vector<Candidate> decide_row_groups(const Request& r, Rejections& why) {
       const auto res = dev.clusters_resident.find(cm);
       if (res == dev.clusters_resident.end()) continue;
       const int64_t tiles_m = ceil_div64(p.m, ts.tile_m), tiles_n = ceil_div64(p.n, ts.tile_n);
-      for (int g : kGroups) {
+      std::vector<int> splits(std::begin(kSplits), std::end(kSplits));
+      if (opt.k_splits) splits = {*opt.k_splits};
+      for (int g : kGroups)
+      for (int ks : splits) {
         if (opt.row_group && *opt.row_group != g) continue;
         if (!opt.row_group && g > 1 && g / 2 >= tiles_n) continue;  // CTAs with no columns at all
-        const int64_t groups_max = res->second / g;
+        const int64_t groups_max = res->second / (int64_t{g} * ks);
         if (groups_max < 1) continue;
         const int64_t n_tiles = ceil_div64(tiles_n, g);
         if (n_tiles > Sm90::kMaxNTiles) continue;
+        const int64_t k_blocks = ceil_div64(p.k, Sm90::kTileK);
+        if (ks > 1 && !opt.k_splits) {
+          // Only where the jobs leave SMs idle, one N-tile a CTA, and each split has k-blocks to stream.
+          if (n_tiles > 1 || ceil_div64(tiles_m, cm) > groups_max || k_blocks < int64_t{ks} * tun.split_k_min_k_blocks)
+            continue;
+        }
         Option o;
         Candidate& c = o.c;
         c.k.b_kmajor = r.spec.b_layout == BLayout::NK;
         c.k.tile_m = ts.tile_m, c.k.tile_n = ts.tile_n, c.k.cluster_m = cm, c.k.row_group = g;
         c.k.n_tiles = static_cast<int>(n_tiles);
+        c.k.k_splits = ks;
         c.k.row_reduction = true;
         c.k.aggregation = g > 1 ? Aggregation::L2Exchange : Aggregation::None;
         c.k.stash_elem_bytes = n_tiles > 1 && chain.carries_tile ? stash_bytes : 0;
@@ -81,12 +97,13 @@ std::vector<Candidate> decide_row_groups(const Request& r, Rejections& why) {
         c.tiles_m = tiles_m, c.tiles_n = tiles_n;
         c.jobs = ceil_div64(tiles_m, cm);
         const int64_t groups = std::min(c.jobs, groups_max);
-        o.resident = static_cast<int>(groups * g);
+        o.resident = static_cast<int>(groups * g * ks);
         c.regs = ts.tile_m * ts.tile_n / Sm90::kWarpGroupThreads + tun.reg_overhead;
         const int64_t jobs_per_cta = ceil_div64(c.jobs, groups);
         const double eff = lookup(tun.row_group_mainloop_efficiency, ts.tile_m * 1000 + ts.tile_n) *
                            (cm > 1 ? 1.0 : tun.row_group_no_multicast_efficiency);
-        const double t_tile = 2.0 * ts.tile_m * ts.tile_n * double(p.k) / (dev.sm_flops_per_s * eff) * 1e6;
+        // A CTA's share of a tile's MACs (all rows: the tensor cores compute the tile's rows past M too).
+        const double t_tile = 2.0 * ts.tile_m * ts.tile_n * double(p.k) / ks / (dev.sm_flops_per_s * eff) * 1e6;
         // Epilogue bytes of one tile: the stash written once and read back by each later stage
         // (none when T == 1), the outputs written. At one SM's share of DRAM bandwidth.
         const double elems = double(ts.tile_m) * ts.tile_n;
@@ -98,9 +115,16 @@ std::vector<Candidate> decide_row_groups(const Request& r, Rejections& why) {
         const int rounds = chain.reductions - (fuse.mean_variance ? chain.mean_variance_pairs : 0) -
                            (fuse.max_exp_sum ? chain.max_exp_sum_pairs : 0);
         Division& d = o.d;
-        d.exchange_us = rounds * lookup(tun.row_group_exchange_us, g);
+        d.exchange_us = rounds * lookup(tun.row_group_exchange_us, g) +
+                        (ks > 1 ? double(jobs_per_cta) * tun.split_k_handover_us : 0.0);
         if (jobs_per_cta == 1) {  // one consumer alone: nothing overlaps its epilogue
-          d.mainloop_us = double(n_tiles) * t_tile;
+          // One wave (decode, small M): B streams from DRAM once, and what bounds the mainloop
+          // is whichever is slower of a CTA's tiles of MACs, the bytes of B one SM pulls in
+          // (a multicast cluster shares them), and all of B over the DRAM.
+          const double b_cta = double(ts.tile_n) * double(p.k) / ks * Sm90::kAbBytes / cm;
+          const double b_all = double(p.n) * double(p.k) * Sm90::kAbBytes;
+          d.mainloop_us = std::max({double(n_tiles) * t_tile, double(n_tiles) * b_cta / tun.sm_stream_bytes_per_s * 1e6,
+                                    b_all / tun.one_wave_dram_bytes_per_s * 1e6});
           d.tail_us = double(n_tiles) * (t_s1 + t_s2);
         } else {  // the other consumer's mainloops hide all but a share of the stash traffic
           d.mainloop_us = double(jobs_per_cta * n_tiles) * (t_tile + tun.row_group_stash_exposed * t_s1);
@@ -126,8 +150,8 @@ std::vector<Candidate> decide_row_groups(const Request& r, Rejections& why) {
     }
     if (ok && check(c.k) != nullptr) ok = false;
     if (!ok) {
-      why.add("row-group storage", fmt::format("PingPong {}x{} clusters {}x1, row group {}: {}", c.k.tile_m, c.k.tile_n,
-                                               c.k.cluster_m, c.k.row_group,
+      why.add("row-group storage", fmt::format("PingPong {}x{} clusters {}x1, row group {}, {} K-split(s): {}", c.k.tile_m,
+                                               c.k.tile_n, c.k.cluster_m, c.k.row_group, c.k.k_splits,
                                                check(c.k) ? check(c.k) : "fewer than 2 pipeline stages fit"));
       continue;
     }
@@ -148,6 +172,12 @@ std::vector<Candidate> decide_row_groups(const Request& r, Rejections& why) {
                         "{:.1f}); PingPong tiles with B multicast along M run at cuBLAS parity, the row's CTAs meet in L2",
                         c.k.tile_m, c.k.tile_n, c.k.cluster_m, c.k.row_group, c.k.n_tiles, o.d.est_us, o.d.mainloop_us,
                         o.d.tail_us, o.d.exchange_us);
+    if (c.k.k_splits > 1)
+      c.why += fmt::format("; split-K: {} clusters share each tile's K ({} k-blocks each, {} SMs busy instead of {}), "
+                           "the owner adds their partial tiles ({:.1f} us a job, calibration.h split_k_handover_us)",
+                           c.k.k_splits, ceil_div64(ceil_div64(p.k, Sm90::kTileK), c.k.k_splits),
+                           int64_t{c.resident} * c.k.cluster_size(),
+                           int64_t{c.resident} * c.k.cluster_size() / c.k.k_splits, tun.split_k_handover_us);
     if (ring < 1.0)
       c.why += fmt::format("; but the epilogue's SMEM leaves {} ring stages: the mainloop runs at {:.2f} of that speed "
                            "(MEASURED, calibration.h row_group_ring_efficiency)",
@@ -158,7 +188,8 @@ std::vector<Candidate> decide_row_groups(const Request& r, Rejections& why) {
 }
 
 bool row_groups_forced(const PlanOptions& opt) {
-  return opt.row_group || opt.cluster_m || (opt.aggregation && *opt.aggregation == Aggregation::L2Exchange);
+  return opt.row_group || opt.cluster_m || opt.k_splits ||
+         (opt.aggregation && *opt.aggregation == Aggregation::L2Exchange);
 }
 
 // A fused pair saves a synchronization of the row's CTAs but adds a pass over the tile (for

@@ -72,6 +72,10 @@ std::string explain(const FusionSpec& s, const Plan& p) {
   if (p.kernel.row_group > 1)
     o += fmt::format("  row group    {} clusters share each row ({} CTAs along N), partials meet in L2\n", p.kernel.row_group,
                      p.kernel.row_group * p.kernel.cluster_n);
+  if (p.kernel.k_splits > 1)
+    o += fmt::format("  split-K      {} clusters share each tile's K ({} k-blocks each); split 0 adds the others' "
+                     "partial tiles (rows < M, fp32, through the L2 workspace, in split order) and runs the epilogue\n",
+                     p.kernel.k_splits, plan_detail::ceil_div64(plan_detail::ceil_div64(pr.k, Sm90::kTileK), p.kernel.k_splits));
   std::string strat(name_of(p.strategy()));
   if (p.strategy() == RowStrategy::SmemStash || p.strategy() == RowStrategy::WorkspaceStash) {
     std::string vals;

@@ -90,6 +90,7 @@ std::string Candidate::describe() const {
   s += fmt::format(", {}", name_of(strategy()));
   if (k.stash_elem_bytes) s += k.stash_elem_bytes == 2 ? "(bf16)" : "(fp32)";
   if (k.n_tiles > 1) s += fmt::format(" {} N-tiles/CTA", k.n_tiles);
+  if (k.k_splits > 1) s += fmt::format(", split-K {}", k.k_splits);
   return s + fmt::format(", {} ring stages: est {:.1f} us", k.ring_stages, est.total_us);
 }
 
@@ -150,9 +151,15 @@ void check_request(const FusionSpec& s, const Problem& p, const DeviceModel& dev
   if (opt.tile_m && *opt.tile_m != 64 && *opt.tile_m != 128)
     throw Error(fmt::format("plan: tile_m = {} is not 64 or 128 (rows per consumer warp group)", *opt.tile_m));
   const bool rg = plan_detail::row_groups_forced(opt);
-  const bool rg_only = opt.row_group || (opt.aggregation && *opt.aggregation == Aggregation::L2Exchange);
+  const bool rg_only = opt.row_group || opt.k_splits || (opt.aggregation && *opt.aggregation == Aggregation::L2Exchange);
   if ((rg_only || opt.stash_bytes) && s.reduction_count() == 0)
-    throw Error("plan: row_group, stash_bytes and aggregation l2 shape row reductions; this epilogue has none");
+    throw Error("plan: row_group, k_splits, stash_bytes and aggregation l2 shape row reductions (split-K is planned "
+                "with row groups); this epilogue has none");
+  if (opt.k_splits && (*opt.k_splits < 1 || *opt.k_splits > Sm90::kMaxKSplits))
+    throw Error(fmt::format("plan: k_splits = {} is not in 1..{}", *opt.k_splits, Sm90::kMaxKSplits));
+  if (opt.k_splits && *opt.k_splits > plan_detail::ceil_div64(p.k, Sm90::kTileK))
+    throw Error(fmt::format("plan: k_splits = {}: K = {} has only {} k-blocks of {}", *opt.k_splits, p.k,
+                            plan_detail::ceil_div64(p.k, Sm90::kTileK), Sm90::kTileK));
   if (opt.cluster_m && *opt.cluster_m > 1 && s.reduction_count() == 0) {
     if (opt.cluster_n && *opt.cluster_n > 1)
       throw Error("plan: clusters along M (cluster_m) or along N (cluster_n), not both");
@@ -163,7 +170,7 @@ void check_request(const FusionSpec& s, const Problem& p, const DeviceModel& dev
                               *opt.cluster_m, 64 * *opt.cluster_m, tn));
   }
   if (rg && s.reduction_count() > 0 && (opt.cluster_n || opt.strategy))
-    throw Error("plan: row groups (cluster_m, row_group, aggregation l2) do not combine with a forced cluster_n or "
+    throw Error("plan: row groups (cluster_m, row_group, k_splits, aggregation l2) do not combine with a forced cluster_n or "
                 "strategy (those pick the DSMEM search)");
   if (opt.cluster_m && *opt.cluster_m != 1 && *opt.cluster_m != 2)
     throw Error(fmt::format("plan: cluster_m = {} is not 1 or 2", *opt.cluster_m));
@@ -235,7 +242,7 @@ Plan assemble(const Candidate& c, const std::vector<Candidate>& cands, const Req
   Plan plan;
   plan.problem = r.p;
   plan.kernel = k;
-  const int64_t groups = std::max<int64_t>(1, c.resident / std::max(1, k.row_group));
+  const int64_t groups = std::max<int64_t>(1, c.resident / std::max(1, k.row_group * k.k_splits));
   plan.fused_pairs = plan_detail::fuse_pairs(chain, r.opt, k.n_tiles, (c.jobs + groups - 1) / groups, k.aggregation,
                                              k.row_peers());
   plan.raster_group = c.raster_group;
@@ -265,7 +272,7 @@ Plan assemble(const Candidate& c, const std::vector<Candidate>& cands, const Req
                    [](const Candidate* a, const Candidate* b) { return a->est.total_us < b->est.total_us; });
   auto key = [](const Candidate* x) {
     return std::make_tuple(x->k.cluster_m, x->k.cluster_n, x->k.row_group, static_cast<int>(x->strategy()),
-                           x->k.stash_elem_bytes);
+                           x->k.stash_elem_bytes, x->k.k_splits);
   };
   std::set<decltype(key(&c))> seen{key(&c)};
   for (const Candidate* x : sorted)
@@ -277,7 +284,7 @@ Plan assemble(const Candidate& c, const std::vector<Candidate>& cands, const Req
 
 bool any_forced(const PlanOptions& o) {
   return o.cluster_n || o.tile_n || o.tile_m || o.strategy || o.aggregation || o.cluster_m || o.row_group ||
-         o.stash_bytes;
+         o.stash_bytes || o.k_splits;
 }
 
 }  // namespace
@@ -306,10 +313,11 @@ Plan make_plan(const FusionSpec& s, const Problem& p, const DeviceModel& dev, co
       PlanOptions planner_alone;
       planner_alone.fuse_pairs = opt.fuse_pairs;
       const Plan free = make_plan(s, p, dev, tun, planner_alone);
-      unforced = fmt::format("{} {}x{}, cluster {}x{}{}, {}, {} ring stages: est {:.1f} us",
+      unforced = fmt::format("{} {}x{}, cluster {}x{}{}{}, {}, {} ring stages: est {:.1f} us",
                              free.kernel.wgs_per_tile == 1 ? "PingPong" : "cooperative", free.kernel.tile_m,
                              free.kernel.tile_n, free.kernel.cluster_m, free.kernel.cluster_n,
                              free.kernel.row_group > 1 ? fmt::format(" in row groups of {}", free.kernel.row_group) : "",
+                             free.kernel.k_splits > 1 ? fmt::format(", split-K {}", free.kernel.k_splits) : "",
                              name_of(free.strategy()), free.kernel.ring_stages, free.estimate.total_us);
     } catch (const Error&) {
       unforced = "nothing (no plan without the forced options)";

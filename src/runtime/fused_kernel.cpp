@@ -136,9 +136,10 @@ FusedKernel FusedKernel::build(const FusionSpec& spec, const Problem& problem, c
   // it stays L2-resident when the plan said so (explain: workspace).
   if (const size_t bytes = static_cast<size_t>(stash_workspace_bytes(kc, st->max_clusters)); bytes > 0)
     cuda_check(cudaMalloc(&st->stash, bytes), fmt::format("allocating the {}-byte stash workspace", bytes));
-  if (const size_t bytes = static_cast<size_t>(exchange_workspace_bytes(kc, st->max_clusters)); bytes > 0) {
-    cuda_check(cudaMalloc(&st->exchange, bytes), fmt::format("allocating the {}-byte row exchange workspace", bytes));
-    init_exchange_workspace(st->exchange, bytes);
+  if (const ExchangeLayout l = exchange_layout(kc, st->max_clusters); l.total_bytes > 0) {
+    const size_t bytes = static_cast<size_t>(l.total_bytes);
+    cuda_check(cudaMalloc(&st->exchange, bytes), fmt::format("allocating the {}-byte exchange workspace", bytes));
+    init_exchange_workspace(st->exchange, bytes, static_cast<size_t>(l.tagged_bytes));
   }
   return FusedKernel(std::move(st));
 }
@@ -255,6 +256,7 @@ void FusedKernel::run(const RunArgs& args, Stream stream) const {
   Params p{};
   p.stash = st.stash;
   p.exchange = st.exchange;
+  p.workspace_clusters = st.max_clusters;
   p.raster_group = st.plan.raster_group;
   p.raster_along_n = st.plan.raster_along_n ? 1 : 0;
   p.batches = 1;

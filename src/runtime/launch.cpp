@@ -4,6 +4,7 @@
 #include <cuda.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -132,9 +133,14 @@ void launch(cudaKernel_t kernel, const KernelConfig& k, const Params& p, cudaStr
   if (k.stash_workspace_bytes_per_cta() > 0 && (!p.stash || reinterpret_cast<uintptr_t>(p.stash) % 16))
     throw Error("this kernel keeps its stash in a workspace: Params::stash must point to a 16-byte aligned workspace "
                 "of stash_workspace_bytes() bytes");
-  if (k.exchange_slot_bytes() > 0 && (!p.exchange || reinterpret_cast<uintptr_t>(p.exchange) % 16))
-    throw Error("this kernel reduces rows across clusters: Params::exchange must point to a 16-byte aligned "
-                "workspace of exchange_workspace_bytes() bytes, initialized once by init_exchange_workspace()");
+  if (k.uses_exchange_workspace() && (!p.exchange || reinterpret_cast<uintptr_t>(p.exchange) % 16))
+    throw Error("this kernel reduces rows across clusters or splits K: Params::exchange must point to a 16-byte "
+                "aligned workspace of exchange_workspace_bytes() bytes, initialized once by init_exchange_workspace()");
+  if (k.uses_exchange_workspace() && (p.workspace_clusters < max_active_clusters))
+    throw Error("Params::workspace_clusters: the exchange workspace is laid out for fewer clusters than may run");
+  if (k.k_splits > 1 && ceil_div(p.K, Sm90::kTileK) < k.k_splits)
+    throw Error(fmt::format("K = {} has {} k-blocks of {}: fewer than this kernel's {} K-splits", p.K,
+                            ceil_div(p.K, Sm90::kTileK), Sm90::kTileK, k.k_splits));
   cudaLaunchAttribute attr;
   const cudaLaunchConfig_t cfg = launch_config(dim3(g.grid_x, g.grid_y, 1), g.cluster_x, g.cluster_y, k.smem_bytes(), stream, attr);
   void* args[1] = {const_cast<Params*>(&p)};
@@ -166,10 +172,11 @@ void launch(cudaKernel_t kernel, const B2bConfig& k, const Params& p, cudaStream
 
 namespace comfuse {
 
-void init_exchange_workspace(void* workspace, size_t bytes) {
+void init_exchange_workspace(void* workspace, size_t bytes, size_t tagged_bytes) {
   if (bytes < size_t(kExchangeHeaderBytes)) throw Error(fmt::format("an exchange workspace of {} bytes has no room for its header", bytes));
-  runtime_detail::check(cudaMemset(workspace, 0, bytes), "zeroing the row exchange workspace");
-  const ExchangeHeader h{0, 0, bytes - kExchangeHeaderBytes};
+  tagged_bytes = std::min(tagged_bytes, bytes - kExchangeHeaderBytes);
+  runtime_detail::check(cudaMemset(workspace, 0, kExchangeHeaderBytes + tagged_bytes), "zeroing the row exchange workspace");
+  const ExchangeHeader h{0, 0, tagged_bytes};
   runtime_detail::check(cudaMemcpy(workspace, &h, sizeof h, cudaMemcpyHostToDevice), "writing the row exchange header");
 }
 

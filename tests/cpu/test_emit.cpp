@@ -473,6 +473,28 @@ TEST_F(EmitCompile, RowGroupKernelsCompile) {
   }
 }
 
+// Split-K (scheduler/split_k.cuh): the planner's decode choice (row groups, split 8) and a
+// forced 128-row split with a residual tile input compile without spills or serialized wgmma.
+TEST_F(EmitCompile, SplitKKernelsCompile) {
+  for (const char* ex : {"gemm_rmsnorm", "gemm_residual_rmsnorm"}) {
+    Graph g = parse_graph_file((kRoot / "examples" / (std::string(ex) + ".cf")).string());
+    const LoweringResult r = lower(g);
+    const FusionSpec& s = r.regions.at(0).spec;
+    opt_.plan = {};
+    Plan plan;
+    CompiledKernel k = compile_only(s, shape(1, 2048, 4096), opt_, nullptr, &plan);
+    EXPECT_GT(plan.kernel.k_splits, 1) << ex;
+    EXPECT_TRUE(is_cubin_elf(k.cubin));
+    EXPECT_FALSE(k.wgmma_serialized) << k.log;
+    opt_.plan.k_splits = 3;
+    opt_.plan.tile_m = 128;
+    opt_.plan.cluster_m = 1;
+    CompiledKernel k3 = compile_only(s, shape(100, 1032, 520), opt_, nullptr, &plan);
+    EXPECT_EQ(plan.kernel.k_splits, 3);
+    EXPECT_TRUE(is_cubin_elf(k3.cubin));
+  }
+}
+
 TEST(Emit, TwoTileValuesAcrossOneReductionAreRefusedByName) {
   // Stage 2 needs e = exp(acc - max) and acc itself: e's tile input (acc - max) does not
   // cross, so Φ cannot recompute e there, and the device carries one tile value.

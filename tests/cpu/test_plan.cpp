@@ -8,6 +8,7 @@
 
 #include "comfuse/lower.h"
 #include "comfuse/plan.h"
+#include "comfuse/scheduler/grid.cuh"
 #include "plan/calibration.h"
 
 namespace comfuse {
@@ -412,6 +413,53 @@ TEST(Plan, ShallowRingIsPriced) {
   EXPECT_GE(b.kernel.ring_stages, 4);  // the residual takes no ring stage, the output h one
   EXPECT_GT(b.estimate.total_us, 1.1 * a.estimate.total_us) << b.estimate.total_us << " vs " << a.estimate.total_us;
   EXPECT_NE(explain(residual, b).find("ring stages: the mainloop runs at"), std::string::npos);
+}
+
+// Split-K where one wave of tiles leaves each SM more bytes of B to pull than the DRAM needs
+// for all of B (decode at N = 2048: 16 CTAs); not where the DRAM bounds already (N = 4096,
+// M = 16: measured slower split), nor where the jobs fill the GPU.
+TEST(Plan, SplitKAtDecodeOnly) {
+  const FusionSpec s = rms_norm();
+  for (int64_t m : {1, 7, 16}) {
+    SCOPED_TRACE(m);
+    const Plan p = make_plan(s, prob(m, 2048, 4096), full_device(), {}, {});
+    EXPECT_GT(p.kernel.k_splits, 1);
+    EXPECT_GE(p.grid_ctas, 64);
+    EXPECT_EQ(check(p.kernel), nullptr);
+    PlanOptions one;
+    one.k_splits = 1;
+    const Plan q = make_plan(s, prob(m, 2048, 4096), full_device(), {}, one);
+    EXPECT_EQ(q.kernel.k_splits, 1);
+    EXPECT_LT(p.estimate.total_us, q.estimate.total_us);
+    EXPECT_NE(explain(s, p).find("split-K      "), std::string::npos);
+  }
+  EXPECT_EQ(make_plan(s, prob(8192, 4096, 4096), full_device(), {}, {}).kernel.k_splits, 1);
+  EXPECT_EQ(make_plan(s, prob(16, 4096, 4096), full_device(), {}, {}).kernel.k_splits, 1);
+  EXPECT_EQ(make_plan(s, prob(16, 2048, 128), full_device(), {}, {}).kernel.k_splits, 1);  // two k-blocks: nothing to split
+  PlanOptions bad;
+  bad.k_splits = 17;
+  EXPECT_THROW(make_plan(s, prob(1, 2048, 4096), full_device(), {}, bad), Error);
+  bad.k_splits = 4;
+  EXPECT_THROW(make_plan(s, prob(1, 2048, 128), full_device(), {}, bad), Error);  // 2 k-blocks < 4 splits
+  EXPECT_THROW(make_plan(bias_gelu(), prob(1, 2048, 4096), full_device(), {}, bad), Error);
+}
+
+// The workspace holds the exchange slots, the split tags and the partial tiles, laid out once
+// for the most clusters a launch may have.
+TEST(Plan, SplitKWorkspaceLayout) {
+  KernelConfig c;
+  c.tile_m = 64, c.tile_n = 128, c.row_group = 16, c.k_splits = 8, c.row_reduction = true;
+  c.aggregation = Aggregation::L2Exchange;
+  const ExchangeLayout l = exchange_layout(c, 132);
+  const long long owners = (132 / 128) * 16 * 2;  // one split group of 16 x 8 clusters, 2 warp groups a CTA
+  EXPECT_EQ(l.split_flags, kExchangeHeaderBytes + c.exchange_slot_bytes() * 1 * 2);
+  EXPECT_EQ(l.split_partials, l.split_flags + (owners * 8 * 4 + 127) / 128 * 128);
+  EXPECT_EQ(l.total_bytes, l.split_partials + owners * 7 * 64 * 128 * 4);
+  EXPECT_EQ(l.tagged_bytes, l.split_partials - kExchangeHeaderBytes);
+  const LaunchGrid g = launch_grid(c, 1, 2048, 132);
+  EXPECT_EQ(g.clusters, 128);
+  c.k_splits = 1, c.aggregation = Aggregation::None, c.row_group = 1, c.row_reduction = false;
+  EXPECT_EQ(exchange_layout(c, 132).total_bytes, 0);
 }
 
 FusionSpec log_softmax() {

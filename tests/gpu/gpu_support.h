@@ -32,13 +32,16 @@ struct GemmCase {
 };
 
 // Every output fully written, finite where the reference is, and within tolerance.
+// Timed runs: the launch after the timed ones too.
 inline void expect_outputs_match(const DeviceRunReport& rep) {
   ASSERT_FALSE(rep.outputs.empty());
-  for (const OutputCheck& o : rep.outputs) {
-    EXPECT_EQ(o.unwritten, 0) << o.name << ": elements left unwritten";
-    EXPECT_EQ(o.cmp.nonfinite, 0) << o.name;
-    EXPECT_LE(o.cmp.rel_l2, gpu_result_tolerance(o.dtype)) << o.name << " max_abs " << o.cmp.max_abs;
-  }
+  for (const auto* checks : {&rep.outputs, &rep.outputs_after_timing})
+    for (const OutputCheck& o : *checks) {
+      const char* when = checks == &rep.outputs ? "first launch" : "launch after the timed ones";
+      EXPECT_EQ(o.unwritten, 0) << o.name << ": elements left unwritten (" << when << ")";
+      EXPECT_EQ(o.cmp.nonfinite, 0) << o.name << " (" << when << ")";
+      EXPECT_LE(o.cmp.rel_l2, gpu_result_tolerance(o.dtype)) << o.name << " max_abs " << o.cmp.max_abs << " (" << when << ")";
+    }
   EXPECT_FALSE(rep.compiled.wgmma_serialized);
 }
 

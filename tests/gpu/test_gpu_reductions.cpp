@@ -325,5 +325,83 @@ TEST_F(GpuReduce, RowGroupsChainOfFiveAndBf16Stash) {
   EXPECT_EQ(q.kernel.stash_elem_bytes, 2);
 }
 
+// Split-K (KernelConfig::k_splits, kernels/comfuse/scheduler/split_k.cuh): S clusters share each
+// tile's K and the owner adds the partial tiles before the epilogue. Each case is timed for a
+// few launches (no cuBLAS) and checked again after them: the hand-over's tags carry the launch's
+// epoch, so a stale tag of an earlier launch must never pass for this one's.
+DeviceRunReport expect_split(const Graph& g, const Bindings& d, const CompileOptions& opt, double offset = 0.0) {
+  DeviceRunReport rep = run_and_check(g, d, /*seed=*/13, opt, /*timing_reps=*/2, offset);
+  expect_outputs_match(rep);
+  EXPECT_FALSE(rep.outputs_after_timing.empty());
+  return rep;
+}
+
+Graph rms_norm_graph(DType t = DType::BF16) {
+  Case c(t);
+  c.g.output(c.g.rms_norm(c.acc, c.g.input("gamma", t, {Dim::of("N")})), "y", t);
+  return std::move(c.g);
+}
+
+TEST_F(GpuReduce, SplitKDecodeShapesEverySplitCount) {
+  // Decode rows (1..16; only rows < M travel), a ragged M past one row block, ragged N and K
+  // (K % S != 0: unequal shares), splits 2..16, 64- and 128-row warp groups, with and without
+  // row groups; LayerNorm with a 1000 offset, RMSNorm in f16, softmax.
+  struct V {
+    const char* what;
+    int64_t m, n, k;
+    int splits, row_group;
+    std::optional<int> tile_m;
+  };
+  for (const V& v : {V{"layernorm", 1, 2048, 4096, 8, 16, {}}, V{"layernorm", 7, 1032, 1000, 5, 16, {}},
+                     V{"rmsnorm-f16", 16, 4096, 4096, 4, 16, {}}, V{"softmax", 3, 2000, 2112, 16, 8, {}},
+                     V{"layernorm", 100, 1032, 520, 3, 16, 128}, V{"rmsnorm-f16", 5, 200, 256, 2, 1, {}},
+                     V{"softmax", 130, 520, 4096, 6, 8, {}}}) {
+    SCOPED_TRACE(fmt::format("{} M={} N={} K={} split-K {} row group {}", v.what, v.m, v.n, v.k, v.splits, v.row_group));
+    CompileOptions opt;
+    opt.plan.k_splits = v.splits;
+    opt.plan.row_group = v.row_group;
+    opt.plan.cluster_m = 1;
+    opt.plan.tile_m = v.tile_m;
+    const std::string w = v.what;
+    Graph g = w == "layernorm" ? layer_norm_graph() : w == "rmsnorm-f16" ? rms_norm_graph(DType::F16) : [] {
+      Case c;
+      c.g.output(c.g.softmax(c.acc * 0.125), "p", DType::BF16);
+      return std::move(c.g);
+    }();
+    const Plan p = expect_split(g, dims(v.m, v.n, v.k), opt, w == "layernorm" ? 1000.0 : 0.0).plan;
+    EXPECT_EQ(p.kernel.k_splits, v.splits);
+  }
+}
+
+TEST_F(GpuReduce, SplitKSeveralJobsPerWarpGroup) {
+  // More jobs than split groups: every warp group walks several jobs, so each split waits for
+  // the owner to have read its previous partial before writing the next (one buffer a split).
+  for (int cm : {1, 2}) {
+    SCOPED_TRACE(fmt::format("cluster_m {}", cm));
+    CompileOptions opt;
+    opt.plan.k_splits = 4;
+    opt.plan.row_group = 8;
+    opt.plan.cluster_m = cm;
+    const Plan p = expect_split(layer_norm_graph(), dims(2000, 1032, 1000), opt, 1000.0).plan;
+    EXPECT_GT(p.jobs, p.grid_ctas / (p.kernel.cluster_size() * p.kernel.row_group * p.kernel.k_splits));
+  }
+}
+
+TEST_F(GpuReduce, SplitKPlannerDefaultAtDecode) {
+  // The planner's own choice at decode sizes splits K; a residual (TileInput) and the pre-norm
+  // sum as a second output ride along.
+  for (int64_t m : {1, 4, 16}) {
+    SCOPED_TRACE(fmt::format("M={}", m));
+    const Plan p = expect_split(rms_norm_graph(), dims(m, 2048, 4096), {}).plan;
+    EXPECT_GT(p.kernel.k_splits, 1);
+    Case c;
+    Value h = c.acc + c.g.input("residual", DType::BF16, {Dim::of("M"), Dim::of("N")});
+    c.g.output(h, "h", DType::BF16);
+    c.g.output(c.g.rms_norm(h, c.row("gamma")), "y", DType::BF16);
+    const Plan q = expect_split(c.g, dims(m, 2048, 4096), {}).plan;
+    EXPECT_GT(q.kernel.k_splits, 1);
+  }
+}
+
 }  // namespace
 }  // namespace comfuse

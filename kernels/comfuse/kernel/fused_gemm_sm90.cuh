@@ -39,6 +39,12 @@
 //   B (cluster_m = 2: the PingPong mainloops' L2 traffic at cuBLAS parity) with all 132 SMs busy.
 //   Columns, jobs and Stash work as with a cluster of G CTAs along N (scheduler).
 //
+// Split-K (k_splits = S > 1, scheduler/split_k.cuh): S clusters run the mainloops of the same
+//   tiles over a share of K each; split 0 owns the tiles: each of its consumers adds the other
+//   splits' partial tiles (passed through the exchange workspace) to its accumulators and runs
+//   the epilogue; the other splits' consumers only hand their partials over. For problems with
+//   fewer tiles than SMs (decode).
+//
 // Generated code writes `constexpr comfuse::KernelConfig kConfig{...}` once, instantiates
 // FusedGemmSm90<kConfig, Element, Epilogue> and wraps it in an extern "C" entry
 // (COMFUSE_DEFINE_KERNEL). The runtime launches it with kConfig's grid (scheduler/grid.cuh),
@@ -48,6 +54,7 @@
 #include "../params.cuh"
 #include "../mainloop/mainloop_sm90.cuh"
 #include "../scheduler/tile_scheduler.cuh"
+#include "../scheduler/split_k.cuh"
 #include "../epilogue/stage.cuh"
 #include "../debug/trace.cuh"
 
@@ -68,6 +75,8 @@ struct FusedGemmSm90 {
   static constexpr int NTiles = C.n_tiles;
   static constexpr bool kGlobal = C.aggregation == Aggregation::L2Exchange;
   static constexpr bool kL2Exchange = C.exchange_slot_bytes() > 0;  // rows reduced through the L2 workspace
+  static constexpr bool kSplitK = C.k_splits > 1;
+  static constexpr bool kWorkspace = C.uses_exchange_workspace();    // the launch counter (epoch) and its users
   static constexpr int RowPeers = C.row_peers();  // CTAs that hold the same rows
   using Geo = epi::Geometry<kEpiRows, BN, RowPeers, C.aggregation, NTiles>;
   using EpiExec = typename Epi::template Exec<Geo>;
@@ -134,7 +143,7 @@ struct FusedGemmSm90 {
     }
 
     Scheduler sched(p);
-    int const kt = Mainloop::k_tiles(p);
+    int const kt = sched.k_count;  // k-blocks of this CTA's mainloops (all of K, or its split's share)
 
     if (wg == 0) {
       warpgroup_reg_dealloc<kProducerRegs>();
@@ -144,7 +153,8 @@ struct FusedGemmSm90 {
           TileCoord tc = sched.tile(k);
           if (!tc.valid) break;
           for (int nt = 0; nt < NTiles; ++nt)
-            Mainloop::load(p, pipeline, state, ss.mainloop, tc.m_block, tc.n_block + nt * RowPeers, sched.rank);
+            Mainloop::load(p, pipeline, state, ss.mainloop, tc.m_block, tc.n_block + nt * RowPeers, sched.rank,
+                           sched.k_begin, kt);
         }
         pipeline.producer_tail(state);  // no exit while peers may still signal our barriers
       }
@@ -162,7 +172,8 @@ struct FusedGemmSm90 {
         stash.bind(static_cast<char*>(p.stash) + (cta * 2 + cw) * size_t(kStashBytesPerWG), t);
       }
       int const job_kt = NTiles * kt;  // k-blocks of one job
-      uint32_t const epoch = kL2Exchange ? cluster::exchange_epoch(p) : 0;  // tags this launch's rounds
+      uint32_t const epoch = kWorkspace ? cluster::exchange_epoch(p) : 0;  // tags this launch's rounds
+      bool const owner = !kSplitK || sched.owns_tiles();  // runs the epilogue of its tiles
       if constexpr (kPingPong) {
         if (cw == 1) {
           read_state.advance(job_kt);  // the first k-blocks belong to consumer 0's first job
@@ -180,7 +191,8 @@ struct FusedGemmSm90 {
         trace::mark(t, cw, job, trace::kTurn);
         for (int nt = 0; nt < NTiles; ++nt) {
           // The root stage's tile inputs (TileInput) go to L2 while the tile's mainloop runs.
-          if constexpr (EpiExec::kRootLoads) epi.prefetch(EpiExec::tile_ctx(ctx, nt), ss.epi[cw]);
+          if constexpr (EpiExec::kRootLoads)
+            if (owner) epi.prefetch(EpiExec::tile_ctx(ctx, nt), ss.epi[cw]);
           if constexpr (kPingPong) {
             Mainloop::mma(pipeline, read_state, release_state, ss.mainloop, accum, kt, t);
             // The turn goes to the other consumer once per job, after its last tile's wgmmas.
@@ -194,8 +206,14 @@ struct FusedGemmSm90 {
             if (nt == NTiles - 1) trace::mark(t, cw, job, trace::kIssued);
             Mainloop::mma_tail(pipeline, release_state, accum, kt);
           }
+          if constexpr (kSplitK) {  // NTiles == 1 (check())
+            splitk::SplitK<C> const xk(p, sched.split_slot(cw));
+            int const bar = barrier_id(NamedBarrier::EpilogueWG0, cw);
+            if (!owner) xk.publish(accum, sched.split, job, epoch, m0, p.M, t, bar);
+            else xk.gather(accum, job, epoch, m0, p.M, t, bar);
+          }
           if (nt == NTiles - 1) trace::mark(t, cw, job, trace::kAccReady);
-          epi.run_tile(ctx, ss.epi[cw], accum, barrier_id(NamedBarrier::EpilogueWG0, cw), nt, stash);
+          if (owner) epi.run_tile(ctx, ss.epi[cw], accum, barrier_id(NamedBarrier::EpilogueWG0, cw), nt, stash);
         }
         trace::mark(t, cw, job, trace::kEpiDone);
         if constexpr (kPingPong) {
@@ -204,7 +222,7 @@ struct FusedGemmSm90 {
         }
       }
       if (t == 0) tma_store_wait_all<0>();
-      if constexpr (kL2Exchange)
+      if constexpr (kWorkspace)
         cluster::retire_exchange(p, epoch, t, barrier_id(NamedBarrier::EpilogueWG0, cw),
                                  gridDim.x * gridDim.y * Sm90::kConsumerWGs);
     }

@@ -84,17 +84,17 @@ struct MainloopSm90 {
   static COMFUSE_DEVICE int k_tiles(Params const& p) { return (p.K + BK - 1) / BK; }
 
   // ---- producer: one thread issues every TMA load of a tile -------------------------
+  // k-blocks k_begin .. k_begin + kt_count - 1 of K (all of them, or a split-K share).
   static COMFUSE_DEVICE void load(Params const& p, Pipeline& pipeline, PipelineState& state,
-                                  SharedStorage& smem, int m_block, int n_block, int rank) {
+                                  SharedStorage& smem, int m_block, int n_block, int rank, int k_begin, int kt_count) {
     constexpr uint64_t kEvictNormal = 0x1000000000000000ull;
-    int const kt_count = k_tiles(p);
     int const m0 = m_block * BM, n0 = n_block * BN;
     int const rank_m = ClusterM > 1 ? int(cute::block_id_in_cluster().x) : 0;
     for (int kt = 0; kt < kt_count; ++kt) {
       pipeline.producer_acquire(state);
       uint64_t* bar = pipeline.producer_get_barrier(state);
       int const s = state.index();
-      int const k0 = kt * BK;
+      int const k0 = (k_begin + kt) * BK;
       if (rank < ASlices) {
         Element* dst = smem.A + s * BM * BK + rank * ASliceRows * BK;
         if constexpr (ClusterN > 1) {

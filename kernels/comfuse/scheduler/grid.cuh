@@ -5,6 +5,8 @@
 //
 // A job is cluster_m row blocks x one N group: the row_peers() * n_tiles column blocks that the
 // CTAs sharing those rows walk together (a cluster along N, or a row group of clusters).
+// With split-K every job is run by k_splits such groups of clusters, one per share of K: a
+// "split group" of row_group * k_splits clusters walks the jobs together.
 #pragma once
 #include "../config.cuh"
 
@@ -23,20 +25,25 @@ struct LaunchGrid {
   char const* error = nullptr;       // why there is no grid
 };
 
-// One cluster per resident cluster slot (persistent), at most one per job. A row group's G
-// clusters must all be resident at once (the L2 exchange waits on every one of them), so the
-// grid holds whole row groups only: clusters past the last whole group would get no jobs.
-// Clusters along N: grid (clusters, cluster_n), along M: grid (clusters * cluster_m, 1).
+// Clusters that walk the same jobs: a row group of each K-split.
+COMFUSE_HOST_DEVICE constexpr int split_group_clusters(KernelConfig const& c) { return c.row_group * c.k_splits; }
+
+// One cluster per resident cluster slot (persistent), at most one split group per job. A split
+// group's clusters must all be resident at once (the L2 exchange and the owner of a split tile
+// wait on them), so the grid holds whole split groups only: clusters past the last whole group
+// would get no jobs. Clusters along N: grid (clusters, cluster_n), along M: grid
+// (clusters * cluster_m, 1).
 COMFUSE_HOST_DEVICE constexpr LaunchGrid launch_grid(KernelConfig const& c, int M, int N, int max_active_clusters) {
   LaunchGrid g;
-  int const groups_max = max_active_clusters / c.row_group;
+  int const groups_max = max_active_clusters / split_group_clusters(c);
   if (groups_max < 1) {
-    g.error = "a row group's clusters do not fit on the GPU at once: plan a smaller row group";
+    g.error = "a row group's clusters (times its K-splits) do not fit on the GPU at once: plan a smaller row group or "
+              "fewer K-splits";
     return g;
   }
   int const jobs = job_count(c, M, N);
   int const groups = jobs < groups_max ? (jobs > 0 ? jobs : 1) : groups_max;
-  g.clusters = groups * c.row_group;
+  g.clusters = groups * split_group_clusters(c);
   g.grid_x = g.clusters * c.cluster_m;
   g.grid_y = c.cluster_n;
   g.cluster_x = c.cluster_m;
@@ -49,13 +56,43 @@ COMFUSE_HOST_DEVICE constexpr LaunchGrid launch_grid(KernelConfig const& c, int 
 COMFUSE_HOST_DEVICE constexpr long long stash_workspace_bytes(KernelConfig const& c, int max_active_clusters) {
   return (long long)c.stash_workspace_bytes_per_cta() * max_active_clusters * c.cluster_size();
 }
-// The L2 exchange: its header (ExchangeHeader, config.cuh), then one slot per (row group, rank
-// along M, consumer warp group) (TileScheduler::exchange_slot). Zeroed once after allocation;
-// the kernels keep it valid from then on (cluster/global_exchange.cuh).
+// The exchange workspace (Params::exchange), laid out for a grid of at most
+// max_active_clusters clusters (Params::workspace_clusters: every launch of a kernel uses the
+// one layout its workspace was made with):
+//   the header (ExchangeHeader, config.cuh: the launch counter);
+//   the L2 row exchange: one slot per (split group, rank along M, consumer warp group)
+//     (TileScheduler::exchange_slot; cluster/global_exchange.cuh);
+//   split-K tags: k_splits words per owner warp group (TileScheduler::split_slot;
+//     scheduler/split_k.cuh);
+//   split-K partial tiles: k_splits - 1 per owner warp group.
+// The header and the tagged words are zeroed once after allocation (init_exchange_workspace)
+// and again by the kernel where the tags' epoch bits wrap (ExchangeHeader::slot_bytes: the
+// tagged bytes); the partial tiles are read only after their tag says they were written.
+struct ExchangeLayout {
+  long long split_flags = 0;     // offset of the split-K tags
+  long long split_partials = 0;  // offset of the split-K partial tiles
+  long long tagged_bytes = 0;    // after the header: the exchange slots and the split-K tags
+  long long total_bytes = 0;     // 0: no workspace
+};
+COMFUSE_HOST_DEVICE constexpr long long split_owner_slots(KernelConfig const& c, int max_active_clusters) {
+  return (long long)(max_active_clusters / split_group_clusters(c)) * c.row_group * c.cluster_size() *
+         Sm90::kConsumerWGs;
+}
+COMFUSE_HOST_DEVICE constexpr ExchangeLayout exchange_layout(KernelConfig const& c, int max_active_clusters) {
+  ExchangeLayout l;
+  if (!c.uses_exchange_workspace()) return l;
+  long long const groups = max_active_clusters / split_group_clusters(c);
+  long long const slots = (long long)c.exchange_slot_bytes() * groups * c.cluster_m * Sm90::kConsumerWGs;
+  long long const owners = split_owner_slots(c, max_active_clusters);
+  long long const flags = (owners * c.split_flag_bytes() + 127) / 128 * 128;
+  l.split_flags = kExchangeHeaderBytes + slots;
+  l.split_partials = l.split_flags + flags;
+  l.tagged_bytes = slots + flags;
+  l.total_bytes = l.split_partials + owners * (c.k_splits - 1) * (long long)c.split_partial_bytes();
+  return l;
+}
 COMFUSE_HOST_DEVICE constexpr long long exchange_workspace_bytes(KernelConfig const& c, int max_active_clusters) {
-  long long const slots = (long long)c.exchange_slot_bytes() * (max_active_clusters / c.row_group) * c.cluster_m *
-                          Sm90::kConsumerWGs;
-  return slots > 0 ? kExchangeHeaderBytes + slots : 0;
+  return exchange_layout(c, max_active_clusters).total_bytes;
 }
 
 // ---- B2B kernels (b2b/b2b_gemm_sm90.cuh): a job is one consumer warp group's tile_m rows x

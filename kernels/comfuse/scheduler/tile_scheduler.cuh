@@ -31,6 +31,11 @@
 // taking rank_n = i * ClusterN + r. Group j takes jobs j, j + groups, ...: every CTA of a group
 // sees the same job sequence (the exchange's liveness argument needs it). The host launches
 // whole groups; clusters past the last whole group get no jobs.
+// KSplits = S > 1 (split-K, scheduler/split_k.cuh): a split group of G * S consecutive clusters
+// walks the jobs together; its S row groups (split s: clusters s*G .. s*G + G-1 of the split
+// group) hold the same columns and run the mainloop over k-blocks [s kt / S, (s+1) kt / S).
+// Split 0 owns the tiles: it adds the other splits' partials and runs the epilogue (and the
+// row exchange among its row group); the other splits only run mainloops.
 #pragma once
 #include "../common.cuh"
 #include "../params.cuh"
@@ -47,11 +52,14 @@ struct TileCoord {
 template <KernelConfig C>
 struct TileScheduler {
   static constexpr int ClusterN = C.cluster_n, ClusterM = C.cluster_m, NTiles = C.n_tiles, RowGroup = C.row_group;
+  static constexpr int KSplits = C.k_splits, SplitGroup = RowGroup * KSplits;
   static constexpr int PeersN = C.row_peers();  // CTAs that hold the same rows
   int tiles_m, cl_tiles_n, num_cluster_tiles;  // tiles_m: in cluster tiles (ClusterM row blocks)
   int group, along_n;
   int cluster_id, num_clusters, rank, rank_m;
-  int group_id, num_groups, rank_n;  // row groups of RowGroup clusters (1: a group is a cluster)
+  int group_id, num_groups, rank_n;  // split groups of SplitGroup clusters (1: a group is a cluster)
+  int split, in_group;               // this cluster's K-split, its cluster index within its row group
+  int k_begin, k_count;              // the k-blocks of K this CTA's mainloops take
 
   COMFUSE_DEVICE explicit TileScheduler(Params const& p) {
     tiles_m = job_rows(C, p.M);
@@ -63,9 +71,22 @@ struct TileScheduler {
     num_clusters = ClusterM > 1 ? int(gridDim.x) / ClusterM : int(gridDim.x);
     rank = blockIdx.y;
     rank_m = ClusterM > 1 ? int(blockIdx.x) % ClusterM : 0;
-    group_id = cluster_id / RowGroup;
-    num_groups = num_clusters / RowGroup;
-    rank_n = (cluster_id % RowGroup) * ClusterN + rank;
+    group_id = cluster_id / SplitGroup;
+    num_groups = num_clusters / SplitGroup;
+    split = (cluster_id % SplitGroup) / RowGroup;
+    in_group = cluster_id % RowGroup;
+    rank_n = in_group * ClusterN + rank;
+    int const kt = ceil_div(p.K, Sm90::kTileK);
+    k_begin = split * kt / KSplits;
+    k_count = (split + 1) * kt / KSplits - k_begin;
+  }
+
+  // Split-K: this CTA runs the epilogue of its tiles (split 0), or only passes partials on.
+  COMFUSE_DEVICE bool owns_tiles() const { return split == 0; }
+  // Split-K: the owner warp group's slot of tags and partial tiles that every split of the
+  // same tile, rank and warp group uses (grid.cuh's exchange_layout sizes them).
+  COMFUSE_DEVICE int split_slot(int wg) const {
+    return ((group_id * RowGroup + in_group) * (ClusterM * ClusterN) + rank_m * ClusterN + rank) * 2 + wg;
   }
 
   // The exchange slot of consumer warp group wg (cluster/global_exchange.cuh): one per

@@ -1,0 +1,134 @@
+// comfuse/scheduler/split_k.cuh: split-K's hand-over of partial tiles (KernelConfig::k_splits).
+//
+// Why: at decode sizes (M of 1..16 rows, a few thousand columns) a problem has tens of tiles,
+// so tens of SMs stream all of B while the rest idle: the GEMM is bound by what one SM can
+// pull from DRAM, not by the GPU's bandwidth. With S K-splits, S CTAs run the mainloop of each
+// tile over a share of K each (scheduler/tile_scheduler.cuh), and S times as many SMs stream B.
+//
+// The tile's owner (split 0) keeps its partial sums in registers; each other split s writes its
+// fp32 partial tile into the exchange workspace (grid.cuh's exchange_layout: one buffer per
+// owner warp group and split), and the owner adds them in split order 1, 2, ..., S-1 (the same
+// bits on every run: no atomics), then runs the epilogue, row exchanges included, as without
+// splits. Only rows < M travel: at decode the partials are M x tile_n, a few KiB.
+//
+// Hand-over: 4-byte tags, the launch's epoch (ExchangeHeader, cluster/global_exchange.cuh) in
+// the high 16 bits and the warp group's job number in the low 16, never 0:
+//   flags[s]  (s >= 1): split s wrote its partial of job q      (written by split s)
+//   flags[0]:           the owner has read every partial of job q (written by the owner)
+// A split writes job q's partial only after flags[0] says job q - 1 was read (one buffer per
+// split: the owner consumes each job right after its own mainloop, so the wait is short); the
+// owner reads job q's after flags[s] says it was written. A warp group's thread 0 polls (an
+// acquire load), the warp group's named barrier passes the order on to its other threads, and
+// thread 0 publishes after a barrier and a fence (release), CUTLASS's stream-K barrier pattern.
+// Tags of an earlier launch carry another epoch; where the epoch bits wrap, the last warp group
+// of a launch zeroes the tags (retire_exchange; ExchangeHeader::slot_bytes covers them).
+//
+// Liveness: every split of a tile is resident (the grid holds whole split groups,
+// grid.cuh), and a split waits only on its owner's previous job, which needs only partials
+// that were already written: no cycle. A wait past kTimeoutNs traps, as the row exchange does.
+#pragma once
+#include "../common.cuh"
+#include "../params.cuh"
+#include "grid.cuh"
+
+namespace comfuse::splitk {
+
+COMFUSE_DEVICE uint32_t ld_acquire_gpu_u32(uint32_t const* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+COMFUSE_DEVICE void st_release_gpu_u32(uint32_t* p, uint32_t v) {
+  asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+
+template <KernelConfig C>
+struct SplitK {
+  static constexpr int Rows = C.epi_rows(), BN = C.tile_n, Splits = C.k_splits;
+  static constexpr int MBlocks = Rows / 64;
+  static constexpr uint64_t kTimeoutNs = 10ull * 1000 * 1000 * 1000;
+  static_assert(C.wgs_per_tile == 1, "split-K: one warp group per tile (config.cuh check())");
+
+  uint32_t* flags;  // Splits tags of this owner warp group's slot
+  float* partials;  // Splits - 1 partial tiles, Rows x BN fp32 row-major each
+
+  COMFUSE_DEVICE SplitK(Params const& p, int slot) {
+    ExchangeLayout const l = exchange_layout(C, p.workspace_clusters);
+    char* ws = static_cast<char*>(p.exchange);
+    flags = reinterpret_cast<uint32_t*>(ws + l.split_flags) + size_t(slot) * Splits;
+    partials = reinterpret_cast<float*>(ws + l.split_partials) + size_t(slot) * (Splits - 1) * Rows * BN;
+  }
+
+  static COMFUSE_DEVICE uint32_t tag(uint32_t epoch, int job) {
+    return ((epoch % 65535u + 1u) << 16) | (uint32_t(job) & 0xffffu);
+  }
+
+  static COMFUSE_DEVICE void wait_tag(uint32_t const* f, uint32_t want) {
+    uint64_t t0 = 0;
+    while (ld_acquire_gpu_u32(f) != want) {
+      uint64_t const now = global_timer_ns();
+      if (t0 == 0) t0 = now;
+      else if (now - t0 > kTimeoutNs) __trap();  // a split's CTA is not resident: fail, do not hang
+    }
+  }
+
+  // Visits the thread's accumulator pairs in rows < rows_left of a Rows x BN tile at `tile`:
+  // f(register index, the pair's address). Register r of m64-block mi holds row
+  // accum_row(t, mi, h), column 8 nb + 2 (lane % 4) + e (mainloop/wgmma.cuh's LayoutC:
+  // r = mi BN/2 + 4 nb + 2 h + e). The row's address is made opaque to the compiler so that the
+  // pairs' addresses stay one register plus immediate offsets: hoisted out of the job loop, the
+  // BN / 8 addresses of every row would take registers the epilogue needs (spills).
+  template <class F>
+  static COMFUSE_DEVICE void for_each_pair(float* tile, int t, int rows_left, F&& f) {
+    CUTE_UNROLL
+    for (int mi = 0; mi < MBlocks; ++mi)
+      CUTE_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        int const row = accum_row(t, mi, h);
+        if (row >= rows_left) continue;
+        float* rp = tile + row * BN + 2 * (t % 4);
+        asm volatile("" : "+l"(rp));
+        CUTE_UNROLL
+        for (int nb = 0; nb < BN / 8; ++nb) f(mi * (BN / 2) + nb * 4 + h * 2, reinterpret_cast<float2*>(rp + nb * 8));
+      }
+  }
+
+  // Split `split` (>= 1): job `job`'s partial tile (rows m0.. of M) to the owner.
+  template <class Frag>
+  COMFUSE_DEVICE void publish(Frag const& accum, int split, int job, uint32_t epoch, int m0, int M, int t,
+                              int bar_id) const {
+    if (job > 0) {
+      if (t == 0) wait_tag(flags, tag(epoch, job - 1));
+      named_sync(bar_id, kWarpGroupThreads);
+    }
+    for_each_pair(partials + size_t(split - 1) * Rows * BN, t, M - m0,
+                  [&](int r, float2* a) { __stcg(a, make_float2(accum(r), accum(r + 1))); });
+    named_sync(bar_id, kWarpGroupThreads);
+    if (t == 0) {
+      __threadfence();
+      st_release_gpu_u32(flags + split, tag(epoch, job));
+    }
+  }
+
+  // The owner: adds every other split's partial of job `job`, in split order.
+  template <class Frag>
+  COMFUSE_DEVICE void gather(Frag& accum, int job, uint32_t epoch, int m0, int M, int t, int bar_id) const {
+    if (t == 0)
+      for (int s = 1; s < Splits; ++s) wait_tag(flags + s, tag(epoch, job));
+    named_sync(bar_id, kWarpGroupThreads);
+#pragma unroll 1
+    for (int s = 1; s < Splits; ++s)
+      for_each_pair(partials + size_t(s - 1) * Rows * BN, t, M - m0, [&](int r, float2* a) {
+        float2 const v = __ldcg(a);
+        accum(r) += v.x;
+        accum(r + 1) += v.y;
+      });
+    named_sync(bar_id, kWarpGroupThreads);  // every thread's reads are done before the release
+    if (t == 0) {
+      __threadfence();
+      st_release_gpu_u32(flags, tag(epoch, job));
+    }
+  }
+};
+
+}  // namespace comfuse::splitk
