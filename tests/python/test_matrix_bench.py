@@ -359,6 +359,7 @@ def test_nan_output_fails(tmp_path):
     assert mx.failed({"y": math.inf}) == ["y"]
 
 
+@pytest.mark.skipif(comfuse.gpu_available()[0], reason="needs a machine without a GPU, where the real build fails")
 def test_a_kernel_that_cannot_build_is_a_row_that_says_why(tmp_path):
     # The real build on a machine without a GPU: compile_graph raises, the row says why and the
     # baselines are still timed.
