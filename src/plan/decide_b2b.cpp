@@ -316,6 +316,40 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
   return plan;
 }
 
+B2bChoice choose_b2b(const FusionSpec& first, const FusionSpec& second, const B2bProblem& p, const PlanOptions& opt) {
+  using Mode = PlanOptions::B2b;
+  const bool gated = first.arg_index(ArgRole::OperandGate) >= 0;
+  B2bChoice c;
+  if (opt.b2b == Mode::Off) {
+    if (gated)
+      throw Error("b2b off: a gated pair (X W1^T and X W3^T meeting in F) has no two-kernel path: the single-GEMM "
+                  "kernel holds one accumulator; run it as one B2B kernel (--b2b auto or force)");
+    c.reason = "two kernels (b2b off): GEMM1 and F store S, GEMM2 reads it";
+    return c;
+  }
+  try {
+    c.plan = make_b2b_plan(first, second, p, opt);
+  } catch (const Error& e) {
+    if (opt.b2b == Mode::Force || gated) throw;
+    c.reason = fmt::format("two kernels: the pair cannot be one B2B kernel ({}); GEMM1 and F store S, GEMM2 reads it",
+                           e.what());
+    return c;
+  }
+  const std::string estimate =
+      fmt::format("estimate {:.1f} us as one kernel, {:.1f} us as two", c.plan->fused_us, c.plan->unfused_us);
+  const bool pays = c.plan->fused_us <= c.plan->unfused_us;
+  c.one_kernel = opt.b2b == Mode::Force || pays || gated;
+  c.reason = opt.b2b == Mode::Force ? fmt::format("one B2B kernel (b2b force; {})", estimate)
+             : pays                 ? fmt::format("one B2B kernel: {}", estimate)
+             : gated ? fmt::format("one B2B kernel although it is not expected to pay ({}): a gated pair has no "
+                                   "two-kernel path (the single-GEMM kernel holds one accumulator)",
+                                   estimate)
+                     : fmt::format("two kernels: the B2B kernel is not expected to pay ({}); GEMM1 and F store S, "
+                                   "GEMM2 reads it (--b2b force builds the pair)",
+                                   estimate);
+  return c;
+}
+
 std::string explain(const FusionSpec& first, const FusionSpec& second, const B2bPlan& p) {
   const B2bConfig& k = p.kernel;
   std::string o = fmt::format("b2b plan for '{}' -> '{}' (one kernel, S in registers)\n", first.name, second.name);
