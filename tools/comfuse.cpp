@@ -10,7 +10,8 @@
 //                                                of the lowering (two fp64 executors)
 // explain, emit, compile and run (not run --reference) take the plan overrides (--cluster-n,
 // --tile-n, --tile-m, --aggregation p2p|leader|l2, --strategy on-chip|smem-stash|workspace-stash;
-// row groups: --cluster-m, --row-group, --stash fp32|bf16; --pairs one-round|two-rounds).
+// row groups: --cluster-m, --row-group, --stash fp32|bf16; --pairs one-round|two-rounds; a B2B
+// pair: --b2b auto|force|off, one kernel where it pays, always, or never).
 // Errors: `comfuse: error: <msg>` on stderr, exit 1 (graph files: FILE:line:col:);
 // command-line usage errors (an option value outside its choices too) exit 2.
 #include <CLI/CLI.hpp>
