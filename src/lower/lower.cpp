@@ -255,8 +255,15 @@ class Lowering {
       const int r = region_of_[gp.first_matmul];
       const Node& meet = g_.node(gp.meet_node);
       std::string why;
+      int reduction = -1;
+      for (int id : members_[r])
+        if (g_.node(id).kind == OpKind::Reduce && reduction < 0) reduction = id;
       if (region_of_[gp.meet_node] != r) {
         why = fmt::format("{} does not fuse into the gated GEMM's epilogue: {}", who(meet.id), reason_[meet.id]);
+      } else if (reduction >= 0) {
+        why = fmt::format("its epilogue reduces ({}): a gated GEMM1's F is elementwise per chunk of N1 (the B2B "
+                          "kernel's online softmax takes one GEMM1)",
+                          who(reduction));
       } else {
         const B2BCandidate* pair = nullptr;
         for (const B2BCandidate& b : result_.b2b_candidates)

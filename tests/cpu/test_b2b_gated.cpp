@@ -106,7 +106,7 @@ TEST(B2bGated, RefusalsSayWhy) {
     Mlp m;
     const char* why;
   };
-  Mlp other_a, kn, f16, up_out, s_out, single, f32_s;
+  Mlp other_a, kn, f16, up_out, s_out, single, reduces;
   other_a.up_a = "z";
   kn.w3 = "input w3: bf16[K, N]";
   kn.up = "matmul({}, w3, layout=kn)";
@@ -114,13 +114,15 @@ TEST(B2bGated, RefusalsSayWhy) {
   up_out.tail = "y = matmul(s, w2)\noutput y: bf16\noutput up: bf16 as u\n";
   s_out.tail = "y = matmul(s, w2)\noutput y: bf16\noutput s: bf16\n";
   single.tail = "output s: bf16\n";
+  reduces.f = "mul(softmax(gate), up)";
   for (const Case& c : {Case{"different A", other_a, "'up' reads A 'z': the two GEMMs of a gated pair share their A"},
                         Case{"layouts", kn, "a gated pair's W1 and W3 share one layout"},
                         Case{"dtypes", f16, "B operands 'w1' bf16[N, K] and 'w3' f16[N, K] differ"},
                         Case{"X W3^T read elsewhere", up_out, "the first GEMM's epilogue also stores 'u"},
                         Case{"S stored", s_out, "'s' is a graph output: it must be stored"},
                         Case{"no second matmul", single, "no second matmul reads its epilogue: a gated GEMM runs only "
-                                                         "as the first GEMM of a B2B pair"}}) {
+                                                         "as the first GEMM of a B2B pair"},
+                        Case{"F reduces", reduces, "a gated GEMM1's F is elementwise per chunk of N1"}}) {
     SCOPED_TRACE(c.what);
     Lowered l(c.m.text());
     EXPECT_EQ(one_b2b_kernel(l.r), nullptr) << l.said();
