@@ -10,7 +10,8 @@
 //                                                of the lowering (two fp64 executors)
 // explain, emit, compile and run (not run --reference) take the plan overrides (--cluster-n,
 // --tile-n, --tile-m, --aggregation p2p|leader|l2, --strategy on-chip|smem-stash|workspace-stash;
-// row groups: --cluster-m, --row-group, --k-splits, --stash fp32|bf16; --pairs one-round|two-rounds).
+// row groups: --cluster-m, --row-group, --k-splits, --stash fp32|bf16; --pairs one-round|two-rounds;
+// a B2B pair: --b2b auto|force|off, one kernel where it pays, always, or never).
 // Errors: `comfuse: error: <msg>` on stderr, exit 1 (graph files: FILE:line:col:);
 // command-line usage errors (an option value outside its choices too) exit 2.
 #include <CLI/CLI.hpp>
@@ -155,6 +156,15 @@ void add_dim_options(CLI::App* sub, DimArgs& a) {
   sub->add_option("--dim", a.dims, "bind another symbolic dim, NAME=VALUE (repeatable)")->allow_extra_args(false);
 }
 
+// Where the graph is one B2B pair: one kernel or two, and why (choose_b2b, the planner's rule).
+std::optional<B2bChoice> pair_choice(const LoweringResult& r, const Bindings& b, const PlanOptions& opt) {
+  const B2BCandidate* pair = one_b2b_kernel(r);
+  if (!pair) return std::nullopt;
+  const FusionSpec &f = r.regions[static_cast<size_t>(pair->first_region)].spec,
+                   &e = r.regions[static_cast<size_t>(pair->second_region)].spec;
+  return choose_b2b(f, e, b2b_problem_of(f, e, b), opt);
+}
+
 int cmd_lower(const std::string& file) {
   Graph g = load_graph(file);
   LoweringResult r = lower_and_warn(g, file);
@@ -166,7 +176,7 @@ int cmd_lower(const std::string& file) {
 struct ExplainArgs {
   bool dot = false;
   std::optional<int> cluster_n, tile_n, tile_m, cluster_m, row_group, k_splits;
-  std::string aggregation, strategy, stash, pairs;
+  std::string aggregation, strategy, stash, pairs, b2b;
 };
 
 // The spellings CLI11 accepts (IsMember below), mapped onto the planner's options.
@@ -183,6 +193,8 @@ PlanOptions plan_options(const ExplainArgs& a) {
   if (a.aggregation == "p2p") o.aggregation = Aggregation::PeerToPeer;
   else if (a.aggregation == "leader") o.aggregation = Aggregation::LeaderFollower;
   else if (a.aggregation == "l2") o.aggregation = Aggregation::L2Exchange;
+  if (a.b2b == "force") o.b2b = PlanOptions::B2b::Force;
+  else if (a.b2b == "off") o.b2b = PlanOptions::B2b::Off;
   if (a.strategy == "on-chip") o.strategy = RowStrategy::OnChip;
   else if (a.strategy == "smem-stash") o.strategy = RowStrategy::SmemStash;
   else if (a.strategy == "workspace-stash") o.strategy = RowStrategy::WorkspaceStash;
@@ -216,6 +228,10 @@ std::vector<CLI::Option*> add_plan_options(CLI::App* cmd, ExplainArgs& ex) {
                       "paired reductions (LayerNorm's mean and variance, softmax's max and sum of exp) in one-round "
                       "(default where it pays) or two-rounds")
           ->check(CLI::IsMember({"one-round", "two-rounds"})),
+      cmd->add_option("--b2b", ex.b2b,
+                      "a B2B pair (two chained GEMMs): one kernel where the planner expects it to pay (auto, the "
+                      "default), always (force), or never (off: two kernels, S through memory)")
+          ->check(CLI::IsMember({"auto", "force", "off"})),
   };
 }
 
@@ -224,11 +240,15 @@ int cmd_explain(const std::string& file, const DimArgs& d, const ExplainArgs& a)
   LoweringResult r = lower_and_warn(g, file);
   const Bindings b = bindings(d, g, r);
   const PlanOptions opt = plan_options(a);
-  if (const B2BCandidate* pair = one_b2b_kernel(r)) {  // one B2B kernel: the pair's plan
-    const FusionSpec &f = r.regions[static_cast<size_t>(pair->first_region)].spec,
-                     &e = r.regions[static_cast<size_t>(pair->second_region)].spec;
-    std::cout << explain(f, e, make_b2b_plan(f, e, b2b_problem_of(f, e, b), opt));
-    return 0;
+  if (const std::optional<B2bChoice> c = pair_choice(r, b, opt)) {  // one B2B kernel, or two: which and why
+    if (!a.dot) std::cout << "b2b pair: " << c->reason << "\n";
+    if (c->one_kernel) {
+      const B2BCandidate* pair = one_b2b_kernel(r);
+      std::cout << explain(r.regions[static_cast<size_t>(pair->first_region)].spec,
+                           r.regions[static_cast<size_t>(pair->second_region)].spec, *c->plan);
+      return 0;
+    }
+    if (!a.dot) std::cout << "\n";
   }
   for (size_t i = 0; i < r.regions.size(); ++i) {
     const FusionSpec& s = r.regions[i].spec;
@@ -260,6 +280,7 @@ int run_gpu(const Graph& g, const Bindings& b, const PlanOptions& plan, uint64_t
   CompileOptions opt;
   opt.plan = plan;
   opt.trace = !trace_csv.empty();
+  if (const std::optional<B2bChoice> c = pair_choice(lower(g), b, plan)) std::cout << "b2b pair: " << c->reason << "\n";
   DeviceRunReport rep = run_and_check(g, b, seed, opt, /*timing_reps=*/20, /*input_offset=*/0.0,
                                       /*cublas_baseline=*/true);
   const Plan& p = rep.plan;
@@ -280,6 +301,7 @@ int run_gpu(const Graph& g, const Bindings& b, const PlanOptions& plan, uint64_t
     if (kc.n_tiles > 1)
       shape += fmt::format(", {} N-tiles/CTA ({} {} stash)", kc.n_tiles, kc.stash_elem_bytes == 2 ? "bf16" : "fp32",
                            kc.stash_space == StashSpace::Workspace ? "workspace" : "SMEM");
+    if (rep.kernels > 1) shape = fmt::format("{} kernels (GEMM1 + F storing S, then GEMM2), the first: {}", rep.kernels, shape);
   }
   std::cout << fmt::format("kernel: {}, {} ring stages, {} CTAs; JIT {} ({:.2f} s{})\n", shape, stages, ctas,
                            rep.compiled.compiler, rep.compiled.elapsed_seconds, rep.compiled.cache_hit ? ", cache hit" : "");
@@ -317,7 +339,10 @@ int cmd_emit(const std::string& file, const DimArgs& d, const PlanOptions& plan,
   Graph g = load_graph(file);
   LoweringResult r = lower_and_warn(g, file);
   const Bindings b = bindings(d, g, r);
-  if (const B2BCandidate* pair = one_b2b_kernel(r)) {  // one B2B kernel for the pair
+  const B2BCandidate* pair = one_b2b_kernel(r);
+  const std::optional<B2bChoice> choice = pair_choice(r, b, plan);
+  if (choice) std::cout << (compile ? "" : "// ") << "b2b pair: " << choice->reason << "\n";
+  if (pair && choice->one_kernel) {  // one B2B kernel for the pair
     const FusionSpec &f = r.regions[static_cast<size_t>(pair->first_region)].spec,
                      &e = r.regions[static_cast<size_t>(pair->second_region)].spec;
     const B2bProblem pr = b2b_problem_of(f, e, b);

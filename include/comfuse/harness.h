@@ -30,7 +30,8 @@ struct DeviceRunReport {
                                // pairs the two in one power state); 0 when not asked
   double ratio_lo = 0, ratio_hi = 0;  // the smallest and largest per-round ratio
   std::vector<uint64_t> trace;        // CompileOptions::trace: the last launch's timeline
-  Plan plan;          // a single-GEMM kernel's plan
+  int kernels = 1;    // 2: a B2B pair run as two kernels (choose_b2b)
+  Plan plan;          // a single-GEMM kernel's plan (two kernels: the first's)
   B2bPlan b2b_plan;   // a B2B kernel's (the pair's) plan
   CompiledKernel compiled;
 };

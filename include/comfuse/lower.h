@@ -29,13 +29,28 @@ struct B2BCandidate {
   int via_node = -1;       // the epilogue value feeding the second matmul (S)
   int first_region = -1;   // regions[first_region] computes S; regions[second_region] consumes it
   int second_region = -1;
+  int gate_matmul = -1;    // a gated first region (GatePair): its X W3^T matmul, else -1
   std::string blocker;     // empty: one kernel can hold both; else why S must go through memory
+};
+
+// Two matmuls that share their A operand and whose epilogue values meet in one elementwise F:
+// SwiGLU's silu(X W1^T) * (X W3^T). Φ merges them into ONE region, a gated GEMM (the first
+// matmul is its AccEntry, the second a gated AccEntry reading OperandGate W3), where that region
+// is the first GEMM of a B2B pair: the B2B kernel holds both accumulators (B2bConfig::gated); the
+// single-GEMM kernel holds one, so elsewhere the two stay apart and `blocker` says why.
+struct GatePair {
+  int first_matmul = -1;  // X W1^T: the region's root
+  int gate_matmul = -1;   // X W3^T: its second accumulator
+  int meet_node = -1;     // the first elementwise node that reads both
+  int region = -1;        // the merged region, -1 when not merged
+  std::string blocker;    // empty: merged; else why not
 };
 
 struct LoweringResult {
   std::vector<FusedRegion> regions;
   std::vector<Fallback> fallbacks;
   std::vector<B2BCandidate> b2b_candidates;
+  std::vector<GatePair> gate_pairs;
   std::vector<int> dead_nodes;  // computed but reaching no output
   // What the kernels will compute differently from the fp64 graph, e.g. a constant that
   // rounds to inf or 0 in the epilogue's f32 (one line each, in the user's names).

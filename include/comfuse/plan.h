@@ -55,6 +55,9 @@ struct PlanOptions {
   std::optional<int> k_splits;                // force split-K: K-splits per tile (1: none)
   std::optional<int> stash_bytes;             // force the stash element: 4 (fp32) or 2 (bf16)
   std::optional<bool> fuse_pairs;             // true / false: every pair in one round / two (A/B)
+  // A B2B pair (lower.h): one kernel where it pays (Auto, choose_b2b below), always (Force: to
+  // benchmark or test the B2B kernel), or never (Off: two single-GEMM kernels, S through memory).
+  enum class B2b { Auto, Force, Off } b2b = B2b::Auto;
 };
 
 // The cost model's estimate for one candidate, microseconds.
@@ -167,5 +170,18 @@ int b2b_intermediate_arg(const FusionSpec& first, const FusionSpec& second);  //
 B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B2bProblem& p,
                       const PlanOptions& opt = {});
 std::string explain(const FusionSpec& first, const FusionSpec& second, const B2bPlan& p);
+
+// One kernel for the pair, or two single-GEMM kernels (GEMM1 + F storing S, then GEMM2 + its
+// epilogue reading it), decided here and nowhere else: Force takes the pair (a refusal is an
+// Error), Off the two kernels, Auto the pair where make_b2b_plan accepts it and its estimate is
+// no slower than the two kernels' (B2bPlan::unfused_us). A gated pair has no two-kernel path (the
+// single-GEMM kernel holds one accumulator): Auto keeps it one kernel, saying so; Off refuses it.
+struct B2bChoice {
+  bool one_kernel = false;
+  std::optional<B2bPlan> plan;  // the pair's plan, where make_b2b_plan accepted it
+  std::string reason;           // one line: which and why, with the estimates
+};
+B2bChoice choose_b2b(const FusionSpec& first, const FusionSpec& second, const B2bProblem& p,
+                     const PlanOptions& opt = {});
 
 }  // namespace comfuse

@@ -65,18 +65,26 @@ class FusedKernel {
   // epilogue, one kernel with the intermediate S in registers.
   static FusedKernel build_b2b(const FusionSpec& first, const FusionSpec& second, const B2bProblem& problem,
                                const CompileOptions& opt = {});
+  // The same pair as two single-GEMM kernels launched in turn on one stream (where one B2B kernel
+  // does not pay, choose_b2b): GEMM1 and F store S into a buffer this kernel owns (sized for the
+  // problem's M: a run with more rows is refused), GEMM2 and its epilogue read it. Arguments
+  // as for build_b2b: S is none of them.
+  static FusedKernel build_two_kernels(const FusionSpec& first, const FusionSpec& second, const Bindings& dims,
+                                       const CompileOptions& opt = {});
 
   // Validates every argument and launches. Throws Error naming the offending argument. A
   // kernel's workspaces serve one launch at a time: run one FusedKernel on one stream at a time
   // (a CUDA graph may capture and replay it).
   void run(const RunArgs& args, Stream stream = nullptr) const;
 
-  const FusionSpec& spec() const;  // a B2B kernel's first spec (GEMM1 and F)
-  const Plan& plan() const;        // a single-GEMM kernel's plan
-  const FusionSpec* second_spec() const;  // a B2B kernel's GEMM2 spec, else nullptr
+  const FusionSpec& spec() const;  // a pair's first spec (GEMM1 and F)
+  const Plan& plan() const;        // a single-GEMM kernel's plan (two kernels: the first's)
+  const FusionSpec* second_spec() const;  // a pair's GEMM2 spec (one B2B kernel or two), else nullptr
   const B2bPlan* b2b_plan() const;        // a B2B kernel's plan, else nullptr
-  const EmittedKernel& emitted() const;
-  const CompiledKernel& compiled() const;
+  // Two kernels (build_two_kernels): both, in launch order; else empty.
+  const std::vector<FusedKernel>& parts() const;
+  const EmittedKernel& emitted() const;    // two kernels: the first's
+  const CompiledKernel& compiled() const;  // two kernels: the first's
   // The timeline of the last launch (kernels/comfuse/debug/trace.cuh), empty unless the kernel
   // was built with CompileOptions::trace. Synchronizes the device.
   std::vector<uint64_t> trace() const;
@@ -84,6 +92,7 @@ class FusedKernel {
   FusedKernel(FusedKernel&&) noexcept;
  private:
   void run_b2b(const RunArgs& args, Stream stream) const;
+  void run_parts(const RunArgs& args, Stream stream) const;
 
  public:
   FusedKernel& operator=(FusedKernel&&) noexcept;
@@ -96,7 +105,8 @@ class FusedKernel {
 };
 
 // The whole-graph entry point: the graph must lower to exactly one region with no fallbacks, or
-// to one B2B pair of regions (otherwise the Error lists what is not fused and why).
+// to one B2B pair of regions (otherwise the Error lists what is not fused and why); a pair is one
+// B2B kernel or two kernels as choose_b2b (plan.h) decides under opt.plan.b2b.
 FusedKernel compile(const Graph& g, const Bindings& dims, const CompileOptions& opt = {});
 
 // Emits and JIT-compiles without a GPU (for CI and `comfuse compile`).

@@ -49,6 +49,8 @@ struct SpecNode {
   ValueClass value_class = ValueClass::Tile;
   std::vector<int> operands;  // E
 
+  // AccEntry: `arg` -1 is A x B; `arg` >= 0 names the OperandGate argument: A x Gate, the gated
+  // GEMM's second accumulator (SwiGLU's x W3^T beside x W1^T; a B2B kernel's first GEMM only).
   // Broadcast: `arg` >= 0 names a runtime argument; otherwise the `literal` scalar.
   BroadcastKind broadcast = BroadcastKind::Scalar;
   int arg = -1;

@@ -99,6 +99,8 @@ EmitContext make_context(const FusionSpec& s, const std::vector<ArgSlot>& slots)
 // hand-made Plan cannot reach the JIT with a template error deep inside its log.
 void check_renderable(const FusionSpec& s, const Plan& p) {
   if (const char* why = check(p.kernel)) throw Error(fmt::format("spec '{}': the plan's kernel cannot be built: {}", s.name, why));
+  if (s.arg_index(ArgRole::OperandGate) >= 0)
+    throw Error(fmt::format("spec '{}' is a gated GEMM (two accumulators): only a B2B kernel's GEMM1 holds them", s.name));
   if (p.fused_pairs.any() && !one_round_pairs_possible(p))
     throw Error(fmt::format("spec '{}': the plan fuses paired reductions into one round, which needs one N-tile per CTA "
                             "and the L2 exchange or a single CTA per row", s.name));

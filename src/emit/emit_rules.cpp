@@ -46,7 +46,10 @@ int slot(EmitContext& ctx, int arg, const std::string& path) {
   return it->second;
 }
 
-std::string acc_entry(EmitContext&, const Spec&, int, const std::string&) { return "comfuse::epi::AccEntry"; }
+// A gated acc entry (A x Gate) is the B2B kernel's second GEMM1 accumulator (EpiCtx::gate).
+std::string acc_entry(EmitContext&, const Spec& st, int i, const std::string&) {
+  return node_at(st, i).arg >= 0 ? "comfuse::epi::GateEntry" : "comfuse::epi::AccEntry";
+}
 
 std::string broadcast(EmitContext& ctx, const Spec& st, int i, const std::string& path) {
   const SpecNode& n = node_at(st, i);

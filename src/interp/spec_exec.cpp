@@ -49,6 +49,15 @@ class SpecExec {
     if (!fs.m.sym.empty()) bind_[fs.m.sym] = M_;
     if (!fs.n.sym.empty()) bind_[fs.n.sym] = N_;
     acc_ = matmul(A, B, fs.b_layout);
+    // A gated GEMM (SwiGLU): the second accumulator A x Gate, Gate laid out as B.
+    if (const int ig = find_role(ArgRole::OperandGate); ig >= 0) {
+      const Tensor& G = *in[static_cast<size_t>(ig)];
+      if (G.shape != B.shape)
+        throw Error(fmt::format("spec '{}': gate operand '{}' has shape {}, B '{}' has {}", fs.name,
+                                fs.args[static_cast<size_t>(ig)].name, shape_str(G.shape),
+                                fs.args[static_cast<size_t>(ib)].name, shape_str(B.shape)));
+      gate_ = matmul(A, G, fs.b_layout);
+    }
     vals_.resize(fs.args.size());
     for (size_t i = 0; i < fs.args.size(); ++i) {
       const RuntimeArg& a = fs.args[i];
@@ -151,7 +160,12 @@ class SpecExec {
       auto opcls = [&](size_t k) { return cls[static_cast<size_t>(n.operands[k])]; };
       cls[ui] = n.value_class;
       switch (n.category) {
-        case NodeCategory::AccEntry: v[ui] = acc_; cls[ui] = ValueClass::Tile; break;
+        case NodeCategory::AccEntry:
+          if (n.arg >= 0 && arg(path, i, n.arg).role != ArgRole::OperandGate)
+            fail(path, i, "a gated acc entry names an argument that is not the gate operand");
+          v[ui] = n.arg >= 0 ? gate_ : acc_;
+          cls[ui] = ValueClass::Tile;
+          break;
         case NodeCategory::Broadcast: {
           const ValueClass want = n.broadcast == BroadcastKind::Row    ? ValueClass::Row
                                   : n.broadcast == BroadcastKind::Col  ? ValueClass::Col
@@ -247,7 +261,7 @@ class SpecExec {
       for (int o : n.operands) release(static_cast<size_t>(o), ui);
       release(ui, ui);  // nothing reads it (a store's copy, a dead value)
     }
-    if (parent == nullptr) acc_ = Tensor{};  // the root stage is the only one with an acc entry
+    if (parent == nullptr) acc_ = gate_ = Tensor{};  // the root stage is the only one with acc entries
     Parent self{&v, &cls, &bypass_reads};
     for (auto [r, child] : posts)
       exec(st.children[static_cast<size_t>(child)], fmt::format("{}/{}", path, child), &self, &v[static_cast<size_t>(r)]);
@@ -282,6 +296,7 @@ class SpecExec {
   Bindings bind_;  // the caller's dims, plus M and N as the operands give them
   std::vector<Tensor> vals_;  // by arg index: the broadcast arguments as [rows, cols] (operands are not kept)
   Tensor acc_;
+  Tensor gate_;  // a gated GEMM's A x Gate
   int64_t M_ = 0, N_ = 0;
   TensorMap out_;
 };

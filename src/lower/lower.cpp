@@ -17,6 +17,11 @@
 //   3. Building the spec: stage s+1 is the PostOp (nested spec) of r_s; leaves are
 //      re-broadcast in each stage that reads them (a broadcast is a load, not a value
 //      worth carrying).
+// Before growth, two matmuls sharing A whose values meet in an elementwise node (SwiGLU's
+// silu(X W1^T) * (X W3^T)) become one gated region: the second is a gated AccEntry (OperandGate)
+// of the first's. Only a B2B kernel's GEMM1 holds two accumulators, so a merged region that does
+// not end up the first region of a B2B pair is refused (lower() runs Φ again without that merge
+// and keeps the reason).
 #include "comfuse/lower.h"
 
 #include <fmt/format.h>
@@ -60,9 +65,15 @@ DType storage_dtype(const Graph& g, const Node& n) {
   return (at->kind == OpKind::Input || at->kind == OpKind::Cast) ? at->dtype : DType::F32;
 }
 
+// Gate pairs (first matmul, gate matmul) that a previous run of Φ could not keep merged, and why.
+using RefusedGates = std::map<std::pair<int, int>, std::string>;
+
 class Lowering {
  public:
-  explicit Lowering(const Graph& g) : g_(g), consumers_(g.consumers()) {}
+  Lowering(const Graph& g, const RefusedGates& refused) : g_(g), consumers_(g.consumers()), refused_(refused) {}
+
+  // Merges this run made that turned out not to hold (filled by run()).
+  const RefusedGates& newly_refused() const { return newly_refused_; }
 
   LoweringResult run() {
     check_outputs();
@@ -76,12 +87,14 @@ class Lowering {
       for (int in : n.inputs) depends_on_gemm_[n.id] = depends_on_gemm_[n.id] || depends_on_gemm_[in];
       if (n.kind == OpKind::MatMul) depends_on_gemm_[n.id] = true;
     }
+    find_gate_pairs();
     for (const Node& n : g_.nodes())
-      if (n.kind == OpKind::MatMul && live_[n.id]) grow_region(n);
+      if (n.kind == OpKind::MatMul && live_[n.id] && region_of_[n.id] == kNoRegion) grow_region(n);
     if (roots_.empty()) nothing_to_fuse();
     for (size_t r = 0; r < roots_.size(); ++r) result_.regions.push_back(build_region(static_cast<int>(r)));
     report_outside();
     find_b2b();
+    check_gate_regions();
     return std::move(result_);
   }
 
@@ -160,14 +173,126 @@ class Lowering {
     return "";
   }
 
+  // --- gated pairs ---------------------------------------------------------------------
+  // Nodes downstream of `id` (itself included); `elementwise`: through unary, binary and cast
+  // nodes only.
+  std::vector<bool> reach(int id, bool elementwise) const {
+    std::vector<bool> in(g_.nodes().size(), false);
+    in[id] = true;
+    for (const Node& n : g_.nodes()) {
+      if (n.id <= id) continue;
+      if (elementwise && n.kind != OpKind::Unary && n.kind != OpKind::Binary && n.kind != OpKind::Cast) continue;
+      for (int i : n.inputs) in[n.id] = in[n.id] || in[i];
+    }
+    return in;
+  }
+
+  // Why matmuls a and b (a < b, their values meeting elementwise) cannot be one gated GEMM, or "".
+  std::string gate_blocker(const Node& a, const Node& b) {
+    const Node &xa = g_.node(a.inputs[0]), &xb = g_.node(b.inputs[0]);
+    if (xa.id != xb.id)
+      return fmt::format("{} reads A {} and {} reads A {}: the two GEMMs of a gated pair share their A operand (X)",
+                         who(a.id), who(xa.id), who(b.id), who(xb.id));
+    const Node &w1 = g_.node(a.inputs[1]), &w3 = g_.node(b.inputs[1]);
+    auto layout = [](const Node& mm) { return mm.b_layout == BLayout::NK ? "N x K" : "K x N (layout=kn)"; };
+    if (a.b_layout != b.b_layout)
+      return fmt::format("{} reads B {} as {} and {} reads B {} as {}: a gated pair's W1 and W3 share one layout",
+                         who(a.id), who(w1.id), layout(a), who(b.id), who(w3.id), layout(b));
+    const DType d1 = storage_dtype(g_, w1), d3 = storage_dtype(g_, w3);
+    if (w1.shape != w3.shape || d1 != d3)
+      return fmt::format("B operands {} {}{} and {} {}{} differ: a gated pair's W1 and W3 have one shape and dtype",
+                         who(w1.id), name_of(d1), to_string(w1.shape), who(w3.id), name_of(d3), to_string(w3.shape));
+    for (const Node* w : {&w1, &w3})
+      if (depends_on_gemm_[w->id])
+        return fmt::format("B operand {} is computed from a GEMM; a gated GEMM loads W1 and W3 from memory", who(w->id));
+    return "";
+  }
+
+  // A node as the user knows it: 'name', or what the graph's own name stands for.
+  std::string who(int id) {
+    const std::string& name = g_.node(id).name;
+    return !name.empty() && name[0] == '%' ? described()[static_cast<size_t>(id)] : "'" + name + "'";
+  }
+
+  // Pairs of live matmuls whose values meet in a binary elementwise node, neither downstream of
+  // the other; each matmul joins at most one merged pair (the first found).
+  void find_gate_pairs() {
+    std::vector<int> mms;
+    for (const Node& n : g_.nodes())
+      if (n.kind == OpKind::MatMul && live_[n.id]) mms.push_back(n.id);
+    std::set<int> paired;
+    for (size_t i = 0; i < mms.size(); ++i) {
+      const std::vector<bool> ra = reach(mms[i], true), below = reach(mms[i], false);
+      for (size_t j = i + 1; j < mms.size(); ++j) {
+        if (below[mms[j]]) continue;  // b reads a's value: a chain, not a gated pair
+        const std::vector<bool> rb = reach(mms[j], true);
+        int meet = -1;
+        for (const Node& n : g_.nodes())
+          if (meet < 0 && n.kind == OpKind::Binary && live_[n.id] &&
+              ((ra[n.inputs[0]] && rb[n.inputs[1]]) || (rb[n.inputs[0]] && ra[n.inputs[1]])))
+            meet = n.id;
+        if (meet < 0) continue;
+        const Node &a = g_.node(mms[i]), &b = g_.node(mms[j]);
+        GatePair gp{a.id, b.id, meet, -1, gate_blocker(a, b)};
+        for (int m : {a.id, b.id})
+          if (gp.blocker.empty() && paired.count(m))
+            gp.blocker = fmt::format("{} is already part of another gated pair", who(m));
+        if (auto it = refused_.find({a.id, b.id}); gp.blocker.empty() && it != refused_.end()) gp.blocker = it->second;
+        if (gp.blocker.empty()) {
+          gate_of_root_[a.id] = b.id;
+          paired.insert(a.id);
+          paired.insert(b.id);
+        }
+        result_.gate_pairs.push_back(gp);
+      }
+    }
+  }
+
+  // A merged pair holds where its region is the first of a B2B pair that one kernel takes.
+  void check_gate_regions() {
+    for (GatePair& gp : result_.gate_pairs) {
+      if (!gp.blocker.empty()) continue;
+      const int r = region_of_[gp.first_matmul];
+      const Node& meet = g_.node(gp.meet_node);
+      std::string why;
+      int reduction = -1;
+      for (int id : members_[r])
+        if (g_.node(id).kind == OpKind::Reduce && reduction < 0) reduction = id;
+      if (region_of_[gp.meet_node] != r) {
+        why = fmt::format("{} does not fuse into the gated GEMM's epilogue: {}", who(meet.id), reason_[meet.id]);
+      } else if (reduction >= 0) {
+        why = fmt::format("its epilogue reduces ({}): a gated GEMM1's F is elementwise per chunk of N1 (the B2B "
+                          "kernel's online softmax takes one GEMM1)",
+                          who(reduction));
+      } else {
+        const B2BCandidate* pair = nullptr;
+        for (const B2BCandidate& b : result_.b2b_candidates)
+          if (b.first_region == r) pair = &b;
+        if (!pair)
+          why = "no second matmul reads its epilogue: a gated GEMM runs only as the first GEMM of a B2B pair (the "
+                "single-GEMM kernel holds one accumulator)";
+        else if (!pair->blocker.empty())
+          why = "the B2B pair it would start is not one kernel: " + pair->blocker;
+      }
+      if (why.empty()) gp.region = r;
+      else newly_refused_[{gp.first_matmul, gp.gate_matmul}] = why;
+    }
+  }
+
   void grow_region(const Node& mm) {
     const int r = static_cast<int>(roots_.size());
     roots_.push_back(mm.id);
     members_.emplace_back();
     region_of_[mm.id] = r;
     members_[r].push_back(mm.id);
+    const auto gate = gate_of_root_.find(mm.id);
     for (const Node& n : g_.nodes()) {
       if (n.id <= mm.id || region_of_[n.id] != kNoRegion || !live_[n.id]) continue;
+      if (gate != gate_of_root_.end() && n.id == gate->second) {  // the second accumulator, A x W3
+        region_of_[n.id] = r;
+        members_[r].push_back(n.id);
+        continue;
+      }
       bool touches = false;
       for (int in : n.inputs) touches = touches || region_of_[in] == r;
       if (!touches) continue;
@@ -326,6 +451,8 @@ class Lowering {
     ArgTable args{fs, g_, {}};
     args.leaf_arg(a, ArgRole::OperandA);
     args.leaf_arg(g_.node(mm.inputs[1]), ArgRole::OperandB);
+    const auto gate = gate_of_root_.find(mm.id);
+    if (gate != gate_of_root_.end()) args.leaf_arg(g_.node(g_.node(gate->second).inputs[1]), ArgRole::OperandGate);
 
     const Staging st = stage_region(r);
     const int L = static_cast<int>(st.reductions.size());
@@ -416,6 +543,7 @@ class Lowering {
         if (n.kind == OpKind::MatMul) {
           sn.category = NodeCategory::AccEntry;
           sn.value_class = ValueClass::Tile;
+          if (id != mm.id) sn.arg = args.leaf_arg(g_.node(n.inputs[1]), ArgRole::OperandGate);  // A x W3
         } else {
           sn.category = NodeCategory::Compute;
           sn.value_class = *classify(n.shape, mm.shape[0], mm.shape[1]);
@@ -502,6 +630,10 @@ class Lowering {
                   ? "its operands come from an unfused node"
                   : "does not depend on a GEMM accumulator: computed before the kernel and passed as a runtime argument";
       if (n.kind == OpKind::Transpose) why += transpose_hint(n);
+      for (const GatePair& gp : result_.gate_pairs)
+        if (gp.meet_node == n.id && !gp.blocker.empty())
+          why += fmt::format("; the gated pair {} + {} is not merged: {}", who(gp.first_matmul), who(gp.gate_matmul),
+                             gp.blocker);
       result_.fallbacks.push_back(Fallback{n.id, why});
     }
   }
@@ -529,7 +661,8 @@ class Lowering {
       const int via = g_.node(roots_[r2]).inputs[0];
       const int r1 = region_of_[via];
       if (r1 == kNoRegion || r1 == r2) continue;
-      B2BCandidate b{roots_[r1], roots_[r2], via, r1, r2, ""};
+      const auto gate = gate_of_root_.find(roots_[r1]);
+      B2BCandidate b{roots_[r1], roots_[r2], via, r1, r2, gate != gate_of_root_.end() ? gate->second : -1, ""};
       const Node& gemm2 = g_.node(roots_[r2]);
       // GEMM2 reads S from registers as its A operand and W2 from global memory by TMA: W2
       // must be a graph input, and S a 16-bit value (the register operand of a 16-bit MMA).
@@ -566,13 +699,26 @@ class Lowering {
   std::vector<int> roots_;                 // region -> matmul id
   std::vector<std::vector<int>> members_;  // region -> graph ids, topological
   LoweringResult result_;
+  const RefusedGates& refused_;
+  RefusedGates newly_refused_;
+  std::map<int, int> gate_of_root_;        // merged gate pairs: first matmul -> gate matmul
   std::set<int> warned_;                   // constants already warned about
   std::vector<std::string> described_;     // user_descriptions(g_), built when first needed
 };
 
 }  // namespace
 
-LoweringResult lower(const Graph& g) { return Lowering(g).run(); }
+// A merged gate pair that does not hold is refused and Φ runs again without it (each run refuses
+// at least one more pair, so this ends).
+LoweringResult lower(const Graph& g) {
+  RefusedGates refused;
+  for (;;) {
+    Lowering l(g, refused);
+    LoweringResult r = l.run();
+    if (l.newly_refused().empty()) return r;
+    refused.insert(l.newly_refused().begin(), l.newly_refused().end());
+  }
+}
 
 const B2BCandidate* one_b2b_kernel(const LoweringResult& r) {
   if (r.regions.size() != 2 || !r.fallbacks.empty() || r.b2b_candidates.size() != 1) return nullptr;
@@ -592,9 +738,24 @@ std::string describe(const Graph& g, const LoweringResult& r) {
   }
   for (const Fallback& f : r.fallbacks)
     out += fmt::format("fallback: '{}' ({}): {}\n", g.node(f.node).name, name_of(g.node(f.node).kind), f.reason);
+  std::vector<std::string> described;
+  auto who = [&](int id) {
+    const std::string& name = g.node(id).name;
+    if (name.empty() || name[0] != '%') return "'" + name + "'";
+    if (described.empty()) described = user_descriptions(g);
+    return described[static_cast<size_t>(id)];
+  };
+  for (const GatePair& p : r.gate_pairs) {
+    const Node &a = g.node(p.first_matmul), &b = g.node(p.gate_matmul);
+    out += fmt::format("gated pair: {} (W1 {}) and {} (W3 {}) meet in {}{}\n", who(a.id), who(a.inputs[1]), who(b.id),
+                       who(b.inputs[1]), who(p.meet_node),
+                       p.blocker.empty() ? fmt::format(": one gated GEMM1 (region {}, two accumulators)", p.region)
+                                         : ", not merged: " + p.blocker);
+  }
   for (const B2BCandidate& b : r.b2b_candidates)
-    out += fmt::format("b2b {}: region {} ('{}') feeds GEMM '{}' (region {}) through '{}'{}\n",
+    out += fmt::format("b2b {}: region {} ('{}'{}) feeds GEMM '{}' (region {}) through '{}'{}\n",
                        b.blocker.empty() ? "pair" : "candidate", b.first_region, g.node(b.first_matmul).name,
+                       b.gate_matmul >= 0 ? fmt::format(" gated with '{}'", g.node(b.gate_matmul).name) : "",
                        g.node(b.second_matmul).name, b.second_region, g.node(b.via_node).name,
                        b.blocker.empty() ? ": one kernel, S in registers" : ", not fused: " + b.blocker);
   for (int id : r.dead_nodes) out += fmt::format("dead: '{}' reaches no output\n", g.node(id).name);

@@ -86,6 +86,12 @@ void check_pair(const FusionSpec& first, const FusionSpec& second, const B2bProb
     throw Error(fmt::format("b2b: S '{}' ({}), X '{}' ({}) and W2 '{}' ({}) must be one 16-bit type (cast S to {})",
                             s.name, name_of(s.dtype), x.name, name_of(x.dtype), w2.name, name_of(w2.dtype),
                             name_of(x.dtype)));
+  if (const int gate = first.arg_index(ArgRole::OperandGate); gate >= 0) {
+    const RuntimeArg& w3 = first.args.at(static_cast<size_t>(gate));
+    if (w3.dtype != x.dtype)
+      throw Error(fmt::format("b2b: the gated GEMM reads W3 '{}' as {} and X '{}' as {}: one 16-bit type", w3.name,
+                              name_of(w3.dtype), x.name, name_of(x.dtype)));
+  }
   int outputs = 0;
   for (const RuntimeArg& a : first.args)
     if (a.role == ArgRole::Output) {
@@ -233,10 +239,16 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
   }
   k.tile_n2 = p.n2 <= 64 ? 64 : p.n2 <= 128 ? 128 : p.n2 <= 192 ? 192 : 256;
   if (opt.tile_n) k.tile_n2 = *opt.tile_n;
-  plan.gemm1_passes = static_cast<int>((p.n2 + k.tile_n2 - 1) / k.tile_n2);
   k.chunk_n1 = 128;
   if (k.live_values() > B2bConfig::kMaxLiveValues) k.chunk_n1 = 64;
   if (k.online_softmax && k.chunk_n1 == 128 && k.tile_n2 > 128) k.chunk_n1 = 64;
+  // A gated GEMM1 holds two accumulators (P and P3): O's block narrows to what still fits.
+  while (!opt.tile_n && k.tile_n2 > 64 && k.live_values() > B2bConfig::kMaxLiveValues) k.tile_n2 -= 64;
+  plan.gemm1_passes = static_cast<int>((p.n2 + k.tile_n2 - 1) / k.tile_n2);
+  if (second.reduction_count() > 0 && p.n2 > k.tile_n2)
+    throw Error(fmt::format("b2b: GEMM2's epilogue reduces rows of N2 = {} columns; one job of this pair holds {} "
+                            "(a gated GEMM1's two accumulators leave O fewer registers)",
+                            p.n2, k.tile_n2));
 
   // Storage: F's and GEMM2's epilogue storage, then the ring.
   const int s_arg = b2b_intermediate_arg(first, second);
@@ -279,8 +291,9 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
   r.push_back(plan.gemm1_passes == 1
                   ? fmt::format("GEMM1 runs once: one job holds all N2 = {} columns of O", p.n2)
                   : fmt::format("GEMM1 runs {} times: O's N2 = {} columns need {} blocks of {} (its registers "
-                                "hold at most 256 columns a warp group), and each block rebuilds S",
-                                plan.gemm1_passes, p.n2, plan.gemm1_passes, k.tile_n2));
+                                "hold at most {} columns a warp group{}), and each block rebuilds S",
+                                plan.gemm1_passes, p.n2, plan.gemm1_passes, k.tile_n2, k.gated ? 192 : 256,
+                                k.gated ? " beside the gated GEMM1's two accumulators" : ""));
   r.push_back(fmt::format("registers per consumer thread: P {} (x{}), S {}, O {} fp32 / 16-bit pairs", k.chunk_n1 / 2,
                           k.gated ? 2 : 1, k.chunk_n1 / 4, k.tile_n2 / 2));
   r.push_back(fmt::format("ring: {} stages of {} per consumer warp group (an X k-block and a {}-row B region that holds "
@@ -301,6 +314,40 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
                           plan.unfused_us,
                           plan.fused_us > plan.unfused_us ? ": fusion is NOT expected to pay at this shape" : ""));
   return plan;
+}
+
+B2bChoice choose_b2b(const FusionSpec& first, const FusionSpec& second, const B2bProblem& p, const PlanOptions& opt) {
+  using Mode = PlanOptions::B2b;
+  const bool gated = first.arg_index(ArgRole::OperandGate) >= 0;
+  B2bChoice c;
+  if (opt.b2b == Mode::Off) {
+    if (gated)
+      throw Error("b2b off: a gated pair (X W1^T and X W3^T meeting in F) has no two-kernel path: the single-GEMM "
+                  "kernel holds one accumulator; run it as one B2B kernel (--b2b auto or force)");
+    c.reason = "two kernels (b2b off): GEMM1 and F store S, GEMM2 reads it";
+    return c;
+  }
+  try {
+    c.plan = make_b2b_plan(first, second, p, opt);
+  } catch (const Error& e) {
+    if (opt.b2b == Mode::Force || gated) throw;
+    c.reason = fmt::format("two kernels: the pair cannot be one B2B kernel ({}); GEMM1 and F store S, GEMM2 reads it",
+                           e.what());
+    return c;
+  }
+  const std::string estimate =
+      fmt::format("estimate {:.1f} us as one kernel, {:.1f} us as two", c.plan->fused_us, c.plan->unfused_us);
+  const bool pays = c.plan->fused_us <= c.plan->unfused_us;
+  c.one_kernel = opt.b2b == Mode::Force || pays || gated;
+  c.reason = opt.b2b == Mode::Force ? fmt::format("one B2B kernel (b2b force; {})", estimate)
+             : pays                 ? fmt::format("one B2B kernel: {}", estimate)
+             : gated ? fmt::format("one B2B kernel although it is not expected to pay ({}): a gated pair has no "
+                                   "two-kernel path (the single-GEMM kernel holds one accumulator)",
+                                   estimate)
+                     : fmt::format("two kernels: the B2B kernel is not expected to pay ({}); GEMM1 and F store S, "
+                                   "GEMM2 reads it (--b2b force builds the pair)",
+                                   estimate);
+  return c;
 }
 
 std::string explain(const FusionSpec& first, const FusionSpec& second, const B2bPlan& p) {

@@ -122,6 +122,14 @@ void check_request(const FusionSpec& s, const Problem& p, const DeviceModel& dev
   try {
     check_problem_size(p.m, p.n, p.k, dim_label(s.m, "M"), dim_label(s.n, "N"), dim_label(s.k, "K"));
     check_device_limits(s);  // the spec's device limits, in the user's names (limits.cpp)
+    // The single-GEMM kernel holds one accumulator; the gated GEMM (two sharing A) is a B2B
+    // kernel's GEMM1 only (kernels/comfuse/b2b/: P and P3).
+    if (const int gate = s.arg_index(ArgRole::OperandGate); gate >= 0)
+      throw Error(fmt::format("the gated GEMM {} x {} beside {} runs only as the first GEMM of a B2B pair (its F "
+                              "feeding a second matmul); the single-GEMM kernel holds one accumulator",
+                              s.describe(s.args[static_cast<size_t>(s.arg_index(ArgRole::OperandA))].name),
+                              s.describe(s.args[static_cast<size_t>(gate)].name),
+                              s.describe(s.args[static_cast<size_t>(s.arg_index(ArgRole::OperandB))].name)));
   } catch (const Error& e) {
     throw Error(fmt::format("plan: {}", e.what()));
   }

@@ -83,15 +83,11 @@ double median_of(std::vector<double> v) {
 
 DeviceRunReport run_and_check(const Graph& g, const Bindings& dims, uint64_t seed, const CompileOptions& opt,
                               int timing_reps, double input_offset, bool cublas_baseline) {
-  // One kernel: a single region, or a B2B pair (its intermediate S is no argument).
-  LoweringResult r = lower(g);
-  const B2BCandidate* pair = one_b2b_kernel(r);
-  if (!pair && (r.regions.size() != 1 || !r.fallbacks.empty()))
-    throw Error("the graph does not lower to one fused kernel:\n" + describe(g, r));
-  const FusionSpec& s = r.regions[static_cast<size_t>(pair ? pair->first_region : 0)].spec;
-  const FusionSpec* second = pair ? &r.regions[static_cast<size_t>(pair->second_region)].spec : nullptr;
-  FusedKernel k = second ? FusedKernel::build_b2b(s, *second, b2b_problem_of(s, *second, dims), opt)
-                         : FusedKernel::build(s, problem_of(s, dims), opt);
+  // One kernel: a single region, or a B2B pair (one kernel or two, as compile() decides; its
+  // intermediate S is no argument).
+  FusedKernel k = compile(g, dims, opt);
+  const FusionSpec& s = k.spec();
+  const FusionSpec* second = k.second_spec();
   const std::string intermediate =
       second ? second->args.at(static_cast<size_t>(second->arg_index(ArgRole::OperandA))).name : "";
   std::vector<const RuntimeArg*> kernel_args;
@@ -185,6 +181,7 @@ DeviceRunReport run_and_check(const Graph& g, const Bindings& dims, uint64_t see
 
   DeviceRunReport rep;
   rep.plan = k.plan();
+  rep.kernels = k.parts().empty() ? 1 : static_cast<int>(k.parts().size());
   if (k.b2b_plan()) rep.b2b_plan = *k.b2b_plan();
   rep.compiled = k.compiled();
   rep.outputs = run_and_compare();
@@ -194,7 +191,7 @@ DeviceRunReport run_and_check(const Graph& g, const Bindings& dims, uint64_t see
     // timed in alternating rounds after a warm-up; times are median rounds, the ratio is the
     // median of the per-round ratios (a round pairs both in one power state).
     // A B2B kernel's floor is cuBLAS's GEMM1 and GEMM2 alone, back to back (S in memory).
-    std::unique_ptr<runtime_detail::CublasBaseline> blas, blas2;
+    std::unique_ptr<runtime_detail::CublasBaseline> blas, blas2, blas3;
     std::unique_ptr<DeviceBuffer> s_buffer;
     RunArgs args2 = args;
     if (cublas_baseline) {
@@ -207,9 +204,17 @@ DeviceRunReport run_and_check(const Graph& g, const Bindings& dims, uint64_t see
         args2.tensors[sa.name] = DeviceTensor{s_buffer->ptr, sa.dtype, {prob.m, n1}, 0};
         blas2 = std::make_unique<runtime_detail::CublasBaseline>(*second, args2);
       }
+      // A gated GEMM1 is two GEMMs for cuBLAS: X W1^T and X W3^T.
+      if (const int gate = s.arg_index(ArgRole::OperandGate); gate >= 0) {
+        RunArgs args3 = args;
+        args3.tensors[s.args.at(static_cast<size_t>(s.arg_index(ArgRole::OperandB))).name] =
+            args.tensors.at(s.args.at(static_cast<size_t>(gate)).name);
+        blas3 = std::make_unique<runtime_detail::CublasBaseline>(s, args3);
+      }
     }
     auto run_blas = [&] {
       blas->run();
+      if (blas3) blas3->run();
       if (blas2) blas2->run();
     };
     for (int i = 0; i < 10; ++i) {

@@ -51,9 +51,14 @@ bool gpu_available(std::string* why_not) {
 struct FusedKernel::State {
   FusionSpec spec;  // the kernel's spec; a B2B kernel's first (GEMM1 and F)
   Plan plan;
-  // A B2B kernel: GEMM2's spec and the pair's plan (the kernels/comfuse/b2b/ family).
+  // A pair: GEMM2's spec, and the pair's plan where it is one kernel (kernels/comfuse/b2b/).
   std::optional<FusionSpec> second;
   B2bPlan b2b_plan;
+  // A pair as two kernels: both, and S between them (owned, `s_rows` x `s_cols` of `s_dtype`).
+  std::vector<FusedKernel> parts;
+  void* s_buffer = nullptr;
+  int64_t s_rows = 0, s_cols = 0;
+  DType s_dtype = DType::BF16;
   EmittedKernel emitted;
   CompiledKernel compiled;
   cudaLibrary_t library = nullptr;
@@ -64,6 +69,7 @@ struct FusedKernel::State {
   ~State() {
     if (stash) cudaFree(stash);
     if (exchange) cudaFree(exchange);
+    if (s_buffer) cudaFree(s_buffer);
     if (library) cudaLibraryUnload(library);
   }
 };
@@ -73,13 +79,21 @@ FusedKernel::FusedKernel(FusedKernel&&) noexcept = default;
 FusedKernel& FusedKernel::operator=(FusedKernel&&) noexcept = default;
 FusedKernel::~FusedKernel() = default;
 const FusionSpec& FusedKernel::spec() const { return state_->spec; }
-const Plan& FusedKernel::plan() const { return state_->plan; }
+const Plan& FusedKernel::plan() const { return state_->parts.empty() ? state_->plan : state_->parts[0].plan(); }
 const FusionSpec* FusedKernel::second_spec() const { return state_->second ? &*state_->second : nullptr; }
-const B2bPlan* FusedKernel::b2b_plan() const { return state_->second ? &state_->b2b_plan : nullptr; }
-const EmittedKernel& FusedKernel::emitted() const { return state_->emitted; }
-const CompiledKernel& FusedKernel::compiled() const { return state_->compiled; }
+const B2bPlan* FusedKernel::b2b_plan() const {
+  return state_->second && state_->parts.empty() ? &state_->b2b_plan : nullptr;
+}
+const std::vector<FusedKernel>& FusedKernel::parts() const { return state_->parts; }
+const EmittedKernel& FusedKernel::emitted() const {
+  return state_->parts.empty() ? state_->emitted : state_->parts[0].emitted();
+}
+const CompiledKernel& FusedKernel::compiled() const {
+  return state_->parts.empty() ? state_->compiled : state_->parts[0].compiled();
+}
 
 std::vector<uint64_t> FusedKernel::trace() const {
+  if (!state_->parts.empty()) return state_->parts[0].trace();  // two kernels: the first's timeline
   void* sym = nullptr;
   size_t bytes = 0;
   if (cudaLibraryGetGlobal(&sym, &bytes, state_->library, "comfuse_trace") != cudaSuccess) {
@@ -159,6 +173,22 @@ FusedKernel FusedKernel::build_b2b(const FusionSpec& first, const FusionSpec& se
   return FusedKernel(std::move(st));
 }
 
+FusedKernel FusedKernel::build_two_kernels(const FusionSpec& first, const FusionSpec& second, const Bindings& dims,
+                                           const CompileOptions& opt) {
+  auto st = std::make_unique<State>();
+  st->spec = first;
+  st->second = second;
+  const RuntimeArg& s = first.args.at(static_cast<size_t>(b2b_intermediate_arg(first, second)));
+  st->s_rows = resolve(first.m, dims);
+  st->s_cols = resolve(first.n, dims);
+  st->s_dtype = s.dtype;
+  st->parts.push_back(build(first, problem_of(first, dims), opt));
+  st->parts.push_back(build(second, problem_of(second, dims), opt));
+  const size_t bytes = static_cast<size_t>(st->s_rows * st->s_cols) * size_of(s.dtype);
+  cuda_check(cudaMalloc(&st->s_buffer, bytes), fmt::format("allocating the {}-byte intermediate '{}'", bytes, s.name));
+  return FusedKernel(std::move(st));
+}
+
 namespace {
 
 const DeviceTensor& tensor_arg(const RunArgs& args, const RuntimeArg& a) {
@@ -233,6 +263,7 @@ void bind_epilogue(const RunArgs& args, const std::vector<const FusionSpec*>& sp
 
 void FusedKernel::run(const RunArgs& args, Stream stream) const {
   const State& st = *state_;
+  if (!st.parts.empty()) return run_parts(args, stream);
   if (st.second) return run_b2b(args, stream);
   const FusionSpec& s = st.spec;
   check_names(args, {&s}, "");
@@ -316,12 +347,39 @@ void FusedKernel::run_b2b(const RunArgs& args, Stream stream) const {
   runtime_detail::launch(st.kernel, kc, p, reinterpret_cast<cudaStream_t>(stream), st.max_clusters);
 }
 
+// Each kernel gets its own arguments (S bound to the owned buffer); a name neither knows is an
+// error, as for one kernel.
+void FusedKernel::run_parts(const RunArgs& args, Stream stream) const {
+  const State& st = *state_;
+  const FusionSpec &f = st.spec, &e = *st.second;
+  const std::string& s_name = e.args.at(static_cast<size_t>(e.arg_index(ArgRole::OperandA))).name;
+  check_names(args, {&f, &e}, s_name);
+  const RuntimeArg& rx = f.args.at(static_cast<size_t>(f.arg_index(ArgRole::OperandA)));
+  const int64_t m = matrix_arg(args, rx).shape[0];
+  if (m > st.s_rows)
+    throw Error(fmt::format("X '{}' has {} rows; these two kernels were built for at most {} (their intermediate '{}' "
+                            "holds that many): build them for this M",
+                            rx.name, m, st.s_rows, s_name));
+  const DeviceTensor s{st.s_buffer, st.s_dtype, {m, st.s_cols}, 0};
+  for (size_t i = 0; i < st.parts.size(); ++i) {
+    RunArgs own;
+    for (const RuntimeArg& a : st.parts[i].spec().args) {
+      if (a.name == s_name) own.tensors[a.name] = s;
+      else if (a.role == ArgRole::Scalar && args.scalars.count(a.name)) own.scalars[a.name] = args.scalars.at(a.name);
+      else if (args.tensors.count(a.name)) own.tensors[a.name] = args.tensors.at(a.name);
+    }
+    st.parts[i].run(own, stream);  // a missing argument is named there
+  }
+}
+
 FusedKernel compile(const Graph& g, const Bindings& dims, const CompileOptions& opt) {
   LoweringResult r = lower(g);
   if (const B2BCandidate* b = one_b2b_kernel(r)) {
     const FusionSpec &f = r.regions[static_cast<size_t>(b->first_region)].spec,
                      &e = r.regions[static_cast<size_t>(b->second_region)].spec;
-    return FusedKernel::build_b2b(f, e, b2b_problem_of(f, e, dims), opt);
+    const B2bProblem p = b2b_problem_of(f, e, dims);
+    if (choose_b2b(f, e, p, opt.plan).one_kernel) return FusedKernel::build_b2b(f, e, p, opt);
+    return FusedKernel::build_two_kernels(f, e, dims, opt);
   }
   if (r.regions.size() != 1 || !r.fallbacks.empty())
     throw Error("the graph does not lower to one fused kernel:\n" + describe(g, r));

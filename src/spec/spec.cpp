@@ -92,7 +92,7 @@ bool same_node(const SpecNode& a, const SpecNode& b) {
       a.origin != b.origin)
     return false;
   switch (a.category) {
-    case NodeCategory::AccEntry: return true;
+    case NodeCategory::AccEntry: return a.arg == b.arg;
     case NodeCategory::Broadcast:
       if (a.broadcast != b.broadcast) return false;
       if (a.arg < 0 || b.arg < 0) return a.arg < 0 && b.arg < 0 && same_double(a.literal, b.literal);
@@ -207,6 +207,7 @@ class Verifier {
           expect_arity(at, node, 0, "an acc entry");
           if (depth != 0) fail(at, "an acc entry may only appear in the root stage");
           expect_class(at, node, ValueClass::Tile, "the accumulator is a tile");
+          if (node.arg != -1) expect_arg(at, node.arg, ArgRole::OperandGate, "a gated acc entry (A x Gate)");
           break;
         case NodeCategory::Broadcast:
           expect_arity(at, node, 0, "a broadcast");

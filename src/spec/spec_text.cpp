@@ -8,6 +8,7 @@
 //     }
 //     stage {
 //       n0: tile = acc origin="%matmul2"
+//       (a gated GEMM's second accumulator, A x the operand_gate arg: `tile = acc a2`)
 //       n1: row = bcast.row a2
 //       n2: tile = add n0, n1
 //       n3: col = reduce.mean n2 -> post 0
@@ -81,7 +82,7 @@ void print_stage(std::string& out, const Spec& sp, int indent) {
     const SpecNode& n = sp.nodes[i];
     std::string body;
     switch (n.category) {
-      case NodeCategory::AccEntry: body = "acc"; break;
+      case NodeCategory::AccEntry: body = n.arg != -1 ? "acc " + ref('a', n.arg) : "acc"; break;
       case NodeCategory::Broadcast:
         body = fmt::format("bcast.{} {}", bcast_name(n.broadcast), n.arg >= 0 ? ref('a', n.arg) : fmt::format("{}", n.literal));
         break;
@@ -391,6 +392,8 @@ class SpecParser {
     };
     if (w == "acc") {
       n.category = NodeCategory::AccEntry;
+      if (tok_.kind == TK::Ident && tok_.text.size() > 1 && tok_.text[0] == 'a' && is_digit(tok_.text[1]))
+        n.arg = index_ref('a', "an arg");  // the gated GEMM's second accumulator, A x Gate
     } else if (auto k = suffix("bcast.")) {
       n.category = NodeCategory::Broadcast;
       if (*k == "row") n.broadcast = BroadcastKind::Row;

@@ -81,12 +81,14 @@ class Cli : public ::testing::Test {
   }
 };
 
-const char* kExamples[] = {"gemm_bias_gelu.cf", "gemm_layernorm.cf", "gemm_rmsnorm.cf", "gemm_softmax.cf",
-                           "ffn.cf",            "attention.cf",      "attention_causal.cf"};
+const char* kExamples[] = {"gemm_bias_gelu.cf", "gemm_layernorm.cf", "gemm_rmsnorm.cf", "gemm_softmax.cf", "ffn.cf",
+                           "ffn_swiglu.cf",     "attention.cf",      "attention_causal.cf"};
+
+bool is_b2b_pair(const std::string& ex) { return ex == "ffn.cf" || ex == "ffn_swiglu.cf" || ex.rfind("attention", 0) == 0; }
 
 // Extra dims some examples need beyond the first GEMM's M, N, K.
 std::string extra_dims(const std::string& ex) {
-  if (ex == "ffn.cf") return " --dim D=192";
+  if (ex == "ffn.cf" || ex == "ffn_swiglu.cf") return " --dim D=192";
   if (ex == "attention.cf" || ex == "attention_causal.cf") return " --dim DV=64";
   return "";
 }
@@ -161,12 +163,18 @@ TEST_F(Cli, ExplainEveryExample) {
     SCOPED_TRACE(ex);
     Result r = comfuse("explain '" + example(ex) + "' --shape 4096,4096,4096" + extra_dims(ex));
     EXPECT_EQ(r.rc, 0) << r.err;
-    // A graph of two chained GEMMs plans as one B2B kernel; every other example as one GEMM kernel.
+    // A graph of two chained GEMMs: the planner says whether it runs as one B2B kernel or two
+    // (most of these shapes: two); forced, one. Every other example plans as one GEMM kernel.
+    EXPECT_EQ(has(r.out, "b2b pair: "), is_b2b_pair(ex)) << r.out;
     EXPECT_TRUE(has(r.out, "plan for fusion") || has(r.out, "b2b plan for")) << r.out;
+    const Result f =
+        is_b2b_pair(ex) ? comfuse("explain '" + example(ex) + "' --shape 4096,4096,4096 --b2b force" + extra_dims(ex)) : r;
+    EXPECT_EQ(f.rc, 0) << f.err;
+    EXPECT_EQ(has(f.out, "b2b plan for"), is_b2b_pair(ex)) << f.out;
     // The causal mask before attention's softmax: the B2B kernel walks the chunks causally.
-    EXPECT_EQ(has(r.out, "causal mask 'masked': a job walks only the chunks of N1 that reach its rows"),
+    EXPECT_EQ(has(f.out, "causal mask 'masked': a job walks only the chunks of N1 that reach its rows"),
               std::string(ex) == "attention_causal.cf")
-        << r.out;
+        << f.out;
   }
 }
 
@@ -179,6 +187,52 @@ TEST_F(Cli, RunReferenceEveryExample) {
     EXPECT_TRUE(has(r.out, " OK")) << r.out;
     EXPECT_FALSE(has(r.out, "MISMATCH")) << r.out;
   }
+}
+
+// A B2B pair runs as one kernel where the planner expects it to pay, else as two single-GEMM
+// kernels (S through memory); --b2b force|off overrides, and a gated pair has no two-kernel path.
+TEST_F(Cli, B2bPairOneKernelOrTwo) {
+  const std::string ffn = "'" + example("ffn.cf") + "' --dim M=8192 --dim K=1024 --dim N=4096 --dim D=256";
+  Result a = comfuse("explain " + ffn);
+  ASSERT_EQ(a.rc, 0) << a.err;
+  EXPECT_TRUE(has(a.out, "b2b pair: two kernels: the B2B kernel is not expected to pay (estimate ")) << a.out;
+  EXPECT_TRUE(has(a.out, "# region 0 (of 2)") && has(a.out, "# region 1 (of 2)")) << a.out;
+  Result f = comfuse("explain " + ffn + " --b2b force");
+  ASSERT_EQ(f.rc, 0) << f.err;
+  EXPECT_TRUE(has(f.out, "b2b pair: one B2B kernel (b2b force; estimate ")) << f.out;
+  EXPECT_TRUE(has(f.out, "b2b plan for 'region0_h' -> 'region1_y'")) << f.out;
+  Result e = comfuse("emit " + ffn);
+  ASSERT_EQ(e.rc, 0) << e.err;
+  EXPECT_TRUE(has(e.out, "// b2b pair: two kernels")) << e.out;
+  EXPECT_TRUE(has(e.out, "COMFUSE_DEFINE_KERNEL(") && !has(e.out, "COMFUSE_DEFINE_B2B_KERNEL(")) << e.out;
+  // Attention at a long sequence pays as one kernel; off makes it two.
+  const std::string att = "'" + example("attention.cf") + "' --dim M=16384 --dim N=16384 --dim K=128 --dim DV=128";
+  Result at = comfuse("explain " + att);
+  ASSERT_EQ(at.rc, 0) << at.err;
+  EXPECT_TRUE(has(at.out, "b2b pair: one B2B kernel: estimate ")) << at.out;
+  Result off = comfuse("explain " + att + " --b2b off");
+  ASSERT_EQ(off.rc, 0) << off.err;
+  EXPECT_TRUE(has(off.out, "b2b pair: two kernels (b2b off)")) << off.out;
+  // SwiGLU: the gated pair stays one kernel (with why), and cannot be two.
+  const std::string swiglu = "'" + example("ffn_swiglu.cf") + "' --dim M=8192 --dim K=1024 --dim N=4096 --dim D=1024";
+  Result g = comfuse("explain " + swiglu);
+  ASSERT_EQ(g.rc, 0) << g.err;
+  EXPECT_TRUE(has(g.out, "a gated pair has no two-kernel path")) << g.out;
+  EXPECT_TRUE(has(g.out, "(gated: X W1^T and X W3^T)")) << g.out;
+  Result goff = comfuse("explain " + swiglu + " --b2b off");
+  EXPECT_EQ(goff.rc, 1);
+  EXPECT_TRUE(has(goff.err, "comfuse: error: b2b off: a gated pair")) << goff.err;
+  Result bad = comfuse("explain " + ffn + " --b2b maybe");
+  EXPECT_EQ(bad.rc, 2);
+  EXPECT_TRUE(has(bad.err, "--b2b: maybe not in {auto,force,off}")) << bad.err;
+  // The CPU check takes no plan options: --b2b beside --reference is a usage error.
+  EXPECT_EQ(comfuse("run " + ffn + " --reference --b2b force").rc, 2);
+  Result low = comfuse("lower '" + example("ffn_swiglu.cf") + "'");
+  ASSERT_EQ(low.rc, 0) << low.err;
+  EXPECT_TRUE(has(low.out, "gated pair: 'gate' (W1 'w1') and 'up' (W3 'w3') meet in the mul inside 's' (line 10): one "
+                           "gated GEMM1 (region 0, two accumulators)"))
+      << low.out;
+  EXPECT_TRUE(has(low.out, "n1: tile = acc a2 origin=up")) << low.out;
 }
 
 TEST_F(Cli, MalformedFileNamesLineAndColumn) {

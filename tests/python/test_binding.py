@@ -37,6 +37,25 @@ def test_builder_text_round_trip_and_lowering():
     assert "fusion" in r.spec_text()
 
 
+def test_llama_mlp_graph_lowers_to_the_gated_pair():
+    """Llama's MLP as one ComFuse graph: Φ merges gate_proj and up_proj (they share x and meet in
+    silu(gate) * up) into one gated region whose spec reads W3 as the gate operand. (The
+    torch.compile frontend fuses one GEMM per region; this is the graph API.)"""
+    g = comfuse.Graph()
+    x = g.input("x", "bf16", ["M", "K"])
+    gate = g.matmul(x, g.input("w1", "bf16", ["N", "K"]))
+    up = g.matmul(x, g.input("w3", "bf16", ["N", "K"]))
+    s = g.cast(g.binary("mul", g.unary("silu", gate), up), "bf16")
+    g.output(g.matmul(s, g.input("w2", "bf16", ["D", "N"])), "y", "bf16")
+    low = comfuse.lower(g)
+    first, _ = low.regions()
+    assert not low.fallbacks()
+    assert "one gated GEMM1 (region 0, two accumulators)" in low.describe()
+    assert "one kernel, S in registers" in low.describe()
+    roles = {a["name"]: a["role"] for a in first.args()}
+    assert roles["w3"] == "operand_gate" and roles["w1"] == "operand_b"
+
+
 def test_plan_and_explain():
     (r,) = comfuse.lower(ln_graph()).regions()
     p = r.plan({"M": 8192, "N": 4096, "K": 4096})
