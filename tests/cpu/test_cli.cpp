@@ -81,13 +81,15 @@ class Cli : public ::testing::Test {
   }
 };
 
-const char* kExamples[] = {"gemm_bias_gelu.cf", "gemm_layernorm.cf", "gemm_rmsnorm.cf", "gemm_softmax.cf",
-                           "ffn.cf",            "attention.cf",      "attention_causal.cf"};
+const char* kExamples[] = {"gemm_bias_gelu.cf",    "gemm_layernorm.cf",           "gemm_rmsnorm.cf",
+                           "gemm_softmax.cf",      "ffn.cf",                      "attention.cf",
+                           "attention_causal.cf",  "attention_batched.cf",        "attention_batched_causal.cf"};
 
 // Extra dims some examples need beyond the first GEMM's M, N, K.
 std::string extra_dims(const std::string& ex) {
   if (ex == "ffn.cf") return " --dim D=192";
   if (ex == "attention.cf" || ex == "attention_causal.cf") return " --dim DV=64";
+  if (ex == "attention_batched.cf" || ex == "attention_batched_causal.cf") return " --dim DV=64 --dim B=3";
   return "";
 }
 
@@ -165,7 +167,7 @@ TEST_F(Cli, ExplainEveryExample) {
     EXPECT_TRUE(has(r.out, "plan for fusion") || has(r.out, "b2b plan for")) << r.out;
     // The causal mask before attention's softmax: the B2B kernel walks the chunks causally.
     EXPECT_EQ(has(r.out, "causal mask 'masked': a job walks only the chunks of N1 that reach its rows"),
-              std::string(ex) == "attention_causal.cf")
+              std::string(ex) == "attention_causal.cf" || std::string(ex) == "attention_batched_causal.cf")
         << r.out;
   }
 }
