@@ -265,8 +265,9 @@ TEST(Batch, SchedulerSlotsCoverEveryJobOnceAndBalanceCausalWork) {
       EXPECT_EQ(static_cast<int>(seen.size()), b2b_job_count(c, batches, M, N2));
     }
   // Causal attention over 64 heads of 4096 (the benchmark's): every CTA walks within 5% of the
-  // average; the busiest warp group within 15% of its CTA's partner (15.5 rounds of pairs: the
-  // warp group that takes the long block in the odd last round walks one more long job).
+  // average; a CTA's warp groups within 30% of each other (15 or 16 rounds of pairs: with an odd
+  // count, the warp group that takes the long block in the last round walks one more long job,
+  // which runs beside the partner's next ones: the SM's total is what stays even).
   B2bConfig c;
   c.online_softmax = c.causal = true;
   const int ctas = b2b_grid(c, 64, 4096, 128, 132), slots = b2b_slot_count(c, 64, 4096, 128);
@@ -279,7 +280,7 @@ TEST(Batch, SchedulerSlotsCoverEveryJobOnceAndBalanceCausalWork) {
     const double a = wg[2 * size_t(k)], b = wg[2 * size_t(k) + 1];
     total += a + b;
     busiest = std::max(busiest, a + b);
-    EXPECT_LE(std::max(a, b), 1.15 * std::min(a, b)) << "CTA " << k;
+    EXPECT_LE(std::max(a, b), 1.3 * std::min(a, b)) << "CTA " << k;
   }
   EXPECT_LE(busiest, 1.05 * total / ctas);
 }
