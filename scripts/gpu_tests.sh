@@ -40,7 +40,9 @@ for r in $runs; do
 done
 # B2B pairs (bench/RESULTS.md's B2B rows): shapes as --dim bindings.
 b2b_runs="${B2B_RUNS:-ffn:M=8192,K=1024,N=4096,D=256 attention:M=16384,N=16384,K=128,DV=128 attention:M=4096,N=4096,K=64,DV=64
-  attention_causal:M=16384,N=16384,K=128,DV=128 attention_causal:M=4096,N=4096,K=64,DV=64}"
+  attention_causal:M=16384,N=16384,K=128,DV=128 attention_causal:M=4096,N=4096,K=64,DV=64
+  attention_batched:B=64,M=1024,N=1024,K=128,DV=128 attention_batched_causal:B=64,M=1024,N=1024,K=128,DV=128
+  attention_batched_causal:B=64,M=4096,N=4096,K=128,DV=128}"
 dims() { echo "${1#*:}" | tr ',' '\n' | sed 's/^/--dim /' | tr '\n' ' '; }
 for r in $b2b_runs; do .carry/bin/comfuse compile "examples/${r%%:*}.cf" $(dims "$r") > /dev/null 2>&1 & done; wait
 for r in $b2b_runs; do
@@ -62,7 +64,7 @@ if [ "${SANITIZE:-1}" = 1 ]; then
     s=$?; tail -3 "$out/sanitizer-$tool-channels.log"; echo "$tool (channels) exit $s"; [ $s = 0 ] || rc=1
     # The B2B family (issue 13 asks its kernels clean under both tools): one FFN, one attention.
     timeout "${SANITIZE_B2B_TIMEOUT:-150}" compute-sanitizer --tool "$tool" --error-exitcode 9 .carry/bin/test_gpu_b2b \
-      --gtest_filter='GpuB2b.FeedForwardElementwiseF:GpuB2b.CausalAttentionOnlineSoftmax' --gtest_brief=1 \
+      --gtest_filter='GpuB2b.FeedForwardElementwiseF:GpuB2b.CausalAttentionOnlineSoftmax:GpuB2b.BatchedPairWithPerBatchEpilogueOperands' --gtest_brief=1 \
       > "$out/sanitizer-$tool-b2b.log" 2>&1
     s=$?; tail -3 "$out/sanitizer-$tool-b2b.log"; echo "$tool (b2b) exit $s"; [ $s = 0 ] || rc=1
   done
