@@ -199,6 +199,13 @@ double busiest_cta_chunks(const B2bConfig& k, const B2bProblem& p, int ctas, dou
     const int64_t round = 2 * int64_t{ctas}, full = slots / round, left = slots % round;
     return time(double(full + (left > 0)) * chunks, double(full + (left > 1)) * chunks);
   }
+  if (slots > (int64_t{1} << 22)) {  // thousands of rounds: even per CTA to well under 1%; bound the walk
+    B2bConfig full = k;
+    full.causal = false;
+    const double all = b2b_chunks(full, 0, m, n1);
+    return std::max(causal_share(k, p.m, p.n1) * double(b2b_job_count(k, batches, m, n2)) * all / ctas,
+                    all / single_share);
+  }
   std::vector<double> wg(2 * static_cast<size_t>(ctas), 0.0);
   for (int64_t j = 0; j < slots; ++j) {
     const B2bJob job = b2b_job(k, static_cast<int>(j), batches, m, n2, ctas);
