@@ -42,7 +42,9 @@ done
 # planner runs most FFN shapes as two kernels); B2B_AUTO_RUNS as the planner chooses.
 b2b_runs="${B2B_RUNS:-ffn:M=8192,K=1024,N=4096,D=256 attention:M=16384,N=16384,K=128,DV=128 attention:M=4096,N=4096,K=64,DV=64
   attention_causal:M=16384,N=16384,K=128,DV=128 attention_causal:M=4096,N=4096,K=64,DV=64
-  ffn_swiglu:M=128,K=4096,N=11008,D=4096 ffn_swiglu:M=8192,K=1024,N=4096,D=1024}"
+  ffn_swiglu:M=128,K=4096,N=11008,D=4096 ffn_swiglu:M=8192,K=1024,N=4096,D=1024
+  attention_batched:B=64,M=1024,N=1024,K=128,DV=128 attention_batched_causal:B=64,M=1024,N=1024,K=128,DV=128
+  attention_batched_causal:B=64,M=4096,N=4096,K=128,DV=128}"
 b2b_auto_runs="${B2B_AUTO_RUNS:-ffn:M=8192,K=1024,N=4096,D=256}"
 dims() { echo "${1#*:}" | tr ',' '\n' | sed 's/^/--dim /' | tr '\n' ' '; }
 for r in $b2b_runs; do .carry/bin/comfuse compile "examples/${r%%:*}.cf" $(dims "$r") --b2b force > /dev/null 2>&1 & done; wait
@@ -70,7 +72,7 @@ if [ "${SANITIZE:-1}" = 1 ]; then
     # The B2B family (issue 13 asks its kernels clean under both tools): one FFN, one gated FFN,
     # one attention.
     timeout "${SANITIZE_B2B_TIMEOUT:-150}" compute-sanitizer --tool "$tool" --error-exitcode 9 .carry/bin/test_gpu_b2b \
-      --gtest_filter='GpuB2b.FeedForwardElementwiseF:GpuB2b.GatedFeedForwardOtherF:GpuB2b.CausalAttentionOnlineSoftmax' --gtest_brief=1 \
+      --gtest_filter='GpuB2b.FeedForwardElementwiseF:GpuB2b.GatedFeedForwardOtherF:GpuB2b.CausalAttentionOnlineSoftmax:GpuB2b.BatchedPairWithPerBatchEpilogueOperands' --gtest_brief=1 \
       > "$out/sanitizer-$tool-b2b.log" 2>&1
     s=$?; tail -3 "$out/sanitizer-$tool-b2b.log"; echo "$tool (b2b) exit $s"; [ $s = 0 ] || rc=1
   done

@@ -270,6 +270,7 @@ int cmd_explain(const std::string& file, const DimArgs& d, const ExplainArgs& a)
 
 std::string sample(const Tensor& t, int64_t i) {
   const int64_t c = t.cols();
+  if (t.shape.size() == 3) return fmt::format("[{},{},{}]", i / (t.shape[1] * c), i / c % t.shape[1], i % c);
   return t.shape.size() == 2 ? fmt::format("[{},{}]", i / c, i % c) : fmt::format("[{}]", i);
 }
 
@@ -388,8 +389,9 @@ int cmd_run(const std::string& file, const DimArgs& d, const PlanOptions& plan, 
   std::string rows_note;
   if (row_local(g, first.m.sym)) {
     const int64_t m = b.at(first.m.sym);
+    const int64_t batches = first.batched() ? resolve(first.batch, b) : 1;  // the same rows of every batch
     const int64_t rows = static_cast<int64_t>(
-        reference_rows(m, resolve(first.n, b), resolve(first.k, b)).size());
+        reference_rows(m, resolve(first.n, b), resolve(first.k, b) * batches).size());
     if (rows < m) {
       b[first.m.sym] = rows;
       rows_note = fmt::format(" ({} of {} rows: every op is row-local in {})", rows, m, first.m.sym);

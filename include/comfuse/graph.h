@@ -1,5 +1,6 @@
 #pragma once
-// The user's computation graph: tensors of rank 0..2 with symbolic or concrete dims,
+// The user's computation graph: tensors of rank 0..3 with symbolic or concrete dims (rank 3:
+// a leading batch dim, [B, rows, cols]),
 // built through a small builder API (or parsed from text, see text.h). Composite ops
 // (layer_norm, rms_norm, softmax, log_softmax, l2_normalize) expand into primitives
 // here, so every later layer sees primitives only.
@@ -34,9 +35,9 @@ using Bindings = std::map<std::string, int64_t>;
 int64_t resolve(const Dim& d, const Bindings& b);  // throws Error naming an unbound symbol
 
 enum class OpKind {
-  Input,      // a graph argument: tensor (rank 2), row/column vector, or runtime scalar
+  Input,      // a graph argument: tensor (rank 2, or 3 batched), row/column vector, or runtime scalar
   Constant,   // a literal scalar
-  MatMul,     // A[M,K] x B, B given [N,K] (Linear layout, "nk") or [K,N] ("kn")
+  MatMul,     // A[M,K] x B, B given [N,K] (Linear layout, "nk") or [K,N] ("kn"); batched: A[B,M,K] x B[B,N,K] (or [B,K,N]) -> [B,M,N]
   Unary,
   Binary,
   Cast,       // round to a storage dtype
@@ -90,10 +91,11 @@ Value operator/(Value a, double b);
 
 class Graph {
  public:
-  // Inputs. `shape` may be rank 0 (runtime scalar), 1 (vector) or 2.
+  // Inputs. `shape` may be rank 0 (runtime scalar), 1 (vector), 2 or 3 ([B, rows, cols]: a batch).
   Value input(const std::string& name, DType dtype, Shape shape);
   Value constant(double v);
 
+  // Rank-2 operands, or rank 3 with the same leading (batch) dim: one GEMM per batch.
   Value matmul(Value a, Value b, BLayout layout = BLayout::NK);
   Value unary(UnaryOp op, Value x);
   Value binary(BinaryOp op, Value a, Value b);

@@ -13,7 +13,7 @@
 
 namespace comfuse {
 
-// A dense row-major fp64 tensor of rank 0..2.
+// A dense row-major fp64 tensor of rank 0..3 (rank 3: a batch of matrices).
 struct Tensor {
   std::vector<int64_t> shape;
   std::vector<double> data;
@@ -33,7 +33,8 @@ using TensorMap = std::map<std::string, Tensor>;  // keyed by graph input / outp
 // epilogue like LayerNorm(acc + bias) rows whose mean >> std (a cancellation test).
 TensorMap random_inputs(const Graph& g, const Bindings& dims, std::mt19937_64& rng, double offset = 0.0);
 
-// Some rows of a larger problem (reference_rows): the inputs whose first dim is `dim` hold
+// Some rows of a larger problem (reference_rows): the inputs whose row dim (the first, or the
+// second of a batched [B, rows, cols]) is `dim` hold
 // rows `rows` of the full problem's, and the bindings bind `dim` to rows.size(). A
 // position-dependent op (causal_mask) reads each row's index in the full problem from it.
 struct RowSample {

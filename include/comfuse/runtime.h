@@ -33,7 +33,8 @@ struct DeviceTensor {
   void* data = nullptr;
   DType dtype = DType::BF16;
   std::vector<int64_t> shape;
-  int64_t ld = 0;
+  int64_t ld = 0;            // row stride in elements (0: packed rows)
+  int64_t batch_stride = 0;  // a batched [B, rows, cols] tensor: elements between batches (0: rows x ld)
 };
 
 struct RunArgs {

@@ -100,6 +100,11 @@ struct FusionSpec {
   std::string name;
   BLayout b_layout = BLayout::NK;
   Dim m, n, k;              // the GEMM's symbolic problem dims
+  // A batched GEMM (graph operands [B, M, K] and [B, N, K]): the batch dim B, one GEMM and one
+  // epilogue per batch; its Tile and Col values and arguments are [B, M, N] and [B, M, 1].
+  // Unset (Dim{}, printed as nothing) when not batched.
+  Dim batch;
+  bool batched() const { return !batch.sym.empty() || batch.size >= 0; }
   std::vector<RuntimeArg> args;  // A
   Spec root;
   // How the user knows the graph values this spec names (args, node origins) that the graph

@@ -361,7 +361,9 @@ _TORCH = {name: dt for dt, name in _DTYPES.items()}
 
 
 class Kernel:
-    """A compiled ComFuse graph (one fused region) called on torch CUDA tensors.
+    """A compiled ComFuse graph (one fused region, or a B2B pair: two GEMMs in one kernel, e.g.
+    attention) called on torch CUDA tensors. A batched graph ([B, M, K] inputs) takes 3-D
+    tensors: their last dim contiguous, any batch stride (a multiple of 16 bytes).
 
     Every argument is checked against the kernel before launch, with an error naming it: a
     CPU tensor, a dtype or shape that differs from the graph's, a last dimension that is not
@@ -373,18 +375,24 @@ class Kernel:
     def __init__(self, graph: "_core.Graph", dims: dict, plan_options: dict | None = None):
         low = _core.lower(graph)
         regions = low.regions()
-        if len(regions) != 1 or low.fallbacks():
-            raise _core.Error("the graph does not lower to one fused kernel:\n" + low.describe())
-        self.region = regions[0]
         self.dims = dict(dims)
-        self.args = self.region.args()
-        self.kernel = self.region.compile(self.dims, dict(plan_options or {}))
+        if low.is_b2b():  # two GEMMs, S in registers: one B2B kernel
+            self.region = None
+            self.kernel = low.compile_b2b(self.dims, dict(plan_options or {}))
+        elif len(regions) != 1 or low.fallbacks():
+            raise _core.Error("the graph does not lower to one fused kernel:\n" + low.describe())
+        else:
+            self.region = regions[0]
+            self.kernel = self.region.compile(self.dims, dict(plan_options or {}))
+        self.args = self.kernel.args()
 
     def plan(self) -> dict:
+        if self.kernel.is_b2b():
+            return {"kind": "b2b", "explain": self.kernel.b2b_explain()}
         return self.kernel.plan().summary()
 
     def explain(self) -> str:
-        return self.kernel.plan().explain()
+        return self.kernel.b2b_explain() if self.kernel.is_b2b() else self.kernel.plan().explain()
 
     def compiled(self) -> dict:
         return self.kernel.compiled()
@@ -393,7 +401,7 @@ class Kernel:
         return [d if isinstance(d, int) else self.dims[d] for d in shape]
 
     def __call__(self, scalars: dict | None = None, **tensors):
-        args, outs = {}, {}
+        args, outs, batch_strides = {}, {}, {}
         for a in self.args:
             name, role = a["name"], a["role"]
             if role == "scalar":
@@ -408,19 +416,24 @@ class Kernel:
             check_tensor(name, t, _TORCH[a["dtype"]], want)
             if role == "output":
                 outs[name] = t
-            ld = t.stride(0) if _is_matrix(want) else 0  # vectors and [M, 1] columns are packed
+            if len(want) == 3:  # a batch of matrices [B, rows, cols]
+                ld = t.stride(1) if want[2] != 1 else 0
+                batch_strides[name] = t.stride(0)
+            else:
+                ld = t.stride(0) if _is_matrix(want) else 0  # vectors and [M, 1] columns are packed
             args[name] = (t.data_ptr(), a["dtype"], list(t.shape), ld)
         unknown = set(tensors) - {a["name"] for a in self.args}
         if unknown:
             raise ValueError(f"unknown argument(s) {sorted(unknown)}; the kernel takes {[a['name'] for a in self.args]}")
         self.kernel.run(args, {k: float(v) for k, v in (scalars or {}).items()},
-                        torch.cuda.current_stream().cuda_stream)
+                        torch.cuda.current_stream().cuda_stream, batch_strides)
         return outs
 
 
 def _is_matrix(shape: list[int]) -> bool:
-    """An [M, K] / [N, K] operand, an [M, N] tile; else a row [N] or a column [M, 1] (packed)."""
-    return len(shape) == 2 and shape[1] != 1
+    """An [M, K] / [N, K] operand, an [M, N] tile (or a batch of them, [B, M, N]); else a row [N]
+    or a column [M, 1] (packed; [B, M, 1] too)."""
+    return len(shape) in (2, 3) and shape[-1] != 1
 
 
 def check_tensor(name: str, t, dtype: torch.dtype, shape: list[int]) -> None:
@@ -441,9 +454,13 @@ def check_tensor(name: str, t, dtype: torch.dtype, shape: list[int]) -> None:
     if t.data_ptr() % 16:
         raise ValueError(f"argument '{name}' starts at an address that is not 16-byte aligned (a view at an offset? "
                          "pass .clone())")
-    if matrix and (t.stride(0) * t.element_size()) % 16:
-        raise ValueError(f"argument '{name}' has a row stride of {t.stride(0) * t.element_size()} bytes: TMA needs a "
+    row = -2 if matrix else 0
+    if matrix and (t.stride(row) * t.element_size()) % 16:
+        raise ValueError(f"argument '{name}' has a row stride of {t.stride(row) * t.element_size()} bytes: TMA needs a "
                          "multiple of 16")
+    if matrix and len(shape) == 3 and (t.stride(0) * t.element_size()) % 16:
+        raise ValueError(f"argument '{name}' has a batch stride of {t.stride(0) * t.element_size()} bytes: TMA needs "
+                         "a multiple of 16")
 
 
 def compile_graph(graph, dims: dict, **plan_options) -> Kernel:

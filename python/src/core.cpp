@@ -290,16 +290,46 @@ NB_MODULE(_core, m) {
       .def("dot", [](const PyPlan& p) { return to_dot(p.spec, p.plan); });
 
   nb::class_<PyKernel>(m, "FusedKernel")
+      // batch_strides: a batched kernel's [B, rows, cols] tensors whose batches are not packed
+      // (elements between batches; absent: rows x row stride).
       .def("run", [](const PyKernel& k, const std::map<std::string, std::tuple<uintptr_t, std::string, std::vector<int64_t>, int64_t>>& tensors,
-                     const std::map<std::string, double>& scalars, uintptr_t stream) {
+                     const std::map<std::string, double>& scalars, uintptr_t stream,
+                     const std::map<std::string, int64_t>& batch_strides) {
         RunArgs args;
-        for (const auto& [name, t] : tensors)
-          args.tensors[name] = DeviceTensor{reinterpret_cast<void*>(std::get<0>(t)), dtype_of(std::get<1>(t)), std::get<2>(t), std::get<3>(t)};
+        for (const auto& [name, t] : tensors) {
+          auto bs = batch_strides.find(name);
+          args.tensors[name] = DeviceTensor{reinterpret_cast<void*>(std::get<0>(t)), dtype_of(std::get<1>(t)), std::get<2>(t),
+                                            std::get<3>(t), bs == batch_strides.end() ? 0 : bs->second};
+        }
         args.scalars = scalars;
         nb::gil_scoped_release unlocked;
         k.k->run(args, reinterpret_cast<Stream>(stream));
-      }, "tensors"_a, "scalars"_a, "stream"_a)
+      }, "tensors"_a, "scalars"_a, "stream"_a, "batch_strides"_a = std::map<std::string, int64_t>{})
       .def("plan", [](const PyKernel& k) { return PyPlan{k.k->spec(), k.k->plan()}; })
+      .def("is_b2b", [](const PyKernel& k) { return k.k->b2b_plan() != nullptr; })
+      // A B2B kernel's plan as `comfuse explain` prints it.
+      .def("b2b_explain", [](const PyKernel& k) {
+        if (!k.k->b2b_plan()) throw Error("not a B2B kernel");
+        return explain(k.k->spec(), *k.k->second_spec(), *k.k->b2b_plan());
+      })
+      // The kernel's arguments: its spec's, and a B2B kernel's second spec's but the intermediate S.
+      .def("args", [](const PyKernel& k) {
+        nb::list out = region_args(k.k->spec());
+        if (const FusionSpec* e = k.k->second_spec()) {
+          const std::string s = e->args.at(static_cast<size_t>(e->arg_index(ArgRole::OperandA))).name;
+          FusionSpec rest = *e;
+          rest.args.clear();
+          for (const RuntimeArg& a : e->args)
+            if (a.name != s) rest.args.push_back(a);
+          FusionSpec first = k.k->spec();
+          first.args.clear();
+          for (const RuntimeArg& a : k.k->spec().args)
+            if (a.name != s) first.args.push_back(a);
+          out = region_args(first);
+          for (nb::handle h : region_args(rest)) out.append(h);
+        }
+        return out;
+      })
       .def("compiled", [](const PyKernel& k) { return compiled_info(k.k->compiled()); });
 
   nb::class_<PyRegion>(m, "Region")
@@ -347,7 +377,19 @@ NB_MODULE(_core, m) {
         return out;
       })
       .def("dead_nodes", [](const PyLowering& l) { return l.result.dead_nodes; })
-      .def("describe", [](const PyLowering& l) { return describe(*l.graph, l.result); });
+      .def("describe", [](const PyLowering& l) { return describe(*l.graph, l.result); })
+      // The B2B pair when the lowering is exactly one (lower.h's one_b2b_kernel), built as one kernel.
+      .def("is_b2b", [](const PyLowering& l) { return one_b2b_kernel(l.result) != nullptr; })
+      .def("compile_b2b", [](const PyLowering& l, const Bindings& dims, const nb::dict& opts) {
+        const B2BCandidate* b = one_b2b_kernel(l.result);
+        if (!b) throw Error("the graph does not lower to one B2B kernel:\n" + describe(*l.graph, l.result));
+        const FusionSpec &f = l.result.regions.at(static_cast<size_t>(b->first_region)).spec,
+                         &e = l.result.regions.at(static_cast<size_t>(b->second_region)).spec;
+        CompileOptions o = compile_options(opts);
+        const B2bProblem p = b2b_problem_of(f, e, dims);
+        nb::gil_scoped_release unlocked;
+        return PyKernel{std::make_shared<FusedKernel>(FusedKernel::build_b2b(f, e, p, o))};
+      }, "dims"_a, "options"_a = nb::dict());
 
   m.def("lower", [](const PyGraph& g) {
     auto graph = std::make_shared<const Graph>(g.g);

@@ -118,7 +118,11 @@ Shape Graph::broadcast_shapes(const Shape& a, const Shape& b, std::string_view w
 }
 
 Value Graph::input(const std::string& name, DType dtype, Shape shape) {
-  if (shape.size() > 2) throw Error(loc_, fmt::format("input '{}': rank {} is not supported (at most 2)", name, shape.size()));
+  // Rank 3 is a batch of matrices [B, rows, cols] (batched matmul operands, their epilogue
+  // values): the leading dim is the batch, the last two are a matrix as in rank 2.
+  if (shape.size() > 3)
+    throw Error(loc_, fmt::format("input '{}': rank {} is not supported (at most 3: [B, rows, cols], a leading batch "
+                                  "dim)", name, shape.size()));
   for (const Dim& d : shape)
     if (d.sym.empty() && d.size <= 0)
       throw Error(loc_, fmt::format("input '{}': dimension {} must be positive", name, d.size));
@@ -142,18 +146,35 @@ Value Graph::matmul(Value a, Value b, BLayout layout) {
   check_handle(this, a, "matmul", loc_);
   check_handle(this, b, "matmul", loc_);
   const Node &na = node(a.id), &nb = node(b.id);
-  if (na.shape.size() != 2 || nb.shape.size() != 2)
-    throw Error(loc_, fmt::format("matmul needs rank-2 operands, got {} and {}", to_string(na.shape), to_string(nb.shape)));
-  const Dim& k_a = na.shape[1];
-  const Dim& k_b = layout == BLayout::NK ? nb.shape[1] : nb.shape[0];
-  const Dim& n_b = layout == BLayout::NK ? nb.shape[0] : nb.shape[1];
+  auto who = [&](const Node& x) {
+    return user_named(x) ? fmt::format("'{}' {}", x.name, to_string(x.shape)) : fmt::format("the {} {}", op_label(x), to_string(x.shape));
+  };
+  // Rank 2: one GEMM. Rank 3: a batched matmul, one GEMM per index of the shared leading dim.
+  const size_t ra = na.shape.size(), rb = nb.shape.size();
+  if (ra == 3 && rb == 2)
+    throw Error(loc_, fmt::format("matmul: A {} is batched but B {} is not: a batched matmul takes one B per batch "
+                                  "([B, N, K]); for one B shared by every batch, flatten A's batch into its rows "
+                                  "([B*M, K])", who(na), who(nb)));
+  if (ra == 2 && rb == 3)
+    throw Error(loc_, fmt::format("matmul: B {} is batched but A {} is not: a batched matmul takes both operands "
+                                  "with the same leading batch dim", who(nb), who(na)));
+  if ((ra != 2 && ra != 3) || rb != ra)
+    throw Error(loc_, fmt::format("matmul needs rank-2 operands (or rank 3 with a leading batch dim), got {} and {}",
+                                  to_string(na.shape), to_string(nb.shape)));
+  if (ra == 3 && na.shape[0] != nb.shape[0])
+    throw Error(loc_, fmt::format("matmul: batch dims differ: A {} and B {}; a batched matmul's operands share their "
+                                  "leading (batch) dim", who(na), who(nb)));
+  const size_t r0 = ra - 2, r1 = ra - 1;  // the matrix dims
+  const Dim& k_a = na.shape[r1];
+  const Dim& k_b = layout == BLayout::NK ? nb.shape[r1] : nb.shape[r0];
+  const Dim& n_b = layout == BLayout::NK ? nb.shape[r0] : nb.shape[r1];
   if (k_a != k_b)
     throw Error(loc_, fmt::format("matmul: contraction dims differ: A is {} and B ({}) is {}", to_string(na.shape),
                                   layout == BLayout::NK ? "N x K" : "K x N", to_string(nb.shape)));
   Node n;
   n.kind = OpKind::MatMul;
   n.inputs = {a.id, b.id};
-  n.shape = {na.shape[0], n_b};
+  n.shape = ra == 3 ? Shape{na.shape[0], na.shape[r0], n_b} : Shape{na.shape[r0], n_b};
   n.dtype = DType::F32;  // fp32 accumulation
   n.b_layout = layout;
   return add_node(std::move(n));
@@ -228,9 +249,9 @@ Value Graph::causal_mask(Value x) {
     const Node& in = node(x.id);
     return user_named(in) ? fmt::format("'{}'", in.name) : fmt::format("the {} it is given", op_label(in));
   };
-  if (s.size() != 2)
-    throw Error(loc_, fmt::format("{}: {} has shape {}; the mask applies to a rank-2 tile [M, N] of a matmul's output "
-                                  "(rows: queries, columns: keys)",
+  if (s.size() != 2 && s.size() != 3)
+    throw Error(loc_, fmt::format("{}: {} has shape {}; the mask applies to a tile [M, N] of a matmul's output "
+                                  "(rows: queries, columns: keys; [B, M, N] when batched)",
                                   CausalMaskOp::name, who(), to_string(s)));
   // The matmuls x is computed from (ids are topological: inputs precede their users).
   std::vector<bool> upstream(nodes_.size(), false);

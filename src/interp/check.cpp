@@ -67,10 +67,11 @@ void check_sizes(const Graph& g, const Bindings& dims) {
       if (!d.sym.empty() && !seen.insert(d.sym).second) continue;
       check_dim_size(name, resolve(d, dims));
     }
-    if (n.kind == OpKind::MatMul) {
+    if (n.kind == OpKind::MatMul) {  // [M, N] or batched [B, M, N]: the last two dims
       const Node& a = g.node(n.inputs[0]);
-      check_problem_size(resolve(n.shape[0], dims), resolve(n.shape[1], dims), resolve(a.shape[1], dims),
-                         dim_label(n.shape[0], "M"), dim_label(n.shape[1], "N"), dim_label(a.shape[1], "K"));
+      const Dim &m = n.shape[n.shape.size() - 2], &nn = n.shape.back(), &k = a.shape.back();
+      check_problem_size(resolve(m, dims), resolve(nn, dims), resolve(k, dims), dim_label(m, "M"), dim_label(nn, "N"),
+                         dim_label(k, "K"));
     }
   }
 }
@@ -110,7 +111,8 @@ bool row_local(const Graph& g, const std::string& m) {
   };
   for (const Node& n : g.nodes()) {
     for (size_t i = 0; i < n.shape.size(); ++i)
-      if (n.shape[i].sym == m && !(n.shape.size() == 2 && i == 0)) return false;  // M only indexes rows
+      // M only indexes rows: dim 0 of a matrix, dim 1 of a batch of them ([B, M, N])
+      if (n.shape[i].sym == m && !(n.shape.size() >= 2 && i + 2 == n.shape.size())) return false;
     switch (n.kind) {
       case OpKind::Transpose:
         if (mentions(g.node(n.inputs[0]).shape)) return false;

@@ -61,37 +61,60 @@ Tensor eval_node(const Node& n, const Bindings& dims, const std::vector<const Te
     }
     case OpKind::Cast: return rounded(*in[0], n.dtype);
     case OpKind::Binary: {
+      // numpy broadcasting over rank 0..3, aligned on the right: each operand's dims are
+      // either the output's or 1 (stride 0).
       Tensor t = filled(concrete_shape(n.shape, dims));
-      const int64_t rows = t.rows(), cols = t.cols();
-      for (const Tensor* x : in)
-        for (size_t d = 0; d < x->shape.size(); ++d) {
-          const int64_t want = d + 1 == x->shape.size() ? cols : rows;  // numpy: align on the right
-          if (x->shape[d] != 1 && x->shape[d] != want)
+      const size_t rank = t.shape.size();
+      std::vector<std::vector<int64_t>> strides;
+      for (const Tensor* x : in) {
+        std::vector<int64_t> st(rank, 0);
+        if (x->shape.size() > rank)
+          throw Error(n.loc, fmt::format("{} '{}': operand shape {} does not broadcast to {}", name_of(n.binary), n.name,
+                                         shape_str(x->shape), shape_str(t.shape)));
+        int64_t stride = 1;
+        for (size_t d = x->shape.size(); d-- > 0;) {
+          const size_t od = d + rank - x->shape.size();
+          if (x->shape[d] != 1 && x->shape[d] != t.shape[od])
             throw Error(n.loc, fmt::format("{} '{}': operand shape {} does not broadcast to {}", name_of(n.binary),
                                            n.name, shape_str(x->shape), shape_str(t.shape)));
+          st[od] = x->shape[d] == 1 ? 0 : stride;
+          stride *= x->shape[d];
         }
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t c = 0; c < cols; ++c)
-          t.data[static_cast<size_t>(r * cols + c)] = apply(n.binary, in[0]->at(r, c), in[1]->at(r, c));
+        strides.push_back(std::move(st));
+      }
+      std::vector<int64_t> idx(rank, 0);
+      for (size_t e = 0; e < t.data.size(); ++e) {
+        int64_t o0 = 0, o1 = 0;
+        for (size_t d = 0; d < rank; ++d) o0 += idx[d] * strides[0][d], o1 += idx[d] * strides[1][d];
+        t.data[e] = apply(n.binary, in[0]->data[static_cast<size_t>(o0)], in[1]->data[static_cast<size_t>(o1)]);
+        for (size_t d = rank; d-- > 0;) {  // next index, last dim fastest
+          if (++idx[d] < t.shape[d]) break;
+          idx[d] = 0;
+        }
+      }
       return t;
     }
     case OpKind::Reduce: return reduce(n, *in[0]);
     case OpKind::CausalMask: {
       Tensor t = *in[0];
-      if (t.shape.size() != 2) throw Error(n.loc, fmt::format("{} '{}' needs rank 2", CausalMaskOp::name, n.name));
-      const int64_t rows = t.shape[0], cols = t.shape[1];
+      if (t.shape.size() != 2 && t.shape.size() != 3)
+        throw Error(n.loc, fmt::format("{} '{}' needs rank 2 (or 3, batched)", CausalMaskOp::name, n.name));
+      // The last two dims are rows and columns; a leading batch dim repeats the mask per batch.
+      const size_t r0 = t.shape.size() - 2;
+      const int64_t batches = r0 ? t.shape[0] : 1, rows = t.shape[r0], cols = t.shape[r0 + 1];
       // The row's index in the whole problem: a sample's rows are some rows of it.
-      const bool sampled = !sample.dim.empty() && n.shape.at(0).sym == sample.dim;
+      const bool sampled = !sample.dim.empty() && n.shape.at(r0).sym == sample.dim;
       if (sampled && static_cast<int64_t>(sample.rows.size()) != rows)
         throw Error(n.loc, fmt::format("{} '{}': {} rows, but the row sample names {}", CausalMaskOp::name, n.name, rows,
                                        sample.rows.size()));
-      for (int64_t r = 0; r < rows; ++r) {
-        const int64_t row = sampled ? sample.rows[static_cast<size_t>(r)] : r;
-        for (int64_t c = 0; c < cols; ++c) {
-          double& v = t.data[static_cast<size_t>(r * cols + c)];
-          v = CausalMaskOp::apply(v, row, c);
+      for (int64_t b = 0; b < batches; ++b)
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t row = sampled ? sample.rows[static_cast<size_t>(r)] : r;
+          for (int64_t c = 0; c < cols; ++c) {
+            double& v = t.data[static_cast<size_t>((b * rows + r) * cols + c)];
+            v = CausalMaskOp::apply(v, row, c);
+          }
         }
-      }
       return t;
     }
     case OpKind::Transpose: {

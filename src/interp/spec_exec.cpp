@@ -3,6 +3,7 @@
 // Col [M, 1], Row [1, N], Scalar [1, 1]); reductions follow the kernel's tiled order.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 
@@ -304,8 +305,75 @@ class SpecExec {
 }  // namespace
 
 namespace interp_detail {
+namespace {
+
+// Batch b of a [B, ...] tensor: its trailing dims.
+Tensor batch_slice(const Tensor& x, int64_t b) {
+  Tensor out;
+  out.shape.assign(x.shape.begin() + 1, x.shape.end());
+  const int64_t n = out.numel();
+  out.data.assign(x.data.begin() + b * n, x.data.begin() + (b + 1) * n);
+  return out;
+}
+
+// A batched spec runs as the kernel does: per batch, the unbatched spec on that batch's operands
+// and [B, M, N] inputs (what every batch shares, scalars and row vectors, as given); each
+// output is the batches' results stacked along a leading dim.
+TensorMap run_batched(const FusionSpec& s, const Bindings& dims, const std::map<std::string, const Tensor*>& args,
+                      const ReduceTiling& t) {
+  const RuntimeArg& ra = s.args.at(static_cast<size_t>(std::max(0, s.arg_index(ArgRole::OperandA))));
+  auto it = args.find(ra.name);
+  if (it == args.end() || !it->second)
+    throw Error(fmt::format("spec '{}': operand A argument '{}' was not supplied", s.name, ra.name));
+  if (it->second->shape.size() != 3)
+    throw Error(fmt::format("spec '{}' is batched over {}: operand A '{}' must be [B, M, K], got {}", s.name,
+                            s.batch.str(), ra.name, shape_str(it->second->shape)));
+  const int64_t batches = it->second->shape[0];
+  if (auto want = try_resolve(s.batch, dims); want && *want != batches)
+    throw Error(fmt::format("spec '{}': the batch ({}) is {} but operand A '{}' has {}", s.name, s.batch.str(), *want,
+                            ra.name, batches));
+  FusionSpec one = s;
+  one.batch = Dim{};
+  std::vector<bool> sliced(s.args.size(), false);
+  for (size_t i = 0; i < s.args.size(); ++i) {
+    RuntimeArg& a = one.args[i];
+    sliced[i] = a.shape.size() == 3 && a.shape[0] == s.batch;  // per batch: operands, tiles, outputs
+    if (sliced[i]) a.shape.erase(a.shape.begin());
+  }
+  TensorMap out;
+  for (int64_t b = 0; b < batches; ++b) {
+    std::vector<Tensor> slices;
+    slices.reserve(s.args.size());
+    std::map<std::string, const Tensor*> refs = args;
+    for (size_t i = 0; i < s.args.size(); ++i) {
+      const RuntimeArg& a = s.args[i];
+      if (!sliced[i] || a.role == ArgRole::Output) continue;
+      auto at = args.find(a.name);
+      if (at == args.end() || !at->second) continue;  // SpecExec names what is missing
+      if (at->second->shape.size() != 3 || at->second->shape[0] != batches)
+        throw Error(fmt::format("spec '{}': {} argument '{}' has shape {}, expected {} batches first", s.name,
+                                name_of(a.role), a.name, shape_str(at->second->shape), batches));
+      slices.push_back(batch_slice(*at->second, b));
+      refs[a.name] = &slices.back();
+    }
+    for (auto& [name, v] : SpecExec(one, dims, refs, t).run()) {
+      Tensor& o = out[name];
+      if (b == 0) {
+        o.shape = v.shape;
+        o.shape.insert(o.shape.begin(), batches);
+        o.data.reserve(static_cast<size_t>(o.numel()));
+      }
+      o.data.insert(o.data.end(), v.data.begin(), v.data.end());
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 TensorMap run_spec_refs(const FusionSpec& s, const Bindings& dims, const std::map<std::string, const Tensor*>& args,
                         const ReduceTiling& t) {
+  if (s.batched()) return run_batched(s, dims, args, t);
   return SpecExec(s, dims, args, t).run();
 }
 }  // namespace interp_detail

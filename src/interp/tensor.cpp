@@ -60,25 +60,34 @@ Tensor rounded(Tensor t, DType d) {
 }
 
 Tensor matmul(const Tensor& a, const Tensor& b, BLayout layout) {
-  if (a.shape.size() != 2 || b.shape.size() != 2)
-    throw Error(fmt::format("matmul: operands must be rank 2, got {} and {}", shape_str(a.shape), shape_str(b.shape)));
-  const int64_t M = a.shape[0], K = a.shape[1];
-  const int64_t N = layout == BLayout::NK ? b.shape[0] : b.shape[1];
-  const int64_t Kb = layout == BLayout::NK ? b.shape[1] : b.shape[0];
+  // Rank 2, or rank 3: one product per index of the shared leading (batch) dim.
+  const size_t rank = a.shape.size();
+  if ((rank != 2 && rank != 3) || b.shape.size() != rank)
+    throw Error(fmt::format("matmul: operands must be rank 2 (or both rank 3, batched), got {} and {}",
+                            shape_str(a.shape), shape_str(b.shape)));
+  const int64_t batches = rank == 3 ? a.shape[0] : 1;
+  if (rank == 3 && b.shape[0] != batches)
+    throw Error(fmt::format("matmul: batch dims differ: A {} and B {}", shape_str(a.shape), shape_str(b.shape)));
+  const size_t r0 = rank - 2, r1 = rank - 1;
+  const int64_t M = a.shape[r0], K = a.shape[r1];
+  const int64_t N = layout == BLayout::NK ? b.shape[r0] : b.shape[r1];
+  const int64_t Kb = layout == BLayout::NK ? b.shape[r1] : b.shape[r0];
   if (K != Kb)
     throw Error(fmt::format("matmul: contraction dims differ: A {} and B {} ({})", shape_str(a.shape),
                             shape_str(b.shape), layout == BLayout::NK ? "N x K" : "K x N"));
-  Tensor c = filled({M, N});
-  for (int64_t i = 0; i < M; ++i)
-    for (int64_t j = 0; j < N; ++j) {
-      double acc = 0.0;
-      for (int64_t k = 0; k < K; ++k) {
-        const double bv = layout == BLayout::NK ? b.data[static_cast<size_t>(j * K + k)]
-                                                : b.data[static_cast<size_t>(k * N + j)];
-        acc += a.data[static_cast<size_t>(i * K + k)] * bv;
+  Tensor c = filled(rank == 3 ? std::vector<int64_t>{batches, M, N} : std::vector<int64_t>{M, N});
+  for (int64_t bt = 0; bt < batches; ++bt) {
+    const double* ap = a.data.data() + bt * M * K;
+    const double* bp = b.data.data() + bt * N * K;
+    double* cp = c.data.data() + bt * M * N;
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) {
+        double acc = 0.0;
+        for (int64_t k = 0; k < K; ++k)
+          acc += ap[i * K + k] * (layout == BLayout::NK ? bp[j * K + k] : bp[k * N + j]);
+        cp[i * N + j] = acc;
       }
-      c.data[static_cast<size_t>(i * N + j)] = acc;
-    }
+  }
   return c;
 }
 
@@ -120,7 +129,7 @@ TensorMap random_inputs(const Graph& g, const Bindings& dims, std::mt19937_64& r
   std::map<int, int64_t> gemm_k;  // input node -> K of a matmul it feeds
   for (const Node& n : g.nodes()) {
     if (n.kind != OpKind::MatMul) continue;
-    const int64_t K = resolve(g.node(n.inputs[0]).shape.at(1), dims);
+    const int64_t K = resolve(g.node(n.inputs[0]).shape.back(), dims);
     for (int in : n.inputs) gemm_k[in] = std::max<int64_t>(K, 1);
   }
   std::normal_distribution<double> normal(0.0, 1.0);

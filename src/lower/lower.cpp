@@ -38,6 +38,16 @@ namespace {
 
 constexpr int kNoRegion = -1;
 
+// The GEMM output a region's values are shaped against: [M, N], or [B, M, N] when batched.
+struct OutFrame {
+  Dim m, n;
+  const Dim* batch = nullptr;  // a batched GEMM's leading dim
+};
+OutFrame frame_of(const Node& mm) {
+  const size_t r = mm.shape.size();
+  return OutFrame{mm.shape[r - 2], mm.shape[r - 1], r == 3 ? &mm.shape[0] : nullptr};
+}
+
 // Shape class of a graph shape relative to a GEMM's output [M, N].
 std::optional<ValueClass> classify(const Shape& s, const Dim& m, const Dim& n) {
   if (s.empty()) return ValueClass::Scalar;
@@ -55,6 +65,21 @@ std::optional<ValueClass> classify(const Shape& s, const Dim& m, const Dim& n) {
     if (rows1 && cols1) return ValueClass::Scalar;
   }
   return std::nullopt;
+}
+
+// A batched GEMM's output [B, M, N]: per-batch values [B, M, N] (Tile) and [B, M, 1] (Col), and
+// what every batch shares: scalars and row vectors [N]. Shared [M, N] or [M, 1] values have no
+// device node that reads them for every batch (a tile input and a column vector are indexed by
+// the batch), and per-batch rows or scalars none either: they are not classes here.
+std::optional<ValueClass> classify(const Shape& s, const OutFrame& f) {
+  if (!f.batch) return classify(s, f.m, f.n);
+  if (s.size() == 3) {
+    if (s[0] != *f.batch) return std::nullopt;
+    const auto c = classify(Shape{s[1], s[2]}, f.m, f.n);
+    return c == ValueClass::Tile || c == ValueClass::Col ? c : std::nullopt;
+  }
+  const auto c = classify(s, f.m, f.n);
+  return c == ValueClass::Row || c == ValueClass::Scalar ? c : std::nullopt;
 }
 
 // Storage dtype of a materialized value: a cast names it, a transpose keeps its operand's
@@ -151,10 +176,12 @@ class Lowering {
       case OpKind::MatMul: return "a second GEMM consumes this epilogue value (region boundary)";
       default: return fmt::format("op '{}' is outside the fusion domain", name_of(n.kind));
     }
-    auto cls = classify(n.shape, mm.shape[0], mm.shape[1]);
+    const OutFrame f = frame_of(mm);
+    auto cls = classify(n.shape, f);
     if (!cls || (*cls != ValueClass::Tile && *cls != ValueClass::Col))
-      return fmt::format("result shape {} is neither the tile [M, N] nor a per-row column [M, 1]", to_string(n.shape));
-    if (n.kind == OpKind::Reduce && classify(g_.node(n.inputs[0]).shape, mm.shape[0], mm.shape[1]) != ValueClass::Tile)
+      return fmt::format("result shape {} is neither the tile {} nor a per-row column {}", to_string(n.shape),
+                         f.batch ? "[B, M, N]" : "[M, N]", f.batch ? "[B, M, 1]" : "[M, 1]");
+    if (n.kind == OpKind::Reduce && classify(g_.node(n.inputs[0]).shape, f) != ValueClass::Tile)
       return "reduces a value that is not a full [M, N] tile";
     if (n.kind == OpKind::CausalMask && *cls != ValueClass::Tile)
       return fmt::format("{} masks the GEMM's [M, N] tile by row and column; its operand is {}", CausalMaskOp::name,
@@ -165,7 +192,14 @@ class Lowering {
       if (depends_on_gemm_[in])
         return fmt::format("operand '{}' comes from outside this GEMM's epilogue ({})", leaf.name,
                            region_of_[in] == kNoRegion ? "an unfused node" : "another GEMM region");
-      if (!classify(leaf.shape, mm.shape[0], mm.shape[1]))
+      const auto leaf_cls = classify(leaf.shape, f);
+      // A batched kernel reads no per-batch column vector (ColBroadcast has one vector for all).
+      if (f.batch && (!leaf_cls || leaf_cls == ValueClass::Col))
+        return fmt::format("operand '{}' of shape {} is not a scalar, a row vector [N] or a per-batch tile [B, M, N] "
+                           "of this batched GEMM's output [{}, {}, {}] (a batched kernel reads no [M, N] or [M, 1] "
+                           "operand shared by the batches, and no per-batch column [B, M, 1] or row [B, 1, N])",
+                           leaf.name, to_string(leaf.shape), f.batch->str(), f.m.str(), f.n.str());
+      if (!leaf_cls)
         return fmt::format("operand '{}' of shape {} is not a scalar, a row vector [N], a column vector [M, 1] or "
                            "a tile [M, N] of this GEMM's output",
                            leaf.name, to_string(leaf.shape));
@@ -372,8 +406,7 @@ class Lowering {
   }
 
   bool is_tile(int id, int r) const {
-    const Node& mm = g_.node(roots_[r]);
-    return classify(g_.node(id).shape, mm.shape[0], mm.shape[1]) == ValueClass::Tile;
+    return classify(g_.node(id).shape, frame_of(g_.node(roots_[r]))) == ValueClass::Tile;
   }
 
   // The device carries ONE tile-shaped value across each reduction (in the accumulator
@@ -445,9 +478,11 @@ class Lowering {
     FusionSpec& fs = region.spec;
     fs.name = fmt::format("region{}_{}", r, mm.name);
     fs.b_layout = mm.b_layout;
-    fs.m = mm.shape[0];
-    fs.n = mm.shape[1];
-    fs.k = a.shape[1];
+    const OutFrame frame = frame_of(mm);
+    fs.m = frame.m;
+    fs.n = frame.n;
+    fs.k = a.shape.back();
+    if (frame.batch) fs.batch = *frame.batch;
     ArgTable args{fs, g_, {}};
     args.leaf_arg(a, ArgRole::OperandA);
     args.leaf_arg(g_.node(mm.inputs[1]), ArgRole::OperandB);
@@ -515,7 +550,7 @@ class Lowering {
         const Node& leaf = g_.node(in);
         SpecNode b;
         b.category = NodeCategory::Broadcast;
-        b.value_class = *classify(leaf.shape, mm.shape[0], mm.shape[1]);
+        b.value_class = *classify(leaf.shape, frame);
         b.origin = leaf.name;
         if (leaf.kind == OpKind::Constant) {
           b.broadcast = BroadcastKind::Scalar;
@@ -546,7 +581,7 @@ class Lowering {
           if (id != mm.id) sn.arg = args.leaf_arg(g_.node(n.inputs[1]), ArgRole::OperandGate);  // A x W3
         } else {
           sn.category = NodeCategory::Compute;
-          sn.value_class = *classify(n.shape, mm.shape[0], mm.shape[1]);
+          sn.value_class = *classify(n.shape, frame);
           for (int in : n.inputs) sn.operands.push_back(operand(in));
           sn.compute = n.kind == OpKind::Unary        ? ComputeKind::Unary
                        : n.kind == OpKind::Binary     ? ComputeKind::Binary

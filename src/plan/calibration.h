@@ -43,6 +43,12 @@ struct DeviceModel {
   // unified slot holds a 256-row W2 k-block, so only two fit) and 0.18 at 16 GEMM1 passes.
   double b2b_efficiency_deep_ring = 0.47;
   double b2b_efficiency_shallow_ring = 0.27;
+  // A B2B consumer warp group left alone on its SM (its partner out of jobs) runs at this share
+  // of the SM's two-warp-group rate: more than half, as its GEMMs no longer wait behind the
+  // partner's, less than all, as its own F (softmax) leaves the tensor cores idle. GUESS; it
+  // reproduces the unbalanced causal schedule's measured tie with non-causal at 16384^2, d 128
+  // (0.3355 vs 0.3265 ms: each SM then held two equally long jobs), whatever its value.
+  double b2b_single_wg_share = 0.6;
   // Whether the device templates walk several N-tiles per CTA for a row reduction (a stash).
   // Off: rows must fit one cluster (tests plan for such a device).
   bool multi_tile_rows = true;

@@ -8,9 +8,11 @@
 //             pass of GEMM1), else 256 with GEMM1 repeated per block of O; chunk_n1 128 unless
 //             the registers need 64
 //   storage   F's and GEMM2's epilogue storage, then the deepest ring that fits (<= 8)
-//   launch    jobs (batch x row blocks x O blocks), two consumer warp groups a CTA, one CTA an SM
-//   estimate  both GEMMs at the measured per-SM rate and B2B efficiency (MEASURED), against the
-//             unfused path (the two GEMMs and S through DRAM)
+//   launch    jobs (batch x row blocks x O blocks), two consumer warp groups a CTA, one CTA an SM;
+//             with a causal mask a CTA's two warp groups take a row block and its mirror
+//   estimate  the busiest SM's chunks (the grid's slots walked as the kernel walks them) at the
+//             measured per-SM rate and B2B efficiency (MEASURED), against the unfused path (the
+//             two GEMMs and S through DRAM)
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -31,6 +33,12 @@ B2bProblem b2b_problem_of(const FusionSpec& first, const FusionSpec& second, con
   p.k = resolve(first.k, dims);
   p.n1 = resolve(first.n, dims);
   p.n2 = resolve(second.n, dims);
+  // A batched pair (attention over B x H): both GEMMs share the batch (Φ: S is [B, M, N1]).
+  if (first.batched() != second.batched() || first.batch != second.batch)
+    throw Error(fmt::format("b2b: the two GEMMs are batched differently ({} and {})",
+                            first.batched() ? first.batch.str() : "no batch",
+                            second.batched() ? second.batch.str() : "no batch"));
+  p.batches = first.batched() ? resolve(first.batch, dims) : 1;
   const int a = first.arg_index(ArgRole::OperandA);
   if (a >= 0) p.ab_dtype = first.args[static_cast<size_t>(a)].dtype;
   return p;
@@ -40,6 +48,13 @@ void check_b2b_problem_size(const B2bProblem& p) {
   check_dim_size("batches", p.batches);
   check_problem_size(p.m, p.n1, p.k, "M", "N1", "K");   // GEMM1: P = X W1^T
   check_problem_size(p.m, p.n2, p.n1, "M", "N2", "N1");  // GEMM2: O = S W2^T
+  // The kernel numbers its job slots in 32 bits (scheduler/grid.cuh: up to two per job, plus a
+  // grid's stride past the last).
+  const double slots = 2.0 * double(p.batches) * double((p.m + 63) / 64) * double((p.n2 + 63) / 64);
+  if (slots > double(kMaxTiles64) - 4096)
+    throw Error(fmt::format("b2b: {} batches of {} x {} outputs make {:.0f} jobs of 64 x 64; the kernel numbers them "
+                            "in 32 bits (at most {})",
+                            p.batches, p.m, p.n2, slots / 2, (kMaxTiles64 - 4096) / 2));
 }
 
 namespace {
@@ -174,6 +189,39 @@ double causal_share(const B2bConfig& k, int64_t m, int64_t n1) {
   return double(walked) / (double(blocks) * double(all));
 }
 
+// The busiest CTA's time in chunks (one chunk of one job: GEMM1 over K and GEMM2 over the chunk,
+// at the SM's rate with both consumer warp groups busy), walking the grid's slots as the kernel
+// does (b2b_job, scheduler/grid.cuh). Two warp groups share an SM's tensor cores: while both
+// run, each goes at half the SM's rate; the one left alone at `single_share` of it (F no longer
+// hides behind the other's GEMMs). Per CTA, over its whole run: 2 * short + (long - short) /
+// single_share, where short and long are its warp groups' chunk totals.
+double busiest_cta_chunks(const B2bConfig& k, const B2bProblem& p, int ctas, double single_share) {
+  const int batches = static_cast<int>(p.batches), m = static_cast<int>(p.m), n1 = static_cast<int>(p.n1),
+            n2 = static_cast<int>(p.n2);
+  const int64_t slots = b2b_slot_count(k, batches, m, n2);
+  auto time = [&](double a, double b) { return 2.0 * std::min(a, b) + std::fabs(a - b) / single_share; };
+  if (!k.causal) {  // every job alike; CTA 0 holds the most slots
+    const double chunks = b2b_chunks(k, 0, m, n1);
+    const int64_t round = 2 * int64_t{ctas}, full = slots / round, left = slots % round;
+    return time(double(full + (left > 0)) * chunks, double(full + (left > 1)) * chunks);
+  }
+  if (slots > (int64_t{1} << 22)) {  // thousands of rounds: even per CTA to well under 1%; bound the walk
+    B2bConfig full = k;
+    full.causal = false;
+    const double all = b2b_chunks(full, 0, m, n1);
+    return std::max(causal_share(k, p.m, p.n1) * double(b2b_job_count(k, batches, m, n2)) * all / ctas,
+                    all / single_share);
+  }
+  std::vector<double> wg(2 * static_cast<size_t>(ctas), 0.0);
+  for (int64_t j = 0; j < slots; ++j) {
+    const B2bJob job = b2b_job(k, static_cast<int>(j), batches, m, n2, ctas);
+    if (job.valid) wg[static_cast<size_t>(j % (2 * int64_t{ctas}))] += b2b_chunks(k, job.m_block, m, n1);
+  }
+  double worst = 0;
+  for (size_t c = 0; c < static_cast<size_t>(ctas); ++c) worst = std::max(worst, time(wg[2 * c], wg[2 * c + 1]));
+  return worst;
+}
+
 // The spec with S's Store removed: what F keeps in SMEM (S itself stays in registers).
 FusionSpec without_store_of(FusionSpec f, int s_arg) {
   struct Strip {
@@ -223,7 +271,8 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
   k.w1_kmajor = first.b_layout == BLayout::NK;
   k.w2_kmajor = second.b_layout == BLayout::NK;
   k.gated = first.arg_index(ArgRole::OperandGate) >= 0;
-  k.batched = p.batches > 1;
+  // The spec's batch (a batched graph binds 3-D tensors even at one batch), or a count asked for.
+  k.batched = first.batched() || p.batches > 1;
   k.online_softmax = plan.intermediate == B2bIntermediate::OnlineSoftmax;
   // A causal mask in F (attention's masked scores): the kernel skips a job's chunks past its rows
   // with the online softmax only (check(): -inf weighs 0 there; elementwise F would read it).
@@ -270,24 +319,34 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
   plan.jobs = int64_t{b2b_job_count(k, static_cast<int>(p.batches), static_cast<int>(p.m), static_cast<int>(p.n2))};
   plan.grid_ctas = b2b_grid(k, static_cast<int>(p.batches), static_cast<int>(p.m), static_cast<int>(p.n2), dev.sm_count);
 
-  // Estimate: the GEMMs at the measured B2B efficiency (calibration.h) on the SMs the grid
-  // occupies, against both GEMMs at the full rate with S through DRAM. A causal mask leaves the
-  // fused kernel the chunks that reach its rows (about half the GEMM work at M = N1); the unfused
-  // GEMMs compute every column and mask afterwards.
+  // Estimate: the busiest CTA's chunks (each of GEMM1 over K, then GEMM2 over the chunk) at the
+  // measured B2B efficiency (calibration.h), against both GEMMs at the full rate with S through
+  // DRAM. A causal mask leaves the fused kernel the chunks that reach each job's rows (about half
+  // the GEMM work at M = N1), which the mirror pairs spread evenly over the SMs; the unfused GEMMs
+  // compute every column and mask afterwards.
   const double gemm1 = 2.0 * p.batches * p.m * p.k * p.n1 * (k.gated ? 2 : 1);
   const double gemm2 = 2.0 * p.batches * p.m * p.n1 * p.n2;
   const double causal = k.causal ? causal_share(k, p.m, p.n1) : 1.0;
   const double rate = dev.sm_count * dev.sm_flops_per_s;
   const double efficiency = k.ring_stages >= 4 ? dev.b2b_efficiency_deep_ring : dev.b2b_efficiency_shallow_ring;
-  const double occupied = std::min(1.0, double(plan.grid_ctas) / dev.sm_count);
-  plan.fused_us = causal * (plan.gemm1_passes * gemm1 + gemm2) / (rate * occupied * efficiency) * 1e6;
+  const double chunk_flops = 2.0 * k.tile_m * k.chunk_n1 * (double(p.k) * (k.gated ? 2 : 1) + double(p.n2) / plan.gemm1_passes);
+  const double busiest = busiest_cta_chunks(k, p, static_cast<int>(plan.grid_ctas), dev.b2b_single_wg_share);
+  plan.fused_us = busiest * chunk_flops / (dev.sm_flops_per_s * efficiency) * 1e6;
   const double s_bytes = 2.0 * p.batches * p.m * p.n1 * 2;  // S written and read back
   plan.unfused_us = (gemm1 + gemm2) / rate * 1e6 + s_bytes / dev.dram_bytes_per_s * 1e6;
+  // The work the grid's SMs do on average, in the busiest one's time: 1 = perfectly even.
+  B2bConfig unmasked = k;
+  unmasked.causal = false;
+  const double walked = causal * double(plan.jobs) * b2b_chunks(unmasked, 0, static_cast<int>(p.m), static_cast<int>(p.n1));
+  const double balance = walked / (busiest * double(plan.grid_ctas));
 
   auto& r = plan.reasons;
   r.push_back(fmt::format("F: {} (chunks of {} columns of N1 = {})", name_of(plan.intermediate), k.chunk_n1, p.n1));
-  r.push_back(fmt::format("jobs: {} rows x {} columns of O per consumer warp group; {} job(s) on {} CTAs (two "
-                          "consumer warp groups each)", k.tile_m, k.tile_n2, plan.jobs, plan.grid_ctas));
+  r.push_back(fmt::format("jobs: {} rows x {} columns of O per consumer warp group; {} job(s) ({} batch(es) x {} row "
+                          "blocks x {} block(s) of O) on {} CTAs (two consumer warp groups each); the busiest SM "
+                          "walks {:.0f} chunks, the SMs' average is {:.0f}% of that",
+                          k.tile_m, k.tile_n2, plan.jobs, p.batches, (p.m + k.tile_m - 1) / k.tile_m,
+                          (p.n2 + k.tile_n2 - 1) / k.tile_n2, plan.grid_ctas, busiest, balance * 100));
   r.push_back(plan.gemm1_passes == 1
                   ? fmt::format("GEMM1 runs once: one job holds all N2 = {} columns of O", p.n2)
                   : fmt::format("GEMM1 runs {} times: O's N2 = {} columns need {} blocks of {} (its registers "
@@ -302,8 +361,9 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
                           k.gated ? " and W3" : "", fmt_bytes(k.smem_bytes()), fmt_bytes(dev.smem_per_cta_bytes)));
   if (k.causal)
     r.push_back(fmt::format("causal mask {}: a job walks only the chunks of N1 that reach its rows ({:.0f}% of the "
-                            "GEMM work), its row blocks last-first (the longest jobs start first)",
-                            first.describe(mask), causal * 100));
+                            "GEMM work); a CTA's two warp groups take a row block and its mirror (i and {} - i), so "
+                            "every SM walks about as much",
+                            first.describe(mask), causal * 100, (p.m + k.tile_m - 1) / k.tile_m - 1));
   else if (!mask.empty())
     r.push_back(fmt::format("causal mask {}: the softmax's input is not the mask (or the mask through a cast, a finite "
                             "shift or a positive scale), so masked columns need not weigh 0: every job walks all of N1",

@@ -119,6 +119,17 @@ constexpr int kTileNs[] = {64, 128, 192, 256};
 
 // ---- 1. check_request ------------------------------------------------------------------------
 void check_request(const FusionSpec& s, const Problem& p, const DeviceModel& dev, const PlanOptions& opt) {
+  // The single-GEMM kernel family has no batch: its scheduler, TMA descriptors and epilogue
+  // inputs are 2-D. Only the B2B family (attention: softmax(Q K^T) V per batch) runs batched.
+  if (s.batched()) {
+    const RuntimeArg& a = s.args.at(static_cast<size_t>(s.arg_index(ArgRole::OperandA)));
+    const RuntimeArg& b = s.args.at(static_cast<size_t>(s.arg_index(ArgRole::OperandB)));
+    throw Error(fmt::format("plan: the matmul of {} {} and {} {} is batched over {}: the single-GEMM kernels take no "
+                            "batch dim; only a B2B pair (attention: softmax(q k^T) v, one kernel) runs batched. For "
+                            "one weight shared by every batch, write A as [B*M, K] rows and B as 2-D",
+                            s.describe(a.name), to_string(a.shape), s.describe(b.name), to_string(b.shape),
+                            s.batch.str()));
+  }
   try {
     check_problem_size(p.m, p.n, p.k, dim_label(s.m, "M"), dim_label(s.n, "N"), dim_label(s.k, "K"));
     check_device_limits(s);  // the spec's device limits, in the user's names (limits.cpp)

@@ -82,11 +82,15 @@ CublasBaseline::CublasBaseline(const FusionSpec& s, const RunArgs& args) : st_(s
   const DeviceTensor& A = args.tensors.at(ra.name);
   const DeviceTensor& B = args.tensors.at(rb.name);
   const bool nk = s.b_layout == BLayout::NK;
-  const uint64_t m = uint64_t(A.shape[0]), k = uint64_t(A.shape[1]), n = uint64_t(nk ? B.shape[0] : B.shape[1]);
+  // A batched spec's operands are [batches, rows, cols], packed: cuBLAS's strided batched GEMM.
+  const size_t r0 = A.shape.size() == 3 ? 1 : 0;
+  const uint64_t batches = r0 ? uint64_t(A.shape[0]) : 1;
+  const uint64_t m = uint64_t(A.shape[r0]), k = uint64_t(A.shape[r0 + 1]),
+                 n = uint64_t(nk ? B.shape[r0] : B.shape[r0 + 1]);
   const cudaDataType_t t = ra.dtype == DType::F16 ? CUDA_R_16F : CUDA_R_16BF;
   State& st = *st_;
   st.a_ptr = A.data, st.b_ptr = B.data;
-  check(cudaMalloc(&st.c_ptr, m * n * 2), "cudaMalloc (cuBLAS output)");
+  check(cudaMalloc(&st.c_ptr, batches * m * n * 2), "cudaMalloc (cuBLAS output)");
   check(cudaMalloc(&st.workspace, st.workspace_bytes), "cudaMalloc (cuBLAS workspace)");
   check_lt(cublasLtCreate(&st.lt), "create");
   check_lt(cublasLtMatmulDescCreate(&st.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc");
@@ -97,6 +101,18 @@ CublasBaseline::CublasBaseline(const FusionSpec& s, const RunArgs& args) : st_(s
   check_lt(cublasLtMatrixLayoutCreate(&st.a, t, nk ? k : n, nk ? n : k, nk ? k : n), "layout B");
   check_lt(cublasLtMatrixLayoutCreate(&st.b, t, k, m, k), "layout A");
   check_lt(cublasLtMatrixLayoutCreate(&st.c, t, n, m, n), "layout C");
+  if (batches > 1) {
+    const int32_t count = int32_t(batches);
+    const int64_t offsets[3] = {int64_t(n * k), int64_t(m * k), int64_t(m * n)};  // B, A, C per batch
+    cublasLtMatrixLayout_t layouts[3] = {st.a, st.b, st.c};
+    for (int i = 0; i < 3; ++i) {
+      check_lt(cublasLtMatrixLayoutSetAttribute(layouts[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)),
+               "batch count");
+      check_lt(cublasLtMatrixLayoutSetAttribute(layouts[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &offsets[i],
+                                                sizeof(offsets[i])),
+               "batch offset");
+    }
+  }
   cublasLtMatmulPreference_t pref;
   check_lt(cublasLtMatmulPreferenceCreate(&pref), "preference");
   check_lt(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &st.workspace_bytes,

@@ -64,13 +64,19 @@ struct DeviceBuffer {
 };
 
 
+// Rows `rows` of a matrix [M, cols] (or a column [M]), or of every batch of [B, M, cols].
 Tensor take_rows(const Tensor& t, const std::vector<int64_t>& rows) {
   Tensor out;
   out.shape = t.shape;
-  out.shape[0] = static_cast<int64_t>(rows.size());
-  const int64_t cols = t.shape.size() == 2 ? t.shape[1] : 1;
-  for (int64_t r : rows)
-    out.data.insert(out.data.end(), t.data.begin() + r * cols, t.data.begin() + (r + 1) * cols);
+  const size_t rd = t.shape.size() == 3 ? 1 : 0;  // the row dim
+  out.shape[rd] = static_cast<int64_t>(rows.size());
+  const int64_t cols = t.shape.size() >= 2 ? t.shape.back() : 1;
+  const int64_t batches = rd ? t.shape[0] : 1, per_batch = t.shape[rd] * cols;
+  for (int64_t b = 0; b < batches; ++b)
+    for (int64_t r : rows) {
+      const auto from = t.data.begin() + b * per_batch + r * cols;
+      out.data.insert(out.data.end(), from, from + cols);
+    }
   return out;
 }
 
@@ -100,18 +106,20 @@ DeviceRunReport run_and_check(const Graph& g, const Bindings& dims, uint64_t see
   const TensorMap inputs = random_inputs(g, dims, rng, input_offset);
   // The reference on the sampled rows: inputs indexed by M are cut to those rows.
   const Problem prob = problem_of(second ? *second : s, dims);  // M and the output columns N
+  const int64_t batches = s.batched() ? resolve(s.batch, dims) : 1;  // a batched B2B pair
   const int64_t flops_k = second ? resolve(s.k, dims) + prob.k : prob.k;  // per output element
   TensorMap ref_inputs = inputs;
   Bindings ref_dims = dims;
   RowSample sample;
   // Sampled rows need ops that are row-local in M (not X x X^T, whose B has M rows too).
+  // A batch multiplies the reference's work: the same rows of every batch are checked.
   const std::vector<int64_t> rows =
-      row_local(g, s.m.sym) ? reference_rows(prob.m, prob.n, flops_k) : reference_rows(prob.m, 1, 1);
+      row_local(g, s.m.sym) ? reference_rows(prob.m, prob.n, flops_k * batches) : reference_rows(prob.m, 1, 1);
   if (static_cast<int64_t>(rows.size()) != prob.m) {
     ref_dims[s.m.sym] = static_cast<int64_t>(rows.size());
     sample = RowSample{s.m.sym, rows};  // a causal mask reads the rows' indices
     for (const Node& n : g.nodes())
-      if (n.kind == OpKind::Input && n.shape.size() == 2 && n.shape[0] == s.m)
+      if (n.kind == OpKind::Input && n.shape.size() >= 2 && n.shape[n.shape.size() - 2] == s.m)
         ref_inputs[n.name] = take_rows(inputs.at(n.name), rows);
   }
   const TensorMap want = run_graph(g, ref_dims, ref_inputs, sample);
@@ -160,10 +168,10 @@ DeviceRunReport run_and_check(const Graph& g, const Bindings& dims, uint64_t see
       std::vector<char> host(o.bytes);
       check(cudaMemcpy(host.data(), o.ptr, o.bytes, cudaMemcpyDeviceToHost), "downloading outputs");
       const Tensor& ref = want.at(o.arg->name);
-      Tensor full;  // [M, N], or [M, 1] for a per-row output
+      Tensor full;  // [M, N], or [M, 1] for a per-row output; [B, ...] when batched
       const int64_t cols = o.arg->value_class == ValueClass::Col ? 1 : prob.n;
-      full.shape = {prob.m, cols};
-      full.data.resize(static_cast<size_t>(prob.m * cols));
+      full.shape = s.batched() ? std::vector<int64_t>{batches, prob.m, cols} : std::vector<int64_t>{prob.m, cols};
+      full.data.resize(static_cast<size_t>(batches * prob.m * cols));
       OutputCheck oc;
       oc.name = o.arg->name;
       oc.dtype = o.arg->dtype;
@@ -173,7 +181,9 @@ DeviceRunReport run_and_check(const Graph& g, const Bindings& dims, uint64_t see
       }
       const Tensor got = static_cast<int64_t>(rows.size()) == prob.m ? full : take_rows(full, rows);
       if (got.data.size() != ref.data.size()) throw Error(fmt::format("output '{}': reference shape differs", oc.name));
-      oc.cmp = compare(got, ref);
+      Tensor ref_as = ref;  // the graph's shape ([B, M, 1], [M]) as the kernel's view of it
+      ref_as.shape = got.shape;
+      oc.cmp = compare(got, ref_as);
       checks.push_back(oc);
     }
     return checks;
@@ -199,9 +209,13 @@ DeviceRunReport run_and_check(const Graph& g, const Bindings& dims, uint64_t see
       if (second) {
         const RuntimeArg& sa = second->args.at(static_cast<size_t>(second->arg_index(ArgRole::OperandA)));
         const int64_t n1 = resolve(s.n, dims);
-        s_buffer = std::make_unique<DeviceBuffer>(static_cast<size_t>(prob.m * n1) * size_of(sa.dtype));
-        check(cudaMemset(s_buffer->ptr, 0, static_cast<size_t>(prob.m * n1) * size_of(sa.dtype)), "S for cuBLAS");
-        args2.tensors[sa.name] = DeviceTensor{s_buffer->ptr, sa.dtype, {prob.m, n1}, 0};
+        const size_t s_bytes = static_cast<size_t>(batches * prob.m * n1) * size_of(sa.dtype);
+        s_buffer = std::make_unique<DeviceBuffer>(s_bytes);
+        check(cudaMemset(s_buffer->ptr, 0, s_bytes), "S for cuBLAS");
+        args2.tensors[sa.name] = DeviceTensor{s_buffer->ptr, sa.dtype,
+                                              s.batched() ? std::vector<int64_t>{batches, prob.m, n1}
+                                                          : std::vector<int64_t>{prob.m, n1},
+                                              0};
         blas2 = std::make_unique<runtime_detail::CublasBaseline>(*second, args2);
       }
       // A gated GEMM1 is two GEMMs for cuBLAS: X W1^T and X W3^T.
@@ -246,7 +260,7 @@ DeviceRunReport run_and_check(const Graph& g, const Bindings& dims, uint64_t see
       const double kept = m <= n1 ? m * (m + 1) / 2 : n1 * (n1 + 1) / 2 + (m - n1) * n1;
       flops *= kept / (m * n1);
     }
-    rep.tflops = flops / (rep.kernel_ms * 1e-3) / 1e12;
+    rep.tflops = double(batches) * flops / (rep.kernel_ms * 1e-3) / 1e12;
     // The kernels keep state across launches (the exchange workspace's launch counter and
     // tags): the launch after hundreds must be as right as the first.
     if (!opt.trace) rep.outputs_after_timing = run_and_compare();

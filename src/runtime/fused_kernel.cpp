@@ -207,6 +207,29 @@ const DeviceTensor& matrix_arg(const RunArgs& args, const RuntimeArg& a) {
   return t;
 }
 
+// A matrix argument of a kernel that may be batched: [rows, cols], or [B, rows, cols] when
+// `batched` (a B2B kernel over a batch dim), with its strides (elements).
+struct Matrix {
+  const DeviceTensor* t = nullptr;
+  int64_t batches = 1, rows = 0, cols = 0, ld = 0, batch_stride = 0;
+};
+
+Matrix batched_matrix_arg(const RunArgs& args, const RuntimeArg& a, bool batched) {
+  const DeviceTensor& t = tensor_arg(args, a);
+  if (t.shape.size() != (batched ? 3u : 2u))
+    throw Error(fmt::format("argument '{}' must be {}, got {}", a.name,
+                            batched ? "3-D [B, rows, cols] (the kernel is batched)" : "2-D", shape_str(t.shape)));
+  Matrix m;
+  m.t = &t;
+  const size_t r = t.shape.size() - 2;
+  m.batches = batched ? t.shape[0] : 1;
+  m.rows = t.shape[r];
+  m.cols = t.shape[r + 1];
+  m.ld = t.ld ? t.ld : m.cols;
+  m.batch_stride = t.batch_stride ? t.batch_stride : m.rows * m.ld;
+  return m;
+}
+
 // Every tensor argument names one of the kernel's (the intermediate of a B2B kernel is not one).
 void check_names(const RunArgs& args, const std::vector<const FusionSpec*>& specs, const std::string& skip) {
   for (const auto& [name, t] : args.tensors) {
@@ -219,8 +242,11 @@ void check_names(const RunArgs& args, const std::vector<const FusionSpec*>& spec
 
 // The epilogue's runtime arguments into their Params slots: scalars, row/column vectors,
 // [M, N] inputs and outputs, [M, 1] outputs (N: the epilogue's columns; a B2B kernel's N2).
+// batches > 0: a batched kernel, whose [M, N] inputs and outputs are [batches, M, N] and whose
+// [M, 1] outputs are [batches, M, 1] (packed: the kernel writes batch b's at b x M); vectors
+// and scalars are shared by every batch.
 void bind_epilogue(const RunArgs& args, const std::vector<const FusionSpec*>& specs, const std::vector<ArgSlot>& slots,
-                   Params& p, int64_t M, int64_t N, int epi_rows) {
+                   Params& p, int64_t M, int64_t N, int epi_rows, int64_t batches = 0) {
   for (const ArgSlot& sl : slots) {
     const RuntimeArg& a = specs.at(static_cast<size_t>(sl.spec))->args.at(static_cast<size_t>(sl.arg));
     // A B2B kernel's F reads vectors and [M, N] inputs along N1 (its columns are GEMM1's).
@@ -239,19 +265,26 @@ void bind_epilogue(const RunArgs& args, const std::vector<const FusionSpec*>& sp
                                 shape_str(v.shape), want));
       p.vectors[sl.slot] = v.data;
     } else if (sl.kind == SlotKind::Output || sl.kind == SlotKind::TileInput) {
-      const DeviceTensor& o = matrix_arg(args, a);
-      if (o.shape[0] != M || o.shape[1] != cols)
-        throw Error(fmt::format("{} '{}' has shape {}, expected [{}, {}]", sl.kind == SlotKind::Output ? "output" : "input",
-                                a.name, shape_str(o.shape), M, cols));
-      if (sl.kind == SlotKind::Output) runtime_detail::set_output(p, epi_rows, sl.slot, a.dtype, o.data, o.ld ? o.ld : N);
-      else runtime_detail::set_tile_input(p, epi_rows, sl.slot, a.dtype, o.data, cols, o.ld ? o.ld : cols);
+      const Matrix o = batched_matrix_arg(args, a, batches > 0);
+      if (o.rows != M || o.cols != cols || (batches > 0 && o.batches != batches))
+        throw Error(fmt::format("{} '{}' has shape {}, expected {}", sl.kind == SlotKind::Output ? "output" : "input",
+                                a.name, shape_str(o.t->shape),
+                                batches > 0 ? fmt::format("[{}, {}, {}]", batches, M, cols) : fmt::format("[{}, {}]", M, cols)));
+      if (sl.kind == SlotKind::Output)
+        runtime_detail::set_output(p, epi_rows, sl.slot, a.dtype, o.t->data, o.ld, batches, o.batch_stride);
+      else
+        runtime_detail::set_tile_input(p, epi_rows, sl.slot, a.dtype, o.t->data, cols, o.ld, batches, o.batch_stride);
     } else if (sl.kind == SlotKind::ColOutput) {
       const DeviceTensor& o = tensor_arg(args, a);
+      const int64_t rows = batches > 0 ? batches * M : M;
       int64_t len = 1;
       for (int64_t d : o.shape) len *= d;
-      if (len != M || o.shape.empty() || (o.shape.size() == 2 && o.shape[1] != 1) || (o.ld != 0 && o.ld != 1))
-        throw Error(fmt::format("per-row output '{}' has shape {}, expected [{}, 1] (contiguous)", a.name,
-                                shape_str(o.shape), M));
+      const bool col_shape = o.shape.size() < 2 || o.shape.back() == 1;
+      if (len != rows || o.shape.empty() || !col_shape || (o.ld != 0 && o.ld != 1) ||
+          (o.batch_stride != 0 && o.batch_stride != M))
+        throw Error(fmt::format("per-row output '{}' has shape {}, expected {} (contiguous)", a.name,
+                                shape_str(o.shape),
+                                batches > 0 ? fmt::format("[{}, {}, 1]", batches, M) : fmt::format("[{}, 1]", M)));
       if (reinterpret_cast<uintptr_t>(o.data) % size_of(a.dtype))
         throw Error(fmt::format("per-row output '{}' is not aligned to its element size", a.name));
       p.col_outputs[sl.slot] = o.data;
@@ -298,7 +331,8 @@ void FusedKernel::run(const RunArgs& args, Stream stream) const {
 }
 
 // X [M, K]; W1 (and W3) [N1, K] (nk) or [K, N1]; W2 [N2, N1] (nk) or [N1, N2]; GEMM2's epilogue
-// arguments over [M, N2].
+// arguments over [M, N2]. A batched kernel (B2bConfig::batched): every one of these with a leading
+// batch dim [B, ...], bound as 3-D TMA descriptors (row vectors and scalars shared).
 void FusedKernel::run_b2b(const RunArgs& args, Stream stream) const {
   const State& st = *state_;
   const FusionSpec &f = st.spec, &e = *st.second;
@@ -308,42 +342,48 @@ void FusedKernel::run_b2b(const RunArgs& args, Stream stream) const {
   const RuntimeArg& rx = f.args.at(static_cast<size_t>(f.arg_index(ArgRole::OperandA)));
   const RuntimeArg& rw1 = f.args.at(static_cast<size_t>(f.arg_index(ArgRole::OperandB)));
   const RuntimeArg& rw2 = e.args.at(static_cast<size_t>(e.arg_index(ArgRole::OperandB)));
-  const DeviceTensor& X = matrix_arg(args, rx);
-  const DeviceTensor& W1 = matrix_arg(args, rw1);
-  const DeviceTensor& W2 = matrix_arg(args, rw2);
-  const int64_t M = X.shape[0], K = X.shape[1];
-  const int64_t N1 = kc.w1_kmajor ? W1.shape[0] : W1.shape[1];
-  const int64_t N2 = kc.w2_kmajor ? W2.shape[0] : W2.shape[1];
-  if ((kc.w1_kmajor ? W1.shape[1] : W1.shape[0]) != K)
-    throw Error(fmt::format("W1 '{}' is {} but X '{}' is {}: K differs", rw1.name, shape_str(W1.shape), rx.name,
-                            shape_str(X.shape)));
-  if ((kc.w2_kmajor ? W2.shape[1] : W2.shape[0]) != N1)
-    throw Error(fmt::format("W2 '{}' is {} but W1 '{}' is {}: N1 differs", rw2.name, shape_str(W2.shape), rw1.name,
-                            shape_str(W1.shape)));
-  check_b2b_problem_size(B2bProblem{1, M, K, N1, N2, rx.dtype});  // as the plan was made under
+  const bool batched = kc.batched;
+  const Matrix X = batched_matrix_arg(args, rx, batched);
+  const Matrix W1 = batched_matrix_arg(args, rw1, batched);
+  const Matrix W2 = batched_matrix_arg(args, rw2, batched);
+  const int64_t B = X.batches, M = X.rows, K = X.cols;
+  const int64_t N1 = kc.w1_kmajor ? W1.rows : W1.cols;
+  const int64_t N2 = kc.w2_kmajor ? W2.rows : W2.cols;
+  for (const auto& [m, a] : {std::pair{&W1, &rw1}, std::pair{&W2, &rw2}})
+    if (m->batches != B)
+      throw Error(fmt::format("'{}' is {} but X '{}' is {}: the batch counts differ", a->name, shape_str(m->t->shape),
+                              rx.name, shape_str(X.t->shape)));
+  if ((kc.w1_kmajor ? W1.cols : W1.rows) != K)
+    throw Error(fmt::format("W1 '{}' is {} but X '{}' is {}: K differs", rw1.name, shape_str(W1.t->shape), rx.name,
+                            shape_str(X.t->shape)));
+  if ((kc.w2_kmajor ? W2.cols : W2.rows) != N1)
+    throw Error(fmt::format("W2 '{}' is {} but W1 '{}' is {}: N1 differs", rw2.name, shape_str(W2.t->shape), rw1.name,
+                            shape_str(W1.t->shape)));
+  check_b2b_problem_size(B2bProblem{B, M, K, N1, N2, rx.dtype});  // as the plan was made under
   // GEMM2's epilogue finishes a row reduction inside one job: a longer row would reduce in pieces.
   if (e.reduction_count() > 0 && N2 > kc.tile_n2)
     throw Error(fmt::format("N2 = {} exceeds the {} columns of O one job of this kernel holds for GEMM2's row "
                             "reduction; build the kernel for this N2", N2, kc.tile_n2));
   Params p{};
-  p.M = int(M), p.K = int(K), p.N1 = int(N1), p.N = int(N2), p.batches = 1;
+  p.M = int(M), p.K = int(K), p.N1 = int(N1), p.N = int(N2), p.batches = int(B);
   const uint32_t box = Sm90::kTileK;
-  auto ld = [](const DeviceTensor& t) { return uint64_t(t.ld ? t.ld : t.shape[1]); };
-  runtime_detail::encode_tensor(&p.tma_a, "X", rx.dtype, X.data, M, K, ld(X), box, kc.tile_m);
-  auto weight = [&](TmaDesc* d, const char* what, const RuntimeArg& a, const DeviceTensor& t, bool kmajor, int rows) {
-    runtime_detail::encode_tensor(d, what, a.dtype, t.data, t.shape[0], t.shape[1], ld(t), box, kmajor ? rows : box);
+  const uint64_t batches = batched ? uint64_t(B) : 0;  // 0: 2-D descriptors
+  runtime_detail::encode_tensor(&p.tma_a, "X", rx.dtype, X.t->data, M, K, X.ld, box, kc.tile_m, batches, X.batch_stride);
+  auto weight = [&](TmaDesc* d, const char* what, const RuntimeArg& a, const Matrix& t, bool kmajor, int rows) {
+    runtime_detail::encode_tensor(d, what, a.dtype, t.t->data, t.rows, t.cols, t.ld, box, kmajor ? rows : box, batches,
+                                  t.batch_stride);
   };
   weight(&p.tma_b, "W1", rw1, W1, kc.w1_kmajor, kc.chunk_n1);
   if (kc.gated) {
     const RuntimeArg& rw3 = f.args.at(static_cast<size_t>(f.arg_index(ArgRole::OperandGate)));
-    const DeviceTensor& W3 = matrix_arg(args, rw3);
-    if (W3.shape != W1.shape)
-      throw Error(fmt::format("W3 '{}' is {} but W1 '{}' is {}", rw3.name, shape_str(W3.shape), rw1.name,
-                              shape_str(W1.shape)));
+    const Matrix W3 = batched_matrix_arg(args, rw3, batched);
+    if (W3.t->shape != W1.t->shape)
+      throw Error(fmt::format("W3 '{}' is {} but W1 '{}' is {}", rw3.name, shape_str(W3.t->shape), rw1.name,
+                              shape_str(W1.t->shape)));
     weight(&p.tma_b3, "W3", rw3, W3, kc.w1_kmajor, kc.chunk_n1);
   }
   weight(&p.tma_b2, "W2", rw2, W2, kc.w2_kmajor, kc.tile_n2);
-  bind_epilogue(args, {&f, &e}, st.emitted.slots, p, M, N2, kc.tile_m);
+  bind_epilogue(args, {&f, &e}, st.emitted.slots, p, M, N2, kc.tile_m, static_cast<int64_t>(batches));
   runtime_detail::launch(st.kernel, kc, p, reinterpret_cast<cudaStream_t>(stream), st.max_clusters);
 }
 

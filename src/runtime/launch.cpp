@@ -40,29 +40,37 @@ EncodeTiledFn encode_tiled_fn() {
 }  // namespace
 
 // A 2-D row-major tensor: `rows` x `cols`, row stride `ld` elements, box {box_cols, box_rows},
-// 128-byte swizzle (box_cols * elem == 128).
+// 128-byte swizzle (box_cols * elem == 128). batches > 0: a 3-D tensor of that many such
+// matrices, batch_stride elements apart, box {box_cols, box_rows, 1}: the kernel's 3-D loads and
+// stores give the batch as the outermost coordinate, and rows past `rows` stay out of bounds
+// (zero-filled, not stored) instead of reaching into the next batch.
 void encode_tensor(TmaDesc* out, const char* what, DType t, const void* ptr, uint64_t rows, uint64_t cols, uint64_t ld,
-               uint32_t box_cols, uint32_t box_rows) {
+               uint32_t box_cols, uint32_t box_rows, uint64_t batches, uint64_t batch_stride) {
   const int eb = static_cast<int>(size_of(t));
   auto fail = [&](const std::string& why) {
-    throw Error(fmt::format("operand {} ({}, {} x {}, ld {}): {}", what, name_of(t), rows, cols, ld, why));
+    throw Error(fmt::format("operand {} ({}, {}{} x {}, ld {}{}): {}", what, name_of(t),
+                            batches ? fmt::format("{} x ", batches) : "", rows, cols, ld,
+                            batches ? fmt::format(", batch stride {}", batch_stride) : "", why));
   };
   if (!ptr) fail("null pointer");
   if (reinterpret_cast<uintptr_t>(ptr) % 16) fail("base address must be 16-byte aligned");
   if (rows == 0 || cols == 0) fail("empty");
   if (ld < cols) fail("row stride smaller than the row");
   if ((ld * eb) % 16) fail(fmt::format("row stride must be a multiple of 16 bytes ({} elements)", 16 / eb));
-  if (rows >= (1ull << 32) || cols >= (1ull << 32)) fail("dimension >= 2^32");
-  cuuint64_t dims[2] = {cols, rows};
-  cuuint64_t strides[1] = {ld * eb};
-  cuuint32_t box[2] = {box_cols, box_rows};
-  cuuint32_t estr[2] = {1, 1};
+  if (rows >= (1ull << 32) || cols >= (1ull << 32) || batches >= (1ull << 32)) fail("dimension >= 2^32");
+  if (batches > 1 && batch_stride < rows * ld) fail("batches overlap (batch stride smaller than rows x row stride)");
+  if (batches > 0 && (batch_stride * eb) % 16) fail(fmt::format("batch stride must be a multiple of 16 bytes ({} elements)", 16 / eb));
+  const cuuint32_t rank = batches > 0 ? 3 : 2;
+  cuuint64_t dims[3] = {cols, rows, batches};
+  cuuint64_t strides[2] = {ld * eb, (batch_stride > 0 ? batch_stride : rows * ld) * eb};
+  cuuint32_t box[3] = {box_cols, box_rows, 1};
+  cuuint32_t estr[3] = {1, 1, 1};
   const CUtensorMapDataType dt = t == DType::BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                  : t == DType::F16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
                                                    : CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
   static_assert(sizeof(CUtensorMap) == sizeof(TmaDesc) && alignof(CUtensorMap) <= alignof(TmaDesc));
   CUtensorMap map;
-  const CUresult r = encode_tiled_fn()(&map, dt, 2, const_cast<void*>(ptr), dims, strides, box, estr,
+  const CUresult r = encode_tiled_fn()(&map, dt, rank, const_cast<void*>(ptr), dims, strides, box, estr,
                                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) fail(fmt::format("cuTensorMapEncodeTiled failed with CUresult {}", int(r)));
@@ -101,15 +109,19 @@ void set_operands(Params& p, const KernelConfig& k, DType ab, const void* A, int
   p.M = M, p.N = N, p.K = K;
 }
 
-void set_output(Params& p, int epi_rows, int slot, DType t, void* D, int64_t ldd) {
+void set_output(Params& p, int epi_rows, int slot, DType t, void* D, int64_t ldd, int64_t batches, int64_t batch_stride) {
   if (slot < 0 || slot >= Sm90::kMaxOutputs) throw Error(fmt::format("output slot {} out of range", slot));
-  encode_tensor(&p.tma_out[slot], "output", t, D, p.M, p.N, ldd, 128 / static_cast<uint32_t>(size_of(t)), epi_rows);
+  encode_tensor(&p.tma_out[slot], "output", t, D, p.M, p.N, ldd, 128 / static_cast<uint32_t>(size_of(t)), epi_rows,
+                batches, batch_stride);
 }
 
-void set_tile_input(Params& p, int epi_rows, int slot, DType t, const void* X, int64_t cols, int64_t ld) {
+void set_tile_input(Params& p, int epi_rows, int slot, DType t, const void* X, int64_t cols, int64_t ld, int64_t batches,
+                    int64_t batch_stride) {
   if (slot < 0 || slot >= Sm90::kMaxTileInputs) throw Error(fmt::format("tile input slot {} out of range", slot));
-  encode_tensor(&p.tma_in[slot], "epilogue input", t, X, p.M, cols, ld, 128 / static_cast<uint32_t>(size_of(t)), epi_rows);
-  p.tile_in[slot] = TileInputRef{X, ld, int64_t{p.M} * ld};
+  const int64_t bs = batch_stride > 0 ? batch_stride : int64_t{p.M} * ld;
+  encode_tensor(&p.tma_in[slot], "epilogue input", t, X, p.M, cols, ld, 128 / static_cast<uint32_t>(size_of(t)), epi_rows,
+                batches, bs);
+  p.tile_in[slot] = TileInputRef{X, ld, bs};
 }
 
 int prepare(cudaKernel_t kernel, const KernelConfig& k) {

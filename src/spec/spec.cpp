@@ -324,7 +324,7 @@ int FusionSpec::reduction_count() const { return count_reductions(root); }
 int FusionSpec::stage_count() const { return count_stages(root); }
 
 bool operator==(const FusionSpec& a, const FusionSpec& b) {
-  if (a.name != b.name || a.b_layout != b.b_layout || a.m != b.m || a.n != b.n || a.k != b.k ||
+  if (a.name != b.name || a.b_layout != b.b_layout || a.m != b.m || a.n != b.n || a.k != b.k || a.batch != b.batch ||
       a.args.size() != b.args.size())
     return false;
   for (size_t i = 0; i < a.args.size(); ++i)

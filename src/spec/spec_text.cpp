@@ -1,7 +1,7 @@
 // Fusion Spec text form. Printing is deterministic (the text feeds a cache key) and
 // exact: parse_spec(print(s)) == s, doubles in shortest round-trip form. Layout:
 //
-//   fusion NAME (b_layout=nk, m=M, n=N, k=K) {
+//   fusion NAME (b_layout=nk, m=M, n=N, k=K) {      (batched: ..., k=K, batch=B)
 //     args {
 //       a0: operand_a x bf16[M, K] node=0
 //       a3: output y bf16[M, N] tile node=9
@@ -139,7 +139,7 @@ class SpecParser {
     while (!is_punct(')')) {
       if (!first) punct(',');
       first = false;
-      const Tok key = ident("a header key (b_layout, m, n, k)");
+      const Tok key = ident("a header key (b_layout, m, n, k, batch)");
       punct('=');
       if (key.text == "b_layout") {
         const Tok v = ident("nk or kn");
@@ -148,7 +148,8 @@ class SpecParser {
       } else if (key.text == "m") fs.m = dim();
       else if (key.text == "n") fs.n = dim();
       else if (key.text == "k") fs.k = dim();
-      else throw Error(key.loc, fmt::format("unknown header key `{}` (expected b_layout, m, n or k)", key.text));
+      else if (key.text == "batch") fs.batch = dim();
+      else throw Error(key.loc, fmt::format("unknown header key `{}` (expected b_layout, m, n, k or batch)", key.text));
     }
     punct(')');
     punct('{');
@@ -501,8 +502,10 @@ class SpecParser {
 }  // namespace
 
 std::string print(const FusionSpec& s) {
-  std::string out = fmt::format("fusion {} (b_layout={}, m={}, n={}, k={}) {{\n  args {{\n", word(s.name),
-                                s.b_layout == BLayout::KN ? "kn" : "nk", dim_text(s.m), dim_text(s.n), dim_text(s.k));
+  // `batch` only where there is one: an unbatched spec prints (and keys the JIT cache) as before.
+  std::string out = fmt::format("fusion {} (b_layout={}, m={}, n={}, k={}{}) {{\n  args {{\n", word(s.name),
+                                s.b_layout == BLayout::KN ? "kn" : "nk", dim_text(s.m), dim_text(s.n), dim_text(s.k),
+                                s.batched() ? ", batch=" + dim_text(s.batch) : std::string());
   for (size_t i = 0; i < s.args.size(); ++i) {
     const RuntimeArg& a = s.args[i];
     std::string dims;

@@ -309,8 +309,9 @@ class Parser {
         } else {
           throw Error(d.loc, fmt::format("bad dim: expected a name or a positive integer, found {}", describe(d)));
         }
-        if (shape.size() > 2)
-          throw Error(d.loc, fmt::format("input `{}`: rank {} is not supported (at most 2)", clip(name.text), shape.size()));
+        if (shape.size() > 3)
+          throw Error(d.loc, fmt::format("input `{}`: rank {} is not supported (at most 3: [B, rows, cols], a leading "
+                                         "batch dim)", clip(name.text), shape.size()));
         if (is_punct(peek(), ']')) break;
         expect_punct(',', "or ']' in the shape");
       }

@@ -81,8 +81,10 @@ class Cli : public ::testing::Test {
   }
 };
 
-const char* kExamples[] = {"gemm_bias_gelu.cf", "gemm_layernorm.cf", "gemm_rmsnorm.cf", "gemm_softmax.cf", "ffn.cf",
-                           "ffn_swiglu.cf",     "attention.cf",      "attention_causal.cf"};
+const char* kExamples[] = {"gemm_bias_gelu.cf",   "gemm_layernorm.cf",    "gemm_rmsnorm.cf",
+                           "gemm_softmax.cf",     "ffn.cf",               "ffn_swiglu.cf",
+                           "attention.cf",        "attention_causal.cf",  "attention_batched.cf",
+                           "attention_batched_causal.cf"};
 
 bool is_b2b_pair(const std::string& ex) { return ex == "ffn.cf" || ex == "ffn_swiglu.cf" || ex.rfind("attention", 0) == 0; }
 
@@ -90,6 +92,7 @@ bool is_b2b_pair(const std::string& ex) { return ex == "ffn.cf" || ex == "ffn_sw
 std::string extra_dims(const std::string& ex) {
   if (ex == "ffn.cf" || ex == "ffn_swiglu.cf") return " --dim D=192";
   if (ex == "attention.cf" || ex == "attention_causal.cf") return " --dim DV=64";
+  if (ex == "attention_batched.cf" || ex == "attention_batched_causal.cf") return " --dim DV=64 --dim B=3";
   return "";
 }
 
@@ -173,7 +176,7 @@ TEST_F(Cli, ExplainEveryExample) {
     EXPECT_EQ(has(f.out, "b2b plan for"), is_b2b_pair(ex)) << f.out;
     // The causal mask before attention's softmax: the B2B kernel walks the chunks causally.
     EXPECT_EQ(has(f.out, "causal mask 'masked': a job walks only the chunks of N1 that reach its rows"),
-              std::string(ex) == "attention_causal.cf")
+              std::string(ex) == "attention_causal.cf" || std::string(ex) == "attention_batched_causal.cf")
         << f.out;
   }
 }

@@ -242,7 +242,7 @@ TEST(Text, CausalMask) {
   EXPECT_PARSE_ERROR(h + "m = causal_mask(sum(s))\n", 4, 5,
                      "causal_mask: the sum it is given has shape [M, 1], which is not the output shape of a matmul it "
                      "is computed from");
-  EXPECT_PARSE_ERROR(h + "input b: f32[N]\nm = causal_mask(b)\n", 5, 5, "'b' has shape [N]; the mask applies to a rank-2");
+  EXPECT_PARSE_ERROR(h + "input b: f32[N]\nm = causal_mask(b)\n", 5, 5, "'b' has shape [N]; the mask applies to a tile [M, N]");
   EXPECT_PARSE_ERROR(h + "m = causal_mask(s, s)\n", 4, 5, "wrong arity: `causal_mask` takes 1 operand");
   EXPECT_PARSE_ERROR(h + "m = causal_mask(s, offset=1)\n", 4, 20, "`causal_mask` takes no keyword arguments");
   EXPECT_PARSE_ERROR(h + "m = causal_msk(s)\n", 4, 5, "did you mean `causal_mask`?");
@@ -263,7 +263,7 @@ TEST(Text, ErrorsCarryLineAndColumn) {
   EXPECT_PARSE_ERROR("input a: bf16[M, 0]\n", 1, 18, "bad dim `0`");
   EXPECT_PARSE_ERROR("input a: bf16[M, -4]\n", 1, 18, "dimensions must be positive");
   EXPECT_PARSE_ERROR("input a: bf16[M, 2.5]\n", 1, 18, "bad dim `2.5`");
-  EXPECT_PARSE_ERROR("input a: bf16[M, K, L]\n", 1, 21, "rank 3 is not supported");
+  EXPECT_PARSE_ERROR("input a: bf16[B, M, K, L]\n", 1, 24, "rank 4 is not supported (at most 3: [B, rows, cols]");
   EXPECT_PARSE_ERROR(h + "z = relu(x) $\n", 3, 13, "unexpected character '$'");
   EXPECT_PARSE_ERROR(h + "z = add(x, relu(y)\n", 3, 19, "missing ')' to close `add(`");
   EXPECT_PARSE_ERROR(h + "z = relu(x) y\n", 3, 13, "unexpected `y` after the statement");

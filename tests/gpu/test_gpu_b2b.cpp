@@ -1,10 +1,12 @@
 // GPU correctness of the B2B kernel family (kernels/comfuse/b2b/): O = F(X W1^T) W2^T with S
 // in registers, for elementwise F (an FFN, with vectors and [M, N1] inputs along N1 and an
 // epilogue after GEMM2, a residual included), the gated F of SwiGLU / GeGLU (X W1^T and X W3^T)
-// and the online softmax (attention, causal too), bf16 and f16, ragged shapes, against the fp64
-// graph executor on random inputs; and the same pair as two kernels where the planner falls
-// back. The pair is forced (--b2b force): the planner would run most of these shapes as two
-// kernels. Skips, saying why, on a machine without an sm_90 GPU.
+// and the online softmax (attention, causal too), bf16 and f16, ragged shapes, batched over a
+// leading dim (3-D TMA, per-batch epilogue inputs and outputs), against the fp64 graph executor
+// on random inputs; and the same pair as two kernels where the planner falls back. The pair is
+// forced (--b2b force): the planner would run most of these shapes as two kernels. Skips, saying
+// why, on a machine without an sm_90 GPU.
+#include <cuda_runtime.h>
 #include <fmt/format.h>
 
 #include "comfuse/text.h"
@@ -231,6 +233,114 @@ output o: {0}
       EXPECT_TRUE(rep.b2b_plan.kernel.online_softmax);
     }
   }
+}
+
+std::string batched_attention(const char* dtype, bool causal) {
+  return fmt::format(R"(
+input q: {0}[B, M, K]
+input k: {0}[B, N, K]
+input v: {0}[B, N, DV]
+s = matmul(q, k)
+x = mul(s, 0.125)
+p = cast(softmax({1}), {0})
+o = matmul(p, v, layout=kn)
+output o: {0}
+)",
+                     dtype, causal ? "causal_mask(x)" : "x");
+}
+
+// Attention batched over B (batch x heads): 3-D TMA loads of Q, K, V and a 3-D store of O, one
+// batch per job; rows past M (a ragged last block) must not reach into the next batch. bf16 and
+// f16, head dims 64 and 128, M != N both ways, causal (mirror pairs of row blocks per CTA, odd
+// and even block counts) and not.
+TEST_F(GpuB2b, BatchedAttention) {
+  for (const char* dtype : {"bf16", "f16"})
+    for (const bool causal : {false, true})
+      for (const Bindings& d : {Bindings{{"B", 3}, {"M", 300}, {"N", 520}, {"K", 64}, {"DV", 64}},
+                                Bindings{{"B", 3}, {"M", 1000}, {"N", 1032}, {"K", 128}, {"DV", 128}},
+                                Bindings{{"B", 2}, {"M", 1000}, {"N", 328}, {"K", 64}, {"DV", 128}},
+                                Bindings{{"B", 5}, {"M", 77}, {"N", 200}, {"K", 128}, {"DV", 64}},
+                                Bindings{{"B", 1}, {"M", 192}, {"N", 192}, {"K", 64}, {"DV", 64}}}) {
+        SCOPED_TRACE(fmt::format("{} {} B={} M={} N={} K={} DV={}", dtype, causal ? "causal" : "unmasked", d.at("B"),
+                                 d.at("M"), d.at("N"), d.at("K"), d.at("DV")));
+        const DeviceRunReport rep = expect_one_b2b_kernel_matches(batched_attention(dtype, causal), d);
+        EXPECT_TRUE(rep.b2b_plan.kernel.batched);
+        EXPECT_EQ(rep.b2b_plan.problem.batches, d.at("B"));
+        EXPECT_EQ(rep.b2b_plan.kernel.causal, causal);
+      }
+}
+
+// Many batches and rounds of the persistent grid (4 x 16 heads of 512): every warp group walks
+// several jobs, causal pairs in alternating order.
+TEST_F(GpuB2b, BatchedAttentionManyHeads) {
+  for (const bool causal : {false, true}) {
+    SCOPED_TRACE(causal ? "causal" : "unmasked");
+    expect_one_b2b_kernel_matches(batched_attention("bf16", causal),
+                                  {{"B", 64}, {"M", 512}, {"N", 512}, {"K", 128}, {"DV", 128}});
+  }
+}
+
+// A batched FFN-shaped pair with everything per batch that the epilogues read or write: an f32
+// [B, M, N] scale in F (per chunk of N1), a shared bias row, a [B, M, D] residual after GEMM2
+// (its L2 prefetch a 3-D box), the [B, M, D] output and a per-row [B, M, 1] sum.
+TEST_F(GpuB2b, BatchedPairWithPerBatchEpilogueOperands) {
+  const std::string g = R"(
+input x: bf16[B, M, K]
+input w1: bf16[B, N, K]
+input scale: f32[B, M, N]
+input b1: bf16[N]
+input w2: bf16[B, D, N]
+input residual: bf16[B, M, D]
+h = matmul(x, w1)
+s = cast(mul(gelu(add(h, b1)), scale), bf16)
+y = matmul(s, w2)
+z = add(y, residual)
+ss = sum(z)
+output z: bf16
+output ss: f32
+)";
+  for (const Bindings& d : {Bindings{{"B", 3}, {"M", 300}, {"N", 520}, {"K", 64}, {"D", 136}},
+                            Bindings{{"B", 2}, {"M", 129}, {"N", 1032}, {"K", 128}, {"D", 64}}}) {
+    SCOPED_TRACE(fmt::format("B={} M={} N={} K={} D={}", d.at("B"), d.at("M"), d.at("N"), d.at("K"), d.at("D")));
+    const DeviceRunReport rep = expect_one_b2b_kernel_matches(g, d);
+    EXPECT_TRUE(rep.b2b_plan.kernel.batched);
+  }
+}
+
+// A batched kernel's arguments are checked by name before launch: 2-D where 3-D is due, batch
+// counts that differ, an output of the wrong batch count.
+TEST_F(GpuB2b, BatchedArgumentErrorsNameTheArgument) {
+  const Graph g = parse_graph(batched_attention("bf16", false));
+  const FusedKernel k = compile(g, {{"B", 2}, {"M", 128}, {"N", 128}, {"K", 64}, {"DV", 64}});
+  void* buf = nullptr;
+  ASSERT_EQ(cudaMalloc(&buf, size_t{4} << 20), cudaSuccess);
+  auto args = [&](std::vector<int64_t> q, std::vector<int64_t> kk, std::vector<int64_t> o) {
+    RunArgs a;
+    a.tensors["q"] = DeviceTensor{buf, DType::BF16, q};
+    a.tensors["k"] = DeviceTensor{buf, DType::BF16, kk};
+    a.tensors["v"] = DeviceTensor{buf, DType::BF16, {2, 128, 64}};
+    a.tensors["o"] = DeviceTensor{buf, DType::BF16, o};
+    return a;
+  };
+  auto error_of = [&](const RunArgs& a) {
+    try {
+      k.run(a);
+      cudaDeviceSynchronize();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  EXPECT_NE(error_of(args({128, 64}, {2, 128, 64}, {2, 128, 64})).find("argument 'q' must be 3-D [B, rows, cols]"),
+            std::string::npos);
+  EXPECT_NE(error_of(args({2, 128, 64}, {3, 128, 64}, {2, 128, 64})).find("'k' is [3, 128, 64] but X 'q' is "
+                                                                           "[2, 128, 64]: the batch counts differ"),
+            std::string::npos);
+  EXPECT_NE(error_of(args({2, 128, 64}, {2, 128, 64}, {3, 128, 64})).find("output 'o' has shape [3, 128, 64], "
+                                                                           "expected [2, 128, 64]"),
+            std::string::npos);
+  EXPECT_EQ(error_of(args({2, 128, 64}, {2, 128, 64}, {2, 128, 64})), "(no error)");
+  cudaFree(buf);
 }
 
 }  // namespace

@@ -182,6 +182,32 @@ def test_direct_kernel_api_checks_tensors(gpu):
         kern(x=X[:10], w=W, bias=B)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_direct_kernel_api_runs_batched_attention(gpu, causal):
+    """One B2B kernel over [B*H, S, D] tensors, against SDPA's math in f32; a strided batch (the
+    heads of a [B, S, H, D] tensor viewed as [B*H, S, D] is not possible, but a slice of a larger
+    batch is) and a wrong batch count."""
+    import math
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    b, h, s, d = 2, 3, 300, 64
+    mask = "causal_mask(x)" if causal else "x"
+    text = (f"input q: bf16[B, M, K]\ninput k: bf16[B, N, K]\ninput v: bf16[B, N, DV]\ns = matmul(q, k)\n"
+            f"x = mul(s, {1 / math.sqrt(d)!r})\npb = cast(softmax({mask}), bf16)\no = matmul(pb, v, layout=kn)\n"
+            "output o: bf16\n")
+    kern = comfuse.compile_graph(text, {"B": b * h, "M": s, "N": s, "K": d, "DV": d})
+    assert "x 6 batches" in kern.explain()
+    big = randn(2 * b * h, s, d, device=gpu)
+    q, k, v = big[::2], randn(b * h, s, d, device=gpu), randn(b * h, s, d, device=gpu)  # q: every other batch
+    o = kern(q=q, k=k, v=v)["o"]
+    assert o.shape == (b * h, s, d)
+    with sdpa_kernel(SDPBackend.MATH):
+        ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
+    assert_bf16_close(o, ref)
+    with pytest.raises(ValueError, match="'k' has shape"):
+        kern(q=q, k=k[:2], v=v)
+
+
 def test_inductor_default_and_max_autotune_rest(gpu):
     model = M.GPT2MLP(1024, 4096).to(torch.bfloat16).to(gpu).eval()
     x = randn(4, 256, 1024, device=gpu)

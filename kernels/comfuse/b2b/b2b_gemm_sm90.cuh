@@ -8,7 +8,8 @@
 //        mainloop_b2b.cuh), in exactly the order the consumer takes them. The W2 k-blocks of a
 //        chunk land while the consumer runs F on it.
 //   WG1, WG2  consumers (setmaxnreg.inc 232), each on its own jobs: tile_m rows x tile_n2
-//        columns of O (b2b job order: scheduler/grid.cuh). Per chunk: ML1 (GEMM1, SS wgmma),
+//        columns of O in one batch (b2b job order: scheduler/grid.cuh; with a causal mask a CTA's
+//        two warp groups take a row block and its mirror, so every SM walks as much of N1). Per chunk: ML1 (GEMM1, SS wgmma),
 //        Epi1 (F: b2b/intermediate.cuh), ML2 (GEMM2, RS wgmma: S from registers). GEMM2 of
 //        chunk c runs on the tensor cores while ML1 of chunk c + 1 is issued behind it; the two
 //        consumer warp groups interleave on the tensor cores, one's F beside the other's GEMMs.
@@ -88,8 +89,9 @@ struct B2bGemmSm90 {
       if (w < Sm90::kConsumerWGs && t % 32 == 0) {
         State st = RingT::producer_start();
         for (int j = int(blockIdx.x) * Sm90::kConsumerWGs + w;; j += stride) {
-          B2bJob const job = b2b_job(C, j, p.batches, p.M, p.N);
-          if (!job.valid) break;
+          B2bJob const job = b2b_job(C, j, p.batches, p.M, p.N, int(gridDim.x));
+          if (job.done) break;
+          if (!job.valid) continue;  // as the consumer: an empty half of a causal pair
           int const chunks = b2b_chunks(C, job.m_block, p.M, p.N1);
           for (int c = 0; c < chunks; ++c)
             Mainloop::load_chunk(p, ss.bars[w], st, ss.wg[w].ring, job.m_block * C.tile_m, c * C.chunk_n1,
@@ -110,8 +112,9 @@ struct B2bGemmSm90 {
       typename Mainloop::FragS S;
       typename Mainloop::FragO O;
       for (int j = int(blockIdx.x) * Sm90::kConsumerWGs + cw;; j += stride) {
-        B2bJob const job = b2b_job(C, j, p.batches, p.M, p.N);
-        if (!job.valid) break;
+        B2bJob const job = b2b_job(C, j, p.batches, p.M, p.N, int(gridDim.x));
+        if (job.done) break;
+        if (!job.valid) continue;  // an empty half of a causal pair (scheduler/grid.cuh)
         int const m0 = job.m_block * C.tile_m;
         int const chunks = b2b_chunks(C, job.m_block, p.M, p.N1);
         epi::EpiCtx c2{&p, m0, job.n2_block * C.tile_n2, p.N, t, t / 32, t % 32};

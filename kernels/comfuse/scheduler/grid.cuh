@@ -96,24 +96,50 @@ COMFUSE_HOST_DEVICE constexpr long long exchange_workspace_bytes(KernelConfig co
 }
 
 // ---- B2B kernels (b2b/b2b_gemm_sm90.cuh): a job is one consumer warp group's tile_m rows x
-// tile_n2 columns of O in one batch; each warp group walks its own jobs (persistent).
+// tile_n2 columns of O in one batch; each warp group walks its own jobs (persistent): slot j,
+// j + stride, ... where slot j = 2 * blockIdx.x + (consumer warp group) in the first round and
+// stride = 2 * gridDim.x (one round gives every warp group one slot).
 struct B2bJob {
   int batch, m_block, n2_block;
-  bool valid;
+  bool valid;  // a job in this slot (a causal pair's empty half has none: skip it)
+  bool done;   // past the last slot: the warp group stops
 };
 
 COMFUSE_HOST_DEVICE constexpr int b2b_job_count(B2bConfig const& c, int batches, int M, int N2) {
   return batches * ceil_div(M, c.tile_m) * ceil_div(N2, c.tile_n2);
 }
 
-// Job j. With a causal mask the row blocks run last-first: their jobs walk the most chunks, and
-// a persistent grid should start the long ones first.
-COMFUSE_HOST_DEVICE constexpr B2bJob b2b_job(B2bConfig const& c, int j, int batches, int M, int N2) {
+// Slots: one per job; with a causal mask two per pair of row blocks (below), the middle block
+// of an odd count alone in its pair.
+COMFUSE_HOST_DEVICE constexpr int b2b_slot_count(B2bConfig const& c, int batches, int M, int N2) {
   int const mb = ceil_div(M, c.tile_m), nb = ceil_div(N2, c.tile_n2);
-  if (j >= batches * mb * nb) return {0, 0, 0, false};
-  int const n2_block = j % nb, rest = j / nb;
-  int const m_rev = rest % mb, batch = rest / mb;
-  return {batch, c.causal ? mb - 1 - m_rev : m_rev, n2_block, true};
+  return c.causal ? 2 * batches * nb * ceil_div(mb, 2) : batches * mb * nb;
+}
+
+// The job in slot j of a grid of `ctas` CTAs. Without a mask every job walks all of N1: batch
+// major (a batch's W1 and W2 stay hot in L2 while its row blocks run), then row blocks, then O
+// blocks. With a causal mask, row block r walks r + 1 blocks' worth of N1 (b2b_chunks), and a
+// persistent grid is only as fast as its busiest SM. So the two consumer warp groups of a CTA
+// take a PAIR of row blocks of one batch, i and its mirror mb - 1 - i: every pair walks about
+// mb + 1 blocks' worth, every CTA gets the same work per round, and the two warp groups share
+// the SM's tensor cores (one's F beside the other's GEMMs) until the short job ends. The warp
+// group that takes the long one alternates by round, so that over two rounds each warp group of a
+// CTA walks as much as the other (the tail where one runs alone stays short). Pairs are batch
+// major, as the jobs without a mask.
+COMFUSE_HOST_DEVICE constexpr B2bJob b2b_job(B2bConfig const& c, int j, int batches, int M, int N2, int ctas) {
+  int const mb = ceil_div(M, c.tile_m), nb = ceil_div(N2, c.tile_n2);
+  if (j >= b2b_slot_count(c, batches, M, N2)) return {0, 0, 0, false, true};
+  if (!c.causal) {
+    int const n2_block = j % nb, rest = j / nb;
+    return {rest / mb, rest % mb, n2_block, true, false};
+  }
+  int const q = j / 2, round = q / (ctas > 0 ? ctas : 1);
+  int const n2_block = q % nb, rest = q / nb, half = ceil_div(mb, 2);
+  int const i = rest % half, batch = rest / half;
+  bool const takes_long = (j % 2) == (round % 2);
+  if (takes_long) return {batch, mb - 1 - i, n2_block, true, false};
+  if (i == mb - 1 - i) return {batch, 0, 0, false, false};  // the middle block: its pair has one job
+  return {batch, i, n2_block, true, false};
 }
 
 // N1 chunks a job walks: all of N1, or with a causal mask only those that reach its rows.
@@ -123,9 +149,9 @@ COMFUSE_HOST_DEVICE constexpr int b2b_chunks(B2bConfig const& c, int m_block, in
   return ceil_div(cols, c.chunk_n1);
 }
 
-// One CTA per SM at most, two consumer warp groups each walking their own jobs.
+// One CTA per SM at most, two consumer warp groups each walking their own slots.
 COMFUSE_HOST_DEVICE constexpr int b2b_grid(B2bConfig const& c, int batches, int M, int N2, int max_active_ctas) {
-  int const ctas = ceil_div(b2b_job_count(c, batches, M, N2), Sm90::kConsumerWGs);
+  int const ctas = ceil_div(b2b_slot_count(c, batches, M, N2), Sm90::kConsumerWGs);
   return ctas < max_active_ctas ? (ctas > 0 ? ctas : 1) : max_active_ctas;
 }
 
