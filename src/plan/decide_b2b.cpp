@@ -378,19 +378,24 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
 
 B2bChoice choose_b2b(const FusionSpec& first, const FusionSpec& second, const B2bProblem& p, const PlanOptions& opt) {
   using Mode = PlanOptions::B2b;
+  // Pairs the two-kernel path cannot run: a gated GEMM1 (the single-GEMM kernel holds one
+  // accumulator) and a batched pair (the single-GEMM kernels take no batch dim).
   const bool gated = first.arg_index(ArgRole::OperandGate) >= 0;
+  const bool batched = first.batched();
+  const char* one_only = gated ? "a gated pair has no two-kernel path (the single-GEMM kernel holds one accumulator)"
+                         : batched ? "a batched pair has no two-kernel path (the single-GEMM kernels take no batch dim)"
+                                   : nullptr;
   B2bChoice c;
   if (opt.b2b == Mode::Off) {
-    if (gated)
-      throw Error("b2b off: a gated pair (X W1^T and X W3^T meeting in F) has no two-kernel path: the single-GEMM "
-                  "kernel holds one accumulator; run it as one B2B kernel (--b2b auto or force)");
+    if (one_only)
+      throw Error(fmt::format("b2b off: {}; run it as one B2B kernel (--b2b auto or force)", one_only));
     c.reason = "two kernels (b2b off): GEMM1 and F store S, GEMM2 reads it";
     return c;
   }
   try {
     c.plan = make_b2b_plan(first, second, p, opt);
   } catch (const Error& e) {
-    if (opt.b2b == Mode::Force || gated) throw;
+    if (opt.b2b == Mode::Force || one_only) throw;
     c.reason = fmt::format("two kernels: the pair cannot be one B2B kernel ({}); GEMM1 and F store S, GEMM2 reads it",
                            e.what());
     return c;
@@ -398,12 +403,10 @@ B2bChoice choose_b2b(const FusionSpec& first, const FusionSpec& second, const B2
   const std::string estimate =
       fmt::format("estimate {:.1f} us as one kernel, {:.1f} us as two", c.plan->fused_us, c.plan->unfused_us);
   const bool pays = c.plan->fused_us <= c.plan->unfused_us;
-  c.one_kernel = opt.b2b == Mode::Force || pays || gated;
+  c.one_kernel = opt.b2b == Mode::Force || pays || one_only;
   c.reason = opt.b2b == Mode::Force ? fmt::format("one B2B kernel (b2b force; {})", estimate)
              : pays                 ? fmt::format("one B2B kernel: {}", estimate)
-             : gated ? fmt::format("one B2B kernel although it is not expected to pay ({}): a gated pair has no "
-                                   "two-kernel path (the single-GEMM kernel holds one accumulator)",
-                                   estimate)
+             : one_only ? fmt::format("one B2B kernel although it is not expected to pay ({}): {}", estimate, one_only)
                      : fmt::format("two kernels: the B2B kernel is not expected to pay ({}); GEMM1 and F store S, "
                                    "GEMM2 reads it (--b2b force builds the pair)",
                                    estimate);
