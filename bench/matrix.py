@@ -268,13 +268,15 @@ def plan_label(s: dict) -> str:
     parts = [f"{s.get('tile_m')}x{s.get('tile_n')}", f"c{s.get('cluster_m')}x{s.get('cluster_n')}"]
     if s.get("row_group", 1) != 1:
         parts.append(f"rg{s['row_group']}")
+    if s.get("k_splits", 1) != 1:
+        parts.append(f"split-K {s['k_splits']}")
     if s.get("reductions"):
         parts += [agg, str(s.get("strategy"))]
     return " ".join(parts)
 
 
 PLAN_KEYS = ("tile_m", "tile_n", "cluster_m", "cluster_n", "row_group", "aggregation", "strategy", "stages",
-             "n_tiles_per_cta")
+             "n_tiles_per_cta", "k_splits")
 SUMMARY_KEYS = PLAN_KEYS + ("reductions", "workspace_bytes", "smem_bytes", "total_us", "mainloop_us", "epilogue_us")
 
 
@@ -284,13 +286,16 @@ def same_plan(a: dict, b: dict) -> bool:
 
 def alternatives(summary: dict, case: Case) -> list[dict]:
     """Forced plan options to time beside the planner's choice: the other aggregation where the
-    epilogue reduces rows (l2 <-> p2p), the other cluster width where it does not; then the case's own."""
+    epilogue reduces rows (l2 <-> p2p), the other cluster width where it does not; unsplit K where
+    the plan splits it; then the case's own."""
     if summary.get("reductions"):
         agg = str(summary.get("aggregation", ""))
         auto = {"aggregation": "l2" if agg.startswith("peer") else "p2p"}
     else:
         auto = {"cluster_n": 1 if summary.get("cluster_n", 1) > 1 else 2}
     out = [auto]
+    if summary.get("k_splits", 1) > 1:  # split-K against the same problem unsplit
+        out.append({"k_splits": 1})
     for o in case.alts:
         if dict(o) not in out:
             out.append(dict(o))

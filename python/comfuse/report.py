@@ -68,7 +68,8 @@ def format_region(r: RegionInfo) -> list[str]:
     if r.plan and r.status != "fallback":
         p = r.plan
         out.append(f"    plan: tile {p['tile_m']}x{p['tile_n']}x{p['tile_k']}, cluster {p['cluster_m']}x{p['cluster_n']}, "
-                   f"row group {p['row_group']}, {p['n_tiles_per_cta']} N-tile(s)/CTA, {p['strategy']}, "
+                   f"row group {p['row_group']}, {p['n_tiles_per_cta']} N-tile(s)/CTA, "
+                   + (f"split-K {p['k_splits']}, " if p.get("k_splits", 1) > 1 else "") + f"{p['strategy']}, "
                    f"{p['aggregation'].split(' ')[0]}" + (f" (options {r.plan_options})" if r.plan_options else ""))
     for e in r.excluded:
         out.append(f"    not fused: {e.node}: {e.reason}")

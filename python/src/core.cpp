@@ -85,6 +85,7 @@ PlanOptions plan_options(const nb::dict& o) {
     else if (key == "tile_m") p.tile_m = nb::cast<int>(v);
     else if (key == "cluster_m") p.cluster_m = nb::cast<int>(v);
     else if (key == "row_group") p.row_group = nb::cast<int>(v);
+    else if (key == "k_splits") p.k_splits = nb::cast<int>(v);
     else if (key == "stash_bytes") p.stash_bytes = nb::cast<int>(v);
     else if (key == "fuse_pairs") p.fuse_pairs = nb::cast<bool>(v);
     else if (key == "aggregation") {  // the names of `comfuse explain --aggregation`
@@ -125,6 +126,7 @@ nb::dict plan_summary(const Plan& p) {
   d["cluster_n"] = k.cluster_n;
   d["row_group"] = k.row_group;
   d["n_tiles_per_cta"] = k.n_tiles;
+  d["k_splits"] = k.k_splits;
   d["aggregation"] = std::string(name_of(k.aggregation));
   d["l2_exchange"] = k.aggregation == Aggregation::L2Exchange;  // rows reduced across clusters through L2
   d["strategy"] = std::string(name_of(p.strategy()));

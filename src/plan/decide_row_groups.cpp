@@ -102,6 +102,8 @@ std::vector<Candidate> decide_row_groups(const Request& r, Rejections& why) {
         o.resident = static_cast<int>(groups * g * ks);
         c.regs = ts.tile_m * ts.tile_n / Sm90::kWarpGroupThreads + tun.reg_overhead;
         const int64_t jobs_per_cta = ceil_div64(c.jobs, groups);
+        // Split-K's hand-over tags carry a warp group's job number in 16 bits (split_k.cuh).
+        if (ks > 1 && ceil_div64(jobs_per_cta, Sm90::kConsumerWGs) >= 65535) continue;
         const double eff = lookup(tun.row_group_mainloop_efficiency, ts.tile_m * 1000 + ts.tile_n) *
                            (cm > 1 ? 1.0 : tun.row_group_no_multicast_efficiency);
         // A CTA's share of a tile's MACs (all rows: the tensor cores compute the tile's rows past M too).
