@@ -118,6 +118,8 @@ class RegionInfo:
     plan: dict = field(default_factory=dict)
     plan_options: dict = field(default_factory=dict)
     excluded: list[Excluded] = field(default_factory=list)
+    # A B2B pair this region starts (pair.py): which GEMMs, one kernel or not, and why.
+    b2b: str = ""
     # Runtime (kernels.py fills these as shapes come): per shape class, compile numbers.
     compiles: list[dict] = field(default_factory=list)
     calls: int = 0
