@@ -2,6 +2,7 @@
 that Φ lowers to a B2B pair (gated for Llama's SwiGLU / GeGLU, plain for GPT-2 and Linear MLPs);
 the translation matches torch in fp64; the decision follows the core's choose_b2b and today's
 per-region estimates, and the report says which and why in the model's module names."""
+import math
 from pathlib import Path
 
 import pytest
@@ -199,3 +200,80 @@ def test_forced_pair_goes_through_one_custom_op(make, shape, rest):
         torch.testing.assert_close(out, ref, rtol=0, atol=0)
     else:
         assert ((out.float() - ref.float()).norm() / ref.float().norm()).item() < 1e-2
+
+
+# ---- the run-time path with the B2B kernel emulated on the CPU ------------------------------------
+class EmulatedPair:
+    """Stands for the compiled B2B kernel: checks the argument table RuntimePair.prepare built
+    (every operand of both GEMMs as the pair graph's shape under dims M, K, N1, N2; W given as
+    Linear's N x K rows; 16-byte aligned packed rows) and runs the pair graph in fp64."""
+
+    def __init__(self, rr):
+        self.rr = rr
+
+    def run(self, args, scalars, stream):
+        from comfuse import kernels
+        from comfuse.reference import _host, _torch
+
+        rr, views = self.rr, self.rr._views
+        m = views["a"].shape[0]
+        dims = rr._dims(m)
+        inputs = {}
+        for name, role, shape in zip(rr.names, rr.roles, rr.shapes):
+            want = [dims[d] if isinstance(d, str) else d for d in shape]
+            if role == "scalar":
+                inputs[name] = ([], torch.tensor(scalars[name], dtype=torch.float64).numpy().tobytes())
+                continue
+            v = views[name]
+            ptr, dtype, got, ld = args[name]
+            assert ptr == v.data_ptr() and ptr % 16 == 0, name
+            assert dtype == kernels._NAMES[v.dtype]
+            if v.dim() == 2:
+                assert got == want and list(v.shape) == want, (name, got, want)
+                assert v.stride(1) == 1 and v.stride(0) == ld and (ld * v.element_size()) % 16 == 0, name
+            else:
+                assert v.is_contiguous() and v.numel() == math.prod(want), name
+            inputs[name] = _host(v.reshape(want))
+        out = _core.run_graph(_core.parse_graph(rr.info.graph_text), dims, inputs)
+        for name, cls in zip(rr.out_names, rr.out_classes):
+            ptr, dtype, shape, ld = args[name]
+            assert (shape, ld) == (([m, dims["N2"]], dims["N2"]) if cls == "tile" else ([m, 1], 0))
+            views[name].copy_(_torch(*out[name]))
+
+
+@pytest.fixture
+def emulate_pair(monkeypatch):
+    from comfuse import backend as backend_mod
+    from comfuse import kernels
+
+    monkeypatch.setattr(kernels, "gpu_status", lambda: (True, ""))
+    monkeypatch.setattr(backend_mod, "gpu_status", lambda: (True, ""))
+    monkeypatch.setattr(kernels.RuntimeRegion, "device_type", "cpu")
+    monkeypatch.setattr(kernels.RuntimePair, "kernel", lambda self, m, capturing: EmulatedPair(self))
+    prepare = kernels.RuntimePair.prepare
+
+    def keep_views(self, *a, **kw):
+        res = prepare(self, *a, **kw)
+        self._views = res[3]
+        return res
+
+    monkeypatch.setattr(kernels.RuntimePair, "prepare", keep_views)
+    comfuse.config.force_regions = True
+    comfuse.config.rest = "eager"
+    comfuse.config.strict = True
+    comfuse.config.b2b = "force"
+
+
+@pytest.mark.parametrize("case", sorted(PAIRS))
+def test_pair_runtime_path_emulated(emulate_pair, case):
+    make, shape, first = PAIRS[case]
+    model = randomize(module(make()))
+    x = randn(*shape, offset=0.1, seed=3)
+    with torch.no_grad(), comfuse.collecting() as rep:
+        ref = model(x)
+        out = torch.compile(model, backend="comfuse")(x)
+    pair = next(r for r in rep.regions if r.plan.get("kind") == "b2b")
+    assert pair.calls == 1 and pair.fallback_calls == 0, pair.runtime_fallback
+    # fp64 with S rounded once against bf16 eager (every intermediate rounded): bf16 noise.
+    err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+    assert err < 1e-2, err
