@@ -33,7 +33,7 @@ import torch.fx as fx
 from . import _core
 from .config import config
 from .partition import Candidate, RegionInfo, bare_gemm_us, size_hint, where, _VIEW_LIKE
-from .translate import _DTYPES, Translator, Unsupported, descendants_of, rename_reason, val
+from .translate import _DTYPES, Translator, Unsupported, descendants_of, is_gemm, rename_reason, val
 
 log = logging.getLogger("comfuse")
 
@@ -101,9 +101,33 @@ def _gate_of(first: Candidate, by_node: dict, taken: set) -> Candidate | None:
     return None
 
 
+def _chain_value(first: Candidate, second: Candidate) -> bool:
+    """Whether `first` computes nothing but the A operand S of `second`'s GEMM: every value the
+    region stores is S or a view of it, and S feeds that GEMM alone. A region that also stores
+    another value (a residual stream beside its norm) or whose value feeds several GEMMs (the
+    norm before q/k/v, or before gate/up) is no chain a B2B kernel runs: not offered (a pair
+    whose S is also stored or returned is offered, and Φ says why not)."""
+    s = second.translator.gemm.a
+    outs = first.translator.outputs
+    if not outs or any(_base(o) is not _base(s) for o in outs):
+        return False
+    gemms = {u for o in outs for u in o.users if u.op == "call_function" and is_gemm(u)}
+    return gemms == {second.root}
+
+
+def _pair_of(first: Candidate, second: Candidate, gate: Candidate | None, next_id) -> PairCandidate:
+    members = [c for c in (first, gate, second) if c is not None]
+    order = {n: i for i, n in enumerate(first.root.graph.nodes)}
+    nodes = sorted({n for c in members for n in c.nodes}, key=order.__getitem__)
+    info = RegionInfo(id=next_id(), root=where(first.root), fx_nodes=[n.name for n in nodes],
+                      ops=[where(n) for n in nodes if n.target not in _VIEW_LIKE])
+    return PairCandidate(first, second, gate, nodes, first.root, info)
+
+
 def find_pairs(cands: list[Candidate], next_id) -> list[PairCandidate]:
-    """Every chain region -> GEMM among the translated candidates, in graph order, translated and
-    lowered (not yet decided). A member of one pair is not offered to another."""
+    """Every chain region -> GEMM among the translated candidates, in graph order, translated,
+    lowered and decided. A member of a fused pair is not offered to another pair (a chain of
+    three GEMMs fuses its first two at most); one that stays per-region may be."""
     by_node = {n: c for c in cands if c.translator is not None for n in c.nodes}
     taken: set = set()
     out: list[PairCandidate] = []
@@ -111,18 +135,15 @@ def find_pairs(cands: list[Candidate], next_id) -> list[PairCandidate]:
         if second.translator is None or id(second) in taken:
             continue
         first = by_node.get(second.translator.gemm.a)
-        if first is None or first is second or id(first) in taken:
+        if first is None or first is second or id(first) in taken or not _chain_value(first, second):
             continue
         gate = _gate_of(first, by_node, taken | {id(second)})
-        members = [c for c in (first, gate, second) if c is not None]
-        order = {n: i for i, n in enumerate(first.root.graph.nodes)}
-        nodes = sorted({n for c in members for n in c.nodes}, key=order.__getitem__)
-        info = RegionInfo(id=next_id(), root=where(first.root), fx_nodes=[n.name for n in nodes],
-                          ops=[where(n) for n in nodes if n.target not in _VIEW_LIKE])
-        p = PairCandidate(first, second, gate, nodes, first.root, info)
+        p = _pair_of(first, second, gate, next_id)
         translate_pair(p)
+        decide_pair(p)
         out.append(p)
-        taken.update(id(c) for c in members)
+        if p.info.status == "fused":
+            taken.update(id(c) for c in p.members)
     return out
 
 
@@ -262,13 +283,13 @@ def form_pairs(cands: list[Candidate], next_id) -> tuple[list, list[PairCandidat
     pairs = find_pairs(cands, next_id)
     replace: dict[int, PairCandidate] = {}
     for p in pairs:
-        decide_pair(p)
         if p.info.status == "fused":
             for c in p.members:
                 replace[id(c)] = p
             log.info("comfuse: %s: one kernel: %s", what_of(p), p.info.reason)
         else:
-            p.first.info.b2b = f"{what_of(p)}: not one kernel: {p.info.reason}"
+            line = f"{what_of(p)}: not one kernel: {p.info.reason}"
+            p.first.info.b2b = f"{p.first.info.b2b}\n    {line}" if p.first.info.b2b else line
             log.info("comfuse: %s: per-region path: %s", what_of(p), p.info.reason)
     out, seen = [], set()
     for c in cands:

@@ -277,3 +277,34 @@ def test_pair_runtime_path_emulated(emulate_pair, case):
     # fp64 with S rounded once against bf16 eager (every intermediate rounded): bf16 noise.
     err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
     assert err < 1e-2, err
+
+
+# ---- whole transformers models (tiny widths) -----------------------------------------------------
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_models_offer_the_mlp_pairs_only(arch):
+    """In a decoder, the MLP is the pair; a norm region that feeds several GEMMs (q/k/v, gate/up)
+    or also stores the residual stream is no chain and is not offered. Forced: GPT-2's MLP runs as
+    one pair (through its aten fallback here) and the model matches eager; Llama's down_proj region
+    carries the next RMSNorm over N2 (more columns than a gated B2B job holds): per-region, saying so."""
+    pytest.importorskip("transformers")
+    import bench_models
+
+    comfuse.config.b2b = "force"
+    comfuse.config.force_regions = True
+    comfuse.config.rest = "eager"
+    mod = bench_models.module()
+    model, ids = mod.build(arch, layers=2, batch=2, seq=16, device="cpu", small=True)
+    prefill = mod.Prefill(model)
+    with torch.no_grad():
+        ref = prefill(ids)
+        with comfuse.collecting() as rep:
+            out = torch.compile(prefill, backend="comfuse")(ids)
+    assert mod.rel_err(out, ref) < 1e-6
+    lines = [l for r in rep.regions for l in r.b2b.splitlines()]
+    assert all(".mlp." in l.split("->")[0] or "lm_head" in l for l in lines), lines
+    if arch == "gpt2":
+        pairs = [r for r in rep.regions if r.plan.get("kind") == "b2b"]
+        assert [p.root for p in pairs] == [f"model.transformer.h.{i}.mlp.c_fc:addmm" for i in (0, 1)]
+    else:
+        gate = next(r for r in rep.regions if r.root == "model.model.layers.0.mlp.gate_proj:mm")
+        assert "up_proj" in gate.b2b and "down_proj" in gate.b2b and "GEMM2's epilogue reduces" in gate.b2b
