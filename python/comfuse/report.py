@@ -73,6 +73,7 @@ def format_region(r: RegionInfo) -> list[str]:
     if r.plan.get("kind") == "b2b":
         if r.status != "fallback":
             first = next((l.strip() for l in r.plan.get("explain", "").splitlines() if l.strip().startswith("tiles")), "")
+            first = " ".join(first.split())
             out.append(f"    plan: B2B kernel{' (gated)' if r.plan.get('gated') else ''}" + (f", {first}" if first else ""))
     elif r.plan and r.status != "fallback":
         p = r.plan
