@@ -139,8 +139,14 @@ def find_pairs(cands: list[Candidate], next_id) -> list[PairCandidate]:
             continue
         gate = _gate_of(first, by_node, taken | {id(second)})
         p = _pair_of(first, second, gate, next_id)
-        translate_pair(p)
-        decide_pair(p)
+        try:
+            translate_pair(p)
+            decide_pair(p)
+        except Exception as e:  # a bug here must not cost the model its per-region path
+            if config.strict:
+                raise
+            log.warning("comfuse: %s: not considered (internal error): %r", what_of(p), e)
+            p.info.status, p.info.reason = "fallback", f"not considered: internal error {type(e).__name__}: {e}"
         out.append(p)
         if p.info.status == "fused":
             taken.update(id(c) for c in p.members)

@@ -308,3 +308,19 @@ def test_models_offer_the_mlp_pairs_only(arch):
     else:
         gate = next(r for r in rep.regions if r.root == "model.model.layers.0.mlp.gate_proj:mm")
         assert "up_proj" in gate.b2b and "down_proj" in gate.b2b and "GEMM2's epilogue reduces" in gate.b2b
+
+
+def test_an_error_in_the_pair_pass_keeps_the_regions(monkeypatch):
+    from comfuse import pair as pair_mod
+
+    def boom(p):
+        raise KeyError("simulated")
+
+    monkeypatch.setattr(pair_mod, "decide_pair", boom)
+    cap = capture(module(M.LlamaMLP(256, 512)), randn(2, 64, 256))
+    assert "internal error KeyError" in cap.pair("gate_proj").info.reason
+    assert "silu" in " ".join(cap.by_root("gate_proj").info.ops)
+    comfuse.config.strict = True
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="simulated"):
+        capture(module(M.LlamaMLP(256, 512)), randn(2, 64, 256))
