@@ -20,7 +20,8 @@ import torch
 import torch.fx as fx
 
 from .config import config
-from .kernels import REGISTRY, RuntimeRegion, gpu_status, next_region_id, precompile
+from .kernels import REGISTRY, RuntimePair, RuntimeRegion, gpu_status, next_region_id, precompile
+from .pair import PairCandidate, form_pairs
 from .partition import RegionInfo, decide, external_inputs, find_regions, region_module, size_hint, where
 from .report import FusionReport, GraphReport
 from .translate import val
@@ -79,12 +80,15 @@ def _training_report(gm: fx.GraphModule, g: GraphReport) -> None:
 def rewrite(gm: fx.GraphModule, g: GraphReport, apply: bool = True) -> None:
     """Partition `gm` (aten level), decide, and replace fused regions by comfuse::fused calls."""
     cands = find_regions(gm, next_region_id)
+    for c in cands:
+        decide(c)
+    # Chained regions (an MLP) as one B2B pair where the core says one kernel (pair.py).
+    cands, _ = form_pairs(cands, next_region_id)
     ok, why_not = gpu_status()
     changed = False
     on_gpu: list[tuple[RuntimeRegion, int]] = []  # replaced regions whose kernels this process runs
     subst: dict[fx.Node, fx.Node] = {}  # a replaced region's outputs -> the getitems that now carry them
     for c in cands:
-        decide(c)
         info = c.info
         g.regions.append(info)
         if info.status != "fused":
@@ -99,7 +103,8 @@ def rewrite(gm: fx.GraphModule, g: GraphReport, apply: bool = True) -> None:
             if not config.force_regions:
                 log.info("comfuse: %s: %s", info.root, info.reason)
                 continue
-        log.info("comfuse: %s + %d op(s): %s", info.root, len(info.ops) - 1, info.reason)
+        log.info("comfuse: %s%s + %d op(s): %s", "B2B pair " if isinstance(c, PairCandidate) else "", info.root,
+                 len(info.ops) - 1, info.reason)
         if apply:
             rr = _replace(gm, c, subst)
             changed = True
@@ -129,8 +134,11 @@ def _replace(gm: fx.GraphModule, c, subst: dict) -> RuntimeRegion:
     # The region's aten ops as their own GraphModule: the fake implementation and the fallback.
     sub = region_module(nodes, tr.outputs, ext_t + ext_s)
     info = c.info
-    rr = REGISTRY[info.id] = RuntimeRegion(info, c.region, tr.input_roles, tr.input_names, tr.output_names, sub,
-                                           tr.output_classes)
+    if isinstance(c, PairCandidate):
+        rr = REGISTRY[info.id] = RuntimePair(info, c.lowering, tr, sub, c.dims)
+    else:
+        rr = REGISTRY[info.id] = RuntimeRegion(info, c.region, tr.input_roles, tr.input_names, tr.output_names, sub,
+                                               tr.output_classes)
     order = {n: k for k, n in enumerate(gm.graph.nodes)}
     last = max(nodes, key=order.__getitem__)
     graph = gm.graph

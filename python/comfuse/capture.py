@@ -10,13 +10,15 @@ import torch.fx as fx
 
 from .backend import _boxed
 from .kernels import next_region_id
+from .pair import PairCandidate, form_pairs
 from .partition import Candidate, decide, find_regions
 
 
 @dataclass
 class Capture:
     gm: fx.GraphModule | None = None
-    candidates: list[Candidate] = field(default_factory=list)
+    candidates: list[Candidate] = field(default_factory=list)  # fused B2B pairs in place of their members
+    pairs: list[PairCandidate] = field(default_factory=list)   # every B2B pair considered, fused or not
     values: dict = field(default_factory=dict)   # FX node name -> value on the example inputs
 
     def by_root(self, needle: str) -> Candidate:
@@ -24,6 +26,13 @@ class Capture:
         found = [c for c in self.candidates if needle in c.info.root]
         if len(found) != 1:
             raise KeyError(f"{len(found)} regions match {needle!r}: {[c.info.root for c in self.candidates]}")
+        return found[0]
+
+    def pair(self, needle: str) -> PairCandidate:
+        """The B2B pair whose first GEMM's where() contains `needle`."""
+        found = [p for p in self.pairs if needle in p.info.root]
+        if len(found) != 1:
+            raise KeyError(f"{len(found)} pairs match {needle!r}: {[p.info.root for p in self.pairs]}")
         return found[0]
 
 
@@ -34,9 +43,10 @@ def capture(model, *inputs, dynamic: bool = False, **kwargs) -> Capture:
 
     def inference(agm: fx.GraphModule, ex):
         cap.gm = agm
-        cap.candidates = find_regions(agm, next_region_id)
-        for c in cap.candidates:
+        cands = find_regions(agm, next_region_id)
+        for c in cands:
             decide(c)
+        cap.candidates, cap.pairs = form_pairs(cands, next_region_id)
 
         class Recorder(fx.Interpreter):
             def run_node(self, n):

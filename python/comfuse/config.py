@@ -33,6 +33,11 @@ class Config:
     # Kernel plan overrides for every region (the keys of `comfuse explain` flags, e.g.
     # {"aggregation": "p2p"}); empty: the planner decides.
     plan_options: dict = field(default_factory=dict)
+    # B2B pairs (two chained GEMM regions, e.g. an MLP, as one kernel; pair.py): "auto" builds
+    # one where the core's choose_b2b says one kernel and its estimate beats the per-region path,
+    # "force" wherever Φ forms the pair and the B2B kernel takes it (tests, benchmarks), "off"
+    # never (every GEMM its own region, as before).
+    b2b: str = os.environ.get("COMFUSE_B2B", "auto")
 
 
 config = Config()

@@ -329,6 +329,103 @@ class RuntimeRegion:
         return args, scalars, outs, views
 
 
+class RuntimePair(RuntimeRegion):
+    """A B2B pair (pair.py) run as one B2B kernel: the same custom op, fake implementation and
+    fallback (the members' aten ops) as a region, the same shape classes and cache; only the
+    kernel (Lowering.compile_b2b) and its arguments differ. Each argument's shape comes from the
+    pair graph (dims M, K, N1, N2), so X, W1, W3, W2 and the epilogue operands of both GEMMs are
+    viewed as the kernel's matrices and vectors without knowing which GEMM they belong to."""
+
+    def __init__(self, info: RegionInfo, lowering, tr, subgraph: fx.GraphModule, dims: dict):
+        super().__init__(info, None, tr.input_roles, tr.input_names, tr.output_names, subgraph, tr.output_classes)
+        self.lowering = lowering
+        self.shapes = tr.input_shapes
+        self.transposed = tr.input_transposed
+        self.fixed = {k: v for k, v in dims.items() if k != "M"}  # K, N1, N2
+        self.n_out = dims["N2"]
+
+    def _dims(self, bucket: int) -> dict:
+        return {"M": bucket, **self.fixed}
+
+    def kernel_key(self, m: int) -> tuple:
+        bucket = m_bucket(m)
+        key = self._keys.get(bucket)
+        if key is None:
+            key = self._keys[bucket] = ("b2b", self.key_text, tuple(sorted(self.fixed.items())), bucket,
+                                        tuple(sorted(self.info.plan_options.items())))
+        return bucket, key, self.info.plan_options
+
+    def build(self, bucket: int, opts: dict):
+        info = self.info
+        t0 = time.perf_counter()
+        k = self.lowering.compile_b2b(self._dims(bucket), opts)
+        wall = time.perf_counter() - t0
+        c = k.compiled()
+        info.compiles.append({"m_bucket": bucket, "seconds": wall, "compile_seconds": c["compile_seconds"],
+                              "cache_hit": c["cache_hit"], "options": dict(opts), "plan": {"kind": "b2b"}})
+        log.info("comfuse: B2B pair %d (%s): kernel for M <= %d %s in %.2f s", info.id, info.root, bucket,
+                 "loaded from the JIT cache" if c["cache_hit"] else "compiled", wall)
+        return k
+
+    def _launch(self, tensors, sizes, dev):
+        m = tensors[0].numel() // self.fixed["K"]  # tensors[0] is X (role a)
+        capturing = dev.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        kern = self.kernel(m, capturing)
+        args, scalars, outs, views = self.prepare(tensors, sizes, dev, m, capturing)  # views: keeps copies alive
+        stream = torch.cuda.current_stream(dev).cuda_stream if dev.type == "cuda" else 0
+        kern.run(args, scalars, stream)
+        return outs
+
+    def prepare(self, tensors, sizes, dev, m: int, capturing: bool = False):
+        dims = self._dims(m)
+        args, scalars, views = {}, {}, {}
+        for t, role, name, shape, tr in zip(tensors, self.roles, self.names, self.shapes, self.transposed):
+            if role == "scalar":
+                if t.device.type != "cpu" and capturing:
+                    raise _Fallback(f"scalar operand '{name}' lives on the GPU: reading it inside a CUDA graph "
+                                    "capture is not possible")
+                scalars[name] = float(t.item())
+                continue
+            want = [dims[d] if isinstance(d, str) else int(d) for d in shape]
+            dt = _NAMES[t.dtype]
+            if len(want) == 1 or want[-1] == 1:  # a row [N] or a column [M, 1]: packed
+                x = t.reshape(-1).contiguous()
+                if x.data_ptr() % 16:
+                    x = x.clone()
+                args[name] = (x.data_ptr(), dt, [want[0]] if len(want) == 1 else want, 0)
+                views[name] = x
+                continue
+            # A B given as N x K reaches the op as its t() ([K, N]): the kernel reads the N x K rows.
+            x = t.reshape(want[1], want[0]).t() if tr else t.reshape(want)
+            x = _packed_rows(x, self.info.id)
+            args[name] = (x.data_ptr(), dt, list(x.shape), x.stride(0))
+            views[name] = x
+        outs = []
+        for (shape, dtype), name, cls in zip(self.out_shapes(tensors, sizes), self.out_names, self.out_classes):
+            o = torch.empty(shape, dtype=dtype, device=dev)
+            outs.append(o)
+            if cls == "col":
+                args[name] = (o.data_ptr(), _NAMES[dtype], [m, 1], 0)
+                views[name] = o.view(m, 1)
+            else:
+                args[name] = (o.data_ptr(), _NAMES[dtype], [m, self.n_out], self.n_out)
+                views[name] = o.view(m, self.n_out)
+        return args, scalars, outs, views
+
+
+def _packed_rows(x: torch.Tensor, region: int) -> torch.Tensor:
+    """x (2-D) with a contiguous last dim and a 16-byte aligned base and row stride (TMA), copied
+    where it has not (logged at DEBUG, as RuntimeRegion.prepare does)."""
+    es = x.element_size()
+    r, c = x.shape
+    if (x.stride(1) != 1 and c > 1) or (x.stride(0) < c and r > 1) or (x.stride(0) * es) % 16 or x.data_ptr() % 16:
+        log.debug("comfuse: region %d copies a %s operand to packed rows", region, tuple(x.shape))
+        x = x.contiguous()
+        if x.data_ptr() % 16:
+            x = x.clone()
+    return x
+
+
 def _aliases(o: torch.Tensor, tensors) -> bool:
     try:
         p = o.untyped_storage().data_ptr()

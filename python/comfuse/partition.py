@@ -118,6 +118,8 @@ class RegionInfo:
     plan: dict = field(default_factory=dict)
     plan_options: dict = field(default_factory=dict)
     excluded: list[Excluded] = field(default_factory=list)
+    # A B2B pair this region starts (pair.py): which GEMMs, one kernel or not, and why.
+    b2b: str = ""
     # Runtime (kernels.py fills these as shapes come): per shape class, compile numbers.
     compiles: list[dict] = field(default_factory=list)
     calls: int = 0
@@ -281,10 +283,12 @@ def region_module(nodes: list[fx.Node], outputs: list[fx.Node], inputs: list[fx.
     outputs as a tuple."""
     g = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
-    for i in inputs:
-        p = g.placeholder(i.name)
+    for k, i in enumerate(inputs):
+        # One FX value may be two kernel inputs (x as a GEMM's A and as the residual of a 2-D
+        # activation): a placeholder each (unique names), the ops read the first.
+        p = g.placeholder(i.name if i not in env else f"{i.name}_dup{k}")
         p.meta = dict(i.meta)
-        env[i] = p
+        env.setdefault(i, p)
     for n in nodes:
         env[n] = g.node_copy(n, lambda x: env[x])
     g.output(tuple(env[o] for o in outputs))

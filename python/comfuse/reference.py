@@ -28,6 +28,8 @@ def _torch(shape, data: bytes) -> torch.Tensor:
 def kernel_inputs(c, values: dict[str, torch.Tensor]) -> tuple[dict, dict]:
     """The ComFuse graph's inputs (by canonical name) and dims from the FX values of a region."""
     tr = c.translator
+    if getattr(c, "dims", None):  # a B2B pair (pair.py): shapes from the pair graph's dims
+        return _pair_inputs(c, values)
     g = tr.gemm
     m = values[g.a.name].numel() // g.k
     dims = {"M": int(m), "N": g.n, "K": g.k}
@@ -52,6 +54,18 @@ def kernel_inputs(c, values: dict[str, torch.Tensor]) -> tuple[dict, dict]:
     return out, dims
 
 
+def _pair_inputs(c, values: dict[str, torch.Tensor]) -> tuple[dict, dict]:
+    tr = c.translator
+    m = values[tr.inputs[0].name].numel() // c.dims["K"]  # inputs[0]: X, GEMM1's A
+    dims = {**c.dims, "M": int(m)}
+    out = {}
+    for node, name, shape, transposed in zip(tr.inputs, tr.input_names, tr.input_shapes, tr.input_transposed):
+        want = [dims[d] if isinstance(d, str) else int(d) for d in shape]
+        t = values[node.name]
+        out[name] = t.reshape(want[::-1]).t() if transposed else t.reshape(want)
+    return out, dims
+
+
 def comfuse_fp64(c, values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The translated graph on the C++ fp64 executor: outputs by FX name, as [M, N]."""
     tr = c.translator
@@ -69,6 +83,16 @@ def lowered_fp64(c, values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 class _Float64(fx.Interpreter):
+    def __init__(self, gm, round_at: set[str] = frozenset()):
+        super().__init__(gm)
+        self.round_at = round_at  # node names whose values the model stores between kernels
+
+    def run_node(self, n):
+        v = super().run_node(n)
+        if n.name in self.round_at and isinstance(v, torch.Tensor):
+            v = v.to(n.meta["val"].dtype).to(torch.float64)
+        return v
+
     def call_function(self, target, args, kwargs):
         if target in CASTS:
             x = args[0]
@@ -88,7 +112,10 @@ def eager_fp64(c, values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     for i in ext:
         v = values[i.name]
         args.append(v.detach().to(torch.float64).cpu() if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
-    outs = _Float64(gm).run(*args)
+    # A B2B pair's S: the model stores GEMM1's epilogue value in its dtype for GEMM2 to read (the
+    # pair graph casts it there too).
+    round_at = {tr.gemm.a.name} if getattr(c, "dims", None) else set()
+    outs = _Float64(gm, round_at).run(*args)
     m = values[tr.gemm.a.name].numel() // tr.gemm.k
     return {o.name: r.to(val(o).dtype).to(torch.float64).reshape(m, tr.gemm.n if cls == "tile" else 1)
             for o, r, cls in zip(tr.outputs, outs, tr.output_classes)}

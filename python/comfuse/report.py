@@ -61,11 +61,21 @@ def format_region(r: RegionInfo) -> list[str]:
     if ops:
         head += " + " + ", ".join(ops)
     out = [head]
-    if r.n:
+    if r.plan.get("kind") == "b2b":
+        d = r.plan["dims"]
+        out.append(f"    GEMMs M={r.m} K={d['K']} N1={d['N1']} N2={d['N2']} {r.dtype} B {r.layout}")
+    elif r.n:
         out.append(f"    GEMM M={r.m} N={r.n} K={r.k} {r.dtype} B {r.layout}")
     if r.reason:
         out.append(f"    {r.reason}")
-    if r.plan and r.status != "fallback":
+    if r.b2b:
+        out.append(f"    {r.b2b}")
+    if r.plan.get("kind") == "b2b":
+        if r.status != "fallback":
+            first = next((l.strip() for l in r.plan.get("explain", "").splitlines() if l.strip().startswith("tiles")), "")
+            first = " ".join(first.split())
+            out.append(f"    plan: B2B kernel{' (gated)' if r.plan.get('gated') else ''}" + (f", {first}" if first else ""))
+    elif r.plan and r.status != "fallback":
         p = r.plan
         out.append(f"    plan: tile {p['tile_m']}x{p['tile_n']}x{p['tile_k']}, cluster {p['cluster_m']}x{p['cluster_n']}, "
                    f"row group {p['row_group']}, {p['n_tiles_per_cta']} N-tile(s)/CTA, "

@@ -201,26 +201,48 @@ def gemm_of(node: fx.Node) -> Gemm:
     return g
 
 
-class Translator:
-    """Builds the ComFuse graph of one candidate region (root first, FX graph order)."""
+# The canonical names of GEMM operand inputs (roles): A, B; a B2B pair's W2 and a gated pair's W3.
+OPERAND_ROLES = ("a", "b", "b2", "b3")
 
-    def __init__(self, root: fx.Node, nodes: list[fx.Node], descendants: set[fx.Node]):
+
+class Translator:
+    """Builds the ComFuse graph of one candidate region (root first, FX graph order).
+
+    A B2B pair (pair.py) translates as two segments into one graph: the first (GEMM1 [and the
+    gated pair's second GEMM on the same A], F) as for a region, the second (GEMM2 and its
+    epilogue) sharing the first's graph, inputs and outputs (`parent`), with its own dim names
+    (N2, contracting over N1) and its A operand the first segment's value S (`a_value`)."""
+
+    def __init__(self, root: fx.Node, nodes: list[fx.Node], descendants: set[fx.Node], *,
+                 dims: tuple[str, str, str] = ("M", "N", "K"), parent: "Translator | None" = None,
+                 in_region: set[fx.Node] | None = None, b_role: str = "b"):
         self.root = root
         self.nodes = nodes
-        self.in_region = set(nodes)
+        self.in_region = in_region if in_region is not None else set(nodes)
         self.descendants = descendants  # of the root: such a node can never be an operand
-        self.g = _core.Graph()
-        self.env: dict[fx.Node, object] = {}
-        self.cf_of: dict[fx.Node, list[int]] = {}
-        self.inputs: list[fx.Node] = []        # tensor inputs, in custom-op order
-        self.input_names: list[str] = []
-        self.input_roles: list[str] = []       # a, b, row, col, tile
-        self.leaf_ids: dict[fx.Node, TV] = {}
+        self.dim_m, self.dim_n, self.dim_k = dims
+        self.b_role = b_role
+        self.gates: list[fx.Node] = []  # GEMM roots on the same A whose values F reads (pair.py)
+        self.a_from: fx.Node | None = None  # GEMM2 of a pair: its A is this region value (S), cast
+        self.leaf_ids: dict[fx.Node, TV] = {}  # per segment: a leaf's class depends on the GEMM's N
         self.gemm = gemm_of(root)
-        self.outputs: list[fx.Node] = []
-        self.output_names: list[str] = []
-        self.fx_name: dict[str, str] = {}
-        self.output_classes: list[str] = []  # tile or col, per output
+        if parent is None:
+            self.g = _core.Graph()
+            self.env: dict[fx.Node, object] = {}
+            self.cf_of: dict[fx.Node, list[int]] = {}
+            self.inputs: list[fx.Node] = []        # tensor inputs, in custom-op order
+            self.input_names: list[str] = []
+            self.input_roles: list[str] = []       # a, b, (b2, b3), row, col, tile, scalar
+            self.input_shapes: list[list] = []     # their ComFuse shapes (dim names or ints)
+            self.input_transposed: list[bool] = []  # a B given as N x K: the FX value is its t()
+            self.outputs: list[fx.Node] = []
+            self.output_names: list[str] = []
+            self.fx_name: dict[str, str] = {}
+            self.output_classes: list[str] = []  # tile or col, per output
+        else:  # a pair's second segment: one graph, one list of inputs and outputs
+            for k in ("g", "env", "cf_of", "inputs", "input_names", "input_roles", "input_shapes",
+                      "input_transposed", "outputs", "output_names", "fx_name", "output_classes"):
+                setattr(self, k, getattr(parent, k))
 
     # -- classification --------------------------------------------------------------
     def classify(self, v: torch.Tensor) -> str | None:
@@ -243,15 +265,17 @@ class Translator:
         return None
 
     # -- operands ----------------------------------------------------------------------
-    def _add_input(self, node: fx.Node, role: str, dtype: str, shape: list) -> int:
+    def _add_input(self, node: fx.Node, role: str, dtype: str, shape: list, transposed: bool = False) -> int:
         # Canonical names (a, b, in2, ...; outputs out0, ...) make the graph text, and so the
         # kernel cache key, the same for every layer of a model; fx_name maps them back.
-        name = role if role in ("a", "b") else f"in{len(self.inputs)}"
+        name = role if role in OPERAND_ROLES else f"in{len(self.inputs)}"
         self.fx_name[name] = node.name
         vid = self.g.input(name, dtype, shape)
         self.inputs.append(node)
         self.input_names.append(name)
         self.input_roles.append(role)
+        self.input_shapes.append(list(shape))
+        self.input_transposed.append(transposed)
         return vid
 
     def operand(self, x, user: fx.Node) -> TV:
@@ -286,11 +310,11 @@ class Translator:
             return tv
         dt = cf_dtype(v.dtype, user)
         if cls == "row":
-            tv = TV(self._add_input(x, "row", dt, ["N"]), "row")
+            tv = TV(self._add_input(x, "row", dt, [self.dim_n]), "row")
         elif cls == "col":
-            tv = TV(self._add_input(x, "col", dt, ["M", 1]), "col")
+            tv = TV(self._add_input(x, "col", dt, [self.dim_m, 1]), "col")
         elif cls == "tile":
-            tv = TV(self._add_input(x, "tile", dt, ["M", "N"]), "tile")
+            tv = TV(self._add_input(x, "tile", dt, [self.dim_m, self.dim_n]), "tile")
         else:
             raise Unsupported(user, f"operand '{x.name}' of shape {tuple(v.shape)} broadcasts as neither a row [N], "
                                     f"a column [M, 1] nor the tile [M, N] of this GEMM (M = {self.gemm.m}, N = {self.gemm.n})")
@@ -298,18 +322,45 @@ class Translator:
         return tv
 
     # -- the region --------------------------------------------------------------------
-    def translate(self) -> None:
+    def translate(self, declare_outputs: bool = True) -> None:
         gm = self.gemm
         dt = cf_dtype(gm.dtype)
-        a = self._add_input(gm.a, "a", dt, ["M", "K"])
-        b = self._add_input(gm.b, "b", dt, ["N", "K"] if gm.layout == "nk" else ["K", "N"])
+        ids: list[int] = []
+        if self.a_from is not None:
+            # GEMM2 of a B2B pair reads S, a value of the first segment, in the dtype the model
+            # gave it (the kernel's S is one 16-bit type with X and W2: Φ checks).
+            s = self.env.get(self.a_from)
+            if not isinstance(s, TV) or s.cls != "tile":
+                raise Unsupported(self.root, f"A operand '{self.a_from.name}' is not a tile of the first GEMM")
+            a = self.g.cast(s.id, cf_dtype(val(self.a_from).dtype, self.root))
+            ids.append(a)
+        else:
+            a = self._add_input(gm.a, "a", dt, [self.dim_m, self.dim_k])
+        self._gemm(self.root, gm, a, self.b_role, ids)
+        for gate in self.gates:  # a gated pair: X W3^T on the same A (its own B, role b3)
+            self._gemm(gate, gemm_of(gate), a, "b3", [])
+        roots = {self.root, *self.gates}
+        for node in self.nodes:
+            if node in roots:
+                continue
+            before = len(self.g)
+            self.env[node] = self.node(node)
+            self.cf_of[node] = list(range(before, len(self.g)))
+        if declare_outputs:
+            self._declare_outputs()
+
+    def _gemm(self, root: fx.Node, gm: Gemm, a: int, b_role: str, ids: list[int]) -> None:
+        """acc = alpha * A B (+ beta * bias): the value of `root` (mm / addmm / bmm)."""
+        transposed = gm.layout == "nk"
+        shape = [self.dim_n, self.dim_k] if transposed else [self.dim_k, self.dim_n]
+        b = self._add_input(gm.b, b_role, cf_dtype(gm.dtype), shape, transposed)
         acc = self.g.matmul(a, b, gm.layout)
-        ids = [acc]
+        ids.append(acc)
         if gm.alpha != 1.0:
             acc = self.g.binary("mul", acc, self.g.constant(gm.alpha))
             ids.append(acc)
         if gm.bias is not None:
-            bias = self.operand(gm.bias, self.root)
+            bias = self.operand(gm.bias, root)
             if gm.beta != 1.0:
                 bias_id = self.g.binary("mul", bias.id, self.g.constant(gm.beta))
                 ids.append(bias_id)
@@ -317,18 +368,11 @@ class Translator:
                 bias_id = bias.id
             acc = self.g.binary("add", acc, bias_id)
             ids.append(acc)
-        self.env[self.root] = TV(acc, "tile")
-        self.cf_of[self.root] = ids
-        for node in self.nodes:
-            if node is self.root:
-                continue
-            before = len(self.g)
-            self.env[node] = self.node(node)
-            self.cf_of[node] = list(range(before, len(self.g)))
-        self._declare_outputs()
+        self.env[root] = TV(acc, "tile")
+        self.cf_of[root] = ids
 
-    def _declare_outputs(self) -> None:
-        for node in self.nodes:
+    def _declare_outputs(self, nodes: list[fx.Node] | None = None) -> None:
+        for node in nodes if nodes is not None else self.nodes:
             external = [u for u in node.users if u not in self.in_region]
             if not external:
                 continue

@@ -88,6 +88,13 @@ PlanOptions plan_options(const nb::dict& o) {
     else if (key == "k_splits") p.k_splits = nb::cast<int>(v);
     else if (key == "stash_bytes") p.stash_bytes = nb::cast<int>(v);
     else if (key == "fuse_pairs") p.fuse_pairs = nb::cast<bool>(v);
+    else if (key == "b2b") {  // a B2B pair: one kernel where it pays (auto), always (force), never (off)
+      const std::string b = nb::cast<std::string>(v);
+      p.b2b = b == "auto" ? PlanOptions::B2b::Auto
+              : b == "force" ? PlanOptions::B2b::Force
+              : b == "off" ? PlanOptions::B2b::Off
+                           : throw Error("b2b wants auto, force or off, got '" + b + "'");
+    }
     else if (key == "aggregation") {  // the names of `comfuse explain --aggregation`
       const std::string a = nb::cast<std::string>(v);
       p.aggregation = a == "p2p" ? Aggregation::PeerToPeer
@@ -382,6 +389,56 @@ NB_MODULE(_core, m) {
       .def("describe", [](const PyLowering& l) { return describe(*l.graph, l.result); })
       // The B2B pair when the lowering is exactly one (lower.h's one_b2b_kernel), built as one kernel.
       .def("is_b2b", [](const PyLowering& l) { return one_b2b_kernel(l.result) != nullptr; })
+      // Φ's B2B pairs and gated pairs (lower.h), with why not where one is blocked.
+      .def("b2b_candidates", [](const PyLowering& l) {
+        nb::list out;
+        for (const B2BCandidate& b : l.result.b2b_candidates) {
+          nb::dict d;
+          d["first_matmul"] = b.first_matmul;
+          d["second_matmul"] = b.second_matmul;
+          d["via_node"] = b.via_node;
+          d["first_region"] = b.first_region;
+          d["second_region"] = b.second_region;
+          d["gate_matmul"] = b.gate_matmul;
+          d["blocker"] = b.blocker;
+          out.append(d);
+        }
+        return out;
+      })
+      .def("gate_pairs", [](const PyLowering& l) {
+        nb::list out;
+        for (const GatePair& p : l.result.gate_pairs) {
+          nb::dict d;
+          d["first_matmul"] = p.first_matmul;
+          d["gate_matmul"] = p.gate_matmul;
+          d["meet_node"] = p.meet_node;
+          d["region"] = p.region;
+          d["blocker"] = p.blocker;
+          out.append(d);
+        }
+        return out;
+      })
+      // choose_b2b (plan.h) for the lowering's one B2B pair: one kernel or two, and why. The
+      // frontend asks before it builds anything (no GPU needed): {one_kernel, gated, reason,
+      // fused_us, unfused_us, explain} (the estimates and plan text only where the planner
+      // accepted the pair); an Error where the options refuse the pair (force on a pair the
+      // kernel cannot take, off on a gated pair).
+      .def("choose_b2b", [](const PyLowering& l, const Bindings& dims, const nb::dict& opts) {
+        const B2BCandidate* b = one_b2b_kernel(l.result);
+        if (!b) throw Error("the graph does not lower to one B2B pair:\n" + describe(*l.graph, l.result));
+        const FusionSpec &f = l.result.regions.at(static_cast<size_t>(b->first_region)).spec,
+                         &e = l.result.regions.at(static_cast<size_t>(b->second_region)).spec;
+        const B2bProblem p = b2b_problem_of(f, e, dims);
+        const B2bChoice c = choose_b2b(f, e, p, plan_options(opts));
+        nb::dict d;
+        d["one_kernel"] = c.one_kernel;
+        d["gated"] = f.arg_index(ArgRole::OperandGate) >= 0;
+        d["reason"] = c.reason;
+        d["fused_us"] = c.plan ? nb::object(nb::cast(c.plan->fused_us)) : nb::object(nb::none());
+        d["unfused_us"] = c.plan ? nb::object(nb::cast(c.plan->unfused_us)) : nb::object(nb::none());
+        d["explain"] = c.plan ? explain(f, e, *c.plan) : std::string();
+        return d;
+      }, "dims"_a, "options"_a = nb::dict())
       .def("compile_b2b", [](const PyLowering& l, const Bindings& dims, const nb::dict& opts) {
         const B2BCandidate* b = one_b2b_kernel(l.result);
         if (!b) throw Error("the graph does not lower to one B2B kernel:\n" + describe(*l.graph, l.result));

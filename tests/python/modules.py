@@ -166,3 +166,43 @@ class BatchedWeight(nn.Module):
         shared = torch.bmm(x, self.w.expand(x.shape[0], -1, -1))
         per_batch = torch.bmm(x, y)
         return torch.relu(shared + 1.0), torch.relu(per_batch + 1.0)
+
+
+class LlamaMLP(nn.Module):
+    """transformers' LlamaMLP as it writes it (act_fn(gate_proj(x)) * up_proj(x) -> down_proj);
+    mlp_bias and GeGLU (act="gelu") as its config allows."""
+
+    def __init__(self, d, hidden, bias=False, act="silu"):
+        super().__init__()
+        self.gate_proj = nn.Linear(d, hidden, bias=bias)
+        self.up_proj = nn.Linear(d, hidden, bias=bias)
+        self.down_proj = nn.Linear(hidden, d, bias=bias)
+        self.act_fn = nn.SiLU() if act == "silu" else nn.GELU(approximate="tanh")
+
+    def forward(self, x):
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LinearMLP(nn.Module):
+    """A plain two-Linear MLP with biases (BERT/ViT style): fc1 + bias + GELU -> fc2 + bias + x."""
+
+    def __init__(self, d, hidden):
+        super().__init__()
+        self.fc1 = nn.Linear(d, hidden)
+        self.fc2 = nn.Linear(hidden, d)
+
+    def forward(self, x):
+        return x + self.fc2(F.gelu(self.fc1(x)))
+
+
+class MLPKeepsHidden(nn.Module):
+    """The hidden activation is returned too: S is stored, so no B2B kernel holds it in registers."""
+
+    def __init__(self, d, hidden):
+        super().__init__()
+        self.fc1 = nn.Linear(d, hidden, bias=False)
+        self.fc2 = nn.Linear(hidden, d, bias=False)
+
+    def forward(self, x):
+        h = F.relu(self.fc1(x))
+        return self.fc2(h), h

@@ -59,6 +59,18 @@ def test_forced_region_goes_through_the_custom_op(rest):
     assert r.id in REGISTRY
 
 
+def test_2d_input_as_gemm_operand_and_residual():
+    """x [M, K] is the GEMM's A and the residual (no view between them in a 2-D graph): one FX value,
+    two kernel inputs; the region's subgraph takes it twice (unique placeholder names)."""
+    comfuse.config.force_regions = True
+    comfuse.config.rest = "eager"
+    comfuse.config.min_gain = -1e9
+    model = M.LinearResidualLayerNorm(256)
+    out, ref, rep = run(model, randn(192, 256))
+    close(out, ref)
+    assert any(r.calls == 1 for r in rep.regions), str(rep)
+
+
 def test_graph_has_the_custom_op_and_no_region_ops():
     comfuse.config.force_regions = True
     comfuse.config.rest = "eager"
