@@ -254,8 +254,11 @@ class RuntimeRegion:
                 raise
             return self.fallback(tensors, sizes, str(e).splitlines()[0])
 
+    def _k(self) -> int:
+        return self.info.k  # the columns of A (tensors[0])
+
     def _launch(self, tensors, sizes, dev):
-        m = tensors[0].numel() // self.info.k
+        m = tensors[0].numel() // self._k()
         capturing = dev.type == "cuda" and torch.cuda.is_current_stream_capturing()
         kern = self.kernel(m, capturing)
         args, scalars, outs, views = self.prepare(tensors, sizes, dev, m, capturing)  # views: keeps copies alive
@@ -367,14 +370,8 @@ class RuntimePair(RuntimeRegion):
                  "loaded from the JIT cache" if c["cache_hit"] else "compiled", wall)
         return k
 
-    def _launch(self, tensors, sizes, dev):
-        m = tensors[0].numel() // self.fixed["K"]  # tensors[0] is X (role a)
-        capturing = dev.type == "cuda" and torch.cuda.is_current_stream_capturing()
-        kern = self.kernel(m, capturing)
-        args, scalars, outs, views = self.prepare(tensors, sizes, dev, m, capturing)  # views: keeps copies alive
-        stream = torch.cuda.current_stream(dev).cuda_stream if dev.type == "cuda" else 0
-        kern.run(args, scalars, stream)
-        return outs
+    def _k(self) -> int:
+        return self.fixed["K"]  # X's columns (tensors[0] is X, role a)
 
     def prepare(self, tensors, sizes, dev, m: int, capturing: bool = False):
         dims = self._dims(m)

@@ -45,7 +45,7 @@
 // cudaOccupancyMaxActiveClusters clusters (persistent grid) in whole row groups, and the
 // scheduler gives the Peers CTAs of a group the same job sequence, so every wait is on a peer
 // at the same job and round. If the GPU is shared with another long-running kernel, residency
-// is not guaranteed: a wait that exceeds kTimeoutNs traps (the launch fails with an error)
+// is not guaranteed: a wait that exceeds kWaitTimeoutNs traps (the launch fails with an error)
 // instead of hanging.
 #pragma once
 #include "../common.cuh"
@@ -65,6 +65,13 @@ COMFUSE_DEVICE void st_relaxed_gpu_u64(uint64_t* p, uint64_t v) {
 
 // Launches whose tags differ (the epoch bits of a tag take 65535 values, never 0).
 inline constexpr uint32_t kTagEpochs = 65535;
+// A word's tag: the launch's epoch in the high 16 bits, a per-launch counter (a round, a job) in
+// the low 16; never 0 (zeroed memory). Shared with split-K's hand-over (scheduler/split_k.cuh).
+COMFUSE_DEVICE uint32_t launch_tag(uint32_t epoch, uint32_t counter) {
+  return ((epoch % kTagEpochs + 1) << 16) | (counter & 0xffffu);
+}
+// A wait on another CTA longer than this means it is not resident: trap, do not hang.
+inline constexpr uint64_t kWaitTimeoutNs = 10ull * 1000 * 1000 * 1000;
 
 COMFUSE_DEVICE ExchangeHeader* exchange_header(Params const& p) { return static_cast<ExchangeHeader*>(p.exchange); }
 
@@ -110,7 +117,6 @@ struct GlobalRowAllReduce {
   static_assert(Peers >= 2 && Peers <= 64, "global row group: 2..64 CTAs");
   // One warp group's slot: parity x peers x (value rows, second-moment rows) words.
   static constexpr int kSlotBytes = 2 * Peers * 2 * Rows * 8;
-  static constexpr uint64_t kTimeoutNs = 10ull * 1000 * 1000 * 1000;
 
   // The four lanes of a quad hold the same rows: lane q polls peers q, q + 4, ... (Peers / 4
   // words a row, fewer loads and registers), folds them in rank order, and a quad butterfly
@@ -121,7 +127,7 @@ struct GlobalRowAllReduce {
   static COMFUSE_DEVICE void init(Storage&) {}
 
   static COMFUSE_DEVICE uint32_t tag(RowGroupSlot const& x, uint32_t round) {
-    return ((x.epoch % kTagEpochs + 1) << 16) | (round & 0xffffu);
+    return launch_tag(x.epoch, round);
   }
   static COMFUSE_DEVICE uint64_t* words(RowGroupSlot const& x, Params const& p, uint32_t round, int rank) {
     return reinterpret_cast<uint64_t*>(static_cast<char*>(p.exchange) + kExchangeHeaderBytes +
@@ -206,7 +212,7 @@ struct GlobalRowAllReduce {
       }
       uint64_t const now = global_timer_ns();
       if (t0 == 0) t0 = now;
-      else if (now - t0 > kTimeoutNs) __trap();  // a peer CTA is not resident: fail, do not hang
+      else if (now - t0 > kWaitTimeoutNs) __trap();  // a peer CTA is not resident: fail, do not hang
     }
   }
 

@@ -25,11 +25,12 @@
 //
 // Liveness: every split of a tile is resident (the grid holds whole split groups,
 // grid.cuh), and a split waits only on its owner's previous job, which needs only partials
-// that were already written: no cycle. A wait past kTimeoutNs traps, as the row exchange does.
+// that were already written: no cycle. A wait past cluster::kWaitTimeoutNs traps, as the row exchange does.
 #pragma once
 #include "../common.cuh"
 #include "../params.cuh"
 #include "grid.cuh"
+#include "../cluster/global_exchange.cuh"
 
 namespace comfuse::splitk {
 
@@ -46,7 +47,6 @@ template <KernelConfig C>
 struct SplitK {
   static constexpr int Rows = C.epi_rows(), BN = C.tile_n, Splits = C.k_splits;
   static constexpr int MBlocks = Rows / 64;
-  static constexpr uint64_t kTimeoutNs = 10ull * 1000 * 1000 * 1000;
   static_assert(C.wgs_per_tile == 1, "split-K: one warp group per tile (config.cuh check())");
 
   uint32_t* flags;  // Splits tags of this owner warp group's slot
@@ -59,16 +59,14 @@ struct SplitK {
     partials = reinterpret_cast<float*>(ws + l.split_partials) + size_t(slot) * (Splits - 1) * Rows * BN;
   }
 
-  static COMFUSE_DEVICE uint32_t tag(uint32_t epoch, int job) {
-    return ((epoch % 65535u + 1u) << 16) | (uint32_t(job) & 0xffffu);
-  }
+  static COMFUSE_DEVICE uint32_t tag(uint32_t epoch, int job) { return cluster::launch_tag(epoch, uint32_t(job)); }
 
   static COMFUSE_DEVICE void wait_tag(uint32_t const* f, uint32_t want) {
     uint64_t t0 = 0;
     while (ld_acquire_gpu_u32(f) != want) {
       uint64_t const now = global_timer_ns();
       if (t0 == 0) t0 = now;
-      else if (now - t0 > kTimeoutNs) __trap();  // a split's CTA is not resident: fail, do not hang
+      else if (now - t0 > cluster::kWaitTimeoutNs) __trap();  // a split's CTA is not resident: fail, do not hang
     }
   }
 
