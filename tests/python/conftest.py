@@ -1,6 +1,7 @@
 """Shared pieces of the Python tests. GPU tests (test_gpu*.py) carry the `gpu` fixture, which
 skips them with the reason where no sm_90 GPU runs ComFuse kernels (CI)."""
 import logging
+import os
 
 import pytest
 import torch
@@ -46,3 +47,18 @@ def randn(*shape, dtype=torch.bfloat16, offset=0.0, scale=1.0, device="cpu", see
     x = torch.randn(*shape, generator=g, dtype=torch.float64)
     x = torch.where(x.abs() < 0.05, torch.sign(x + 1e-9) * 0.05, x)
     return (x * scale + offset).to(dtype).to(device)
+
+
+def load_bench(script: str):
+    """bench/<script>.py as a module (bench/ is no package), loaded once per test session."""
+    import importlib.util
+    import sys
+
+    name = f"comfuse_bench_{script}"
+    if name not in sys.modules:
+        path = os.path.join(os.path.dirname(__file__), "..", "..", "bench", f"{script}.py")
+        spec = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod  # dataclasses look their module up while the file executes
+        spec.loader.exec_module(mod)
+    return sys.modules[name]

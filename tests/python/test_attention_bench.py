@@ -2,10 +2,7 @@
 whose fp64 execution is torch's SDPA (math, float64) on the same inputs (the scale, the causal
 alignment and batch x heads as the leading dim agree); FLOPs, case selection, ratios and the
 table come out as expected on made-up rows; --dry-run plans every row."""
-import importlib.util
 import math
-import os
-import sys
 
 import pytest
 import torch
@@ -13,21 +10,9 @@ import torch.nn.functional as F
 
 from comfuse import _core
 from comfuse.reference import _host, _torch
+from conftest import load_bench
 
-_PATH = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "attention.py")
-
-
-def _load():
-    name = "comfuse_bench_attention"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, _PATH)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod  # dataclasses look their module up while the file executes
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
-
-
-at = _load()
+at = load_bench("attention")
 
 
 def test_cases_are_the_issues_shapes():

@@ -5,11 +5,9 @@ fp64 reference executor); the whole row pipeline runs with the kernels emulated 
 and made-up times (ratios, the correctness gate, rows that cannot build, the time budget); the
 tables come out with the expected columns."""
 import dataclasses
-import importlib.util
 import json
 import math
 import os
-import sys
 
 import pytest
 import torch
@@ -17,21 +15,9 @@ import torch
 import comfuse
 from comfuse import _core
 from comfuse.reference import _host, _torch
+from conftest import load_bench
 
-_PATH = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "matrix.py")
-
-
-def _load():
-    name = "comfuse_bench_matrix"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, _PATH)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod  # dataclasses look their module up while the file executes
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
-
-
-mx = _load()
+mx = load_bench("matrix")
 CASE_IDS = [c.name for c in mx.CASES]
 # Rows the planner is expected to refuse (the row then says why): GPT-2's vocabulary, 50257 f32
 # columns, is no multiple of 4 (a TMA row must be a multiple of 16 bytes).
