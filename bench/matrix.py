@@ -85,28 +85,11 @@ def residual_rmsnorm(t, f32):  # examples/gemm_residual_rmsnorm.cf
     return {"h": h, "y": F.rms_norm(h, h.shape[-1:], t["gamma"], 1e-6)}
 
 
-def chain(t, f32):  # GRAPHS["chain"]: softmax, LayerNorm, RMSNorm (5 reductions), elementwise between
+def chain(t, f32):  # examples/gemm_chain.cf: softmax, LayerNorm, RMSNorm (5 reductions), elementwise between
     p = torch.softmax(F.linear(t["a"], t["w"]), -1)
     l = F.layer_norm(F.silu(p * 1000.0), p.shape[-1:], t["gamma"], t["beta"], 1e-5)  # noqa: E741
     return {"y": F.rms_norm(F.gelu(l), l.shape[-1:], t["gamma2"], 1e-6)}
 
-
-# Graphs that are not an example file. A graph name "X[f32]" is X with its outputs stored as f32.
-GRAPHS = {
-    "chain": """
-input a: bf16[M, K]
-input w: bf16[N, K]
-input gamma: bf16[N]
-input beta: bf16[N]
-input gamma2: bf16[N]
-acc = matmul(a, w)
-p = softmax(acc)
-u = silu(mul(p, 1000.0))
-l = layer_norm(u, gamma, beta, eps=1e-5)
-y = rms_norm(gelu(l), gamma2, eps=1e-6)
-output y: bf16
-""",
-}
 
 SCALARS = {"alpha": 0.75}  # values of the graphs' scalar inputs
 
@@ -114,7 +97,7 @@ SCALARS = {"alpha": 0.75}  # values of the graphs' scalar inputs
 @dataclass(frozen=True)
 class Case:
     name: str
-    graph: str            # examples/<graph>.cf or a key of GRAPHS, "[f32]": outputs stored as f32
+    graph: str            # examples/<graph>.cf; "X[f32]": X with its outputs stored as f32
     shapes: tuple         # ((M, N, K), ...); B is N x K
     torch_fn: object      # the torch epilogue (above)
     alts: tuple = ()      # plan options to force beside the automatic alternative (alternatives())
@@ -134,7 +117,7 @@ CASES = [
     Case("large layernorm", "gemm_layernorm", ((8192, 4096, 4096),), layernorm, alts=({"strategy": "smem-stash"},)),
     Case("large rmsnorm", "gemm_rmsnorm", ((8192, 4096, 4096),), rmsnorm),
     Case("large softmax", "gemm_softmax", ((8192, 4096, 4096),), softmax),
-    Case("chain softmax>LN>RMS", "chain", ((4096, 4096, 1024),), chain),
+    Case("chain softmax>LN>RMS", "gemm_chain", ((4096, 4096, 1024),), chain),
     Case("vocab softmax f32", "gemm_softmax[f32]", ((1024, 32768, 4096), (1024, 128256, 4096), (1024, 50257, 4096)),
          softmax_f32),
     Case("vocab log-softmax f32", "gemm_log_softmax[f32]", ((1024, 32768, 4096), (1024, 128256, 4096)), log_softmax_f32),
@@ -153,11 +136,8 @@ BEATS = 0.98       # a forced alternative "beats the planner" below this time ra
 # ---- graphs, inputs, references ---------------------------------------------------------------
 def graph_text(name: str) -> str:
     base, f32 = (name[:-5], True) if name.endswith("[f32]") else (name, False)
-    if base in GRAPHS:
-        text = GRAPHS[base]
-    else:
-        with open(os.path.join(ROOT, "examples", base + ".cf")) as f:
-            text = f.read()
+    with open(os.path.join(ROOT, "examples", base + ".cf")) as f:
+        text = f.read()
     return outputs_as_f32(text) if f32 else text
 
 

@@ -129,6 +129,9 @@ struct FusionSpec {
 //   MeanVariance  a mean, then the mean of (its operand - that mean)^2 (LayerNorm after Φ);
 //   MaxExpSum     a max, then the sum of exp(its operand - that max) (softmax, log-softmax).
 PairKind pair_kind(const Spec& stage, int i);
+// A pow node whose exponent is a literal 2, 3 or 4: that exponent (Ψ multiplies instead of
+// calling powf); otherwise 0.
+int literal_int_exponent(const Spec& stage, const SpecNode& n);
 
 // Text form. print() and parse_spec() round-trip: parse_spec(print(s)) == s.
 std::string print(const FusionSpec& s);

@@ -90,8 +90,11 @@ struct PlannerTunables {
   // Mainloop speed of a PingPong tile (key tile_m * 1000 + tile_n) with B multicast along M,
   // relative to sm_flops_per_s. MEASURED (bench/NOTES.md, row groups): 128x128 1.0 (parity with
   // cuBLAS); 64x256 0.95 (LayerNorm 8192x4096x4096 at one tile per CTA: 1.125x and 1.090x cuBLAS
-  // in two runs vs 0.989x and 1.092x for 128x128); 64x128 0.9 (GUESS).
-  std::map<int, double> row_group_mainloop_efficiency = {{64128, 0.9}, {64256, 0.95}, {128128, 1.0}};
+  // in two runs vs 0.989x and 1.092x for 128x128); 64x128 0.66 (K = 1024: LayerNorm, softmax
+  // and RMSNorm at 2048x2048, 1024x4096 and 4096x1024 ran 1.12-1.20x slower at 64x128 than at
+  // 128x128 with their short epilogues hidden, ~4.3 us a 64x128 job against 5.65 us a 128x128
+  // one; the chain's trace: 3.17 us against 4.8 us with the other consumer in an epilogue).
+  std::map<int, double> row_group_mainloop_efficiency = {{64128, 0.66}, {64256, 0.95}, {128128, 1.0}};
   // The same mainloop by ring depth, where the epilogue's SMEM (TMA-store staging per output, a
   // TileInput's whole tile) leaves fewer k-blocks in flight than a TMA round trip needs.
   // MEASURED on the H200 (PingPong 128x128, clusters 2x1, row groups; bench/NOTES.md): 2
@@ -113,6 +116,14 @@ struct PlannerTunables {
   // 1.34x cuBLAS vs 1.26x at G = 32 with two tiles per CTA: the slowest of 128 CTAs sets every
   // round; RMSNorm there 1.23x): 30 us keeps G = 64 a last resort.
   std::map<int, double> row_group_exchange_us = {{1, 0.05}, {2, 0.89}, {4, 0.98}, {8, 1.03}, {16, 1.08}, {32, 1.44}, {64, 30.0}};
+  // Issue cycles per epilogue instruction (chain.cpp's ops_per_element) of one consumer warp
+  // group, by values a thread holds (tile elements / 128), with PingPong's other consumer
+  // beside it. MEASURED (`comfuse run --trace`, the softmax > LayerNorm > RMSNorm chain
+  // 4096x4096x1024, row groups of 32, 53 ops/element): a job's epilogue less its exchange
+  // polls, 12.2 us at 64x128 (64 values, 1.88 GHz), 33.1 us at 128x128 and 32.0 us at 64x256
+  // (128 values, 1.90 GHz): 128 values a thread cost 1.35x per element (fewer registers for
+  // the stages' temporaries).
+  std::map<int, double> row_group_epilogue_cycles = {{64, 6.75}, {128, 9.1}};
   bool use_row_groups = true;  // rows with a reduction go to row groups (else the DSMEM search)
 
   // One wave of jobs (decode and small M; decide_row_groups.cpp), MEASURED on the H200 with

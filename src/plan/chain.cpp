@@ -35,16 +35,26 @@ class StageCollector : public SpecVisitor {
   std::vector<int> last_reduction_;
 };
 
-bool transcendental(UnaryOp op) {
+// SASS instructions per element of a unary function (each compiled alone for sm_90a and
+// counted with cuobjdump, less a copy kernel's; epilogue/ops.cuh): erff's polynomial ~30,
+// tanhf ~18, logf ~20, fast_exp 2 (FMUL + MUFU.EX2), silu / sigmoid ~5 (fast_exp, an add,
+// __fdividef), IEEE reciprocal ~8, rsqrt / sqrt ~4, plain ALU 1.
+double unary_cost(UnaryOp op) {
   switch (op) {
-    case UnaryOp::Relu: case UnaryOp::Square: case UnaryOp::Abs: case UnaryOp::Neg: return false;
-    default: return true;
+    case UnaryOp::Relu: case UnaryOp::Square: case UnaryOp::Abs: case UnaryOp::Neg: return 1.0;
+    case UnaryOp::GeluErf: return 30.0;
+    case UnaryOp::GeluTanh: case UnaryOp::Tanh: return 18.0;
+    case UnaryOp::Log: return 20.0;
+    case UnaryOp::Exp: return 2.0;
+    case UnaryOp::Silu: case UnaryOp::Sigmoid: return 5.0;
+    case UnaryOp::Rsqrt: case UnaryOp::Sqrt: return 4.0;
+    default: return 8.0;
   }
 }
 
-// Instructions per element of a Tile-class node in the compute phase. GUESSES, chosen so
-// that relative costs are sane: MUFU-based functions ~8, a division ~4, plain ALU 1.
-double node_cost(const FusionSpec& s, const SpecNode& n) {
+// Instructions per element of a Tile-class node in the compute phase: unary functions as
+// above, a division ~4, plain ALU 1 (GUESSES beside them).
+double node_cost(const FusionSpec& s, const Spec& st, const SpecNode& n) {
   if (n.value_class != ValueClass::Tile) return 0.0;  // per-row or per-column: negligible
   switch (n.category) {
     case NodeCategory::AccEntry: return 0.0;
@@ -55,9 +65,9 @@ double node_cost(const FusionSpec& s, const SpecNode& n) {
     case NodeCategory::Compute:
       if (n.compute == ComputeKind::Cast) return 1.0;
       if (n.compute == ComputeKind::CausalMask) return 2.0;  // compare the position, select
-      if (n.compute == ComputeKind::Unary) return transcendental(n.unary) ? 8.0 : 1.0;
+      if (n.compute == ComputeKind::Unary) return unary_cost(n.unary);
       if (n.binary == BinaryOp::Div) return 4.0;
-      if (n.binary == BinaryOp::Pow) return 16.0;
+      if (n.binary == BinaryOp::Pow) return literal_int_exponent(st, n) > 0 ? 2.0 : 80.0;  // powf: ~80 SASS
       return 1.0;
   }
   (void)s;
@@ -85,7 +95,7 @@ ChainInfo analyze_chain(const FusionSpec& s) {
     int bypass_tiles = 0;
     ChainInfo::StageStorage storage;
     for (const SpecNode& n : st.spec->nodes) {
-      info.ops_per_element += node_cost(s, n);
+      info.ops_per_element += node_cost(s, *st.spec, n);
       if (n.category == NodeCategory::Placeholder && n.placeholder == PlaceholderKind::Bypass &&
           n.value_class == ValueClass::Tile)
         ++bypass_tiles;

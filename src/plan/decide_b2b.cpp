@@ -125,9 +125,23 @@ void check_pair(const FusionSpec& first, const FusionSpec& second, const B2bProb
   if (second.reduction_count() > 0 && p.n2 > 256)
     throw Error(fmt::format("b2b: GEMM2's epilogue reduces rows of N2 = {} columns; one B2B job holds at most 256",
                             p.n2));
-  if (p.k % 8 != 0 || p.n1 % 8 != 0 || p.n2 % 8 != 0)
-    throw Error(fmt::format("b2b: K = {}, N1 = {} and N2 = {} must be multiples of 8 (16-byte TMA rows)", p.k, p.n1,
-                            p.n2));
+  // TMA rows must be 16 bytes apart: K (X and a K-major W1 are rows of K) and N2 (O and an
+  // [N1, N2] W2) always; N1 only where a tensor has rows of N1 elements: W1 given as [K, N1],
+  // W2 as [N2, N1], or an [M, N1] input of F. Attention's K [N1, K] and V [N1, N2] have none,
+  // so any sequence length runs (the last chunk's columns past N1 are masked).
+  if (p.k % 8 != 0 || p.n2 % 8 != 0)
+    throw Error(fmt::format("b2b: K = {} and N2 = {} must be multiples of 8 (16-byte TMA rows)", p.k, p.n2));
+  if (p.n1 % 8 != 0) {
+    std::string rows_of_n1;
+    const RuntimeArg& w1 = first.args.at(static_cast<size_t>(first.arg_index(ArgRole::OperandB)));
+    if (first.b_layout == BLayout::KN) rows_of_n1 = fmt::format("W1 '{}' is [K, N1]", w1.name);
+    else if (second.b_layout == BLayout::NK) rows_of_n1 = fmt::format("W2 '{}' is [N2, N1]", w2.name);
+    for (const RuntimeArg& a : first.args)
+      if (rows_of_n1.empty() && a.role == ArgRole::TileInput) rows_of_n1 = fmt::format("F reads '{}' [M, N1]", a.name);
+    if (!rows_of_n1.empty())
+      throw Error(fmt::format("b2b: N1 = {} must be a multiple of 8: {} (rows of N1 elements, 16-byte TMA rows)", p.n1,
+                              rows_of_n1));
+  }
 }
 
 // The origin of a causal mask in the spec nest, or "" when it has none.

@@ -10,12 +10,17 @@
 //   groups      = min(jobs, clusters resident / G)    row groups running at once
 //   T           = ceil(N-tiles / G)                   N-tiles per CTA and job
 //   per CTA     = ceil(jobs / groups) jobs x T tiles of mainloop
-// PingPong hides a job's stash write-back and later stages behind the other consumer's next
-// job, except the last one (the tail: T tiles of stage-2 traffic), a share of the stash
-// traffic (it competes with the mainloop's operand loads), and except when a CTA has one job
-// only (its one consumer runs alone: every epilogue exposed). Each reduction costs one
-// exchange round, exposed once at the end. Candidates come cheapest first; the first whose
-// storage fits wins (a stash that does not fit in SMEM moves to a workspace).
+// A job's epilogue is its stages' arithmetic (calibration.h row_group_epilogue_cycles), its
+// stash re-reads and output stores, and one exchange round per reduction. PingPong hides it
+// behind the other consumer's next mainloop while it is the shorter of the two; a longer one
+// sets the pace, each consumer running mainloop + epilogue per job with the two mainloops
+// interleaved on the tensor cores (a long chain of reductions: MEASURED per-job traces, 64x128
+// beats 128x128). A CTA of J jobs of mainloop ml and epilogue epi takes
+//   ml + epi + (J - 1) max(ml, (ml + epi) / 2)
+// (the last epilogue exposed), plus a share of the stash traffic in each mainloop (it competes
+// with the operand loads). A CTA with one job only runs its one consumer alone: every
+// epilogue exposed. Candidates come cheapest first; the first whose storage fits wins (a stash
+// that does not fit in SMEM moves to a workspace).
 // Split-K (S > 1, one N-tile per CTA, every job in one wave): S split groups of G clusters share
 // each job's K, so a CTA's mainloop is 1/S of the tile's and each job pays one hand-over of
 // partial tiles (calibration.h split_k_handover_us). Where jobs * G fill the GPU already,
@@ -42,10 +47,34 @@ constexpr int kSplits[] = {1, 2, 3, 4, 6, 8, 12, 16};
 
 // The model's account of one division of the work (microseconds).
 struct Division {
-  double mainloop_us = 0, tail_us = 0, exchange_us = 0, est_us = 0;
+  int64_t jobs_per_cta = 1;
+  double job_mainloop_us = 0;  // one job's mainloops (T tiles), at full ring speed
+  double job_epilogue_us = 0;  // one job's epilogue: arithmetic, stash and store traffic, rounds
+  double exchange_us = 0;      // of it: the rounds (and split-K's hand-overs)
   double stream_us = 0;  // one wave: the time one SM needs to pull its share of B (a tie-break)
   bool idle_ctas = false;  // some CTA of a cluster along M has no rows (M < cluster_m row blocks)
+  double mainloop_us = 0, tail_us = 0, est_us = 0;  // priced(): the CTA's time and its parts
+
+  // The CTA's time with the mainloops at `ring` of full speed (the ring depth is known only
+  // once the epilogue's SMEM is).
+  void priced(double ring) {
+    const double ml = job_mainloop_us / ring;
+    mainloop_us = double(jobs_per_cta) * ml;
+    est_us = jobs_per_cta == 1 ? ml + job_epilogue_us
+                               : ml + job_epilogue_us + double(jobs_per_cta - 1) * std::max(ml, (ml + job_epilogue_us) / 2);
+    tail_us = est_us - mainloop_us - exchange_us;
+  }
 };
+
+// One job's epilogue arithmetic on one consumer warp group: T tiles of (tile elements / 128
+// threads) values a thread, ops_per_element instructions each (chain.cpp), at the cycles per
+// instruction measured for that many values a thread.
+double epilogue_arithmetic_us(const ChainInfo& chain, const PlannerTunables& tun, const DeviceModel& dev, TileShape ts,
+                              int64_t n_tiles) {
+  const int values = ts.tile_m * ts.tile_n / Sm90::kWarpGroupThreads;
+  return double(n_tiles) * values * chain.ops_per_element * lookup(tun.row_group_epilogue_cycles, values) /
+         dev.clock_hz * 1e6;
+}
 
 }  // namespace
 
@@ -119,8 +148,9 @@ std::vector<Candidate> decide_row_groups(const Request& r, Rejections& why) {
         const int rounds = chain.reductions - (fuse.mean_variance ? chain.mean_variance_pairs : 0) -
                            (fuse.max_exp_sum ? chain.max_exp_sum_pairs : 0);
         Division& d = o.d;
-        d.exchange_us = rounds * lookup(tun.row_group_exchange_us, g) +
-                        (ks > 1 ? double(jobs_per_cta) * tun.split_k_handover_us : 0.0);
+        d.jobs_per_cta = jobs_per_cta;
+        d.exchange_us = rounds * lookup(tun.row_group_exchange_us, g) + (ks > 1 ? tun.split_k_handover_us : 0.0);
+        const double arithmetic = epilogue_arithmetic_us(chain, tun, dev, ts, n_tiles);
         if (jobs_per_cta == 1) {  // one consumer alone: nothing overlaps its epilogue
           // One wave (decode, small M): B streams from DRAM once, and what bounds the mainloop
           // is whichever is slower of a CTA's tiles of MACs, the bytes of B one SM pulls in
@@ -129,13 +159,14 @@ std::vector<Candidate> decide_row_groups(const Request& r, Rejections& why) {
           const double b_all = double(p.n) * double(p.k) * Sm90::kAbBytes;
           d.stream_us = double(n_tiles) * b_cta / tun.sm_stream_bytes_per_s * 1e6;
           d.idle_ctas = tiles_m < cm;
-          d.mainloop_us = std::max({double(n_tiles) * t_tile, d.stream_us, b_all / tun.one_wave_dram_bytes_per_s * 1e6});
-          d.tail_us = double(n_tiles) * (t_s1 + t_s2);
+          d.job_mainloop_us =
+              std::max({double(n_tiles) * t_tile, d.stream_us, b_all / tun.one_wave_dram_bytes_per_s * 1e6});
+          d.job_epilogue_us = double(n_tiles) * (t_s1 + t_s2) + arithmetic + d.exchange_us;
         } else {  // the other consumer's mainloops hide all but a share of the stash traffic
-          d.mainloop_us = double(jobs_per_cta * n_tiles) * (t_tile + tun.row_group_stash_exposed * t_s1);
-          d.tail_us = double(n_tiles) * t_s2;
+          d.job_mainloop_us = double(n_tiles) * (t_tile + tun.row_group_stash_exposed * t_s1);
+          d.job_epilogue_us = double(n_tiles) * t_s2 + arithmetic + d.exchange_us;
         }
-        d.est_us = d.mainloop_us + d.tail_us + d.exchange_us;
+        d.priced(1.0);
         options.push_back(o);
       }
     }
@@ -170,8 +201,7 @@ std::vector<Candidate> decide_row_groups(const Request& r, Rejections& why) {
     // The ring depth is known only now (what the epilogue's SMEM leaves): a shallow ring
     // starves the mainloop.
     const double ring = lookup(tun.row_group_ring_efficiency, c.k.ring_stages);
-    o.d.mainloop_us /= ring;
-    o.d.est_us = o.d.mainloop_us + o.d.tail_us + o.d.exchange_us;
+    o.d.priced(ring);
     estimate_cluster(c, r);  // the DRAM floor; the times below are the row-group model's
     c.resident = o.resident;
     c.workspace = int64_t{c.resident} * c.k.cluster_size() * c.k.stash_workspace_bytes_per_cta();

@@ -348,6 +348,15 @@ void SpecVisitor::walk(const Spec& root, int depth) {
 
 // Both pairs have one shape: reduction i (first op) of operand x, whose PostStage's terminal
 // reduction (second op) reduces f(Bypass(x) - Stat), f = square (x * x too) or exp.
+int literal_int_exponent(const Spec& st, const SpecNode& n) {
+  if (n.category != NodeCategory::Compute || n.compute != ComputeKind::Binary || n.binary != BinaryOp::Pow) return 0;
+  const SpecNode& e = st.nodes.at(static_cast<size_t>(n.operands.at(1)));
+  if (e.category != NodeCategory::Broadcast || e.arg >= 0) return 0;
+  for (int k = 2; k <= 4; ++k)
+    if (e.literal == double(k)) return k;
+  return 0;
+}
+
 PairKind pair_kind(const Spec& st, int i) {
   const SpecNode& r = st.nodes.at(static_cast<size_t>(i));
   if (r.category != NodeCategory::Reduction || r.post < 0) return PairKind::None;

@@ -181,6 +181,27 @@ output s: bf16
   EXPECT_NE(r2.b2b_candidates[0].blocker.find("graph output"), std::string::npos) << r2.b2b_candidates[0].blocker;
 }
 
+// N1 need not be a multiple of 8 where no tensor has rows of N1 elements (attention's K and V:
+// any sequence length); an FFN's W2 given as [N2, N1] does, and the refusal names it.
+TEST(B2b, SequenceLengthNeedNotBeAMultipleOfEight) {
+  Pair att = lowered("attention.cf");
+  EXPECT_NO_THROW(make_b2b_plan(att.first(), att.second(), B2bProblem{1, 300, 64, 300, 64, DType::BF16}));
+  Pair ffn = lowered("ffn.cf");
+  try {
+    make_b2b_plan(ffn.first(), ffn.second(), B2bProblem{1, 300, 64, 300, 64, DType::BF16});
+    FAIL() << "expected an Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("N1 = 300 must be a multiple of 8: W2 'w2' is [N2, N1]"), std::string::npos)
+        << e.what();
+  }
+  try {
+    make_b2b_plan(att.first(), att.second(), B2bProblem{1, 300, 60, 300, 64, DType::BF16});
+    FAIL() << "expected an Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("K = 60 and N2 = 64 must be multiples of 8"), std::string::npos) << e.what();
+  }
+}
+
 TEST(B2b, EmitWritesOneConfigAndTheRegisterOperand) {
   Pair ffn = lowered("ffn.cf");
   const B2bPlan p = make_b2b_plan(ffn.first(), ffn.second(), B2bProblem{1, 1000, 72, 520, 136, DType::BF16});

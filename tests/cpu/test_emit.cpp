@@ -331,6 +331,27 @@ TEST_F(EmitCompile, HandWrittenWgmmaOperandsMatchCute) {
 }
 
 // NVRTC has no __builtin_inff: infinite literals compile with NVRTC alone (no nvcc fallback).
+// pow with a literal exponent of 2, 3 or 4 renders as multiplies (PowInt); other exponents, or a
+// runtime scalar one, keep powf (Pow). The kernel compiles (EveryExampleRegion's JIT covers Pow).
+TEST_F(EmitCompile, PowWithASmallLiteralExponentMultiplies) {
+  Built b;
+  Value acc = bf16_gemm(b.g);
+  Value s = b.g.input("s", DType::F32, {});
+  b.g.output(b.g.binary(BinaryOp::Pow, acc, 3.0) + b.g.binary(BinaryOp::Pow, acc, 2.5) + b.g.binary(BinaryOp::Pow, acc, s),
+             "y", DType::BF16);
+  b.r = lower(b.g);
+  const FusionSpec& spec = b.r.regions.at(0).spec;
+  const std::string epi = emit_epilogue_type(spec);
+  EXPECT_NE(epi.find("comfuse::epi::Compute<comfuse::epi::PowInt<3>, 0>"), std::string::npos) << epi;
+  EXPECT_EQ(epi.find("PowInt<2>"), std::string::npos) << epi;
+  size_t powf_nodes = 0;
+  for (size_t at = epi.find("comfuse::epi::Pow,"); at != std::string::npos; at = epi.find("comfuse::epi::Pow,", at + 1))
+    ++powf_nodes;
+  EXPECT_EQ(powf_nodes, 2u) << epi;
+  CompiledKernel k = compile_only(spec, shape(256, 256, 64), opt_);
+  EXPECT_TRUE(is_cubin_elf(k.cubin));
+}
+
 TEST_F(EmitCompile, InfiniteLiteralsCompileWithNvrtcAlone) {
   Built b;
   Value acc = bf16_gemm(b.g);

@@ -415,6 +415,26 @@ TEST(Plan, ShallowRingIsPriced) {
   EXPECT_NE(explain(residual, b).find("ring stages: the mainloop runs at"), std::string::npos);
 }
 
+// A long epilogue paces PingPong (each warp group runs mainloop + epilogue per job), and 64-row
+// tiles, whose epilogues hold half the values a thread, win it; short epilogues keep hiding
+// behind the mainloop, so LayerNorm keeps 128x128 (MEASURED, bench/NOTES.md: the chain 3.73x at
+// 64x128 vs 4.51x at 128x128; LayerNorm 2048x2048x1024 1.59x at 128x128 vs 1.80x at 64x128).
+TEST(Plan, LongEpiloguesPaceThePingPong) {
+  const FusionSpec chain = lowered([](Graph& g, Value acc) {
+    Value p = g.softmax(acc);
+    Value l = g.layer_norm(g.unary(UnaryOp::Silu, p * 1000.0), row(g, "gamma"), row(g, "beta"));
+    return g.rms_norm(g.unary(UnaryOp::GeluErf, l), row(g, "gamma2"));
+  });
+  const Plan c = make_plan(chain, prob(4096, 4096, 1024), full_device(), {}, {});
+  ASSERT_EQ(c.kernel.aggregation, Aggregation::L2Exchange);
+  EXPECT_EQ(c.kernel.tile_m, 64);
+  EXPECT_EQ(c.kernel.tile_n, 128);
+  EXPECT_GT(c.estimate.epilogue_us, c.estimate.mainloop_us) << "the epilogue sets the pace";
+  const Plan l = make_plan(layer_norm(), prob(2048, 2048, 1024), full_device(), {}, {});
+  EXPECT_EQ(l.kernel.tile_m, 128);
+  EXPECT_LT(l.estimate.epilogue_us, l.estimate.mainloop_us);
+}
+
 // Split-K where one wave of tiles leaves each SM more bytes of B to pull than the DRAM needs
 // for all of B (decode at N = 2048: 16 CTAs); not where the DRAM bounds already (N = 4096,
 // M = 16: measured slower split), nor where the jobs fill the GPU.

@@ -67,6 +67,18 @@ TEST_F(Gpu, EveryBinaryOpWithEveryBroadcastKind) {
   }
 }
 
+// pow with a literal exponent 2, 3 or 4 compiles to multiplies (epilogue/ops.cuh PowInt), negative
+// bases included; another literal exponent keeps powf.
+TEST_F(Gpu, PowWithLiteralExponents) {
+  Case c;
+  Value x = c.acc * 0.5;
+  c.g.output(c.g.binary(BinaryOp::Pow, x, 2.0), "p2", DType::F32);
+  c.g.output(c.g.binary(BinaryOp::Pow, x, 3.0), "p3", DType::F32);
+  c.g.output(c.g.binary(BinaryOp::Pow, x, 4.0), "p4", DType::F32);
+  c.g.output(c.g.binary(BinaryOp::Pow, c.g.unary(UnaryOp::Abs, x) + 0.25, 2.5), "p25", DType::F32);
+  expect_matches(c.g, kRagged);
+}
+
 TEST_F(Gpu, RaggedShapesLayoutsAndOutputDtypes) {
   struct Variant { DType in; BLayout layout; DType out; Bindings dims; };
   const std::vector<Variant> variants = {

@@ -29,13 +29,16 @@ def _model(make, dev):
     return make().to(dev, torch.bfloat16).eval()
 
 
-def the_pair(rep):
+def the_pair(rep, built=True):
+    """The report's one B2B pair, fused and called without fallback; `built`: its kernel was
+    built (or loaded from the JIT cache) here, not served by the process's kernel cache."""
     pairs = [r for r in rep.regions if r.plan.get("kind") == "b2b"]
     assert len(pairs) == 1, str(rep)
     p = pairs[0]
     assert p.status == "fused", p.reason
     assert p.calls >= 1 and p.fallback_calls == 0, p.runtime_fallback
-    assert p.compiles, "no B2B kernel was built"
+    if built:
+        assert p.compiles, "no B2B kernel was built"
     return p
 
 
@@ -82,7 +85,7 @@ def test_b2b_forced_pair_under_cuda_graphs(gpu):
             x = randn(*shape, device=gpu, scale=0.5, seed=10 + step)
             out = f(x).clone()
             assert_bf16_close(out, model(x))
-    the_pair(rep)
+    the_pair(rep, built=False)  # an earlier test in this process may have built this kernel
 
     torch._dynamo.reset()
     comfuse.config.rest = "eager"

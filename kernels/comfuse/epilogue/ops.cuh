@@ -59,5 +59,17 @@ struct Min {
   static COMFUSE_DEVICE float apply(float a, float b) { return a < b ? a : (b < a ? b : (isnan(a) ? a : b)); }
 };
 struct Pow { static COMFUSE_DEVICE float apply(float a, float b) { return powf(a, b); } };
+// pow(x, E) for a literal exponent E in 2..4 (Ψ picks it: emit_rules.cpp): E - 1 multiplies
+// instead of powf's ~80 instructions (GPT-2's gelu_new cubes every element). Rounds up to
+// E - 1 times where powf rounds once: within 2 ulp in fp32, far below a 16-bit output's step.
+template <int E> struct PowInt {
+  static_assert(E >= 2 && E <= 4, "PowInt: exponents 2..4");
+  static COMFUSE_DEVICE float apply(float x) {
+    float const x2 = x * x;
+    if constexpr (E == 2) return x2;
+    else if constexpr (E == 3) return x2 * x;
+    else return x2 * x2;
+  }
+};
 
 }  // namespace comfuse::epi
