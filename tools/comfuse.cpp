@@ -325,7 +325,8 @@ int run_gpu(const Graph& g, const Bindings& b, const PlanOptions& plan, uint64_t
                            kTimingRounds);
   if (opt.trace) {
     std::string csv;
-    std::cout << summarize_trace(rep.trace, p, &csv);
+    std::cout << (rep.b2b_plan.jobs > 0 ? summarize_b2b_trace(rep.trace, rep.b2b_plan, &csv)
+                                        : summarize_trace(rep.trace, p, &csv));
     std::ofstream(trace_csv) << csv;
     std::cout << fmt::format("trace: every stamp in {}\n", trace_csv);
   }

@@ -47,6 +47,8 @@ inline double gpu_result_tolerance(DType t) { return t == DType::BF16 ? 1e-2 : t
 // Where a traced kernel's time went (per-job mainloop, epilogue, tensor-idle gaps, cross-CTA
 // skew of a row group), from FusedKernel::trace(); `csv` (optional) gets every stamp.
 std::string summarize_trace(const std::vector<uint64_t>& trace, const Plan& plan, std::string* csv = nullptr);
+// The same for a B2B kernel's launch: per job, its chunks' ML1 / Epi1 / ML2 and its Epi2.
+std::string summarize_b2b_trace(const std::vector<uint64_t>& trace, const B2bPlan& plan, std::string* csv = nullptr);
 
 inline constexpr int kTimingRounds = 9;  // alternating fused / cuBLAS rounds of run_and_check
 DeviceRunReport run_and_check(const Graph& g, const Bindings& dims, uint64_t seed, const CompileOptions& opt = {},

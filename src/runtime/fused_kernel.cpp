@@ -125,6 +125,7 @@ CompiledKernel compile_only_b2b(const FusionSpec& first, const FusionSpec& secon
   B2bPlan p = make_b2b_plan(first, second, problem, opt.plan);
   EmittedKernel k = emit_b2b(first, second, p);
   KernelSource src{first.name + "_b2b", k.source, k.entry, {}};
+  if (opt.trace) src.flags.push_back("-DCOMFUSE_TRACE");
   CompiledKernel c = jit_compile(src, opt.jit);
   if (c.wgmma_serialized)
     throw Error(fmt::format("B2B kernel for '{}' compiled with serialized wgmma (ptxas C7510/C7520): a ComFuse bug\n{}",

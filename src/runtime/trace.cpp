@@ -30,6 +30,7 @@ struct Job {
 struct Cta {
   int sm = -1, peers_key = 0;
   double poll_us = 0, polls = 0;  // both consumer WGs' thread 0, in L2 exchange polls
+  double stage_us[2][trace::kStages] = {};  // B2B: per consumer WG, its jobs' per-chunk stages
   std::vector<Job> jobs;  // by turn
   double ghz = 0;         // cycles per ns over the CTA's span
 };
@@ -50,12 +51,11 @@ struct Stats {
   }
 };
 
-}  // namespace
-
-std::string summarize_trace(const std::vector<uint64_t>& w, const Plan& plan, std::string* csv) {
-  if (w.size() < size_t(trace::kWords)) return "trace: none (build with CompileOptions::trace / --trace)\n";
-  const bool pingpong = plan.kernel.wgs_per_tile == 1;
-  const int cn = std::max(1, plan.kernel.cluster_n), cm = std::max(1, plan.kernel.cluster_m), g = std::max(1, plan.kernel.row_group);
+// Every CTA that recorded a job: its jobs (of both warp groups, or WG0's only when
+// `both_wgs` is false: a cooperative tile), sorted by start; the CSV of every stamp.
+// peers_key(c): which set of row peers CTA c belongs to.
+template <class PeersKey>
+std::vector<Cta> parse_ctas(const std::vector<uint64_t>& w, bool both_wgs, PeersKey peers_key, std::string* csv) {
   if (csv) *csv = "cta,sm,wg,job,event,globaltimer_ns,clock64\n";
   std::vector<Cta> ctas;
   for (int c = 0; c < trace::kMaxCtas; ++c) {
@@ -63,13 +63,12 @@ std::string summarize_trace(const std::vector<uint64_t>& w, const Plan& plan, st
     if (rec[trace::kWordsPerCta - 1] == 0) continue;
     Cta cta;
     cta.sm = int(rec[trace::kWordsPerCta - 1]) - 1;
-    // The CTAs that exchange a row's partials (scheduler/tile_scheduler.cuh): one cluster along
-    // N, or a row group of clusters per rank along M.
-    const int bx = c / cn;
-    cta.peers_key = g > 1 ? (bx / cm / g) * cm + bx % cm : bx;
+    cta.peers_key = peers_key(c);
     for (int wg = 0; wg < 2; ++wg) {
       cta.poll_us += double(rec[trace::kPollBase + 2 * wg]) * 1e-3;
       cta.polls += double(rec[trace::kPollBase + 2 * wg + 1]);
+      for (int st = 0; st < trace::kStages; ++st)
+        cta.stage_us[wg][st] = double(rec[trace::kStageBase + wg * trace::kStages + st]) * 1e-3;
     }
     for (int wg = 0; wg < 2; ++wg)
       for (int j = 0; j < trace::kMaxJobs; ++j) {
@@ -82,7 +81,7 @@ std::string summarize_trace(const std::vector<uint64_t>& w, const Plan& plan, st
           if (csv && rec[at] != 0)
             *csv += fmt::format("{},{},{},{},{},{},{}\n", c, cta.sm, wg, j, e, rec[at], rec[at + 1]);
         }
-        if (ok && (pingpong || wg == 0)) cta.jobs.push_back(job);
+        if (ok && (both_wgs || wg == 0)) cta.jobs.push_back(job);
       }
     if (cta.jobs.empty()) continue;
     std::sort(cta.jobs.begin(), cta.jobs.end(),
@@ -93,13 +92,34 @@ std::string summarize_trace(const std::vector<uint64_t>& w, const Plan& plan, st
     cta.ghz = b.ns > a.ns ? double(b.cyc - a.cyc) / double(b.ns - a.ns) : 0;
     ctas.push_back(std::move(cta));
   }
-  if (ctas.empty()) return "trace: no CTA recorded a job\n";
+  return ctas;
+}
 
+// The launch's first start and last done, globaltimer ns.
+std::pair<uint64_t, uint64_t> launch_window(const std::vector<Cta>& ctas) {
   uint64_t t0 = UINT64_MAX, t1 = 0;
   for (const Cta& c : ctas) {
     t0 = std::min(t0, c.jobs.front().ev[trace::kTurn].ns);
     for (const Job& j : c.jobs) t1 = std::max(t1, j.ev[trace::kEpiDone].ns);
   }
+  return {t0, t1};
+}
+
+}  // namespace
+
+std::string summarize_trace(const std::vector<uint64_t>& w, const Plan& plan, std::string* csv) {
+  if (w.size() < size_t(trace::kWords)) return "trace: none (build with CompileOptions::trace / --trace)\n";
+  const bool pingpong = plan.kernel.wgs_per_tile == 1;
+  const int cn = std::max(1, plan.kernel.cluster_n), cm = std::max(1, plan.kernel.cluster_m), g = std::max(1, plan.kernel.row_group);
+  // The CTAs that exchange a row's partials (scheduler/tile_scheduler.cuh): one cluster along
+  // N, or a row group of clusters per rank along M.
+  const std::vector<Cta> ctas = parse_ctas(w, pingpong, [&](int c) {
+    const int bx = c / cn;
+    return g > 1 ? (bx / cm / g) * cm + bx % cm : bx;
+  }, csv);
+  if (ctas.empty()) return "trace: no CTA recorded a job\n";
+
+  const auto [t0, t1] = launch_window(ctas);
   Stats mainloop, epilogue, idle, idle_epi, span, head, tail, ghz, jobs, poll_per_job, polls_per_job;
   for (const Cta& c : ctas) {
     const double us = c.ghz > 0 ? 1e-3 / c.ghz : 0;  // microseconds per cycle
@@ -164,6 +184,51 @@ std::string summarize_trace(const std::vector<uint64_t>& w, const Plan& plan, st
                    head.str(), tail.str());
   s += fmt::format("  row peers' accumulators-ready spread per job ({} peer sets x jobs), us: {}\n", ready.size(),
                    skew.str());
+  return s;
+}
+
+std::string summarize_b2b_trace(const std::vector<uint64_t>& w, const B2bPlan& plan, std::string* csv) {
+  if (w.size() < size_t(trace::kWords)) return "trace: none (build with CompileOptions::trace / --trace)\n";
+  const std::vector<Cta> ctas = parse_ctas(w, /*both_wgs=*/true, [](int c) { return c; }, csv);
+  if (ctas.empty()) return "trace: no CTA recorded a job\n";
+  const auto [t0, t1] = launch_window(ctas);
+  Stats job, epi2, span, head, tail, ghz, jobs, stage[trace::kStages];
+  for (const Cta& c : ctas) {
+    const double us = c.ghz > 0 ? 1e-3 / c.ghz : 0;
+    int per_wg[2] = {0, 0};
+    for (const Job& j : c.jobs) {
+      job.add(double(j.ev[trace::kAccReady].cyc - j.ev[trace::kTurn].cyc) * us);
+      epi2.add(double(j.ev[trace::kEpiDone].cyc - j.ev[trace::kAccReady].cyc) * us);
+      ++per_wg[j.wg];
+    }
+    for (int wg = 0; wg < 2; ++wg)
+      for (int st = 0; st < trace::kStages; ++st)
+        if (per_wg[wg] > 0) stage[st].add(c.stage_us[wg][st] / per_wg[wg]);
+    uint64_t done = 0;
+    const Job* last = &c.jobs.front();
+    for (const Job& j : c.jobs)
+      if (j.ev[trace::kEpiDone].ns >= done) done = j.ev[trace::kEpiDone].ns, last = &j;
+    span.add(double(done - c.jobs.front().ev[trace::kTurn].ns) * 1e-3);
+    head.add(double(c.jobs.front().ev[trace::kTurn].ns - t0) * 1e-3);
+    tail.add(double(last->ev[trace::kEpiDone].cyc - last->ev[trace::kAccReady].cyc) * us);
+    ghz.add(c.ghz);
+    jobs.add(double(c.jobs.size()));
+  }
+  const B2bConfig& k = plan.kernel;
+  std::string s = fmt::format(
+      "trace: {} CTAs, {} jobs each (two consumer warp groups on their own jobs of {} rows x {} of O, N1 in chunks "
+      "of {}), launch {:.1f} us from the first job's start to the last store; SM clock {:.2f} GHz\n",
+      ctas.size(), jobs.mean(), k.tile_m, k.tile_n2, k.chunk_n1, double(t1 - t0) * 1e-3, ghz.mean());
+  s += fmt::format("  job (start -> O complete: every chunk's ML1, Epi1, ML2), us: {}\n", job.str());
+  s += fmt::format("    of it per job, summed over its chunks: ML1 (GEMM1 issued and waited for), us: {}\n",
+                   stage[trace::kGemm1].str());
+  s += fmt::format("      Epi1 (F on the chunk, S into registers), us: {}\n", stage[trace::kF].str());
+  s += fmt::format("      ML2 issue (GEMM2's wgmmas issued; they run behind the next chunk's ML1), us: {}\n",
+                   stage[trace::kGemm2Issue].str());
+  s += fmt::format("  Epi2 per job (O complete -> GEMM2's epilogue stored), us: {}\n", epi2.str());
+  s += fmt::format("  CTA span (first start -> last store), us: {}\n", span.str());
+  s += fmt::format("  start skew (first start - earliest CTA's), us: {}; last job's Epi2 (exposed tail), us: {}\n",
+                   head.str(), tail.str());
   return s;
 }
 

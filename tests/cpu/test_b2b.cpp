@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include "comfuse/emit.h"
@@ -239,6 +240,26 @@ class B2bCompile : public ::testing::Test {
   std::filesystem::path cache_;
   CompileOptions opt_;
 };
+
+// `comfuse run --trace` on a B2B pair: the traced build carries the timeline buffer, keeps its
+// wgmmas unserialized, and is a cache entry of its own; the plain build has no trace.
+TEST_F(B2bCompile, TracedBuildCarriesTheTimelineBuffer) {
+  Pair p = lowered("attention_causal.cf");
+  ASSERT_NE(p.b, nullptr);
+  const B2bProblem pr{1, 1000, 64, 1032, 64, DType::BF16};
+  auto has_trace = [](const CompiledKernel& k) {
+    const std::string needle = "comfuse_trace";
+    return std::search(k.cubin.begin(), k.cubin.end(), needle.begin(), needle.end()) != k.cubin.end();
+  };
+  const CompiledKernel plain = compile_only_b2b(p.first(), p.second(), pr, opt_);
+  CompileOptions traced = opt_;
+  traced.trace = true;
+  const CompiledKernel t = compile_only_b2b(p.first(), p.second(), pr, traced);
+  EXPECT_NE(plain.key, t.key);
+  EXPECT_FALSE(has_trace(plain));
+  EXPECT_TRUE(has_trace(t));
+  EXPECT_FALSE(t.wgmma_serialized) << t.log;
+}
 
 TEST_F(B2bCompile, FfnAndAttentionCompileWithRegisterOperandWgmma) {
   for (const char* ex : {"ffn.cf", "attention.cf", "attention_causal.cf"}) {

@@ -421,6 +421,40 @@ TEST(Trace, SummaryFindsTheIdleGapBehindAnEpilogue) {
 // `comfuse run --trace`: the traced build compiles (a row-group LayerNorm, the kernel the trace
 // was made for), is a different cache entry, and carries the timeline buffer the runtime reads
 // (FusedKernel::trace looks the symbol up by name); the default build has no trace in it.
+// summarize_b2b_trace on a hand-made timeline: one CTA, two warp groups with two and one jobs,
+// 1 cycle per ns; per-chunk stage sums per warp group.
+TEST(Trace, B2bSummarySplitsAJobIntoItsStages) {
+  std::vector<uint64_t> w(trace::kWords, 0);
+  struct J { int wg, job; uint64_t start, issued, ready, done; };
+  const J jobs[] = {{0, 0, 1000, 90000, 101000, 121000}, {0, 1, 121000, 210000, 221000, 241000},
+                    {1, 0, 2000, 150000, 162000, 182000}};
+  uint64_t* rec = w.data();
+  for (const J& j : jobs) {
+    const uint64_t ev[4] = {j.start, j.issued, j.ready, j.done};
+    for (int e = 0; e < 4; ++e) {
+      const size_t at = size_t((j.wg * trace::kMaxJobs + j.job) * trace::kEvents + e) * 2;
+      rec[at] = rec[at + 1] = ev[e];
+    }
+  }
+  const uint64_t stages[2][3] = {{120000, 60000, 20000}, {80000, 50000, 10000}};  // ns
+  for (int wg = 0; wg < 2; ++wg)
+    for (int st = 0; st < trace::kStages; ++st) rec[trace::kStageBase + wg * trace::kStages + st] = stages[wg][st];
+  rec[trace::kWordsPerCta - 1] = 1;
+  B2bPlan plan;
+  plan.kernel.tile_m = 64, plan.kernel.tile_n2 = 128, plan.kernel.chunk_n1 = 64;
+  std::string csv;
+  const std::string s = summarize_b2b_trace(w, plan, &csv);
+  EXPECT_NE(s.find("1 CTAs, 3 jobs each"), std::string::npos) << s;
+  EXPECT_NE(s.find("launch 240.0 us"), std::string::npos) << s;
+  EXPECT_NE(s.find("O complete: every chunk's ML1, Epi1, ML2), us: mean 120.00"), std::string::npos) << s;
+  // WG0: 120 us of ML1 over 2 jobs = 60 us a job; WG1: 80 us over 1 job.
+  EXPECT_NE(s.find("ML1 (GEMM1 issued and waited for), us: mean 70.00"), std::string::npos) << s;
+  EXPECT_NE(s.find("Epi1 (F on the chunk, S into registers), us: mean 40.00"), std::string::npos) << s;
+  EXPECT_NE(s.find("Epi2 per job (O complete -> GEMM2's epilogue stored), us: mean 20.00"), std::string::npos) << s;
+  EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 1 + 3 * 4);
+  EXPECT_NE(summarize_b2b_trace({}, plan).find("trace: none"), std::string::npos);
+}
+
 TEST_F(EmitCompile, TracedBuildCarriesTheTimelineBuffer) {
   Graph g = parse_graph_file((kRoot / "examples/gemm_layernorm.cf").string());
   const LoweringResult r = lower(g);

@@ -9,6 +9,8 @@
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "comfuse/text.h"
 #include "gpu/gpu_support.h"
 
@@ -187,8 +189,8 @@ output o: bf16
   EXPECT_EQ(rep.kernels, 2);
 }
 
-TEST_F(GpuB2b, AttentionOnlineSoftmax) {
-  const std::string g = R"(
+// softmax(Q K^T / 8) V, bf16: the online softmax's plain case.
+const char* const kAttention = R"(
 input q: bf16[M, K]
 input k: bf16[N, K]
 input v: bf16[N, DV]
@@ -197,6 +199,9 @@ p = cast(softmax(mul(s, 0.125)), bf16)
 o = matmul(p, v, layout=kn)
 output o: bf16
 )";
+
+TEST_F(GpuB2b, AttentionOnlineSoftmax) {
+  const std::string g = kAttention;
   for (const Bindings& d : {Bindings{{"M", 300}, {"N", 520}, {"K", 64}, {"DV", 64}},
                             Bindings{{"M", 1000}, {"N", 1032}, {"K", 128}, {"DV", 128}},
                             Bindings{{"M", 64}, {"N", 4096}, {"K", 64}, {"DV", 128}}}) {
@@ -233,6 +238,23 @@ output o: {0}
       EXPECT_TRUE(rep.b2b_plan.kernel.online_softmax);
     }
   }
+}
+
+// The traced build (`comfuse run --trace`) still matches, and its timeline has every job's
+// four events and the per-chunk stage sums (summarize_b2b_trace).
+TEST_F(GpuB2b, TracedAttentionRecordsItsStages) {
+  CompileOptions opt;
+  opt.trace = true;
+  const DeviceRunReport rep =
+      expect_one_b2b_kernel_matches(kAttention, {{"M", 1000}, {"N", 1032}, {"K", 64}, {"DV", 64}}, opt);
+  std::string csv;
+  const std::string s = summarize_b2b_trace(rep.trace, rep.b2b_plan, &csv);
+  EXPECT_EQ(s.find("trace: none"), std::string::npos) << s;
+  EXPECT_EQ(s.find("no CTA recorded"), std::string::npos) << s;
+  EXPECT_NE(s.find("ML1 (GEMM1 issued and waited for), us: mean "), std::string::npos) << s;
+  EXPECT_EQ(s.find("ML1 (GEMM1 issued and waited for), us: mean 0.00"), std::string::npos) << s;
+  // 16 row blocks of 64: every job's four stamps.
+  EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 1 + 16 * 4) << csv;
 }
 
 std::string batched_attention(const char* dtype, bool causal) {

@@ -22,6 +22,7 @@
 #include "../common.cuh"
 #include "../params.cuh"
 #include "../scheduler/grid.cuh"
+#include "../debug/trace.cuh"
 #include "mainloop_b2b.cuh"
 #include "intermediate.cuh"
 
@@ -111,10 +112,12 @@ struct B2bGemmSm90 {
       typename Mainloop::FragP P, P3;
       typename Mainloop::FragS S;
       typename Mainloop::FragO O;
+      int traced = 0;  // this warp group's jobs so far (the trace's job index)
       for (int j = int(blockIdx.x) * Sm90::kConsumerWGs + cw;; j += stride) {
         B2bJob const job = b2b_job(C, j, p.batches, p.M, p.N, int(gridDim.x));
         if (job.done) break;
         if (!job.valid) continue;  // an empty half of a causal pair (scheduler/grid.cuh)
+        trace::mark(t, cw, traced, trace::kTurn);
         int const m0 = job.m_block * C.tile_m;
         int const chunks = b2b_chunks(C, job.m_block, p.M, p.N1);
         epi::EpiCtx c2{&p, m0, job.n2_block * C.tile_n2, p.N, t, t / 32, t % 32};
@@ -128,18 +131,27 @@ struct B2bGemmSm90 {
         // serializes every wgmma of the kernel (C7520).
         cute::warpgroup_fence_operand(O);
         for (int c = 0; c < chunks; ++c) {
+          unsigned long long since = trace::now();
           Mainloop::gemm1(p, ring, rd, taken, mine.ring, P, P3, t);  // behind GEMM2 of chunk c - 1
           taken.all_completed(ring, t);  // F reads P and rewrites S (and rescales O)
+          trace::add_stage(t, cw, trace::kGemm1, since);
+          since = trace::now();
           epi::EpiCtx c1{&p, m0, c * C.chunk_n1, p.N1, t, t / 32, t % 32};
           c1.batch = job.batch;
           f.apply(c1, f_storage(mine), bar_id, P, P3, S, O, c == 0);
+          trace::add_stage(t, cw, trace::kF, since);
+          since = trace::now();
           cute::warpgroup_fence_operand(S);
           cute::warpgroup_fence_operand(O);
           Mainloop::gemm2(ring, rd, taken, mine.ring, S, O, c == 0, t);
+          trace::add_stage(t, cw, trace::kGemm2Issue, since);
         }
+        trace::mark(t, cw, traced, trace::kIssued);
         taken.all_completed(ring, t);
+        trace::mark(t, cw, traced, trace::kAccReady);
         f.finish(O);
         epi2.run(c2, epi2_storage(mine), O, bar_id);
+        trace::mark(t, cw, traced++, trace::kEpiDone);
       }
       if (t == 0) tma_store_wait_all<0>();
     }

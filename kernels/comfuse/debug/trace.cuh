@@ -9,7 +9,11 @@
 //   kIssued      all of the job's wgmmas are issued (PingPong: the turn goes to the other WG)
 //   kAccReady    the accumulators are complete (mma_tail)
 //   kEpiDone     the job's epilogue, cluster/L2 rounds included, has returned
-// and sums the time it spends in L2 exchange polls (cluster/global_exchange.cuh).
+// and sums the time it spends in L2 exchange polls (cluster/global_exchange.cuh). The B2B
+// kernel (b2b/b2b_gemm_sm90.cuh) stamps the same four events per job (its turn is the job's
+// start, kIssued the last chunk's GEMM2 issued, kAccReady O complete, kEpiDone after Epi2) and
+// sums, per warp group, the time of its per-chunk stages: ML1 (GEMM1 issued and waited for),
+// Epi1 (F) and ML2's issue.
 // The host reads `comfuse_trace` (runtime: FusedKernel::trace) after a launch; the last
 // launch's stamps stay there (each launch overwrites the same slots). Jobs past kMaxJobs and
 // CTAs past kMaxCtas are not recorded.
@@ -17,13 +21,16 @@
 
 namespace comfuse::trace {
 
-inline constexpr int kMaxCtas = 160, kMaxJobs = 64, kEvents = 4;
+inline constexpr int kMaxCtas = 160, kMaxJobs = 64, kEvents = 4, kStages = 3;
 enum Event : int { kTurn = 0, kIssued = 1, kAccReady = 2, kEpiDone = 3 };
+// The B2B kernel's per-chunk stages.
+enum Stage : int { kGemm1 = 0, kF = 1, kGemm2Issue = 2 };
 // Per CTA: [wg 0..1][job][event][globaltimer, clock64]; then [wg 0..1][ns its thread 0 spent
-// in L2 exchange polls (from issuing the loads to seeing every tag), their count]; then one
-// word: the SM id + 1.
+// in L2 exchange polls (from issuing the loads to seeing every tag), their count]; then
+// [wg 0..1][stage] ns (B2B); then one word: the SM id + 1.
 inline constexpr int kPollBase = 2 * kMaxJobs * kEvents * 2;
-inline constexpr int kWordsPerCta = kPollBase + 4 + 1;
+inline constexpr int kStageBase = kPollBase + 4;
+inline constexpr int kWordsPerCta = kStageBase + 2 * kStages + 1;
 inline constexpr int kWords = kMaxCtas * kWordsPerCta;
 
 }  // namespace comfuse::trace
@@ -67,7 +74,10 @@ __device__ __forceinline__ void mark(int t, int wg, int job, Event ev) {
   unsigned long long const g = now();
   asm volatile("mov.u64 %0, %%clock64;\n" : "=l"(c));
   asm volatile("mov.u32 %0, %%smid;\n" : "=r"(sm));
-  if (job == 0 && ev == kTurn) rec[kPollBase + 2 * wg] = rec[kPollBase + 2 * wg + 1] = 0;
+  if (job == 0 && ev == kTurn) {
+    rec[kPollBase + 2 * wg] = rec[kPollBase + 2 * wg + 1] = 0;
+    for (int s = 0; s < kStages; ++s) rec[kStageBase + wg * kStages + s] = 0;
+  }
   rec[((wg * kMaxJobs + job) * kEvents + ev) * 2] = g;
   rec[((wg * kMaxJobs + job) * kEvents + ev) * 2 + 1] = c;
   rec[kWordsPerCta - 1] = sm + 1;
@@ -86,6 +96,17 @@ __device__ __forceinline__ void add_poll(unsigned long long since) {
   rec[kPollBase + 2 * wg + 1] += 1;
 #else
   (void)since;
+#endif
+}
+
+// Thread t of consumer warp group wg adds the time since `since` (a now()) to stage st's sum.
+__device__ __forceinline__ void add_stage(int t, int wg, Stage st, unsigned long long since) {
+#ifdef COMFUSE_TRACE
+  unsigned long long* rec = record();
+  if (t != 0 || !rec) return;
+  rec[kStageBase + wg * kStages + st] += now() - since;
+#else
+  (void)t, (void)wg, (void)st, (void)since;
 #endif
 }
 
