@@ -64,7 +64,11 @@ struct PlannerTunables {
 
   // Cost-model knobs of the DSMEM search. GUESSES unless noted.
   double tile_fixed_us = 0.3;      // GUESS: per-tile pipeline fill / store drain not hidden
-  double epilogue_cpi = 1.5;       // GUESS: issue cycles per epilogue instruction per warp
+  // GUESS: issue cycles per epilogue instruction per warp in the DSMEM search's and the
+  // elementwise plans' estimate (decide_cluster.cpp). Not row_group_epilogue_cycles below: that
+  // table, fitted to a six-stage chain of five reductions, overprices one-stage epilogues (GEMM +
+  // bias + gelu_new 8192x4096x1024: ~200 us estimated with it, 123 us measured, 108 us with this).
+  double epilogue_cpi = 1.5;
   int reg_overhead = 48;           // GUESS: consumer registers besides live tile values
   // GUESS: mainloop efficiency by ring depth (depth >= 4 is full speed).
   std::map<int, double> stage_efficiency = {{2, 0.85}, {3, 0.95}, {4, 1.0}};
