@@ -201,17 +201,27 @@ class RuntimeRegion:
             key = self._keys[bucket] = (self.key_text, info.n, info.k, bucket, tuple(sorted(info.plan_options.items())))
         return bucket, key, info.plan_options
 
+    # What build() logs the kernel as, and how it compiles one and summarizes its plan (a B2B
+    # pair overrides these three).
+    _what = "region"
+
+    def _compile(self, bucket: int, opts: dict):
+        return self.region.compile(self._dims(bucket), opts)
+
+    @staticmethod
+    def _plan_summary(k) -> dict:
+        return k.plan().summary()
+
     def build(self, bucket: int, opts: dict):
         """Compiles (or loads from the JIT cache) the kernel of an M bucket and records it."""
         info = self.info
         t0 = time.perf_counter()
-        k = self.region.compile(self._dims(bucket), opts)
+        k = self._compile(bucket, opts)
         wall = time.perf_counter() - t0
         c = k.compiled()
-        rec = {"m_bucket": bucket, "seconds": wall, "compile_seconds": c["compile_seconds"],
-               "cache_hit": c["cache_hit"], "options": dict(opts), "plan": k.plan().summary()}
-        info.compiles.append(rec)
-        log.info("comfuse: region %d (%s): kernel for M <= %d %s in %.2f s", info.id, info.root, bucket,
+        info.compiles.append({"m_bucket": bucket, "seconds": wall, "compile_seconds": c["compile_seconds"],
+                              "cache_hit": c["cache_hit"], "options": dict(opts), "plan": self._plan_summary(k)})
+        log.info("comfuse: %s %d (%s): kernel for M <= %d %s in %.2f s", self._what, info.id, info.root, bucket,
                  "loaded from the JIT cache" if c["cache_hit"] else "compiled", wall)
         return k
 
@@ -358,17 +368,14 @@ class RuntimePair(RuntimeRegion):
                                         tuple(sorted(self.info.plan_options.items())))
         return bucket, key, self.info.plan_options
 
-    def build(self, bucket: int, opts: dict):
-        info = self.info
-        t0 = time.perf_counter()
-        k = self.lowering.compile_b2b(self._dims(bucket), opts)
-        wall = time.perf_counter() - t0
-        c = k.compiled()
-        info.compiles.append({"m_bucket": bucket, "seconds": wall, "compile_seconds": c["compile_seconds"],
-                              "cache_hit": c["cache_hit"], "options": dict(opts), "plan": {"kind": "b2b"}})
-        log.info("comfuse: B2B pair %d (%s): kernel for M <= %d %s in %.2f s", info.id, info.root, bucket,
-                 "loaded from the JIT cache" if c["cache_hit"] else "compiled", wall)
-        return k
+    _what = "B2B pair"
+
+    def _compile(self, bucket: int, opts: dict):
+        return self.lowering.compile_b2b(self._dims(bucket), opts)
+
+    @staticmethod
+    def _plan_summary(k) -> dict:
+        return {"kind": "b2b"}
 
     def _k(self) -> int:
         return self.fixed["K"]  # X's columns (tensors[0] is X, role a)

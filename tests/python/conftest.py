@@ -33,6 +33,27 @@ def _log(caplog):
     caplog.set_level(logging.INFO, logger="comfuse")
 
 
+def replay_in_user_graph(f, x, inputs, check):
+    """Captures f(x) in a user's torch.cuda.CUDAGraph after two warm-up calls (the second on a side
+    stream, as torch asks before a capture), then for each of `inputs`: copies it into x, replays
+    and calls check(output, x)."""
+    with torch.no_grad():
+        f(x)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            f(x)
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            y = f(x)
+        for new in inputs:
+            x.copy_(new)
+            g.replay()
+            torch.cuda.synchronize()
+            check(y, x)
+
+
 def compile_vs_eager(model, *inputs, **compile_kw):
     model = model.to(torch.bfloat16).eval()
     with torch.no_grad(), comfuse.collecting() as rep:

@@ -7,7 +7,7 @@ import torch
 import comfuse
 from comfuse.kernels import CACHE
 
-from conftest import randn
+from conftest import randn, replay_in_user_graph
 import modules as M
 
 
@@ -132,21 +132,8 @@ def test_manual_cuda_graph_capture(gpu):
     comfuse.config.min_gain = -1e9
     f = torch.compile(model, backend="comfuse")
     x = randn(2048, 1024, device=gpu)
-    with torch.no_grad():
-        f(x)
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            f(x)
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            y = f(x)
-        for seed in (1, 2, 3):
-            x.copy_(randn(2048, 1024, device=gpu, seed=seed))
-            g.replay()
-            torch.cuda.synchronize()
-            assert_bf16_close(y, reference_f32(model, x))
+    replay_in_user_graph(f, x, [randn(2048, 1024, device=gpu, seed=seed) for seed in (1, 2, 3)],
+                         lambda y, x: assert_bf16_close(y, reference_f32(model, x)))
 
 
 def test_non_contiguous_inputs_are_copied(gpu):

@@ -11,7 +11,7 @@ import torch
 
 import comfuse
 
-from conftest import randn
+from conftest import randn, replay_in_user_graph
 from test_gpu import assert_bf16_close, compiled_run, reference_f32
 import modules as M
 
@@ -91,18 +91,5 @@ def test_b2b_forced_pair_under_cuda_graphs(gpu):
     comfuse.config.rest = "eager"
     f = torch.compile(model, backend="comfuse")
     x = randn(*shape, device=gpu, scale=0.5)
-    with torch.no_grad():
-        f(x)
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            f(x)
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            y = f(x)
-        for seed in (1, 2):
-            x.copy_(randn(*shape, device=gpu, scale=0.5, seed=seed))
-            g.replay()
-            torch.cuda.synchronize()
-            assert_bf16_close(y, model(x))
+    replay_in_user_graph(f, x, [randn(*shape, device=gpu, scale=0.5, seed=seed) for seed in (1, 2)],
+                         lambda y, x: assert_bf16_close(y, model(x)))
