@@ -213,6 +213,21 @@ struct B2bConfig {
   bool online_softmax = false;  // F is softmax over N1: running max and sum, O rescaled per chunk
   bool causal = false;     // keys past the query's row are masked (top-left aligned, as torch's is_causal)
   int epilogue_smem_bytes = 0;  // one consumer WG's F and GEMM2-epilogue node storage (the planner's model)
+  // CTAs of a cluster that split N1 (the paper's partition along N1): the cluster's CTAs take the
+  // same job, each its share of the chunks (rank, rank + cluster_n1, ...), and sum their partial
+  // O over DSMEM in rank order into the job's owner, which runs GEMM2's epilogue (b2b/
+  // partial_sum.cuh). 1: a CTA walks all of N1 alone.
+  int cluster_n1 = 1;
+  // The partial-O hand-over (cluster_n1 > 1), per consumer warp group: two buffers of
+  // xfer_floats fp32 per thread (a follower fills one while the owner reads the other; O's
+  // tile_n2 / 2 values a thread go over in pieces of this many), the online softmax's row
+  // statistics (4 fp32 per thread), and the buffers' full/free mbarriers.
+  int xfer_floats = 8;
+
+  COMFUSE_HOST_DEVICE constexpr int xfer_pieces() const { return tile_n2 / 2 / xfer_floats; }
+  COMFUSE_HOST_DEVICE constexpr int xfer_bytes() const {
+    return cluster_n1 > 1 ? (2 * xfer_floats + 4) * Sm90::kWarpGroupThreads * 4 + 4 * 8 : 0;
+  }
 
   // One ring slot: an X k-block (tile_m x 64) and the B region, which holds either W1's (and W3's)
   // k-block of the chunk or a W2 k-block (tile_n2 x 64 along N1).
@@ -229,7 +244,8 @@ struct B2bConfig {
   // Dynamic SMEM: both consumer WGs' rings (1024-aligned regions), their epilogue storage, the
   // rings' full/empty mbarriers, rounded to 1024, plus the kernel's base alignment.
   COMFUSE_HOST_DEVICE constexpr int smem_bytes() const {
-    return align_up(Sm90::kConsumerWGs * (ring_bytes() + epilogue_smem_bytes + 16 * ring_stages), 1024) +
+    return align_up(Sm90::kConsumerWGs * (ring_bytes() + epilogue_smem_bytes + 16 * ring_stages + align_up(xfer_bytes(), 1024)),
+                    1024) +
            Sm90::kSmemBaseAlign;
   }
 };
@@ -243,6 +259,9 @@ COMFUSE_HOST_DEVICE constexpr char const* check(B2bConfig const& c) {
   if (c.online_softmax && c.gated) return "B2B: online softmax takes one GEMM1";
   if (c.causal && !c.online_softmax) return "B2B: a causal mask comes with the online softmax";
   if (c.ring_stages < 2) return "B2B ring_stages: at least 2";
+  if (!is_pow2(c.cluster_n1) || c.cluster_n1 > Sm90::kMaxClusterSize) return "B2B cluster_n1: 1, 2, 4, 8 or 16 CTAs along N1";
+  if (c.xfer_floats % 8 != 0 || c.xfer_floats < 8 || (c.tile_n2 / 2) % c.xfer_floats != 0)
+    return "B2B xfer_floats: a multiple of 8 that divides O's tile_n2 / 2 values a thread";
   if (c.epilogue_smem_bytes < 0) return "B2B epilogue_smem_bytes < 0";
   if (c.smem_bytes() > Sm90::kSmemCapacity) return "B2B SMEM over the 227 KiB a block may use: fewer ring stages";
   return nullptr;

@@ -49,6 +49,13 @@ struct DeviceModel {
   // reproduces the unbalanced causal schedule's measured tie with non-causal at 16384^2, d 128
   // (0.3355 vs 0.3265 ms: each SM then held two equally long jobs), whatever its value.
   double b2b_single_wg_share = 0.6;
+  // MEASURED (bench/NOTES.md, B2B N1 split): one piece of the partial-O hand-over of a B2B kernel
+  // with N1 split over a cluster (b2b/partial_sum.cuh), us: 0.55 + 0.42 per follower (FFN
+  // 8192 x 1024 -> 4096 -> 256 at C = 2 and 4, M = 64 at C = 8: 1.0, 2.1, 3.3 us a piece of 8 fp32
+  // a thread). The owner's barrier takes 128 remote arrivals from each follower a piece, one at a
+  // time: arrivals, not bytes, set it, so a larger piece costs about the same.
+  double b2b_piece_base_us = 0.55;
+  double b2b_piece_per_follower_us = 0.42;
   // Whether the device templates walk several N-tiles per CTA for a row reduction (a stash).
   // Off: rows must fit one cluster (tests plan for such a device).
   bool multi_tile_rows = true;

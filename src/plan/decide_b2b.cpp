@@ -209,27 +209,30 @@ double causal_share(const B2bConfig& k, int64_t m, int64_t n1) {
 // run, each goes at half the SM's rate; the one left alone at `single_share` of it (F no longer
 // hides behind the other's GEMMs). Per CTA, over its whole run: 2 * short + (long - short) /
 // single_share, where short and long are its warp groups' chunk totals.
+// With N1 split over clusters (k.cluster_n1 > 1), `ctas` counts clusters and a job's chunks are
+// those of its cluster's rank 0 (b2b_rank_chunks: the most any rank walks).
 double busiest_cta_chunks(const B2bConfig& k, const B2bProblem& p, int ctas, double single_share) {
   const int batches = static_cast<int>(p.batches), m = static_cast<int>(p.m), n1 = static_cast<int>(p.n1),
             n2 = static_cast<int>(p.n2);
   const int64_t slots = b2b_slot_count(k, batches, m, n2);
   auto time = [&](double a, double b) { return 2.0 * std::min(a, b) + std::fabs(a - b) / single_share; };
+  auto walks = [&](int m_block) { return b2b_rank_chunks(k, b2b_chunks(k, m_block, m, n1), 0); };
   if (!k.causal) {  // every job alike; CTA 0 holds the most slots
-    const double chunks = b2b_chunks(k, 0, m, n1);
+    const double chunks = walks(0);
     const int64_t round = 2 * int64_t{ctas}, full = slots / round, left = slots % round;
     return time(double(full + (left > 0)) * chunks, double(full + (left > 1)) * chunks);
   }
   if (slots > (int64_t{1} << 22)) {  // thousands of rounds: even per CTA to well under 1%; bound the walk
     B2bConfig full = k;
     full.causal = false;
-    const double all = b2b_chunks(full, 0, m, n1);
+    const double all = b2b_rank_chunks(k, b2b_chunks(full, 0, m, n1), 0);
     return std::max(causal_share(k, p.m, p.n1) * double(b2b_job_count(k, batches, m, n2)) * all / ctas,
                     all / single_share);
   }
   std::vector<double> wg(2 * static_cast<size_t>(ctas), 0.0);
   for (int64_t j = 0; j < slots; ++j) {
     const B2bJob job = b2b_job(k, static_cast<int>(j), batches, m, n2, ctas);
-    if (job.valid) wg[static_cast<size_t>(j % (2 * int64_t{ctas}))] += b2b_chunks(k, job.m_block, m, n1);
+    if (job.valid) wg[static_cast<size_t>(j % (2 * int64_t{ctas}))] += walks(job.m_block);
   }
   double worst = 0;
   for (size_t c = 0; c < static_cast<size_t>(ctas); ++c) worst = std::max(worst, time(wg[2 * c], wg[2 * c + 1]));
@@ -325,33 +328,91 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
   const int f_bytes = plan_detail::epilogue_smem_bytes(f_chain, fk);
   const int e_bytes = plan_detail::epilogue_smem_bytes(e_chain, ek);
   k.epilogue_smem_bytes = align_up(f_bytes, 1024) + align_up(e_bytes, 1024);
-  for (k.ring_stages = 8; k.ring_stages > 2 && k.smem_bytes() > dev.smem_per_cta_bytes; --k.ring_stages) {
-  }
-  if (const char* why = check(k)) throw Error(fmt::format("b2b: no kernel fits: {}", why));
 
-  // Launch.
-  plan.jobs = int64_t{b2b_job_count(k, static_cast<int>(p.batches), static_cast<int>(p.m), static_cast<int>(p.n2))};
-  plan.grid_ctas = b2b_grid(k, static_cast<int>(p.batches), static_cast<int>(p.m), static_cast<int>(p.n2), dev.sm_count);
-
-  // Estimate: the busiest CTA's chunks (each of GEMM1 over K, then GEMM2 over the chunk) at the
-  // measured B2B efficiency (calibration.h), against both GEMMs at the full rate with S through
-  // DRAM. A causal mask leaves the fused kernel the chunks that reach each job's rows (about half
-  // the GEMM work at M = N1), which the mirror pairs spread evenly over the SMs; the unfused GEMMs
-  // compute every column and mask afterwards.
+  // N1 split, launch and estimate, per cluster size: the deepest ring that fits beside the
+  // partial-O hand-over, the grid, and the busiest CTA's chunks (each of GEMM1 over K, then GEMM2
+  // over the chunk) at the measured B2B efficiency (calibration.h), plus the hand-overs, against
+  // both GEMMs at the full rate with S through DRAM. A causal mask leaves the fused kernel the
+  // chunks that reach each job's rows (about half the GEMM work at M = N1), which the mirror pairs
+  // spread evenly over the SMs; the unfused GEMMs compute every column and mask afterwards.
   const double gemm1 = 2.0 * p.batches * p.m * p.k * p.n1 * (k.gated ? 2 : 1);
   const double gemm2 = 2.0 * p.batches * p.m * p.n1 * p.n2;
   const double causal = k.causal ? causal_share(k, p.m, p.n1) : 1.0;
   const double rate = dev.sm_count * dev.sm_flops_per_s;
-  const double efficiency = k.ring_stages >= 4 ? dev.b2b_efficiency_deep_ring : dev.b2b_efficiency_shallow_ring;
-  const double chunk_flops = 2.0 * k.tile_m * k.chunk_n1 * (double(p.k) * (k.gated ? 2 : 1) + double(p.n2) / plan.gemm1_passes);
-  const double busiest = busiest_cta_chunks(k, p, static_cast<int>(plan.grid_ctas), dev.b2b_single_wg_share);
-  plan.fused_us = busiest * chunk_flops / (dev.sm_flops_per_s * efficiency) * 1e6;
   const double s_bytes = 2.0 * p.batches * p.m * p.n1 * 2;  // S written and read back
   plan.unfused_us = (gemm1 + gemm2) / rate * 1e6 + s_bytes / dev.dram_bytes_per_s * 1e6;
+  plan.jobs = int64_t{b2b_job_count(k, static_cast<int>(p.batches), static_cast<int>(p.m), static_cast<int>(p.n2))};
+  B2bConfig unsplit = k;
+  unsplit.causal = false;
+  const int job_chunks = b2b_chunks(unsplit, 0, static_cast<int>(p.m), static_cast<int>(p.n1));
+  struct Candidate {
+    B2bConfig kernel;
+    int64_t grid_ctas = 0;
+    double busiest = 0, handover_us = 0, fused_us = 0;
+    const char* refused = nullptr;
+  };
+  auto candidate = [&](int cluster) {
+    Candidate c;
+    c.kernel = k;
+    B2bConfig& kc = c.kernel;
+    kc.cluster_n1 = cluster;
+    for (kc.ring_stages = 8; kc.ring_stages > 2 && kc.smem_bytes() > dev.smem_per_cta_bytes; --kc.ring_stages) {
+    }
+    // Fewer, larger pieces where the SMEM the ring left allows (each piece is a round trip).
+    while (cluster > 1 && kc.xfer_floats < kc.tile_n2 / 2) {
+      B2bConfig wider = kc;
+      wider.xfer_floats *= 2;
+      if (check(wider) || wider.smem_bytes() > dev.smem_per_cta_bytes) break;
+      kc = wider;
+    }
+    if ((c.refused = check(kc))) return c;
+    const auto resident = dev.clusters_resident.find(cluster);
+    const int max_ctas = resident != dev.clusters_resident.end() ? resident->second * cluster : dev.sm_count;
+    c.grid_ctas = b2b_grid(kc, static_cast<int>(p.batches), static_cast<int>(p.m), static_cast<int>(p.n2), max_ctas);
+    const int units = static_cast<int>(c.grid_ctas) / cluster;
+    const double efficiency = kc.ring_stages >= 4 ? dev.b2b_efficiency_deep_ring : dev.b2b_efficiency_shallow_ring;
+    const double chunk_flops =
+        2.0 * kc.tile_m * kc.chunk_n1 * (double(p.k) * (kc.gated ? 2 : 1) + double(p.n2) / plan.gemm1_passes);
+    c.busiest = busiest_cta_chunks(kc, p, units, dev.b2b_single_wg_share);
+    if (cluster > 1) {  // every job of the busiest warp group hands its O over, piece by piece
+      const int64_t slots = b2b_slot_count(kc, static_cast<int>(p.batches), static_cast<int>(p.m), static_cast<int>(p.n2));
+      const int64_t turns = (slots + 2 * int64_t{units} - 1) / (2 * int64_t{units});
+      c.handover_us = double(turns) * kc.xfer_pieces() * (dev.b2b_piece_base_us + dev.b2b_piece_per_follower_us * (cluster - 1));
+    }
+    c.fused_us = c.busiest * chunk_flops / (dev.sm_flops_per_s * efficiency) * 1e6 + c.handover_us;
+    return c;
+  };
+  std::vector<Candidate> tried;
+  for (int cluster : {1, 2, 4, 8, 16}) {
+    if (opt.cluster_n && *opt.cluster_n != cluster) continue;
+    // Unforced: portable clusters (8 at most) that leave no CTA without a chunk of a full job.
+    if (!opt.cluster_n && (cluster > 8 || cluster > job_chunks)) continue;
+    tried.push_back(candidate(cluster));
+  }
+  const Candidate* best = nullptr;
+  for (const Candidate& c : tried)
+    if (!c.refused && (!best || c.fused_us < best->fused_us * 0.97)) best = &c;  // a larger cluster must win by 3%
+  if (!best) {
+    if (opt.cluster_n && !tried.empty() && tried.front().refused)
+      throw Error(fmt::format("b2b: --cluster-n {} (CTAs splitting N1): {}", *opt.cluster_n, tried.front().refused));
+    if (opt.cluster_n) throw Error(fmt::format("b2b: --cluster-n {}: CTAs along N1 are 1, 2, 4, 8 or 16", *opt.cluster_n));
+    throw Error(fmt::format("b2b: no kernel fits: {}", tried.empty() ? "no cluster size" : tried.front().refused));
+  }
+  k = best->kernel;
+  plan.grid_ctas = best->grid_ctas;
+  plan.fused_us = best->fused_us;
+  const double busiest = best->busiest;
+  const double efficiency = k.ring_stages >= 4 ? dev.b2b_efficiency_deep_ring : dev.b2b_efficiency_shallow_ring;
+  for (const Candidate& c : tried)
+    if (&c != best)
+      plan.alternatives.push_back(
+          c.refused ? fmt::format("N1 over clusters of {}: refused ({})", c.kernel.cluster_n1, c.refused)
+                    : fmt::format("N1 over clusters of {}: {:.1f} us ({} ring stages, {} CTAs, busiest SM {:.0f} "
+                                  "chunks, hand-overs {:.1f} us)",
+                                  c.kernel.cluster_n1, c.fused_us, c.kernel.ring_stages, c.grid_ctas, c.busiest,
+                                  c.handover_us));
   // The work the grid's SMs do on average, in the busiest one's time: 1 = perfectly even.
-  B2bConfig unmasked = k;
-  unmasked.causal = false;
-  const double walked = causal * double(plan.jobs) * b2b_chunks(unmasked, 0, static_cast<int>(p.m), static_cast<int>(p.n1));
+  const double walked = causal * double(plan.jobs) * job_chunks;
   const double balance = walked / (busiest * double(plan.grid_ctas));
 
   auto& r = plan.reasons;
@@ -367,6 +428,17 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
                                 "hold at most {} columns a warp group{}), and each block rebuilds S",
                                 plan.gemm1_passes, p.n2, plan.gemm1_passes, k.tile_n2, k.gated ? 192 : 256,
                                 k.gated ? " beside the gated GEMM1's two accumulators" : ""));
+  r.push_back(k.cluster_n1 > 1
+                  ? fmt::format("N1 split over clusters of {} CTAs (the partition along N1): rank r walks chunks r, "
+                                "r + {}, ... of each of the cluster's jobs; the job's owner (the CTAs take turns) sums the {} partial O "
+                                "over DSMEM in rank order ({} pieces of {} fp32 a thread, ~{:.1f} us a job, measured) "
+                                "and runs GEMM2's epilogue",
+                                k.cluster_n1, k.cluster_n1, k.cluster_n1, k.xfer_pieces(), k.xfer_floats,
+                                k.xfer_pieces() * (dev.b2b_piece_base_us + dev.b2b_piece_per_follower_us * (k.cluster_n1 - 1)))
+                  : fmt::format("N1 not split: each CTA walks all {} chunks of its jobs{}", job_chunks,
+                                opt.cluster_n ? " (forced)"
+                                : job_chunks < 2 ? " (one chunk: nothing to split)"
+                                                 : " (clusters along N1 do not beat it by 3%: the alternatives)"));
   r.push_back(fmt::format("registers per consumer thread: P {} (x{}), S {}, O {} fp32 / 16-bit pairs", k.chunk_n1 / 2,
                           k.gated ? 2 : 1, k.chunk_n1 / 4, k.tile_n2 / 2));
   r.push_back(fmt::format("ring: {} stages of {} per consumer warp group (an X k-block and a {}-row B region that holds "
@@ -440,13 +512,23 @@ std::string explain(const FusionSpec& first, const FusionSpec& second, const B2b
                    name_of(p.intermediate));
   o += fmt::format("  ring         {} stages per consumer warp group, X/W1 and W2 k-blocks in the same slots\n",
                    k.ring_stages);
+  o += fmt::format("  N1 split     {}\n", k.cluster_n1 > 1
+                                             ? fmt::format("over clusters of {} CTAs (rank r walks chunks r, r + {}, ... of a "
+                                                           "job; partial O summed over DSMEM into the job's owner)",
+                                                           k.cluster_n1, k.cluster_n1)
+                                             : std::string("none (one CTA walks all of a job's N1)"));
   o += fmt::format("  grid         {} CTAs, {} jobs\n", p.grid_ctas, p.jobs);
-  o += fmt::format("  SMEM         {} (rings {}, epilogues {})\n", fmt_bytes(k.smem_bytes()),
-                   fmt_bytes(2 * k.ring_bytes()), fmt_bytes(2 * k.epilogue_smem_bytes));
+  o += fmt::format("  SMEM         {} (rings {}, epilogues {}{})\n", fmt_bytes(k.smem_bytes()),
+                   fmt_bytes(2 * k.ring_bytes()), fmt_bytes(2 * k.epilogue_smem_bytes),
+                   k.cluster_n1 > 1 ? fmt::format(", partial-O hand-over {}", fmt_bytes(2 * k.xfer_bytes())) : "");
   o += fmt::format("  estimate     {:.1f} us fused, {:.1f} us unfused{}\n", p.fused_us, p.unfused_us,
                    p.fused_us > p.unfused_us ? " (fusion is NOT expected to pay: see the last reason)" : "");
   o += "reasons:\n";
   for (const std::string& r : p.reasons) o += "  - " + r + "\n";
+  if (!p.alternatives.empty()) {
+    o += "alternatives (estimated):\n";
+    for (const std::string& a : p.alternatives) o += "  - " + a + "\n";
+  }
   return o;
 }
 

@@ -163,6 +163,18 @@ int prepare(cudaKernel_t kernel, const B2bConfig& k) {
   const void* func = reinterpret_cast<const void*>(kernel);
   check(cudaFuncSetAttribute(func, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem_bytes()),
         "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+  if (k.cluster_n1 > 1) {  // N1 split over clusters: how many fit at once, in CTAs
+    if (k.cluster_n1 > 8)
+      check(cudaFuncSetAttribute(func, cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
+            "cudaFuncSetAttribute(NonPortableClusterSizeAllowed)");
+    cudaLaunchAttribute attr;
+    const cudaLaunchConfig_t cfg = launch_config(dim3(k.cluster_n1, 1, 1), k.cluster_n1, 1, k.smem_bytes(), nullptr, attr);
+    int max_clusters = 0;
+    check(cudaOccupancyMaxActiveClusters(&max_clusters, func, &cfg), "cudaOccupancyMaxActiveClusters");
+    if (max_clusters < 1)
+      throw Error(fmt::format("the B2B kernel fits no cluster of {} CTAs on this GPU (SMEM or cluster size)", k.cluster_n1));
+    return max_clusters * k.cluster_n1;
+  }
   int per_sm = 0, sms = 0, dev = 0;
   check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, func, Sm90::kThreads, k.smem_bytes()),
         "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
@@ -175,7 +187,7 @@ int prepare(cudaKernel_t kernel, const B2bConfig& k) {
 void launch(cudaKernel_t kernel, const B2bConfig& k, const Params& p, cudaStream_t stream, int max_active_ctas) {
   const int grid = b2b_grid(k, p.batches, p.M, p.N, max_active_ctas);
   cudaLaunchAttribute attr;
-  const cudaLaunchConfig_t cfg = launch_config(dim3(grid, 1, 1), 1, 1, k.smem_bytes(), stream, attr);
+  const cudaLaunchConfig_t cfg = launch_config(dim3(grid, 1, 1), k.cluster_n1, 1, k.smem_bytes(), stream, attr);
   void* args[1] = {const_cast<Params*>(&p)};
   check(cudaLaunchKernelExC(&cfg, reinterpret_cast<const void*>(kernel), args), "cudaLaunchKernelExC");
 }

@@ -217,15 +217,22 @@ std::string summarize_b2b_trace(const std::vector<uint64_t>& w, const B2bPlan& p
   const B2bConfig& k = plan.kernel;
   std::string s = fmt::format(
       "trace: {} CTAs, {} jobs each (two consumer warp groups on their own jobs of {} rows x {} of O, N1 in chunks "
-      "of {}), launch {:.1f} us from the first job's start to the last store; SM clock {:.2f} GHz\n",
-      ctas.size(), jobs.mean(), k.tile_m, k.tile_n2, k.chunk_n1, double(t1 - t0) * 1e-3, ghz.mean());
+      "of {}{}), launch {:.1f} us from the first job's start to the last store; SM clock {:.2f} GHz\n",
+      ctas.size(), jobs.mean(), k.tile_m, k.tile_n2, k.chunk_n1,
+      k.cluster_n1 > 1 ? fmt::format(" split over clusters of {}", k.cluster_n1) : std::string(),
+      double(t1 - t0) * 1e-3, ghz.mean());
   s += fmt::format("  job (start -> O complete: every chunk's ML1, Epi1, ML2), us: {}\n", job.str());
   s += fmt::format("    of it per job, summed over its chunks: ML1 (GEMM1 issued and waited for), us: {}\n",
                    stage[trace::kGemm1].str());
   s += fmt::format("      Epi1 (F on the chunk, S into registers), us: {}\n", stage[trace::kF].str());
   s += fmt::format("      ML2 issue (GEMM2's wgmmas issued; they run behind the next chunk's ML1), us: {}\n",
                    stage[trace::kGemm2Issue].str());
-  s += fmt::format("  Epi2 per job (O complete -> GEMM2's epilogue stored), us: {}\n", epi2.str());
+  s += fmt::format("  Epi2 per job ({}), us: {}\n",
+                   k.cluster_n1 > 1 ? fmt::format("O complete -> the owner summed the cluster's {} partial O over DSMEM "
+                                                  "and stored GEMM2's epilogue, or a follower handed its partial over",
+                                                  k.cluster_n1)
+                                    : std::string("O complete -> GEMM2's epilogue stored"),
+                   epi2.str());
   s += fmt::format("  CTA span (first start -> last store), us: {}\n", span.str());
   s += fmt::format("  start skew (first start - earliest CTA's), us: {}; last job's Epi2 (exposed tail), us: {}\n",
                    head.str(), tail.str());

@@ -13,6 +13,7 @@
 #include "comfuse/lower.h"
 #include "comfuse/plan.h"
 #include "comfuse/runtime.h"
+#include "comfuse/scheduler/grid.cuh"
 #include "comfuse/text.h"
 #include "plan/calibration.h"
 
@@ -78,8 +79,10 @@ TEST(B2b, CausalAttentionPlan) {
   Pair att = lowered("attention.cf"), causal = lowered("attention_causal.cf");
   ASSERT_NE(causal.b, nullptr) << describe(causal.g, causal.r);
   const B2bProblem pr{1, 8192, 128, 8192, 128, DType::BF16};
-  const B2bPlan full = make_b2b_plan(att.first(), att.second(), pr);
-  const B2bPlan c = make_b2b_plan(causal.first(), causal.second(), pr);
+  PlanOptions unsplit;  // the causal walk's pricing alone (the N1 split has its own test)
+  unsplit.cluster_n = 1;
+  const B2bPlan full = make_b2b_plan(att.first(), att.second(), pr, unsplit);
+  const B2bPlan c = make_b2b_plan(causal.first(), causal.second(), pr, unsplit);
   EXPECT_FALSE(full.kernel.causal);
   EXPECT_TRUE(c.kernel.causal);
   EXPECT_TRUE(c.kernel.online_softmax);
@@ -100,8 +103,9 @@ TEST(B2b, CausalAttentionPlan) {
   EXPECT_EQ(explain(att.first(), att.second(), full).find("causal mask"), std::string::npos);
   // M < N1 = 8192, M = 1024: 16 row blocks walk 1, 1, 2, 2, .. 8 chunks of 64 (N1 in chunks of
   // 128), eight CTAs of pairs (15 - i, i); CTA 0 holds 8 and 1 chunks. Unmasked: 64 each, two.
-  const B2bPlan wide = make_b2b_plan(causal.first(), causal.second(), B2bProblem{1, 1024, 64, 8192, 64, DType::BF16});
-  const B2bPlan wide_full = make_b2b_plan(att.first(), att.second(), B2bProblem{1, 1024, 64, 8192, 64, DType::BF16});
+  const B2bPlan wide =
+      make_b2b_plan(causal.first(), causal.second(), B2bProblem{1, 1024, 64, 8192, 64, DType::BF16}, unsplit);
+  const B2bPlan wide_full = make_b2b_plan(att.first(), att.second(), B2bProblem{1, 1024, 64, 8192, 64, DType::BF16}, unsplit);
   EXPECT_EQ(wide.grid_ctas, 8);
   EXPECT_NEAR(wide.fused_us / wide_full.fused_us, (2.0 * 1 + 7 / alone) / 128.0, 1e-9);
 }
@@ -230,6 +234,60 @@ TEST(B2b, EmitWritesOneConfigAndTheRegisterOperand) {
   EXPECT_NE(csrc.find(".online_softmax = true, .causal = true"), std::string::npos) << csrc;
 }
 
+// The partition along N1: where a pair has too few jobs to fill the GPU (FFN rows of 64 with one
+// block of O per job: 128 jobs for 264 warp groups), the planner splits N1 over clusters; the
+// cluster's ranks walk interleaved chunks, each chunk exactly once; a forced size is honoured or
+// refused by name; attention's many jobs keep one CTA per job.
+TEST(B2b, SplitsN1OverAClusterWhereJobsAreFew) {
+  Pair ffn = lowered("ffn.cf");
+  const B2bProblem few{1, 8192, 1024, 4096, 256, DType::BF16};
+  const B2bPlan p = make_b2b_plan(ffn.first(), ffn.second(), few);
+  EXPECT_GE(p.kernel.cluster_n1, 2);
+  EXPECT_EQ(p.grid_ctas % p.kernel.cluster_n1, 0);
+  EXPECT_GT(p.grid_ctas, 64) << "more CTAs than the 64 an unsplit grid of 128 jobs gets";
+  EXPECT_LE(p.grid_ctas, 132);
+  EXPECT_EQ(check(p.kernel), nullptr);
+  const std::string e = explain(ffn.first(), ffn.second(), p);
+  EXPECT_NE(e.find("N1 split     over clusters of"), std::string::npos) << e;
+  EXPECT_NE(e.find("N1 over clusters of 1:"), std::string::npos) << "the unsplit runner-up: " << e;
+  PlanOptions unsplit;
+  unsplit.cluster_n = 1;
+  const B2bPlan one = make_b2b_plan(ffn.first(), ffn.second(), few, unsplit);
+  EXPECT_EQ(one.kernel.cluster_n1, 1);
+  EXPECT_EQ(one.grid_ctas, 64);
+  EXPECT_LT(p.fused_us, one.fused_us);
+  EXPECT_NE(emit_b2b(ffn.first(), ffn.second(), p).source.find(fmt::format(".cluster_n1 = {}", p.kernel.cluster_n1)),
+            std::string::npos);
+  PlanOptions sixteen;
+  sixteen.cluster_n = 16;  // non-portable, only when asked
+  EXPECT_EQ(make_b2b_plan(ffn.first(), ffn.second(), few, sixteen).kernel.cluster_n1, 16);
+  PlanOptions three;
+  three.cluster_n = 3;
+  try {
+    make_b2b_plan(ffn.first(), ffn.second(), few, three);
+    ADD_FAILURE() << "a cluster of 3 was accepted";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("--cluster-n 3"), std::string::npos) << err.what();
+  }
+  Pair att = lowered("attention_batched.cf");
+  const B2bPlan a = make_b2b_plan(att.first(), att.second(), B2bProblem{64, 1024, 128, 1024, 128, DType::BF16});
+  EXPECT_EQ(a.kernel.cluster_n1, 1) << explain(att.first(), att.second(), a);
+  // Each chunk of a job is walked by exactly one rank, interleaved, and ranks past the chunks rest.
+  for (int cluster : {2, 4, 8, 16}) {
+    B2bConfig c = p.kernel;
+    c.cluster_n1 = cluster;
+    for (int chunks : {1, 3, 7, 8, 64, 65}) {
+      int total = 0;
+      for (int r = 0; r < cluster; ++r) {
+        const int mine = b2b_rank_chunks(c, chunks, r);
+        EXPECT_EQ(mine, r < chunks ? (chunks - r + cluster - 1) / cluster : 0);
+        total += mine;
+      }
+      EXPECT_EQ(total, chunks) << cluster << " ranks, " << chunks << " chunks";
+    }
+  }
+}
+
 class B2bCompile : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -268,6 +326,21 @@ TEST_F(B2bCompile, FfnAndAttentionCompileWithRegisterOperandWgmma) {
     ASSERT_NE(p.b, nullptr);
     const CompiledKernel c =
         compile_only_b2b(p.first(), p.second(), B2bProblem{1, 1000, 128, 1032, 128, DType::BF16}, opt_);
+    EXPECT_TRUE(is_cubin_elf(c.cubin));
+    EXPECT_FALSE(c.wgmma_serialized) << c.log;
+  }
+}
+
+// The split kernels (FFN, gated, causal attention with its row statistics) compile unserialized.
+TEST_F(B2bCompile, SplitN1KernelsCompile) {
+  for (const char* ex : {"ffn.cf", "ffn_swiglu.cf", "attention_causal.cf"}) {
+    SCOPED_TRACE(ex);
+    Pair p = lowered(ex);
+    ASSERT_NE(p.b, nullptr);
+    CompileOptions o = opt_;
+    o.plan.cluster_n = 4;
+    const CompiledKernel c =
+        compile_only_b2b(p.first(), p.second(), B2bProblem{1, 1000, 128, 1032, 128, DType::BF16}, o);
     EXPECT_TRUE(is_cubin_elf(c.cubin));
     EXPECT_FALSE(c.wgmma_serialized) << c.log;
   }

@@ -210,7 +210,9 @@ TEST(Batch, PlannerRefusesASingleBatchedGemmAndPlansTheB2bPair) {
   const B2bProblem p = b2b_problem_of(f, e, dims);
   EXPECT_EQ(p.batches, 3);
   EXPECT_EQ(p.m, 1000);
-  const B2bPlan plan = make_b2b_plan(f, e, p);
+  PlanOptions unsplit;  // one CTA per job: the grid below counts jobs (the N1 split: test_b2b.cpp)
+  unsplit.cluster_n = 1;
+  const B2bPlan plan = make_b2b_plan(f, e, p, unsplit);
   EXPECT_TRUE(plan.kernel.batched);
   EXPECT_EQ(plan.jobs, 3 * 16);  // 3 batches x ceil(1000 / 64) row blocks x 1 block of O
   EXPECT_EQ(plan.grid_ctas, 24);

@@ -240,6 +240,64 @@ output o: {0}
   }
 }
 
+// The partition along N1 (B2bConfig::cluster_n1, b2b/partial_sum.cuh): the cluster's CTAs walk
+// interleaved chunks of each job and the job's owner sums their partial O over DSMEM before
+// GEMM2's epilogue. Forced cluster sizes over: an elementwise F with bias, an RMSNorm after GEMM2
+// and a residual (the owner's epilogue and prefetch); the gated F; attention (the online softmax's
+// row statistics merged), causal too (early row blocks leave most ranks without a chunk); fewer
+// chunks than ranks (N1 = 104: two chunks of 64 for four ranks); several jobs per warp group (the
+// owner turns, the barriers' phases carry over); bf16 and f16. Each is launched again after two timed launches and checked
+// again. Then the planner's own split at a shape with few jobs.
+TEST_F(GpuB2b, SplitN1OverClusters) {
+  const std::string ffn_norm_residual = R"(
+input x: bf16[M, K]
+input w1: bf16[N, K]
+input w2: bf16[D, N]
+input gamma: bf16[D]
+input r: bf16[M, D]
+h = matmul(x, w1)
+s = cast(gelu(h), bf16)
+y = add(matmul(s, w2), r)
+nrm = rms_norm(y, gamma)
+output nrm: bf16
+output y: bf16
+)";
+  const std::string causal = R"(
+input q: f16[M, K]
+input k: f16[N, K]
+input v: f16[N, DV]
+s = matmul(q, k)
+masked = causal_mask(mul(s, 0.125))
+p = cast(softmax(masked), f16)
+o = matmul(p, v, layout=kn)
+output o: f16
+)";
+  struct V {
+    std::string text;
+    Bindings dims;
+    int cluster;
+  };
+  for (const V& v : {V{ffn("bf16", "gelu"), {{"M", 1000}, {"K", 72}, {"N", 1032}, {"D", 136}}, 2},
+                     V{ffn("f16", "silu"), {{"M", 4100}, {"K", 128}, {"N", 2056}, {"D", 64}}, 8},
+                     V{ffn("bf16", "relu"), {{"M", 300}, {"K", 64}, {"N", 104}, {"D", 256}}, 4},
+                     V{ffn_norm_residual, {{"M", 700}, {"K", 64}, {"N", 520}, {"D", 256}}, 4},
+                     V{gated_ffn("bf16", "silu"), {{"M", 333}, {"K", 136}, {"N", 1096}, {"D", 192}}, 2},
+                     V{std::string(kAttention), {{"M", 1000}, {"N", 1032}, {"K", 128}, {"DV", 128}}, 2},
+                     V{std::string(kAttention), {{"M", 300}, {"N", 4100}, {"K", 64}, {"DV", 64}}, 8},
+                     V{causal, {{"M", 2100}, {"N", 1960}, {"K", 64}, {"DV", 64}}, 4}}) {
+    SCOPED_TRACE(fmt::format("cluster {} M={} N={}", v.cluster, v.dims.at("M"), v.dims.at("N")));
+    CompileOptions opt;
+    opt.plan.b2b = PlanOptions::B2b::Force;
+    opt.plan.cluster_n = v.cluster;
+    const DeviceRunReport rep = run_and_check(parse_graph(v.text), v.dims, /*seed=*/17, opt, /*timing_reps=*/2);
+    expect_outputs_match(rep);
+    EXPECT_FALSE(rep.outputs_after_timing.empty());
+    EXPECT_EQ(rep.b2b_plan.kernel.cluster_n1, v.cluster);
+  }
+  const DeviceRunReport rep = expect_one_b2b_kernel_matches(ffn("bf16", "gelu"), {{"M", 2048}, {"K", 256}, {"N", 2048}, {"D", 256}});
+  EXPECT_GT(rep.b2b_plan.kernel.cluster_n1, 1) << "32 jobs for 264 warp groups: the planner splits N1";
+}
+
 // The traced build (`comfuse run --trace`) still matches, and its timeline has every job's
 // four events and the per-chunk stage sums (summarize_b2b_trace).
 TEST_F(GpuB2b, TracedAttentionRecordsItsStages) {
@@ -253,8 +311,8 @@ TEST_F(GpuB2b, TracedAttentionRecordsItsStages) {
   EXPECT_EQ(s.find("no CTA recorded"), std::string::npos) << s;
   EXPECT_NE(s.find("ML1 (GEMM1 issued and waited for), us: mean "), std::string::npos) << s;
   EXPECT_EQ(s.find("ML1 (GEMM1 issued and waited for), us: mean 0.00"), std::string::npos) << s;
-  // 16 row blocks of 64: every job's four stamps.
-  EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 1 + 16 * 4) << csv;
+  // 16 row blocks of 64: every job's four stamps, from each CTA of a cluster where N1 is split.
+  EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 1 + 16 * rep.b2b_plan.kernel.cluster_n1 * 4) << csv;
 }
 
 std::string batched_attention(const char* dtype, bool causal) {

@@ -18,6 +18,9 @@
 // A slot is released once the wgmmas that read it completed (b2b/ring.cuh's Taken: each
 // k-block as its commit group completes); before F (which reads P, rewrites S and, for the
 // online softmax, rescales O) the consumer waits for all its wgmmas.
+// N1 split over a cluster (C.cluster_n1 > 1): the cluster's CTAs take the same jobs, each walks
+// its share of a job's chunks (b2b_rank_chunks), and the job's owner (the CTAs take turns) sums
+// the partial O over DSMEM (b2b/partial_sum.cuh) and runs Epi2; the others go on to their next job.
 #pragma once
 #include "../common.cuh"
 #include "../params.cuh"
@@ -25,6 +28,7 @@
 #include "../debug/trace.cuh"
 #include "mainloop_b2b.cuh"
 #include "intermediate.cuh"
+#include "partial_sum.cuh"
 
 namespace comfuse::b2b {
 
@@ -50,9 +54,15 @@ struct B2bGemmSm90 {
                                     : align_up(int(sizeof(typename Epi2::SharedStorage)), 1024);
   static_assert(kFBytes + kEpi2Bytes == C.epilogue_smem_bytes || C.epilogue_smem_bytes == 0,
                 "ComFuse: F and GEMM2's epilogue differ from B2bConfig::epilogue_smem_bytes (the planner's model)");
+  // With N1 split over a cluster: the partial-O hand-over's buffers and barriers after them.
+  static constexpr bool kSplitN1 = C.cluster_n1 > 1;
+  using Xfer = PartialSum<kSplitN1 ? C.cluster_n1 : 2, C.tile_n2 / 2, C.xfer_floats>;
+  static constexpr int kXferBytes = kSplitN1 ? align_up(int(sizeof(typename Xfer::Storage)), 1024) : 0;
+  static_assert(!kSplitN1 || int(sizeof(typename Xfer::Storage)) == C.xfer_bytes(),
+                "ComFuse: the partial-O hand-over differs from B2bConfig::xfer_bytes() (the planner's model)");
   struct alignas(1024) PerWG {
     typename Mainloop::SharedStorage ring;
-    unsigned char epi[kFBytes + kEpi2Bytes > 0 ? kFBytes + kEpi2Bytes : 16];
+    unsigned char epi[kFBytes + kEpi2Bytes + kXferBytes > 0 ? kFBytes + kEpi2Bytes + kXferBytes : 16];
   };
   struct SharedStorage {
     PerWG wg[Sm90::kConsumerWGs];
@@ -67,6 +77,9 @@ struct B2bGemmSm90 {
   static COMFUSE_DEVICE typename Epi2::SharedStorage& epi2_storage(PerWG& w) {
     return *reinterpret_cast<typename Epi2::SharedStorage*>(w.epi + kFBytes);
   }
+  static COMFUSE_DEVICE typename Xfer::Storage& xfer_storage(PerWG& w) {
+    return *reinterpret_cast<typename Xfer::Storage*>(w.epi + kFBytes + kEpi2Bytes);
+  }
 
   static COMFUSE_DEVICE void run(Params const& p, char* smem_raw) {
     uintptr_t base = (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023);
@@ -78,25 +91,31 @@ struct B2bGemmSm90 {
         RingT::init(ss.bars[w]);
         F::init(f_storage(ss.wg[w]));
         Epi2::init_shared(epi2_storage(ss.wg[w]));
+        if constexpr (kSplitN1) Xfer::init(xfer_storage(ss.wg[w]));
       }
       cutlass::arch::fence_barrier_init();
     }
-    __syncthreads();
+    // A follower's first arrival on its owner's barrier must find it initialized.
+    if constexpr (kSplitN1) cute::cluster_sync();
+    else __syncthreads();
 
-    int const stride = int(gridDim.x) * Sm90::kConsumerWGs;
+    // Scheduling units: CTAs, or clusters that take each job together (scheduler/grid.cuh).
+    int const rank = kSplitN1 ? int(cute::block_rank_in_cluster()) : 0;
+    int const units = int(gridDim.x) / C.cluster_n1, unit = int(blockIdx.x) / C.cluster_n1;
+    int const stride = units * Sm90::kConsumerWGs;
     if (wg == 0) {
       warpgroup_reg_dealloc<Sm90::kProducerRegs>();
       int const w = t / 32;  // the consumer warp group this warp feeds
       if (w < Sm90::kConsumerWGs && t % 32 == 0) {
         State st = RingT::producer_start();
-        for (int j = int(blockIdx.x) * Sm90::kConsumerWGs + w;; j += stride) {
-          B2bJob const job = b2b_job(C, j, p.batches, p.M, p.N, int(gridDim.x));
+        for (int j = unit * Sm90::kConsumerWGs + w;; j += stride) {
+          B2bJob const job = b2b_job(C, j, p.batches, p.M, p.N, units);
           if (job.done) break;
           if (!job.valid) continue;  // as the consumer: an empty half of a causal pair
-          int const chunks = b2b_chunks(C, job.m_block, p.M, p.N1);
-          for (int c = 0; c < chunks; ++c)
-            Mainloop::load_chunk(p, ss.bars[w], st, ss.wg[w].ring, job.m_block * C.tile_m, c * C.chunk_n1,
-                                 job.n2_block * C.tile_n2, job.batch);
+          int const mine = b2b_rank_chunks(C, b2b_chunks(C, job.m_block, p.M, p.N1), rank);
+          for (int i = 0; i < mine; ++i)
+            Mainloop::load_chunk(p, ss.bars[w], st, ss.wg[w].ring, job.m_block * C.tile_m,
+                                 (rank + i * C.cluster_n1) * C.chunk_n1, job.n2_block * C.tile_n2, job.batch);
         }
       }
     } else {
@@ -109,28 +128,37 @@ struct B2bGemmSm90 {
       typename RingT::Taken taken;
       F f;
       Epi2 epi2;
+      Xfer xfer;
       typename Mainloop::FragP P, P3;
       typename Mainloop::FragS S;
       typename Mainloop::FragO O;
       int traced = 0;  // this warp group's jobs so far (the trace's job index)
-      for (int j = int(blockIdx.x) * Sm90::kConsumerWGs + cw;; j += stride) {
-        B2bJob const job = b2b_job(C, j, p.batches, p.M, p.N, int(gridDim.x));
+      // turn: the warp group's slots so far, alike in every CTA of a cluster (whose owner turns).
+      for (int j = unit * Sm90::kConsumerWGs + cw, turn = 0;; j += stride, ++turn) {
+        B2bJob const job = b2b_job(C, j, p.batches, p.M, p.N, units);
         if (job.done) break;
         if (!job.valid) continue;  // an empty half of a causal pair (scheduler/grid.cuh)
         trace::mark(t, cw, traced, trace::kTurn);
         int const m0 = job.m_block * C.tile_m;
-        int const chunks = b2b_chunks(C, job.m_block, p.M, p.N1);
+        int const mine_chunks = b2b_rank_chunks(C, b2b_chunks(C, job.m_block, p.M, p.N1), rank);
+        bool const owner = turn % C.cluster_n1 == rank;
         epi::EpiCtx c2{&p, m0, job.n2_block * C.tile_n2, p.N, t, t / 32, t % 32};
         c2.batch = job.batch;
         // Epi2's tile inputs (a residual) go to L2 while the chunks run.
-        if constexpr (Epi2::kRootLoads) epi2.prefetch(c2, epi2_storage(mine));
+        if constexpr (Epi2::kRootLoads)
+          if (owner) epi2.prefetch(c2, epi2_storage(mine));
         f.start_job();
         // The wgmma register operands (O, the accumulator GEMM2 reads back; S, its A operand)
         // get their last definition before a wgmma here, in warp-group-uniform code: written
         // last inside F's or Epi2's branches, ptxas puts its warpgroup arrive there and
         // serializes every wgmma of the kernel (C7520).
+        if constexpr (kSplitN1) {  // a CTA of the cluster may have no chunk of this job
+          CUTE_UNROLL
+          for (int i = 0; i < cute::size(O); ++i) O(i) = 0.f;
+        }
         cute::warpgroup_fence_operand(O);
-        for (int c = 0; c < chunks; ++c) {
+        for (int i = 0; i < mine_chunks; ++i) {
+          int const c = rank + i * C.cluster_n1;
           unsigned long long since = trace::now();
           Mainloop::gemm1(p, ring, rd, taken, mine.ring, P, P3, t);  // behind GEMM2 of chunk c - 1
           taken.all_completed(ring, t);  // F reads P and rewrites S (and rescales O)
@@ -138,23 +166,35 @@ struct B2bGemmSm90 {
           since = trace::now();
           epi::EpiCtx c1{&p, m0, c * C.chunk_n1, p.N1, t, t / 32, t % 32};
           c1.batch = job.batch;
-          f.apply(c1, f_storage(mine), bar_id, P, P3, S, O, c == 0);
+          f.apply(c1, f_storage(mine), bar_id, P, P3, S, O, i == 0);
           trace::add_stage(t, cw, trace::kF, since);
           since = trace::now();
           cute::warpgroup_fence_operand(S);
           cute::warpgroup_fence_operand(O);
-          Mainloop::gemm2(ring, rd, taken, mine.ring, S, O, c == 0, t);
+          Mainloop::gemm2(ring, rd, taken, mine.ring, S, O, i == 0, t);
           trace::add_stage(t, cw, trace::kGemm2Issue, since);
         }
         trace::mark(t, cw, traced, trace::kIssued);
         taken.all_completed(ring, t);
         trace::mark(t, cw, traced, trace::kAccReady);
+        if constexpr (kSplitN1) {
+          uint32_t const owner_rank = uint32_t(turn % C.cluster_n1);
+          if (!owner) {
+            xfer.send(xfer_storage(mine), O, f.stats(), owner_rank, t);
+            trace::mark(t, cw, traced++, trace::kEpiDone);
+            continue;
+          }
+          xfer.receive(xfer_storage(mine), O, f.stats(), owner_rank, t,
+                       [&](float4 const (&st)[C.cluster_n1], float (&alpha)[C.cluster_n1][2]) { f.merge(st, alpha); });
+        }
         f.finish(O);
         epi2.run(c2, epi2_storage(mine), O, bar_id);
         trace::mark(t, cw, traced++, trace::kEpiDone);
       }
       if (t == 0) tma_store_wait_all<0>();
     }
+    // No CTA leaves while a peer may still read its partial O or arrive on its barriers.
+    if constexpr (kSplitN1) cute::cluster_sync();
   }
 };
 

@@ -71,6 +71,14 @@ struct ElementwiseF {
     });
   }
   template <class FO> COMFUSE_DEVICE void finish(FO&) {}
+
+  // N1 split over a cluster (b2b/partial_sum.cuh): no statistics; the partials simply add.
+  COMFUSE_DEVICE float4 stats() const { return make_float4(0.f, 0.f, 0.f, 0.f); }
+  template <int N>
+  COMFUSE_DEVICE void merge(float4 const (&)[N], float (&alpha)[N][2]) {
+    CUTE_UNROLL
+    for (int r = 0; r < N; ++r) alpha[r][0] = alpha[r][1] = 1.f;
+  }
 };
 
 template <class Stage, class Geo>
@@ -115,6 +123,28 @@ struct OnlineSoftmaxF {
       float const e = epi::fast_exp(P(i) - ref[(i >> 1) & 1]);
       S(i) = typename FS::value_type(e);
       l[(i >> 1) & 1] += e;
+    }
+  }
+
+  // N1 split over a cluster (b2b/partial_sum.cuh): each CTA's running max and partial sums of
+  // its chunks; merged, the row's max m over the cluster, each CTA's O and sums weighed by
+  // exp(m_r - m) (0 for a CTA that saw only masked columns or none), summed in rank order.
+  COMFUSE_DEVICE float4 stats() const { return make_float4(m[0], m[1], l[0], l[1]); }
+  template <int N>
+  COMFUSE_DEVICE void merge(float4 const (&st)[N], float (&alpha)[N][2]) {
+    CUTE_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      float mx = neg_inf();
+      CUTE_UNROLL
+      for (int r = 0; r < N; ++r) mx = fmaxf(mx, h == 0 ? st[r].x : st[r].y);
+      float const ref = mx == neg_inf() ? 0.f : mx;
+      float sum = 0.f;
+      CUTE_UNROLL
+      for (int r = 0; r < N; ++r) {
+        alpha[r][h] = epi::fast_exp((h == 0 ? st[r].x : st[r].y) - ref);
+        sum = fmaf(alpha[r][h], h == 0 ? st[r].z : st[r].w, sum);
+      }
+      m[h] = mx, l[h] = sum;
     }
   }
 

@@ -149,10 +149,21 @@ COMFUSE_HOST_DEVICE constexpr int b2b_chunks(B2bConfig const& c, int m_block, in
   return ceil_div(cols, c.chunk_n1);
 }
 
-// One CTA per SM at most, two consumer warp groups each walking their own slots.
+// With N1 split over a cluster (B2bConfig::cluster_n1 = C), the CTA of rank r walks a job's
+// chunks r, r + C, r + 2C, ...: as many as the others or one fewer, none where the job has
+// fewer chunks than the cluster has CTAs. Interleaved, so a causal job's short walk still
+// spreads over the whole cluster.
+COMFUSE_HOST_DEVICE constexpr int b2b_rank_chunks(B2bConfig const& c, int chunks, int rank) {
+  return rank < chunks ? (chunks - rank + c.cluster_n1 - 1) / c.cluster_n1 : 0;
+}
+
+// Scheduling units: CTAs, or clusters of cluster_n1 CTAs that take each job together (slot j
+// above is then 2 * cluster index + warp group, `ctas` in b2b_job the number of clusters). One
+// CTA per SM at most, two consumer warp groups each walking their own slots. Returns CTAs.
 COMFUSE_HOST_DEVICE constexpr int b2b_grid(B2bConfig const& c, int batches, int M, int N2, int max_active_ctas) {
-  int const ctas = ceil_div(b2b_slot_count(c, batches, M, N2), Sm90::kConsumerWGs);
-  return ctas < max_active_ctas ? (ctas > 0 ? ctas : 1) : max_active_ctas;
+  int const units = ceil_div(b2b_slot_count(c, batches, M, N2), Sm90::kConsumerWGs);
+  int const fit = max_active_ctas / c.cluster_n1;
+  return (units < fit ? (units > 0 ? units : 1) : (fit > 0 ? fit : 1)) * c.cluster_n1;
 }
 
 }  // namespace comfuse
