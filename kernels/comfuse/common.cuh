@@ -124,6 +124,16 @@ template <> struct DType<float> {
   static COMFUSE_DEVICE float round(float x) { return x; }
 };
 
+// Programmatic dependent launch: the runtime launches every kernel allowed to overlap the one
+// before it in the stream (launch.cpp), so this grid's CTAs may be placed on SMs as the previous
+// grid's CTAs exit, and run their prologue (SMEM barriers) meanwhile. Before its first global
+// access a kernel waits for the previous grid to complete (its writes visible: the same
+// semantics as a serialized launch), then lets the next launch place its CTAs, which can only
+// happen once all of ours are resident (the trigger fires when every CTA has triggered or
+// exited), so a persistent grid's co-residency is kept.
+COMFUSE_DEVICE void wait_for_previous_grid() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+COMFUSE_DEVICE void allow_next_grid() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+
 // CTA-local mbarriers by shared-space address (the DSMEM channels): init with an arrival
 // count, arm for a number of TMA / bulk-copy bytes, wait for a phase's parity.
 COMFUSE_DEVICE void mbar_init(uint32_t bar, uint32_t count) {

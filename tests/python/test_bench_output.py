@@ -14,14 +14,20 @@ def test_results_tables(tmp_path):
          "comfuse_err": 3e-3,
          "regions": [{"region": "h.0.mlp.c_fc:addmm + mul, tanh", "m": 8192, "n": 4096, "k": 1024,
                       "fused_us": 100.0, "inductor_us": 130.0, "eager_us": 200.0, "speedup_vs_inductor": 1.3,
-                      "speedup_vs_eager": 2.0, "fused_est_us": 95.0, "unfused_est_us": 120.0}]},
+                      "speedup_vs_eager": 2.0, "fused_est_us": 95.0, "unfused_est_us": 120.0},
+                     {"region": "h.0.attn.c_proj:addmm + add", "m": 8192, "n": 1024, "k": 1024, "fused_us": 50.0,
+                      "uncompiled_us": 75.0, "eager_us": 76.0, "speedup_vs_eager": 1.52, "fused_est_us": 40.0,
+                      "unfused_est_us": 46.0, "error": "Inductor compiled no graph for this region"}]},
         {"case": "llama decode b1", "eager_ms": 1.0, "comfuse_ms": None, "comfuse_error": "x"},
     ]}
     mod.write_results(results, str(tmp_path))
     text = (tmp_path / "RESULTS.md").read_text()
     assert "| gpt2 prefill b8x1024 | 10.000 | 8.000 | 7.500 | 7.000 | 1.43x | 1.14x | 1.07x | 2/9 | 3.00e-03 |" in text
     assert "| llama decode b1 | 1.000 | - | - | - |" in text
-    assert "8192x4096x1024 | 100.0 | 130.0 | 200.0 | 1.30x | 2.00x | 95.0/120.0 |" in text
+    assert "8192x4096x1024 | 100.0 | 130.0 | 200.0 | 1.30x | 2.00x | 95.0/120.0 |  |" in text
+    # A region Inductor did not compile: no Inductor time or ratio, and the note in its own column.
+    assert "8192x1024x1024 | 50.0 | - | 76.0 | - | 1.52x | 40.0/46.0 | Inductor compiled no graph for this region |" in text
+    assert all(line.count("|") == 11 for line in text.splitlines() if line.startswith("| gpt2 prefill b8x1024 | h.0"))
     assert os.path.exists(tmp_path / "results.json")
 
 
@@ -38,3 +44,20 @@ def test_plot(tmp_path):
         {"case": "llama decode b1", "comfuse_speedup_vs_eager": None}]}
     mod.plot(results, str(tmp_path / "p.png"))
     assert (tmp_path / "p.png").stat().st_size > 1000
+
+
+def test_inductor_region_compiles_an_aten_region():
+    """The per-region Inductor column compiles the region's aten graph itself (compile_fx), so it
+    is Inductor's code by construction; here on the CPU, against the GraphModule's own output."""
+    import torch
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def region(x, w, b):
+        h = torch.ops.aten.addmm(b, x, w)
+        return (0.5 * h * (1 + torch.tanh(0.79788456 * (h + 0.044715 * torch.pow(h, 3.0)))),)
+
+    args = [torch.randn(64, 32), torch.randn(32, 48), torch.randn(48)]
+    gm = make_fx(region)(*args)
+    compiled = bench_models.module().inductor_region(gm, args)
+    assert compiled is not gm
+    torch.testing.assert_close(compiled(*args)[0], gm(*args)[0], rtol=1e-4, atol=1e-4)

@@ -98,6 +98,8 @@ struct B2bGemmSm90 {
     // A follower's first arrival on its owner's barrier must find it initialized.
     if constexpr (kSplitN1) cute::cluster_sync();
     else __syncthreads();
+    wait_for_previous_grid();  // nothing global before this (common.cuh)
+    allow_next_grid();
 
     // Scheduling units: CTAs, or clusters that take each job together (scheduler/grid.cuh).
     int const rank = kSplitN1 ? int(cute::block_rank_in_cluster()) : 0;

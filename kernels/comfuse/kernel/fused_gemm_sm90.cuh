@@ -141,6 +141,8 @@ struct FusedGemmSm90 {
     } else {
       __syncthreads();
     }
+    wait_for_previous_grid();  // nothing global before this (common.cuh)
+    allow_next_grid();
 
     Scheduler sched(p);
     int const kt = sched.k_count;  // k-blocks of this CTA's mainloops (all of K, or its split's share)
