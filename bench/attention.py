@@ -141,45 +141,28 @@ def rel_l2(out, ref) -> float:
 
 
 class GpuTimer:
+    """CUDA-graph capture and alternating timed rounds (bench/gpu_timing.py), this script's knobs."""
+
     def __init__(self, rounds: int, reps: int):
         self.rounds, self.reps = rounds, reps
 
     def capture(self, fn):
-        import torch
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            fn()  # warm-up outside the graph (cuDNN plans, lazy inits)
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn()
-        g.replay()
-        torch.cuda.synchronize()
-        return g
-
-    @staticmethod
-    def stretch_ms(g, reps: int) -> float:
-        import torch
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(reps):
-            g.replay()
-        b.record()
-        b.synchronize()
-        return a.elapsed_time(b) / reps
+        return _gpu_timing().capture(lambda i: fn())
 
     def measure(self, graphs: dict) -> dict:
-        reps = self.reps
-        if reps <= 0:
-            once = max(self.stretch_ms(g, 1) for g in graphs.values())
-            reps = max(3, min(500, math.ceil(TARGET_MS / max(once, 1e-3))))
-        names = list(graphs)
-        times = {v: [] for v in names}
-        for r in range(self.rounds):
-            for v in names[r % len(names):] + names[:r % len(names)]:
-                times[v].append(self.stretch_ms(graphs[v], reps))
-        return times
+        t = _gpu_timing()
+        reps = self.reps if self.reps > 0 else t.reps_to_fill(graphs, TARGET_MS, 500)
+        return t.alternating_rounds(graphs, self.rounds, reps)
+
+
+def _gpu_timing():
+    """bench/gpu_timing.py (bench/ is no package; imported on first use: it needs torch)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    import gpu_timing
+
+    return gpu_timing
 
 
 def run_case(case: Case, timer: GpuTimer, log) -> dict:

@@ -41,6 +41,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gpu_timing  # noqa: E402  (bench/ is no package: the timing shared by the benchmarks)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -383,30 +386,6 @@ class GpuBench:
     def compile(self, fn, mode):
         return torch.compile(fresh(fn), mode=mode, dynamic=False)
 
-    def _capture(self, fn, copies: int):
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for i in range(copies):
-                fn(i)
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for i in range(copies):
-                fn(i)
-        g.replay()
-        torch.cuda.synchronize()
-        return g
-
-    def _stretch_ms(self, g, reps: int) -> float:
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(reps):
-            g.replay()
-        b.record()
-        b.synchronize()
-        return a.elapsed_time(b)
-
     def measure(self, variants: dict, copies: int):
         """Per-call GPU ms of each variant in each round ({variant: [ms, ...]}) and the variants that
         could not be captured ({variant: why}). Each variant is one CUDA graph of `copies` calls (one
@@ -415,23 +394,16 @@ class GpuBench:
         graphs, errors = {}, {}
         for v, fn in variants.items():
             try:
-                graphs[v] = self._capture(fn, copies)
+                graphs[v] = gpu_timing.capture(fn, copies)
             except Exception as e:
                 errors[v] = "CUDA graph capture failed: " + first_line(e)
                 self.log(f"    {v}: {errors[v]}")
                 torch.cuda.synchronize()
         if not graphs:
             return {}, errors
-        reps = self.reps
-        if reps <= 0:  # as many replays as fill TARGET_MS for the slowest variant of a first pass
-            once = max(self._stretch_ms(g, 1) for g in graphs.values())
-            reps = max(3, min(1000, math.ceil(TARGET_MS / max(once, 1e-3))))
-        names = list(graphs)
-        times = {v: [] for v in names}
-        for r in range(self.rounds):
-            order = names[r % len(names):] + names[:r % len(names)]
-            for v in order:
-                times[v].append(self._stretch_ms(graphs[v], reps) / (reps * copies))
+        # --reps 0: as many replays as fill TARGET_MS for the slowest variant of a first pass.
+        reps = self.reps if self.reps > 0 else gpu_timing.reps_to_fill(graphs, TARGET_MS, 1000)
+        times = gpu_timing.alternating_rounds(graphs, self.rounds, reps, calls_per_replay=copies)
         del graphs
         return times, errors
 

@@ -21,11 +21,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gpu_timing  # noqa: E402  (bench/ is no package: the timing shared by the benchmarks)
 
 
 # ---- models ---------------------------------------------------------------------------------
@@ -125,35 +127,8 @@ def static_cache(model, prompt, max_len: int):
 
 # ---- timing ---------------------------------------------------------------------------------
 def gpu_time_ms(fn, reps: int = 20, rounds: int = 7, graph: bool = True) -> float:
-    """Median over rounds of the per-call GPU time of `fn` (a CUDA graph of it replayed `reps` times
-    between events; graph=False: back-to-back calls)."""
-    with torch.no_grad():
-        for _ in range(3):
-            fn()
-        torch.cuda.synchronize()
-        run = fn
-        if graph:
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s):
-                fn()
-            torch.cuda.current_stream().wait_stream(s)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                fn()
-            run = g.replay
-            run()
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(rounds):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            for _ in range(reps):
-                run()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b) / reps)
-    return statistics.median(times)
+    """Median over rounds of the per-call GPU time of `fn` (bench/gpu_timing.py)."""
+    return gpu_timing.time_one(fn, reps=reps, rounds=rounds, graph=graph)
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -1,18 +1,9 @@
-"""bench/models.py, importable from the tests."""
-import importlib.util
-import os
-
-_path = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "models.py")
-_mod = None
+"""bench/models.py, importable from the tests (conftest.load_bench loads it once)."""
+from conftest import load_bench
 
 
 def module():
-    global _mod
-    if _mod is None:
-        spec = importlib.util.spec_from_file_location("comfuse_bench_models", _path)
-        _mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(_mod)
-    return _mod
+    return load_bench("models")
 
 
 def build(*args, **kwargs):
