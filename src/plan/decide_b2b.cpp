@@ -252,6 +252,64 @@ FusionSpec without_store_of(FusionSpec f, int s_arg) {
   return f;
 }
 
+// One way to split N1 (cluster_n1 = `cluster`): the deepest ring beside the partial-O hand-over,
+// the hand-over's pieces as large as the SMEM left allows (each piece is a round trip), the grid
+// at the measured cluster residency, and the estimate: the busiest CTA's chunks (each of GEMM1
+// over K, then GEMM2 over the chunk) at the measured B2B efficiency (calibration.h) plus its jobs'
+// hand-overs.
+struct SplitCandidate {
+  B2bConfig kernel;
+  int64_t grid_ctas = 0;
+  double busiest = 0, handover_us = 0, fused_us = 0;
+  const char* refused = nullptr;  // check()'s reason where this cluster size cannot be built
+};
+
+SplitCandidate price_split(const B2bConfig& base, const B2bProblem& p, int gemm1_passes, int cluster,
+                           const DeviceModel& dev) {
+  SplitCandidate c;
+  c.kernel = base;
+  B2bConfig& kc = c.kernel;
+  kc.cluster_n1 = cluster;
+  for (kc.ring_stages = 8; kc.ring_stages > 2 && kc.smem_bytes() > dev.smem_per_cta_bytes; --kc.ring_stages) {
+  }
+  while (cluster > 1 && kc.xfer_floats < kc.tile_n2 / 2) {
+    B2bConfig wider = kc;
+    wider.xfer_floats *= 2;
+    if (check(wider) || wider.smem_bytes() > dev.smem_per_cta_bytes) break;
+    kc = wider;
+  }
+  if ((c.refused = check(kc))) return c;
+  const int batches = static_cast<int>(p.batches), m = static_cast<int>(p.m), n2 = static_cast<int>(p.n2);
+  const auto resident = dev.clusters_resident.find(cluster);
+  const int max_ctas = resident != dev.clusters_resident.end() ? resident->second * cluster : dev.sm_count;
+  c.grid_ctas = b2b_grid(kc, batches, m, n2, max_ctas);
+  const int units = static_cast<int>(c.grid_ctas) / cluster;
+  const double efficiency = kc.ring_stages >= 4 ? dev.b2b_efficiency_deep_ring : dev.b2b_efficiency_shallow_ring;
+  const double chunk_flops =
+      2.0 * kc.tile_m * kc.chunk_n1 * (double(p.k) * (kc.gated ? 2 : 1) + double(p.n2) / gemm1_passes);
+  c.busiest = busiest_cta_chunks(kc, p, units, dev.b2b_single_wg_share);
+  if (cluster > 1) {  // every job of the busiest warp group hands its O over, piece by piece
+    const int64_t slots = b2b_slot_count(kc, batches, m, n2);
+    const int64_t turns = (slots + 2 * int64_t{units} - 1) / (2 * int64_t{units});
+    c.handover_us = double(turns) * kc.xfer_pieces() * (dev.b2b_piece_base_us + dev.b2b_piece_per_follower_us * (cluster - 1));
+  }
+  c.fused_us = c.busiest * chunk_flops / (dev.sm_flops_per_s * efficiency) * 1e6 + c.handover_us;
+  return c;
+}
+
+// The cluster sizes to price: the forced one, else the portable ones (8 at most) that leave no
+// CTA without a chunk of a full job.
+std::vector<SplitCandidate> split_candidates(const B2bConfig& base, const B2bProblem& p, int gemm1_passes,
+                                             int job_chunks, const PlanOptions& opt, const DeviceModel& dev) {
+  std::vector<SplitCandidate> tried;
+  for (int cluster : {1, 2, 4, 8, 16}) {
+    if (opt.cluster_n && *opt.cluster_n != cluster) continue;
+    if (!opt.cluster_n && (cluster > 8 || cluster > job_chunks)) continue;
+    tried.push_back(price_split(base, p, gemm1_passes, cluster, dev));
+  }
+  return tried;
+}
+
 }  // namespace
 
 int b2b_intermediate_arg(const FusionSpec& first, const FusionSpec& second) {
@@ -329,12 +387,10 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
   const int e_bytes = plan_detail::epilogue_smem_bytes(e_chain, ek);
   k.epilogue_smem_bytes = align_up(f_bytes, 1024) + align_up(e_bytes, 1024);
 
-  // N1 split, launch and estimate, per cluster size: the deepest ring that fits beside the
-  // partial-O hand-over, the grid, and the busiest CTA's chunks (each of GEMM1 over K, then GEMM2
-  // over the chunk) at the measured B2B efficiency (calibration.h), plus the hand-overs, against
-  // both GEMMs at the full rate with S through DRAM. A causal mask leaves the fused kernel the
-  // chunks that reach each job's rows (about half the GEMM work at M = N1), which the mirror pairs
-  // spread evenly over the SMs; the unfused GEMMs compute every column and mask afterwards.
+  // N1 split, launch and estimate: each cluster size priced (price_split), the fastest taken,
+  // against both GEMMs at the full rate with S through DRAM. A causal mask leaves the fused kernel
+  // the chunks that reach each job's rows (about half the GEMM work at M = N1), which the mirror
+  // pairs spread evenly over the SMs; the unfused GEMMs compute every column and mask afterwards.
   const double gemm1 = 2.0 * p.batches * p.m * p.k * p.n1 * (k.gated ? 2 : 1);
   const double gemm2 = 2.0 * p.batches * p.m * p.n1 * p.n2;
   const double causal = k.causal ? causal_share(k, p.m, p.n1) : 1.0;
@@ -345,52 +401,9 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
   B2bConfig unsplit = k;
   unsplit.causal = false;
   const int job_chunks = b2b_chunks(unsplit, 0, static_cast<int>(p.m), static_cast<int>(p.n1));
-  struct Candidate {
-    B2bConfig kernel;
-    int64_t grid_ctas = 0;
-    double busiest = 0, handover_us = 0, fused_us = 0;
-    const char* refused = nullptr;
-  };
-  auto candidate = [&](int cluster) {
-    Candidate c;
-    c.kernel = k;
-    B2bConfig& kc = c.kernel;
-    kc.cluster_n1 = cluster;
-    for (kc.ring_stages = 8; kc.ring_stages > 2 && kc.smem_bytes() > dev.smem_per_cta_bytes; --kc.ring_stages) {
-    }
-    // Fewer, larger pieces where the SMEM the ring left allows (each piece is a round trip).
-    while (cluster > 1 && kc.xfer_floats < kc.tile_n2 / 2) {
-      B2bConfig wider = kc;
-      wider.xfer_floats *= 2;
-      if (check(wider) || wider.smem_bytes() > dev.smem_per_cta_bytes) break;
-      kc = wider;
-    }
-    if ((c.refused = check(kc))) return c;
-    const auto resident = dev.clusters_resident.find(cluster);
-    const int max_ctas = resident != dev.clusters_resident.end() ? resident->second * cluster : dev.sm_count;
-    c.grid_ctas = b2b_grid(kc, static_cast<int>(p.batches), static_cast<int>(p.m), static_cast<int>(p.n2), max_ctas);
-    const int units = static_cast<int>(c.grid_ctas) / cluster;
-    const double efficiency = kc.ring_stages >= 4 ? dev.b2b_efficiency_deep_ring : dev.b2b_efficiency_shallow_ring;
-    const double chunk_flops =
-        2.0 * kc.tile_m * kc.chunk_n1 * (double(p.k) * (kc.gated ? 2 : 1) + double(p.n2) / plan.gemm1_passes);
-    c.busiest = busiest_cta_chunks(kc, p, units, dev.b2b_single_wg_share);
-    if (cluster > 1) {  // every job of the busiest warp group hands its O over, piece by piece
-      const int64_t slots = b2b_slot_count(kc, static_cast<int>(p.batches), static_cast<int>(p.m), static_cast<int>(p.n2));
-      const int64_t turns = (slots + 2 * int64_t{units} - 1) / (2 * int64_t{units});
-      c.handover_us = double(turns) * kc.xfer_pieces() * (dev.b2b_piece_base_us + dev.b2b_piece_per_follower_us * (cluster - 1));
-    }
-    c.fused_us = c.busiest * chunk_flops / (dev.sm_flops_per_s * efficiency) * 1e6 + c.handover_us;
-    return c;
-  };
-  std::vector<Candidate> tried;
-  for (int cluster : {1, 2, 4, 8, 16}) {
-    if (opt.cluster_n && *opt.cluster_n != cluster) continue;
-    // Unforced: portable clusters (8 at most) that leave no CTA without a chunk of a full job.
-    if (!opt.cluster_n && (cluster > 8 || cluster > job_chunks)) continue;
-    tried.push_back(candidate(cluster));
-  }
-  const Candidate* best = nullptr;
-  for (const Candidate& c : tried)
+  const std::vector<SplitCandidate> tried = split_candidates(k, p, plan.gemm1_passes, job_chunks, opt, dev);
+  const SplitCandidate* best = nullptr;
+  for (const SplitCandidate& c : tried)
     if (!c.refused && (!best || c.fused_us < best->fused_us * 0.97)) best = &c;  // a larger cluster must win by 3%
   if (!best) {
     if (opt.cluster_n && !tried.empty() && tried.front().refused)
@@ -403,7 +416,7 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
   plan.fused_us = best->fused_us;
   const double busiest = best->busiest;
   const double efficiency = k.ring_stages >= 4 ? dev.b2b_efficiency_deep_ring : dev.b2b_efficiency_shallow_ring;
-  for (const Candidate& c : tried)
+  for (const SplitCandidate& c : tried)
     if (&c != best)
       plan.alternatives.push_back(
           c.refused ? fmt::format("N1 over clusters of {}: refused ({})", c.kernel.cluster_n1, c.refused)

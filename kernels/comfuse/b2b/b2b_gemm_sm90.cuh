@@ -114,8 +114,8 @@ struct B2bGemmSm90 {
           B2bJob const job = b2b_job(C, j, p.batches, p.M, p.N, units);
           if (job.done) break;
           if (!job.valid) continue;  // as the consumer: an empty half of a causal pair
-          int const mine = b2b_rank_chunks(C, b2b_chunks(C, job.m_block, p.M, p.N1), rank);
-          for (int i = 0; i < mine; ++i)
+          int const my_chunks = b2b_rank_chunks(C, b2b_chunks(C, job.m_block, p.M, p.N1), rank);
+          for (int i = 0; i < my_chunks; ++i)
             Mainloop::load_chunk(p, ss.bars[w], st, ss.wg[w].ring, job.m_block * C.tile_m,
                                  (rank + i * C.cluster_n1) * C.chunk_n1, job.n2_block * C.tile_n2, job.batch);
         }
@@ -142,7 +142,7 @@ struct B2bGemmSm90 {
         if (!job.valid) continue;  // an empty half of a causal pair (scheduler/grid.cuh)
         trace::mark(t, cw, traced, trace::kTurn);
         int const m0 = job.m_block * C.tile_m;
-        int const mine_chunks = b2b_rank_chunks(C, b2b_chunks(C, job.m_block, p.M, p.N1), rank);
+        int const my_chunks = b2b_rank_chunks(C, b2b_chunks(C, job.m_block, p.M, p.N1), rank);
         bool const owner = turn % C.cluster_n1 == rank;
         epi::EpiCtx c2{&p, m0, job.n2_block * C.tile_n2, p.N, t, t / 32, t % 32};
         c2.batch = job.batch;
@@ -159,7 +159,7 @@ struct B2bGemmSm90 {
           for (int i = 0; i < cute::size(O); ++i) O(i) = 0.f;
         }
         cute::warpgroup_fence_operand(O);
-        for (int i = 0; i < mine_chunks; ++i) {
+        for (int i = 0; i < my_chunks; ++i) {
           int const c = rank + i * C.cluster_n1;
           unsigned long long since = trace::now();
           Mainloop::gemm1(p, ring, rd, taken, mine.ring, P, P3, t);  // behind GEMM2 of chunk c - 1
