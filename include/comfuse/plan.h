@@ -155,6 +155,8 @@ struct B2bPlan {
   int gemm1_passes = 1;    // GEMM1 runs once per tile_n2 block of O: ceil(N2 / tile_n2)
   double fused_us = 0;     // the model's estimate of the B2B kernel
   double unfused_us = 0;   // ... and of GEMM1 + its epilogue, S through DRAM, GEMM2 + epilogue
+  double dram_floor_us = 0;  // the fused kernel's DRAM traffic alone (X, W1 [W3], W2 read, O written)
+  std::string unfused_from;  // how unfused_us was priced (the planner's two kernels, or a roofline)
   std::vector<std::string> reasons;
   std::vector<std::string> alternatives;
 };

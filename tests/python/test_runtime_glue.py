@@ -69,6 +69,7 @@ def emulate(monkeypatch):
     comfuse.config.rest = "eager"
     comfuse.config.strict = True
     comfuse.config.min_gain = -1e9  # fuse whatever Φ accepts: the run-time path is under test
+    comfuse.config.b2b = "off"  # one region a kernel: the emulator runs regions (pairs: test_b2b_pairs.py)
 
 
 def run(model, *inputs, dynamic=None):
