@@ -21,6 +21,11 @@ struct DeviceModel {
   // Clusters resident at once when each CTA fills an SM (384 threads, ~200 KB SMEM):
   // MEASURED, cudaOccupancyMaxActiveClusters on the lent H200 (DESIGN.md's table).
   std::map<int, int> clusters_resident = {{1, 132}, {2, 66}, {4, 30}, {8, 15}, {16, 7}};
+  // Clusters of `size` CTAs resident at once; 0 for a size the table does not hold.
+  int resident(int size) const {
+    const auto r = clusters_resident.find(size);
+    return r == clusters_resident.end() ? 0 : r->second;
+  }
   // MEASURED: a 128x256x4096 bf16 tile's mainloop takes ~45 us on one SM (DESIGN.md),
   // i.e. 2*128*256*4096 / 45e-6 = 5.96 TFLOP/s per SM.
   double sm_flops_per_s = 5.96e12;

@@ -257,6 +257,11 @@ FusionSpec without_store_of(FusionSpec f, int s_arg) {
 // at the measured cluster residency, and the estimate: the busiest CTA's chunks (each of GEMM1
 // over K, then GEMM2 over the chunk) at the measured B2B efficiency (calibration.h) plus its jobs'
 // hand-overs.
+// The measured B2B efficiency (calibration.h) at the kernel's ring depth.
+double b2b_efficiency(const B2bConfig& k, const DeviceModel& dev) {
+  return k.ring_stages >= 4 ? dev.b2b_efficiency_deep_ring : dev.b2b_efficiency_shallow_ring;
+}
+
 struct SplitCandidate {
   B2bConfig kernel;
   int64_t grid_ctas = 0;
@@ -280,11 +285,8 @@ SplitCandidate price_split(const B2bConfig& base, const B2bProblem& p, int gemm1
   }
   if ((c.refused = check(kc))) return c;
   const int batches = static_cast<int>(p.batches), m = static_cast<int>(p.m), n2 = static_cast<int>(p.n2);
-  const auto resident = dev.clusters_resident.find(cluster);
-  const int max_ctas = resident != dev.clusters_resident.end() ? resident->second * cluster : dev.sm_count;
-  c.grid_ctas = b2b_grid(kc, batches, m, n2, max_ctas);
+  c.grid_ctas = b2b_grid(kc, batches, m, n2, dev.resident(cluster) * cluster);
   const int units = static_cast<int>(c.grid_ctas) / cluster;
-  const double efficiency = kc.ring_stages >= 4 ? dev.b2b_efficiency_deep_ring : dev.b2b_efficiency_shallow_ring;
   const double chunk_flops =
       2.0 * kc.tile_m * kc.chunk_n1 * (double(p.k) * (kc.gated ? 2 : 1) + double(p.n2) / gemm1_passes);
   c.busiest = busiest_cta_chunks(kc, p, units, dev.b2b_single_wg_share);
@@ -293,7 +295,7 @@ SplitCandidate price_split(const B2bConfig& base, const B2bProblem& p, int gemm1
     const int64_t turns = (slots + 2 * int64_t{units} - 1) / (2 * int64_t{units});
     c.handover_us = double(turns) * kc.xfer_pieces() * (dev.b2b_piece_base_us + dev.b2b_piece_per_follower_us * (cluster - 1));
   }
-  c.fused_us = c.busiest * chunk_flops / (dev.sm_flops_per_s * efficiency) * 1e6 + c.handover_us;
+  c.fused_us = c.busiest * chunk_flops / (dev.sm_flops_per_s * b2b_efficiency(kc, dev)) * 1e6 + c.handover_us;
   return c;
 }
 
@@ -388,9 +390,9 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
   k.epilogue_smem_bytes = align_up(f_bytes, 1024) + align_up(e_bytes, 1024);
 
   // N1 split, launch and estimate: each cluster size priced (price_split), the fastest taken,
-  // against both GEMMs at the full rate with S through DRAM. A causal mask leaves the fused kernel
-  // the chunks that reach each job's rows (about half the GEMM work at M = N1), which the mirror
-  // pairs spread evenly over the SMs; the unfused GEMMs compute every column and mask afterwards.
+  // against the two-kernel path (below). A causal mask leaves the fused kernel the chunks that
+  // reach each job's rows (about half the GEMM work at M = N1), which the mirror pairs spread
+  // evenly over the SMs; the unfused kernels compute every column and mask afterwards.
   const double gemm1 = 2.0 * p.batches * p.m * p.k * p.n1 * (k.gated ? 2 : 1);
   const double gemm2 = 2.0 * p.batches * p.m * p.n1 * p.n2;
   const double causal = k.causal ? causal_share(k, p.m, p.n1) : 1.0;
@@ -438,7 +440,7 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
   plan.grid_ctas = best->grid_ctas;
   plan.fused_us = std::max(best->fused_us, plan.dram_floor_us);
   const double busiest = best->busiest;
-  const double efficiency = k.ring_stages >= 4 ? dev.b2b_efficiency_deep_ring : dev.b2b_efficiency_shallow_ring;
+  const double efficiency = b2b_efficiency(k, dev);
   for (const SplitCandidate& c : tried)
     if (&c != best)
       plan.alternatives.push_back(

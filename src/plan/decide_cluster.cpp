@@ -58,8 +58,7 @@ void estimate_cluster(Candidate& c, const Request& r) {
   epi += chain.reductions * round;
   const double ml = double(k.n_tiles) * t_tile;
 
-  const auto res = dev.clusters_resident.find(k.cluster_size());
-  const int resident_max = res == dev.clusters_resident.end() ? 0 : res->second;
+  const int resident_max = dev.resident(k.cluster_size());
   c.resident = static_cast<int>(std::min<int64_t>(resident_max, c.jobs));
   const int64_t q = ceil_div64(c.jobs, std::max(1, resident_max));
   const double t_cluster = ml + epi + double(q - 1) * std::max(ml, (ml + epi) / 2.0);

@@ -96,8 +96,8 @@ std::vector<Candidate> decide_row_groups(const Request& r, Rejections& why) {
     if (opt.tile_n && *opt.tile_n != ts.tile_n) continue;
     for (int cm : kClusterMs) {
       if (opt.cluster_m && *opt.cluster_m != cm) continue;
-      const auto res = dev.clusters_resident.find(cm);
-      if (res == dev.clusters_resident.end()) continue;
+      const int resident = dev.resident(cm);
+      if (resident == 0) continue;
       const int64_t tiles_m = ceil_div64(p.m, ts.tile_m), tiles_n = ceil_div64(p.n, ts.tile_n);
       std::vector<int> splits(std::begin(kSplits), std::end(kSplits));
       if (opt.k_splits) splits = {*opt.k_splits};
@@ -105,7 +105,7 @@ std::vector<Candidate> decide_row_groups(const Request& r, Rejections& why) {
       for (int ks : splits) {
         if (opt.row_group && *opt.row_group != g) continue;
         if (!opt.row_group && g > 1 && g / 2 >= tiles_n) continue;  // CTAs with no columns at all
-        const int64_t groups_max = res->second / (int64_t{g} * ks);
+        const int64_t groups_max = resident / (int64_t{g} * ks);
         if (groups_max < 1) continue;
         const int64_t n_tiles = ceil_div64(tiles_n, g);
         if (n_tiles > Sm90::kMaxNTiles) continue;

@@ -272,8 +272,7 @@ Plan assemble(const Candidate& c, const std::vector<Candidate>& cands, const Req
   plan.smem = plan_detail::smem_budget(k);
   plan.smem_limit = r.dev.smem_per_cta_bytes;
   plan.tiles_m = c.tiles_m, plan.tiles_n = c.tiles_n;
-  const auto res = r.dev.clusters_resident.find(k.cluster_size());
-  plan.clusters_resident = res == r.dev.clusters_resident.end() ? 0 : res->second;
+  plan.clusters_resident = r.dev.resident(k.cluster_size());
   plan.ctas_busy = plan.clusters_resident * k.cluster_size();
   if (k.stash_elem_bytes > 0) plan.stashed = chain.stash_names;
   plan.live_tile_values = chain.live_tile_values;

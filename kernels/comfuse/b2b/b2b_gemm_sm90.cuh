@@ -143,7 +143,8 @@ struct B2bGemmSm90 {
         trace::mark(t, cw, traced, trace::kTurn);
         int const m0 = job.m_block * C.tile_m;
         int const my_chunks = b2b_rank_chunks(C, b2b_chunks(C, job.m_block, p.M, p.N1), rank);
-        bool const owner = turn % C.cluster_n1 == rank;
+        uint32_t const owner_rank = uint32_t(turn % C.cluster_n1);  // 0 unless N1 is split
+        bool const owner = owner_rank == uint32_t(rank);
         epi::EpiCtx c2{&p, m0, job.n2_block * C.tile_n2, p.N, t, t / 32, t % 32};
         c2.batch = job.batch;
         // Epi2's tile inputs (a residual) go to L2 while the chunks run.
@@ -180,7 +181,6 @@ struct B2bGemmSm90 {
         taken.all_completed(ring, t);
         trace::mark(t, cw, traced, trace::kAccReady);
         if constexpr (kSplitN1) {
-          uint32_t const owner_rank = uint32_t(turn % C.cluster_n1);
           if (!owner) {
             xfer.send(xfer_storage(mine), O, f.stats(), owner_rank, t);
             trace::mark(t, cw, traced++, trace::kEpiDone);
