@@ -175,7 +175,7 @@ int cmd_lower(const std::string& file) {
 
 struct ExplainArgs {
   bool dot = false;
-  std::optional<int> cluster_n, tile_n, tile_m, cluster_m, row_group, k_splits;
+  std::optional<int> cluster_n, tile_n, tile_m, cluster_m, row_group, k_splits, b2b_job_rows;
   std::string aggregation, strategy, stash, pairs, b2b;
 };
 
@@ -188,6 +188,7 @@ PlanOptions plan_options(const ExplainArgs& a) {
   o.cluster_m = a.cluster_m;
   o.row_group = a.row_group;
   o.k_splits = a.k_splits;
+  o.b2b_job_rows = a.b2b_job_rows;
   if (!a.pairs.empty()) o.fuse_pairs = a.pairs == "one-round";
   if (!a.stash.empty()) o.stash_bytes = a.stash == "bf16" ? 2 : 4;
   if (a.aggregation == "p2p") o.aggregation = Aggregation::PeerToPeer;
@@ -232,6 +233,10 @@ std::vector<CLI::Option*> add_plan_options(CLI::App* cmd, ExplainArgs& ex) {
                       "a B2B pair (two chained GEMMs): one kernel where the planner expects it to pay (auto, the "
                       "default), always (force), or never (off: two kernels, S through memory)")
           ->check(CLI::IsMember({"auto", "force", "off"})),
+      cmd->add_option("--b2b-job-rows", ex.b2b_job_rows,
+                      "a B2B kernel's job rows: 64 (each consumer warp group its own jobs and ring) or 128 (both "
+                      "consumer warp groups on one job, sharing its W1/W2 tiles)")
+          ->check(CLI::IsMember({64, 128})),
   };
 }
 

@@ -58,6 +58,9 @@ struct PlanOptions {
   // A B2B pair (lower.h): one kernel where it pays (Auto, choose_b2b below), always (Force: to
   // benchmark or test the B2B kernel), or never (Off: two single-GEMM kernels, S through memory).
   enum class B2b { Auto, Force, Off } b2b = B2b::Auto;
+  // Force a B2B job's rows: 64 (one consumer warp group, its own ring) or 128 (both, paired:
+  // B2bConfig::paired, sharing W1/W2 tiles).
+  std::optional<int> b2b_job_rows;
 };
 
 // The cost model's estimate for one candidate, microseconds.

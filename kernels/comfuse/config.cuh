@@ -197,8 +197,8 @@ COMFUSE_HOST_DEVICE constexpr char const* check(KernelConfig const& c) {
 //
 // One description of a B2B kernel (kernels/comfuse/b2b/), filled by the planner's B2B decider,
 // written once by Ψ, launched from by the runtime, exactly as KernelConfig is for the single GEMM.
-// Each consumer warp group owns a job: tile_m rows of X (and of O) x tile_n2 columns of O, in
-// one batch. It walks N1 in chunks of chunk_n1: GEMM1 (X W1^T over K, from SMEM) gives P, the
+// Each consumer warp group owns a job (or, paired, half of one): tile_m rows of X (and of O) x
+// tile_n2 columns of O, in one batch. It walks N1 in chunks of chunk_n1: GEMM1 (X W1^T over K, from SMEM) gives P, the
 // intermediate epilogue F turns P into S in registers, GEMM2 (S from registers as the A
 // operand, W2 from SMEM) accumulates O; after the last chunk GEMM2's epilogue stores O.
 struct B2bConfig {
@@ -206,10 +206,10 @@ struct B2bConfig {
   bool w2_kmajor = true;   // W2 is N2 x N1 (the Linear weight); else N1 x N2 (attention's values)
   bool gated = false;      // a second GEMM1, X W3^T, shares X's tiles (SwiGLU's up projection)
   bool batched = false;    // X, W1 (W3), W2 and O have a leading batch dimension (B x H)
-  int tile_m = 64;         // rows of one consumer warp group's job
+  int tile_m = 64;         // rows of one consumer warp group's share of a job
   int chunk_n1 = 128;      // N1 columns per chunk: GEMM1's N, GEMM2's K
   int tile_n2 = 128;       // O columns of a job
-  int ring_stages = 4;     // depth of each consumer warp group's SMEM ring (X/W1 and W2 k-blocks alike)
+  int ring_stages = 4;     // depth of each SMEM ring (X/W1 and W2 k-blocks alike)
   bool online_softmax = false;  // F is softmax over N1: running max and sum, O rescaled per chunk
   bool causal = false;     // keys past the query's row are masked (top-left aligned, as torch's is_causal)
   int epilogue_smem_bytes = 0;  // one consumer WG's F and GEMM2-epilogue node storage (the planner's model)
@@ -223,17 +223,30 @@ struct B2bConfig {
   // tile_n2 / 2 values a thread go over in pieces of this many), the online softmax's row
   // statistics (4 fp32 per thread), and the buffers' full/free mbarriers.
   int xfer_floats = 8;
+  // The two consumer warp groups take one job of 2 x tile_m rows together (each its tile_m rows)
+  // and share one ring: each W1 (W3) and W2 k-block is loaded once for both, and the X k-blocks
+  // of both halves sit side by side in the slot. The ring's loads from L2 are what bound the
+  // unpaired kernel (bench/NOTES.md); pairing cuts them per chunk by the shared B tiles. The two
+  // warp groups then take ordered turns on the tensor cores (NamedBarrier::MmaTurnWG0/1): one
+  // issues GEMM2 of a chunk and GEMM1 of the next while the other runs F, the paper's stagger.
+  bool paired = false;
+
+  COMFUSE_HOST_DEVICE constexpr int wgs_per_job() const { return paired ? 2 : 1; }
+  COMFUSE_HOST_DEVICE constexpr int job_rows() const { return tile_m * wgs_per_job(); }
+  // Jobs a scheduling unit (a CTA, or a cluster splitting N1) runs at once, and its rings.
+  COMFUSE_HOST_DEVICE constexpr int jobs_per_unit() const { return Sm90::kConsumerWGs / wgs_per_job(); }
+  COMFUSE_HOST_DEVICE constexpr int rings() const { return jobs_per_unit(); }
 
   COMFUSE_HOST_DEVICE constexpr int xfer_pieces() const { return tile_n2 / 2 / xfer_floats; }
   COMFUSE_HOST_DEVICE constexpr int xfer_bytes() const {
     return cluster_n1 > 1 ? (2 * xfer_floats + 4) * Sm90::kWarpGroupThreads * 4 + 4 * 8 : 0;
   }
 
-  // One ring slot: an X k-block (tile_m x 64) and the B region, which holds either W1's (and W3's)
-  // k-block of the chunk or a W2 k-block (tile_n2 x 64 along N1).
+  // One ring slot: the job's X k-block (job_rows x 64) and the B region, which holds either W1's
+  // (and W3's) k-block of the chunk or a W2 k-block (tile_n2 x 64 along N1).
   COMFUSE_HOST_DEVICE constexpr int gemm1_b_rows() const { return (gated ? 2 : 1) * chunk_n1; }
   COMFUSE_HOST_DEVICE constexpr int b_region_rows() const { return gemm1_b_rows() > tile_n2 ? gemm1_b_rows() : tile_n2; }
-  COMFUSE_HOST_DEVICE constexpr int slot_a_bytes() const { return tile_m * Sm90::kTileK * Sm90::kAbBytes; }
+  COMFUSE_HOST_DEVICE constexpr int slot_a_bytes() const { return job_rows() * Sm90::kTileK * Sm90::kAbBytes; }
   COMFUSE_HOST_DEVICE constexpr int slot_b_bytes() const { return b_region_rows() * Sm90::kTileK * Sm90::kAbBytes; }
   // Registers a consumer thread holds for P (and P3) in fp32, S as 16-bit pairs and O in fp32,
   // and the most it may spend on them beside the kernel's own (the FFN and attention kernels
@@ -241,10 +254,18 @@ struct B2bConfig {
   static constexpr int kMaxLiveValues = 176;
   COMFUSE_HOST_DEVICE constexpr int live_values() const { return (gated ? 2 : 1) * chunk_n1 / 2 + chunk_n1 / 4 + tile_n2 / 2; }
   COMFUSE_HOST_DEVICE constexpr int ring_bytes() const { return ring_stages * (slot_a_bytes() + slot_b_bytes()); }
-  // Dynamic SMEM: both consumer WGs' rings (1024-aligned regions), their epilogue storage, the
-  // rings' full/empty mbarriers, rounded to 1024, plus the kernel's base alignment.
+  // Bytes one ring loads from L2 for a chunk of its job: K / 64 X/W1 (/W3) k-blocks and
+  // chunk_n1 / 64 W2 k-blocks (the planner prices the kernel's L2 -> SMEM traffic with it).
+  COMFUSE_HOST_DEVICE constexpr double chunk_fill_bytes(int k) const {
+    return double((k + Sm90::kTileK - 1) / Sm90::kTileK) * (job_rows() + gemm1_b_rows()) * Sm90::kTileK * Sm90::kAbBytes +
+           double(chunk_n1) * tile_n2 * Sm90::kAbBytes;
+  }
+  // Dynamic SMEM: the rings (1024-aligned regions), both consumer WGs' epilogue storage and
+  // partial-O hand-over, the rings' full/empty mbarriers, rounded to 1024, plus the kernel's
+  // base alignment.
   COMFUSE_HOST_DEVICE constexpr int smem_bytes() const {
-    return align_up(Sm90::kConsumerWGs * (ring_bytes() + epilogue_smem_bytes + 16 * ring_stages + align_up(xfer_bytes(), 1024)),
+    return align_up(rings() * (ring_bytes() + 16 * ring_stages) +
+                        Sm90::kConsumerWGs * (epilogue_smem_bytes + align_up(xfer_bytes(), 1024)),
                     1024) +
            Sm90::kSmemBaseAlign;
   }
@@ -259,6 +280,8 @@ COMFUSE_HOST_DEVICE constexpr char const* check(B2bConfig const& c) {
   if (c.online_softmax && c.gated) return "B2B: online softmax takes one GEMM1";
   if (c.causal && !c.online_softmax) return "B2B: a causal mask comes with the online softmax";
   if (c.ring_stages < 2) return "B2B ring_stages: at least 2";
+  if (c.paired && c.causal && c.chunk_n1 != c.job_rows())
+    return "B2B paired with a causal mask: chunk_n1 = 2 x tile_m (a chunk of the pair's diagonal reaches both halves)";
   if (!is_pow2(c.cluster_n1) || c.cluster_n1 > Sm90::kMaxClusterSize) return "B2B cluster_n1: 1, 2, 4, 8 or 16 CTAs along N1";
   if (c.xfer_floats % 8 != 0 || c.xfer_floats < 8 || (c.tile_n2 / 2) % c.xfer_floats != 0)
     return "B2B xfer_floats: a multiple of 8 that divides O's tile_n2 / 2 values a thread";

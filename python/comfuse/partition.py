@@ -74,19 +74,32 @@ def m_bucket(m: int) -> int:
     return max(64, 1 << (m - 1).bit_length())
 
 
+# Decode rows: at M <= 64 the GEMM alone is a stream of B, which cuBLAS splits over the whole GPU,
+# while the planner's plan for it (one row of 64-row tiles, K unsplit) leaves most SMs idle and
+# prices 1 x 1024 x 4096 at 12.9 us. MEASURED (cuBLAS per launch on the H200, bench/NOTES.md
+# "Decode split-K owners"): 4.3-4.6 us for 2 MiB of operands, 6.5-6.9 for 8, 7.6-7.9 for 16,
+# 10.2-10.4 for 32, 32.0 for 112: its bytes at DRAM_BYTES_PER_S plus one kernel's launch and tail
+# (EPILOGUE_KERNEL_US) lands within 25% of each.
+DECODE_ROWS = 64
+
 _bare_gemm_cache: dict = {}
 
 
 def bare_gemm_us(m: int, n: int, k: int, dtype: str, layout: str) -> float:
-    """The planner's estimate for the GEMM alone (stored in its output dtype)."""
+    """The GEMM alone (cuBLAS on the unfused path), stored in its output dtype: the planner's estimate,
+    or at decode rows (DECODE_ROWS) its operands' DRAM traffic plus a launch."""
     key = (m, n, k, dtype, layout)
     if key not in _bare_gemm_cache:
-        g = _core.Graph()
-        a = g.input("a", dtype, ["M", "K"])
-        b = g.input("b", dtype, ["N", "K"] if layout == "nk" else ["K", "N"])
-        g.output(g.matmul(a, b, layout), "y", dtype)
-        region = _core.lower(g).regions()[0]
-        _bare_gemm_cache[key] = region.plan({"M": m, "N": n, "K": k}).summary()["total_us"]
+        if m <= DECODE_ROWS:
+            esize = 2 if dtype in ("bf16", "f16") else 4
+            _bare_gemm_cache[key] = (m * k + n * k + m * n) * esize / DRAM_BYTES_PER_S * 1e6 + EPILOGUE_KERNEL_US
+        else:
+            g = _core.Graph()
+            a = g.input("a", dtype, ["M", "K"])
+            b = g.input("b", dtype, ["N", "K"] if layout == "nk" else ["K", "N"])
+            g.output(g.matmul(a, b, layout), "y", dtype)
+            region = _core.lower(g).regions()[0]
+            _bare_gemm_cache[key] = region.plan({"M": m, "N": n, "K": k}).summary()["total_us"]
     return _bare_gemm_cache[key]
 
 

@@ -19,9 +19,10 @@ std::string b2b_config_source(const B2bConfig& c) {
       "constexpr comfuse::B2bConfig kConfig{{\n"
       "    .w1_kmajor = {}, .w2_kmajor = {}, .gated = {}, .batched = {},\n"
       "    .tile_m = {}, .chunk_n1 = {}, .tile_n2 = {}, .ring_stages = {},\n"
-      "    .online_softmax = {}, .causal = {}, .epilogue_smem_bytes = {}, .cluster_n1 = {}, .xfer_floats = {}}};\n",
+      "    .online_softmax = {}, .causal = {}, .epilogue_smem_bytes = {}, .cluster_n1 = {}, .xfer_floats = {},\n"
+      "    .paired = {}}};\n",
       c.w1_kmajor, c.w2_kmajor, c.gated, c.batched, c.tile_m, c.chunk_n1, c.tile_n2, c.ring_stages, c.online_softmax,
-      c.causal, c.epilogue_smem_bytes, c.cluster_n1, c.xfer_floats);  // fmt writes bools as true / false
+      c.causal, c.epilogue_smem_bytes, c.cluster_n1, c.xfer_floats, c.paired);  // fmt writes bools as true / false
 }
 
 }  // namespace

@@ -42,12 +42,20 @@ struct DeviceModel {
   // MEASURED: one DSMEM all-reduce round, peer-to-peer, TMA bulk + mbarrier, 64 floats per
   // CTA (bench/dsmem_allreduce.cu on the H200), by C_N; C_N = 1 is quad shuffles only (GUESS).
   std::map<int, double> cluster_allreduce_us = {{1, 0.05}, {2, 0.18}, {4, 0.27}, {8, 0.39}, {16, 0.61}};
-  // MEASURED (bench/RESULTS.md, B2B rows): a B2B kernel's two GEMMs as a fraction of
-  // sm_flops_per_s on the SMs its grid occupies, by ring depth: 0.47 with 4 or more stages
-  // (attention 16384^2, d 128, N1 chunks of 128); with 2, 0.29 (FFN M=8192, tile_n2 256: the
-  // unified slot holds a 256-row W2 k-block, so only two fit) and 0.18 at 16 GEMM1 passes.
-  double b2b_efficiency_deep_ring = 0.47;
-  double b2b_efficiency_shallow_ring = 0.27;
+  // MEASURED (bench/RESULTS.md, B2B rows; bench/NOTES.md "paired jobs"): a B2B kernel's two
+  // GEMMs as a fraction of sm_flops_per_s on an SM whose two consumer warp groups are busy, by ring
+  // depth (4: 4 or more). Paired and unpaired jobs alike at one depth: attention 16384^2, d 128,
+  // 0.55 unpaired and 0.53 paired (6 stages); FFN 8192 x 1024 -> 4096 (chunks of 64, tile_n2 256)
+  // 0.30 at 2 stages (unpaired), 0.41 at 3 and 0.55 at 4 (paired): a GEMM1 k-block's loads are
+  // exposed behind a shallow ring. What the rings load from L2 did not bind at any of them
+  // (up to 64 GB/s an SM), so pairing pays only where it buys ring stages or balance.
+  std::map<int, double> b2b_efficiency_by_stages = {{2, 0.30}, {3, 0.41}, {4, 0.55}};
+  // MEASURED (bench/NOTES.md "paired jobs"): an online-softmax chunk of 64 rows x 128 columns takes
+  // a consumer warp group at least this long on an SM whose two warp groups are busy, us, whatever
+  // the head dim: attention 4096^2 walks 1.16-1.2 us a warp-group chunk at d 64 (half d 128's
+  // GEMM work) as 16384^2 does at d 128 (1.27-1.32): F (max, exp, sums, O's rescale) and its
+  // waits, not the GEMMs, set the pace at d 64.
+  double b2b_softmax_chunk_us = 1.2;
   // A B2B consumer warp group left alone on its SM (its partner out of jobs) runs at this share
   // of the SM's two-warp-group rate: more than half, as its GEMMs no longer wait behind the
   // partner's, less than all, as its own F (softmax) leaves the tensor cores idle. GUESS; it
@@ -145,15 +153,40 @@ struct PlannerTunables {
   // One wave of jobs (decode and small M; decide_row_groups.cpp), MEASURED on the H200 with
   // `comfuse run --trace` (bench/NOTES.md, split-K): what one SM pulls from DRAM through an
   // 8-stage ring (RMSNorm M=1, N=2048, K=4096: 0.5 MiB per CTA in 10.7 us, 32 CTAs), and what
-  // the DRAM gives a kernel of a few microseconds (all of B, 16 MiB in 9.0 us with 128 CTAs
-  // and 32 MiB in 16.4 us: not the 4.8 TB/s of long streams).
+  // the DRAM gives a kernel of a few microseconds, all of B, by cluster (not the 4.8 TB/s of long
+  // streams). MEASURED (bench/NOTES.md, decode split-K owners; mainloops of the CTAs that only
+  // hand partials over, and per-launch times less the traced gather, epilogue and launch):
+  // clusters of 1 2.5-3.4 TB/s (8 MiB in 3.0-3.3 us at S = 16, 16 MiB in ~6.2 and 4.9 us at
+  // S = 4 and 8); clusters of 2 along M (B multicast) 1.5-2.0 TB/s (8 MiB in 5.7 and 4.1 us at
+  // S = 6 and 4, 16 MiB in ~9.9 us at S = 2). The one rate of 1.9 TB/s this replaces came from
+  // the slowest jobs' stamps (16 MiB in 9.0 us at S = 8), which held a split-K owner's gather.
   double sm_stream_bytes_per_s = 47e9;
-  double one_wave_dram_bytes_per_s = 1.9e12;
+  // The longest share of B per CTA that rate was measured on (0.5 MiB: RMSNorm M=1, N=2048,
+  // K=4096, 32 CTAs) and the measured decode shapes stay within, bytes.
+  double sm_stream_measured_bytes = 1 << 20;
+  double one_wave_dram_bytes_per_s = 2.7e12;
+  double one_wave_multicast_dram_bytes_per_s = 1.8e12;
   // Split-K (KernelConfig::k_splits, kernels/comfuse/scheduler/split_k.cuh), where a problem
-  // has fewer tiles than SMs. What the hand-over adds to a job, microseconds: the splits' partial
-  // tiles through L2 and a tag's round trip. MEASURED-ish: the traced epilogue of a split-K
-  // decode job was 0.1-0.2 us longer than the unsplit one's (p50 and p90).
-  double split_k_handover_us = 0.3;
+  // has fewer tiles than SMs. The owner's gather (split_k.cuh SplitK::gather), microseconds a
+  // job: base + (S - 1) x row slots x per_row, where a row slot is one of the (m64 block, h)
+  // rows of accum_row that the busiest owner thread holds below M (1 at M <= 8, 2 up to 64 rows
+  // a warp group, 4 at 128). Each split's partial rows come in as dependent L2 round trips (one
+  // split, then the next, in split order): the gather scales with S x rows, not with bytes.
+  // MEASURED (bench/NOTES.md, decode split-K owners: per-owner traces of bias + residual +
+  // LayerNorm, N = 1024, turn -> accumulators ready less the other splits' mainloops): 7.5 us at
+  // S = 16 and 2.2 us at S = 4 with one row slot (M = 1), 13.7 and 3.6 us with two (M = 32);
+  // it then predicted S = 6, 3 (one slot) and 4, 2 (two) within 0.15 us (3.2, 1.7, 3.6, 1.8 us).
+  // (The trace stamps the gather inside the "mainloop"; the earlier 0.3 us a job, read off the
+  // epilogue's stamps, missed it.)
+  double split_k_gather_base_us = 0.9;
+  double split_k_gather_per_row_us = 0.43;
+  // What a one-wave launch (each CTA one job: decode, small M) costs besides its CTAs' work:
+  // launch, prologue (barriers, PDL wait) and the grid's drain, with nothing to overlap them.
+  // MEASURED (bench/NOTES.md, decode split-K owners): back-to-back launches less the traced span
+  // (first turn to last epilogue), 2.3-3.0 us (mean 2.7) in eight decode traces with PDL on (~4 us
+  // without, bench/NOTES.md PDL). Kernels of several jobs a CTA leave it out: there it is within
+  // the error of the tables fitted to them.
+  double one_wave_launch_us = 2.7;
   // Fewest k-blocks a split's mainloop takes (a shorter one is mostly ring fill). GUESS.
   int split_k_min_k_blocks = 4;
 };

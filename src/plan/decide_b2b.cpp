@@ -193,10 +193,10 @@ bool masked_to_neg_inf(const Spec& st, int i) {
 double causal_share(const B2bConfig& k, int64_t m, int64_t n1) {
   B2bConfig full = k;
   full.causal = false;
-  const int64_t blocks = (m + k.tile_m - 1) / k.tile_m;
+  const int64_t rows = k.job_rows(), blocks = (m + rows - 1) / rows;
   const int64_t all = b2b_chunks(full, 0, static_cast<int>(m), static_cast<int>(n1));
-  // Blocks from ceil(N1 / tile_m) - 1 on reach every column: only the ones before differ.
-  const int64_t partial = std::min<int64_t>(blocks, (n1 + k.tile_m - 1) / k.tile_m);
+  // Blocks from ceil(N1 / rows) - 1 on reach every column: only the ones before differ.
+  const int64_t partial = std::min<int64_t>(blocks, (n1 + rows - 1) / rows);
   int64_t walked = (blocks - partial) * all;
   for (int64_t b = 0; b < partial; ++b)
     walked += b2b_chunks(k, static_cast<int>(b), static_cast<int>(m), static_cast<int>(n1));
@@ -210,15 +210,20 @@ double causal_share(const B2bConfig& k, int64_t m, int64_t n1) {
 // hides behind the other's GEMMs). Per CTA, over its whole run: 2 * short + (long - short) /
 // single_share, where short and long are its warp groups' chunk totals.
 // With N1 split over clusters (k.cluster_n1 > 1), `ctas` counts clusters and a job's chunks are
-// those of its cluster's rank 0 (b2b_rank_chunks: the most any rank walks).
+// those of its cluster's rank 0 (b2b_rank_chunks: the most any rank walks). Paired, each warp
+// group walks every chunk of the CTA's jobs (its half of the rows).
 double busiest_cta_chunks(const B2bConfig& k, const B2bProblem& p, int ctas, double single_share) {
   const int batches = static_cast<int>(p.batches), m = static_cast<int>(p.m), n1 = static_cast<int>(p.n1),
             n2 = static_cast<int>(p.n2);
-  const int64_t slots = b2b_slot_count(k, batches, m, n2);
+  const int64_t slots = b2b_slot_count(k, batches, m, n2, ctas);
   auto time = [&](double a, double b) { return 2.0 * std::min(a, b) + std::fabs(a - b) / single_share; };
   auto walks = [&](int m_block) { return b2b_rank_chunks(k, b2b_chunks(k, m_block, m, n1), 0); };
   if (!k.causal) {  // every job alike; CTA 0 holds the most slots
     const double chunks = walks(0);
+    if (k.paired) {
+      const double jobs = double((slots + ctas - 1) / ctas);
+      return time(jobs * chunks, jobs * chunks);
+    }
     const int64_t round = 2 * int64_t{ctas}, full = slots / round, left = slots % round;
     return time(double(full + (left > 0)) * chunks, double(full + (left > 1)) * chunks);
   }
@@ -226,13 +231,20 @@ double busiest_cta_chunks(const B2bConfig& k, const B2bProblem& p, int ctas, dou
     B2bConfig full = k;
     full.causal = false;
     const double all = b2b_rank_chunks(k, b2b_chunks(full, 0, m, n1), 0);
-    return std::max(causal_share(k, p.m, p.n1) * double(b2b_job_count(k, batches, m, n2)) * all / ctas,
+    return std::max(causal_share(k, p.m, p.n1) * double(b2b_job_count(k, batches, m, n2)) * k.wgs_per_job() * all / ctas,
                     all / single_share);
   }
   std::vector<double> wg(2 * static_cast<size_t>(ctas), 0.0);
   for (int64_t j = 0; j < slots; ++j) {
     const B2bJob job = b2b_job(k, static_cast<int>(j), batches, m, n2, ctas);
-    if (job.valid) wg[static_cast<size_t>(j % (2 * int64_t{ctas}))] += walks(job.m_block);
+    if (!job.valid) continue;
+    if (k.paired) {  // unit j % ctas, both warp groups
+      const size_t u = static_cast<size_t>(j % ctas);
+      wg[2 * u] += walks(job.m_block);
+      wg[2 * u + 1] += walks(job.m_block);
+    } else {
+      wg[static_cast<size_t>(j % (2 * int64_t{ctas}))] += walks(job.m_block);
+    }
   }
   double worst = 0;
   for (size_t c = 0; c < static_cast<size_t>(ctas); ++c) worst = std::max(worst, time(wg[2 * c], wg[2 * c + 1]));
@@ -252,23 +264,31 @@ FusionSpec without_store_of(FusionSpec f, int s_arg) {
   return f;
 }
 
-// One way to split N1 (cluster_n1 = `cluster`): the deepest ring beside the partial-O hand-over,
-// the hand-over's pieces as large as the SMEM left allows (each piece is a round trip), the grid
-// at the measured cluster residency, and the estimate: the busiest CTA's chunks (each of GEMM1
-// over K, then GEMM2 over the chunk) at the measured B2B efficiency (calibration.h) plus its jobs'
-// hand-overs.
 // The measured B2B efficiency (calibration.h) at the kernel's ring depth.
 double b2b_efficiency(const B2bConfig& k, const DeviceModel& dev) {
-  return k.ring_stages >= 4 ? dev.b2b_efficiency_deep_ring : dev.b2b_efficiency_shallow_ring;
+  return dev.b2b_efficiency_by_stages.at(std::clamp(k.ring_stages, 2, 4));
+}
+
+// One warp group's chunk (GEMM1 over K, then GEMM2 over the chunk) on an SM whose two consumer
+// warp groups are busy, us: its wgmmas at the measured B2B efficiency, never below an online
+// softmax's measured pace.
+double wg_chunk_us(const B2bConfig& k, const B2bProblem& p, int gemm1_passes, const DeviceModel& dev) {
+  const double flops = 2.0 * k.tile_m * k.chunk_n1 * (double(p.k) * (k.gated ? 2 : 1) + double(p.n2) / gemm1_passes);
+  const double f = k.online_softmax ? dev.b2b_softmax_chunk_us * k.chunk_n1 / 128.0 : 0.0;
+  return std::max(flops / (dev.sm_flops_per_s * b2b_efficiency(k, dev)) * 1e6, f);
 }
 
 struct SplitCandidate {
   B2bConfig kernel;
   int64_t grid_ctas = 0;
-  double busiest = 0, handover_us = 0, fused_us = 0;
+  double busiest = 0, chunk_us = 0, handover_us = 0, fused_us = 0;
   const char* refused = nullptr;  // check()'s reason where this cluster size cannot be built
 };
 
+// One way to run the pair: unpaired or paired (base.paired), N1 split over `cluster` CTAs or
+// not: the deepest ring beside the partial-O hand-over, the hand-over's pieces as large as the
+// SMEM left allows (each piece is a round trip), the grid at the measured cluster residency, and
+// the estimate: the busiest CTA's warp-group chunks (wg_chunk_us) plus its jobs' hand-overs.
 SplitCandidate price_split(const B2bConfig& base, const B2bProblem& p, int gemm1_passes, int cluster,
                            const DeviceModel& dev) {
   SplitCandidate c;
@@ -287,27 +307,32 @@ SplitCandidate price_split(const B2bConfig& base, const B2bProblem& p, int gemm1
   const int batches = static_cast<int>(p.batches), m = static_cast<int>(p.m), n2 = static_cast<int>(p.n2);
   c.grid_ctas = b2b_grid(kc, batches, m, n2, dev.resident(cluster) * cluster);
   const int units = static_cast<int>(c.grid_ctas) / cluster;
-  const double chunk_flops =
-      2.0 * kc.tile_m * kc.chunk_n1 * (double(p.k) * (kc.gated ? 2 : 1) + double(p.n2) / gemm1_passes);
   c.busiest = busiest_cta_chunks(kc, p, units, dev.b2b_single_wg_share);
+  c.chunk_us = wg_chunk_us(kc, p, gemm1_passes, dev);
   if (cluster > 1) {  // every job of the busiest warp group hands its O over, piece by piece
-    const int64_t slots = b2b_slot_count(kc, batches, m, n2);
-    const int64_t turns = (slots + 2 * int64_t{units} - 1) / (2 * int64_t{units});
+    const int64_t slots = b2b_slot_count(kc, batches, m, n2, units), round = int64_t{kc.jobs_per_unit()} * units;
+    const int64_t turns = (slots + round - 1) / round;
     c.handover_us = double(turns) * kc.xfer_pieces() * (dev.b2b_piece_base_us + dev.b2b_piece_per_follower_us * (cluster - 1));
   }
-  c.fused_us = c.busiest * chunk_flops / (dev.sm_flops_per_s * b2b_efficiency(kc, dev)) * 1e6 + c.handover_us;
+  c.fused_us = c.busiest * c.chunk_us + c.handover_us;
   return c;
 }
 
-// The cluster sizes to price: the forced one, else the portable ones (8 at most) that leave no
-// CTA without a chunk of a full job.
+// The ways to price: unpaired and paired jobs (or the forced one), each with the cluster sizes:
+// the forced one, else the portable ones (8 at most) that leave no CTA without a chunk of a full
+// job.
 std::vector<SplitCandidate> split_candidates(const B2bConfig& base, const B2bProblem& p, int gemm1_passes,
                                              int job_chunks, const PlanOptions& opt, const DeviceModel& dev) {
   std::vector<SplitCandidate> tried;
-  for (int cluster : {1, 2, 4, 8, 16}) {
-    if (opt.cluster_n && *opt.cluster_n != cluster) continue;
-    if (!opt.cluster_n && (cluster > 8 || cluster > job_chunks)) continue;
-    tried.push_back(price_split(base, p, gemm1_passes, cluster, dev));
+  for (bool paired : {false, true}) {
+    if (opt.b2b_job_rows && (*opt.b2b_job_rows == 2 * base.tile_m) != paired) continue;
+    B2bConfig k = base;
+    k.paired = paired;
+    for (int cluster : {1, 2, 4, 8, 16}) {
+      if (opt.cluster_n && *opt.cluster_n != cluster) continue;
+      if (!opt.cluster_n && (cluster > 8 || cluster > job_chunks)) continue;
+      tried.push_back(price_split(k, p, gemm1_passes, cluster, dev));
+    }
   }
   return tried;
 }
@@ -395,7 +420,6 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
   // evenly over the SMs; the unfused kernels compute every column and mask afterwards.
   const double gemm1 = 2.0 * p.batches * p.m * p.k * p.n1 * (k.gated ? 2 : 1);
   const double gemm2 = 2.0 * p.batches * p.m * p.n1 * p.n2;
-  const double causal = k.causal ? causal_share(k, p.m, p.n1) : 1.0;
   const double rate = dev.sm_count * dev.sm_flops_per_s;
   // Each kernel is at least its DRAM traffic (16-bit operands; small M streams only weights):
   // GEMM1 reads X and W1 (W3) and writes S, GEMM2 reads S and W2 and writes O; the fused kernel
@@ -422,14 +446,13 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
     } catch (const Error&) {  // a kernel the single-GEMM planner refuses: the roofline stands
     }
   }
-  plan.jobs = int64_t{b2b_job_count(k, static_cast<int>(p.batches), static_cast<int>(p.m), static_cast<int>(p.n2))};
   B2bConfig unsplit = k;
   unsplit.causal = false;
   const int job_chunks = b2b_chunks(unsplit, 0, static_cast<int>(p.m), static_cast<int>(p.n1));
   const std::vector<SplitCandidate> tried = split_candidates(k, p, plan.gemm1_passes, job_chunks, opt, dev);
   const SplitCandidate* best = nullptr;
   for (const SplitCandidate& c : tried)
-    if (!c.refused && (!best || c.fused_us < best->fused_us * 0.97)) best = &c;  // a larger cluster must win by 3%
+    if (!c.refused && (!best || c.fused_us < best->fused_us * 0.97)) best = &c;  // pairing, a larger cluster: by 3%
   if (!best) {
     if (opt.cluster_n && !tried.empty() && tried.front().refused)
       throw Error(fmt::format("b2b: --cluster-n {} (CTAs splitting N1): {}", *opt.cluster_n, tried.front().refused));
@@ -437,29 +460,55 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
     throw Error(fmt::format("b2b: no kernel fits: {}", tried.empty() ? "no cluster size" : tried.front().refused));
   }
   k = best->kernel;
+  plan.jobs = int64_t{b2b_job_count(k, static_cast<int>(p.batches), static_cast<int>(p.m), static_cast<int>(p.n2))};
+  const double causal = k.causal ? causal_share(k, p.m, p.n1) : 1.0;
   plan.grid_ctas = best->grid_ctas;
   plan.fused_us = std::max(best->fused_us, plan.dram_floor_us);
   const double busiest = best->busiest;
   const double efficiency = b2b_efficiency(k, dev);
+  auto jobs_of = [](const B2bConfig& c) { return c.paired ? "paired jobs of 128 rows" : "jobs of 64 rows"; };
   for (const SplitCandidate& c : tried)
     if (&c != best)
       plan.alternatives.push_back(
-          c.refused ? fmt::format("N1 over clusters of {}: refused ({})", c.kernel.cluster_n1, c.refused)
-                    : fmt::format("N1 over clusters of {}: {:.1f} us ({} ring stages, {} CTAs, busiest SM {:.0f} "
-                                  "chunks, hand-overs {:.1f} us)",
-                                  c.kernel.cluster_n1, c.fused_us, c.kernel.ring_stages, c.grid_ctas, c.busiest,
-                                  c.handover_us));
+          c.refused ? fmt::format("{}, N1 over clusters of {}: refused ({})", jobs_of(c.kernel), c.kernel.cluster_n1,
+                                  c.refused)
+                    : fmt::format("{}, N1 over clusters of {}: {:.1f} us ({} ring stages, {} CTAs, busiest SM {:.0f} "
+                                  "warp-group chunks of {:.2f} us, hand-overs {:.1f} us)",
+                                  jobs_of(c.kernel), c.kernel.cluster_n1, c.fused_us, c.kernel.ring_stages, c.grid_ctas,
+                                  c.busiest, c.chunk_us, c.handover_us));
   // The work the grid's SMs do on average, in the busiest one's time: 1 = perfectly even.
-  const double walked = causal * double(plan.jobs) * job_chunks;
+  const double walked = causal * double(plan.jobs) * k.wgs_per_job() * job_chunks;
   const double balance = walked / (busiest * double(plan.grid_ctas));
 
   auto& r = plan.reasons;
   r.push_back(fmt::format("F: {} (chunks of {} columns of N1 = {})", name_of(plan.intermediate), k.chunk_n1, p.n1));
-  r.push_back(fmt::format("jobs: {} rows x {} columns of O per consumer warp group; {} job(s) ({} batch(es) x {} row "
-                          "blocks x {} block(s) of O) on {} CTAs (two consumer warp groups each); the busiest SM "
-                          "walks {:.0f} chunks, the SMs' average is {:.0f}% of that",
-                          k.tile_m, k.tile_n2, plan.jobs, p.batches, (p.m + k.tile_m - 1) / k.tile_m,
-                          (p.n2 + k.tile_n2 - 1) / k.tile_n2, plan.grid_ctas, busiest, balance * 100));
+  r.push_back(fmt::format("jobs: {} rows x {} columns of O {}; {} job(s) ({} batch(es) x {} row blocks x {} block(s) "
+                          "of O) on {} CTAs (two consumer warp groups each); the busiest SM walks {:.0f} warp-group "
+                          "chunks, the SMs' average is {:.0f}% of that",
+                          k.job_rows(), k.tile_n2,
+                          k.paired ? "shared by both consumer warp groups (64 rows each)" : "per consumer warp group",
+                          plan.jobs, p.batches, (p.m + k.job_rows() - 1) / k.job_rows(), (p.n2 + k.tile_n2 - 1) / k.tile_n2,
+                          plan.grid_ctas, busiest, balance * 100));
+  {
+    const int turn_blocks = static_cast<int>((p.k + 63) / 64) + k.chunk_n1 / 64;
+    const SplitCandidate* other = nullptr;  // the best of the other job shape, for the reason
+    for (const SplitCandidate& c : tried)
+      if (!c.refused && c.kernel.paired != k.paired && (!other || c.fused_us < other->fused_us)) other = &c;
+    r.push_back(fmt::format(
+        "{}: a warp-group chunk {:.2f} us (wgmmas at {:.0f}% of the SM's rate with {} ring stages, measured; the "
+        "ring loads {} from L2 a chunk{}){}",
+        k.paired ? fmt::format("paired: both consumer warp groups read each W1/W2 k-block of one ring; {}",
+                               turn_blocks <= k.ring_stages
+                                   ? fmt::format("ordered tensor-core turns (a turn's {} k-blocks fit the {} stages)",
+                                                 turn_blocks, k.ring_stages)
+                                   : fmt::format("unordered (a turn's {} k-blocks exceed the {} stages)", turn_blocks,
+                                                 k.ring_stages))
+                 : std::string("unpaired: each consumer warp group its own jobs and ring"),
+        best->chunk_us, efficiency * 100, k.ring_stages,
+        fmt_bytes(static_cast<int64_t>(k.chunk_fill_bytes(static_cast<int>(p.k)))), k.paired ? ", half of it each" : "",
+        other ? fmt::format(" against {:.2f} us {}", other->chunk_us, other->kernel.paired ? "paired" : "unpaired")
+              : std::string()));
+  }
   r.push_back(plan.gemm1_passes == 1
                   ? fmt::format("GEMM1 runs once: one job holds all N2 = {} columns of O", p.n2)
                   : fmt::format("GEMM1 runs {} times: O's N2 = {} columns need {} blocks of {} (its registers "
@@ -479,15 +528,18 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
                                                  : " (clusters along N1 do not beat it by 3%: the alternatives)"));
   r.push_back(fmt::format("registers per consumer thread: P {} (x{}), S {}, O {} fp32 / 16-bit pairs", k.chunk_n1 / 2,
                           k.gated ? 2 : 1, k.chunk_n1 / 4, k.tile_n2 / 2));
-  r.push_back(fmt::format("ring: {} stages of {} per consumer warp group (an X k-block and a {}-row B region that holds "
+  r.push_back(fmt::format("ring: {} stages of {} {} (an X k-block of {} rows and a {}-row B region that holds "
                           "W1{}'s k-block or a W2 k-block); SMEM {} of {}",
-                          k.ring_stages, fmt_bytes(k.slot_a_bytes() + k.slot_b_bytes()), k.b_region_rows(),
+                          k.ring_stages, fmt_bytes(k.slot_a_bytes() + k.slot_b_bytes()),
+                          k.paired ? "shared by both consumer warp groups" : "per consumer warp group", k.job_rows(),
+                          k.b_region_rows(),
                           k.gated ? " and W3" : "", fmt_bytes(k.smem_bytes()), fmt_bytes(dev.smem_per_cta_bytes)));
   if (k.causal)
     r.push_back(fmt::format("causal mask {}: a job walks only the chunks of N1 that reach its rows ({:.0f}% of the "
-                            "GEMM work); a CTA's two warp groups take a row block and its mirror (i and {} - i), so "
-                            "every SM walks about as much",
-                            first.describe(mask), causal * 100, (p.m + k.tile_m - 1) / k.tile_m - 1));
+                            "GEMM work); a CTA takes a row block and its mirror (i and {} - i: {}), so every SM "
+                            "walks about as much",
+                            first.describe(mask), causal * 100, (p.m + k.job_rows() - 1) / k.job_rows() - 1,
+                            k.paired ? "in two consecutive rounds" : "its two warp groups at once"));
   else if (!mask.empty())
     r.push_back(fmt::format("causal mask {}: the softmax's input is not the mask (or the mask through a cast, a finite "
                             "shift or a positive scale), so masked columns need not weigh 0: every job walks all of N1",
@@ -543,13 +595,16 @@ std::string explain(const FusionSpec& first, const FusionSpec& second, const B2b
   o += fmt::format("  problem      M={} K={} N1={} N2={}{}, {} {}\n", p.problem.m, p.problem.k, p.problem.n1, p.problem.n2,
                    p.problem.batches > 1 ? fmt::format(" x {} batches", p.problem.batches) : "",
                    name_of(p.problem.ab_dtype), k.gated ? "(gated: X W1^T and X W3^T)" : "");
-  o += fmt::format("  tiles        {} rows x {} of O per consumer warp group, N1 in chunks of {}\n", k.tile_m,
-                   k.tile_n2, k.chunk_n1);
+  o += fmt::format("  tiles        {} rows x {} of O per job ({}), N1 in chunks of {}\n", k.job_rows(), k.tile_n2,
+                   k.paired ? "paired: both consumer warp groups, 64 rows each" : "one consumer warp group",
+                   k.chunk_n1);
   o += fmt::format("  pipeline     ML1 (GEMM1, SS wgmma) -> Epi1 (F: {}) -> ML2 (GEMM2, RS wgmma: S from "
-                   "registers) per chunk, Epi2 after the last; two consumer warp groups on their own jobs\n",
-                   name_of(p.intermediate));
-  o += fmt::format("  ring         {} stages per consumer warp group, X/W1 and W2 k-blocks in the same slots\n",
-                   k.ring_stages);
+                   "registers) per chunk, Epi2 after the last; {}\n",
+                   name_of(p.intermediate),
+                   k.paired ? "two consumer warp groups on the same jobs, taking turns on the tensor cores"
+                            : "two consumer warp groups on their own jobs");
+  o += fmt::format("  ring         {} stages {}, X/W1 and W2 k-blocks in the same slots\n", k.ring_stages,
+                   k.paired ? "shared by both consumer warp groups" : "per consumer warp group");
   o += fmt::format("  N1 split     {}\n", k.cluster_n1 > 1
                                              ? fmt::format("over clusters of {} CTAs (rank r walks chunks r, r + {}, ... of a "
                                                            "job; partial O summed over DSMEM into the job's owner)",
@@ -557,7 +612,7 @@ std::string explain(const FusionSpec& first, const FusionSpec& second, const B2b
                                              : std::string("none (one CTA walks all of a job's N1)"));
   o += fmt::format("  grid         {} CTAs, {} jobs\n", p.grid_ctas, p.jobs);
   o += fmt::format("  SMEM         {} (rings {}, epilogues {}{})\n", fmt_bytes(k.smem_bytes()),
-                   fmt_bytes(2 * k.ring_bytes()), fmt_bytes(2 * k.epilogue_smem_bytes),
+                   fmt_bytes(int64_t{k.rings()} * k.ring_bytes()), fmt_bytes(2 * k.epilogue_smem_bytes),
                    k.cluster_n1 > 1 ? fmt::format(", partial-O hand-over {}", fmt_bytes(2 * k.xfer_bytes())) : "");
   o += fmt::format("  estimate     {:.1f} us fused, {:.1f} us unfused{}\n", p.fused_us, p.unfused_us,
                    p.fused_us > p.unfused_us ? " (fusion is NOT expected to pay: see the last reason)" : "");

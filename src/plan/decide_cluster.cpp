@@ -61,8 +61,23 @@ void estimate_cluster(Candidate& c, const Request& r) {
   const int resident_max = dev.resident(k.cluster_size());
   c.resident = static_cast<int>(std::min<int64_t>(resident_max, c.jobs));
   const int64_t q = ceil_div64(c.jobs, std::max(1, resident_max));
-  const double t_cluster = ml + epi + double(q - 1) * std::max(ml, (ml + epi) / 2.0);
+  double t_cluster = ml + epi + double(q - 1) * std::max(ml, (ml + epi) / 2.0);
   c.est.mainloop_us = double(q) * ml;
+  if (q == 1) {
+    // One wave (decode, small M), as the row groups' model (decide_row_groups.cpp): the launch's
+    // fixed cost has nothing to hide behind, and B streams from DRAM once, all of it at what DRAM
+    // gives a short kernel and a CTA's share (clusters along M multicast it) at one SM's
+    // streaming rate, which was measured on shares up to 0.5 MiB only (calibration.h): a longer
+    // one keeps more bytes in flight, so there the tile model stands. GPT-2's decode c_fc +
+    // gelu_new (1 and 32 x 4096 x 1024, 32 CTAs of 256 KiB) measured 9.7-10.1 us in a CUDA graph
+    // against 5.0 estimated without this.
+    const double b_cta = double(k.n_tiles) * k.tile_n * double(r.p.k) * ab_bytes / k.cluster_m;
+    const double b_all = double(r.p.n) * double(r.p.k) * ab_bytes;
+    const double dram = k.cluster_m > 1 ? tun.one_wave_multicast_dram_bytes_per_s : tun.one_wave_dram_bytes_per_s;
+    const double stream = b_cta <= tun.sm_stream_measured_bytes ? b_cta / tun.sm_stream_bytes_per_s * 1e6 : 0.0;
+    c.est.mainloop_us = std::max({ml, stream, b_all / dram * 1e6});
+    t_cluster = c.est.mainloop_us + epi + tun.one_wave_launch_us;
+  }
   c.est.epilogue_us = t_cluster - c.est.mainloop_us;
 
   double dram = double(r.p.m) * r.p.k * ab_bytes + double(r.p.n) * r.p.k * ab_bytes;

@@ -22,9 +22,14 @@
 // epilogue exposed. Candidates come cheapest first; the first whose storage fits wins (a stash
 // that does not fit in SMEM moves to a workspace).
 // Split-K (S > 1, one N-tile per CTA, every job in one wave): S split groups of G clusters share
-// each job's K, so a CTA's mainloop is 1/S of the tile's and each job pays one hand-over of
-// partial tiles (calibration.h split_k_handover_us). Where jobs * G fill the GPU already,
+// each job's K, so a CTA's mainloop is 1/S of the tile's, and the owner (split 0) then gathers
+// the other S - 1 partial tiles before its epilogue: one dependent L2 round trip per split and
+// row slot (split_gather_us), on the critical path, which is why the many splits that would
+// keep every SM streaming B lose at decode (MEASURED: S = 16 owners spent 7.5 us gathering at
+// M = 1, 13.7 us at M = 32, longer than their mainloops). Where jobs * G fill the GPU already,
 // splitting only adds hand-overs, so it is not proposed.
+// A one-wave plan (each CTA one job) also pays the launch's fixed cost (calibration.h
+// one_wave_launch_us): at decode it is a fifth of the time.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -50,9 +55,12 @@ struct Division {
   int64_t jobs_per_cta = 1;
   double job_mainloop_us = 0;  // one job's mainloops (T tiles), at full ring speed
   double job_epilogue_us = 0;  // one job's epilogue: arithmetic, stash and store traffic, rounds
-  double exchange_us = 0;      // of it: the rounds (and split-K's hand-overs)
+  double exchange_us = 0;      // of it: the rounds and split-K's gather
+  double gather_us = 0;        // of that: split-K's gather
+  int gather_slots = 0;        // the owner's row slots (split_gather_us)
   double stream_us = 0;  // one wave: the time one SM needs to pull its share of B (a tie-break)
   bool idle_ctas = false;  // some CTA of a cluster along M has no rows (M < cluster_m row blocks)
+  double launch_us = 0;  // one wave: the launch's fixed cost (in the estimate and its tail)
   double mainloop_us = 0, tail_us = 0, est_us = 0;  // priced(): the CTA's time and its parts
 
   // The CTA's time with the mainloops at `ring` of full speed (the ring depth is known only
@@ -60,11 +68,27 @@ struct Division {
   void priced(double ring) {
     const double ml = job_mainloop_us / ring;
     mainloop_us = double(jobs_per_cta) * ml;
-    est_us = jobs_per_cta == 1 ? ml + job_epilogue_us
-                               : ml + job_epilogue_us + double(jobs_per_cta - 1) * std::max(ml, (ml + job_epilogue_us) / 2);
+    est_us = launch_us + (jobs_per_cta == 1 ? ml + job_epilogue_us
+                                            : ml + job_epilogue_us +
+                                                  double(jobs_per_cta - 1) * std::max(ml, (ml + job_epilogue_us) / 2));
     tail_us = est_us - mainloop_us - exchange_us;
   }
 };
+
+// Split-K's hand-over on the owner's path (scheduler/split_k.cuh SplitK::gather): the owner
+// adds the S - 1 other partial tiles in split order, each split's rows as dependent L2 round
+// trips, one per row slot its busiest thread (thread 0: rows 0, 8, 64, 72 of accum_row) holds
+// below the job's rows (only rows < M travel).
+int gather_row_slots(int tile_m, int64_t rows) {
+  int slots = 0;
+  for (int mi = 0; mi < tile_m / 64; ++mi)
+    for (int h = 0; h < 2; ++h) slots += mi * 64 + 8 * h < rows ? 1 : 0;
+  return slots;
+}
+double split_gather_us(const PlannerTunables& tun, int ks, int slots) {
+  if (ks <= 1) return 0.0;
+  return tun.split_k_gather_base_us + double(ks - 1) * slots * tun.split_k_gather_per_row_us;
+}
 
 // One job's epilogue arithmetic on one consumer warp group: T tiles of (tile elements / 128
 // threads) values a thread, ops_per_element instructions each (chain.cpp), at the cycles per
@@ -149,19 +173,25 @@ std::vector<Candidate> decide_row_groups(const Request& r, Rejections& why) {
                            (fuse.max_exp_sum ? chain.max_exp_sum_pairs : 0);
         Division& d = o.d;
         d.jobs_per_cta = jobs_per_cta;
-        d.exchange_us = rounds * lookup(tun.row_group_exchange_us, g) + (ks > 1 ? tun.split_k_handover_us : 0.0);
+        // The job with the most rows sets the owner's gather: all of a tile's rows below M.
+        d.gather_slots = gather_row_slots(ts.tile_m, std::min<int64_t>(p.m, ts.tile_m));
+        const double gather = split_gather_us(tun, ks, d.gather_slots);
+        d.gather_us = gather;
+        d.exchange_us = rounds * lookup(tun.row_group_exchange_us, g) + gather;
         const double arithmetic = epilogue_arithmetic_us(chain, tun, dev, ts, n_tiles);
         if (jobs_per_cta == 1) {  // one consumer alone: nothing overlaps its epilogue
           // One wave (decode, small M): B streams from DRAM once, and what bounds the mainloop
           // is whichever is slower of a CTA's tiles of MACs, the bytes of B one SM pulls in
-          // (a multicast cluster shares them), and all of B over the DRAM.
+          // (a multicast cluster shares them), and all of B over the DRAM, which a one-wave grid
+          // of multicast clusters pulls slower than one of single CTAs (calibration.h).
           const double b_cta = double(ts.tile_n) * double(p.k) / ks * Sm90::kAbBytes / cm;
           const double b_all = double(p.n) * double(p.k) * Sm90::kAbBytes;
+          const double dram = cm > 1 ? tun.one_wave_multicast_dram_bytes_per_s : tun.one_wave_dram_bytes_per_s;
           d.stream_us = double(n_tiles) * b_cta / tun.sm_stream_bytes_per_s * 1e6;
           d.idle_ctas = tiles_m < cm;
-          d.job_mainloop_us =
-              std::max({double(n_tiles) * t_tile, d.stream_us, b_all / tun.one_wave_dram_bytes_per_s * 1e6});
+          d.job_mainloop_us = std::max({double(n_tiles) * t_tile, d.stream_us, b_all / dram * 1e6});
           d.job_epilogue_us = double(n_tiles) * (t_s1 + t_s2) + arithmetic + d.exchange_us;
+          d.launch_us = tun.one_wave_launch_us;
         } else {  // the other consumer's mainloops hide all but a share of the stash traffic
           d.job_mainloop_us = double(n_tiles) * (t_tile + tun.row_group_stash_exposed * t_s1);
           d.job_epilogue_us = double(n_tiles) * t_s2 + arithmetic + d.exchange_us;
@@ -216,10 +246,16 @@ std::vector<Candidate> decide_row_groups(const Request& r, Rejections& why) {
                         o.d.tail_us, o.d.exchange_us);
     if (c.k.k_splits > 1)
       c.why += fmt::format("; split-K: {} clusters share each tile's K ({} k-blocks each, {} SMs busy instead of {}), "
-                           "the owner adds their partial tiles ({:.1f} us a job, calibration.h split_k_handover_us)",
+                           "the owner then adds their partial tiles ({:.1f} us a job = {:.1f} + {} splits x {} row slot(s) "
+                           "x {:.2f} us, one L2 round trip each, calibration.h split_k_gather_*)",
                            c.k.k_splits, ceil_div64(ceil_div64(p.k, Sm90::kTileK), c.k.k_splits),
                            int64_t{c.resident} * c.k.cluster_size(),
-                           int64_t{c.resident} * c.k.cluster_size() / c.k.k_splits, tun.split_k_handover_us);
+                           int64_t{c.resident} * c.k.cluster_size() / c.k.k_splits, o.d.gather_us,
+                           tun.split_k_gather_base_us, c.k.k_splits - 1, o.d.gather_slots,
+                           tun.split_k_gather_per_row_us);
+    if (o.d.launch_us > 0)
+      c.why += fmt::format("; one wave: the tail holds the launch's fixed cost, {:.1f} us (calibration.h one_wave_launch_us)",
+                           o.d.launch_us);
     if (ring < 1.0)
       c.why += fmt::format("; but the epilogue's SMEM leaves {} ring stages: the mainloop runs at {:.2f} of that speed "
                            "(MEASURED, calibration.h row_group_ring_efficiency)",

@@ -216,9 +216,12 @@ std::string summarize_b2b_trace(const std::vector<uint64_t>& w, const B2bPlan& p
   }
   const B2bConfig& k = plan.kernel;
   std::string s = fmt::format(
-      "trace: {} CTAs, {} jobs each (two consumer warp groups on their own jobs of {} rows x {} of O, N1 in chunks "
+      "trace: {} CTAs, {} jobs each ({} of {} rows x {} of O, N1 in chunks "
       "of {}{}), launch {:.1f} us from the first job's start to the last store; SM clock {:.2f} GHz\n",
-      ctas.size(), jobs.mean(), k.tile_m, k.tile_n2, k.chunk_n1,
+      ctas.size(), jobs.mean(),
+      k.paired ? "both consumer warp groups on each job, ordered turns where they fit the ring: halves"
+               : "two consumer warp groups on their own jobs",
+      k.tile_m, k.tile_n2, k.chunk_n1,
       k.cluster_n1 > 1 ? fmt::format(" split over clusters of {}", k.cluster_n1) : std::string(),
       double(t1 - t0) * 1e-3, ghz.mean());
   s += fmt::format("  job (start -> O complete: every chunk's ML1, Epi1, ML2), us: {}\n", job.str());

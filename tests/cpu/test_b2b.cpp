@@ -79,8 +79,9 @@ TEST(B2b, CausalAttentionPlan) {
   Pair att = lowered("attention.cf"), causal = lowered("attention_causal.cf");
   ASSERT_NE(causal.b, nullptr) << describe(causal.g, causal.r);
   const B2bProblem pr{1, 8192, 128, 8192, 128, DType::BF16};
-  PlanOptions unsplit;  // the causal walk's pricing alone (the N1 split has its own test)
+  PlanOptions unsplit;  // the causal walk's pricing alone (the N1 split and pairing have their own tests)
   unsplit.cluster_n = 1;
+  unsplit.b2b_job_rows = 64;
   const B2bPlan full = make_b2b_plan(att.first(), att.second(), pr, unsplit);
   const B2bPlan c = make_b2b_plan(causal.first(), causal.second(), pr, unsplit);
   EXPECT_FALSE(full.kernel.causal);
@@ -97,7 +98,7 @@ TEST(B2b, CausalAttentionPlan) {
   EXPECT_GE(c.unfused_us, full.unfused_us);  // the two kernels compute every column, then mask
   const std::string why = explain(causal.first(), causal.second(), c);
   EXPECT_NE(why.find("causal mask 'masked': a job walks only the chunks of N1 that reach its rows (51% of the GEMM "
-                     "work); a CTA's two warp groups take a row block and its mirror (i and 127 - i)"),
+                     "work); a CTA takes a row block and its mirror (i and 127 - i: its two warp groups at once)"),
             std::string::npos)
       << why;
   EXPECT_EQ(explain(att.first(), att.second(), full).find("causal mask"), std::string::npos);
@@ -361,6 +362,24 @@ TEST_F(B2bCompile, SplitN1KernelsCompile) {
     EXPECT_TRUE(is_cubin_elf(c.cubin));
     EXPECT_FALSE(c.wgmma_serialized) << c.log;
   }
+}
+
+// Paired jobs (B2bConfig::paired: both consumer warp groups on one job, one shared ring, ordered
+// tensor-core turns) compile without serialized wgmmas, alone and with N1 split over a cluster.
+TEST_F(B2bCompile, PairedKernelsCompile) {
+  for (const char* ex : {"attention.cf", "attention_causal.cf", "ffn.cf", "ffn_swiglu.cf"})
+    for (int cluster : {1, 2}) {
+      SCOPED_TRACE(fmt::format("{} cluster {}", ex, cluster));
+      Pair p = lowered(ex);
+      ASSERT_NE(p.b, nullptr);
+      CompileOptions o = opt_;
+      o.plan.cluster_n = cluster;
+      o.plan.b2b_job_rows = 128;
+      const CompiledKernel c =
+          compile_only_b2b(p.first(), p.second(), B2bProblem{1, 1000, 128, 1032, 128, DType::BF16}, o);
+      EXPECT_TRUE(is_cubin_elf(c.cubin));
+      EXPECT_FALSE(c.wgmma_serialized) << c.log;
+    }
 }
 
 // [M, N] inputs on both sides of S (a scale in F, a residual in GEMM2's epilogue) keep nothing

@@ -210,7 +210,8 @@ TEST(Batch, PlannerRefusesASingleBatchedGemmAndPlansTheB2bPair) {
   const B2bProblem p = b2b_problem_of(f, e, dims);
   EXPECT_EQ(p.batches, 3);
   EXPECT_EQ(p.m, 1000);
-  PlanOptions unsplit;  // one CTA per job: the grid below counts jobs (the N1 split: test_b2b.cpp)
+  PlanOptions unsplit;  // one CTA per two jobs: the grid below counts jobs (the N1 split, pairing: test_b2b.cpp)
+  unsplit.b2b_job_rows = 64;
   unsplit.cluster_n = 1;
   const B2bPlan plan = make_b2b_plan(f, e, p, unsplit);
   EXPECT_TRUE(plan.kernel.batched);
@@ -230,61 +231,77 @@ TEST(Batch, PlannerRefusesASingleBatchedGemmAndPlansTheB2bPair) {
 }
 
 // scheduler/grid.cuh: the grid's slots hold every job exactly once, with or without a causal
-// mask, at any grid size; with a mask, a CTA's two warp groups hold a row block and its mirror
-// in each round (the long one alternating), and the SMs walk about as much as each other.
+// mask, paired or not, at any grid size; with a mask, a CTA holds a row block and its mirror (its
+// two warp groups in one round, or paired in two consecutive rounds), and the SMs walk about as
+// much as each other.
 TEST(Batch, SchedulerSlotsCoverEveryJobOnceAndBalanceCausalWork) {
-  for (const bool causal : {false, true})
-    for (const auto& [batches, M, N2, ctas] : {std::tuple{1, 1000, 64, 132}, std::tuple{3, 64 * 7, 192, 5},
-                                               std::tuple{5, 64 * 16, 64, 132}, std::tuple{2, 70, 520, 3},
-                                               std::tuple{64, 4096, 128, 132}}) {
-      SCOPED_TRACE(fmt::format("causal {} batches {} M {} N2 {} ctas {}", causal, batches, M, N2, ctas));
-      B2bConfig c;
-      c.online_softmax = causal;
-      c.causal = causal;
-      c.tile_n2 = 128;
-      const int mb = (M + 63) / 64, nb = (N2 + 127) / 128;
-      std::set<std::tuple<int, int, int>> seen;
-      const int slots = b2b_slot_count(c, batches, M, N2);
-      for (int j = 0; j < slots + 2 * ctas; ++j) {
-        const B2bJob job = b2b_job(c, j, batches, M, N2, ctas);
-        EXPECT_EQ(job.done, j >= slots);
-        if (!job.valid) continue;
-        EXPECT_GE(job.batch, 0);
-        EXPECT_LT(job.batch, batches);
-        EXPECT_LT(job.m_block, mb);
-        EXPECT_LT(job.n2_block, nb);
-        EXPECT_TRUE(seen.insert({job.batch, job.m_block, job.n2_block}).second) << "a job twice at slot " << j;
-        if (causal && j % 2 == 1) {  // the pair of the CTA's other warp group: the mirror block
-          const B2bJob other = b2b_job(c, j - 1, batches, M, N2, ctas);
-          if (!other.valid) {  // the middle block of an odd count is alone in its pair
-            EXPECT_EQ(2 * job.m_block, mb - 1);
-            continue;
+  for (const bool paired : {false, true})
+    for (const bool causal : {false, true})
+      for (const auto& [batches, M, N2, ctas] : {std::tuple{1, 1000, 64, 132}, std::tuple{3, 64 * 7, 192, 5},
+                                                 std::tuple{5, 64 * 16, 64, 132}, std::tuple{2, 70, 520, 3},
+                                                 std::tuple{64, 4096, 128, 132}, std::tuple{3, 128 * 5, 64, 4}}) {
+        SCOPED_TRACE(fmt::format("paired {} causal {} batches {} M {} N2 {} ctas {}", paired, causal, batches, M, N2,
+                                 ctas));
+        B2bConfig c;
+        c.online_softmax = causal;
+        c.causal = causal;
+        c.paired = paired;
+        c.tile_n2 = 128;
+        const int mb = (M + c.job_rows() - 1) / c.job_rows(), nb = (N2 + 127) / 128;
+        std::set<std::tuple<int, int, int>> seen;
+        const int slots = b2b_slot_count(c, batches, M, N2, ctas);
+        for (int j = 0; j < slots + 2 * ctas; ++j) {
+          const B2bJob job = b2b_job(c, j, batches, M, N2, ctas);
+          EXPECT_EQ(job.done, j >= slots);
+          if (!job.valid) continue;
+          EXPECT_GE(job.batch, 0);
+          EXPECT_LT(job.batch, batches);
+          EXPECT_LT(job.m_block, mb);
+          EXPECT_LT(job.n2_block, nb);
+          EXPECT_TRUE(seen.insert({job.batch, job.m_block, job.n2_block}).second) << "a job twice at slot " << j;
+          // The CTA's other job of the pair: its other warp group's (unpaired), or its previous
+          // round's (paired): the mirror block.
+          const bool second = paired ? (j / ctas) % 2 == 1 : j % 2 == 1;
+          if (causal && second) {
+            const B2bJob other = b2b_job(c, paired ? j - ctas : j - 1, batches, M, N2, ctas);
+            if (!other.valid) {  // the middle block of an odd count is alone in its pair
+              EXPECT_EQ(2 * job.m_block, mb - 1);
+              continue;
+            }
+            EXPECT_EQ(other.m_block + job.m_block, mb - 1);
+            EXPECT_EQ(other.batch, job.batch);
           }
-          EXPECT_EQ(other.m_block + job.m_block, mb - 1);
-          EXPECT_EQ(other.batch, job.batch);
         }
+        EXPECT_EQ(static_cast<int>(seen.size()), b2b_job_count(c, batches, M, N2));
       }
-      EXPECT_EQ(static_cast<int>(seen.size()), b2b_job_count(c, batches, M, N2));
-    }
   // Causal attention over 64 heads of 4096 (the benchmark's): every CTA walks within 5% of the
-  // average; a CTA's warp groups within 30% of each other (15 or 16 rounds of pairs: with an odd
-  // count, the warp group that takes the long block in the last round walks one more long job,
-  // which runs beside the partner's next ones: the SM's total is what stays even).
-  B2bConfig c;
-  c.online_softmax = c.causal = true;
-  const int ctas = b2b_grid(c, 64, 4096, 128, 132), slots = b2b_slot_count(c, 64, 4096, 128);
-  std::vector<double> wg(2 * static_cast<size_t>(ctas), 0.0);
-  for (int j = 0; j < slots; ++j)
-    if (const B2bJob job = b2b_job(c, j, 64, 4096, 128, ctas); job.valid)
-      wg[static_cast<size_t>(j % (2 * ctas))] += b2b_chunks(c, job.m_block, 4096, 4096);
-  double total = 0, busiest = 0;
-  for (int k = 0; k < ctas; ++k) {
-    const double a = wg[2 * size_t(k)], b = wg[2 * size_t(k) + 1];
-    total += a + b;
-    busiest = std::max(busiest, a + b);
-    EXPECT_LE(std::max(a, b), 1.3 * std::min(a, b)) << "CTA " << k;
+  // average; unpaired, a CTA's warp groups within 30% of each other (15 or 16 rounds of pairs:
+  // with an odd count, the warp group that takes the long block in the last round walks one
+  // more long job, which runs beside the partner's next ones: the SM's total is what stays even).
+  for (const bool paired : {false, true}) {
+    SCOPED_TRACE(fmt::format("paired {}", paired));
+    B2bConfig c;
+    c.online_softmax = c.causal = true;
+    c.paired = paired;
+    const int ctas = b2b_grid(c, 64, 4096, 128, 132), slots = b2b_slot_count(c, 64, 4096, 128, ctas);
+    std::vector<double> wg(2 * static_cast<size_t>(ctas), 0.0);
+    for (int j = 0; j < slots; ++j)
+      if (const B2bJob job = b2b_job(c, j, 64, 4096, 128, ctas); job.valid) {
+        const double chunks = b2b_chunks(c, job.m_block, 4096, 4096) * c.wgs_per_job();
+        if (paired) wg[2 * static_cast<size_t>(j % ctas)] += chunks;  // both warp groups: the CTA's total
+        else wg[static_cast<size_t>(j % (2 * ctas))] += chunks;
+      }
+    double total = 0, busiest = 0;
+    for (int k = 0; k < ctas; ++k) {
+      const double a = wg[2 * size_t(k)], b = wg[2 * size_t(k) + 1];
+      total += a + b;
+      busiest = std::max(busiest, a + b);
+      if (!paired) {
+        EXPECT_LE(std::max(a, b), 1.3 * std::min(a, b)) << "CTA " << k;
+      }
+    }
+    EXPECT_LE(busiest, 1.05 * total / ctas);
   }
-  EXPECT_LE(busiest, 1.05 * total / ctas);
 }
 
 class BatchCompile : public ::testing::Test {

@@ -289,6 +289,7 @@ output o: f16
     CompileOptions opt;
     opt.plan.b2b = PlanOptions::B2b::Force;
     opt.plan.cluster_n = v.cluster;
+    opt.plan.b2b_job_rows = 64;  // each warp group its own jobs (pairing: PairedJobsShareOneRing)
     const DeviceRunReport rep = run_and_check(parse_graph(v.text), v.dims, /*seed=*/17, opt, /*timing_reps=*/2);
     expect_outputs_match(rep);
     EXPECT_FALSE(rep.outputs_after_timing.empty());
@@ -296,6 +297,78 @@ output o: f16
   }
   const DeviceRunReport rep = expect_one_b2b_kernel_matches(ffn("bf16", "gelu"), {{"M", 2048}, {"K", 256}, {"N", 2048}, {"D", 256}});
   EXPECT_GT(rep.b2b_plan.kernel.cluster_n1, 1) << "32 jobs for 264 warp groups: the planner splits N1";
+}
+
+std::string batched_attention(const char* dtype, bool causal) {
+  return fmt::format(R"(
+input q: {0}[B, M, K]
+input k: {0}[B, N, K]
+input v: {0}[B, N, DV]
+s = matmul(q, k)
+x = mul(s, 0.125)
+p = cast(softmax({1}), {0})
+o = matmul(p, v, layout=kn)
+output o: {0}
+)",
+                     dtype, causal ? "causal_mask(x)" : "x");
+}
+
+// Paired jobs (B2bConfig::paired): both consumer warp groups on one job of 128 rows, each its 64,
+// reading one ring whose W1/W2 k-blocks they share, taking ordered tensor-core turns where a
+// turn's k-blocks fit the ring (K = 1024 does not: unordered). Over: ragged M where a pair's
+// second half lies wholly past M (150) or partly (1000, 333), bias, gated, an RMSNorm with a
+// residual after GEMM2, attention with ragged N1, causal attention (a pair's long and short jobs
+// in consecutive rounds; an odd block count leaves the middle one alone), batched causal, and N1
+// split over clusters as well; bf16 and f16. Each launched again after two timed launches.
+TEST_F(GpuB2b, PairedJobsShareOneRing) {
+  const std::string ffn_norm_residual = R"(
+input x: bf16[M, K]
+input w1: bf16[N, K]
+input w2: bf16[D, N]
+input gamma: bf16[D]
+input r: bf16[M, D]
+h = matmul(x, w1)
+s = cast(gelu(h), bf16)
+y = add(matmul(s, w2), r)
+nrm = rms_norm(y, gamma)
+output nrm: bf16
+output y: bf16
+)";
+  const std::string causal = R"(
+input q: f16[M, K]
+input k: f16[N, K]
+input v: f16[N, DV]
+s = matmul(q, k)
+masked = causal_mask(mul(s, 0.125))
+p = cast(softmax(masked), f16)
+o = matmul(p, v, layout=kn)
+output o: f16
+)";
+  struct V {
+    std::string text;
+    Bindings dims;
+    int cluster;
+  };
+  for (const V& v : {V{ffn("bf16", "gelu"), {{"M", 150}, {"K", 72}, {"N", 1032}, {"D", 136}}, 1},
+                     V{ffn("f16", "silu"), {{"M", 1000}, {"K", 1024}, {"N", 520}, {"D", 64}}, 1},
+                     V{ffn_norm_residual, {{"M", 700}, {"K", 64}, {"N", 520}, {"D", 256}}, 2},
+                     V{gated_ffn("bf16", "silu"), {{"M", 333}, {"K", 136}, {"N", 1096}, {"D", 192}}, 1},
+                     V{std::string(kAttention), {{"M", 1000}, {"N", 1032}, {"K", 128}, {"DV", 128}}, 1},
+                     V{std::string(kAttention), {{"M", 300}, {"N", 4100}, {"K", 64}, {"DV", 64}}, 4},
+                     V{causal, {{"M", 2100}, {"N", 1960}, {"K", 64}, {"DV", 64}}, 1},
+                     V{causal, {{"M", 2100}, {"N", 1960}, {"K", 64}, {"DV", 64}}, 2},
+                     V{batched_attention("bf16", true), {{"B", 3}, {"M", 1000}, {"N", 1032}, {"K", 128}, {"DV", 128}}, 1}}) {
+    SCOPED_TRACE(fmt::format("cluster {} M={} N={} K={}", v.cluster, v.dims.at("M"), v.dims.at("N"), v.dims.at("K")));
+    CompileOptions opt;
+    opt.plan.b2b = PlanOptions::B2b::Force;
+    opt.plan.cluster_n = v.cluster;
+    opt.plan.b2b_job_rows = 128;
+    const DeviceRunReport rep = run_and_check(parse_graph(v.text), v.dims, /*seed=*/23, opt, /*timing_reps=*/2);
+    expect_outputs_match(rep);
+    EXPECT_FALSE(rep.outputs_after_timing.empty());
+    EXPECT_TRUE(rep.b2b_plan.kernel.paired);
+    EXPECT_EQ(rep.b2b_plan.kernel.cluster_n1, v.cluster);
+  }
 }
 
 // The traced build (`comfuse run --trace`) still matches, and its timeline has every job's
@@ -313,20 +386,6 @@ TEST_F(GpuB2b, TracedAttentionRecordsItsStages) {
   EXPECT_EQ(s.find("ML1 (GEMM1 issued and waited for), us: mean 0.00"), std::string::npos) << s;
   // 16 row blocks of 64: every job's four stamps, from each CTA of a cluster where N1 is split.
   EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 1 + 16 * rep.b2b_plan.kernel.cluster_n1 * 4) << csv;
-}
-
-std::string batched_attention(const char* dtype, bool causal) {
-  return fmt::format(R"(
-input q: {0}[B, M, K]
-input k: {0}[B, N, K]
-input v: {0}[B, N, DV]
-s = matmul(q, k)
-x = mul(s, 0.125)
-p = cast(softmax({1}), {0})
-o = matmul(p, v, layout=kn)
-output o: {0}
-)",
-                     dtype, causal ? "causal_mask(x)" : "x");
 }
 
 // Attention batched over B (batch x heads): 3-D TMA loads of Q, K, V and a 3-D store of O, one

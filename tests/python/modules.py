@@ -97,6 +97,20 @@ class Conv1D(nn.Module):
         return x.view(size_out)
 
 
+class Conv1DResidualLayerNorm(nn.Module):
+    """GPT-2's c_proj (Conv1D) + the residual -> the next LayerNorm; the sum is returned too (the
+    next block's residual)."""
+
+    def __init__(self, k, n):
+        super().__init__()
+        self.c_proj = Conv1D(n, k)
+        self.ln = nn.LayerNorm(n)
+
+    def forward(self, x, residual):
+        h = self.c_proj(x) + residual
+        return self.ln(h), h
+
+
 class GPT2MLP(nn.Module):
     """GPT-2's MLP block with its pre-norm and residual: ln -> c_fc -> gelu_new -> c_proj -> + x."""
 

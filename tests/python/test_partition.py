@@ -102,6 +102,44 @@ def test_gpt2_mlp_block():
         assert any(e.reason.startswith("Φ:") for e in proj.info.excluded), proj.info.excluded
 
 
+@pytest.mark.parametrize("m", [1, 32])
+@pytest.mark.parametrize("k", [4096, 1024])
+def test_gpt2_decode_c_proj_residual_layer_norm_falls_back(m, k):
+    """GPT-2 medium's decode c_proj + residual + LayerNorm (N = 1024): the split-K plan pays its
+    owner's gather and its launch (measured 11.7-16.5 us for the planner's picks, 19.2-26.0 us
+    for the 16 splits it once picked at 10.1 us) against cuBLAS at decode (6.5-6.9 us at K = 4096,
+    4.3-4.6 at K = 1024) plus one norm kernel: no predicted gain."""
+    cap = capture(module(M.Conv1DResidualLayerNorm(k, 1024)), randn(m, 1, k), randn(m, 1, 1024, seed=1))
+    c = cap.by_root("c_proj")
+    assert ops_of(c) == ["addmm", "add", "native_layer_norm"]
+    assert c.info.status == "fallback" and c.info.reason.startswith("no predicted gain"), c.info.reason
+    assert c.info.fused_us > 1.2 * c.info.unfused_us
+    assert c.info.fused_us >= 10.0
+    assert 1 <= c.info.plan["k_splits"] <= 8
+
+
+@pytest.mark.parametrize("m", [1, 32])
+def test_gpt2_decode_c_fc_gelu_new_falls_back(m):
+    """GPT-2 medium's decode c_fc + gelu_new (1 and 32 x 4096 x 1024): the one-wave elementwise
+    plan (32 CTAs of 64 x 128) pays its launch and its CTAs' stream of B (measured 9.7-10.1 us in
+    a CUDA graph, Inductor's kernels 6.8-7.1) against cuBLAS at decode plus one epilogue kernel:
+    no predicted gain."""
+    cap = capture(module(M.GPT2MLP(1024, 4096)), randn(m, 1, 1024))
+    fc = cap.by_root("c_fc")
+    assert "tanh" in ops_of(fc) and "pow" in ops_of(fc)
+    assert fc.info.status == "fallback" and fc.info.reason.startswith("no predicted gain"), fc.info.reason
+    assert fc.info.fused_us >= 8.0
+
+
+def test_gemm_alone_at_decode_is_priced_as_cublas():
+    """At decode rows the unfused GEMM is cuBLAS's stream of B over the whole GPU (measured 6.5-6.9
+    us at 1 x 1024 x 4096, 32.0 us at 1 x 4096 x 14336), not the planner's unsplit plan (12.9 us)."""
+    from comfuse.partition import bare_gemm_us
+    assert 4.5 <= bare_gemm_us(1, 1024, 4096, "bf16", "kn") <= 8.0
+    assert 26.0 <= bare_gemm_us(1, 4096, 14336, "bf16", "nk") <= 40.0
+    assert bare_gemm_us(32, 1024, 4096, "bf16", "kn") > bare_gemm_us(1, 1024, 4096, "bf16", "kn")
+
+
 def test_swiglu_gate_is_absorbed_by_inductor():
     """silu(gate) * up: the mul's other operand is another GEMM's [M, N] output (Φ decides);
     silu alone feeds only an elementwise consumer, which Inductor fuses it into: no gain."""

@@ -3,13 +3,15 @@
 // the registers.
 //
 // 384 threads = 3 warp groups, one CTA per SM (persistent over jobs):
-//   WG0  producer (setmaxnreg.dec 40): warp w's first lane feeds consumer w's ring
-//        (b2b/ring.cuh): per chunk of N1, the X/W1 k-blocks, then the W2 k-blocks (b2b/
-//        mainloop_b2b.cuh), in exactly the order the consumer takes them. The W2 k-blocks of a
-//        chunk land while the consumer runs F on it.
-//   WG1, WG2  consumers (setmaxnreg.inc 232), each on its own jobs: tile_m rows x tile_n2
-//        columns of O in one batch (b2b job order: scheduler/grid.cuh; with a causal mask a CTA's
-//        two warp groups take a row block and its mirror, so every SM walks as much of N1). Per chunk: ML1 (GEMM1, SS wgmma),
+//   WG0  producer (setmaxnreg.dec 40): warp w's first lane feeds ring w (b2b/ring.cuh): per
+//        chunk of N1, the X/W1 k-blocks, then the W2 k-blocks (b2b/mainloop_b2b.cuh), in exactly
+//        the order the consumers take them. The W2 k-blocks of a chunk land while F runs on it.
+//   WG1, WG2  consumers (setmaxnreg.inc 232). Unpaired, each on its own jobs with its own ring:
+//        tile_m rows x tile_n2 columns of O in one batch (b2b job order: scheduler/grid.cuh; with
+//        a causal mask a CTA's two warp groups take a row block and its mirror, so every SM walks
+//        as much of N1). Paired (B2bConfig::paired), both on one job of 2 x tile_m rows, each its
+//        half, reading one ring whose W1/W2 tiles they share; they take ordered turns on the
+//        tensor cores where a turn's k-blocks fit the ring (below). Per chunk: ML1 (GEMM1, SS wgmma),
 //        Epi1 (F: b2b/intermediate.cuh), ML2 (GEMM2, RS wgmma: S from registers). GEMM2 of
 //        chunk c runs on the tensor cores while ML1 of chunk c + 1 is issued behind it; the two
 //        consumer warp groups interleave on the tensor cores, one's F beside the other's GEMMs.
@@ -46,8 +48,11 @@ struct B2bGemmSm90 {
   using Epi2 = typename Epi2Stage::template Exec<Geo2>;
   static constexpr int kThreads = Sm90::kThreads;
 
-  // Per consumer warp group: its ring, then its F and Epi2 storage (1024-aligned blocks, none
-  // when empty), as KernelConfig-style arithmetic the host repeats (B2bConfig::smem_bytes).
+  // The rings (one per consumer warp group, or one shared when paired), then each consumer warp
+  // group's F and Epi2 storage (1024-aligned blocks, none when empty), as KernelConfig-style
+  // arithmetic the host repeats (B2bConfig::smem_bytes).
+  static constexpr int kRings = C.rings();
+  static constexpr bool kPaired = C.paired;
   static constexpr int kFBytes = cute::is_same_v<typename F::SharedStorage, epi::detail::NoTree> ? 0
                                  : align_up(int(sizeof(typename F::SharedStorage)), 1024);
   static constexpr int kEpi2Bytes = cute::is_same_v<typename Epi2::SharedStorage, epi::detail::NoTree> ? 0
@@ -61,12 +66,12 @@ struct B2bGemmSm90 {
   static_assert(!kSplitN1 || int(sizeof(typename Xfer::Storage)) == C.xfer_bytes(),
                 "ComFuse: the partial-O hand-over differs from B2bConfig::xfer_bytes() (the planner's model)");
   struct alignas(1024) PerWG {
-    typename Mainloop::SharedStorage ring;
     unsigned char epi[kFBytes + kEpi2Bytes + kXferBytes > 0 ? kFBytes + kEpi2Bytes + kXferBytes : 16];
   };
   struct SharedStorage {
+    typename Mainloop::SharedStorage ring[kRings];
     PerWG wg[Sm90::kConsumerWGs];
-    typename RingT::Storage bars[Sm90::kConsumerWGs];
+    typename RingT::Storage bars[kRings];
   };
   static_assert(int(sizeof(SharedStorage)) + Sm90::kSmemBaseAlign <= C.smem_bytes(),
                 "ComFuse: the B2B kernel's SMEM exceeds B2bConfig::smem_bytes()");
@@ -87,8 +92,8 @@ struct B2bGemmSm90 {
     int const wg = threadIdx.x / kWarpGroupThreads;
     int const t = threadIdx.x % kWarpGroupThreads;
     if (threadIdx.x == 0) {
+      for (int r = 0; r < kRings; ++r) RingT::init(ss.bars[r]);
       for (int w = 0; w < Sm90::kConsumerWGs; ++w) {
-        RingT::init(ss.bars[w]);
         F::init(f_storage(ss.wg[w]));
         Epi2::init_shared(epi2_storage(ss.wg[w]));
         if constexpr (kSplitN1) Xfer::init(xfer_storage(ss.wg[w]));
@@ -104,28 +109,43 @@ struct B2bGemmSm90 {
     // Scheduling units: CTAs, or clusters that take each job together (scheduler/grid.cuh).
     int const rank = kSplitN1 ? int(cute::block_rank_in_cluster()) : 0;
     int const units = int(gridDim.x) / C.cluster_n1, unit = int(blockIdx.x) / C.cluster_n1;
-    int const stride = units * Sm90::kConsumerWGs;
+    int const stride = units * C.jobs_per_unit();
     if (wg == 0) {
       warpgroup_reg_dealloc<Sm90::kProducerRegs>();
-      int const w = t / 32;  // the consumer warp group this warp feeds
-      if (w < Sm90::kConsumerWGs && t % 32 == 0) {
+      int const w = t / 32;  // the ring this warp feeds
+      if (w < kRings && t % 32 == 0) {
         State st = RingT::producer_start();
-        for (int j = unit * Sm90::kConsumerWGs + w;; j += stride) {
+        for (int j = unit * C.jobs_per_unit() + w;; j += stride) {
           B2bJob const job = b2b_job(C, j, p.batches, p.M, p.N, units);
           if (job.done) break;
           if (!job.valid) continue;  // as the consumer: an empty half of a causal pair
           int const my_chunks = b2b_rank_chunks(C, b2b_chunks(C, job.m_block, p.M, p.N1), rank);
           for (int i = 0; i < my_chunks; ++i)
-            Mainloop::load_chunk(p, ss.bars[w], st, ss.wg[w].ring, job.m_block * C.tile_m,
+            Mainloop::load_chunk(p, ss.bars[w], st, ss.ring[w], job.m_block * C.job_rows(),
                                  (rank + i * C.cluster_n1) * C.chunk_n1, job.n2_block * C.tile_n2, job.batch);
         }
       }
     } else {
       warpgroup_reg_alloc<Sm90::kConsumerRegs>();
       int const cw = wg - 1;
+      int const half = kPaired ? cw : 0;  // the warp group's rows of its jobs
       PerWG& mine = ss.wg[cw];
-      typename RingT::Storage& ring = ss.bars[cw];
+      typename Mainloop::SharedStorage& slots = ss.ring[kPaired ? 0 : cw];
+      typename RingT::Storage& ring = ss.bars[kPaired ? 0 : cw];
       int const bar_id = barrier_id(NamedBarrier::EpilogueWG0, cw);
+      // Ordered turns (paired): a turn issues GEMM2 of a chunk and GEMM1 of the next, then hands
+      // the tensor cores to the other warp group, which ran F meanwhile (the paper's stagger;
+      // NamedBarrier::MmaTurnWG0/1 as the single-GEMM PingPong). A warp group waiting for its
+      // turn has released every slot it read, so the other's turn cannot starve as long as one
+      // turn's k-blocks fit the ring; where they do not (a long K), the two run unordered.
+      bool const ordered = kPaired && Mainloop::k_blocks(p) + Mainloop::kGemm2Blocks <= C.ring_stages;
+      auto wait_mma_turn = [&] {
+        if (ordered) named_sync(barrier_id(NamedBarrier::MmaTurnWG0, cw), 2 * kWarpGroupThreads);
+      };
+      auto pass_mma_turn = [&] {
+        if (ordered) named_arrive(barrier_id(NamedBarrier::MmaTurnWG0, 1 - cw), 2 * kWarpGroupThreads);
+      };
+      if (cw == 1) pass_mma_turn();  // consumer 0 goes first
       State rd = RingT::consumer_start();
       typename RingT::Taken taken;
       F f;
@@ -136,12 +156,12 @@ struct B2bGemmSm90 {
       typename Mainloop::FragO O;
       int traced = 0;  // this warp group's jobs so far (the trace's job index)
       // turn: the warp group's slots so far, alike in every CTA of a cluster (whose owner turns).
-      for (int j = unit * Sm90::kConsumerWGs + cw, turn = 0;; j += stride, ++turn) {
+      for (int j = unit * C.jobs_per_unit() + (kPaired ? 0 : cw), turn = 0;; j += stride, ++turn) {
         B2bJob const job = b2b_job(C, j, p.batches, p.M, p.N, units);
         if (job.done) break;
         if (!job.valid) continue;  // an empty half of a causal pair (scheduler/grid.cuh)
         trace::mark(t, cw, traced, trace::kTurn);
-        int const m0 = job.m_block * C.tile_m;
+        int const m0 = job.m_block * C.job_rows() + half * C.tile_m;
         int const my_chunks = b2b_rank_chunks(C, b2b_chunks(C, job.m_block, p.M, p.N1), rank);
         uint32_t const owner_rank = uint32_t(turn % C.cluster_n1);  // 0 unless N1 is split
         bool const owner = owner_rank == uint32_t(rank);
@@ -163,7 +183,9 @@ struct B2bGemmSm90 {
         for (int i = 0; i < my_chunks; ++i) {
           int const c = rank + i * C.cluster_n1;
           unsigned long long since = trace::now();
-          Mainloop::gemm1(p, ring, rd, taken, mine.ring, P, P3, t);  // behind GEMM2 of chunk c - 1
+          if (i == 0) wait_mma_turn();
+          Mainloop::gemm1(p, ring, rd, taken, slots, P, P3, half, t);  // behind GEMM2 of chunk c - 1
+          pass_mma_turn();
           taken.all_completed(ring, t);  // F reads P and rewrites S (and rescales O)
           trace::add_stage(t, cw, trace::kGemm1, since);
           since = trace::now();
@@ -174,7 +196,9 @@ struct B2bGemmSm90 {
           since = trace::now();
           cute::warpgroup_fence_operand(S);
           cute::warpgroup_fence_operand(O);
-          Mainloop::gemm2(ring, rd, taken, mine.ring, S, O, i == 0, t);
+          wait_mma_turn();
+          Mainloop::gemm2(ring, rd, taken, slots, S, O, i == 0, t);
+          if (i == my_chunks - 1) pass_mma_turn();
           trace::add_stage(t, cw, trace::kGemm2Issue, since);
         }
         trace::mark(t, cw, traced, trace::kIssued);

@@ -1,9 +1,10 @@
 // comfuse/b2b/mainloop_b2b.cuh: the two GEMMs of a B2B kernel, for one consumer warp group.
 //
-// The ring (b2b/ring.cuh) is unified: every slot holds an X k-block (tile_m x 64) in its A region
-// and, in its B region, either W1's k-block of the chunk (chunk_n1 x 64; gated: W3's beside it)
-// or one k-block of W2 along N1 (tile_n2 x 64). Per chunk the producer loads K/64 slots of
-// X/W1, then chunk_n1/64 slots of W2; the consumer takes them in the same order:
+// The ring (b2b/ring.cuh) is unified: every slot holds the job's X k-block (job_rows x 64: paired,
+// the two warp groups' tile_m-row halves side by side) in its A region and, in its B region,
+// either W1's k-block of the chunk (chunk_n1 x 64; gated: W3's beside it) or one k-block of W2
+// along N1 (tile_n2 x 64). Per chunk the producer loads K/64 slots of X/W1, then chunk_n1/64
+// slots of W2; the consumer takes them in the same order:
 //   GEMM1  P = X W1^T (SS wgmma: both operands in SMEM), m64 x chunk_n1, fp32 in registers;
 //   F      S = F(P), bf16/f16 in registers, in the layout of GEMM2's register A operand (the
 //          accumulator's values of 16 columns are, in order, one k16 A fragment: no shuffle);
@@ -21,10 +22,11 @@ template <class Element_, B2bConfig C>
 struct MainloopB2b {
   using Element = Element_;
   static constexpr int BM = C.tile_m, BN1 = C.chunk_n1, BN2 = C.tile_n2, BK = Sm90::kTileK, Stages = C.ring_stages;
+  static constexpr int kWgs = C.wgs_per_job();  // consumer warp groups reading each slot
   static constexpr int kBRows = C.b_region_rows();
-  static constexpr int kSlotA = BM * BK, kSlotB = kBRows * BK;  // elements
+  static constexpr int kSlotA = kWgs * BM * BK, kSlotB = kBRows * BK;  // elements
   static_assert(sizeof(Element) == Sm90::kAbBytes, "16-bit inputs (bf16, fp16)");
-  using RingT = Ring<Stages>;
+  using RingT = Ring<Stages, kWgs>;
   using State = typename RingT::State;
   using Taken = typename RingT::Taken;
 
@@ -48,7 +50,7 @@ struct MainloopB2b {
   // accumulator's flat index i (same rows and columns), so S(i) = F(P(i)).
   using FragS = wgmma::RegsA64<Element, BN1>;
 
-  static constexpr uint32_t kTxGemm1 = uint32_t((BM + C.gemm1_b_rows()) * BK * sizeof(Element));
+  static constexpr uint32_t kTxGemm1 = uint32_t((kWgs * BM + C.gemm1_b_rows()) * BK * sizeof(Element));
   static constexpr uint32_t kTxGemm2 = uint32_t(BN2 * BK * sizeof(Element));
   static COMFUSE_DEVICE int k_blocks(Params const& p) { return (p.K + BK - 1) / BK; }
   static constexpr int kGemm2Blocks = BN1 / BK;  // W2 k-blocks of a chunk
@@ -72,7 +74,8 @@ struct MainloopB2b {
     }
   }
 
-  // One chunk's slots for a job: K/64 X/W1 (/W3) k-blocks, then BN1/64 W2 k-blocks.
+  // One chunk's slots for a job: K/64 X/W1 (/W3) k-blocks, then BN1/64 W2 k-blocks. X's rows
+  // past M (a ragged job, or a pair's second half past the end) arrive as zeros (TMA's fill).
   static COMFUSE_DEVICE void load_chunk(Params const& p, typename RingT::Storage& ring, State& st, SharedStorage& s,
                                         int m0, int n1_0, int n2_0, int batch) {
     constexpr uint64_t kEvictNormal = 0x1000000000000000ull;
@@ -80,7 +83,9 @@ struct MainloopB2b {
     for (int kb = 0; kb < kb_count; ++kb) {
       uint64_t* bar = RingT::acquire(ring, st, kTxGemm1);
       Element* b = s.B + st.index * kSlotB;
-      tma(&p.tma_a, bar, kEvictNormal, s.A + st.index * kSlotA, kb * BK, m0, batch);
+      CUTE_UNROLL
+      for (int h = 0; h < kWgs; ++h)
+        tma(&p.tma_a, bar, kEvictNormal, s.A + st.index * kSlotA + h * BM * BK, kb * BK, m0 + h * BM, batch);
       load_tile<BN1, C.w1_kmajor>(&p.tma_b, bar, kEvictNormal, b, n1_0, kb * BK, batch);
       if constexpr (C.gated) load_tile<BN1, C.w1_kmajor>(&p.tma_b3, bar, kEvictNormal, b + BN1 * BK, n1_0, kb * BK, batch);
       st.advance();
@@ -94,11 +99,12 @@ struct MainloopB2b {
   }
 
   // ---- consumer: one warp group -----------------------------------------------------------
-  // GEMM1 of a chunk: P (and P3) = X W1^T (W3^T) over K. Returns with the last k-block's
-  // wgmmas in flight; every earlier slot (GEMM2's of the previous chunk too) is released.
+  // GEMM1 of a chunk: P (and P3) = X W1^T (W3^T) over K, for the warp group's half `half` of
+  // the job's rows (0 unless paired). Returns with the last k-block's wgmmas in flight; every
+  // earlier slot (GEMM2's of the previous chunk too) is released.
   template <class FP>
   static COMFUSE_DEVICE void gemm1(Params const& p, typename RingT::Storage& ring, State& rd, Taken& taken,
-                                   SharedStorage& s, FP& P, FP& P3, int t) {
+                                   SharedStorage& s, FP& P, FP& P3, int half, int t) {
     using namespace cute;
     Mma1 mma;
     int const kb_count = k_blocks(p);
@@ -107,7 +113,7 @@ struct MainloopB2b {
     if constexpr (C.gated) warpgroup_fence_operand(P3);
     for (int kb = 0; kb < kb_count; ++kb) {
       RingT::wait(ring, rd);
-      Tensor tX = wgmma::kblock_descs<wgmma::Major::K, BM>(s.A + rd.index * kSlotA);
+      Tensor tX = wgmma::kblock_descs<wgmma::Major::K, BM>(s.A + rd.index * kSlotA + half * BM * BK);
       Tensor tW = wgmma::kblock_descs<kMajor<C.w1_kmajor>, BN1>(s.B + rd.index * kSlotB);
       warpgroup_arrive();
       auto acc_flag = mma.accumulate_;

@@ -1,11 +1,11 @@
-// comfuse/b2b/ring.cuh: one consumer warp group's SMEM ring of k-blocks (the B2B kernel gives
-// each consumer warp group its own ring and its own producer warp, so the two consumers never
-// wait on each other's loads).
+// comfuse/b2b/ring.cuh: an SMEM ring of k-blocks, fed by one producer thread. Unpaired, the B2B
+// kernel gives each consumer warp group its own ring and producer warp (the two consumers never
+// wait on each other's loads); paired, both read every slot of one ring.
 //
 // Stages slots, each guarded by a `full` mbarrier (one arrival: the producer's arrive.expect_tx
 // with the slot's TMA bytes, which may differ per slot: an X/W1 k-block or a W2 k-block) and an
-// `empty` mbarrier (one arrival: thread 0 of the consumer warp group, after the warp group's
-// wgmmas that read the slot completed: Taken). Phase parity: a freshly initialized barrier is in phase 0; waiting
+// `empty` mbarrier (one arrival per consumer warp group reading it: its thread 0, after the
+// warp group's wgmmas that read the slot completed: Taken). Phase parity: a freshly initialized barrier is in phase 0; waiting
 // for parity P returns once the phase of parity P completed. The producer starts at parity 1 on
 // `empty` (every slot starts free), the consumer at parity 0 on `full`.
 #pragma once
@@ -14,7 +14,7 @@
 
 namespace comfuse::b2b {
 
-template <int Stages>
+template <int Stages, int Readers>
 struct Ring {
   struct Storage {
     uint64_t full[Stages];
@@ -35,7 +35,7 @@ struct Ring {
   static COMFUSE_DEVICE void init(Storage& s) {
     for (int i = 0; i < Stages; ++i) {
       cutlass::arch::ClusterBarrier::init(&s.full[i], 1);
-      cutlass::arch::ClusterBarrier::init(&s.empty[i], 1);
+      cutlass::arch::ClusterBarrier::init(&s.empty[i], Readers);
     }
   }
 

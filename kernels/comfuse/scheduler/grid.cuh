@@ -95,10 +95,11 @@ COMFUSE_HOST_DEVICE constexpr long long exchange_workspace_bytes(KernelConfig co
   return exchange_layout(c, max_active_clusters).total_bytes;
 }
 
-// ---- B2B kernels (b2b/b2b_gemm_sm90.cuh): a job is one consumer warp group's tile_m rows x
-// tile_n2 columns of O in one batch; each warp group walks its own jobs (persistent): slot j,
-// j + stride, ... where slot j = 2 * blockIdx.x + (consumer warp group) in the first round and
-// stride = 2 * gridDim.x (one round gives every warp group one slot).
+// ---- B2B kernels (b2b/b2b_gemm_sm90.cuh): a job is job_rows() rows x tile_n2 columns of O in
+// one batch, run by one consumer warp group (or, paired, by both: each its tile_m rows). A
+// scheduling unit (a CTA, or a cluster splitting N1) runs jobs_per_unit() jobs at once; unit u
+// walks slots j = jobs_per_unit() * u + (its warp group, unpaired), then j + stride, ... with
+// stride = jobs_per_unit() * units (one round gives every warp group one slot).
 struct B2bJob {
   int batch, m_block, n2_block;
   bool valid;  // a job in this slot (a causal pair's empty half has none: skip it)
@@ -106,37 +107,54 @@ struct B2bJob {
 };
 
 COMFUSE_HOST_DEVICE constexpr int b2b_job_count(B2bConfig const& c, int batches, int M, int N2) {
-  return batches * ceil_div(M, c.tile_m) * ceil_div(N2, c.tile_n2);
+  return batches * ceil_div(M, c.job_rows()) * ceil_div(N2, c.tile_n2);
 }
 
-// Slots: one per job; with a causal mask two per pair of row blocks (below), the middle block
-// of an odd count alone in its pair.
-COMFUSE_HOST_DEVICE constexpr int b2b_slot_count(B2bConfig const& c, int batches, int M, int N2) {
-  int const mb = ceil_div(M, c.tile_m), nb = ceil_div(N2, c.tile_n2);
-  return c.causal ? 2 * batches * nb * ceil_div(mb, 2) : batches * mb * nb;
+// With a causal mask, row blocks go in pairs (below): a pair's two jobs, the middle block of an
+// odd count alone in its pair.
+COMFUSE_HOST_DEVICE constexpr int b2b_causal_pairs(B2bConfig const& c, int batches, int M, int N2) {
+  return batches * ceil_div(N2, c.tile_n2) * ceil_div(ceil_div(M, c.job_rows()), 2);
 }
 
-// The job in slot j of a grid of `ctas` CTAs. Without a mask every job walks all of N1: batch
+// Slots: one per job; with a causal mask two per pair of row blocks, and, paired, whole rounds
+// of `units` pairs (the last one partly empty).
+COMFUSE_HOST_DEVICE constexpr int b2b_slot_count(B2bConfig const& c, int batches, int M, int N2, int units) {
+  if (!c.causal) return b2b_job_count(c, batches, M, N2);
+  int const pairs = b2b_causal_pairs(c, batches, M, N2), u = units > 0 ? units : 1;
+  return c.paired ? 2 * u * ceil_div(pairs, u) : 2 * pairs;
+}
+
+// The job in slot j of a grid of `units` units. Without a mask every job walks all of N1: batch
 // major (a batch's W1 and W2 stay hot in L2 while its row blocks run), then row blocks, then O
 // blocks. With a causal mask, row block r walks r + 1 blocks' worth of N1 (b2b_chunks), and a
-// persistent grid is only as fast as its busiest SM. So the two consumer warp groups of a CTA
-// take a PAIR of row blocks of one batch, i and its mirror mb - 1 - i: every pair walks about
-// mb + 1 blocks' worth, every CTA gets the same work per round, and the two warp groups share
-// the SM's tensor cores (one's F beside the other's GEMMs) until the short job ends. The warp
-// group that takes the long one alternates by round, so that over two rounds each warp group of a
-// CTA walks as much as the other (the tail where one runs alone stays short). Pairs are batch
-// major, as the jobs without a mask.
-COMFUSE_HOST_DEVICE constexpr B2bJob b2b_job(B2bConfig const& c, int j, int batches, int M, int N2, int ctas) {
-  int const mb = ceil_div(M, c.tile_m), nb = ceil_div(N2, c.tile_n2);
-  if (j >= b2b_slot_count(c, batches, M, N2)) return {0, 0, 0, false, true};
+// persistent grid is only as fast as its busiest SM. So a unit takes a PAIR of row blocks of one
+// batch, i and its mirror mb - 1 - i: every pair walks about mb + 1 blocks' worth. Unpaired, the
+// CTA's two warp groups take the pair's two jobs at once and share the SM's tensor cores (one's
+// F beside the other's GEMMs) until the short job ends; the warp group that takes the long one
+// alternates by round, so that over two rounds each walks as much as the other. Paired, the CTA
+// takes the pair's long job in one round and its short one in the next. Pairs are batch major,
+// as the jobs without a mask.
+COMFUSE_HOST_DEVICE constexpr B2bJob b2b_job(B2bConfig const& c, int j, int batches, int M, int N2, int units) {
+  int const mb = ceil_div(M, c.job_rows()), nb = ceil_div(N2, c.tile_n2);
+  int const u = units > 0 ? units : 1;
+  if (j >= b2b_slot_count(c, batches, M, N2, u)) return {0, 0, 0, false, true};
   if (!c.causal) {
     int const n2_block = j % nb, rest = j / nb;
     return {rest / mb, rest % mb, n2_block, true, false};
   }
-  int const q = j / 2, round = q / (ctas > 0 ? ctas : 1);
+  int q = 0;
+  bool takes_long = false;
+  if (c.paired) {  // rounds of `u` slots: pair q's long job in an even round, its short one in the next
+    int const round = j / u;
+    q = round / 2 * u + j % u;
+    takes_long = round % 2 == 0;
+    if (q >= b2b_causal_pairs(c, batches, M, N2)) return {0, 0, 0, false, false};
+  } else {
+    q = j / 2;
+    takes_long = (j % 2) == (q / u % 2);
+  }
   int const n2_block = q % nb, rest = q / nb, half = ceil_div(mb, 2);
   int const i = rest % half, batch = rest / half;
-  bool const takes_long = (j % 2) == (round % 2);
   if (takes_long) return {batch, mb - 1 - i, n2_block, true, false};
   if (i == mb - 1 - i) return {batch, 0, 0, false, false};  // the middle block: its pair has one job
   return {batch, i, n2_block, true, false};
@@ -144,7 +162,7 @@ COMFUSE_HOST_DEVICE constexpr B2bJob b2b_job(B2bConfig const& c, int j, int batc
 
 // N1 chunks a job walks: all of N1, or with a causal mask only those that reach its rows.
 COMFUSE_HOST_DEVICE constexpr int b2b_chunks(B2bConfig const& c, int m_block, int M, int N1) {
-  int const last_row = (m_block + 1) * c.tile_m;
+  int const last_row = (m_block + 1) * c.job_rows();
   int const cols = c.causal ? (last_row < N1 ? last_row : N1) : N1;
   return ceil_div(cols, c.chunk_n1);
 }
@@ -157,11 +175,13 @@ COMFUSE_HOST_DEVICE constexpr int b2b_rank_chunks(B2bConfig const& c, int chunks
   return rank < chunks ? (chunks - rank + c.cluster_n1 - 1) / c.cluster_n1 : 0;
 }
 
-// Scheduling units: CTAs, or clusters of cluster_n1 CTAs that take each job together (slot j
-// above is then 2 * cluster index + warp group, `ctas` in b2b_job the number of clusters). One
-// CTA per SM at most, two consumer warp groups each walking their own slots. Returns CTAs.
+// Scheduling units: CTAs, or clusters of cluster_n1 CTAs that take each job together (`units`
+// in b2b_job counts clusters then). One CTA per SM at most. Enough units that each takes one
+// round of slots (paired and causal: one pair over two rounds), no more than fit at once.
+// Returns CTAs.
 COMFUSE_HOST_DEVICE constexpr int b2b_grid(B2bConfig const& c, int batches, int M, int N2, int max_active_ctas) {
-  int const units = ceil_div(b2b_slot_count(c, batches, M, N2), Sm90::kConsumerWGs);
+  int const units = c.causal && c.paired ? b2b_causal_pairs(c, batches, M, N2)
+                                         : ceil_div(b2b_slot_count(c, batches, M, N2, 1), c.jobs_per_unit());
   int const fit = max_active_ctas / c.cluster_n1;
   return (units < fit ? (units > 0 ? units : 1) : (fit > 0 ? fit : 1)) * c.cluster_n1;
 }
