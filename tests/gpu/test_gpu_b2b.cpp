@@ -240,16 +240,10 @@ output o: {0}
   }
 }
 
-// The partition along N1 (B2bConfig::cluster_n1, b2b/partial_sum.cuh): the cluster's CTAs walk
-// interleaved chunks of each job and the job's owner sums their partial O over DSMEM before
-// GEMM2's epilogue. Forced cluster sizes over: an elementwise F with bias, an RMSNorm after GEMM2
-// and a residual (the owner's epilogue and prefetch); the gated F; attention (the online softmax's
-// row statistics merged), causal too (early row blocks leave most ranks without a chunk); fewer
-// chunks than ranks (N1 = 104: two chunks of 64 for four ranks); several jobs per warp group (the
-// owner turns, the barriers' phases carry over); bf16 and f16. Each is launched again after two timed launches and checked
-// again. Then the planner's own split at a shape with few jobs.
-TEST_F(GpuB2b, SplitN1OverClusters) {
-  const std::string ffn_norm_residual = R"(
+// An FFN with an RMSNorm and a residual after GEMM2, both the norm and the pre-norm sum stored
+// (the owner's epilogue and its prefetch), and causal attention in f16: cases of the N1-split and
+// paired-jobs tests below.
+constexpr const char* kFfnNormResidual = R"(
 input x: bf16[M, K]
 input w1: bf16[N, K]
 input w2: bf16[D, N]
@@ -262,7 +256,7 @@ nrm = rms_norm(y, gamma)
 output nrm: bf16
 output y: bf16
 )";
-  const std::string causal = R"(
+constexpr const char* kCausalF16Attention = R"(
 input q: f16[M, K]
 input k: f16[N, K]
 input v: f16[N, DV]
@@ -272,6 +266,16 @@ p = cast(softmax(masked), f16)
 o = matmul(p, v, layout=kn)
 output o: f16
 )";
+
+// The partition along N1 (B2bConfig::cluster_n1, b2b/partial_sum.cuh): the cluster's CTAs walk
+// interleaved chunks of each job and the job's owner sums their partial O over DSMEM before
+// GEMM2's epilogue. Forced cluster sizes over: an elementwise F with bias, an RMSNorm after GEMM2
+// and a residual (the owner's epilogue and prefetch); the gated F; attention (the online softmax's
+// row statistics merged), causal too (early row blocks leave most ranks without a chunk); fewer
+// chunks than ranks (N1 = 104: two chunks of 64 for four ranks); several jobs per warp group (the
+// owner turns, the barriers' phases carry over); bf16 and f16. Each is launched again after two timed launches and checked
+// again. Then the planner's own split at a shape with few jobs.
+TEST_F(GpuB2b, SplitN1OverClusters) {
   struct V {
     std::string text;
     Bindings dims;
@@ -280,11 +284,11 @@ output o: f16
   for (const V& v : {V{ffn("bf16", "gelu"), {{"M", 1000}, {"K", 72}, {"N", 1032}, {"D", 136}}, 2},
                      V{ffn("f16", "silu"), {{"M", 4100}, {"K", 128}, {"N", 2056}, {"D", 64}}, 8},
                      V{ffn("bf16", "relu"), {{"M", 300}, {"K", 64}, {"N", 104}, {"D", 256}}, 4},
-                     V{ffn_norm_residual, {{"M", 700}, {"K", 64}, {"N", 520}, {"D", 256}}, 4},
+                     V{std::string(kFfnNormResidual), {{"M", 700}, {"K", 64}, {"N", 520}, {"D", 256}}, 4},
                      V{gated_ffn("bf16", "silu"), {{"M", 333}, {"K", 136}, {"N", 1096}, {"D", 192}}, 2},
                      V{std::string(kAttention), {{"M", 1000}, {"N", 1032}, {"K", 128}, {"DV", 128}}, 2},
                      V{std::string(kAttention), {{"M", 300}, {"N", 4100}, {"K", 64}, {"DV", 64}}, 8},
-                     V{causal, {{"M", 2100}, {"N", 1960}, {"K", 64}, {"DV", 64}}, 4}}) {
+                     V{std::string(kCausalF16Attention), {{"M", 2100}, {"N", 1960}, {"K", 64}, {"DV", 64}}, 4}}) {
     SCOPED_TRACE(fmt::format("cluster {} M={} N={}", v.cluster, v.dims.at("M"), v.dims.at("N")));
     CompileOptions opt;
     opt.plan.b2b = PlanOptions::B2b::Force;
@@ -321,29 +325,6 @@ output o: {0}
 // in consecutive rounds; an odd block count leaves the middle one alone), batched causal, and N1
 // split over clusters as well; bf16 and f16. Each launched again after two timed launches.
 TEST_F(GpuB2b, PairedJobsShareOneRing) {
-  const std::string ffn_norm_residual = R"(
-input x: bf16[M, K]
-input w1: bf16[N, K]
-input w2: bf16[D, N]
-input gamma: bf16[D]
-input r: bf16[M, D]
-h = matmul(x, w1)
-s = cast(gelu(h), bf16)
-y = add(matmul(s, w2), r)
-nrm = rms_norm(y, gamma)
-output nrm: bf16
-output y: bf16
-)";
-  const std::string causal = R"(
-input q: f16[M, K]
-input k: f16[N, K]
-input v: f16[N, DV]
-s = matmul(q, k)
-masked = causal_mask(mul(s, 0.125))
-p = cast(softmax(masked), f16)
-o = matmul(p, v, layout=kn)
-output o: f16
-)";
   struct V {
     std::string text;
     Bindings dims;
@@ -351,12 +332,12 @@ output o: f16
   };
   for (const V& v : {V{ffn("bf16", "gelu"), {{"M", 150}, {"K", 72}, {"N", 1032}, {"D", 136}}, 1},
                      V{ffn("f16", "silu"), {{"M", 1000}, {"K", 1024}, {"N", 520}, {"D", 64}}, 1},
-                     V{ffn_norm_residual, {{"M", 700}, {"K", 64}, {"N", 520}, {"D", 256}}, 2},
+                     V{std::string(kFfnNormResidual), {{"M", 700}, {"K", 64}, {"N", 520}, {"D", 256}}, 2},
                      V{gated_ffn("bf16", "silu"), {{"M", 333}, {"K", 136}, {"N", 1096}, {"D", 192}}, 1},
                      V{std::string(kAttention), {{"M", 1000}, {"N", 1032}, {"K", 128}, {"DV", 128}}, 1},
                      V{std::string(kAttention), {{"M", 300}, {"N", 4100}, {"K", 64}, {"DV", 64}}, 4},
-                     V{causal, {{"M", 2100}, {"N", 1960}, {"K", 64}, {"DV", 64}}, 1},
-                     V{causal, {{"M", 2100}, {"N", 1960}, {"K", 64}, {"DV", 64}}, 2},
+                     V{std::string(kCausalF16Attention), {{"M", 2100}, {"N", 1960}, {"K", 64}, {"DV", 64}}, 1},
+                     V{std::string(kCausalF16Attention), {{"M", 2100}, {"N", 1960}, {"K", 64}, {"DV", 64}}, 2},
                      V{batched_attention("bf16", true), {{"B", 3}, {"M", 1000}, {"N", 1032}, {"K", 128}, {"DV", 128}}, 1}}) {
     SCOPED_TRACE(fmt::format("cluster {} M={} N={} K={}", v.cluster, v.dims.at("M"), v.dims.at("N"), v.dims.at("K")));
     CompileOptions opt;
