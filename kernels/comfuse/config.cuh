@@ -232,6 +232,13 @@ struct B2bConfig {
   bool paired = false;
 
   COMFUSE_HOST_DEVICE constexpr int wgs_per_job() const { return paired ? 2 : 1; }
+  // Paired, the warp groups take ordered tensor-core turns (GEMM2 of a chunk and GEMM1 of the
+  // next, b2b_gemm_sm90.cuh) where one turn's k-blocks fit the ring: a warp group waiting for its
+  // turn has released every slot, so the other's turn cannot starve. Else they run unordered.
+  COMFUSE_HOST_DEVICE constexpr int turn_k_blocks(int k) const {
+    return (k + Sm90::kTileK - 1) / Sm90::kTileK + chunk_n1 / Sm90::kTileK;
+  }
+  COMFUSE_HOST_DEVICE constexpr bool ordered_turns(int k) const { return paired && turn_k_blocks(k) <= ring_stages; }
   COMFUSE_HOST_DEVICE constexpr int job_rows() const { return tile_m * wgs_per_job(); }
   // Jobs a scheduling unit (a CTA, or a cluster splitting N1) runs at once, and its rings.
   COMFUSE_HOST_DEVICE constexpr int jobs_per_unit() const { return Sm90::kConsumerWGs / wgs_per_job(); }

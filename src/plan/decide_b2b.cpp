@@ -466,7 +466,7 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
   plan.fused_us = std::max(best->fused_us, plan.dram_floor_us);
   const double busiest = best->busiest;
   const double efficiency = b2b_efficiency(k, dev);
-  auto jobs_of = [](const B2bConfig& c) { return c.paired ? "paired jobs of 128 rows" : "jobs of 64 rows"; };
+  auto jobs_of = [](const B2bConfig& c) { return fmt::format("{}jobs of {} rows", c.paired ? "paired " : "", c.job_rows()); };
   for (const SplitCandidate& c : tried)
     if (&c != best)
       plan.alternatives.push_back(
@@ -490,7 +490,7 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
                           plan.jobs, p.batches, (p.m + k.job_rows() - 1) / k.job_rows(), (p.n2 + k.tile_n2 - 1) / k.tile_n2,
                           plan.grid_ctas, busiest, balance * 100));
   {
-    const int turn_blocks = static_cast<int>((p.k + 63) / 64) + k.chunk_n1 / 64;
+    const int turn_blocks = k.turn_k_blocks(static_cast<int>(p.k));
     const SplitCandidate* other = nullptr;  // the best of the other job shape, for the reason
     for (const SplitCandidate& c : tried)
       if (!c.refused && c.kernel.paired != k.paired && (!other || c.fused_us < other->fused_us)) other = &c;
@@ -498,7 +498,7 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
         "{}: a warp-group chunk {:.2f} us (wgmmas at {:.0f}% of the SM's rate with {} ring stages, measured; the "
         "ring loads {} from L2 a chunk{}){}",
         k.paired ? fmt::format("paired: both consumer warp groups read each W1/W2 k-block of one ring; {}",
-                               turn_blocks <= k.ring_stages
+                               k.ordered_turns(static_cast<int>(p.k))
                                    ? fmt::format("ordered tensor-core turns (a turn's {} k-blocks fit the {} stages)",
                                                  turn_blocks, k.ring_stages)
                                    : fmt::format("unordered (a turn's {} k-blocks exceed the {} stages)", turn_blocks,

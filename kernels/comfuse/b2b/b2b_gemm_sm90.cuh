@@ -135,10 +135,8 @@ struct B2bGemmSm90 {
       int const bar_id = barrier_id(NamedBarrier::EpilogueWG0, cw);
       // Ordered turns (paired): a turn issues GEMM2 of a chunk and GEMM1 of the next, then hands
       // the tensor cores to the other warp group, which ran F meanwhile (the paper's stagger;
-      // NamedBarrier::MmaTurnWG0/1 as the single-GEMM PingPong). A warp group waiting for its
-      // turn has released every slot it read, so the other's turn cannot starve as long as one
-      // turn's k-blocks fit the ring; where they do not (a long K), the two run unordered.
-      bool const ordered = kPaired && Mainloop::k_blocks(p) + Mainloop::kGemm2Blocks <= C.ring_stages;
+      // NamedBarrier::MmaTurnWG0/1 as the single-GEMM PingPong), where B2bConfig::ordered_turns.
+      bool const ordered = C.ordered_turns(p.K);
       auto wait_mma_turn = [&] {
         if (ordered) named_sync(barrier_id(NamedBarrier::MmaTurnWG0, cw), 2 * kWarpGroupThreads);
       };
