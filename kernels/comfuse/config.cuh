@@ -262,7 +262,7 @@ struct B2bConfig {
   COMFUSE_HOST_DEVICE constexpr int live_values() const { return (gated ? 2 : 1) * chunk_n1 / 2 + chunk_n1 / 4 + tile_n2 / 2; }
   COMFUSE_HOST_DEVICE constexpr int ring_bytes() const { return ring_stages * (slot_a_bytes() + slot_b_bytes()); }
   // Bytes one ring loads from L2 for a chunk of its job: K / 64 X/W1 (/W3) k-blocks and
-  // chunk_n1 / 64 W2 k-blocks (the planner prices the kernel's L2 -> SMEM traffic with it).
+  // chunk_n1 / 64 W2 k-blocks (`explain` reports it; it did not bound the kernels measured).
   COMFUSE_HOST_DEVICE constexpr double chunk_fill_bytes(int k) const {
     return double((k + Sm90::kTileK - 1) / Sm90::kTileK) * (job_rows() + gemm1_b_rows()) * Sm90::kTileK * Sm90::kAbBytes +
            double(chunk_n1) * tile_n2 * Sm90::kAbBytes;

@@ -166,6 +166,9 @@ struct PlannerTunables {
   double sm_stream_measured_bytes = 1 << 20;
   double one_wave_dram_bytes_per_s = 2.7e12;
   double one_wave_multicast_dram_bytes_per_s = 1.8e12;
+  double one_wave_dram(int cluster_m) const {
+    return cluster_m > 1 ? one_wave_multicast_dram_bytes_per_s : one_wave_dram_bytes_per_s;
+  }
   // Split-K (KernelConfig::k_splits, kernels/comfuse/scheduler/split_k.cuh), where a problem
   // has fewer tiles than SMs. The owner's gather (split_k.cuh SplitK::gather), microseconds a
   // job: base + (S - 1) x row slots x per_row, where a row slot is one of the (m64 block, h)

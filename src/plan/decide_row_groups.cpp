@@ -186,7 +186,7 @@ std::vector<Candidate> decide_row_groups(const Request& r, Rejections& why) {
           // of multicast clusters pulls slower than one of single CTAs (calibration.h).
           const double b_cta = double(ts.tile_n) * double(p.k) / ks * Sm90::kAbBytes / cm;
           const double b_all = double(p.n) * double(p.k) * Sm90::kAbBytes;
-          const double dram = cm > 1 ? tun.one_wave_multicast_dram_bytes_per_s : tun.one_wave_dram_bytes_per_s;
+          const double dram = tun.one_wave_dram(cm);
           d.stream_us = double(n_tiles) * b_cta / tun.sm_stream_bytes_per_s * 1e6;
           d.idle_ctas = tiles_m < cm;
           d.job_mainloop_us = std::max({double(n_tiles) * t_tile, d.stream_us, b_all / dram * 1e6});

@@ -267,6 +267,26 @@ o = matmul(p, v, layout=kn)
 output o: f16
 )";
 
+// A forced B2B kernel over a graph: the cluster size along N1 and the job rows (64: each warp
+// group its own jobs; 128: paired) as given, checked against the fp64 reference, then launched
+// again after two timed launches and checked again. Returns the report.
+struct ForcedB2b {
+  std::string text;
+  Bindings dims;
+  int cluster;
+};
+DeviceRunReport run_forced_b2b(const ForcedB2b& v, int job_rows, uint64_t seed) {
+  CompileOptions opt;
+  opt.plan.b2b = PlanOptions::B2b::Force;
+  opt.plan.cluster_n = v.cluster;
+  opt.plan.b2b_job_rows = job_rows;
+  DeviceRunReport rep = run_and_check(parse_graph(v.text), v.dims, seed, opt, /*timing_reps=*/2);
+  expect_outputs_match(rep);
+  EXPECT_FALSE(rep.outputs_after_timing.empty());
+  EXPECT_EQ(rep.b2b_plan.kernel.cluster_n1, v.cluster);
+  return rep;
+}
+
 // The partition along N1 (B2bConfig::cluster_n1, b2b/partial_sum.cuh): the cluster's CTAs walk
 // interleaved chunks of each job and the job's owner sums their partial O over DSMEM before
 // GEMM2's epilogue. Forced cluster sizes over: an elementwise F with bias, an RMSNorm after GEMM2
@@ -276,28 +296,16 @@ output o: f16
 // owner turns, the barriers' phases carry over); bf16 and f16. Each is launched again after two timed launches and checked
 // again. Then the planner's own split at a shape with few jobs.
 TEST_F(GpuB2b, SplitN1OverClusters) {
-  struct V {
-    std::string text;
-    Bindings dims;
-    int cluster;
-  };
-  for (const V& v : {V{ffn("bf16", "gelu"), {{"M", 1000}, {"K", 72}, {"N", 1032}, {"D", 136}}, 2},
-                     V{ffn("f16", "silu"), {{"M", 4100}, {"K", 128}, {"N", 2056}, {"D", 64}}, 8},
-                     V{ffn("bf16", "relu"), {{"M", 300}, {"K", 64}, {"N", 104}, {"D", 256}}, 4},
-                     V{std::string(kFfnNormResidual), {{"M", 700}, {"K", 64}, {"N", 520}, {"D", 256}}, 4},
-                     V{gated_ffn("bf16", "silu"), {{"M", 333}, {"K", 136}, {"N", 1096}, {"D", 192}}, 2},
-                     V{std::string(kAttention), {{"M", 1000}, {"N", 1032}, {"K", 128}, {"DV", 128}}, 2},
-                     V{std::string(kAttention), {{"M", 300}, {"N", 4100}, {"K", 64}, {"DV", 64}}, 8},
-                     V{std::string(kCausalF16Attention), {{"M", 2100}, {"N", 1960}, {"K", 64}, {"DV", 64}}, 4}}) {
+  for (const ForcedB2b& v : {ForcedB2b{ffn("bf16", "gelu"), {{"M", 1000}, {"K", 72}, {"N", 1032}, {"D", 136}}, 2},
+                     ForcedB2b{ffn("f16", "silu"), {{"M", 4100}, {"K", 128}, {"N", 2056}, {"D", 64}}, 8},
+                     ForcedB2b{ffn("bf16", "relu"), {{"M", 300}, {"K", 64}, {"N", 104}, {"D", 256}}, 4},
+                     ForcedB2b{std::string(kFfnNormResidual), {{"M", 700}, {"K", 64}, {"N", 520}, {"D", 256}}, 4},
+                     ForcedB2b{gated_ffn("bf16", "silu"), {{"M", 333}, {"K", 136}, {"N", 1096}, {"D", 192}}, 2},
+                     ForcedB2b{std::string(kAttention), {{"M", 1000}, {"N", 1032}, {"K", 128}, {"DV", 128}}, 2},
+                     ForcedB2b{std::string(kAttention), {{"M", 300}, {"N", 4100}, {"K", 64}, {"DV", 64}}, 8},
+                     ForcedB2b{std::string(kCausalF16Attention), {{"M", 2100}, {"N", 1960}, {"K", 64}, {"DV", 64}}, 4}}) {
     SCOPED_TRACE(fmt::format("cluster {} M={} N={}", v.cluster, v.dims.at("M"), v.dims.at("N")));
-    CompileOptions opt;
-    opt.plan.b2b = PlanOptions::B2b::Force;
-    opt.plan.cluster_n = v.cluster;
-    opt.plan.b2b_job_rows = 64;  // each warp group its own jobs (pairing: PairedJobsShareOneRing)
-    const DeviceRunReport rep = run_and_check(parse_graph(v.text), v.dims, /*seed=*/17, opt, /*timing_reps=*/2);
-    expect_outputs_match(rep);
-    EXPECT_FALSE(rep.outputs_after_timing.empty());
-    EXPECT_EQ(rep.b2b_plan.kernel.cluster_n1, v.cluster);
+    run_forced_b2b(v, /*job_rows=*/64, /*seed=*/17);  // each warp group its own jobs (pairing: below)
   }
   const DeviceRunReport rep = expect_one_b2b_kernel_matches(ffn("bf16", "gelu"), {{"M", 2048}, {"K", 256}, {"N", 2048}, {"D", 256}});
   EXPECT_GT(rep.b2b_plan.kernel.cluster_n1, 1) << "32 jobs for 264 warp groups: the planner splits N1";
@@ -325,30 +333,17 @@ output o: {0}
 // in consecutive rounds; an odd block count leaves the middle one alone), batched causal, and N1
 // split over clusters as well; bf16 and f16. Each launched again after two timed launches.
 TEST_F(GpuB2b, PairedJobsShareOneRing) {
-  struct V {
-    std::string text;
-    Bindings dims;
-    int cluster;
-  };
-  for (const V& v : {V{ffn("bf16", "gelu"), {{"M", 150}, {"K", 72}, {"N", 1032}, {"D", 136}}, 1},
-                     V{ffn("f16", "silu"), {{"M", 1000}, {"K", 1024}, {"N", 520}, {"D", 64}}, 1},
-                     V{std::string(kFfnNormResidual), {{"M", 700}, {"K", 64}, {"N", 520}, {"D", 256}}, 2},
-                     V{gated_ffn("bf16", "silu"), {{"M", 333}, {"K", 136}, {"N", 1096}, {"D", 192}}, 1},
-                     V{std::string(kAttention), {{"M", 1000}, {"N", 1032}, {"K", 128}, {"DV", 128}}, 1},
-                     V{std::string(kAttention), {{"M", 300}, {"N", 4100}, {"K", 64}, {"DV", 64}}, 4},
-                     V{std::string(kCausalF16Attention), {{"M", 2100}, {"N", 1960}, {"K", 64}, {"DV", 64}}, 1},
-                     V{std::string(kCausalF16Attention), {{"M", 2100}, {"N", 1960}, {"K", 64}, {"DV", 64}}, 2},
-                     V{batched_attention("bf16", true), {{"B", 3}, {"M", 1000}, {"N", 1032}, {"K", 128}, {"DV", 128}}, 1}}) {
+  for (const ForcedB2b& v : {ForcedB2b{ffn("bf16", "gelu"), {{"M", 150}, {"K", 72}, {"N", 1032}, {"D", 136}}, 1},
+                     ForcedB2b{ffn("f16", "silu"), {{"M", 1000}, {"K", 1024}, {"N", 520}, {"D", 64}}, 1},
+                     ForcedB2b{std::string(kFfnNormResidual), {{"M", 700}, {"K", 64}, {"N", 520}, {"D", 256}}, 2},
+                     ForcedB2b{gated_ffn("bf16", "silu"), {{"M", 333}, {"K", 136}, {"N", 1096}, {"D", 192}}, 1},
+                     ForcedB2b{std::string(kAttention), {{"M", 1000}, {"N", 1032}, {"K", 128}, {"DV", 128}}, 1},
+                     ForcedB2b{std::string(kAttention), {{"M", 300}, {"N", 4100}, {"K", 64}, {"DV", 64}}, 4},
+                     ForcedB2b{std::string(kCausalF16Attention), {{"M", 2100}, {"N", 1960}, {"K", 64}, {"DV", 64}}, 1},
+                     ForcedB2b{std::string(kCausalF16Attention), {{"M", 2100}, {"N", 1960}, {"K", 64}, {"DV", 64}}, 2},
+                     ForcedB2b{batched_attention("bf16", true), {{"B", 3}, {"M", 1000}, {"N", 1032}, {"K", 128}, {"DV", 128}}, 1}}) {
     SCOPED_TRACE(fmt::format("cluster {} M={} N={} K={}", v.cluster, v.dims.at("M"), v.dims.at("N"), v.dims.at("K")));
-    CompileOptions opt;
-    opt.plan.b2b = PlanOptions::B2b::Force;
-    opt.plan.cluster_n = v.cluster;
-    opt.plan.b2b_job_rows = 128;
-    const DeviceRunReport rep = run_and_check(parse_graph(v.text), v.dims, /*seed=*/23, opt, /*timing_reps=*/2);
-    expect_outputs_match(rep);
-    EXPECT_FALSE(rep.outputs_after_timing.empty());
-    EXPECT_TRUE(rep.b2b_plan.kernel.paired);
-    EXPECT_EQ(rep.b2b_plan.kernel.cluster_n1, v.cluster);
+    EXPECT_TRUE(run_forced_b2b(v, /*job_rows=*/128, /*seed=*/23).b2b_plan.kernel.paired);
   }
 }
 
