@@ -175,7 +175,7 @@ int cmd_lower(const std::string& file) {
 
 struct ExplainArgs {
   bool dot = false;
-  std::optional<int> cluster_n, tile_n, tile_m, cluster_m, row_group, k_splits, b2b_job_rows;
+  std::optional<int> cluster_n, tile_n, tile_m, cluster_m, row_group, k_splits, b2b_job_rows, ring_stages;
   std::string aggregation, strategy, stash, pairs, b2b;
 };
 
@@ -189,6 +189,7 @@ PlanOptions plan_options(const ExplainArgs& a) {
   o.row_group = a.row_group;
   o.k_splits = a.k_splits;
   o.b2b_job_rows = a.b2b_job_rows;
+  o.ring_stages = a.ring_stages;
   if (!a.pairs.empty()) o.fuse_pairs = a.pairs == "one-round";
   if (!a.stash.empty()) o.stash_bytes = a.stash == "bf16" ? 2 : 4;
   if (a.aggregation == "p2p") o.aggregation = Aggregation::PeerToPeer;
@@ -237,6 +238,9 @@ std::vector<CLI::Option*> add_plan_options(CLI::App* cmd, ExplainArgs& ex) {
                       "a B2B kernel's job rows: 64 (each consumer warp group its own jobs and ring) or 128 (both "
                       "consumer warp groups on one job, sharing its W1/W2 tiles)")
           ->check(CLI::IsMember({64, 128})),
+      cmd->add_option("--ring-stages", ex.ring_stages,
+                      "a single-GEMM plan: at most this many mainloop ring stages (2..8; fewer where the epilogue's SMEM leaves less)")
+          ->check(CLI::Range(2, 8)),
   };
 }
 

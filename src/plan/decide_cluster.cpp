@@ -182,7 +182,7 @@ std::vector<Candidate> decide_cluster(const Request& r, Rejections& why) {
                                          fmt_bytes(tun.max_stash_bytes)));
             continue;
           }
-          if (!fit_ring(v, chain, dev)) {
+          if (!fit_ring(v, chain, dev, opt.ring_stages)) {
             why.add("stages", fmt::format("{}x{} tile with C_N={} {}: fewer than 2 pipeline (ring) stages fit in {} of SMEM", tm,
                                           tn, cn, name_of(strategy), fmt_bytes(dev.smem_per_cta_bytes)));
             continue;

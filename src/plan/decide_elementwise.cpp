@@ -33,7 +33,7 @@ std::vector<Candidate> decide_elementwise(const Request& r, Rejections& why) {
   m.jobs = (m.tiles_m + m.k.cluster_m - 1) / m.k.cluster_m * ((m.tiles_n + m.k.cluster_n - 1) / m.k.cluster_n);
   m.regs = m.k.epi_rows() * m.k.tile_n / Sm90::kWarpGroupThreads + r.tun.reg_overhead;
   m.why = mc.why;
-  if (!fit_ring(m, r.chain, r.dev) || check(m.k) != nullptr) {
+  if (!fit_ring(m, r.chain, r.dev, opt.ring_stages) || check(m.k) != nullptr) {
     if (forced_cm)
       throw Error(fmt::format("plan: {}: {}", mc.why,
                               check(m.k) ? check(m.k) : "the SMEM budget does not fit two pipeline stages"));

@@ -214,12 +214,12 @@ std::vector<Candidate> decide_row_groups(const Request& r, Rejections& why) {
   std::vector<Candidate> out;
   for (Option& o : options) {
     Candidate& c = o.c;
-    bool ok = fit_ring(c, chain, dev) &&
+    bool ok = fit_ring(c, chain, dev, opt.ring_stages) &&
               (c.k.stash_space != StashSpace::Smem ||
                Sm90::kConsumerWGs * c.k.stash_bytes_per_wg() <= tun.max_stash_bytes);
     if (!ok && c.k.stash_space == StashSpace::Smem) {  // not on chip: a global workspace, mostly L2
       c.k.stash_space = StashSpace::Workspace;
-      ok = fit_ring(c, chain, dev);
+      ok = fit_ring(c, chain, dev, opt.ring_stages);
     }
     if (ok && check(c.k) != nullptr) ok = false;
     if (!ok) {

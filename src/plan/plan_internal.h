@@ -89,7 +89,8 @@ struct Candidate {
 // it and the stash. False (with the reason recorded by the caller) when not even two ring
 // stages fit.
 int epilogue_smem_bytes(const ChainInfo& chain, const KernelConfig& k);
-bool fit_ring(Candidate& c, const ChainInfo& chain, const DeviceModel& dev);
+// The deepest ring (<= c.max_ring_stages, <= at_most: PlanOptions::ring_stages) that fits beside the epilogue.
+bool fit_ring(Candidate& c, const ChainInfo& chain, const DeviceModel& dev, std::optional<int> at_most);
 // KernelConfig::smem_bytes() broken down for explain.
 SmemBudget smem_budget(const KernelConfig& k);
 

@@ -302,7 +302,7 @@ Plan assemble(const Candidate& c, const std::vector<Candidate>& cands, const Req
 
 bool any_forced(const PlanOptions& o) {
   return o.cluster_n || o.tile_n || o.tile_m || o.strategy || o.aggregation || o.cluster_m || o.row_group ||
-         o.stash_bytes || o.k_splits;
+         o.stash_bytes || o.k_splits || o.ring_stages;
 }
 
 }  // namespace

@@ -23,9 +23,9 @@ int epilogue_smem_bytes(const ChainInfo& chain, const KernelConfig& k) {
   return tree > 0 ? align_up(tree + channel, 1024) : channel;
 }
 
-bool fit_ring(Candidate& c, const ChainInfo& chain, const DeviceModel& dev) {
+bool fit_ring(Candidate& c, const ChainInfo& chain, const DeviceModel& dev, std::optional<int> at_most) {
   c.k.epilogue_smem_bytes = epilogue_smem_bytes(chain, c.k);
-  for (int stages = c.max_ring_stages; stages >= 2; --stages) {
+  for (int stages = std::min(c.max_ring_stages, at_most.value_or(c.max_ring_stages)); stages >= 2; --stages) {
     c.k.ring_stages = stages;
     if (c.k.smem_bytes() <= dev.smem_per_cta_bytes) return true;
   }

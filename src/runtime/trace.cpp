@@ -31,6 +31,7 @@ struct Cta {
   int sm = -1, peers_key = 0;
   double poll_us = 0, polls = 0;  // both consumer WGs' thread 0, in L2 exchange polls
   double stage_us[2][trace::kStages] = {};  // B2B: per consumer WG, its jobs' per-chunk stages
+  double epi_us[2][trace::kEpiParts] = {};  // per consumer WG, its jobs' epilogue parts
   std::vector<Job> jobs;  // by turn
   double ghz = 0;         // cycles per ns over the CTA's span
 };
@@ -64,12 +65,6 @@ std::vector<Cta> parse_ctas(const std::vector<uint64_t>& w, bool both_wgs, Peers
     Cta cta;
     cta.sm = int(rec[trace::kWordsPerCta - 1]) - 1;
     cta.peers_key = peers_key(c);
-    for (int wg = 0; wg < 2; ++wg) {
-      cta.poll_us += double(rec[trace::kPollBase + 2 * wg]) * 1e-3;
-      cta.polls += double(rec[trace::kPollBase + 2 * wg + 1]);
-      for (int st = 0; st < trace::kStages; ++st)
-        cta.stage_us[wg][st] = double(rec[trace::kStageBase + wg * trace::kStages + st]) * 1e-3;
-    }
     for (int wg = 0; wg < 2; ++wg)
       for (int j = 0; j < trace::kMaxJobs; ++j) {
         Job job{wg, j, {}};
@@ -77,7 +72,8 @@ std::vector<Cta> parse_ctas(const std::vector<uint64_t>& w, bool both_wgs, Peers
         for (int e = 0; e < trace::kEvents; ++e) {
           const size_t at = size_t((wg * trace::kMaxJobs + j) * trace::kEvents + e) * 2;
           job.ev[e] = {rec[at], rec[at + 1]};
-          ok = ok && rec[at] != 0 && (e == 0 || job.ev[e].cyc >= job.ev[e - 1].cyc);
+          if (e < trace::kCoreEvents)  // the exchange's stamps are optional
+            ok = ok && rec[at] != 0 && (e == 0 || job.ev[e].cyc >= job.ev[e - 1].cyc);
           if (csv && rec[at] != 0)
             *csv += fmt::format("{},{},{},{},{},{},{}\n", c, cta.sm, wg, j, e, rec[at], rec[at + 1]);
         }
@@ -90,6 +86,16 @@ std::vector<Cta> parse_ctas(const std::vector<uint64_t>& w, bool both_wgs, Peers
     Stamp b = a;
     for (const Job& j : cta.jobs) b = j.ev[trace::kEpiDone].cyc > b.cyc ? j.ev[trace::kEpiDone] : b;
     cta.ghz = b.ns > a.ns ? double(b.cyc - a.cyc) / double(b.ns - a.ns) : 0;
+    // The sums count this SM's cycles.
+    const double us = cta.ghz > 0 ? 1e-3 / cta.ghz : 0;
+    for (int wg = 0; wg < 2; ++wg) {
+      cta.poll_us += double(rec[trace::kPollBase + 2 * wg]) * us;
+      cta.polls += double(rec[trace::kPollBase + 2 * wg + 1]);
+      for (int st = 0; st < trace::kStages; ++st)
+        cta.stage_us[wg][st] = double(rec[trace::kStageBase + wg * trace::kStages + st]) * us;
+      for (int pt = 0; pt < trace::kEpiParts; ++pt)
+        cta.epi_us[wg][pt] = double(rec[trace::kEpiBase + wg * trace::kEpiParts + pt]) * us;
+    }
     ctas.push_back(std::move(cta));
   }
   return ctas;
@@ -120,7 +126,8 @@ std::string summarize_trace(const std::vector<uint64_t>& w, const Plan& plan, st
   if (ctas.empty()) return "trace: no CTA recorded a job\n";
 
   const auto [t0, t1] = launch_window(ctas);
-  Stats mainloop, epilogue, idle, idle_epi, span, head, tail, ghz, jobs, poll_per_job, polls_per_job;
+  Stats mainloop, epilogue, idle, idle_epi, span, head, tail, ghz, jobs, poll_per_job, polls_per_job,
+      part[trace::kEpiParts];
   for (const Cta& c : ctas) {
     const double us = c.ghz > 0 ? 1e-3 / c.ghz : 0;  // microseconds per cycle
     double gaps = 0, behind_epi = 0;
@@ -155,6 +162,7 @@ std::string summarize_trace(const std::vector<uint64_t>& w, const Plan& plan, st
     const double njobs = double(c.jobs.size()) * (pingpong ? 1 : 2);  // polls come from both WGs
     poll_per_job.add(c.poll_us / njobs);
     polls_per_job.add(c.polls / njobs);
+    for (int pt = 0; pt < trace::kEpiParts; ++pt) part[pt].add((c.epi_us[0][pt] + c.epi_us[1][pt]) / njobs);
   }
   // Skew inside each set of row peers: per (warp group, job), how far apart their
   // accumulators became ready (the earliest then waits for the latest in the exchange).
@@ -167,6 +175,24 @@ std::string summarize_trace(const std::vector<uint64_t>& w, const Plan& plan, st
     }
   Stats skew;
   for (const auto& [k, mm] : ready) skew.add(double(mm.second - mm.first) * 1e-3);
+  // The exchange, where the kernel stamped it: how far apart the peers published, and how long
+  // after the last peer's publish each CTA saw every value (the L2's visibility and the poll).
+  std::map<std::tuple<int, int, int>, std::pair<uint64_t, uint64_t>> published;
+  for (const Cta& c : ctas)
+    for (const Job& j : c.jobs) {
+      if (j.ev[trace::kPublished].ns == 0) continue;
+      auto [it, fresh] = published.try_emplace({c.peers_key, j.wg, j.index}, UINT64_MAX, 0);
+      it->second.first = std::min(it->second.first, j.ev[trace::kPublished].ns);
+      it->second.second = std::max(it->second.second, j.ev[trace::kPublished].ns);
+    }
+  Stats pub_skew, seen_after;
+  for (const auto& [k, mm] : published) pub_skew.add(double(mm.second - mm.first) * 1e-3);
+  for (const Cta& c : ctas)
+    for (const Job& j : c.jobs) {
+      if (j.ev[trace::kPublished].ns == 0 || j.ev[trace::kRoundDone].ns == 0) continue;
+      const uint64_t last = published.at({c.peers_key, j.wg, j.index}).second;
+      seen_after.add((double(j.ev[trace::kRoundDone].ns) - double(last)) * 1e-3);
+    }
 
   std::string s = fmt::format(
       "trace: {} CTAs, {} jobs each ({}), launch {:.1f} us from the first turn to the last epilogue; SM clock {:.2f} GHz\n",
@@ -174,6 +200,16 @@ std::string summarize_trace(const std::vector<uint64_t>& w, const Plan& plan, st
       double(t1 - t0) * 1e-3, ghz.mean());
   s += fmt::format("  mainloop per job (turn -> accumulators ready), us: {}\n", mainloop.str());
   s += fmt::format("  epilogue per job (accumulators ready -> done, rounds included), us: {}\n", epilogue.str());
+  if (part[trace::kEpiRootBody].max() > 0) {
+    s += fmt::format("    of it per job: root stage's begin (vectors; the previous job's stores read), us: {}\n",
+                     part[trace::kEpiBegin].str());
+    s += fmt::format("      root stage's body (tile inputs, compute, stores), us: {}\n", part[trace::kEpiRootBody].str());
+    s += fmt::format("      reduce phase to the round's end (second statistic, exchange), us: {}\n",
+                     part[trace::kEpiRound].str());
+    s += fmt::format("        of it until published (quad reduce, second statistic, stores), us: {}\n",
+                     part[trace::kEpiPublish].str());
+    s += fmt::format("      later stages (bodies, stores, their rounds), us: {}\n", part[trace::kEpiPost].str());
+  }
   s += fmt::format("  tensor idle between jobs per CTA (next turn - accumulators ready), us: {}\n", idle.str());
   s += fmt::format("    of it while the next job's warp group was still in an epilogue, us: {}\n", idle_epi.str());
   if (polls_per_job.max() > 0)
@@ -184,6 +220,11 @@ std::string summarize_trace(const std::vector<uint64_t>& w, const Plan& plan, st
                    head.str(), tail.str());
   s += fmt::format("  row peers' accumulators-ready spread per job ({} peer sets x jobs), us: {}\n", ready.size(),
                    skew.str());
+  if (!published.empty()) {
+    s += fmt::format("  row peers' publish spread per job, us: {}\n", pub_skew.str());
+    s += fmt::format("  round's end after the last peer published (every value seen and merged), us: {}\n",
+                     seen_after.str());
+  }
   return s;
 }
 

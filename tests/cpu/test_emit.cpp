@@ -396,8 +396,12 @@ TEST(Trace, SummaryFindsTheIdleGapBehindAnEpilogue) {
         rec[at + 1] = ev[e];         // clock64
       }
     }
-    rec[trace::kPollBase] = 6000;  // WG0: 6 us in 2 polls
+    rec[trace::kPollBase] = 6000;  // WG0: 6 us in 2 polls (cycles)
     rec[trace::kPollBase + 1] = 2;
+    // Epilogue parts (cycles) summed over WG0's 2 jobs and WG1's 1: 30 us of body, 60 of round.
+    rec[trace::kEpiBase + trace::kEpiRootBody] = 20000;
+    rec[trace::kEpiBase + trace::kEpiParts + trace::kEpiRootBody] = 10000;
+    rec[trace::kEpiBase + trace::kEpiRound] = 60000;
     rec[trace::kWordsPerCta - 1] = 1 + cta;  // SM id + 1
   }
   Plan plan;
@@ -412,6 +416,8 @@ TEST(Trace, SummaryFindsTheIdleGapBehindAnEpilogue) {
   EXPECT_NE(s.find("(next turn - accumulators ready), us: mean 50.00"), std::string::npos) << s;
   EXPECT_NE(s.find("still in an epilogue, us: mean 50.00"), std::string::npos) << s;
   EXPECT_NE(s.find("(0.7 polls, loads issued -> every tag seen), us: mean 2.00"), std::string::npos) << s;
+  EXPECT_NE(s.find("root stage's body (tile inputs, compute, stores), us: mean 10.00"), std::string::npos) << s;
+  EXPECT_NE(s.find("(second statistic, exchange), us: mean 20.00"), std::string::npos) << s;
   EXPECT_NE(s.find("CTA span (first turn -> last done), us: mean 400.00"), std::string::npos) << s;
   EXPECT_NE(s.find("spread per job (3 peer sets x jobs), us: mean 0.01"), std::string::npos) << s;
   EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 1 + 2 * 3 * 4);  // header + every stamp
@@ -436,7 +442,7 @@ TEST(Trace, B2bSummarySplitsAJobIntoItsStages) {
       rec[at] = rec[at + 1] = ev[e];
     }
   }
-  const uint64_t stages[2][3] = {{120000, 60000, 20000}, {80000, 50000, 10000}};  // ns
+  const uint64_t stages[2][3] = {{120000, 60000, 20000}, {80000, 50000, 10000}};  // cycles (= ns: 1 GHz here)
   for (int wg = 0; wg < 2; ++wg)
     for (int st = 0; st < trace::kStages; ++st) rec[trace::kStageBase + wg * trace::kStages + st] = stages[wg][st];
   rec[trace::kWordsPerCta - 1] = 1;

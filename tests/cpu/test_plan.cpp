@@ -203,6 +203,22 @@ TEST(Plan, TileInputsKeepNothingInSmem) {
   }
 }
 
+// PlanOptions::ring_stages caps the ring (an A/B of its depth), and only where it is below what
+// fits; the explain names the planner's own pick.
+TEST(Plan, RingStagesOptionCapsTheRing) {
+  const DeviceModel dev;
+  const Problem pr = prob(8192, 1024, 1024);
+  const Plan free = make_plan(residual_norm(true, DType::BF16, true), pr, dev);
+  ASSERT_GT(free.kernel.ring_stages, 2);
+  for (int cap : {2, free.kernel.ring_stages - 1, 8}) {
+    PlanOptions opt;
+    opt.ring_stages = cap;
+    const Plan p = make_plan(residual_norm(true, DType::BF16, true), pr, dev, PlannerTunables{}, opt);
+    EXPECT_EQ(p.kernel.ring_stages, std::min(cap, free.kernel.ring_stages)) << cap;
+    EXPECT_LE(p.smem.total(), dev.smem_per_cta_bytes);
+  }
+}
+
 TEST(Plan, AggregationSwitchesAtP2pMaxCluster) {
   FusionSpec s = layer_norm();
   for (int limit : {2, 4, 8}) {

@@ -165,6 +165,7 @@ struct B2bGemmSm90 {
         bool const owner = owner_rank == uint32_t(rank);
         epi::EpiCtx c2{&p, m0, job.n2_block * C.tile_n2, p.N, t, t / 32, t % 32};
         c2.batch = job.batch;
+        c2.job = traced;
         // Epi2's tile inputs (a residual) go to L2 while the chunks run.
         if constexpr (Epi2::kRootLoads)
           if (owner) epi2.prefetch(c2, epi2_storage(mine));

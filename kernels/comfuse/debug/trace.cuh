@@ -9,11 +9,17 @@
 //   kIssued      all of the job's wgmmas are issued (PingPong: the turn goes to the other WG)
 //   kAccReady    the accumulators are complete (mma_tail)
 //   kEpiDone     the job's epilogue, cluster/L2 rounds included, has returned
-// and sums the time it spends in L2 exchange polls (cluster/global_exchange.cuh). The B2B
-// kernel (b2b/b2b_gemm_sm90.cuh) stamps the same four events per job (its turn is the job's
-// start, kIssued the last chunk's GEMM2 issued, kAccReady O complete, kEpiDone after Epi2) and
-// sums, per warp group, the time of its per-chunk stages: ML1 (GEMM1 issued and waited for),
-// Epi1 (F) and ML2's issue.
+// and, where the epilogue exchanges a row reduction, the first round's two ends (kPublished:
+// its partials are out; kRoundDone: every peer's are in), which the host lines up across the
+// row's CTAs; it sums the time it spends in L2 exchange polls (cluster/global_exchange.cuh).
+// The B2B kernel (b2b/b2b_gemm_sm90.cuh) stamps the same four events per job (its turn is the
+// job's start, kIssued the last chunk's GEMM2 issued, kAccReady O complete, kEpiDone after
+// Epi2) and sums, per warp group, the time of its per-chunk stages: ML1 (GEMM1 issued and waited for),
+// Epi1 (F) and ML2's issue. Every Stage-Stream epilogue (epilogue/stage.cuh; the B2B kernel's
+// Epi2 too) sums its parts in slots of their own: the root stage's begin (vector loads, the
+// wait for the previous job's stores), its body (inputs, compute, stores), the reduce phase to
+// the round's end (of it, until its partials are published), and the later stages. The sums
+// count clock64 cycles and are updated with reductions the thread does not wait for.
 // The host reads `comfuse_trace` (runtime: FusedKernel::trace) after a launch; the last
 // launch's stamps stay there (each launch overwrites the same slots). Jobs past kMaxJobs and
 // CTAs past kMaxCtas are not recorded.
@@ -21,16 +27,24 @@
 
 namespace comfuse::trace {
 
-inline constexpr int kMaxCtas = 160, kMaxJobs = 64, kEvents = 4, kStages = 3;
-enum Event : int { kTurn = 0, kIssued = 1, kAccReady = 2, kEpiDone = 3 };
+inline constexpr int kMaxCtas = 160, kMaxJobs = 64, kEvents = 6, kStages = 3, kEpiParts = 5;
+enum Event : int { kTurn = 0, kIssued = 1, kAccReady = 2, kEpiDone = 3,
+                   // a row reduction's exchange (epilogue/stage.cuh): this CTA's partials published,
+                   // and every peer's seen (the round's end); absent without an exchange
+                   kPublished = 4, kRoundDone = 5 };
+inline constexpr int kCoreEvents = 4;  // every job stamps kTurn..kEpiDone
 // The B2B kernel's per-chunk stages.
 enum Stage : int { kGemm1 = 0, kF = 1, kGemm2Issue = 2 };
-// Per CTA: [wg 0..1][job][event][globaltimer, clock64]; then [wg 0..1][ns its thread 0 spent
+// The epilogue's parts (epilogue/stage.cuh), summed per warp group.
+// kEpiRound holds kEpiPublish (the CTA's own statistics reduced and published) and the wait.
+enum EpiPart : int { kEpiBegin = 0, kEpiRootBody = 1, kEpiRound = 2, kEpiPost = 3, kEpiPublish = 4 };
+// Per CTA: [wg 0..1][job][event][globaltimer, clock64]; then [wg 0..1][cycles its thread 0 spent
 // in L2 exchange polls (from issuing the loads to seeing every tag), their count]; then
-// [wg 0..1][stage] ns (B2B); then one word: the SM id + 1.
+// [wg 0..1][stage] cycles (B2B); then [wg 0..1][epilogue part] cycles; then one word: the SM id + 1.
 inline constexpr int kPollBase = 2 * kMaxJobs * kEvents * 2;
 inline constexpr int kStageBase = kPollBase + 4;
-inline constexpr int kWordsPerCta = kStageBase + 2 * kStages + 1;
+inline constexpr int kEpiBase = kStageBase + 2 * kStages;
+inline constexpr int kWordsPerCta = kEpiBase + 2 * kEpiParts + 1;
 inline constexpr int kWords = kMaxCtas * kWordsPerCta;
 
 }  // namespace comfuse::trace
@@ -47,10 +61,13 @@ __device__ unsigned long long comfuse_trace[comfuse::trace::kWords];  // one JIT
 
 namespace comfuse::trace {
 
-// global_timer_ns() when tracing, else 0 (and the hooks below compile to nothing).
+// This SM's clock64 when tracing, else 0 (and the hooks below compile to nothing): the sums
+// below count cycles, exact intervals on one SM like the job stamps' clock64.
 __device__ __forceinline__ unsigned long long now() {
 #ifdef COMFUSE_TRACE
-  return global_timer_ns();
+  unsigned long long c;
+  asm volatile("mov.u64 %0, %%clock64;\n" : "=l"(c));
+  return c;
 #else
   return 0;
 #endif
@@ -62,6 +79,10 @@ __device__ __forceinline__ unsigned long long* record() {
   int const cta = int(blockIdx.x * gridDim.y + blockIdx.y);
   return cta < kMaxCtas ? comfuse_trace + size_t(cta) * kWordsPerCta : nullptr;
 }
+
+// A sum's update: a reduction the thread does not wait for (RED), where `+=` would stall it for
+// an L2 round trip per update, inside the intervals it measures.
+__device__ __forceinline__ void add(unsigned long long* word, unsigned long long v) { atomicAdd(word, v); }
 #endif
 
 // Thread t (0..127) of consumer warp group wg stamps event ev of its job-th job.
@@ -69,14 +90,13 @@ __device__ __forceinline__ void mark(int t, int wg, int job, Event ev) {
 #ifdef COMFUSE_TRACE
   unsigned long long* rec = record();
   if (t != 0 || !rec || job >= kMaxJobs) return;
-  unsigned long long c;
   unsigned sm;
-  unsigned long long const g = now();
-  asm volatile("mov.u64 %0, %%clock64;\n" : "=l"(c));
+  unsigned long long const g = global_timer_ns(), c = now();
   asm volatile("mov.u32 %0, %%smid;\n" : "=r"(sm));
   if (job == 0 && ev == kTurn) {
     rec[kPollBase + 2 * wg] = rec[kPollBase + 2 * wg + 1] = 0;
     for (int s = 0; s < kStages; ++s) rec[kStageBase + wg * kStages + s] = 0;
+    for (int s = 0; s < kEpiParts; ++s) rec[kEpiBase + wg * kEpiParts + s] = 0;
   }
   rec[((wg * kMaxJobs + job) * kEvents + ev) * 2] = g;
   rec[((wg * kMaxJobs + job) * kEvents + ev) * 2 + 1] = c;
@@ -86,14 +106,19 @@ __device__ __forceinline__ void mark(int t, int wg, int job, Event ev) {
 #endif
 }
 
+// The calling consumer warp group's thread 0 stamps event ev of its job-th job.
+__device__ __forceinline__ void mark_here(int job, Event ev) {
+  mark(int(threadIdx.x) % 128, int(threadIdx.x) / 128 - 1, job, ev);
+}
+
 // An exchange poll that started at now() == since has seen every tag.
 __device__ __forceinline__ void add_poll(unsigned long long since) {
 #ifdef COMFUSE_TRACE
   int const wg = int(threadIdx.x) / 128 - 1;
   unsigned long long* rec = record();
   if (threadIdx.x % 128 != 0 || wg < 0 || !rec) return;
-  rec[kPollBase + 2 * wg] += now() - since;
-  rec[kPollBase + 2 * wg + 1] += 1;
+  add(rec + kPollBase + 2 * wg, now() - since);
+  add(rec + kPollBase + 2 * wg + 1, 1);
 #else
   (void)since;
 #endif
@@ -104,9 +129,21 @@ __device__ __forceinline__ void add_stage(int t, int wg, Stage st, unsigned long
 #ifdef COMFUSE_TRACE
   unsigned long long* rec = record();
   if (t != 0 || !rec) return;
-  rec[kStageBase + wg * kStages + st] += now() - since;
+  add(rec + kStageBase + wg * kStages + st, now() - since);
 #else
   (void)t, (void)wg, (void)st, (void)since;
+#endif
+}
+
+// The calling consumer warp group's thread 0 adds the time since `since` to epilogue part pt.
+__device__ __forceinline__ void add_epi(EpiPart pt, unsigned long long since) {
+#ifdef COMFUSE_TRACE
+  int const wg = int(threadIdx.x) / 128 - 1;
+  unsigned long long* rec = record();
+  if (threadIdx.x % 128 != 0 || wg < 0 || !rec) return;
+  add(rec + kEpiBase + wg * kEpiParts + pt, now() - since);
+#else
+  (void)pt, (void)since;
 #endif
 }
 

@@ -46,6 +46,7 @@ struct EpiCtx {
   int warp, lane;   // warp inside the warp group, lane
   int tile = 0;     // Stash (NTiles > 1): which of the job's N-tiles (n0 is that tile's origin)
   int batch = 0;    // batched kernels (Geometry::kBatched): the job's batch
+  int job = 0;      // the warp group's job count (trace stamps only)
   float const* gate = nullptr;  // B2B's gated GEMM1: the current fragment of X W3^T (GateEntry)
   RowGroupSlot xs{};  // row reductions across clusters (Aggregation::L2Exchange): exchange slot, rank
 };

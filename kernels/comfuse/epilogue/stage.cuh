@@ -453,9 +453,13 @@ template <class... Nodes> struct Stage {
     COMFUSE_DEVICE void run_tile(EpiCtx const& c, SharedStorage& ss, FragC& accum, int bar_id, int t, St const& st = St{}) {
       EpiCtx const ct = tile_ctx(c, t);
       TreeStorage& tree = tree_of(ss);
+      unsigned long long since = trace::now();
       begin_phase<true>(ct, tree, bar_id);
+      trace::add_epi(trace::kEpiBegin, since);
+      since = trace::now();
       if (Geo::NTiles == 1 || t == Geo::NTiles - 1) body<true>(ct, tree, accum, bar_id, st);
       else body<false>(ct, tree, accum, bar_id, st);
+      trace::add_epi(trace::kEpiRootBody, since);
       if constexpr (kEndsInReduction) {
         if (t == Geo::NTiles - 1) {
           if constexpr (kChanInSmem) {
@@ -582,6 +586,7 @@ template <class... Nodes> struct Stage {
       using Op = typename Last::ReduceOp;
       auto& red = cute::get<kNumNodes - 1>(impls);
       float v[Geo::MBlocks][2];
+      [[maybe_unused]] unsigned long long const since = trace::now();
       if constexpr (kPair == kPairGiven) {  // the parent's round brought this statistic
         CUTE_UNROLL
         for (int mi = 0; mi < Geo::MBlocks; ++mi) v[mi][0] = given[mi][0], v[mi][1] = given[mi][1];
@@ -603,6 +608,8 @@ template <class... Nodes> struct Stage {
           float second[Geo::MBlocks][2];
           local_second(c, accum, v, second);
           if constexpr (kClusterReduce) Chan::start_pair(chan, rnd, c.xs, *c.p, c.t, v, second);
+          if constexpr (kRoot) trace::add_epi(trace::kEpiPublish, since);
+          if constexpr (kRoot && kClusterReduce) trace::mark_here(c.job, trace::kPublished);
           // (One N-tile a job: the PostStage's begin() ran with the root's, begin_phase<true>.)
           if constexpr (kClusterReduce) {
             // The first statistic folds as a sum (the mean's finalize divides later) or a max.
@@ -611,15 +618,19 @@ template <class... Nodes> struct Stage {
             auto term = [&](int j, float vj, float sj, float ctr) { return pair_term(c, j, vj, sj, ctr); };
             Chan::template finish_pair<First>(chan, rnd, c.xs, *c.p, c.t, v, second, center, term);
             ++rnd;
+            if constexpr (kRoot) trace::mark_here(c.job, trace::kRoundDone);
           }
           if constexpr (kHasPost) post.take_given(second);
         } else {
           if constexpr (kClusterReduce) Chan::start(chan, rnd, c.xs, *c.p, c.t, bar_id, v);
+          if constexpr (kRoot) trace::add_epi(trace::kEpiPublish, since);
+          if constexpr (kRoot && kClusterReduce) trace::mark_here(c.job, trace::kPublished);
           // Several N-tiles a job: tile 0's begin overlaps the round (one: it ran with the root's).
           if constexpr (kHasPost && Geo::NTiles > 1) post.begin_phase(c, post_tree(ts), bar_id);
           if constexpr (kClusterReduce) {
             Chan::template finish<Op>(chan, rnd, c.xs, *c.p, c.t, bar_id, v);
             ++rnd;
+            if constexpr (kRoot) trace::mark_here(c.job, trace::kRoundDone);
           }
         }
       }
@@ -630,7 +641,12 @@ template <class... Nodes> struct Stage {
           CUTE_UNROLL
           for (int h = 0; h < 2; ++h) v[mi][h] = Op::finalize(v[mi][h], n);
         post.take_stat(v);
+        if constexpr (kRoot) trace::add_epi(trace::kEpiRound, since);
+        [[maybe_unused]] unsigned long long const post_since = trace::now();
         post.stream(c, post_tree(ts), accum, bar_id, chan, rnd, st);
+        if constexpr (kRoot) trace::add_epi(trace::kEpiPost, post_since);
+      } else if constexpr (kRoot) {
+        trace::add_epi(trace::kEpiRound, since);
       }
     }
   };

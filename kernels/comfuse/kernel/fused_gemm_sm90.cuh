@@ -188,6 +188,7 @@ struct FusedGemmSm90 {
         if (!tc.valid) break;
         int const m0 = tc.m_block * BM + (kPingPong ? 0 : cw * kEpiRows);
         epi::EpiCtx ctx{&p, m0, tc.n_block * BN, p.N, t, t / 32, t % 32};  // the job's tile 0
+        ctx.job = job;
         ctx.xs = RowGroupSlot{sched.exchange_slot(cw), sched.rank_n, epoch};
         if constexpr (kPingPong) named_sync(barrier_id(NamedBarrier::MmaTurnWG0, cw), 2 * kWarpGroupThreads);
         trace::mark(t, cw, job, trace::kTurn);
