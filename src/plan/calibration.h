@@ -148,6 +148,16 @@ struct PlannerTunables {
   // (128 values, 1.90 GHz): 128 values a thread cost 1.35x per element (fewer registers for
   // the stages' temporaries).
   std::map<int, double> row_group_epilogue_cycles = {{64, 6.75}, {128, 9.1}};
+  // What a consumer warp group's epilogue spends reading an [M, N] tile input (a residual) from
+  // L2, per 64-column subtile of a full tile: a pair of elements per load in the accumulator
+  // layout, the subtile's loads in flight at once and then waited for, behind the other
+  // consumer's mainloop traffic, so a pass costs about one loaded L2 round trip whatever its
+  // rows. MEASURED with `comfuse run --trace` (bench/NOTES.md, prefill residual norms;
+  // 8192x1024x1024, 128x128, row groups of 8): the bf16 residual added 3.0 us to the root
+  // stage's body and 0.8 us to its begin, 4.9 us to the job's epilogue against LayerNorm without
+  // it (13.3 vs 8.4), of which the model's arithmetic already had 1.65: 3.25 us over 2 passes.
+  // Scaled by the tile's rows below M: the decode epilogues (1 and 32 rows) measured no such cost.
+  double row_group_tile_input_pass_us = 1.63;
   bool use_row_groups = true;  // rows with a reduction go to row groups (else the DSMEM search)
 
   // One wave of jobs (decode and small M; decide_row_groups.cpp), MEASURED on the H200 with

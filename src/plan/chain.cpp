@@ -89,7 +89,10 @@ ChainInfo analyze_chain(const FusionSpec& s) {
   info.mean_variance_pairs = s.pair_count(PairKind::MeanVariance);
   info.max_exp_sum_pairs = s.pair_count(PairKind::MaxExpSum);
   for (const RuntimeArg& a : s.args)
-    if (a.role == ArgRole::TileInput) info.tile_input_bytes_per_element += static_cast<int64_t>(size_of(a.dtype));
+    if (a.role == ArgRole::TileInput) {
+      info.tile_input_bytes_per_element += static_cast<int64_t>(size_of(a.dtype));
+      ++info.tile_inputs;
+    }
   const std::vector<StageRef> stages = collect_stages(s);
   for (const StageRef& st : stages) {
     int bypass_tiles = 0;

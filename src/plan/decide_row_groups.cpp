@@ -11,7 +11,8 @@
 //   T           = ceil(N-tiles / G)                   N-tiles per CTA and job
 //   per CTA     = ceil(jobs / groups) jobs x T tiles of mainloop
 // A job's epilogue is its stages' arithmetic (calibration.h row_group_epilogue_cycles), its
-// stash re-reads and output stores, and one exchange round per reduction. PingPong hides it
+// stash re-reads and output stores, its tile inputs' reads (row_group_tile_input_pass_us a
+// 64-column subtile), and one exchange round per reduction. PingPong hides it
 // behind the other consumer's next mainloop while it is the shorter of the two; a longer one
 // sets the pace, each consumer running mainloop + epilogue per job with the two mainloops
 // interleaved on the tensor cores (a long chain of reductions: MEASURED per-job traces, 64x128
@@ -178,7 +179,11 @@ std::vector<Candidate> decide_row_groups(const Request& r, Rejections& why) {
         const double gather = split_gather_us(tun, ks, d.gather_slots);
         d.gather_us = gather;
         d.exchange_us = rounds * lookup(tun.row_group_exchange_us, g) + gather;
-        const double arithmetic = epilogue_arithmetic_us(chain, tun, dev, ts, n_tiles);
+        // The tile inputs: a latency-bound pass per 64-column subtile, for the tile's rows below M.
+        const double tile_inputs = double(n_tiles) * chain.tile_inputs * (ts.tile_n / 64) *
+                                   tun.row_group_tile_input_pass_us *
+                                   (double(std::min<int64_t>(p.m, ts.tile_m)) / ts.tile_m);
+        const double arithmetic = epilogue_arithmetic_us(chain, tun, dev, ts, n_tiles) + tile_inputs;
         if (jobs_per_cta == 1) {  // one consumer alone: nothing overlaps its epilogue
           // One wave (decode, small M): B streams from DRAM once, and what bounds the mainloop
           // is whichever is slower of a CTA's tiles of MACs, the bytes of B one SM pulls in

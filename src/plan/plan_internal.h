@@ -47,6 +47,7 @@ struct ChainInfo {
     int row_broadcasts = 0;
   };
   int64_t tile_input_bytes_per_element = 0;  // the [M, N] inputs the kernel reads, once each (DRAM model)
+  int tile_inputs = 0;                        // how many [M, N] inputs (each its own epilogue loads)
   std::vector<StageStorage> stage_storage;
 };
 ChainInfo analyze_chain(const FusionSpec& s);
