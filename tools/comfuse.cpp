@@ -224,7 +224,7 @@ std::vector<CLI::Option*> add_plan_options(CLI::App* cmd, ExplainArgs& ex) {
           ->check(CLI::IsMember({1, 2, 4, 8, 16, 32, 64})),
       cmd->add_option("--k-splits", ex.k_splits,
                       "row groups: split-K, S clusters share each tile's K (1..16; 1: none)")
-          ->check(CLI::Range(1, 16)),
+          ->check(CLI::Range(1, Sm90::kMaxKSplits)),
       cmd->add_option("--stash", ex.stash, "row groups: stash element, fp32 or bf16")->check(CLI::IsMember({"fp32", "bf16"})),
       cmd->add_option("--pairs", ex.pairs,
                       "paired reductions (LayerNorm's mean and variance, softmax's max and sum of exp) in one-round "
@@ -240,7 +240,7 @@ std::vector<CLI::Option*> add_plan_options(CLI::App* cmd, ExplainArgs& ex) {
           ->check(CLI::IsMember({64, 128})),
       cmd->add_option("--ring-stages", ex.ring_stages,
                       "a single-GEMM plan: at most this many mainloop ring stages (2..8; fewer where the epilogue's SMEM leaves less)")
-          ->check(CLI::Range(2, 8)),
+          ->check(CLI::Range(2, Sm90::kMaxRingStages)),
   };
 }
 

@@ -36,6 +36,7 @@ struct Sm90 {
   static constexpr int kMaxNTiles = 64;             // N-tiles one CTA walks per job
   static constexpr int kMaxRowGroup = 64;           // clusters of one row group
   static constexpr int kMaxKSplits = 16;            // K-splits of one tile (split-K)
+  static constexpr int kMaxRingStages = 8;          // the planner's deepest mainloop ring (its search range)
   // Params slots (params.cuh).
   static constexpr int kMaxOutputs = 4;  // Store nodes (output tensors) of an epilogue
   static constexpr int kMaxVectors = 8;  // RowBroadcast / ColBroadcast operands

@@ -72,7 +72,7 @@ inline double lookup(const std::map<int, double>& m, int key) {
 // about running it.
 struct Candidate {
   KernelConfig k;
-  int max_ring_stages = 8;
+  int max_ring_stages = Sm90::kMaxRingStages;
   int raster_group = 8;
   bool raster_along_n = false;
   int regs = 0;                 // consumer register estimate

@@ -174,6 +174,8 @@ void check_request(const FusionSpec& s, const Problem& p, const DeviceModel& dev
   if ((rg_only || opt.stash_bytes) && s.reduction_count() == 0)
     throw Error("plan: row_group, k_splits, stash_bytes and aggregation l2 shape row reductions (split-K is planned "
                 "with row groups); this epilogue has none");
+  if (opt.ring_stages && (*opt.ring_stages < 2 || *opt.ring_stages > Sm90::kMaxRingStages))
+    throw Error(fmt::format("plan: ring_stages = {} is not in 2..{}", *opt.ring_stages, Sm90::kMaxRingStages));
   if (opt.k_splits && (*opt.k_splits < 1 || *opt.k_splits > Sm90::kMaxKSplits))
     throw Error(fmt::format("plan: k_splits = {} is not in 1..{}", *opt.k_splits, Sm90::kMaxKSplits));
   if (opt.k_splits && *opt.k_splits > plan_detail::ceil_div64(p.k, Sm90::kTileK))

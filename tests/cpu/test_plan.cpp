@@ -231,6 +231,9 @@ TEST(Plan, RingStagesOptionCapsTheRing) {
     EXPECT_EQ(p.kernel.ring_stages, std::min(cap, free.kernel.ring_stages)) << cap;
     EXPECT_LE(p.smem.total(), dev.smem_per_cta_bytes);
   }
+  PlanOptions bad;
+  bad.ring_stages = 1;
+  EXPECT_THROW(make_plan(residual_norm(true, DType::BF16, true), pr, dev, PlannerTunables{}, bad), Error);
 }
 
 TEST(Plan, AggregationSwitchesAtP2pMaxCluster) {
