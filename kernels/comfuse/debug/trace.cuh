@@ -14,8 +14,8 @@
 // row's CTAs; it sums the time it spends in L2 exchange polls (cluster/global_exchange.cuh).
 // The B2B kernel (b2b/b2b_gemm_sm90.cuh) stamps the same four events per job (its turn is the
 // job's start, kIssued the last chunk's GEMM2 issued, kAccReady O complete, kEpiDone after
-// Epi2) and sums, per warp group, the time of its per-chunk stages: ML1 (GEMM1 issued and waited for),
-// Epi1 (F) and ML2's issue. Every Stage-Stream epilogue (epilogue/stage.cuh; the B2B kernel's
+// Epi2) and sums, per warp group, the time of its per-chunk stages: ML1 (GEMM1 issued and
+// waited for), Epi1 (F) and ML2's issue. Every Stage-Stream epilogue (epilogue/stage.cuh; the B2B kernel's
 // Epi2 too) sums its parts in slots of their own: the root stage's begin (vector loads, the
 // wait for the previous job's stores), its body (inputs, compute, stores), the reduce phase to
 // the round's end (of it, until its partials are published), and the later stages. The sums
