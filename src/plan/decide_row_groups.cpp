@@ -58,6 +58,7 @@ struct Division {
   double job_epilogue_us = 0;  // one job's epilogue: arithmetic, stash and store traffic, rounds
   double exchange_us = 0;      // of it: the rounds and split-K's gather
   double gather_us = 0;        // of that: split-K's gather
+  double tile_inputs_us = 0;   // of the epilogue: its tile inputs' read passes
   int gather_slots = 0;        // the owner's row slots (split_gather_us)
   double stream_us = 0;  // one wave: the time one SM needs to pull its share of B (a tie-break)
   bool idle_ctas = false;  // some CTA of a cluster along M has no rows (M < cluster_m row blocks)
@@ -183,6 +184,7 @@ std::vector<Candidate> decide_row_groups(const Request& r, Rejections& why) {
         const double tile_inputs = double(n_tiles) * chain.tile_inputs * (ts.tile_n / 64) *
                                    tun.row_group_tile_input_pass_us *
                                    (double(std::min<int64_t>(p.m, ts.tile_m)) / ts.tile_m);
+        d.tile_inputs_us = tile_inputs;
         const double arithmetic = epilogue_arithmetic_us(chain, tun, dev, ts, n_tiles) + tile_inputs;
         if (jobs_per_cta == 1) {  // one consumer alone: nothing overlaps its epilogue
           // One wave (decode, small M): B streams from DRAM once, and what bounds the mainloop
@@ -258,6 +260,10 @@ std::vector<Candidate> decide_row_groups(const Request& r, Rejections& why) {
                            int64_t{c.resident} * c.k.cluster_size() / c.k.k_splits, o.d.gather_us,
                            tun.split_k_gather_base_us, c.k.k_splits - 1, o.d.gather_slots,
                            tun.split_k_gather_per_row_us);
+    if (o.d.tile_inputs_us > 0)
+      c.why += fmt::format("; a job's epilogue reads its {} tile input(s) in {:.1f} us ({} pass(es) of 64 columns, "
+                           "latency-bound: calibration.h row_group_tile_input_pass_us)",
+                           chain.tile_inputs, o.d.tile_inputs_us, c.k.n_tiles * chain.tile_inputs * (c.k.tile_n / 64));
     if (o.d.launch_us > 0)
       c.why += fmt::format("; one wave: the tail holds the launch's fixed cost, {:.1f} us (calibration.h one_wave_launch_us)",
                            o.d.launch_us);
