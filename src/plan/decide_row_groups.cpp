@@ -58,7 +58,8 @@ struct Division {
   double job_epilogue_us = 0;  // one job's epilogue: arithmetic, stash and store traffic, rounds
   double exchange_us = 0;      // of it: the rounds and split-K's gather
   double gather_us = 0;        // of that: split-K's gather
-  double tile_inputs_us = 0;   // of the epilogue: its tile inputs' read passes
+  int64_t tile_input_passes = 0;  // the epilogue's read passes of its tile inputs (64 columns each)
+  double tile_inputs_us = 0;       // and their time
   int gather_slots = 0;        // the owner's row slots (split_gather_us)
   double stream_us = 0;  // one wave: the time one SM needs to pull its share of B (a tie-break)
   bool idle_ctas = false;  // some CTA of a cluster along M has no rows (M < cluster_m row blocks)
@@ -181,11 +182,10 @@ std::vector<Candidate> decide_row_groups(const Request& r, Rejections& why) {
         d.gather_us = gather;
         d.exchange_us = rounds * lookup(tun.row_group_exchange_us, g) + gather;
         // The tile inputs: a latency-bound pass per 64-column subtile, for the tile's rows below M.
-        const double tile_inputs = double(n_tiles) * chain.tile_inputs * (ts.tile_n / 64) *
-                                   tun.row_group_tile_input_pass_us *
-                                   (double(std::min<int64_t>(p.m, ts.tile_m)) / ts.tile_m);
-        d.tile_inputs_us = tile_inputs;
-        const double arithmetic = epilogue_arithmetic_us(chain, tun, dev, ts, n_tiles) + tile_inputs;
+        d.tile_input_passes = n_tiles * chain.tile_inputs * (ts.tile_n / 64);
+        d.tile_inputs_us = double(d.tile_input_passes) * tun.row_group_tile_input_pass_us *
+                           (double(std::min<int64_t>(p.m, ts.tile_m)) / ts.tile_m);
+        const double arithmetic = epilogue_arithmetic_us(chain, tun, dev, ts, n_tiles) + d.tile_inputs_us;
         if (jobs_per_cta == 1) {  // one consumer alone: nothing overlaps its epilogue
           // One wave (decode, small M): B streams from DRAM once, and what bounds the mainloop
           // is whichever is slower of a CTA's tiles of MACs, the bytes of B one SM pulls in
@@ -263,7 +263,7 @@ std::vector<Candidate> decide_row_groups(const Request& r, Rejections& why) {
     if (o.d.tile_inputs_us > 0)
       c.why += fmt::format("; a job's epilogue reads its {} tile input(s) in {:.1f} us ({} pass(es) of 64 columns, "
                            "latency-bound: calibration.h row_group_tile_input_pass_us)",
-                           chain.tile_inputs, o.d.tile_inputs_us, c.k.n_tiles * chain.tile_inputs * (c.k.tile_n / 64));
+                           chain.tile_inputs, o.d.tile_inputs_us, o.d.tile_input_passes);
     if (o.d.launch_us > 0)
       c.why += fmt::format("; one wave: the tail holds the launch's fixed cost, {:.1f} us (calibration.h one_wave_launch_us)",
                            o.d.launch_us);

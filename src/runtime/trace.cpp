@@ -111,6 +111,22 @@ std::pair<uint64_t, uint64_t> launch_window(const std::vector<Cta>& ctas) {
   return {t0, t1};
 }
 
+// Per set of row peers, warp group and job: the first and last globaltimer stamp of event ev
+// among the peers (jobs that did not stamp it are left out).
+using PeerWindows = std::map<std::tuple<int, int, int>, std::pair<uint64_t, uint64_t>>;
+PeerWindows peer_windows(const std::vector<Cta>& ctas, trace::Event ev) {
+  PeerWindows w;
+  for (const Cta& c : ctas)
+    for (const Job& j : c.jobs) {
+      const uint64_t t = j.ev[ev].ns;
+      if (t == 0) continue;
+      auto [it, fresh] = w.try_emplace({c.peers_key, j.wg, j.index}, UINT64_MAX, 0);
+      it->second.first = std::min(it->second.first, t);
+      it->second.second = std::max(it->second.second, t);
+    }
+  return w;
+}
+
 }  // namespace
 
 std::string summarize_trace(const std::vector<uint64_t>& w, const Plan& plan, std::string* csv) {
@@ -166,25 +182,12 @@ std::string summarize_trace(const std::vector<uint64_t>& w, const Plan& plan, st
   }
   // Skew inside each set of row peers: per (warp group, job), how far apart their
   // accumulators became ready (the earliest then waits for the latest in the exchange).
-  std::map<std::tuple<int, int, int>, std::pair<uint64_t, uint64_t>> ready;  // (peers, wg, job) -> min, max
-  for (const Cta& c : ctas)
-    for (const Job& j : c.jobs) {
-      auto [it, fresh] = ready.try_emplace({c.peers_key, j.wg, j.index}, UINT64_MAX, 0);
-      it->second.first = std::min(it->second.first, j.ev[trace::kAccReady].ns);
-      it->second.second = std::max(it->second.second, j.ev[trace::kAccReady].ns);
-    }
+  const PeerWindows ready = peer_windows(ctas, trace::kAccReady);
   Stats skew;
   for (const auto& [k, mm] : ready) skew.add(double(mm.second - mm.first) * 1e-3);
   // The exchange, where the kernel stamped it: how far apart the peers published, and how long
   // after the last peer's publish each CTA saw every value (the L2's visibility and the poll).
-  std::map<std::tuple<int, int, int>, std::pair<uint64_t, uint64_t>> published;
-  for (const Cta& c : ctas)
-    for (const Job& j : c.jobs) {
-      if (j.ev[trace::kPublished].ns == 0) continue;
-      auto [it, fresh] = published.try_emplace({c.peers_key, j.wg, j.index}, UINT64_MAX, 0);
-      it->second.first = std::min(it->second.first, j.ev[trace::kPublished].ns);
-      it->second.second = std::max(it->second.second, j.ev[trace::kPublished].ns);
-    }
+  const PeerWindows published = peer_windows(ctas, trace::kPublished);
   Stats pub_skew, seen_after;
   for (const auto& [k, mm] : published) pub_skew.add(double(mm.second - mm.first) * 1e-3);
   for (const Cta& c : ctas)
