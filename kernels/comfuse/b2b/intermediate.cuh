@@ -99,7 +99,13 @@ struct OnlineSoftmaxF {
     // x = the prologue, in place of P; columns past N1 do not exist. Only the chunk that
     // crosses N1 masks them (a branch uniform over the warp group): the others skip a compare
     // and a select per element.
-    float cmax[2] = {neg_inf(), neg_inf()};
+    // Each row's max in 4 partial chains (by fragment), folded after: 4x shorter dependences.
+    constexpr int kChains = 4;
+    float part[2][kChains];
+    CUTE_UNROLL
+    for (int h = 0; h < 2; ++h)
+      CUTE_UNROLL
+      for (int k = 0; k < kChains; ++k) part[h][k] = neg_inf();
     auto prologue = [&](auto masked) {
       stage.stream(c, ss, bar_id, P, P3, [&](int base, int col0, float const (&v)[epi::kFrag]) {
         CUTE_UNROLL
@@ -107,15 +113,17 @@ struct OnlineSoftmaxF {
           float x = v[e];
           if constexpr (decltype(masked)::value) x = col0 + epi::frag_col(e) < c.N ? x : neg_inf();
           P(base + e) = x;
-          cmax[(e >> 1) & 1] = fmaxf(cmax[(e >> 1) & 1], x);
+          float& pm = part[(e >> 1) & 1][(base / epi::kFrag) % kChains];
+          pm = fmaxf(pm, x);
         }
       });
     };
     if (c.n0 + Geo::BN <= c.N) prologue(cute::false_type{});
     else prologue(cute::true_type{});
-    float scale[2], ref[2];
+    float cmax[2], scale[2], ref[2];
     CUTE_UNROLL
     for (int h = 0; h < 2; ++h) {
+      cmax[h] = fmaxf(fmaxf(part[h][0], part[h][1]), fmaxf(part[h][2], part[h][3]));
       cmax[h] = fmaxf(cmax[h], __shfl_xor_sync(0xffffffffu, cmax[h], 1));
       cmax[h] = fmaxf(cmax[h], __shfl_xor_sync(0xffffffffu, cmax[h], 2));
       float const mn = fmaxf(m[h], cmax[h]);
