@@ -132,7 +132,9 @@ struct OnlineSoftmaxF {
       m[h] = mn;
       l[h] *= scale[h];
     }
-    if (!first) {
+    // O's rescale only where a row max of the warp moved (scale 1 elsewhere: most chunks once
+    // the maxima settle).
+    if (!first && __any_sync(0xffffffffu, scale[0] != 1.f || scale[1] != 1.f)) {
       CUTE_UNROLL
       for (int i = 0; i < cute::size(O); ++i) O(i) *= scale[(i >> 1) & 1];
     }
