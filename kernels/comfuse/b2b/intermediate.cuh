@@ -28,7 +28,10 @@ struct ChunkStage {
 
   template <class FP, class F>
   COMFUSE_DEVICE void stream(epi::EpiCtx c, SharedStorage& ss, int bar_id, FP const& P, FP const& P3, F&& f) {
-    exec.begin_phase(c, Exec::tree_of(ss), bar_id);
+    // A stage that keeps nothing in SMEM (attention's scale and mask) needs neither of
+    // begin_phase's warp-group barriers: its begin() only fills registers.
+    if constexpr (Exec::kTreeHasStorage) exec.begin_phase(c, Exec::tree_of(ss), bar_id);
+    else exec.begin_nodes(c, Exec::tree_of(ss));
     CUTE_UNROLL
     for (int s = 0; s < Geo::SubTiles; ++s)
       CUTE_UNROLL
@@ -93,19 +96,34 @@ struct OnlineSoftmaxF {
 
   template <class FP, class FS, class FO>
   COMFUSE_DEVICE void apply(epi::EpiCtx const& c, SharedStorage& ss, int bar_id, FP& P, FP const& P3, FS& S, FO& O, bool first) {
-    // x = the prologue, in place of P; columns past N1 do not exist.
-    float cmax[2] = {neg_inf(), neg_inf()};
-    stage.stream(c, ss, bar_id, P, P3, [&](int base, int col0, float const (&v)[epi::kFrag]) {
+    // x = the prologue, in place of P; columns past N1 do not exist. Only the chunk that
+    // crosses N1 masks them (a branch uniform over the warp group): the others skip a compare
+    // and a select per element.
+    // Each row's max in 4 partial chains (by fragment), folded after: 4x shorter dependences.
+    constexpr int kChains = 4;
+    float part[2][kChains];
+    CUTE_UNROLL
+    for (int h = 0; h < 2; ++h)
       CUTE_UNROLL
-      for (int e = 0; e < epi::kFrag; ++e) {
-        float const x = col0 + epi::frag_col(e) < c.N ? v[e] : neg_inf();
-        P(base + e) = x;
-        cmax[(e >> 1) & 1] = fmaxf(cmax[(e >> 1) & 1], x);
-      }
-    });
-    float scale[2], ref[2];
+      for (int k = 0; k < kChains; ++k) part[h][k] = neg_inf();
+    auto prologue = [&](auto masked) {
+      stage.stream(c, ss, bar_id, P, P3, [&](int base, int col0, float const (&v)[epi::kFrag]) {
+        CUTE_UNROLL
+        for (int e = 0; e < epi::kFrag; ++e) {
+          float x = v[e];
+          if constexpr (decltype(masked)::value) x = col0 + epi::frag_col(e) < c.N ? x : neg_inf();
+          P(base + e) = x;
+          float& pm = part[(e >> 1) & 1][(base / epi::kFrag) % kChains];
+          pm = fmaxf(pm, x);
+        }
+      });
+    };
+    if (c.n0 + Geo::BN <= c.N) prologue(cute::false_type{});
+    else prologue(cute::true_type{});
+    float cmax[2], scale[2], ref[2];
     CUTE_UNROLL
     for (int h = 0; h < 2; ++h) {
+      cmax[h] = fmaxf(fmaxf(part[h][0], part[h][1]), fmaxf(part[h][2], part[h][3]));
       cmax[h] = fmaxf(cmax[h], __shfl_xor_sync(0xffffffffu, cmax[h], 1));
       cmax[h] = fmaxf(cmax[h], __shfl_xor_sync(0xffffffffu, cmax[h], 2));
       float const mn = fmaxf(m[h], cmax[h]);
@@ -114,13 +132,17 @@ struct OnlineSoftmaxF {
       m[h] = mn;
       l[h] *= scale[h];
     }
-    if (!first) {
+    // O's rescale only where a row max of the warp moved (scale 1 elsewhere: most chunks once
+    // the maxima settle).
+    if (!first && __any_sync(0xffffffffu, scale[0] != 1.f || scale[1] != 1.f)) {
       CUTE_UNROLL
       for (int i = 0; i < cute::size(O); ++i) O(i) *= scale[(i >> 1) & 1];
     }
+    // exp(x - ref) as ex2(x log2(e) - ref log2(e)): one FFMA and the MUFU per element.
+    float const ref2[2] = {ref[0] * epi::kLog2e, ref[1] * epi::kLog2e};
     CUTE_UNROLL
     for (int i = 0; i < cute::size(P); ++i) {
-      float const e = epi::fast_exp(P(i) - ref[(i >> 1) & 1]);
+      float const e = epi::fast_exp2(fmaf(P(i), epi::kLog2e, -ref2[(i >> 1) & 1]));
       S(i) = typename FS::value_type(e);
       l[(i >> 1) & 1] += e;
     }

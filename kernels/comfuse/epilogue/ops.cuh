@@ -10,13 +10,16 @@
 
 namespace comfuse::epi {
 
-// e^x as one MUFU.EX2 (flush-to-zero: __expf adds a denormal-range fix-up per element).
-// Relative error ~2^-22 plus the rounding of x*log2(e): far inside bf16 (2^-8).
-COMFUSE_DEVICE float fast_exp(float x) {
+inline constexpr float kLog2e = 1.4426950408889634f;
+// 2^x as one MUFU.EX2 (flush-to-zero: __expf adds a denormal-range fix-up per element).
+COMFUSE_DEVICE float fast_exp2(float x) {
   float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
+// e^x as 2^(x log2(e)). Relative error ~2^-22 plus the rounding of x*log2(e): far inside bf16
+// (2^-8).
+COMFUSE_DEVICE float fast_exp(float x) { return fast_exp2(x * kLog2e); }
 
 // Unary: static float apply(float x). Binary: static float apply(float a, float b).
 struct Relu { static COMFUSE_DEVICE float apply(float x) { return x > 0.f ? x : 0.f; } };
