@@ -175,7 +175,7 @@ int cmd_lower(const std::string& file) {
 
 struct ExplainArgs {
   bool dot = false;
-  std::optional<int> cluster_n, tile_n, tile_m, cluster_m, row_group, k_splits, b2b_job_rows, ring_stages;
+  std::optional<int> cluster_n, tile_n, tile_m, cluster_m, row_group, k_splits, b2b_job_rows, ring_stages, fma_exp_every;
   std::string aggregation, strategy, stash, pairs, b2b;
 };
 
@@ -190,6 +190,7 @@ PlanOptions plan_options(const ExplainArgs& a) {
   o.k_splits = a.k_splits;
   o.b2b_job_rows = a.b2b_job_rows;
   o.ring_stages = a.ring_stages;
+  o.fma_exp_every = a.fma_exp_every;
   if (!a.pairs.empty()) o.fuse_pairs = a.pairs == "one-round";
   if (!a.stash.empty()) o.stash_bytes = a.stash == "bf16" ? 2 : 4;
   if (a.aggregation == "p2p") o.aggregation = Aggregation::PeerToPeer;
@@ -241,6 +242,10 @@ std::vector<CLI::Option*> add_plan_options(CLI::App* cmd, ExplainArgs& ex) {
       cmd->add_option("--ring-stages", ex.ring_stages,
                       "a single-GEMM plan: at most this many mainloop ring stages (2..8; fewer where the epilogue's SMEM leaves less)")
           ->check(CLI::Range(2, Sm90::kMaxRingStages)),
+      cmd->add_option("--fma-exp-every", ex.fma_exp_every,
+                      "a B2B online softmax: every Nth exponential as a polynomial on the FMA pipe, the rest on the "
+                      "MUFU (0: all on the MUFU; default: the planner's, by head dim)")
+          ->check(CLI::IsMember({0, 2, 4, 8, 16})),
   };
 }
 

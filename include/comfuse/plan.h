@@ -62,6 +62,8 @@ struct PlanOptions {
   // Force a B2B job's rows: 64 (one consumer warp group, its own ring) or 128 (both, paired:
   // B2bConfig::paired, sharing W1/W2 tiles).
   std::optional<int> b2b_job_rows;
+  // Force B2bConfig::fma_exp_every (an online softmax's exponentials on the FMA pipe; 0: none).
+  std::optional<int> fma_exp_every;
 };
 
 // The cost model's estimate for one candidate, microseconds.
@@ -168,7 +170,13 @@ struct B2bPlan {
 // F as the B2B kernel renders it: the first spec, or for an online softmax its prologue only
 // (the root stage, its max replaced by the Store of S of the max's operand; the kernel runs
 // the max, the sum and the division along the chunks). `s_arg`: the first spec's output S.
-FusionSpec b2b_intermediate(const FusionSpec& first, int s_arg, B2bIntermediate kind);
+// logit_scale > 0 (B2bConfig::logit_scale, from b2b_logit_scale): the Store takes the
+// accumulator itself, the kernel applying the scale and the causal mask.
+FusionSpec b2b_intermediate(const FusionSpec& first, int s_arg, B2bIntermediate kind, float logit_scale = 0.f);
+// The positive scale s where the softmax's operand (the first spec's max operand) is s times the
+// raw scores, through causal masks (where `causal`) and multiplications or divisions by positive
+// literals only (attention's logits); 0 where it is anything else.
+float b2b_logit_scale(const FusionSpec& first, bool causal);
 int b2b_intermediate_arg(const FusionSpec& first, const FusionSpec& second);  // S in first.args
 
 // Throws Error with the reason when the pair cannot be one B2B kernel (F's reductions other

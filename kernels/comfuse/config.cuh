@@ -231,6 +231,17 @@ struct B2bConfig {
   // warp groups then take ordered turns on the tensor cores (NamedBarrier::MmaTurnWG0/1): one
   // issues GEMM2 of a chunk and GEMM1 of the next while the other runs F, the paper's stagger.
   bool paired = false;
+  // > 0: F's prologue is attention's plain logits, softmax(logit_scale x [causal mask]) of the raw
+  // scores x, and b2b_intermediate renders it as x alone: the online softmax keeps raw scores and
+  // their max, puts logit_scale log2(e) into its exponent's one FFMA (no multiply per element),
+  // and applies the causal mask itself, only in the chunks that cross the diagonal. 0: the
+  // prologue computes the logits (any other chain).
+  float logit_scale = 0.f;
+  // > 0: every fma_exp_every-th exponential of the online softmax runs as a polynomial on the FMA
+  // pipe (epi::fma_exp2), the others on the MUFU, whose 16 a clock per SM bound F where the head
+  // dim is small (a chunk's 64 MUFU a thread against GEMMs of 64-deep k). 0: all on the MUFU.
+  // The planner's choice (decide_b2b.cpp) is measured.
+  int fma_exp_every = 0;
 
   COMFUSE_HOST_DEVICE constexpr int wgs_per_job() const { return paired ? 2 : 1; }
   // Paired, the warp groups take ordered tensor-core turns (GEMM2 of a chunk and GEMM1 of the
@@ -287,6 +298,10 @@ COMFUSE_HOST_DEVICE constexpr char const* check(B2bConfig const& c) {
     return "B2B registers: P, S and O of a warp group exceed what a consumer thread holds (smaller chunk_n1 or tile_n2)";
   if (c.online_softmax && c.gated) return "B2B: online softmax takes one GEMM1";
   if (c.causal && !c.online_softmax) return "B2B: a causal mask comes with the online softmax";
+  if (!(c.logit_scale >= 0.f) || c.logit_scale > 3.0e38f) return "B2B logit_scale: a finite scale >= 0 (0: none folded)";
+  if (c.logit_scale > 0.f && !c.online_softmax) return "B2B logit_scale: folded into the online softmax only";
+  if (c.fma_exp_every != 0 && (!c.online_softmax || c.fma_exp_every < 2 || c.fma_exp_every > 16 || !is_pow2(c.fma_exp_every)))
+    return "B2B fma_exp_every: 0, or 2, 4, 8 or 16 with the online softmax";
   if (c.ring_stages < 2) return "B2B ring_stages: at least 2";
   if (c.paired && c.causal && c.chunk_n1 != c.job_rows())
     return "B2B paired with a causal mask: chunk_n1 = 2 x tile_m (a chunk of the pair's diagonal reaches both halves)";

@@ -1,7 +1,8 @@
 // Ψ for the B2B kernel family: the pair's two specs -> one translation unit instantiating
 // comfuse::b2b::B2bGemmSm90 (kernels/comfuse/b2b/). F renders from the first spec's stages with
 // its Store of S as ToOperand (S stays in registers); an online softmax F renders its prologue
-// only (the root stage up to the max's operand: the kernel runs the max, the sum and the
+// only (the root stage up to the max's operand, or the raw scores where the kernel folds
+// attention's scale and mask: B2bConfig::logit_scale; the kernel runs the max, the sum and the
 // division along the chunks); GEMM2's epilogue renders from the second spec.
 #include <fmt/format.h>
 
@@ -20,9 +21,10 @@ std::string b2b_config_source(const B2bConfig& c) {
       "    .w1_kmajor = {}, .w2_kmajor = {}, .gated = {}, .batched = {},\n"
       "    .tile_m = {}, .chunk_n1 = {}, .tile_n2 = {}, .ring_stages = {},\n"
       "    .online_softmax = {}, .causal = {}, .epilogue_smem_bytes = {}, .cluster_n1 = {}, .xfer_floats = {},\n"
-      "    .paired = {}}};\n",
+      "    .paired = {}, .logit_scale = {:#.9g}f, .fma_exp_every = {}}};\n",
       c.w1_kmajor, c.w2_kmajor, c.gated, c.batched, c.tile_m, c.chunk_n1, c.tile_n2, c.ring_stages, c.online_softmax,
-      c.causal, c.epilogue_smem_bytes, c.cluster_n1, c.xfer_floats, c.paired);  // fmt writes bools as true / false
+      c.causal, c.epilogue_smem_bytes, c.cluster_n1, c.xfer_floats, c.paired,  // fmt writes bools as true / false
+      c.logit_scale, c.fma_exp_every);  // '#': always a decimal point, so the f suffix makes a float literal
 }
 
 }  // namespace
@@ -38,7 +40,7 @@ EmittedKernel emit_b2b(const FusionSpec& first, const FusionSpec& second, const 
   EmitContext e{second};
   for (const ArgSlot& sl : k.slots) (sl.spec == 0 ? f : e).slot_of_arg[sl.arg] = sl.slot;
   f.operand_arg = s_arg;
-  const FusionSpec f_spec = b2b_intermediate(first, s_arg, p.intermediate);
+  const FusionSpec f_spec = b2b_intermediate(first, s_arg, p.intermediate, p.kernel.logit_scale);
   const std::string f_type = emit_detail::render_stage(f, f_spec.root, "F");
   e.literals = f.literals;  // one set of literal structs for the translation unit
   const std::string e_type = emit_detail::render_stage(e, second.root, "GEMM2 epilogue");

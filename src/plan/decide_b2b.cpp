@@ -346,14 +346,56 @@ int b2b_intermediate_arg(const FusionSpec& first, const FusionSpec& second) {
   throw Error(fmt::format("b2b: '{}' does not store the intermediate '{}'", first.name, s));
 }
 
-FusionSpec b2b_intermediate(const FusionSpec& first, int s_arg, B2bIntermediate kind) {
+float b2b_logit_scale(const FusionSpec& first, bool causal) {
+  const Spec& st = first.root;
+  const SpecNode& max = st.nodes.at(static_cast<size_t>(st.terminal));
+  if (max.category != NodeCategory::Reduction) return 0.f;
+  auto positive_literal = [&](int k) {
+    const SpecNode& b = st.nodes.at(static_cast<size_t>(k));
+    return b.category == NodeCategory::Broadcast && b.arg < 0 && std::isfinite(b.literal) && b.literal > 0.0;
+  };
+  double scale = 1.0;
+  for (int i = max.operands.at(0);;) {
+    const SpecNode& n = st.nodes.at(static_cast<size_t>(i));
+    if (n.category == NodeCategory::AccEntry) {
+      const auto f = static_cast<float>(scale);
+      return std::isfinite(f) && f > 0.f ? f : 0.f;
+    }
+    if (n.category != NodeCategory::Compute) return 0.f;
+    if (n.compute == ComputeKind::CausalMask && causal) {
+      i = n.operands.at(0);
+    } else if (n.compute == ComputeKind::Binary && (n.binary == BinaryOp::Mul || n.binary == BinaryOp::Div)) {
+      const int a = n.operands.at(0), b = n.operands.at(1);
+      if (positive_literal(b)) {
+        const double v = st.nodes.at(static_cast<size_t>(b)).literal;
+        scale = n.binary == BinaryOp::Mul ? scale * v : scale / v;
+        i = a;
+      } else if (n.binary == BinaryOp::Mul && positive_literal(a)) {
+        scale *= st.nodes.at(static_cast<size_t>(a)).literal;
+        i = b;
+      } else {
+        return 0.f;
+      }
+    } else {
+      return 0.f;
+    }
+  }
+}
+
+FusionSpec b2b_intermediate(const FusionSpec& first, int s_arg, B2bIntermediate kind, float logit_scale) {
   FusionSpec f = first;
   if (kind != B2bIntermediate::OnlineSoftmax) return f;
   SpecNode& t = f.root.nodes.at(static_cast<size_t>(f.root.terminal));
   SpecNode to;
   to.category = NodeCategory::Store;
   to.value_class = ValueClass::Tile;
-  to.operands = {t.operands.at(0)};
+  // The raw scores where the kernel applies the logits' scale and mask (B2bConfig::logit_scale);
+  // the nodes between are left unused.
+  int operand = t.operands.at(0);
+  if (logit_scale > 0.f)
+    for (int i = 0; i < static_cast<int>(f.root.nodes.size()); ++i)
+      if (f.root.nodes[static_cast<size_t>(i)].category == NodeCategory::AccEntry) operand = i;
+  to.operands = {operand};
   to.arg = s_arg;
   to.origin = first.args.at(static_cast<size_t>(s_arg)).name;
   t = to;
@@ -388,6 +430,14 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
     const SpecNode& max = first.root.nodes.at(static_cast<size_t>(first.root.terminal));  // the softmax's max
     k.causal = masked_to_neg_inf(first.root, max.operands.at(0));
   }
+  if (k.online_softmax) {
+    k.logit_scale = b2b_logit_scale(first, k.causal);
+    // A chunk's 64 exponentials a thread hold the MUFU 512 cycles a warp, as long as its two
+    // GEMMs at a head dim of 64: one in four on the FMA pipe measured 4.5% faster there and 1-2%
+    // at 128, but 2-4% slower with the causal mask (bench/sweeps/attention_softmax_f.txt).
+    k.fma_exp_every = k.causal ? 0 : 4;
+    if (opt.fma_exp_every) k.fma_exp_every = *opt.fma_exp_every;
+  }
   k.tile_n2 = p.n2 <= 64 ? 64 : p.n2 <= 128 ? 128 : p.n2 <= 192 ? 192 : 256;
   if (opt.tile_n) k.tile_n2 = *opt.tile_n;
   k.chunk_n1 = 128;
@@ -404,7 +454,7 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
   // Storage: F's and GEMM2's epilogue storage, then the ring.
   const int s_arg = b2b_intermediate_arg(first, second);
   const plan_detail::ChainInfo f_chain =
-      plan_detail::analyze_chain(without_store_of(b2b_intermediate(first, s_arg, plan.intermediate), s_arg));
+      plan_detail::analyze_chain(without_store_of(b2b_intermediate(first, s_arg, plan.intermediate, k.logit_scale), s_arg));
   const plan_detail::ChainInfo e_chain = plan_detail::analyze_chain(second);
   KernelConfig fk, ek;  // the epilogue model's view of each: rows, tile width, no exchange
   fk.tile_m = ek.tile_m = k.tile_m;
@@ -481,7 +531,18 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
   const double balance = walked / (busiest * double(plan.grid_ctas));
 
   auto& r = plan.reasons;
-  r.push_back(fmt::format("F: {} (chunks of {} columns of N1 = {})", name_of(plan.intermediate), k.chunk_n1, p.n1));
+  r.push_back(fmt::format("F: {} (chunks of {} columns of N1 = {}){}{}", name_of(plan.intermediate), k.chunk_n1, p.n1,
+                          k.logit_scale > 0.f
+                              ? fmt::format("; of the raw scores times {:g}: the scale rides in the exponent's FFMA{}",
+                                            k.logit_scale,
+                                            k.causal ? ", the causal mask applies in the chunks that cross the diagonal only"
+                                                     : "")
+                              : std::string(),
+                          k.fma_exp_every > 0
+                              ? fmt::format("; one exponential in {} as a polynomial on the FMA pipe, the rest on the "
+                                            "MUFU (measured; --fma-exp-every)",
+                                            k.fma_exp_every)
+                              : std::string()));
   r.push_back(fmt::format("jobs: {} rows x {} columns of O {}; {} job(s) ({} batch(es) x {} row blocks x {} block(s) "
                           "of O) on {} CTAs (two consumer warp groups each); the busiest SM walks {:.0f} warp-group "
                           "chunks, the SMs' average is {:.0f}% of that",

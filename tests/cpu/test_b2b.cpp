@@ -224,15 +224,54 @@ TEST(B2b, EmitWritesOneConfigAndTheRegisterOperand) {
   EXPECT_EQ(src.find("ReduceMax"), std::string::npos) << "the kernel runs the softmax's reductions itself";
   EXPECT_NE(src.find(".causal = false"), std::string::npos) << src;
   EXPECT_EQ(src.find("CausalMask"), std::string::npos) << src;
-  // The causal kernel: F's prologue masks the scaled scores, the config walks the chunks causally.
+  EXPECT_NE(src.find("/* n3 */ comfuse::epi::ToOperand<0>>"), std::string::npos) << "the raw scores: " << src;
+  EXPECT_NE(src.find(".logit_scale = 0.125000000f"), std::string::npos) << src;
+  // The causal kernel: the config walks the chunks causally; the kernel masks the raw scores.
   Pair causal = lowered("attention_causal.cf");
   const B2bPlan c = make_b2b_plan(causal.first(), causal.second(), B2bProblem{1, 300, 64, 520, 64, DType::BF16});
   const std::string csrc = emit_b2b(causal.first(), causal.second(), c).source;
-  EXPECT_NE(csrc.find("comfuse::epi::Compute<comfuse::epi::Mul, 0, 1>,\n    /* n3 */ comfuse::epi::CausalMask<2>,\n"
-                      "    /* n4 */ comfuse::epi::ToOperand<3>>"),
-            std::string::npos)
-      << csrc;
+  EXPECT_NE(csrc.find("/* n4 */ comfuse::epi::ToOperand<0>>"), std::string::npos) << csrc;
   EXPECT_NE(csrc.find(".online_softmax = true, .causal = true"), std::string::npos) << csrc;
+  EXPECT_NE(csrc.find(".logit_scale = 0.125000000f, .fma_exp_every = 0}"), std::string::npos) << "causal: " << csrc;
+  EXPECT_NE(src.find(".logit_scale = 0.125000000f, .fma_exp_every = 4}"), std::string::npos) << src;
+}
+
+// Attention's logits (a positive literal scale, a causal mask) fold into the online softmax; any
+// other prologue renders as written, the kernel computing plain exponentials of it.
+TEST(B2b, OnlySoftmaxOfScaledMaskedScoresFoldsTheScale) {
+  auto plan_of = [](const std::string& logits, const PlanOptions& opt = {}) {
+    Graph g = parse_graph(R"(
+input q: bf16[M, K]
+input k: bf16[N, K]
+input v: bf16[N, DV]
+input t: f32[]
+s = matmul(q, k)
+)" + logits + R"(
+p = softmax(x)
+pb = cast(p, bf16)
+o = matmul(pb, v, layout=kn)
+output o: bf16
+)");
+    LoweringResult r = lower(g);
+    const B2BCandidate* b = one_b2b_kernel(r);
+    EXPECT_NE(b, nullptr) << logits;
+    const B2bPlan plan = make_b2b_plan(r.regions.at(static_cast<size_t>(b->first_region)).spec,
+                                       r.regions.at(static_cast<size_t>(b->second_region)).spec,
+                                       B2bProblem{1, 256, 128, 512, 128, DType::BF16}, opt);
+    return plan.kernel;
+  };
+  EXPECT_FLOAT_EQ(plan_of("x = mul(s, 0.5)").logit_scale, 0.5f);
+  EXPECT_FLOAT_EQ(plan_of("x = div(mul(2.0, s), 8.0)").logit_scale, 0.25f);
+  EXPECT_FLOAT_EQ(plan_of("x = causal_mask(mul(s, 0.5))").logit_scale, 0.5f);
+  EXPECT_TRUE(plan_of("x = causal_mask(mul(s, 0.5))").causal);
+  EXPECT_FLOAT_EQ(plan_of("x = cast(s, f32)").logit_scale, 0.f) << "anything but masks and positive literal scales renders as written";
+  EXPECT_EQ(plan_of("x = mul(s, -0.5)").logit_scale, 0.f) << "a negative scale flips the max";
+  EXPECT_EQ(plan_of("x = mul(s, t)").logit_scale, 0.f) << "a runtime scalar";
+  EXPECT_EQ(plan_of("x = add(mul(s, 0.5), 1.0)").logit_scale, 0.f);
+  EXPECT_EQ(plan_of("x = causal_mask(mul(s, 0.5))").fma_exp_every, 0) << "causal: all on the MUFU";
+  PlanOptions every8;
+  every8.fma_exp_every = 8;
+  EXPECT_EQ(plan_of("x = mul(s, 0.5)", every8).fma_exp_every, 8);
 }
 
 // The two-kernel path is priced as the planner plans its two kernels (a softmax over N1 is a row

@@ -36,7 +36,7 @@ namespace comfuse::b2b {
 
 // C: the kernel's description (config.cuh's B2bConfig); F: ElementwiseF<Stage> or
 // OnlineSoftmaxF<Stage> over a Stage ending in ToOperand; Epi2: a Stage on O.
-template <B2bConfig C, class Element, template <class, class> class FKind, class FStage, class Epi2Stage>
+template <B2bConfig C, class Element, template <class, class, B2bConfig> class FKind, class FStage, class Epi2Stage>
 struct B2bGemmSm90 {
   static_assert(check(C) == nullptr, "ComFuse: B2bConfig refused by check() (config.cuh); the host planner names the reason");
   using Mainloop = MainloopB2b<Element, C>;
@@ -44,7 +44,7 @@ struct B2bGemmSm90 {
   using State = typename Mainloop::State;
   using Geo1 = epi::Geometry<C.tile_m, C.chunk_n1, 1, Aggregation::None, 1, C.batched>;
   using Geo2 = epi::Geometry<C.tile_m, C.tile_n2, 1, Aggregation::None, 1, C.batched>;
-  using F = FKind<FStage, Geo1>;
+  using F = FKind<FStage, Geo1, C>;
   using Epi2 = typename Epi2Stage::template Exec<Geo2>;
   static constexpr int kThreads = Sm90::kThreads;
 

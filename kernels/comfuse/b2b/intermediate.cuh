@@ -57,7 +57,7 @@ struct ChunkStage {
   }
 };
 
-template <class Stage, class Geo>
+template <class Stage, class Geo, B2bConfig C>
 struct ElementwiseF {
   ChunkStage<Stage, Geo> stage;
   using SharedStorage = typename ChunkStage<Stage, Geo>::SharedStorage;
@@ -84,11 +84,17 @@ struct ElementwiseF {
   }
 };
 
-template <class Stage, class Geo>
+template <class Stage, class Geo, B2bConfig C>
 struct OnlineSoftmaxF {
   ChunkStage<Stage, Geo> stage;
   using SharedStorage = typename ChunkStage<Stage, Geo>::SharedStorage;
   static COMFUSE_DEVICE float neg_inf() { return -__int_as_float(0x7f800000); }
+  // Attention's logits folded (B2bConfig::logit_scale > 0): the prologue gives the raw scores x,
+  // the statistics run on them, and exp(s (x - m)) = ex2(kExpScale x - kExpScale m), one FFMA and
+  // the MUFU; the causal mask (kMaskDiagonal) applies here, in the chunks that cross the diagonal.
+  static constexpr bool kRawScores = C.logit_scale > 0.f;
+  static constexpr float kExpScale = (kRawScores ? C.logit_scale : 1.f) * epi::kLog2e;
+  static constexpr bool kMaskDiagonal = kRawScores && C.causal;
   float m[2], l[2];  // running max of the thread's rows (r, r + 8), and its partial row sums
 
   static COMFUSE_DEVICE void init(SharedStorage& ss) { ChunkStage<Stage, Geo>::init(ss); }
@@ -96,9 +102,9 @@ struct OnlineSoftmaxF {
 
   template <class FP, class FS, class FO>
   COMFUSE_DEVICE void apply(epi::EpiCtx const& c, SharedStorage& ss, int bar_id, FP& P, FP const& P3, FS& S, FO& O, bool first) {
-    // x = the prologue, in place of P; columns past N1 do not exist. Only the chunk that
-    // crosses N1 masks them (a branch uniform over the warp group): the others skip a compare
-    // and a select per element.
+    // x = the prologue, in place of P; columns past N1 do not exist, nor (kMaskDiagonal) columns
+    // past the row. Only the chunks that cross N1 or the diagonal mask (a branch uniform over
+    // the warp group): the others skip the compares and selects per element.
     // Each row's max in 4 partial chains (by fragment), folded after: 4x shorter dependences.
     constexpr int kChains = 4;
     float part[2][kChains];
@@ -106,19 +112,26 @@ struct OnlineSoftmaxF {
     for (int h = 0; h < 2; ++h)
       CUTE_UNROLL
       for (int k = 0; k < kChains; ++k) part[h][k] = neg_inf();
+    int const row0 = c.m0 + accum_row(c.t, 0, 0);  // the thread's first row (kMaskDiagonal)
     auto prologue = [&](auto masked) {
       stage.stream(c, ss, bar_id, P, P3, [&](int base, int col0, float const (&v)[epi::kFrag]) {
         CUTE_UNROLL
         for (int e = 0; e < epi::kFrag; ++e) {
           float x = v[e];
-          if constexpr (decltype(masked)::value) x = col0 + epi::frag_col(e) < c.N ? x : neg_inf();
+          if constexpr (decltype(masked)::value) {
+            int const col = col0 + epi::frag_col(e);
+            bool keep = col < c.N;
+            if constexpr (kMaskDiagonal) keep = keep && col <= row0 + epi::frag_row(e);
+            x = keep ? x : neg_inf();
+          }
           P(base + e) = x;
           float& pm = part[(e >> 1) & 1][(base / epi::kFrag) % kChains];
           pm = fmaxf(pm, x);
         }
       });
     };
-    if (c.n0 + Geo::BN <= c.N) prologue(cute::false_type{});
+    bool const crosses_diagonal = kMaskDiagonal && c.n0 + Geo::BN - 1 > c.m0;  // a column past the tile's first row
+    if (c.n0 + Geo::BN <= c.N && !crosses_diagonal) prologue(cute::false_type{});
     else prologue(cute::true_type{});
     float cmax[2], scale[2], ref[2];
     CUTE_UNROLL
@@ -128,7 +141,7 @@ struct OnlineSoftmaxF {
       cmax[h] = fmaxf(cmax[h], __shfl_xor_sync(0xffffffffu, cmax[h], 2));
       float const mn = fmaxf(m[h], cmax[h]);
       ref[h] = mn == neg_inf() ? 0.f : mn;  // a row masked so far: no NaN from -inf - -inf
-      scale[h] = epi::fast_exp(m[h] - ref[h]);
+      scale[h] = epi::fast_exp2((m[h] - ref[h]) * kExpScale);
       m[h] = mn;
       l[h] *= scale[h];
     }
@@ -138,11 +151,13 @@ struct OnlineSoftmaxF {
       CUTE_UNROLL
       for (int i = 0; i < cute::size(O); ++i) O(i) *= scale[(i >> 1) & 1];
     }
-    // exp(x - ref) as ex2(x log2(e) - ref log2(e)): one FFMA and the MUFU per element.
-    float const ref2[2] = {ref[0] * epi::kLog2e, ref[1] * epi::kLog2e};
+    // exp(s (x - ref)) as ex2(x s log2(e) - ref s log2(e)): one FFMA and the MUFU per element.
+    float const ref2[2] = {ref[0] * kExpScale, ref[1] * kExpScale};
     CUTE_UNROLL
     for (int i = 0; i < cute::size(P); ++i) {
-      float const e = epi::fast_exp2(fmaf(P(i), epi::kLog2e, -ref2[(i >> 1) & 1]));
+      float const arg = fmaf(P(i), kExpScale, -ref2[(i >> 1) & 1]);
+      float const e = C.fma_exp_every > 0 && i % C.fma_exp_every == C.fma_exp_every - 1 ? epi::fma_exp2(arg)
+                                                                                        : epi::fast_exp2(arg);
       S(i) = typename FS::value_type(e);
       l[(i >> 1) & 1] += e;
     }
@@ -163,7 +178,7 @@ struct OnlineSoftmaxF {
       float sum = 0.f;
       CUTE_UNROLL
       for (int r = 0; r < N; ++r) {
-        alpha[r][h] = epi::fast_exp((h == 0 ? st[r].x : st[r].y) - ref);
+        alpha[r][h] = epi::fast_exp2(((h == 0 ? st[r].x : st[r].y) - ref) * kExpScale);
         sum = fmaf(alpha[r][h], h == 0 ? st[r].z : st[r].w, sum);
       }
       m[h] = mx, l[h] = sum;
