@@ -19,6 +19,7 @@ import operator
 import torch
 import torch.fx as fx
 
+from . import measure
 from .config import config
 from .kernels import REGISTRY, RuntimePair, RuntimeRegion, gpu_status, next_region_id, precompile
 from .pair import PairCandidate, form_pairs
@@ -79,17 +80,19 @@ def _training_report(gm: fx.GraphModule, g: GraphReport) -> None:
 
 def rewrite(gm: fx.GraphModule, g: GraphReport, apply: bool = True) -> int:
     """Partition `gm` (aten level), decide, and replace fused regions by comfuse::fused calls
-    (apply=False: decide only). Returns how many regions it replaces (or would replace)."""
+    (apply=False: decide only). Returns how many regions it replaces (or would replace).
+
+    Where the rewrite applies, the regions to replace are built first (RuntimeRegion objects, the
+    graph untouched), their kernels compiled in parallel, and each single-GEMM region timed
+    (measure.py, config.measure): one the measurement does not confirm falls back. Then the
+    graph surgery replaces the rest."""
     cands = find_regions(gm, next_region_id)
     for c in cands:
         decide(c)
     # Chained regions (an MLP) as one B2B pair where the core says one kernel (pair.py).
     cands, _ = form_pairs(cands, next_region_id)
     ok, why_not = gpu_status()
-    changed = False
-    replaced = 0
-    on_gpu: list[tuple[RuntimeRegion, int]] = []  # replaced regions whose kernels this process runs
-    subst: dict[fx.Node, fx.Node] = {}  # a replaced region's outputs -> the getitems that now carry them
+    chosen: list[tuple[object, bool]] = []  # (candidate, whether this process runs its kernel)
     for c in cands:
         info = c.info
         g.regions.append(info)
@@ -107,15 +110,22 @@ def rewrite(gm: fx.GraphModule, g: GraphReport, apply: bool = True) -> int:
                 continue
         log.info("comfuse: %s%s + %d op(s): %s", "B2B pair " if isinstance(c, PairCandidate) else "", info.root,
                  len(info.ops) - 1, info.reason)
-        replaced += 1
-        if apply:
-            rr = _replace(gm, c, subst)
-            changed = True
-            if here is None:
-                on_gpu.append((rr, size_hint(info.m)))
-    if on_gpu:
-        precompile(on_gpu)
-    if changed:
+        chosen.append((c, here is None))
+    if not apply:
+        return len(chosen)
+    staged = [(c, on_gpu, *_runtime(c)) for c, on_gpu in chosen]
+    precompile([(rr, size_hint(c.info.m)) for c, on_gpu, rr, _, _ in staged if on_gpu])
+    for c, on_gpu, rr, ext_t, ext_s in staged:
+        # B2B pairs stay on the core's estimate (measure.py says why).
+        if not isinstance(c, PairCandidate) and measure.wanted(on_gpu):
+            measure.measure_region(rr, ext_t, ext_s)
+    subst: dict[fx.Node, fx.Node] = {}  # a replaced region's outputs -> the getitems that now carry them
+    replaced = 0
+    for c, _, rr, ext_t, ext_s in staged:
+        if c.info.status != "fallback":
+            _replace(gm, c, rr, ext_t, ext_s, subst)
+            replaced += 1
+    if replaced:
         from torch.fx.passes.tools_common import legalize_graph
 
         legalize_graph(gm)
@@ -124,12 +134,13 @@ def rewrite(gm: fx.GraphModule, g: GraphReport, apply: bool = True) -> int:
     return replaced
 
 
-def _replace(gm: fx.GraphModule, c, subst: dict) -> RuntimeRegion:
+def _runtime(c) -> tuple[RuntimeRegion, list[fx.Node], list[fx.Node]]:
+    """What runs candidate c, without touching the graph: its RuntimeRegion (or RuntimePair), and the
+    custom op's operands as nodes of the graph as it is now: tensors (the kernel's inputs first),
+    then the sizes its views use."""
     tr = c.translator
     nodes = c.nodes
-    inset = set(nodes)
-    # An operand produced by a region replaced before this one is now that region's getitem.
-    ext_t: list[fx.Node] = [subst.get(n, n) for n in tr.inputs]
+    ext_t: list[fx.Node] = list(tr.inputs)
     ext_s: list[fx.Node] = []
     known = set(ext_t)
     for i in external_inputs(nodes):
@@ -139,10 +150,23 @@ def _replace(gm: fx.GraphModule, c, subst: dict) -> RuntimeRegion:
     sub = region_module(nodes, tr.outputs, ext_t + ext_s)
     info = c.info
     if isinstance(c, PairCandidate):
-        rr = REGISTRY[info.id] = RuntimePair(info, c.lowering, tr, sub, c.dims)
+        rr = RuntimePair(info, c.lowering, tr, sub, c.dims)
     else:
-        rr = REGISTRY[info.id] = RuntimeRegion(info, c.region, tr.input_roles, tr.input_names, tr.output_names, sub,
-                                               tr.output_classes)
+        rr = RuntimeRegion(info, c.region, tr.input_roles, tr.input_names, tr.output_names, sub, tr.output_classes)
+    return rr, ext_t, ext_s
+
+
+def _replace(gm: fx.GraphModule, c, rr: RuntimeRegion, ext_t: list[fx.Node], ext_s: list[fx.Node],
+             subst: dict) -> None:
+    """Registers rr and replaces c's nodes by one comfuse::fused call and a getitem per output."""
+    tr = c.translator
+    nodes = c.nodes
+    inset = set(nodes)
+    info = c.info
+    REGISTRY[info.id] = rr
+    # An operand produced by a region replaced before this one is now that region's getitem.
+    ext_t = [subst.get(n, n) for n in ext_t]
+    ext_s = [subst.get(n, n) for n in ext_s]
     order = {n: k for k, n in enumerate(gm.graph.nodes)}
     last = max(nodes, key=order.__getitem__)
     graph = gm.graph
@@ -159,7 +183,6 @@ def _replace(gm: fx.GraphModule, c, subst: dict) -> RuntimeRegion:
         prev = gi
     for n in reversed(nodes):
         graph.erase_node(n)
-    return rr
 
 
 def _compile_rest(gm: fx.GraphModule, example_inputs, opts: dict, static_idxs):
@@ -201,6 +224,8 @@ def _compile(gm: fx.GraphModule, example_inputs, mode=None, options=None, explai
         # Decide first: where no region fuses, Inductor takes Dynamo's graph as its own backend
         # would. (The rewrite path's two AOTAutograd passes, ours without decompositions and then
         # compile_fx's, measured 4% slower than Inductor on Llama decode with nothing fused.)
+        # The probe asks the planner only: no kernel is built or timed. A graph it sends down the
+        # rewrite path may still have every region dropped there by measurement (measure.py).
         probe = GraphReport(index=0, mode=mode, dynamic=g.dynamic)
         replaced: list[int] = []
 

@@ -15,8 +15,14 @@ class Config:
     # Compiled kernels kept in memory (an LRU over the on-disk JIT cache, which keeps them all).
     # Kernels used inside a CUDA graph capture are pinned: a replay launches them.
     kernel_cache_size: int = int(os.environ.get("COMFUSE_KERNEL_CACHE_SIZE", "64"))
-    # Fuse where the planner's fused estimate < unfused estimate * (1 - min_gain).
+    # Fuse where the planner's fused estimate < unfused estimate * (1 - min_gain), and, where a
+    # region is measured (below), where its measured time < the measured unfused one * (1 - min_gain).
     min_gain: float = float(os.environ.get("COMFUSE_MIN_GAIN", "0.0"))
+    # Time each single-GEMM region the planner fuses before putting it in the graph (measure.py):
+    # "auto" where the rewrite applies, an sm_90 GPU runs the kernels, the region's tensors are on
+    # CUDA and no CUDA graph is being captured; "off" never (the planner decides alone); "on"
+    # wherever a region is replaced, GPU or not (for tests, which inject the timers).
+    measure: str = os.environ.get("COMFUSE_MEASURE", "auto")
     # Rewrite fusable regions even where no sm_90 GPU runs them (they then execute their aten
     # subgraph): lets CPU tests drive the custom op, its fake implementation and Inductor.
     force_regions: bool = _env_flag("COMFUSE_FORCE_REGIONS")

@@ -8,7 +8,8 @@ For each GEMM (mm / addmm / bmm over one broadcast matrix), in graph order:
      and the rest is translated again, until Φ fuses every node of the candidate;
   4. decide: the planner's estimate for the fused kernel against the unfused path (the GEMM
      alone as the planner prices it, plus an epilogue kernel that reads the GEMM output and
-     writes the results at DRAM speed, plus a launch): fused only where it predicts a gain.
+     writes the results at DRAM speed, plus a launch): fused only where it predicts a gain
+     (and where a GPU is at hand, only where timing the region confirms it: measure.py).
 Everything not fused stays in the graph for Inductor. Every decision has a reason, reported
 by the user's module path and op name (report.py).
 """
@@ -128,6 +129,10 @@ class RegionInfo:
     graph_text: str = ""
     fused_us: float | None = None
     unfused_us: float | None = None
+    # The unfused epilogue kernel as decide() priced it (also the epilogue a measurement adds to
+    # the measured GEMM), and what measure.py timed: fused_us, gemm_us, epilogue_us, unfused_us, device.
+    unfused_epilogue_us: float | None = None
+    measured: dict = field(default_factory=dict)
     plan: dict = field(default_factory=dict)
     plan_options: dict = field(default_factory=dict)
     excluded: list[Excluded] = field(default_factory=list)
@@ -367,7 +372,7 @@ def decide(c: Candidate) -> None:
     if absorbed:
         epi = 0.0
     unfused = gemm + epi
-    info.fused_us, info.unfused_us = fused, unfused
+    info.fused_us, info.unfused_us, info.unfused_epilogue_us = fused, unfused, epi
     if fused < unfused * (1.0 - config.min_gain):
         info.status = "fused"
         info.reason = (f"planner: fused {fused:.1f} us vs unfused {unfused:.1f} us "

@@ -68,6 +68,10 @@ def format_region(r: RegionInfo) -> list[str]:
         out.append(f"    GEMM M={r.m} N={r.n} K={r.k} {r.dtype} B {r.layout}")
     if r.reason:
         out.append(f"    {r.reason}")
+    if r.measured and r.status != "fallback":  # a measured fallback's reason has these numbers
+        x = r.measured
+        out.append(f"    measured on {x['device']}: fused {x['fused_us']:.1f} us, cuBLAS GEMM {x['gemm_us']:.1f} us "
+                   f"+ epilogue {x['epilogue_us']:.1f} us (modeled)")
     if r.b2b:
         out.append(f"    {r.b2b}")
     if r.plan.get("kind") == "b2b":

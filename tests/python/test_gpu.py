@@ -89,6 +89,32 @@ def test_readme_example(gpu):
     assert any("native_layer_norm" in o for o in r.ops)
 
 
+def test_measured_decision(gpu):
+    """config.measure "auto" (the default): the region is timed before it is replaced (fused
+    kernel against cuBLAS's GEMM plus the modeled epilogue); the numbers are on its record, its
+    calls are the model's only, and the result is the model's whichever way it is decided."""
+    model = M.LinearLayerNorm(1024, 4096).to(torch.bfloat16).to(gpu).eval()
+    x = randn(4, 512, 1024, device=gpu, seed=3)
+    out, rep = compiled_run(model, x)  # min_gain -1e9: fused whatever the measurement says
+    r = fused_region(rep, "proj")
+    assert r.calls == 1 and "; measured: fused" in r.reason, r.reason
+    t = r.measured
+    assert t["fused_us"] > 0 and t["gemm_us"] > 0 and t["epilogue_us"] > 0 and t["device"], t
+    assert t["unfused_us"] == pytest.approx(t["gemm_us"] + t["epilogue_us"])
+    assert_bf16_close(out, reference_f32(model, x))
+
+    torch._dynamo.reset()
+    out, rep = compiled_run(model, x, rest="inductor", always_fuse=False)  # the measurement decides
+    (r,) = rep.regions
+    print(rep)
+    if r.status == "fallback":
+        assert r.reason.startswith(("measured on", "no predicted gain")), r.reason
+        assert r.calls == 0
+    else:
+        assert r.measured and "; measured: fused" in r.reason and r.calls == 1, r.reason
+    assert_bf16_close(out, reference_f32(model, x))
+
+
 def test_decode_rows_share_one_kernel(gpu):
     """M = 1..32 (decode batches) is one shape class: compiled once, never per step."""
     model = M.LinearLayerNorm(2048, 2048).to(torch.bfloat16).to(gpu).eval()
@@ -206,10 +232,13 @@ def test_inductor_default_and_max_autotune_rest(gpu):
 
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
-def test_transformers_model_end_to_end(gpu, arch):
+def test_transformers_model_end_to_end(gpu, arch, monkeypatch):
     pytest.importorskip("transformers")
     import bench_models  # tests/python/bench_models.py -> bench/models.py
 
+    # The planner's decisions, deterministic: timing may drop c_fc (a ~10% margin at this M);
+    # test_measured_decision covers the measured path.
+    monkeypatch.setattr(comfuse.config, "measure", "off")
     # Realistic widths (GPT-2 medium, Llama-3-8B's), two layers, 4 x 256 tokens.
     model, ids = bench_models.build(arch, layers=2, batch=4, seq=256, device=gpu)
     with torch.no_grad():

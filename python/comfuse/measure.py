@@ -1,0 +1,164 @@
+"""Deciding a region by timing it, where the GPU that will run it is at hand.
+
+The planner's estimates (partition.decide) are wrong in both directions at some shapes. On the
+H200, GPT-2's c_proj + residual + LayerNorm at 8192 x 1024 x 4096 was predicted 7% faster fused
+but ran at 0.88x of Inductor (cuBLAS ran the GEMM in 89 us where the planner priced it 101.6);
+Llama's down_proj + residual + RMSNorm was priced 1271 us and ran 1581 (0.86x). Every region
+ComFuse fuses must beat what Inductor would run, so before the rewrite puts a region the planner
+fuses into the graph, it times it on random inputs of the region's shapes: the fused kernel
+through the custom op's own path (RuntimeRegion.run) against the GEMM alone as Inductor's unfused
+path runs it (cuBLAS through torch.mm) plus the epilogue kernel decide() modeled
+(RegionInfo.unfused_epilogue_us; the epilogue is not timed: Inductor's kernel for it, or its
+fusion into a consumer, does not exist yet at this point). The region stays fused only where
+the measurement agrees.
+
+B2B pairs (pair.py) are not measured: their unfused side is two regions and the kernel between
+them, so they stay on the core's choose_b2b estimate.
+"""
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+
+import torch
+import torch.fx as fx
+
+from . import kernels
+from .config import config
+from .partition import size_hint
+
+log = logging.getLogger("comfuse")
+
+# Per timed callable: warm-up calls, then the median over BATCHES batches of REPS calls (fewer where
+# a batch would pass BATCH_US of GPU time or ENQUEUE_US of launching): a region and its GEMM take
+# a few tens of milliseconds together.
+WARMUP = 2
+BATCHES = 5
+REPS = 100
+BATCH_US = 2000.0
+ENQUEUE_US = 3000.0
+CYCLES_PER_US = 2000  # the H200's SM clock (1.98 GHz) rounded up: a spin of n us lasts at least n us
+
+
+def wanted(on_gpu: bool) -> bool:
+    """Whether to time a region that the rewrite replaces; on_gpu: an sm_90 GPU runs its kernel and
+    its tensors are on CUDA. Never inside a CUDA graph capture (a launch there is only recorded)."""
+    mode = str(config.measure).lower()
+    if mode == "on":
+        return True
+    if mode in ("off", "0", "false", "no") or not on_gpu:
+        return False
+    return not torch.cuda.is_current_stream_capturing()
+
+
+def _time_us(fn) -> float:
+    """GPU microseconds per call of fn on the current CUDA stream (CUDA events), as the model
+    benchmarks count it (GPU time, CUDA graph replay): each batch is queued behind a spin kernel
+    that outlasts its launching, so the launch path on the CPU is not counted. MEASURED on the
+    H200: RuntimeRegion.run takes 60-90 us of Python a call, torch.mm a few, so back-to-back calls
+    timed the CPU instead of the kernel (GPT-2's c_fc + gelu_new at M=1024: 60 us vs 20)."""
+    for _ in range(WARMUP):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    start.record()
+    fn()
+    end.record()
+    enqueue_us = (time.perf_counter() - t0) * 1e6
+    end.synchronize()
+    gpu_us = max(start.elapsed_time(end) * 1e3, 1.0)
+    reps = max(1, min(REPS, int(BATCH_US / gpu_us), int(ENQUEUE_US / max(enqueue_us, 1.0))))
+    times = []
+    for _ in range(BATCHES):
+        torch.cuda._sleep(int((reps * enqueue_us * 1.5 + 50.0) * CYCLES_PER_US))
+        start.record()
+        for _ in range(reps):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / reps)
+    return statistics.median(times)
+
+
+def time_region(rr: "kernels.RuntimeRegion", tensors: list, sizes: list) -> float:
+    """The fused region per call, us, as the custom op runs it (tests replace this function)."""
+    return _time_us(lambda: rr.run(tensors, sizes))
+
+
+def time_gemm(m: int, n: int, k: int, dtype: torch.dtype, layout: str, device: torch.device) -> float:
+    """cuBLAS's GEMM alone per call, us: A [m, k] times B, an [n, k] weight used transposed
+    (layout "nk", Linear's) or [k, n] (tests replace this function)."""
+    a = torch.randn(m, k, device=device, dtype=dtype) * 0.5
+    b = (torch.randn(n, k, device=device, dtype=dtype) * 0.5).t() if layout == "nk" else \
+        torch.randn(k, n, device=device, dtype=dtype) * 0.5
+    try:
+        return _time_us(lambda: torch.mm(a, b))
+    finally:
+        del a, b
+
+
+def random_input(v):
+    """A real value for an external input of the region, from its meta["val"]: a tensor of the
+    same shape, strides, dtype and device (random, never zero where floating), or a size's hint."""
+    if not isinstance(v, torch.Tensor):
+        return size_hint(v) if isinstance(v, (int, torch.SymInt)) else v
+    shape = [size_hint(s) for s in v.shape]
+    stride = [size_hint(s) for s in v.stride()]
+    offset = size_hint(v.storage_offset())
+    # The storage the strides reach (stride 0 of an expanded operand included): as_strided keeps
+    # the layout the kernel's operand preparation sees in the real graph (views, copies).
+    n = offset + 1 + sum((d - 1) * s for d, s in zip(shape, stride)) if all(shape) else 0
+    if v.dtype.is_floating_point:
+        x = torch.randn(n, device=v.device, dtype=torch.float32)
+        base = (torch.where(x.abs() < 0.1, 0.1, x) * 0.5).to(v.dtype)
+    elif v.dtype == torch.bool:
+        base = torch.rand(n, device=v.device) < 0.5
+    else:
+        base = torch.ones(n, device=v.device, dtype=v.dtype)
+    return base.as_strided(shape, stride, offset)
+
+
+def measure_region(rr: "kernels.RuntimeRegion", tensor_nodes: list[fx.Node], size_nodes: list[fx.Node]) -> None:
+    """Times a region the planner fused (rr: not replaced yet; tensor_nodes and size_nodes: the
+    custom op's operands) and decides again: info.status becomes "fallback" where the fused time is
+    not below the unfused one * (1 - config.min_gain). The numbers go to info.measured and the
+    reason. Where timing fails or the kernel does not run (a fallback), the planner's decision
+    stays and the reason says why."""
+    info = rr.info
+    m = size_hint(info.m)
+    saved = (info.calls, info.fallback_calls, info.runtime_fallback, set(rr._warned), rr.last_inputs)
+    tensors = sizes = a = None
+    try:
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        with unset_fake_temporarily(), torch.no_grad():
+            tensors = [random_input(n.meta.get("val")) for n in tensor_nodes]
+            sizes = [random_input(n.meta.get("val")) for n in size_nodes]
+            a = next(t for t, role in zip(tensors, rr.roles) if role == "a")
+            fused = time_region(rr, tensors, sizes)
+            if info.fallback_calls != saved[1]:
+                raise RuntimeError(f"the fused kernel did not run ({info.runtime_fallback})")
+            gemm = time_gemm(m, info.n, info.k, a.dtype, info.layout, a.device)
+            name = torch.cuda.get_device_name(a.device) if a.device.type == "cuda" else str(a.device)
+    except Exception as e:
+        log.warning("comfuse: region %d (%s): not measured, the planner's decision stands: %s: %s",
+                    info.id, info.root, type(e).__name__, e)
+        info.reason += f"; not measured ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+        return
+    finally:
+        # The report counts the model's calls, not these.
+        info.calls, info.fallback_calls, info.runtime_fallback, rr._warned, rr.last_inputs = saved
+        del tensors, sizes, a
+    epi = info.unfused_epilogue_us or 0.0
+    unfused = gemm + epi
+    info.measured = {"fused_us": fused, "gemm_us": gemm, "epilogue_us": epi, "unfused_us": unfused, "device": name}
+    if fused >= unfused * (1.0 - config.min_gain):
+        info.status = "fallback"
+        info.reason = (f"measured on {name}: fused {fused:.1f} us vs unfused {unfused:.1f} us (cuBLAS GEMM {gemm:.1f} us "
+                       f"measured + epilogue {epi:.1f} us modeled) at M={m}; planner had predicted fused "
+                       f"{info.fused_us:.1f} us vs unfused {info.unfused_us:.1f} us")
+    else:
+        info.reason += f"; measured: fused {fused:.1f} us vs unfused {unfused:.1f} us"
+    log.info("comfuse: region %d (%s): %s: %s", info.id, info.root, info.status, info.reason)

@@ -1,0 +1,205 @@
+"""Deciding by measurement (measure.py) on the CPU: config.measure = "on" times every region the
+rewrite replaces (forced regions here, config.force_regions) with the timers injected, so the
+decision that follows the measurement, the graph surgery after it and the report are checked
+without a GPU."""
+import pytest
+import torch
+
+import comfuse
+from comfuse import measure
+from comfuse.kernels import REGISTRY
+
+from conftest import compile_vs_eager as run, randn
+from test_runtime_glue import emulate  # noqa: F401 (the fixture: kernels emulated on the CPU)
+import modules as M
+
+_real_time_region = measure.time_region
+
+
+@pytest.fixture
+def timers(monkeypatch):
+    """Replaces the two timers: `fused` and `gemm` (us, or a function of the region's RegionInfo /
+    of (m, n, k), or an exception to raise); records each call."""
+    state = {"fused": 10.0, "gemm": 10.0, "region_calls": [], "gemm_calls": []}
+
+    def value(v, *a):
+        if isinstance(v, Exception):
+            raise v
+        return v(*a) if callable(v) else v
+
+    def time_region(rr, tensors, sizes):
+        state["region_calls"].append((rr, tensors, sizes))
+        return value(state["fused"], rr.info)
+
+    def time_gemm(m, n, k, dtype, layout, device):
+        state["gemm_calls"].append((m, n, k, dtype, layout, device))
+        return value(state["gemm"], (m, n, k))
+
+    monkeypatch.setattr(measure, "time_region", time_region)
+    monkeypatch.setattr(measure, "time_gemm", time_gemm)
+    comfuse.config.force_regions = True
+    comfuse.config.rest = "eager"
+    comfuse.config.min_gain = 0.0
+    comfuse.config.measure = "on"
+    return state
+
+
+def close(a, b, tol=2e-2):
+    if isinstance(a, (tuple, list)):
+        for x, y in zip(a, b):
+            close(x, y, tol)
+        return
+    torch.testing.assert_close(a.float(), b.float(), rtol=tol, atol=tol)
+
+
+def _always_fuse(monkeypatch):
+    # The planner's side fuses (a gain it predicts); the measurement alone decides after it.
+    comfuse.config.min_gain = 0.0
+    import comfuse.partition as part
+
+    monkeypatch.setattr(part, "bare_gemm_us", lambda *a: 1e6)
+
+
+def test_slower_fused_region_falls_back(timers, monkeypatch):
+    _always_fuse(monkeypatch)
+    timers["fused"], timers["gemm"] = 500.0, 20.0
+    out, ref, rep = run(M.LinearLayerNorm(256, 512), randn(2, 96, 256))
+    close(out, ref)
+    (r,) = rep.regions
+    assert r.status == "fallback", r.reason
+    assert r.reason.startswith("measured on cpu: fused 500.0 us vs unfused"), r.reason
+    assert "cuBLAS GEMM 20.0 us measured + epilogue" in r.reason and "planner had predicted" in r.reason
+    assert r.measured["fused_us"] == 500.0 and r.measured["gemm_us"] == 20.0
+    assert r.measured["epilogue_us"] == r.unfused_epilogue_us > 0
+    assert r.id not in REGISTRY and r.calls == 0  # not replaced: the graph runs its aten ops
+    ((m, n, k, dtype, layout, device),) = timers["gemm_calls"]
+    assert (m, n, k, dtype, layout, device.type) == (192, 512, 256, torch.bfloat16, "nk", "cpu")
+    ((rr, tensors, sizes),) = timers["region_calls"]
+    for t, role in zip(tensors, rr.roles):  # random operands of the real shapes, never zero
+        assert isinstance(t, torch.Tensor) and t.dtype == torch.bfloat16
+        assert (t != 0).all()
+    assert tensors[0].shape == (2, 96, 256) or tensors[0].numel() == 192 * 256
+    assert "measured on cpu" in str(rep)
+
+
+def test_faster_fused_region_is_replaced(timers, monkeypatch):
+    _always_fuse(monkeypatch)
+    timers["fused"], timers["gemm"] = 5.0, 20.0
+    out, ref, rep = run(M.LinearLayerNorm(256, 512), randn(2, 96, 256))
+    close(out, ref)
+    (r,) = rep.regions
+    assert r.status in ("fused", "fusable") and "; measured: fused 5.0 us vs unfused" in r.reason, r.reason
+    assert r.id in REGISTRY and r.calls == 1  # replaced; the measurement's own calls are not counted
+    assert r.measured["unfused_us"] == pytest.approx(20.0 + r.unfused_epilogue_us)
+    text = str(rep)
+    assert "measured on cpu: fused 5.0 us, cuBLAS GEMM 20.0 us" in text, text
+
+
+def test_min_gain_applies_to_the_measurement(timers, monkeypatch):
+    _always_fuse(monkeypatch)
+    comfuse.config.min_gain = 0.5
+    timers["gemm"] = 20.0
+    timers["fused"] = lambda info: 0.6 * (20.0 + info.unfused_epilogue_us)  # faster, by less than half
+    _, _, rep = run(M.LinearLayerNorm(256, 512), randn(2, 96, 256))
+    (r,) = rep.regions
+    assert r.status == "fallback" and r.reason.startswith("measured on"), r.reason
+
+
+def test_measure_off_leaves_the_planner_and_never_times(timers, monkeypatch):
+    _always_fuse(monkeypatch)
+    comfuse.config.measure = "off"
+    timers["fused"] = timers["gemm"] = AssertionError("a timer ran with config.measure = 'off'")
+    out, ref, rep = run(M.LinearLayerNorm(256, 512), randn(2, 96, 256))
+    close(out, ref)
+    (r,) = rep.regions
+    assert r.status in ("fused", "fusable") and r.reason.startswith("planner:") and "measured" not in r.reason
+    assert not r.measured and r.id in REGISTRY and r.calls == 1
+    assert not timers["region_calls"] and not timers["gemm_calls"]
+
+
+def test_auto_measures_nothing_without_a_gpu_tensor(timers, monkeypatch):
+    """Under "auto" a region whose tensors are on the CPU (or no sm_90 GPU) is not timed."""
+    _always_fuse(monkeypatch)
+    comfuse.config.measure = "auto"
+    _, _, rep = run(M.LinearLayerNorm(256, 512), randn(2, 96, 256))
+    (r,) = rep.regions
+    assert r.calls == 1 and not r.measured and not timers["region_calls"]
+
+
+def test_timer_error_keeps_the_planners_decision(timers, monkeypatch, caplog):
+    _always_fuse(monkeypatch)
+    timers["fused"] = RuntimeError("no events here")
+    out, ref, rep = run(M.LinearLayerNorm(256, 512), randn(2, 96, 256))
+    close(out, ref)
+    (r,) = rep.regions
+    assert r.status in ("fused", "fusable") and "not measured (RuntimeError: no events here)" in r.reason, r.reason
+    assert not r.measured and r.id in REGISTRY and r.calls == 1
+    assert "no events here" in caplog.text
+
+
+@pytest.mark.parametrize("drop", ["c_fc", "c_proj"])
+def test_one_of_two_chained_regions_falls_back(timers, monkeypatch, drop):
+    """GPT-2's MLP as two regions (c_fc + gelu_new, c_proj + residual): the measurement drops one;
+    the other is replaced, its operand (or consumer) the dropped region's aten ops."""
+    _always_fuse(monkeypatch)
+    comfuse.config.b2b = "off"
+    timers["gemm"] = 20.0
+    timers["fused"] = lambda info: 1e4 if drop in info.root else 1.0
+    out, ref, rep = run(M.GPT2MLP(256, 1024), randn(4, 64, 256))
+    close(out, ref)
+    by = {("c_fc" if "c_fc" in r.root else "c_proj"): r for r in rep.regions if "c_" in r.root}
+    assert by[drop].status == "fallback" and by[drop].reason.startswith("measured on"), by[drop].reason
+    assert by[drop].id not in REGISTRY and by[drop].calls == 0
+    (kept,) = [r for k, r in by.items() if k != drop]
+    assert kept.id in REGISTRY and kept.calls == 1 and "; measured:" in kept.reason
+
+
+def test_random_input_keeps_layout_and_sizes():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        w = torch.empty(64, 32, dtype=torch.bfloat16).t()        # [32, 64], strides (1, 32)
+        b = torch.empty(64, dtype=torch.float16).expand(8, 64)    # stride 0
+        i = torch.empty(8, dtype=torch.int64)
+        m = torch.empty(8, dtype=torch.bool)
+    x = measure.random_input(w)
+    assert not isinstance(x, torch._subclasses.FakeTensor)
+    assert x.shape == (32, 64) and x.stride() == (1, 32) and x.dtype == torch.bfloat16 and (x != 0).all()
+    y = measure.random_input(b)
+    assert y.shape == (8, 64) and y.stride() == (0, 1) and (y != 0).all()
+    assert measure.random_input(i).dtype == torch.int64 and measure.random_input(m).dtype == torch.bool
+    assert measure.random_input(7) == 7
+
+
+def _run_twice(fn):
+    fn()
+    fn()
+    return 1.0
+
+
+def test_region_runs_on_random_inputs_through_the_custom_ops_path(monkeypatch, emulate):
+    """The real time_region (its clock replaced): the emulated kernel runs on the random operands
+    (prepare() sees the real layouts); the report counts only the model's call."""
+    _always_fuse(monkeypatch)
+    comfuse.config.measure = "on"
+    monkeypatch.setattr(measure, "_time_us", _run_twice)
+    monkeypatch.setattr(measure, "time_gemm", lambda *a: 1000.0)
+    out, ref, rep = run(M.LinearGelu(64, 136), randn(3, 37, 64, seed=11))
+    close(out, ref)
+    (r,) = rep.regions
+    assert r.measured["fused_us"] == 1.0 and "; measured: fused 1.0 us" in r.reason, r.reason
+    assert r.calls == 1 and r.fallback_calls == 0 and r.id in REGISTRY
+
+
+def test_a_kernel_that_falls_back_is_not_measured(timers, monkeypatch):
+    """No GPU here: RuntimeRegion.run falls back to the aten ops, so there is nothing to time."""
+    _always_fuse(monkeypatch)
+    monkeypatch.setattr(measure, "time_region", _real_time_region)
+    monkeypatch.setattr(measure, "_time_us", _run_twice)
+    out, ref, rep = run(M.LinearLayerNorm(256, 512), randn(2, 96, 256))
+    close(out, ref)
+    (r,) = rep.regions
+    assert "not measured (RuntimeError: the fused kernel did not run (" in r.reason, r.reason
+    assert not r.measured and r.id in REGISTRY
+    assert r.calls == 1 and r.fallback_calls == 1  # the model's call only
+
