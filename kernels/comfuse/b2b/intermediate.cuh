@@ -156,8 +156,8 @@ struct OnlineSoftmaxF {
     CUTE_UNROLL
     for (int i = 0; i < cute::size(P); ++i) {
       float const arg = fmaf(P(i), kExpScale, -ref2[(i >> 1) & 1]);
-      float const e = C.fma_exp_every > 0 && i % C.fma_exp_every == C.fma_exp_every - 1 ? epi::fma_exp2(arg)
-                                                                                        : epi::fast_exp2(arg);
+      constexpr int kEvery = C.fma_exp_every > 0 ? C.fma_exp_every : 1;  // (no % 0 below)
+      float const e = C.fma_exp_every > 0 && i % kEvery == kEvery - 1 ? epi::fma_exp2(arg) : epi::fast_exp2(arg);
       S(i) = typename FS::value_type(e);
       l[(i >> 1) & 1] += e;
     }
