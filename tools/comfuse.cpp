@@ -244,7 +244,7 @@ std::vector<CLI::Option*> add_plan_options(CLI::App* cmd, ExplainArgs& ex) {
           ->check(CLI::Range(2, Sm90::kMaxRingStages)),
       cmd->add_option("--fma-exp-every", ex.fma_exp_every,
                       "a B2B online softmax: every Nth exponential as a polynomial on the FMA pipe, the rest on the "
-                      "MUFU (0: all on the MUFU; default: the planner's, by head dim)")
+                      "MUFU (0: all on the MUFU; default: the planner's, one in 4 unmasked, none with a causal mask)")
           ->check(CLI::IsMember({0, 2, 4, 8, 16})),
   };
 }
