@@ -26,7 +26,7 @@ import torch.fx as fx
 
 from . import kernels
 from .config import config
-from .partition import size_hint
+from .partition import pays, size_hint
 
 log = logging.getLogger("comfuse")
 
@@ -154,7 +154,7 @@ def measure_region(rr: "kernels.RuntimeRegion", tensor_nodes: list[fx.Node], siz
     epi = info.unfused_epilogue_us or 0.0
     unfused = gemm + epi
     info.measured = {"fused_us": fused, "gemm_us": gemm, "epilogue_us": epi, "unfused_us": unfused, "device": name}
-    if fused >= unfused * (1.0 - config.min_gain):
+    if not pays(fused, unfused):
         info.status = "fallback"
         info.reason = (f"measured on {name}: fused {fused:.1f} us vs unfused {unfused:.1f} us (cuBLAS GEMM {gemm:.1f} us "
                        f"measured + epilogue {epi:.1f} us modeled) at M={m}; planner had predicted fused "

@@ -324,6 +324,11 @@ def size_hint(x) -> int:
         return int(x)
 
 
+def pays(fused_us: float, unfused_us: float) -> bool:
+    """The fusion rule, for estimates and measurements alike: fused below unfused by min_gain."""
+    return fused_us < unfused_us * (1.0 - config.min_gain)
+
+
 def decide(c: Candidate) -> None:
     """Sets c.info.status/reason from the planner's estimates (the region must have translated)."""
     info = c.info
@@ -373,7 +378,7 @@ def decide(c: Candidate) -> None:
         epi = 0.0
     unfused = gemm + epi
     info.fused_us, info.unfused_us, info.unfused_epilogue_us = fused, unfused, epi
-    if fused < unfused * (1.0 - config.min_gain):
+    if pays(fused, unfused):
         info.status = "fused"
         info.reason = (f"planner: fused {fused:.1f} us vs unfused {unfused:.1f} us "
                        f"(GEMM {gemm:.1f} + epilogue {epi:.1f}) at M={m}")

@@ -153,6 +153,12 @@ std::string causal_mask_in(const Spec& st) {
   return "";
 }
 
+// Whether node k of `st` is a finite literal (positive, where asked).
+bool is_literal(const Spec& st, int k, bool positive) {
+  const SpecNode& b = st.nodes.at(static_cast<size_t>(k));
+  return b.category == NodeCategory::Broadcast && b.arg < 0 && std::isfinite(b.literal) && (!positive || b.literal > 0.0);
+}
+
 // Whether node i of `st` is -inf wherever a causal mask made it -inf: the mask, or the mask
 // through ops that keep -inf (a cast, adding or subtracting a finite literal, multiplying or
 // dividing by a positive finite one: attention's scale). The online softmax weighs such columns
@@ -160,11 +166,7 @@ std::string causal_mask_in(const Spec& st) {
 bool masked_to_neg_inf(const Spec& st, int i) {
   const SpecNode& n = st.nodes.at(static_cast<size_t>(i));
   if (n.category != NodeCategory::Compute) return false;
-  auto literal = [&](int k, bool positive) {
-    const SpecNode& b = st.nodes.at(static_cast<size_t>(k));
-    return b.category == NodeCategory::Broadcast && b.arg < 0 && std::isfinite(b.literal) &&
-           (!positive || b.literal > 0.0);
-  };
+  auto literal = [&](int k, bool positive) { return is_literal(st, k, positive); };
   switch (n.compute) {
     case ComputeKind::CausalMask: return true;
     case ComputeKind::Cast: return masked_to_neg_inf(st, n.operands.at(0));
@@ -350,10 +352,7 @@ float b2b_logit_scale(const FusionSpec& first, bool causal) {
   const Spec& st = first.root;
   const SpecNode& max = st.nodes.at(static_cast<size_t>(st.terminal));
   if (max.category != NodeCategory::Reduction) return 0.f;
-  auto positive_literal = [&](int k) {
-    const SpecNode& b = st.nodes.at(static_cast<size_t>(k));
-    return b.category == NodeCategory::Broadcast && b.arg < 0 && std::isfinite(b.literal) && b.literal > 0.0;
-  };
+  auto positive_literal = [&](int k) { return is_literal(st, k, true); };
   double scale = 1.0;
   for (int i = max.operands.at(0);;) {
     const SpecNode& n = st.nodes.at(static_cast<size_t>(i));

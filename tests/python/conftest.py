@@ -62,6 +62,17 @@ def compile_vs_eager(model, *inputs, **compile_kw):
     return out, ref, rep
 
 
+def close(a, b, tol=2e-2):
+    """Compiled outputs against eager ones (tensors, or tuples and lists of them): same shapes and
+    dtypes, values within tol."""
+    if isinstance(a, (tuple, list)):
+        for x, y in zip(a, b):
+            close(x, y, tol)
+        return
+    assert a.shape == b.shape and a.dtype == b.dtype
+    torch.testing.assert_close(a.float(), b.float(), rtol=tol, atol=tol)
+
+
 def randn(*shape, dtype=torch.bfloat16, offset=0.0, scale=1.0, device="cpu", seed=None):
     """Random inputs that are never zero (|x| >= 0.05 away from 0 before the offset)."""
     g = torch.Generator().manual_seed(seed if seed is not None else hash(shape) % 10_000)

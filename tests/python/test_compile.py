@@ -11,7 +11,7 @@ import torch
 import comfuse
 from comfuse.kernels import REGISTRY
 
-from conftest import compile_vs_eager as run, randn
+from conftest import close, compile_vs_eager as run, randn
 import modules as M
 
 
@@ -19,15 +19,6 @@ import modules as M
 def always_fuse():
     """These tests are about what happens to a region the planner accepts, not its estimate."""
     comfuse.config.min_gain = -1e9
-
-
-def close(a, b, tol=2e-2):
-    if isinstance(a, (tuple, list)):
-        for x, y in zip(a, b):
-            close(x, y, tol)
-        return
-    assert a.shape == b.shape and a.dtype == b.dtype
-    torch.testing.assert_close(a.float(), b.float(), rtol=tol, atol=tol)
 
 
 def test_cpu_regions_are_reported_and_run_unfused():

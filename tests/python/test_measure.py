@@ -9,7 +9,7 @@ import comfuse
 from comfuse import measure
 from comfuse.kernels import REGISTRY
 
-from conftest import compile_vs_eager as run, randn
+from conftest import close, compile_vs_eager as run, randn
 from test_runtime_glue import emulate  # noqa: F401 (the fixture: kernels emulated on the CPU)
 import modules as M
 
@@ -42,14 +42,6 @@ def timers(monkeypatch):
     comfuse.config.min_gain = 0.0
     comfuse.config.measure = "on"
     return state
-
-
-def close(a, b, tol=2e-2):
-    if isinstance(a, (tuple, list)):
-        for x, y in zip(a, b):
-            close(x, y, tol)
-        return
-    torch.testing.assert_close(a.float(), b.float(), rtol=tol, atol=tol)
 
 
 def _always_fuse(monkeypatch):
