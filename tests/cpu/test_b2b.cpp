@@ -82,6 +82,7 @@ TEST(B2b, CausalAttentionPlan) {
   PlanOptions unsplit;  // the causal walk's pricing alone (the N1 split and pairing have their own tests)
   unsplit.cluster_n = 1;
   unsplit.b2b_job_rows = 64;
+  unsplit.b2b_overlap = false;  // as the causal kernel's (chunks of 128)
   const B2bPlan full = make_b2b_plan(att.first(), att.second(), pr, unsplit);
   const B2bPlan c = make_b2b_plan(causal.first(), causal.second(), pr, unsplit);
   EXPECT_FALSE(full.kernel.causal);
@@ -232,8 +233,50 @@ TEST(B2b, EmitWritesOneConfigAndTheRegisterOperand) {
   const std::string csrc = emit_b2b(causal.first(), causal.second(), c).source;
   EXPECT_NE(csrc.find("/* n4 */ comfuse::epi::ToOperand<0>>"), std::string::npos) << csrc;
   EXPECT_NE(csrc.find(".online_softmax = true, .causal = true"), std::string::npos) << csrc;
-  EXPECT_NE(csrc.find(".logit_scale = 0.125000000f, .fma_exp_every = 0}"), std::string::npos) << "causal: " << csrc;
-  EXPECT_NE(src.find(".logit_scale = 0.125000000f, .fma_exp_every = 4}"), std::string::npos) << src;
+  EXPECT_NE(csrc.find(".logit_scale = 0.125000000f, .fma_exp_every = 0, .x_k_blocks = 0, .f_beside_gemm2 = false}"),
+            std::string::npos)
+      << "causal: " << csrc;
+  EXPECT_NE(src.find(".logit_scale = 0.125000000f, .fma_exp_every = 4, .x_k_blocks = 1, .f_beside_gemm2 = true}"),
+            std::string::npos)
+      << src;
+}
+
+// Unmasked attention at a head dim up to 128 keeps Q resident and runs F beside the previous
+// chunk's GEMM2 (chunks of 64: E's registers); masked, at a longer K, or forced off it does not,
+// and a forced overlap that cannot be built is refused by name.
+TEST(B2b, AttentionOverlapsFWithGemm2WhereQFits) {
+  Pair att = lowered("attention.cf"), causal = lowered("attention_causal.cf"), ffn = lowered("ffn.cf");
+  auto plan = [](Pair& g, int64_t k, const PlanOptions& opt = {}) {
+    return make_b2b_plan(g.first(), g.second(), B2bProblem{1, 1024, k, 1024, 128, DType::BF16}, opt);
+  };
+  const B2bPlan d128 = plan(att, 128);
+  EXPECT_TRUE(d128.kernel.f_beside_gemm2);
+  EXPECT_EQ(d128.kernel.x_k_blocks, 2);
+  EXPECT_EQ(d128.kernel.chunk_n1, 64) << "P, E, S and O of chunks of 128 exceed a thread's registers";
+  EXPECT_EQ(check(d128.kernel), nullptr);
+  EXPECT_GE(d128.kernel.ring_stages, d128.kernel.x_k_blocks + d128.kernel.chunk_n1 / 64);
+  EXPECT_EQ(d128.kernel.slot_a_bytes(), 0) << "the slots carry K and V only";
+  EXPECT_NE(explain(att.first(), att.second(), d128).find("X resident (2 k-blocks)"), std::string::npos);
+  EXPECT_EQ(plan(att, 72).kernel.x_k_blocks, 2) << "a ragged K: X's last k-block zero-filled";
+  EXPECT_FALSE(plan(att, 192).kernel.f_beside_gemm2) << "default: K <= 128";
+  EXPECT_EQ(plan(att, 192, [] { PlanOptions o; o.b2b_overlap = true; return o; }()).kernel.x_k_blocks, 3);
+  EXPECT_FALSE(plan(causal, 64).kernel.f_beside_gemm2);
+  EXPECT_FALSE(plan(att, 64, [] { PlanOptions o; o.b2b_overlap = false; return o; }()).kernel.f_beside_gemm2);
+  PlanOptions on;
+  on.b2b_overlap = true;
+  EXPECT_THROW(plan(att, 320, on), Error) << "X resident for K <= 256";
+  try {
+    make_b2b_plan(ffn.first(), ffn.second(), B2bProblem{1, 1024, 1024, 4096, 1024, DType::BF16}, on);
+    ADD_FAILURE() << "an elementwise F has no online softmax to overlap";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--b2b-overlap"), std::string::npos) << e.what();
+  }
+  B2bConfig bad = d128.kernel;
+  bad.ring_stages = 2;
+  EXPECT_NE(check(bad), nullptr) << "two chunks' GEMM1 and GEMM2 k-blocks in flight";
+  bad = d128.kernel;
+  bad.x_k_blocks = 0;
+  EXPECT_NE(check(bad), nullptr) << "F beside GEMM2 needs X resident";
 }
 
 // Attention's logits (a positive literal scale, a causal mask) fold into the online softmax; any
