@@ -436,19 +436,23 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
     // at 128, but 2-4% slower with the causal mask (bench/sweeps/attention_softmax_f.txt).
     k.fma_exp_every = k.causal ? 0 : 4;
     if (opt.fma_exp_every) k.fma_exp_every = *opt.fma_exp_every;
-    // Attention's Q resident and F beside the previous chunk's GEMM2 (FlashAttention-3's overlap:
-    // the traces left the tensor pipe idle during F). Its E registers make chunks of 64 columns.
-    // With the causal mask the kernel without: paired causal jobs need chunks of 128.
-    const int64_t x_k_blocks = (p.k + Sm90::kTileK - 1) / Sm90::kTileK;
-    if (opt.b2b_overlap.value_or(!k.causal && x_k_blocks <= 2)) {
-      if (x_k_blocks > 4)
-        throw Error(fmt::format("b2b: --b2b-overlap on keeps X resident, for K <= 256 only (K = {})", p.k));
-      k.x_k_blocks = static_cast<int>(x_k_blocks);
-      k.f_beside_gemm2 = true;
-    }
   } else if (opt.b2b_overlap.value_or(false)) {
     throw Error(fmt::format("b2b: --b2b-overlap on runs an online softmax's F beside GEMM2; this pair's F is {}",
                             name_of(plan.intermediate)));
+  }
+  // F beside the previous chunk's GEMM2 (FlashAttention-3's overlap; its E registers make chunks
+  // of 64 columns) needs X resident; X resident alone spares the ring X's k-blocks. Both forced
+  // only: measured 9-22% slower (the overlap) and -3% to +10% (X resident) at the attention rows
+  // (bench/sweeps/attention_overlap.txt, attention_x_resident.txt).
+  k.f_beside_gemm2 = k.online_softmax && opt.b2b_overlap.value_or(false);
+  if (opt.b2b_x_resident.value_or(k.f_beside_gemm2)) {
+    const int64_t x_k_blocks = (p.k + Sm90::kTileK - 1) / Sm90::kTileK;
+    if (x_k_blocks > 4)
+      throw Error(fmt::format("b2b: {} keeps X resident, for K <= 256 only (K = {})",
+                              k.f_beside_gemm2 ? "--b2b-overlap on" : "--b2b-x-resident on", p.k));
+    k.x_k_blocks = static_cast<int>(x_k_blocks);
+  } else if (k.f_beside_gemm2) {
+    throw Error("b2b: --b2b-overlap on runs F beside GEMM2 with X resident: not with --b2b-x-resident off");
   }
   k.tile_n2 = p.n2 <= 64 ? 64 : p.n2 <= 128 ? 128 : p.n2 <= 192 ? 192 : 256;
   if (opt.tile_n) k.tile_n2 = *opt.tile_n;

@@ -59,11 +59,12 @@ struct MainloopB2b {
   static constexpr uint32_t kTxGemm2 = uint32_t(BN2 * BK * sizeof(Element));
   static constexpr uint32_t kTxX = uint32_t(C.x_k_blocks * kXBlock * sizeof(Element));
   static constexpr int kGemm2Blocks = BN1 / BK;  // W2 k-blocks of a chunk
-  // body(kb) for each of GEMM1's k-blocks: unrolled where X is resident (a compile-time count:
-  // ptxas can then count the commit groups in flight, B2bConfig::f_beside_gemm2).
+  // body(kb) for each of GEMM1's k-blocks. F beside GEMM2: unrolled over X's resident k-blocks,
+  // so that ptxas counts the commit groups in flight. Else a loop over K's: with F between the
+  // GEMMs, a compile-time count (even not unrolled) makes ptxas serialize every wgmma (C7514).
   template <class Body>
   static COMFUSE_DEVICE void for_k_blocks(Params const& p, Body&& body) {
-    if constexpr (kXResident) {
+    if constexpr (C.f_beside_gemm2) {
       CUTE_UNROLL
       for (int kb = 0; kb < C.x_k_blocks; ++kb) body(kb);
     } else {
