@@ -176,6 +176,7 @@ int cmd_lower(const std::string& file) {
 struct ExplainArgs {
   bool dot = false;
   std::optional<int> cluster_n, tile_n, tile_m, cluster_m, row_group, k_splits, b2b_job_rows, ring_stages, fma_exp_every;
+  std::string b2b_overlap, b2b_x_resident;  // on / off (empty: the planner's)
   std::string aggregation, strategy, stash, pairs, b2b;
 };
 
@@ -191,6 +192,8 @@ PlanOptions plan_options(const ExplainArgs& a) {
   o.b2b_job_rows = a.b2b_job_rows;
   o.ring_stages = a.ring_stages;
   o.fma_exp_every = a.fma_exp_every;
+  if (!a.b2b_overlap.empty()) o.b2b_overlap = a.b2b_overlap == "on";
+  if (!a.b2b_x_resident.empty()) o.b2b_x_resident = a.b2b_x_resident == "on";
   if (!a.pairs.empty()) o.fuse_pairs = a.pairs == "one-round";
   if (!a.stash.empty()) o.stash_bytes = a.stash == "bf16" ? 2 : 4;
   if (a.aggregation == "p2p") o.aggregation = Aggregation::PeerToPeer;
@@ -246,6 +249,14 @@ std::vector<CLI::Option*> add_plan_options(CLI::App* cmd, ExplainArgs& ex) {
                       "a B2B online softmax: every Nth exponential as a polynomial on the FMA pipe, the rest on the "
                       "MUFU (0: all on the MUFU; default: the planner's, one in 4 unmasked, none with a causal mask)")
           ->check(CLI::IsMember({0, 2, 4, 8, 16})),
+      cmd->add_option("--b2b-overlap", ex.b2b_overlap,
+                      "a B2B online softmax (attention): X resident and each chunk's F beside the previous chunk's "
+                      "GEMM2 (on), or F between the GEMMs (off, the default: measured slower)")
+          ->check(CLI::IsMember({"on", "off"})),
+      cmd->add_option("--b2b-x-resident", ex.b2b_x_resident,
+                      "a B2B kernel with K <= 256: X resident in SMEM for its job, the ring's slots carrying W1 and "
+                      "W2 only (on), or X's k-block in every GEMM1 slot (off, the default unless --b2b-overlap on)")
+          ->check(CLI::IsMember({"on", "off"})),
   };
 }
 

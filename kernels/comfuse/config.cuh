@@ -242,6 +242,19 @@ struct B2bConfig {
   // dim is small (a chunk's 64 MUFU a thread against GEMMs of 64-deep k). 0: all on the MUFU.
   // The planner's choice (decide_b2b.cpp) is measured.
   int fma_exp_every = 0;
+  // > 0: X stays resident for its job (attention's Q: K, the head dim, is at most x_k_blocks x 64):
+  // loaded once into a buffer of its own beside the ring (its own full/empty barriers), read by
+  // every chunk's GEMM1 and freed after the job's last one; the ring's slots then carry W1 and W2
+  // k-blocks only, smaller, so the ring is deeper, and GEMM1's k-blocks are a compile-time count.
+  // 0: every GEMM1 slot holds X's k-block beside W1's (K unbounded; X re-read from L2 per chunk).
+  int x_k_blocks = 0;
+  // The online softmax's F of chunk c runs while GEMM2 of chunk c - 1 is still on the tensor cores
+  // (FlashAttention-3's intra-warpgroup overlap): the producer loads W1 of c, then W2 of c - 1; the
+  // warp group issues GEMM1 of c and GEMM2 of c - 1, waits for GEMM1 only, computes the chunk's
+  // statistics and exponentials into registers of their own (E), then waits for GEMM2, rescales O
+  // and writes S. Needs X resident (a straight-line loop body: ptxas serializes wgmmas whose
+  // commit groups it cannot count) and E's registers (live_values()).
+  bool f_beside_gemm2 = false;
 
   COMFUSE_HOST_DEVICE constexpr int wgs_per_job() const { return paired ? 2 : 1; }
   // Paired, the warp groups take ordered tensor-core turns (GEMM2 of a chunk and GEMM1 of the
@@ -265,25 +278,34 @@ struct B2bConfig {
   // (and W3's) k-block of the chunk or a W2 k-block (tile_n2 x 64 along N1).
   COMFUSE_HOST_DEVICE constexpr int gemm1_b_rows() const { return (gated ? 2 : 1) * chunk_n1; }
   COMFUSE_HOST_DEVICE constexpr int b_region_rows() const { return gemm1_b_rows() > tile_n2 ? gemm1_b_rows() : tile_n2; }
-  COMFUSE_HOST_DEVICE constexpr int slot_a_bytes() const { return job_rows() * Sm90::kTileK * Sm90::kAbBytes; }
+  // X's k-block of a job (job_rows x 64): in every GEMM1 slot, or x_k_blocks of them resident.
+  COMFUSE_HOST_DEVICE constexpr int x_block_bytes() const { return job_rows() * Sm90::kTileK * Sm90::kAbBytes; }
+  COMFUSE_HOST_DEVICE constexpr int slot_a_bytes() const { return x_k_blocks > 0 ? 0 : x_block_bytes(); }
   COMFUSE_HOST_DEVICE constexpr int slot_b_bytes() const { return b_region_rows() * Sm90::kTileK * Sm90::kAbBytes; }
   // Registers a consumer thread holds for P (and P3) in fp32, S as 16-bit pairs and O in fp32,
   // and the most it may spend on them beside the kernel's own (the FFN and attention kernels
   // within this bound compile to 168 registers without spills).
   static constexpr int kMaxLiveValues = 176;
-  COMFUSE_HOST_DEVICE constexpr int live_values() const { return (gated ? 2 : 1) * chunk_n1 / 2 + chunk_n1 / 4 + tile_n2 / 2; }
-  COMFUSE_HOST_DEVICE constexpr int ring_bytes() const { return ring_stages * (slot_a_bytes() + slot_b_bytes()); }
+  // F beside GEMM2 adds E, the chunk's exponentials in fp32.
+  COMFUSE_HOST_DEVICE constexpr int live_values() const {
+    return (gated ? 2 : 1) * chunk_n1 / 2 + chunk_n1 / 4 + tile_n2 / 2 + (f_beside_gemm2 ? chunk_n1 / 2 : 0);
+  }
+  // One ring's SMEM: its slots, and X's resident k-blocks.
+  COMFUSE_HOST_DEVICE constexpr int ring_bytes() const {
+    return ring_stages * (slot_a_bytes() + slot_b_bytes()) + x_k_blocks * x_block_bytes();
+  }
   // Bytes one ring loads from L2 for a chunk of its job: K / 64 X/W1 (/W3) k-blocks and
   // chunk_n1 / 64 W2 k-blocks (`explain` reports it; it did not bound the kernels measured).
   COMFUSE_HOST_DEVICE constexpr double chunk_fill_bytes(int k) const {
-    return double((k + Sm90::kTileK - 1) / Sm90::kTileK) * (job_rows() + gemm1_b_rows()) * Sm90::kTileK * Sm90::kAbBytes +
+    return double((k + Sm90::kTileK - 1) / Sm90::kTileK) * ((x_k_blocks > 0 ? 0 : job_rows()) + gemm1_b_rows()) *
+               Sm90::kTileK * Sm90::kAbBytes +
            double(chunk_n1) * tile_n2 * Sm90::kAbBytes;
   }
   // Dynamic SMEM: the rings (1024-aligned regions), both consumer WGs' epilogue storage and
-  // partial-O hand-over, the rings' full/empty mbarriers, rounded to 1024, plus the kernel's
-  // base alignment.
+  // partial-O hand-over, the rings' full/empty mbarriers (and X's), rounded to 1024, plus the
+  // kernel's base alignment.
   COMFUSE_HOST_DEVICE constexpr int smem_bytes() const {
-    return align_up(rings() * (ring_bytes() + 16 * ring_stages) +
+    return align_up(rings() * (ring_bytes() + 16 * (ring_stages + 1)) +
                         Sm90::kConsumerWGs * (epilogue_smem_bytes + align_up(xfer_bytes(), 1024)),
                     1024) +
            Sm90::kSmemBaseAlign;
@@ -303,6 +325,12 @@ COMFUSE_HOST_DEVICE constexpr char const* check(B2bConfig const& c) {
   if (c.fma_exp_every != 0 && (!c.online_softmax || c.fma_exp_every < 2 || c.fma_exp_every > 16 || !is_pow2(c.fma_exp_every)))
     return "B2B fma_exp_every: 0, or 2, 4, 8 or 16 with the online softmax";
   if (c.ring_stages < 2) return "B2B ring_stages: at least 2";
+  if (c.x_k_blocks < 0 || c.x_k_blocks > 4) return "B2B x_k_blocks: 0 (X in every slot), or X resident for K <= 64 x 1..4";
+  if (c.f_beside_gemm2 && (!c.online_softmax || c.x_k_blocks == 0))
+    return "B2B f_beside_gemm2: the online softmax's F with X resident (x_k_blocks > 0)";
+  // Beside GEMM2, a warp group holds GEMM1's and GEMM2's slots of two chunks at once.
+  if (c.f_beside_gemm2 && c.ring_stages < c.x_k_blocks + c.chunk_n1 / Sm90::kTileK)
+    return "B2B f_beside_gemm2: a ring of fewer stages than one chunk's GEMM1 and GEMM2 k-blocks";
   if (c.paired && c.causal && c.chunk_n1 != c.job_rows())
     return "B2B paired with a causal mask: chunk_n1 = 2 x tile_m (a chunk of the pair's diagonal reaches both halves)";
   if (!is_pow2(c.cluster_n1) || c.cluster_n1 > Sm90::kMaxClusterSize) return "B2B cluster_n1: 1, 2, 4, 8 or 16 CTAs along N1";

@@ -436,6 +436,23 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
     // at 128, but 2-4% slower with the causal mask (bench/sweeps/attention_softmax_f.txt).
     k.fma_exp_every = k.causal ? 0 : 4;
     if (opt.fma_exp_every) k.fma_exp_every = *opt.fma_exp_every;
+  } else if (opt.b2b_overlap.value_or(false)) {
+    throw Error(fmt::format("b2b: --b2b-overlap on runs an online softmax's F beside GEMM2; this pair's F is {}",
+                            name_of(plan.intermediate)));
+  }
+  // F beside the previous chunk's GEMM2 (FlashAttention-3's overlap; its E registers make chunks
+  // of 64 columns) needs X resident; X resident alone spares the ring X's k-blocks. Both forced
+  // only: measured 9-22% slower (the overlap) and -3% to +10% (X resident) at the attention rows
+  // (bench/sweeps/attention_overlap.txt, attention_x_resident.txt).
+  k.f_beside_gemm2 = k.online_softmax && opt.b2b_overlap.value_or(false);
+  if (opt.b2b_x_resident.value_or(k.f_beside_gemm2)) {
+    const int64_t x_k_blocks = (p.k + Sm90::kTileK - 1) / Sm90::kTileK;
+    if (x_k_blocks > 4)
+      throw Error(fmt::format("b2b: {} keeps X resident, for K <= 256 only (K = {})",
+                              k.f_beside_gemm2 ? "--b2b-overlap on" : "--b2b-x-resident on", p.k));
+    k.x_k_blocks = static_cast<int>(x_k_blocks);
+  } else if (k.f_beside_gemm2) {
+    throw Error("b2b: --b2b-overlap on runs F beside GEMM2 with X resident: not with --b2b-x-resident off");
   }
   k.tile_n2 = p.n2 <= 64 ? 64 : p.n2 <= 128 ? 128 : p.n2 <= 192 ? 192 : 256;
   if (opt.tile_n) k.tile_n2 = *opt.tile_n;
@@ -530,7 +547,7 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
   const double balance = walked / (busiest * double(plan.grid_ctas));
 
   auto& r = plan.reasons;
-  r.push_back(fmt::format("F: {} (chunks of {} columns of N1 = {}){}{}", name_of(plan.intermediate), k.chunk_n1, p.n1,
+  r.push_back(fmt::format("F: {} (chunks of {} columns of N1 = {}){}{}{}", name_of(plan.intermediate), k.chunk_n1, p.n1,
                           k.logit_scale > 0.f
                               ? fmt::format("; of the raw scores times {:g}: the scale rides in the exponent's FFMA{}",
                                             k.logit_scale,
@@ -541,6 +558,11 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
                               ? fmt::format("; one exponential in {} as a polynomial on the FMA pipe, the rest on the "
                                             "MUFU (measured; --fma-exp-every)",
                                             k.fma_exp_every)
+                              : std::string(),
+                          k.f_beside_gemm2
+                              ? fmt::format("; X resident ({} k-blocks), each chunk's F beside the previous chunk's "
+                                            "GEMM2 (--b2b-overlap)",
+                                            k.x_k_blocks)
                               : std::string()));
   r.push_back(fmt::format("jobs: {} rows x {} columns of O {}; {} job(s) ({} batch(es) x {} row blocks x {} block(s) "
                           "of O) on {} CTAs (two consumer warp groups each); the busiest SM walks {:.0f} warp-group "
@@ -586,14 +608,20 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
                                 opt.cluster_n ? " (forced)"
                                 : job_chunks < 2 ? " (one chunk: nothing to split)"
                                                  : " (clusters along N1 do not beat it by 3%: the alternatives)"));
-  r.push_back(fmt::format("registers per consumer thread: P {} (x{}), S {}, O {} fp32 / 16-bit pairs", k.chunk_n1 / 2,
-                          k.gated ? 2 : 1, k.chunk_n1 / 4, k.tile_n2 / 2));
-  r.push_back(fmt::format("ring: {} stages of {} {} (an X k-block of {} rows and a {}-row B region that holds "
-                          "W1{}'s k-block or a W2 k-block); SMEM {} of {}",
+  r.push_back(fmt::format("registers per consumer thread: P {} (x{}), S {}, O {}{} fp32 / 16-bit pairs", k.chunk_n1 / 2,
+                          k.gated ? 2 : 1, k.chunk_n1 / 4, k.tile_n2 / 2,
+                          k.f_beside_gemm2 ? fmt::format(", E {} (F's exponentials beside GEMM2)", k.chunk_n1 / 2)
+                                           : std::string()));
+  r.push_back(fmt::format("ring: {} stages of {} {} ({}a {}-row B region that holds W1{}'s k-block or a W2 k-block){}; "
+                          "SMEM {} of {}",
                           k.ring_stages, fmt_bytes(k.slot_a_bytes() + k.slot_b_bytes()),
-                          k.paired ? "shared by both consumer warp groups" : "per consumer warp group", k.job_rows(),
-                          k.b_region_rows(),
-                          k.gated ? " and W3" : "", fmt_bytes(k.smem_bytes()), fmt_bytes(dev.smem_per_cta_bytes)));
+                          k.paired ? "shared by both consumer warp groups" : "per consumer warp group",
+                          k.x_k_blocks > 0 ? "" : fmt::format("an X k-block of {} rows and ", k.job_rows()),
+                          k.b_region_rows(), k.gated ? " and W3" : "",
+                          k.x_k_blocks > 0 ? fmt::format(", beside X's {} k-blocks of {} rows, resident for the job",
+                                                         k.x_k_blocks, k.job_rows())
+                                           : std::string(),
+                          fmt_bytes(k.smem_bytes()), fmt_bytes(dev.smem_per_cta_bytes)));
   if (k.causal)
     r.push_back(fmt::format("causal mask {}: a job walks only the chunks of N1 that reach its rows ({:.0f}% of the "
                             "GEMM work); a CTA takes a row block and its mirror (i and {} - i: {}), so every SM "
@@ -659,12 +687,15 @@ std::string explain(const FusionSpec& first, const FusionSpec& second, const B2b
                    k.paired ? "paired: both consumer warp groups, 64 rows each" : "one consumer warp group",
                    k.chunk_n1);
   o += fmt::format("  pipeline     ML1 (GEMM1, SS wgmma) -> Epi1 (F: {}) -> ML2 (GEMM2, RS wgmma: S from "
-                   "registers) per chunk, Epi2 after the last; {}\n",
+                   "registers) per chunk{}, Epi2 after the last; {}\n",
                    name_of(p.intermediate),
+                   k.f_beside_gemm2 ? " (ML1 of chunk c issued with ML2 of c - 1, Epi1 of c beside that ML2)" : "",
                    k.paired ? "two consumer warp groups on the same jobs, taking turns on the tensor cores"
                             : "two consumer warp groups on their own jobs");
-  o += fmt::format("  ring         {} stages {}, X/W1 and W2 k-blocks in the same slots\n", k.ring_stages,
-                   k.paired ? "shared by both consumer warp groups" : "per consumer warp group");
+  o += fmt::format("  ring         {} stages {}, {}\n", k.ring_stages,
+                   k.paired ? "shared by both consumer warp groups" : "per consumer warp group",
+                   k.x_k_blocks > 0 ? "W1 and W2 k-blocks in the same slots, X resident beside them"
+                                    : "X/W1 and W2 k-blocks in the same slots");
   o += fmt::format("  N1 split     {}\n", k.cluster_n1 > 1
                                              ? fmt::format("over clusters of {} CTAs (rank r walks chunks r, r + {}, ... of a "
                                                            "job; partial O summed over DSMEM into the job's owner)",

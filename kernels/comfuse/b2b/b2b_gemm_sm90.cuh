@@ -17,6 +17,9 @@
 //        consumer warp groups interleave on the tensor cores, one's F beside the other's GEMMs.
 //        After the last chunk, Epi2: GEMM2's Stage-Stream epilogue on O (bias, residual,
 //        activation, a norm over tile_n2 >= N2, stores by TMA).
+// F beside GEMM2 (B2bConfig::f_beside_gemm2, attention with X = Q resident): a warp group's turn
+// issues GEMM1 of chunk c and GEMM2 of chunk c - 1, and F of chunk c runs while that GEMM2 is
+// still on the tensor cores.
 // A slot is released once the wgmmas that read it completed (b2b/ring.cuh's Taken: each
 // k-block as its commit group completes); before F (which reads P, rewrites S and, for the
 // online softmax, rescales O) the consumer waits for all its wgmmas.
@@ -115,14 +118,14 @@ struct B2bGemmSm90 {
       int const w = t / 32;  // the ring this warp feeds
       if (w < kRings && t % 32 == 0) {
         State st = RingT::producer_start();
+        int x_jobs = 0;  // jobs whose X this ring loaded (resident X)
         for (int j = unit * C.jobs_per_unit() + w;; j += stride) {
           B2bJob const job = b2b_job(C, j, p.batches, p.M, p.N, units);
           if (job.done) break;
           if (!job.valid) continue;  // as the consumer: an empty half of a causal pair
           int const my_chunks = b2b_rank_chunks(C, b2b_chunks(C, job.m_block, p.M, p.N1), rank);
-          for (int i = 0; i < my_chunks; ++i)
-            Mainloop::load_chunk(p, ss.bars[w], st, ss.ring[w], job.m_block * C.job_rows(),
-                                 (rank + i * C.cluster_n1) * C.chunk_n1, job.n2_block * C.tile_n2, job.batch);
+          Mainloop::load_job(p, ss.bars[w], st, ss.ring[w], job.m_block * C.job_rows(), job.n2_block * C.tile_n2,
+                             job.batch, my_chunks, x_jobs, [&](int i) { return (rank + i * C.cluster_n1) * C.chunk_n1; });
         }
       }
     } else {
@@ -153,6 +156,7 @@ struct B2bGemmSm90 {
       typename Mainloop::FragS S;
       typename Mainloop::FragO O;
       int traced = 0;  // this warp group's jobs so far (the trace's job index)
+      int x_jobs = 0;  // jobs whose resident X it read
       // turn: the warp group's slots so far, alike in every CTA of a cluster (whose owner turns).
       for (int j = unit * C.jobs_per_unit() + (kPaired ? 0 : cw), turn = 0;; j += stride, ++turn) {
         B2bJob const job = b2b_job(C, j, p.batches, p.M, p.N, units);
@@ -179,26 +183,90 @@ struct B2bGemmSm90 {
           for (int i = 0; i < cute::size(O); ++i) O(i) = 0.f;
         }
         cute::warpgroup_fence_operand(O);
-        for (int i = 0; i < my_chunks; ++i) {
-          int const c = rank + i * C.cluster_n1;
-          unsigned long long since = trace::now();
-          if (i == 0) wait_mma_turn();
-          Mainloop::gemm1(p, ring, rd, taken, slots, P, P3, half, t);  // behind GEMM2 of chunk c - 1
-          pass_mma_turn();
-          taken.all_completed(ring, t);  // F reads P and rewrites S (and rescales O)
-          trace::add_stage(t, cw, trace::kGemm1, since);
-          since = trace::now();
-          epi::EpiCtx c1{&p, m0, c * C.chunk_n1, p.N1, t, t / 32, t % 32};
+        // F's view of chunk i: its N1 columns.
+        auto chunk_ctx = [&](int i) {
+          epi::EpiCtx c1{&p, m0, (rank + i * C.cluster_n1) * C.chunk_n1, p.N1, t, t / 32, t % 32};
           c1.batch = job.batch;
-          f.apply(c1, f_storage(mine), bar_id, P, P3, S, O, i == 0);
-          trace::add_stage(t, cw, trace::kF, since);
-          since = trace::now();
-          cute::warpgroup_fence_operand(S);
-          cute::warpgroup_fence_operand(O);
-          wait_mma_turn();
-          Mainloop::gemm2(ring, rd, taken, slots, S, O, i == 0, t);
-          if (i == my_chunks - 1) pass_mma_turn();
-          trace::add_stage(t, cw, trace::kGemm2Issue, since);
+          return c1;
+        };
+        // Resident X: wait for the job's, free it once the job's last GEMM1 completed.
+        if constexpr (Mainloop::kXResident)
+          if (my_chunks > 0) RingT::wait_x(ring, x_jobs);
+        auto gemm1_done = [&](int i) {
+          if constexpr (Mainloop::kXResident)
+            if (i == my_chunks - 1) RingT::release_x(ring, t), ++x_jobs;
+        };
+        if constexpr (C.f_beside_gemm2) {
+          // GEMM1 of chunk i and GEMM2 of chunk i - 1 in one turn on the tensor cores; F of chunk
+          // i between GEMM1's completion and GEMM2's (B2bConfig::f_beside_gemm2). E: the chunk's
+          // exponentials, kept apart from S (which GEMM2 still reads) and P (written beside an
+          // in-flight GEMM2, ptxas waits for it first). Chunk 0 is peeled: a straight-line loop
+          // body whose commit groups ptxas counts (else it serializes every wgmma).
+          typename Mainloop::FragP E;
+          auto f_chunk = [&](int i) {
+            unsigned long long const since = trace::now();
+            f.scores(chunk_ctx(i), f_storage(mine), bar_id, P, P3, i == 0);
+            f.exps(P, [&](int k, float e) { E(k) = e; });
+            // GEMM2 of chunk i - 1 done before O's rescale and S's rewrite. The waits sit in the
+            // branch and after it, blocks that start after the exponentials (ptxas moves a wait
+            // to the start of its block: ahead of them, were it before the branch).
+            if (f.rescales_o()) {
+              taken.all_completed(ring, t);
+              f.rescale(O);
+            }
+            taken.all_completed(ring, t);
+            CUTE_UNROLL
+            for (int k = 0; k < cute::size(E); ++k) S(k) = typename decltype(S)::value_type(E(k));
+            cute::warpgroup_fence_operand(S);
+            cute::warpgroup_fence_operand(O);
+            trace::add_stage(t, cw, trace::kF, since);
+          };
+          if (my_chunks > 0) {
+            unsigned long long since = trace::now();
+            wait_mma_turn();
+            Mainloop::template gemm1<true>(p, ring, rd, taken, slots, P, P3, half, t);
+            pass_mma_turn();
+            taken.all_completed(ring, t);
+            gemm1_done(0);
+            trace::add_stage(t, cw, trace::kGemm1, since);
+            f_chunk(0);
+            for (int i = 1; i < my_chunks; ++i) {
+              since = trace::now();
+              wait_mma_turn();
+              Mainloop::template gemm1<true>(p, ring, rd, taken, slots, P, P3, half, t);
+              Mainloop::template gemm2<true>(ring, rd, taken, slots, S, O, i == 1, t);
+              pass_mma_turn();
+              taken.template completed_but<Mainloop::kGemm2Blocks>(ring, t);  // GEMM1's groups
+              gemm1_done(i);
+              trace::add_stage(t, cw, trace::kGemm1, since);
+              f_chunk(i);
+            }
+            since = trace::now();
+            wait_mma_turn();
+            Mainloop::template gemm2<true>(ring, rd, taken, slots, S, O, my_chunks == 1, t);
+            pass_mma_turn();
+            trace::add_stage(t, cw, trace::kGemm2Issue, since);
+          }
+        } else {
+          for (int i = 0; i < my_chunks; ++i) {
+            unsigned long long since = trace::now();
+            if (i == 0) wait_mma_turn();
+            Mainloop::gemm1(p, ring, rd, taken, slots, P, P3, half, t);  // behind GEMM2 of chunk i - 1
+            pass_mma_turn();
+            taken.all_completed(ring, t);  // F reads P and rewrites S (and rescales O)
+            gemm1_done(i);
+            trace::add_stage(t, cw, trace::kGemm1, since);
+            since = trace::now();
+            f.apply(chunk_ctx(i), f_storage(mine), bar_id, P, P3, S, O, i == 0);
+            trace::add_stage(t, cw, trace::kF, since);
+            since = trace::now();
+            cute::warpgroup_fence_operand(S);
+            cute::warpgroup_fence_operand(O);
+            wait_mma_turn();
+            Mainloop::gemm2(ring, rd, taken, slots, S, O, i == 0, t);
+            if (i == my_chunks - 1) pass_mma_turn();
+            trace::add_stage(t, cw, trace::kGemm2Issue, since);
+          }
         }
         trace::mark(t, cw, traced, trace::kIssued);
         taken.all_completed(ring, t);

@@ -96,12 +96,24 @@ struct OnlineSoftmaxF {
   static constexpr float kExpScale = (kRawScores ? C.logit_scale : 1.f) * epi::kLog2e;
   static constexpr bool kMaskDiagonal = kRawScores && C.causal;
   float m[2], l[2];  // running max of the thread's rows (r, r + 8), and its partial row sums
+  // The chunk's: O's factor per row, the exponent's offset per row, and whether a row max of the
+  // warp moved (O to rescale).
+  float scale[2], ref2[2];
+  bool rescale_o;
 
   static COMFUSE_DEVICE void init(SharedStorage& ss) { ChunkStage<Stage, Geo>::init(ss); }
   COMFUSE_DEVICE void start_job() { m[0] = m[1] = neg_inf(), l[0] = l[1] = 0.f; }
 
   template <class FP, class FS, class FO>
   COMFUSE_DEVICE void apply(epi::EpiCtx const& c, SharedStorage& ss, int bar_id, FP& P, FP const& P3, FS& S, FO& O, bool first) {
+    scores(c, ss, bar_id, P, P3, first);
+    if (rescales_o()) rescale(O);
+    exps(P, [&](int i, float e) { S(i) = typename FS::value_type(e); });
+  }
+
+  // The chunk's statistics: x (the prologue) in place of P, the row maxima, O's and l's factors.
+  template <class FP>
+  COMFUSE_DEVICE void scores(epi::EpiCtx const& c, SharedStorage& ss, int bar_id, FP& P, FP const& P3, bool first) {
     // x = the prologue, in place of P; columns past N1 do not exist, nor (kMaskDiagonal) columns
     // past the row. Only the chunks that cross N1 or the diagonal mask (a branch uniform over
     // the warp group): the others skip the compares and selects per element.
@@ -133,7 +145,7 @@ struct OnlineSoftmaxF {
     bool const crosses_diagonal = kMaskDiagonal && c.n0 + Geo::BN - 1 > c.m0;  // a column past the tile's first row
     if (c.n0 + Geo::BN <= c.N && !crosses_diagonal) prologue(cute::false_type{});
     else prologue(cute::true_type{});
-    float cmax[2], scale[2], ref[2];
+    float cmax[2], ref[2];
     CUTE_UNROLL
     for (int h = 0; h < 2; ++h) {
       cmax[h] = fmaxf(fmaxf(part[h][0], part[h][1]), fmaxf(part[h][2], part[h][3]));
@@ -147,18 +159,24 @@ struct OnlineSoftmaxF {
     }
     // O's rescale only where a row max of the warp moved (scale 1 elsewhere: most chunks once
     // the maxima settle).
-    if (!first && __any_sync(0xffffffffu, scale[0] != 1.f || scale[1] != 1.f)) {
-      CUTE_UNROLL
-      for (int i = 0; i < cute::size(O); ++i) O(i) *= scale[(i >> 1) & 1];
-    }
-    // exp(s (x - ref)) as ex2(x s log2(e) - ref s log2(e)): one FFMA and the MUFU per element.
-    float const ref2[2] = {ref[0] * kExpScale, ref[1] * kExpScale};
+    rescale_o = !first && __any_sync(0xffffffffu, scale[0] != 1.f || scale[1] != 1.f);
+    ref2[0] = ref[0] * kExpScale, ref2[1] = ref[1] * kExpScale;
+  }
+  COMFUSE_DEVICE bool rescales_o() const { return rescale_o; }
+  template <class FO> COMFUSE_DEVICE void rescale(FO& O) const {
+    CUTE_UNROLL
+    for (int i = 0; i < cute::size(O); ++i) O(i) *= scale[(i >> 1) & 1];
+  }
+  // The chunk's exponentials, out(i, e) for P's flat index i, summed into l.
+  // exp(s (x - ref)) as ex2(x s log2(e) - ref s log2(e)): one FFMA and the MUFU per element.
+  template <class FP, class Out>
+  COMFUSE_DEVICE void exps(FP const& P, Out&& out) {
     CUTE_UNROLL
     for (int i = 0; i < cute::size(P); ++i) {
       float const arg = fmaf(P(i), kExpScale, -ref2[(i >> 1) & 1]);
       constexpr int kEvery = C.fma_exp_every > 0 ? C.fma_exp_every : 1;  // (no % 0 below)
       float const e = C.fma_exp_every > 0 && i % kEvery == kEvery - 1 ? epi::fma_exp2(arg) : epi::fast_exp2(arg);
-      S(i) = typename FS::value_type(e);
+      out(i, e);
       l[(i >> 1) & 1] += e;
     }
   }

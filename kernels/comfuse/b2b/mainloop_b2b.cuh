@@ -9,7 +9,9 @@
 //   F      S = F(P), bf16/f16 in registers, in the layout of GEMM2's register A operand (the
 //          accumulator's values of 16 columns are, in order, one k16 A fragment: no shuffle);
 //   GEMM2  O += S W2^T (RS wgmma: A from registers, W2 from SMEM), m64 x tile_n2.
-// X is re-read per chunk (from L2): the slot holds both so that K is not bounded by SMEM.
+// X is re-read per chunk (from L2): the slot holds both so that K is not bounded by SMEM. Where K
+// is short (attention's head dim: B2bConfig::x_k_blocks), X instead stays resident for the job in
+// a buffer of its own, and the slots carry W1 and W2 k-blocks only.
 #pragma once
 #include "../common.cuh"
 #include "../mainloop/wgmma.cuh"
@@ -24,14 +26,17 @@ struct MainloopB2b {
   static constexpr int BM = C.tile_m, BN1 = C.chunk_n1, BN2 = C.tile_n2, BK = Sm90::kTileK, Stages = C.ring_stages;
   static constexpr int kWgs = C.wgs_per_job();  // consumer warp groups reading each slot
   static constexpr int kBRows = C.b_region_rows();
-  static constexpr int kSlotA = kWgs * BM * BK, kSlotB = kBRows * BK;  // elements
+  static constexpr bool kXResident = C.x_k_blocks > 0;
+  static constexpr int kXBlock = kWgs * BM * BK, kSlotB = kBRows * BK;  // elements: X's k-block, a B region
+  // A: X's k-block in every slot, or X's resident k-blocks.
+  static constexpr int kAElems = kXResident ? C.x_k_blocks * kXBlock : Stages * kXBlock;
   static_assert(sizeof(Element) == Sm90::kAbBytes, "16-bit inputs (bf16, fp16)");
   using RingT = Ring<Stages, kWgs>;
   using State = typename RingT::State;
   using Taken = typename RingT::Taken;
 
   struct SharedStorage {
-    alignas(1024) Element A[Stages * kSlotA];
+    alignas(1024) Element A[kAElems];
     alignas(1024) Element B[Stages * kSlotB];
   };
 
@@ -50,10 +55,27 @@ struct MainloopB2b {
   // accumulator's flat index i (same rows and columns), so S(i) = F(P(i)).
   using FragS = wgmma::RegsA64<Element, BN1>;
 
-  static constexpr uint32_t kTxGemm1 = uint32_t((kWgs * BM + C.gemm1_b_rows()) * BK * sizeof(Element));
+  static constexpr uint32_t kTxGemm1 = uint32_t(((kXResident ? 0 : kWgs * BM) + C.gemm1_b_rows()) * BK * sizeof(Element));
   static constexpr uint32_t kTxGemm2 = uint32_t(BN2 * BK * sizeof(Element));
-  static COMFUSE_DEVICE int k_blocks(Params const& p) { return (p.K + BK - 1) / BK; }
+  static constexpr uint32_t kTxX = uint32_t(C.x_k_blocks * kXBlock * sizeof(Element));
   static constexpr int kGemm2Blocks = BN1 / BK;  // W2 k-blocks of a chunk
+  // body(kb) for each of GEMM1's k-blocks. F beside GEMM2: unrolled over X's resident k-blocks,
+  // so that ptxas counts the commit groups in flight. Else a loop over K's: with F between the
+  // GEMMs, a compile-time count (even not unrolled) makes ptxas serialize every wgmma (C7514).
+  template <class Body>
+  static COMFUSE_DEVICE void for_k_blocks(Params const& p, Body&& body) {
+    if constexpr (C.f_beside_gemm2) {
+      CUTE_UNROLL
+      for (int kb = 0; kb < C.x_k_blocks; ++kb) body(kb);
+    } else {
+      int const kb_count = (p.K + BK - 1) / BK;
+      for (int kb = 0; kb < kb_count; ++kb) body(kb);
+    }
+  }
+  // X's k-block kb for the warp group's half of the job, in slot `index` or resident.
+  static COMFUSE_DEVICE Element* x_block(SharedStorage& s, int index, int kb) {
+    return s.A + (kXResident ? kb : index) * kXBlock;
+  }
 
   // ---- producer: one thread per consumer warp group --------------------------------------
   template <class Desc>
@@ -74,22 +96,35 @@ struct MainloopB2b {
     }
   }
 
-  // One chunk's slots for a job: K/64 X/W1 (/W3) k-blocks, then BN1/64 W2 k-blocks. X's rows
-  // past M (a ragged job, or a pair's second half past the end) arrive as zeros (TMA's fill).
-  static COMFUSE_DEVICE void load_chunk(Params const& p, typename RingT::Storage& ring, State& st, SharedStorage& s,
-                                        int m0, int n1_0, int n2_0, int batch) {
-    constexpr uint64_t kEvictNormal = 0x1000000000000000ull;
-    int const kb_count = k_blocks(p);
-    for (int kb = 0; kb < kb_count; ++kb) {
+  static constexpr uint64_t kEvictNormal = 0x1000000000000000ull;
+  // X's k-blocks kb of the job's halves into `dst` (a slot's A region, or the resident buffer).
+  // Rows past M (a ragged job, or a pair's second half past the end) arrive as zeros (TMA's fill).
+  static COMFUSE_DEVICE void load_x_block(Params const& p, uint64_t* bar, Element* dst, int m0, int kb, int batch) {
+    CUTE_UNROLL
+    for (int h = 0; h < kWgs; ++h) tma(&p.tma_a, bar, kEvictNormal, dst + h * BM * BK, kb * BK, m0 + h * BM, batch);
+  }
+  // Resident X: the job's X, once (`job`: the ring's jobs with X so far).
+  static COMFUSE_DEVICE void load_x(Params const& p, typename RingT::Storage& ring, SharedStorage& s, int m0, int batch,
+                                    int job) {
+    uint64_t* bar = RingT::acquire_x(ring, job, kTxX);
+    CUTE_UNROLL
+    for (int kb = 0; kb < C.x_k_blocks; ++kb) load_x_block(p, bar, x_block(s, 0, kb), m0, kb, batch);
+  }
+  // GEMM1's slots of a chunk: K/64 W1 (/W3) k-blocks, each with X's beside it unless resident.
+  static COMFUSE_DEVICE void load_gemm1(Params const& p, typename RingT::Storage& ring, State& st, SharedStorage& s,
+                                        int m0, int n1_0, int batch) {
+    for_k_blocks(p, [&](int kb) {
       uint64_t* bar = RingT::acquire(ring, st, kTxGemm1);
       Element* b = s.B + st.index * kSlotB;
-      CUTE_UNROLL
-      for (int h = 0; h < kWgs; ++h)
-        tma(&p.tma_a, bar, kEvictNormal, s.A + st.index * kSlotA + h * BM * BK, kb * BK, m0 + h * BM, batch);
+      if constexpr (!kXResident) load_x_block(p, bar, x_block(s, st.index, kb), m0, kb, batch);
       load_tile<BN1, C.w1_kmajor>(&p.tma_b, bar, kEvictNormal, b, n1_0, kb * BK, batch);
       if constexpr (C.gated) load_tile<BN1, C.w1_kmajor>(&p.tma_b3, bar, kEvictNormal, b + BN1 * BK, n1_0, kb * BK, batch);
       st.advance();
-    }
+    });
+  }
+  // GEMM2's slots of a chunk: BN1/64 W2 k-blocks.
+  static COMFUSE_DEVICE void load_gemm2(Params const& p, typename RingT::Storage& ring, State& st, SharedStorage& s,
+                                        int n1_0, int n2_0, int batch) {
     CUTE_UNROLL
     for (int kb = 0; kb < kGemm2Blocks; ++kb) {
       uint64_t* bar = RingT::acquire(ring, st, kTxGemm2);
@@ -97,23 +132,45 @@ struct MainloopB2b {
       st.advance();
     }
   }
+  // A job's chunks, in the order the consumer takes their slots: each chunk's GEMM1 then its
+  // GEMM2, or (F beside GEMM2) GEMM1 of chunk c before GEMM2 of chunk c - 1. chunk_n1(i): the
+  // first N1 column of the CTA's i-th chunk.
+  template <class ChunkN1>
+  static COMFUSE_DEVICE void load_job(Params const& p, typename RingT::Storage& ring, State& st, SharedStorage& s,
+                                      int m0, int n2_0, int batch, int chunks, int& x_jobs, ChunkN1&& chunk_n1) {
+    if (chunks == 0) return;
+    if constexpr (kXResident) load_x(p, ring, s, m0, batch, x_jobs++);
+    if constexpr (C.f_beside_gemm2) {
+      load_gemm1(p, ring, st, s, m0, chunk_n1(0), batch);
+      for (int i = 1; i < chunks; ++i) {
+        load_gemm1(p, ring, st, s, m0, chunk_n1(i), batch);
+        load_gemm2(p, ring, st, s, chunk_n1(i - 1), n2_0, batch);
+      }
+      load_gemm2(p, ring, st, s, chunk_n1(chunks - 1), n2_0, batch);
+    } else {
+      for (int i = 0; i < chunks; ++i) {
+        load_gemm1(p, ring, st, s, m0, chunk_n1(i), batch);
+        load_gemm2(p, ring, st, s, chunk_n1(i), n2_0, batch);
+      }
+    }
+  }
 
   // ---- consumer: one warp group -----------------------------------------------------------
   // GEMM1 of a chunk: P (and P3) = X W1^T (W3^T) over K, for the warp group's half `half` of
   // the job's rows (0 unless paired). Returns with the last k-block's wgmmas in flight; every
-  // earlier slot (GEMM2's of the previous chunk too) is released.
-  template <class FP>
+  // earlier slot (GEMM2's of the previous chunk too) is released. Deferred: nothing waited for or
+  // released (the caller does, after GEMM2 of the previous chunk is issued behind it).
+  template <bool Deferred = false, class FP>
   static COMFUSE_DEVICE void gemm1(Params const& p, typename RingT::Storage& ring, State& rd, Taken& taken,
                                    SharedStorage& s, FP& P, FP& P3, int half, int t) {
     using namespace cute;
     Mma1 mma;
-    int const kb_count = k_blocks(p);
     mma.accumulate_ = GMMA::ScaleOut::Zero;
     warpgroup_fence_operand(P);
     if constexpr (C.gated) warpgroup_fence_operand(P3);
-    for (int kb = 0; kb < kb_count; ++kb) {
+    for_k_blocks(p, [&](int kb) {
       RingT::wait(ring, rd);
-      Tensor tX = wgmma::kblock_descs<wgmma::Major::K, BM>(s.A + rd.index * kSlotA + half * BM * BK);
+      Tensor tX = wgmma::kblock_descs<wgmma::Major::K, BM>(x_block(s, rd.index, kb) + half * BM * BK);
       Tensor tW = wgmma::kblock_descs<kMajor<C.w1_kmajor>, BN1>(s.B + rd.index * kSlotB);
       warpgroup_arrive();
       auto acc_flag = mma.accumulate_;
@@ -133,15 +190,16 @@ struct MainloopB2b {
       }
       warpgroup_commit_batch();
       rd.advance();
-      taken.completed_but_one(ring, t);
-    }
+      if constexpr (Deferred) taken.issued();
+      else taken.completed_but_one(ring, t);
+    });
     warpgroup_fence_operand(P);
     if constexpr (C.gated) warpgroup_fence_operand(P3);
   }
 
   // GEMM2 of a chunk: O (+)= S W2^T over the chunk's N1 columns; `first`: O starts at 0.
-  // Returns with the last k-block's wgmmas in flight, as gemm1.
-  template <class FS, class FO>
+  // Returns with the last k-block's wgmmas in flight, as gemm1 (Deferred: as gemm1's).
+  template <bool Deferred = false, class FS, class FO>
   static COMFUSE_DEVICE void gemm2(typename RingT::Storage& ring, State& rd, Taken& taken, SharedStorage& s,
                                    FS const& S, FO& O, bool first, int t) {
     using namespace cute;
@@ -160,7 +218,8 @@ struct MainloopB2b {
       }
       warpgroup_commit_batch();
       rd.advance();
-      taken.completed_but_one(ring, t);
+      if constexpr (Deferred) taken.issued();
+      else taken.completed_but_one(ring, t);
     }
     warpgroup_fence_operand(O);
   }

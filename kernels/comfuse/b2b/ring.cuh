@@ -8,6 +8,10 @@
 // warp group's wgmmas that read the slot completed: Taken). Phase parity: a freshly initialized barrier is in phase 0; waiting
 // for parity P returns once the phase of parity P completed. The producer starts at parity 1 on
 // `empty` (every slot starts free), the consumer at parity 0 on `full`.
+//
+// Beside the slots, a resident X buffer's pair (B2bConfig::x_k_blocks): x_full, armed for a job's
+// X by the producer, and x_empty, one arrival per reader after its job's last GEMM1. Both sides
+// count the jobs they loaded or read X for; job j's parity is j's low bit, as a slot's.
 #pragma once
 #include "../common.cuh"
 #include <cutlass/arch/barrier.h>
@@ -19,6 +23,7 @@ struct Ring {
   struct Storage {
     uint64_t full[Stages];
     uint64_t empty[Stages];
+    uint64_t x_full, x_empty;
   };
 
   struct State {
@@ -37,6 +42,20 @@ struct Ring {
       cutlass::arch::ClusterBarrier::init(&s.full[i], 1);
       cutlass::arch::ClusterBarrier::init(&s.empty[i], Readers);
     }
+    cutlass::arch::ClusterBarrier::init(&s.x_full, 1);
+    cutlass::arch::ClusterBarrier::init(&s.x_empty, Readers);
+  }
+
+  // Resident X, job number `job` of this ring (counted alike by producer and consumers).
+  static COMFUSE_DEVICE uint64_t* acquire_x(Storage& s, int job, uint32_t bytes) {
+    cutlass::arch::ClusterBarrier::wait(&s.x_empty, uint32_t(job & 1) ^ 1u);
+    cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&s.x_full, bytes);
+    return &s.x_full;
+  }
+  static COMFUSE_DEVICE void wait_x(Storage& s, int job) { cutlass::arch::ClusterBarrier::wait(&s.x_full, uint32_t(job & 1)); }
+  // After the job's last GEMM1 completed.
+  static COMFUSE_DEVICE void release_x(Storage& s, int t) {
+    if (t == 0) cutlass::arch::ClusterBarrier::arrive(&s.x_empty);
   }
 
   // Producer: wait until slot `st` is free, then arm it for `bytes` of TMA; returns the barrier
@@ -65,17 +84,21 @@ struct Ring {
         rel.advance();
       }
     }
+    // A slot's wgmmas committed (one group), not waited for.
+    COMFUSE_DEVICE void issued() { ++pending; }
+    // Wait until all but the last N groups completed, free their slots.
+    template <int N>
+    COMFUSE_DEVICE void completed_but(Storage& s, int t) {
+      cute::warpgroup_wait<N>();
+      release_all_but<N>(s, t);
+    }
     // After committing a slot's wgmmas: wait for every earlier group, free their slots.
     COMFUSE_DEVICE void completed_but_one(Storage& s, int t) {
-      ++pending;
-      cute::warpgroup_wait<1>();
-      release_all_but<1>(s, t);
+      issued();
+      completed_but<1>(s, t);
     }
     // Every wgmma completed (warpgroup_wait<0>): every slot free.
-    COMFUSE_DEVICE void all_completed(Storage& s, int t) {
-      cute::warpgroup_wait<0>();
-      release_all_but<0>(s, t);
-    }
+    COMFUSE_DEVICE void all_completed(Storage& s, int t) { completed_but<0>(s, t); }
   };
 };
 
