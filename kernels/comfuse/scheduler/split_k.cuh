@@ -108,19 +108,27 @@ struct SplitK {
     }
   }
 
-  // The owner: adds every other split's partial of job `job`, in split order.
+  // The owner: adds every other split's partial of job `job`, in split order. Every split's
+  // value of a pair is loaded before the pair's first add, so the loads of all splits are in
+  // flight together and the gather waits about one L2 round trip, not one per split (a loop
+  // over the splits issued each split's loads only after the previous split's adds). The adds
+  // keep split order: the same bits. At most kMaxKSplits - 1 float2 a pair in registers.
   template <class Frag>
   COMFUSE_DEVICE void gather(Frag& accum, int job, uint32_t epoch, int m0, int M, int t, int bar_id) const {
     if (t == 0)
       for (int s = 1; s < Splits; ++s) wait_tag(flags + s, tag(epoch, job));
     named_sync(bar_id, kWarpGroupThreads);
-#pragma unroll 1
-    for (int s = 1; s < Splits; ++s)
-      for_each_pair(partials + size_t(s - 1) * Rows * BN, t, M - m0, [&](int r, float2* a) {
-        float2 const v = __ldcg(a);
-        accum(r) += v.x;
-        accum(r + 1) += v.y;
-      });
+    constexpr int kSplitStride = Rows * BN / 2;  // float2s from a pair in split s to split s + 1
+    for_each_pair(partials, t, M - m0, [&](int r, float2* a) {
+      float2 v[Splits - 1];
+      CUTE_UNROLL
+      for (int s = 0; s < Splits - 1; ++s) v[s] = __ldcg(a + s * kSplitStride);
+      CUTE_UNROLL
+      for (int s = 0; s < Splits - 1; ++s) {
+        accum(r) += v[s].x;
+        accum(r + 1) += v[s].y;
+      }
+    });
     named_sync(bar_id, kWarpGroupThreads);  // every thread's reads are done before the release
     if (t == 0) {
       __threadfence();
