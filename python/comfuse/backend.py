@@ -181,6 +181,15 @@ def _replace(gm: fx.GraphModule, c, rr: RuntimeRegion, ext_t: list[fx.Node], ext
         o.replace_all_uses_with(gi, delete_user_cb=lambda u: u not in inset)
         subst[o] = gi
         prev = gi
+    # A view of an output used outside (translate.Translator.aliases): its views again, on the output.
+    for a, origin, chain in tr.aliases:
+        env = {origin: subst[origin]}
+        for v in chain:
+            with graph.inserting_after(prev):
+                env[v] = graph.node_copy(v, lambda x: env.get(x, subst.get(x, x)))
+            prev = env[v]
+        a.replace_all_uses_with(env[a], delete_user_cb=lambda u: u not in inset)
+        subst[a] = env[a]
     for n in reversed(nodes):
         graph.erase_node(n)
 

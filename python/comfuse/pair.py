@@ -108,7 +108,7 @@ def _chain_value(first: Candidate, second: Candidate) -> bool:
     norm before q/k/v, or before gate/up) is no chain a B2B kernel runs: not offered (a pair
     whose S is also stored or returned is offered, and Φ says why not)."""
     s = second.translator.gemm.a
-    outs = first.translator.outputs
+    outs = first.translator.outputs + [a for a, _, _ in first.translator.aliases]  # the values used outside
     if not outs or any(_base(o) is not _base(s) for o in outs):
         return False
     gemms = {u for o in outs for u in o.users if u.op == "call_function" and is_gemm(u)}

@@ -239,9 +239,13 @@ class Translator:
             self.output_names: list[str] = []
             self.fx_name: dict[str, str] = {}
             self.output_classes: list[str] = []  # tile or col, per output
+            # Region nodes used outside that are views of an output's value (`origin`): not
+            # stored again; the views (chain: origin's user first, the node last) are replayed on
+            # the kernel's output (backend._replace).
+            self.aliases: list[tuple[fx.Node, fx.Node, list[fx.Node]]] = []  # (node, origin, chain)
         else:  # a pair's second segment: one graph, one list of inputs and outputs
             for k in ("g", "env", "cf_of", "inputs", "input_names", "input_roles", "input_shapes",
-                      "input_transposed", "outputs", "output_names", "fx_name", "output_classes"):
+                      "input_transposed", "outputs", "output_names", "fx_name", "output_classes", "aliases"):
                 setattr(self, k, getattr(parent, k))
 
     # -- classification --------------------------------------------------------------
@@ -371,11 +375,45 @@ class Translator:
         self.env[root] = TV(acc, "tile")
         self.cf_of[root] = ids
 
+    def _view_chain(self, node: fx.Node, origin: fx.Node) -> list[fx.Node] | None:
+        """The views from `origin` to `node` (origin's user first), each a region node of one
+        value; None where `node` is no such chain of views of `origin`."""
+        chain: list[fx.Node] = []
+        n = node
+        while n is not origin:
+            if n.target not in VIEWS or not n.args or n.args[0] not in self.in_region or len(chain) > 64:
+                return None
+            chain.append(n)
+            n = n.args[0]
+        return chain[::-1]
+
     def _declare_outputs(self, nodes: list[fx.Node] | None = None) -> None:
-        for node in nodes if nodes is not None else self.nodes:
-            external = [u for u in node.users if u not in self.in_region]
-            if not external:
+        nodes = nodes if nodes is not None else self.nodes
+        used = [n for n in nodes if any(u not in self.in_region for u in n.users)]
+        # One value used outside through several views (Llama's normed h, viewed to 2-D once
+        # for each of q/k/v or gate/up): one output, the first node computing it (`origin`).
+        by_value: dict[int, list[fx.Node]] = {}
+        for n in used:
+            tv = self.env.get(n)
+            if isinstance(tv, TV):
+                by_value.setdefault(tv.id, []).append(n)
+        origin_of: dict[fx.Node, fx.Node] = {}
+        for vid, group in by_value.items():
+            if len(group) < 2:
                 continue
+            origin = next(n for n in nodes if isinstance(self.env.get(n), TV) and self.env[n].id == vid)
+            chains = {n: self._view_chain(n, origin) for n in group}
+            if all(c is not None for c in chains.values()):
+                for n in group:
+                    origin_of[n] = origin
+                    if n is not origin:
+                        self.aliases.append((n, origin, chains[n]))
+        declared: set[fx.Node] = set()
+        for node in used:
+            node = origin_of.get(node, node)
+            if node in declared:
+                continue
+            declared.add(node)
             tv = self.env[node]
             if not isinstance(tv, TV):
                 raise Unsupported(node, f"'{node.name}' (a tuple) is used outside the region")

@@ -20,8 +20,8 @@
 //   ml + epi + (J - 1) max(ml, (ml + epi) / 2)
 // (the last epilogue exposed), plus a share of the stash traffic in each mainloop (it competes
 // with the operand loads). A CTA with one job only runs its one consumer alone: every
-// epilogue exposed. Candidates come cheapest first; the first whose storage fits wins (a stash
-// that does not fit in SMEM moves to a workspace).
+// epilogue exposed. Candidates whose storage fits (a stash that does not fit in SMEM moves to a
+// workspace) are priced again at the ring depth that storage leaves; the cheapest then wins.
 // Split-K (S > 1, one N-tile per CTA, every job in one wave): S split groups of G clusters share
 // each job's K, so a CTA's mainloop is 1/S of the tile's, and the owner (split 0) then gathers
 // the other S - 1 partial tiles before its epilogue: one dependent L2 round trip per split and
@@ -273,6 +273,11 @@ std::vector<Candidate> decide_row_groups(const Request& r, Rejections& why) {
                            c.k.ring_stages, ring);
     out.push_back(c);
   }
+  // The ring depth repriced the candidates: a plan whose epilogue buffers leave a shallow ring
+  // (e.g. several tile outputs) can now cost more than one sorted after it. compare() takes the
+  // first, so order them by their final estimate (stable: ties keep the tie-breaks above).
+  std::stable_sort(out.begin(), out.end(),
+                   [](const Candidate& a, const Candidate& b) { return a.est.total_us < b.est.total_us; });
   return out;
 }
 
