@@ -450,6 +450,31 @@ TEST(Plan, ShallowRingIsPriced) {
   EXPECT_NE(explain(residual, b).find("ring stages: the mainloop runs at"), std::string::npos);
 }
 
+// The ring depth is known only once a candidate's epilogue buffers are: the cheapest candidate
+// after that repricing wins, not the first of the order before it. Three stored tile values
+// (the frontend's Llama o_proj + residual + RMSNorm stored the normed value once per view) leave
+// 128x128 three ring stages (0.60 of full speed), 64x256 four: 64x256 wins.
+TEST(Plan, CheapestAfterTheRingDepthWins) {
+  const FusionSpec s = lowered([](Graph& g, Value acc) {
+    Value h = acc + g.input("residual", DType::BF16, {Dim::of("M"), Dim::of("N")});
+    g.output(h, "h", DType::BF16);
+    Value y = g.rms_norm(h, row(g, "gamma"));
+    g.output(y, "y2", DType::BF16);
+    return y;
+  });
+  const Plan p = make_plan(s, prob(8192, 4096, 4096), full_device(), {}, {});
+  ASSERT_EQ(p.kernel.aggregation, Aggregation::L2Exchange);
+  for (auto [tm, tn] : {std::pair{64, 256}, std::pair{128, 128}, std::pair{64, 128}}) {
+    PlanOptions opt;
+    opt.tile_m = tm;
+    opt.tile_n = tn;
+    const Plan forced = make_plan(s, prob(8192, 4096, 4096), full_device(), {}, opt);
+    EXPECT_LE(p.estimate.total_us, forced.estimate.total_us) << tm << "x" << tn;
+  }
+  EXPECT_EQ(p.kernel.tile_m, 64);
+  EXPECT_EQ(p.kernel.tile_n, 256);
+}
+
 // A long epilogue paces PingPong (each warp group runs mainloop + epilogue per job), and 64-row
 // tiles, whose epilogues hold half the values a thread, win it; short epilogues keep hiding
 // behind the mainloop, so LayerNorm keeps 128x128 (MEASURED, bench/NOTES.md: the chain 3.73x at
