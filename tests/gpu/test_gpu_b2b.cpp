@@ -210,50 +210,6 @@ TEST_F(GpuB2b, AttentionOnlineSoftmax) {
   }
 }
 
-// F beside the previous chunk's GEMM2 with Q resident (B2bConfig::f_beside_gemm2), Q resident
-// alone (x_k_blocks) and neither, each forced: one chunk (N = 40: only the peeled chunk, GEMM2 issued alone after it), a ragged K (72: X's
-// second k-block half zeros), K = 192 (three resident k-blocks), many chunks and several jobs per
-// warp group (the resident X's barrier phases carry over), paired jobs sharing X, the causal
-// mask (chunks crossing the diagonal masked in F), f16.
-TEST_F(GpuB2b, AttentionFBesideGemm2AndResidentQ) {
-  std::string f16 = kAttention;
-  for (size_t at; (at = f16.find("bf16")) != std::string::npos;) f16.replace(at, 4, "f16");
-  const std::string causal = R"(
-input q: bf16[M, K]
-input k: bf16[N, K]
-input v: bf16[N, DV]
-s = matmul(q, k)
-masked = causal_mask(mul(s, 0.125))
-p = cast(softmax(masked), bf16)
-o = matmul(p, v, layout=kn)
-output o: bf16
-)";
-  struct V {
-    std::string text;
-    Bindings d;
-    int job_rows;
-  };
-  enum Mode { Overlap, Resident, Neither };
-  for (Mode mode : {Overlap, Resident, Neither})
-    for (const V& v : {V{kAttention, {{"M", 300}, {"N", 40}, {"K", 64}, {"DV", 64}}, 64},
-                       V{kAttention, {{"M", 1000}, {"N", 1032}, {"K", 72}, {"DV", 128}}, 64},
-                       V{kAttention, {{"M", 200}, {"N", 520}, {"K", 192}, {"DV", 64}}, 64},
-                       V{kAttention, {{"M", 4100}, {"N", 4100}, {"K", 128}, {"DV", 128}}, 64},
-                       V{kAttention, {{"M", 1000}, {"N", 1032}, {"K", 128}, {"DV", 128}}, 128},
-                       V{f16, {{"M", 300}, {"N", 4100}, {"K", 64}, {"DV", 64}}, 128},
-                       V{causal, {{"M", 1000}, {"N", 1032}, {"K", 128}, {"DV", 128}}, 64}}) {
-      SCOPED_TRACE(fmt::format("mode {} job rows {} M={} N={} K={} DV={}", int(mode), v.job_rows, v.d.at("M"),
-                               v.d.at("N"), v.d.at("K"), v.d.at("DV")));
-      CompileOptions opt;
-      opt.plan.b2b_overlap = mode == Overlap;
-      opt.plan.b2b_x_resident = mode != Neither;
-      opt.plan.b2b_job_rows = v.job_rows;
-      const DeviceRunReport rep = expect_one_b2b_kernel_matches(v.text, v.d, opt);
-      EXPECT_EQ(rep.b2b_plan.kernel.f_beside_gemm2, mode == Overlap);
-      EXPECT_EQ(rep.b2b_plan.kernel.x_k_blocks, mode != Neither ? (v.d.at("K") + 63) / 64 : 0);
-    }
-}
-
 // Causal attention: the mask before the softmax (top-left aligned, as torch's is_causal). The
 // kernel walks, per block of 64 rows, only the chunks of N that reach it (row blocks last-first),
 // and the prologue masks the columns of the diagonal chunk. Ragged M and N, M < N (the rows reach
@@ -310,6 +266,40 @@ p = cast(softmax(masked), f16)
 o = matmul(p, v, layout=kn)
 output o: f16
 )";
+
+// F beside the previous chunk's GEMM2 with Q resident (B2bConfig::f_beside_gemm2), Q resident
+// alone (x_k_blocks) and neither, each forced: one chunk (N = 40: only the peeled chunk, GEMM2 issued alone after it), a ragged K (72: X's
+// second k-block half zeros), K = 192 (three resident k-blocks), many chunks and several jobs per
+// warp group (the resident X's barrier phases carry over), paired jobs sharing X, the causal
+// mask (chunks crossing the diagonal masked in F), f16.
+TEST_F(GpuB2b, AttentionFBesideGemm2AndResidentQ) {
+  std::string f16 = kAttention;
+  for (size_t at; (at = f16.find("bf16")) != std::string::npos;) f16.replace(at, 4, "f16");
+  struct V {
+    std::string text;
+    Bindings d;
+    int job_rows;
+  };
+  enum Mode { Overlap, Resident, Neither };
+  for (Mode mode : {Overlap, Resident, Neither})
+    for (const V& v : {V{kAttention, {{"M", 300}, {"N", 40}, {"K", 64}, {"DV", 64}}, 64},
+                       V{kAttention, {{"M", 1000}, {"N", 1032}, {"K", 72}, {"DV", 128}}, 64},
+                       V{kAttention, {{"M", 200}, {"N", 520}, {"K", 192}, {"DV", 64}}, 64},
+                       V{kAttention, {{"M", 4100}, {"N", 4100}, {"K", 128}, {"DV", 128}}, 64},
+                       V{kAttention, {{"M", 1000}, {"N", 1032}, {"K", 128}, {"DV", 128}}, 128},
+                       V{f16, {{"M", 300}, {"N", 4100}, {"K", 64}, {"DV", 64}}, 128},
+                       V{kCausalF16Attention, {{"M", 1000}, {"N", 1032}, {"K", 128}, {"DV", 128}}, 64}}) {
+      SCOPED_TRACE(fmt::format("mode {} job rows {} M={} N={} K={} DV={}", int(mode), v.job_rows, v.d.at("M"),
+                               v.d.at("N"), v.d.at("K"), v.d.at("DV")));
+      CompileOptions opt;
+      opt.plan.b2b_overlap = mode == Overlap;
+      opt.plan.b2b_x_resident = mode != Neither;
+      opt.plan.b2b_job_rows = v.job_rows;
+      const DeviceRunReport rep = expect_one_b2b_kernel_matches(v.text, v.d, opt);
+      EXPECT_EQ(rep.b2b_plan.kernel.f_beside_gemm2, mode == Overlap);
+      EXPECT_EQ(rep.b2b_plan.kernel.x_k_blocks, mode != Neither ? (v.d.at("K") + 63) / 64 : 0);
+    }
+}
 
 // A forced B2B kernel over a graph: the cluster size along N1 and the job rows (64: each warp
 // group its own jobs; 128: paired) as given, checked against the fp64 reference, then launched
