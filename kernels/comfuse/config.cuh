@@ -245,15 +245,17 @@ struct B2bConfig {
   // > 0: X stays resident for its job (attention's Q: K, the head dim, is at most x_k_blocks x 64):
   // loaded once into a buffer of its own beside the ring (its own full/empty barriers), read by
   // every chunk's GEMM1 and freed after the job's last one; the ring's slots then carry W1 and W2
-  // k-blocks only, smaller, so the ring is deeper, and GEMM1's k-blocks are a compile-time count.
-  // 0: every GEMM1 slot holds X's k-block beside W1's (K unbounded; X re-read from L2 per chunk).
+  // k-blocks only, smaller, so the ring is deeper (with f_beside_gemm2, GEMM1's k-blocks are a
+  // compile-time count). 0: every GEMM1 slot holds X's k-block beside W1's (K unbounded; X re-read
+  // from L2 per chunk). Forced only (--b2b-x-resident): measured no faster (bench/NOTES.md).
   int x_k_blocks = 0;
   // The online softmax's F of chunk c runs while GEMM2 of chunk c - 1 is still on the tensor cores
   // (FlashAttention-3's intra-warpgroup overlap): the producer loads W1 of c, then W2 of c - 1; the
   // warp group issues GEMM1 of c and GEMM2 of c - 1, waits for GEMM1 only, computes the chunk's
   // statistics and exponentials into registers of their own (E), then waits for GEMM2, rescales O
   // and writes S. Needs X resident (a straight-line loop body: ptxas serializes wgmmas whose
-  // commit groups it cannot count) and E's registers (live_values()).
+  // commit groups it cannot count) and E's registers (live_values()). Forced only
+  // (--b2b-overlap): measured slower (bench/NOTES.md).
   bool f_beside_gemm2 = false;
 
   COMFUSE_HOST_DEVICE constexpr int wgs_per_job() const { return paired ? 2 : 1; }
