@@ -224,19 +224,10 @@ def bench_case(arch: str, phase: str, batch: int, seq: int, layers: int, variant
     torch.cuda.empty_cache()
 
 
-def inductor_region(sub, args: list):
-    """Inductor's kernels for a region's aten GraphModule (called with `args`)."""
-    from torch._inductor.compile_fx import compile_fx
-
-    compiled = compile_fx(sub, args)
-    if compiled is sub or compiled is getattr(sub, "forward", None):
-        raise RuntimeError("Inductor returned the region uncompiled")
-    return compiled
-
-
 def region_rows(rep, reps: int) -> list[dict]:
     """Each fused region: its kernel against its own aten ops, unfused (Inductor and eager)."""
     from comfuse.kernels import REGISTRY
+    from comfuse.measure import inductor_region
 
     rows = []
     seen = set()

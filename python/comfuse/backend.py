@@ -78,9 +78,11 @@ def _training_report(gm: fx.GraphModule, g: GraphReport) -> None:
                                         status="fallback", reason="needs gradients (inference only)"))
 
 
-def rewrite(gm: fx.GraphModule, g: GraphReport, apply: bool = True) -> int:
+def rewrite(gm: fx.GraphModule, g: GraphReport, apply: bool = True, inductor_options: dict | None = None) -> int:
     """Partition `gm` (aten level), decide, and replace fused regions by comfuse::fused calls
     (apply=False: decide only). Returns how many regions it replaces (or would replace).
+    inductor_options: the config patches the rest of the graph gets (the measurement compiles
+    each region with them).
 
     Where the rewrite applies, the regions to replace are built first (RuntimeRegion objects, the
     graph untouched), their kernels compiled in parallel, and each single-GEMM region timed
@@ -118,7 +120,7 @@ def rewrite(gm: fx.GraphModule, g: GraphReport, apply: bool = True) -> int:
     for c, on_gpu, rr, ext_t, ext_s in staged:
         # B2B pairs stay on the core's estimate (measure.py says why).
         if not isinstance(c, PairCandidate) and measure.wanted(on_gpu):
-            measure.measure_region(rr, ext_t, ext_s)
+            measure.measure_region(rr, ext_t, ext_s, inductor_options)
     subst: dict[fx.Node, fx.Node] = {}  # a replaced region's outputs -> the getitems that now carry them
     replaced = 0
     for c, _, rr, ext_t, ext_s in staged:
@@ -254,7 +256,7 @@ def _compile(gm: fx.GraphModule, example_inputs, mode=None, options=None, explai
         ctx = torch._guards.TracingContext.try_get()
         static = list(ctx.fw_metadata.static_input_indices) if ctx is not None and ctx.fw_metadata else None
         _record(g)  # here, not before: Dynamo may restart and call the backend again
-        rewrite(agm, g, apply=not explain_only)
+        rewrite(agm, g, apply=not explain_only, inductor_options=opts)
         if explain_only:
             return _boxed(agm)
         return _compile_rest(agm, ex, opts, static)

@@ -70,8 +70,10 @@ def format_region(r: RegionInfo) -> list[str]:
         out.append(f"    {r.reason}")
     if r.measured and r.status != "fallback":  # a measured fallback's reason has these numbers
         x = r.measured
-        out.append(f"    measured on {x['device']}: fused {x['fused_us']:.1f} us, cuBLAS GEMM {x['gemm_us']:.1f} us "
-                   f"+ epilogue {x['epilogue_us']:.1f} us (modeled)")
+        against = (f"Inductor's kernels for the region {x['inductor_us']:.1f} us (cuBLAS GEMM alone {x['gemm_us']:.1f} us)"
+                   if x.get("inductor_us") is not None else
+                   f"cuBLAS GEMM {x['gemm_us']:.1f} us + epilogue {x['epilogue_us']:.1f} us (modeled)")
+        out.append(f"    measured on {x['device']}: fused {x['fused_us']:.1f} us, {against}")
     if r.b2b:
         out.append(f"    {r.b2b}")
     if r.plan.get("kind") == "b2b":

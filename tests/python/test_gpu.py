@@ -91,8 +91,9 @@ def test_readme_example(gpu):
 
 def test_measured_decision(gpu):
     """config.measure "auto" (the default): the region is timed before it is replaced (fused
-    kernel against cuBLAS's GEMM plus the modeled epilogue); the numbers are on its record, its
-    calls are the model's only, and the result is the model's whichever way it is decided."""
+    kernel against Inductor's kernels for the region; cuBLAS's GEMM alone too); the numbers are on
+    its record, its calls are the model's only, and the result is the model's whichever way it is
+    decided."""
     model = M.LinearLayerNorm(1024, 4096).to(torch.bfloat16).to(gpu).eval()
     x = randn(4, 512, 1024, device=gpu, seed=3)
     out, rep = compiled_run(model, x)  # min_gain -1e9: fused whatever the measurement says
@@ -100,7 +101,7 @@ def test_measured_decision(gpu):
     assert r.calls == 1 and "; measured: fused" in r.reason, r.reason
     t = r.measured
     assert t["fused_us"] > 0 and t["gemm_us"] > 0 and t["epilogue_us"] > 0 and t["device"], t
-    assert t["unfused_us"] == pytest.approx(t["gemm_us"] + t["epilogue_us"])
+    assert t["inductor_us"] is not None and t["unfused_us"] == t["inductor_us"], t
     assert_bf16_close(out, reference_f32(model, x))
 
     torch._dynamo.reset()

@@ -18,9 +18,11 @@ _real_time_region = measure.time_region
 
 @pytest.fixture
 def timers(monkeypatch):
-    """Replaces the two timers: `fused` and `gemm` (us, or a function of the region's RegionInfo /
-    of (m, n, k), or an exception to raise); records each call."""
-    state = {"fused": 10.0, "gemm": 10.0, "region_calls": [], "gemm_calls": []}
+    """Replaces the three timers: `fused`, `gemm` and `inductor` (us, or a function of the region's
+    RegionInfo / of (m, n, k) / of the RegionInfo, or an exception to raise: Inductor's by default,
+    so the GEMM plus the modeled epilogue stand for the unfused path); records each call."""
+    state = {"fused": 10.0, "gemm": 10.0, "inductor": RuntimeError("Inductor not timed in this test"),
+             "region_calls": [], "gemm_calls": [], "inductor_calls": []}
 
     def value(v, *a):
         if isinstance(v, Exception):
@@ -35,8 +37,13 @@ def timers(monkeypatch):
         state["gemm_calls"].append((m, n, k, dtype, layout, device))
         return value(state["gemm"], (m, n, k))
 
+    def time_inductor(rr, tensors, sizes, options):
+        state["inductor_calls"].append((rr, tensors, sizes, options))
+        return value(state["inductor"], rr.info)
+
     monkeypatch.setattr(measure, "time_region", time_region)
     monkeypatch.setattr(measure, "time_gemm", time_gemm)
+    monkeypatch.setattr(measure, "time_inductor", time_inductor)
     comfuse.config.force_regions = True
     comfuse.config.rest = "eager"
     comfuse.config.min_gain = 0.0
@@ -170,17 +177,46 @@ def _run_twice(fn):
 
 
 def test_region_runs_on_random_inputs_through_the_custom_ops_path(monkeypatch, emulate):
-    """The real time_region (its clock replaced): the emulated kernel runs on the random operands
-    (prepare() sees the real layouts); the report counts only the model's call."""
+    """The real time_region and time_inductor (their clock replaced): the emulated kernel runs on
+    the random operands (prepare() sees the real layouts), and Inductor compiles the region's aten
+    graph inside the backend's own compile and runs it (its time scaled here so the kernel wins);
+    the report counts only the model's call."""
     _always_fuse(monkeypatch)
     comfuse.config.measure = "on"
     monkeypatch.setattr(measure, "_time_us", _run_twice)
     monkeypatch.setattr(measure, "time_gemm", lambda *a: 1000.0)
+    real_time_inductor = measure.time_inductor
+    compiled = []
+
+    def slower_inductor(rr, tensors, sizes, options):
+        compiled.append(options)
+        return 3.0 * real_time_inductor(rr, tensors, sizes, options)
+
+    monkeypatch.setattr(measure, "time_inductor", slower_inductor)
     out, ref, rep = run(M.LinearGelu(64, 136), randn(3, 37, 64, seed=11))
     close(out, ref)
     (r,) = rep.regions
-    assert r.measured["fused_us"] == 1.0 and "; measured: fused 1.0 us" in r.reason, r.reason
+    assert len(compiled) == 1
+    assert r.measured["fused_us"] == 1.0 and r.measured["inductor_us"] == 3.0 and r.measured["unfused_us"] == 3.0
+    assert "; measured: fused 1.0 us vs unfused 3.0 us (Inductor's kernels for the region" in r.reason, r.reason
+    assert "Inductor's kernels for the region 3.0 us (cuBLAS GEMM alone 1000.0 us)" in str(rep)
     assert r.calls == 1 and r.fallback_calls == 0 and r.id in REGISTRY
+
+
+def test_inductor_time_is_the_unfused_path(timers, monkeypatch):
+    """Where Inductor compiled the region, its time is the unfused one (not the GEMM plus the
+    modeled epilogue): a kernel faster than cuBLAS plus the model but slower than Inductor's
+    kernels falls back, and says so."""
+    _always_fuse(monkeypatch)
+    timers["gemm"], timers["fused"], timers["inductor"] = 100.0, 105.0, 101.0
+    out, ref, rep = run(M.LinearLayerNorm(256, 512), randn(2, 96, 256))
+    close(out, ref)
+    (r,) = rep.regions
+    assert r.status == "fallback", r.reason
+    assert r.reason.startswith("measured on cpu: fused 105.0 us vs unfused 101.0 us (Inductor's kernels for the "
+                               "region, measured; cuBLAS GEMM alone 100.0 us)"), r.reason
+    assert r.measured["inductor_us"] == 101.0 and r.measured["unfused_us"] == 101.0
+    assert len(timers["inductor_calls"]) == 1
 
 
 def test_a_kernel_that_falls_back_is_not_measured(timers, monkeypatch):
