@@ -231,3 +231,20 @@ def test_a_kernel_that_falls_back_is_not_measured(timers, monkeypatch):
     assert not r.measured and r.id in REGISTRY
     assert r.calls == 1 and r.fallback_calls == 1  # the model's call only
 
+
+def test_inductor_region_compiles_an_aten_region():
+    """The measurement's (and bench/models.py's per-region column's) Inductor kernels compile the
+    region's aten graph itself (compile_fx), so they are Inductor's code by construction; here on
+    the CPU, against the GraphModule's own output."""
+    import torch
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def region(x, w, b):
+        h = torch.ops.aten.addmm(b, x, w)
+        return (0.5 * h * (1 + torch.tanh(0.79788456 * (h + 0.044715 * torch.pow(h, 3.0)))),)
+
+    args = [torch.randn(64, 32), torch.randn(32, 48), torch.randn(48)]
+    gm = make_fx(region)(*args)
+    compiled = measure.inductor_region(gm, args)
+    assert compiled is not gm
+    torch.testing.assert_close(compiled(*args)[0], gm(*args)[0], rtol=1e-4, atol=1e-4)
