@@ -252,9 +252,9 @@ struct B2bConfig {
   // The online softmax's F of chunk c runs while GEMM2 of chunk c - 1 is still on the tensor cores
   // (FlashAttention-3's intra-warpgroup overlap): the producer loads W1 of c, then W2 of c - 1; the
   // warp group issues GEMM1 of c and GEMM2 of c - 1, waits for GEMM1 only, computes the chunk's
-  // statistics and exponentials into registers of their own (E), then waits for GEMM2, rescales O
-  // and writes S. Needs X resident (a straight-line loop body: ptxas serializes wgmmas whose
-  // commit groups it cannot count) and E's registers (live_values()). Forced only
+  // statistics and exponentials in place into GEMM1's accumulator P (complete by then), then
+  // waits for GEMM2, rescales O and writes S. Needs X resident (a straight-line loop body: ptxas
+  // serializes wgmmas whose commit groups it cannot count). Forced only
   // (--b2b-overlap): measured slower (bench/NOTES.md).
   bool f_beside_gemm2 = false;
 
@@ -288,10 +288,7 @@ struct B2bConfig {
   // and the most it may spend on them beside the kernel's own (the FFN and attention kernels
   // within this bound compile to 168 registers without spills).
   static constexpr int kMaxLiveValues = 176;
-  // F beside GEMM2 adds E, the chunk's exponentials in fp32.
-  COMFUSE_HOST_DEVICE constexpr int live_values() const {
-    return (gated ? 2 : 1) * chunk_n1 / 2 + chunk_n1 / 4 + tile_n2 / 2 + (f_beside_gemm2 ? chunk_n1 / 2 : 0);
-  }
+  COMFUSE_HOST_DEVICE constexpr int live_values() const { return (gated ? 2 : 1) * chunk_n1 / 2 + chunk_n1 / 4 + tile_n2 / 2; }
   // One ring's SMEM: its slots, and X's resident k-blocks.
   COMFUSE_HOST_DEVICE constexpr int ring_bytes() const {
     return ring_stages * (slot_a_bytes() + slot_b_bytes()) + x_k_blocks * x_block_bytes();

@@ -440,10 +440,11 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
     throw Error(fmt::format("b2b: --b2b-overlap on runs an online softmax's F beside GEMM2; this pair's F is {}",
                             name_of(plan.intermediate)));
   }
-  // F beside the previous chunk's GEMM2 (FlashAttention-3's overlap; its E registers make chunks
-  // of 64 columns) needs X resident; X resident alone spares the ring X's k-blocks. Both forced
-  // only: measured 9-22% slower (the overlap) and -3% to +10% (X resident) at the attention rows
-  // (bench/sweeps/attention_overlap.txt, attention_x_resident.txt).
+  // F beside the previous chunk's GEMM2 (FlashAttention-3's overlap) needs X resident; X resident
+  // alone spares the ring X's k-blocks. Both forced only: the overlap with its exponentials in
+  // registers of their own (chunks of 64) measured 9-22% slower, X resident -3% to +9%, at the
+  // attention rows (bench/sweeps/attention_overlap.txt, attention_x_resident.txt); the overlap
+  // in place, at chunks of 128, is not measured yet.
   k.f_beside_gemm2 = k.online_softmax && opt.b2b_overlap.value_or(false);
   if (opt.b2b_x_resident.value_or(k.f_beside_gemm2)) {
     const int64_t x_k_blocks = (p.k + Sm90::kTileK - 1) / Sm90::kTileK;
@@ -608,10 +609,8 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
                                 opt.cluster_n ? " (forced)"
                                 : job_chunks < 2 ? " (one chunk: nothing to split)"
                                                  : " (clusters along N1 do not beat it by 3%: the alternatives)"));
-  r.push_back(fmt::format("registers per consumer thread: P {} (x{}), S {}, O {}{} fp32 / 16-bit pairs", k.chunk_n1 / 2,
-                          k.gated ? 2 : 1, k.chunk_n1 / 4, k.tile_n2 / 2,
-                          k.f_beside_gemm2 ? fmt::format(", E {} (F's exponentials beside GEMM2)", k.chunk_n1 / 2)
-                                           : std::string()));
+  r.push_back(fmt::format("registers per consumer thread: P {} (x{}), S {}, O {} fp32 / 16-bit pairs", k.chunk_n1 / 2,
+                          k.gated ? 2 : 1, k.chunk_n1 / 4, k.tile_n2 / 2));
   r.push_back(fmt::format("ring: {} stages of {} {} ({}a {}-row B region that holds W1{}'s k-block or a W2 k-block){}; "
                           "SMEM {} of {}",
                           k.ring_stages, fmt_bytes(k.slot_a_bytes() + k.slot_b_bytes()),

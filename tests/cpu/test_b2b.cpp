@@ -241,9 +241,9 @@ TEST(B2b, EmitWritesOneConfigAndTheRegisterOperand) {
 }
 
 // Q resident (x_k_blocks) and F beside the previous chunk's GEMM2 (f_beside_gemm2) are forced
-// only (both measured slower or even where the planner would pick them: bench/NOTES.md): forced,
-// the overlap keeps Q resident and takes chunks of 64 (E's registers); X resident alone keeps
-// the chunks; a forced overlap or residency that cannot be built is refused by name.
+// only (measured slower or even where the planner would pick them: bench/NOTES.md): forced, the
+// overlap keeps Q resident and its chunks of 128 (the exponentials in place in P); X resident
+// alone likewise; a forced overlap or residency that cannot be built is refused by name.
 TEST(B2b, AttentionOverlapAndResidentXAreForcedOnly) {
   Pair att = lowered("attention.cf"), causal = lowered("attention_causal.cf"), ffn = lowered("ffn.cf");
   auto plan = [](Pair& g, int64_t k, const PlanOptions& opt = {}) {
@@ -258,9 +258,10 @@ TEST(B2b, AttentionOverlapAndResidentXAreForcedOnly) {
   const B2bPlan over = plan(att, 128, on);
   EXPECT_TRUE(over.kernel.f_beside_gemm2);
   EXPECT_EQ(over.kernel.x_k_blocks, 2);
-  EXPECT_EQ(over.kernel.chunk_n1, 64) << "P, E, S and O of chunks of 128 exceed a thread's registers";
+  EXPECT_EQ(over.kernel.chunk_n1, 128) << "the exponentials in place: no registers beyond P, S and O";
   EXPECT_EQ(check(over.kernel), nullptr);
   EXPECT_GE(over.kernel.ring_stages, over.kernel.x_k_blocks + over.kernel.chunk_n1 / 64);
+  EXPECT_EQ(over.kernel.live_values(), d128.kernel.live_values());
   EXPECT_EQ(over.kernel.slot_a_bytes(), 0) << "the slots carry K and V only";
   EXPECT_NE(explain(att.first(), att.second(), over).find("X resident (2 k-blocks)"), std::string::npos);
   const B2bPlan res = plan(att, 128, resident);

@@ -198,15 +198,14 @@ struct B2bGemmSm90 {
         };
         if constexpr (C.f_beside_gemm2) {
           // GEMM1 of chunk i and GEMM2 of chunk i - 1 in one turn on the tensor cores; F of chunk
-          // i between GEMM1's completion and GEMM2's (B2bConfig::f_beside_gemm2). E: the chunk's
-          // exponentials, kept apart from S (which GEMM2 still reads) and P (written beside an
-          // in-flight GEMM2, ptxas waits for it first). Chunk 0 is peeled: a straight-line loop
-          // body whose commit groups ptxas counts (else it serializes every wgmma).
-          typename Mainloop::FragP E;
+          // i between GEMM1's completion and GEMM2's (B2bConfig::f_beside_gemm2): the chunk's
+          // exponentials in place in P (GEMM1's, complete), S rewritten only once GEMM2, which
+          // reads it, completed. Chunk 0 is peeled: a straight-line loop body whose commit groups
+          // ptxas counts (else it serializes every wgmma).
           auto f_chunk = [&](int i) {
             unsigned long long const since = trace::now();
             f.scores(chunk_ctx(i), f_storage(mine), bar_id, P, P3, i == 0);
-            f.exps(P, [&](int k, float e) { E(k) = e; });
+            f.exps(P, [&](int k, float e) { P(k) = e; });  // (exps reads P(k) before it writes it)
             // GEMM2 of chunk i - 1 done before O's rescale and S's rewrite. The waits sit in the
             // branch and after it, blocks that start after the exponentials (ptxas moves a wait
             // to the start of its block: ahead of them, were it before the branch).
@@ -216,7 +215,7 @@ struct B2bGemmSm90 {
             }
             taken.all_completed(ring, t);
             CUTE_UNROLL
-            for (int k = 0; k < cute::size(E); ++k) S(k) = typename decltype(S)::value_type(E(k));
+            for (int k = 0; k < cute::size(P); ++k) S(k) = typename decltype(S)::value_type(P(k));
             cute::warpgroup_fence_operand(S);
             cute::warpgroup_fence_operand(O);
             trace::add_stage(t, cw, trace::kF, since);
