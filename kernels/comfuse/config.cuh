@@ -249,6 +249,7 @@ struct B2bConfig {
   // compile-time count). 0: every GEMM1 slot holds X's k-block beside W1's (K unbounded; X re-read
   // from L2 per chunk). Forced only (--b2b-x-resident): measured no faster (bench/NOTES.md).
   int x_k_blocks = 0;
+  static constexpr int kMaxXKBlocks = 4;  // the resident X's SMEM beside a ring: K <= 256
   // The online softmax's F of chunk c runs while GEMM2 of chunk c - 1 is still on the tensor cores
   // (FlashAttention-3's intra-warpgroup overlap): the producer loads W1 of c, then W2 of c - 1; the
   // warp group issues GEMM1 of c and GEMM2 of c - 1, waits for GEMM1 only, computes the chunk's
@@ -324,7 +325,8 @@ COMFUSE_HOST_DEVICE constexpr char const* check(B2bConfig const& c) {
   if (c.fma_exp_every != 0 && (!c.online_softmax || c.fma_exp_every < 2 || c.fma_exp_every > 16 || !is_pow2(c.fma_exp_every)))
     return "B2B fma_exp_every: 0, or 2, 4, 8 or 16 with the online softmax";
   if (c.ring_stages < 2) return "B2B ring_stages: at least 2";
-  if (c.x_k_blocks < 0 || c.x_k_blocks > 4) return "B2B x_k_blocks: 0 (X in every slot), or X resident for K <= 64 x 1..4";
+  if (c.x_k_blocks < 0 || c.x_k_blocks > B2bConfig::kMaxXKBlocks)
+    return "B2B x_k_blocks: 0 (X in every slot), or X resident for K <= 64 x kMaxXKBlocks";
   if (c.f_beside_gemm2 && (!c.online_softmax || c.x_k_blocks == 0))
     return "B2B f_beside_gemm2: the online softmax's F with X resident (x_k_blocks > 0)";
   // Beside GEMM2, a warp group holds GEMM1's and GEMM2's slots of two chunks at once.

@@ -123,6 +123,11 @@ def time_inductor(rr: "kernels.RuntimeRegion", tensors: list, sizes: list, optio
     return _time_us(lambda: fn(*args))
 
 
+def _error_line(e: Exception) -> str:
+    """An exception as the report's reasons quote it: its type and its message's first line."""
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+
+
 def random_input(v):
     """A real value for an external input of the region, from its meta["val"]: a tensor of the
     same shape, strides, dtype and device (random, never zero where floating), or a size's hint."""
@@ -170,11 +175,11 @@ def measure_region(rr: "kernels.RuntimeRegion", tensor_nodes: list[fx.Node], siz
             try:
                 inductor, no_inductor = time_inductor(rr, tensors, sizes, inductor_options), ""
             except Exception as e:  # the modeled epilogue stands in
-                inductor, no_inductor = None, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                inductor, no_inductor = None, _error_line(e)
     except Exception as e:
         log.warning("comfuse: region %d (%s): not measured, the planner's decision stands: %s: %s",
                     info.id, info.root, type(e).__name__, e)
-        info.reason += f"; not measured ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+        info.reason += f"; not measured ({_error_line(e)})"
         return
     finally:
         # The report counts the model's calls, not these.

@@ -130,7 +130,8 @@ class RegionInfo:
     fused_us: float | None = None
     unfused_us: float | None = None
     # The unfused epilogue kernel as decide() priced it (also the epilogue a measurement adds to
-    # the measured GEMM), and what measure.py timed: fused_us, gemm_us, epilogue_us, unfused_us, device.
+    # the measured GEMM), and what measure.py timed: fused_us, gemm_us, epilogue_us, inductor_us
+    # (None where Inductor could not compile the region), unfused_us, device.
     unfused_epilogue_us: float | None = None
     measured: dict = field(default_factory=dict)
     plan: dict = field(default_factory=dict)

@@ -447,11 +447,12 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
   // in place, at chunks of 128, is not measured yet.
   k.f_beside_gemm2 = k.online_softmax && opt.b2b_overlap.value_or(false);
   if (opt.b2b_x_resident.value_or(k.f_beside_gemm2)) {
-    const int64_t x_k_blocks = (p.k + Sm90::kTileK - 1) / Sm90::kTileK;
-    if (x_k_blocks > 4)
-      throw Error(fmt::format("b2b: {} keeps X resident, for K <= 256 only (K = {})",
-                              k.f_beside_gemm2 ? "--b2b-overlap on" : "--b2b-x-resident on", p.k));
-    k.x_k_blocks = static_cast<int>(x_k_blocks);
+    const int x_k_blocks = ceil_div(static_cast<int>(p.k), Sm90::kTileK);
+    if (x_k_blocks > B2bConfig::kMaxXKBlocks)
+      throw Error(fmt::format("b2b: {} keeps X resident, for K <= {} only (K = {})",
+                              k.f_beside_gemm2 ? "--b2b-overlap on" : "--b2b-x-resident on",
+                              B2bConfig::kMaxXKBlocks * Sm90::kTileK, p.k));
+    k.x_k_blocks = x_k_blocks;
   } else if (k.f_beside_gemm2) {
     throw Error("b2b: --b2b-overlap on runs F beside GEMM2 with X resident: not with --b2b-x-resident off");
   }

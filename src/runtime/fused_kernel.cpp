@@ -361,7 +361,7 @@ void FusedKernel::run_b2b(const RunArgs& args, Stream stream) const {
     throw Error(fmt::format("W2 '{}' is {} but W1 '{}' is {}: N1 differs", rw2.name, shape_str(W2.t->shape), rw1.name,
                             shape_str(W1.t->shape)));
   check_b2b_problem_size(B2bProblem{B, M, K, N1, N2, rx.dtype});  // as the plan was made under
-  if (kc.x_k_blocks > 0 && (K + Sm90::kTileK - 1) / Sm90::kTileK > kc.x_k_blocks)
+  if (kc.x_k_blocks > 0 && ceil_div(static_cast<int>(K), Sm90::kTileK) > kc.x_k_blocks)
     throw Error(fmt::format("X '{}' is {}: K = {} exceeds the {} columns this kernel keeps resident; build the kernel "
                             "for this K", rx.name, shape_str(X.t->shape), K, kc.x_k_blocks * Sm90::kTileK));
   // GEMM2's epilogue finishes a row reduction inside one job: a longer row would reduce in pieces.

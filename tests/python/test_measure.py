@@ -59,12 +59,18 @@ def _always_fuse(monkeypatch):
     monkeypatch.setattr(part, "bare_gemm_us", lambda *a: 1e6)
 
 
-def test_slower_fused_region_falls_back(timers, monkeypatch):
-    _always_fuse(monkeypatch)
-    timers["fused"], timers["gemm"] = 500.0, 20.0
+def _layernorm_region():
+    """Linear + LayerNorm (one region) compiled and run against eager: its RegionInfo, the report."""
     out, ref, rep = run(M.LinearLayerNorm(256, 512), randn(2, 96, 256))
     close(out, ref)
     (r,) = rep.regions
+    return r, rep
+
+
+def test_slower_fused_region_falls_back(timers, monkeypatch):
+    _always_fuse(monkeypatch)
+    timers["fused"], timers["gemm"] = 500.0, 20.0
+    r, rep = _layernorm_region()
     assert r.status == "fallback", r.reason
     assert r.reason.startswith("measured on cpu: fused 500.0 us vs unfused"), r.reason
     assert "cuBLAS GEMM 20.0 us measured + epilogue" in r.reason and "planner had predicted" in r.reason
@@ -84,9 +90,7 @@ def test_slower_fused_region_falls_back(timers, monkeypatch):
 def test_faster_fused_region_is_replaced(timers, monkeypatch):
     _always_fuse(monkeypatch)
     timers["fused"], timers["gemm"] = 5.0, 20.0
-    out, ref, rep = run(M.LinearLayerNorm(256, 512), randn(2, 96, 256))
-    close(out, ref)
-    (r,) = rep.regions
+    r, rep = _layernorm_region()
     assert r.status in ("fused", "fusable") and "; measured: fused 5.0 us vs unfused" in r.reason, r.reason
     assert r.id in REGISTRY and r.calls == 1  # replaced; the measurement's own calls are not counted
     assert r.measured["unfused_us"] == pytest.approx(20.0 + r.unfused_epilogue_us)
@@ -108,9 +112,7 @@ def test_measure_off_leaves_the_planner_and_never_times(timers, monkeypatch):
     _always_fuse(monkeypatch)
     comfuse.config.measure = "off"
     timers["fused"] = timers["gemm"] = AssertionError("a timer ran with config.measure = 'off'")
-    out, ref, rep = run(M.LinearLayerNorm(256, 512), randn(2, 96, 256))
-    close(out, ref)
-    (r,) = rep.regions
+    r, rep = _layernorm_region()
     assert r.status in ("fused", "fusable") and r.reason.startswith("planner:") and "measured" not in r.reason
     assert not r.measured and r.id in REGISTRY and r.calls == 1
     assert not timers["region_calls"] and not timers["gemm_calls"]
@@ -128,9 +130,7 @@ def test_auto_measures_nothing_without_a_gpu_tensor(timers, monkeypatch):
 def test_timer_error_keeps_the_planners_decision(timers, monkeypatch, caplog):
     _always_fuse(monkeypatch)
     timers["fused"] = RuntimeError("no events here")
-    out, ref, rep = run(M.LinearLayerNorm(256, 512), randn(2, 96, 256))
-    close(out, ref)
-    (r,) = rep.regions
+    r, rep = _layernorm_region()
     assert r.status in ("fused", "fusable") and "not measured (RuntimeError: no events here)" in r.reason, r.reason
     assert not r.measured and r.id in REGISTRY and r.calls == 1
     assert "no events here" in caplog.text
@@ -209,9 +209,7 @@ def test_inductor_time_is_the_unfused_path(timers, monkeypatch):
     kernels falls back, and says so."""
     _always_fuse(monkeypatch)
     timers["gemm"], timers["fused"], timers["inductor"] = 100.0, 105.0, 101.0
-    out, ref, rep = run(M.LinearLayerNorm(256, 512), randn(2, 96, 256))
-    close(out, ref)
-    (r,) = rep.regions
+    r, rep = _layernorm_region()
     assert r.status == "fallback", r.reason
     assert r.reason.startswith("measured on cpu: fused 105.0 us vs unfused 101.0 us (Inductor's kernels for the "
                                "region, measured; cuBLAS GEMM alone 100.0 us)"), r.reason
@@ -224,9 +222,7 @@ def test_a_kernel_that_falls_back_is_not_measured(timers, monkeypatch):
     _always_fuse(monkeypatch)
     monkeypatch.setattr(measure, "time_region", _real_time_region)
     monkeypatch.setattr(measure, "_time_us", _run_twice)
-    out, ref, rep = run(M.LinearLayerNorm(256, 512), randn(2, 96, 256))
-    close(out, ref)
-    (r,) = rep.regions
+    r, rep = _layernorm_region()
     assert "not measured (RuntimeError: the fused kernel did not run (" in r.reason, r.reason
     assert not r.measured and r.id in REGISTRY
     assert r.calls == 1 and r.fallback_calls == 1  # the model's call only
