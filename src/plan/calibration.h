@@ -56,6 +56,22 @@ struct DeviceModel {
   // GEMM work) as 16384^2 does at d 128 (1.27-1.32): F (max, exp, sums, O's rescale) and its
   // waits, not the GEMMs, set the pace at d 64.
   double b2b_softmax_chunk_us = 1.2;
+  // MEASURED (bench/sweeps/attention_overlap_pairing.txt; bench/NOTES.md Stop 25): the same floor
+  // with each chunk's F beside the previous chunk's GEMM2 (B2bConfig::f_beside_gemm2), paired
+  // jobs, us: batched S 2048, d 64 walks 0.77 us a warp-group chunk (F still binds there; unpaired
+  // 0.87, as without the overlap, so the constant above is the older F's at d 64), while d 128
+  // drops to its GEMMs' pace (b2b_overlap_efficiency).
+  double b2b_softmax_beside_gemm2_chunk_us = 0.79;
+  // MEASURED (bench/sweeps/attention_overlap_pairing.txt): with F beside GEMM2, unpaired jobs'
+  // warp-group chunks take this many times paired jobs' (1.07-1.14 at every attention row, head
+  // dims 64 and 128, causal or not): paired, the two warp groups' ordered turns put one's F
+  // against the other's GEMMs, and their one ring is deeper (8 stages against 5-6) beyond the
+  // four k-blocks a turn holds in flight.
+  double b2b_overlap_unpaired_chunk_factor = 1.10;
+  // MEASURED (bench/sweeps/attention_overlap_pairing.txt): the same fraction with F beside GEMM2,
+  // paired jobs of head dim 128 (the ring 8 stages deep): warp-group chunks of 0.93-1.06 us at
+  // 16384^2, batched S 4096 and S 1024, against 1.28 us at the 0.55 above.
+  double b2b_overlap_efficiency = 0.70;
   // A B2B consumer warp group left alone on its SM (its partner out of jobs) runs at this share
   // of the SM's two-warp-group rate: more than half, as its GEMMs no longer wait behind the
   // partner's, less than all, as its own F (softmax) leaves the tensor cores idle. GUESS; it

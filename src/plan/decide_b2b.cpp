@@ -266,8 +266,9 @@ FusionSpec without_store_of(FusionSpec f, int s_arg) {
   return f;
 }
 
-// The measured B2B efficiency (calibration.h) at the kernel's ring depth.
+// The measured B2B efficiency (calibration.h) at the kernel's ring depth, or with F beside GEMM2.
 double b2b_efficiency(const B2bConfig& k, const DeviceModel& dev) {
+  if (k.f_beside_gemm2) return dev.b2b_overlap_efficiency;
   return dev.b2b_efficiency_by_stages.at(std::clamp(k.ring_stages, 2, 4));
 }
 
@@ -276,8 +277,10 @@ double b2b_efficiency(const B2bConfig& k, const DeviceModel& dev) {
 // softmax's measured pace.
 double wg_chunk_us(const B2bConfig& k, const B2bProblem& p, int gemm1_passes, const DeviceModel& dev) {
   const double flops = 2.0 * k.tile_m * k.chunk_n1 * (double(p.k) * (k.gated ? 2 : 1) + double(p.n2) / gemm1_passes);
-  const double f = k.online_softmax ? dev.b2b_softmax_chunk_us * k.chunk_n1 / 128.0 : 0.0;
-  return std::max(flops / (dev.sm_flops_per_s * b2b_efficiency(k, dev)) * 1e6, f);
+  const double f_chunk_us = k.f_beside_gemm2 ? dev.b2b_softmax_beside_gemm2_chunk_us : dev.b2b_softmax_chunk_us;
+  const double f = k.online_softmax ? f_chunk_us * k.chunk_n1 / 128.0 : 0.0;
+  const double unpaired = k.f_beside_gemm2 && !k.paired ? dev.b2b_overlap_unpaired_chunk_factor : 1.0;
+  return unpaired * std::max(flops / (dev.sm_flops_per_s * b2b_efficiency(k, dev)) * 1e6, f);
 }
 
 struct SplitCandidate {
@@ -434,27 +437,33 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
     // A chunk's 64 exponentials a thread hold the MUFU 512 cycles a warp, as long as its two
     // GEMMs at a head dim of 64: one in four on the FMA pipe measured 4.5% faster there and 1-2%
     // at 128, but 2-4% slower with the causal mask (bench/sweeps/attention_softmax_f.txt).
-    k.fma_exp_every = k.causal ? 0 : 4;
-    if (opt.fma_exp_every) k.fma_exp_every = *opt.fma_exp_every;
   } else if (opt.b2b_overlap.value_or(false)) {
     throw Error(fmt::format("b2b: --b2b-overlap on runs an online softmax's F beside GEMM2; this pair's F is {}",
                             name_of(plan.intermediate)));
   }
-  // F beside the previous chunk's GEMM2 (FlashAttention-3's overlap) needs X resident; X resident
-  // alone spares the ring X's k-blocks. Both forced only: the overlap with its exponentials in
-  // registers of their own (chunks of 64) measured 9-22% slower, X resident -3% to +9%, at the
-  // attention rows (bench/sweeps/attention_overlap.txt, attention_x_resident.txt); the overlap
-  // in place, at chunks of 128, is not measured yet.
-  k.f_beside_gemm2 = k.online_softmax && opt.b2b_overlap.value_or(false);
+  // F beside the previous chunk's GEMM2 (FlashAttention-3's overlap: the exponentials written in
+  // place into GEMM1's accumulator between its wait and GEMM2's) needs X resident, so K <= 256.
+  // Taken wherever it fits: 8-13% faster at head dim 128, 0-8% at 64, 3% with the causal mask
+  // (bench/sweeps/attention_overlap.txt). X resident without it, forced only: -3% to +9%.
+  const int x_k_blocks = ceil_div(static_cast<int>(p.k), Sm90::kTileK);
+  const bool x_fits = x_k_blocks <= B2bConfig::kMaxXKBlocks;
+  k.f_beside_gemm2 =
+      k.online_softmax && opt.b2b_overlap.value_or(x_fits && opt.b2b_x_resident.value_or(true));
   if (opt.b2b_x_resident.value_or(k.f_beside_gemm2)) {
-    const int x_k_blocks = ceil_div(static_cast<int>(p.k), Sm90::kTileK);
-    if (x_k_blocks > B2bConfig::kMaxXKBlocks)
+    if (!x_fits)
       throw Error(fmt::format("b2b: {} keeps X resident, for K <= {} only (K = {})",
                               k.f_beside_gemm2 ? "--b2b-overlap on" : "--b2b-x-resident on",
                               B2bConfig::kMaxXKBlocks * Sm90::kTileK, p.k));
     k.x_k_blocks = x_k_blocks;
   } else if (k.f_beside_gemm2) {
     throw Error("b2b: --b2b-overlap on runs F beside GEMM2 with X resident: not with --b2b-x-resident off");
+  }
+  // With F beside GEMM2 the MUFU's exponentials hide behind the GEMMs, and the polynomial's FMAs
+  // only add to the warp group's issue: all on the MUFU measured 4-5% faster there (batched S 1024
+  // d 128 paired, S 2048 d 64; bench/sweeps/attention_overlap_pairing.txt).
+  if (k.online_softmax) {
+    k.fma_exp_every = k.causal || k.f_beside_gemm2 ? 0 : 4;
+    if (opt.fma_exp_every) k.fma_exp_every = *opt.fma_exp_every;
   }
   k.tile_n2 = p.n2 <= 64 ? 64 : p.n2 <= 128 ? 128 : p.n2 <= 192 ? 192 : 256;
   if (opt.tile_n) k.tile_n2 = *opt.tile_n;

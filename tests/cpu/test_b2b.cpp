@@ -232,29 +232,40 @@ TEST(B2b, EmitWritesOneConfigAndTheRegisterOperand) {
   const std::string csrc = emit_b2b(causal.first(), causal.second(), c).source;
   EXPECT_NE(csrc.find("/* n4 */ comfuse::epi::ToOperand<0>>"), std::string::npos) << csrc;
   EXPECT_NE(csrc.find(".online_softmax = true, .causal = true"), std::string::npos) << csrc;
-  EXPECT_NE(csrc.find(".logit_scale = 0.125000000f, .fma_exp_every = 0, .x_k_blocks = 0, .f_beside_gemm2 = false}"),
+  EXPECT_NE(csrc.find(".logit_scale = 0.125000000f, .fma_exp_every = 0, .x_k_blocks = 1, .f_beside_gemm2 = true}"),
             std::string::npos)
       << "causal: " << csrc;
-  EXPECT_NE(src.find(".logit_scale = 0.125000000f, .fma_exp_every = 4, .x_k_blocks = 0, .f_beside_gemm2 = false}"),
+  EXPECT_NE(src.find(".logit_scale = 0.125000000f, .fma_exp_every = 4, .x_k_blocks = 1, .f_beside_gemm2 = true}"),
             std::string::npos)
       << src;
 }
 
-// Q resident (x_k_blocks) and F beside the previous chunk's GEMM2 (f_beside_gemm2) are forced
-// only (measured slower or even where the planner would pick them: bench/NOTES.md): forced, the
-// overlap keeps Q resident and its chunks of 128 (the exponentials in place in P); X resident
-// alone likewise; a forced overlap or residency that cannot be built is refused by name.
-TEST(B2b, AttentionOverlapAndResidentXAreForcedOnly) {
+// F beside the previous chunk's GEMM2 (f_beside_gemm2) is the planner's default for attention
+// wherever X (Q) fits resident (K <= 256): it keeps Q resident and its chunks of 128 (the
+// exponentials in place in P); without the overlap (forced off) Q stays in the slots. X resident
+// alone is forced only; a forced overlap or residency that cannot be built is refused by name.
+TEST(B2b, AttentionOverlapByDefaultResidentXForcedOnly) {
   Pair att = lowered("attention.cf"), causal = lowered("attention_causal.cf"), ffn = lowered("ffn.cf");
   auto plan = [](Pair& g, int64_t k, const PlanOptions& opt = {}) {
     return make_b2b_plan(g.first(), g.second(), B2bProblem{1, 1024, k, 1024, 128, DType::BF16}, opt);
   };
-  PlanOptions on, resident;
+  PlanOptions on, off, resident;
   on.b2b_overlap = true;
+  off.b2b_overlap = false;
   resident.b2b_x_resident = true;
-  const B2bPlan d128 = plan(att, 128);
+  const B2bPlan d128 = plan(att, 128, off);
   EXPECT_FALSE(d128.kernel.f_beside_gemm2);
   EXPECT_EQ(d128.kernel.x_k_blocks, 0);
+  EXPECT_TRUE(plan(att, 128).kernel.f_beside_gemm2) << "the default where Q fits resident";
+  EXPECT_TRUE(plan(causal, 64).kernel.f_beside_gemm2);
+  EXPECT_FALSE(plan(att, 320).kernel.f_beside_gemm2) << "K > 256: Q in the slots, F between the GEMMs";
+  EXPECT_EQ(plan(att, 320).kernel.x_k_blocks, 0);
+  PlanOptions not_resident;
+  not_resident.b2b_x_resident = false;
+  EXPECT_FALSE(plan(att, 128, not_resident).kernel.f_beside_gemm2) << "--b2b-x-resident off: no overlap either";
+  EXPECT_FALSE(make_b2b_plan(ffn.first(), ffn.second(), B2bProblem{1, 1024, 128, 4096, 1024, DType::BF16})
+                   .kernel.f_beside_gemm2)
+      << "an elementwise F: nothing to overlap";
   const B2bPlan over = plan(att, 128, on);
   EXPECT_TRUE(over.kernel.f_beside_gemm2);
   EXPECT_EQ(over.kernel.x_k_blocks, 2);
@@ -264,11 +275,13 @@ TEST(B2b, AttentionOverlapAndResidentXAreForcedOnly) {
   EXPECT_EQ(over.kernel.live_values(), d128.kernel.live_values());
   EXPECT_EQ(over.kernel.slot_a_bytes(), 0) << "the slots carry K and V only";
   EXPECT_NE(explain(att.first(), att.second(), over).find("X resident (2 k-blocks)"), std::string::npos);
-  const B2bPlan res = plan(att, 128, resident);
+  PlanOptions resident_only = resident;
+  resident_only.b2b_overlap = false;
+  const B2bPlan res = plan(att, 128, resident_only);
   EXPECT_FALSE(res.kernel.f_beside_gemm2);
   EXPECT_EQ(res.kernel.x_k_blocks, 2);
   EXPECT_EQ(res.kernel.chunk_n1, d128.kernel.chunk_n1);
-  PlanOptions unpaired = resident;
+  PlanOptions unpaired = resident_only;
   unpaired.b2b_job_rows = 64;
   const int deeper = plan(att, 128, unpaired).kernel.ring_stages;
   unpaired.b2b_x_resident = false;
