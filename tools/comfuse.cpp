@@ -247,15 +247,17 @@ std::vector<CLI::Option*> add_plan_options(CLI::App* cmd, ExplainArgs& ex) {
           ->check(CLI::Range(2, Sm90::kMaxRingStages)),
       cmd->add_option("--fma-exp-every", ex.fma_exp_every,
                       "a B2B online softmax: every Nth exponential as a polynomial on the FMA pipe, the rest on the "
-                      "MUFU (0: all on the MUFU; default: the planner's, one in 4 unmasked, none with a causal mask)")
+                      "MUFU (0: all on the MUFU; default: the planner's, one in 4 with F between the GEMMs unmasked, "
+                      "else none)")
           ->check(CLI::IsMember({0, 2, 4, 8, 16})),
       cmd->add_option("--b2b-overlap", ex.b2b_overlap,
                       "a B2B online softmax (attention): X resident and each chunk's F beside the previous chunk's "
-                      "GEMM2 (on), or F between the GEMMs (off, the default: measured slower)")
+                      "GEMM2 (on, the default where K <= 256), or F between the GEMMs (off)")
           ->check(CLI::IsMember({"on", "off"})),
       cmd->add_option("--b2b-x-resident", ex.b2b_x_resident,
                       "a B2B kernel with K <= 256: X resident in SMEM for its job, the ring's slots carrying W1 and "
-                      "W2 only (on), or X's k-block in every GEMM1 slot (off, the default unless --b2b-overlap on)")
+                      "W2 only (on; the default with the overlap), or X's k-block in every GEMM1 slot (off: no overlap "
+                      "either)")
           ->check(CLI::IsMember({"on", "off"})),
   };
 }

@@ -65,7 +65,7 @@ struct PlanOptions {
   // Force B2bConfig::fma_exp_every (an online softmax's exponentials on the FMA pipe; 0: none).
   std::optional<int> fma_exp_every;
   // Force B2bConfig::f_beside_gemm2 with X resident (an online softmax's F beside the previous
-  // chunk's GEMM2; the planner's default: unmasked, K <= 128) on or off.
+  // chunk's GEMM2; the planner's default wherever X fits resident, K <= 256) on or off.
   std::optional<bool> b2b_overlap;
   // Force B2bConfig::x_k_blocks > 0 (X resident for its job, K <= 256) on or off.
   std::optional<bool> b2b_x_resident;

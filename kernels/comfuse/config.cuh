@@ -247,7 +247,8 @@ struct B2bConfig {
   // every chunk's GEMM1 and freed after the job's last one; the ring's slots then carry W1 and W2
   // k-blocks only, smaller, so the ring is deeper (with f_beside_gemm2, GEMM1's k-blocks are a
   // compile-time count). 0: every GEMM1 slot holds X's k-block beside W1's (K unbounded; X re-read
-  // from L2 per chunk). Forced only (--b2b-x-resident): measured no faster (bench/NOTES.md).
+  // from L2 per chunk). The planner takes it with f_beside_gemm2; alone it is forced only
+  // (--b2b-x-resident): measured no faster (bench/NOTES.md).
   int x_k_blocks = 0;
   static constexpr int kMaxXKBlocks = 4;  // the resident X's SMEM beside a ring: K <= 256
   // The online softmax's F of chunk c runs while GEMM2 of chunk c - 1 is still on the tensor cores
@@ -255,8 +256,8 @@ struct B2bConfig {
   // warp group issues GEMM1 of c and GEMM2 of c - 1, waits for GEMM1 only, computes the chunk's
   // statistics and exponentials in place into GEMM1's accumulator P (complete by then), then
   // waits for GEMM2, rescales O and writes S. Needs X resident (a straight-line loop body: ptxas
-  // serializes wgmmas whose commit groups it cannot count). Forced only
-  // (--b2b-overlap): measured slower (bench/NOTES.md).
+  // serializes wgmmas whose commit groups it cannot count). The planner's choice wherever X fits
+  // resident (--b2b-overlap off keeps F between the GEMMs): measured 0-13% faster (bench/NOTES.md).
   bool f_beside_gemm2 = false;
 
   COMFUSE_HOST_DEVICE constexpr int wgs_per_job() const { return paired ? 2 : 1; }
