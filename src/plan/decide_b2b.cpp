@@ -434,9 +434,6 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
   }
   if (k.online_softmax) {
     k.logit_scale = b2b_logit_scale(first, k.causal);
-    // A chunk's 64 exponentials a thread hold the MUFU 512 cycles a warp, as long as its two
-    // GEMMs at a head dim of 64: one in four on the FMA pipe measured 4.5% faster there and 1-2%
-    // at 128, but 2-4% slower with the causal mask (bench/sweeps/attention_softmax_f.txt).
   } else if (opt.b2b_overlap.value_or(false)) {
     throw Error(fmt::format("b2b: --b2b-overlap on runs an online softmax's F beside GEMM2; this pair's F is {}",
                             name_of(plan.intermediate)));
@@ -458,9 +455,12 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
   } else if (k.f_beside_gemm2) {
     throw Error("b2b: --b2b-overlap on runs F beside GEMM2 with X resident: not with --b2b-x-resident off");
   }
-  // With F beside GEMM2 the MUFU's exponentials hide behind the GEMMs, and the polynomial's FMAs
-  // only add to the warp group's issue: all on the MUFU measured 4-5% faster there (batched S 1024
-  // d 128 paired, S 2048 d 64; bench/sweeps/attention_overlap_pairing.txt).
+  // A chunk's 64 exponentials a thread hold the MUFU 512 cycles a warp, as long as its two GEMMs
+  // at a head dim of 64: with F between the GEMMs one in four on the FMA pipe measured 4.5% faster
+  // there and 1-2% at 128, but 2-4% slower with the causal mask (bench/sweeps/
+  // attention_softmax_f.txt). With F beside GEMM2 the MUFU's latency hides behind the GEMMs and
+  // the polynomial's FMAs only add to the warp group's issue: all on the MUFU measured 4-5%
+  // faster there (batched S 1024 d 128 paired, S 2048 d 64; attention_overlap_pairing.txt).
   if (k.online_softmax) {
     k.fma_exp_every = k.causal || k.f_beside_gemm2 ? 0 : 4;
     if (opt.fma_exp_every) k.fma_exp_every = *opt.fma_exp_every;
