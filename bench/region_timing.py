@@ -13,7 +13,8 @@ shared.
 
     python bench/region_timing.py [--arch gpt2] [--phase prefill] [--batch 8] [--seq 1024] [--out DIR]
 
-writes DIR/region_timing.md and prints it.
+writes DIR/region_timing.md and prints it. On the device machine (after scripts/stage_gpu_python.sh
+here): BENCH_SCRIPT=bench/region_timing.py bash scripts/gpu_python.sh build bench
 """
 from __future__ import annotations
 
@@ -82,6 +83,9 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--out", default=os.environ.get("OUT", "bench/out"))
+    # gpu_python.sh's default bench arguments (models.py's), accepted and ignored:
+    ap.add_argument("--quick", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--budget-s", type=float, default=0.0, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
     import comfuse
