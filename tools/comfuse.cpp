@@ -175,7 +175,8 @@ int cmd_lower(const std::string& file) {
 
 struct ExplainArgs {
   bool dot = false;
-  std::optional<int> cluster_n, tile_n, tile_m, cluster_m, row_group, k_splits, b2b_job_rows, ring_stages, fma_exp_every;
+  std::optional<int> cluster_n, tile_n, tile_m, cluster_m, row_group, k_splits, b2b_job_rows, ring_stages, fma_exp_every,
+      b2b_x_buffers;
   std::string b2b_overlap, b2b_x_resident;  // on / off (empty: the planner's)
   std::string aggregation, strategy, stash, pairs, b2b;
 };
@@ -192,6 +193,7 @@ PlanOptions plan_options(const ExplainArgs& a) {
   o.b2b_job_rows = a.b2b_job_rows;
   o.ring_stages = a.ring_stages;
   o.fma_exp_every = a.fma_exp_every;
+  o.b2b_x_buffers = a.b2b_x_buffers;
   if (!a.b2b_overlap.empty()) o.b2b_overlap = a.b2b_overlap == "on";
   if (!a.b2b_x_resident.empty()) o.b2b_x_resident = a.b2b_x_resident == "on";
   if (!a.pairs.empty()) o.fuse_pairs = a.pairs == "one-round";
@@ -259,6 +261,10 @@ std::vector<CLI::Option*> add_plan_options(CLI::App* cmd, ExplainArgs& ex) {
                       "W2 only (on; the default with the overlap), or X's k-block in every GEMM1 slot (off: no overlap "
                       "either)")
           ->check(CLI::IsMember({"on", "off"})),
+      cmd->add_option("--b2b-x-buffers", ex.b2b_x_buffers,
+                      "a B2B kernel with X resident: 2 buffers, so the next job's X loads while this job's chunks "
+                      "run, at the cost of ring stages (default 1)")
+          ->check(CLI::IsMember({1, 2})),
   };
 }
 

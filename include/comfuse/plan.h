@@ -69,6 +69,8 @@ struct PlanOptions {
   std::optional<bool> b2b_overlap;
   // Force B2bConfig::x_k_blocks > 0 (X resident for its job, K <= 256) on or off.
   std::optional<bool> b2b_x_resident;
+  // Force B2bConfig::x_buffers: 1, or 2 (a resident X double-buffered across jobs).
+  std::optional<int> b2b_x_buffers;
 };
 
 // The cost model's estimate for one candidate, microseconds.

@@ -251,6 +251,10 @@ struct B2bConfig {
   // (--b2b-x-resident): measured no faster (bench/NOTES.md).
   int x_k_blocks = 0;
   static constexpr int kMaxXKBlocks = 4;  // the resident X's SMEM beside a ring: K <= 256
+  // Resident X buffers, used by jobs in turn: 2 lets the producer load the next job's X while
+  // this job's GEMM1s still read its own (with one, it waits for the job's last GEMM1), at the
+  // cost of ring stages. Forced only (--b2b-x-buffers): NOT measured yet.
+  int x_buffers = 1;
   // The online softmax's F of chunk c runs while GEMM2 of chunk c - 1 is still on the tensor cores
   // (FlashAttention-3's intra-warpgroup overlap): the producer loads W1 of c, then W2 of c - 1; the
   // warp group issues GEMM1 of c and GEMM2 of c - 1, waits for GEMM1 only, computes the chunk's
@@ -293,7 +297,7 @@ struct B2bConfig {
   COMFUSE_HOST_DEVICE constexpr int live_values() const { return (gated ? 2 : 1) * chunk_n1 / 2 + chunk_n1 / 4 + tile_n2 / 2; }
   // One ring's SMEM: its slots, and X's resident k-blocks.
   COMFUSE_HOST_DEVICE constexpr int ring_bytes() const {
-    return ring_stages * (slot_a_bytes() + slot_b_bytes()) + x_k_blocks * x_block_bytes();
+    return ring_stages * (slot_a_bytes() + slot_b_bytes()) + x_buffers * x_k_blocks * x_block_bytes();
   }
   // Bytes one ring loads from L2 for a chunk of its job: K / 64 X/W1 (/W3) k-blocks and
   // chunk_n1 / 64 W2 k-blocks (`explain` reports it; it did not bound the kernels measured).
@@ -306,7 +310,7 @@ struct B2bConfig {
   // partial-O hand-over, the rings' full/empty mbarriers (and X's), rounded to 1024, plus the
   // kernel's base alignment.
   COMFUSE_HOST_DEVICE constexpr int smem_bytes() const {
-    return align_up(rings() * (ring_bytes() + 16 * (ring_stages + 1)) +
+    return align_up(rings() * (ring_bytes() + 16 * (ring_stages + x_buffers)) +
                         Sm90::kConsumerWGs * (epilogue_smem_bytes + align_up(xfer_bytes(), 1024)),
                     1024) +
            Sm90::kSmemBaseAlign;
@@ -328,6 +332,8 @@ COMFUSE_HOST_DEVICE constexpr char const* check(B2bConfig const& c) {
   if (c.ring_stages < 2) return "B2B ring_stages: at least 2";
   if (c.x_k_blocks < 0 || c.x_k_blocks > B2bConfig::kMaxXKBlocks)
     return "B2B x_k_blocks: 0 (X in every slot), or X resident for K <= 64 x kMaxXKBlocks";
+  if (c.x_buffers < 1 || c.x_buffers > 2 || (c.x_buffers == 2 && c.x_k_blocks == 0))
+    return "B2B x_buffers: 1, or 2 with X resident (x_k_blocks > 0)";
   if (c.f_beside_gemm2 && (!c.online_softmax || c.x_k_blocks == 0))
     return "B2B f_beside_gemm2: the online softmax's F with X resident (x_k_blocks > 0)";
   // Beside GEMM2, a warp group holds GEMM1's and GEMM2's slots of two chunks at once.

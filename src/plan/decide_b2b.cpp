@@ -455,6 +455,16 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
   } else if (k.f_beside_gemm2) {
     throw Error("b2b: --b2b-overlap on runs F beside GEMM2 with X resident: not with --b2b-x-resident off");
   }
+  if (opt.b2b_x_buffers) {
+    if (*opt.b2b_x_buffers != 1 && *opt.b2b_x_buffers != 2)
+      throw Error(fmt::format("b2b: --b2b-x-buffers {}: a resident X has 1 or 2 buffers", *opt.b2b_x_buffers));
+    if (*opt.b2b_x_buffers == 2 && k.x_k_blocks == 0)
+      throw Error(fmt::format("b2b: --b2b-x-buffers 2 double-buffers a resident X, and this plan keeps X in the ring's "
+                              "slots (X resident needs K <= {}, here {}; --b2b-overlap off without --b2b-x-resident on "
+                              "keeps it there)",
+                              B2bConfig::kMaxXKBlocks * Sm90::kTileK, p.k));
+    k.x_buffers = *opt.b2b_x_buffers;
+  }
   // A chunk's 64 exponentials a thread hold the MUFU 512 cycles a warp, as long as its two GEMMs
   // at a head dim of 64: with F between the GEMMs one in four on the FMA pipe measured 4.5% faster
   // there and 1-2% at 128, but 2-4% slower with the causal mask (bench/sweeps/
@@ -571,9 +581,9 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
                                             k.fma_exp_every)
                               : std::string(),
                           k.f_beside_gemm2
-                              ? fmt::format("; X resident ({} k-blocks), each chunk's F beside the previous chunk's "
+                              ? fmt::format("; X resident ({} k-blocks{}), each chunk's F beside the previous chunk's "
                                             "GEMM2 (--b2b-overlap)",
-                                            k.x_k_blocks)
+                                            k.x_k_blocks, k.x_buffers > 1 ? ", 2 buffers" : "")
                               : std::string()));
   r.push_back(fmt::format("jobs: {} rows x {} columns of O {}; {} job(s) ({} batch(es) x {} row blocks x {} block(s) "
                           "of O) on {} CTAs (two consumer warp groups each); the busiest SM walks {:.0f} warp-group "
@@ -627,8 +637,11 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
                           k.paired ? "shared by both consumer warp groups" : "per consumer warp group",
                           k.x_k_blocks > 0 ? "" : fmt::format("an X k-block of {} rows and ", k.job_rows()),
                           k.b_region_rows(), k.gated ? " and W3" : "",
-                          k.x_k_blocks > 0 ? fmt::format(", beside X's {} k-blocks of {} rows, resident for the job",
-                                                         k.x_k_blocks, k.job_rows())
+                          k.x_k_blocks > 0 ? fmt::format(", beside X's {} k-blocks of {} rows, resident for the job{}",
+                                                         k.x_k_blocks, k.job_rows(),
+                                                         k.x_buffers > 1 ? " (two buffers: the next job's X loads during "
+                                                                           "this one's chunks; --b2b-x-buffers)"
+                                                                         : "")
                                            : std::string(),
                           fmt_bytes(k.smem_bytes()), fmt_bytes(dev.smem_per_cta_bytes)));
   if (k.causal)

@@ -232,10 +232,10 @@ TEST(B2b, EmitWritesOneConfigAndTheRegisterOperand) {
   const std::string csrc = emit_b2b(causal.first(), causal.second(), c).source;
   EXPECT_NE(csrc.find("/* n4 */ comfuse::epi::ToOperand<0>>"), std::string::npos) << csrc;
   EXPECT_NE(csrc.find(".online_softmax = true, .causal = true"), std::string::npos) << csrc;
-  EXPECT_NE(csrc.find(".logit_scale = 0.125000000f, .fma_exp_every = 0, .x_k_blocks = 1, .f_beside_gemm2 = true}"),
+  EXPECT_NE(csrc.find(".logit_scale = 0.125000000f, .fma_exp_every = 0, .x_k_blocks = 1, .x_buffers = 1,\n    .f_beside_gemm2 = true}"),
             std::string::npos)
       << "causal: " << csrc;
-  EXPECT_NE(src.find(".logit_scale = 0.125000000f, .fma_exp_every = 0, .x_k_blocks = 1, .f_beside_gemm2 = true}"),
+  EXPECT_NE(src.find(".logit_scale = 0.125000000f, .fma_exp_every = 0, .x_k_blocks = 1, .x_buffers = 1,\n    .f_beside_gemm2 = true}"),
             std::string::npos)
       << src;
 }
@@ -305,7 +305,38 @@ TEST(B2b, AttentionOverlapByDefaultResidentXForcedOnly) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("--b2b-overlap"), std::string::npos) << e.what();
   }
+  // Two resident X buffers (forced): the SMEM a second X takes comes out of the ring; refused
+  // where X is not resident, and any count but 1 or 2.
+  PlanOptions two = on;
+  two.b2b_x_buffers = 2;
+  const B2bPlan dbl = plan(att, 128, two);
+  EXPECT_EQ(dbl.kernel.x_buffers, 2);
+  EXPECT_EQ(check(dbl.kernel), nullptr);
+  EXPECT_LE(dbl.kernel.ring_stages, over.kernel.ring_stages);
+  EXPECT_LE(dbl.kernel.smem_bytes(), Sm90::kSmemCapacity);
+  EXPECT_EQ(dbl.kernel.ring_bytes() - over.kernel.ring_bytes() +
+                (over.kernel.ring_stages - dbl.kernel.ring_stages) * over.kernel.slot_b_bytes(),
+            over.kernel.x_k_blocks * over.kernel.x_block_bytes())
+      << "one more X beside a ring of the stages left";
+  EXPECT_NE(explain(att.first(), att.second(), dbl).find("X resident (2 k-blocks, 2 buffers)"), std::string::npos);
+  EXPECT_NE(emit_b2b(att.first(), att.second(), dbl).source.find(".x_buffers = 2,"), std::string::npos);
+  EXPECT_EQ(plan(att, 128).kernel.x_buffers, 1) << "forced only";
+  PlanOptions two_off = two;
+  two_off.b2b_overlap = false;
+  try {
+    plan(att, 128, two_off);
+    ADD_FAILURE() << "two buffers of an X that is not resident";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--b2b-x-buffers 2"), std::string::npos) << e.what();
+  }
+  two.b2b_x_buffers = 3;
+  EXPECT_THROW(plan(att, 128, two), Error);
   B2bConfig bad = over.kernel;
+  bad.x_buffers = 2;
+  bad.x_k_blocks = 0;
+  bad.f_beside_gemm2 = false;
+  EXPECT_NE(check(bad), nullptr) << "two buffers of no resident X";
+  bad = over.kernel;
   bad.ring_stages = 2;
   EXPECT_NE(check(bad), nullptr) << "two chunks' GEMM1 and GEMM2 k-blocks in flight";
   bad = over.kernel;

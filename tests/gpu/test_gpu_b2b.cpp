@@ -268,7 +268,8 @@ output o: f16
 )";
 
 // F beside the previous chunk's GEMM2 with Q resident (B2bConfig::f_beside_gemm2), Q resident
-// alone (x_k_blocks) and neither, each forced: one chunk (N = 40: only the peeled chunk, GEMM2 issued alone after it), a ragged K (72: X's
+// alone (x_k_blocks), neither, and the overlap with Q double-buffered across jobs (x_buffers),
+// each forced: one chunk (N = 40: only the peeled chunk, GEMM2 issued alone after it), a ragged K (72: X's
 // second k-block half zeros), K = 192 (three resident k-blocks), many chunks and several jobs per
 // warp group (the resident X's barrier phases carry over), paired jobs sharing X, the causal
 // mask (chunks crossing the diagonal masked in F), f16.
@@ -280,8 +281,8 @@ TEST_F(GpuB2b, AttentionFBesideGemm2AndResidentQ) {
     Bindings d;
     int job_rows;
   };
-  enum Mode { Overlap, Resident, Neither };
-  for (Mode mode : {Overlap, Resident, Neither})
+  enum Mode { Overlap, Resident, Neither, OverlapTwoXBuffers };
+  for (Mode mode : {Overlap, Resident, Neither, OverlapTwoXBuffers})
     for (const V& v : {V{kAttention, {{"M", 300}, {"N", 40}, {"K", 64}, {"DV", 64}}, 64},
                        V{kAttention, {{"M", 1000}, {"N", 1032}, {"K", 72}, {"DV", 128}}, 64},
                        V{kAttention, {{"M", 200}, {"N", 520}, {"K", 192}, {"DV", 64}}, 64},
@@ -292,11 +293,14 @@ TEST_F(GpuB2b, AttentionFBesideGemm2AndResidentQ) {
       SCOPED_TRACE(fmt::format("mode {} job rows {} M={} N={} K={} DV={}", int(mode), v.job_rows, v.d.at("M"),
                                v.d.at("N"), v.d.at("K"), v.d.at("DV")));
       CompileOptions opt;
-      opt.plan.b2b_overlap = mode == Overlap;
+      const bool overlap = mode == Overlap || mode == OverlapTwoXBuffers;
+      opt.plan.b2b_overlap = overlap;
       opt.plan.b2b_x_resident = mode != Neither;
+      opt.plan.b2b_x_buffers = mode == OverlapTwoXBuffers ? 2 : 1;
       opt.plan.b2b_job_rows = v.job_rows;
       const DeviceRunReport rep = expect_one_b2b_kernel_matches(v.text, v.d, opt);
-      EXPECT_EQ(rep.b2b_plan.kernel.f_beside_gemm2, mode == Overlap);
+      EXPECT_EQ(rep.b2b_plan.kernel.f_beside_gemm2, overlap);
+      EXPECT_EQ(rep.b2b_plan.kernel.x_buffers, mode == OverlapTwoXBuffers ? 2 : 1);
       EXPECT_EQ(rep.b2b_plan.kernel.x_k_blocks, mode != Neither ? (v.d.at("K") + 63) / 64 : 0);
     }
 }

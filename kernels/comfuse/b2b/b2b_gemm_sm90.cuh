@@ -190,11 +190,12 @@ struct B2bGemmSm90 {
           return c1;
         };
         // Resident X: wait for the job's, free it once the job's last GEMM1 completed.
+        int const xbuf = RingT::x_buffer(x_jobs);
         if constexpr (Mainloop::kXResident)
           if (my_chunks > 0) RingT::wait_x(ring, x_jobs);
         auto gemm1_done = [&](int i) {
           if constexpr (Mainloop::kXResident)
-            if (i == my_chunks - 1) RingT::release_x(ring, t), ++x_jobs;
+            if (i == my_chunks - 1) RingT::release_x(ring, x_jobs, t), ++x_jobs;
         };
         if constexpr (C.f_beside_gemm2) {
           // GEMM1 of chunk i and GEMM2 of chunk i - 1 in one turn on the tensor cores; F of chunk
@@ -223,7 +224,7 @@ struct B2bGemmSm90 {
           if (my_chunks > 0) {
             unsigned long long since = trace::now();
             wait_mma_turn();
-            Mainloop::template gemm1<true>(p, ring, rd, taken, slots, P, P3, half, t);
+            Mainloop::template gemm1<true>(p, ring, rd, taken, slots, P, P3, half, t, xbuf);
             pass_mma_turn();
             taken.all_completed(ring, t);
             gemm1_done(0);
@@ -232,7 +233,7 @@ struct B2bGemmSm90 {
             for (int i = 1; i < my_chunks; ++i) {
               since = trace::now();
               wait_mma_turn();
-              Mainloop::template gemm1<true>(p, ring, rd, taken, slots, P, P3, half, t);
+              Mainloop::template gemm1<true>(p, ring, rd, taken, slots, P, P3, half, t, xbuf);
               Mainloop::template gemm2<true>(ring, rd, taken, slots, S, O, i == 1, t);
               pass_mma_turn();
               taken.template completed_but<Mainloop::kGemm2Blocks>(ring, t);  // GEMM1's groups
@@ -250,7 +251,7 @@ struct B2bGemmSm90 {
           for (int i = 0; i < my_chunks; ++i) {
             unsigned long long since = trace::now();
             if (i == 0) wait_mma_turn();
-            Mainloop::gemm1(p, ring, rd, taken, slots, P, P3, half, t);  // behind GEMM2 of chunk i - 1
+            Mainloop::gemm1(p, ring, rd, taken, slots, P, P3, half, t, xbuf);  // behind GEMM2 of chunk i - 1
             pass_mma_turn();
             taken.all_completed(ring, t);  // F reads P and rewrites S (and rescales O)
             gemm1_done(i);

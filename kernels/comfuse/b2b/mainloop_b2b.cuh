@@ -28,10 +28,10 @@ struct MainloopB2b {
   static constexpr int kBRows = C.b_region_rows();
   static constexpr bool kXResident = C.x_k_blocks > 0;
   static constexpr int kXBlock = kWgs * BM * BK, kSlotB = kBRows * BK;  // elements: X's k-block, a B region
-  // A: X's k-block in every slot, or X's resident k-blocks.
-  static constexpr int kAElems = kXResident ? C.x_k_blocks * kXBlock : Stages * kXBlock;
+  // A: X's k-block in every slot, or X's resident k-blocks (in each of its buffers).
+  static constexpr int kAElems = kXResident ? C.x_buffers * C.x_k_blocks * kXBlock : Stages * kXBlock;
   static_assert(sizeof(Element) == Sm90::kAbBytes, "16-bit inputs (bf16, fp16)");
-  using RingT = Ring<Stages, kWgs>;
+  using RingT = Ring<Stages, kWgs, C.x_buffers>;
   using State = typename RingT::State;
   using Taken = typename RingT::Taken;
 
@@ -72,9 +72,10 @@ struct MainloopB2b {
       for (int kb = 0; kb < kb_count; ++kb) body(kb);
     }
   }
-  // X's k-block kb for the warp group's half of the job, in slot `index` or resident.
-  static COMFUSE_DEVICE Element* x_block(SharedStorage& s, int index, int kb) {
-    return s.A + (kXResident ? kb : index) * kXBlock;
+  // X's k-block kb for the warp group's half of the job, in slot `index` or resident in buffer
+  // `xbuf` (RingT::x_buffer of the job).
+  static COMFUSE_DEVICE Element* x_block(SharedStorage& s, int index, int kb, int xbuf = 0) {
+    return s.A + (kXResident ? xbuf * C.x_k_blocks + kb : index) * kXBlock;
   }
 
   // ---- producer: one thread per consumer warp group --------------------------------------
@@ -108,7 +109,7 @@ struct MainloopB2b {
                                     int job) {
     uint64_t* bar = RingT::acquire_x(ring, job, kTxX);
     CUTE_UNROLL
-    for (int kb = 0; kb < C.x_k_blocks; ++kb) load_x_block(p, bar, x_block(s, 0, kb), m0, kb, batch);
+    for (int kb = 0; kb < C.x_k_blocks; ++kb) load_x_block(p, bar, x_block(s, 0, kb, RingT::x_buffer(job)), m0, kb, batch);
   }
   // GEMM1's slots of a chunk: K/64 W1 (/W3) k-blocks, each with X's beside it unless resident.
   static COMFUSE_DEVICE void load_gemm1(Params const& p, typename RingT::Storage& ring, State& st, SharedStorage& s,
@@ -157,12 +158,13 @@ struct MainloopB2b {
 
   // ---- consumer: one warp group -----------------------------------------------------------
   // GEMM1 of a chunk: P (and P3) = X W1^T (W3^T) over K, for the warp group's half `half` of
-  // the job's rows (0 unless paired). Returns with the last k-block's wgmmas in flight; every
+  // the job's rows (0 unless paired), X resident in buffer `xbuf`. Returns with the last
+  // k-block's wgmmas in flight; every
   // earlier slot (GEMM2's of the previous chunk too) is released. Deferred: nothing waited for or
   // released (the caller does, after GEMM2 of the previous chunk is issued behind it).
   template <bool Deferred = false, class FP>
   static COMFUSE_DEVICE void gemm1(Params const& p, typename RingT::Storage& ring, State& rd, Taken& taken,
-                                   SharedStorage& s, FP& P, FP& P3, int half, int t) {
+                                   SharedStorage& s, FP& P, FP& P3, int half, int t, int xbuf = 0) {
     using namespace cute;
     Mma1 mma;
     mma.accumulate_ = GMMA::ScaleOut::Zero;
@@ -170,7 +172,7 @@ struct MainloopB2b {
     if constexpr (C.gated) warpgroup_fence_operand(P3);
     for_k_blocks(p, [&](int kb) {
       RingT::wait(ring, rd);
-      Tensor tX = wgmma::kblock_descs<wgmma::Major::K, BM>(x_block(s, rd.index, kb) + half * BM * BK);
+      Tensor tX = wgmma::kblock_descs<wgmma::Major::K, BM>(x_block(s, rd.index, kb, xbuf) + half * BM * BK);
       Tensor tW = wgmma::kblock_descs<kMajor<C.w1_kmajor>, BN1>(s.B + rd.index * kSlotB);
       warpgroup_arrive();
       auto acc_flag = mma.accumulate_;

@@ -9,21 +9,22 @@
 // for parity P returns once the phase of parity P completed. The producer starts at parity 1 on
 // `empty` (every slot starts free), the consumer at parity 0 on `full`.
 //
-// Beside the slots, a resident X buffer's pair (B2bConfig::x_k_blocks): x_full, armed for a job's
-// X by the producer, and x_empty, one arrival per reader after its job's last GEMM1. Both sides
-// count the jobs they loaded or read X for; job j's parity is j's low bit, as a slot's.
+// Beside the slots, each resident X buffer's pair (B2bConfig::x_k_blocks, x_buffers): x_full,
+// armed for a job's X by the producer, and x_empty, one arrival per reader after its job's last
+// GEMM1. Both sides count the jobs they loaded or read X for; job j takes buffer j % XBuffers, and
+// its parity is the low bit of j / XBuffers, that buffer's use count, as a slot's.
 #pragma once
 #include "../common.cuh"
 #include <cutlass/arch/barrier.h>
 
 namespace comfuse::b2b {
 
-template <int Stages, int Readers>
+template <int Stages, int Readers, int XBuffers = 1>
 struct Ring {
   struct Storage {
     uint64_t full[Stages];
     uint64_t empty[Stages];
-    uint64_t x_full, x_empty;
+    uint64_t x_full[XBuffers], x_empty[XBuffers];
   };
 
   struct State {
@@ -42,20 +43,27 @@ struct Ring {
       cutlass::arch::ClusterBarrier::init(&s.full[i], 1);
       cutlass::arch::ClusterBarrier::init(&s.empty[i], Readers);
     }
-    cutlass::arch::ClusterBarrier::init(&s.x_full, 1);
-    cutlass::arch::ClusterBarrier::init(&s.x_empty, Readers);
+    for (int b = 0; b < XBuffers; ++b) {
+      cutlass::arch::ClusterBarrier::init(&s.x_full[b], 1);
+      cutlass::arch::ClusterBarrier::init(&s.x_empty[b], Readers);
+    }
   }
 
-  // Resident X, job number `job` of this ring (counted alike by producer and consumers).
+  // Resident X, job number `job` of this ring (counted alike by producer and consumers): its
+  // buffer, and that buffer's phase parity.
+  static COMFUSE_DEVICE int x_buffer(int job) { return job % XBuffers; }
+  static COMFUSE_DEVICE uint32_t x_parity(int job) { return uint32_t(job / XBuffers) & 1u; }
   static COMFUSE_DEVICE uint64_t* acquire_x(Storage& s, int job, uint32_t bytes) {
-    cutlass::arch::ClusterBarrier::wait(&s.x_empty, uint32_t(job & 1) ^ 1u);
-    cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&s.x_full, bytes);
-    return &s.x_full;
+    cutlass::arch::ClusterBarrier::wait(&s.x_empty[x_buffer(job)], x_parity(job) ^ 1u);
+    cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&s.x_full[x_buffer(job)], bytes);
+    return &s.x_full[x_buffer(job)];
   }
-  static COMFUSE_DEVICE void wait_x(Storage& s, int job) { cutlass::arch::ClusterBarrier::wait(&s.x_full, uint32_t(job & 1)); }
+  static COMFUSE_DEVICE void wait_x(Storage& s, int job) {
+    cutlass::arch::ClusterBarrier::wait(&s.x_full[x_buffer(job)], x_parity(job));
+  }
   // After the job's last GEMM1 completed.
-  static COMFUSE_DEVICE void release_x(Storage& s, int t) {
-    if (t == 0) cutlass::arch::ClusterBarrier::arrive(&s.x_empty);
+  static COMFUSE_DEVICE void release_x(Storage& s, int job, int t) {
+    if (t == 0) cutlass::arch::ClusterBarrier::arrive(&s.x_empty[x_buffer(job)]);
   }
 
   // Producer: wait until slot `st` is free, then arm it for `bytes` of TMA; returns the barrier
