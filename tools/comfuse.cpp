@@ -177,7 +177,7 @@ struct ExplainArgs {
   bool dot = false;
   std::optional<int> cluster_n, tile_n, tile_m, cluster_m, row_group, k_splits, b2b_job_rows, ring_stages, fma_exp_every,
       b2b_x_buffers;
-  std::string b2b_overlap, b2b_x_resident;  // on / off (empty: the planner's)
+  std::string b2b_overlap, b2b_x_resident, b2b_chain_jobs;  // on / off (empty: the planner's)
   std::string aggregation, strategy, stash, pairs, b2b;
 };
 
@@ -196,6 +196,7 @@ PlanOptions plan_options(const ExplainArgs& a) {
   o.b2b_x_buffers = a.b2b_x_buffers;
   if (!a.b2b_overlap.empty()) o.b2b_overlap = a.b2b_overlap == "on";
   if (!a.b2b_x_resident.empty()) o.b2b_x_resident = a.b2b_x_resident == "on";
+  if (!a.b2b_chain_jobs.empty()) o.b2b_chain_jobs = a.b2b_chain_jobs == "on";
   if (!a.pairs.empty()) o.fuse_pairs = a.pairs == "one-round";
   if (!a.stash.empty()) o.stash_bytes = a.stash == "bf16" ? 2 : 4;
   if (a.aggregation == "p2p") o.aggregation = Aggregation::PeerToPeer;
@@ -226,6 +227,10 @@ std::vector<CLI::Option*> add_plan_options(CLI::App* cmd, ExplainArgs& ex) {
                       "clusters of 1 or 2 along M (B multicast): row groups with a reduction, else a PingPong "
                       "elementwise plan")
           ->check(CLI::IsMember({1, 2})),
+      cmd->add_option("--b2b-chain-jobs", ex.b2b_chain_jobs,
+                      "a B2B online softmax beside GEMM2: each job's first GEMM1 issued with the previous job's last "
+                      "GEMM2, X in two buffers (on), or each job alone (off, the default)")
+          ->check(CLI::IsMember({"on", "off"})),
       cmd->add_option("--row-group", ex.row_group, "row groups: G clusters share each row (power of two, 1..64)")
           ->check(CLI::IsMember({1, 2, 4, 8, 16, 32, 64})),
       cmd->add_option("--k-splits", ex.k_splits,

@@ -71,6 +71,9 @@ struct PlanOptions {
   std::optional<bool> b2b_x_resident;
   // Force B2bConfig::x_buffers: 1, or 2 (a resident X double-buffered across jobs).
   std::optional<int> b2b_x_buffers;
+  // Force B2bConfig::chain_jobs (each job's first GEMM1 with the previous job's last GEMM2; X in
+  // two buffers) on or off.
+  std::optional<bool> b2b_chain_jobs;
 };
 
 // The cost model's estimate for one candidate, microseconds.

@@ -263,6 +263,14 @@ struct B2bConfig {
   // serializes wgmmas whose commit groups it cannot count). The planner's choice wherever X fits
   // resident (--b2b-overlap off keeps F between the GEMMs): measured 0-13% faster (bench/NOTES.md).
   bool f_beside_gemm2 = false;
+  // With F beside GEMM2: a warp group's jobs chained, each job's first GEMM1 issued in one turn
+  // with the previous job's last GEMM2, and its first F beside that GEMM2 (O of the previous job
+  // finished and stored after it, from the row sums saved at the boundary), so only the first and
+  // the last job of the warp group pay a GEMM alone. Needs the next job's X loaded before the
+  // previous job's last GEMM2 (x_buffers 2), one CTA per job (cluster_n1 1) and GEMM2's epilogue
+  // without tile inputs (their prefetch would overwrite the previous job's). Forced only
+  // (--b2b-chain-jobs): NOT measured yet.
+  bool chain_jobs = false;
 
   COMFUSE_HOST_DEVICE constexpr int wgs_per_job() const { return paired ? 2 : 1; }
   // Paired, the warp groups take ordered tensor-core turns (GEMM2 of a chunk and GEMM1 of the
@@ -336,6 +344,8 @@ COMFUSE_HOST_DEVICE constexpr char const* check(B2bConfig const& c) {
     return "B2B x_buffers: 1, or 2 with X resident (x_k_blocks > 0)";
   if (c.f_beside_gemm2 && (!c.online_softmax || c.x_k_blocks == 0))
     return "B2B f_beside_gemm2: the online softmax's F with X resident (x_k_blocks > 0)";
+  if (c.chain_jobs && (!c.f_beside_gemm2 || c.x_buffers != 2 || c.cluster_n1 != 1))
+    return "B2B chain_jobs: F beside GEMM2, X in two buffers and one CTA per job (cluster_n1 1)";
   // Beside GEMM2, a warp group holds GEMM1's and GEMM2's slots of two chunks at once.
   if (c.f_beside_gemm2 && c.ring_stages < c.x_k_blocks + c.chunk_n1 / Sm90::kTileK)
     return "B2B f_beside_gemm2: a ring of fewer stages than one chunk's GEMM1 and GEMM2 k-blocks";

@@ -22,10 +22,10 @@ std::string b2b_config_source(const B2bConfig& c) {
       "    .tile_m = {}, .chunk_n1 = {}, .tile_n2 = {}, .ring_stages = {},\n"
       "    .online_softmax = {}, .causal = {}, .epilogue_smem_bytes = {}, .cluster_n1 = {}, .xfer_floats = {},\n"
       "    .paired = {}, .logit_scale = {:#.9g}f, .fma_exp_every = {}, .x_k_blocks = {}, .x_buffers = {},\n"
-      "    .f_beside_gemm2 = {}}};\n",
+      "    .f_beside_gemm2 = {}, .chain_jobs = {}}};\n",
       c.w1_kmajor, c.w2_kmajor, c.gated, c.batched, c.tile_m, c.chunk_n1, c.tile_n2, c.ring_stages, c.online_softmax,
       c.causal, c.epilogue_smem_bytes, c.cluster_n1, c.xfer_floats, c.paired,  // fmt writes bools as true / false
-      c.logit_scale, c.fma_exp_every, c.x_k_blocks, c.x_buffers, c.f_beside_gemm2);  // '#': always a decimal point, so the f suffix makes a float literal
+      c.logit_scale, c.fma_exp_every, c.x_k_blocks, c.x_buffers, c.f_beside_gemm2, c.chain_jobs);  // '#': always a decimal point, so the f suffix makes a float literal
 }
 
 }  // namespace

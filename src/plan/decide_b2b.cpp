@@ -465,6 +465,22 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
                               B2bConfig::kMaxXKBlocks * Sm90::kTileK, p.k));
     k.x_buffers = *opt.b2b_x_buffers;
   }
+  if (opt.b2b_chain_jobs.value_or(false)) {
+    if (!k.f_beside_gemm2)
+      throw Error("b2b: --b2b-chain-jobs on chains jobs of F beside GEMM2 (attention's online softmax, K <= 256, "
+                  "--b2b-overlap not off)");
+    if (opt.b2b_x_buffers.value_or(2) != 2)
+      throw Error("b2b: --b2b-chain-jobs on loads the next job's X during this one: two X buffers, not --b2b-x-buffers 1");
+    if (second.arg_index(ArgRole::TileInput) >= 0)
+      throw Error(fmt::format("b2b: --b2b-chain-jobs on runs a job's epilogue after the next job started, and GEMM2's "
+                              "epilogue reads the tile input '{}' (its prefetch would overwrite the previous job's)",
+                              second.args.at(static_cast<size_t>(second.arg_index(ArgRole::TileInput))).name));
+    if (opt.cluster_n.value_or(1) != 1)
+      throw Error(fmt::format("b2b: --b2b-chain-jobs on takes one CTA per job, not N1 over clusters of {}",
+                              *opt.cluster_n));
+    k.x_buffers = 2;
+    k.chain_jobs = true;
+  }
   // A chunk's 64 exponentials a thread hold the MUFU 512 cycles a warp, as long as its two GEMMs
   // at a head dim of 64: with F between the GEMMs one in four on the FMA pipe measured 4.5% faster
   // there and 1-2% at 128, but 2-4% slower with the causal mask (bench/sweeps/
@@ -711,7 +727,11 @@ std::string explain(const FusionSpec& first, const FusionSpec& second, const B2b
   o += fmt::format("  pipeline     ML1 (GEMM1, SS wgmma) -> Epi1 (F: {}) -> ML2 (GEMM2, RS wgmma: S from "
                    "registers) per chunk{}, Epi2 after the last; {}\n",
                    name_of(p.intermediate),
-                   k.f_beside_gemm2 ? " (ML1 of chunk c issued with ML2 of c - 1, Epi1 of c beside that ML2)" : "",
+                   k.f_beside_gemm2 ? (k.chain_jobs ? " (ML1 of chunk c issued with ML2 of c - 1, Epi1 of c beside that ML2; jobs "
+                                                   "chained: a job's first ML1 with the previous job's last ML2, its Epi2 "
+                                                   "after that; --b2b-chain-jobs)"
+                                                 : " (ML1 of chunk c issued with ML2 of c - 1, Epi1 of c beside that ML2)")
+                                   : "",
                    k.paired ? "two consumer warp groups on the same jobs, taking turns on the tensor cores"
                             : "two consumer warp groups on their own jobs");
   o += fmt::format("  ring         {} stages {}, {}\n", k.ring_stages,

@@ -232,10 +232,10 @@ TEST(B2b, EmitWritesOneConfigAndTheRegisterOperand) {
   const std::string csrc = emit_b2b(causal.first(), causal.second(), c).source;
   EXPECT_NE(csrc.find("/* n4 */ comfuse::epi::ToOperand<0>>"), std::string::npos) << csrc;
   EXPECT_NE(csrc.find(".online_softmax = true, .causal = true"), std::string::npos) << csrc;
-  EXPECT_NE(csrc.find(".logit_scale = 0.125000000f, .fma_exp_every = 0, .x_k_blocks = 1, .x_buffers = 1,\n    .f_beside_gemm2 = true}"),
+  EXPECT_NE(csrc.find(".logit_scale = 0.125000000f, .fma_exp_every = 0, .x_k_blocks = 1, .x_buffers = 1,\n    .f_beside_gemm2 = true, .chain_jobs = false}"),
             std::string::npos)
       << "causal: " << csrc;
-  EXPECT_NE(src.find(".logit_scale = 0.125000000f, .fma_exp_every = 0, .x_k_blocks = 1, .x_buffers = 1,\n    .f_beside_gemm2 = true}"),
+  EXPECT_NE(src.find(".logit_scale = 0.125000000f, .fma_exp_every = 0, .x_k_blocks = 1, .x_buffers = 1,\n    .f_beside_gemm2 = true, .chain_jobs = false}"),
             std::string::npos)
       << src;
 }
@@ -331,7 +331,33 @@ TEST(B2b, AttentionOverlapByDefaultResidentXForcedOnly) {
   }
   two.b2b_x_buffers = 3;
   EXPECT_THROW(plan(att, 128, two), Error);
+  // Chained jobs (forced): two X buffers with them, one CTA per job; refused without the overlap,
+  // with one X buffer, with N1 over a cluster, and where GEMM2's epilogue reads a tile input.
+  PlanOptions chain;
+  chain.b2b_chain_jobs = true;
+  const B2bPlan chained = plan(att, 128, chain);
+  EXPECT_TRUE(chained.kernel.chain_jobs);
+  EXPECT_EQ(chained.kernel.x_buffers, 2);
+  EXPECT_EQ(chained.kernel.cluster_n1, 1);
+  EXPECT_EQ(check(chained.kernel), nullptr);
+  EXPECT_NE(explain(att.first(), att.second(), chained).find("jobs chained"), std::string::npos);
+  EXPECT_NE(emit_b2b(att.first(), att.second(), chained).source.find(".chain_jobs = true}"), std::string::npos);
+  EXPECT_FALSE(plan(att, 128).kernel.chain_jobs) << "forced only";
+  for (auto refuse : {+[](PlanOptions& o) { o.b2b_overlap = false; }, +[](PlanOptions& o) { o.b2b_x_buffers = 1; },
+                      +[](PlanOptions& o) { o.cluster_n = 2; }}) {
+    PlanOptions o = chain;
+    refuse(o);
+    try {
+      plan(att, 128, o);
+      ADD_FAILURE() << "chained jobs refused";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("--b2b-chain-jobs on"), std::string::npos) << e.what();
+    }
+  }
   B2bConfig bad = over.kernel;
+  bad.chain_jobs = true;
+  EXPECT_NE(check(bad), nullptr) << "chained jobs with one X buffer";
+  bad = over.kernel;
   bad.x_buffers = 2;
   bad.x_k_blocks = 0;
   bad.f_beside_gemm2 = false;

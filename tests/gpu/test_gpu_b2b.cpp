@@ -267,12 +267,28 @@ o = matmul(p, v, layout=kn)
 output o: f16
 )";
 
+std::string batched_attention(const char* dtype, bool causal) {
+  return fmt::format(R"(
+input q: {0}[B, M, K]
+input k: {0}[B, N, K]
+input v: {0}[B, N, DV]
+s = matmul(q, k)
+x = mul(s, 0.125)
+p = cast(softmax({1}), {0})
+o = matmul(p, v, layout=kn)
+output o: {0}
+)",
+                     dtype, causal ? "causal_mask(x)" : "x");
+}
+
 // F beside the previous chunk's GEMM2 with Q resident (B2bConfig::f_beside_gemm2), Q resident
-// alone (x_k_blocks), neither, and the overlap with Q double-buffered across jobs (x_buffers),
-// each forced: one chunk (N = 40: only the peeled chunk, GEMM2 issued alone after it), a ragged K (72: X's
-// second k-block half zeros), K = 192 (three resident k-blocks), many chunks and several jobs per
-// warp group (the resident X's barrier phases carry over), paired jobs sharing X, the causal
-// mask (chunks crossing the diagonal masked in F), f16.
+// alone (x_k_blocks), neither, the overlap with Q double-buffered across jobs (x_buffers), and
+// with each job's first GEMM1 beside the previous job's last GEMM2 (chain_jobs), each forced:
+// one chunk (N = 40: only the peeled chunk, GEMM2 issued alone after it), a ragged K (72: X's
+// second k-block half zeros), K = 192 (three resident k-blocks), many chunks, paired jobs sharing
+// X, the causal mask (chunks crossing the diagonal masked in F), f16, and batched attention with
+// several jobs per warp group (320 paired jobs; 440 causal ones of 1 to 6 chunks), where the
+// resident X's barrier phases carry over and chained jobs meet.
 TEST_F(GpuB2b, AttentionFBesideGemm2AndResidentQ) {
   std::string f16 = kAttention;
   for (size_t at; (at = f16.find("bf16")) != std::string::npos;) f16.replace(at, 4, "f16");
@@ -281,26 +297,30 @@ TEST_F(GpuB2b, AttentionFBesideGemm2AndResidentQ) {
     Bindings d;
     int job_rows;
   };
-  enum Mode { Overlap, Resident, Neither, OverlapTwoXBuffers };
-  for (Mode mode : {Overlap, Resident, Neither, OverlapTwoXBuffers})
+  enum Mode { Overlap, Resident, Neither, OverlapTwoXBuffers, ChainedJobs };
+  for (Mode mode : {Overlap, Resident, Neither, OverlapTwoXBuffers, ChainedJobs})
     for (const V& v : {V{kAttention, {{"M", 300}, {"N", 40}, {"K", 64}, {"DV", 64}}, 64},
                        V{kAttention, {{"M", 1000}, {"N", 1032}, {"K", 72}, {"DV", 128}}, 64},
                        V{kAttention, {{"M", 200}, {"N", 520}, {"K", 192}, {"DV", 64}}, 64},
                        V{kAttention, {{"M", 4100}, {"N", 4100}, {"K", 128}, {"DV", 128}}, 64},
                        V{kAttention, {{"M", 1000}, {"N", 1032}, {"K", 128}, {"DV", 128}}, 128},
                        V{f16, {{"M", 300}, {"N", 4100}, {"K", 64}, {"DV", 64}}, 128},
-                       V{kCausalF16Attention, {{"M", 1000}, {"N", 1032}, {"K", 128}, {"DV", 128}}, 64}}) {
+                       V{kCausalF16Attention, {{"M", 1000}, {"N", 1032}, {"K", 128}, {"DV", 128}}, 64},
+                       V{batched_attention("bf16", false), {{"B", 40}, {"M", 1000}, {"N", 520}, {"K", 64}, {"DV", 64}}, 128},
+                       V{batched_attention("bf16", true), {{"B", 40}, {"M", 700}, {"N", 700}, {"K", 128}, {"DV", 128}}, 64}}) {
       SCOPED_TRACE(fmt::format("mode {} job rows {} M={} N={} K={} DV={}", int(mode), v.job_rows, v.d.at("M"),
                                v.d.at("N"), v.d.at("K"), v.d.at("DV")));
       CompileOptions opt;
-      const bool overlap = mode == Overlap || mode == OverlapTwoXBuffers;
+      const bool overlap = mode == Overlap || mode == OverlapTwoXBuffers || mode == ChainedJobs;
       opt.plan.b2b_overlap = overlap;
       opt.plan.b2b_x_resident = mode != Neither;
-      opt.plan.b2b_x_buffers = mode == OverlapTwoXBuffers ? 2 : 1;
+      opt.plan.b2b_x_buffers = mode == OverlapTwoXBuffers || mode == ChainedJobs ? 2 : 1;
+      opt.plan.b2b_chain_jobs = mode == ChainedJobs;
       opt.plan.b2b_job_rows = v.job_rows;
       const DeviceRunReport rep = expect_one_b2b_kernel_matches(v.text, v.d, opt);
       EXPECT_EQ(rep.b2b_plan.kernel.f_beside_gemm2, overlap);
-      EXPECT_EQ(rep.b2b_plan.kernel.x_buffers, mode == OverlapTwoXBuffers ? 2 : 1);
+      EXPECT_EQ(rep.b2b_plan.kernel.x_buffers, mode == OverlapTwoXBuffers || mode == ChainedJobs ? 2 : 1);
+      EXPECT_EQ(rep.b2b_plan.kernel.chain_jobs, mode == ChainedJobs);
       EXPECT_EQ(rep.b2b_plan.kernel.x_k_blocks, mode != Neither ? (v.d.at("K") + 63) / 64 : 0);
     }
 }
@@ -349,19 +369,6 @@ TEST_F(GpuB2b, SplitN1OverClusters) {
   EXPECT_GT(rep.b2b_plan.kernel.cluster_n1, 1) << "32 jobs for 264 warp groups: the planner splits N1";
 }
 
-std::string batched_attention(const char* dtype, bool causal) {
-  return fmt::format(R"(
-input q: {0}[B, M, K]
-input k: {0}[B, N, K]
-input v: {0}[B, N, DV]
-s = matmul(q, k)
-x = mul(s, 0.125)
-p = cast(softmax({1}), {0})
-o = matmul(p, v, layout=kn)
-output o: {0}
-)",
-                     dtype, causal ? "causal_mask(x)" : "x");
-}
 
 // Paired jobs (B2bConfig::paired): both consumer warp groups on one job of 128 rows, each its 64,
 // reading one ring whose W1/W2 k-blocks they share, taking ordered tensor-core turns where a

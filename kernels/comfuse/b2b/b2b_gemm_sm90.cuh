@@ -76,6 +76,9 @@ struct B2bGemmSm90 {
     PerWG wg[Sm90::kConsumerWGs];
     typename RingT::Storage bars[kRings];
   };
+  // Chained jobs run the previous job's Epi2 after this job's start: a prefetch of this job's
+  // tile inputs would overwrite the previous job's (the planner refuses the pair).
+  static_assert(!C.chain_jobs || !Epi2::kRootLoads, "ComFuse: chain_jobs with tile inputs in GEMM2's epilogue");
   static_assert(int(sizeof(SharedStorage)) + Sm90::kSmemBaseAlign <= C.smem_bytes(),
                 "ComFuse: the B2B kernel's SMEM exceeds B2bConfig::smem_bytes()");
 
@@ -119,14 +122,17 @@ struct B2bGemmSm90 {
       if (w < kRings && t % 32 == 0) {
         State st = RingT::producer_start();
         int x_jobs = 0;  // jobs whose X this ring loaded (resident X)
+        typename Mainloop::PendingGemm2 pending;  // chained jobs: the last job's last GEMM2
         for (int j = unit * C.jobs_per_unit() + w;; j += stride) {
           B2bJob const job = b2b_job(C, j, p.batches, p.M, p.N, units);
           if (job.done) break;
           if (!job.valid) continue;  // as the consumer: an empty half of a causal pair
           int const my_chunks = b2b_rank_chunks(C, b2b_chunks(C, job.m_block, p.M, p.N1), rank);
           Mainloop::load_job(p, ss.bars[w], st, ss.ring[w], job.m_block * C.job_rows(), job.n2_block * C.tile_n2,
-                             job.batch, my_chunks, x_jobs, [&](int i) { return (rank + i * C.cluster_n1) * C.chunk_n1; });
+                             job.batch, my_chunks, x_jobs, pending,
+                             [&](int i) { return (rank + i * C.cluster_n1) * C.chunk_n1; });
         }
+        Mainloop::flush(p, ss.bars[w], st, ss.ring[w], pending);
       }
     } else {
       warpgroup_reg_alloc<Sm90::kConsumerRegs>();
@@ -157,6 +163,17 @@ struct B2bGemmSm90 {
       typename Mainloop::FragO O;
       int traced = 0;  // this warp group's jobs so far (the trace's job index)
       int x_jobs = 0;  // jobs whose resident X it read
+      // Chained jobs (B2bConfig::chain_jobs): the previous job whose last GEMM2 is not issued yet,
+      // its epilogue's view, whether that GEMM2 starts O (a job of one chunk), its row sums'
+      // inverses (taken before this job's first chunk replaces them) and its trace index.
+      bool pending = false, pending_first = false;
+      epi::EpiCtx pending_c2{&p, 0, 0, p.N, t, t / 32, t % 32};
+      typename F::RowFactors pending_inv{};
+      int pending_job = 0;
+      if constexpr (C.chain_jobs) {  // the first job's turn multiplies S = 0 (first_chunk_chained)
+        CUTE_UNROLL
+        for (int k = 0; k < cute::size(S); ++k) S(k) = typename decltype(S)::value_type(0.f);
+      }
       // turn: the warp group's slots so far, alike in every CTA of a cluster (whose owner turns).
       for (int j = unit * C.jobs_per_unit() + (kPaired ? 0 : cw), turn = 0;; j += stride, ++turn) {
         B2bJob const job = b2b_job(C, j, p.batches, p.M, p.N, units);
@@ -173,6 +190,8 @@ struct B2bGemmSm90 {
         // Epi2's tile inputs (a residual) go to L2 while the chunks run.
         if constexpr (Epi2::kRootLoads)
           if (owner) epi2.prefetch(c2, epi2_storage(mine));
+        if constexpr (C.chain_jobs)
+          if (pending) pending_inv = f.inverse_sums();
         f.start_job();
         // The wgmma register operands (O, the accumulator GEMM2 reads back; S, its A operand)
         // get their last definition before a wgmma here, in warp-group-uniform code: written
@@ -203,7 +222,9 @@ struct B2bGemmSm90 {
           // exponentials in place in P (GEMM1's, complete), S rewritten only once GEMM2, which
           // reads it, completed. Chunk 0 is peeled: a straight-line loop body whose commit groups
           // ptxas counts (else it serializes every wgmma).
-          auto f_chunk = [&](int i) {
+          // gemm2_done(): once the GEMM2 in flight completed, before S is rewritten (chained: the
+          // previous job's O finished and stored there).
+          auto f_chunk = [&](int i, auto&& gemm2_done) {
             unsigned long long const since = trace::now();
             f.scores(chunk_ctx(i), f_storage(mine), bar_id, P, P3, i == 0);
             f.exps(P, [&](int k, float e) { P(k) = e; });  // (exps reads P(k) before it writes it)
@@ -215,21 +236,60 @@ struct B2bGemmSm90 {
               f.rescale(O);
             }
             taken.all_completed(ring, t);
+            gemm2_done();
             CUTE_UNROLL
             for (int k = 0; k < cute::size(P); ++k) S(k) = typename decltype(S)::value_type(P(k));
             cute::warpgroup_fence_operand(S);
             cute::warpgroup_fence_operand(O);
             trace::add_stage(t, cw, trace::kF, since);
           };
-          if (my_chunks > 0) {
-            unsigned long long since = trace::now();
+          auto nothing = [] {};
+          // Chunk 0 alone in its turn on the tensor cores.
+          auto first_chunk = [&] {
+            unsigned long long const since = trace::now();
             wait_mma_turn();
             Mainloop::template gemm1<true>(p, ring, rd, taken, slots, P, P3, half, t, xbuf);
             pass_mma_turn();
             taken.all_completed(ring, t);
             gemm1_done(0);
             trace::add_stage(t, cw, trace::kGemm1, since);
-            f_chunk(0);
+            f_chunk(0, nothing);
+          };
+          // Chained: chunk 0 in one turn with the previous job's last GEMM2, and F of chunk 0
+          // beside it; that job's O is finished and stored once the GEMM2 completed. A warp
+          // group's first job has no previous one: its turn issues a GEMM2 of S = 0 all the same
+          // (O = 0, the W2 k-blocks the producer loads for it), one straight-line turn for every
+          // job, as ptxas needs to count the commit groups (a GEMM2 issued under a runtime
+          // condition serializes every wgmma, C7514; two copies of the turn let it hoist
+          // GEMM2's wait ahead of the exponentials).
+          auto first_chunk_chained = [&] {
+            unsigned long long const since = trace::now();
+            wait_mma_turn();
+            Mainloop::template gemm1<true>(p, ring, rd, taken, slots, P, P3, half, t, xbuf);
+            Mainloop::template gemm2<true>(ring, rd, taken, slots, S, O, pending ? pending_first : true, t);
+            pass_mma_turn();
+            if (pending) trace::mark(t, cw, pending_job, trace::kIssued);
+            taken.template completed_but<Mainloop::kGemm2Blocks>(ring, t);  // GEMM1's groups
+            gemm1_done(0);
+            trace::add_stage(t, cw, trace::kGemm1, since);
+            // Chunk 0 by an index neither compiler can fold (N1 is never negative): F's rescale
+            // branch (never taken at a job's first chunk) then stays, and with it the block
+            // boundary that keeps GEMM2's wait after the exponentials (folded, ptxas hoists the
+            // wait ahead of them, into the row maxima).
+            int const chunk0 = p.N1 < 0 ? 1 : 0;
+            f_chunk(chunk0, [&] {
+              if (!pending) return;
+              trace::mark(t, cw, pending_job, trace::kAccReady);
+              F::divide(O, pending_inv);
+              epi2.run(pending_c2, epi2_storage(mine), O, bar_id);
+              trace::mark(t, cw, pending_job, trace::kEpiDone);
+            });
+            pending = false;
+          };
+          if (my_chunks > 0) {
+            unsigned long long since;
+            if constexpr (C.chain_jobs) first_chunk_chained();
+            else first_chunk();
             for (int i = 1; i < my_chunks; ++i) {
               since = trace::now();
               wait_mma_turn();
@@ -239,7 +299,11 @@ struct B2bGemmSm90 {
               taken.template completed_but<Mainloop::kGemm2Blocks>(ring, t);  // GEMM1's groups
               gemm1_done(i);
               trace::add_stage(t, cw, trace::kGemm1, since);
-              f_chunk(i);
+              f_chunk(i, nothing);
+            }
+            if constexpr (C.chain_jobs) {  // its last GEMM2 goes with the next job's first GEMM1
+              pending = true, pending_first = my_chunks == 1, pending_c2 = c2, pending_job = traced++;
+              continue;
             }
             since = trace::now();
             wait_mma_turn();
@@ -283,6 +347,19 @@ struct B2bGemmSm90 {
         f.finish(O);
         epi2.run(c2, epi2_storage(mine), O, bar_id);
         trace::mark(t, cw, traced++, trace::kEpiDone);
+      }
+      if constexpr (C.chain_jobs) {  // the warp group's last job: its last GEMM2 alone
+        if (pending) {
+          wait_mma_turn();
+          Mainloop::template gemm2<true>(ring, rd, taken, slots, S, O, pending_first, t);
+          pass_mma_turn();
+          trace::mark(t, cw, pending_job, trace::kIssued);
+          taken.all_completed(ring, t);
+          trace::mark(t, cw, pending_job, trace::kAccReady);
+          f.finish(O);
+          epi2.run(pending_c2, epi2_storage(mine), O, bar_id);
+          trace::mark(t, cw, pending_job, trace::kEpiDone);
+        }
       }
       if (t == 0) tma_store_wait_all<0>();
     }

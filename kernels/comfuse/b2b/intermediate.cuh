@@ -74,6 +74,8 @@ struct ElementwiseF {
     });
   }
   template <class FO> COMFUSE_DEVICE void finish(FO&) {}
+  // No row sums to divide by (B2bConfig::chain_jobs takes the online softmax only).
+  struct RowFactors {};
 
   // N1 split over a cluster (b2b/partial_sum.cuh): no statistics; the partials simply add.
   COMFUSE_DEVICE float4 stats() const { return make_float4(0.f, 0.f, 0.f, 0.f); }
@@ -204,17 +206,26 @@ struct OnlineSoftmaxF {
   }
 
   // After the last chunk: O /= the row's sum (0 where a row had nothing: rows past M).
-  template <class FO> COMFUSE_DEVICE void finish(FO& O) {
-    float inv[2];
+  template <class FO> COMFUSE_DEVICE void finish(FO& O) { divide(O, inverse_sums()); }
+  // The same in two steps (B2bConfig::chain_jobs: the sums taken before the next job's first
+  // chunk replaces them, O divided once its last GEMM2 completed).
+  struct RowFactors {
+    float v[2];
+  };
+  COMFUSE_DEVICE RowFactors inverse_sums() const {
+    RowFactors inv;
     CUTE_UNROLL
     for (int h = 0; h < 2; ++h) {
       float s = l[h];
       s += __shfl_xor_sync(0xffffffffu, s, 1);
       s += __shfl_xor_sync(0xffffffffu, s, 2);
-      inv[h] = s > 0.f ? __fdiv_rn(1.f, s) : 0.f;
+      inv.v[h] = s > 0.f ? __fdiv_rn(1.f, s) : 0.f;
     }
+    return inv;
+  }
+  template <class FO> static COMFUSE_DEVICE void divide(FO& O, RowFactors const& inv) {
     CUTE_UNROLL
-    for (int i = 0; i < cute::size(O); ++i) O(i) *= inv[(i >> 1) & 1];
+    for (int i = 0; i < cute::size(O); ++i) O(i) *= inv.v[(i >> 1) & 1];
   }
 };
 

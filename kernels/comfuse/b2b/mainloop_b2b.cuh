@@ -133,21 +133,39 @@ struct MainloopB2b {
       st.advance();
     }
   }
+  // Chained jobs (B2bConfig::chain_jobs): the previous job's last chunk, whose W2 k-blocks follow
+  // the next job's first GEMM1 k-blocks (or end the producer's work); before the first job, that
+  // job's own first W2 k-blocks, for the consumer's GEMM2 of S = 0 in the same turn.
+  struct PendingGemm2 {
+    int n1_0 = -1, n2_0 = 0, batch = 0;  // n1_0 < 0: none
+  };
+  static COMFUSE_DEVICE void flush(Params const& p, typename RingT::Storage& ring, State& st, SharedStorage& s,
+                                   PendingGemm2& q) {
+    if (q.n1_0 >= 0) load_gemm2(p, ring, st, s, q.n1_0, q.n2_0, q.batch);
+    q.n1_0 = -1;
+  }
   // A job's chunks, in the order the consumer takes their slots: each chunk's GEMM1 then its
-  // GEMM2, or (F beside GEMM2) GEMM1 of chunk c before GEMM2 of chunk c - 1. chunk_n1(i): the
-  // first N1 column of the CTA's i-th chunk.
+  // GEMM2, or (F beside GEMM2) GEMM1 of chunk c before GEMM2 of chunk c - 1, and chained, the
+  // previous job's last GEMM2 after this job's first GEMM1 (`pending`). chunk_n1(i): the first N1
+  // column of the CTA's i-th chunk.
   template <class ChunkN1>
   static COMFUSE_DEVICE void load_job(Params const& p, typename RingT::Storage& ring, State& st, SharedStorage& s,
-                                      int m0, int n2_0, int batch, int chunks, int& x_jobs, ChunkN1&& chunk_n1) {
+                                      int m0, int n2_0, int batch, int chunks, int& x_jobs, PendingGemm2& pending,
+                                      ChunkN1&& chunk_n1) {
     if (chunks == 0) return;
     if constexpr (kXResident) load_x(p, ring, s, m0, batch, x_jobs++);
     if constexpr (C.f_beside_gemm2) {
       load_gemm1(p, ring, st, s, m0, chunk_n1(0), batch);
+      if constexpr (C.chain_jobs) {  // the first job's turn takes W2 k-blocks too (any: S = 0 there)
+        if (pending.n1_0 < 0) pending = PendingGemm2{chunk_n1(0), n2_0, batch};
+        flush(p, ring, st, s, pending);
+      }
       for (int i = 1; i < chunks; ++i) {
         load_gemm1(p, ring, st, s, m0, chunk_n1(i), batch);
         load_gemm2(p, ring, st, s, chunk_n1(i - 1), n2_0, batch);
       }
-      load_gemm2(p, ring, st, s, chunk_n1(chunks - 1), n2_0, batch);
+      if constexpr (C.chain_jobs) pending = PendingGemm2{chunk_n1(chunks - 1), n2_0, batch};
+      else load_gemm2(p, ring, st, s, chunk_n1(chunks - 1), n2_0, batch);
     } else {
       for (int i = 0; i < chunks; ++i) {
         load_gemm1(p, ring, st, s, m0, chunk_n1(i), batch);
