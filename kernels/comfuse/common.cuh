@@ -59,6 +59,13 @@ template <int N> COMFUSE_DEVICE void tma_store_wait_all() {
   asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
 }
 // Nanoseconds, comparable across SMs (the L2 exchange's timeout, debug/trace.cuh's stamps).
+// 0, as neither NVVM nor ptxas can prove it (the launch's dynamic SMEM size is under 2 GiB): an
+// index that keeps a branch ptxas would otherwise fold away (b2b/b2b_gemm_sm90.cuh).
+COMFUSE_DEVICE int opaque_zero() {
+  uint32_t bytes;
+  asm volatile("mov.u32 %0, %%dynamic_smem_size;" : "=r"(bytes));
+  return int(bytes >> 31);
+}
 COMFUSE_DEVICE uint64_t global_timer_ns() {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));

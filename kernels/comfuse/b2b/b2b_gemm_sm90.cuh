@@ -272,12 +272,12 @@ struct B2bGemmSm90 {
             taken.template completed_but<Mainloop::kGemm2Blocks>(ring, t);  // GEMM1's groups
             gemm1_done(0);
             trace::add_stage(t, cw, trace::kGemm1, since);
-            // Chunk 0 by an index neither compiler can fold (N1 is never negative): F's rescale
-            // branch (never taken at a job's first chunk) then stays, and with it the block
-            // boundary that keeps GEMM2's wait after the exponentials (folded, ptxas hoists the
-            // wait ahead of them, into the row maxima).
-            int const chunk0 = p.N1 < 0 ? 1 : 0;
-            f_chunk(chunk0, [&] {
+            // Chunk 0 by an index neither compiler can fold (common.cuh's opaque_zero): F's
+            // rescale branch (never taken at a job's first chunk) then stays, and with it the
+            // block boundary that keeps GEMM2's wait after the exponentials (folded, ptxas
+            // hoists the wait ahead of them, into the row maxima). Trace: this turn's kGemm1
+            // holds the previous job's GEMM2 issue, this chunk's kF that job's Epi2.
+            f_chunk(opaque_zero(), [&] {
               if (!pending) return;
               trace::mark(t, cw, pending_job, trace::kAccReady);
               F::divide(O, pending_inv);
@@ -301,7 +301,9 @@ struct B2bGemmSm90 {
               trace::add_stage(t, cw, trace::kGemm1, since);
               f_chunk(i, nothing);
             }
-            if constexpr (C.chain_jobs) {  // its last GEMM2 goes with the next job's first GEMM1
+            // Chained, its last GEMM2 goes with the next job's first GEMM1. (A job of no chunk
+            // cannot come here: one CTA per job walks every chunk, and N1 > 0.)
+            if constexpr (C.chain_jobs) {
               pending = true, pending_first = my_chunks == 1, pending_c2 = c2, pending_job = traced++;
               continue;
             }
@@ -350,9 +352,11 @@ struct B2bGemmSm90 {
       }
       if constexpr (C.chain_jobs) {  // the warp group's last job: its last GEMM2 alone
         if (pending) {
+          unsigned long long const since = trace::now();
           wait_mma_turn();
           Mainloop::template gemm2<true>(ring, rd, taken, slots, S, O, pending_first, t);
           pass_mma_turn();
+          trace::add_stage(t, cw, trace::kGemm2Issue, since);
           trace::mark(t, cw, pending_job, trace::kIssued);
           taken.all_completed(ring, t);
           trace::mark(t, cw, pending_job, trace::kAccReady);
