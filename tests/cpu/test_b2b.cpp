@@ -555,6 +555,38 @@ TEST_F(B2bCompile, PairedKernelsCompile) {
     }
 }
 
+// Attention's turns as the planner takes them (F beside GEMM2, paired) and as forced: F between
+// the GEMMs, unpaired, Q in two buffers, chained jobs (causal and a head dim of 64 too): each
+// compiles without serialized wgmmas (ptxas serializes them all where it cannot count a turn's
+// commit groups, C7514: the forced variants run on the GPU only in test_gpu_b2b).
+TEST_F(B2bCompile, AttentionOverlapVariantsCompile) {
+  struct V {
+    const char* example;
+    int64_t k;
+    void (*set)(PlanOptions&);
+  };
+  for (const V& v : {V{"attention.cf", 128, [](PlanOptions&) {}},
+                     V{"attention.cf", 128, [](PlanOptions& o) { o.b2b_overlap = false; }},
+                     V{"attention.cf", 128, [](PlanOptions& o) { o.b2b_job_rows = 64; }},
+                     V{"attention.cf", 128, [](PlanOptions& o) { o.b2b_x_buffers = 2; }},
+                     V{"attention.cf", 128, [](PlanOptions& o) { o.b2b_chain_jobs = true; }},
+                     V{"attention_causal.cf", 128, [](PlanOptions& o) { o.b2b_chain_jobs = true; }},
+                     V{"attention.cf", 64, [](PlanOptions& o) { o.b2b_chain_jobs = true, o.b2b_job_rows = 64; }}}) {
+    CompileOptions o = opt_;
+    v.set(o.plan);
+    Pair p = lowered(v.example);
+    ASSERT_NE(p.b, nullptr);
+    const B2bProblem pr{1, 1000, v.k, 1032, v.k, DType::BF16};
+    const B2bPlan plan = make_b2b_plan(p.first(), p.second(), pr, o.plan);
+    SCOPED_TRACE(fmt::format("{} K {}: overlap {} paired {} x buffers {} chained {}", v.example, v.k,
+                             plan.kernel.f_beside_gemm2, plan.kernel.paired, plan.kernel.x_buffers,
+                             plan.kernel.chain_jobs));
+    const CompiledKernel c = compile_only_b2b(p.first(), p.second(), pr, o);
+    EXPECT_TRUE(is_cubin_elf(c.cubin));
+    EXPECT_FALSE(c.wgmma_serialized) << c.log;
+  }
+}
+
 // [M, N] inputs on both sides of S (a scale in F, a residual in GEMM2's epilogue) keep nothing
 // in SMEM: the pair plans the same FFN's epilogue storage and ring as without them, and
 // compiles, batched too (3-D L2 prefetches, the batch stride).
