@@ -49,15 +49,20 @@ def reps_to_fill(graphs: dict, target_ms: float, most: int) -> int:
     return max(3, min(most, math.ceil(target_ms / max(once, 1e-3))))
 
 
-def alternating_rounds(graphs: dict, rounds: int, reps: int, calls_per_replay: int = 1) -> dict:
-    """{variant: [ms per call, one per round]}: every round replays each graph `reps` times, the
-    variants' order rotating by one each round."""
-    names = list(graphs)
+def alternating(names: list, rounds: int, time: Callable[[object], float]) -> dict:
+    """{name: [time(name), one per round]}: every round times each name once, the order rotating
+    by one each round."""
     times = {v: [] for v in names}
     for r in range(rounds):
         for v in names[r % len(names):] + names[:r % len(names)]:
-            times[v].append(stretch_ms(graphs[v], reps) / (reps * calls_per_replay))
+            times[v].append(time(v))
     return times
+
+
+def alternating_rounds(graphs: dict, rounds: int, reps: int, calls_per_replay: int = 1) -> dict:
+    """{variant: [ms per call, one per round]}: every round replays each graph `reps` times, the
+    variants' order rotating by one each round."""
+    return alternating(list(graphs), rounds, lambda v: stretch_ms(graphs[v], reps) / (reps * calls_per_replay))
 
 
 def time_one(fn: Callable[[], object], reps: int = 20, rounds: int = 7, graph: bool = True) -> float:

@@ -224,23 +224,29 @@ def bench_case(arch: str, phase: str, batch: int, seq: int, layers: int, variant
     torch.cuda.empty_cache()
 
 
+def fused_regions(rep) -> list:
+    """(RegionInfo, RuntimeRegion) of each distinct fused region that recorded its inputs
+    (identical layers: the first)."""
+    from comfuse.kernels import REGISTRY
+
+    out, seen = [], set()
+    for info in rep.regions:
+        rr = REGISTRY.get(info.id)
+        if info.status != "fused" or rr is None or rr.last_inputs is None:
+            continue
+        key = (info.graph_text, info.n, info.k, str(info.m))
+        if key not in seen:
+            seen.add(key)
+            out.append((info, rr))
+    return out
+
+
 def region_rows(rep, reps: int) -> list[dict]:
     """Each fused region: its kernel against its own aten ops, unfused (Inductor and eager)."""
-    from comfuse.kernels import REGISTRY
     from comfuse.measure import inductor_region
 
     rows = []
-    seen = set()
-    for info in rep.regions:
-        if info.status != "fused":
-            continue
-        rr = REGISTRY.get(info.id)
-        if rr is None or rr.last_inputs is None:
-            continue
-        key = (info.graph_text, info.n, info.k, str(info.m))
-        if key in seen:  # identical layers: time one
-            continue
-        seen.add(key)
+    for info, rr in fused_regions(rep):
         tensors, sizes = rr.last_inputs
         row = {"region": info.root + " + " + ", ".join(o.split(":")[-1] for o in info.ops[1:]),
                "m": tensors[0].numel() // info.k, "n": info.n, "k": info.k,

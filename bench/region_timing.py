@@ -30,20 +30,7 @@ import gpu_timing  # noqa: E402
 import models  # noqa: E402
 
 
-def regions_of(rep) -> list:
-    """(info, RuntimeRegion) of each distinct fused region that recorded its inputs."""
-    from comfuse.kernels import REGISTRY
-
-    out, seen = [], set()
-    for info in rep.regions:
-        rr = REGISTRY.get(info.id)
-        if info.status != "fused" or rr is None or rr.last_inputs is None:
-            continue
-        key = (info.graph_text, info.n, info.k, str(info.m))
-        if key not in seen:
-            seen.add(key)
-            out.append((info, rr))
-    return out
+regions_of = models.fused_regions  # the regions models.py's per-region rows time
 
 
 def time_four_ways(rr, rounds: int) -> dict:
@@ -64,12 +51,7 @@ def time_four_ways(rr, rounds: int) -> dict:
         reps = gpu_timing.reps_to_fill(graphs, target_ms=20.0, most=200)
         for k, ms in gpu_timing.alternating_rounds(graphs, rounds, reps).items():
             out[(*k, "graph rounds")] = 1e3 * statistics.median(ms)
-        per = {k: [] for k in calls}
-        for r in range(rounds):
-            names = list(calls)
-            for k in names[r % len(names):] + names[:r % len(names)]:
-                per[k].append(measure._time_us(calls[k]))
-        for k, us in per.items():
+        for k, us in gpu_timing.alternating(list(calls), rounds, lambda k: measure._time_us(calls[k])).items():
             out[(*k, "measure.py's clock")] = statistics.median(us)
     return out
 
