@@ -77,10 +77,11 @@ if [ "${SANITIZE:-1}" = 1 ]; then
     s=$?; tail -3 "$out/sanitizer-$tool-b2b.log"; echo "$tool (b2b) exit $s"; [ $s = 0 ] || rc=1
     # The N1 split over clusters (partial O over DSMEM, b2b/partial_sum.cuh) and paired jobs (one
     # ring read by both consumer warp groups, ordered turns): ~2 min each under racecheck.
-    for t in SplitN1OverClusters PairedJobsShareOneRing; do
+    for t in SplitN1OverClusters PairedJobsShareOneRing 'Modes/*/ChainedJobs' 'Modes/*/OverlapTwoXBuffers'; do
+      log="$out/sanitizer-$tool-b2b-${t//[^A-Za-z0-9]/}.log"
       timeout "${SANITIZE_SPLIT_TIMEOUT:-240}" compute-sanitizer --tool "$tool" --error-exitcode 9 .carry/bin/test_gpu_b2b \
-        --gtest_filter="GpuB2b.$t" --gtest_brief=1 > "$out/sanitizer-$tool-b2b-$t.log" 2>&1
-      s=$?; tail -3 "$out/sanitizer-$tool-b2b-$t.log"; echo "$tool (b2b $t) exit $s"; [ $s = 0 ] || rc=1
+        --gtest_filter="$([[ $t == */* ]] && echo "$t" || echo "GpuB2b.$t")" --gtest_brief=1 > "$log" 2>&1
+      s=$?; tail -3 "$log"; echo "$tool (b2b $t) exit $s"; [ $s = 0 ] || rc=1
     done
   done
 fi

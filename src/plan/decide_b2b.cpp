@@ -294,7 +294,7 @@ struct SplitCandidate {
 // not: the deepest ring beside the partial-O hand-over, the hand-over's pieces as large as the
 // SMEM left allows (each piece is a round trip), the grid at the measured cluster residency, and
 // the estimate: the busiest CTA's warp-group chunks (wg_chunk_us) plus its jobs' hand-overs.
-SplitCandidate price_split(const B2bConfig& base, const B2bProblem& p, int gemm1_passes, int cluster,
+SplitCandidate price_split(const B2bConfig& base, const B2bProblem& p, int gemm1_passes, int cluster, bool double_x,
                            const DeviceModel& dev) {
   SplitCandidate c;
   c.kernel = base;
@@ -312,6 +312,16 @@ SplitCandidate price_split(const B2bConfig& base, const B2bProblem& p, int gemm1
   const int batches = static_cast<int>(p.batches), m = static_cast<int>(p.m), n2 = static_cast<int>(p.n2);
   c.grid_ctas = b2b_grid(kc, batches, m, n2, dev.resident(cluster) * cluster);
   const int units = static_cast<int>(c.grid_ctas) / cluster;
+  // A second resident X buffer (the next job's X loads during this job's chunks) where a warp
+  // group walks more than one job and it costs no ring stage: 2.4% at batched S 1024 d 128, 1% at
+  // S 2048 d 64, level at S 4096 (bench/sweeps/attention_x_buffers.txt). Not priced: the chunk
+  // model has no term for a job's start.
+  if (double_x && kc.x_k_blocks > 0 && kc.x_buffers == 1 &&
+      b2b_slot_count(kc, batches, m, n2, units) > int64_t{kc.jobs_per_unit()} * units) {
+    B2bConfig two = kc;
+    two.x_buffers = 2;
+    if (!check(two) && two.smem_bytes() <= dev.smem_per_cta_bytes) kc = two;
+  }
   c.busiest = busiest_cta_chunks(kc, p, units, dev.b2b_single_wg_share);
   c.chunk_us = wg_chunk_us(kc, p, gemm1_passes, dev);
   if (cluster > 1) {  // every job of the busiest warp group hands its O over, piece by piece
@@ -336,7 +346,7 @@ std::vector<SplitCandidate> split_candidates(const B2bConfig& base, const B2bPro
     for (int cluster : {1, 2, 4, 8, 16}) {
       if (opt.cluster_n && *opt.cluster_n != cluster) continue;
       if (!opt.cluster_n && (cluster > 8 || cluster > job_chunks)) continue;
-      tried.push_back(price_split(k, p, gemm1_passes, cluster, dev));
+      tried.push_back(price_split(k, p, gemm1_passes, cluster, !opt.b2b_x_buffers, dev));
     }
   }
   return tried;
@@ -560,7 +570,11 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
     if (opt.cluster_n && !tried.empty() && tried.front().refused)
       throw Error(fmt::format("b2b: --cluster-n {} (CTAs splitting N1): {}", *opt.cluster_n, tried.front().refused));
     if (opt.cluster_n) throw Error(fmt::format("b2b: --cluster-n {}: CTAs along N1 are 1, 2, 4, 8 or 16", *opt.cluster_n));
-    throw Error(fmt::format("b2b: no kernel fits: {}", tried.empty() ? "no cluster size" : tried.front().refused));
+    throw Error(fmt::format("b2b: no kernel fits: {}{}", tried.empty() ? "no cluster size" : tried.front().refused,
+                            k.x_buffers > 1 ? fmt::format(" (--b2b-x-buffers 2: X's {} k-blocks twice over leave the "
+                                                          "ring too little SMEM; 1 buffer, or paired jobs, may fit)",
+                                                          k.x_k_blocks)
+                                            : std::string()));
   }
   k = best->kernel;
   plan.jobs = int64_t{b2b_job_count(k, static_cast<int>(p.batches), static_cast<int>(p.m), static_cast<int>(p.n2))};

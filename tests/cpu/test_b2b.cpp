@@ -305,8 +305,9 @@ TEST(B2b, AttentionOverlapByDefaultResidentXForcedOnly) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("--b2b-overlap"), std::string::npos) << e.what();
   }
-  // Two resident X buffers (forced): the SMEM a second X takes comes out of the ring; refused
-  // where X is not resident, and any count but 1 or 2.
+  // Two resident X buffers: the SMEM a second X takes comes out of the ring when forced; by
+  // default only where a CTA walks several jobs and the ring keeps its stages. Refused where X is
+  // not resident, where the ring cannot hold a chunk beside two, and any count but 1 or 2.
   PlanOptions two = on;
   two.b2b_x_buffers = 2;
   const B2bPlan dbl = plan(att, 128, two);
@@ -320,7 +321,20 @@ TEST(B2b, AttentionOverlapByDefaultResidentXForcedOnly) {
       << "one more X beside a ring of the stages left";
   EXPECT_NE(explain(att.first(), att.second(), dbl).find("X resident (2 k-blocks, 2 buffers)"), std::string::npos);
   EXPECT_NE(emit_b2b(att.first(), att.second(), dbl).source.find(".x_buffers = 2,"), std::string::npos);
-  EXPECT_EQ(plan(att, 128).kernel.x_buffers, 1) << "forced only";
+  EXPECT_EQ(plan(att, 128).kernel.x_buffers, 1) << "one job a CTA: nothing to load during it";
+  const B2bPlan batched = make_b2b_plan(att.first(), att.second(), B2bProblem{64, 1024, 128, 1024, 128, DType::BF16});
+  EXPECT_EQ(batched.kernel.x_buffers, 2) << "several jobs a CTA: the next job's Q loads during this one";
+  EXPECT_EQ(batched.kernel.ring_stages, 8) << "and no ring stage given for it";
+  PlanOptions unpaired_two = two;
+  unpaired_two.b2b_job_rows = 64;
+  try {
+    plan(att, 192, unpaired_two);
+    ADD_FAILURE() << "two buffers of three k-blocks per warp group beside two rings";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--b2b-x-buffers 2"), std::string::npos) << e.what();
+  }
+  unpaired_two.b2b_job_rows = 128;
+  EXPECT_EQ(plan(att, 192, unpaired_two).kernel.x_buffers, 2) << "paired: one ring beside them";
   PlanOptions two_off = two;
   two_off.b2b_overlap = false;
   try {

@@ -289,7 +289,12 @@ output o: {0}
 // X, the causal mask (chunks crossing the diagonal masked in F), f16, and batched attention with
 // several jobs per warp group (320 paired jobs; 440 causal ones of 1 to 6 chunks), where the
 // resident X's barrier phases carry over and chained jobs meet.
-TEST_F(GpuB2b, AttentionFBesideGemm2AndResidentQ) {
+enum class AttentionMode { Overlap, Resident, Neither, OverlapTwoXBuffers, ChainedJobs };
+class GpuB2bAttentionModes : public gpu_test::GpuTest, public ::testing::WithParamInterface<AttentionMode> {};
+
+TEST_P(GpuB2bAttentionModes, AttentionFBesideGemm2AndResidentQ) {
+  using Mode = AttentionMode;
+  const Mode mode = GetParam();
   std::string f16 = kAttention;
   for (size_t at; (at = f16.find("bf16")) != std::string::npos;) f16.replace(at, 4, "f16");
   struct V {
@@ -297,33 +302,43 @@ TEST_F(GpuB2b, AttentionFBesideGemm2AndResidentQ) {
     Bindings d;
     int job_rows;
   };
-  enum Mode { Overlap, Resident, Neither, OverlapTwoXBuffers, ChainedJobs };
-  for (Mode mode : {Overlap, Resident, Neither, OverlapTwoXBuffers, ChainedJobs})
-    for (const V& v : {V{kAttention, {{"M", 300}, {"N", 40}, {"K", 64}, {"DV", 64}}, 64},
-                       V{kAttention, {{"M", 1000}, {"N", 1032}, {"K", 72}, {"DV", 128}}, 64},
-                       V{kAttention, {{"M", 200}, {"N", 520}, {"K", 192}, {"DV", 64}}, 64},
-                       V{kAttention, {{"M", 4100}, {"N", 4100}, {"K", 128}, {"DV", 128}}, 64},
-                       V{kAttention, {{"M", 1000}, {"N", 1032}, {"K", 128}, {"DV", 128}}, 128},
-                       V{f16, {{"M", 300}, {"N", 4100}, {"K", 64}, {"DV", 64}}, 128},
-                       V{kCausalF16Attention, {{"M", 1000}, {"N", 1032}, {"K", 128}, {"DV", 128}}, 64},
-                       V{batched_attention("bf16", false), {{"B", 40}, {"M", 1000}, {"N", 520}, {"K", 64}, {"DV", 64}}, 128},
-                       V{batched_attention("bf16", true), {{"B", 40}, {"M", 700}, {"N", 700}, {"K", 128}, {"DV", 128}}, 64}}) {
-      SCOPED_TRACE(fmt::format("mode {} job rows {} M={} N={} K={} DV={}", int(mode), v.job_rows, v.d.at("M"),
-                               v.d.at("N"), v.d.at("K"), v.d.at("DV")));
-      CompileOptions opt;
-      const bool overlap = mode == Overlap || mode == OverlapTwoXBuffers || mode == ChainedJobs;
-      opt.plan.b2b_overlap = overlap;
-      opt.plan.b2b_x_resident = mode != Neither;
-      opt.plan.b2b_x_buffers = mode == OverlapTwoXBuffers || mode == ChainedJobs ? 2 : 1;
-      opt.plan.b2b_chain_jobs = mode == ChainedJobs;
-      opt.plan.b2b_job_rows = v.job_rows;
-      const DeviceRunReport rep = expect_one_b2b_kernel_matches(v.text, v.d, opt);
-      EXPECT_EQ(rep.b2b_plan.kernel.f_beside_gemm2, overlap);
-      EXPECT_EQ(rep.b2b_plan.kernel.x_buffers, mode == OverlapTwoXBuffers || mode == ChainedJobs ? 2 : 1);
-      EXPECT_EQ(rep.b2b_plan.kernel.chain_jobs, mode == ChainedJobs);
-      EXPECT_EQ(rep.b2b_plan.kernel.x_k_blocks, mode != Neither ? (v.d.at("K") + 63) / 64 : 0);
-    }
+  for (const V& v : {V{kAttention, {{"M", 300}, {"N", 40}, {"K", 64}, {"DV", 64}}, 64},
+                     V{kAttention, {{"M", 1000}, {"N", 1032}, {"K", 72}, {"DV", 128}}, 64},
+                     V{kAttention, {{"M", 200}, {"N", 520}, {"K", 192}, {"DV", 64}}, 64},
+                     V{kAttention, {{"M", 4100}, {"N", 4100}, {"K", 128}, {"DV", 128}}, 64},
+                     V{kAttention, {{"M", 1000}, {"N", 1032}, {"K", 128}, {"DV", 128}}, 128},
+                     V{f16, {{"M", 300}, {"N", 4100}, {"K", 64}, {"DV", 64}}, 128},
+                     V{kCausalF16Attention, {{"M", 1000}, {"N", 1032}, {"K", 128}, {"DV", 128}}, 64},
+                     V{batched_attention("bf16", false), {{"B", 40}, {"M", 1000}, {"N", 520}, {"K", 64}, {"DV", 64}}, 128},
+                     V{batched_attention("bf16", true), {{"B", 40}, {"M", 700}, {"N", 700}, {"K", 128}, {"DV", 128}}, 64}}) {
+    SCOPED_TRACE(fmt::format("job rows {} M={} N={} K={} DV={}", v.job_rows, v.d.at("M"), v.d.at("N"), v.d.at("K"),
+                             v.d.at("DV")));
+    CompileOptions opt;
+    const bool overlap = mode == Mode::Overlap || mode == Mode::OverlapTwoXBuffers || mode == Mode::ChainedJobs;
+    const bool two_buffers = mode == Mode::OverlapTwoXBuffers || mode == Mode::ChainedJobs;
+    opt.plan.b2b_overlap = overlap;
+    opt.plan.b2b_x_resident = mode != Mode::Neither;
+    opt.plan.b2b_x_buffers = two_buffers ? 2 : 1;
+    opt.plan.b2b_chain_jobs = mode == Mode::ChainedJobs;
+    // Two buffers of K = 192 beside two rings leave a ring too short (test_b2b's refusal): paired.
+    opt.plan.b2b_job_rows = two_buffers && v.d.at("K") > 128 ? 128 : v.job_rows;
+    const DeviceRunReport rep = expect_one_b2b_kernel_matches(v.text, v.d, opt);
+    EXPECT_EQ(rep.b2b_plan.kernel.f_beside_gemm2, overlap);
+    EXPECT_EQ(rep.b2b_plan.kernel.x_buffers, two_buffers ? 2 : 1);
+    EXPECT_EQ(rep.b2b_plan.kernel.chain_jobs, mode == Mode::ChainedJobs);
+    EXPECT_EQ(rep.b2b_plan.kernel.x_k_blocks, mode != Mode::Neither ? (v.d.at("K") + 63) / 64 : 0);
+  }
 }
+
+std::string attention_mode_name(const ::testing::TestParamInfo<AttentionMode>& i) {
+  static const char* const names[] = {"Overlap", "Resident", "Neither", "OverlapTwoXBuffers", "ChainedJobs"};
+  return names[static_cast<int>(i.param)];
+}
+// One instance per mode: shards and sanitizer runs pick modes by name.
+INSTANTIATE_TEST_SUITE_P(Modes, GpuB2bAttentionModes,
+                         ::testing::Values(AttentionMode::Overlap, AttentionMode::Resident, AttentionMode::Neither,
+                                           AttentionMode::OverlapTwoXBuffers, AttentionMode::ChainedJobs),
+                         attention_mode_name);
 
 // A forced B2B kernel over a graph: the cluster size along N1 and the job rows (64: each warp
 // group its own jobs; 128: paired) as given, checked against the fp64 reference, then launched
