@@ -159,7 +159,7 @@ def measure_region(rr: "kernels.RuntimeRegion", tensor_nodes: list[fx.Node], siz
     """Times a region the planner fused (rr: not replaced yet; tensor_nodes and size_nodes: the
     custom op's operands; inductor_options: the config patches the rest of the model gets) and
     decides again: info.status becomes "fallback" where the fused time is not below the unfused one
-    * (1 - config.min_gain). The numbers go to info.measured and the reason. Where timing fails or
+    * (1 - config.min_gain - config.measure_margin). The numbers go to info.measured and the reason. Where timing fails or
     the kernel does not run (a fallback), the planner's decision stays and the reason says why."""
     info = rr.info
     m = size_hint(info.m)
@@ -209,7 +209,7 @@ def measure_region(rr: "kernels.RuntimeRegion", tensor_nodes: list[fx.Node], siz
                      "unfused_us": unfused, "device": name}
     how = (f"Inductor's kernels for the region, measured; cuBLAS GEMM alone {gemm:.1f} us" if inductor is not None else
            f"cuBLAS GEMM {gemm:.1f} us measured + epilogue {epi:.1f} us modeled; Inductor not timed: {no_inductor}")
-    if not pays(fused, unfused):
+    if not pays(fused, unfused, config.measure_margin):
         info.status = "fallback"
         info.reason = (f"measured on {name}: fused {fused:.1f} us vs unfused {unfused:.1f} us ({how}) at M={m}; "
                        f"planner had predicted fused {info.fused_us:.1f} us vs unfused {info.unfused_us:.1f} us")

@@ -325,9 +325,10 @@ def size_hint(x) -> int:
         return int(x)
 
 
-def pays(fused_us: float, unfused_us: float) -> bool:
-    """The fusion rule, for estimates and measurements alike: fused below unfused by min_gain."""
-    return fused_us < unfused_us * (1.0 - config.min_gain)
+def pays(fused_us: float, unfused_us: float, margin: float = 0.0) -> bool:
+    """The fusion rule, for estimates and measurements alike: fused below unfused by min_gain (and
+    a measurement's margin, config.measure_margin)."""
+    return fused_us < unfused_us * (1.0 - config.min_gain - margin)
 
 
 def decide(c: Candidate) -> None:

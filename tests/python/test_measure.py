@@ -110,6 +110,17 @@ def test_min_gain_applies_to_the_measurement(timers, monkeypatch):
     assert r.status == "fallback" and r.reason.startswith("measured on"), r.reason
 
 
+@pytest.mark.parametrize("gain_in_margins,fuses", [(0.5, False), (2.0, True)])
+def test_a_measured_gain_within_the_margin_falls_back(timers, monkeypatch, gain_in_margins, fuses):
+    """A measured win smaller than config.measure_margin does not fuse (the compile-time burst is
+    not the model's steady state); a larger one does."""
+    _always_fuse(monkeypatch)
+    timers["gemm"], timers["inductor"] = 100.0, 100.0
+    timers["fused"] = 100.0 * (1.0 - comfuse.config.measure_margin * gain_in_margins)
+    r, _ = _layernorm_region()
+    assert (r.status in ("fused", "fusable")) == fuses, r.reason
+
+
 def test_measure_off_leaves_the_planner_and_never_times(timers, monkeypatch):
     _always_fuse(monkeypatch)
     comfuse.config.measure = "off"
