@@ -415,8 +415,44 @@ FusionSpec b2b_intermediate(const FusionSpec& first, int s_arg, B2bIntermediate 
   return f;
 }
 
+namespace {
+
+// The B2B options a user forced, as a refusal names them (" (forced: --b2b-job-rows 64, ...)").
+std::string forced_b2b_options(const PlanOptions& o) {
+  std::vector<std::string> f;
+  if (o.tile_n) f.push_back(fmt::format("--tile-n {}", *o.tile_n));
+  if (o.ring_stages) f.push_back(fmt::format("--ring-stages {}", *o.ring_stages));
+  if (o.b2b_job_rows) f.push_back(fmt::format("--b2b-job-rows {}", *o.b2b_job_rows));
+  if (o.fma_exp_every) f.push_back(fmt::format("--fma-exp-every {}", *o.fma_exp_every));
+  if (o.b2b_overlap) f.push_back(fmt::format("--b2b-overlap {}", *o.b2b_overlap ? "on" : "off"));
+  if (o.b2b_x_resident) f.push_back(fmt::format("--b2b-x-resident {}", *o.b2b_x_resident ? "on" : "off"));
+  if (o.b2b_x_buffers) f.push_back(fmt::format("--b2b-x-buffers {}", *o.b2b_x_buffers));
+  if (o.b2b_chain_jobs) f.push_back(fmt::format("--b2b-chain-jobs {}", *o.b2b_chain_jobs ? "on" : "off"));
+  return f.empty() ? std::string() : fmt::format(" (forced: {})", fmt::join(f, ", "));
+}
+
+// Forced values outside what any B2B kernel takes, refused by the option's name before planning
+// (where they would otherwise surface as a kernel check's reason, or, for the job rows, pick the
+// unpaired kernel silently).
+void check_b2b_options(const PlanOptions& o) {
+  constexpr int rows = B2bConfig{}.tile_m;  // a consumer warp group's rows
+  if (o.b2b_job_rows && *o.b2b_job_rows != rows && *o.b2b_job_rows != 2 * rows)
+    throw Error(fmt::format("b2b: --b2b-job-rows {}: a job is {} rows (one consumer warp group) or {} (both, paired)",
+                            *o.b2b_job_rows, rows, 2 * rows));
+  if (o.tile_n && (*o.tile_n % 64 != 0 || *o.tile_n < 64 || *o.tile_n > 256))
+    throw Error(fmt::format("b2b: --tile-n {}: a job holds 64, 128, 192 or 256 columns of O", *o.tile_n));
+  if (o.fma_exp_every && *o.fma_exp_every != 0 &&
+      (*o.fma_exp_every < 2 || *o.fma_exp_every > 16 || (*o.fma_exp_every & (*o.fma_exp_every - 1)) != 0))
+    throw Error(fmt::format("b2b: --fma-exp-every {}: 0 (every exponential on the MUFU), or one in 2, 4, 8 or 16 as a "
+                            "polynomial on the FMA pipe",
+                            *o.fma_exp_every));
+}
+
+}  // namespace
+
 B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B2bProblem& p, const PlanOptions& opt) {
   check_b2b_problem_size(p);
+  check_b2b_options(opt);
   B2bPlan plan;
   plan.problem = p;
   check_pair(first, second, p, &plan.intermediate);
@@ -562,19 +598,32 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
   B2bConfig unsplit = k;
   unsplit.causal = false;
   const int job_chunks = b2b_chunks(unsplit, 0, static_cast<int>(p.m), static_cast<int>(p.n1));
-  const std::vector<SplitCandidate> tried = split_candidates(k, p, plan.gemm1_passes, job_chunks, opt, dev);
-  const SplitCandidate* best = nullptr;
-  for (const SplitCandidate& c : tried)
-    if (!c.refused && (!best || c.fused_us < best->fused_us * 0.97)) best = &c;  // pairing, a larger cluster: by 3%
+  std::vector<SplitCandidate> tried = split_candidates(k, p, plan.gemm1_passes, job_chunks, opt, dev);
+  auto fastest = [&] {
+    const SplitCandidate* best = nullptr;
+    for (const SplitCandidate& c : tried)
+      if (!c.refused && (!best || c.fused_us < best->fused_us * 0.97)) best = &c;  // pairing, a larger cluster: by 3%
+    return best;
+  };
+  const SplitCandidate* best = fastest();
+  std::string overlap_dropped;
+  if (!best && k.f_beside_gemm2 && !opt.b2b_overlap && !opt.b2b_x_resident && !opt.b2b_x_buffers &&
+      !opt.b2b_chain_jobs) {
+    // The overlap by default, where its resident Q and the two chunks' slots in flight leave no
+    // ring (a head dim of 256 with 256 columns of O: 32 KiB slots): F between the GEMMs, Q in the
+    // ring's slots, as with --b2b-overlap off.
+    overlap_dropped = tried.empty() ? "no cluster size" : tried.front().refused;
+    k.f_beside_gemm2 = false, k.x_k_blocks = 0, k.x_buffers = 1;
+    k.fma_exp_every = opt.fma_exp_every.value_or(k.causal ? 0 : 4);
+    tried = split_candidates(k, p, plan.gemm1_passes, job_chunks, opt, dev);
+    best = fastest();
+  }
   if (!best) {
     if (opt.cluster_n && !tried.empty() && tried.front().refused)
       throw Error(fmt::format("b2b: --cluster-n {} (CTAs splitting N1): {}", *opt.cluster_n, tried.front().refused));
     if (opt.cluster_n) throw Error(fmt::format("b2b: --cluster-n {}: CTAs along N1 are 1, 2, 4, 8 or 16", *opt.cluster_n));
     throw Error(fmt::format("b2b: no kernel fits: {}{}", tried.empty() ? "no cluster size" : tried.front().refused,
-                            k.x_buffers > 1 ? fmt::format(" (--b2b-x-buffers 2: X's {} k-blocks twice over leave the "
-                                                          "ring too little SMEM; 1 buffer, or paired jobs, may fit)",
-                                                          k.x_k_blocks)
-                                            : std::string()));
+                            forced_b2b_options(opt)));
   }
   k = best->kernel;
   plan.jobs = int64_t{b2b_job_count(k, static_cast<int>(p.batches), static_cast<int>(p.m), static_cast<int>(p.n2))};
@@ -598,6 +647,10 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
   const double balance = walked / (busiest * double(plan.grid_ctas));
 
   auto& r = plan.reasons;
+  if (!overlap_dropped.empty())
+    r.push_back(fmt::format("F between the GEMMs, X in the ring's slots: with X resident and F beside GEMM2 no kernel "
+                            "fits ({})",
+                            overlap_dropped));
   r.push_back(fmt::format("F: {} (chunks of {} columns of N1 = {}){}{}{}", name_of(plan.intermediate), k.chunk_n1, p.n1,
                           k.logit_scale > 0.f
                               ? fmt::format("; of the raw scores times {:g}: the scale rides in the exponent's FFMA{}",

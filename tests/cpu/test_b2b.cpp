@@ -295,6 +295,34 @@ TEST(B2b, AttentionOverlapByDefaultResidentXForcedOnly) {
             2)
       << "any F at a short K";
   EXPECT_THROW(plan(att, 320, on), Error) << "X resident for K <= 256";
+  // Head dim 256 with 256 columns of O: Q resident and two chunks' 32 KiB slots leave no ring, so
+  // the default runs F between the GEMMs (and says why); forced, the overlap is refused by name.
+  const B2bPlan d256 = make_b2b_plan(att.first(), att.second(), B2bProblem{1, 1024, 256, 1024, 256, DType::BF16});
+  EXPECT_FALSE(d256.kernel.f_beside_gemm2);
+  EXPECT_EQ(d256.kernel.x_k_blocks, 0);
+  EXPECT_EQ(check(d256.kernel), nullptr);
+  EXPECT_NE(explain(att.first(), att.second(), d256).find("F between the GEMMs, X in the ring's slots: with X resident"),
+            std::string::npos);
+  try {
+    make_b2b_plan(att.first(), att.second(), B2bProblem{1, 1024, 256, 1024, 256, DType::BF16}, on);
+    ADD_FAILURE() << "the overlap forced where no ring fits";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("(forced: --b2b-overlap on)"), std::string::npos) << e.what();
+  }
+  // Forced values no B2B kernel takes are refused by the option's name, before planning.
+  for (auto [set, name] : {std::pair{+[](PlanOptions& o) { o.b2b_job_rows = 32; }, "--b2b-job-rows 32"},
+                           std::pair{+[](PlanOptions& o) { o.b2b_job_rows = 256; }, "--b2b-job-rows 256"},
+                           std::pair{+[](PlanOptions& o) { o.tile_n = 100; }, "--tile-n 100"},
+                           std::pair{+[](PlanOptions& o) { o.fma_exp_every = 3; }, "--fma-exp-every 3"}}) {
+    PlanOptions o;
+    set(o);
+    try {
+      plan(att, 128, o);
+      ADD_FAILURE() << name;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+    }
+  }
   EXPECT_THROW(plan(att, 320, resident), Error);
   PlanOptions contradiction = on;
   contradiction.b2b_x_resident = false;
@@ -585,7 +613,8 @@ TEST_F(B2bCompile, AttentionOverlapVariantsCompile) {
                      V{"attention.cf", 128, [](PlanOptions& o) { o.b2b_x_buffers = 2; }},
                      V{"attention.cf", 128, [](PlanOptions& o) { o.b2b_chain_jobs = true; }},
                      V{"attention_causal.cf", 128, [](PlanOptions& o) { o.b2b_chain_jobs = true; }},
-                     V{"attention.cf", 64, [](PlanOptions& o) { o.b2b_chain_jobs = true, o.b2b_job_rows = 64; }}}) {
+                     V{"attention.cf", 64, [](PlanOptions& o) { o.b2b_chain_jobs = true, o.b2b_job_rows = 64; }},
+                     V{"attention_causal.cf", 256, [](PlanOptions&) {}}}) {  // head dim 256: F between the GEMMs
     CompileOptions o = opt_;
     v.set(o.plan);
     Pair p = lowered(v.example);

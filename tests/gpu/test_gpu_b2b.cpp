@@ -281,6 +281,20 @@ output o: {0}
                      dtype, causal ? "causal_mask(x)" : "x");
 }
 
+// Head dim 256 with 256 columns of O (and more): Q resident beside the two chunks' 32 KiB slots
+// leaves no ring, so the planner runs F between the GEMMs with Q in the slots (decide_b2b.cpp);
+// batched, causal and not, bf16; O in two blocks of 256 at DV = 320.
+TEST_F(GpuB2b, AttentionHeadDim256RunsFBetweenTheGemms) {
+  for (bool causal : {false, true})
+    for (const Bindings& d : {Bindings{{"B", 3}, {"M", 300}, {"N", 520}, {"K", 256}, {"DV", 256}},
+                              Bindings{{"B", 2}, {"M", 200}, {"N", 200}, {"K", 256}, {"DV", 320}}}) {
+      SCOPED_TRACE(fmt::format("causal {} DV={}", causal, d.at("DV")));
+      const DeviceRunReport rep = expect_one_b2b_kernel_matches(batched_attention("bf16", causal), d);
+      EXPECT_FALSE(rep.b2b_plan.kernel.f_beside_gemm2);
+      EXPECT_EQ(rep.b2b_plan.kernel.x_k_blocks, 0);
+    }
+}
+
 // F beside the previous chunk's GEMM2 with Q resident (B2bConfig::f_beside_gemm2), Q resident
 // alone (x_k_blocks), neither, the overlap with Q double-buffered across jobs (x_buffers), and
 // with each job's first GEMM1 beside the previous job's last GEMM2 (chain_jobs), each forced:
