@@ -325,18 +325,28 @@ struct B2bConfig {
   }
 };
 
+// Limits of single B2bConfig fields, which the planner also applies to forced options before
+// planning (decide_b2b.cpp): one statement of each.
+COMFUSE_HOST_DEVICE constexpr char const* check_b2b_tile_n2(int v) {
+  return v % 64 != 0 || v < 64 || v > 256 ? "B2B tile_n2: 64, 128, 192 or 256" : nullptr;
+}
+COMFUSE_HOST_DEVICE constexpr char const* check_b2b_fma_exp_every(int v, bool online_softmax) {
+  return v != 0 && (!online_softmax || v < 2 || v > 16 || !is_pow2(v))
+             ? "B2B fma_exp_every: 0, or 2, 4, 8 or 16 with the online softmax"
+             : nullptr;
+}
+
 COMFUSE_HOST_DEVICE constexpr char const* check(B2bConfig const& c) {
   if (c.tile_m != 64) return "B2B tile_m: 64 rows per consumer warp group";
   if (c.chunk_n1 != 64 && c.chunk_n1 != 128) return "B2B chunk_n1: 64 or 128";
-  if (c.tile_n2 % 64 != 0 || c.tile_n2 < 64 || c.tile_n2 > 256) return "B2B tile_n2: 64, 128, 192 or 256";
+  if (char const* why = check_b2b_tile_n2(c.tile_n2)) return why;
   if (c.live_values() > B2bConfig::kMaxLiveValues)
     return "B2B registers: P, S and O of a warp group exceed what a consumer thread holds (smaller chunk_n1 or tile_n2)";
   if (c.online_softmax && c.gated) return "B2B: online softmax takes one GEMM1";
   if (c.causal && !c.online_softmax) return "B2B: a causal mask comes with the online softmax";
   if (!(c.logit_scale >= 0.f) || c.logit_scale > 3.0e38f) return "B2B logit_scale: a finite scale >= 0 (0: none folded)";
   if (c.logit_scale > 0.f && !c.online_softmax) return "B2B logit_scale: folded into the online softmax only";
-  if (c.fma_exp_every != 0 && (!c.online_softmax || c.fma_exp_every < 2 || c.fma_exp_every > 16 || !is_pow2(c.fma_exp_every)))
-    return "B2B fma_exp_every: 0, or 2, 4, 8 or 16 with the online softmax";
+  if (char const* why = check_b2b_fma_exp_every(c.fma_exp_every, c.online_softmax)) return why;
   if (c.ring_stages < 2) return "B2B ring_stages: at least 2";
   if (c.x_k_blocks < 0 || c.x_k_blocks > B2bConfig::kMaxXKBlocks)
     return "B2B x_k_blocks: 0 (X in every slot), or X resident for K <= 64 x kMaxXKBlocks";

@@ -433,19 +433,18 @@ std::string forced_b2b_options(const PlanOptions& o) {
 
 // Forced values outside what any B2B kernel takes, refused by the option's name before planning
 // (where they would otherwise surface as a kernel check's reason, or, for the job rows, pick the
-// unpaired kernel silently).
+// unpaired kernel silently), by check()'s own field limits (config.cuh).
 void check_b2b_options(const PlanOptions& o) {
   constexpr int rows = B2bConfig{}.tile_m;  // a consumer warp group's rows
   if (o.b2b_job_rows && *o.b2b_job_rows != rows && *o.b2b_job_rows != 2 * rows)
     throw Error(fmt::format("b2b: --b2b-job-rows {}: a job is {} rows (one consumer warp group) or {} (both, paired)",
                             *o.b2b_job_rows, rows, 2 * rows));
-  if (o.tile_n && (*o.tile_n % 64 != 0 || *o.tile_n < 64 || *o.tile_n > 256))
-    throw Error(fmt::format("b2b: --tile-n {}: a job holds 64, 128, 192 or 256 columns of O", *o.tile_n));
-  if (o.fma_exp_every && *o.fma_exp_every != 0 &&
-      (*o.fma_exp_every < 2 || *o.fma_exp_every > 16 || (*o.fma_exp_every & (*o.fma_exp_every - 1)) != 0))
-    throw Error(fmt::format("b2b: --fma-exp-every {}: 0 (every exponential on the MUFU), or one in 2, 4, 8 or 16 as a "
-                            "polynomial on the FMA pipe",
-                            *o.fma_exp_every));
+  if (o.tile_n)
+    if (const char* why = check_b2b_tile_n2(*o.tile_n)) throw Error(fmt::format("b2b: --tile-n {}: {}", *o.tile_n, why));
+  // As for an online softmax; an elementwise F refuses any but 0 once F is known (make_b2b_plan).
+  if (o.fma_exp_every)
+    if (const char* why = check_b2b_fma_exp_every(*o.fma_exp_every, /*online_softmax=*/true))
+      throw Error(fmt::format("b2b: --fma-exp-every {}: {}", *o.fma_exp_every, why));
 }
 
 }  // namespace
@@ -536,6 +535,9 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
   if (k.online_softmax) {
     k.fma_exp_every = k.causal || k.f_beside_gemm2 ? 0 : 4;
     if (opt.fma_exp_every) k.fma_exp_every = *opt.fma_exp_every;
+  } else if (opt.fma_exp_every.value_or(0) != 0) {
+    throw Error(fmt::format("b2b: --fma-exp-every {} places an online softmax's exponentials; this pair's F is {}",
+                            *opt.fma_exp_every, name_of(plan.intermediate)));
   }
   k.tile_n2 = p.n2 <= 64 ? 64 : p.n2 <= 128 ? 128 : p.n2 <= 192 ? 192 : 256;
   if (opt.tile_n) k.tile_n2 = *opt.tile_n;

@@ -333,6 +333,14 @@ TEST(B2b, AttentionOverlapByDefaultResidentXForcedOnly) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("--b2b-overlap"), std::string::npos) << e.what();
   }
+  PlanOptions fma;
+  fma.fma_exp_every = 4;
+  try {
+    make_b2b_plan(ffn.first(), ffn.second(), B2bProblem{1, 1024, 1024, 4096, 1024, DType::BF16}, fma);
+    ADD_FAILURE() << "an elementwise F has no exponentials to place";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--fma-exp-every 4"), std::string::npos) << e.what();
+  }
   // Two resident X buffers: the SMEM a second X takes comes out of the ring when forced; by
   // default only where a CTA walks several jobs and the ring keeps its stages. Refused where X is
   // not resident, where the ring cannot hold a chunk beside two, and any count but 1 or 2.
