@@ -1,21 +1,26 @@
 // Property tests of the planners: for hundreds of random shapes and random forced options (valid
 // and not), over every example graph, planning either yields a kernel that check() accepts, fits
 // SMEM, has a grid and renders, or throws comfuse::Error with a message. Never another exception,
-// never a crash: bad input gets a clear error at the planner, not at the JIT.
+// never a crash: bad input gets a clear error at the planner, not at the JIT. Then the first
+// forced plan of each example is JIT-compiled. PLAN_PROPERTY_VERBOSE=1 prints every refusal and
+// every compiled case.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <random>
 #include <string>
+#include <unistd.h>
 #include <vector>
 
 #include "comfuse/emit.h"
 #include "comfuse/error.h"
 #include "comfuse/lower.h"
 #include "comfuse/plan.h"
+#include "comfuse/runtime.h"
 #include "comfuse/scheduler/grid.cuh"
 #include "comfuse/text.h"
 #include "plan/calibration.h"
@@ -82,24 +87,32 @@ std::string describe(const PlanOptions& o) {
   return s.empty() ? " (defaults)" : s;
 }
 
+// A random case: an example's spec, a shape and forced options, and how a failure names it.
+struct SingleCase {
+  std::string example;
+  FusionSpec spec;
+  Problem problem;
+  PlanOptions opt;
+  std::string what;
+  bool must_plan;  // the planner's own choices at a size TMA takes
+};
+
 // Single-GEMM examples: shapes from decode to vocabulary rows, ragged and misaligned ones among
 // them; each option forced now and then, from values the kernel takes and values it does not.
-TEST(PlanProperty, SingleGemmPlansOrRefusesByName) {
-  const DeviceModel dev;
-  Outcome o;
-  int cases = 0;
+std::vector<SingleCase> single_cases(int per_example) {
+  std::vector<SingleCase> cases;
   for (const char* ex : {"gemm_bias_gelu.cf", "gemm_layernorm.cf", "gemm_rmsnorm.cf", "gemm_softmax.cf",
                          "gemm_log_softmax.cf", "gemm_chain.cf", "gemm_gelu_new.cf", "gemm_residual_layernorm.cf",
                          "gemm_residual_rmsnorm.cf"}) {
     const LoweringResult r = lower(parse_graph_file((kRoot / "examples" / ex).string()));
-    ASSERT_FALSE(r.regions.empty()) << ex;
-    const FusionSpec& spec = r.regions.front().spec;
+    if (r.regions.empty()) throw Error(fmt::format("{}: no region", ex));
     Rng rng(std::hash<std::string>{}(ex));
-    for (int i = 0; i < 300; ++i, ++cases) {
-      const Problem p{rng.pick<int64_t>({1, 7, 16, 64, 200, 256, 1000, 4100, 8192}),
-                      rng.coin(0.05) ? 1001 : rng.pick<int64_t>({8, 64, 1000, 2048, 4096, 8200, 32768}),
-                      rng.coin(0.05) ? 100 : rng.pick<int64_t>({8, 64, 72, 1024, 4096, 14336}), DType::BF16};
-      PlanOptions opt;
+    for (int i = 0; i < per_example; ++i) {
+      SingleCase c{ex, r.regions.front().spec, {}, {}, {}, false};
+      c.problem = Problem{rng.pick<int64_t>({1, 7, 16, 64, 200, 256, 1000, 4100, 8192}),
+                          rng.coin(0.05) ? 1001 : rng.pick<int64_t>({8, 64, 1000, 2048, 4096, 8200, 32768}),
+                          rng.coin(0.05) ? 100 : rng.pick<int64_t>({8, 64, 72, 1024, 4096, 14336}), DType::BF16};
+      PlanOptions& opt = c.opt;
       opt.cluster_n = rng.maybe<int>({1, 2, 3, 4, 8, 16, 32});
       opt.tile_n = rng.maybe<int>({32, 64, 96, 128, 192, 256, 512});
       opt.tile_m = rng.maybe<int>({32, 64, 128, 256});
@@ -114,48 +127,102 @@ TEST(PlanProperty, SingleGemmPlansOrRefusesByName) {
       opt.stash_bytes = rng.maybe<int>({2, 3, 4}, 0.1);
       opt.fuse_pairs = rng.maybe<bool>({false, true}, 0.15);
       opt.ring_stages = rng.maybe<int>({1, 2, 5, 8, 9}, 0.15);
-      const std::string what = fmt::format("{} M={} N={} K={}{}", ex, p.m, p.n, p.k, describe(opt));
-      const bool defaults = describe(opt) == " (defaults)", aligned = p.n % 8 == 0 && p.k % 8 == 0;
-      expect_plan_or_error(what, defaults && aligned, o, [&] {
-        const Plan plan = make_plan(spec, p, opt);
-        EXPECT_EQ(check(plan.kernel), nullptr) << what << ": " << check(plan.kernel);
-        EXPECT_LE(plan.smem.total(), dev.smem_per_cta_bytes) << what;
-        EXPECT_GT(plan.grid_ctas, 0) << what;
-        EXPECT_GT(plan.estimate.total_us, 0) << what;
-        EXPECT_FALSE(explain(spec, plan).empty()) << what;
-        EXPECT_FALSE(emit(spec, plan).source.empty()) << what;
-      });
+      const Problem& p = c.problem;
+      c.what = fmt::format("{} M={} N={} K={}{}", ex, p.m, p.n, p.k, describe(opt));
+      c.must_plan = describe(opt) == " (defaults)" && p.n % 8 == 0 && p.k % 8 == 0;
+      cases.push_back(std::move(c));
     }
   }
+  return cases;
+}
+
+TEST(PlanProperty, SingleGemmPlansOrRefusesByName) {
+  const DeviceModel dev;
+  Outcome o;
+  const std::vector<SingleCase> cases = single_cases(300);
+  for (const SingleCase& c : cases) {
+    const std::string& what = c.what;
+    expect_plan_or_error(what, c.must_plan, o, [&] {
+      const Plan plan = make_plan(c.spec, c.problem, c.opt);
+      EXPECT_EQ(check(plan.kernel), nullptr) << what << ": " << check(plan.kernel);
+      EXPECT_LE(plan.smem.total(), dev.smem_per_cta_bytes) << what;
+      EXPECT_GT(plan.grid_ctas, 0) << what;
+      EXPECT_GT(plan.estimate.total_us, 0) << what;
+      EXPECT_FALSE(explain(c.spec, plan).empty()) << what;
+      EXPECT_FALSE(emit(c.spec, plan).source.empty()) << what;
+    });
+  }
   // Both ends are reached: most random cases plan, and a good share is refused by name.
-  EXPECT_GT(o.planned, cases / 4) << o.refused << " refused of " << cases;
-  EXPECT_GT(o.refused, cases / 20) << o.planned << " planned of " << cases;
+  const int n = static_cast<int>(cases.size());
+  EXPECT_GT(o.planned, n / 4) << o.refused << " refused of " << n;
+  EXPECT_GT(o.refused, n / 20) << o.planned << " planned of " << n;
+}
+
+// A sample of the random plans with forced options, JIT-compiled (NVRTC, no GPU): the forced
+// variants the GPU's A/B sweeps run build, with no serialized wgmma. Of each example, the first
+// case that plans with some option forced (~4 s each on two cores).
+template <class Case, class Plan, class Compile>
+void compile_first_forced_plan_of_each_example(const std::vector<Case>& cases, Plan&& plan, Compile&& compile) {
+  const std::filesystem::path cache =
+      std::filesystem::temp_directory_path() / ("comfuse-plan-property-" + std::to_string(::getpid()));
+  std::vector<std::string> done, examples;
+  for (const Case& c : cases) {
+    if (std::find(examples.begin(), examples.end(), c.example) == examples.end()) examples.push_back(c.example);
+    if (describe(c.opt) == " (defaults)" || std::find(done.begin(), done.end(), c.example) != done.end()) continue;
+    try {
+      plan(c);
+    } catch (const Error&) {
+      continue;
+    }
+    if (std::getenv("PLAN_PROPERTY_VERBOSE")) std::printf("compile %s\n", c.what.c_str());
+    CompileOptions o;
+    o.jit.cache_dir = cache;
+    o.plan = c.opt;
+    const CompiledKernel k = compile(c, o);
+    EXPECT_TRUE(is_cubin_elf(k.cubin)) << c.what;
+    EXPECT_FALSE(k.wgmma_serialized) << c.what << "\n" << k.log;
+    done.push_back(c.example);
+  }
+  EXPECT_EQ(done.size(), examples.size());
+  std::filesystem::remove_all(cache);
+}
+
+TEST(PlanProperty, ForcedPlansCompile) {
+  compile_first_forced_plan_of_each_example(
+      single_cases(300), [](const SingleCase& c) { (void)make_plan(c.spec, c.problem, c.opt); },
+      [](const SingleCase& c, const CompileOptions& o) { return compile_only(c.spec, c.problem, o); });
 }
 
 // B2B examples (FFN, gated FFN, attention, causal and batched): head dims from 8 to 320, N1 from
 // one chunk to many, the batch; the B2B options forced now and then, valid or not.
-TEST(PlanProperty, B2bPlansOrRefusesByName) {
-  const DeviceModel dev;
-  Outcome o;
-  int cases = 0;
+struct B2bCase {
+  std::string example;
+  FusionSpec first, second;
+  B2bProblem problem;
+  PlanOptions opt;
+  std::string what;
+  bool must_plan;
+};
+
+std::vector<B2bCase> b2b_cases(int per_example) {
+  std::vector<B2bCase> cases;
   for (const char* ex : {"ffn.cf", "ffn_swiglu.cf", "attention.cf", "attention_causal.cf", "attention_batched.cf",
                          "attention_batched_causal.cf"}) {
-    Graph g = parse_graph_file((kRoot / "examples" / ex).string());
-    const LoweringResult r = lower(g);
+    const LoweringResult r = lower(parse_graph_file((kRoot / "examples" / ex).string()));
     const B2BCandidate* b = one_b2b_kernel(r);
-    ASSERT_NE(b, nullptr) << ex;
+    if (!b) throw Error(fmt::format("{}: no B2B pair", ex));
     const FusionSpec& first = r.regions.at(static_cast<size_t>(b->first_region)).spec;
     const FusionSpec& second = r.regions.at(static_cast<size_t>(b->second_region)).spec;
-    const bool batched = first.batched();
     Rng rng(std::hash<std::string>{}(ex) + 1);
-    for (int i = 0; i < 300; ++i, ++cases) {
-      B2bProblem p;
-      p.batches = batched ? rng.pick<int64_t>({1, 3, 64}) : 1;
+    for (int i = 0; i < per_example; ++i) {
+      B2bCase c{ex, first, second, {}, {}, {}, false};
+      B2bProblem& p = c.problem;
+      p.batches = first.batched() ? rng.pick<int64_t>({1, 3, 64}) : 1;
       p.m = rng.pick<int64_t>({1, 40, 64, 300, 1000, 4100});
       p.k = rng.coin(0.05) ? 100 : rng.pick<int64_t>({8, 64, 72, 128, 192, 256, 320, 1024});
       p.n1 = rng.coin(0.05) ? 1001 : rng.pick<int64_t>({8, 40, 128, 520, 1032, 4096});
       p.n2 = rng.coin(0.05) ? 1001 : rng.pick<int64_t>({8, 64, 128, 136, 256, 1024});
-      PlanOptions opt;
+      PlanOptions& opt = c.opt;
       opt.b2b = PlanOptions::B2b::Force;
       opt.cluster_n = rng.maybe<int>({1, 2, 3, 4, 8, 16}, 0.15);
       opt.tile_n = rng.maybe<int>({64, 100, 128, 256}, 0.1);
@@ -166,26 +233,41 @@ TEST(PlanProperty, B2bPlansOrRefusesByName) {
       opt.b2b_x_resident = rng.maybe<bool>({false, true}, 0.15);
       opt.b2b_x_buffers = rng.maybe<int>({0, 1, 2, 3}, 0.2);
       opt.b2b_chain_jobs = rng.maybe<bool>({false, true}, 0.2);
-      const std::string what =
-          fmt::format("{} B={} M={} K={} N1={} N2={}{}", ex, p.batches, p.m, p.k, p.n1, p.n2, describe(opt));
-      const bool defaults = describe(opt) == " (defaults)",
-                 aligned = p.k % 8 == 0 && p.n1 % 8 == 0 && p.n2 % 8 == 0;
-      expect_plan_or_error(what, defaults && aligned, o, [&] {
-        const B2bPlan plan = make_b2b_plan(first, second, p, opt);
-        EXPECT_EQ(check(plan.kernel), nullptr) << what << ": " << check(plan.kernel);
-        EXPECT_LE(plan.kernel.smem_bytes(), dev.smem_per_cta_bytes) << what;
-        EXPECT_GT(plan.grid_ctas, 0) << what;
-        EXPECT_GT(plan.jobs, 0) << what;
-        EXPECT_FALSE(explain(first, second, plan).empty()) << what;
-        EXPECT_FALSE(emit_b2b(first, second, plan).source.empty()) << what;
-        // choose_b2b says the same under Force: the pair as planned.
-        const B2bChoice c = choose_b2b(first, second, p, opt);
-        EXPECT_TRUE(c.one_kernel) << what;
-      });
+      c.what = fmt::format("{} B={} M={} K={} N1={} N2={}{}", ex, p.batches, p.m, p.k, p.n1, p.n2, describe(opt));
+      c.must_plan = describe(opt) == " (defaults)" && p.k % 8 == 0 && p.n1 % 8 == 0 && p.n2 % 8 == 0;
+      cases.push_back(std::move(c));
     }
   }
-  EXPECT_GT(o.planned, cases / 4) << o.refused << " refused of " << cases;
-  EXPECT_GT(o.refused, cases / 20) << o.planned << " planned of " << cases;
+  return cases;
+}
+
+TEST(PlanProperty, B2bPlansOrRefusesByName) {
+  const DeviceModel dev;
+  Outcome o;
+  const std::vector<B2bCase> cases = b2b_cases(300);
+  for (const B2bCase& c : cases) {
+    const std::string& what = c.what;
+    expect_plan_or_error(what, c.must_plan, o, [&] {
+      const B2bPlan plan = make_b2b_plan(c.first, c.second, c.problem, c.opt);
+      EXPECT_EQ(check(plan.kernel), nullptr) << what << ": " << check(plan.kernel);
+      EXPECT_LE(plan.kernel.smem_bytes(), dev.smem_per_cta_bytes) << what;
+      EXPECT_GT(plan.grid_ctas, 0) << what;
+      EXPECT_GT(plan.jobs, 0) << what;
+      EXPECT_FALSE(explain(c.first, c.second, plan).empty()) << what;
+      EXPECT_FALSE(emit_b2b(c.first, c.second, plan).source.empty()) << what;
+      // choose_b2b says the same under Force: the pair as planned.
+      EXPECT_TRUE(choose_b2b(c.first, c.second, c.problem, c.opt).one_kernel) << what;
+    });
+  }
+  const int n = static_cast<int>(cases.size());
+  EXPECT_GT(o.planned, n / 4) << o.refused << " refused of " << n;
+  EXPECT_GT(o.refused, n / 20) << o.planned << " planned of " << n;
+}
+
+TEST(PlanProperty, ForcedB2bPlansCompile) {
+  compile_first_forced_plan_of_each_example(
+      b2b_cases(300), [](const B2bCase& c) { (void)make_b2b_plan(c.first, c.second, c.problem, c.opt); },
+      [](const B2bCase& c, const CompileOptions& o) { return compile_only_b2b(c.first, c.second, c.problem, o); });
 }
 
 }  // namespace
