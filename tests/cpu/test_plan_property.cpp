@@ -11,6 +11,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <random>
 #include <string>
 #include <unistd.h>
@@ -29,6 +31,12 @@ namespace comfuse {
 namespace {
 
 const std::filesystem::path kRoot = COMFUSE_SOURCE_DIR;
+
+std::string read_text(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) throw Error(fmt::format("cannot read {}", path));
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
 
 class Rng {
  public:
@@ -104,14 +112,19 @@ std::vector<SingleCase> single_cases(int per_example) {
   for (const char* ex : {"gemm_bias_gelu.cf", "gemm_layernorm.cf", "gemm_rmsnorm.cf", "gemm_softmax.cf",
                          "gemm_log_softmax.cf", "gemm_chain.cf", "gemm_gelu_new.cf", "gemm_residual_layernorm.cf",
                          "gemm_residual_rmsnorm.cf"}) {
-    const LoweringResult r = lower(parse_graph_file((kRoot / "examples" / ex).string()));
-    if (r.regions.empty()) throw Error(fmt::format("{}: no region", ex));
+    // The example as written (bf16), and with every bf16 tensor f16.
+    std::string text = read_text((kRoot / "examples" / ex).string()), f16 = text;
+    for (size_t at; (at = f16.find("bf16")) != std::string::npos;) f16.replace(at, 4, "f16");
+    const LoweringResult bf = lower(parse_graph(text)), hf = lower(parse_graph(f16));
+    if (bf.regions.empty() || hf.regions.empty()) throw Error(fmt::format("{}: no region", ex));
     Rng rng(std::hash<std::string>{}(ex));
     for (int i = 0; i < per_example; ++i) {
-      SingleCase c{ex, r.regions.front().spec, {}, {}, {}, false};
+      const bool half = rng.coin(0.3);
+      SingleCase c{ex, (half ? hf : bf).regions.front().spec, {}, {}, {}, false};
       c.problem = Problem{rng.pick<int64_t>({1, 7, 16, 64, 200, 256, 1000, 4100, 8192}),
                           rng.coin(0.05) ? 1001 : rng.pick<int64_t>({8, 64, 1000, 2048, 4096, 8200, 32768}),
-                          rng.coin(0.05) ? 100 : rng.pick<int64_t>({8, 64, 72, 1024, 4096, 14336}), DType::BF16};
+                          rng.coin(0.05) ? 100 : rng.pick<int64_t>({8, 64, 72, 1024, 4096, 14336}),
+                          half ? DType::F16 : DType::BF16};
       PlanOptions& opt = c.opt;
       opt.cluster_n = rng.maybe<int>({1, 2, 3, 4, 8, 16, 32});
       opt.tile_n = rng.maybe<int>({32, 64, 96, 128, 192, 256, 512});
@@ -128,7 +141,7 @@ std::vector<SingleCase> single_cases(int per_example) {
       opt.fuse_pairs = rng.maybe<bool>({false, true}, 0.15);
       opt.ring_stages = rng.maybe<int>({1, 2, 5, 8, 9}, 0.15);
       const Problem& p = c.problem;
-      c.what = fmt::format("{} M={} N={} K={}{}", ex, p.m, p.n, p.k, describe(opt));
+      c.what = fmt::format("{}{} M={} N={} K={}{}", ex, half ? " (f16)" : "", p.m, p.n, p.k, describe(opt));
       c.must_plan = describe(opt) == " (defaults)" && p.n % 8 == 0 && p.k % 8 == 0;
       cases.push_back(std::move(c));
     }
@@ -208,15 +221,21 @@ std::vector<B2bCase> b2b_cases(int per_example) {
   std::vector<B2bCase> cases;
   for (const char* ex : {"ffn.cf", "ffn_swiglu.cf", "attention.cf", "attention_causal.cf", "attention_batched.cf",
                          "attention_batched_causal.cf"}) {
-    const LoweringResult r = lower(parse_graph_file((kRoot / "examples" / ex).string()));
-    const B2BCandidate* b = one_b2b_kernel(r);
-    if (!b) throw Error(fmt::format("{}: no B2B pair", ex));
-    const FusionSpec& first = r.regions.at(static_cast<size_t>(b->first_region)).spec;
-    const FusionSpec& second = r.regions.at(static_cast<size_t>(b->second_region)).spec;
+    // As written (bf16), and with every bf16 tensor f16.
+    std::string text = read_text((kRoot / "examples" / ex).string()), f16 = text;
+    for (size_t at; (at = f16.find("bf16")) != std::string::npos;) f16.replace(at, 4, "f16");
+    const LoweringResult lowered[2] = {lower(parse_graph(text)), lower(parse_graph(f16))};
+    const B2BCandidate* pair[2] = {one_b2b_kernel(lowered[0]), one_b2b_kernel(lowered[1])};
+    if (!pair[0] || !pair[1]) throw Error(fmt::format("{}: no B2B pair", ex));
     Rng rng(std::hash<std::string>{}(ex) + 1);
     for (int i = 0; i < per_example; ++i) {
-      B2bCase c{ex, first, second, {}, {}, {}, false};
+      const int half = rng.coin(0.3) ? 1 : 0;
+      const LoweringResult& r = lowered[half];
+      B2bCase c{ex, r.regions.at(static_cast<size_t>(pair[half]->first_region)).spec,
+                r.regions.at(static_cast<size_t>(pair[half]->second_region)).spec, {}, {}, {}, false};
+      const FusionSpec& first = c.first;
       B2bProblem& p = c.problem;
+      p.ab_dtype = half ? DType::F16 : DType::BF16;
       p.batches = first.batched() ? rng.pick<int64_t>({1, 3, 64}) : 1;
       p.m = rng.pick<int64_t>({1, 40, 64, 300, 1000, 4100});
       p.k = rng.coin(0.05) ? 100 : rng.pick<int64_t>({8, 64, 72, 128, 192, 256, 320, 1024});
@@ -233,7 +252,8 @@ std::vector<B2bCase> b2b_cases(int per_example) {
       opt.b2b_x_resident = rng.maybe<bool>({false, true}, 0.15);
       opt.b2b_x_buffers = rng.maybe<int>({0, 1, 2, 3}, 0.2);
       opt.b2b_chain_jobs = rng.maybe<bool>({false, true}, 0.2);
-      c.what = fmt::format("{} B={} M={} K={} N1={} N2={}{}", ex, p.batches, p.m, p.k, p.n1, p.n2, describe(opt));
+      c.what = fmt::format("{}{} B={} M={} K={} N1={} N2={}{}", ex, half ? " (f16)" : "", p.batches, p.m, p.k, p.n1,
+                           p.n2, describe(opt));
       c.must_plan = describe(opt) == " (defaults)" && p.k % 8 == 0 && p.n1 % 8 == 0 && p.n2 % 8 == 0;
       cases.push_back(std::move(c));
     }
