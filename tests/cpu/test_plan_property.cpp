@@ -26,35 +26,12 @@
 #include "comfuse/scheduler/grid.cuh"
 #include "comfuse/text.h"
 #include "plan/calibration.h"
+#include "plan_cases.h"
 
 namespace comfuse {
 namespace {
 
-const std::filesystem::path kRoot = COMFUSE_SOURCE_DIR;
-
-std::string read_text(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) throw Error(fmt::format("cannot read {}", path));
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-
-class Rng {
- public:
-  explicit Rng(uint64_t seed) : g_(seed) {}
-  template <class T>
-  T pick(const std::vector<T>& v) {  // one of v, uniformly
-    return v[std::uniform_int_distribution<size_t>(0, v.size() - 1)(g_)];
-  }
-  bool coin(double p) { return std::bernoulli_distribution(p)(g_); }
-  // A forced value from `v` now and then (p), else the planner's choice.
-  template <class T>
-  std::optional<T> maybe(const std::vector<T>& v, double p = 0.15) {
-    return coin(p) ? std::optional<T>(pick(v)) : std::nullopt;
-  }
-
- private:
-  std::mt19937_64 g_;
-};
+using namespace plan_cases;
 
 // What a planner call ended in; a failure of the property is recorded where it happens.
 struct Outcome {
@@ -79,76 +56,6 @@ void expect_plan_or_error(const std::string& what, bool must_plan, Outcome& o, F
   }
 }
 
-std::string describe(const PlanOptions& o) {
-  std::string s;
-  auto add = [&](const char* name, const auto& v) {
-    if (v) s += fmt::format(" {}={}", name, *v);
-  };
-  add("cluster_n", o.cluster_n), add("tile_n", o.tile_n), add("tile_m", o.tile_m);
-  add("cluster_m", o.cluster_m), add("row_group", o.row_group), add("k_splits", o.k_splits);
-  add("stash_bytes", o.stash_bytes), add("fuse_pairs", o.fuse_pairs), add("ring_stages", o.ring_stages);
-  if (o.aggregation) s += fmt::format(" aggregation={}", static_cast<int>(*o.aggregation));
-  if (o.strategy) s += fmt::format(" strategy={}", static_cast<int>(*o.strategy));
-  add("b2b_job_rows", o.b2b_job_rows), add("fma_exp_every", o.fma_exp_every), add("b2b_overlap", o.b2b_overlap);
-  add("b2b_x_resident", o.b2b_x_resident), add("b2b_x_buffers", o.b2b_x_buffers);
-  add("b2b_chain_jobs", o.b2b_chain_jobs);
-  return s.empty() ? " (defaults)" : s;
-}
-
-// A random case: an example's spec, a shape and forced options, and how a failure names it.
-struct SingleCase {
-  std::string example;
-  FusionSpec spec;
-  Problem problem;
-  PlanOptions opt;
-  std::string what;
-  bool must_plan;  // the planner's own choices at a size TMA takes
-};
-
-// Single-GEMM examples: shapes from decode to vocabulary rows, ragged and misaligned ones among
-// them; each option forced now and then, from values the kernel takes and values it does not.
-std::vector<SingleCase> single_cases(int per_example) {
-  std::vector<SingleCase> cases;
-  for (const char* ex : {"gemm_bias_gelu.cf", "gemm_layernorm.cf", "gemm_rmsnorm.cf", "gemm_softmax.cf",
-                         "gemm_log_softmax.cf", "gemm_chain.cf", "gemm_gelu_new.cf", "gemm_residual_layernorm.cf",
-                         "gemm_residual_rmsnorm.cf"}) {
-    // The example as written (bf16), and with every bf16 tensor f16.
-    std::string text = read_text((kRoot / "examples" / ex).string()), f16 = text;
-    for (size_t at; (at = f16.find("bf16")) != std::string::npos;) f16.replace(at, 4, "f16");
-    const LoweringResult bf = lower(parse_graph(text)), hf = lower(parse_graph(f16));
-    if (bf.regions.empty() || hf.regions.empty()) throw Error(fmt::format("{}: no region", ex));
-    Rng rng(std::hash<std::string>{}(ex));
-    for (int i = 0; i < per_example; ++i) {
-      const bool half = rng.coin(0.3);
-      SingleCase c{ex, (half ? hf : bf).regions.front().spec, {}, {}, {}, false};
-      c.problem = Problem{rng.pick<int64_t>({1, 7, 16, 64, 200, 256, 1000, 4100, 8192}),
-                          rng.coin(0.05) ? 1001 : rng.pick<int64_t>({8, 64, 1000, 2048, 4096, 8200, 32768}),
-                          rng.coin(0.05) ? 100 : rng.pick<int64_t>({8, 64, 72, 1024, 4096, 14336}),
-                          half ? DType::F16 : DType::BF16};
-      PlanOptions& opt = c.opt;
-      opt.cluster_n = rng.maybe<int>({1, 2, 3, 4, 8, 16, 32});
-      opt.tile_n = rng.maybe<int>({32, 64, 96, 128, 192, 256, 512});
-      opt.tile_m = rng.maybe<int>({32, 64, 128, 256});
-      opt.aggregation = rng.maybe<Aggregation>(
-          {Aggregation::None, Aggregation::PeerToPeer, Aggregation::LeaderFollower, Aggregation::L2Exchange}, 0.15);
-      opt.strategy = rng.maybe<RowStrategy>({RowStrategy::NoReduction, RowStrategy::OnChip, RowStrategy::SmemStash,
-                                             RowStrategy::WorkspaceStash},
-                                            0.15);
-      opt.cluster_m = rng.maybe<int>({1, 2, 3, 4});
-      opt.row_group = rng.maybe<int>({1, 2, 3, 8, 32, 64, 128}, 0.15);
-      opt.k_splits = rng.maybe<int>({1, 2, 3, 8, 16, 64}, 0.15);
-      opt.stash_bytes = rng.maybe<int>({2, 3, 4}, 0.1);
-      opt.fuse_pairs = rng.maybe<bool>({false, true}, 0.15);
-      opt.ring_stages = rng.maybe<int>({1, 2, 5, 8, 9}, 0.15);
-      const Problem& p = c.problem;
-      c.what = fmt::format("{}{} M={} N={} K={}{}", ex, half ? " (f16)" : "", p.m, p.n, p.k, describe(opt));
-      c.must_plan = describe(opt) == " (defaults)" && p.n % 8 == 0 && p.k % 8 == 0;
-      cases.push_back(std::move(c));
-    }
-  }
-  return cases;
-}
-
 TEST(PlanProperty, SingleGemmPlansOrRefusesByName) {
   const DeviceModel dev;
   Outcome o;
@@ -169,6 +76,20 @@ TEST(PlanProperty, SingleGemmPlansOrRefusesByName) {
   const int n = static_cast<int>(cases.size());
   EXPECT_GT(o.planned, n / 4) << o.refused << " refused of " << n;
   EXPECT_GT(o.refused, n / 20) << o.planned << " planned of " << n;
+}
+
+// The GPU run's selection (tests/gpu/test_gpu_property.cpp): every example, three cases each,
+// each planned, some with options forced.
+TEST(PlanProperty, GpuCasesCoverEveryExample) {
+  const std::vector<SingleCase> cases = gpu_cases(3);
+  EXPECT_EQ(cases.size(), 9u * 3);
+  int forced = 0;
+  for (const SingleCase& c : cases) {
+    EXPECT_NO_THROW((void)make_plan(c.spec, c.problem, c.opt)) << c.what;
+    forced += describe(c.opt) != " (defaults)";
+    if (std::getenv("PLAN_PROPERTY_VERBOSE")) std::printf("gpu case %s\n", c.what.c_str());
+  }
+  EXPECT_GE(forced, 9) << "a third at least with forced options";
 }
 
 // A sample of the random plans with forced options, JIT-compiled (NVRTC, no GPU): the forced

@@ -1,0 +1,41 @@
+// The planner's random cases on the GPU (tests/plan_cases.h: every single-GEMM example, bf16 or
+// f16, random shapes, options forced now and then): each example's first cases that plan run on
+// random inputs against the fp64 reference, then again after two timed launches (the exchange
+// and split-K tags of a later launch). The forced variants the A/B sweeps reach for are thereby
+// run for real, not only compiled (tests/cpu/test_plan_property.cpp).
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include "gpu_support.h"
+#include "plan_cases.h"
+
+namespace comfuse {
+namespace {
+
+using namespace plan_cases;
+
+// One instance per example (shards run them in parallel).
+class GpuProperty : public gpu_test::GpuTest, public ::testing::WithParamInterface<std::string> {};
+
+TEST_P(GpuProperty, RandomForcedPlansMatchTheReference) {
+  uint64_t seed = 1;
+  int ran = 0;
+  for (const SingleCase& c : gpu_cases()) {
+    if (c.example != GetParam()) continue;
+    SCOPED_TRACE(c.what);
+    CompileOptions o;
+    o.plan = c.opt;
+    const Bindings dims{{"M", c.problem.m}, {"N", c.problem.n}, {"K", c.problem.k}};
+    const DeviceRunReport rep = run_and_check(parse_graph(c.text), dims, seed++, o, /*timing_reps=*/2);
+    gpu_test::expect_outputs_match(rep);
+    EXPECT_FALSE(rep.outputs_after_timing.empty());
+    ++ran;
+  }
+  EXPECT_EQ(ran, 3);
+}
+
+std::string example_name(const ::testing::TestParamInfo<std::string>& i) { return i.param.substr(0, i.param.find('.')); }
+INSTANTIATE_TEST_SUITE_P(Examples, GpuProperty, ::testing::ValuesIn(kSingleGemmExamples), example_name);
+
+}  // namespace
+}  // namespace comfuse

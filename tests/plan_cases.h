@@ -1,0 +1,149 @@
+#pragma once
+// Random planner cases over the examples, shared by the planner's property tests (CPU:
+// tests/cpu/test_plan_property.cpp) and their GPU run against the fp64 reference
+// (tests/gpu/test_gpu_property.cpp): an example (bf16 as written, or every bf16 tensor f16), a
+// shape, and options forced now and then, from values the kernel takes and values it does not.
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "comfuse/error.h"
+#include "comfuse/lower.h"
+#include "comfuse/plan.h"
+#include "comfuse/text.h"
+
+namespace comfuse::plan_cases {
+
+inline const std::filesystem::path kRoot = COMFUSE_SOURCE_DIR;
+
+inline std::string read_text(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) throw Error(fmt::format("cannot read {}", path));
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : g_(seed) {}
+  template <class T>
+  T pick(const std::vector<T>& v) {  // one of v, uniformly
+    return v[std::uniform_int_distribution<size_t>(0, v.size() - 1)(g_)];
+  }
+  bool coin(double p) { return std::bernoulli_distribution(p)(g_); }
+  // A forced value from `v` now and then (p), else the planner's choice.
+  template <class T>
+  std::optional<T> maybe(const std::vector<T>& v, double p = 0.15) {
+    return coin(p) ? std::optional<T>(pick(v)) : std::nullopt;
+  }
+
+ private:
+  std::mt19937_64 g_;
+};
+
+inline std::string describe(const PlanOptions& o) {
+  std::string s;
+  auto add = [&](const char* name, const auto& v) {
+    if (v) s += fmt::format(" {}={}", name, *v);
+  };
+  add("cluster_n", o.cluster_n), add("tile_n", o.tile_n), add("tile_m", o.tile_m);
+  add("cluster_m", o.cluster_m), add("row_group", o.row_group), add("k_splits", o.k_splits);
+  add("stash_bytes", o.stash_bytes), add("fuse_pairs", o.fuse_pairs), add("ring_stages", o.ring_stages);
+  if (o.aggregation) s += fmt::format(" aggregation={}", static_cast<int>(*o.aggregation));
+  if (o.strategy) s += fmt::format(" strategy={}", static_cast<int>(*o.strategy));
+  add("b2b_job_rows", o.b2b_job_rows), add("fma_exp_every", o.fma_exp_every), add("b2b_overlap", o.b2b_overlap);
+  add("b2b_x_resident", o.b2b_x_resident), add("b2b_x_buffers", o.b2b_x_buffers);
+  add("b2b_chain_jobs", o.b2b_chain_jobs);
+  return s.empty() ? " (defaults)" : s;
+}
+
+// A random case: an example's spec, a shape and forced options, and how a failure names it.
+struct SingleCase {
+  std::string example;
+  std::string text;  // the graph
+  FusionSpec spec;   // its one region
+  Problem problem;
+  PlanOptions opt;
+  std::string what;
+  bool must_plan;  // the planner's own choices at a size TMA takes
+};
+
+inline const std::vector<std::string> kSingleGemmExamples = {
+    "gemm_bias_gelu.cf", "gemm_layernorm.cf",   "gemm_rmsnorm.cf",           "gemm_softmax.cf",          "gemm_log_softmax.cf",
+    "gemm_chain.cf",     "gemm_gelu_new.cf",    "gemm_residual_layernorm.cf", "gemm_residual_rmsnorm.cf"};
+
+// The shapes a generator draws from (a misaligned N or K now and then besides).
+struct Shapes {
+  std::vector<int64_t> m, n, k;
+};
+// From decode to vocabulary rows (the planner's tests).
+inline const Shapes kPlannerShapes{{1, 7, 16, 64, 200, 256, 1000, 4100, 8192},
+                                   {8, 64, 1000, 2048, 4096, 8200, 32768},
+                                   {8, 64, 72, 1024, 4096, 14336}};
+
+// Single-GEMM examples, `per_example` cases each; each option forced now and then.
+inline std::vector<SingleCase> single_cases(int per_example, const Shapes& shapes = kPlannerShapes) {
+  std::vector<SingleCase> cases;
+  for (const std::string& ex : kSingleGemmExamples) {
+    // The example as written (bf16), and with every bf16 tensor f16.
+    std::string text = read_text((kRoot / "examples" / ex).string()), f16 = text;
+    for (size_t at; (at = f16.find("bf16")) != std::string::npos;) f16.replace(at, 4, "f16");
+    const LoweringResult bf = lower(parse_graph(text)), hf = lower(parse_graph(f16));
+    if (bf.regions.empty() || hf.regions.empty()) throw Error(fmt::format("{}: no region", ex));
+    Rng rng(std::hash<std::string>{}(ex));
+    for (int i = 0; i < per_example; ++i) {
+      const bool half = rng.coin(0.3);
+      SingleCase c{ex, half ? f16 : text, (half ? hf : bf).regions.front().spec, {}, {}, {}, false};
+      c.problem = Problem{rng.pick(shapes.m), rng.coin(0.05) ? 1001 : rng.pick(shapes.n),
+                          rng.coin(0.05) ? 100 : rng.pick(shapes.k), half ? DType::F16 : DType::BF16};
+      PlanOptions& opt = c.opt;
+      opt.cluster_n = rng.maybe<int>({1, 2, 3, 4, 8, 16, 32});
+      opt.tile_n = rng.maybe<int>({32, 64, 96, 128, 192, 256, 512});
+      opt.tile_m = rng.maybe<int>({32, 64, 128, 256});
+      opt.aggregation = rng.maybe<Aggregation>(
+          {Aggregation::None, Aggregation::PeerToPeer, Aggregation::LeaderFollower, Aggregation::L2Exchange}, 0.15);
+      opt.strategy = rng.maybe<RowStrategy>({RowStrategy::NoReduction, RowStrategy::OnChip, RowStrategy::SmemStash,
+                                             RowStrategy::WorkspaceStash},
+                                            0.15);
+      opt.cluster_m = rng.maybe<int>({1, 2, 3, 4});
+      opt.row_group = rng.maybe<int>({1, 2, 3, 8, 32, 64, 128}, 0.15);
+      opt.k_splits = rng.maybe<int>({1, 2, 3, 8, 16, 64}, 0.15);
+      opt.stash_bytes = rng.maybe<int>({2, 3, 4}, 0.1);
+      opt.fuse_pairs = rng.maybe<bool>({false, true}, 0.15);
+      opt.ring_stages = rng.maybe<int>({1, 2, 5, 8, 9}, 0.15);
+      const Problem& p = c.problem;
+      c.what = fmt::format("{}{} M={} N={} K={}{}", ex, half ? " (f16)" : "", p.m, p.n, p.k, describe(opt));
+      c.must_plan = describe(opt) == " (defaults)" && p.n % 8 == 0 && p.k % 8 == 0;
+      cases.push_back(std::move(c));
+    }
+  }
+  return cases;
+}
+
+// What tests/gpu/test_gpu_property.cpp runs on the GPU: of each example, the first `per_example`
+// cases that plan, at shapes the fp64 reference executes in well under a second. The CPU test
+// checks the selection (every example, each case planned), so the GPU run cannot find it short.
+inline std::vector<SingleCase> gpu_cases(int per_example = 3) {
+  const Shapes small{{1, 7, 16, 64, 200, 256, 1000}, {8, 64, 136, 1000, 2048}, {8, 64, 72, 1024}};
+  std::map<std::string, int> taken;
+  std::vector<SingleCase> out;
+  for (SingleCase& c : single_cases(200, small)) {
+    if (taken[c.example] == per_example) continue;
+    try {
+      (void)make_plan(c.spec, c.problem, c.opt);
+    } catch (const Error&) {
+      continue;  // refused by name: the CPU test covers the refusals
+    }
+    ++taken[c.example];
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+}  // namespace comfuse::plan_cases
