@@ -78,6 +78,7 @@ struct KernelConfig {
   int mma_depth = 1;      // k-blocks of wgmma a consumer leaves in flight
   int cluster_m = 1;      // clusters along M share the B tile (TMA multicast)
   int cluster_n = 1;      // clusters along N share the A tile (TMA multicast) and a row's reduction
+                          // (both > 1: a 2-D cluster, CTA rank rank_m + cluster_m * rank_n)
   // Work division.
   int n_tiles = 1;        // N-tiles one CTA walks per job (a row too long for the row's CTAs)
   int row_group = 1;      // clusters whose CTAs share a row (Aggregation::L2Exchange)
@@ -168,7 +169,10 @@ COMFUSE_HOST_DEVICE constexpr char const* check(KernelConfig const& c) {
   if (c.ring_stages < 2 || c.ring_stages <= c.mma_depth) return "ring_stages: at least 2, and more than mma_depth";
   if (!is_pow2(c.cluster_n) || c.cluster_n > Sm90::kMaxClusterSize) return "cluster_n: 1, 2, 4, 8 or 16";
   if (c.cluster_m != 1 && c.cluster_m != 2 && c.cluster_m != 4) return "cluster_m: 1, 2 or 4";
-  if (c.cluster_m > 1 && c.cluster_n > 1) return "clusters along M or along N, not both";
+  // 2-D clusters (A multicast along N, B along M) serve a row reduction over DSMEM along N.
+  if (c.cluster_m > 1 && c.cluster_n > 1 && !(c.cross_cta_reduction() && c.aggregation != Aggregation::L2Exchange))
+    return "clusters along both M and N: for a row reduction over DSMEM only";
+  if (c.cluster_size() > Sm90::kMaxClusterSize) return "a cluster of at most 16 CTAs";
   if (!c.b_kmajor && c.tile_n / 64 < c.cluster_m)
     return "K x N B multicasts 64-column boxes along M: tile_n >= 64 * cluster_m";
   if (c.n_tiles < 1 || c.n_tiles > Sm90::kMaxNTiles) return "n_tiles: 1..64 N-tiles per job";
@@ -183,8 +187,6 @@ COMFUSE_HOST_DEVICE constexpr char const* check(KernelConfig const& c) {
     return "the L2 exchange joins clusters of 1 along N (the row's CTAs are the row group)";
   if (c.cross_cta_reduction() && c.aggregation == Aggregation::None)
     return "a row reduction across CTAs needs an aggregation mode";
-  if (c.cross_cta_reduction() && c.aggregation != Aggregation::L2Exchange && c.cluster_m != 1)
-    return "a row reduction over DSMEM needs clusters along N only (cluster_m == 1)";
   if (c.stash_elem_bytes != 0 && c.stash_elem_bytes != 2 && c.stash_elem_bytes != 4)
     return "stash_elem_bytes: 0 (nothing), 2 (bf16) or 4 (fp32)";
   if ((c.stash_bytes_per_wg() > 0) != (c.stash_space != StashSpace::None))

@@ -121,10 +121,13 @@ std::vector<Candidate> decide_cluster(const Request& r, Rejections& why) {
       }
       for (int cn : kClusterNs) {
         if (opt.cluster_n && *opt.cluster_n != cn) continue;
-        if (cn > dev.max_cluster || !dev.clusters_resident.count(cn)) continue;
+        // Forced only: a 2-D cluster (cluster_m with cluster_n), B multicast along M besides A
+        // along N. Priced as its cluster along N (its mainloop is not measured).
+        const int cm = opt.cluster_m.value_or(1);
+        if (cm * cn > dev.max_cluster || !dev.clusters_resident.count(cm * cn)) continue;
         Candidate c;
         c.k.b_kmajor = r.spec.b_layout == BLayout::NK;
-        c.k.tile_m = tm, c.k.tile_n = tn, c.k.cluster_n = cn, c.regs = regs;
+        c.k.tile_m = tm, c.k.tile_n = tn, c.k.cluster_n = cn, c.k.cluster_m = cm, c.regs = regs;
         c.k.row_reduction = chain.reductions > 0;
         c.tiles_m = ceil_div64(r.p.m, tm);
         c.tiles_n = ceil_div64(r.p.n, tn);
@@ -139,7 +142,7 @@ std::vector<Candidate> decide_cluster(const Request& r, Rejections& why) {
           variants = {{RowStrategy::NoReduction, 0}};
         } else {
           const int64_t n_tiles = ceil_div64(c.tiles_n, cn);
-          c.jobs = c.tiles_m;
+          c.jobs = ceil_div64(c.tiles_m, cm);
           c.k.aggregation = opt.aggregation ? *opt.aggregation
                                             : (cn <= tun.p2p_max_cluster ? Aggregation::PeerToPeer
                                                                          : Aggregation::LeaderFollower);

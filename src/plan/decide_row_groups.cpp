@@ -281,8 +281,10 @@ std::vector<Candidate> decide_row_groups(const Request& r, Rejections& why) {
   return out;
 }
 
+// cluster_m alone shapes row groups (clusters along M whose CTAs meet in L2); with cluster_n it
+// makes the DSMEM search's cluster 2-D (decide_cluster.cpp).
 bool row_groups_forced(const PlanOptions& opt) {
-  return opt.row_group || opt.cluster_m || opt.k_splits ||
+  return opt.row_group || (opt.cluster_m && !opt.cluster_n) || opt.k_splits ||
          (opt.aggregation && *opt.aggregation == Aggregation::L2Exchange);
 }
 

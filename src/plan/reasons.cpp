@@ -50,10 +50,15 @@ void add_reasons(Plan& plan, const ChainInfo& chain, const DeviceModel& dev, con
     r.push_back(fmt::format("{} N-tile(s) per CTA: ceil(ceil(N / tile_n) / {} CTAs) = ceil({} / {})",
                             plan.kernel.n_tiles, peers, plan.tiles_n, peers));
   } else {
-    r.push_back(fmt::format("cluster 1x{}{}: {} clusters resident keep {} of {} SMs busy; the cluster covers "
-                            "{} x {} x {} = {} columns of N = {}",
-                            plan.kernel.cluster_n, forced, plan.clusters_resident, plan.ctas_busy, dev.sm_count,
-                            plan.kernel.cluster_n, plan.kernel.tile_n, plan.kernel.n_tiles, covered, p.n));
+    r.push_back(fmt::format("cluster {}x{}{}: {} clusters resident keep {} of {} SMs busy; the cluster covers "
+                            "{} x {} x {} = {} columns of N = {}{}",
+                            plan.kernel.cluster_m, plan.kernel.cluster_n, forced, plan.clusters_resident, plan.ctas_busy,
+                            dev.sm_count, plan.kernel.cluster_n, plan.kernel.tile_n, plan.kernel.n_tiles, covered, p.n,
+                            plan.kernel.cluster_m > 1
+                                ? fmt::format(" and {} row blocks (2-D: B multicast along M too, the row reduced over "
+                                              "DSMEM among the row's {} CTAs; forced only, its mainloop not measured)",
+                                              plan.kernel.cluster_m, plan.kernel.cluster_n)
+                                : std::string()));
     r.push_back(fmt::format("{} N-tile(s) per CTA: ceil(ceil(N / tile_n) / C_N) = ceil({} / {})",
                             plan.kernel.n_tiles, plan.tiles_n, plan.kernel.cluster_n));
   }

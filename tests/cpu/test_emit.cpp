@@ -225,6 +225,32 @@ TEST_F(EmitCompile, EveryExampleRegionCompiles) {
   EXPECT_EQ(compiled, 12);
 }
 
+// 2-D clusters (forced: B multicast along M beside A along N, the row over DSMEM among a
+// cluster row's CTAs), peer-to-peer and leader-follower, on-chip and with a stash, compile with
+// HGMMA intact (the GPU tests run them: GpuReduce.TwoDimensionalClusters).
+TEST_F(EmitCompile, TwoDimensionalClustersCompile) {
+  struct V {
+    const char* example;
+    Problem problem;
+    int cluster_n, tile_n;
+    Aggregation agg;
+  };
+  for (const V& v : {V{"gemm_softmax.cf", shape(8192, 2048, 4096), 8, 256, Aggregation::PeerToPeer},
+                     V{"gemm_layernorm.cf", shape(1000, 1032, 72), 4, 128, Aggregation::LeaderFollower},
+                     V{"gemm_rmsnorm.cf", shape(4096, 4096, 1024), 2, 256, Aggregation::PeerToPeer}}) {
+    SCOPED_TRACE(v.example);
+    const FusionSpec spec = lower(parse_graph_file((kRoot / "examples" / v.example).string())).regions.at(0).spec;
+    CompileOptions o = opt_;
+    o.plan.cluster_m = 2, o.plan.cluster_n = v.cluster_n, o.plan.tile_n = v.tile_n, o.plan.aggregation = v.agg;
+    Plan plan;
+    const CompiledKernel k = compile_only(spec, v.problem, o, nullptr, &plan);
+    EXPECT_EQ(plan.kernel.cluster_m, 2);
+    EXPECT_EQ(plan.kernel.cluster_n, v.cluster_n);
+    EXPECT_FALSE(k.wgmma_serialized) << k.log;
+    EXPECT_TRUE(is_cubin_elf(k.cubin));
+  }
+}
+
 // kernels/comfuse/mainloop/wgmma.cuh writes out the wgmma operands that CuTe's TiledMMA
 // partitioning derives (the mainloops no longer instantiate that algebra: most of a JIT
 // compile's time). Checked here against CuTe itself, at compile time, for every tile shape and

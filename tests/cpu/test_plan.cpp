@@ -826,5 +826,47 @@ TEST(Plan, ProblemSizeRule) {
             "and rounds them up to whole tiles of up to 256");
 }
 
+// A 2-D cluster (forced only: cluster_m with cluster_n and a row reduction): B multicast along
+// M beside A along N, the row reduced over DSMEM among the CTAs of one cluster row; the jobs
+// are cluster_m row blocks. Without a reduction (no DSMEM channel to serve) it stays refused.
+TEST(Plan, TwoDimensionalClusterForDsmemRows) {
+  FusionSpec s = softmax();
+  PlanOptions opt;
+  opt.cluster_n = 8;
+  opt.cluster_m = 2;
+  opt.tile_n = 256;
+  Plan p = make_plan(s, prob(8192, 2048, 4096), full_device(), {}, opt);
+  EXPECT_EQ(p.kernel.cluster_m, 2);
+  EXPECT_EQ(p.kernel.cluster_n, 8);
+  EXPECT_EQ(p.kernel.row_group, 1);
+  EXPECT_EQ(p.strategy(), RowStrategy::OnChip);
+  EXPECT_TRUE(p.kernel.aggregation == Aggregation::PeerToPeer || p.kernel.aggregation == Aggregation::LeaderFollower);
+  EXPECT_EQ(check(p.kernel), nullptr);
+  EXPECT_EQ(p.ctas_busy, 112) << "clusters of 16: 7 resident";
+  const LaunchGrid g = launch_grid(p.kernel, 8192, 2048, 7);
+  EXPECT_EQ(g.error, nullptr);
+  EXPECT_EQ(g.cluster_x, 2);
+  EXPECT_EQ(g.cluster_y, 8);
+  EXPECT_EQ(g.grid_x, 14);
+  EXPECT_EQ(job_count(p.kernel, 8192, 2048), 8192 / 64 / 2) << "a job: two row blocks";
+  EXPECT_NE(explain(s, p).find("cluster 2x8 (forced)"), std::string::npos);
+  EXPECT_NE(explain(s, p).find("B multicast along M too"), std::string::npos);
+  // Ragged M: a cluster's second row block past M still runs (its B slice feeds its column).
+  EXPECT_EQ(make_plan(s, prob(8192 + 64, 2048, 4096), full_device(), {}, opt).kernel.cluster_m, 2);
+
+  opt.cluster_m = 4;
+  expect_error([&] { make_plan(s, prob(8192, 2048, 4096), full_device(), {}, opt); }, "cluster_m = 4");
+  KernelConfig k = p.kernel;
+  k.cluster_m = 4;
+  EXPECT_NE(check(k), nullptr) << "a cluster of 32 CTAs";
+  k = p.kernel;
+  k.row_reduction = false;
+  EXPECT_NE(check(k), nullptr) << "2-D without a row reduction over DSMEM";
+  PlanOptions elementwise;
+  elementwise.cluster_n = 2;
+  elementwise.cluster_m = 2;
+  expect_error([&] { make_plan(bias_gelu(), prob(8192, 2048, 4096), full_device(), {}, elementwise); }, "not both");
+}
+
 }  // namespace
 }  // namespace comfuse

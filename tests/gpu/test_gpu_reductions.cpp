@@ -113,6 +113,45 @@ TEST_F(GpuReduce, StashInSharedMemoryBothModes) {
   }
 }
 
+// 2-D clusters (forced: cluster_m 2 with cluster_n): B multicast along M beside A along N, the
+// row reduced over DSMEM among the CTAs of one cluster row (the channel's peers are cluster ranks
+// rank_m + 2 rank_n). Both aggregations; on-chip (2 x 8), an SMEM stash (N = 520 over 4 CTAs of
+// 128 columns) and a workspace stash (5 N-tiles per CTA); a ragged M whose last
+// cluster's second row block lies past M (its B slice still feeds its column), ragged N; the
+// large-offset LayerNorm and a softmax; clusters of 16 (2 x 8). Launched again after two timed
+// launches.
+TEST_F(GpuReduce, TwoDimensionalClusters) {
+  struct V {
+    Aggregation mode;
+    int cluster_n, tile_n;
+    std::optional<RowStrategy> strategy;
+    Bindings d;
+  };
+  for (const V& v : {V{Aggregation::PeerToPeer, 4, 128, std::nullopt, dims(1000, 520, 72)},
+                     V{Aggregation::LeaderFollower, 4, 128, std::nullopt, dims(1000, 520, 72)},
+                     V{Aggregation::PeerToPeer, 8, 256, std::nullopt, dims(700, 2048, 128)},
+                     V{Aggregation::PeerToPeer, 2, 128, RowStrategy::WorkspaceStash, dims(330, 1032, 64)},
+                     V{Aggregation::LeaderFollower, 2, 128, RowStrategy::WorkspaceStash, dims(330, 1032, 64)}}) {
+    SCOPED_TRACE(fmt::format("{} 2x{} tile_n {} M={} N={}", name_of(v.mode), v.cluster_n, v.tile_n, v.d.at("M"),
+                             v.d.at("N")));
+    CompileOptions opt;
+    opt.plan.cluster_m = 2;
+    opt.plan.cluster_n = v.cluster_n;
+    opt.plan.tile_n = v.tile_n;
+    opt.plan.aggregation = v.mode;
+    opt.plan.strategy = v.strategy;
+    const DeviceRunReport rep = run_and_check(layer_norm_graph(), v.d, /*seed=*/21, opt, /*timing_reps=*/2,
+                                              /*offset=*/1000.0);
+    expect_outputs_match(rep);
+    EXPECT_FALSE(rep.outputs_after_timing.empty());
+    EXPECT_EQ(rep.plan.kernel.cluster_m, 2);
+    EXPECT_EQ(rep.plan.kernel.cluster_n, v.cluster_n);
+    Case c;
+    c.g.output(c.g.softmax(c.acc * 0.125), "p", DType::BF16);
+    expect_outputs_match(run_and_check(c.g, v.d, /*seed=*/22, opt, /*timing_reps=*/0));
+  }
+}
+
 TEST_F(GpuReduce, RowOf32768AndARaggedChainOverThreeTiles) {
   Case a;
   a.g.output(a.g.rms_norm(a.acc, a.row("gamma")), "y", DType::BF16);

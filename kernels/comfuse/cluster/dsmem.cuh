@@ -77,7 +77,9 @@ COMFUSE_DEVICE void st_shared_f32(uint32_t addr, float v) {
 // after the quad shuffles every lane of a quad holds its rows' CTA-partial.
 // Mode: PeerToPeer or LeaderFollower (the planner picks; src/plan/calibration.h has the
 // measured rounds of both).
-template <int Rows, int ClusterN, Aggregation Mode_>
+// ClusterM > 1: a 2-D cluster (CTA rank rank_m + ClusterM * rank_n); the channel joins the
+// ClusterN CTAs of this CTA's rank_m (the row's CTAs), indexed by rank_n.
+template <int Rows, int ClusterN, Aggregation Mode_, int ClusterM = 1>
 struct RowAllReduce {
   static constexpr Aggregation Mode = Mode_;
   static_assert(Mode == Aggregation::PeerToPeer || Mode == Aggregation::LeaderFollower, "a DSMEM mode");
@@ -91,6 +93,10 @@ struct RowAllReduce {
     alignas(8) uint64_t full[2];
   };
   static_assert(sizeof(Storage) == dsmem_channel_bytes(Rows, ClusterN), "config.cuh's channel size");
+
+  // This CTA's index among the row's CTAs, and the cluster rank of the row's CTA `n`.
+  static COMFUSE_DEVICE uint32_t rank_n() { return cluster_rank() / ClusterM; }
+  static COMFUSE_DEVICE uint32_t row_cta(uint32_t n) { return cluster_rank() % ClusterM + ClusterM * n; }
 
   // One thread, before the kernel's first cluster barrier.
   static COMFUSE_DEVICE void init(Storage& s) {
@@ -115,7 +121,7 @@ struct RowAllReduce {
   // t: thread in the warp group; bar_id: the warp group's named barrier.
   static COMFUSE_DEVICE void start(Storage& s, uint32_t round, RowGroupSlot const&, Params const&, int t, int bar_id,
                                    float const (&v)[MBlocks][2]) {
-    uint32_t const b = round & 1, rank = cluster_rank();
+    uint32_t const b = round & 1, rank = rank_n();
     uint32_t const full = smem_u32(&s.full[b]);
     if constexpr (Mode == Aggregation::LeaderFollower) {
       if (rank == 0) {  // the leader only arms its barrier; its partial stays in registers
@@ -129,12 +135,12 @@ struct RowAllReduce {
     if constexpr (Mode == Aggregation::PeerToPeer) {
       if (t == 0) mbar_arrive_expect_tx(full, (ClusterN - 1) * kSlotBytes);
       if (t < ClusterN - 1) {  // one peer per thread: the copies issue in parallel, staggered
-        uint32_t const peer = (rank + 1 + t) % ClusterN;
+        uint32_t const peer = row_cta((rank + 1 + t) % ClusterN);
         bulk_copy_s2peer(mapa(mine, peer), mine, kSlotBytes, mapa(full, peer));
       }
     } else if (t == 0) {
       mbar_arrive_expect_tx(full, kSlotBytes);  // the leader's result
-      bulk_copy_s2peer(mapa(mine, 0), mine, kSlotBytes, mapa(full, 0));
+      bulk_copy_s2peer(mapa(mine, row_cta(0)), mine, kSlotBytes, mapa(full, row_cta(0)));
     }
   }
 
@@ -142,7 +148,7 @@ struct RowAllReduce {
   template <class Op>
   static COMFUSE_DEVICE void finish(Storage& s, uint32_t round, RowGroupSlot const&, Params const&, int t, int bar_id,
                                     float (&v)[MBlocks][2]) {
-    uint32_t const b = round & 1, parity = (round >> 1) & 1, rank = cluster_rank();
+    uint32_t const b = round & 1, parity = (round >> 1) & 1, rank = rank_n();
     uint32_t const full = smem_u32(&s.full[b]);
     uint32_t const base = smem_u32(&s.slot[b][0][0]);
     mbar_wait(full, parity);
@@ -169,7 +175,7 @@ struct RowAllReduce {
       store_rows(base, t, v);
       named_sync(bar_id, kWarpGroupThreads);
       if (t < ClusterN - 1) {  // one follower per thread: the copies issue in parallel
-        uint32_t const peer = t + 1;
+        uint32_t const peer = row_cta(t + 1);
         bulk_copy_s2peer(mapa(base, peer), base, kSlotBytes, mapa(full, peer));
       }
     }

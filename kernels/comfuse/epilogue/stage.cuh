@@ -67,10 +67,11 @@ namespace comfuse::epi {
 // Tile geometry of one consumer warp group.
 // RowPeers: CTAs that hold the same rows at the same time (tile t of a job sits at
 // n0 + t * RowPeers * BN); they are one cluster along N unless Agg == Global.
+// ClusterM: CTAs of a 2-D cluster along M (the DSMEM channel then joins the row's CTAs only).
 template <int BM_, int BN_, int RowPeers_ = 1, Aggregation Agg_ = Aggregation::None, int NTiles_ = 1,
-          bool Batched_ = false>
+          bool Batched_ = false, int ClusterM_ = 1>
 struct Geometry {
-  static constexpr int BM = BM_, BN = BN_, RowPeers = RowPeers_;
+  static constexpr int BM = BM_, BN = BN_, RowPeers = RowPeers_, ClusterM = ClusterM_;
   static constexpr bool kBatched = Batched_;  // tensors carry a leading batch dim (EpiCtx::batch)
   static constexpr int NTiles = NTiles_;  // N-tiles of a job (Stash); 1: one tile, no stash
   static constexpr Aggregation Agg = Agg_;
@@ -172,7 +173,7 @@ template <class... Nodes> struct Stage {
     using Chan = cute::conditional_t<
         !kClusterReduce, detail::NoChannel,
         cute::conditional_t<Geo::Agg == Aggregation::L2Exchange, cluster::GlobalRowAllReduce<Geo::BM, kPeers>,
-                            cluster::RowAllReduce<Geo::BM, cute::min(kPeers, 16), Geo::Agg>>>;
+                            cluster::RowAllReduce<Geo::BM, cute::min(kPeers, 16), Geo::Agg, Geo::ClusterM>>>;
     using ChanStorage = typename Chan::Storage;
     static_assert(cute::is_same_v<Parent, NoParent> || (0 + ... + int(cute::is_same_v<Nodes, AccEntry>)) == 0,
                   "ComFuse: AccEntry only in the root stage; a PostOp stage reads the accumulator through Bypass");

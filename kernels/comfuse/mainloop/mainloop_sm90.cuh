@@ -19,12 +19,12 @@
 //   WG's accumulators always cover BM/WGsPerTile contiguous rows.
 // The wgmma operands (SMEM descriptors, accumulator fragment) come from wgmma.cuh, written out
 // rather than derived by CuTe's TiledMMA partitioning: same SASS, half the JIT compile time.
-// ClusterM (default 1; only with ClusterN == 1: epilogues without row reductions, or row
-//   groups that reduce across clusters through L2): clusters of ClusterM x 1 CTAs along M
-//   share the B tile: CTA rank r <
+// ClusterM (default 1): clusters of ClusterM CTAs along M share the B tile: CTA rank r <
 //   BSlices loads slice r of B and multicasts it to the cluster (the TMA box of B is then
 //   BN / BSlices rows when B is N x K; with K x N, rank r loads the 64-column boxes r, r +
-//   ClusterM, ...).
+//   ClusterM, ...). Both ClusterM and ClusterN > 1 (a 2-D cluster, for a row reduction over
+//   DSMEM along N): CTA (rank_m, rank_n), cluster rank rank_m + ClusterM * rank_n, multicasts
+//   its A slice to the CTAs of its rank_m and its B slice to those of its rank_n.
 // MmaDepth (default 1): k-blocks of wgmma a consumer leaves in flight when it waits
 //   (warpgroup_wait<MmaDepth>); the slot of k-block kt - MmaDepth is released then.
 // SMEM traffic per k-block is what separates them: TMA writes (BM + BN) * 64 * 2 bytes per
@@ -83,6 +83,19 @@ struct MainloopSm90 {
 
   static COMFUSE_DEVICE int k_tiles(Params const& p) { return (p.K + BK - 1) / BK; }
 
+  // The CTAs that receive this CTA's A slice (its cluster row: the same rank_m, every rank_n)
+  // and its B slice (its cluster column: the same rank_n, every rank_m).
+  static constexpr COMFUSE_HOST_DEVICE uint16_t a_multicast_mask(int rank_m) {
+    uint32_t mask = 0;
+    for (int n = 0; n < ClusterN; ++n) mask |= 1u << (rank_m + ClusterM * n);
+    return uint16_t(mask);
+  }
+  static constexpr COMFUSE_HOST_DEVICE uint16_t b_multicast_mask(int rank_n) {
+    uint32_t mask = 0;
+    for (int m = 0; m < ClusterM; ++m) mask |= 1u << (m + ClusterM * rank_n);
+    return uint16_t(mask);
+  }
+
   // ---- producer: one thread issues every TMA load of a tile -------------------------
   // k-blocks k_begin .. k_begin + kt_count - 1 of K (all of them, or a split-K share).
   static COMFUSE_DEVICE void load(Params const& p, Pipeline& pipeline, PipelineState& state,
@@ -98,15 +111,15 @@ struct MainloopSm90 {
       if (rank < ASlices) {
         Element* dst = smem.A + s * BM * BK + rank * ASliceRows * BK;
         if constexpr (ClusterN > 1) {
-          cute::SM90_TMA_LOAD_MULTICAST_2D::copy(&p.tma_a, bar, uint16_t((1u << ClusterN) - 1u), kEvictNormal,
-                                                 dst, k0, m0 + rank * ASliceRows);
+          cute::SM90_TMA_LOAD_MULTICAST_2D::copy(&p.tma_a, bar, a_multicast_mask(rank_m), kEvictNormal, dst, k0,
+                                                 m0 + rank * ASliceRows);
         } else {
           cute::SM90_TMA_LOAD_2D::copy(&p.tma_a, bar, kEvictNormal, dst, k0, m0);
         }
       }
       Element* dstb = smem.B + s * BN * BK;
       if constexpr (ClusterM > 1) {
-        uint16_t const mask = uint16_t((1u << ClusterM) - 1u);
+        uint16_t const mask = b_multicast_mask(ClusterN > 1 ? rank : 0);
         if constexpr (BKMajor) {
           if (rank_m < BSlices)
             cute::SM90_TMA_LOAD_MULTICAST_2D::copy(&p.tma_b, bar, mask, kEvictNormal, dstb + rank_m * BSliceRows * BK,

@@ -15,11 +15,12 @@
 // the N-block count is no multiple of ClusterN) still run: their CTA loads its A slice
 // for the peers; TMA zero-fills their B and clips their stores.
 //
-// ClusterM > 1 (only with ClusterN == 1: no row reduction, or row groups): grid
-// dim3(num_clusters * ClusterM, 1, 1), cluster dims (ClusterM, 1, 1); a cluster tile is
-// ClusterM adjacent BM-row blocks times one BN-column block (the CTAs share B: multicast);
-// CTA rank r (blockIdx.x % ClusterM) takes row block ct.m * ClusterM + r. Row blocks past M
-// still run, as above (their B slice feeds the peers).
+// ClusterM > 1: grid dim3(num_clusters * ClusterM, ClusterN, 1), cluster dims (ClusterM,
+// ClusterN, 1); a cluster tile is ClusterM adjacent BM-row blocks times ClusterN column blocks
+// (the CTAs of a column share B, those of a row share A: multicasts); CTA rank_m
+// (blockIdx.x % ClusterM) takes row block ct.m * ClusterM + rank_m. Row blocks past M still
+// run, as above (their B slice feeds the peers). Both > 1 serves a row reduction over DSMEM
+// along N (config.cuh check()).
 // NTiles > 1 (the Stash, kernel/fused_gemm_sm90.cuh): a cluster tile ("job") spans
 // ClusterN * NTiles column blocks; tile(k) gives the job's first column block of this CTA,
 // ct.n * ClusterN * NTiles + rank, and the CTA's tile t of the job is that + t * ClusterN
