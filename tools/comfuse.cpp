@@ -224,8 +224,8 @@ std::vector<CLI::Option*> add_plan_options(CLI::App* cmd, ExplainArgs& ex) {
       cmd->add_option("--strategy", ex.strategy, "force on-chip, smem-stash or workspace-stash (DSMEM search)")
           ->check(CLI::IsMember({"on-chip", "smem-stash", "workspace-stash"})),
       cmd->add_option("--cluster-m", ex.cluster_m,
-                      "clusters of 1 or 2 along M (B multicast): row groups with a reduction, else a PingPong "
-                      "elementwise plan")
+                      "clusters of 1 or 2 along M (B multicast): row groups with a reduction (with --cluster-n: a "
+                      "2-D DSMEM cluster), else a PingPong elementwise plan")
           ->check(CLI::IsMember({1, 2})),
       cmd->add_option("--b2b-chain-jobs", ex.b2b_chain_jobs,
                       "a B2B online softmax beside GEMM2: each job's first GEMM1 issued with the previous job's last "

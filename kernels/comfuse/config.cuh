@@ -170,8 +170,9 @@ COMFUSE_HOST_DEVICE constexpr char const* check(KernelConfig const& c) {
   if (!is_pow2(c.cluster_n) || c.cluster_n > Sm90::kMaxClusterSize) return "cluster_n: 1, 2, 4, 8 or 16";
   if (c.cluster_m != 1 && c.cluster_m != 2 && c.cluster_m != 4) return "cluster_m: 1, 2 or 4";
   // 2-D clusters (A multicast along N, B along M) serve a row reduction over DSMEM along N.
-  if (c.cluster_m > 1 && c.cluster_n > 1 && !(c.cross_cta_reduction() && c.aggregation != Aggregation::L2Exchange))
-    return "clusters along both M and N: for a row reduction over DSMEM only";
+  if (c.cluster_m > 1 && c.cluster_n > 1 &&
+      !(c.cluster_m == 2 && c.cross_cta_reduction() && c.aggregation != Aggregation::L2Exchange))
+    return "clusters along both M and N: 2 along M, for a row reduction over DSMEM only";
   if (c.cluster_size() > Sm90::kMaxClusterSize) return "a cluster of at most 16 CTAs";
   if (!c.b_kmajor && c.tile_n / 64 < c.cluster_m)
     return "K x N B multicasts 64-column boxes along M: tile_n >= 64 * cluster_m";

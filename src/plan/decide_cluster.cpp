@@ -92,7 +92,7 @@ void estimate_cluster(Candidate& c, const Request& r) {
     c.workspace = int64_t{c.resident} * k.cluster_size() * k.stash_workspace_bytes_per_cta();
     const bool in_l2 = double(c.workspace) <= tun.l2_workspace_fraction * double(dev.l2_bytes);
     const double per_job = double(k.stash_bytes_per_wg()) * (k.tile_m / k.epi_rows()) * chain.stages_in_chain;
-    c.est.reread_us = double(c.jobs) * k.cluster_n * per_job / (in_l2 ? dev.l2_bytes_per_s : dev.dram_bytes_per_s) * 1e6;
+    c.est.reread_us = double(c.jobs) * k.cluster_size() * per_job / (in_l2 ? dev.l2_bytes_per_s : dev.dram_bytes_per_s) * 1e6;
   }
   c.est.total_us = std::max(t_cluster, c.est.dram_floor_us) + c.est.reread_us;
 }
@@ -123,7 +123,7 @@ std::vector<Candidate> decide_cluster(const Request& r, Rejections& why) {
         if (opt.cluster_n && *opt.cluster_n != cn) continue;
         // Forced only: a 2-D cluster (cluster_m with cluster_n), B multicast along M besides A
         // along N. Priced as its cluster along N (its mainloop is not measured).
-        const int cm = opt.cluster_m.value_or(1);
+        const int cm = opt.cluster_n ? opt.cluster_m.value_or(1) : 1;
         if (cm * cn > dev.max_cluster || !dev.clusters_resident.count(cm * cn)) continue;
         Candidate c;
         c.k.b_kmajor = r.spec.b_layout == BLayout::NK;

@@ -122,7 +122,8 @@ std::vector<Candidate> decide_cluster(const Request& r, Rejections& why);
 // The DSMEM search's cost model, also the DRAM floor of every kind (decide_cluster.cpp).
 void estimate_cluster(Candidate& c, const Request& r);
 
-// Whether the options ask for a row-group plan (cluster_m, row_group, aggregation L2Exchange).
+// Whether the options ask for a row-group plan (cluster_m without cluster_n, row_group,
+// k_splits, aggregation L2Exchange).
 bool row_groups_forced(const PlanOptions& opt);
 // Which paired reductions share one exchange round: where one N-tile per CTA and the row meets
 // in L2 or in one CTA, every pair when forced (PlanOptions::fuse_pairs), else every pair where

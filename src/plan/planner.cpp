@@ -193,6 +193,11 @@ void check_request(const FusionSpec& s, const Problem& p, const DeviceModel& dev
   if (rg && s.reduction_count() > 0 && (opt.cluster_n || opt.strategy))
     throw Error("plan: row groups (cluster_m, row_group, k_splits, aggregation l2) do not combine with a forced cluster_n or "
                 "strategy (those pick the DSMEM search)");
+  if (opt.cluster_m && *opt.cluster_m > 1 && s.reduction_count() > 0 && !opt.cluster_n && opt.aggregation &&
+      *opt.aggregation != Aggregation::L2Exchange)
+    throw Error(fmt::format("plan: cluster_m = {} with a DSMEM aggregation: clusters along M meet in L2 (row groups); "
+                            "a 2-D DSMEM cluster takes cluster_n too",
+                            *opt.cluster_m));
   if (opt.cluster_m && *opt.cluster_m != 1 && *opt.cluster_m != 2)
     throw Error(fmt::format("plan: cluster_m = {} is not 1 or 2", *opt.cluster_m));
   if (opt.row_group && (*opt.row_group < 1 || *opt.row_group > Sm90::kMaxRowGroup || !is_pow2(*opt.row_group)))

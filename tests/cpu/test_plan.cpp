@@ -866,6 +866,14 @@ TEST(Plan, TwoDimensionalClusterForDsmemRows) {
   elementwise.cluster_n = 2;
   elementwise.cluster_m = 2;
   expect_error([&] { make_plan(bias_gelu(), prob(8192, 2048, 4096), full_device(), {}, elementwise); }, "not both");
+  // Only with cluster_n forced: cluster_m with a DSMEM aggregation alone is refused, not planned 2-D.
+  PlanOptions no_cn;
+  no_cn.cluster_m = 2;
+  no_cn.aggregation = Aggregation::PeerToPeer;
+  expect_error([&] { make_plan(s, prob(8192, 1024, 1024), full_device(), {}, no_cn); }, "takes cluster_n too");
+  PlanOptions agg_only;
+  agg_only.aggregation = Aggregation::PeerToPeer;
+  EXPECT_EQ(make_plan(s, prob(8192, 1024, 1024), full_device(), {}, agg_only).kernel.cluster_m, 1);
 }
 
 }  // namespace

@@ -3,12 +3,13 @@
 //
 // Unified reduction buffer (ONE per consumer warp group, shared by every reduction of the
 // epilogue's stage chain: O(1) in the number of reductions):
-//   float slot[2][ClusterN][Rows]   double-buffered by round parity; slot[b][r] holds CTA r's
-//                                   per-row partials of a round that used buffer b
+//   float slot[2][ClusterN][Rows]   double-buffered by round parity; slot[b][r] holds the row's
+//                                   CTA r's (its rank along N) per-row partials of a round
+//                                   that used buffer b
 //   uint64 full[2]                  one transaction mbarrier per buffer (arrival count 1)
 // Rows = the warp group's tile rows (64 or 128), one fp32 per row: the thread that holds
 // tile-local row `row` in one CTA holds the same row in every CTA (layout consistency: the
-// wgmma accumulator layout is the same everywhere and all CTAs of a cluster take the same
+// wgmma accumulator layout is the same everywhere and all CTAs of a cluster row take the same
 // M rows), so slot[b][r][row] is addressed with one rule in every CTA, and every peer's
 // copy of the channel sits at the same SMEM offset (mapa of the local address).
 //
@@ -20,7 +21,7 @@
 //     every peer, completing on THAT peer's full[b]. Everyone waits on its local full[b] and
 //     combines the ClusterN slots in rank order (own value from registers): every CTA
 //     computes bitwise the same statistic.
-//   LeaderFollower (leader = rank 0): followers push slot[b][rank] to the leader and arm
+//   LeaderFollower (leader = rank 0 along N): followers push slot[b][rank] to the leader and arm
 //     their full[b] for Rows * 4 bytes; the leader waits for (ClusterN - 1) slots, combines in
 //     rank order, writes the result into its slot[b][0] (unused by partials: its own partial
 //     stays in registers), fences, syncs, and pushes it into every follower's slot[b][0].

@@ -15,7 +15,8 @@
 //        the ring for the next tile. Bigger tiles (128 x 256) for less SMEM traffic per
 //        MAC; the epilogue is not hidden behind a mainloop.
 // Persistent over tiles (scheduler/tile_scheduler.cuh), clusters of 1 x cluster_n CTAs
-// along N sharing the A tile through TMA multicast, or cluster_m x 1 along M sharing B.
+// along N sharing the A tile through TMA multicast, cluster_m x 1 along M sharing B, or both
+// (2 x cluster_n, for a row reduction over DSMEM: A along each cluster row, B along each column).
 //
 // Stash (NTiles = T > 1, epilogue/stash.cuh): a job of a CTA is T N-tiles of one row block
 //   (column blocks n, n + C_N, ..., n + (T-1) C_N: every CTA of the cluster walks the same

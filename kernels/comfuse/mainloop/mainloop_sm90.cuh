@@ -7,8 +7,8 @@
 //
 // Producer (one thread): per k-block, waits for the slot to be empty, then loads
 //   A: M x K, K-major. With ClusterN > 1 the BM rows are cut into ASlices slices of
-//      >= 8 rows; CTA rank r < ASlices loads slice r and multicasts it to every CTA of
-//      the cluster (all of them need the same rows: the scheduler guarantees it).
+//      >= 8 rows; the CTA of rank r < ASlices along N loads slice r and multicasts it to every
+//      CTA of its cluster row (all of them need the same rows: the scheduler guarantees it).
 //   B: N x K (K-major, one box {64, BN}) or K x N (N-major, BN/64 boxes {64, 64}).
 // Consumers: WGsPerTile == 1 (PingPong): one warp group computes the whole BM x BN tile
 //   (BM/64 wgmma m64nBNk16 per k16 step). WGsPerTile == 2 (Cooperative): BM == 128, both

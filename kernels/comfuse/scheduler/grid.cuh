@@ -31,8 +31,7 @@ COMFUSE_HOST_DEVICE constexpr int split_group_clusters(KernelConfig const& c) { 
 // One cluster per resident cluster slot (persistent), at most one split group per job. A split
 // group's clusters must all be resident at once (the L2 exchange and the owner of a split tile
 // wait on them), so the grid holds whole split groups only: clusters past the last whole group
-// would get no jobs. Clusters along N: grid (clusters, cluster_n), along M: grid
-// (clusters * cluster_m, 1).
+// would get no jobs. Grid (clusters * cluster_m, cluster_n), cluster dims (cluster_m, cluster_n).
 COMFUSE_HOST_DEVICE constexpr LaunchGrid launch_grid(KernelConfig const& c, int M, int N, int max_active_clusters) {
   LaunchGrid g;
   int const groups_max = max_active_clusters / split_group_clusters(c);

@@ -2,10 +2,10 @@
 // scheduler/grid.cuh is the host half: the job counts and the grid it launches with).
 //
 // Grid: dim3(num_clusters, ClusterN, 1), cluster dims (1, ClusterN, 1). A cluster walks
-// "cluster tiles": one BM-row block times ClusterN adjacent BN-column blocks. CTA rank r
-// of the cluster (blockIdx.y) takes column block ct.n * ClusterN + r of the SAME rows, so
-// every CTA of a cluster holds the same M rows at the same time (the cross-CTA row
-// reductions and the multicast of A rely on this). Cluster c takes cluster tiles
+// "cluster tiles": one BM-row block times ClusterN adjacent BN-column blocks. The CTA of rank
+// r along N (blockIdx.y) takes column block ct.n * ClusterN + r of the SAME rows, so every
+// CTA of a cluster row holds the same M rows at the same time (the cross-CTA row reductions
+// and the multicast of A rely on this; with ClusterM > 1, below, a cluster has ClusterM rows). Cluster c takes cluster tiles
 // c, c + num_clusters, c + 2 num_clusters, ...; all CTAs of a cluster see the same
 // sequence, the k-th one of which goes to consumer warp group k % 2 (PingPong).
 //
