@@ -126,6 +126,81 @@ inline std::vector<SingleCase> single_cases(int per_example, const Shapes& shape
   return cases;
 }
 
+// B2B examples (FFN, gated FFN, attention, causal and batched): head dims from 8 to 1024, N1 from
+// one chunk to many, the batch; the B2B options forced now and then, valid or not.
+inline const std::vector<std::string> kB2bExamples = {"ffn.cf",           "ffn_swiglu.cf",        "attention.cf",
+                                                      "attention_causal.cf", "attention_batched.cf",
+                                                      "attention_batched_causal.cf"};
+// The example's dim bindings for a problem (FFN: X [M, K], W1 [N, K], W2 [D, N]; attention:
+// Q [(B,) M, K], K [(B,) N, K], V [(B,) N, DV]).
+inline Bindings b2b_bindings(const std::string& example, const B2bProblem& p) {
+  Bindings d{{"M", p.m}, {"K", p.k}, {"N", p.n1}};
+  if (example.rfind("ffn", 0) == 0) d["D"] = p.n2;
+  else d["DV"] = p.n2;
+  if (example.find("batched") != std::string::npos) d["B"] = p.batches;
+  return d;
+}
+
+struct B2bCase {
+  std::string example;
+  std::string text;  // the graph
+  FusionSpec first, second;
+  B2bProblem problem;
+  PlanOptions opt;
+  std::string what;
+  bool must_plan;
+};
+
+// Shapes a B2B generator draws from.
+struct B2bShapes {
+  std::vector<int64_t> batches, m, k, n1, n2;
+};
+inline const B2bShapes kB2bPlannerShapes{{1, 3, 64}, {1, 40, 64, 300, 1000, 4100}, {8, 64, 72, 128, 192, 256, 320, 1024},
+                                         {8, 40, 128, 520, 1032, 4096}, {8, 64, 128, 136, 256, 1024}};
+
+inline std::vector<B2bCase> b2b_cases(int per_example, const B2bShapes& shapes = kB2bPlannerShapes) {
+  std::vector<B2bCase> cases;
+  for (const std::string& ex : kB2bExamples) {
+    // As written (bf16), and with every bf16 tensor f16.
+    std::string text = read_text((kRoot / "examples" / ex).string()), f16 = text;
+    for (size_t at; (at = f16.find("bf16")) != std::string::npos;) f16.replace(at, 4, "f16");
+    const LoweringResult lowered[2] = {lower(parse_graph(text)), lower(parse_graph(f16))};
+    const B2BCandidate* pair[2] = {one_b2b_kernel(lowered[0]), one_b2b_kernel(lowered[1])};
+    if (!pair[0] || !pair[1]) throw Error(fmt::format("{}: no B2B pair", ex));
+    Rng rng(std::hash<std::string>{}(ex) + 1);
+    for (int i = 0; i < per_example; ++i) {
+      const int half = rng.coin(0.3) ? 1 : 0;
+      const LoweringResult& r = lowered[half];
+      B2bCase c{ex, half ? f16 : text, r.regions.at(static_cast<size_t>(pair[half]->first_region)).spec,
+                r.regions.at(static_cast<size_t>(pair[half]->second_region)).spec, {}, {}, {}, false};
+      const FusionSpec& first = c.first;
+      B2bProblem& p = c.problem;
+      p.ab_dtype = half ? DType::F16 : DType::BF16;
+      p.batches = first.batched() ? rng.pick(shapes.batches) : 1;
+      p.m = rng.pick(shapes.m);
+      p.k = rng.coin(0.05) ? 100 : rng.pick(shapes.k);
+      p.n1 = rng.coin(0.05) ? 1001 : rng.pick(shapes.n1);
+      p.n2 = rng.coin(0.05) ? 1001 : rng.pick(shapes.n2);
+      PlanOptions& opt = c.opt;
+      opt.b2b = PlanOptions::B2b::Force;
+      opt.cluster_n = rng.maybe<int>({1, 2, 3, 4, 8, 16}, 0.15);
+      opt.tile_n = rng.maybe<int>({64, 100, 128, 256}, 0.1);
+      opt.ring_stages = rng.maybe<int>({1, 3, 8}, 0.1);
+      opt.b2b_job_rows = rng.maybe<int>({32, 64, 128, 256}, 0.2);
+      opt.fma_exp_every = rng.maybe<int>({0, 1, 4, 7}, 0.1);
+      opt.b2b_overlap = rng.maybe<bool>({false, true}, 0.2);
+      opt.b2b_x_resident = rng.maybe<bool>({false, true}, 0.15);
+      opt.b2b_x_buffers = rng.maybe<int>({0, 1, 2, 3}, 0.2);
+      opt.b2b_chain_jobs = rng.maybe<bool>({false, true}, 0.2);
+      c.what = fmt::format("{}{} B={} M={} K={} N1={} N2={}{}", ex, half ? " (f16)" : "", p.batches, p.m, p.k, p.n1,
+                           p.n2, describe(opt));
+      c.must_plan = describe(opt) == " (defaults)" && p.k % 8 == 0 && p.n1 % 8 == 0 && p.n2 % 8 == 0;
+      cases.push_back(std::move(c));
+    }
+  }
+  return cases;
+}
+
 // What tests/gpu/test_gpu_property.cpp runs on the GPU: of each example, the first `per_example`
 // cases that plan, at shapes the fp64 reference executes in well under a second. The CPU test
 // checks the selection (every example, each case planned), so the GPU run cannot find it short.
@@ -139,6 +214,25 @@ inline std::vector<SingleCase> gpu_cases(int per_example = 3) {
       (void)make_plan(c.spec, c.problem, c.opt);
     } catch (const Error&) {
       continue;  // refused by name: the CPU test covers the refusals
+    }
+    ++taken[c.example];
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+// What test_gpu_property.cpp runs of the B2B cases: of each example, the first `per_example`
+// that plan, at shapes the fp64 reference executes quickly.
+inline std::vector<B2bCase> gpu_b2b_cases(int per_example = 2) {
+  const B2bShapes small{{1, 3}, {1, 40, 64, 300}, {8, 64, 72, 128, 192, 256}, {8, 40, 128, 520}, {8, 64, 128, 136, 256}};
+  std::map<std::string, int> taken;
+  std::vector<B2bCase> out;
+  for (B2bCase& c : b2b_cases(200, small)) {
+    if (taken[c.example] == per_example) continue;
+    try {
+      (void)make_b2b_plan(c.first, c.second, c.problem, c.opt);
+    } catch (const Error&) {
+      continue;
     }
     ++taken[c.example];
     out.push_back(std::move(c));

@@ -92,6 +92,17 @@ TEST(PlanProperty, GpuCasesCoverEveryExample) {
   EXPECT_GE(forced, 9) << "a third at least with forced options";
 }
 
+// The GPU run's B2B selection: every example, two cases each, each planned.
+TEST(PlanProperty, GpuB2bCasesCoverEveryExample) {
+  const std::vector<B2bCase> cases = gpu_b2b_cases(2);
+  EXPECT_EQ(cases.size(), kB2bExamples.size() * 2);
+  for (const B2bCase& c : cases) {
+    EXPECT_NO_THROW((void)make_b2b_plan(c.first, c.second, c.problem, c.opt)) << c.what;
+    EXPECT_NO_THROW((void)b2b_problem_of(c.first, c.second, b2b_bindings(c.example, c.problem))) << c.what;
+    if (std::getenv("PLAN_PROPERTY_VERBOSE")) std::printf("gpu b2b case %s\n", c.what.c_str());
+  }
+}
+
 // A sample of the random plans with forced options, JIT-compiled (NVRTC, no GPU): the forced
 // variants the GPU's A/B sweeps run build, with no serialized wgmma. Of each example, the first
 // case that plans with some option forced (~4 s each on two cores).
@@ -125,61 +136,6 @@ TEST(PlanProperty, ForcedPlansCompile) {
   compile_first_forced_plan_of_each_example(
       single_cases(300), [](const SingleCase& c) { (void)make_plan(c.spec, c.problem, c.opt); },
       [](const SingleCase& c, const CompileOptions& o) { return compile_only(c.spec, c.problem, o); });
-}
-
-// B2B examples (FFN, gated FFN, attention, causal and batched): head dims from 8 to 320, N1 from
-// one chunk to many, the batch; the B2B options forced now and then, valid or not.
-struct B2bCase {
-  std::string example;
-  FusionSpec first, second;
-  B2bProblem problem;
-  PlanOptions opt;
-  std::string what;
-  bool must_plan;
-};
-
-std::vector<B2bCase> b2b_cases(int per_example) {
-  std::vector<B2bCase> cases;
-  for (const char* ex : {"ffn.cf", "ffn_swiglu.cf", "attention.cf", "attention_causal.cf", "attention_batched.cf",
-                         "attention_batched_causal.cf"}) {
-    // As written (bf16), and with every bf16 tensor f16.
-    std::string text = read_text((kRoot / "examples" / ex).string()), f16 = text;
-    for (size_t at; (at = f16.find("bf16")) != std::string::npos;) f16.replace(at, 4, "f16");
-    const LoweringResult lowered[2] = {lower(parse_graph(text)), lower(parse_graph(f16))};
-    const B2BCandidate* pair[2] = {one_b2b_kernel(lowered[0]), one_b2b_kernel(lowered[1])};
-    if (!pair[0] || !pair[1]) throw Error(fmt::format("{}: no B2B pair", ex));
-    Rng rng(std::hash<std::string>{}(ex) + 1);
-    for (int i = 0; i < per_example; ++i) {
-      const int half = rng.coin(0.3) ? 1 : 0;
-      const LoweringResult& r = lowered[half];
-      B2bCase c{ex, r.regions.at(static_cast<size_t>(pair[half]->first_region)).spec,
-                r.regions.at(static_cast<size_t>(pair[half]->second_region)).spec, {}, {}, {}, false};
-      const FusionSpec& first = c.first;
-      B2bProblem& p = c.problem;
-      p.ab_dtype = half ? DType::F16 : DType::BF16;
-      p.batches = first.batched() ? rng.pick<int64_t>({1, 3, 64}) : 1;
-      p.m = rng.pick<int64_t>({1, 40, 64, 300, 1000, 4100});
-      p.k = rng.coin(0.05) ? 100 : rng.pick<int64_t>({8, 64, 72, 128, 192, 256, 320, 1024});
-      p.n1 = rng.coin(0.05) ? 1001 : rng.pick<int64_t>({8, 40, 128, 520, 1032, 4096});
-      p.n2 = rng.coin(0.05) ? 1001 : rng.pick<int64_t>({8, 64, 128, 136, 256, 1024});
-      PlanOptions& opt = c.opt;
-      opt.b2b = PlanOptions::B2b::Force;
-      opt.cluster_n = rng.maybe<int>({1, 2, 3, 4, 8, 16}, 0.15);
-      opt.tile_n = rng.maybe<int>({64, 100, 128, 256}, 0.1);
-      opt.ring_stages = rng.maybe<int>({1, 3, 8}, 0.1);
-      opt.b2b_job_rows = rng.maybe<int>({32, 64, 128, 256}, 0.2);
-      opt.fma_exp_every = rng.maybe<int>({0, 1, 4, 7}, 0.1);
-      opt.b2b_overlap = rng.maybe<bool>({false, true}, 0.2);
-      opt.b2b_x_resident = rng.maybe<bool>({false, true}, 0.15);
-      opt.b2b_x_buffers = rng.maybe<int>({0, 1, 2, 3}, 0.2);
-      opt.b2b_chain_jobs = rng.maybe<bool>({false, true}, 0.2);
-      c.what = fmt::format("{}{} B={} M={} K={} N1={} N2={}{}", ex, half ? " (f16)" : "", p.batches, p.m, p.k, p.n1,
-                           p.n2, describe(opt));
-      c.must_plan = describe(opt) == " (defaults)" && p.k % 8 == 0 && p.n1 % 8 == 0 && p.n2 % 8 == 0;
-      cases.push_back(std::move(c));
-    }
-  }
-  return cases;
 }
 
 TEST(PlanProperty, B2bPlansOrRefusesByName) {

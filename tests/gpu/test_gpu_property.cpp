@@ -2,7 +2,7 @@
 // f16, random shapes, options forced now and then): each example's first cases that plan run on
 // random inputs against the fp64 reference, then again after two timed launches (the exchange
 // and split-K tags of a later launch). The forced variants the A/B sweeps reach for are thereby
-// run for real, not only compiled (tests/cpu/test_plan_property.cpp).
+// run for real, not only compiled (tests/cpu/test_plan_property.cpp); the B2B cases likewise.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -36,6 +36,29 @@ TEST_P(GpuProperty, RandomForcedPlansMatchTheReference) {
 
 std::string example_name(const ::testing::TestParamInfo<std::string>& i) { return i.param.substr(0, i.param.find('.')); }
 INSTANTIATE_TEST_SUITE_P(Examples, GpuProperty, ::testing::ValuesIn(kSingleGemmExamples), example_name);
+
+// The B2B cases (FFN, SwiGLU, attention plain, causal and batched; random shapes and forced B2B
+// options), two per example, against the fp64 reference.
+class GpuB2bProperty : public gpu_test::GpuTest, public ::testing::WithParamInterface<std::string> {};
+
+TEST_P(GpuB2bProperty, RandomForcedPlansMatchTheReference) {
+  uint64_t seed = 1;
+  int ran = 0;
+  for (const B2bCase& c : gpu_b2b_cases()) {
+    if (c.example != GetParam()) continue;
+    SCOPED_TRACE(c.what);
+    CompileOptions o;
+    o.plan = c.opt;
+    const DeviceRunReport rep =
+        run_and_check(parse_graph(c.text), b2b_bindings(c.example, c.problem), seed++, o, /*timing_reps=*/2);
+    gpu_test::expect_outputs_match(rep);
+    EXPECT_FALSE(rep.outputs_after_timing.empty());
+    EXPECT_GT(rep.b2b_plan.jobs, 0) << "one B2B kernel";
+    ++ran;
+  }
+  EXPECT_EQ(ran, 2);
+}
+INSTANTIATE_TEST_SUITE_P(Examples, GpuB2bProperty, ::testing::ValuesIn(kB2bExamples), example_name);
 
 }  // namespace
 }  // namespace comfuse
