@@ -159,8 +159,9 @@ def measure_region(rr: "kernels.RuntimeRegion", tensor_nodes: list[fx.Node], siz
     """Times a region the planner fused (rr: not replaced yet; tensor_nodes and size_nodes: the
     custom op's operands; inductor_options: the config patches the rest of the model gets) and
     decides again: info.status becomes "fallback" where the fused time is not below the unfused one
-    * (1 - config.min_gain - config.measure_margin). The numbers go to info.measured and the reason. Where timing fails or
-    the kernel does not run (a fallback), the planner's decision stays and the reason says why."""
+    * (1 - config.min_gain - config.measure_margin). The numbers go to info.measured and the
+    reason. Where timing fails or the kernel does not run (a fallback), the planner's decision
+    stays and the reason says why."""
     info = rr.info
     m = size_hint(info.m)
     saved = (info.calls, info.fallback_calls, info.runtime_fallback, set(rr._warned), rr.last_inputs)
@@ -182,9 +183,10 @@ def measure_region(rr: "kernels.RuntimeRegion", tensor_nodes: list[fx.Node], siz
             except Exception as e:  # the modeled epilogue stands in
                 inductor_us, no_inductor = [], _error_line(e)
             # Further rounds alternate the two, the order swapped each round, so both meet the same
-            # clock and power states (an H200 at its power cap). One after the other, Llama's
-            # gate_proj + silu * up measured 1350 us fused against Inductor's 1363 and fused; in
-            # alternating rounds 1474 against 1454 (bench/region_timing.py, bench/NOTES.md Stop 26).
+            # clock and power states (an H200 at its power cap): timed one after the other, the two
+            # sides of a region met different ones (bench/region_timing.py, bench/NOTES.md Stop 26).
+            # What the short bursts here still miss, the model's steady state, config.measure_margin
+            # stands for.
             for r in range(1, ROUNDS if inductor_us else 1):
                 for who in (("inductor", "fused") if r % 2 else ("fused", "inductor")):
                     if who == "fused":

@@ -11,10 +11,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
-#include <random>
 #include <string>
+#include <typeinfo>
 #include <unistd.h>
 #include <vector>
 
