@@ -295,12 +295,12 @@ struct SplitCandidate {
 // SMEM left allows (each piece is a round trip), the grid at the measured cluster residency, and
 // the estimate: the busiest CTA's warp-group chunks (wg_chunk_us) plus its jobs' hand-overs.
 SplitCandidate price_split(const B2bConfig& base, const B2bProblem& p, int gemm1_passes, int cluster, bool double_x,
-                           const DeviceModel& dev) {
+                           int max_stages, const DeviceModel& dev) {
   SplitCandidate c;
   c.kernel = base;
   B2bConfig& kc = c.kernel;
   kc.cluster_n1 = cluster;
-  for (kc.ring_stages = 8; kc.ring_stages > 2 && kc.smem_bytes() > dev.smem_per_cta_bytes; --kc.ring_stages) {
+  for (kc.ring_stages = max_stages; kc.ring_stages > 2 && kc.smem_bytes() > dev.smem_per_cta_bytes; --kc.ring_stages) {
   }
   while (cluster > 1 && kc.xfer_floats < kc.tile_n2 / 2) {
     B2bConfig wider = kc;
@@ -346,7 +346,7 @@ std::vector<SplitCandidate> split_candidates(const B2bConfig& base, const B2bPro
     for (int cluster : {1, 2, 4, 8, 16}) {
       if (opt.cluster_n && *opt.cluster_n != cluster) continue;
       if (!opt.cluster_n && (cluster > 8 || cluster > job_chunks)) continue;
-      tried.push_back(price_split(k, p, gemm1_passes, cluster, !opt.b2b_x_buffers, dev));
+      tried.push_back(price_split(k, p, gemm1_passes, cluster, !opt.b2b_x_buffers, opt.ring_stages.value_or(8), dev));
     }
   }
   return tried;
@@ -441,6 +441,8 @@ void check_b2b_options(const PlanOptions& o) {
                             *o.b2b_job_rows, rows, 2 * rows));
   if (o.tile_n)
     if (const char* why = check_b2b_tile_n2(*o.tile_n)) throw Error(fmt::format("b2b: --tile-n {}: {}", *o.tile_n, why));
+  if (o.ring_stages && (*o.ring_stages < 2 || *o.ring_stages > Sm90::kMaxRingStages))
+    throw Error(fmt::format("b2b: --ring-stages {}: 2..{} stages", *o.ring_stages, Sm90::kMaxRingStages));
   // As for an online softmax; an elementwise F refuses any but 0 once F is known (make_b2b_plan).
   if (o.fma_exp_every)
     if (const char* why = check_b2b_fma_exp_every(*o.fma_exp_every, /*online_softmax=*/true))
@@ -609,11 +611,11 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
   };
   const SplitCandidate* best = fastest();
   std::string overlap_dropped;
-  if (!best && k.f_beside_gemm2 && !opt.b2b_overlap && !opt.b2b_x_resident && !opt.b2b_x_buffers &&
-      !opt.b2b_chain_jobs) {
-    // The overlap by default, where its resident Q and the two chunks' slots in flight leave no
-    // ring (a head dim of 256 with 256 columns of O: 32 KiB slots): F between the GEMMs, Q in the
-    // ring's slots, as with --b2b-overlap off.
+  if (!best && k.f_beside_gemm2 && !opt.b2b_overlap.value_or(false) && !opt.b2b_x_resident.value_or(false) &&
+      opt.b2b_x_buffers.value_or(1) == 1 && !opt.b2b_chain_jobs.value_or(false)) {
+    // The overlap by default (nothing forced that needs it), where its resident Q and the two
+    // chunks' slots in flight leave no ring (a head dim of 256 with 256 columns of O: 32 KiB
+    // slots): F between the GEMMs, Q in the ring's slots, as with --b2b-overlap off.
     overlap_dropped = tried.empty() ? "no cluster size" : tried.front().refused;
     k.f_beside_gemm2 = false, k.x_k_blocks = 0, k.x_buffers = 1;
     k.fma_exp_every = opt.fma_exp_every.value_or(k.causal ? 0 : 4);

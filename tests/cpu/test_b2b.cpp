@@ -303,6 +303,15 @@ TEST(B2b, AttentionOverlapByDefaultResidentXForcedOnly) {
   EXPECT_EQ(check(d256.kernel), nullptr);
   EXPECT_NE(explain(att.first(), att.second(), d256).find("F between the GEMMs, X in the ring's slots: with X resident"),
             std::string::npos);
+  PlanOptions capped;  // --ring-stages caps a B2B ring too; the overlap then needs its two chunks' slots
+  capped.ring_stages = 5;
+  EXPECT_EQ(plan(att, 128, capped).kernel.ring_stages, 5);
+  capped.ring_stages = 3;
+  EXPECT_FALSE(plan(att, 128, capped).kernel.f_beside_gemm2) << "2 k-blocks of Q and 2 of a chunk exceed 3 stages";
+  PlanOptions defaults_forced;  // options forced to what the default is do not keep the overlap
+  defaults_forced.b2b_chain_jobs = false, defaults_forced.b2b_x_buffers = 1, defaults_forced.b2b_job_rows = 64;
+  EXPECT_FALSE(make_b2b_plan(att.first(), att.second(), B2bProblem{1, 1024, 256, 1024, 256, DType::BF16}, defaults_forced)
+                   .kernel.f_beside_gemm2);
   try {
     make_b2b_plan(att.first(), att.second(), B2bProblem{1, 1024, 256, 1024, 256, DType::BF16}, on);
     ADD_FAILURE() << "the overlap forced where no ring fits";
