@@ -201,17 +201,21 @@ inline std::vector<B2bCase> b2b_cases(int per_example, const B2bShapes& shapes =
   return cases;
 }
 
-// What tests/gpu/test_gpu_property.cpp runs on the GPU: of each example, the first `per_example`
-// cases that plan, at shapes the fp64 reference executes in well under a second. The CPU test
-// checks the selection (every example, each case planned), so the GPU run cannot find it short.
-inline std::vector<SingleCase> gpu_cases(int per_example = 3) {
-  const Shapes small{{1, 7, 16, 64, 200, 256, 1000}, {8, 64, 136, 1000, 2048}, {8, 64, 72, 1024}};
+// The dim bindings a case's graph runs with.
+inline Bindings bindings_of(const SingleCase& c) { return {{"M", c.problem.m}, {"N", c.problem.n}, {"K", c.problem.k}}; }
+inline Bindings bindings_of(const B2bCase& c) { return b2b_bindings(c.example, c.problem); }
+
+// Of each example, the first `per_example` cases that `plan` accepts (it throws Error to refuse):
+// what tests/gpu/test_gpu_property.cpp runs on the GPU. The CPU test checks the selection
+// (every example, each case planned), so the GPU run cannot find it short.
+template <class Case, class Plan>
+std::vector<Case> first_planned(std::vector<Case> cases, int per_example, Plan&& plan) {
   std::map<std::string, int> taken;
-  std::vector<SingleCase> out;
-  for (SingleCase& c : single_cases(200, small)) {
+  std::vector<Case> out;
+  for (Case& c : cases) {
     if (taken[c.example] == per_example) continue;
     try {
-      (void)make_plan(c.spec, c.problem, c.opt);
+      plan(c);
     } catch (const Error&) {
       continue;  // refused by name: the CPU test covers the refusals
     }
@@ -221,23 +225,16 @@ inline std::vector<SingleCase> gpu_cases(int per_example = 3) {
   return out;
 }
 
-// What test_gpu_property.cpp runs of the B2B cases: of each example, the first `per_example`
-// that plan, at shapes the fp64 reference executes quickly.
+// At shapes the fp64 reference executes in well under a second.
+inline std::vector<SingleCase> gpu_cases(int per_example = 3) {
+  const Shapes small{{1, 7, 16, 64, 200, 256, 1000}, {8, 64, 136, 1000, 2048}, {8, 64, 72, 1024}};
+  return first_planned(single_cases(200, small), per_example,
+                       [](const SingleCase& c) { (void)make_plan(c.spec, c.problem, c.opt); });
+}
 inline std::vector<B2bCase> gpu_b2b_cases(int per_example = 2) {
   const B2bShapes small{{1, 3}, {1, 40, 64, 300}, {8, 64, 72, 128, 192, 256}, {8, 40, 128, 520}, {8, 64, 128, 136, 256}};
-  std::map<std::string, int> taken;
-  std::vector<B2bCase> out;
-  for (B2bCase& c : b2b_cases(200, small)) {
-    if (taken[c.example] == per_example) continue;
-    try {
-      (void)make_b2b_plan(c.first, c.second, c.problem, c.opt);
-    } catch (const Error&) {
-      continue;
-    }
-    ++taken[c.example];
-    out.push_back(std::move(c));
-  }
-  return out;
+  return first_planned(b2b_cases(200, small), per_example,
+                       [](const B2bCase& c) { (void)make_b2b_plan(c.first, c.second, c.problem, c.opt); });
 }
 
 }  // namespace comfuse::plan_cases

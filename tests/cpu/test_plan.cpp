@@ -9,6 +9,7 @@
 #include "comfuse/lower.h"
 #include "comfuse/plan.h"
 #include "comfuse/scheduler/grid.cuh"
+#include "expect_error.h"
 #include "plan/calibration.h"
 
 namespace comfuse {
@@ -310,14 +311,7 @@ TEST(Plan, OccupancyVersusCoverage) {
   EXPECT_EQ(make_plan(bias_gelu(), prob(8192, 4096, 4096)).kernel.cluster_n, 1);
 }
 
-void expect_error(const std::function<void()>& f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "expected an Error mentioning '" << needle << "'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
+using test::expect_error;
 
 TEST(Plan, RejectsImpossibleInput) {
   FusionSpec s = layer_norm(), g = bias_gelu();

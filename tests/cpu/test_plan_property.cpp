@@ -54,26 +54,29 @@ void expect_plan_or_error(const std::string& what, bool must_plan, Outcome& o, F
   }
 }
 
-TEST(PlanProperty, SingleGemmPlansOrRefusesByName) {
-  const DeviceModel dev;
+// Every case plans (then `check_plan` looks at the plan) or is refused by name; both ends are
+// reached: most random cases plan, and a good share is refused.
+template <class Case, class CheckPlan>
+void expect_cases_plan_or_refuse(const std::vector<Case>& cases, CheckPlan&& check_plan) {
   Outcome o;
-  const std::vector<SingleCase> cases = single_cases(300);
-  for (const SingleCase& c : cases) {
-    const std::string& what = c.what;
-    expect_plan_or_error(what, c.must_plan, o, [&] {
-      const Plan plan = make_plan(c.spec, c.problem, c.opt);
-      EXPECT_EQ(check(plan.kernel), nullptr) << what << ": " << check(plan.kernel);
-      EXPECT_LE(plan.smem.total(), dev.smem_per_cta_bytes) << what;
-      EXPECT_GT(plan.grid_ctas, 0) << what;
-      EXPECT_GT(plan.estimate.total_us, 0) << what;
-      EXPECT_FALSE(explain(c.spec, plan).empty()) << what;
-      EXPECT_FALSE(emit(c.spec, plan).source.empty()) << what;
-    });
-  }
-  // Both ends are reached: most random cases plan, and a good share is refused by name.
+  for (const Case& c : cases) expect_plan_or_error(c.what, c.must_plan, o, [&] { check_plan(c); });
   const int n = static_cast<int>(cases.size());
   EXPECT_GT(o.planned, n / 4) << o.refused << " refused of " << n;
   EXPECT_GT(o.refused, n / 20) << o.planned << " planned of " << n;
+}
+
+TEST(PlanProperty, SingleGemmPlansOrRefusesByName) {
+  const DeviceModel dev;
+  expect_cases_plan_or_refuse(single_cases(300), [&](const SingleCase& c) {
+    const std::string& what = c.what;
+    const Plan plan = make_plan(c.spec, c.problem, c.opt);
+    EXPECT_EQ(check(plan.kernel), nullptr) << what << ": " << check(plan.kernel);
+    EXPECT_LE(plan.smem.total(), dev.smem_per_cta_bytes) << what;
+    EXPECT_GT(plan.grid_ctas, 0) << what;
+    EXPECT_GT(plan.estimate.total_us, 0) << what;
+    EXPECT_FALSE(explain(c.spec, plan).empty()) << what;
+    EXPECT_FALSE(emit(c.spec, plan).source.empty()) << what;
+  });
 }
 
 // The GPU run's selection (tests/gpu/test_gpu_property.cpp): every example, three cases each,
@@ -138,25 +141,18 @@ TEST(PlanProperty, ForcedPlansCompile) {
 
 TEST(PlanProperty, B2bPlansOrRefusesByName) {
   const DeviceModel dev;
-  Outcome o;
-  const std::vector<B2bCase> cases = b2b_cases(300);
-  for (const B2bCase& c : cases) {
+  expect_cases_plan_or_refuse(b2b_cases(300), [&](const B2bCase& c) {
     const std::string& what = c.what;
-    expect_plan_or_error(what, c.must_plan, o, [&] {
-      const B2bPlan plan = make_b2b_plan(c.first, c.second, c.problem, c.opt);
-      EXPECT_EQ(check(plan.kernel), nullptr) << what << ": " << check(plan.kernel);
-      EXPECT_LE(plan.kernel.smem_bytes(), dev.smem_per_cta_bytes) << what;
-      EXPECT_GT(plan.grid_ctas, 0) << what;
-      EXPECT_GT(plan.jobs, 0) << what;
-      EXPECT_FALSE(explain(c.first, c.second, plan).empty()) << what;
-      EXPECT_FALSE(emit_b2b(c.first, c.second, plan).source.empty()) << what;
-      // choose_b2b says the same under Force: the pair as planned.
-      EXPECT_TRUE(choose_b2b(c.first, c.second, c.problem, c.opt).one_kernel) << what;
-    });
-  }
-  const int n = static_cast<int>(cases.size());
-  EXPECT_GT(o.planned, n / 4) << o.refused << " refused of " << n;
-  EXPECT_GT(o.refused, n / 20) << o.planned << " planned of " << n;
+    const B2bPlan plan = make_b2b_plan(c.first, c.second, c.problem, c.opt);
+    EXPECT_EQ(check(plan.kernel), nullptr) << what << ": " << check(plan.kernel);
+    EXPECT_LE(plan.kernel.smem_bytes(), dev.smem_per_cta_bytes) << what;
+    EXPECT_GT(plan.grid_ctas, 0) << what;
+    EXPECT_GT(plan.jobs, 0) << what;
+    EXPECT_FALSE(explain(c.first, c.second, plan).empty()) << what;
+    EXPECT_FALSE(emit_b2b(c.first, c.second, plan).source.empty()) << what;
+    // choose_b2b says the same under Force: the pair as planned.
+    EXPECT_TRUE(choose_b2b(c.first, c.second, c.problem, c.opt).one_kernel) << what;
+  });
 }
 
 TEST(PlanProperty, ForcedB2bPlansCompile) {
