@@ -441,12 +441,26 @@ void check_b2b_options(const PlanOptions& o) {
                             *o.b2b_job_rows, rows, 2 * rows));
   if (o.tile_n)
     if (const char* why = check_b2b_tile_n2(*o.tile_n)) throw Error(fmt::format("b2b: --tile-n {}: {}", *o.tile_n, why));
+  if (o.b2b_x_buffers && *o.b2b_x_buffers != 1 && *o.b2b_x_buffers != 2)
+    throw Error(fmt::format("b2b: --b2b-x-buffers {}: a resident X has 1 or 2 buffers", *o.b2b_x_buffers));
   if (o.ring_stages && (*o.ring_stages < 2 || *o.ring_stages > Sm90::kMaxRingStages))
     throw Error(fmt::format("b2b: --ring-stages {}: 2..{} stages", *o.ring_stages, Sm90::kMaxRingStages));
   // As for an online softmax; an elementwise F refuses any but 0 once F is known (make_b2b_plan).
   if (o.fma_exp_every)
     if (const char* why = check_b2b_fma_exp_every(*o.fma_exp_every, /*online_softmax=*/true))
       throw Error(fmt::format("b2b: --fma-exp-every {}: {}", *o.fma_exp_every, why));
+}
+
+// One in how many of the online softmax's exponentials runs as a polynomial on the FMA pipe
+// (0: all on the MUFU), unless forced. A chunk's 64 exponentials a thread hold the MUFU 512
+// cycles a warp, as long as its two GEMMs at a head dim of 64: with F between the GEMMs one in
+// four on the FMA pipe measured 4.5% faster there and 1-2% at 128, but 2-4% slower with the
+// causal mask (bench/sweeps/attention_softmax_f.txt). With F beside GEMM2 the MUFU's latency
+// hides behind the GEMMs and the polynomial's FMAs only add to the warp group's issue: all on
+// the MUFU measured 4-5% faster there (batched S 1024 d 128 paired, S 2048 d 64;
+// attention_overlap_pairing.txt).
+int fma_exp_every_for(const B2bConfig& k, const PlanOptions& opt) {
+  return opt.fma_exp_every.value_or(k.causal || k.f_beside_gemm2 ? 0 : 4);
 }
 
 }  // namespace
@@ -503,8 +517,6 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
     throw Error("b2b: --b2b-overlap on runs F beside GEMM2 with X resident: not with --b2b-x-resident off");
   }
   if (opt.b2b_x_buffers) {
-    if (*opt.b2b_x_buffers != 1 && *opt.b2b_x_buffers != 2)
-      throw Error(fmt::format("b2b: --b2b-x-buffers {}: a resident X has 1 or 2 buffers", *opt.b2b_x_buffers));
     if (*opt.b2b_x_buffers == 2 && k.x_k_blocks == 0)
       throw Error(fmt::format("b2b: --b2b-x-buffers 2 double-buffers a resident X, and this plan keeps X in the ring's "
                               "slots (X resident needs K <= {}, here {}; --b2b-overlap off without --b2b-x-resident on "
@@ -528,15 +540,8 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
     k.x_buffers = 2;
     k.chain_jobs = true;
   }
-  // A chunk's 64 exponentials a thread hold the MUFU 512 cycles a warp, as long as its two GEMMs
-  // at a head dim of 64: with F between the GEMMs one in four on the FMA pipe measured 4.5% faster
-  // there and 1-2% at 128, but 2-4% slower with the causal mask (bench/sweeps/
-  // attention_softmax_f.txt). With F beside GEMM2 the MUFU's latency hides behind the GEMMs and
-  // the polynomial's FMAs only add to the warp group's issue: all on the MUFU measured 4-5%
-  // faster there (batched S 1024 d 128 paired, S 2048 d 64; attention_overlap_pairing.txt).
   if (k.online_softmax) {
-    k.fma_exp_every = k.causal || k.f_beside_gemm2 ? 0 : 4;
-    if (opt.fma_exp_every) k.fma_exp_every = *opt.fma_exp_every;
+    k.fma_exp_every = fma_exp_every_for(k, opt);
   } else if (opt.fma_exp_every.value_or(0) != 0) {
     throw Error(fmt::format("b2b: --fma-exp-every {} places an online softmax's exponentials; this pair's F is {}",
                             *opt.fma_exp_every, name_of(plan.intermediate)));
@@ -618,7 +623,7 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
     // slots): F between the GEMMs, Q in the ring's slots, as with --b2b-overlap off.
     overlap_dropped = tried.empty() ? "no cluster size" : tried.front().refused;
     k.f_beside_gemm2 = false, k.x_k_blocks = 0, k.x_buffers = 1;
-    k.fma_exp_every = opt.fma_exp_every.value_or(k.causal ? 0 : 4);
+    k.fma_exp_every = fma_exp_every_for(k, opt);
     tried = split_candidates(k, p, plan.gemm1_passes, job_chunks, opt, dev);
     best = fastest();
   }
