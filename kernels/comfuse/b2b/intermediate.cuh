@@ -97,7 +97,17 @@ struct OnlineSoftmaxF {
   static constexpr bool kRawScores = C.logit_scale > 0.f;
   static constexpr float kExpScale = (kRawScores ? C.logit_scale : 1.f) * epi::kLog2e;
   static constexpr bool kMaskDiagonal = kRawScores && C.causal;
-  float m[2], l[2];  // running max of the thread's rows (r, r + 8), and its partial row sums
+  // The reference a row's exponentials are taken against moves only when the chunk's max
+  // exceeds it by more than 2^kStaleLog2 in exp terms (FlashAttention-4's conditional rescale):
+  // softmax is exact for any reference the row's values do not overflow against, and an
+  // exponential of at most 2^8 (in S's bf16, l's and O's fp32) is far from it. Once a row's
+  // first chunks set the reference, later chunks rarely move it, so O's rescale (a multiply
+  // per O register, after waiting for the previous GEMM2) is mostly skipped: with an exact
+  // max, any new max in a warp's 16 rows rescales it, which is most chunks of random scores.
+  static constexpr float kStaleLog2 = 8.f;
+  // The reference (the running max, stale by up to kStaleLog2) of the thread's rows (r, r + 8),
+  // and its partial row sums against it.
+  float m[2], l[2];
   // The chunk's: O's factor per row, the exponent's offset per row, and whether a row max of the
   // warp moved (O to rescale).
   float scale[2], ref2[2];
@@ -153,14 +163,16 @@ struct OnlineSoftmaxF {
       cmax[h] = fmaxf(fmaxf(part[h][0], part[h][1]), fmaxf(part[h][2], part[h][3]));
       cmax[h] = fmaxf(cmax[h], __shfl_xor_sync(0xffffffffu, cmax[h], 1));
       cmax[h] = fmaxf(cmax[h], __shfl_xor_sync(0xffffffffu, cmax[h], 2));
-      float const mn = fmaxf(m[h], cmax[h]);
+      // From -inf (the job's first chunk) any finite max moves; -inf - -inf (a row masked so
+      // far) is NaN, which does not.
+      bool const moves = (cmax[h] - m[h]) * kExpScale > kStaleLog2;
+      float const mn = moves ? cmax[h] : m[h];
       ref[h] = mn == neg_inf() ? 0.f : mn;  // a row masked so far: no NaN from -inf - -inf
-      scale[h] = epi::fast_exp2((m[h] - ref[h]) * kExpScale);
+      scale[h] = moves ? epi::fast_exp2((m[h] - ref[h]) * kExpScale) : 1.f;
       m[h] = mn;
       l[h] *= scale[h];
     }
-    // O's rescale only where a row max of the warp moved (scale 1 elsewhere: most chunks once
-    // the maxima settle).
+    // O's rescale only where a reference of the warp's rows moved (scale 1 elsewhere).
     rescale_o = !first && __any_sync(0xffffffffu, scale[0] != 1.f || scale[1] != 1.f);
     ref2[0] = ref[0] * kExpScale, ref2[1] = ref[1] * kExpScale;
   }

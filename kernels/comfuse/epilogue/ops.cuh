@@ -20,11 +20,12 @@ COMFUSE_DEVICE float fast_exp2(float x) {
 // e^x as 2^(x log2(e)). Relative error ~2^-22 plus the rounding of x*log2(e): far inside bf16
 // (2^-8).
 COMFUSE_DEVICE float fast_exp(float x) { return fast_exp2(x * kLog2e); }
-// 2^x for x <= 0 on the FMA and integer pipes, for where the MUFU's 16 results a clock per SM
-// bound a softmax (the B2B online softmax at small head dims; FlashAttention-4's trick): x =
-// j + f with j = round(x) (the 1.5 * 2^23 shift leaves it in the low mantissa bits) and f in
-// [-0.5, 0.5], 2^f a degree-3 polynomial (relative error <= 1.1e-4, below bf16's 2^-9), j
-// added into the exponent. x is clamped at -127: 2^-127 is 0 to S in bf16 and to the row sum.
+// 2^x for x <= 8 (the online softmax's stale reference, b2b/intermediate.cuh) on the FMA and
+// integer pipes, for where the MUFU's 16 results a clock per SM bound a softmax (the B2B online
+// softmax at small head dims; FlashAttention-4's trick): x = j + f with j = round(x) (the
+// 1.5 * 2^23 shift leaves it in the low mantissa bits) and f in [-0.5, 0.5], 2^f a degree-3
+// polynomial (relative error <= 1.1e-4, below bf16's 2^-9), j added into the exponent. x is
+// clamped at -127: 2^-127 is 0 to S in bf16 and to the row sum.
 COMFUSE_DEVICE float fma_exp2(float x) {
   x = fmaxf(x, -127.f);
   float const shifted = __fadd_rn(x, 12582912.f);  // _rn: never folded with the subtraction
