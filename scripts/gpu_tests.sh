@@ -28,9 +28,10 @@ for t in .carry/bin/test_gpu_*; do
   rm -f "$out/$(basename "$t")".[0-9]*.log
 done
 echo "== CLI on the GPU"
+# RUNS, B2B_RUNS and B2B_AUTO_RUNS replace the lists below; set empty (RUNS=""), they run nothing.
 # The JIT path end to end at the benchmark shapes, each timed against cuBLAS GEMM alone in
 # the same run (compiles in parallel first, then runs one at a time).
-runs="${RUNS:-gemm_layernorm:8192,4096,4096 gemm_rmsnorm:8192,4096,4096 gemm_softmax:8192,4096,4096
+runs="${RUNS-gemm_layernorm:8192,4096,4096 gemm_rmsnorm:8192,4096,4096 gemm_softmax:8192,4096,4096
       gemm_layernorm:4096,8192,4096 gemm_layernorm:256,4096,4096 gemm_softmax:256,4096,4096
       gemm_bias_gelu:4096,4096,4096 gemm_bias_gelu:8192,4096,4096 gemm_bias_gelu:256,4096,4096}"
 for r in $runs; do .carry/bin/comfuse compile "examples/${r%%:*}.cf" --shape "${r#*:}" > /dev/null 2>&1 & done; wait
@@ -40,12 +41,12 @@ for r in $runs; do
 done
 # B2B pairs (bench/RESULTS.md's B2B rows): shapes as --dim bindings, the B2B kernel forced (the
 # planner runs most FFN shapes as two kernels); B2B_AUTO_RUNS as the planner chooses.
-b2b_runs="${B2B_RUNS:-ffn:M=8192,K=1024,N=4096,D=256 attention:M=16384,N=16384,K=128,DV=128 attention:M=4096,N=4096,K=64,DV=64
+b2b_runs="${B2B_RUNS-ffn:M=8192,K=1024,N=4096,D=256 attention:M=16384,N=16384,K=128,DV=128 attention:M=4096,N=4096,K=64,DV=64
   attention_causal:M=16384,N=16384,K=128,DV=128 attention_causal:M=4096,N=4096,K=64,DV=64
   ffn_swiglu:M=128,K=4096,N=11008,D=4096 ffn_swiglu:M=8192,K=1024,N=4096,D=1024
   attention_batched:B=64,M=1024,N=1024,K=128,DV=128 attention_batched_causal:B=64,M=1024,N=1024,K=128,DV=128
   attention_batched_causal:B=64,M=4096,N=4096,K=128,DV=128}"
-b2b_auto_runs="${B2B_AUTO_RUNS:-ffn:M=8192,K=1024,N=4096,D=256}"
+b2b_auto_runs="${B2B_AUTO_RUNS-ffn:M=8192,K=1024,N=4096,D=256}"
 dims() { echo "${1#*:}" | tr ',' '\n' | sed 's/^/--dim /' | tr '\n' ' '; }
 for r in $b2b_runs; do .carry/bin/comfuse compile "examples/${r%%:*}.cf" $(dims "$r") --b2b force > /dev/null 2>&1 & done; wait
 for r in $b2b_runs; do
