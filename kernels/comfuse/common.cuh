@@ -141,6 +141,14 @@ template <> struct DType<float> {
 COMFUSE_DEVICE void wait_for_previous_grid() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 COMFUSE_DEVICE void allow_next_grid() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
 
+// A TMA descriptor's first use waits for the descriptor's fetch. One thread prefetches the
+// mainloop's descriptors at the kernel's start, before griddepcontrol.wait (a descriptor is a
+// kernel parameter, not data the previous grid writes), so the fetch overlaps the prologue and,
+// under PDL, the previous grid's tail (CUTLASS's collectives do the same).
+COMFUSE_DEVICE void prefetch_tma_descriptor(void const* desc) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(desc)) : "memory");
+}
+
 // CTA-local mbarriers by shared-space address (the DSMEM channels): init with an arrival
 // count, arm for a number of TMA / bulk-copy bytes, wait for a phase's parity.
 COMFUSE_DEVICE void mbar_init(uint32_t bar, uint32_t count) {

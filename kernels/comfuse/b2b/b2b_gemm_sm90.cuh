@@ -98,6 +98,10 @@ struct B2bGemmSm90 {
     int const wg = threadIdx.x / kWarpGroupThreads;
     int const t = threadIdx.x % kWarpGroupThreads;
     if (threadIdx.x == 0) {
+      prefetch_tma_descriptor(&p.tma_a);   // X
+      prefetch_tma_descriptor(&p.tma_b);   // W1
+      prefetch_tma_descriptor(&p.tma_b2);  // W2
+      if constexpr (C.gated) prefetch_tma_descriptor(&p.tma_b3);
       for (int r = 0; r < kRings; ++r) RingT::init(ss.bars[r]);
       for (int w = 0; w < Sm90::kConsumerWGs; ++w) {
         F::init(f_storage(ss.wg[w]));

@@ -131,6 +131,8 @@ struct FusedGemmSm90 {
     pp.num_consumers = Mainloop::kConsumerThreads;  // PingPong: one consumer WG per k-block
     Pipeline pipeline(ss.pipe, pp, typename Mainloop::ClusterShape{});
     if (threadIdx.x == 0) {  // the epilogue's cluster-reduction channels (mbarriers), one per consumer WG
+      prefetch_tma_descriptor(&p.tma_a);
+      prefetch_tma_descriptor(&p.tma_b);
       EpiExec::init_shared(ss.epi[0]);
       EpiExec::init_shared(ss.epi[1]);
     }
