@@ -142,7 +142,8 @@ COMFUSE_DEVICE void wait_for_previous_grid() { asm volatile("griddepcontrol.wait
 COMFUSE_DEVICE void allow_next_grid() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
 
 // A TMA descriptor's first use waits for the descriptor's fetch. One thread prefetches the
-// mainloop's descriptors at the kernel's start, before griddepcontrol.wait (a descriptor is a
+// kernel's descriptors (the mainloop's operands, the epilogue's outputs) at the kernel's start,
+// before griddepcontrol.wait (a descriptor is a
 // kernel parameter, not data the previous grid writes), so the fetch overlaps the prologue and,
 // under PDL, the previous grid's tail (CUTLASS's collectives do the same).
 COMFUSE_DEVICE void prefetch_tma_descriptor(void const* desc) {

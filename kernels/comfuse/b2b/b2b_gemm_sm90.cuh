@@ -102,6 +102,7 @@ struct B2bGemmSm90 {
       prefetch_tma_descriptor(&p.tma_b);   // W1
       prefetch_tma_descriptor(&p.tma_b2);  // W2
       if constexpr (C.gated) prefetch_tma_descriptor(&p.tma_b3);
+      Epi2::prefetch_descriptors(p);
       for (int r = 0; r < kRings; ++r) RingT::init(ss.bars[r]);
       for (int w = 0; w < Sm90::kConsumerWGs; ++w) {
         F::init(f_storage(ss.wg[w]));

@@ -5,6 +5,8 @@
 //   struct SharedStorage;                         per consumer warp group (may be empty)
 //   static void init(SharedStorage&);             once per CTA, by one thread, before the
 //                                                 kernel's first cluster barrier (mbarriers)
+//   static void prefetch_descriptors(Params const&);  the same, for the TMA descriptors the node
+//                                                 uses (Store's output)
 //   void load(EpiCtx const&, SharedStorage&);     once per tile, by one thread: starts the
 //                                                 tile's inputs on their way (TileInput: an L2
 //                                                 prefetch); the root stage's run before the
@@ -62,6 +64,7 @@ template <class Geo> struct NodeBase {
   using SharedStorage = NoStorage;
   static constexpr bool kLoads = false;  // whether load() starts anything (TileInput)
   template <class S> static COMFUSE_DEVICE void init(S&) {}
+  static COMFUSE_DEVICE void prefetch_descriptors(Params const&) {}
   template <class S> COMFUSE_DEVICE void load(EpiCtx const&, S&) {}
   template <class S> COMFUSE_DEVICE void begin(EpiCtx const&, S&) {}
   template <class S> COMFUSE_DEVICE void acquire(EpiCtx const&, S&) {}
@@ -253,6 +256,7 @@ template <int Out, class T, int Src> struct Store {
     using Layout = SwizzledSubtile<T, Geo::BM>;
     struct SharedStorage { alignas(1024) unsigned char buf[Layout::kBytes]; };
     uint32_t base_;
+    static COMFUSE_DEVICE void prefetch_descriptors(Params const& p) { prefetch_tma_descriptor(&p.tma_out[Out]); }
     COMFUSE_DEVICE void begin(EpiCtx const&, SharedStorage& s) { base_ = smem_u32(s.buf); }
     template <int I, class V> COMFUSE_DEVICE void visit(EpiCtx const& c, FragCoord const& fc, Frag const&, V& v) {
       static_assert(Src < I);

@@ -287,6 +287,14 @@ template <class... Nodes> struct Stage {
       });
       if constexpr (kHasPost) PostExec::init_nodes(post_tree(ts));
     }
+    // One thread per CTA at the kernel's start: every stage's output descriptors (Store) fetched
+    // ahead of their first TMA store (common.cuh's prefetch_tma_descriptor).
+    static COMFUSE_DEVICE void prefetch_descriptors(Params const& p) {
+      cute::for_each(cute::make_int_sequence<kNumNodes>{}, [&](auto i) {
+        cute::tuple_element_t<decltype(i)::value, Impls>::prefetch_descriptors(p);
+      });
+      if constexpr (kHasPost) PostExec::prefetch_descriptors(p);
+    }
 
     // The root stage's input prefetches of tile c (TileInput: into L2), started before the
     // tile's mainloop so that they land while the tensor cores work. Later stages start theirs

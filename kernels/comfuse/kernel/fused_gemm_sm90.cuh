@@ -133,6 +133,7 @@ struct FusedGemmSm90 {
     if (threadIdx.x == 0) {  // the epilogue's cluster-reduction channels (mbarriers), one per consumer WG
       prefetch_tma_descriptor(&p.tma_a);
       prefetch_tma_descriptor(&p.tma_b);
+      EpiExec::prefetch_descriptors(p);
       EpiExec::init_shared(ss.epi[0]);
       EpiExec::init_shared(ss.epi[1]);
     }
