@@ -234,7 +234,7 @@ std::vector<CLI::Option*> add_plan_options(CLI::App* cmd, ExplainArgs& ex) {
       cmd->add_option("--row-group", ex.row_group, "row groups: G clusters share each row (power of two, 1..64)")
           ->check(CLI::IsMember({1, 2, 4, 8, 16, 32, 64})),
       cmd->add_option("--k-splits", ex.k_splits,
-                      "row groups: split-K, S clusters share each tile's K (1..16; 1: none)")
+                      "split-K: S clusters share each tile's K (1..16; 1: none), over row groups (any epilogue)")
           ->check(CLI::Range(1, Sm90::kMaxKSplits)),
       cmd->add_option("--stash", ex.stash, "row groups: stash element, fp32 or bf16")->check(CLI::IsMember({"fp32", "bf16"})),
       cmd->add_option("--pairs", ex.pairs,

@@ -182,7 +182,7 @@ COMFUSE_HOST_DEVICE constexpr char const* check(KernelConfig const& c) {
   if (c.k_splits < 1 || c.k_splits > Sm90::kMaxKSplits) return "k_splits: 1..16 K-splits per tile";
   if (c.k_splits > 1 && c.wgs_per_tile != 1) return "split-K needs the PingPong schedule (one warp group per tile)";
   if (c.k_splits > 1 && c.n_tiles != 1) return "split-K takes one N-tile per job";
-  if (c.row_group > 1 && c.aggregation != Aggregation::L2Exchange)
+  if (c.row_group > 1 && c.row_reduction && c.aggregation != Aggregation::L2Exchange)
     return "a row group of clusters exchanges through L2 (aggregation L2Exchange)";
   if (c.aggregation == Aggregation::L2Exchange && c.cluster_n != 1)
     return "the L2 exchange joins clusters of 1 along N (the row's CTAs are the row group)";

@@ -2,7 +2,11 @@
 // Unforced, the configuration measured fastest for the problem's shape class wins
 // (calibration.cpp, measured_elementwise_config); forced clusters along M take PingPong tiles
 // with B multicast. The general search (decide_cluster.cpp) adds its candidates as runners-up,
-// or decides when other options are forced.
+// or decides when other options are forced. Split-K (forced k_splits) is the row-group
+// decider's division (a row block's N-tiles over a group of CTAs, K split over several such
+// groups), priced by that decider's one-wave model, whose epilogue arithmetic was fitted on
+// reduction epilogues: it stays forced only until measured against the measured configurations
+// (bench/sweeps/decode_elementwise_split_k.txt).
 #include <fmt/format.h>
 
 #include "plan_internal.h"
@@ -11,6 +15,7 @@ namespace comfuse::plan_detail {
 
 std::vector<Candidate> decide_elementwise(const Request& r, Rejections& why) {
   const PlanOptions& opt = r.opt;
+  if (opt.k_splits) return decide_row_groups(r, why);
   std::vector<Candidate> search = decide_cluster(r, why);
   const bool forced_cm = opt.cluster_m.has_value();
   const bool forced_other = opt.cluster_n || opt.tile_n || opt.tile_m || opt.strategy || opt.aggregation ||

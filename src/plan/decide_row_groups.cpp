@@ -31,6 +31,9 @@
 // splitting only adds hand-overs, so it is not proposed.
 // A one-wave plan (each CTA one job) also pays the launch's fixed cost (calibration.h
 // one_wave_launch_us): at decode it is a fifth of the time.
+// An epilogue without reductions comes here for split-K (decide_elementwise.cpp): the same
+// division, the row group only spreading a row block's N-tiles over G CTAs (nothing to
+// exchange: no aggregation), and the split's gather before each tile's epilogue.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -148,8 +151,8 @@ std::vector<Candidate> decide_row_groups(const Request& r, Rejections& why) {
         c.k.tile_m = ts.tile_m, c.k.tile_n = ts.tile_n, c.k.cluster_m = cm, c.k.row_group = g;
         c.k.n_tiles = static_cast<int>(n_tiles);
         c.k.k_splits = ks;
-        c.k.row_reduction = true;
-        c.k.aggregation = g > 1 ? Aggregation::L2Exchange : Aggregation::None;
+        c.k.row_reduction = chain.reductions > 0;
+        c.k.aggregation = g > 1 && chain.reductions > 0 ? Aggregation::L2Exchange : Aggregation::None;
         c.k.stash_elem_bytes = n_tiles > 1 && chain.carries_tile ? stash_bytes : 0;
         c.k.stash_space = c.k.stash_elem_bytes > 0 ? StashSpace::Smem : StashSpace::None;
         c.tiles_m = tiles_m, c.tiles_n = tiles_n;
@@ -246,11 +249,19 @@ std::vector<Candidate> decide_row_groups(const Request& r, Rejections& why) {
     c.est.epilogue_us = o.d.tail_us + o.d.exchange_us;
     c.est.reread_us = 0;
     c.est.total_us = std::max(o.d.est_us, c.est.dram_floor_us);
-    c.why = fmt::format("row reduction over a row group (src/plan/decide_row_groups.cpp): PingPong {}x{}, clusters {}x1 "
-                        "in row groups of {}, {} N-tile(s)/CTA: est {:.1f} us (mainloop {:.1f}, tail {:.1f}, exchange "
-                        "{:.1f}); PingPong tiles with B multicast along M run at cuBLAS parity, the row's CTAs meet in L2",
-                        c.k.tile_m, c.k.tile_n, c.k.cluster_m, c.k.row_group, c.k.n_tiles, o.d.est_us, o.d.mainloop_us,
-                        o.d.tail_us, o.d.exchange_us);
+    c.why = chain.reductions > 0
+                ? fmt::format("row reduction over a row group (src/plan/decide_row_groups.cpp): PingPong {}x{}, clusters "
+                              "{}x1 in row groups of {}, {} N-tile(s)/CTA: est {:.1f} us (mainloop {:.1f}, tail {:.1f}, "
+                              "exchange {:.1f}); PingPong tiles with B multicast along M run at cuBLAS parity, the row's "
+                              "CTAs meet in L2",
+                              c.k.tile_m, c.k.tile_n, c.k.cluster_m, c.k.row_group, c.k.n_tiles, o.d.est_us,
+                              o.d.mainloop_us, o.d.tail_us, o.d.exchange_us)
+                : fmt::format("elementwise epilogue over the row-group division (src/plan/decide_row_groups.cpp): "
+                              "PingPong {}x{}, clusters {}x1, a row block's N-tiles over {} CTAs ({} each): est {:.1f} us "
+                              "(mainloop {:.1f}, tail {:.1f}, gather {:.1f}; the tail's arithmetic is the reduction "
+                              "epilogues' fit, not measured for elementwise ones)",
+                              c.k.tile_m, c.k.tile_n, c.k.cluster_m, c.k.row_group, c.k.n_tiles, o.d.est_us,
+                              o.d.mainloop_us, o.d.tail_us, o.d.exchange_us);
     if (c.k.k_splits > 1)
       c.why += fmt::format("; split-K: {} clusters share each tile's K ({} k-blocks each, {} SMs busy instead of {}), "
                            "the owner then adds their partial tiles ({:.1f} us a job = {:.1f} + {} splits x {} row slot(s) "

@@ -70,8 +70,9 @@ std::string explain(const FusionSpec& s, const Plan& p) {
                    "{} x {}\n", p.kernel.cluster_m, p.kernel.cluster_n, p.kernel.cluster_n, p.kernel.n_tiles, (p.kernel.cluster_n > 1) ? "yes" : "no",
                    p.kernel.cluster_m > 1 ? "yes" : "no", p.raster_group, p.raster_along_n ? "N-blocks" : "M-blocks");
   if (p.kernel.row_group > 1)
-    o += fmt::format("  row group    {} clusters share each row ({} CTAs along N), partials meet in L2\n", p.kernel.row_group,
-                     p.kernel.row_group * p.kernel.cluster_n);
+    o += fmt::format("  row group    {} clusters share each row ({} CTAs along N), {}\n", p.kernel.row_group,
+                     p.kernel.row_group * p.kernel.cluster_n,
+                     p.kernel.row_reduction ? "partials meet in L2" : "each its own N-tiles (no reduction: nothing to exchange)");
   if (p.kernel.k_splits > 1)
     o += fmt::format("  split-K      {} clusters share each tile's K ({} k-blocks each); split 0 adds the others' "
                      "partial tiles (rows < M, fp32, through the L2 workspace, in split order) and runs the epilogue\n",

@@ -170,10 +170,12 @@ void check_request(const FusionSpec& s, const Problem& p, const DeviceModel& dev
   if (opt.tile_m && *opt.tile_m != 64 && *opt.tile_m != 128)
     throw Error(fmt::format("plan: tile_m = {} is not 64 or 128 (rows per consumer warp group)", *opt.tile_m));
   const bool rg = plan_detail::row_groups_forced(opt);
-  const bool rg_only = opt.row_group || opt.k_splits || (opt.aggregation && *opt.aggregation == Aggregation::L2Exchange);
+  const bool rg_only = opt.row_group || (opt.aggregation && *opt.aggregation == Aggregation::L2Exchange);
   if ((rg_only || opt.stash_bytes) && s.reduction_count() == 0)
-    throw Error("plan: row_group, k_splits, stash_bytes and aggregation l2 shape row reductions (split-K is planned "
-                "with row groups); this epilogue has none");
+    throw Error("plan: row_group, stash_bytes and aggregation l2 shape row reductions; this epilogue has none");
+  if (opt.k_splits && (opt.cluster_n || opt.strategy))
+    throw Error("plan: k_splits plans split-K over the row-group division (clusters along M); it does not combine "
+                "with a forced cluster_n or strategy");
   if (opt.ring_stages && (*opt.ring_stages < 2 || *opt.ring_stages > Sm90::kMaxRingStages))
     throw Error(fmt::format("plan: ring_stages = {} is not in 2..{}", *opt.ring_stages, Sm90::kMaxRingStages));
   if (opt.k_splits && (*opt.k_splits < 1 || *opt.k_splits > Sm90::kMaxKSplits))

@@ -516,7 +516,37 @@ TEST(Plan, SplitKAtDecodeOnly) {
   EXPECT_THROW(make_plan(s, prob(1, 2048, 4096), full_device(), {}, bad), Error);
   bad.k_splits = 4;
   EXPECT_THROW(make_plan(s, prob(1, 2048, 128), full_device(), {}, bad), Error);  // 2 k-blocks < 4 splits
-  EXPECT_THROW(make_plan(bias_gelu(), prob(1, 2048, 4096), full_device(), {}, bad), Error);
+}
+
+// Split-K for an elementwise epilogue (GPT-2's decode c_fc + bias + GELU), forced only: the
+// row-group division with nothing to exchange (a row block's N-tiles spread over a group of
+// CTAs, no aggregation), each tile's K over the splits, the owner adding the partials before
+// its epilogue. The planner alone keeps its measured configuration. Row groups and the L2
+// aggregation stay refused by name where there is no row to reduce, and so is split-K with a
+// forced cluster along N.
+TEST(Plan, ForcedSplitKOnAnElementwiseEpilogue) {
+  const FusionSpec s = bias_gelu();
+  for (int64_t m : {1, 32}) {
+    SCOPED_TRACE(m);
+    PlanOptions o;
+    o.k_splits = 4;
+    const Plan p = make_plan(s, prob(m, 4096, 1024), full_device(), {}, o);
+    EXPECT_EQ(p.kernel.k_splits, 4);
+    EXPECT_FALSE(p.kernel.row_reduction);
+    EXPECT_EQ(p.kernel.aggregation, Aggregation::None);
+    EXPECT_EQ(p.kernel.n_tiles, 1);
+    EXPECT_GE(int64_t{p.kernel.row_group} * p.kernel.tile_n, 4096);  // every column has a CTA
+    EXPECT_EQ(check(p.kernel), nullptr);
+    EXPECT_NE(explain(s, p).find("split-K"), std::string::npos);
+    EXPECT_EQ(make_plan(s, prob(m, 4096, 1024), full_device(), {}, {}).kernel.k_splits, 1);
+  }
+  PlanOptions bad;
+  bad.k_splits = 4;
+  bad.cluster_n = 2;
+  expect_error([&] { make_plan(s, prob(1, 4096, 1024), full_device(), {}, bad); }, "k_splits");
+  PlanOptions rg;
+  rg.row_group = 4;
+  expect_error([&] { make_plan(s, prob(1, 4096, 1024), full_device(), {}, rg); }, "row_group");
 }
 
 // GPT-2 medium's decode c_proj region (examples/gemm_residual_layernorm.cf: bias + residual ->
