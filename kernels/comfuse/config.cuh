@@ -91,6 +91,9 @@ struct KernelConfig {
   int epilogue_smem_bytes = 0;             // one consumer WG's epilogue SMEM: every stage's node storage
                                            // and the DSMEM channel (the planner's model; the kernel
                                            // static_asserts that it is exact)
+  bool begin_early = false;                // a warp group's first job begins (its vectors' loads)
+                                           // before its mainloop: one-wave plans, whose epilogue
+                                           // is the critical path (one N-tile a job)
 
   COMFUSE_HOST_DEVICE constexpr int epi_rows() const { return tile_m / wgs_per_tile; }  // one WG's rows
   COMFUSE_HOST_DEVICE constexpr int cluster_size() const { return cluster_m * cluster_n; }
@@ -182,6 +185,7 @@ COMFUSE_HOST_DEVICE constexpr char const* check(KernelConfig const& c) {
   if (c.k_splits < 1 || c.k_splits > Sm90::kMaxKSplits) return "k_splits: 1..16 K-splits per tile";
   if (c.k_splits > 1 && c.wgs_per_tile != 1) return "split-K needs the PingPong schedule (one warp group per tile)";
   if (c.k_splits > 1 && c.n_tiles != 1) return "split-K takes one N-tile per job";
+  if (c.begin_early && c.n_tiles != 1) return "begin_early: one N-tile per job";
   if (c.row_group > 1 && c.row_reduction && c.aggregation != Aggregation::L2Exchange)
     return "a row group of clusters exchanges through L2 (aggregation L2Exchange)";
   if (c.aggregation == Aggregation::L2Exchange && c.cluster_n != 1)

@@ -141,10 +141,11 @@ std::string kernel_config_source(const KernelConfig& c) {
       "    .b_kmajor = {}, .tile_m = {}, .tile_n = {}, .ring_stages = {}, .wgs_per_tile = {}, .mma_depth = {},\n"
       "    .cluster_m = {}, .cluster_n = {}, .n_tiles = {}, .row_group = {}, .k_splits = {},\n"
       "    .row_reduction = {}, .aggregation = comfuse::Aggregation::{},\n"
-      "    .stash_space = comfuse::StashSpace::{}, .stash_elem_bytes = {}, .epilogue_smem_bytes = {}}};\n",
+      "    .stash_space = comfuse::StashSpace::{}, .stash_elem_bytes = {}, .epilogue_smem_bytes = {},\n"
+      "    .begin_early = {}}};\n",
       c.b_kmajor, c.tile_m, c.tile_n, c.ring_stages, c.wgs_per_tile, c.mma_depth, c.cluster_m, c.cluster_n, c.n_tiles,
       c.row_group, c.k_splits, c.row_reduction, aggregation_name(c.aggregation), stash_space_name(c.stash_space),
-      c.stash_elem_bytes, c.epilogue_smem_bytes);
+      c.stash_elem_bytes, c.epilogue_smem_bytes, c.begin_early);
 }
 
 EmittedKernel emit(const FusionSpec& s, const Plan& p) {

@@ -244,6 +244,9 @@ std::vector<Candidate> decide_row_groups(const Request& r, Rejections& why) {
     o.d.priced(ring);
     estimate_cluster(c, r);  // the DRAM floor; the times below are the row-group model's
     c.resident = o.resident;
+    // One job a CTA (one wave: decode, small M): nothing overlaps the epilogue, so its vectors'
+    // loads go ahead of the mainloop (KernelConfig::begin_early), beside the ring's first loads.
+    c.k.begin_early = o.d.jobs_per_cta == 1 && c.k.n_tiles == 1;
     c.workspace = int64_t{c.resident} * c.k.cluster_size() * c.k.stash_workspace_bytes_per_cta();
     c.est.mainloop_us = o.d.mainloop_us;
     c.est.epilogue_us = o.d.tail_us + o.d.exchange_us;

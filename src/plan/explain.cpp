@@ -96,6 +96,9 @@ std::string explain(const FusionSpec& s, const Plan& p) {
                                                  : "");
   o += fmt::format("  pipeline     {} stages, {}, {} consumer warp groups\n", p.kernel.ring_stages,
                    p.kernel.wgs_per_tile == 1 ? "PingPong" : "cooperative", Sm90::kConsumerWGs);
+  if (p.kernel.begin_early)
+    o += "  begin        early: a warp group's first job loads its epilogue's vectors before its mainloop (one job a "
+         "CTA: nothing else hides them)\n";
   o += fmt::format("  estimate     {:.1f} us (mainloop {:.1f}, exposed epilogue {:.1f}, reread {:.1f}, DRAM floor "
                    "{:.1f})\n",
                    p.estimate.total_us, p.estimate.mainloop_us, p.estimate.epilogue_us, p.estimate.reread_us,

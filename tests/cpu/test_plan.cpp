@@ -518,6 +518,23 @@ TEST(Plan, SplitKAtDecodeOnly) {
   EXPECT_THROW(make_plan(s, prob(1, 2048, 128), full_device(), {}, bad), Error);  // 2 k-blocks < 4 splits
 }
 
+// One job a CTA (decode): the epilogue's vectors load before the mainloop (begin_early), off the
+// critical path; never where a CTA walks several jobs (the other warp group's mainloop hides
+// the begin there) or several N-tiles (later tiles begin after the first's body).
+TEST(Plan, BeginEarlyWhereACtaRunsOneJob) {
+  const FusionSpec s = rms_norm();
+  EXPECT_TRUE(make_plan(s, prob(1, 2048, 4096), full_device(), {}, {}).kernel.begin_early);
+  EXPECT_TRUE(make_plan(s, prob(16, 4096, 4096), full_device(), {}, {}).kernel.begin_early);
+  const Plan big = make_plan(s, prob(8192, 4096, 4096), full_device(), {}, {});
+  EXPECT_FALSE(big.kernel.begin_early);
+  EXPECT_EQ(explain(s, big).find("begin        early"), std::string::npos);
+  EXPECT_NE(explain(s, make_plan(s, prob(1, 2048, 4096), full_device(), {}, {})).find("begin        early"),
+            std::string::npos);
+  KernelConfig c;
+  c.tile_m = 64, c.tile_n = 128, c.n_tiles = 2, c.begin_early = true;
+  EXPECT_STREQ(check(c), "begin_early: one N-tile per job");
+}
+
 // Split-K for an elementwise epilogue (GPT-2's decode c_fc + bias + GELU), forced only: the
 // row-group division with nothing to exchange (a row block's N-tiles spread over a group of
 // CTAs, no aggregation), each tile's K over the splits, the owner adding the partials before

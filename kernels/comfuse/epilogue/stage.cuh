@@ -456,14 +456,27 @@ template <class... Nodes> struct Stage {
       if constexpr (kEndsInReduction) reduce_phase(c, ts, accum, bar_id, chan, rnd, st);
     }
 
+    // A job's begin (its vectors into SMEM and registers, every stage's with one N-tile a job)
+    // ahead of its mainloop, where the warp group would otherwise wait for the ring's first
+    // k-blocks: run_tile then takes begun = true. The warp group's first job only (nothing of a
+    // previous job reads this storage yet); the kernel decides where it pays.
+    COMFUSE_DEVICE void begin_early(EpiCtx const& c, SharedStorage& ss, int bar_id) {
+      static_assert(Geo::NTiles == 1, "begin_early: one N-tile a job (later tiles begin after the first's body)");
+      unsigned long long const since = trace::now();
+      begin_phase<true>(c, tree_of(ss), bar_id);
+      trace::add_epi(trace::kEpiBegin, since);
+    }
+
     // The root's entry, once per tile of a job (c: the job's tile 0, t: the tile), right after
-    // that tile's mainloop; after the last tile the reduce phase and the PostStages.
+    // that tile's mainloop; after the last tile the reduce phase and the PostStages. begun: the
+    // job's begin ran already (begin_early).
     template <class FragC, class St = NoStash>
-    COMFUSE_DEVICE void run_tile(EpiCtx const& c, SharedStorage& ss, FragC& accum, int bar_id, int t, St const& st = St{}) {
+    COMFUSE_DEVICE void run_tile(EpiCtx const& c, SharedStorage& ss, FragC& accum, int bar_id, int t, St const& st = St{},
+                                 bool begun = false) {
       EpiCtx const ct = tile_ctx(c, t);
       TreeStorage& tree = tree_of(ss);
       unsigned long long since = trace::now();
-      begin_phase<true>(ct, tree, bar_id);
+      if (!begun) begin_phase<true>(ct, tree, bar_id);
       trace::add_epi(trace::kEpiBegin, since);
       since = trace::now();
       if (Geo::NTiles == 1 || t == Geo::NTiles - 1) body<true>(ct, tree, accum, bar_id, st);

@@ -194,6 +194,12 @@ struct FusedGemmSm90 {
         epi::EpiCtx ctx{&p, m0, tc.n_block * BN, p.N, t, t / 32, t % 32};  // the job's tile 0
         ctx.job = job;
         ctx.xs = RowGroupSlot{sched.exchange_slot(cw), sched.rank_n, epoch};
+        // KernelConfig::begin_early: the first job's begin (its vectors' loads) before its
+        // mainloop, while the ring's first k-blocks are on their way (and, PingPong, before the
+        // turn), off the epilogue's critical path.
+        bool const begun = C.begin_early && job == 0 && owner;
+        if constexpr (C.begin_early)
+          if (begun) epi.begin_early(ctx, ss.epi[cw], barrier_id(NamedBarrier::EpilogueWG0, cw));
         if constexpr (kPingPong) named_sync(barrier_id(NamedBarrier::MmaTurnWG0, cw), 2 * kWarpGroupThreads);
         trace::mark(t, cw, job, trace::kTurn);
         for (int nt = 0; nt < NTiles; ++nt) {
@@ -220,7 +226,7 @@ struct FusedGemmSm90 {
             else xk.gather(accum, job, epoch, m0, p.M, t, bar);
           }
           if (nt == NTiles - 1) trace::mark(t, cw, job, trace::kAccReady);
-          if (owner) epi.run_tile(ctx, ss.epi[cw], accum, barrier_id(NamedBarrier::EpilogueWG0, cw), nt, stash);
+          if (owner) epi.run_tile(ctx, ss.epi[cw], accum, barrier_id(NamedBarrier::EpilogueWG0, cw), nt, stash, begun);
         }
         trace::mark(t, cw, job, trace::kEpiDone);
         if constexpr (kPingPong) {
