@@ -530,6 +530,9 @@ TEST(Plan, BeginEarlyWhereACtaRunsOneJob) {
   EXPECT_EQ(explain(s, big).find("begin        early"), std::string::npos);
   EXPECT_NE(explain(s, make_plan(s, prob(1, 2048, 4096), full_device(), {}, {})).find("begin        early"),
             std::string::npos);
+  // The elementwise decider's measured configurations too: GPT-2's decode c_fc (one wave).
+  EXPECT_TRUE(make_plan(bias_gelu(), prob(1, 4096, 1024), full_device(), {}, {}).kernel.begin_early);
+  EXPECT_FALSE(make_plan(bias_gelu(), prob(8192, 4096, 1024), full_device(), {}, {}).kernel.begin_early);
   KernelConfig c;
   c.tile_m = 64, c.tile_n = 128, c.n_tiles = 2, c.begin_early = true;
   EXPECT_STREQ(check(c), "begin_early: one N-tile per job");
