@@ -141,6 +141,7 @@ nb::dict plan_summary(const Plan& p) {
   d["row_group"] = k.row_group;
   d["n_tiles_per_cta"] = k.n_tiles;
   d["k_splits"] = k.k_splits;
+  d["begin_early"] = k.begin_early;  // the first job's vectors before its mainloop (one job a CTA)
   d["aggregation"] = std::string(name_of(k.aggregation));
   d["l2_exchange"] = k.aggregation == Aggregation::L2Exchange;  // rows reduced across clusters through L2
   d["strategy"] = std::string(name_of(p.strategy()));
