@@ -143,9 +143,9 @@ COMFUSE_DEVICE void allow_next_grid() { asm volatile("griddepcontrol.launch_depe
 
 // A TMA descriptor's first use waits for the descriptor's fetch. One thread prefetches the
 // kernel's descriptors (the mainloop's operands, the epilogue's outputs) at the kernel's start,
-// before griddepcontrol.wait (a descriptor is a
-// kernel parameter, not data the previous grid writes), so the fetch overlaps the prologue and,
-// under PDL, the previous grid's tail (CUTLASS's collectives do the same).
+// before griddepcontrol.wait (a descriptor is a kernel parameter, not data the previous grid
+// writes), so the fetch overlaps the prologue and, under PDL, the previous grid's tail
+// (CUTLASS's collectives do the same).
 COMFUSE_DEVICE void prefetch_tma_descriptor(void const* desc) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(desc)) : "memory");
 }

@@ -459,7 +459,7 @@ template <class... Nodes> struct Stage {
     // A job's begin (its vectors into SMEM and registers, every stage's with one N-tile a job)
     // ahead of its mainloop, where the warp group would otherwise wait for the ring's first
     // k-blocks: run_tile then takes begun = true. The warp group's first job only (nothing of a
-    // previous job reads this storage yet); the kernel decides where it pays.
+    // previous job reads this storage yet), where KernelConfig::begin_early asks (one job a CTA).
     COMFUSE_DEVICE void begin_early(EpiCtx const& c, SharedStorage& ss, int bar_id) {
       static_assert(Geo::NTiles == 1, "begin_early: one N-tile a job (later tiles begin after the first's body)");
       unsigned long long const since = trace::now();
