@@ -110,10 +110,15 @@ struct PlannerTunables {
   std::map<int, double> stage_efficiency = {{2, 0.85}, {3, 0.95}, {4, 1.0}};
   // GUESS: mainloop efficiency by tile_n (SMEM operand traffic per MMA grows as tiles shrink).
   std::map<int, double> tile_n_efficiency = {{64, 0.75}, {128, 0.90}, {192, 0.95}, {256, 1.0}};
-  // GUESS: lock-step cost of clusters along N (multicast A waits for the slowest CTA).
-  // Untuned CUTLASS 1x2-along-N ran at 0.77x of 2x1-along-M (DESIGN.md); we assume tuning
-  // recovers most of that and charge only a few percent.
-  std::map<int, double> cluster_efficiency = {{1, 1.0}, {2, 1.0}, {4, 0.98}, {8, 0.97}, {16, 0.96}};
+  // Mainloop efficiency of clusters along N (only A multicast: 64x256 tiles go L2-bound, and
+  // multicast A waits for the slowest CTA). C_N 8 and 16 MEASURED on the H200 (bench/NOTES.md
+  // Stop 27, forced DSMEM plans, the model's mainloop against the time less its epilogue and
+  // re-read): LayerNorm 8192x4096x4096 C_N 8 0.70, 16 0.63; softmax 8192x2048x4096 C_N 8 0.74;
+  // LayerNorm 256x4096x4096 C_N 16 0.57 (the guesses were 0.97 and 0.96: estimates 1.3-1.6x
+  // short). C_N 2 and 4 stay GUESSES (untuned CUTLASS 1x2-along-N ran at 0.77x of 2x1-along-M,
+  // DESIGN.md); a second multicast along M (2-D clusters) measured 0.84-1.0 at C_N 8, which this
+  // table, by C_N alone, does not credit.
+  std::map<int, double> cluster_efficiency = {{1, 1.0}, {2, 1.0}, {4, 0.98}, {8, 0.72}, {16, 0.60}};
   int store_subtile_n = 64;        // FACT of the epilogue: 64-column TMA-store sub-tiles
   // A bf16 stash rounds x before x - mean, which |mean| >> std turns into wrong rows (MEASURED:
   // rel_l2 0.44 on LayerNorm with a 1000 offset): off unless PlanOptions::stash_bytes = 2.

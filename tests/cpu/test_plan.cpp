@@ -518,6 +518,32 @@ TEST(Plan, SplitKAtDecodeOnly) {
   EXPECT_THROW(make_plan(s, prob(1, 2048, 128), full_device(), {}, bad), Error);  // 2 k-blocks < 4 splits
 }
 
+// The DSMEM path forced (clusters along N, only A multicast) as measured on the H200
+// (bench/NOTES.md Stop 27, `bench/sweeps/dsmem_vs_row_groups.txt`): the mainloop efficiency of
+// clusters of 8 and 16 along N (calibration.h cluster_efficiency) keeps the estimates within
+// 15% of the runs; with the guesses they were 1.3-1.6x short.
+TEST(Plan, ForcedDsmemPlansPricedAsMeasured) {
+  struct Case {
+    FusionSpec s;
+    int64_t m, n, k;
+    int cluster_n;
+    std::optional<int> tile_n;
+    double measured_us;
+  };
+  const Case cases[] = {{layer_norm(), 8192, 4096, 4096, 8, {}, 627.3}, {layer_norm(), 8192, 4096, 4096, 16, {}, 694.3},
+                        {layer_norm(), 256, 4096, 4096, 16, {}, 45.1}, {softmax(), 8192, 2048, 4096, 8, 256, 278.0}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(fmt::format("{}x{}x{} C_N {}", c.m, c.n, c.k, c.cluster_n));
+    PlanOptions o;
+    o.aggregation = Aggregation::PeerToPeer;
+    o.cluster_n = c.cluster_n;
+    o.tile_n = c.tile_n;
+    const Plan p = make_plan(c.s, prob(c.m, c.n, c.k), full_device(), {}, o);
+    EXPECT_EQ(p.kernel.cluster_n, c.cluster_n);
+    EXPECT_NEAR(p.estimate.total_us, c.measured_us, 0.15 * c.measured_us);
+  }
+}
+
 // One job a CTA (decode): the epilogue's vectors load before the mainloop (begin_early), off the
 // critical path; never where a CTA walks several jobs (the other warp group's mainloop hides
 // the begin there) or several N-tiles (later tiles begin after the first's body).
