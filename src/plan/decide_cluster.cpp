@@ -122,7 +122,8 @@ std::vector<Candidate> decide_cluster(const Request& r, Rejections& why) {
       for (int cn : kClusterNs) {
         if (opt.cluster_n && *opt.cluster_n != cn) continue;
         // Forced only: a 2-D cluster (cluster_m with cluster_n), B multicast along M besides A
-        // along N. Priced as its cluster along N (its mainloop is not measured).
+        // along N. Priced as its cluster along N (measured 0.84-1.0 of that: calibration.h
+        // cluster_efficiency).
         const int cm = opt.cluster_n ? opt.cluster_m.value_or(1) : 1;
         if (cm * cn > dev.max_cluster || !dev.clusters_resident.count(cm * cn)) continue;
         Candidate c;

@@ -45,8 +45,7 @@ std::vector<Candidate> decide_elementwise(const Request& r, Rejections& why) {
     return search;
   }
   estimate_cluster(m, r);
-  // One wave of jobs (decode): a CTA's one job loads its vectors before its mainloop.
-  m.k.begin_early = m.k.n_tiles == 1 && m.jobs <= r.dev.resident(m.k.cluster_size());
+  m.k.begin_early = begins_early(m);
   search.insert(search.begin(), m);
   return search;
 }

@@ -244,9 +244,7 @@ std::vector<Candidate> decide_row_groups(const Request& r, Rejections& why) {
     o.d.priced(ring);
     estimate_cluster(c, r);  // the DRAM floor; the times below are the row-group model's
     c.resident = o.resident;
-    // One job a CTA (one wave: decode, small M): nothing overlaps the epilogue, so its vectors'
-    // loads go ahead of the mainloop (KernelConfig::begin_early), beside the ring's first loads.
-    c.k.begin_early = o.d.jobs_per_cta == 1 && c.k.n_tiles == 1;
+    c.k.begin_early = begins_early(c);
     c.workspace = int64_t{c.resident} * c.k.cluster_size() * c.k.stash_workspace_bytes_per_cta();
     c.est.mainloop_us = o.d.mainloop_us;
     c.est.epilogue_us = o.d.tail_us + o.d.exchange_us;
@@ -293,6 +291,10 @@ std::vector<Candidate> decide_row_groups(const Request& r, Rejections& why) {
   std::stable_sort(out.begin(), out.end(),
                    [](const Candidate& a, const Candidate& b) { return a.est.total_us < b.est.total_us; });
   return out;
+}
+
+bool begins_early(const Candidate& c) {
+  return c.k.n_tiles == 1 && c.jobs * c.k.row_group * c.k.k_splits <= c.resident;
 }
 
 // cluster_m alone shapes row groups (clusters along M whose CTAs meet in L2); with cluster_n it

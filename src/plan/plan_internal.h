@@ -125,6 +125,9 @@ void estimate_cluster(Candidate& c, const Request& r);
 // Whether the options ask for a row-group plan (cluster_m without cluster_n, row_group,
 // k_splits, aggregation L2Exchange).
 bool row_groups_forced(const PlanOptions& opt);
+// One job a CTA (one wave: decode, small M; c.jobs and c.resident set): nothing overlaps the
+// epilogue, so its vectors load ahead of the mainloop (KernelConfig::begin_early).
+bool begins_early(const Candidate& c);
 // Which paired reductions share one exchange round: where one N-tile per CTA and the row meets
 // in L2 or in one CTA, every pair when forced (PlanOptions::fuse_pairs), else every pair where
 // a round is saved (row_peers > 1) and the epilogue hides behind the other consumer's next job

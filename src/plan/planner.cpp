@@ -173,9 +173,6 @@ void check_request(const FusionSpec& s, const Problem& p, const DeviceModel& dev
   const bool rg_only = opt.row_group || (opt.aggregation && *opt.aggregation == Aggregation::L2Exchange);
   if ((rg_only || opt.stash_bytes) && s.reduction_count() == 0)
     throw Error("plan: row_group, stash_bytes and aggregation l2 shape row reductions; this epilogue has none");
-  if (opt.k_splits && (opt.cluster_n || opt.strategy))
-    throw Error("plan: k_splits plans split-K over the row-group division (clusters along M); it does not combine "
-                "with a forced cluster_n or strategy");
   if (opt.ring_stages && (*opt.ring_stages < 2 || *opt.ring_stages > Sm90::kMaxRingStages))
     throw Error(fmt::format("plan: ring_stages = {} is not in 2..{}", *opt.ring_stages, Sm90::kMaxRingStages));
   if (opt.k_splits && (*opt.k_splits < 1 || *opt.k_splits > Sm90::kMaxKSplits))
@@ -192,7 +189,7 @@ void check_request(const FusionSpec& s, const Problem& p, const DeviceModel& dev
                               "CTA at least, so tile_n must be >= {} (got {})",
                               *opt.cluster_m, 64 * *opt.cluster_m, tn));
   }
-  if (rg && s.reduction_count() > 0 && (opt.cluster_n || opt.strategy))
+  if (rg && (s.reduction_count() > 0 || opt.k_splits) && (opt.cluster_n || opt.strategy))
     throw Error("plan: row groups (cluster_m, row_group, k_splits, aggregation l2) do not combine with a forced cluster_n or "
                 "strategy (those pick the DSMEM search)");
   if (opt.cluster_m && *opt.cluster_m > 1 && s.reduction_count() > 0 && !opt.cluster_n && opt.aggregation &&

@@ -56,7 +56,7 @@ void add_reasons(Plan& plan, const ChainInfo& chain, const DeviceModel& dev, con
                             dev.sm_count, plan.kernel.cluster_n, plan.kernel.tile_n, plan.kernel.n_tiles, covered, p.n,
                             plan.kernel.cluster_m > 1 && plan.kernel.cluster_n > 1
                                 ? fmt::format(" and {} row blocks (2-D: B multicast along M too, the row reduced over "
-                                              "DSMEM among the row's {} CTAs; forced only, its mainloop not measured)",
+                                              "DSMEM among the row's {} CTAs; forced only: measured slower than row groups)",
                                               plan.kernel.cluster_m, plan.kernel.cluster_n)
                                 : std::string()));
     r.push_back(fmt::format("{} N-tile(s) per CTA: ceil(ceil(N / tile_n) / C_N) = ceil({} / {})",

@@ -5,9 +5,10 @@
 // "cluster tiles": one BM-row block times ClusterN adjacent BN-column blocks. The CTA of rank
 // r along N (blockIdx.y) takes column block ct.n * ClusterN + r of the SAME rows, so every
 // CTA of a cluster row holds the same M rows at the same time (the cross-CTA row reductions
-// and the multicast of A rely on this; with ClusterM > 1, below, a cluster has ClusterM rows). Cluster c takes cluster tiles
-// c, c + num_clusters, c + 2 num_clusters, ...; all CTAs of a cluster see the same
-// sequence, the k-th one of which goes to consumer warp group k % 2 (PingPong).
+// and the multicast of A rely on this; with ClusterM > 1, below, a cluster has ClusterM
+// rows). Cluster c takes cluster tiles c, c + num_clusters, c + 2 num_clusters, ...; all CTAs
+// of a cluster see the same sequence, the k-th one of which goes to consumer warp group k % 2
+// (PingPong).
 //
 // Raster: cluster tiles are numbered in bands of `group` M-blocks (raster_along_n == 0;
 // inside a band M moves fastest, so a wave of tiles shares few B panels and few A panels),
