@@ -49,6 +49,10 @@ struct EpiCtx {
   int tile = 0;     // Stash (NTiles > 1): which of the job's N-tiles (n0 is that tile's origin)
   int batch = 0;    // batched kernels (Geometry::kBatched): the job's batch
   int job = 0;      // the warp group's job count (trace stamps only)
+  // Set by the stage for begin(): this warp group's previous begin of the stage was at the same
+  // columns and batch (a row group's CTA keeps its N-tile from job to job), so per-column
+  // vectors already in its SMEM need not be loaded again.
+  bool same_columns = false;
   float const* gate = nullptr;  // B2B's gated GEMM1: the current fragment of X W3^T (GateEntry)
   RowGroupSlot xs{};  // row reductions across clusters (Aggregation::L2Exchange): exchange slot, rank
 };
@@ -178,9 +182,11 @@ template <class L> struct ScalarLiteral {
   };
 };
 
-// A vector of length N (one value per column), params.vectors[Arg] of type T. Loaded once
-// per tile into the warp group's SMEM as fp32; a fragment reads two float2 (all rows of a
-// warp read the same words: broadcast, no bank conflict). Columns >= N read 0.
+// A vector of length N (one value per column), params.vectors[Arg] of type T. Loaded into the
+// warp group's SMEM as fp32 when a tile's columns differ from the warp group's previous tile's
+// (EpiCtx::same_columns: a load from L2 is ~1 us a job on the epilogue's critical path); a
+// fragment reads two float2 (all rows of a warp read the same words: broadcast, no bank
+// conflict). Columns >= N read 0.
 template <int Arg, class T> struct RowBroadcast {
   static_assert(Arg < Sm90::kMaxVectors);
   template <class Geo> struct Impl : NodeBase<Geo> {
@@ -188,6 +194,7 @@ template <int Arg, class T> struct RowBroadcast {
     uint32_t v_;  // shared-space address: ld.shared, not a generic load
     COMFUSE_DEVICE void begin(EpiCtx const& c, SharedStorage& s) {
       v_ = smem_u32(s.v);
+      if (c.same_columns) return;
       void const* src = c.p->vectors[Arg];
       int const n_valid = c.N - c.n0;
       for (int i = c.t; i < Geo::BN; i += kWarpGroupThreads)

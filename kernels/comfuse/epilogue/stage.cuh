@@ -259,6 +259,8 @@ template <class... Nodes> struct Stage {
     Impls impls;
     cute::conditional_t<kHasPost, PostExec, detail::NoTree> post;
     uint32_t round = 0;  // cluster rounds of this warp group's channel (root stage only)
+    // The columns and batch of this stage's last begin (EpiCtx::same_columns); none yet.
+    int begun_n0 = -1, begun_batch = -1;
     // Reduction kPair*: a pair here (kPairMeanM2, kPairMaxExpSum) makes the PostStage's
     // reduction kPairGiven (it takes `given`, the row's merged second statistic, from this
     // stage's one round).
@@ -330,8 +332,11 @@ template <class... Nodes> struct Stage {
       }
       named_sync(bar_id, kWarpGroupThreads);
     }
-    COMFUSE_DEVICE void begin_nodes(EpiCtx const& c, TreeStorage& ts) {
-      if constexpr (!kRoot) load_nodes(c, ts);  // the root's were prefetched
+    COMFUSE_DEVICE void begin_nodes(EpiCtx const& c0, TreeStorage& ts) {
+      if constexpr (!kRoot) load_nodes(c0, ts);  // the root's were prefetched
+      EpiCtx c = c0;
+      c.same_columns = c.n0 == begun_n0 && c.batch == begun_batch;
+      begun_n0 = c.n0, begun_batch = c.batch;
       cute::for_each(cute::make_int_sequence<kNumNodes>{}, [&](auto i) {
         cute::get<decltype(i)::value>(impls).begin(c, detail::storage_get<decltype(i)::value, StorageTypes>(nodes_of(ts)));
       });
