@@ -179,6 +179,7 @@ struct ExplainArgs {
       b2b_x_buffers;
   std::string b2b_overlap, b2b_x_resident, b2b_chain_jobs;  // on / off (empty: the planner's)
   std::string aggregation, strategy, stash, pairs, b2b;
+  std::string tile_inputs;  // ring / l2 (empty: the planner's)
 };
 
 // The spellings CLI11 accepts (IsMember below), mapped onto the planner's options.
@@ -198,6 +199,7 @@ PlanOptions plan_options(const ExplainArgs& a) {
   if (!a.b2b_x_resident.empty()) o.b2b_x_resident = a.b2b_x_resident == "on";
   if (!a.b2b_chain_jobs.empty()) o.b2b_chain_jobs = a.b2b_chain_jobs == "on";
   if (!a.pairs.empty()) o.fuse_pairs = a.pairs == "one-round";
+  if (!a.tile_inputs.empty()) o.ring_inputs = a.tile_inputs == "ring";
   if (!a.stash.empty()) o.stash_bytes = a.stash == "bf16" ? 2 : 4;
   if (a.aggregation == "p2p") o.aggregation = Aggregation::PeerToPeer;
   else if (a.aggregation == "leader") o.aggregation = Aggregation::LeaderFollower;
@@ -252,6 +254,11 @@ std::vector<CLI::Option*> add_plan_options(CLI::App* cmd, ExplainArgs& ex) {
       cmd->add_option("--ring-stages", ex.ring_stages,
                       "a single-GEMM plan: at most this many mainloop ring stages (2..8; fewer where the epilogue's SMEM leaves less)")
           ->check(CLI::Range(2, Sm90::kMaxRingStages)),
+      cmd->add_option("--tile-inputs", ex.tile_inputs,
+                      "a single-GEMM plan's [M, N] epilogue inputs (a residual) read by the first stage: loaded by TMA "
+                      "into one more mainloop ring slot per tile (ring; the default where the kernel can) or read "
+                      "from L2 by each fragment (l2)")
+          ->check(CLI::IsMember({"ring", "l2"})),
       cmd->add_option("--fma-exp-every", ex.fma_exp_every,
                       "a B2B online softmax: every Nth exponential as a polynomial on the FMA pipe, the rest on the "
                       "MUFU (0: all on the MUFU; default: the planner's, one in 4 with F between the GEMMs unmasked, "

@@ -56,6 +56,9 @@ struct PlanOptions {
   std::optional<int> stash_bytes;             // force the stash element: 4 (fp32) or 2 (bf16)
   std::optional<bool> fuse_pairs;             // true / false: every pair in one round / two (A/B)
   std::optional<int> ring_stages;             // at most this many mainloop ring stages (2..Sm90::kMaxRingStages; A/B)
+  // Force the root stage's [M, N] tile inputs into the mainloop's ring (true) or to L2 reads
+  // (false); the planner's default: the ring wherever the kernel can carry them.
+  std::optional<bool> ring_inputs;
   // A B2B pair (lower.h): one kernel where it pays (Auto, choose_b2b below), always (Force: to
   // benchmark or test the B2B kernel), or never (Off: two single-GEMM kernels, S through memory).
   enum class B2b { Auto, Force, Off } b2b = B2b::Auto;

@@ -121,6 +121,10 @@ struct FusionSpec {
   int stage_count() const;
   // Reductions that pair with their PostStage's reduction in one exchange round (pair_kind).
   int pair_count(PairKind kind) const;
+  // The [M, N] tile inputs the root stage reads (arg indices, in first-read order): what a plan
+  // may carry in the mainloop's ring (KernelConfig::ring_input_bytes; emit places them there
+  // in this order). A later stage's tile inputs are read from L2.
+  std::vector<int> root_tile_inputs() const;
 };
 
 // Whether reduction `i` of `stage` and its PostStage's reduction form a pair whose statistics

@@ -93,6 +93,12 @@ COMFUSE_DEVICE void st_shared_v2(uint32_t smem_addr, float a, float b) {
   asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(smem_addr), "f"(a), "f"(b) : "memory");
 }
 
+COMFUSE_DEVICE uint32_t ld_shared_u32(uint32_t smem_addr) {
+  uint32_t v;
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(smem_addr));
+  return v;
+}
+
 COMFUSE_DEVICE float2 ld_shared_v2(uint32_t smem_addr) {
   float2 v;
   asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(smem_addr));

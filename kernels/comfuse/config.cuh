@@ -94,6 +94,10 @@ struct KernelConfig {
   bool begin_early = false;                // a warp group's first job begins (its vectors' loads)
                                            // before its mainloop: one-wave plans, whose epilogue
                                            // is the critical path (one N-tile a job)
+  int ring_input_bytes = 0;                // > 0: the root stage's [M, N] tile inputs ride the
+                                           // mainloop's ring, one extra slot after each tile's
+                                           // k-blocks (this many bytes of it), read from SMEM by
+                                           // the epilogue; 0: each fragment reads them from L2
 
   COMFUSE_HOST_DEVICE constexpr int epi_rows() const { return tile_m / wgs_per_tile; }  // one WG's rows
   COMFUSE_HOST_DEVICE constexpr int cluster_size() const { return cluster_m * cluster_n; }
@@ -104,6 +108,10 @@ struct KernelConfig {
   COMFUSE_HOST_DEVICE constexpr int b_slices() const { return cluster_m < tile_n / 8 ? cluster_m : tile_n / 8; }
   COMFUSE_HOST_DEVICE constexpr int ring_stage_bytes() const { return (tile_m + tile_n) * Sm90::kTileK * Sm90::kAbBytes; }
   COMFUSE_HOST_DEVICE constexpr int ring_bytes() const { return ring_stages * ring_stage_bytes(); }
+  // A ring slot as TMA boxes of a tile input (128 bytes of columns x tile_m rows, 128-byte
+  // swizzle: mainloop_sm90.cuh slot_box): the slot's A part is one, its B part tile_n / tile_m.
+  COMFUSE_HOST_DEVICE constexpr int ring_slot_boxes() const { return 1 + tile_n / tile_m; }
+  COMFUSE_HOST_DEVICE constexpr int ring_box_bytes() const { return tile_m * 128; }
   // Columns one job of the row's CTAs covers: a row reduction needs N <= this.
   COMFUSE_HOST_DEVICE constexpr int row_cover() const { return row_peers() * tile_n * n_tiles; }
   // Stash of one consumer WG: the job's earlier n_tiles - 1 tiles of its rows.
@@ -186,6 +194,13 @@ COMFUSE_HOST_DEVICE constexpr char const* check(KernelConfig const& c) {
   if (c.k_splits > 1 && c.wgs_per_tile != 1) return "split-K needs the PingPong schedule (one warp group per tile)";
   if (c.k_splits > 1 && c.n_tiles != 1) return "split-K takes one N-tile per job";
   if (c.begin_early && c.n_tiles != 1) return "begin_early: one N-tile per job";
+  if (c.ring_input_bytes < 0) return "ring_input_bytes < 0";
+  if (c.ring_input_bytes > 0 && c.wgs_per_tile != 1)
+    return "tile inputs in the ring: the PingPong schedule (one warp group reads a tile's slot)";
+  if (c.ring_input_bytes > 0 && c.k_splits != 1)
+    return "tile inputs in the ring: no split-K (only a tile's owner would read them)";
+  if (c.ring_input_bytes % c.ring_box_bytes() != 0 || c.ring_input_bytes / c.ring_box_bytes() > c.ring_slot_boxes())
+    return "tile inputs in the ring: whole TMA boxes, no more than one ring slot holds";
   if (c.row_group > 1 && c.row_reduction && c.aggregation != Aggregation::L2Exchange)
     return "a row group of clusters exchanges through L2 (aggregation L2Exchange)";
   if (c.aggregation == Aggregation::L2Exchange && c.cluster_n != 1)

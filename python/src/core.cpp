@@ -90,6 +90,7 @@ PlanOptions plan_options(const nb::dict& o) {
     else if (key == "fuse_pairs") p.fuse_pairs = nb::cast<bool>(v);
     else if (key == "b2b_job_rows") p.b2b_job_rows = nb::cast<int>(v);
     else if (key == "ring_stages") p.ring_stages = nb::cast<int>(v);
+    else if (key == "ring_inputs") p.ring_inputs = nb::cast<bool>(v);
     else if (key == "fma_exp_every") p.fma_exp_every = nb::cast<int>(v);
     else if (key == "b2b_overlap") p.b2b_overlap = nb::cast<bool>(v);
     else if (key == "b2b_x_resident") p.b2b_x_resident = nb::cast<bool>(v);
@@ -142,6 +143,7 @@ nb::dict plan_summary(const Plan& p) {
   d["n_tiles_per_cta"] = k.n_tiles;
   d["k_splits"] = k.k_splits;
   d["begin_early"] = k.begin_early;  // the first job's vectors before its mainloop (one job a CTA)
+  d["ring_input_bytes"] = k.ring_input_bytes;  // the root stage's tile inputs in the ring (0: from L2)
   d["aggregation"] = std::string(name_of(k.aggregation));
   d["l2_exchange"] = k.aggregation == Aggregation::L2Exchange;  // rows reduced across clusters through L2
   d["strategy"] = std::string(name_of(p.strategy()));

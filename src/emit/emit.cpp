@@ -126,9 +126,16 @@ const char* stash_space_name(StashSpace s) {
 
 }  // namespace
 
-std::string emit_epilogue_type(const FusionSpec& s, OneRoundPairs fuse_pairs) {
+std::string emit_epilogue_type(const FusionSpec& s, OneRoundPairs fuse_pairs, const KernelConfig* ring) {
   EmitContext ctx = make_context(s, emit_detail::assign_slots({&s}));
   ctx.fuse_pairs = fuse_pairs;
+  if (ring && ring->ring_input_bytes > 0) {  // boxes of 128 bytes of columns, in first-read order
+    int box = 0;
+    for (int arg : s.root_tile_inputs()) {
+      ctx.ring_box_of_arg[arg] = box;
+      box += ring->tile_n * static_cast<int>(size_of(s.args.at(static_cast<size_t>(arg)).dtype)) / 128;
+    }
+  }
   const std::string stage = emit_detail::render_stage(ctx, s.root, "stage 0");
   std::string out;
   for (const std::string& l : ctx.literals) out += l + "\n";
@@ -142,10 +149,10 @@ std::string kernel_config_source(const KernelConfig& c) {
       "    .cluster_m = {}, .cluster_n = {}, .n_tiles = {}, .row_group = {}, .k_splits = {},\n"
       "    .row_reduction = {}, .aggregation = comfuse::Aggregation::{},\n"
       "    .stash_space = comfuse::StashSpace::{}, .stash_elem_bytes = {}, .epilogue_smem_bytes = {},\n"
-      "    .begin_early = {}}};\n",
+      "    .begin_early = {}, .ring_input_bytes = {}}};\n",
       c.b_kmajor, c.tile_m, c.tile_n, c.ring_stages, c.wgs_per_tile, c.mma_depth, c.cluster_m, c.cluster_n, c.n_tiles,
       c.row_group, c.k_splits, c.row_reduction, aggregation_name(c.aggregation), stash_space_name(c.stash_space),
-      c.stash_elem_bytes, c.epilogue_smem_bytes, c.begin_early);
+      c.stash_elem_bytes, c.epilogue_smem_bytes, c.begin_early, c.ring_input_bytes);
 }
 
 EmittedKernel emit(const FusionSpec& s, const Plan& p) {
@@ -168,7 +175,7 @@ EmittedKernel emit(const FusionSpec& s, const Plan& p) {
       "}}  // namespace\n"
       "\n"
       "COMFUSE_DEFINE_KERNEL({entry}, Kernel)\n",
-      fmt::arg("name", s.name), fmt::arg("slots", slot_doc), fmt::arg("epilogue", emit_epilogue_type(s, p.fused_pairs)),
+      fmt::arg("name", s.name), fmt::arg("slots", slot_doc), fmt::arg("epilogue", emit_epilogue_type(s, p.fused_pairs, &p.kernel)),
       fmt::arg("config", kernel_config_source(p.kernel)), fmt::arg("elem", emit_detail::cpp_type(a.dtype)),
       fmt::arg("entry", k.entry));
   return k;

@@ -59,7 +59,13 @@ std::string broadcast(EmitContext& ctx, const Spec& st, int i, const std::string
     case BroadcastKind::Scalar: return fmt::format("comfuse::epi::ScalarArg<{}>", slot(ctx, n.arg, path));
     case BroadcastKind::Row: return fmt::format("comfuse::epi::RowBroadcast<{}, {}>", slot(ctx, n.arg, path), cpp_type(a.dtype));
     case BroadcastKind::Col: return fmt::format("comfuse::epi::ColBroadcast<{}, {}>", slot(ctx, n.arg, path), cpp_type(a.dtype));
-    case BroadcastKind::Tile: return fmt::format("comfuse::epi::TileInput<{}, {}>", slot(ctx, n.arg, path), cpp_type(a.dtype));
+    case BroadcastKind::Tile: {
+      const auto ring = ctx.ring_box_of_arg.find(n.arg);
+      if (&st == &ctx.spec.root && ring != ctx.ring_box_of_arg.end())
+        return fmt::format("comfuse::epi::TileInput<{}, {}, {}>", slot(ctx, n.arg, path), cpp_type(a.dtype),
+                           ring->second);
+      return fmt::format("comfuse::epi::TileInput<{}, {}>", slot(ctx, n.arg, path), cpp_type(a.dtype));
+    }
   }
   return "";
 }

@@ -23,6 +23,9 @@ struct EmitContext {
   // A B2B kernel's F: the Store of this arg (the intermediate S) renders as ToOperand (S stays in
   // registers as GEMM2's A operand); -1: none.
   int operand_arg = -1;
+  // KernelConfig::ring_input_bytes: the root stage's tile inputs (arg) -> their first box in the
+  // ring slot (TileInput's Box0); empty: every tile input reads L2.
+  std::map<int, int> ring_box_of_arg;
 };
 
 // Params slots over every spec a kernel renders (emit.cpp).

@@ -179,6 +179,14 @@ struct PlannerTunables {
   // it (13.3 vs 8.4), of which the model's arithmetic already had 1.65: 3.25 us over 2 passes.
   // Scaled by the tile's rows below M: the decode epilogues (1 and 32 rows) measured no such cost.
   double row_group_tile_input_pass_us = 1.63;
+  // The same pass where the tile input rides the mainloop's ring (KernelConfig::ring_input_bytes):
+  // its TMA load lands under the mainloop and the pass reads SMEM, but the tile's consumer holds
+  // the slot through its first stage's body, a stage less for the other consumer's mainloop
+  // meanwhile. MEASURED (bench/sweeps/ring_inputs.txt, 8192x1024x1024 residual LayerNorm, 128x128
+  // row groups of 8): 46.8 us against 48.2 from L2, a fifth of what SMEM reads alone would save;
+  // this fit prices it so (64x128: 51.3 against a measured 49.2; Llama's residual RMSNorm
+  // 4096x4096x1024: 77.2 against 78.3).
+  double row_group_ring_input_pass_us = 1.37;
   bool use_row_groups = true;  // rows with a reduction go to row groups (else the DSMEM search)
 
   // One wave of jobs (decode and small M; decide_row_groups.cpp), MEASURED on the H200 with

@@ -155,6 +155,7 @@ std::vector<Candidate> decide_row_groups(const Request& r, Rejections& why) {
         c.k.aggregation = g > 1 && chain.reductions > 0 ? Aggregation::L2Exchange : Aggregation::None;
         c.k.stash_elem_bytes = n_tiles > 1 && chain.carries_tile ? stash_bytes : 0;
         c.k.stash_space = c.k.stash_elem_bytes > 0 ? StashSpace::Smem : StashSpace::None;
+        c.k.ring_input_bytes = ring_input_bytes(r.spec, c.k, opt);
         c.tiles_m = tiles_m, c.tiles_n = tiles_n;
         c.jobs = ceil_div64(tiles_m, cm);
         const int64_t groups = std::min(c.jobs, groups_max);
@@ -184,10 +185,14 @@ std::vector<Candidate> decide_row_groups(const Request& r, Rejections& why) {
         const double gather = split_gather_us(tun, ks, d.gather_slots);
         d.gather_us = gather;
         d.exchange_us = rounds * lookup(tun.row_group_exchange_us, g) + gather;
-        // The tile inputs: a latency-bound pass per 64-column subtile, for the tile's rows below M.
+        // The tile inputs: a latency-bound pass per 64-column subtile, for the tile's rows below
+        // M; those in the ring (the root stage's) at SMEM's price.
+        const int in_ring = c.k.ring_input_bytes > 0 ? static_cast<int>(r.spec.root_tile_inputs().size()) : 0;
         d.tile_input_passes = n_tiles * chain.tile_inputs * (ts.tile_n / 64);
-        d.tile_inputs_us = double(d.tile_input_passes) * tun.row_group_tile_input_pass_us *
-                           (double(std::min<int64_t>(p.m, ts.tile_m)) / ts.tile_m);
+        d.tile_inputs_us = double(n_tiles * (ts.tile_n / 64)) *
+                           ((chain.tile_inputs - in_ring) * tun.row_group_tile_input_pass_us *
+                                (double(std::min<int64_t>(p.m, ts.tile_m)) / ts.tile_m) +
+                            in_ring * tun.row_group_ring_input_pass_us);
         const double arithmetic = epilogue_arithmetic_us(chain, tun, dev, ts, n_tiles) + d.tile_inputs_us;
         if (jobs_per_cta == 1) {  // one consumer alone: nothing overlaps its epilogue
           // One wave (decode, small M): B streams from DRAM once, and what bounds the mainloop
@@ -273,9 +278,14 @@ std::vector<Candidate> decide_row_groups(const Request& r, Rejections& why) {
                            tun.split_k_gather_base_us, c.k.k_splits - 1, o.d.gather_slots,
                            tun.split_k_gather_per_row_us);
     if (o.d.tile_inputs_us > 0)
-      c.why += fmt::format("; a job's epilogue reads its {} tile input(s) in {:.1f} us ({} pass(es) of 64 columns, "
-                           "latency-bound: calibration.h row_group_tile_input_pass_us)",
-                           chain.tile_inputs, o.d.tile_inputs_us, o.d.tile_input_passes);
+      c.why += c.k.ring_input_bytes > 0
+                   ? fmt::format("; a job's epilogue reads its {} tile input(s) in {:.1f} us ({} pass(es) of 64 columns; "
+                                 "the first stage's from the mainloop's ring, calibration.h "
+                                 "row_group_ring_input_pass_us)",
+                                 chain.tile_inputs, o.d.tile_inputs_us, o.d.tile_input_passes)
+                   : fmt::format("; a job's epilogue reads its {} tile input(s) in {:.1f} us ({} pass(es) of 64 columns, "
+                                 "latency-bound: calibration.h row_group_tile_input_pass_us)",
+                                 chain.tile_inputs, o.d.tile_inputs_us, o.d.tile_input_passes);
     if (o.d.launch_us > 0)
       c.why += fmt::format("; one wave: the tail holds the launch's fixed cost, {:.1f} us (calibration.h one_wave_launch_us)",
                            o.d.launch_us);

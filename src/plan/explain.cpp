@@ -96,6 +96,17 @@ std::string explain(const FusionSpec& s, const Plan& p) {
                                                  : "");
   o += fmt::format("  pipeline     {} stages, {}, {} consumer warp groups\n", p.kernel.ring_stages,
                    p.kernel.wgs_per_tile == 1 ? "PingPong" : "cooperative", Sm90::kConsumerWGs);
+  if (const std::vector<int> inputs = s.root_tile_inputs(); !inputs.empty()) {
+    std::string names;
+    for (int a : inputs) names += (names.empty() ? "" : ", ") + s.describe(s.args.at(static_cast<size_t>(a)).name);
+    o += p.kernel.ring_input_bytes > 0
+             ? fmt::format("  tile inputs  {} in the ring: the producer loads each tile's {} by TMA into one more ring "
+                           "slot after its k-blocks, the epilogue reads SMEM\n",
+                           names, fmt_bytes(p.kernel.ring_input_bytes))
+             : fmt::format("  tile inputs  {} from L2 (prefetched before the mainloop), each fragment's loads on the "
+                           "epilogue's critical path\n",
+                           names);
+  }
   if (p.kernel.begin_early)
     o += "  begin        early: a warp group's first job loads its epilogue's vectors before its mainloop (one job a "
          "CTA: nothing else hides them)\n";

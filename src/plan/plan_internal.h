@@ -94,6 +94,12 @@ int epilogue_smem_bytes(const ChainInfo& chain, const KernelConfig& k);
 bool fit_ring(Candidate& c, const ChainInfo& chain, const DeviceModel& dev, std::optional<int> at_most);
 // KernelConfig::smem_bytes() broken down for explain.
 SmemBudget smem_budget(const KernelConfig& k);
+// KernelConfig::ring_input_bytes for k (its tile, schedule, split-K): the root stage's [M, N]
+// tile inputs (FusionSpec::root_tile_inputs) in one slot of the mainloop's ring where the kernel
+// can carry them (check()) and PlanOptions::ring_inputs allows; 0: they are read from L2.
+// `why_not` (optional): why not, when it returns 0.
+int ring_input_bytes(const FusionSpec& s, const KernelConfig& k, const PlanOptions& opt,
+                     std::string* why_not = nullptr);
 
 // Why candidates died, for the error when nothing fits: per kind, the first example and a count.
 struct Rejections {

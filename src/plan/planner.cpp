@@ -267,6 +267,10 @@ Plan assemble(const Candidate& c, const std::vector<Candidate>& cands, const Req
   Plan plan;
   plan.problem = r.p;
   plan.kernel = k;
+  std::string no_ring;
+  plan.kernel.ring_input_bytes = plan_detail::ring_input_bytes(r.spec, k, r.opt, &no_ring);
+  if (r.opt.ring_inputs && *r.opt.ring_inputs && plan.kernel.ring_input_bytes == 0)
+    throw Error(fmt::format("plan: tile inputs in the mainloop's ring were asked for, but {}", no_ring));
   const int64_t groups = std::max<int64_t>(1, c.resident / std::max(1, k.row_group * k.k_splits));
   plan.fused_pairs = plan_detail::fuse_pairs(chain, r.opt, k.n_tiles, (c.jobs + groups - 1) / groups, k.aggregation,
                                              k.row_peers());
@@ -308,7 +312,7 @@ Plan assemble(const Candidate& c, const std::vector<Candidate>& cands, const Req
 
 bool any_forced(const PlanOptions& o) {
   return o.cluster_n || o.tile_n || o.tile_m || o.strategy || o.aggregation || o.cluster_m || o.row_group ||
-         o.stash_bytes || o.k_splits || o.ring_stages;
+         o.stash_bytes || o.k_splits || o.ring_stages || o.ring_inputs;
 }
 
 }  // namespace

@@ -32,6 +32,23 @@ bool fit_ring(Candidate& c, const ChainInfo& chain, const DeviceModel& dev, std:
   return false;
 }
 
+int ring_input_bytes(const FusionSpec& s, const KernelConfig& k, const PlanOptions& opt, std::string* why_not) {
+  auto no = [&](std::string why) {
+    if (why_not) *why_not = std::move(why);
+    return 0;
+  };
+  if (opt.ring_inputs && !*opt.ring_inputs) return no("forced off (tile inputs l2)");
+  const std::vector<int> inputs = s.root_tile_inputs();
+  if (inputs.empty()) return no("the epilogue's first stage reads no [M, N] tile input");
+  int bytes = 0;
+  for (int arg : inputs) bytes += k.epi_rows() * k.tile_n * static_cast<int>(size_of(s.args.at(static_cast<size_t>(arg)).dtype));
+  KernelConfig with = k;
+  with.ring_input_bytes = bytes;
+  // Only the ring's own conditions: a configuration check() refuses anyway is refused without it.
+  if (const char* refused = check(with); refused && !check(k)) return no(refused);
+  return bytes;
+}
+
 SmemBudget smem_budget(const KernelConfig& k) {
   SmemBudget b;
   b.mainloop_ring = k.ring_bytes();

@@ -320,6 +320,15 @@ class Verifier {
 
 }  // namespace
 
+std::vector<int> FusionSpec::root_tile_inputs() const {
+  std::vector<int> out;
+  for (const SpecNode& node : root.nodes)
+    if (node.category == NodeCategory::Broadcast && node.broadcast == BroadcastKind::Tile && node.arg >= 0 &&
+        std::find(out.begin(), out.end(), node.arg) == out.end())
+      out.push_back(node.arg);
+  return out;
+}
+
 int FusionSpec::reduction_count() const { return count_reductions(root); }
 int FusionSpec::stage_count() const { return count_stages(root); }
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <functional>
 
+#include "comfuse/emit.h"
 #include "comfuse/lower.h"
 #include "comfuse/plan.h"
 #include "comfuse/scheduler/grid.cuh"
@@ -208,16 +209,73 @@ TEST(Plan, TileInputsKeepNothingInSmem) {
 // row_group_tile_input_pass_us): at 8192 x 1024 x 1024 the job's epilogue is twice the
 // mainloop, and the estimate meets the measured 47.8-48.4 us (128x128 row groups of 8, which
 // measured faster than 64x128's 53.4 us and as fast as 64x256's 47.4), where it was 40.0 without.
+// (Read from L2: the ring's SMEM reads are TileInputsRideTheRing's.)
 TEST(Plan, ResidualReadsArePricedInTheEpilogue) {
   const DeviceModel dev;
   const FusionSpec s = residual_norm(true, DType::BF16, true);
-  const Plan p = make_plan(s, prob(8192, 1024, 1024), dev);
+  PlanOptions from_l2;
+  from_l2.ring_inputs = false;
+  const Plan p = make_plan(s, prob(8192, 1024, 1024), dev, PlannerTunables{}, from_l2);
   EXPECT_EQ(p.kernel.tile_m, 128);
   EXPECT_EQ(p.kernel.tile_n, 128);
   EXPECT_NEAR(p.estimate.total_us, 48.0, 4.0);
   EXPECT_NE(explain(s, p).find("reads its 1 tile input(s) in 3.3 us (2 pass(es)"), std::string::npos) << explain(s, p);
   const Plan plain = make_plan(layer_norm(), prob(8192, 1024, 1024), dev);
   EXPECT_GT(p.estimate.total_us, plain.estimate.total_us + 8.0);
+}
+
+// The root stage's 16-bit residual rides the mainloop's ring where one slot holds its tile (a
+// tile_m x 128-byte box in the slot's A part, tile_n / tile_m more in its B part) and nothing else
+// shares the slot's reads: PingPong, no split-K. The epilogue then reads SMEM, priced at
+// row_group_ring_input_pass_us a pass (measured). Anything else reads L2 and says why when forced.
+TEST(Plan, TileInputsRideTheRing) {
+  const DeviceModel dev;
+  const FusionSpec s = residual_norm(true, DType::BF16, true);
+  const Plan p = make_plan(s, prob(8192, 1024, 1024), dev);
+  EXPECT_EQ(p.kernel.tile_m, 128);  // measured the fastest with the ring too (64x128 49.2 us against 46.8)
+  EXPECT_NEAR(p.estimate.total_us, 46.8, 2.0);
+  EXPECT_EQ(p.kernel.ring_input_bytes, p.kernel.epi_rows() * p.kernel.tile_n * 2);
+  EXPECT_EQ(check(p.kernel), nullptr);
+  EXPECT_NE(explain(s, p).find("tile inputs  'residual' in the ring"), std::string::npos) << explain(s, p);
+  EXPECT_NE(emit(s, p).source.find("comfuse::epi::TileInput<0, cutlass::bfloat16_t, 0>"), std::string::npos);
+  PlanOptions l2;
+  l2.ring_inputs = false;
+  const Plan q = make_plan(s, prob(8192, 1024, 1024), dev, PlannerTunables{}, l2);
+  EXPECT_EQ(q.kernel.ring_input_bytes, 0);
+  EXPECT_NE(explain(s, q).find("tile inputs  'residual' from L2"), std::string::npos);
+  EXPECT_NE(emit(s, q).source.find("comfuse::epi::TileInput<0, cutlass::bfloat16_t>"), std::string::npos);
+  EXPECT_LT(p.estimate.total_us, q.estimate.total_us);
+  // Every tile shape the row groups take holds one bf16 tile: 128x128 (16 + 16 KiB), 64x128, 64x256.
+  for (const auto& [tm, tn] : {std::pair{128, 128}, std::pair{64, 128}, std::pair{64, 256}}) {
+    PlanOptions o;
+    o.tile_m = tm, o.tile_n = tn;
+    EXPECT_EQ(make_plan(s, prob(8192, 1024, 1024), dev, PlannerTunables{}, o).kernel.ring_input_bytes, tm * tn * 2)
+        << tm << "x" << tn;
+  }
+  // An f32 residual's 128x128 tile is twice a slot; split-K (decode) has no ring inputs.
+  PlanOptions big;
+  big.tile_m = 128, big.tile_n = 128;
+  EXPECT_EQ(make_plan(residual_norm(true, DType::F32, true), prob(8192, 1024, 1024), dev, PlannerTunables{}, big)
+                .kernel.ring_input_bytes, 0);
+  const Plan decode = make_plan(s, prob(1, 1024, 4096), dev);
+  ASSERT_GT(decode.kernel.k_splits, 1);
+  EXPECT_EQ(decode.kernel.ring_input_bytes, 0);
+  // Forced where it cannot be: an error that says why.
+  big.ring_inputs = true;
+  try {
+    make_plan(residual_norm(true, DType::F32, true), prob(8192, 1024, 1024), dev, PlannerTunables{}, big);
+    ADD_FAILURE() << "an f32 128x128 tile in one ring slot";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no more than one ring slot holds"), std::string::npos) << e.what();
+  }
+  PlanOptions none;
+  none.ring_inputs = true;
+  EXPECT_THROW(make_plan(layer_norm(), prob(8192, 1024, 1024), dev, PlannerTunables{}, none), Error);
+  KernelConfig c;
+  c.tile_m = 64, c.tile_n = 128, c.k_splits = 2, c.ring_input_bytes = 64 * 128 * 2;
+  EXPECT_STREQ(check(c), "tile inputs in the ring: no split-K (only a tile's owner would read them)");
+  c.k_splits = 1, c.ring_input_bytes = 4 * 64 * 128;
+  EXPECT_STREQ(check(c), "tile inputs in the ring: whole TMA boxes, no more than one ring slot holds");
 }
 
 // PlanOptions::ring_stages caps the ring (an A/B of its depth), and only where it is below what

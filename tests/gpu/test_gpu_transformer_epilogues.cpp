@@ -1,6 +1,6 @@
 // GPU correctness of the epilogues real transformer layers need: [M, N] inputs read with the
 // accumulator's tile (a residual, a gate, a per-element scale; bf16, f16 and f32; prefetched
-// into L2 and read from global memory, zero past M and N),
+// into L2 and read from global memory, or carried in the mainloop's ring; zero past M and N),
 // outputs of several stages' tile values (the pre-norm sum and the norm), and per-row [M, 1]
 // outputs (a norm's mean and rstd, a softmax's log-sum-exp), against the fp64 graph executor
 // on random inputs, ragged shapes, planner defaults and forced plans. Skips, saying why, on a
@@ -63,6 +63,56 @@ TEST_F(GpuLayer, ResidualLayerNormPreNormSumAndRowStatistics) {
     const double offset = opt.plan.stash_bytes == 2 ? 0.0 : 50.0;
     const DeviceRunReport rep = expect_matches(residual_layer_norm(v.in, v.res), v.d, opt, offset);
     EXPECT_EQ(rep.outputs.size(), 4u);
+  }
+}
+
+// The residual through the mainloop's ring (KernelConfig::ring_input_bytes: one more slot after
+// each tile's k-blocks, read from SMEM by the first stage) against the same plan reading it from
+// L2: the tile shapes whose slot holds it (128x128: an A box and a B box; 64x128 and 64x256: the
+// A box and B boxes), B multicast along M (the slot freed to both CTAs), a DSMEM cluster along N
+// (A multicast), several N-tiles per CTA (a slot per tile), f16, and ragged M, N and K (zero past
+// both, from the TMA box).
+TEST_F(GpuLayer, ResidualThroughTheRing) {
+  struct V {
+    const char* name;
+    DType in;
+    Bindings d;
+    PlanOptions plan;
+  };
+  auto opts = [](int tm, int tn, int cm) {
+    PlanOptions o;
+    o.tile_m = tm, o.tile_n = tn, o.cluster_m = cm;
+    return o;
+  };
+  PlanOptions dsmem;
+  dsmem.cluster_n = 8, dsmem.tile_n = 128, dsmem.aggregation = Aggregation::PeerToPeer;
+  PlanOptions stash = dsmem;
+  stash.aggregation.reset();
+  stash.strategy = RowStrategy::SmemStash, stash.stash_bytes = 2;
+  for (const V& v : {V{"128x128 clusters 2x1", DType::BF16, dims(1000, 1032, 200), opts(128, 128, 2)},
+                     V{"64x128 clusters 1x1", DType::F16, dims(333, 520, 72), opts(64, 128, 1)},
+                     V{"64x256 clusters 2x1", DType::BF16, dims(1000, 1032, 64), opts(64, 256, 2)},
+                     V{"DSMEM cluster of 8", DType::BF16, dims(700, 1000, 136), dsmem},
+                     V{"stash, 4 N-tiles a CTA", DType::BF16, dims(700, 3976, 64), stash}}) {
+    for (const bool ring : {true, false}) {
+      SCOPED_TRACE(fmt::format("{}, {} rows x {} cols x K {}, residual from {}", v.name, v.d.at("M"), v.d.at("N"),
+                               v.d.at("K"), ring ? "the ring" : "L2"));
+      CompileOptions opt;
+      opt.plan = v.plan;
+      opt.plan.ring_inputs = ring;
+      const double offset = opt.plan.stash_bytes == 2 ? 0.0 : 50.0;
+      const DeviceRunReport rep = expect_matches(residual_layer_norm(v.in, v.in), v.d, opt, offset);
+      EXPECT_EQ(rep.plan.kernel.ring_input_bytes > 0, ring);
+    }
+  }
+  // An elementwise epilogue (no reduction: each tile on its own), the planner's plan.
+  for (const Bindings& d : {dims(200, 264, 64), dims(2000, 2056, 128)}) {
+    SCOPED_TRACE(fmt::format("elementwise, {} x {}", d.at("M"), d.at("N")));
+    Case c;
+    Value r = c.g.input("residual", DType::BF16, {Dim::of("M"), Dim::of("N")});
+    c.g.output(c.g.unary(UnaryOp::Silu, c.acc + c.row("bias")) + r, "y", DType::BF16);
+    const DeviceRunReport rep = expect_matches(c.g, d);
+    EXPECT_EQ(rep.plan.kernel.ring_input_bytes > 0, rep.plan.kernel.wgs_per_tile == 1);
   }
 }
 

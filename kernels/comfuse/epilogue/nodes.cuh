@@ -53,6 +53,9 @@ struct EpiCtx {
   // columns and batch (a row group's CTA keeps its N-tile from job to job), so per-column
   // vectors already in its SMEM need not be loaded again.
   bool same_columns = false;
+  // KernelConfig::ring_input_bytes: the mainloop ring slot that holds this tile's inputs (shared
+  // addresses of its A part and its B part; mainloop_sm90.cuh slot_box).
+  uint32_t ring_a = 0, ring_b = 0;
   float const* gate = nullptr;  // B2B's gated GEMM1: the current fragment of X W3^T (GateEntry)
   RowGroupSlot xs{};  // row reductions across clusters (Aggregation::L2Exchange): exchange slot, rank
 };
@@ -293,18 +296,24 @@ template <int Out, class T, int Src> struct Store {
 };
 
 // An [M, N] input of the epilogue (a residual, a gate, a mask), type T, row-major at
-// params.tile_in[In]. It keeps nothing in SMEM, where a whole BM x BN tile per warp group would
-// cost the mainloop its ring stages: load() (one thread; for the root stage before the tile's
-// mainloop, for a later stage at its begin()) prefetches the tile into L2 through the TMA
-// descriptor params.tma_in[In], one box of 128 bytes of columns x BM rows at a time, so that it
-// is there when the epilogue runs; each fragment then reads its 8 values straight from global
-// memory, one load per adjacent column pair (4 bytes of 16-bit T, 8 of fp32: the descriptor's
-// 16-byte aligned base and row stride align every pair). Rows >= M and columns >= N read 0.
-template <int In, class T> struct TileInput {
+// params.tile_in[In]. load() (one thread; for the root stage before the tile's mainloop, for a
+// later stage at its begin()) prefetches the tile into L2 through the TMA descriptor
+// params.tma_in[In], one box of 128 bytes of columns x BM rows at a time. Then either
+//  * Box0 < 0: each fragment reads its 8 values straight from global memory (L2), one load per
+//    adjacent column pair (4 bytes of 16-bit T, 8 of fp32: the descriptor's 16-byte aligned
+//    base and row stride align every pair); latency-bound, on the epilogue's critical path; or
+//  * Box0 >= 0 (root stage, KernelConfig::ring_input_bytes): the producer loads the tile by TMA
+//    into the ring slot after the tile's k-blocks, its boxes at Box0, Box0 + 1, .. of the slot
+//    (load_ring), so it lands under the mainloop; each fragment reads SMEM (EpiCtx::ring_a/b),
+//    the same 128-byte swizzle the stores use, bank-conflict free.
+// Rows >= M and columns >= N read 0 (the TMA's zero fill, or the loads' predicates).
+template <int In, class T, int Box0 = -1> struct TileInput {
   static_assert(In < Sm90::kMaxTileInputs);
+  static constexpr bool kInRing = Box0 >= 0;
   template <class Geo> struct Impl : NodeBase<Geo> {
     static constexpr bool kLoads = true;
     static constexpr int kBoxCols = 128 / int(sizeof(T));
+    static constexpr int kRingBytes = kInRing ? Geo::BM * Geo::BN * int(sizeof(T)) : 0;
     T const* tile_;       // element (m0, n0) of the tile, in the job's batch
     long long ld_;        // row stride (elements)
     int rows_, cols_;     // rows and columns of the tile that lie inside [M, N]
@@ -319,27 +328,49 @@ template <int In, class T> struct TileInput {
           cute::SM90_TMA_LOAD_2D::PREFETCH::copy(&c.p->tma_in[In], c.n0 + col, c.m0);
       }
     }
+    // The producer thread, into the ring slot whose box b is at box(b) (mainloop_sm90.cuh).
+    template <class BoxAt>
+    static COMFUSE_DEVICE void load_ring(Params const& p, uint64_t* bar, BoxAt const& box, int m0, int n0) {
+      if constexpr (kInRing) {
+        static_assert(!Geo::kBatched, "tile inputs in the ring: the single-GEMM kernel (not batched)");
+        constexpr auto kEvictFirst = uint64_t(cute::TMA::CacheHintSm90::EVICT_FIRST);  // read once, by this tile
+        CUTE_UNROLL
+        for (int b = 0; b < Geo::BN / kBoxCols; ++b)
+          cute::SM90_TMA_LOAD_2D::copy(&p.tma_in[In], bar, kEvictFirst, box(Box0 + b), n0 + b * kBoxCols, m0);
+      }
+    }
     COMFUSE_DEVICE void begin(EpiCtx const& c, NoStorage&) {
+      if constexpr (kInRing) return;
       TileInputRef const& in = c.p->tile_in[In];
       ld_ = in.ld;
       tile_ = static_cast<T const*>(in.data) + (Geo::kBatched ? c.batch * in.batch_stride : 0) + c.m0 * ld_ + c.n0;
       rows_ = c.p->M - c.m0;
       cols_ = c.N - c.n0;
     }
-    // Predicated loads of the raw words (zero bits read 0.f in every T), converted after: no
-    // branches and no dependence between the pairs, so ptxas can issue a subtile's loads ahead
-    // of their use. A pair whose first column is inside N loads whole: its aligned word holds
-    // that valid element, so it cannot fault even where an odd N puts the second past the row.
+    // Global: predicated loads of the raw words (zero bits read 0.f in every T), converted
+    // after: no branches and no dependence between the pairs, so ptxas can issue a subtile's
+    // loads ahead of their use. A pair whose first column is inside N loads whole: its aligned
+    // word holds that valid element, so it cannot fault even where an odd N puts the second
+    // past the row.
     using Word = cute::conditional_t<sizeof(T) == 2, uint32_t, float2>;
-    template <int I, class V> COMFUSE_DEVICE void visit(EpiCtx const&, FragCoord const& fc, Frag const&, V& v) {
+    template <int I, class V> COMFUSE_DEVICE void visit(EpiCtx const& c, FragCoord const& fc, Frag const&, V& v) {
       CUTE_UNROLL
       for (int e = 0; e < kFrag; e += 2) {
         int const row = fc.row + frag_row(e), col = fc.col + frag_col(e);  // element e + 1: col + 1
         Word w{};
-        if (row < rows_ && col < cols_) w = *reinterpret_cast<Word const*>(tile_ + row * ld_ + col);
+        if constexpr (kInRing) {
+          int const b = Box0 + col / kBoxCols, byte = (col % kBoxCols) * int(sizeof(T));
+          uint32_t const addr = (b == 0 ? c.ring_a : c.ring_b + (b - 1) * Geo::BM * 128) + row * 128 +
+                                ((((byte >> 4) ^ (row & 7)) << 4) | (byte & 15));
+          if constexpr (sizeof(T) == 2) w = ld_shared_u32(addr);
+          else w = ld_shared_v2(addr);
+        } else {
+          if (row < rows_ && col < cols_) w = *reinterpret_cast<Word const*>(tile_ + row * ld_ + col);
+        }
         if constexpr (sizeof(T) == 2) v[I][e] = DType<T>::unpack_lo(w), v[I][e + 1] = DType<T>::unpack_hi(w);
         else v[I][e] = w.x, v[I][e + 1] = w.y;
-        if (col + 1 >= cols_) v[I][e + 1] = 0.f;
+        if constexpr (!kInRing)
+          if (col + 1 >= cols_) v[I][e + 1] = 0.f;
       }
     }
   };

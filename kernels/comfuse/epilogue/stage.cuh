@@ -132,6 +132,15 @@ template <class N> struct pair_of<N, cute::void_t<decltype(N::kPair)>> { static 
 struct NoTreeHolder {
   using TreeStorage = NoTree;
 };
+// A node Impl's bytes in the mainloop's ring slot (TileInput::Impl::kRingBytes; others none).
+template <class I, class = void> struct ring_bytes_of { static constexpr int value = 0; };
+template <class I> struct ring_bytes_of<I, cute::void_t<decltype(I::kRingBytes)>> {
+  static constexpr int value = I::kRingBytes;
+};
+// run_tile's hook after the root stage's body: nothing by default.
+struct NoHook {
+  COMFUSE_DEVICE void operator()() const {}
+};
 // RowPeers == 1: the reduce phase ends after the quad shuffles.
 struct NoChannel {
   struct Storage {};
@@ -276,6 +285,17 @@ template <class... Nodes> struct Stage {
     // Whether a node of the root stage starts its tile's inputs early (TileInput's L2
     // prefetch): the kernel then calls prefetch() before each tile's mainloop.
     static constexpr bool kRootLoads = (false || ... || Nodes::template Impl<Geo>::kLoads);
+    // The bytes of a ring slot that this stage's tile inputs take (TileInput with Box0 >= 0:
+    // the root stage's, KernelConfig::ring_input_bytes), and their TMA loads into one slot (the
+    // producer thread; box(b): the slot's box b).
+    static constexpr int kRingInputBytes = (0 + ... + detail::ring_bytes_of<typename Nodes::template Impl<Geo>>::value);
+    template <class BoxAt>
+    static COMFUSE_DEVICE void load_ring(Params const& p, uint64_t* bar, BoxAt const& box, int m0, int n0) {
+      cute::for_each(cute::make_int_sequence<kNumNodes>{}, [&](auto i) {
+        using Impl = cute::tuple_element_t<decltype(i)::value, Impls>;
+        if constexpr (detail::ring_bytes_of<Impl>::value > 0) Impl::load_ring(p, bar, box, m0, n0);
+      });
+    }
 
     // One thread per CTA, before the kernel's first cluster barrier.
     static COMFUSE_DEVICE void init_shared(SharedStorage& ss) {
@@ -474,10 +494,11 @@ template <class... Nodes> struct Stage {
 
     // The root's entry, once per tile of a job (c: the job's tile 0, t: the tile), right after
     // that tile's mainloop; after the last tile the reduce phase and the PostStages. begun: the
-    // job's begin ran already (begin_early).
-    template <class FragC, class St = NoStash>
+    // job's begin ran already (begin_early). after_body: called by every thread once the root
+    // stage's body is done with the tile (the kernel frees the ring slot of its tile inputs).
+    template <class FragC, class St = NoStash, class AfterBody = detail::NoHook>
     COMFUSE_DEVICE void run_tile(EpiCtx const& c, SharedStorage& ss, FragC& accum, int bar_id, int t, St const& st = St{},
-                                 bool begun = false) {
+                                 bool begun = false, AfterBody const& after_body = AfterBody{}) {
       EpiCtx const ct = tile_ctx(c, t);
       TreeStorage& tree = tree_of(ss);
       unsigned long long since = trace::now();
@@ -486,6 +507,7 @@ template <class... Nodes> struct Stage {
       since = trace::now();
       if (Geo::NTiles == 1 || t == Geo::NTiles - 1) body<true>(ct, tree, accum, bar_id, st);
       else body<false>(ct, tree, accum, bar_id, st);
+      after_body();
       trace::add_epi(trace::kEpiRootBody, since);
       if constexpr (kEndsInReduction) {
         if (t == Geo::NTiles - 1) {

@@ -86,6 +86,11 @@ struct FusedGemmSm90 {
   static constexpr bool kDsmemReduce = EpiExec::kClusterReduce && !kGlobal;
   using Pipeline = typename Mainloop::Pipeline;
   using PipelineState = typename Mainloop::PipelineState;
+  // The root stage's tile inputs ride the ring (KernelConfig::ring_input_bytes): one slot after
+  // each tile's k-blocks, which the tile's consumer holds until its root stage's body is done.
+  static constexpr int kRingSlots = C.ring_input_bytes > 0 ? 1 : 0;
+  static_assert(EpiExec::kRingInputBytes == C.ring_input_bytes,
+                "ComFuse: the epilogue's tile inputs in the ring differ from KernelConfig::ring_input_bytes");
 
   static constexpr int kThreads = Sm90::kThreads;
   static constexpr int kProducerRegs = Sm90::kProducerRegs;
@@ -158,9 +163,15 @@ struct FusedGemmSm90 {
         for (int k = 0;; ++k) {
           TileCoord tc = sched.tile(k);
           if (!tc.valid) break;
-          for (int nt = 0; nt < NTiles; ++nt)
-            Mainloop::load(p, pipeline, state, ss.mainloop, tc.m_block, tc.n_block + nt * RowPeers, sched.rank,
-                           sched.k_begin, kt);
+          for (int nt = 0; nt < NTiles; ++nt) {
+            int const n_block = tc.n_block + nt * RowPeers;
+            Mainloop::load(p, pipeline, state, ss.mainloop, tc.m_block, n_block, sched.rank, sched.k_begin, kt);
+            if constexpr (kRingSlots > 0)
+              Mainloop::load_slot(pipeline, state, C.ring_input_bytes, [&](uint64_t* bar, int s) {
+                EpiExec::load_ring(p, bar, [&](int box) { return Mainloop::slot_box(ss.mainloop, s, box); },
+                                   tc.m_block * BM, n_block * BN);
+              });
+          }
         }
         pipeline.producer_tail(state);  // no exit while peers may still signal our barriers
       }
@@ -177,7 +188,7 @@ struct FusedGemmSm90 {
         size_t const cta = size_t(blockIdx.x) * gridDim.y + blockIdx.y;
         stash.bind(static_cast<char*>(p.stash) + (cta * 2 + cw) * size_t(kStashBytesPerWG), t);
       }
-      int const job_kt = NTiles * kt;  // k-blocks of one job
+      int const job_kt = NTiles * (kt + kRingSlots);  // ring slots of one job
       uint32_t const epoch = kWorkspace ? cluster::exchange_epoch(p) : 0;  // tags this launch's rounds
       bool const owner = !kSplitK || sched.owns_tiles();  // runs the epilogue of its tiles
       if constexpr (kPingPong) {
@@ -226,7 +237,21 @@ struct FusedGemmSm90 {
             else xk.gather(accum, job, epoch, m0, p.M, t, bar);
           }
           if (nt == NTiles - 1) trace::mark(t, cw, job, trace::kAccReady);
-          if (owner) epi.run_tile(ctx, ss.epi[cw], accum, barrier_id(NamedBarrier::EpilogueWG0, cw), nt, stash, begun);
+          if constexpr (kRingSlots > 0) {  // the tile's inputs, loaded after its k-blocks
+            pipeline.consumer_wait(read_state);
+            ctx.ring_a = smem_u32(Mainloop::slot_box(ss.mainloop, read_state.index(), 0));
+            ctx.ring_b = smem_u32(Mainloop::slot_box(ss.mainloop, read_state.index(), 1));
+            ++read_state;
+            // Every thread has read the slot before it goes back to the producer.
+            auto const free_slot = [&] {
+              named_sync(barrier_id(NamedBarrier::EpilogueWG0, cw), kWarpGroupThreads);
+              pipeline.consumer_release(release_state);
+              ++release_state;
+            };
+            epi.run_tile(ctx, ss.epi[cw], accum, barrier_id(NamedBarrier::EpilogueWG0, cw), nt, stash, begun, free_slot);
+          } else if (owner) {
+            epi.run_tile(ctx, ss.epi[cw], accum, barrier_id(NamedBarrier::EpilogueWG0, cw), nt, stash, begun);
+          }
         }
         trace::mark(t, cw, job, trace::kEpiDone);
         if constexpr (kPingPong) {

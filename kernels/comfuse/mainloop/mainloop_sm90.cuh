@@ -142,6 +142,29 @@ struct MainloopSm90 {
     }
   }
 
+  // ---- the epilogue's tile inputs in the ring (KernelConfig::ring_input_bytes) ------------
+  // A slot seen as TMA boxes of BM rows x 128 bytes (each 1024-byte aligned, so the 128-byte
+  // swizzle of the tile input's descriptor lands as in any box): box 0 is the slot's A part,
+  // box b > 0 rows (b - 1) * BM.. of its B part.
+  static COMFUSE_DEVICE void* slot_box(SharedStorage& smem, int s, int box) {
+    if (box == 0) return smem.A + s * BM * BK;
+    return smem.B + s * BN * BK + (box - 1) * BM * BK;
+  }
+  // One more slot after a tile's k-blocks (producer thread): issue(bar, s) starts TMA loads of
+  // `bytes` into slot s; the slot's full barrier expects a k-block's kTxBytes (the pipeline's
+  // acquire), so the difference completes here. The consumer releases the slot like a k-block,
+  // to every CTA whose multicast fills it; the peers of a cluster walk the same jobs, so each
+  // holds its own tile inputs in the same slot, and none refills it before all released it.
+  template <class Issue>
+  static COMFUSE_DEVICE void load_slot(Pipeline& pipeline, PipelineState& state, uint32_t bytes, Issue&& issue) {
+    pipeline.producer_acquire(state);
+    uint64_t* bar = pipeline.producer_get_barrier(state);
+    issue(bar, state.index());
+    if (bytes < kTxBytes)
+      cutlass::arch::ClusterTransactionBarrier::complete_transaction(bar, cute::block_rank_in_cluster(), kTxBytes - bytes);
+    ++state;
+  }
+
   // ---- consumer: one warp group ------------------------------------------------------
   // Issues the whole tile's wgmmas; returns with the last MmaDepth k-blocks still in flight
   // (the caller hands the tensor cores to the other warp group, then calls mma_tail).
