@@ -125,6 +125,12 @@ struct FusionSpec {
   // may carry in the mainloop's ring (KernelConfig::ring_input_bytes; emit places them there
   // in this order). A later stage's tile inputs are read from L2.
   std::vector<int> root_tile_inputs() const;
+  // Tile stores of PostStages that write through the SMEM staging of a root-stage tile store of
+  // the same element size (a stage's k-th store of a size takes the root's k-th of that size):
+  // a PostStage runs after the root stage's body, so one buffer serves both (the kernel waits for
+  // the root's TMA stores to have read it; nodes.cuh Store's Borrow). Keyed by (stage, node): the
+  // root node whose staging it borrows. The planner's SMEM model and Ψ both follow it.
+  std::map<std::pair<const Spec*, int>, int> staging_borrows() const;
 };
 
 // Whether reduction `i` of `stage` and its PostStage's reduction form a pair whose statistics

@@ -120,6 +120,10 @@ std::string store(EmitContext& ctx, const Spec& st, int i, const std::string& pa
   if (n.arg == ctx.operand_arg) return fmt::format("comfuse::epi::ToOperand<{}>", n.operands.at(0));
   if (a.value_class == ValueClass::Col)
     return fmt::format("comfuse::epi::StoreCol<{}, {}{}>", slot(ctx, n.arg, path), cpp_type(a.dtype), operands(n));
+  // A PostStage store through a root store's staging (FusionSpec::staging_borrows): that store's slot.
+  if (const auto b = ctx.borrows.find({&st, i}); b != ctx.borrows.end())
+    return fmt::format("comfuse::epi::Store<{}, {}{}, {}>", slot(ctx, n.arg, path), cpp_type(a.dtype), operands(n),
+                       slot(ctx, node_at(ctx.spec.root, b->second).arg, path));
   return fmt::format("comfuse::epi::Store<{}, {}{}>", slot(ctx, n.arg, path), cpp_type(a.dtype), operands(n));
 }
 

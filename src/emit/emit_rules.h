@@ -10,8 +10,10 @@ namespace comfuse::emit_detail {
 
 // State shared by the rules while one FusionSpec is rendered.
 struct EmitContext {
-  explicit EmitContext(const FusionSpec& s) : spec(s) {}
+  explicit EmitContext(const FusionSpec& s) : spec(s), borrows(s.staging_borrows()) {}
   const FusionSpec& spec;
+  // PostStage stores that write through a root store's staging (FusionSpec::staging_borrows).
+  std::map<std::pair<const Spec*, int>, int> borrows;
   std::map<int, int> slot_of_arg;       // FusionSpec arg -> Params slot (vectors/scalars/outputs)
   std::vector<std::string> literals;    // struct definitions, in first-use order
   std::string literal_struct(double v); // name of the struct holding v as a float

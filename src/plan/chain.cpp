@@ -94,10 +94,12 @@ ChainInfo analyze_chain(const FusionSpec& s) {
       ++info.tile_inputs;
     }
   const std::vector<StageRef> stages = collect_stages(s);
+  const auto borrows = s.staging_borrows();
   for (const StageRef& st : stages) {
     int bypass_tiles = 0;
     ChainInfo::StageStorage storage;
-    for (const SpecNode& n : st.spec->nodes) {
+    for (size_t idx = 0; idx < st.spec->nodes.size(); ++idx) {
+      const SpecNode& n = st.spec->nodes[idx];
       info.ops_per_element += node_cost(s, *st.spec, n);
       if (n.category == NodeCategory::Placeholder && n.placeholder == PlaceholderKind::Bypass &&
           n.value_class == ValueClass::Tile)
@@ -107,7 +109,8 @@ ChainInfo analyze_chain(const FusionSpec& s) {
         const int bytes = static_cast<int>(size_of(s.args[static_cast<size_t>(n.arg)].dtype));
         info.has_tile_output = true;
         info.max_out_bytes = std::max(info.max_out_bytes, bytes);
-        storage.store_bytes_per_row_of_64 += 64 * bytes;
+        // A PostStage store that borrows a root store's staging keeps none of its own.
+        if (!borrows.count({st.spec, static_cast<int>(idx)})) storage.store_bytes_per_row_of_64 += 64 * bytes;
       }
       if (n.category == NodeCategory::Broadcast && n.broadcast == BroadcastKind::Row) ++storage.row_broadcasts;
     }

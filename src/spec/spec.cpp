@@ -329,6 +329,29 @@ std::vector<int> FusionSpec::root_tile_inputs() const {
   return out;
 }
 
+std::map<std::pair<const Spec*, int>, int> FusionSpec::staging_borrows() const {
+  auto tile_store_bytes = [&](const SpecNode& n) -> size_t {
+    if (n.category != NodeCategory::Store || n.arg < 0 || n.arg >= static_cast<int>(args.size())) return 0;
+    const RuntimeArg& a = args[static_cast<size_t>(n.arg)];
+    return a.role == ArgRole::Output && a.value_class == ValueClass::Tile ? size_of(a.dtype) : 0;
+  };
+  std::map<size_t, std::vector<int>> lenders;  // element size -> the root's tile stores, in node order
+  for (size_t i = 0; i < root.nodes.size(); ++i)
+    if (const size_t b = tile_store_bytes(root.nodes[i])) lenders[b].push_back(static_cast<int>(i));
+  std::map<std::pair<const Spec*, int>, int> out;
+  std::function<void(const Spec&)> walk = [&](const Spec& st) {
+    std::map<size_t, size_t> taken;
+    for (size_t i = 0; i < st.nodes.size(); ++i)
+      if (const size_t b = tile_store_bytes(st.nodes[i])) {
+        const std::vector<int>& l = lenders[b];
+        if (const size_t k = taken[b]++; k < l.size()) out[{&st, static_cast<int>(i)}] = l[k];
+      }
+    for (const Spec& c : st.children) walk(c);
+  };
+  for (const Spec& c : root.children) walk(c);
+  return out;
+}
+
 int FusionSpec::reduction_count() const { return count_reductions(root); }
 int FusionSpec::stage_count() const { return count_stages(root); }
 

@@ -56,6 +56,9 @@ struct EpiCtx {
   // KernelConfig::ring_input_bytes: the mainloop ring slot that holds this tile's inputs (shared
   // addresses of its A part and its B part; mainloop_sm90.cuh slot_box).
   uint32_t ring_a = 0, ring_b = 0;
+  // The root stage's store staging buffers by output slot (Store::kOut), lent to the PostStage
+  // stores that borrow them (Store's Borrow; Stage::Exec::lend_staging fills it).
+  unsigned char* root_staging[Sm90::kMaxOutputs] = {};
   float const* gate = nullptr;  // B2B's gated GEMM1: the current fragment of X W3^T (GateEntry)
   RowGroupSlot xs{};  // row reductions across clusters (Aggregation::L2Exchange): exchange slot, rank
 };
@@ -258,16 +261,32 @@ template <class T, int Src> struct Cast {
 };
 
 // Store node Src to output Out (type T, M x N row-major) through SMEM and TMA.
-// Staging: one BM x 64 subtile per warp group (SwizzledSubtile), what the TMA store un-swizzles.
-template <int Out, class T, int Src> struct Store {
-  static_assert(Out < Sm90::kMaxOutputs);
+// Staging: one BM x 64 subtile per warp group (SwizzledSubtile), what the TMA store un-swizzles:
+// its own, or with Borrow >= 0 (a PostStage's store, FusionSpec::staging_borrows) the staging of
+// the root stage's store to output slot Borrow (same element size), free once the root's TMA
+// stores have read it (the borrowing stage's body waits for that: Stage::Exec::kBorrows).
+template <int Out, class T, int Src, int Borrow = -1> struct Store {
+  static_assert(Out < Sm90::kMaxOutputs && Borrow < Sm90::kMaxOutputs);
   static constexpr bool kIsStore = true;
+  static constexpr bool kBorrows = Borrow >= 0;
   template <class Geo> struct Impl : NodeBase<Geo> {
     using Layout = SwizzledSubtile<T, Geo::BM>;
-    struct SharedStorage { alignas(1024) unsigned char buf[Layout::kBytes]; };
+    struct OwnStorage { alignas(1024) unsigned char buf[Layout::kBytes]; };
+    using SharedStorage = cute::conditional_t<kBorrows, NoStorage, OwnStorage>;
+    static constexpr int kOut = Out;
+    static constexpr bool kLends = !kBorrows;  // its staging may serve a PostStage's store
     uint32_t base_;
+    unsigned char* borrowed_;  // Borrow: the lender's staging (generic address, for the TMA store)
     static COMFUSE_DEVICE void prefetch_descriptors(Params const& p) { prefetch_tma_descriptor(&p.tma_out[Out]); }
-    COMFUSE_DEVICE void begin(EpiCtx const&, SharedStorage& s) { base_ = smem_u32(s.buf); }
+    static COMFUSE_DEVICE unsigned char* staging(OwnStorage& s) { return s.buf; }
+    COMFUSE_DEVICE unsigned char* buf(SharedStorage& s) const {
+      if constexpr (kBorrows) return borrowed_;
+      else return s.buf;
+    }
+    COMFUSE_DEVICE void begin(EpiCtx const& c, SharedStorage& s) {
+      if constexpr (kBorrows) borrowed_ = c.root_staging[Borrow];
+      base_ = smem_u32(buf(s));
+    }
     template <int I, class V> COMFUSE_DEVICE void visit(EpiCtx const& c, FragCoord const& fc, Frag const&, V& v) {
       static_assert(Src < I);
       if constexpr (sizeof(T) == 2) {
@@ -285,10 +304,10 @@ template <int Out, class T, int Src> struct Store {
       CUTE_UNROLL
       for (int b = 0; b < Layout::kBoxes; ++b) {
         if constexpr (Geo::kBatched)
-          cute::SM90_TMA_STORE_3D::copy(&c.p->tma_out[Out], s.buf + b * Layout::kBoxBytes,
+          cute::SM90_TMA_STORE_3D::copy(&c.p->tma_out[Out], buf(s) + b * Layout::kBoxBytes,
                                         c.n0 + sub * 64 + b * Layout::kBoxCols, c.m0, c.batch);
         else
-          cute::SM90_TMA_STORE_2D::copy(&c.p->tma_out[Out], s.buf + b * Layout::kBoxBytes,
+          cute::SM90_TMA_STORE_2D::copy(&c.p->tma_out[Out], buf(s) + b * Layout::kBoxBytes,
                                         c.n0 + sub * 64 + b * Layout::kBoxCols, c.m0);
       }
     }

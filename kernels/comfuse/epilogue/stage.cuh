@@ -132,6 +132,15 @@ template <class N> struct pair_of<N, cute::void_t<decltype(N::kPair)>> { static 
 struct NoTreeHolder {
   using TreeStorage = NoTree;
 };
+// A Store writing through the root stage's staging (Store's Borrow).
+template <class N, class = void> struct borrows_staging : cute::false_type {};
+template <class N> struct borrows_staging<N, cute::void_t<decltype(N::kBorrows)>> {
+  static constexpr bool value = N::kBorrows;
+};
+template <class I, class = void> struct lends_staging : cute::false_type {};
+template <class I> struct lends_staging<I, cute::void_t<decltype(I::kLends)>> {
+  static constexpr bool value = I::kLends;
+};
 // A node Impl's bytes in the mainloop's ring slot (TileInput::Impl::kRingBytes; others none).
 template <class I, class = void> struct ring_bytes_of { static constexpr int value = 0; };
 template <class I> struct ring_bytes_of<I, cute::void_t<decltype(I::kRingBytes)>> {
@@ -288,6 +297,10 @@ template <class... Nodes> struct Stage {
     // The bytes of a ring slot that this stage's tile inputs take (TileInput with Box0 >= 0:
     // the root stage's, KernelConfig::ring_input_bytes), and their TMA loads into one slot (the
     // producer thread; box(b): the slot's box b).
+    // A store of this stage writes through a root store's staging: its body first waits for the
+    // root's TMA stores to have read it.
+    static constexpr bool kBorrows = (false || ... || detail::borrows_staging<Nodes>::value);
+    static_assert(!kBorrows || !kRoot, "ComFuse: the root stage's stores keep their own staging");
     static constexpr int kRingInputBytes = (0 + ... + detail::ring_bytes_of<typename Nodes::template Impl<Geo>>::value);
     template <class BoxAt>
     static COMFUSE_DEVICE void load_ring(Params const& p, uint64_t* bar, BoxAt const& box, int m0, int n0) {
@@ -406,6 +419,10 @@ template <class... Nodes> struct Stage {
     template <bool kInRegs, class FragC, class St>
     COMFUSE_DEVICE void body(EpiCtx const& c, TreeStorage& ts, FragC& accum, int bar_id, St const& st) {
       constexpr bool in_regs = kInRegs;
+      if constexpr (kBorrows) {  // the lender's last stores must have read the staging
+        if (c.t == 0) tma_store_wait_read<0>();
+        named_sync(bar_id, kWarpGroupThreads);
+      }
       cute::for_each(cute::make_int_sequence<kNumNodes>{}, [&](auto i) {
         cute::get<decltype(i)::value>(impls).acquire(c, detail::storage_get<decltype(i)::value, StorageTypes>(nodes_of(ts)));
       });
@@ -485,9 +502,20 @@ template <class... Nodes> struct Stage {
     // ahead of its mainloop, where the warp group would otherwise wait for the ring's first
     // k-blocks: run_tile then takes begun = true. The warp group's first job only (nothing of a
     // previous job reads this storage yet), where KernelConfig::begin_early asks (one job a CTA).
-    COMFUSE_DEVICE void begin_early(EpiCtx const& c, SharedStorage& ss, int bar_id) {
+    // The root's stores' staging, lent to the PostStage stores that borrow it (EpiCtx::root_staging).
+    static COMFUSE_DEVICE EpiCtx lend_staging(EpiCtx c, TreeStorage& ts) {
+      cute::for_each(cute::make_int_sequence<kNumNodes>{}, [&](auto i) {
+        using Impl = cute::tuple_element_t<decltype(i)::value, Impls>;
+        if constexpr (detail::lends_staging<Impl>::value)
+          c.root_staging[Impl::kOut] = Impl::staging(detail::storage_get<decltype(i)::value, StorageTypes>(nodes_of(ts)));
+      });
+      return c;
+    }
+
+    COMFUSE_DEVICE void begin_early(EpiCtx const& c0, SharedStorage& ss, int bar_id) {
       static_assert(Geo::NTiles == 1, "begin_early: one N-tile a job (later tiles begin after the first's body)");
       unsigned long long const since = trace::now();
+      EpiCtx const c = lend_staging(c0, tree_of(ss));
       begin_phase<true>(c, tree_of(ss), bar_id);
       trace::add_epi(trace::kEpiBegin, since);
     }
@@ -497,10 +525,11 @@ template <class... Nodes> struct Stage {
     // job's begin ran already (begin_early). after_body: called by every thread once the root
     // stage's body is done with the tile (the kernel frees the ring slot of its tile inputs).
     template <class FragC, class St = NoStash, class AfterBody = detail::NoHook>
-    COMFUSE_DEVICE void run_tile(EpiCtx const& c, SharedStorage& ss, FragC& accum, int bar_id, int t, St const& st = St{},
+    COMFUSE_DEVICE void run_tile(EpiCtx const& c0, SharedStorage& ss, FragC& accum, int bar_id, int t, St const& st = St{},
                                  bool begun = false, AfterBody const& after_body = AfterBody{}) {
-      EpiCtx const ct = tile_ctx(c, t);
       TreeStorage& tree = tree_of(ss);
+      EpiCtx const c = lend_staging(c0, tree);
+      EpiCtx const ct = tile_ctx(c, t);
       unsigned long long since = trace::now();
       if (!begun) begin_phase<true>(ct, tree, bar_id);
       trace::add_epi(trace::kEpiBegin, since);
