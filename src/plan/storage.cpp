@@ -10,9 +10,11 @@ namespace comfuse::plan_detail {
 
 // One consumer WG's epilogue storage (kernels/comfuse/epilogue/stage.cuh, Exec::SharedStorage):
 // per stage, its nodes' storage in one 1024-aligned block (TMA-store staging: rows x 64 columns
-// of each output's dtype; a RowBroadcast: tile_n floats; a TileInput reads global memory and
-// keeps nothing), none for a stage without; then the DSMEM channel (one per WG, shared by every
-// reduction of the chain), the whole rounded to the blocks' 1024-byte alignment.
+// of each output's dtype, none for a later stage's output that writes through a root output's
+// staging, FusionSpec::staging_borrows; a RowBroadcast: tile_n floats; a TileInput keeps nothing
+// of its own: it reads L2 or a mainloop ring slot), none for a stage without; then the DSMEM
+// channel (one per WG, shared by every reduction of the chain), the whole rounded to the blocks'
+// 1024-byte alignment.
 int epilogue_smem_bytes(const ChainInfo& chain, const KernelConfig& k) {
   const int rows = k.epi_rows();
   int tree = 0;

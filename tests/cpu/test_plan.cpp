@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <regex>
 
 #include "comfuse/emit.h"
 #include "comfuse/lower.h"
@@ -199,6 +200,9 @@ TEST(Plan, TileInputsKeepNothingInSmem) {
       // writes through it (FusionSpec::staging_borrows): no more SMEM than the plain norm's.
       EXPECT_EQ(ph.kernel.epilogue_smem_bytes, plain.kernel.epilogue_smem_bytes);
       EXPECT_EQ(ph.kernel.ring_stages, plain.kernel.ring_stages);
+      EXPECT_TRUE(std::regex_search(emit(residual_norm(layer, DType::BF16, true), ph).source,
+                                    std::regex(R"(epi::Store<1, cutlass::bfloat16_t, \d+, 0>)")))
+          << "y's Store borrows output slot 0's (h's) staging";
     }
   }
 }
