@@ -9,7 +9,7 @@
 // (8 accumulator values, one stmatrix worth) vals[I] = node I (vals[operands]), in
 // registers (the index loops unroll completely, so vals never leaves them and nodes whose
 // value nobody reads are dead code). Store nodes write their fragment into their SMEM
-// staging buffer; at the subtile's end every thread fences (generic -> async proxy), the
+// staging buffer (a PostStage's may borrow a root store's: lend_staging, Store's Borrow); at the subtile's end every thread fences (generic -> async proxy), the
 // warp group syncs, one thread issues the TMA stores; before the next subtile rewrites
 // the buffers that thread waits until the previous stores have read SMEM.
 //
@@ -294,13 +294,13 @@ template <class... Nodes> struct Stage {
     // Whether a node of the root stage starts its tile's inputs early (TileInput's L2
     // prefetch): the kernel then calls prefetch() before each tile's mainloop.
     static constexpr bool kRootLoads = (false || ... || Nodes::template Impl<Geo>::kLoads);
-    // The bytes of a ring slot that this stage's tile inputs take (TileInput with Box0 >= 0:
-    // the root stage's, KernelConfig::ring_input_bytes), and their TMA loads into one slot (the
-    // producer thread; box(b): the slot's box b).
     // A store of this stage writes through a root store's staging: its body first waits for the
     // root's TMA stores to have read it.
     static constexpr bool kBorrows = (false || ... || detail::borrows_staging<Nodes>::value);
     static_assert(!kBorrows || !kRoot, "ComFuse: the root stage's stores keep their own staging");
+    // The bytes of a ring slot that this stage's tile inputs take (TileInput with Box0 >= 0:
+    // the root stage's, KernelConfig::ring_input_bytes), and their TMA loads into one slot (the
+    // producer thread; box(b): the slot's box b).
     static constexpr int kRingInputBytes = (0 + ... + detail::ring_bytes_of<typename Nodes::template Impl<Geo>>::value);
     template <class BoxAt>
     static COMFUSE_DEVICE void load_ring(Params const& p, uint64_t* bar, BoxAt const& box, int m0, int n0) {
@@ -498,10 +498,6 @@ template <class... Nodes> struct Stage {
       if constexpr (kEndsInReduction) reduce_phase(c, ts, accum, bar_id, chan, rnd, st);
     }
 
-    // A job's begin (its vectors into SMEM and registers, every stage's with one N-tile a job)
-    // ahead of its mainloop, where the warp group would otherwise wait for the ring's first
-    // k-blocks: run_tile then takes begun = true. The warp group's first job only (nothing of a
-    // previous job reads this storage yet), where KernelConfig::begin_early asks (one job a CTA).
     // The root's stores' staging, lent to the PostStage stores that borrow it (EpiCtx::root_staging).
     static COMFUSE_DEVICE EpiCtx lend_staging(EpiCtx c, TreeStorage& ts) {
       cute::for_each(cute::make_int_sequence<kNumNodes>{}, [&](auto i) {
@@ -512,6 +508,10 @@ template <class... Nodes> struct Stage {
       return c;
     }
 
+    // A job's begin (its vectors into SMEM and registers, every stage's with one N-tile a job)
+    // ahead of its mainloop, where the warp group would otherwise wait for the ring's first
+    // k-blocks: run_tile then takes begun = true. The warp group's first job only (nothing of a
+    // previous job reads this storage yet), where KernelConfig::begin_early asks (one job a CTA).
     COMFUSE_DEVICE void begin_early(EpiCtx const& c0, SharedStorage& ss, int bar_id) {
       static_assert(Geo::NTiles == 1, "begin_early: one N-tile a job (later tiles begin after the first's body)");
       unsigned long long const since = trace::now();

@@ -40,6 +40,11 @@
 //   B (cluster_m = 2: the PingPong mainloops' L2 traffic at cuBLAS parity) with all 132 SMs busy.
 //   Columns, jobs and Stash work as with a cluster of G CTAs along N (scheduler).
 //
+// Tile inputs in the ring (ring_input_bytes > 0): the producer follows each tile's k-blocks with
+//   one more slot holding the epilogue's first-stage [M, N] inputs (a residual, by TMA); the
+//   tile's consumer waits for it after its mainloop, reads it from SMEM in its first stage and
+//   releases it like a k-block (mainloop_sm90.cuh load_slot, nodes.cuh TileInput).
+//
 // Split-K (k_splits = S > 1, scheduler/split_k.cuh): S clusters run the mainloops of the same
 //   tiles over a share of K each; split 0 owns the tiles: each of its consumers adds the other
 //   splits' partial tiles (passed through the exchange workspace) to its accumulators and runs
@@ -237,7 +242,8 @@ struct FusedGemmSm90 {
             else xk.gather(accum, job, epoch, m0, p.M, t, bar);
           }
           if (nt == NTiles - 1) trace::mark(t, cw, job, trace::kAccReady);
-          if constexpr (kRingSlots > 0) {  // the tile's inputs, loaded after its k-blocks
+          if constexpr (kRingSlots > 0) {  // the tile's inputs, loaded after its k-blocks (no split-K:
+                                           // every consumer owns its tiles, check())
             pipeline.consumer_wait(read_state);
             ctx.ring_a = smem_u32(Mainloop::slot_box(ss.mainloop, read_state.index(), 0));
             ctx.ring_b = smem_u32(Mainloop::slot_box(ss.mainloop, read_state.index(), 1));

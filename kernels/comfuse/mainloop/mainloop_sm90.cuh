@@ -3,7 +3,8 @@
 // SMEM ring: Stages slots, each one BM x 64 tile of A and one BN x 64 tile of B (64 =
 // one 128-byte swizzle atom of a 16-bit type), guarded by CUTLASS's PipelineTmaAsync
 // (full barrier: TMA transaction bytes; empty barrier: one arrival per consumer warp
-// group of every CTA whose TMA multicasts into the slot).
+// group of every CTA whose TMA multicasts into the slot). With KernelConfig::ring_input_bytes a
+// tile's k-blocks are followed by one slot of the epilogue's tile inputs (load_slot, slot_box).
 //
 // Producer (one thread): per k-block, waits for the slot to be empty, then loads
 //   A: M x K, K-major. With ClusterN > 1 the BM rows are cut into ASlices slices of
