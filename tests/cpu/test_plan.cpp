@@ -5,72 +5,18 @@
 
 #include <algorithm>
 #include <functional>
-#include <regex>
 
-#include "comfuse/emit.h"
 #include "comfuse/lower.h"
 #include "comfuse/plan.h"
 #include "comfuse/scheduler/grid.cuh"
+#include "cpu/plan_specs.h"
 #include "expect_error.h"
 #include "plan/calibration.h"
 
 namespace comfuse {
 namespace {
 
-// A GEMM y = f(x w^T) lowered through Φ; `epi` builds the epilogue on the accumulator.
-FusionSpec lowered(const std::function<Value(Graph&, Value)>& epi, DType out = DType::BF16) {
-  Graph g;
-  Value x = g.input("x", DType::BF16, {Dim::of("M"), Dim::of("K")});
-  Value w = g.input("w", DType::BF16, {Dim::of("N"), Dim::of("K")});
-  Value acc = g.matmul(x, w);
-  g.output(epi(g, acc), "y", out);
-  LoweringResult r = lower(g);
-  EXPECT_EQ(r.regions.size(), 1u);
-  return r.regions.at(0).spec;
-}
-
-Value row(Graph& g, const std::string& name) { return g.input(name, DType::BF16, {Dim::of("N")}); }
-
-FusionSpec bias_gelu() {
-  return lowered([](Graph& g, Value acc) { return g.unary(UnaryOp::GeluErf, acc + row(g, "bias")); });
-}
-FusionSpec layer_norm() {
-  return lowered([](Graph& g, Value acc) { return g.layer_norm(acc + row(g, "bias"), row(g, "gamma"), row(g, "beta")); });
-}
-FusionSpec rms_norm() {
-  return lowered([](Graph& g, Value acc) { return g.rms_norm(acc, row(g, "gamma")); });
-}
-FusionSpec softmax() {
-  return lowered([](Graph& g, Value acc) { return g.softmax(acc * 0.125); });
-}
-// A transformer block's residual norm: h = acc (+ bias) + residual, y = LayerNorm(h) or
-// RMSNorm(h); h is stored too where store_h (the next block's residual, as
-// examples/gemm_residual_*.cf), else the spec is the plain norm's plus the [M, N] input.
-FusionSpec residual_norm(bool layer, DType residual, bool store_h) {
-  return lowered([=](Graph& g, Value acc) {
-    Value h = (layer ? acc + row(g, "bias") : acc) + g.input("residual", residual, {Dim::of("M"), Dim::of("N")});
-    if (store_h) g.output(h, "h", DType::BF16);
-    return layer ? g.layer_norm(h, row(g, "gamma"), row(g, "beta")) : g.rms_norm(h, row(g, "gamma"));
-  });
-}
-// L dependent reductions: x <- x - mean(x), L times.
-FusionSpec chain(int L) {
-  return lowered([L](Graph& g, Value acc) {
-    Value x = acc;
-    for (int i = 0; i < L; ++i) x = x - g.reduce(ReduceOp::Mean, x);
-    return x;
-  });
-}
-
-Problem prob(int64_t m, int64_t n, int64_t k) { return Problem{m, n, k, DType::BF16}; }
-
-// The planner's whole model, with the multi-N-tile strategies (stash, global-reread) that
-// the device templates do not implement yet; DeviceModel{} is today's device.
-DeviceModel full_device() {
-  DeviceModel d;
-  d.multi_tile_rows = true;
-  return d;
-}
+using namespace plan_specs;
 
 struct Named {
   const char* name;
@@ -173,131 +119,6 @@ TEST(Plan, ReductionBufferIsIndependentOfReductionCount) {
   if (a.kernel.tile_m == b.kernel.tile_m && a.kernel.cluster_n == b.kernel.cluster_n) {
     EXPECT_EQ(a.smem.reduction_buffer, b.smem.reduction_buffer);
   }
-}
-
-// An [M, N] epilogue input keeps nothing in SMEM of its own (TileInput reads L2 after a
-// prefetch, or one mainloop ring slot after the tile's k-blocks), so a residual costs the
-// mainloop no ring stages: the residual norm plans exactly the plain norm's kernel, bf16 or f32
-// residual; storing h as well costs nothing either (y writes through h's staging). The shapes
-// are the measured ones.
-TEST(Plan, TileInputsKeepNothingInSmem) {
-  const DeviceModel dev;
-  for (const bool layer : {false, true}) {
-    const Problem pr = layer ? prob(8192, 1024, 4096) : prob(8192, 4096, 4096);
-    const Plan plain = make_plan(layer ? layer_norm() : rms_norm(), pr, dev);
-    for (const DType res : {DType::BF16, DType::F32}) {
-      SCOPED_TRACE(fmt::format("{}, {} residual", layer ? "LayerNorm" : "RMSNorm", name_of(res)));
-      const Plan p = make_plan(residual_norm(layer, res, false), pr, dev);
-      EXPECT_EQ(p.kernel.tile_m, plain.kernel.tile_m);
-      EXPECT_EQ(p.kernel.tile_n, plain.kernel.tile_n);
-      EXPECT_EQ(p.kernel.epilogue_smem_bytes, plain.kernel.epilogue_smem_bytes);
-      EXPECT_EQ(p.kernel.ring_stages, plain.kernel.ring_stages);
-      EXPECT_EQ(p.smem.total(), plain.smem.total());
-
-      const Plan ph = make_plan(residual_norm(layer, res, true), pr, dev);
-      ASSERT_EQ(ph.kernel.tile_m, plain.kernel.tile_m);
-      ASSERT_EQ(ph.kernel.tile_n, plain.kernel.tile_n);
-      // h's bf16 staging subtile moves to the root stage's block, and y (bf16, a later stage)
-      // writes through it (FusionSpec::staging_borrows): no more SMEM than the plain norm's.
-      EXPECT_EQ(ph.kernel.epilogue_smem_bytes, plain.kernel.epilogue_smem_bytes);
-      EXPECT_EQ(ph.kernel.ring_stages, plain.kernel.ring_stages);
-      EXPECT_TRUE(std::regex_search(emit(residual_norm(layer, DType::BF16, true), ph).source,
-                                    std::regex(R"(epi::Store<1, cutlass::bfloat16_t, \d+, 0>)")))
-          << "y's Store borrows output slot 0's (h's) staging";
-    }
-  }
-}
-
-// A residual's reads cost the epilogue latency-bound passes (calibration.h
-// row_group_tile_input_pass_us): at 8192 x 1024 x 1024 the job's epilogue is twice the
-// mainloop, and the estimate meets the measured 47.8-48.4 us (128x128 row groups of 8, which
-// measured faster than 64x128's 53.4 us and as fast as 64x256's 47.4), where it was 40.0 without.
-// (Read from L2: the ring's SMEM reads are TileInputsRideTheRing's.)
-TEST(Plan, ResidualReadsArePricedInTheEpilogue) {
-  const DeviceModel dev;
-  const FusionSpec s = residual_norm(true, DType::BF16, true);
-  PlanOptions from_l2;
-  from_l2.ring_inputs = false;
-  const Plan p = make_plan(s, prob(8192, 1024, 1024), dev, PlannerTunables{}, from_l2);
-  EXPECT_EQ(p.kernel.tile_m, 128);
-  EXPECT_EQ(p.kernel.tile_n, 128);
-  EXPECT_NEAR(p.estimate.total_us, 48.0, 4.0);
-  EXPECT_NE(explain(s, p).find("reads its 1 tile input(s) in 3.3 us (2 pass(es)"), std::string::npos) << explain(s, p);
-  const Plan plain = make_plan(layer_norm(), prob(8192, 1024, 1024), dev);
-  EXPECT_GT(p.estimate.total_us, plain.estimate.total_us + 8.0);
-}
-
-// The root stage's 16-bit residual rides the mainloop's ring where one slot holds its tile (a
-// tile_m x 128-byte box in the slot's A part, tile_n / tile_m more in its B part) and nothing else
-// shares the slot's reads: PingPong, no split-K. The epilogue then reads SMEM, priced at
-// row_group_ring_input_pass_us a pass (measured). Anything else reads L2 and says why when forced.
-TEST(Plan, TileInputsRideTheRing) {
-  const DeviceModel dev;
-  const FusionSpec s = residual_norm(true, DType::BF16, true);
-  const Plan p = make_plan(s, prob(8192, 1024, 1024), dev);
-  EXPECT_EQ(p.kernel.tile_m, 128);  // measured the fastest with the ring too (64x128 49.2 us against 46.8)
-  EXPECT_NEAR(p.estimate.total_us, 46.8, 2.0);
-  EXPECT_EQ(p.kernel.ring_input_bytes, p.kernel.epi_rows() * p.kernel.tile_n * 2);
-  EXPECT_EQ(check(p.kernel), nullptr);
-  EXPECT_NE(explain(s, p).find("tile inputs  'residual' in the ring"), std::string::npos) << explain(s, p);
-  EXPECT_NE(emit(s, p).source.find("comfuse::epi::TileInput<0, cutlass::bfloat16_t, 0>"), std::string::npos);
-  PlanOptions l2;
-  l2.ring_inputs = false;
-  const Plan q = make_plan(s, prob(8192, 1024, 1024), dev, PlannerTunables{}, l2);
-  EXPECT_EQ(q.kernel.ring_input_bytes, 0);
-  EXPECT_NE(explain(s, q).find("tile inputs  'residual' from L2"), std::string::npos);
-  EXPECT_NE(emit(s, q).source.find("comfuse::epi::TileInput<0, cutlass::bfloat16_t>"), std::string::npos);
-  EXPECT_LT(p.estimate.total_us, q.estimate.total_us);
-  // Every tile shape the row groups take holds one bf16 tile: 128x128 (16 + 16 KiB), 64x128, 64x256.
-  for (const auto& [tm, tn] : {std::pair{128, 128}, std::pair{64, 128}, std::pair{64, 256}}) {
-    PlanOptions o;
-    o.tile_m = tm, o.tile_n = tn;
-    EXPECT_EQ(make_plan(s, prob(8192, 1024, 1024), dev, PlannerTunables{}, o).kernel.ring_input_bytes, tm * tn * 2)
-        << tm << "x" << tn;
-  }
-  // An f32 residual's 128x128 tile is twice a slot; split-K (decode) has no ring inputs.
-  PlanOptions big;
-  big.tile_m = 128, big.tile_n = 128;
-  EXPECT_EQ(make_plan(residual_norm(true, DType::F32, true), prob(8192, 1024, 1024), dev, PlannerTunables{}, big)
-                .kernel.ring_input_bytes, 0);
-  const Plan decode = make_plan(s, prob(1, 1024, 4096), dev);
-  ASSERT_GT(decode.kernel.k_splits, 1);
-  EXPECT_EQ(decode.kernel.ring_input_bytes, 0);
-  // Forced where it cannot be: an error that says why.
-  big.ring_inputs = true;
-  try {
-    make_plan(residual_norm(true, DType::F32, true), prob(8192, 1024, 1024), dev, PlannerTunables{}, big);
-    ADD_FAILURE() << "an f32 128x128 tile in one ring slot";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("no more than one ring slot holds"), std::string::npos) << e.what();
-  }
-  PlanOptions none;
-  none.ring_inputs = true;
-  EXPECT_THROW(make_plan(layer_norm(), prob(8192, 1024, 1024), dev, PlannerTunables{}, none), Error);
-  KernelConfig c;
-  c.tile_m = 64, c.tile_n = 128, c.k_splits = 2, c.ring_input_bytes = 64 * 128 * 2;
-  EXPECT_STREQ(check(c), "tile inputs in the ring: no split-K (only a tile's owner would read them)");
-  c.k_splits = 1, c.ring_input_bytes = 4 * 64 * 128;
-  EXPECT_STREQ(check(c), "tile inputs in the ring: whole TMA boxes, no more than one ring slot holds");
-}
-
-// PlanOptions::ring_stages caps the ring (an A/B of its depth), and only where it is below what
-// fits; the explain names the planner's own pick.
-TEST(Plan, RingStagesOptionCapsTheRing) {
-  const DeviceModel dev;
-  const Problem pr = prob(8192, 1024, 1024);
-  const Plan free = make_plan(residual_norm(true, DType::BF16, true), pr, dev);
-  ASSERT_GT(free.kernel.ring_stages, 2);
-  for (int cap : {2, free.kernel.ring_stages - 1, 8}) {
-    PlanOptions opt;
-    opt.ring_stages = cap;
-    const Plan p = make_plan(residual_norm(true, DType::BF16, true), pr, dev, PlannerTunables{}, opt);
-    EXPECT_EQ(p.kernel.ring_stages, std::min(cap, free.kernel.ring_stages)) << cap;
-    EXPECT_LE(p.smem.total(), dev.smem_per_cta_bytes);
-  }
-  PlanOptions bad;
-  bad.ring_stages = 1;
-  EXPECT_THROW(make_plan(residual_norm(true, DType::BF16, true), pr, dev, PlannerTunables{}, bad), Error);
 }
 
 TEST(Plan, AggregationSwitchesAtP2pMaxCluster) {
@@ -481,59 +302,6 @@ TEST(Plan, RowGroupsDivideTheWork) {
         EXPECT_EQ(p.workspace_bytes, p.grid_ctas * 2 * (p.kernel.n_tiles - 1) * 64 * 256 * 4);
       }
     }
-}
-
-// A second output that cannot write through the first's staging (an f32 norm beside the bf16
-// pre-norm sum: FusionSpec::staging_borrows takes the same element size only) takes its TMA
-// staging from the ring; the row-group model prices the shallower ring (calibration.h: MEASURED
-// 2.6x cuBLAS at two stages against 1.03x at five), so the frontend does not fuse where it loses.
-TEST(Plan, ShallowRingIsPriced) {
-  const FusionSpec plain = rms_norm();
-  const FusionSpec residual = lowered(
-      [](Graph& g, Value acc) {
-        Value h = acc + g.input("residual", DType::BF16, {Dim::of("M"), Dim::of("N")});
-        g.output(h, "h", DType::BF16);
-        return g.rms_norm(h, row(g, "gamma"));
-      },
-      DType::F32);
-  ASSERT_TRUE(residual.staging_borrows().empty());
-  const Plan a = make_plan(plain, prob(8192, 4096, 4096), full_device(), {}, {});
-  const Plan b = make_plan(residual, prob(8192, 4096, 4096), full_device(), {}, {});
-  ASSERT_EQ(a.kernel.aggregation, Aggregation::L2Exchange);
-  ASSERT_EQ(b.kernel.aggregation, Aggregation::L2Exchange);
-  EXPECT_GE(a.kernel.ring_stages, 5);
-  EXPECT_LT(b.kernel.ring_stages, a.kernel.ring_stages);
-  EXPECT_GE(b.kernel.ring_stages, 4);  // the residual takes no ring stage, the f32 y's staging one
-  EXPECT_GT(b.estimate.total_us, 1.1 * a.estimate.total_us) << b.estimate.total_us << " vs " << a.estimate.total_us;
-  EXPECT_NE(explain(residual, b).find("ring stages: the mainloop runs at"), std::string::npos);
-}
-
-// The ring depth is known only once a candidate's epilogue buffers are: the cheapest candidate
-// after that repricing wins, not the first of the order before it. Three stored tile values
-// (the frontend's Llama o_proj + residual + RMSNorm stored the normed value once per view; here
-// the second norm output f32, so only y writes through h's staging) leave 128x128 a shallower
-// ring than 64x256: 64x256 wins.
-TEST(Plan, CheapestAfterTheRingDepthWins) {
-  const FusionSpec s = lowered(
-      [](Graph& g, Value acc) {
-        Value h = acc + g.input("residual", DType::BF16, {Dim::of("M"), Dim::of("N")});
-        g.output(h, "h", DType::BF16);
-        Value y = g.rms_norm(h, row(g, "gamma"));
-        g.output(y, "y2", DType::F32);
-        return y;
-      });
-  ASSERT_EQ(s.staging_borrows().size(), 1u);  // y (bf16) through h's staging; y2 (f32) its own
-  const Plan p = make_plan(s, prob(8192, 4096, 4096), full_device(), {}, {});
-  ASSERT_EQ(p.kernel.aggregation, Aggregation::L2Exchange);
-  for (auto [tm, tn] : {std::pair{64, 256}, std::pair{128, 128}, std::pair{64, 128}}) {
-    PlanOptions opt;
-    opt.tile_m = tm;
-    opt.tile_n = tn;
-    const Plan forced = make_plan(s, prob(8192, 4096, 4096), full_device(), {}, opt);
-    EXPECT_LE(p.estimate.total_us, forced.estimate.total_us) << tm << "x" << tn;
-  }
-  EXPECT_EQ(p.kernel.tile_m, 64);
-  EXPECT_EQ(p.kernel.tile_n, 256);
 }
 
 // A long epilogue paces PingPong (each warp group runs mainloop + epilogue per job), and 64-row
