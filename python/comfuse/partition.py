@@ -66,8 +66,15 @@ def where(node: fx.Node) -> str:
 # DRAM traffic (launch and tail), microseconds.
 EPILOGUE_KERNEL_US = 3.0
 # The DRAM bandwidth the planner prices streaming traffic at (src/plan/calibration.h: ~85% of the
-# H200's 4.8 TB/s), for the unfused epilogue's pass.
+# H200's 4.8 TB/s): a decode GEMM's stream of its operands.
 DRAM_BYTES_PER_S = 4.0e12
+# What the unfused epilogue kernel's pass streams at. MEASURED (bench/NOTES.md Stop 21, GPT-2's
+# prefill c_proj + residual + LayerNorm, 8192 x 1024 x 1024): Inductor's GEMM + its fused
+# add + LayerNorm kernel 43.4 us against cuBLAS alone's ~25.5, so the norm kernel ~17.9 us for
+# 67 MB of reads and writes; less EPILOGUE_KERNEL_US, 4.5 TB/s: above DRAM_BYTES_PER_S, the GEMM's
+# output just written being read back from L2. (At 4.0 TB/s the unfused side was priced 46.2 us
+# and the fused kernel, measured 46.4 us, looked 2% faster than Inductor's 43.4.)
+UNFUSED_EPILOGUE_BYTES_PER_S = 4.5e12
 
 
 def m_bucket(m: int) -> int:
@@ -370,7 +377,7 @@ def decide(c: Candidate) -> None:
     out_bytes = sum(val(o).element_size() * (info.n if cls == "tile" else 1)
                     for o, cls in zip(tr.outputs, tr.output_classes))
     bytes_ = m * (info.n * (esize + tiles_in) + out_bytes)
-    epi = bytes_ / DRAM_BYTES_PER_S * 1e6 + EPILOGUE_KERNEL_US
+    epi = bytes_ / UNFUSED_EPILOGUE_BYTES_PER_S * 1e6 + EPILOGUE_KERNEL_US
     reductions = region.reductions
     inset = set(c.nodes)
     external = [u for o in tr.outputs for u in o.users if u not in inset]

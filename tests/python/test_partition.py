@@ -120,12 +120,12 @@ def test_gpt2_decode_c_proj_residual_layer_norm_falls_back(m, k):
 
 def test_gpt2_prefill_c_proj_residual_layer_norm_falls_back():
     """GPT-2 medium's prefill c_proj + residual + LayerNorm at K = 1024 (8192 x 1024 x 1024): each
-    job's epilogue waits about 4.5 us on its row group's L2 round and reads the residual in
-    latency-bound passes (traced: 13.3 us a job against a 6.4 us mainloop), so the fused kernel
-    measured 48.2 us against cuBLAS's 25.5 and Inductor's GEMM + norm ran 0.79x of it: the planner
-    prices that now (48.1 us), and the frontend leaves the region to Inductor. (At K = 4096 the
-    planner's GEMM-alone estimate, 101.6 us against cuBLAS's measured 89, still makes fusing look
-    7% faster where it measured 8-12% slower: bench/NOTES.md.)"""
+    job's epilogue waits about 5 us on its row group's L2 round, so the fused kernel measured
+    46.4 us (the residual through the mainloop's ring) against cuBLAS's 25.5 and Inductor's GEMM +
+    norm 43.4: the planner prices it 45.3 us, the unfused side at Inductor's measured streaming
+    rate 44.3, and the frontend leaves the region to Inductor. (At K = 4096 the planner's
+    GEMM-alone estimate, 101.6 us against cuBLAS's measured 89, still makes fusing look faster
+    where it measured 8-12% slower: bench/NOTES.md.)"""
     cap = capture(module(M.Conv1DResidualLayerNorm(1024, 1024)), randn(8, 1024, 1024), randn(8, 1024, 1024, seed=1))
     c = cap.by_root("c_proj")
     assert ops_of(c) == ["addmm", "add", "native_layer_norm"]
