@@ -112,6 +112,8 @@ struct KernelConfig {
   // swizzle: mainloop_sm90.cuh slot_box): the slot's A part is one, its B part tile_n / tile_m.
   COMFUSE_HOST_DEVICE constexpr int ring_slot_boxes() const { return 1 + tile_n / tile_m; }
   COMFUSE_HOST_DEVICE constexpr int ring_box_bytes() const { return tile_m * 128; }
+  // One warp group's tile of an [M, N] input of elem_bytes elements (what it takes of the slot).
+  COMFUSE_HOST_DEVICE constexpr int tile_input_bytes(int elem_bytes) const { return epi_rows() * tile_n * elem_bytes; }
   // Columns one job of the row's CTAs covers: a row reduction needs N <= this.
   COMFUSE_HOST_DEVICE constexpr int row_cover() const { return row_peers() * tile_n * n_tiles; }
   // Stash of one consumer WG: the job's earlier n_tiles - 1 tiles of its rows.

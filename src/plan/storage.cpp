@@ -43,7 +43,7 @@ int ring_input_bytes(const FusionSpec& s, const KernelConfig& k, const PlanOptio
   const std::vector<int> inputs = s.root_tile_inputs();
   if (inputs.empty()) return no("the epilogue's first stage reads no [M, N] tile input");
   int bytes = 0;
-  for (int arg : inputs) bytes += k.epi_rows() * k.tile_n * static_cast<int>(size_of(s.args.at(static_cast<size_t>(arg)).dtype));
+  for (int arg : inputs) bytes += k.tile_input_bytes(static_cast<int>(size_of(s.args.at(static_cast<size_t>(arg)).dtype)));
   KernelConfig with = k;
   with.ring_input_bytes = bytes;
   // Only the ring's own conditions: a configuration check() refuses anyway is refused without it.

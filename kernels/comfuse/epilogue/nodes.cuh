@@ -274,7 +274,6 @@ template <int Out, class T, int Src, int Borrow = -1> struct Store {
     struct OwnStorage { alignas(1024) unsigned char buf[Layout::kBytes]; };
     using SharedStorage = cute::conditional_t<kBorrows, NoStorage, OwnStorage>;
     static constexpr int kOut = Out;
-    static constexpr bool kLends = !kBorrows;  // its staging may serve a PostStage's store
     uint32_t base_;
     unsigned char* borrowed_;  // Borrow: the lender's staging (generic address, for the TMA store)
     static COMFUSE_DEVICE void prefetch_descriptors(Params const& p) { prefetch_tma_descriptor(&p.tma_out[Out]); }
@@ -359,12 +358,13 @@ template <int In, class T, int Box0 = -1> struct TileInput {
       }
     }
     COMFUSE_DEVICE void begin(EpiCtx const& c, NoStorage&) {
-      if constexpr (kInRing) return;
-      TileInputRef const& in = c.p->tile_in[In];
-      ld_ = in.ld;
-      tile_ = static_cast<T const*>(in.data) + (Geo::kBatched ? c.batch * in.batch_stride : 0) + c.m0 * ld_ + c.n0;
-      rows_ = c.p->M - c.m0;
-      cols_ = c.N - c.n0;
+      if constexpr (!kInRing) {  // the ring's reads need no pointer: TMA zero-filled past M and N
+        TileInputRef const& in = c.p->tile_in[In];
+        ld_ = in.ld;
+        tile_ = static_cast<T const*>(in.data) + (Geo::kBatched ? c.batch * in.batch_stride : 0) + c.m0 * ld_ + c.n0;
+        rows_ = c.p->M - c.m0;
+        cols_ = c.N - c.n0;
+      }
     }
     // Global: predicated loads of the raw words (zero bits read 0.f in every T), converted
     // after: no branches and no dependence between the pairs, so ptxas can issue a subtile's

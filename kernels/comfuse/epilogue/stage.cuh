@@ -137,10 +137,6 @@ template <class N, class = void> struct borrows_staging : cute::false_type {};
 template <class N> struct borrows_staging<N, cute::void_t<decltype(N::kBorrows)>> {
   static constexpr bool value = N::kBorrows;
 };
-template <class I, class = void> struct lends_staging : cute::false_type {};
-template <class I> struct lends_staging<I, cute::void_t<decltype(I::kLends)>> {
-  static constexpr bool value = I::kLends;
-};
 // A node Impl's bytes in the mainloop's ring slot (TileInput::Impl::kRingBytes; others none).
 template <class I, class = void> struct ring_bytes_of { static constexpr int value = 0; };
 template <class I> struct ring_bytes_of<I, cute::void_t<decltype(I::kRingBytes)>> {
@@ -501,8 +497,9 @@ template <class... Nodes> struct Stage {
     // The root's stores' staging, lent to the PostStage stores that borrow it (EpiCtx::root_staging).
     static COMFUSE_DEVICE EpiCtx lend_staging(EpiCtx c, TreeStorage& ts) {
       cute::for_each(cute::make_int_sequence<kNumNodes>{}, [&](auto i) {
+        using N = cute::tuple_element_t<decltype(i)::value, cute::tuple<Nodes...>>;
         using Impl = cute::tuple_element_t<decltype(i)::value, Impls>;
-        if constexpr (detail::lends_staging<Impl>::value)
+        if constexpr (detail::is_store<N>::value && !detail::borrows_staging<N>::value)  // its own staging
           c.root_staging[Impl::kOut] = Impl::staging(detail::storage_get<decltype(i)::value, StorageTypes>(nodes_of(ts)));
       });
       return c;
