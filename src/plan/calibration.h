@@ -241,7 +241,7 @@ struct MeasuredConfig {
   bool raster_along_n;
   std::string why;
 };
-MeasuredConfig measured_elementwise_config(const Problem& p);
+MeasuredConfig measured_elementwise_config(const Problem& p, const DeviceModel& dev);
 
 // make_plan with an explicit device and tunables (tests; the public overload passes the H200's).
 Plan make_plan(const FusionSpec& s, const Problem& p, const DeviceModel& dev, const PlannerTunables& tun = {},

@@ -22,7 +22,7 @@ std::vector<Candidate> decide_elementwise(const Request& r, Rejections& why) {
                             opt.row_group || opt.stash_bytes;
   if (forced_other && !forced_cm) return search;
 
-  MeasuredConfig mc = measured_elementwise_config(r.p);
+  MeasuredConfig mc = measured_elementwise_config(r.p, r.dev);
   if (forced_cm) {
     const int tm = opt.tile_m.value_or(128), tn = opt.tile_n.value_or(128);
     mc = {tm, tn, 1, *opt.cluster_m, 1, 8, 8, false,

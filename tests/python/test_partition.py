@@ -134,16 +134,20 @@ def test_gpt2_prefill_c_proj_residual_layer_norm_falls_back():
 
 
 @pytest.mark.parametrize("m", [1, 32])
-def test_gpt2_decode_c_fc_gelu_new_falls_back(m):
+def test_gpt2_decode_c_fc_gelu_new_fuses_on_64x64_tiles(m):
     """GPT-2 medium's decode c_fc + gelu_new (1 and 32 x 4096 x 1024): the one-wave elementwise
-    plan (32 CTAs of 64 x 128) pays its launch and its CTAs' stream of B (measured 9.7-10.1 us in
-    a CUDA graph, Inductor's kernels 6.8-7.1) against cuBLAS at decode plus one epilogue kernel:
-    no predicted gain."""
+    plan now takes 64 x 64 tiles (64 CTAs, each streaming half the B of a 64 x 128 tile's CTA:
+    measured 6.5 and 5.8 us with `comfuse run`, bench/sweeps/one_wave_rule.txt), priced 6.6 us
+    against cuBLAS at decode plus one epilogue kernel, 8.1-8.3 us: the prediction fuses it, and on
+    the GPU the compile-time measurement (measure.py) keeps it only where it times faster than
+    Inductor's kernels. (With 64 x 64 tiles' predecessor, 32 CTAs of 64 x 128, it measured 9.7-10.1
+    us in a CUDA graph against Inductor's 6.8-7.1 and fell back.)"""
     cap = capture(module(M.GPT2MLP(1024, 4096)), randn(m, 1, 1024))
     fc = cap.by_root("c_fc")
     assert "tanh" in ops_of(fc) and "pow" in ops_of(fc)
-    assert fc.info.status == "fallback" and fc.info.reason.startswith("no predicted gain"), fc.info.reason
-    assert fc.info.fused_us >= 8.0
+    assert fc.info.status == "fused", fc.info.reason
+    assert (fc.info.plan["tile_m"], fc.info.plan["tile_n"], fc.info.plan["cluster_n"]) == (64, 64, 1)
+    assert 5.0 <= fc.info.fused_us < fc.info.unfused_us
 
 
 def test_gemm_alone_at_decode_is_priced_as_cublas():
