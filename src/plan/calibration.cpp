@@ -1,24 +1,39 @@
 // The H200's measured configuration tables (calibration.h has the constants).
 #include "calibration.h"
 
+#include <fmt/format.h>
+
 namespace comfuse {
 
 // Elementwise epilogues by shape class: each row measured fastest on the H200 (bench/NOTES.md:
 // ncu and same-power-state timing against cuBLAS).
 MeasuredConfig measured_elementwise_config(const Problem& p, const DeviceModel& dev) {
   const int64_t tiles_128 = (p.m + 127) / 128 * ((p.n + 127) / 128);
-  const int64_t tiles_64x128 = (p.m + 63) / 64 * ((p.n + 127) / 128);
-  // Few row blocks and few columns: 64x128 tiles leave most SMs idle, each streaming its share
-  // of B at what one SM pulls; 64x64 tiles put twice the SMs on B. Measured 7-14% faster at 8,
-  // 24, 32 and 64 tiles of 64x128 (FFN GEMMs of 64 and 128 rows, 256 x 2048 x 4096, decode
-  // 32 x 4096 x 1024), 4-5% slower at 96 and 128 (bench/sweeps/one_wave_tiles.txt,
-  // one_wave_rule.txt; bench/NOTES.md Stop 29).
-  if (p.m <= 256 && tiles_64x128 <= dev.sm_count / 2)
-    return {64, 64, 1, 1, 1, 8, 8, true,
-            "M <= 256 with 64x128 tiles for at most half the SMs: PingPong 64x64, no cluster (7-14% faster "
-            "measured: B spread over twice the SMs)"};
-  if (p.m <= 256)  // few row blocks: small tiles, pairs along N share A; L2-bound without split-K
-    return {64, 128, 1, 1, 2, 8, 8, true, "M <= 256: PingPong 64x128, C_N = 2, raster along N (0.80x cuBLAS measured)"};
+  // M <= 256 (bench/NOTES.md Stop 29; bench/sweeps/one_wave_tiles.txt, one_wave_rule.txt,
+  // small_m_b_reuse.txt). These problems are bound by B's stream, so the two choices are how
+  // many SMs pull B and how often each panel of it is read:
+  // - the tile: 64x64 where 64x128 tiles would cover at most half the SMs (twice the SMs on
+  //   B: 7-14% faster at 8 to 64 such tiles, 4-5% slower at 96 and 128), else 64x128;
+  // - the cluster: with two or more row blocks of 64, pairs along M share B (multicast, one read
+  //   of each panel for two row blocks): 128 x 16384 x 4096 52.1 -> 40.9 us, 256 x 4096 x 4096
+  //   24.4 -> 17.7, 256 x 2048 x 4096 13.8 -> 13.0 (64x64), 128 x 4096 x 16384 52.8 -> 48.1
+  //   (64x64), 192 x 4096 x 4096 23.3 -> 22.5; with one row block, 64x128 pairs along N share A,
+  //   64x64 tiles run alone.
+  if (p.m <= 256) {
+    const int64_t row_blocks = (p.m + 63) / 64;
+    const bool narrow = row_blocks * ((p.n + 127) / 128) <= dev.sm_count / 2;
+    const int tile_n = narrow ? 64 : 128;
+    if (row_blocks >= 2)
+      return {64, tile_n, 1, 2, 1, 8, 8, false,
+              fmt::format("M <= 256, {} row blocks: PingPong 64x{}, pairs along M share B (multicast; measured "
+                          "1.1-1.3x faster than pairs along N sharing A)",
+                          row_blocks, tile_n)};
+    if (narrow)
+      return {64, 64, 1, 1, 1, 8, 8, true,
+              "M <= 64 with 64x128 tiles for at most half the SMs: PingPong 64x64, no cluster (7-14% faster "
+              "measured: B spread over twice the SMs)"};
+    return {64, 128, 1, 1, 2, 8, 8, true, "M <= 64: PingPong 64x128, C_N = 2 (A multicast), raster along N"};
+  }
   if (tiles_128 >= 3000)  // >= ~8 waves of 128x128 tiles: cooperative 128x256, B shared along M
     return {128, 256, 2, 2, 1, 4, 8, false,
             "large (>= ~8 waves): cooperative 128x256, cluster 2 along M (B multicast), tensor pipe ~91% like cuBLAS"};

@@ -203,10 +203,19 @@ struct PlannerTunables {
   // The longest share of B per CTA that rate was measured on (0.5 MiB: RMSNorm M=1, N=2048,
   // K=4096, 32 CTAs) and the measured decode shapes stay within, bytes.
   double sm_stream_measured_bytes = 1 << 20;
+  // The clusters-of-2 rate was measured at decode (M <= 32): one row block, so each cluster's
+  // second CTA holds no rows and the pair streams B for one tile. Where both CTAs hold rows the
+  // pair reads each panel of B once for two row blocks: MEASURED 128 MiB in ~42 us (3.0 TB/s;
+  // 128 x 4096 x 16384, 64x64 tiles in clusters of 2 along M, 48.1 us less the launch and the
+  // epilogue; bench/NOTES.md Stop 29).
   double one_wave_dram_bytes_per_s = 2.7e12;
   double one_wave_multicast_dram_bytes_per_s = 1.8e12;
-  double one_wave_dram(int cluster_m) const {
-    return cluster_m > 1 ? one_wave_multicast_dram_bytes_per_s : one_wave_dram_bytes_per_s;
+  double one_wave_shared_b_dram_bytes_per_s = 3.0e12;
+  // shares_b: every CTA of a cluster along M holds rows (the problem has cluster_m row blocks or
+  // more), so the pair reads each panel of B once for two row blocks.
+  double one_wave_dram(int cluster_m, bool shares_b) const {
+    if (cluster_m <= 1) return one_wave_dram_bytes_per_s;
+    return shares_b ? one_wave_shared_b_dram_bytes_per_s : one_wave_multicast_dram_bytes_per_s;
   }
   // Split-K (KernelConfig::k_splits, kernels/comfuse/scheduler/split_k.cuh), where a problem
   // has fewer tiles than SMs. The owner's gather (split_k.cuh SplitK::gather), microseconds a

@@ -198,10 +198,14 @@ std::vector<Candidate> decide_row_groups(const Request& r, Rejections& why) {
           // One wave (decode, small M): B streams from DRAM once, and what bounds the mainloop
           // is whichever is slower of a CTA's tiles of MACs, the bytes of B one SM pulls in
           // (a multicast cluster shares them), and all of B over the DRAM, which a one-wave grid
-          // of multicast clusters pulls slower than one of single CTAs (calibration.h).
+          // pulls at a rate that depends on its clusters: single CTAs, pairs along M that share B
+          // for two row blocks, or pairs whose second CTA holds no rows (calibration.h). This
+          // model was fitted with the last rate for every pair (decode traces); priced with the
+          // shared-B rate, its plans at M = 128-256 move (RMSNorm 256 x 4096 x 4096 to 64x256
+          // tiles with split-K 2), which is not measured: it keeps its fit until they are.
           const double b_cta = double(ts.tile_n) * double(p.k) / ks * Sm90::kAbBytes / cm;
           const double b_all = double(p.n) * double(p.k) * Sm90::kAbBytes;
-          const double dram = tun.one_wave_dram(cm);
+          const double dram = tun.one_wave_dram(cm, /*shares_b=*/false);
           d.stream_us = double(n_tiles) * b_cta / tun.sm_stream_bytes_per_s * 1e6;
           d.idle_ctas = tiles_m < cm;
           d.job_mainloop_us = std::max({double(n_tiles) * t_tile, d.stream_us, b_all / dram * 1e6});

@@ -519,23 +519,32 @@ TEST(Plan, OneWaveElementwisePaysItsLaunchAndStream) {
   EXPECT_LT(wide.estimate.mainloop_us, b_cta / PlannerTunables{}.sm_stream_bytes_per_s * 1e6);
 }
 
-// At M <= 256 an elementwise plan takes 64 x 64 tiles where 64 x 128 ones would cover at most
-// half the SMs (each CTA then streams half as much of B), and keeps 64 x 128 with pairs along N
-// sharing A where those cover more: measured 7-14% faster at 8, 24, 32 and 64 tiles of 64 x 128,
-// 4-5% slower at 96 and 128 (bench/sweeps/one_wave_tiles.txt, one_wave_rule.txt).
-TEST(Plan, FewTilesAtSmallMTake64x64) {
+// At M <= 256 an elementwise plan is bound by B's stream: it takes 64 x 64 tiles where 64 x 128
+// ones would cover at most half the SMs (each CTA then streams half as much of B; 7-14% faster
+// measured at 8 to 64 such tiles, 4-5% slower at 96 and 128), and with two or more row blocks of
+// 64 it pairs them along M to share B (multicast: 128 x 16384 x 4096 52.1 -> 40.9 us, 256 x 4096 x
+// 4096 24.4 -> 17.7 against pairs along N sharing A); one row block pairs along N (64 x 128) or
+// runs alone (64 x 64). The estimates follow the shared-B rate (bench/sweeps/one_wave_tiles.txt,
+// one_wave_rule.txt, small_m_b_reuse.txt; bench/NOTES.md Stop 29).
+TEST(Plan, SmallMElementwiseSpreadsAndSharesB) {
   const FusionSpec s = bias_gelu();
   struct Case {
     int64_t m, n, k;
-    int tile_n, cluster_n;
+    int tile_n, cluster_m, cluster_n;
+    double measured_us;  // `comfuse run` (two calls: their mean); 0: not measured with this plan
   };
-  for (const Case& c : {Case{64, 3072, 1024, 64, 1}, Case{64, 1024, 3072, 64, 1}, Case{1, 4096, 1024, 64, 1},
-                        Case{128, 4096, 16384, 64, 1}, Case{256, 2048, 4096, 64, 1}, Case{192, 4096, 4096, 128, 2},
-                        Case{256, 4096, 4096, 128, 2}, Case{128, 8192, 4096, 128, 2}}) {
+  for (const Case& c : {Case{64, 3072, 1024, 64, 1, 1, 5.3}, Case{64, 1024, 3072, 64, 1, 1, 10.0},
+                        Case{1, 4096, 1024, 64, 1, 1, 6.5}, Case{32, 4096, 1024, 64, 1, 1, 5.8},
+                        Case{64, 16384, 4096, 128, 1, 2, 0}, Case{128, 4096, 16384, 64, 2, 1, 48.1},
+                        Case{256, 2048, 4096, 64, 2, 1, 13.0}, Case{192, 4096, 4096, 128, 2, 1, 22.5},
+                        Case{256, 4096, 4096, 128, 2, 1, 17.7}, Case{128, 16384, 4096, 128, 2, 1, 40.9}}) {
     const Plan p = make_plan(s, prob(c.m, c.n, c.k), full_device(), {}, {});
-    EXPECT_EQ(p.kernel.tile_m, 64) << c.m << "x" << c.n << "x" << c.k;
-    EXPECT_EQ(p.kernel.tile_n, c.tile_n) << c.m << "x" << c.n << "x" << c.k;
-    EXPECT_EQ(p.kernel.cluster_n, c.cluster_n) << c.m << "x" << c.n << "x" << c.k;
+    const std::string at = fmt::format("{}x{}x{}", c.m, c.n, c.k);
+    EXPECT_EQ(p.kernel.tile_m, 64) << at;
+    EXPECT_EQ(p.kernel.tile_n, c.tile_n) << at;
+    EXPECT_EQ(p.kernel.cluster_m, c.cluster_m) << at;
+    EXPECT_EQ(p.kernel.cluster_n, c.cluster_n) << at;
+    if (c.measured_us > 0) EXPECT_NEAR(p.estimate.total_us, c.measured_us, 0.25 * c.measured_us) << at;
   }
 }
 
