@@ -98,6 +98,20 @@ TEST_F(Gpu, RaggedShapesLayoutsAndOutputDtypes) {
   }
 }
 
+// The planner's small-M elementwise plans (calibration.cpp; CPU: Plan.SmallMElementwiseSpreadsAndSharesB)
+// at ragged sizes: 64x64 tiles in clusters of 2 along M whose last cluster's second CTA has no
+// rows (3 row blocks), 64x128 pairs along M with ragged N, and one row block's pairs along N.
+TEST_F(Gpu, SmallMPlansSpreadAndShareB) {
+  for (const Bindings& dims : {Bindings{{"M", 130}, {"N", 1000}, {"K", 520}},
+                               Bindings{{"M", 200}, {"N", 9000}, {"K", 264}},
+                               Bindings{{"M", 64}, {"N", 9000}, {"K", 200}}}) {
+    SCOPED_TRACE(fmt::format("M={} N={} K={}", dims.at("M"), dims.at("N"), dims.at("K")));
+    Case c;
+    c.g.output(c.g.unary(UnaryOp::GeluTanh, c.acc + c.row("bias")), "y", DType::BF16);
+    expect_matches(c.g, dims);
+  }
+}
+
 TEST_F(Gpu, TwoOutputsAndCasts) {
   Case c;
   Value x = c.acc * c.g.input("alpha", DType::F32, {}) + c.row("bias");
