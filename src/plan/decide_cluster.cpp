@@ -73,7 +73,7 @@ void estimate_cluster(Candidate& c, const Request& r) {
     // against 5.0 estimated without this.
     const double b_cta = double(k.n_tiles) * k.tile_n * double(r.p.k) * ab_bytes / k.cluster_m;
     const double b_all = double(r.p.n) * double(r.p.k) * ab_bytes;
-    const double dram = tun.one_wave_dram(k.cluster_m, ceil_div64(r.p.m, k.tile_m) >= k.cluster_m);
+    const double dram = tun.one_wave_dram(k.cluster_m, c.tiles_m >= k.cluster_m);
     const double stream = b_cta <= tun.sm_stream_measured_bytes ? b_cta / tun.sm_stream_bytes_per_s * 1e6 : 0.0;
     c.est.mainloop_us = std::max({ml, stream, b_all / dram * 1e6});
     t_cluster = c.est.mainloop_us + epi + tun.one_wave_launch_us;
