@@ -159,53 +159,78 @@ struct GlobalRowAllReduce {
       for (int h = 0; h < 2; ++h) st_relaxed_gpu_u64(mine + off + accum_row(t, mi, h), word(tag(x, round), v[mi][h]));
   }
 
-  // For each of the thread's rows: lane q's words at rows k * Rows + row (k < W) of its peers,
-  // once all carry this round's tag, go to f(mi, h, w). One row at a time on purpose: polling
-  // all of a round's rows at once (measured with `comfuse run --trace`) did not shorten the rounds
-  // (their time is the wait for the row group's slowest CTA, not L2 round trips) and its
-  // registers made LayerNorm's pair round spill (+4% cycles).
+  // A lane's words of one poll, all in flight at once: rows polled together up to this many
+  // (16 words = 32 registers). Polled one row at a time, a round ends one L2 round trip per
+  // row after its last peer published (LayerNorm 256x4096x4096, `comfuse run --trace`: 1.6-1.8
+  // us from the last publish to every value seen, two rows a thread); LayerNorm's pair rounds
+  // (2 words a peer) at 32 peers, polled together, spilled (+4% cycles), so they stay per row.
+  static constexpr int kMaxPolledWords = 16;
+  template <int W>
+  static constexpr bool kRowsTogether = MBlocks * 2 * W * kPerLane <= kMaxPolledWords;
+
+  // For each of the thread's rows (mi, h): lane q's words at rows k * Rows + row (k < W) of its
+  // peers, once all carry this round's tag, go to f(mi, h, w). All of the thread's rows in one
+  // poll where their words fit kMaxPolledWords, else one row at a time.
   template <int W, class F>
   static COMFUSE_DEVICE void for_each_row(uint32_t round, RowGroupSlot const& x, Params const& p, int t, F&& f) {
     uint32_t const want = tag(x, round);
     uint64_t const* base = words(x, p, round, 0);
     uint64_t t0 = 0;
-    CUTE_UNROLL
-    for (int mi = 0; mi < MBlocks; ++mi)
+    auto const offsets = [&](int mi, int h, int (&off)[W]) {
       CUTE_UNROLL
-      for (int h = 0; h < 2; ++h) {
-        int off[W];
+      for (int k = 0; k < W; ++k) off[k] = k * Rows + accum_row(t, mi, h);
+    };
+    if constexpr (kRowsTogether<W>) {
+      int off[MBlocks * 2][W];
+      CUTE_UNROLL
+      for (int r = 0; r < MBlocks * 2; ++r) offsets(r / 2, r % 2, off[r]);
+      uint64_t w[MBlocks * 2][W][kPerLane];
+      poll(base, off, want, t % 4, x.rank, t0, w);
+      CUTE_UNROLL
+      for (int r = 0; r < MBlocks * 2; ++r) f(r / 2, r % 2, w[r]);
+    } else {
+      CUTE_UNROLL
+      for (int mi = 0; mi < MBlocks; ++mi)
         CUTE_UNROLL
-        for (int k = 0; k < W; ++k) off[k] = k * Rows + accum_row(t, mi, h);
-        uint64_t w[W][kPerLane];
-        poll(base, off, want, t % 4, x.rank, t0, w);
-        f(mi, h, w);
-      }
+        for (int h = 0; h < 2; ++h) {
+          int off[1][W];
+          offsets(mi, h, off[0]);
+          uint64_t w[1][W][kPerLane];
+          poll(base, off, want, t % 4, x.rank, t0, w);
+          f(mi, h, w[0]);
+        }
+    }
   }
 
-  // Lane q's words at rows off[0..W) from peers q, q + 4, ...: all loads issued at once,
+  // Lane q's words at rows off[r][0..W) from peers q, q + 4, ...: all loads issued at once,
   // then only the ones not yet tagged with this round are re-polled. Its own words are not
   // read (set to `want`).
-  template <int W>
-  static COMFUSE_DEVICE void poll(uint64_t const* base, int const (&off)[W], uint32_t want, int q, int rank,
-                                  uint64_t& t0, uint64_t (&w)[W][kPerLane]) {
+  template <int R, int W>
+  static COMFUSE_DEVICE void poll(uint64_t const* base, int const (&off)[R][W], uint32_t want, int q, int rank,
+                                  uint64_t& t0, uint64_t (&w)[R][W][kPerLane]) {
     uint64_t const traced = trace::now();
     CUTE_UNROLL
-    for (int k = 0; k < W; ++k)
-      CUTE_UNROLL
-      for (int i = 0; i < kPerLane; ++i) {
-        int const j = q + 4 * i;
-        w[k][i] = j < Peers && j != rank ? ld_relaxed_gpu_u64(base + j * 2 * Rows + off[k]) : uint64_t(want) << 32;
-      }
-    for (;;) {
-      bool done = true;
+    for (int r = 0; r < R; ++r)
       CUTE_UNROLL
       for (int k = 0; k < W; ++k)
         CUTE_UNROLL
-        for (int i = 0; i < kPerLane; ++i)
-          if (uint32_t(w[k][i] >> 32) != want) {
-            done = false;
-            w[k][i] = ld_relaxed_gpu_u64(base + (q + 4 * i) * 2 * Rows + off[k]);
-          }
+        for (int i = 0; i < kPerLane; ++i) {
+          int const j = q + 4 * i;
+          w[r][k][i] =
+              j < Peers && j != rank ? ld_relaxed_gpu_u64(base + j * 2 * Rows + off[r][k]) : uint64_t(want) << 32;
+        }
+    for (;;) {
+      bool done = true;
+      CUTE_UNROLL
+      for (int r = 0; r < R; ++r)
+        CUTE_UNROLL
+        for (int k = 0; k < W; ++k)
+          CUTE_UNROLL
+          for (int i = 0; i < kPerLane; ++i)
+            if (uint32_t(w[r][k][i] >> 32) != want) {
+              done = false;
+              w[r][k][i] = ld_relaxed_gpu_u64(base + (q + 4 * i) * 2 * Rows + off[r][k]);
+            }
       if (done) {
         trace::add_poll(traced);
         return;
