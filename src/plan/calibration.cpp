@@ -5,9 +5,12 @@
 
 namespace comfuse {
 
+// The shortest K at which the small-M split-K row below pays (see there).
+constexpr int64_t kSmallMSplitKMinK = 8192;
+
 // Elementwise epilogues by shape class: each row measured fastest on the H200 (bench/NOTES.md:
 // ncu and same-power-state timing against cuBLAS).
-MeasuredConfig measured_elementwise_config(const Problem& p, const DeviceModel& dev) {
+MeasuredConfig measured_elementwise_config(const Problem& p, const DeviceModel& dev, bool may_split_k) {
   const int64_t tiles_128 = (p.m + 127) / 128 * ((p.n + 127) / 128);
   // M <= 256 (bench/NOTES.md Stop 29; bench/sweeps/one_wave_tiles.txt, one_wave_rule.txt,
   // small_m_b_reuse.txt). These problems are bound by B's stream, so the two choices are how
@@ -18,10 +21,22 @@ MeasuredConfig measured_elementwise_config(const Problem& p, const DeviceModel& 
   //   of each panel for two row blocks): 128 x 16384 x 4096 52.1 -> 40.9 us, 256 x 4096 x 4096
   //   24.4 -> 17.7, 256 x 2048 x 4096 13.8 -> 13.0 (64x64), 128 x 4096 x 16384 52.8 -> 48.1
   //   (64x64), 192 x 4096 x 4096 23.3 -> 22.5; with one row block, 64x128 pairs along N share A,
-  //   64x64 tiles run alone.
+  //   64x64 tiles run alone;
+  // - long K (bench/NOTES.md Stop 30, bench/sweeps/small_m_split_k.txt): where 64x64 pairs along
+  //   M would fill the SMs, 64x128 pairs with K split in two put as many CTAs on B while each
+  //   reads half as much of A (A is re-read once per column block): 128 x 4096 x 16384 48.2 ->
+  //   43.8 us, 192 x 2048 x 16384 60.6 -> 47.3; a tie at K = 8192 (27.0 vs 26.7, 23.5 vs 23.7);
+  //   slower at 4096 (15.1 vs 13.4, 14.7 vs 13.0): the owner's gather through L2 pays only
+  //   behind a long mainloop.
   if (p.m <= 256) {
     const int64_t row_blocks = (p.m + 63) / 64;
     const bool narrow = row_blocks * ((p.n + 127) / 128) <= dev.sm_count / 2;
+    if (may_split_k && narrow && row_blocks >= 2 && p.k >= kSmallMSplitKMinK)
+      return {64, 128, 1, 2, 1, 8, 8, false,
+              fmt::format("M <= 256, {} row blocks, K = {} >= {}: PingPong 64x128 in pairs along M (B multicast), "
+                          "K split in two (as many CTAs as 64x64 tiles, half of A's re-reads; measured 9-22% faster at K = 16384, a tie at 8192)",
+                          row_blocks, p.k, kSmallMSplitKMinK),
+              2};
     const int tile_n = narrow ? 64 : 128;
     if (row_blocks >= 2)
       return {64, tile_n, 1, 2, 1, 8, 8, false,

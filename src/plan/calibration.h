@@ -249,8 +249,10 @@ struct MeasuredConfig {
   int tile_m, tile_n, wgs_per_tile, cluster_m, cluster_n, max_ring_stages, raster_group;
   bool raster_along_n;
   std::string why;
+  int k_splits = 1;  // > 1: K split over that many CTAs a tile, the owner gathering (row-group plan)
 };
-MeasuredConfig measured_elementwise_config(const Problem& p, const DeviceModel& dev);
+// may_split_k false: the row measured best without split-K (where a split row cannot be built).
+MeasuredConfig measured_elementwise_config(const Problem& p, const DeviceModel& dev, bool may_split_k = true);
 
 // make_plan with an explicit device and tunables (tests; the public overload passes the H200's).
 Plan make_plan(const FusionSpec& s, const Problem& p, const DeviceModel& dev, const PlannerTunables& tun = {},

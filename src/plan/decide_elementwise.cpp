@@ -23,6 +23,20 @@ std::vector<Candidate> decide_elementwise(const Request& r, Rejections& why) {
   if (forced_other && !forced_cm) return search;
 
   MeasuredConfig mc = measured_elementwise_config(r.p, r.dev);
+  if (mc.k_splits > 1 && !forced_cm) {
+    // A measured split-K row: the row-group decider builds it (its division of K and its gather),
+    // with exactly the measured tile and cluster forced.
+    PlanOptions split = opt;
+    split.k_splits = mc.k_splits, split.tile_n = mc.tile_n, split.cluster_m = mc.cluster_m;
+    Rejections ignored;
+    std::vector<Candidate> rows = decide_row_groups(Request{r.spec, r.p, r.dev, r.tun, split, r.chain}, ignored);
+    if (!rows.empty()) {
+      rows.front().why = mc.why;
+      search.insert(search.begin(), rows.front());
+      return search;
+    }
+    mc = measured_elementwise_config(r.p, r.dev, /*may_split_k=*/false);
+  }
   if (forced_cm) {
     const int tm = opt.tile_m.value_or(128), tn = opt.tile_n.value_or(128);
     mc = {tm, tn, 1, *opt.cluster_m, 1, 8, 8, false,

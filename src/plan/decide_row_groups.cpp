@@ -102,8 +102,10 @@ double split_gather_us(const PlannerTunables& tun, int ks, int slots) {
 double epilogue_arithmetic_us(const ChainInfo& chain, const PlannerTunables& tun, const DeviceModel& dev, TileShape ts,
                               int64_t n_tiles) {
   const int values = ts.tile_m * ts.tile_n / Sm90::kWarpGroupThreads;
-  return double(n_tiles) * values * chain.ops_per_element * lookup(tun.row_group_epilogue_cycles, values) /
-         dev.clock_hz * 1e6;
+  // Without a reduction (an elementwise split-K) one stage: the elementwise plans' rate
+  // (calibration.h epilogue_cpi; the table was fitted on chains of reductions and overprices it).
+  const double cycles = chain.reductions == 0 ? tun.epilogue_cpi : lookup(tun.row_group_epilogue_cycles, values);
+  return double(n_tiles) * values * chain.ops_per_element * cycles / dev.clock_hz * 1e6;
 }
 
 }  // namespace
@@ -199,13 +201,15 @@ std::vector<Candidate> decide_row_groups(const Request& r, Rejections& why) {
           // is whichever is slower of a CTA's tiles of MACs, the bytes of B one SM pulls in
           // (a multicast cluster shares them), and all of B over the DRAM, which a one-wave grid
           // pulls at a rate that depends on its clusters: single CTAs, pairs along M that share B
-          // for two row blocks, or pairs whose second CTA holds no rows (calibration.h). This
-          // model was fitted with the last rate for every pair (decode traces); priced with the
-          // shared-B rate, its plans at M = 128-256 move (RMSNorm 256 x 4096 x 4096 to 64x256
-          // tiles with split-K 2), which is not measured: it keeps its fit until they are.
+          // for two row blocks, or pairs whose second CTA holds no rows (calibration.h). With a
+          // reduction, this model was fitted with the last rate for every pair (decode traces);
+          // priced with the shared-B rate, its plans at M = 128-256 move, and measured they won
+          // twice and lost twice (bench/sweeps/row_groups_shared_b.txt, bench/NOTES.md Stop 30):
+          // it keeps its fit. Without one (an elementwise split-K, calibration.cpp's small-M
+          // row), pairs holding rows measured the shared-B rate (128 x 4096 x 16384: 3.1 TB/s).
           const double b_cta = double(ts.tile_n) * double(p.k) / ks * Sm90::kAbBytes / cm;
           const double b_all = double(p.n) * double(p.k) * Sm90::kAbBytes;
-          const double dram = tun.one_wave_dram(cm, /*shares_b=*/false);
+          const double dram = tun.one_wave_dram(cm, /*shares_b=*/chain.reductions == 0 && tiles_m >= cm);
           d.stream_us = double(n_tiles) * b_cta / tun.sm_stream_bytes_per_s * 1e6;
           d.idle_ctas = tiles_m < cm;
           d.job_mainloop_us = std::max({double(n_tiles) * t_tile, d.stream_us, b_all / dram * 1e6});

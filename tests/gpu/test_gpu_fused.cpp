@@ -104,7 +104,8 @@ TEST_F(Gpu, RaggedShapesLayoutsAndOutputDtypes) {
 TEST_F(Gpu, SmallMPlansSpreadAndShareB) {
   for (const Bindings& dims : {Bindings{{"M", 130}, {"N", 1000}, {"K", 520}},
                                Bindings{{"M", 200}, {"N", 9000}, {"K", 264}},
-                               Bindings{{"M", 64}, {"N", 9000}, {"K", 200}}}) {
+                               Bindings{{"M", 64}, {"N", 9000}, {"K", 200}},
+                               Bindings{{"M", 130}, {"N", 1000}, {"K", 8200}}}) {  // long K: split in two
     SCOPED_TRACE(fmt::format("M={} N={} K={}", dims.at("M"), dims.at("N"), dims.at("K")));
     Case c;
     c.g.output(c.g.unary(UnaryOp::GeluTanh, c.acc + c.row("bias")), "y", DType::BF16);
