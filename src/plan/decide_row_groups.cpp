@@ -201,15 +201,21 @@ std::vector<Candidate> decide_row_groups(const Request& r, Rejections& why) {
           // is whichever is slower of a CTA's tiles of MACs, the bytes of B one SM pulls in
           // (a multicast cluster shares them), and all of B over the DRAM, which a one-wave grid
           // pulls at a rate that depends on its clusters: single CTAs, pairs along M that share B
-          // for two row blocks, or pairs whose second CTA holds no rows (calibration.h). With a
-          // reduction, this model was fitted with the last rate for every pair (decode traces);
-          // priced with the shared-B rate, its plans at M = 128-256 move, and measured they won
-          // twice and lost twice (bench/sweeps/row_groups_shared_b.txt, bench/NOTES.md Stop 30):
-          // it keeps its fit. Without one (an elementwise split-K, calibration.cpp's small-M
-          // row), pairs holding rows measured the shared-B rate (128 x 4096 x 16384: 3.1 TB/s).
+          // for two row blocks, or pairs whose second CTA holds no rows (calibration.h). Pairs
+          // whose CTAs both hold rows run at the shared-B rate where measured so (bench/NOTES.md
+          // Stop 30): without a reduction (an elementwise split-K, calibration.cpp's small-M row:
+          // 128 x 4096 x 16384, 3.1 TB/s), and with one on 64x128 tiles, one N-tile a CTA (M =
+          // 128, split-K 2, pairs against single CTAs: LayerNorm 4096 x 4096 22.0 -> 18.6 us,
+          // RMSNorm 19.8 -> 16.0, softmax 22.3 -> 18.2, residual LayerNorm 24.5 -> 20.4,
+          // LayerNorm K = 16384 62.2 -> 47.0). Elsewhere this model keeps the decode fit: priced
+          // at the shared rate, RMSNorm 256 x 4096 x 4096 moved to 64x256 split-K 2 (25.5 us
+          // against 20.7) and RMSNorm 128 x 16384 x 4096 to two 64x256 N-tiles a CTA (60.9
+          // against 56.7), both slower (bench/sweeps/row_groups_shared_b.txt).
           const double b_cta = double(ts.tile_n) * double(p.k) / ks * Sm90::kAbBytes / cm;
           const double b_all = double(p.n) * double(p.k) * Sm90::kAbBytes;
-          const double dram = tun.one_wave_dram(cm, /*shares_b=*/chain.reductions == 0 && tiles_m >= cm);
+          const bool shares_b =
+              tiles_m >= cm && (chain.reductions == 0 || (ts.tile_m == 64 && ts.tile_n <= 128 && n_tiles == 1));
+          const double dram = tun.one_wave_dram(cm, shares_b);
           d.stream_us = double(n_tiles) * b_cta / tun.sm_stream_bytes_per_s * 1e6;
           d.idle_ctas = tiles_m < cm;
           d.job_mainloop_us = std::max({double(n_tiles) * t_tile, d.stream_us, b_all / dram * 1e6});

@@ -353,6 +353,34 @@ TEST(Plan, SplitKAtDecodeOnly) {
   EXPECT_THROW(make_plan(s, prob(1, 2048, 128), full_device(), {}, bad), Error);  // 2 k-blocks < 4 splits
 }
 
+// One-wave row groups at M = 128 pair their two row blocks along M (B multicast, both CTAs
+// holding rows) with K split in two, where single CTAs ran before: MEASURED on the H200
+// (bench/sweeps/row_groups_pairs_m128.txt, row_groups_shared_b.txt). RMSNorm at M = 256 keeps
+// 64x128 pairs unsplit (the shared-B rate on every tile moved it to a slower 64x256 split).
+TEST(Plan, OneWaveRowGroupsPairRowBlocksAlongM) {
+  struct Case {
+    const char* name;
+    FusionSpec s;
+    int64_t k;
+    double measured_us;
+  };
+  for (const Case& c : {Case{"layer_norm", layer_norm(), 4096, 18.6}, Case{"rms_norm", rms_norm(), 4096, 16.0},
+                        Case{"softmax", softmax(), 4096, 18.2}, Case{"layer_norm", layer_norm(), 16384, 47.0}}) {
+    SCOPED_TRACE(fmt::format("{} 128x4096x{}", c.name, c.k));
+    const Plan p = make_plan(c.s, prob(128, 4096, c.k), full_device(), {}, {});
+    EXPECT_EQ(p.kernel.tile_m, 64);
+    EXPECT_EQ(p.kernel.tile_n, 128);
+    EXPECT_EQ(p.kernel.cluster_m, 2);
+    EXPECT_EQ(p.kernel.k_splits, 2);
+    EXPECT_EQ(p.kernel.row_group, 32);
+    EXPECT_NEAR(p.estimate.total_us, c.measured_us, 0.35 * c.measured_us);
+  }
+  const Plan rms256 = make_plan(rms_norm(), prob(256, 4096, 4096), full_device(), {}, {});
+  EXPECT_EQ(rms256.kernel.tile_n, 128);
+  EXPECT_EQ(rms256.kernel.cluster_m, 2);
+  EXPECT_EQ(rms256.kernel.k_splits, 1);
+}
+
 // The DSMEM path forced (clusters along N, only A multicast) as measured on the H200
 // (bench/NOTES.md Stop 27, `bench/sweeps/dsmem_vs_row_groups.txt`): the mainloop efficiency of
 // clusters of 8 and 16 along N (calibration.h cluster_efficiency) keeps the estimates within
