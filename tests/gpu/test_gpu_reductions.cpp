@@ -466,5 +466,25 @@ TEST_F(GpuReduce, SplitKPlannerDefaultAtDecode) {
   }
 }
 
+// The planner's pairs at two row blocks (M = 65-128, decide_row_groups.cpp): clusters of 2 along
+// M with K split in two, the second CTA of each pair holding 1 to 64 rows; ragged N and K, a
+// residual riding along, LayerNorm in two rounds and softmax.
+TEST_F(GpuReduce, RowGroupPairsAtTwoRowBlocks) {
+  for (int64_t m : {65, 100, 128}) {
+    SCOPED_TRACE(fmt::format("M={}", m));
+    Case a;
+    a.g.output(a.g.layer_norm(a.acc + a.row("bias"), a.row("gamma"), a.row("beta")), "y", DType::BF16);
+    const Plan p = expect_matches(a.g, dims(m, 4096 - 8, 4096 + 40));
+    EXPECT_EQ(p.kernel.cluster_m, 2);
+    EXPECT_EQ(p.kernel.k_splits, 2);
+    Case b;
+    Value h = b.acc + b.g.input("residual", DType::BF16, {Dim::of("M"), Dim::of("N")});
+    b.g.output(h, "h", DType::BF16);
+    b.g.output(b.g.softmax(h), "p", DType::BF16);
+    const Plan q = expect_matches(b.g, dims(m, 4096 - 8, 4096 + 40));
+    EXPECT_EQ(q.kernel.cluster_m, 2);
+  }
+}
+
 }  // namespace
 }  // namespace comfuse
