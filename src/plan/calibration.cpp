@@ -34,7 +34,8 @@ MeasuredConfig measured_elementwise_config(const Problem& p, const DeviceModel& 
     if (may_split_k && narrow && row_blocks >= 2 && p.k >= kSmallMSplitKMinK)
       return {64, 128, 1, 2, 1, 8, 8, false,
               fmt::format("M <= 256, {} row blocks, K = {} >= {}: PingPong 64x128 in pairs along M (B multicast), "
-                          "K split in two (as many CTAs as 64x64 tiles, half of A's re-reads; measured 9-22% faster at K = 16384, a tie at 8192)",
+                          "K split in two (as many CTAs as 64x64 tiles, half of A's re-reads; measured 9-22% faster "
+                          "at K = 16384, a tie at 8192)",
                           row_blocks, p.k, kSmallMSplitKMinK),
               2};
     const int tile_n = narrow ? 64 : 128;
