@@ -46,7 +46,9 @@ b2b_runs="${B2B_RUNS-ffn:M=8192,K=1024,N=4096,D=256 attention:M=16384,N=16384,K=
   ffn_swiglu:M=128,K=4096,N=11008,D=4096 ffn_swiglu:M=8192,K=1024,N=4096,D=1024
   attention_batched:B=64,M=1024,N=1024,K=128,DV=128 attention_batched_causal:B=64,M=1024,N=1024,K=128,DV=128
   attention_batched_causal:B=64,M=4096,N=4096,K=128,DV=128}"
-b2b_auto_runs="${B2B_AUTO_RUNS-ffn:M=8192,K=1024,N=4096,D=256}"
+# The FFN rows of issue 13's table as the planner runs them (two kernels where one does not pay).
+b2b_auto_runs="${B2B_AUTO_RUNS-ffn:M=8192,K=1024,N=4096,D=256 ffn:M=8192,K=1024,N=4096,D=1024 ffn:M=128,K=4096,N=16384,D=4096
+  ffn:M=64,K=1024,N=3072,D=1024 ffn_swiglu:M=128,K=4096,N=11008,D=4096}"
 dims() { echo "${1#*:}" | tr ',' '\n' | sed 's/^/--dim /' | tr '\n' ' '; }
 for r in $b2b_runs; do .carry/bin/comfuse compile "examples/${r%%:*}.cf" $(dims "$r") --b2b force > /dev/null 2>&1 & done; wait
 for r in $b2b_runs; do
