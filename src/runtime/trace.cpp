@@ -34,6 +34,7 @@ struct Cta {
   double epi_us[2][trace::kEpiParts] = {};  // per consumer WG, its jobs' epilogue parts
   std::vector<Job> jobs;  // by turn
   double ghz = 0;         // cycles per ns over the CTA's span
+  uint64_t entry_ns = 0, exit_ns = 0;  // the CTA's entry, its consumers' last exit (0: not stamped)
 };
 
 struct Stats {
@@ -80,6 +81,8 @@ std::vector<Cta> parse_ctas(const std::vector<uint64_t>& w, bool both_wgs, Peers
         if (ok && (both_wgs || wg == 0)) cta.jobs.push_back(job);
       }
     if (cta.jobs.empty()) continue;
+    cta.entry_ns = rec[trace::kCtaBase];
+    cta.exit_ns = std::max(rec[trace::kCtaBase + 1], rec[trace::kCtaBase + 2]);
     std::sort(cta.jobs.begin(), cta.jobs.end(),
               [](const Job& a, const Job& b) { return a.ev[trace::kTurn].cyc < b.ev[trace::kTurn].cyc; });
     const Stamp& a = cta.jobs.front().ev[trace::kTurn];
@@ -143,7 +146,8 @@ std::string summarize_trace(const std::vector<uint64_t>& w, const Plan& plan, st
 
   const auto [t0, t1] = launch_window(ctas);
   Stats mainloop, epilogue, idle, idle_epi, span, head, tail, ghz, jobs, poll_per_job, polls_per_job,
-      part[trace::kEpiParts];
+      part[trace::kEpiParts], before_turn, after_done;
+  uint64_t first_entry = UINT64_MAX, last_exit = 0;
   for (const Cta& c : ctas) {
     const double us = c.ghz > 0 ? 1e-3 / c.ghz : 0;  // microseconds per cycle
     double gaps = 0, behind_epi = 0;
@@ -173,6 +177,12 @@ std::string summarize_trace(const std::vector<uint64_t>& w, const Plan& plan, st
     span.add(double(done - c.jobs.front().ev[trace::kTurn].ns) * 1e-3);
     head.add(double(c.jobs.front().ev[trace::kTurn].ns - t0) * 1e-3);
     tail.add(double(last.ev[trace::kEpiDone].cyc - last.ev[trace::kAccReady].cyc) * us);
+    if (c.entry_ns != 0 && c.exit_ns >= done) {
+      before_turn.add((double(c.jobs.front().ev[trace::kTurn].ns) - double(c.entry_ns)) * 1e-3);
+      after_done.add(double(c.exit_ns - done) * 1e-3);
+      first_entry = std::min(first_entry, c.entry_ns);
+      last_exit = std::max(last_exit, c.exit_ns);
+    }
     ghz.add(c.ghz);
     jobs.add(double(c.jobs.size()));
     const double njobs = double(c.jobs.size()) * (pingpong ? 1 : 2);  // polls come from both WGs
@@ -221,6 +231,14 @@ std::string summarize_trace(const std::vector<uint64_t>& w, const Plan& plan, st
   s += fmt::format("  CTA span (first turn -> last done), us: {}\n", span.str());
   s += fmt::format("  start skew (first turn - earliest CTA's), us: {}; last epilogue (exposed tail), us: {}\n",
                    head.str(), tail.str());
+  if (last_exit > 0) {
+    s += fmt::format("  CTA entry -> its first turn (barriers' init, the previous grid's wait, the begin), us: {}\n",
+                     before_turn.str());
+    s += fmt::format("  its last epilogue's end -> its exit (the last stores completed, the exchange's retire), us: {}\n",
+                     after_done.str());
+    s += fmt::format("  first CTA entry -> last CTA exit, us: {:.2f} (a launch's time beyond it is outside every CTA)\n",
+                     double(last_exit - first_entry) * 1e-3);
+  }
   s += fmt::format("  row peers' accumulators-ready spread per job ({} peer sets x jobs), us: {}\n", ready.size(),
                    skew.str());
   if (!published.empty()) {

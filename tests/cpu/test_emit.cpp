@@ -428,6 +428,10 @@ TEST(Trace, SummaryFindsTheIdleGapBehindAnEpilogue) {
     rec[trace::kEpiBase + trace::kEpiRootBody] = 20000;
     rec[trace::kEpiBase + trace::kEpiParts + trace::kEpiRootBody] = 10000;
     rec[trace::kEpiBase + trace::kEpiRound] = 60000;
+    // Entry 0.5 us before the first turn, the consumers' exits 2 and 5 us after the last done.
+    rec[trace::kCtaBase] = 1000 + 10 * cta - 500;
+    rec[trace::kCtaBase + 1] = 401000 + 10 * cta + 2000;
+    rec[trace::kCtaBase + 2] = 401000 + 10 * cta + 5000;
     rec[trace::kWordsPerCta - 1] = 1 + cta;  // SM id + 1
   }
   Plan plan;
@@ -446,6 +450,10 @@ TEST(Trace, SummaryFindsTheIdleGapBehindAnEpilogue) {
   EXPECT_NE(s.find("(second statistic, exchange), us: mean 20.00"), std::string::npos) << s;
   EXPECT_NE(s.find("CTA span (first turn -> last done), us: mean 400.00"), std::string::npos) << s;
   EXPECT_NE(s.find("spread per job (3 peer sets x jobs), us: mean 0.01"), std::string::npos) << s;
+  EXPECT_NE(s.find("CTA entry -> its first turn (barriers' init, the previous grid's wait, the begin), us: mean 0.50"),
+            std::string::npos) << s;
+  EXPECT_NE(s.find("(the last stores completed, the exchange's retire), us: mean 5.00"), std::string::npos) << s;
+  EXPECT_NE(s.find("first CTA entry -> last CTA exit, us: 405.51"), std::string::npos) << s;
   EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 1 + 2 * 3 * 4);  // header + every stamp
   EXPECT_NE(summarize_trace({}, plan).find("trace: none"), std::string::npos);
 }

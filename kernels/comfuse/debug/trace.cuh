@@ -19,7 +19,10 @@
 // Epi2 too) sums its parts in slots of their own: the root stage's begin (vector loads, the
 // wait for the previous job's stores), its body (inputs, compute, stores), the reduce phase to
 // the round's end (of it, until its partials are published), and the later stages. The sums
-// count clock64 cycles and are updated with reductions the thread does not wait for.
+// count clock64 cycles and are updated with reductions the thread does not wait for. The
+// single-GEMM kernel also stamps, per CTA, its entry (before the barriers' init) and each consumer
+// warp group's exit (after its last stores completed and it retired from the exchange): what a
+// launch spends outside the job stamps (the previous grid's wait, the begin, the last stores).
 // The host reads `comfuse_trace` (runtime: FusedKernel::trace) after a launch; the last
 // launch's stamps stay there (each launch overwrites the same slots). Jobs past kMaxJobs and
 // CTAs past kMaxCtas are not recorded.
@@ -40,11 +43,13 @@ enum Stage : int { kGemm1 = 0, kF = 1, kGemm2Issue = 2 };
 enum EpiPart : int { kEpiBegin = 0, kEpiRootBody = 1, kEpiRound = 2, kEpiPost = 3, kEpiPublish = 4 };
 // Per CTA: [wg 0..1][job][event][globaltimer, clock64]; then [wg 0..1][cycles its thread 0 spent
 // in L2 exchange polls (from issuing the loads to seeing every tag), their count]; then
-// [wg 0..1][stage] cycles (B2B); then [wg 0..1][epilogue part] cycles; then one word: the SM id + 1.
+// [wg 0..1][stage] cycles (B2B); then [wg 0..1][epilogue part] cycles; then the CTA's entry and
+// [wg 0..1] exit, globaltimer ns (0: not stamped); then one word: the SM id + 1.
 inline constexpr int kPollBase = 2 * kMaxJobs * kEvents * 2;
 inline constexpr int kStageBase = kPollBase + 4;
 inline constexpr int kEpiBase = kStageBase + 2 * kStages;
-inline constexpr int kWordsPerCta = kEpiBase + 2 * kEpiParts + 1;
+inline constexpr int kCtaBase = kEpiBase + 2 * kEpiParts;
+inline constexpr int kWordsPerCta = kCtaBase + 3 + 1;
 inline constexpr int kWords = kMaxCtas * kWordsPerCta;
 
 }  // namespace comfuse::trace
@@ -103,6 +108,24 @@ __device__ __forceinline__ void mark(int t, int wg, int job, Event ev) {
   rec[kWordsPerCta - 1] = sm + 1;
 #else
   (void)t, (void)wg, (void)job, (void)ev;
+#endif
+}
+
+// Thread 0 of the CTA stamps its entry.
+__device__ __forceinline__ void mark_entry() {
+#ifdef COMFUSE_TRACE
+  unsigned long long* rec = record();
+  if (threadIdx.x == 0 && rec) rec[kCtaBase] = global_timer_ns();
+#endif
+}
+
+// Thread t of consumer warp group wg stamps the warp group's exit.
+__device__ __forceinline__ void mark_exit(int t, int wg) {
+#ifdef COMFUSE_TRACE
+  unsigned long long* rec = record();
+  if (t == 0 && rec) rec[kCtaBase + 1 + wg] = global_timer_ns();
+#else
+  (void)t, (void)wg;
 #endif
 }
 

@@ -133,6 +133,7 @@ struct FusedGemmSm90 {
 
     int const wg = threadIdx.x / kWarpGroupThreads;
     int const t = threadIdx.x % kWarpGroupThreads;
+    trace::mark_entry();
 
     typename Pipeline::Params pp;
     pp.transaction_bytes = Mainloop::kTxBytes;
@@ -269,6 +270,7 @@ struct FusedGemmSm90 {
       if constexpr (kWorkspace)
         cluster::retire_exchange(p, epoch, t, barrier_id(NamedBarrier::EpilogueWG0, cw),
                                  gridDim.x * gridDim.y * Sm90::kConsumerWGs);
+      trace::mark_exit(t, cw);
     }
     // Row reductions push into peers' SMEM: no CTA leaves while a peer's copy may still read
     // or write its SMEM.
