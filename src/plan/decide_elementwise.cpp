@@ -27,7 +27,7 @@ std::vector<Candidate> decide_elementwise(const Request& r, Rejections& why) {
     // A measured split-K row: the row-group decider builds it (its division of K and its gather),
     // with exactly the measured tile and cluster forced.
     PlanOptions split = opt;
-    split.k_splits = mc.k_splits, split.tile_n = mc.tile_n, split.cluster_m = mc.cluster_m;
+    split.k_splits = mc.k_splits, split.tile_m = mc.tile_m, split.tile_n = mc.tile_n, split.cluster_m = mc.cluster_m;
     Rejections ignored;
     std::vector<Candidate> rows = decide_row_groups(Request{r.spec, r.p, r.dev, r.tun, split, r.chain}, ignored);
     if (!rows.empty()) {
