@@ -55,6 +55,7 @@ inline std::string describe(const PlanOptions& o) {
   add("cluster_n", o.cluster_n), add("tile_n", o.tile_n), add("tile_m", o.tile_m);
   add("cluster_m", o.cluster_m), add("row_group", o.row_group), add("k_splits", o.k_splits);
   add("stash_bytes", o.stash_bytes), add("fuse_pairs", o.fuse_pairs), add("ring_stages", o.ring_stages);
+  add("splits_in_cluster", o.splits_in_cluster);
   if (o.aggregation) s += fmt::format(" aggregation={}", static_cast<int>(*o.aggregation));
   if (o.strategy) s += fmt::format(" strategy={}", static_cast<int>(*o.strategy));
   add("b2b_job_rows", o.b2b_job_rows), add("fma_exp_every", o.fma_exp_every), add("b2b_overlap", o.b2b_overlap);
@@ -97,6 +98,9 @@ inline std::vector<SingleCase> single_cases(int per_example, const Shapes& shape
     const LoweringResult bf = lower(parse_graph(text)), hf = lower(parse_graph(f16));
     if (bf.regions.empty() || hf.regions.empty()) throw Error(fmt::format("{}: no region", ex));
     Rng rng(std::hash<std::string>{}(ex));
+    // Options added after the first cases were drawn come from a stream of their own, so the
+    // earlier options' draws (and the GPU property test's cases) stay what they were.
+    Rng later(std::hash<std::string>{}(ex) ^ 0x5eed);
     for (int i = 0; i < per_example; ++i) {
       const bool half = rng.coin(0.3);
       SingleCase c{ex, half ? f16 : text, (half ? hf : bf).regions.front().spec, {}, {}, {}, false};
@@ -117,6 +121,7 @@ inline std::vector<SingleCase> single_cases(int per_example, const Shapes& shape
       opt.stash_bytes = rng.maybe<int>({2, 3, 4}, 0.1);
       opt.fuse_pairs = rng.maybe<bool>({false, true}, 0.15);
       opt.ring_stages = rng.maybe<int>({1, 2, 5, 8, 9}, 0.15);
+      opt.splits_in_cluster = later.maybe<bool>({false, true}, 0.15);
       const Problem& p = c.problem;
       c.what = fmt::format("{}{} M={} N={} K={}{}", ex, half ? " (f16)" : "", p.m, p.n, p.k, describe(opt));
       c.must_plan = describe(opt) == " (defaults)" && p.n % 8 == 0 && p.k % 8 == 0;

@@ -10,7 +10,8 @@
 //                                                of the lowering (two fp64 executors)
 // explain, emit, compile and run (not run --reference) take the plan overrides (--cluster-n,
 // --tile-n, --tile-m, --aggregation p2p|leader|l2, --strategy on-chip|smem-stash|workspace-stash;
-// row groups: --cluster-m, --row-group, --k-splits, --stash fp32|bf16; --pairs one-round|two-rounds;
+// row groups: --cluster-m, --row-group, --k-splits, --split-k-partials dsmem|l2, --stash fp32|bf16;
+// --pairs one-round|two-rounds;
 // a B2B pair: --b2b auto|force|off, one kernel where it pays, always, or never).
 // Errors: `comfuse: error: <msg>` on stderr, exit 1 (graph files: FILE:line:col:);
 // command-line usage errors (an option value outside its choices too) exit 2.
@@ -180,6 +181,7 @@ struct ExplainArgs {
   std::string b2b_overlap, b2b_x_resident, b2b_chain_jobs;  // on / off (empty: the planner's)
   std::string aggregation, strategy, stash, pairs, b2b;
   std::string tile_inputs;  // ring / l2 (empty: the planner's)
+  std::string split_k_partials;  // dsmem / l2 (empty: the planner's)
 };
 
 // The spellings CLI11 accepts (IsMember below), mapped onto the planner's options.
@@ -200,6 +202,7 @@ PlanOptions plan_options(const ExplainArgs& a) {
   if (!a.b2b_chain_jobs.empty()) o.b2b_chain_jobs = a.b2b_chain_jobs == "on";
   if (!a.pairs.empty()) o.fuse_pairs = a.pairs == "one-round";
   if (!a.tile_inputs.empty()) o.ring_inputs = a.tile_inputs == "ring";
+  if (!a.split_k_partials.empty()) o.splits_in_cluster = a.split_k_partials == "dsmem";
   if (!a.stash.empty()) o.stash_bytes = a.stash == "bf16" ? 2 : 4;
   if (a.aggregation == "p2p") o.aggregation = Aggregation::PeerToPeer;
   else if (a.aggregation == "leader") o.aggregation = Aggregation::LeaderFollower;
@@ -238,6 +241,10 @@ std::vector<CLI::Option*> add_plan_options(CLI::App* cmd, ExplainArgs& ex) {
       cmd->add_option("--k-splits", ex.k_splits,
                       "split-K: S clusters share each tile's K (1..16; 1: none), over row groups (any epilogue)")
           ->check(CLI::Range(1, Sm90::kMaxKSplits)),
+      cmd->add_option("--split-k-partials", ex.split_k_partials,
+                      "split-K's partial tiles to the owner: over DSMEM, a tile's K-splits one hardware cluster "
+                      "(dsmem; no multicast along M), or through the L2 workspace (l2)")
+          ->check(CLI::IsMember({"dsmem", "l2"})),
       cmd->add_option("--stash", ex.stash, "row groups: stash element, fp32 or bf16")->check(CLI::IsMember({"fp32", "bf16"})),
       cmd->add_option("--pairs", ex.pairs,
                       "paired reductions (LayerNorm's mean and variance, softmax's max and sum of exp) in one-round "
@@ -343,7 +350,7 @@ int run_gpu(const Graph& g, const Bindings& b, const PlanOptions& plan, uint64_t
     shape = fmt::format("{}x{} tile, {}, cluster {}x{}", kc.tile_m, kc.tile_n,
                         kc.wgs_per_tile == 1 ? "PingPong" : "cooperative", kc.cluster_m, kc.cluster_n);
     if (kc.row_group > 1) shape += fmt::format(", row group {}", kc.row_group);
-    if (kc.k_splits > 1) shape += fmt::format(", split-K {}", kc.k_splits);
+    if (kc.k_splits > 1) shape += fmt::format(", split-K {}{}", kc.k_splits, kc.splits_in_cluster ? " in a cluster" : "");
     if (kc.n_tiles > 1)
       shape += fmt::format(", {} N-tiles/CTA ({} {} stash)", kc.n_tiles, kc.stash_elem_bytes == 2 ? "bf16" : "fp32",
                            kc.stash_space == StashSpace::Workspace ? "workspace" : "SMEM");

@@ -40,8 +40,9 @@ struct SmemBudget {
   int reduction_buffer = 0;  // the DSMEM channels: ONE per consumer WG, shared by every reduction
   int stash = 0;             // earlier N-tiles kept on chip (RowStrategy::SmemStash)
   int store_buffer = 0;      // the epilogue's node storage: TMA-store staging, row vectors
+  int split_hand_over = 0;   // split-K's partials over DSMEM (KernelConfig::splits_in_cluster)
   int barriers = 0;          // ring mbarriers and the alignment the kernel's layout pads to
-  int total() const { return mainloop_ring + reduction_buffer + stash + store_buffer + barriers; }
+  int total() const { return mainloop_ring + reduction_buffer + stash + store_buffer + split_hand_over + barriers; }
 };
 
 struct PlanOptions {
@@ -53,6 +54,9 @@ struct PlanOptions {
   std::optional<int> cluster_m;               // force clusters along M (B multicast); with a reduction: row groups
   std::optional<int> row_group;               // force a row group of G clusters (L2 exchange)
   std::optional<int> k_splits;                // force split-K: K-splits per tile (1: none)
+  // Force split-K's partial tiles over DSMEM, the K-splits of a tile in one hardware cluster
+  // (true), or through the L2 workspace (false).
+  std::optional<bool> splits_in_cluster;
   std::optional<int> stash_bytes;             // force the stash element: 4 (fp32) or 2 (bf16)
   std::optional<bool> fuse_pairs;             // true / false: every pair in one round / two (A/B)
   std::optional<int> ring_stages;             // at most this many mainloop ring stages (2..Sm90::kMaxRingStages; A/B)

@@ -68,6 +68,13 @@ COMFUSE_HOST_DEVICE constexpr int dsmem_channel_bytes(int rows, int cluster_n) {
   return align_up(2 * cluster_n * rows * 4 + 16, 128);
 }
 
+// Split-K over DSMEM (KernelConfig::splits_in_cluster, cluster/split_hand_over.cuh): a job's
+// hand-over takes one piece per warp whose rows start below the job's rows_left (warp w holds
+// rows 16 w.. of each m64 block), so one at decode (M <= 16).
+COMFUSE_HOST_DEVICE constexpr int split_hand_over_pieces(int rows_left) {
+  return rows_left >= 64 ? 4 : (rows_left + 15) / 16;
+}
+
 struct KernelConfig {
   // Mainloop.
   bool b_kmajor = true;   // B is N x K (K contiguous: the Linear weight); else K x N
@@ -83,6 +90,8 @@ struct KernelConfig {
   int n_tiles = 1;        // N-tiles one CTA walks per job (a row too long for the row's CTAs)
   int row_group = 1;      // clusters whose CTAs share a row (Aggregation::L2Exchange)
   int k_splits = 1;       // clusters that each take 1/k_splits of K of the same tiles (split-K, below)
+  bool splits_in_cluster = false;  // a tile's k_splits CTAs form one hardware cluster and hand their
+                                   // partial tiles to the owner over DSMEM (split-K, below)
   // Epilogue.
   bool row_reduction = false;              // some stage of the epilogue ends in a row reduction
   Aggregation aggregation = Aggregation::None;
@@ -101,6 +110,11 @@ struct KernelConfig {
 
   COMFUSE_HOST_DEVICE constexpr int epi_rows() const { return tile_m / wgs_per_tile; }  // one WG's rows
   COMFUSE_HOST_DEVICE constexpr int cluster_size() const { return cluster_m * cluster_n; }
+  // The hardware cluster along x: cluster_m CTAs along M, or a tile's K-splits (splits_in_cluster,
+  // where cluster_m is 1). The scheduler's "cluster" (cluster_size() CTAs that share a multicast)
+  // is then one CTA of it.
+  COMFUSE_HOST_DEVICE constexpr int hw_cluster_x() const { return splits_in_cluster ? k_splits : cluster_m; }
+  COMFUSE_HOST_DEVICE constexpr int hw_cluster_size() const { return hw_cluster_x() * cluster_n; }
   COMFUSE_HOST_DEVICE constexpr int row_peers() const { return cluster_n * row_group; }  // CTAs sharing a row
   COMFUSE_HOST_DEVICE constexpr bool cross_cta_reduction() const { return row_reduction && row_peers() > 1; }
   // A slices of the multicast along N (each >= 8 rows: one swizzle atom), B slices along M.
@@ -124,7 +138,8 @@ struct KernelConfig {
   // epilogue storage and the ring's full/empty mbarriers, rounded to the 1024-byte alignment of
   // the ring, plus the 1024 bytes the kernel may skip to align its base.
   COMFUSE_HOST_DEVICE constexpr int smem_bytes_without_stash() const {
-    return align_up(ring_bytes() + Sm90::kConsumerWGs * epilogue_smem_bytes + 16 * ring_stages, 1024) +
+    return align_up(ring_bytes() + Sm90::kConsumerWGs * (epilogue_smem_bytes + split_hand_over_bytes()) + 16 * ring_stages,
+                    1024) +
            Sm90::kSmemBaseAlign;
   }
   // Dynamic SMEM a launch asks for (fused_gemm_sm90.cuh's SharedStorage + the base alignment).
@@ -146,13 +161,37 @@ struct KernelConfig {
   }
   // Split-K (scheduler/split_k.cuh): the k_splits clusters of a tile's K-splits each run the
   // mainloop over their share of K; the first (the tile's owner) adds the others' fp32 partial
-  // tiles, passed through the exchange workspace in a fixed order, and alone runs the epilogue.
-  // What a problem with fewer tiles than SMs (decode) needs to keep every SM streaming B.
-  // Per owner warp group: one partial tile per other split, and one 4-byte tag per split.
-  COMFUSE_HOST_DEVICE constexpr int split_partial_bytes() const { return k_splits > 1 ? epi_rows() * tile_n * 4 : 0; }
-  COMFUSE_HOST_DEVICE constexpr int split_flag_bytes() const { return k_splits > 1 ? k_splits * 4 : 0; }
-  // The exchange workspace's header (its launch counter) serves the row exchange and split-K.
-  COMFUSE_HOST_DEVICE constexpr bool uses_exchange_workspace() const { return exchange_slot_bytes() > 0 || k_splits > 1; }
+  // tiles in a fixed order and alone runs the epilogue. What a problem with fewer tiles than SMs
+  // (decode) needs to keep every SM streaming B. The partials travel through the exchange
+  // workspace in L2 (tagged, one dependent round trip per split and row slot), or, with
+  // splits_in_cluster, over DSMEM inside one hardware cluster of the k_splits CTAs.
+  // Through L2, per owner warp group: one partial tile per other split, and one 4-byte tag per split.
+  COMFUSE_HOST_DEVICE constexpr bool splits_through_l2() const { return k_splits > 1 && !splits_in_cluster; }
+  COMFUSE_HOST_DEVICE constexpr int split_partial_bytes() const { return splits_through_l2() ? epi_rows() * tile_n * 4 : 0; }
+  COMFUSE_HOST_DEVICE constexpr int split_flag_bytes() const { return splits_through_l2() ? k_splits * 4 : 0; }
+  // Over DSMEM (splits_in_cluster), per consumer warp group (cluster/split_hand_over.cuh): one
+  // warp's share of the partial tile (32 threads x their accumulators, fp32) and two mbarriers.
+  COMFUSE_HOST_DEVICE constexpr int split_hand_over_bytes() const {
+    return splits_in_cluster ? align_up(epi_rows() * tile_n / Sm90::kWarpGroupThreads * 32 * 4 + 16, 128) : 0;
+  }
+  // The owner loads every follower's values of step_vecs float4s a thread together, then adds
+  // them: as many as the registers beside its accumulators hold (~176 - accumulators for the
+  // loads in flight), a power of two dividing its accumulators / 4 (24 at tile_n 192). Its
+  // hand-over of a piece then takes split_hand_over_steps() rounds of remote loads.
+  COMFUSE_HOST_DEVICE constexpr int split_hand_over_step_vecs() const {
+    int const vecs = epi_rows() * tile_n / Sm90::kWarpGroupThreads / 4;
+    int const room = (176 - 4 * vecs) / 4 / (k_splits > 1 ? k_splits - 1 : 1);
+    int step = 1;
+    while (step * 2 <= room && vecs % (step * 2) == 0) step *= 2;
+    return step;
+  }
+  COMFUSE_HOST_DEVICE constexpr int split_hand_over_steps() const {
+    return epi_rows() * tile_n / Sm90::kWarpGroupThreads / 4 / split_hand_over_step_vecs();
+  }
+  // The exchange workspace's header (its launch counter) serves the row exchange and split-K's tags.
+  COMFUSE_HOST_DEVICE constexpr bool uses_exchange_workspace() const {
+    return exchange_slot_bytes() > 0 || splits_through_l2();
+  }
 };
 
 // The head of the L2 exchange workspace (cluster/global_exchange.cuh), before its slots: the
@@ -195,6 +234,10 @@ COMFUSE_HOST_DEVICE constexpr char const* check(KernelConfig const& c) {
   if (c.k_splits < 1 || c.k_splits > Sm90::kMaxKSplits) return "k_splits: 1..16 K-splits per tile";
   if (c.k_splits > 1 && c.wgs_per_tile != 1) return "split-K needs the PingPong schedule (one warp group per tile)";
   if (c.k_splits > 1 && c.n_tiles != 1) return "split-K takes one N-tile per job";
+  if (c.splits_in_cluster && c.k_splits < 2) return "splits_in_cluster: at least 2 K-splits";
+  if (c.splits_in_cluster && c.cluster_size() != 1)
+    return "K-splits in one hardware cluster: no multicast cluster (cluster_m = cluster_n = 1)";
+  if (c.hw_cluster_size() > Sm90::kMaxClusterSize) return "a cluster of at most 16 CTAs";
   if (c.begin_early && c.n_tiles != 1) return "begin_early: one N-tile per job";
   if (c.ring_input_bytes < 0) return "ring_input_bytes < 0";
   if (c.ring_input_bytes > 0 && c.wgs_per_tile != 1)

@@ -86,6 +86,7 @@ PlanOptions plan_options(const nb::dict& o) {
     else if (key == "cluster_m") p.cluster_m = nb::cast<int>(v);
     else if (key == "row_group") p.row_group = nb::cast<int>(v);
     else if (key == "k_splits") p.k_splits = nb::cast<int>(v);
+    else if (key == "splits_in_cluster") p.splits_in_cluster = nb::cast<bool>(v);
     else if (key == "stash_bytes") p.stash_bytes = nb::cast<int>(v);
     else if (key == "fuse_pairs") p.fuse_pairs = nb::cast<bool>(v);
     else if (key == "b2b_job_rows") p.b2b_job_rows = nb::cast<int>(v);
@@ -142,6 +143,7 @@ nb::dict plan_summary(const Plan& p) {
   d["row_group"] = k.row_group;
   d["n_tiles_per_cta"] = k.n_tiles;
   d["k_splits"] = k.k_splits;
+  d["splits_in_cluster"] = k.splits_in_cluster;  // split-K's partials over DSMEM (else through L2)
   d["begin_early"] = k.begin_early;  // the first job's vectors before its mainloop (one job a CTA)
   d["ring_input_bytes"] = k.ring_input_bytes;  // the root stage's tile inputs in the ring (0: from L2)
   d["aggregation"] = std::string(name_of(k.aggregation));

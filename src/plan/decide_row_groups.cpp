@@ -29,6 +29,9 @@
 // keep every SM streaming B lose at decode (MEASURED: S = 16 owners spent 7.5 us gathering at
 // M = 1, 13.7 us at M = 32, longer than their mainloops). Where jobs * G fill the GPU already,
 // splitting only adds hand-overs, so it is not proposed.
+// With the splits in one hardware cluster (KernelConfig::splits_in_cluster, forced or where
+// calibration.h split_k_in_cluster allows) the owner's hand-over is over DSMEM
+// (split_hand_over_us) and residency is that of clusters of S CTAs (30 of 4, 15 of 8).
 // A one-wave plan (each CTA one job) also pays the launch's fixed cost (calibration.h
 // one_wave_launch_us): at decode it is a fifth of the time.
 // An epilogue without reductions comes here for split-K (decide_elementwise.cpp): the same
@@ -96,6 +99,13 @@ double split_gather_us(const PlannerTunables& tun, int ks, int slots) {
   return tun.split_k_gather_base_us + double(ks - 1) * slots * tun.split_k_gather_per_row_us;
 }
 
+// Split-K over DSMEM (KernelConfig::splits_in_cluster): the owner's hand-over of a job with
+// `rows` rows below M, one piece per warp holding some (cluster/split_hand_over.cuh).
+double split_hand_over_us(const PlannerTunables& tun, const KernelConfig& k, int64_t rows) {
+  return split_hand_over_pieces(static_cast<int>(rows)) *
+         (tun.split_k_hand_over_piece_us + k.split_hand_over_steps() * tun.split_k_hand_over_step_us);
+}
+
 // One job's epilogue arithmetic on one consumer warp group: T tiles of (tile elements / 128
 // threads) values a thread, ops_per_element instructions each (chain.cpp), at the cycles per
 // instruction measured for that many values a thread.
@@ -134,10 +144,18 @@ std::vector<Candidate> decide_row_groups(const Request& r, Rejections& why) {
       std::vector<int> splits(std::begin(kSplits), std::end(kSplits));
       if (opt.k_splits) splits = {*opt.k_splits};
       for (int g : kGroups)
-      for (int ks : splits) {
+      for (int ks : splits)
+      for (bool in_cluster : {false, true}) {
         if (opt.row_group && *opt.row_group != g) continue;
         if (!opt.row_group && g > 1 && g / 2 >= tiles_n) continue;  // CTAs with no columns at all
-        const int64_t groups_max = resident / (int64_t{g} * ks);
+        // The splits' hand-over over DSMEM: one hardware cluster of the ks CTAs, no multicast
+        // cluster; proposed unforced only where calibration.h says it was measured to win.
+        if (in_cluster && (ks < 2 || cm != 1)) continue;
+        if ((ks > 1 && opt.splits_in_cluster) ? *opt.splits_in_cluster != in_cluster
+                                              : (in_cluster && !tun.split_k_in_cluster))
+          continue;
+        const int resident_here = in_cluster ? dev.resident(ks) * ks : resident;  // one-CTA clusters
+        const int64_t groups_max = resident_here / (int64_t{g} * ks);
         if (groups_max < 1) continue;
         const int64_t n_tiles = ceil_div64(tiles_n, g);
         if (n_tiles > Sm90::kMaxNTiles) continue;
@@ -153,6 +171,7 @@ std::vector<Candidate> decide_row_groups(const Request& r, Rejections& why) {
         c.k.tile_m = ts.tile_m, c.k.tile_n = ts.tile_n, c.k.cluster_m = cm, c.k.row_group = g;
         c.k.n_tiles = static_cast<int>(n_tiles);
         c.k.k_splits = ks;
+        c.k.splits_in_cluster = in_cluster;
         c.k.row_reduction = chain.reductions > 0;
         c.k.aggregation = g > 1 && chain.reductions > 0 ? Aggregation::L2Exchange : Aggregation::None;
         c.k.stash_elem_bytes = n_tiles > 1 && chain.carries_tile ? stash_bytes : 0;
@@ -184,7 +203,8 @@ std::vector<Candidate> decide_row_groups(const Request& r, Rejections& why) {
         d.jobs_per_cta = jobs_per_cta;
         // The job with the most rows sets the owner's gather: all of a tile's rows below M.
         d.gather_slots = gather_row_slots(ts.tile_m, std::min<int64_t>(p.m, ts.tile_m));
-        const double gather = split_gather_us(tun, ks, d.gather_slots);
+        const double gather = in_cluster ? split_hand_over_us(tun, c.k, std::min<int64_t>(p.m, ts.tile_m))
+                                         : split_gather_us(tun, ks, d.gather_slots);
         d.gather_us = gather;
         d.exchange_us = rounds * lookup(tun.row_group_exchange_us, g) + gather;
         // The tile inputs: a latency-bound pass per 64-column subtile, for the tile's rows below
@@ -282,7 +302,16 @@ std::vector<Candidate> decide_row_groups(const Request& r, Rejections& why) {
                               "epilogues' fit, not measured for elementwise ones)",
                               c.k.tile_m, c.k.tile_n, c.k.cluster_m, c.k.row_group, c.k.n_tiles, o.d.est_us,
                               o.d.mainloop_us, o.d.tail_us, o.d.exchange_us);
-    if (c.k.k_splits > 1)
+    if (c.k.splits_in_cluster)
+      c.why += fmt::format("; split-K in a cluster: the {} CTAs of one hardware cluster share each tile's K ({} k-blocks "
+                           "each, {} SMs busy instead of {}), and the owner adds their partial tiles over DSMEM ({:.1f} us "
+                           "a job: {} piece(s) x ({:.2f} + {} round(s) of remote loads x {:.2f} us), calibration.h "
+                           "split_k_hand_over_*)",
+                           c.k.k_splits, ceil_div64(ceil_div64(p.k, Sm90::kTileK), c.k.k_splits), c.resident,
+                           c.resident / c.k.k_splits, o.d.gather_us,
+                           split_hand_over_pieces(static_cast<int>(std::min<int64_t>(p.m, c.k.tile_m))),
+                           tun.split_k_hand_over_piece_us, c.k.split_hand_over_steps(), tun.split_k_hand_over_step_us);
+    else if (c.k.k_splits > 1)
       c.why += fmt::format("; split-K: {} clusters share each tile's K ({} k-blocks each, {} SMs busy instead of {}), "
                            "the owner then adds their partial tiles ({:.1f} us a job = {:.1f} + {} splits x {} row slot(s) "
                            "x {:.2f} us, one L2 round trip each, calibration.h split_k_gather_*)",
@@ -324,7 +353,7 @@ bool begins_early(const Candidate& c) {
 // cluster_m alone shapes row groups (clusters along M whose CTAs meet in L2); with cluster_n it
 // makes the DSMEM search's cluster 2-D (decide_cluster.cpp).
 bool row_groups_forced(const PlanOptions& opt) {
-  return opt.row_group || (opt.cluster_m && !opt.cluster_n) || opt.k_splits ||
+  return opt.row_group || (opt.cluster_m && !opt.cluster_n) || opt.k_splits || opt.splits_in_cluster ||
          (opt.aggregation && *opt.aggregation == Aggregation::L2Exchange);
 }
 

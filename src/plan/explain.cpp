@@ -64,7 +64,7 @@ std::string explain(const FusionSpec& s, const Plan& p) {
                    p.tiles_m, p.tiles_n, p.tiles_m * p.tiles_n);
   o += fmt::format("  grid         persistent, {} CTAs = {} cluster(s) of {}x{} ({} resident at most, {} SMs "
                    "busy); {} job(s)\n",
-                   p.grid_ctas, p.grid_ctas / std::max(1, p.kernel.cluster_n * p.kernel.cluster_m), p.kernel.cluster_m, p.kernel.cluster_n,
+                   p.grid_ctas, p.grid_ctas / std::max(1, p.kernel.hw_cluster_size()), p.kernel.hw_cluster_x(), p.kernel.cluster_n,
                    p.clusters_resident, p.ctas_busy, p.jobs);
   o += fmt::format("  cluster      {}x{} (C_N = {}), {} N-tile(s) per CTA, multicast A: {}, multicast B: {}, raster "
                    "{} x {}\n", p.kernel.cluster_m, p.kernel.cluster_n, p.kernel.cluster_n, p.kernel.n_tiles, (p.kernel.cluster_n > 1) ? "yes" : "no",
@@ -73,7 +73,11 @@ std::string explain(const FusionSpec& s, const Plan& p) {
     o += fmt::format("  row group    {} clusters share each row ({} CTAs along N), {}\n", p.kernel.row_group,
                      p.kernel.row_group * p.kernel.cluster_n,
                      p.kernel.row_reduction ? "partials meet in L2" : "each its own N-tiles (no reduction: nothing to exchange)");
-  if (p.kernel.k_splits > 1)
+  if (p.kernel.splits_in_cluster)
+    o += fmt::format("  split-K      the {} CTAs of one hardware cluster share each tile's K ({} k-blocks each); rank 0 "
+                     "adds the others' partial tiles (rows < M, fp32, over DSMEM, in rank order) and runs the epilogue\n",
+                     p.kernel.k_splits, plan_detail::ceil_div64(plan_detail::ceil_div64(pr.k, Sm90::kTileK), p.kernel.k_splits));
+  else if (p.kernel.k_splits > 1)
     o += fmt::format("  split-K      {} clusters share each tile's K ({} k-blocks each); split 0 adds the others' "
                      "partial tiles (rows < M, fp32, through the L2 workspace, in split order) and runs the epilogue\n",
                      p.kernel.k_splits, plan_detail::ceil_div64(plan_detail::ceil_div64(pr.k, Sm90::kTileK), p.kernel.k_splits));
@@ -151,6 +155,10 @@ std::string explain(const FusionSpec& s, const Plan& p) {
   row("store buffer", b.store_buffer,
       fmt::format("2 WGs x ({}x{} staging sub-tile per output, later stages' outputs through the first's where the element size matches, + row vectors) + 1 KiB base alignment", p.kernel.tile_m,
                   p.store_subtile_n));
+  if (b.split_hand_over > 0)
+    row("split hand-over", b.split_hand_over,
+        fmt::format("2 WGs x one warp's share of a partial tile (32 x {} fp32) + 2 mbarriers: split-K over DSMEM",
+                    p.kernel.epi_rows() * p.kernel.tile_n / Sm90::kWarpGroupThreads));
   row("barriers", b.barriers, "mbarriers: ring, reduction channel per WG and phase, PingPong order, store");
   row("total", b.total(), fmt::format("of {} ({} free)", fmt_bytes(p.smem_limit), fmt_bytes(p.smem_limit - b.total())));
 

@@ -90,7 +90,7 @@ std::string Candidate::describe() const {
   s += fmt::format(", {}", name_of(strategy()));
   if (k.stash_elem_bytes) s += k.stash_elem_bytes == 2 ? "(bf16)" : "(fp32)";
   if (k.n_tiles > 1) s += fmt::format(" {} N-tiles/CTA", k.n_tiles);
-  if (k.k_splits > 1) s += fmt::format(", split-K {}", k.k_splits);
+  if (k.k_splits > 1) s += fmt::format(", split-K {}{}", k.k_splits, k.splits_in_cluster ? " in a cluster" : "");
   return s + fmt::format(", {} ring stages: est {:.1f} us", k.ring_stages, est.total_us);
 }
 
@@ -190,8 +190,8 @@ void check_request(const FusionSpec& s, const Problem& p, const DeviceModel& dev
                               *opt.cluster_m, 64 * *opt.cluster_m, tn));
   }
   if (rg && (s.reduction_count() > 0 || opt.k_splits) && (opt.cluster_n || opt.strategy))
-    throw Error("plan: row groups (cluster_m, row_group, k_splits, aggregation l2) do not combine with a forced cluster_n or "
-                "strategy (those pick the DSMEM search)");
+    throw Error("plan: row groups (cluster_m, row_group, k_splits, splits_in_cluster, aggregation l2) do not combine "
+                "with a forced cluster_n or strategy (those pick the DSMEM search)");
   if (opt.cluster_m && *opt.cluster_m > 1 && s.reduction_count() > 0 && !opt.cluster_n && opt.aggregation &&
       *opt.aggregation != Aggregation::L2Exchange)
     throw Error(fmt::format("plan: cluster_m = {} with a DSMEM aggregation: clusters along M meet in L2 (row groups); "
@@ -271,6 +271,10 @@ Plan assemble(const Candidate& c, const std::vector<Candidate>& cands, const Req
   plan.kernel.ring_input_bytes = plan_detail::ring_input_bytes(r.spec, k, r.opt, &no_ring);
   if (r.opt.ring_inputs && *r.opt.ring_inputs && plan.kernel.ring_input_bytes == 0)
     throw Error(fmt::format("plan: tile inputs in the mainloop's ring were asked for, but {}", no_ring));
+  if (r.opt.splits_in_cluster && *r.opt.splits_in_cluster && !k.splits_in_cluster)
+    throw Error("plan: split-K's partials over DSMEM (the K-splits in one cluster) were asked for, but the plan has no "
+                "split-K: force k_splits >= 2 (the splits of a tile are one hardware cluster of at most 16 CTAs, with "
+                "no multicast along M)");
   const int64_t groups = std::max<int64_t>(1, c.resident / std::max(1, k.row_group * k.k_splits));
   plan.fused_pairs = plan_detail::fuse_pairs(chain, r.opt, k.n_tiles, (c.jobs + groups - 1) / groups, k.aggregation,
                                              k.row_peers());
@@ -282,8 +286,8 @@ Plan assemble(const Candidate& c, const std::vector<Candidate>& cands, const Req
   plan.smem = plan_detail::smem_budget(k);
   plan.smem_limit = r.dev.smem_per_cta_bytes;
   plan.tiles_m = c.tiles_m, plan.tiles_n = c.tiles_n;
-  plan.clusters_resident = r.dev.resident(k.cluster_size());
-  plan.ctas_busy = plan.clusters_resident * k.cluster_size();
+  plan.clusters_resident = r.dev.resident(k.hw_cluster_size());
+  plan.ctas_busy = plan.clusters_resident * k.hw_cluster_size();
   if (k.stash_elem_bytes > 0) plan.stashed = chain.stash_names;
   plan.live_tile_values = chain.live_tile_values;
   plan.regs_per_thread = c.regs;

@@ -146,16 +146,18 @@ int prepare(cudaKernel_t kernel, const KernelConfig& k) {
   const void* func = reinterpret_cast<const void*>(kernel);
   check(cudaFuncSetAttribute(func, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem_bytes()),
         "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
-  if (k.cluster_size() > 8)
+  if (k.hw_cluster_size() > 8)
     check(cudaFuncSetAttribute(func, cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
           "cudaFuncSetAttribute(NonPortableClusterSizeAllowed)");
   LaunchAttrs attr;
-  const cudaLaunchConfig_t cfg =
-      launch_config(dim3(k.cluster_m, k.cluster_n, 1), k.cluster_m, k.cluster_n, k.smem_bytes(), nullptr, attr, false);
+  const cudaLaunchConfig_t cfg = launch_config(dim3(k.hw_cluster_x(), k.cluster_n, 1), k.hw_cluster_x(), k.cluster_n,
+                                               k.smem_bytes(), nullptr, attr, false);
   int max_clusters = 0;
   check(cudaOccupancyMaxActiveClusters(&max_clusters, func, &cfg), "cudaOccupancyMaxActiveClusters");
   if (max_clusters < 1) throw Error("the kernel fits no cluster on this GPU (SMEM or cluster size)");
-  return max_clusters;
+  // In the scheduler's clusters (cluster_m x cluster_n CTAs): a hardware cluster of K-splits holds
+  // k_splits of them (KernelConfig::hw_cluster_x).
+  return max_clusters * (k.hw_cluster_x() / k.cluster_m);
 }
 
 void launch(cudaKernel_t kernel, const KernelConfig& k, const Params& p, cudaStream_t stream, int max_active_clusters) {

@@ -31,7 +31,8 @@ void set_tile_input(Params& p, int epi_rows, int slot, DType t, const void* X, i
 
 // Once per loaded kernel: raise its dynamic SMEM limit to k.smem_bytes(), allow clusters of
 // more than 8 CTAs, and return how many clusters fit on the GPU at once (the persistent
-// grid's bound).
+// grid's bound), counted in the scheduler's clusters of cluster_m x cluster_n CTAs (a hardware
+// cluster of K-splits holds k_splits of them: KernelConfig::hw_cluster_x).
 int prepare(cudaKernel_t kernel, const KernelConfig& k);
 
 // Launches on `stream` with the grid of launch_grid(k, M, N, max_active_clusters). Checks the

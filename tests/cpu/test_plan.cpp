@@ -531,6 +531,50 @@ TEST(Plan, SplitKWorkspaceLayout) {
   EXPECT_EQ(exchange_layout(c, 132).total_bytes, 0);
 }
 
+// Split-K over DSMEM (KernelConfig::splits_in_cluster), forced: a tile's K-splits are one
+// hardware cluster (no multicast cluster), the grid's cluster dims say so, the runtime counts
+// one-CTA clusters, the workspace holds no tags or partial tiles (only the row exchange's), and
+// the hand-over's SMEM is in the launch's size. What it cannot be built with is refused by name.
+TEST(Plan, SplitKPartialsOverDsmem) {
+  const FusionSpec s = c_proj_residual_layer_norm();
+  PlanOptions o;
+  o.k_splits = 8;
+  o.splits_in_cluster = true;
+  const Plan p = make_plan(s, prob(1, 1024, 4096), full_device(), {}, o);
+  EXPECT_TRUE(p.kernel.splits_in_cluster);
+  EXPECT_EQ(p.kernel.k_splits, 8);
+  EXPECT_EQ(p.kernel.cluster_size(), 1);
+  EXPECT_EQ(p.kernel.hw_cluster_x(), 8);
+  EXPECT_EQ(check(p.kernel), nullptr);
+  EXPECT_EQ(p.kernel.split_partial_bytes(), 0);
+  EXPECT_GE(p.kernel.smem_bytes(), p.kernel.ring_bytes() + 2 * p.kernel.split_hand_over_bytes());
+  EXPECT_EQ(p.kernel.split_hand_over_bytes(), 64 * 128 / 128 * 32 * 4 + 128);  // one warp's partial, 2 mbarriers
+  const int resident = full_device().resident(8) * 8;  // the runtime's count: one-CTA clusters
+  const LaunchGrid g = launch_grid(p.kernel, 1, 1024, resident);
+  EXPECT_EQ(g.cluster_x, 8);
+  EXPECT_EQ(g.grid_x % 8, 0);
+  EXPECT_EQ(exchange_layout(p.kernel, resident).split_partials, exchange_layout(p.kernel, resident).total_bytes);
+  const std::string e = explain(s, p);
+  EXPECT_NE(e.find("over DSMEM"), std::string::npos) << e;
+  EXPECT_NE(e.find("cluster(s) of 8x1"), std::string::npos) << e;
+  // The L2 path is what the planner proposes until the DSMEM one is measured to win.
+  EXPECT_FALSE(make_plan(s, prob(1, 1024, 4096), full_device(), {}, {}).kernel.splits_in_cluster);
+
+  KernelConfig c = p.kernel;
+  c.cluster_m = 2;
+  EXPECT_STREQ(check(c), "K-splits in one hardware cluster: no multicast cluster (cluster_m = cluster_n = 1)");
+  c = p.kernel;
+  c.k_splits = 1;
+  EXPECT_STREQ(check(c), "splits_in_cluster: at least 2 K-splits");
+  PlanOptions alone;
+  alone.splits_in_cluster = true;
+  alone.k_splits = 1;
+  expect_error([&] { make_plan(s, prob(1, 1024, 4096), full_device(), {}, alone); }, "no split-K");
+  PlanOptions pairs = o;
+  pairs.cluster_m = 2;
+  expect_error([&] { make_plan(s, prob(1, 1024, 4096), full_device(), {}, pairs); }, "no row-group plan");
+}
+
 // A one-wave elementwise plan (decode) pays the launch and its CTAs' stream of B, as the row
 // groups' one-wave model: GPT-2 medium's decode c_fc + bias + GELU (1 and 32 x 4096 x 1024, the
 // measured configuration's 64 CTAs of 64 x 64) measured 6.5 and 5.8 us (`comfuse run`,

@@ -450,6 +450,45 @@ TEST_F(GpuReduce, SplitKElementwiseEpilogue) {
   }
 }
 
+TEST_F(GpuReduce, SplitKPartialsOverDsmem) {
+  // The K-splits of a tile in one hardware cluster, the owner (rank 0) adding the others'
+  // partials over DSMEM (KernelConfig::splits_in_cluster, cluster/split_hand_over.cuh): decode
+  // rows (one piece: warp 0's rows), a ragged M of one to four pieces with 64- and 128-row warp
+  // groups, ragged N and K (unequal shares), clusters of 2 to 16 CTAs, several jobs a warp group
+  // (the hand-over's barrier phases carried from job to job), and an elementwise epilogue.
+  struct V {
+    const char* what;
+    int64_t m, n, k;
+    int splits;
+    std::optional<int> row_group, tile_m;
+  };
+  for (const V& v : {V{"layernorm", 1, 2048, 4096, 4, 16, {}}, V{"rmsnorm-f16", 16, 4096, 1000, 2, 16, {}},
+                     V{"softmax", 3, 2000, 2112, 8, 8, {}}, V{"layernorm", 1, 512, 4096, 16, 4, {}},
+                     V{"layernorm", 100, 1032, 520, 4, 16, 128}, V{"rmsnorm-f16", 40, 200, 256, 2, 1, {}},
+                     V{"layernorm", 2000, 1032, 1000, 4, 8, {}}, V{"gelu", 7, 1032, 4096, 8, {}, {}},
+                     V{"gelu", 130, 520, 2112, 2, {}, {}}}) {
+    SCOPED_TRACE(fmt::format("{} M={} N={} K={} split-K {} in a cluster, row group {}", v.what, v.m, v.n, v.k, v.splits,
+                             v.row_group.value_or(0)));
+    CompileOptions opt;
+    opt.plan.k_splits = v.splits;
+    opt.plan.splits_in_cluster = true;
+    opt.plan.row_group = v.row_group;
+    opt.plan.cluster_m = 1;
+    opt.plan.tile_m = v.tile_m;
+    const std::string w = v.what;
+    Graph g = w == "layernorm" ? layer_norm_graph() : w == "rmsnorm-f16" ? rms_norm_graph(DType::F16) : [&] {
+      Case c;
+      if (w == "gelu") c.g.output(c.g.unary(UnaryOp::GeluTanh, c.acc + c.row("bias")), "y", DType::BF16);
+      else c.g.output(c.g.softmax(c.acc * 0.125), "p", DType::BF16);
+      return std::move(c.g);
+    }();
+    const Plan p = expect_split(g, dims(v.m, v.n, v.k), opt, w == "layernorm" ? 1000.0 : 0.0).plan;
+    EXPECT_EQ(p.kernel.k_splits, v.splits);
+    EXPECT_TRUE(p.kernel.splits_in_cluster);
+    EXPECT_EQ(p.kernel.hw_cluster_x(), v.splits);
+  }
+}
+
 TEST_F(GpuReduce, SplitKPlannerDefaultAtDecode) {
   // The planner's own choice at decode sizes splits K; a residual (TileInput) and the pre-norm
   // sum as a second output ride along.

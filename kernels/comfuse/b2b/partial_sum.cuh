@@ -32,29 +32,6 @@
 namespace comfuse::b2b {
 
 namespace xfer {
-COMFUSE_DEVICE void mbar_wait_cluster(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "WAIT_%=:\n"
-      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], %1;\n"
-      "@!p bra WAIT_%=;\n"
-      "}\n" ::"r"(bar), "r"(parity) : "memory");
-}
-// One arrival on a peer's mbarrier (`bar_cluster`: a shared::cluster address from mapa).
-COMFUSE_DEVICE void mbar_arrive_remote(uint32_t bar_cluster) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(bar_cluster) : "memory");
-}
-COMFUSE_DEVICE float4 ld_cluster_v4(uint32_t addr) {
-  float4 v;
-  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr) : "memory");
-  return v;
-}
-COMFUSE_DEVICE void st_shared_v4(uint32_t addr, float4 v) {
-  asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w)
-               : "memory");
-}
 COMFUSE_DEVICE float lane_of(float4 v, int e) { return e == 0 ? v.x : e == 1 ? v.y : e == 2 ? v.z : v.w; }
 }  // namespace xfer
 
@@ -92,14 +69,14 @@ struct PartialSum {
     CUTE_UNROLL
     for (int q = 0; q < kPieces; ++q) {
       int const b = q & 1;
-      xfer::mbar_wait_cluster(smem_u32(&s.free[b]), (free_waits[b]++ & 1) ^ 1);
+      cluster::mbar_wait_cluster(smem_u32(&s.free[b]), (free_waits[b]++ & 1) ^ 1);
       CUTE_UNROLL
       for (int v = 0; v < kVecs; ++v) {
         int const i = q * kPieceFloats + 4 * v;
-        xfer::st_shared_v4(smem_u32(&s.buf[b][v][t]), make_float4(O(i), O(i + 1), O(i + 2), O(i + 3)));
+        cluster::st_shared_v4(smem_u32(&s.buf[b][v][t]), make_float4(O(i), O(i + 1), O(i + 2), O(i + 3)));
       }
-      if (q == 0) xfer::st_shared_v4(smem_u32(&s.stats[t]), stats);
-      xfer::mbar_arrive_remote(cluster::mapa(smem_u32(&s.full[b]), owner));
+      if (q == 0) cluster::st_shared_v4(smem_u32(&s.stats[t]), stats);
+      cluster::mbar_arrive_remote(cluster::mapa(smem_u32(&s.full[b]), owner));
     }
   }
 
@@ -112,12 +89,12 @@ struct PartialSum {
     CUTE_UNROLL
     for (int q = 0; q < kPieces; ++q) {
       int const b = q & 1;
-      xfer::mbar_wait_cluster(smem_u32(&s.full[b]), full_waits[b]++ & 1);
+      cluster::mbar_wait_cluster(smem_u32(&s.full[b]), full_waits[b]++ & 1);
       if (q == 0) {
         float4 st[C];
         CUTE_UNROLL
         for (int r = 0; r < C; ++r)
-          st[r] = uint32_t(r) == me ? own_stats : xfer::ld_cluster_v4(cluster::mapa(smem_u32(&s.stats[t]), uint32_t(r)));
+          st[r] = uint32_t(r) == me ? own_stats : cluster::ld_cluster_v4(cluster::mapa(smem_u32(&s.stats[t]), uint32_t(r)));
         merge(st, alpha);
       }
       CUTE_UNROLL
@@ -126,7 +103,7 @@ struct PartialSum {
         CUTE_UNROLL
         for (int r = 0; r < C; ++r)
           peer[r] = uint32_t(r) == me ? make_float4(0.f, 0.f, 0.f, 0.f)
-                                      : xfer::ld_cluster_v4(cluster::mapa(smem_u32(&s.buf[b][v][t]), uint32_t(r)));
+                                      : cluster::ld_cluster_v4(cluster::mapa(smem_u32(&s.buf[b][v][t]), uint32_t(r)));
         CUTE_UNROLL
         for (int e = 0; e < 4; ++e) {
           int const i = q * kPieceFloats + 4 * v + e;
@@ -139,7 +116,7 @@ struct PartialSum {
       }
       CUTE_UNROLL
       for (int r = 0; r < C; ++r)
-        if (uint32_t(r) != me) xfer::mbar_arrive_remote(cluster::mapa(smem_u32(&s.free[b]), uint32_t(r)));
+        if (uint32_t(r) != me) cluster::mbar_arrive_remote(cluster::mapa(smem_u32(&s.free[b]), uint32_t(r)));
     }
   }
 };

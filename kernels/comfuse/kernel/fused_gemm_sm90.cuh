@@ -47,9 +47,10 @@
 //
 // Split-K (k_splits = S > 1, scheduler/split_k.cuh): S clusters run the mainloops of the same
 //   tiles over a share of K each; split 0 owns the tiles: each of its consumers adds the other
-//   splits' partial tiles (passed through the exchange workspace) to its accumulators and runs
-//   the epilogue; the other splits' consumers only hand their partials over. For problems with
-//   fewer tiles than SMs (decode).
+//   splits' partial tiles (passed through the exchange workspace, or with splits_in_cluster over
+//   DSMEM from the other CTAs of its hardware cluster: cluster/split_hand_over.cuh) to its
+//   accumulators and runs the epilogue; the other splits' consumers only hand their partials
+//   over. For problems with fewer tiles than SMs (decode).
 //
 // Generated code writes `constexpr comfuse::KernelConfig kConfig{...}` once, instantiates
 // FusedGemmSm90<kConfig, Element, Epilogue> and wraps it in an extern "C" entry
@@ -61,6 +62,7 @@
 #include "../mainloop/mainloop_sm90.cuh"
 #include "../scheduler/tile_scheduler.cuh"
 #include "../scheduler/split_k.cuh"
+#include "../cluster/split_hand_over.cuh"
 #include "../epilogue/stage.cuh"
 #include "../debug/trace.cuh"
 
@@ -82,6 +84,11 @@ struct FusedGemmSm90 {
   static constexpr bool kGlobal = C.aggregation == Aggregation::L2Exchange;
   static constexpr bool kL2Exchange = C.exchange_slot_bytes() > 0;  // rows reduced through the L2 workspace
   static constexpr bool kSplitK = C.k_splits > 1;
+  static constexpr bool kSplitsInCluster = C.splits_in_cluster;  // partials over DSMEM, else through L2
+  // Named only: instantiated (and its SMEM laid out) where the splits are in a cluster.
+  using HandOver = cluster::SplitHandOver<(C.k_splits > 1 ? C.k_splits : 2), kEpiRows * BN / kWarpGroupThreads,
+                                          C.split_hand_over_step_vecs()>;
+  struct NoHandOver {};
   static constexpr bool kWorkspace = C.uses_exchange_workspace();    // the launch counter (epoch) and its users
   static constexpr int RowPeers = C.row_peers();  // CTAs that hold the same rows
   using Geo = epi::Geometry<kEpiRows, BN, RowPeers, C.aggregation, NTiles, /*Batched=*/false, ClusterM>;
@@ -106,6 +113,13 @@ struct FusedGemmSm90 {
     typename EpiExec::SharedStorage epi[2];                 // one per consumer WG
     typename Pipeline::SharedStorage pipe;                  // full/empty mbarriers
   };
+  // Split-K over DSMEM (splits_in_cluster): each consumer WG's hand-over beside them.
+  struct SharedSplit : SharedBase {
+    typename HandOver::Storage hand_over[2];
+    static_assert(int(sizeof(typename HandOver::Storage)) == C.split_hand_over_bytes(),
+                  "ComFuse: the split hand-over's SMEM differs from KernelConfig::split_hand_over_bytes()");
+  };
+  using SharedCore = cute::conditional_t<kSplitsInCluster, SharedSplit, SharedBase>;
   // Exact, not just a bound: a model that over-counts costs the mainloop ring stages for nothing.
   static_assert(int(sizeof(typename EpiExec::SharedStorage)) == C.epilogue_smem_bytes || C.epilogue_smem_bytes == 0,
                 "ComFuse: the epilogue's SMEM differs from KernelConfig::epilogue_smem_bytes (the planner's model)");
@@ -117,10 +131,10 @@ struct FusedGemmSm90 {
   static constexpr int kStashBytesPerWG = C.stash_bytes_per_wg();
   static_assert(NTiles == 1 || C.stash_elem_bytes > 0 || !EpiExec::kCarriesTile,
                 "ComFuse: a tile-shaped value crosses a reduction with several N-tiles per job: it needs a stash");
-  struct SharedStash : SharedBase {
+  struct SharedStash : SharedCore {
     alignas(128) unsigned char stash[2][kStashBytesPerWG > 0 ? kStashBytesPerWG : 16];
   };
-  using SharedStorage = cute::conditional_t<kStashInSmem, SharedStash, SharedBase>;
+  using SharedStorage = cute::conditional_t<kStashInSmem, SharedStash, SharedCore>;
   using Stash = cute::conditional_t<(kStashBytesPerWG > 0), epi::Stash<StashT, kEpiRows, BN, NTiles - 1, kStashInSmem>,
                                     epi::NoStash>;
   // What the launch asks for (C.smem_bytes()) holds what the kernel uses (+ its base alignment).
@@ -147,10 +161,14 @@ struct FusedGemmSm90 {
       EpiExec::prefetch_descriptors(p);
       EpiExec::init_shared(ss.epi[0]);
       EpiExec::init_shared(ss.epi[1]);
+      if constexpr (kSplitsInCluster) {
+        HandOver::init(ss.hand_over[0]);
+        HandOver::init(ss.hand_over[1]);
+      }
     }
 
     // Barrier init visible to every CTA of the cluster before any multicast or remote arrive.
-    if constexpr (ClusterN * ClusterM > 1) {
+    if constexpr (C.hw_cluster_size() > 1) {
       cute::cluster_arrive_relaxed();
       cute::cluster_wait();
     } else {
@@ -197,6 +215,7 @@ struct FusedGemmSm90 {
       int const job_kt = NTiles * (kt + kRingSlots);  // ring slots of one job
       uint32_t const epoch = kWorkspace ? cluster::exchange_epoch(p) : 0;  // tags this launch's rounds
       bool const owner = !kSplitK || sched.owns_tiles();  // runs the epilogue of its tiles
+      cute::conditional_t<kSplitsInCluster, HandOver, NoHandOver> hand_over;  // its barriers' phases
       if constexpr (kPingPong) {
         if (cw == 1) {
           read_state.advance(job_kt);  // the first k-blocks belong to consumer 0's first job
@@ -236,7 +255,10 @@ struct FusedGemmSm90 {
             if (nt == NTiles - 1) trace::mark(t, cw, job, trace::kIssued);
             Mainloop::mma_tail(pipeline, release_state, accum, kt);
           }
-          if constexpr (kSplitK) {  // NTiles == 1 (check())
+          if constexpr (kSplitsInCluster) {  // NTiles == 1 (check()); rank 0 owns the tile
+            if (!owner) hand_over.send(ss.hand_over[cw], accum, p.M - m0, t);
+            else hand_over.receive(ss.hand_over[cw], accum, p.M - m0, t);
+          } else if constexpr (kSplitK) {
             splitk::SplitK<C> const xk(p, sched.split_slot(cw));
             int const bar = barrier_id(NamedBarrier::EpilogueWG0, cw);
             if (!owner) xk.publish(accum, sched.split, job, epoch, m0, p.M, t, bar);
@@ -272,9 +294,9 @@ struct FusedGemmSm90 {
                                  gridDim.x * gridDim.y * Sm90::kConsumerWGs);
       trace::mark_exit(t, cw);
     }
-    // Row reductions push into peers' SMEM: no CTA leaves while a peer's copy may still read
-    // or write its SMEM.
-    if constexpr (kDsmemReduce) cute::cluster_sync();
+    // Row reductions push into peers' SMEM, and split-K's owner reads its followers' and arrives
+    // on their barriers: no CTA leaves while a peer may still read or write its SMEM.
+    if constexpr (kDsmemReduce || kSplitsInCluster) cute::cluster_sync();
   }
 };
 

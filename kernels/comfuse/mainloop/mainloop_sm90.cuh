@@ -68,8 +68,19 @@ struct MainloopSm90 {
   using MmaTraits = cute::MMA_Traits<MmaOp>;
   using Frags = wgmma::SsFragments<WGRows, BM, BN, Stages, MajorB>;
 
-  using Pipeline = cutlass::PipelineTmaAsync<Stages>;
-  using PipelineState = typename Pipeline::PipelineState;
+  // A tile's K-splits in one hardware cluster (KernelConfig::splits_in_cluster) share no slot, so
+  // a consumer's release must stay in its CTA: CUTLASS's pipeline with a cluster shape of 1
+  // arrives on cluster rank 0's empty barrier, right only where the hardware cluster is one CTA.
+  struct CtaLocalPipeline : cutlass::PipelineTmaAsync<Stages> {
+    using Base = cutlass::PipelineTmaAsync<Stages>;
+    typename Base::EmptyBarrier* empty;
+    template <class ClusterShape_>
+    COMFUSE_DEVICE CtaLocalPipeline(typename Base::SharedStorage& s, typename Base::Params p, ClusterShape_ cs)
+        : Base(s, p, cs), empty(&s.empty_barrier_[0]) {}
+    COMFUSE_DEVICE void consumer_release(typename Base::PipelineState st) { empty[st.index()].arrive(); }
+  };
+  using Pipeline = cute::conditional_t<C.splits_in_cluster, CtaLocalPipeline, cutlass::PipelineTmaAsync<Stages>>;
+  using PipelineState = typename cutlass::PipelineTmaAsync<Stages>::PipelineState;
   using ClusterShape = cute::Shape<cute::Int<ClusterM>, cute::Int<ClusterN>, cute::_1>;
 
   struct SharedStorage {

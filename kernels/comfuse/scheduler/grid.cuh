@@ -31,7 +31,9 @@ COMFUSE_HOST_DEVICE constexpr int split_group_clusters(KernelConfig const& c) { 
 // One cluster per resident cluster slot (persistent), at most one split group per job. A split
 // group's clusters must all be resident at once (the L2 exchange and the owner of a split tile
 // wait on them), so the grid holds whole split groups only: clusters past the last whole group
-// would get no jobs. Grid (clusters * cluster_m, cluster_n), cluster dims (cluster_m, cluster_n).
+// would get no jobs. Grid (clusters * cluster_m, cluster_n), cluster dims (cluster_m, cluster_n),
+// or (k_splits, 1) with the splits in one hardware cluster (max_active_clusters then counts the
+// scheduler's one-CTA clusters: hardware clusters x k_splits, runtime prepare()).
 COMFUSE_HOST_DEVICE constexpr LaunchGrid launch_grid(KernelConfig const& c, int M, int N, int max_active_clusters) {
   LaunchGrid g;
   int const groups_max = max_active_clusters / split_group_clusters(c);
@@ -45,7 +47,7 @@ COMFUSE_HOST_DEVICE constexpr LaunchGrid launch_grid(KernelConfig const& c, int 
   g.clusters = groups * split_group_clusters(c);
   g.grid_x = g.clusters * c.cluster_m;
   g.grid_y = c.cluster_n;
-  g.cluster_x = c.cluster_m;
+  g.cluster_x = c.hw_cluster_x();  // a split group's clusters are whole hardware clusters either way
   g.cluster_y = c.cluster_n;
   return g;
 }

@@ -37,7 +37,10 @@
 // walks the jobs together; its S row groups (split s: clusters s*G .. s*G + G-1 of the split
 // group) hold the same columns and run the mainloop over k-blocks [s kt / S, (s+1) kt / S).
 // Split 0 owns the tiles: it adds the other splits' partials and runs the epilogue (and the
-// row exchange among its row group); the other splits only run mainloops.
+// row exchange among its row group); the other splits only run mainloops. With the splits in
+// one hardware cluster (KernelConfig::splits_in_cluster) the split varies fastest instead: CTA i
+// of a split group is split i % S of the row group's member i / S, so each hardware cluster (S
+// consecutive CTAs) holds one tile's splits, its cluster rank the split.
 #pragma once
 #include "../common.cuh"
 #include "../params.cuh"
@@ -75,8 +78,10 @@ struct TileScheduler {
     rank_m = ClusterM > 1 ? int(blockIdx.x) % ClusterM : 0;
     group_id = cluster_id / SplitGroup;
     num_groups = num_clusters / SplitGroup;
-    split = (cluster_id % SplitGroup) / RowGroup;
-    in_group = cluster_id % RowGroup;
+    // Splits in one hardware cluster (C.splits_in_cluster, cluster_m = 1): a tile's KSplits CTAs
+    // are consecutive (the hardware cluster's ranks are the splits); else a split is a row group.
+    split = C.splits_in_cluster ? cluster_id % KSplits : (cluster_id % SplitGroup) / RowGroup;
+    in_group = C.splits_in_cluster ? (cluster_id / KSplits) % RowGroup : cluster_id % RowGroup;
     rank_n = in_group * ClusterN + rank;
     int const kt = ceil_div(p.K, Sm90::kTileK);
     k_begin = split * kt / KSplits;
