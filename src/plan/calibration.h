@@ -237,13 +237,11 @@ struct PlannerTunables {
   // M <= 16) a remote arrival and its wait, then rounds of remote loads of every follower
   // (KernelConfig::split_hand_over_steps). GUESS: ~0.3 us an arrival's round trip across the
   // cluster, ~0.1 us a round of DSMEM loads. MEASURED (bench/sweeps/decode_split_k_dsmem.txt,
-  // traces in bench/NOTES.md Stop 31): the owner's turn -> accumulators ready 0.44 us shorter
-  // than through L2 (residual LayerNorm 1 x 1024 x 4096, S = 4), but no launch faster: a row
-  // group's owners, each in its own cluster of S CTAs, became ready 2.1 us apart (0.1 with
-  // single CTAs), and its first round waits for the last (RMSNorm 1 x 2048 x 4096 S = 4 13.6 us
-  // against 13.1; S = 8 at 64x256 16.0 against 15.0; residual LayerNorm 32 x 1024 x 4096 S = 8
-  // 18.0 against the planner's 15.2). So it is not proposed unforced (split_k_in_cluster), and
-  // this model does not price that spread.
+  // traces in bench/NOTES.md Stop 31): the owners' accumulators ready 0.33 us sooner than
+  // through L2 (residual LayerNorm 1 x 1024 x 4096, S = 4), but no launch faster (RMSNorm
+  // 1 x 2048 x 4096 S = 4 13.6 us against 13.1; S = 8 at 64x256 16.0 against 15.0; residual
+  // LayerNorm 32 x 1024 x 4096 S = 8 18.0 against the planner's 15.2): the owners' epilogues
+  // ran longer behind it (why is NOT known). So it is not proposed unforced (split_k_in_cluster).
   double split_k_hand_over_piece_us = 0.3;
   double split_k_hand_over_step_us = 0.1;
   bool split_k_in_cluster = false;

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <map>
 #include <numeric>
+#include <tuple>
 
 #include "comfuse/debug/trace.cuh"
 #include "comfuse/harness.h"
@@ -136,11 +137,14 @@ std::string summarize_trace(const std::vector<uint64_t>& w, const Plan& plan, st
   if (w.size() < size_t(trace::kWords)) return "trace: none (build with CompileOptions::trace / --trace)\n";
   const bool pingpong = plan.kernel.wgs_per_tile == 1;
   const int cn = std::max(1, plan.kernel.cluster_n), cm = std::max(1, plan.kernel.cluster_m), g = std::max(1, plan.kernel.row_group);
+  const int ks = std::max(1, plan.kernel.k_splits);
   // The CTAs that exchange a row's partials (scheduler/tile_scheduler.cuh): one cluster along
-  // N, or a row group of clusters per rank along M.
+  // N, or a row group of clusters per rank along M; with split-K only the owners (split 0) of a
+  // split group exchange, so every other split's CTA is a set of its own.
   const std::vector<Cta> ctas = parse_ctas(w, pingpong, [&](int c) {
-    const int bx = c / cn;
-    return g > 1 ? (bx / cm / g) * cm + bx % cm : bx;
+    const int bx = c / cn, cluster = bx / cm, rank_m = bx % cm, in_group = cluster % (g * ks);
+    const int split = plan.kernel.splits_in_cluster ? in_group % ks : in_group / g;
+    return split == 0 ? (cluster / (g * ks)) * cm + rank_m : -1 - c;
   }, csv);
   if (ctas.empty()) return "trace: no CTA recorded a job\n";
 
@@ -194,7 +198,12 @@ std::string summarize_trace(const std::vector<uint64_t>& w, const Plan& plan, st
   // accumulators became ready (the earliest then waits for the latest in the exchange).
   const PeerWindows ready = peer_windows(ctas, trace::kAccReady);
   Stats skew;
-  for (const auto& [k, mm] : ready) skew.add(double(mm.second - mm.first) * 1e-3);
+  size_t peer_sets = 0;
+  for (const auto& [k, mm] : ready)
+    if (std::get<0>(k) >= 0) {  // not a split-K follower alone
+      skew.add(double(mm.second - mm.first) * 1e-3);
+      ++peer_sets;
+    }
   // The exchange, where the kernel stamped it: how far apart the peers published, and how long
   // after the last peer's publish each CTA saw every value (the L2's visibility and the poll).
   const PeerWindows published = peer_windows(ctas, trace::kPublished);
@@ -239,7 +248,7 @@ std::string summarize_trace(const std::vector<uint64_t>& w, const Plan& plan, st
     s += fmt::format("  first CTA entry -> last CTA exit, us: {:.2f} (a launch's time beyond it is outside every CTA)\n",
                      double(last_exit - first_entry) * 1e-3);
   }
-  s += fmt::format("  row peers' accumulators-ready spread per job ({} peer sets x jobs), us: {}\n", ready.size(),
+  s += fmt::format("  row peers' accumulators-ready spread per job ({} peer sets x jobs), us: {}\n", peer_sets,
                    skew.str());
   if (!published.empty()) {
     s += fmt::format("  row peers' publish spread per job, us: {}\n", pub_skew.str());

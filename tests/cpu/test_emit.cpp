@@ -458,6 +458,33 @@ TEST(Trace, SummaryFindsTheIdleGapBehindAnEpilogue) {
   EXPECT_NE(summarize_trace({}, plan).find("trace: none"), std::string::npos);
 }
 
+// With split-K only the owners (split 0) exchange rows: the row peers' spread is theirs, not the
+// other splits' (which finish their mainloops earlier). One job a CTA, a row group of 2, 2 splits,
+// both layouts: through L2 a split is a row group of CTAs, in a cluster the split varies fastest.
+TEST(Trace, RowPeersWithSplitKAreTheOwners) {
+  for (bool in_cluster : {false, true}) {
+    std::vector<uint64_t> w(trace::kWords, 0);
+    for (int cta = 0; cta < 4; ++cta) {
+      const bool owner = in_cluster ? cta % 2 == 0 : cta < 2;
+      const uint64_t acc = owner ? 100000 + 3000 * (cta % 2 + cta / 2) : 50000;  // owners 3 us apart
+      const uint64_t ev[4] = {1000, 40000, acc, acc + 10000};
+      uint64_t* rec = w.data() + size_t(cta) * trace::kWordsPerCta;
+      for (int e = 0; e < 4; ++e) {
+        rec[size_t(e) * 2] = ev[e];
+        rec[size_t(e) * 2 + 1] = ev[e];
+      }
+      rec[trace::kWordsPerCta - 1] = 1 + cta;
+    }
+    Plan plan;
+    plan.kernel.wgs_per_tile = 1;
+    plan.kernel.row_group = 2;
+    plan.kernel.k_splits = 2;
+    plan.kernel.splits_in_cluster = in_cluster;
+    const std::string s = summarize_trace(w, plan);
+    EXPECT_NE(s.find("spread per job (1 peer sets x jobs), us: mean 3.00"), std::string::npos) << in_cluster << s;
+  }
+}
+
 // `comfuse run --trace`: the traced build compiles (a row-group LayerNorm, the kernel the trace
 // was made for), is a different cache entry, and carries the timeline buffer the runtime reads
 // (FusedKernel::trace looks the symbol up by name); the default build has no trace in it.
