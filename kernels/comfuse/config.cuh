@@ -109,6 +109,8 @@ struct KernelConfig {
                                            // the epilogue; 0: each fragment reads them from L2
 
   COMFUSE_HOST_DEVICE constexpr int epi_rows() const { return tile_m / wgs_per_tile; }  // one WG's rows
+  // fp32 accumulators a consumer thread holds (one warp group's tile over its 128 threads).
+  COMFUSE_HOST_DEVICE constexpr int accumulators() const { return epi_rows() * tile_n / Sm90::kWarpGroupThreads; }
   COMFUSE_HOST_DEVICE constexpr int cluster_size() const { return cluster_m * cluster_n; }
   // The hardware cluster along x: cluster_m CTAs along M, or a tile's K-splits (splits_in_cluster,
   // where cluster_m is 1). The scheduler's "cluster" (cluster_size() CTAs that share a multicast)
@@ -172,21 +174,21 @@ struct KernelConfig {
   // Over DSMEM (splits_in_cluster), per consumer warp group (cluster/split_hand_over.cuh): one
   // warp's share of the partial tile (32 threads x their accumulators, fp32) and two mbarriers.
   COMFUSE_HOST_DEVICE constexpr int split_hand_over_bytes() const {
-    return splits_in_cluster ? align_up(epi_rows() * tile_n / Sm90::kWarpGroupThreads * 32 * 4 + 16, 128) : 0;
+    return splits_in_cluster ? align_up(accumulators() * 32 * 4 + 16, 128) : 0;
   }
   // The owner loads every follower's values of step_vecs float4s a thread together, then adds
   // them: as many as the registers beside its accumulators hold (~176 - accumulators for the
   // loads in flight), a power of two dividing its accumulators / 4 (24 at tile_n 192). Its
   // hand-over of a piece then takes split_hand_over_steps() rounds of remote loads.
   COMFUSE_HOST_DEVICE constexpr int split_hand_over_step_vecs() const {
-    int const vecs = epi_rows() * tile_n / Sm90::kWarpGroupThreads / 4;
+    int const vecs = accumulators() / 4;
     int const room = (176 - 4 * vecs) / 4 / (k_splits > 1 ? k_splits - 1 : 1);
     int step = 1;
     while (step * 2 <= room && vecs % (step * 2) == 0) step *= 2;
     return step;
   }
   COMFUSE_HOST_DEVICE constexpr int split_hand_over_steps() const {
-    return epi_rows() * tile_n / Sm90::kWarpGroupThreads / 4 / split_hand_over_step_vecs();
+    return accumulators() / 4 / split_hand_over_step_vecs();
   }
   // The exchange workspace's header (its launch counter) serves the row exchange and split-K's tags.
   COMFUSE_HOST_DEVICE constexpr bool uses_exchange_workspace() const {
@@ -215,7 +217,7 @@ COMFUSE_HOST_DEVICE constexpr char const* check(KernelConfig const& c) {
   if (c.wgs_per_tile == 1 && c.tile_m != 64 && c.tile_m != 128) return "PingPong tile_m: 64 or 128 rows per warp group";
   if (c.wgs_per_tile == 2 && c.tile_m != 128 && c.tile_m != 256) return "cooperative tile_m: 128 or 256 (half per warp group)";
   if (c.tile_n % 64 != 0 || c.tile_n < 64 || c.tile_n > 256) return "tile_n: 64, 128, 192 or 256";
-  if (c.epi_rows() * c.tile_n / Sm90::kWarpGroupThreads > Sm90::kMaxAccumulatorsPerThread)
+  if (c.accumulators() > Sm90::kMaxAccumulatorsPerThread)
     return "a warp group's tile exceeds 128 fp32 accumulators per thread";
   if (c.mma_depth != 1 && c.mma_depth != 2) return "mma_depth: 1 or 2";
   if (c.ring_stages < 2 || c.ring_stages <= c.mma_depth) return "ring_stages: at least 2, and more than mma_depth";

@@ -50,7 +50,7 @@ std::vector<Candidate> decide_elementwise(const Request& r, Rejections& why) {
   m.raster_group = mc.raster_group, m.raster_along_n = mc.raster_along_n;
   m.tiles_m = (r.p.m + m.k.tile_m - 1) / m.k.tile_m, m.tiles_n = (r.p.n + m.k.tile_n - 1) / m.k.tile_n;
   m.jobs = (m.tiles_m + m.k.cluster_m - 1) / m.k.cluster_m * ((m.tiles_n + m.k.cluster_n - 1) / m.k.cluster_n);
-  m.regs = m.k.epi_rows() * m.k.tile_n / Sm90::kWarpGroupThreads + r.tun.reg_overhead;
+  m.regs = m.k.accumulators() + r.tun.reg_overhead;
   m.why = mc.why;
   if (!fit_ring(m, r.chain, r.dev, opt.ring_stages) || check(m.k) != nullptr) {
     if (forced_cm)

@@ -151,9 +151,8 @@ std::vector<Candidate> decide_row_groups(const Request& r, Rejections& why) {
         // The splits' hand-over over DSMEM: one hardware cluster of the ks CTAs, no multicast
         // cluster; proposed unforced only where calibration.h says it was measured to win.
         if (in_cluster && (ks < 2 || cm != 1)) continue;
-        if ((ks > 1 && opt.splits_in_cluster) ? *opt.splits_in_cluster != in_cluster
-                                              : (in_cluster && !tun.split_k_in_cluster))
-          continue;
+        if (in_cluster && !opt.splits_in_cluster.value_or(tun.split_k_in_cluster)) continue;
+        if (!in_cluster && ks > 1 && opt.splits_in_cluster.value_or(false)) continue;
         const int resident_here = in_cluster ? dev.resident(ks) * ks : resident;  // one-CTA clusters
         const int64_t groups_max = resident_here / (int64_t{g} * ks);
         if (groups_max < 1) continue;

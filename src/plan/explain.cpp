@@ -158,7 +158,7 @@ std::string explain(const FusionSpec& s, const Plan& p) {
   if (b.split_hand_over > 0)
     row("split hand-over", b.split_hand_over,
         fmt::format("2 WGs x one warp's share of a partial tile (32 x {} fp32) + 2 mbarriers: split-K over DSMEM",
-                    p.kernel.epi_rows() * p.kernel.tile_n / Sm90::kWarpGroupThreads));
+                    p.kernel.accumulators()));
   row("barriers", b.barriers, "mbarriers: ring, reduction channel per WG and phase, PingPong order, store");
   row("total", b.total(), fmt::format("of {} ({} free)", fmt_bytes(p.smem_limit), fmt_bytes(p.smem_limit - b.total())));
 

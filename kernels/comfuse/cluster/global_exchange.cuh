@@ -174,32 +174,22 @@ struct GlobalRowAllReduce {
   // poll where their words fit kMaxPolledWords, else one row at a time.
   template <int W, class F>
   static COMFUSE_DEVICE void for_each_row(uint32_t round, RowGroupSlot const& x, Params const& p, int t, F&& f) {
+    constexpr int kRows = MBlocks * 2;                     // (mi, h) rows a thread holds
+    constexpr int kPerPoll = kRowsTogether<W> ? kRows : 1;  // of them in one poll
     uint32_t const want = tag(x, round);
     uint64_t const* base = words(x, p, round, 0);
     uint64_t t0 = 0;
-    auto const offsets = [&](int mi, int h, int (&off)[W]) {
+    CUTE_UNROLL
+    for (int r0 = 0; r0 < kRows; r0 += kPerPoll) {
+      int off[kPerPoll][W];
       CUTE_UNROLL
-      for (int k = 0; k < W; ++k) off[k] = k * Rows + accum_row(t, mi, h);
-    };
-    if constexpr (kRowsTogether<W>) {
-      int off[MBlocks * 2][W];
-      CUTE_UNROLL
-      for (int r = 0; r < MBlocks * 2; ++r) offsets(r / 2, r % 2, off[r]);
-      uint64_t w[MBlocks * 2][W][kPerLane];
+      for (int r = 0; r < kPerPoll; ++r)
+        CUTE_UNROLL
+        for (int k = 0; k < W; ++k) off[r][k] = k * Rows + accum_row(t, (r0 + r) / 2, (r0 + r) % 2);
+      uint64_t w[kPerPoll][W][kPerLane];
       poll(base, off, want, t % 4, x.rank, t0, w);
       CUTE_UNROLL
-      for (int r = 0; r < MBlocks * 2; ++r) f(r / 2, r % 2, w[r]);
-    } else {
-      CUTE_UNROLL
-      for (int mi = 0; mi < MBlocks; ++mi)
-        CUTE_UNROLL
-        for (int h = 0; h < 2; ++h) {
-          int off[1][W];
-          offsets(mi, h, off[0]);
-          uint64_t w[1][W][kPerLane];
-          poll(base, off, want, t % 4, x.rank, t0, w);
-          f(mi, h, w[0]);
-        }
+      for (int r = 0; r < kPerPoll; ++r) f((r0 + r) / 2, (r0 + r) % 2, w[r]);
     }
   }
 

@@ -32,16 +32,17 @@
 
 namespace comfuse::cluster {
 
-// Splits: CTAs of the cluster (K-splits of a tile); Floats: accumulators a thread; StepVecs:
-// float4s a thread of every follower's loaded together (KernelConfig::split_hand_over_step_vecs).
-template <int Splits, int Floats, int StepVecs>
+// C: the kernel's configuration, with the splits in a cluster (its K-splits are the cluster's
+// CTAs; a thread's accumulators travel, StepVecs float4s of every follower loaded together).
+template <KernelConfig C>
 struct SplitHandOver {
-  static_assert(Splits >= 2 && Splits <= Sm90::kMaxClusterSize, "2..16 K-splits in a cluster");
-  static_assert(Floats % 4 == 0, "whole float4s a thread");
-  static constexpr int kVecs = Floats / 4;
+  static constexpr int Splits = C.k_splits;
+  static_assert(C.splits_in_cluster && Splits >= 2 && Splits <= Sm90::kMaxClusterSize, "2..16 K-splits in a cluster");
+  static_assert(C.accumulators() % 4 == 0, "whole float4s a thread");
+  static constexpr int kVecs = C.accumulators() / 4;
   static constexpr int kLanes = 32;
   static constexpr int kThreads = Sm90::kWarpGroupThreads;
-  static constexpr int kStepVecs = StepVecs;
+  static constexpr int kStepVecs = C.split_hand_over_step_vecs();
   static_assert(kVecs % kStepVecs == 0, "whole steps");
 
   struct alignas(128) Storage {  // KernelConfig::split_hand_over_bytes()

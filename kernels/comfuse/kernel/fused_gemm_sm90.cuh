@@ -86,8 +86,7 @@ struct FusedGemmSm90 {
   static constexpr bool kSplitK = C.k_splits > 1;
   static constexpr bool kSplitsInCluster = C.splits_in_cluster;  // partials over DSMEM, else through L2
   // Named only: instantiated (and its SMEM laid out) where the splits are in a cluster.
-  using HandOver = cluster::SplitHandOver<(C.k_splits > 1 ? C.k_splits : 2), kEpiRows * BN / kWarpGroupThreads,
-                                          C.split_hand_over_step_vecs()>;
+  using HandOver = cluster::SplitHandOver<C>;
   struct NoHandOver {};
   static constexpr bool kWorkspace = C.uses_exchange_workspace();    // the launch counter (epoch) and its users
   static constexpr int RowPeers = C.row_peers();  // CTAs that hold the same rows
