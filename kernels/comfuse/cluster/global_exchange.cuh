@@ -76,9 +76,16 @@ inline constexpr uint64_t kWaitTimeoutNs = 10ull * 1000 * 1000 * 1000;
 COMFUSE_DEVICE ExchangeHeader* exchange_header(Params const& p) { return static_cast<ExchangeHeader*>(p.exchange); }
 
 // This launch's epoch (read by every thread of a consumer warp group before its first round).
+// Acquire where the warp group retires early (start_retire's count is relaxed): nothing after the
+// read is performed before it, so no warp group is counted out while another has yet to read it
+// (retire_exchange's acquire-release count orders it otherwise).
+template <bool Acquire = false>
 COMFUSE_DEVICE uint32_t exchange_epoch(Params const& p) {
   uint32_t v;
-  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(&exchange_header(p)->epoch) : "memory");
+  if constexpr (Acquire)
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(&exchange_header(p)->epoch) : "memory");
+  else
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(&exchange_header(p)->epoch) : "memory");
   return v;
 }
 
@@ -108,6 +115,35 @@ COMFUSE_DEVICE void retire_exchange(Params const& p, uint32_t epoch, int t, int 
     h->retired = 0;
     asm volatile("st.relaxed.gpu.global.u32 [%0], %1;\n" ::"l"(&h->epoch), "r"(next) : "memory");
   }
+}
+
+// retire_exchange in two halves, the first issued early: where a warp group's last round is
+// behind it (its last job's last round), thread 0 counts it out right then with a relaxed RMW
+// whose result it reads only at exit (finish_retire), so the round trip runs under the job's
+// last stage instead of after it (MEASURED: 0.86 us from a norm kernel's last epilogue to its
+// exit against 0.13 without an exchange, bench/NOTES.md Stop 31). The counter only says which
+// warp group advances the epoch, which the next launch reads after this one ends: no order is
+// owed to this launch's rounds, except where the tags' epoch bits wrap (every 65535th launch),
+// whose slots the last warp group zeroes after every other's last reads: there retires_early is
+// false and every warp group retires at exit (retire_exchange's acquire-release count).
+COMFUSE_DEVICE bool retires_early(uint32_t epoch) { return (epoch + 1) % kTagEpochs != 0; }
+// The warp groups a single-GEMM launch counts out: every consumer warp group of its grid.
+COMFUSE_DEVICE uint32_t retire_participants() { return gridDim.x * gridDim.y * Sm90::kConsumerWGs; }
+// The count is an atom.inc wrapping at `participants` (the last one's increment leaves 0 for the
+// next launch): unlike an add, ptxas cannot aggregate it across the warp, which would read its
+// result (a shuffle) right away and stall the warp for the round trip.
+COMFUSE_DEVICE uint32_t start_retire(Params const& p, int t, uint32_t participants) {
+  uint32_t before = 0;
+  if (t == 0)
+    asm volatile("atom.relaxed.gpu.global.inc.u32 %0, [%1], %2;\n"
+                 : "=r"(before) : "l"(&exchange_header(p)->retired), "r"(participants - 1) : "memory");
+  return before;
+}
+// At exit, after start_retire (`before`: its result, thread 0's): the last warp group of the
+// launch advances the epoch (its count already reset the counter).
+COMFUSE_DEVICE void finish_retire(Params const& p, uint32_t epoch, int t, uint32_t before, uint32_t participants) {
+  if (t != 0 || before != participants - 1) return;
+  asm volatile("st.relaxed.gpu.global.u32 [%0], %1;\n" ::"l"(&exchange_header(p)->epoch), "r"(epoch + 1) : "memory");
 }
 
 template <int Rows, int Peers>

@@ -68,9 +68,13 @@ namespace comfuse::epi {
 // RowPeers: CTAs that hold the same rows at the same time (tile t of a job sits at
 // n0 + t * RowPeers * BN); they are one cluster along N unless Agg == Global.
 // ClusterM: CTAs of a 2-D cluster along M (the DSMEM channel then joins the row's CTAs only).
+// RetireEarly: a warp group counts itself out of the L2 exchange after its last job's last round
+// (Rounds): one-wave kernels, whose epilogue is the launch's tail; elsewhere the count's register
+// would stay live through every epilogue for ~0.7 us a launch.
 template <int BM_, int BN_, int RowPeers_ = 1, Aggregation Agg_ = Aggregation::None, int NTiles_ = 1,
-          bool Batched_ = false, int ClusterM_ = 1>
+          bool Batched_ = false, int ClusterM_ = 1, bool RetireEarly_ = false>
 struct Geometry {
+  static constexpr bool kRetireEarly = RetireEarly_ && Agg_ == Aggregation::L2Exchange;
   static constexpr int BM = BM_, BN = BN_, RowPeers = RowPeers_, ClusterM = ClusterM_;
   static constexpr bool kBatched = Batched_;  // tensors carry a leading batch dim (EpiCtx::batch)
   static constexpr int NTiles = NTiles_;  // N-tiles of a job (Stash); 1: one tile, no stash
@@ -152,6 +156,21 @@ struct NoChannel {
 };
 }  // namespace detail
 
+// A warp group's cluster rounds, the root stage's, passed down the chain: their count (the next
+// round's buffer and parity). With Geometry::kRetireEarly also: whether the job is its last (set
+// by the kernel), then the chain's last round counts it out of the L2 exchange, and the count's
+// result, which the kernel reads at exit (cluster/global_exchange.cuh start_retire /
+// finish_retire).
+template <bool RetireEarly> struct Rounds {
+  uint32_t n = 0;
+};
+template <> struct Rounds<true> {
+  uint32_t n = 0;
+  bool retire_after = false;
+  bool retired = false;
+  uint32_t retire_before = 0;
+};
+
 template <class... Nodes> struct Stage {
   static constexpr int kNumNodes = sizeof...(Nodes);
   static constexpr int kNumStores = (0 + ... + int(detail::is_store<Nodes>::value));
@@ -202,6 +221,14 @@ template <class... Nodes> struct Stage {
       else return false;
     }
     static constexpr bool kCarriesTile = carries_tile();
+    // Cluster rounds from this stage on (a pair's second statistic comes with its parent's round).
+    static constexpr int chain_rounds() {
+      int const here = kClusterReduce && detail::pair_of<Last>::value != kPairGiven ? 1 : 0;
+      if constexpr (kHasPost) return here + PostExec::kChainRounds;
+      else return here;
+    }
+    static constexpr int kChainRounds = chain_rounds();
+    static constexpr bool kLastRound = !kHasPost || PostExec::kChainRounds == 0;  // no round after this stage's
 
     struct alignas(1024) NodesFull : Layout::Storage {
       template <int I> static constexpr size_t offset_of() { return Layout::offset(I); }
@@ -272,7 +299,7 @@ template <class... Nodes> struct Stage {
 
     Impls impls;
     cute::conditional_t<kHasPost, PostExec, detail::NoTree> post;
-    uint32_t round = 0;  // cluster rounds of this warp group's channel (root stage only)
+    Rounds<Geo::kRetireEarly> rounds;  // this warp group's channel's rounds (root stage only)
     // The columns and batch of this stage's last begin (EpiCtx::same_columns); none yet.
     int begun_n0 = -1, begun_batch = -1;
     // Reduction kPair*: a pair here (kPairMeanM2, kPairMaxExpSum) makes the PostStage's
@@ -479,8 +506,8 @@ template <class... Nodes> struct Stage {
     // As a PostStage: stream over the job's tiles (c: tile 0, whose begin_phase the parent ran
     // during its DSMEM round), then this stage's reduce phase.
     template <class FragC, class CS, class St>
-    COMFUSE_DEVICE void stream(EpiCtx const& c, TreeStorage& ts, FragC& accum, int bar_id, CS& chan, uint32_t& rnd,
-                               St const& st) {
+    COMFUSE_DEVICE void stream(EpiCtx const& c, TreeStorage& ts, FragC& accum, int bar_id, CS& chan,
+                               Rounds<Geo::kRetireEarly>& rnd, St const& st) {
       for (int t = 0; t < Geo::NTiles - 1; ++t) {  // tiles 0..T-2: stash slot t
         EpiCtx const ct = tile_ctx(c, t);
         if (t > 0) begin_phase(ct, ts, bar_id);
@@ -538,10 +565,10 @@ template <class... Nodes> struct Stage {
       if constexpr (kEndsInReduction) {
         if (t == Geo::NTiles - 1) {
           if constexpr (kChanInSmem) {
-            reduce_phase(c, tree, accum, bar_id, ss.chan, round, st);
+            reduce_phase(c, tree, accum, bar_id, ss.chan, rounds, st);
           } else {  // the L2 channel or none: no storage on chip
             ChanStorage none;
-            reduce_phase(c, tree, accum, bar_id, none, round, st);
+            reduce_phase(c, tree, accum, bar_id, none, rounds, st);
           }
         }
       }
@@ -656,8 +683,8 @@ template <class... Nodes> struct Stage {
     }
 
     template <class FragC, class CS, class St>
-    COMFUSE_DEVICE void reduce_phase(EpiCtx const& c, TreeStorage& ts, FragC& accum, int bar_id, CS& chan, uint32_t& rnd,
-                                     St const& st) {
+    COMFUSE_DEVICE void reduce_phase(EpiCtx const& c, TreeStorage& ts, FragC& accum, int bar_id, CS& chan,
+                                     Rounds<Geo::kRetireEarly>& rnd, St const& st) {
       using Op = typename Last::ReduceOp;
       auto& red = cute::get<kNumNodes - 1>(impls);
       float v[Geo::MBlocks][2];
@@ -682,7 +709,7 @@ template <class... Nodes> struct Stage {
         if constexpr (kPairFirst) {
           float second[Geo::MBlocks][2];
           local_second(c, accum, v, second);
-          if constexpr (kClusterReduce) Chan::start_pair(chan, rnd, c.xs, *c.p, c.t, v, second);
+          if constexpr (kClusterReduce) Chan::start_pair(chan, rnd.n, c.xs, *c.p, c.t, v, second);
           if constexpr (kRoot) trace::add_epi(trace::kEpiPublish, since);
           if constexpr (kRoot && kClusterReduce) trace::mark_here(c.job, trace::kPublished);
           // (One N-tile a job: the PostStage's begin() ran with the root's, begin_phase<true>.)
@@ -691,24 +718,31 @@ template <class... Nodes> struct Stage {
             using First = cute::conditional_t<kPair == kPairMeanM2, ReduceSum, ReduceMax>;
             auto center = [&](float first) { return pair_center(c, first); };
             auto term = [&](int j, float vj, float sj, float ctr) { return pair_term(c, j, vj, sj, ctr); };
-            Chan::template finish_pair<First>(chan, rnd, c.xs, *c.p, c.t, v, second, center, term);
-            ++rnd;
+            Chan::template finish_pair<First>(chan, rnd.n, c.xs, *c.p, c.t, v, second, center, term);
+            ++rnd.n;
             if constexpr (kRoot) trace::mark_here(c.job, trace::kRoundDone);
           }
           if constexpr (kHasPost) post.take_given(second);
         } else {
-          if constexpr (kClusterReduce) Chan::start(chan, rnd, c.xs, *c.p, c.t, bar_id, v);
+          if constexpr (kClusterReduce) Chan::start(chan, rnd.n, c.xs, *c.p, c.t, bar_id, v);
           if constexpr (kRoot) trace::add_epi(trace::kEpiPublish, since);
           if constexpr (kRoot && kClusterReduce) trace::mark_here(c.job, trace::kPublished);
           // Several N-tiles a job: tile 0's begin overlaps the round (one: it ran with the root's).
           if constexpr (kHasPost && Geo::NTiles > 1) post.begin_phase(c, post_tree(ts), bar_id);
           if constexpr (kClusterReduce) {
-            Chan::template finish<Op>(chan, rnd, c.xs, *c.p, c.t, bar_id, v);
-            ++rnd;
+            Chan::template finish<Op>(chan, rnd.n, c.xs, *c.p, c.t, bar_id, v);
+            ++rnd.n;
             if constexpr (kRoot) trace::mark_here(c.job, trace::kRoundDone);
           }
         }
       }
+      // The chain's last L2 round is behind the warp group: on its last job it counts itself out of
+      // the exchange now, the count's round trip under the stages left (start_retire).
+      if constexpr (kClusterReduce && kPair != kPairGiven && Geo::kRetireEarly && kLastRound)
+        if (rnd.retire_after) {
+          rnd.retire_before = cluster::start_retire(*c.p, c.t, cluster::retire_participants());
+          rnd.retired = true;
+        }
       if constexpr (kHasPost) {
         int const n = c.N;
         CUTE_UNROLL

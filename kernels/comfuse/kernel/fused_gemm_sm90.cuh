@@ -90,7 +90,8 @@ struct FusedGemmSm90 {
   struct NoHandOver {};
   static constexpr bool kWorkspace = C.uses_exchange_workspace();    // the launch counter (epoch) and its users
   static constexpr int RowPeers = C.row_peers();  // CTAs that hold the same rows
-  using Geo = epi::Geometry<kEpiRows, BN, RowPeers, C.aggregation, NTiles, /*Batched=*/false, ClusterM>;
+  using Geo = epi::Geometry<kEpiRows, BN, RowPeers, C.aggregation, NTiles, /*Batched=*/false, ClusterM,
+                            /*RetireEarly=*/C.begin_early>;
   using EpiExec = typename Epi::template Exec<Geo>;
   using Scheduler = TileScheduler<C>;
   static_assert(C.row_reduction == Epi::kEndsInReduction, "KernelConfig::row_reduction: does the epilogue reduce rows");
@@ -212,7 +213,7 @@ struct FusedGemmSm90 {
         stash.bind(static_cast<char*>(p.stash) + (cta * 2 + cw) * size_t(kStashBytesPerWG), t);
       }
       int const job_kt = NTiles * (kt + kRingSlots);  // ring slots of one job
-      uint32_t const epoch = kWorkspace ? cluster::exchange_epoch(p) : 0;  // tags this launch's rounds
+      uint32_t const epoch = kWorkspace ? cluster::exchange_epoch<Geo::kRetireEarly>(p) : 0;  // tags this launch's rounds
       bool const owner = !kSplitK || sched.owns_tiles();  // runs the epilogue of its tiles
       cute::conditional_t<kSplitsInCluster, HandOver, NoHandOver> hand_over;  // its barriers' phases
       if constexpr (kPingPong) {
@@ -229,6 +230,9 @@ struct FusedGemmSm90 {
         epi::EpiCtx ctx{&p, m0, tc.n_block * BN, p.N, t, t / 32, t % 32};  // the job's tile 0
         ctx.job = job;
         ctx.xs = RowGroupSlot{sched.exchange_slot(cw), sched.rank_n, epoch};
+        // Its last job: done with the L2 exchange after the chain's last round (start_retire).
+        if constexpr (Geo::kRetireEarly && kL2Exchange)
+          epi.rounds.retire_after = cluster::retires_early(epoch) && !sched.tile(k + (kPingPong ? 2 : 1)).valid;
         // KernelConfig::begin_early: the first job's begin (its vectors' loads) before its
         // mainloop, while the ring's first k-blocks are on their way (and, PingPong, before the
         // turn), off the epilogue's critical path.
@@ -288,9 +292,15 @@ struct FusedGemmSm90 {
         }
       }
       if (t == 0) tma_store_wait_all<0>();
-      if constexpr (kWorkspace)
-        cluster::retire_exchange(p, epoch, t, barrier_id(NamedBarrier::EpilogueWG0, cw),
-                                 gridDim.x * gridDim.y * Sm90::kConsumerWGs);
+      if constexpr (kWorkspace) {
+        uint32_t const participants = cluster::retire_participants();
+        bool retired = false;  // counted out after its last round (every thread of the warp group alike)
+        if constexpr (Geo::kRetireEarly) {
+          retired = epi.rounds.retired;
+          if (retired) cluster::finish_retire(p, epoch, t, epi.rounds.retire_before, participants);
+        }
+        if (!retired) cluster::retire_exchange(p, epoch, t, barrier_id(NamedBarrier::EpilogueWG0, cw), participants);
+      }
       trace::mark_exit(t, cw);
     }
     // Row reductions push into peers' SMEM, and split-K's owner reads its followers' and arrives
