@@ -9,7 +9,8 @@ export LD_LIBRARY_PATH="$root/.carry/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH
 export COMFUSE_KERNELS_DIR="${COMFUSE_KERNELS_DIR:-$root/kernels}" COMFUSE_CUTLASS_INCLUDE="$root/third_party/cutlass/include"
 export COMFUSE_CACHE_DIR="${COMFUSE_CACHE_DIR:-/tmp/comfuse-cache}"
 
-# Sweep scripts (gpu_sweep.sh, gpu_ncu.sh): the variant lines of $SWEEP ("example M,N,K
+# Sweep scripts (gpu_sweep.sh, gpu_ncu.sh): CLI may name another build's comfuse (an A/B of a
+# host change, its kernels in COMFUSE_KERNELS_DIR); the variant lines of $SWEEP ("example M,N,K
 # [plan flags...]", # comments) into the array `lines`, each variant JIT-compiled in parallel
 # first (NVRTC is single-threaded; the process-safe cache then serves the runs).
 read_sweep_and_compile() {
@@ -17,6 +18,6 @@ read_sweep_and_compile() {
   local l
   for l in "${lines[@]}"; do
     set -- $l; local ex=$1 shape=$2; shift 2
-    echo ".carry/bin/comfuse compile examples/$ex.cf --shape $shape $* ${TRACE_FLAG:-} > /dev/null 2>&1"
+    echo "${CLI:-.carry/bin/comfuse} compile examples/$ex.cf --shape $shape $* ${TRACE_FLAG:-} > /dev/null 2>&1"
   done | xargs -P "${JOBS:-14}" -I{} bash -c "{}"
 }

@@ -7,7 +7,7 @@
 # mean and the busiest SM's: a one-wave kernel leaves SMs idle, which the mean hides) and L2 load.
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
-cli=.carry/bin/comfuse
+cli=${CLI:-.carry/bin/comfuse}
 read_sweep_and_compile
 metrics=gpc__cycles_elapsed.max,gpu__time_duration.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed
 metrics+=,sm__pipe_tensor_op_hmma_cycles_active.max.pct_of_peak_sustained_elapsed,lts__t_sectors.avg.pct_of_peak_sustained_elapsed

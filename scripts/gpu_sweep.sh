@@ -6,7 +6,7 @@
 # alternating rounds (same power state). Prints one summary line per variant.
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
-cli=.carry/bin/comfuse
+cli=${CLI:-.carry/bin/comfuse}
 read_sweep_and_compile
 rc=0
 for l in "${lines[@]}"; do

@@ -6,7 +6,7 @@
 # Prints each variant's summary; every stamp goes to $out/traces.tar.gz (one CSV per variant).
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
-cli=.carry/bin/comfuse
+cli=${CLI:-.carry/bin/comfuse}
 dir=$(mktemp -d)
 # Traced kernels are cache entries of their own: JIT-compile them in parallel first.
 TRACE_FLAG=--trace read_sweep_and_compile
