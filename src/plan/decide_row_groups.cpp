@@ -195,7 +195,7 @@ std::vector<Candidate> decide_row_groups(const Request& r, Rejections& why) {
         const double stage2 = stage1 * std::max(1, chain.stages_in_chain - 1) + elems * chain.max_out_bytes;
         const double per_sm_bytes_per_us = dev.dram_bytes_per_s / dev.sm_count * 1e-6;
         const double t_s1 = stage1 / per_sm_bytes_per_us, t_s2 = stage2 / per_sm_bytes_per_us;
-        const OneRoundPairs fuse = fuse_pairs(chain, opt, n_tiles, jobs_per_cta, Aggregation::L2Exchange, g);
+        const OneRoundPairs fuse = fuse_pairs(chain, opt, n_tiles, Aggregation::L2Exchange, g);
         const int rounds = chain.reductions - (fuse.mean_variance ? chain.mean_variance_pairs : 0) -
                            (fuse.max_exp_sum ? chain.max_exp_sum_pairs : 0);
         Division& d = o.d;
@@ -357,21 +357,21 @@ bool row_groups_forced(const PlanOptions& opt) {
 }
 
 // A fused pair saves a synchronization of the row's CTAs but adds a pass over the tile (for
-// softmax an exp per element) and the merge arithmetic; that pays when the epilogue hides
-// behind the other consumer's next job, not when a CTA has one job and its epilogue is exposed,
-// nor with one CTA per row (no round to save). fuse_pairs = true forces it where the device can.
-// MEASURED (ncu cycles at base clock, one round vs two, bench/NOTES.md, with the pair root
-// beginning its PostStages' loads with its own, stage.cuh begin_phase<true>):
-// 8192x4096x4096 LayerNorm 591.8k vs 614.8k, softmax 586.9k vs 616.4k, log-softmax
-// 582.1k vs 611.9k; 4096x8192x4096 a tie (618-625k both ways); 256x4096x4096 (one job per CTA)
-// LayerNorm 41.1k vs 37.7k.
-OneRoundPairs fuse_pairs(const ChainInfo& chain, const PlanOptions& opt, int64_t n_tiles, int64_t jobs_per_cta,
-                         Aggregation agg, int row_peers) {
+// softmax an exp per element) and the merge arithmetic; with one CTA per row there is no round
+// to save. fuse_pairs = true forces it where the device can.
+// MEASURED (bench/NOTES.md), one round vs two: with several jobs a CTA (ncu cycles at base
+// clock, the pair root beginning its PostStages' loads with its own, stage.cuh
+// begin_phase<true>) 8192x4096x4096 LayerNorm 591.8k vs 614.8k, softmax 586.9k vs 616.4k,
+// log-softmax 582.1k vs 611.9k, 4096x8192x4096 a tie; with one job a CTA (`comfuse run`, the
+// exposed epilogue) residual LayerNorm 1x1024x4096 12.6 vs 13.2 us and 32x1024x4096 15.0 vs
+// 15.8, softmax 16x4096x4096 17.2 vs 17.8 and 256x4096x4096 21.7 vs 21.9, LayerNorm
+// 16/128/256 x4096x4096 ties: never slower, so every pair that saves a round takes one.
+OneRoundPairs fuse_pairs(const ChainInfo& chain, const PlanOptions& opt, int64_t n_tiles, Aggregation agg,
+                         int row_peers) {
   if (chain.pairs() == 0 || !one_round_pairs_possible(n_tiles, agg, row_peers)) return {};
   if (opt.fuse_pairs) return {*opt.fuse_pairs && chain.mean_variance_pairs > 0, *opt.fuse_pairs && chain.max_exp_sum_pairs > 0};
   const bool saves_a_round = row_peers > 1;  // one CTA per row: no round to save
-  const bool hides = saves_a_round && jobs_per_cta >= 2;
-  return {chain.mean_variance_pairs > 0 && hides, chain.max_exp_sum_pairs > 0 && hides};
+  return {chain.mean_variance_pairs > 0 && saves_a_round, chain.max_exp_sum_pairs > 0 && saves_a_round};
 }
 
 }  // namespace comfuse::plan_detail

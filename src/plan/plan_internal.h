@@ -136,10 +136,9 @@ bool row_groups_forced(const PlanOptions& opt);
 bool begins_early(const Candidate& c);
 // Which paired reductions share one exchange round: where one N-tile per CTA and the row meets
 // in L2 or in one CTA, every pair when forced (PlanOptions::fuse_pairs), else every pair where
-// a round is saved (row_peers > 1) and the epilogue hides behind the other consumer's next job
-// (>= 2 jobs per CTA).
-OneRoundPairs fuse_pairs(const ChainInfo& chain, const PlanOptions& opt, int64_t n_tiles, int64_t jobs_per_cta,
-                         Aggregation agg, int row_peers);
+// a round is saved (row_peers > 1).
+OneRoundPairs fuse_pairs(const ChainInfo& chain, const PlanOptions& opt, int64_t n_tiles, Aggregation agg,
+                         int row_peers);
 
 // Fills plan.reasons: one line per choice (reasons.cpp). `unforced` describes what the
 // model would have picked without the forced options ("" when nothing was forced).

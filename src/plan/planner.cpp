@@ -275,9 +275,7 @@ Plan assemble(const Candidate& c, const std::vector<Candidate>& cands, const Req
     throw Error("plan: split-K's partials over DSMEM (the K-splits in one cluster) were asked for, but the plan has no "
                 "split-K: force k_splits >= 2 (the splits of a tile are one hardware cluster of at most 16 CTAs, with "
                 "no multicast along M)");
-  const int64_t groups = std::max<int64_t>(1, c.resident / std::max(1, k.row_group * k.k_splits));
-  plan.fused_pairs = plan_detail::fuse_pairs(chain, r.opt, k.n_tiles, (c.jobs + groups - 1) / groups, k.aggregation,
-                                             k.row_peers());
+  plan.fused_pairs = plan_detail::fuse_pairs(chain, r.opt, k.n_tiles, k.aggregation, k.row_peers());
   plan.raster_group = c.raster_group;
   plan.raster_along_n = c.raster_along_n;
   plan.measured_config = c.why;

@@ -128,7 +128,7 @@ void add_reasons(Plan& plan, const ChainInfo& chain, const DeviceModel& dev, con
 
   // One line per kind of pair: one round or two, and why.
   const bool pair_fusable = one_round_pairs_possible(plan);
-  auto pair_line = [&](int count, bool fused, const std::string& what, const std::string& why_not_default) {
+  auto pair_line = [&](int count, bool fused, const std::string& what) {
     if (count == 0) return;
     const std::string head = fmt::format("{} {}", count, what);
     r.push_back(fused ? fmt::format("{}: in one round, one synchronization of the row's CTAs instead of two", head)
@@ -136,20 +136,14 @@ void add_reasons(Plan& plan, const ChainInfo& chain, const DeviceModel& dev, con
                 : !pair_fusable ? fmt::format("{}: two rounds; one round needs one N-tile per CTA and the L2 exchange or "
                                               "a single CTA per row",
                                               head)
-                : plan.kernel.cluster_n * plan.kernel.row_group == 1 ? fmt::format("{}: two rounds; one CTA per row has no round to save", head)
-                                                       : fmt::format("{}: two rounds; {}", head, why_not_default));
+                                : fmt::format("{}: two rounds; one CTA per row has no round to save", head));
   };
-  const std::string exposed =
-      "each CTA has one job, so its epilogue is exposed and the merge's pass costs more than the round it saves "
-      "(LayerNorm at 256x4096x4096: 37.7k cycles in two rounds, 41.1k in one)";
   pair_line(chain.mean_variance_pairs, plan.fused_pairs.mean_variance,
             "mean-and-variance pair(s) (one round: each CTA sends its row sums and the sum of squares about its own "
-            "mean, merged by Chan's formula, safe when |mean| >> std)",
-            exposed);
+            "mean, merged by Chan's formula, safe when |mean| >> std)");
   pair_line(chain.max_exp_sum_pairs, plan.fused_pairs.max_exp_sum,
             "max-and-sum-of-exp pair(s) (one round: each CTA sends its row max and the sum of exp about its own max, "
-            "merged as online softmax does, S = sum_j S_j exp(max_j - max))",
-            exposed);
+            "merged as online softmax does, S = sum_j S_j exp(max_j - max))");
   r.push_back((plan.kernel.cluster_n > 1)
                   ? fmt::format("multicast A: the {} CTAs of a cluster share the row block, one TMA load feeds all",
                                 plan.kernel.cluster_n)

@@ -637,27 +637,29 @@ FusionSpec log_softmax() {
 // (not where a CTA has one job, not over DSMEM, not with a stash, not in one CTA unless
 // forced); softmax's only when forced (its extra exp pass measured slower than the round),
 // log-softmax's like LayerNorm's (its exp dies at the sum: the merge's pass replaces it).
-TEST(Plan, PairedReductionsInOneRoundWhereTheEpilogueHides) {
+TEST(Plan, PairedReductionsInOneRoundWhereARoundIsSaved) {
   FusionSpec ln = layer_norm(), sm = softmax(), lsm = log_softmax(), rms = rms_norm();
   EXPECT_EQ(ln.pair_count(PairKind::MeanVariance), 1);
   EXPECT_EQ(ln.pair_count(PairKind::MaxExpSum), 0);
   EXPECT_EQ(sm.pair_count(PairKind::MaxExpSum), 1);
   EXPECT_EQ(lsm.pair_count(PairKind::MaxExpSum), 1);
   EXPECT_EQ(rms.pair_count(PairKind::MeanVariance) + rms.pair_count(PairKind::MaxExpSum), 0);
-  // Every pair in one round by default where the epilogue hides behind the other consumer's
-  // next job (measured faster or a tie); two where a CTA has one job or a row one CTA.
+  // Every pair in one round by default where the row's CTAs meet in L2 (measured faster or a
+  // tie, with several jobs a CTA and with one); two where a row has one CTA.
   EXPECT_TRUE(make_plan(ln, prob(8192, 4096, 4096)).fused_pairs.mean_variance);
-  EXPECT_FALSE(make_plan(ln, prob(256, 4096, 4096)).fused_pairs.any());  // one job per CTA
+  EXPECT_TRUE(make_plan(ln, prob(256, 4096, 4096)).fused_pairs.mean_variance);  // one job per CTA
+  EXPECT_TRUE(make_plan(ln, prob(1, 1024, 4096)).fused_pairs.mean_variance);     // decode, split-K
   EXPECT_FALSE(make_plan(ln, prob(8192, 128, 4096)).fused_pairs.any());  // one CTA per row: no round to save
   EXPECT_TRUE(make_plan(sm, prob(8192, 4096, 4096)).fused_pairs.max_exp_sum);
   EXPECT_FALSE(make_plan(sm, prob(8192, 4096, 4096)).fused_pairs.mean_variance);
   EXPECT_FALSE(make_plan(rms, prob(8192, 4096, 4096)).fused_pairs.any());
   EXPECT_TRUE(make_plan(lsm, prob(8192, 4096, 4096)).fused_pairs.max_exp_sum);
-  EXPECT_FALSE(make_plan(lsm, prob(256, 4096, 4096)).fused_pairs.any());  // one job per CTA
-  EXPECT_FALSE(make_plan(sm, prob(256, 4096, 4096)).fused_pairs.any());
+  EXPECT_TRUE(make_plan(lsm, prob(256, 4096, 4096)).fused_pairs.max_exp_sum);  // one job per CTA
+  EXPECT_TRUE(make_plan(sm, prob(16, 4096, 4096)).fused_pairs.max_exp_sum);
   PlanOptions opt;
   opt.fuse_pairs = false;
   EXPECT_FALSE(make_plan(ln, prob(8192, 4096, 4096), full_device(), {}, opt).fused_pairs.any());
+  EXPECT_FALSE(make_plan(ln, prob(256, 4096, 4096), full_device(), {}, opt).fused_pairs.any());
   opt.fuse_pairs = true;
   EXPECT_TRUE(make_plan(ln, prob(256, 4096, 4096), full_device(), {}, opt).fused_pairs.mean_variance);
   const Plan forced = make_plan(sm, prob(8192, 4096, 4096), full_device(), {}, opt);
@@ -674,8 +676,8 @@ TEST(Plan, PairedReductionsInOneRoundWhereTheEpilogueHides) {
   const std::string e = explain(sm, forced);
   EXPECT_NE(e.find("max and sum of exp in one round"), std::string::npos) << e;
   EXPECT_NE(e.find("1 max-and-sum-of-exp pair(s)"), std::string::npos) << e;
-  const std::string d = explain(sm, make_plan(sm, prob(256, 4096, 4096)));
-  EXPECT_NE(d.find("two rounds; each CTA has one job"), std::string::npos) << d;
+  const std::string d = explain(sm, make_plan(sm, prob(8192, 128, 4096)));
+  EXPECT_NE(d.find("two rounds; one CTA per row has no round to save"), std::string::npos) << d;
   opt = {};
   opt.fuse_pairs = false;
   const std::string f = explain(sm, make_plan(sm, prob(8192, 4096, 4096), full_device(), {}, opt));

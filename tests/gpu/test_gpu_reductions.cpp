@@ -254,7 +254,7 @@ TEST_F(GpuReduce, RowGroupsLayerNormMeanAndVarianceInOneRound) {
     opt.plan.cluster_m = v.cm;
     opt.plan.tile_m = v.tm;
     opt.plan.tile_n = v.tn;
-    opt.plan.fuse_pairs = true;  // one job per CTA here: the planner alone would keep two rounds
+    opt.plan.fuse_pairs = true;  // forced: the planner alone keeps two rounds where a row has one CTA (G = 1)
     const Graph g = layer_norm_graph();
     Plan p = expect_matches(g, dims(1000, v.n, 72), opt, /*offset=*/1000.0);
     EXPECT_EQ(p.kernel.n_tiles, 1);
