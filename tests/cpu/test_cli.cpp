@@ -124,16 +124,17 @@ TEST_F(Cli, ExplainLayerNormAtLargeShape) {
   EXPECT_EQ(bad.rc, 2);  // a usage error
   EXPECT_TRUE(has(bad.err, "--stash: fp16 not in {fp32,bf16}")) << bad.err;
   // Paired reductions: softmax's max and sum of exp in one round by default at 8192 rows (16
-  // jobs a CTA), forced at 256 (one job a CTA: two rounds by default), refused by name.
+  // jobs a CTA) and at 256 (one job a CTA), two rounds when forced, refused by name.
   Result sm = comfuse("explain '" + example("gemm_softmax.cf") + "' --shape 8192,4096,4096");
   ASSERT_EQ(sm.rc, 0) << sm.err;
   EXPECT_TRUE(has(sm.out, "max and sum of exp in one round")) << sm.out;
   Result sm256 = comfuse("explain '" + example("gemm_softmax.cf") + "' --shape 256,4096,4096");
   ASSERT_EQ(sm256.rc, 0) << sm256.err;
-  EXPECT_FALSE(has(sm256.out, "max and sum of exp in one round")) << sm256.out;
-  Result forced = comfuse("explain '" + example("gemm_softmax.cf") + "' --shape 256,4096,4096 --pairs one-round");
+  EXPECT_TRUE(has(sm256.out, "max and sum of exp in one round")) << sm256.out;
+  Result forced = comfuse("explain '" + example("gemm_softmax.cf") + "' --shape 256,4096,4096 --pairs two-rounds");
   ASSERT_EQ(forced.rc, 0) << forced.err;
-  EXPECT_TRUE(has(forced.out, "max and sum of exp in one round")) << forced.out;
+  EXPECT_FALSE(has(forced.out, "max and sum of exp in one round")) << forced.out;
+  EXPECT_TRUE(has(forced.out, "two rounds, forced by option")) << forced.out;
   Result bad_pairs = comfuse("explain '" + example("gemm_softmax.cf") + "' --shape 8192,4096,4096 --pairs three");
   EXPECT_EQ(bad_pairs.rc, 2);
   EXPECT_TRUE(has(bad_pairs.err, "--pairs: three not in {one-round,two-rounds}")) << bad_pairs.err;
