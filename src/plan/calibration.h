@@ -105,6 +105,14 @@ struct PlannerTunables {
   // table, fitted to a six-stage chain of five reductions, overprices one-stage epilogues (GEMM +
   // bias + gelu_new 8192x4096x1024: ~200 us estimated with it, 123 us measured, 108 us with this).
   double epilogue_cpi = 1.5;
+  // The share of a job's epilogue (its time above: instructions x epilogue_cpi) that the other
+  // warp group's MMAs lose while it runs: PingPong does not hide an epilogue shorter than the
+  // mainloop beside it. MEASURED (bench/NOTES.md Stop 32, 128x128 PingPong, 2x1, against a plain
+  // cast in the same call): 8192x4096x1024 erf-GELU, gelu_new, bias + tanh-GELU +1.87 / +1.63 /
+  // +0.62 us a job against 3.5 / 3.2 / 1.3 us modeled: 0.53 / 0.51 / 0.48; 8192x4096x4096
+  // bias + GELU +0.5 us a job: 0.37. The same share at K = 1024 and 4096: a tax on the tensor
+  // pipe, not an epilogue left exposed.
+  double epilogue_mma_interference = 0.5;
   int reg_overhead = 48;           // GUESS: consumer registers besides live tile values
   // GUESS: mainloop efficiency by ring depth (depth >= 4 is full speed).
   std::map<int, double> stage_efficiency = {{2, 0.85}, {3, 0.95}, {4, 1.0}};

@@ -37,13 +37,14 @@ class StageCollector : public SpecVisitor {
 
 // SASS instructions per element of a unary function (each compiled alone for sm_90a and
 // counted with cuobjdump, less a copy kernel's; epilogue/ops.cuh): erff's polynomial ~30,
-// tanhf ~18, logf ~20, fast_exp 2 (FMUL + MUFU.EX2), silu / sigmoid ~5 (fast_exp, an add,
+// tanh-GELU ~10 (fast_exp and __fdividef), tanhf ~18, logf ~20, fast_exp 2 (FMUL + MUFU.EX2), silu / sigmoid ~5 (fast_exp, an add,
 // __fdividef), IEEE reciprocal ~8, rsqrt / sqrt ~4, plain ALU 1.
 double unary_cost(UnaryOp op) {
   switch (op) {
     case UnaryOp::Relu: case UnaryOp::Square: case UnaryOp::Abs: case UnaryOp::Neg: return 1.0;
     case UnaryOp::GeluErf: return 30.0;
-    case UnaryOp::GeluTanh: case UnaryOp::Tanh: return 18.0;
+    case UnaryOp::GeluTanh: return 10.0;
+    case UnaryOp::Tanh: return 18.0;
     case UnaryOp::Log: return 20.0;
     case UnaryOp::Exp: return 2.0;
     case UnaryOp::Silu: case UnaryOp::Sigmoid: return 5.0;

@@ -8,12 +8,15 @@
 // is left) and an estimated time:
 //
 //   T = max(T_cluster, T_dram) + T_reread
-//   T_cluster = ml + epi + (q - 1) * max(ml, (ml + epi) / 2)
+//   T_cluster = ml + epi + (q - 1) * max(ml + a * epi_math, (ml + epi) / 2)
 //     ml  = n_tiles * t_tile                mainloop of one job (one row block) on one CTA
-//     epi = epilogue instructions + one cluster all-reduce round per reduction
+//     epi = epilogue instructions (epi_math) + one cluster all-reduce round per reduction
 //     q   = ceil(jobs / clusters_resident(C_N))     wave quantization at the resident SMs
-//   The (q - 1) term is PingPong: one WG's epilogue hides behind the other's mainloop, and
-//   when the epilogue dominates the two WGs' epilogues overlap each other.
+//     a   = epilogue_mma_interference       what the epilogue's instructions cost the other
+//                                           WG's MMAs beside them (calibration.h, measured)
+//   The (q - 1) term is PingPong: one WG's epilogue runs beside the other's mainloop (slowing it
+//   by a share of its instructions), and when the epilogue dominates the two WGs' epilogues
+//   overlap each other.
 //   T_dram   = unique DRAM bytes / bandwidth   (small-M shapes are memory bound)
 //   T_reread = workspace-stash bytes (write once, read once per later stage) / L2 bandwidth,
 //              or / DRAM bandwidth when the workspace in flight would not stay in L2
@@ -52,7 +55,8 @@ void estimate_cluster(Candidate& c, const Request& r) {
   double instr = double(k.n_tiles) * elems * chain.ops_per_element;
   if (k.n_tiles > 1)  // the stash: written once, read per later stage
     instr += double(k.n_tiles - 1) * values * elems * chain.stages_in_chain;
-  double epi = instr * tun.epilogue_cpi / dev.clock_hz * 1e6;
+  double const epi_math = instr * tun.epilogue_cpi / dev.clock_hz * 1e6;
+  double epi = epi_math;
   double round = chain.reductions > 0 ? lookup(dev.cluster_allreduce_us, k.cluster_n) : 0.0;
   if (k.aggregation == Aggregation::LeaderFollower) round *= tun.leader_follower_penalty;
   epi += chain.reductions * round;
@@ -61,7 +65,7 @@ void estimate_cluster(Candidate& c, const Request& r) {
   const int resident_max = dev.resident(k.cluster_size());
   c.resident = static_cast<int>(std::min<int64_t>(resident_max, c.jobs));
   const int64_t q = ceil_div64(c.jobs, std::max(1, resident_max));
-  double t_cluster = ml + epi + double(q - 1) * std::max(ml, (ml + epi) / 2.0);
+  double t_cluster = ml + epi + double(q - 1) * std::max(ml + tun.epilogue_mma_interference * epi_math, (ml + epi) / 2.0);
   c.est.mainloop_us = double(q) * ml;
   if (q == 1) {
     // One wave (decode, small M), as the row groups' model (decide_row_groups.cpp): the launch's
