@@ -37,8 +37,9 @@ class StageCollector : public SpecVisitor {
 
 // SASS instructions per element of a unary function (each compiled alone for sm_90a and
 // counted with cuobjdump, less a copy kernel's; epilogue/ops.cuh): erff's polynomial ~30,
-// tanh-GELU ~10 (fast_exp and __fdividef), tanhf ~18, logf ~20, fast_exp 2 (FMUL + MUFU.EX2), silu / sigmoid ~5 (fast_exp, an add,
-// __fdividef), IEEE reciprocal ~8, rsqrt / sqrt ~4, plain ALU 1.
+// tanh-GELU ~10 (fast_exp and __fdividef), tanhf ~18, logf ~20, fast_exp 2 (FMUL + MUFU.EX2),
+// silu / sigmoid ~5 (fast_exp, an add, __fdividef), IEEE reciprocal ~8, rsqrt / sqrt ~4, plain
+// ALU 1.
 double unary_cost(UnaryOp op) {
   switch (op) {
     case UnaryOp::Relu: case UnaryOp::Square: case UnaryOp::Abs: case UnaryOp::Neg: return 1.0;

@@ -65,7 +65,9 @@ void estimate_cluster(Candidate& c, const Request& r) {
   const int resident_max = dev.resident(k.cluster_size());
   c.resident = static_cast<int>(std::min<int64_t>(resident_max, c.jobs));
   const int64_t q = ceil_div64(c.jobs, std::max(1, resident_max));
-  double t_cluster = ml + epi + double(q - 1) * std::max(ml + tun.epilogue_mma_interference * epi_math, (ml + epi) / 2.0);
+  // Each job after the first: its mainloop, taxed by the other WG's epilogue beside it.
+  const double job = std::max(ml + tun.epilogue_mma_interference * epi_math, (ml + epi) / 2.0);
+  double t_cluster = ml + epi + double(q - 1) * job;
   c.est.mainloop_us = double(q) * ml;
   if (q == 1) {
     // One wave (decode, small M), as the row groups' model (decide_row_groups.cpp): the launch's
