@@ -223,7 +223,8 @@ struct FusedGemmSm90 {
           named_arrive(barrier_id(NamedBarrier::MmaTurnWG0), 2 * kWarpGroupThreads);
         }
       }
-      for (int k = kPingPong ? cw : 0, job = 0;; k += kPingPong ? 2 : 1, ++job) {
+      int const k_step = kPingPong ? 2 : 1;  // PingPong: the consumers take alternate jobs
+      for (int k = kPingPong ? cw : 0, job = 0;; k += k_step, ++job) {
         TileCoord tc = sched.tile(k);
         if (!tc.valid) break;
         int const m0 = tc.m_block * BM + (kPingPong ? 0 : cw * kEpiRows);
@@ -232,7 +233,7 @@ struct FusedGemmSm90 {
         ctx.xs = RowGroupSlot{sched.exchange_slot(cw), sched.rank_n, epoch};
         // Its last job: done with the L2 exchange after the chain's last round (start_retire).
         if constexpr (Geo::kRetireEarly && kL2Exchange)
-          epi.rounds.retire_after = cluster::retires_early(epoch) && !sched.tile(k + (kPingPong ? 2 : 1)).valid;
+          epi.rounds.retire_after = cluster::retires_early(epoch) && !sched.tile(k + k_step).valid;
         // KernelConfig::begin_early: the first job's begin (its vectors' loads) before its
         // mainloop, while the ring's first k-blocks are on their way (and, PingPong, before the
         // turn), off the epilogue's critical path.
