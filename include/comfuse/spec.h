@@ -142,6 +142,13 @@ PairKind pair_kind(const Spec& stage, int i);
 // A pow node whose exponent is a literal 2, 3 or 4: that exponent (Ψ multiplies instead of
 // calling powf); otherwise 0.
 int literal_int_exponent(const Spec& stage, const SpecNode& n);
+// An add of a tanh and the literal 1 (GPT-2's gelu_new: 0.5 x (1 + tanh(u))): the index of the
+// tanh's operand u, which Ψ computes 1 + tanh(u) from as 2 sigmoid(2u) (no cancellation for
+// u << 0, and a third of tanhf's instructions); otherwise -1.
+int one_plus_tanh_operand(const Spec& stage, const SpecNode& n);
+// Whether node i of `stage` is a tanh read, and read only, by such adds (a PostStage bypass is
+// a read too): then nothing computes it in the kernel.
+bool only_one_plus_tanh_users(const Spec& stage, int i);
 
 // Text form. print() and parse_spec() round-trip: parse_spec(print(s)) == s.
 std::string print(const FusionSpec& s);

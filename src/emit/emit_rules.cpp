@@ -78,6 +78,9 @@ std::string compute(EmitContext&, const Spec& st, int i, const std::string&) {
     case ComputeKind::Binary:
       if (const int e = literal_int_exponent(st, n); e > 0)
         return fmt::format("comfuse::epi::Compute<comfuse::epi::PowInt<{}>, {}>", e, n.operands.at(0));
+      // The tanh it reads is then unread and the compiler drops it.
+      if (const int u = one_plus_tanh_operand(st, n); u >= 0)
+        return fmt::format("comfuse::epi::Compute<comfuse::epi::OnePlusTanh, {}>", u);
       return fmt::format("comfuse::epi::Compute<comfuse::epi::{}{}>", device_functor_of(n.binary), operands(n));
     case ComputeKind::Cast:
       return fmt::format("comfuse::epi::Cast<{}{}>", cpp_type(n.cast_to), operands(n));

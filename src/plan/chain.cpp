@@ -36,14 +36,18 @@ class StageCollector : public SpecVisitor {
 };
 
 // SASS instructions per element of a unary function (each compiled alone for sm_90a and
-// counted with cuobjdump, less a copy kernel's; epilogue/ops.cuh): erff's polynomial ~30,
-// tanh-GELU ~10 (fast_exp and __fdividef), tanhf ~18, logf ~20, fast_exp 2 (FMUL + MUFU.EX2),
-// silu / sigmoid ~5 (fast_exp, an add, __fdividef), IEEE reciprocal ~8, rsqrt / sqrt ~4, plain
-// ALU 1.
+// counted with cuobjdump, less a copy kernel's; epilogue/ops.cuh): erf-GELU ~14 (its normal
+// tail's seven FMAs and EX2, the clamp, the select, the product), tanh-GELU ~10 (fast_exp and
+// __fdividef), tanhf ~18, logf ~20, fast_exp 2 (FMUL + MUFU.EX2), silu / sigmoid ~5 (fast_exp,
+// an add, __fdividef), IEEE reciprocal ~8, rsqrt / sqrt ~4, plain ALU 1. erf-GELU is priced
+// 18: at its 14 the chain (examples/gemm_chain.cf) at 8192x4096x1024 takes 64x256 tiles over
+// 64x128, measured 4% slower (325 against 312 us; 4096x4096x1024 2%), while 8192x1024x4096's
+// move to 128x128 (136 against 141 us) holds at 18 too: the model favours wide tiles for long
+// epilogues more than the GPU does (bench/NOTES.md Stop 33).
 double unary_cost(UnaryOp op) {
   switch (op) {
     case UnaryOp::Relu: case UnaryOp::Square: case UnaryOp::Abs: case UnaryOp::Neg: return 1.0;
-    case UnaryOp::GeluErf: return 30.0;
+    case UnaryOp::GeluErf: return 18.0;  // not 14: see above
     case UnaryOp::GeluTanh: return 10.0;
     case UnaryOp::Tanh: return 18.0;
     case UnaryOp::Log: return 20.0;
@@ -54,9 +58,11 @@ double unary_cost(UnaryOp op) {
   }
 }
 
-// Instructions per element of a Tile-class node in the compute phase: unary functions as
-// above, a division ~4, plain ALU 1 (GUESSES beside them).
-double node_cost(const FusionSpec& s, const Spec& st, const SpecNode& n) {
+// Instructions per element of a Tile-class node (node i of st) in the compute phase: unary
+// functions as above, a division ~4, plain ALU 1 (GUESSES beside them); 1 + tanh(u) as Ψ
+// renders it (2 sigmoid(2u)) a sigmoid's 5, and a tanh only such adds read 0 (never computed).
+double node_cost(const FusionSpec& s, const Spec& st, int i) {
+  const SpecNode& n = st.nodes.at(static_cast<size_t>(i));
   if (n.value_class != ValueClass::Tile) return 0.0;  // per-row or per-column: negligible
   switch (n.category) {
     case NodeCategory::AccEntry: return 0.0;
@@ -67,7 +73,9 @@ double node_cost(const FusionSpec& s, const Spec& st, const SpecNode& n) {
     case NodeCategory::Compute:
       if (n.compute == ComputeKind::Cast) return 1.0;
       if (n.compute == ComputeKind::CausalMask) return 2.0;  // compare the position, select
-      if (n.compute == ComputeKind::Unary) return unary_cost(n.unary);
+      if (n.compute == ComputeKind::Unary)
+        return only_one_plus_tanh_users(st, i) ? 0.0 : unary_cost(n.unary);
+      if (one_plus_tanh_operand(st, n) >= 0) return unary_cost(UnaryOp::Sigmoid);
       if (n.binary == BinaryOp::Div) return 4.0;
       if (n.binary == BinaryOp::Pow) return literal_int_exponent(st, n) > 0 ? 2.0 : 80.0;  // powf: ~80 SASS
       return 1.0;
@@ -102,7 +110,7 @@ ChainInfo analyze_chain(const FusionSpec& s) {
     ChainInfo::StageStorage storage;
     for (size_t idx = 0; idx < st.spec->nodes.size(); ++idx) {
       const SpecNode& n = st.spec->nodes[idx];
-      info.ops_per_element += node_cost(s, *st.spec, n);
+      info.ops_per_element += node_cost(s, *st.spec, static_cast<int>(idx));
       if (n.category == NodeCategory::Placeholder && n.placeholder == PlaceholderKind::Bypass &&
           n.value_class == ValueClass::Tile)
         ++bypass_tiles;

@@ -389,6 +389,39 @@ int literal_int_exponent(const Spec& st, const SpecNode& n) {
   return 0;
 }
 
+int one_plus_tanh_operand(const Spec& st, const SpecNode& n) {
+  if (n.category != NodeCategory::Compute || n.compute != ComputeKind::Binary || n.binary != BinaryOp::Add) return -1;
+  auto node = [&](int k) -> const SpecNode& { return st.nodes.at(static_cast<size_t>(k)); };
+  auto is_one = [](const SpecNode& c) {
+    return c.category == NodeCategory::Broadcast && c.arg < 0 && c.literal == 1.0;
+  };
+  auto is_tanh = [](const SpecNode& c) {
+    return c.category == NodeCategory::Compute && c.compute == ComputeKind::Unary && c.unary == UnaryOp::Tanh;
+  };
+  for (int side = 0; side < 2; ++side) {
+    const SpecNode& t = node(n.operands.at(static_cast<size_t>(side)));
+    if (is_tanh(t) && is_one(node(n.operands.at(static_cast<size_t>(1 - side))))) return t.operands.at(0);
+  }
+  return -1;
+}
+
+bool only_one_plus_tanh_users(const Spec& st, int i) {
+  const SpecNode& t = st.nodes.at(static_cast<size_t>(i));
+  if (t.category != NodeCategory::Compute || t.compute != ComputeKind::Unary || t.unary != UnaryOp::Tanh) return false;
+  int users = 0;
+  for (const SpecNode& n : st.nodes)
+    for (int o : n.operands)
+      if (o == i) {
+        if (one_plus_tanh_operand(st, n) < 0) return false;
+        ++users;
+      }
+  for (const Spec& child : st.children)
+    for (const SpecNode& n : child.nodes)
+      if (n.category == NodeCategory::Placeholder && n.placeholder == PlaceholderKind::Bypass && n.source == i)
+        return false;
+  return users > 0;
+}
+
 PairKind pair_kind(const Spec& st, int i) {
   const SpecNode& r = st.nodes.at(static_cast<size_t>(i));
   if (r.category != NodeCategory::Reduction || r.post < 0) return PairKind::None;

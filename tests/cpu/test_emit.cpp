@@ -378,6 +378,30 @@ TEST_F(EmitCompile, PowWithASmallLiteralExponentMultiplies) {
   EXPECT_TRUE(is_cubin_elf(k.cubin));
 }
 
+// add(tanh(u), 1), either order, renders as OnePlusTanh of u (2 sigmoid(2u)); a tanh another
+// node also reads stays; an add of a tanh and another literal is an add. The kernel compiles.
+TEST_F(EmitCompile, OnePlusTanhRendersAsASigmoid) {
+  Built b;
+  Value acc = bf16_gemm(b.g);
+  Value t = b.g.unary(UnaryOp::Tanh, acc * 0.5);
+  Value kept = b.g.unary(UnaryOp::Tanh, acc);
+  b.g.output((t + 1.0) * acc + b.g.binary(BinaryOp::Add, b.g.constant(1.0), kept) * kept + (kept + 2.0), "y", DType::BF16);
+  b.r = lower(b.g);
+  const FusionSpec& spec = b.r.regions.at(0).spec;
+  const std::string epi = emit_epilogue_type(spec);
+  size_t sigmoids = 0, tanhs = 0;
+  for (size_t at = epi.find("epi::OnePlusTanh,"); at != std::string::npos; at = epi.find("epi::OnePlusTanh,", at + 1))
+    ++sigmoids;
+  for (size_t at = epi.find("epi::Tanh,"); at != std::string::npos; at = epi.find("epi::Tanh,", at + 1)) ++tanhs;
+  EXPECT_EQ(sigmoids, 2u) << epi;
+  EXPECT_EQ(tanhs, 2u) << epi;  // rendered, but only `kept`'s is read
+  int dead = 0;
+  for (size_t i = 0; i < spec.root.nodes.size(); ++i) dead += only_one_plus_tanh_users(spec.root, static_cast<int>(i));
+  EXPECT_EQ(dead, 1);
+  CompiledKernel k = compile_only(spec, shape(256, 256, 64), opt_);
+  EXPECT_TRUE(is_cubin_elf(k.cubin));
+}
+
 TEST_F(EmitCompile, InfiniteLiteralsCompileWithNvrtcAlone) {
   Built b;
   Value acc = bf16_gemm(b.g);

@@ -42,6 +42,31 @@ TEST_F(Gpu, EveryUnaryOp) {
   }
 }
 
+// erf-GELU element by element over |x| up to ~17 (acc ~ N(0, 1), times 4), f32 out: within 1e-4
+// of fp64 relative to max(|gelu|, 1e-6), the negative tail included, where the textbook
+// 0.5 x (1 + erff(x / sqrt 2)) cancels (~10% off at x = -5). K = 16: one MMA step, so the
+// accumulator's own rounding (amplified ~x^2 by gelu's tail) stays far below the bound.
+TEST_F(Gpu, GeluErfAcrossItsRange) {
+  Case c;
+  c.g.output(c.g.unary(UnaryOp::GeluErf, c.acc * 4.0), "y", DType::F32);
+  const DeviceRunReport rep = run_and_check(c.g, {{"M", 200}, {"N", 264}, {"K", 16}}, 7);
+  expect_outputs_match(rep);
+  for (const OutputCheck& o : rep.outputs) EXPECT_LE(o.cmp.max_rel, 1e-4) << o.name << " max_abs " << o.cmp.max_abs;
+}
+
+// 1 + tanh(u) (Ψ: 2 sigmoid(2u)) element by element over |u| up to ~17, f32 out: within 1e-4 of
+// fp64 relative to max(|value|, 1e-6), where 1 + tanhf(u) in fp32 loses its digits for u << 0
+// (~7e-4 relative at u = -5), in either operand order.
+TEST_F(Gpu, OnePlusTanhAcrossItsRange) {
+  Case c;
+  Value t = c.g.unary(UnaryOp::Tanh, c.acc * 4.0);
+  c.g.output(t + 1.0, "tanh_plus_one", DType::F32);
+  c.g.output(c.g.binary(BinaryOp::Add, c.g.constant(1.0), c.g.unary(UnaryOp::Tanh, c.acc * -4.0)), "one_plus_tanh", DType::F32);
+  const DeviceRunReport rep = run_and_check(c.g, {{"M", 200}, {"N", 264}, {"K", 16}}, 7);
+  expect_outputs_match(rep);
+  for (const OutputCheck& o : rep.outputs) EXPECT_LE(o.cmp.max_rel, 1e-4) << o.name << " max_abs " << o.cmp.max_abs;
+}
+
 // Each binary op against a row vector, a column vector, a runtime scalar and a literal.
 TEST_F(Gpu, EveryBinaryOpWithEveryBroadcastKind) {
   const int count = static_cast<int>(BinaryOp::Pow) + 1;

@@ -38,8 +38,27 @@ COMFUSE_DEVICE float fma_exp2(float x) {
 
 // Unary: static float apply(float x). Binary: static float apply(float a, float b).
 struct Relu { static COMFUSE_DEVICE float apply(float x) { return x > 0.f ? x : 0.f; } };
+// x Phi(x) through the normal tail q = Phi(-|x|) = 2^P(|x|): Phi = 1 - q or q by sign, so neither
+// side cancels (0.5 x (1 + erff(x / sqrt 2)) is ~10% off at x = -5 in fp32), and the cost is seven
+// FMAs and one MUFU.EX2 against erff's ~28 instructions (at K = 1024 an epilogue's instructions
+// are paid on the other warp group's MMAs: NOTES.md, "K = 1024"). P: degree 7 on [0, 6], fitted
+// by scripts/fit_gelu_tail.py, which still follows log2 q out to 10 (q ~ 2^-77), where |x| is
+// clamped: gelu's relative error <= 4e-6 where |gelu| > 1e-6, absolute error < 3e-12 elsewhere.
+// NaN propagates through the final multiply; gelu(-inf) is -inf (the fp64 formula's is NaN).
 struct GeluErf {
-  static COMFUSE_DEVICE float apply(float x) { return 0.5f * x * (1.f + erff(x * 0.70710678118654752440f)); }
+  static COMFUSE_DEVICE float apply(float x) {
+    float const a = fminf(fabsf(x), 10.f);
+    float p = -1.889626219e-06f;
+    p = fmaf(p, a, 6.268139987e-05f);
+    p = fmaf(p, a, -9.388679173e-04f);
+    p = fmaf(p, a, 8.539461531e-03f);
+    p = fmaf(p, a, -5.402068794e-02f);
+    p = fmaf(p, a, -4.584097862e-01f);
+    p = fmaf(p, a, -1.151269197e+00f);
+    p = fmaf(p, a, -9.999943376e-01f);
+    float const q = fast_exp2(p);
+    return x * (x >= 0.f ? 1.f - q : q);
+  }
 };
 // 0.5 x (1 + tanh(u)) == x * sigmoid(2u): no cancellation for large negative x.
 struct GeluTanh {
@@ -48,6 +67,11 @@ struct GeluTanh {
     return __fdividef(x, 1.f + fast_exp(-2.f * u));
   }
 };
+// 1 + tanh(u) == 2 sigmoid(2u) (Ψ's rendering of add(tanh(u), 1): spec.h one_plus_tanh_operand).
+// 1 + tanhf(u) loses every digit for u << 0; this keeps the relative error of fast_exp and
+// __fdividef. u beyond ~-44 gives 0 (the exp overflows, or the divisor passes 2^126), where the
+// value is below 2^-126.
+struct OnePlusTanh { static COMFUSE_DEVICE float apply(float u) { return __fdividef(2.f, 1.f + fast_exp(-2.f * u)); } };
 struct Silu { static COMFUSE_DEVICE float apply(float x) { return __fdividef(x, 1.f + fast_exp(-x)); } };
 struct Sigmoid { static COMFUSE_DEVICE float apply(float x) { return __fdividef(1.f, 1.f + fast_exp(-x)); } };
 struct Tanh { static COMFUSE_DEVICE float apply(float x) { return tanhf(x); } };
