@@ -166,6 +166,18 @@ std::optional<B2bChoice> pair_choice(const LoweringResult& r, const Bindings& b,
   return choose_b2b(f, e, b2b_problem_of(f, e, b), opt);
 }
 
+// The single-GEMM kernels `explain` and `emit` show: the lowering's regions, or a pair's
+// unfused kernels where choose_b2b did not make it one kernel (a gated pair's three).
+std::vector<FusionSpec> kernel_specs(const LoweringResult& r, const std::optional<B2bChoice>& choice) {
+  if (const B2BCandidate* pair = one_b2b_kernel(r); pair && choice && !choice->one_kernel)
+    return unfused_pair(r.regions[static_cast<size_t>(pair->first_region)].spec,
+                        r.regions[static_cast<size_t>(pair->second_region)].spec)
+        .kernels;
+  std::vector<FusionSpec> out;
+  for (const FusedRegion& region : r.regions) out.push_back(region.spec);
+  return out;
+}
+
 int cmd_lower(const std::string& file) {
   Graph g = load_graph(file);
   LoweringResult r = lower_and_warn(g, file);
@@ -292,7 +304,8 @@ int cmd_explain(const std::string& file, const DimArgs& d, const ExplainArgs& a)
   LoweringResult r = lower_and_warn(g, file);
   const Bindings b = bindings(d, g, r);
   const PlanOptions opt = plan_options(a);
-  if (const std::optional<B2bChoice> c = pair_choice(r, b, opt)) {  // one B2B kernel, or two: which and why
+  const std::optional<B2bChoice> c = pair_choice(r, b, opt);
+  if (c) {  // one B2B kernel, or unfused kernels: which and why
     if (!a.dot) std::cout << "b2b pair: " << c->reason << "\n";
     if (c->one_kernel) {
       const B2BCandidate* pair = one_b2b_kernel(r);
@@ -302,8 +315,9 @@ int cmd_explain(const std::string& file, const DimArgs& d, const ExplainArgs& a)
     }
     if (!a.dot) std::cout << "\n";
   }
-  for (size_t i = 0; i < r.regions.size(); ++i) {
-    const FusionSpec& s = r.regions[i].spec;
+  const std::vector<FusionSpec> specs = kernel_specs(r, c);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const FusionSpec& s = specs[i];
     Plan p;
     try {
       p = make_plan(s, problem_of(s, b), opt);
@@ -314,7 +328,7 @@ int cmd_explain(const std::string& file, const DimArgs& d, const ExplainArgs& a)
       std::cout << to_dot(s, p);
     } else {
       if (i) std::cout << "\n";
-      std::cout << "# region " << i << " (of " << r.regions.size() << ")\n" << explain(s, p);
+      std::cout << "# region " << i << " (of " << specs.size() << ")\n" << explain(s, p);
     }
   }
   return 0;
@@ -354,7 +368,9 @@ int run_gpu(const Graph& g, const Bindings& b, const PlanOptions& plan, uint64_t
     if (kc.n_tiles > 1)
       shape += fmt::format(", {} N-tiles/CTA ({} {} stash)", kc.n_tiles, kc.stash_elem_bytes == 2 ? "bf16" : "fp32",
                            kc.stash_space == StashSpace::Workspace ? "workspace" : "SMEM");
-    if (rep.kernels > 1) shape = fmt::format("{} kernels (GEMM1 + F storing S, then GEMM2), the first: {}", rep.kernels, shape);
+    if (rep.kernels > 1)
+      shape = fmt::format("{} kernels ({}GEMM1 + F storing S, then GEMM2), the first: {}", rep.kernels,
+                          rep.kernels > 2 ? "X W3^T stored, " : "", shape);
   }
   std::cout << fmt::format("kernel: {}, {} ring stages, {} CTAs; JIT {} ({:.2f} s{})\n", shape, stages, ctas,
                            rep.compiled.compiler, rep.compiled.elapsed_seconds, rep.compiled.cache_hit ? ", cache hit" : "");
@@ -411,8 +427,9 @@ int cmd_emit(const std::string& file, const DimArgs& d, const PlanOptions& plan,
                              c.cache_hit ? " (cache hit)" : "", c.key);
     return 0;
   }
-  for (size_t i = 0; i < r.regions.size(); ++i) {
-    const FusionSpec& s = r.regions[i].spec;
+  const std::vector<FusionSpec> specs = kernel_specs(r, choice);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const FusionSpec& s = specs[i];
     if (!compile) {
       std::cout << emit(s, make_plan(s, problem_of(s, b), plan)).source;
       continue;

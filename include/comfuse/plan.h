@@ -179,7 +179,7 @@ struct B2bPlan {
   double fused_us = 0;     // the model's estimate of the B2B kernel
   double unfused_us = 0;   // ... and of GEMM1 + its epilogue, S through DRAM, GEMM2 + epilogue
   double dram_floor_us = 0;  // the fused kernel's DRAM traffic alone (X, W1 [W3], W2 read, O written)
-  std::string unfused_from;  // how unfused_us was priced (the planner's two kernels, or a roofline)
+  std::string unfused_from;  // how unfused_us was priced (the planner's unfused kernels, or a roofline)
   std::vector<std::string> reasons;
   std::vector<std::string> alternatives;
 };
@@ -202,11 +202,23 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
                       const PlanOptions& opt = {});
 std::string explain(const FusionSpec& first, const FusionSpec& second, const B2bPlan& p);
 
-// One kernel for the pair, or two single-GEMM kernels (GEMM1 + F storing S, then GEMM2 + its
-// epilogue reading it), decided here and nowhere else: Force takes the pair (a refusal is an
-// Error), Off the two kernels, Auto the pair where make_b2b_plan accepts it and its estimate is
-// no slower than the two kernels' (B2bPlan::unfused_us). A gated pair has no two-kernel path (the
-// single-GEMM kernel holds one accumulator): Auto keeps it one kernel, saying so; Off refuses it.
+// A pair as single-GEMM kernels, run one after the other, each intermediate through DRAM: GEMM1
+// and F storing S, then GEMM2 and its epilogue reading S. A gated GEMM1 (the single-GEMM kernel
+// holds one accumulator) is two kernels: X W3^T stored first, in X's 16-bit type as an unfused
+// framework rounds it, then X W1^T with F reading that product as an [M, N1] tile input where
+// the gated entry was. Every kernel's spec verifies; its args name the intermediates as
+// `intermediates` does (a name no graph tensor has).
+struct UnfusedPair {
+  std::vector<FusionSpec> kernels;        // in launch order; the last is the pair's second spec
+  std::vector<RuntimeArg> intermediates;  // stored by one kernel, read by a later one, in that order
+};
+UnfusedPair unfused_pair(const FusionSpec& first, const FusionSpec& second);
+
+// One kernel for the pair, or its unfused kernels (unfused_pair), decided here and nowhere else:
+// Force takes the pair (a refusal is an Error), Off the unfused kernels, Auto the pair where
+// make_b2b_plan accepts it and its estimate is no slower than the unfused kernels'
+// (B2bPlan::unfused_us). A batched pair has no unfused path (the single-GEMM kernels take no
+// batch dim): Auto keeps it one kernel, saying so; Off refuses it.
 struct B2bChoice {
   bool one_kernel = false;
   std::optional<B2bPlan> plan;  // the pair's plan, where make_b2b_plan accepted it

@@ -66,12 +66,13 @@ class FusedKernel {
   // epilogue, one kernel with the intermediate S in registers.
   static FusedKernel build_b2b(const FusionSpec& first, const FusionSpec& second, const B2bProblem& problem,
                                const CompileOptions& opt = {});
-  // The same pair as two single-GEMM kernels launched in turn on one stream (where one B2B kernel
-  // does not pay, choose_b2b): GEMM1 and F store S into a buffer this kernel owns (sized for the
-  // problem's M: a run with more rows is refused), GEMM2 and its epilogue read it. Arguments
-  // as for build_b2b: S is none of them.
-  static FusedKernel build_two_kernels(const FusionSpec& first, const FusionSpec& second, const Bindings& dims,
-                                       const CompileOptions& opt = {});
+  // The same pair as single-GEMM kernels launched in turn on one stream (plan.h unfused_pair;
+  // where one B2B kernel does not pay, choose_b2b): GEMM1 and F store S into a buffer this kernel
+  // owns, GEMM2 and its epilogue read it (a gated GEMM1: X W3^T stored first, into another). The
+  // buffers are sized for the problem's M: a run with more rows is refused. Arguments as for
+  // build_b2b: no intermediate is one of them.
+  static FusedKernel build_unfused(const FusionSpec& first, const FusionSpec& second, const Bindings& dims,
+                                   const CompileOptions& opt = {});
 
   // Validates every argument and launches. Throws Error naming the offending argument. A
   // kernel's workspaces serve one launch at a time: run one FusedKernel on one stream at a time
@@ -79,13 +80,13 @@ class FusedKernel {
   void run(const RunArgs& args, Stream stream = nullptr) const;
 
   const FusionSpec& spec() const;  // a pair's first spec (GEMM1 and F)
-  const Plan& plan() const;        // a single-GEMM kernel's plan (two kernels: the first's)
-  const FusionSpec* second_spec() const;  // a pair's GEMM2 spec (one B2B kernel or two), else nullptr
+  const Plan& plan() const;        // a single-GEMM kernel's plan (unfused kernels: the first's)
+  const FusionSpec* second_spec() const;  // a pair's GEMM2 spec (one B2B kernel or unfused), else nullptr
   const B2bPlan* b2b_plan() const;        // a B2B kernel's plan, else nullptr
-  // Two kernels (build_two_kernels): both, in launch order; else empty.
+  // A pair's unfused kernels (build_unfused), in launch order; else empty.
   const std::vector<FusedKernel>& parts() const;
-  const EmittedKernel& emitted() const;    // two kernels: the first's
-  const CompiledKernel& compiled() const;  // two kernels: the first's
+  const EmittedKernel& emitted() const;    // unfused kernels: the first's
+  const CompiledKernel& compiled() const;  // unfused kernels: the first's
   // The timeline of the last launch (kernels/comfuse/debug/trace.cuh), empty unless the kernel
   // was built with CompileOptions::trace. Synchronizes the device.
   std::vector<uint64_t> trace() const;

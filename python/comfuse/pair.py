@@ -16,10 +16,7 @@ asks the core, and keeps today's per-region path unless every answer says one ke
   2. choose_b2b (plan.h) under `config.b2b` (auto | force | off) must say one kernel;
   3. under auto, the pair's estimate must not exceed today's path as partition.py priced it
      (each member region fused or unfused, whichever it chose), so a fused pair is never slower
-     than the path it replaces by the planner's own numbers;
-  4. under auto, a gated pair must pay against the core's two-kernel estimate: the core keeps a
-     gated pair as one kernel even where it does not pay (its two-kernel path would need a
-     single-GEMM kernel with two accumulators), the frontend has the per-region path instead.
+     than the path it replaces by the planner's own numbers.
 Every outcome is reported on the first member's RegionInfo (`b2b`, in the model's module names);
 a fused pair replaces its members in the report with one region of its own.
 """
@@ -254,7 +251,7 @@ def decide_pair(p: PairCandidate) -> None:
     except _core.Error as e:
         info.status, info.reason = "fallback", f"choose_b2b (b2b {mode}): {str(e).splitlines()[0]}"
         return
-    fused, two = ch.get("fused_us"), ch.get("unfused_us")
+    fused = ch.get("fused_us")
     info.fused_us = fused
     parts = [today_us(c) for c in p.members]
     today = sum(parts) if all(x is not None for x in parts) else None
@@ -265,11 +262,6 @@ def decide_pair(p: PairCandidate) -> None:
         info.status, info.reason = "fallback", f"core: {ch['reason']}; {today_txt} runs it{at}"
     elif mode == "force":
         info.status, info.reason = "fused", f"core: {ch['reason']}; b2b force (comfuse.config.b2b){at}"
-    elif ch["gated"] and fused is not None and two is not None and fused > two:
-        info.status = "fallback"
-        info.reason = (f"the core keeps a gated pair as one B2B kernel even where it does not pay (it has no "
-                       f"two-kernel path): estimate {fused:.1f} us as one kernel vs {two:.1f} us as two; the "
-                       f"frontend keeps {today_txt} instead{at} (comfuse.config.b2b = 'force' builds the pair)")
     elif fused is None or today is None or fused > today:
         info.status = "fallback"
         info.reason = (f"core: {ch['reason']}; but {today_txt} is no slower" +

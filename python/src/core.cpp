@@ -430,11 +430,11 @@ NB_MODULE(_core, m) {
         }
         return out;
       })
-      // choose_b2b (plan.h) for the lowering's one B2B pair: one kernel or two, and why. The
-      // frontend asks before it builds anything (no GPU needed): {one_kernel, gated, reason,
-      // fused_us, unfused_us, explain} (the estimates and plan text only where the planner
-      // accepted the pair); an Error where the options refuse the pair (force on a pair the
-      // kernel cannot take, off on a gated pair).
+      // choose_b2b (plan.h) for the lowering's one B2B pair: one kernel or its unfused kernels,
+      // and why. The frontend asks before it builds anything (no GPU needed): {one_kernel, gated,
+      // reason, fused_us, unfused_us, explain} (the estimates and plan text only where the
+      // planner accepted the pair); an Error where the options refuse the pair (force on a pair
+      // the kernel cannot take, off on a batched pair).
       .def("choose_b2b", [](const PyLowering& l, const Bindings& dims, const nb::dict& opts) {
         const B2BCandidate* b = one_b2b_kernel(l.result);
         if (!b) throw Error("the graph does not lower to one B2B pair:\n" + describe(*l.graph, l.result));

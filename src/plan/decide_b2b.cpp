@@ -573,7 +573,7 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
   k.epilogue_smem_bytes = align_up(f_bytes, 1024) + align_up(e_bytes, 1024);
 
   // N1 split, launch and estimate: each cluster size priced (price_split), the fastest taken,
-  // against the two-kernel path (below). A causal mask leaves the fused kernel the chunks that
+  // against the unfused path (below). A causal mask leaves the fused kernel the chunks that
   // reach each job's rows (about half the GEMM work at M = N1), which the mirror pairs spread
   // evenly over the SMs; the unfused kernels compute every column and mask afterwards.
   const double gemm1 = 2.0 * p.batches * p.m * p.k * p.n1 * (k.gated ? 2 : 1);
@@ -589,18 +589,29 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
   plan.unfused_us = std::max(gemm1 / rate * 1e6, (x_bytes + w1_bytes + s_bytes) * us_per_byte) +
                     std::max(gemm2 / rate * 1e6, (s_bytes + w2_bytes + o_bytes) * us_per_byte);
   plan.dram_floor_us = (x_bytes + w1_bytes + w2_bytes + o_bytes) * us_per_byte;
-  // Where the two-kernel path exists (one GEMM1, no batch), it is priced as the planner plans its
-  // two kernels (GEMM1 with F storing S: a softmax over N1 is a row reduction over many N-tiles;
-  // GEMM2 with its epilogue), the roofline above where either cannot be planned.
+  // Where the unfused path exists (no batch), it is priced as the planner plans its kernels
+  // (unfused_pair: a gated GEMM1's X W3^T stored; GEMM1 with F storing S, a softmax over N1 a row
+  // reduction over many N-tiles; GEMM2 with its epilogue), the roofline above where one cannot be
+  // planned.
   plan.unfused_from = "GEMM1 and GEMM2 each at the measured rate or its DRAM traffic, S written and read back";
-  if (!k.gated && !k.batched) {
+  if (!k.batched) {
     try {
-      const Plan one = make_plan(first, Problem{p.m, p.n1, p.k, p.ab_dtype});
-      const Plan two = make_plan(second, Problem{p.m, p.n2, p.n1, p.ab_dtype});
-      plan.unfused_us = one.estimate.total_us + two.estimate.total_us;
-      plan.unfused_from = fmt::format("the planner's two kernels: GEMM1 + F storing S {:.1f} us, GEMM2 + its epilogue "
-                                      "{:.1f} us",
-                                      one.estimate.total_us, two.estimate.total_us);
+      const UnfusedPair parts = unfused_pair(first, second);
+      double total = 0;
+      std::string each;
+      for (size_t i = 0; i < parts.kernels.size(); ++i) {
+        const bool last = i + 1 == parts.kernels.size();
+        const Plan one = make_plan(parts.kernels[i], last ? Problem{p.m, p.n2, p.n1, p.ab_dtype}
+                                                          : Problem{p.m, p.n1, p.k, p.ab_dtype});
+        total += one.estimate.total_us;
+        each += fmt::format("{}{} {:.1f} us", i ? ", " : "",
+                            last ? "GEMM2 + its epilogue"
+                                 : i + 2 == parts.kernels.size() ? "GEMM1 + F storing S"
+                                                                 : fmt::format("{} stored", parts.intermediates[i].name),
+                            one.estimate.total_us);
+      }
+      plan.unfused_us = total;
+      plan.unfused_from = fmt::format("the planner's {} kernels: {}", parts.kernels.size() == 2 ? "two" : "three", each);
     } catch (const Error&) {  // a kernel the single-GEMM planner refuses: the roofline stands
     }
   }
@@ -756,38 +767,36 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
 
 B2bChoice choose_b2b(const FusionSpec& first, const FusionSpec& second, const B2bProblem& p, const PlanOptions& opt) {
   using Mode = PlanOptions::B2b;
-  // Pairs the two-kernel path cannot run: a gated GEMM1 (the single-GEMM kernel holds one
-  // accumulator) and a batched pair (the single-GEMM kernels take no batch dim).
+  // A batched pair has no unfused path (the single-GEMM kernels take no batch dim).
+  const char* one_only =
+      first.batched() ? "a batched pair has no unfused path (the single-GEMM kernels take no batch dim)" : nullptr;
   const bool gated = first.arg_index(ArgRole::OperandGate) >= 0;
-  const bool batched = first.batched();
-  const char* one_only = gated ? "a gated pair has no two-kernel path (the single-GEMM kernel holds one accumulator)"
-                         : batched ? "a batched pair has no two-kernel path (the single-GEMM kernels take no batch dim)"
-                                   : nullptr;
+  const char* kernels = gated ? "three kernels" : "two kernels";
+  const char* how = gated ? "X W3^T stored, GEMM1 and F store S, GEMM2 reads it" : "GEMM1 and F store S, GEMM2 reads it";
   B2bChoice c;
   if (opt.b2b == Mode::Off) {
     if (one_only)
       throw Error(fmt::format("b2b off: {}; run it as one B2B kernel (--b2b auto or force)", one_only));
-    c.reason = "two kernels (b2b off): GEMM1 and F store S, GEMM2 reads it";
+    c.reason = fmt::format("{} (b2b off): {}", kernels, how);
     return c;
   }
   try {
     c.plan = make_b2b_plan(first, second, p, opt);
   } catch (const Error& e) {
     if (opt.b2b == Mode::Force || one_only) throw;
-    c.reason = fmt::format("two kernels: the pair cannot be one B2B kernel ({}); GEMM1 and F store S, GEMM2 reads it",
-                           e.what());
+    c.reason = fmt::format("{}: the pair cannot be one B2B kernel ({}); {}", kernels, e.what(), how);
     return c;
   }
   const std::string estimate =
-      fmt::format("estimate {:.1f} us as one kernel, {:.1f} us as two", c.plan->fused_us, c.plan->unfused_us);
+      fmt::format("estimate {:.1f} us as one kernel, {:.1f} us as {}", c.plan->fused_us, c.plan->unfused_us,
+                  gated ? "three" : "two");
   const bool pays = c.plan->fused_us <= c.plan->unfused_us;
   c.one_kernel = opt.b2b == Mode::Force || pays || one_only;
   c.reason = opt.b2b == Mode::Force ? fmt::format("one B2B kernel (b2b force; {})", estimate)
              : pays                 ? fmt::format("one B2B kernel: {}", estimate)
              : one_only ? fmt::format("one B2B kernel although it is not expected to pay ({}): {}", estimate, one_only)
-                     : fmt::format("two kernels: the B2B kernel is not expected to pay ({}); GEMM1 and F store S, "
-                                   "GEMM2 reads it (--b2b force builds the pair)",
-                                   estimate);
+                     : fmt::format("{}: the B2B kernel is not expected to pay ({}); {} (--b2b force builds the pair)",
+                                   kernels, estimate, how);
   return c;
 }
 

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <optional>
 
@@ -54,11 +55,15 @@ struct FusedKernel::State {
   // A pair: GEMM2's spec, and the pair's plan where it is one kernel (kernels/comfuse/b2b/).
   std::optional<FusionSpec> second;
   B2bPlan b2b_plan;
-  // A pair as two kernels: both, and S between them (owned, `s_rows` x `s_cols` of `s_dtype`).
+  // A pair as unfused kernels: each, and the intermediates between them (owned, [rows, cols]).
+  struct Intermediate {
+    std::string name;
+    DType dtype = DType::BF16;
+    int64_t rows = 0, cols = 0;
+    void* data = nullptr;
+  };
   std::vector<FusedKernel> parts;
-  void* s_buffer = nullptr;
-  int64_t s_rows = 0, s_cols = 0;
-  DType s_dtype = DType::BF16;
+  std::vector<Intermediate> intermediates;
   EmittedKernel emitted;
   CompiledKernel compiled;
   cudaLibrary_t library = nullptr;
@@ -69,7 +74,7 @@ struct FusedKernel::State {
   ~State() {
     if (stash) cudaFree(stash);
     if (exchange) cudaFree(exchange);
-    if (s_buffer) cudaFree(s_buffer);
+    for (const Intermediate& i : intermediates) cudaFree(i.data);
     if (library) cudaLibraryUnload(library);
   }
 };
@@ -93,7 +98,7 @@ const CompiledKernel& FusedKernel::compiled() const {
 }
 
 std::vector<uint64_t> FusedKernel::trace() const {
-  if (!state_->parts.empty()) return state_->parts[0].trace();  // two kernels: the first's timeline
+  if (!state_->parts.empty()) return state_->parts[0].trace();  // unfused kernels: the first's timeline
   void* sym = nullptr;
   size_t bytes = 0;
   if (cudaLibraryGetGlobal(&sym, &bytes, state_->library, "comfuse_trace") != cudaSuccess) {
@@ -174,19 +179,20 @@ FusedKernel FusedKernel::build_b2b(const FusionSpec& first, const FusionSpec& se
   return FusedKernel(std::move(st));
 }
 
-FusedKernel FusedKernel::build_two_kernels(const FusionSpec& first, const FusionSpec& second, const Bindings& dims,
-                                           const CompileOptions& opt) {
+FusedKernel FusedKernel::build_unfused(const FusionSpec& first, const FusionSpec& second, const Bindings& dims,
+                                       const CompileOptions& opt) {
   auto st = std::make_unique<State>();
   st->spec = first;
   st->second = second;
-  const RuntimeArg& s = first.args.at(static_cast<size_t>(b2b_intermediate_arg(first, second)));
-  st->s_rows = resolve(first.m, dims);
-  st->s_cols = resolve(first.n, dims);
-  st->s_dtype = s.dtype;
-  st->parts.push_back(build(first, problem_of(first, dims), opt));
-  st->parts.push_back(build(second, problem_of(second, dims), opt));
-  const size_t bytes = static_cast<size_t>(st->s_rows * st->s_cols) * size_of(s.dtype);
-  cuda_check(cudaMalloc(&st->s_buffer, bytes), fmt::format("allocating the {}-byte intermediate '{}'", bytes, s.name));
+  const UnfusedPair pair = unfused_pair(first, second);
+  for (const FusionSpec& k : pair.kernels) st->parts.push_back(build(k, problem_of(k, dims), opt));
+  for (const RuntimeArg& a : pair.intermediates) {
+    State::Intermediate& i = st->intermediates.emplace_back();
+    i.name = a.name, i.dtype = a.dtype;
+    i.rows = resolve(first.m, dims), i.cols = resolve(first.n, dims);
+    const size_t bytes = static_cast<size_t>(i.rows * i.cols) * size_of(a.dtype);
+    cuda_check(cudaMalloc(&i.data, bytes), fmt::format("allocating the {}-byte intermediate '{}'", bytes, a.name));
+  }
   return FusedKernel(std::move(st));
 }
 
@@ -391,28 +397,33 @@ void FusedKernel::run_b2b(const RunArgs& args, Stream stream) const {
   runtime_detail::launch(st.kernel, kc, p, reinterpret_cast<cudaStream_t>(stream), st.max_clusters);
 }
 
-// Each kernel gets its own arguments (S bound to the owned buffer); a name neither knows is an
-// error, as for one kernel.
+// Each kernel gets its own arguments (the intermediates bound to the owned buffers); a name no
+// kernel knows is an error, as for one kernel.
 void FusedKernel::run_parts(const RunArgs& args, Stream stream) const {
   const State& st = *state_;
   const FusionSpec &f = st.spec, &e = *st.second;
-  const std::string& s_name = e.args.at(static_cast<size_t>(e.arg_index(ArgRole::OperandA))).name;
-  check_names(args, {&f, &e}, s_name);
+  for (const auto& [name, t] : args.tensors)
+    for (const State::Intermediate& i : st.intermediates)
+      if (name == i.name)
+        throw Error(fmt::format("argument '{}' names an intermediate these kernels hold themselves", name));
+  check_names(args, {&f, &e}, "");
   const RuntimeArg& rx = f.args.at(static_cast<size_t>(f.arg_index(ArgRole::OperandA)));
   const int64_t m = matrix_arg(args, rx).shape[0];
-  if (m > st.s_rows)
-    throw Error(fmt::format("X '{}' has {} rows; these two kernels were built for at most {} (their intermediate '{}' "
+  const State::Intermediate& s = st.intermediates.back();
+  if (m > s.rows)
+    throw Error(fmt::format("X '{}' has {} rows; these {} kernels were built for at most {} (their intermediate '{}' "
                             "holds that many): build them for this M",
-                            rx.name, m, st.s_rows, s_name));
-  const DeviceTensor s{st.s_buffer, st.s_dtype, {m, st.s_cols}, 0};
-  for (size_t i = 0; i < st.parts.size(); ++i) {
+                            rx.name, m, st.parts.size(), s.rows, s.name));
+  for (const FusedKernel& part : st.parts) {
     RunArgs own;
-    for (const RuntimeArg& a : st.parts[i].spec().args) {
-      if (a.name == s_name) own.tensors[a.name] = s;
+    for (const RuntimeArg& a : part.spec().args) {
+      const auto held = std::find_if(st.intermediates.begin(), st.intermediates.end(),
+                                     [&](const State::Intermediate& i) { return i.name == a.name; });
+      if (held != st.intermediates.end()) own.tensors[a.name] = DeviceTensor{held->data, held->dtype, {m, held->cols}, 0};
       else if (a.role == ArgRole::Scalar && args.scalars.count(a.name)) own.scalars[a.name] = args.scalars.at(a.name);
       else if (args.tensors.count(a.name)) own.tensors[a.name] = args.tensors.at(a.name);
     }
-    st.parts[i].run(own, stream);  // a missing argument is named there
+    part.run(own, stream);  // a missing argument is named there
   }
 }
 
@@ -423,7 +434,7 @@ FusedKernel compile(const Graph& g, const Bindings& dims, const CompileOptions& 
                      &e = r.regions[static_cast<size_t>(b->second_region)].spec;
     const B2bProblem p = b2b_problem_of(f, e, dims);
     if (choose_b2b(f, e, p, opt.plan).one_kernel) return FusedKernel::build_b2b(f, e, p, opt);
-    return FusedKernel::build_two_kernels(f, e, dims, opt);
+    return FusedKernel::build_unfused(f, e, dims, opt);
   }
   if (r.regions.size() != 1 || !r.fallbacks.empty())
     throw Error("the graph does not lower to one fused kernel:\n" + describe(g, r));

@@ -2,8 +2,8 @@
 // elementwise F into one gated region (the second a gated AccEntry on OperandGate W3) where it
 // starts a B2B pair, and says why not elsewhere (different A, B layout or dtype, X W3^T or S
 // stored, no second matmul); the fp64 executors agree; the B2B plan of the gated pair; the spec's
-// text form; Ψ's GateEntry and an NVRTC compile; and choose_b2b, the rule between one B2B kernel
-// and two kernels.
+// text form; Ψ's GateEntry and an NVRTC compile; the unfused kernels (X W3^T stored, GEMM1
+// reading it, GEMM2); and choose_b2b, the rule between one B2B kernel and those.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -96,6 +96,40 @@ TEST(B2bGated, LoweredExecutorMatchesTheGraph) {
   const Comparison c = compare(got.at("y"), want.at("y"));
   EXPECT_EQ(c.nonfinite, 0);
   EXPECT_EQ(c.max_abs, 0.0);
+}
+
+// The gated pair's unfused kernels (plan.h unfused_pair): X W3^T stored as the graph's `up` in
+// bf16, the gated GEMM1 reading it as a tile input where its gated entry was, GEMM2. Their specs
+// verify and, run in turn through the fp64 spec executor, compute the graph up to that one bf16
+// rounding of X W3^T.
+TEST(B2bGated, UnfusedKernelsComputeTheGraph) {
+  Lowered l(Mlp{}.text());
+  const B2BCandidate* b = one_b2b_kernel(l.r);
+  ASSERT_NE(b, nullptr) << l.said();
+  const UnfusedPair u = unfused_pair(l.r.regions[static_cast<size_t>(b->first_region)].spec,
+                                     l.r.regions[static_cast<size_t>(b->second_region)].spec);
+  ASSERT_EQ(u.kernels.size(), 3u);
+  ASSERT_EQ(u.intermediates.size(), 2u);
+  EXPECT_EQ(u.intermediates[0].name, "up");
+  EXPECT_EQ(u.intermediates[0].dtype, DType::BF16);
+  EXPECT_EQ(u.intermediates[1].name, "s");
+  const FusionSpec &up = u.kernels[0], &gate = u.kernels[1];
+  EXPECT_EQ(up.args.at(static_cast<size_t>(up.arg_index(ArgRole::OperandB))).name, "w3");
+  EXPECT_EQ(up.args.at(static_cast<size_t>(up.arg_index(ArgRole::Output))).name, "up");
+  EXPECT_LT(gate.arg_index(ArgRole::OperandGate), 0);
+  ASSERT_GE(gate.arg_index(ArgRole::TileInput), 0);
+  EXPECT_EQ(gate.args.at(static_cast<size_t>(gate.arg_index(ArgRole::TileInput))).name, "up");
+
+  const Bindings dims{{"M", 37}, {"K", 24}, {"N", 40}, {"D", 16}};
+  std::mt19937_64 rng(7);
+  const TensorMap in = random_inputs(l.g, dims, rng);
+  TensorMap args = in;
+  for (const FusionSpec& k : u.kernels)
+    for (auto& [name, t] : run_spec(k, dims, args)) args[name] = t;
+  const Comparison c = compare(args.at("y"), run_graph(l.g, dims, in).at("y"));
+  EXPECT_EQ(c.nonfinite, 0);
+  EXPECT_GT(c.max_abs, 0.0);  // X W3^T was rounded to bf16
+  EXPECT_LT(c.rel_l2, 1e-2);
 }
 
 // What keeps the two GEMMs apart, in the user's names; the graph then lowers as without the
@@ -204,7 +238,7 @@ TEST(B2bGated, PlanHoldsBothAccumulators) {
   }
 }
 
-// choose_b2b: the one rule between one B2B kernel and two.
+// choose_b2b: the one rule between one B2B kernel and the unfused kernels.
 TEST(B2bGated, ChooseOneKernelOrTwo) {
   auto load = [](const std::string& ex) {
     Graph g = parse_graph_file((kRoot / "examples" / ex).string());
@@ -233,11 +267,19 @@ TEST(B2bGated, ChooseOneKernelOrTwo) {
   const B2bChoice at = choose(att, B2bProblem{1, 16384, 128, 16384, 128, DType::BF16}, Mode::Auto);
   EXPECT_TRUE(at.one_kernel) << at.reason;
   EXPECT_NE(at.reason.find("one B2B kernel: estimate"), std::string::npos) << at.reason;
-  // The gated pair: one kernel even where it loses (no two-kernel path), and Off refuses it.
+  // The gated pair: three kernels where one does not pay (unfused_pair), and under Off.
   const B2bChoice g = choose(swiglu, ffn_big, Mode::Auto);
-  EXPECT_TRUE(g.one_kernel);
-  EXPECT_NE(g.reason.find("a gated pair has no two-kernel path"), std::string::npos) << g.reason;
-  EXPECT_THROW(choose(swiglu, ffn_big, Mode::Off), Error);
+  EXPECT_FALSE(g.one_kernel);
+  EXPECT_NE(g.reason.find("three kernels: the B2B kernel is not expected to pay"), std::string::npos) << g.reason;
+  ASSERT_TRUE(g.plan.has_value());
+  EXPECT_NE(g.plan->unfused_from.find("the planner's three kernels: up stored"), std::string::npos)
+      << g.plan->unfused_from;
+  EXPECT_NE(choose(swiglu, ffn_big, Mode::Off).reason.find("three kernels (b2b off)"), std::string::npos);
+  // A batched pair has no unfused path: one kernel under Auto, and Off refuses it.
+  const LoweringResult batched = load("attention_batched.cf");
+  const B2bProblem heads{16, 1024, 64, 1024, 64, DType::BF16};
+  EXPECT_TRUE(choose(batched, heads, Mode::Auto).one_kernel);
+  EXPECT_THROW(choose(batched, heads, Mode::Off), Error);
   // A pair the B2B kernel cannot hold (a LayerNorm over N1 in F) is two kernels under Auto, an
   // Error when forced.
   Lowered ln(std::string("input x: bf16[M, K]\ninput w1: bf16[N, K]\ninput w2: bf16[D, N]\nh = matmul(x, w1)\n"

@@ -81,10 +81,10 @@ class Cli : public ::testing::Test {
   }
 };
 
-const char* kExamples[] = {"gemm_bias_gelu.cf",   "gemm_layernorm.cf",    "gemm_rmsnorm.cf",
-                           "gemm_softmax.cf",     "ffn.cf",               "ffn_swiglu.cf",
-                           "attention.cf",        "attention_causal.cf",  "attention_batched.cf",
-                           "attention_batched_causal.cf"};
+const char* kExamples[] = {"gemm_bias_gelu.cf",   "gemm_bias_gelu_erf.cf", "gemm_layernorm.cf",
+                           "gemm_rmsnorm.cf",     "gemm_softmax.cf",       "ffn.cf",
+                           "ffn_swiglu.cf",       "attention.cf",          "attention_causal.cf",
+                           "attention_batched.cf", "attention_batched_causal.cf"};
 
 bool is_b2b_pair(const std::string& ex) { return ex == "ffn.cf" || ex == "ffn_swiglu.cf" || ex.rfind("attention", 0) == 0; }
 
@@ -194,7 +194,8 @@ TEST_F(Cli, RunReferenceEveryExample) {
 }
 
 // A B2B pair runs as one kernel where the planner expects it to pay, else as two single-GEMM
-// kernels (S through memory); --b2b force|off overrides, and a gated pair has no two-kernel path.
+// kernels (S through memory; a gated pair three); --b2b force|off overrides; a batched pair has
+// no unfused path.
 TEST_F(Cli, B2bPairOneKernelOrTwo) {
   const std::string ffn = "'" + example("ffn.cf") + "' --dim M=8192 --dim K=1024 --dim N=4096 --dim D=256";
   Result a = comfuse("explain " + ffn);
@@ -217,15 +218,25 @@ TEST_F(Cli, B2bPairOneKernelOrTwo) {
   Result off = comfuse("explain " + att + " --b2b off");
   ASSERT_EQ(off.rc, 0) << off.err;
   EXPECT_TRUE(has(off.out, "b2b pair: two kernels (b2b off)")) << off.out;
-  // SwiGLU: the gated pair stays one kernel (with why), and cannot be two.
+  // SwiGLU: the gated pair unfused is three kernels (X W3^T stored as the graph's `up`, read by
+  // GEMM1's F); forced, one gated B2B kernel.
   const std::string swiglu = "'" + example("ffn_swiglu.cf") + "' --dim M=8192 --dim K=1024 --dim N=4096 --dim D=1024";
   Result g = comfuse("explain " + swiglu);
   ASSERT_EQ(g.rc, 0) << g.err;
-  EXPECT_TRUE(has(g.out, "a gated pair has no two-kernel path")) << g.out;
-  EXPECT_TRUE(has(g.out, "(gated: X W1^T and X W3^T)")) << g.out;
+  EXPECT_TRUE(has(g.out, "b2b pair: three kernels: the B2B kernel is not expected to pay")) << g.out;
+  EXPECT_TRUE(has(g.out, "# region 2 (of 3)") && has(g.out, "stage 1: 2 node(s): n0 acc; n1 store up <- n0")) << g.out;
+  EXPECT_TRUE(has(comfuse("explain " + swiglu + " --b2b force").out, "(gated: X W1^T and X W3^T)"));
   Result goff = comfuse("explain " + swiglu + " --b2b off");
-  EXPECT_EQ(goff.rc, 1);
-  EXPECT_TRUE(has(goff.err, "comfuse: error: b2b off: a gated pair")) << goff.err;
+  ASSERT_EQ(goff.rc, 0) << goff.err;
+  EXPECT_TRUE(has(goff.out, "b2b pair: three kernels (b2b off)")) << goff.out;
+  Result ge = comfuse("emit " + swiglu);
+  ASSERT_EQ(ge.rc, 0) << ge.err;
+  EXPECT_TRUE(has(ge.out, "comfuse::epi::TileInput<") && !has(ge.out, "GateEntry")) << ge.out;
+  // A batched pair has no unfused path: off refuses it.
+  Result boff = comfuse("explain '" + example("attention_batched.cf") +
+                        "' --dim B=16 --dim M=1024 --dim N=1024 --dim K=64 --dim DV=64 --b2b off");
+  EXPECT_EQ(boff.rc, 1);
+  EXPECT_TRUE(has(boff.err, "comfuse: error: b2b off: a batched pair has no unfused path")) << boff.err;
   Result bad = comfuse("explain " + ffn + " --b2b maybe");
   EXPECT_EQ(bad.rc, 2);
   EXPECT_TRUE(has(bad.err, "--b2b: maybe not in {auto,force,off}")) << bad.err;

@@ -3,7 +3,7 @@
 // epilogue after GEMM2, a residual included), the gated F of SwiGLU / GeGLU (X W1^T and X W3^T)
 // and the online softmax (attention, causal too), bf16 and f16, ragged shapes, batched over a
 // leading dim (3-D TMA, per-batch epilogue inputs and outputs), against the fp64 graph executor
-// on random inputs; and the same pair as two kernels where the planner falls back. The pair is
+// on random inputs; and the same pair as unfused kernels where the planner falls back. The pair is
 // forced (--b2b force): the planner would run most of these shapes as two kernels. Skips, saying
 // why, on a machine without an sm_90 GPU.
 #include <cuda_runtime.h>
@@ -187,6 +187,30 @@ output o: bf16
       run_and_check(parse_graph(ffn("bf16", "gelu")), {{"M", 4096}, {"K", 512}, {"N", 2048}, {"D", 256}}, 5, {}, 0);
   expect_outputs_match(rep);
   EXPECT_EQ(rep.kernels, 2);
+}
+
+// A gated pair unfused (plan.h unfused_pair): X W3^T stored, GEMM1 with F reading it as an
+// [M, N1] input, GEMM2; --b2b off, and auto at Llama-2-7B's decode shape (one gated kernel
+// recomputes GEMM1 for each block of O there: bench/RESULTS.md), bf16 and f16, ragged.
+TEST_F(GpuB2b, GatedPairAsThreeKernels) {
+  struct V {
+    const char* dtype;
+    const char* act;
+    int64_t m, k, n, d;
+    PlanOptions::B2b mode;
+  };
+  for (const V& v : {V{"bf16", "silu", 1000, 72, 520, 136, PlanOptions::B2b::Off},
+                     V{"f16", "gelu", 77, 264, 1032, 200, PlanOptions::B2b::Off},
+                     V{"bf16", "silu", 128, 4096, 11008, 4096, PlanOptions::B2b::Auto}}) {
+    SCOPED_TRACE(fmt::format("{} {}: M={} K={} N={} D={}", v.dtype, v.act, v.m, v.k, v.n, v.d));
+    CompileOptions opt;
+    opt.plan.b2b = v.mode;
+    const DeviceRunReport rep = run_and_check(parse_graph(gated_ffn(v.dtype, v.act)),
+                                              {{"M", v.m}, {"K", v.k}, {"N", v.n}, {"D", v.d}}, /*seed=*/5, opt, 0);
+    expect_outputs_match(rep);
+    EXPECT_EQ(rep.kernels, 3);
+    EXPECT_EQ(rep.b2b_plan.jobs, 0);
+  }
 }
 
 // softmax(Q K^T / 8) V, bf16: the online softmax's plain case.
