@@ -8,6 +8,20 @@ namespace comfuse {
 // The shortest K at which the small-M split-K row below pays (see there).
 constexpr int64_t kSmallMSplitKMinK = 8192;
 
+namespace {
+
+// The tile width for pairs of row blocks along M (clusters of 2 sharing B) where every SM gets a
+// column block: each round of clusters streams tile_n columns of B, so the time goes as rounds x
+// tile_n. 192 where it takes fewer (Llama-2-7B's N = 11008 at M = 128: 86 blocks of 128 for 66
+// clusters, two rounds, against 58 of 192 in one); 128 otherwise, as measured (256 only ever ties).
+int pair_tile_n(const Problem& p, int64_t row_blocks, const DeviceModel& dev) {
+  const int64_t slots = dev.sm_count / 2, row_pairs = (row_blocks + 1) / 2;
+  auto cost = [&](int64_t tn) { return (row_pairs * ((p.n + tn - 1) / tn) + slots - 1) / slots * tn; };
+  return cost(192) < cost(128) ? 192 : 128;
+}
+
+}  // namespace
+
 // Elementwise epilogues by shape class: each row measured fastest on the H200 (bench/NOTES.md:
 // ncu and same-power-state timing against cuBLAS).
 MeasuredConfig measured_elementwise_config(const Problem& p, const DeviceModel& dev, bool may_split_k) {
@@ -16,7 +30,10 @@ MeasuredConfig measured_elementwise_config(const Problem& p, const DeviceModel& 
   // small_m_b_reuse.txt). These problems are bound by B's stream, so the two choices are how
   // many SMs pull B and how often each panel of it is read:
   // - the tile: 64x64 where 64x128 tiles would cover at most half the SMs (twice the SMs on
-  //   B: 7-14% faster at 8 to 64 such tiles, 4-5% slower at 96 and 128), else 64x128;
+  //   B: 7-14% faster at 8 to 64 such tiles, 4-5% slower at 96 and 128), else 64x128, or 64x192
+  //   for pairs along M where that takes fewer rounds of clusters (pair_tile_n: 128 x 11008 x
+  //   4096 bias + GELU 30.5 us, 1.12x cuBLAS; the SwiGLU FFN's three kernels 99.5 -> 89.8 us,
+  //   bench/NOTES.md Stop 33);
   // - the cluster: with two or more row blocks of 64, pairs along M share B (multicast, one read
   //   of each panel for two row blocks): 128 x 16384 x 4096 52.1 -> 40.9 us, 256 x 4096 x 4096
   //   24.4 -> 17.7, 256 x 2048 x 4096 13.8 -> 13.0 (64x64), 128 x 4096 x 16384 52.8 -> 48.1
@@ -38,12 +55,16 @@ MeasuredConfig measured_elementwise_config(const Problem& p, const DeviceModel& 
                           "at K = 16384, a tie at 8192)",
                           row_blocks, p.k, kSmallMSplitKMinK),
               2};
-    const int tile_n = narrow ? 64 : 128;
-    if (row_blocks >= 2)
+    if (row_blocks >= 2) {
+      const int tile_n = narrow ? 64 : pair_tile_n(p, row_blocks, dev);
       return {64, tile_n, 1, 2, 1, 8, 8, false,
               fmt::format("M <= 256, {} row blocks: PingPong 64x{}, pairs along M share B (multicast; measured "
-                          "1.04-1.38x faster than pairs along N sharing A)",
-                          row_blocks, tile_n)};
+                          "1.04-1.38x faster than pairs along N sharing A){}",
+                          row_blocks, tile_n,
+                          tile_n == 192 ? "; 192 columns: the column blocks fill the SMs in one round, where 128 would "
+                                          "leave a partial second"
+                                        : "")};
+    }
     if (narrow)
       return {64, 64, 1, 1, 1, 8, 8, true,
               "M <= 64 with 64x128 tiles for at most half the SMs: PingPong 64x64, no cluster (7-14% faster "

@@ -596,8 +596,11 @@ TEST(Plan, OneWaveElementwisePaysItsLaunchAndStream) {
 // measured at 8 to 64 such tiles, 4-5% slower at 96 and 128), and with two or more row blocks of
 // 64 it pairs them along M to share B (multicast: 128 x 16384 x 4096 52.1 -> 40.9 us, 256 x 4096 x
 // 4096 24.4 -> 17.7 against pairs along N sharing A); one row block pairs along N (64 x 128) or
-// runs alone (64 x 64). The estimates follow the shared-B rate (bench/sweeps/one_wave_tiles.txt,
-// one_wave_rule.txt, small_m_b_reuse.txt; bench/NOTES.md Stop 29).
+// runs alone (64 x 64). Pairs take 64 x 192 tiles where 128 columns would leave a partial second
+// round of clusters (128 x 11008 x 4096: 58 blocks of 192 in one round against 86 of 128 for 66
+// clusters; the SwiGLU FFN of Llama-2-7B 99.5 -> 89.8 us, bench/NOTES.md Stop 33). The estimates
+// follow the shared-B rate (bench/sweeps/one_wave_tiles.txt, one_wave_rule.txt,
+// small_m_b_reuse.txt; bench/NOTES.md Stop 29).
 TEST(Plan, SmallMElementwiseSpreadsAndSharesB) {
   const FusionSpec s = bias_gelu();
   struct Case {
@@ -610,7 +613,8 @@ TEST(Plan, SmallMElementwiseSpreadsAndSharesB) {
         Case{1, 4096, 1024, 64, 1, 1, 1, 6.5}, Case{32, 4096, 1024, 64, 1, 1, 1, 5.8},
         Case{64, 16384, 4096, 128, 1, 2, 1, 0}, Case{128, 4096, 16384, 128, 2, 1, 2, 43.6},
         Case{256, 2048, 4096, 64, 2, 1, 1, 13.0}, Case{192, 4096, 4096, 128, 2, 1, 1, 22.5},
-        Case{256, 4096, 4096, 128, 2, 1, 1, 17.7}, Case{128, 16384, 4096, 128, 2, 1, 1, 40.9}}) {
+        Case{256, 4096, 4096, 128, 2, 1, 1, 17.7}, Case{128, 16384, 4096, 128, 2, 1, 1, 40.9},
+        Case{128, 11008, 4096, 192, 2, 1, 1, 30.5}, Case{256, 5120, 4096, 192, 2, 1, 1, 0}}) {
     const Plan p = make_plan(s, prob(c.m, c.n, c.k), full_device(), {}, {});
     const std::string at = fmt::format("{}x{}x{}", c.m, c.n, c.k);
     EXPECT_EQ(p.kernel.tile_m, 64) << at;
