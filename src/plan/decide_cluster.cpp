@@ -83,6 +83,25 @@ void estimate_cluster(Candidate& c, const Request& r) {
     const double stream = b_cta <= tun.sm_stream_measured_bytes ? b_cta / tun.sm_stream_bytes_per_s * 1e6 : 0.0;
     c.est.mainloop_us = std::max({ml, stream, b_all / dram * 1e6});
     t_cluster = c.est.mainloop_us + epi + tun.one_wave_launch_us;
+  } else if (c.tiles_m <= k.cluster_m) {
+    // A few rounds of one row of clusters (small M): each cluster streams its own panels of B
+    // from DRAM, so a full round lasts at least their bytes at DRAM's rate, and the last, partial
+    // one at what a short kernel gets (the one-wave rate) or one CTA's share at one SM's
+    // streaming rate: the tail that decides 64x128 against 64x192 at 128 x 11008 x 4096, which
+    // the compute-bound waves above miss (bench/NOTES.md Stop 33: 128 x 16384 x 4096 measured
+    // 40.9 us where they give 34.9).
+    const double b_cta = double(k.n_tiles) * k.tile_n * double(r.p.k) * ab_bytes / k.cluster_m;
+    const double b_job = b_cta * k.cluster_m * k.cluster_n;  // a cluster's panels (shared along M)
+    const double stream = b_cta <= tun.sm_stream_measured_bytes ? b_cta / tun.sm_stream_bytes_per_s * 1e6 : 0.0;
+    const int64_t last = c.jobs - (q - 1) * resident_max;
+    const double full = std::max(ml, double(resident_max) * b_job / dev.dram_bytes_per_s * 1e6);
+    const double tail =
+        std::max({ml, stream, double(last) * b_job / tun.one_wave_dram(k.cluster_m, true) * 1e6});
+    const double rounds = double(q - 1) * full + tail;
+    if (rounds + epi + tun.one_wave_launch_us > t_cluster) {
+      c.est.mainloop_us = rounds;
+      t_cluster = rounds + epi + tun.one_wave_launch_us;
+    }
   }
   c.est.epilogue_us = t_cluster - c.est.mainloop_us;
 

@@ -626,6 +626,9 @@ TEST(Plan, SmallMElementwiseSpreadsAndSharesB) {
       EXPECT_NEAR(p.estimate.total_us, c.measured_us, 0.3 * c.measured_us) << at;
     }
   }
+  // Two rounds of one row of clusters: the last, partial round's B stream bounds it (40.9 us
+  // measured; the compute-bound waves alone priced it 34.9).
+  EXPECT_NEAR(make_plan(s, prob(128, 16384, 4096), full_device(), {}, {}).estimate.total_us, 40.9, 0.1 * 40.9);
   // A forced cluster or tile keeps the unsplit measured path (the split row is the planner's own).
   PlanOptions forced;
   forced.cluster_m = 2, forced.tile_m = 64, forced.tile_n = 64;
