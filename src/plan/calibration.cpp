@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 namespace comfuse {
 
 // The shortest K at which the small-M split-K row below pays (see there).
@@ -15,7 +17,7 @@ namespace {
 // tile_n. 192 where it takes fewer (Llama-2-7B's N = 11008 at M = 128: 86 blocks of 128 for 66
 // clusters, two rounds, against 58 of 192 in one); 128 otherwise, as measured (256 only ever ties).
 int pair_tile_n(const Problem& p, int64_t row_blocks, const DeviceModel& dev) {
-  const int64_t slots = dev.sm_count / 2, row_pairs = (row_blocks + 1) / 2;
+  const int64_t slots = std::max(1, dev.resident(2)), row_pairs = (row_blocks + 1) / 2;
   auto cost = [&](int64_t tn) { return (row_pairs * ((p.n + tn - 1) / tn) + slots - 1) / slots * tn; };
   return cost(192) < cost(128) ? 192 : 128;
 }
