@@ -69,18 +69,19 @@ void estimate_cluster(Candidate& c, const Request& r) {
   const double job = std::max(ml + tun.epilogue_mma_interference * epi_math, (ml + epi) / 2.0);
   double t_cluster = ml + epi + double(q - 1) * job;
   c.est.mainloop_us = double(q) * ml;
+  // A CTA's share of B (clusters along M multicast it) and its time at one SM's streaming rate,
+  // which was measured on shares up to 0.5 MiB only (calibration.h): a longer one keeps more
+  // bytes in flight, so there the tile model stands (0).
+  const double b_cta = double(k.n_tiles) * k.tile_n * double(r.p.k) * ab_bytes / k.cluster_m;
+  const double stream = b_cta <= tun.sm_stream_measured_bytes ? b_cta / tun.sm_stream_bytes_per_s * 1e6 : 0.0;
   if (q == 1) {
     // One wave (decode, small M), as the row groups' model (decide_row_groups.cpp): the launch's
     // fixed cost has nothing to hide behind, and B streams from DRAM once, all of it at what DRAM
-    // gives a short kernel and a CTA's share (clusters along M multicast it) at one SM's
-    // streaming rate, which was measured on shares up to 0.5 MiB only (calibration.h): a longer
-    // one keeps more bytes in flight, so there the tile model stands. GPT-2's decode c_fc +
+    // gives a short kernel and a CTA's share at one SM's streaming rate. GPT-2's decode c_fc +
     // gelu_new (1 and 32 x 4096 x 1024, 32 CTAs of 256 KiB) measured 9.7-10.1 us in a CUDA graph
     // against 5.0 estimated without this.
-    const double b_cta = double(k.n_tiles) * k.tile_n * double(r.p.k) * ab_bytes / k.cluster_m;
     const double b_all = double(r.p.n) * double(r.p.k) * ab_bytes;
     const double dram = tun.one_wave_dram(k.cluster_m, c.tiles_m >= k.cluster_m);
-    const double stream = b_cta <= tun.sm_stream_measured_bytes ? b_cta / tun.sm_stream_bytes_per_s * 1e6 : 0.0;
     c.est.mainloop_us = std::max({ml, stream, b_all / dram * 1e6});
     t_cluster = c.est.mainloop_us + epi + tun.one_wave_launch_us;
   } else if (c.tiles_m <= k.cluster_m) {
@@ -90,9 +91,7 @@ void estimate_cluster(Candidate& c, const Request& r) {
     // streaming rate: the tail that decides 64x128 against 64x192 at 128 x 11008 x 4096, which
     // the compute-bound waves above miss (bench/NOTES.md Stop 33: 128 x 16384 x 4096 measured
     // 40.9 us where they give 34.9).
-    const double b_cta = double(k.n_tiles) * k.tile_n * double(r.p.k) * ab_bytes / k.cluster_m;
     const double b_job = b_cta * k.cluster_m * k.cluster_n;  // a cluster's panels (shared along M)
-    const double stream = b_cta <= tun.sm_stream_measured_bytes ? b_cta / tun.sm_stream_bytes_per_s * 1e6 : 0.0;
     const int64_t last = c.jobs - (q - 1) * resident_max;
     const double full = std::max(ml, double(resident_max) * b_job / dev.dram_bytes_per_s * 1e6);
     const double tail =

@@ -389,14 +389,17 @@ int literal_int_exponent(const Spec& st, const SpecNode& n) {
   return 0;
 }
 
+namespace {
+bool is_tanh(const SpecNode& n) {
+  return n.category == NodeCategory::Compute && n.compute == ComputeKind::Unary && n.unary == UnaryOp::Tanh;
+}
+}  // namespace
+
 int one_plus_tanh_operand(const Spec& st, const SpecNode& n) {
   if (n.category != NodeCategory::Compute || n.compute != ComputeKind::Binary || n.binary != BinaryOp::Add) return -1;
   auto node = [&](int k) -> const SpecNode& { return st.nodes.at(static_cast<size_t>(k)); };
   auto is_one = [](const SpecNode& c) {
     return c.category == NodeCategory::Broadcast && c.arg < 0 && c.literal == 1.0;
-  };
-  auto is_tanh = [](const SpecNode& c) {
-    return c.category == NodeCategory::Compute && c.compute == ComputeKind::Unary && c.unary == UnaryOp::Tanh;
   };
   for (int side = 0; side < 2; ++side) {
     const SpecNode& t = node(n.operands.at(static_cast<size_t>(side)));
@@ -406,8 +409,7 @@ int one_plus_tanh_operand(const Spec& st, const SpecNode& n) {
 }
 
 bool only_one_plus_tanh_users(const Spec& st, int i) {
-  const SpecNode& t = st.nodes.at(static_cast<size_t>(i));
-  if (t.category != NodeCategory::Compute || t.compute != ComputeKind::Unary || t.unary != UnaryOp::Tanh) return false;
+  if (!is_tanh(st.nodes.at(static_cast<size_t>(i)))) return false;
   int users = 0;
   for (const SpecNode& n : st.nodes)
     for (int o : n.operands)

@@ -42,6 +42,12 @@ TEST_F(Gpu, EveryUnaryOp) {
   }
 }
 
+// Every output of `rep` element by element: |got - fp64| <= bound * max(|fp64|, 1e-6).
+void expect_each_element_within(const DeviceRunReport& rep, double bound) {
+  expect_outputs_match(rep);
+  for (const OutputCheck& o : rep.outputs) EXPECT_LE(o.cmp.max_rel, bound) << o.name << " max_abs " << o.cmp.max_abs;
+}
+
 // erf-GELU element by element over |x| up to ~17 (acc ~ N(0, 1), times 4), f32 out: within 1e-4
 // of fp64 relative to max(|gelu|, 1e-6), the negative tail included, where the textbook
 // 0.5 x (1 + erff(x / sqrt 2)) cancels (~10% off at x = -5). K = 16: one MMA step, so the
@@ -49,9 +55,7 @@ TEST_F(Gpu, EveryUnaryOp) {
 TEST_F(Gpu, GeluErfAcrossItsRange) {
   Case c;
   c.g.output(c.g.unary(UnaryOp::GeluErf, c.acc * 4.0), "y", DType::F32);
-  const DeviceRunReport rep = run_and_check(c.g, {{"M", 200}, {"N", 264}, {"K", 16}}, 7);
-  expect_outputs_match(rep);
-  for (const OutputCheck& o : rep.outputs) EXPECT_LE(o.cmp.max_rel, 1e-4) << o.name << " max_abs " << o.cmp.max_abs;
+  expect_each_element_within(run_and_check(c.g, {{"M", 200}, {"N", 264}, {"K", 16}}, 7), 1e-4);
 }
 
 // 1 + tanh(u) (Ψ: 2 sigmoid(2u)) element by element over |u| up to ~17, f32 out: within 1e-4 of
@@ -62,9 +66,7 @@ TEST_F(Gpu, OnePlusTanhAcrossItsRange) {
   Value t = c.g.unary(UnaryOp::Tanh, c.acc * 4.0);
   c.g.output(t + 1.0, "tanh_plus_one", DType::F32);
   c.g.output(c.g.binary(BinaryOp::Add, c.g.constant(1.0), c.g.unary(UnaryOp::Tanh, c.acc * -4.0)), "one_plus_tanh", DType::F32);
-  const DeviceRunReport rep = run_and_check(c.g, {{"M", 200}, {"N", 264}, {"K", 16}}, 7);
-  expect_outputs_match(rep);
-  for (const OutputCheck& o : rep.outputs) EXPECT_LE(o.cmp.max_rel, 1e-4) << o.name << " max_abs " << o.cmp.max_abs;
+  expect_each_element_within(run_and_check(c.g, {{"M", 200}, {"N", 264}, {"K", 16}}, 7), 1e-4);
 }
 
 // Each binary op against a row vector, a column vector, a runtime scalar and a literal.
