@@ -36,6 +36,13 @@ COMFUSE_DEVICE float fma_exp2(float x) {
   return __int_as_float(__float_as_int(p) + (__float_as_int(shifted) << 23));
 }
 
+// max(x, y), NaN where either is (fmaxf returns the other operand): one FMNMX.NAN.
+COMFUSE_DEVICE float max_nan(float x, float y) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(x), "f"(y));
+  return r;
+}
+
 // Unary: static float apply(float x). Binary: static float apply(float a, float b).
 struct Relu { static COMFUSE_DEVICE float apply(float x) { return x > 0.f ? x : 0.f; } };
 // x Phi(x) through the normal tail q = Phi(-|x|) = 2^P(|x|): Phi = 1 - q or q by sign, so neither
@@ -44,7 +51,8 @@ struct Relu { static COMFUSE_DEVICE float apply(float x) { return x > 0.f ? x : 
 // are paid on the other warp group's MMAs: NOTES.md, "K = 1024"). P: degree 7 on [0, 6], fitted
 // by scripts/fit_gelu_tail.py, which still follows log2 q out to 10 (q ~ 2^-77), where |x| is
 // clamped: gelu's relative error <= 4e-6 where |gelu| > 1e-6, absolute error < 3e-12 elsewhere.
-// NaN propagates through the final multiply; gelu(-inf) is -inf (the fp64 formula's is NaN).
+// NaN propagates (max_nan, and the clamp's NaN-dropping min then meets it in the FFMA); +inf
+// stays +inf; gelu(-inf) is ~-7e-23 (the fp64 formula's is NaN).
 struct GeluErf {
   static COMFUSE_DEVICE float apply(float x) {
     float const a = fminf(fabsf(x), 10.f);
@@ -57,7 +65,9 @@ struct GeluErf {
     p = fmaf(p, a, -1.151269197e+00f);
     p = fmaf(p, a, -9.999943376e-01f);
     float const q = fast_exp2(p);
-    return x * (x >= 0.f ? 1.f - q : q);
+    // x (1 - q) for x >= 0 and x q below, as one FFMA after a NaN-keeping max: max(x, 0) - a q.
+    // Past |x| = 10 the clamped a leaves ~1e-22 where x Phi(x) rounds to x or 0; NaN stays NaN.
+    return fmaf(-a, q, max_nan(x, 0.f));
   }
 };
 // 0.5 x (1 + tanh(u)) == x * sigmoid(2u): no cancellation for large negative x.
