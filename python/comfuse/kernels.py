@@ -143,7 +143,7 @@ class RuntimeRegion:
                  subgraph: fx.GraphModule, out_classes: list[str] | None = None):
         self.info = info
         self.region = region              # _core.Region: its Fusion Spec
-        self.roles = roles                # per kernel input: a, b, row, col, tile
+        self.roles = roles                # per kernel input: a, b (b3: a gated region's second), row, col, tile
         self.names = names                # their ComFuse graph names
         self.out_names = out_names
         self.out_classes = out_classes or ["tile"] * len(out_names)  # tile [M, N] or col [M, 1]
@@ -308,7 +308,7 @@ class RuntimeRegion:
             dt = _NAMES[t.dtype]
             if role == "a":
                 x = rows(t, m, k)
-            elif role == "b":
+            elif role in ("b", "b3"):  # b3: a gated region's second weight (the gate's), as B
                 if info.layout == "nk":   # the GEMM sees [K, N] = W^T of an N x K weight
                     x = rows(t.reshape(k, n).t(), n, k)
                 else:

@@ -29,7 +29,7 @@ import torch.fx as fx
 
 from . import _core
 from .config import config
-from .partition import Candidate, RegionInfo, bare_gemm_us, size_hint, where, _VIEW_LIKE
+from .partition import Candidate, RegionInfo, bare_gemm_us, decide, size_hint, where, _VIEW_LIKE
 from .translate import _DTYPES, Translator, Unsupported, descendants_of, is_gemm, rename_reason, val
 
 log = logging.getLogger("comfuse")
@@ -275,9 +275,10 @@ def decide_pair(p: PairCandidate) -> None:
 
 def form_pairs(cands: list[Candidate], next_id) -> tuple[list, list[PairCandidate]]:
     """The candidates with each fused pair in place of its members (at its first member's place),
-    and every pair considered. A pair not fused leaves a line on its first member's report."""
+    and every pair considered. A pair not fused leaves a line on its first member's report. Then
+    gated regions (form_gated) among what is left."""
     if config.b2b == "off":
-        return cands, []
+        return form_gated(cands, next_id), []
     pairs = find_pairs(cands, next_id)
     replace: dict[int, PairCandidate] = {}
     for p in pairs:
@@ -298,7 +299,74 @@ def form_pairs(cands: list[Candidate], next_id) -> tuple[list, list[PairCandidat
             seen.add(id(p))
             p.info.b2b = f"{what_of(p)}: one kernel"
             out.append(p)
-    return out, pairs
+    return form_gated(out, next_id), pairs
+
+
+# ---- gated regions ----------------------------------------------------------------------------
+# SwiGLU's gate_proj and up_proj where no B2B pair takes them (Llama's MLP: down_proj's region
+# holds the residual and the next RMSNorm): one gated region, F reading both products of one
+# gated GEMM (the core's KernelConfig::gated: W1's and W3's tiles in one wgmma over X's shared
+# tiles), in place of gate_proj's region reading up_proj's output as an [M, N] tile.
+def gated_region(first: Candidate, gate: Candidate, next_id) -> Candidate | None:
+    """The merged region of `first` (GEMM + F reading gate's value) and `gate` (a plain GEMM on
+    the same A), translated, lowered to one gated region and decided; None where it does not
+    translate or lower so (the members then stay as they are)."""
+    order = {n: i for i, n in enumerate(first.root.graph.nodes)}
+    nodes = sorted(set(first.nodes) | set(gate.nodes), key=order.__getitem__)
+    desc = descendants_of(first.root) | descendants_of(gate.root)
+    try:
+        tr = Translator(first.root, nodes, desc)
+        tr.gates = [gate.root]
+        tr.translate()
+        low = _core.lower(tr.g)
+    except (Unsupported, _core.Error) as e:
+        log.info("comfuse: %s gated with %s: not one region: %s", where(first.root), where(gate.root), e)
+        return None
+    regions = low.regions()
+    if len(regions) != 1 or low.fallbacks() or not any(not gp["blocker"] for gp in low.gate_pairs()):
+        return None
+    info = RegionInfo(id=next_id(), root=where(first.root), fx_nodes=[n.name for n in nodes],
+                      ops=[where(n) for n in nodes if n in (first.root, gate.root) or n.target not in _VIEW_LIKE])
+    g = tr.gemm
+    info.m, info.n, info.k = g.m, g.n, g.k
+    info.dtype, info.layout, info.graph_text = _DTYPES[g.dtype], g.layout, tr.g.text()
+    info.excluded = first.info.excluded
+    info.b2b = first.info.b2b
+    c = Candidate(first.root, nodes, tr, low, info, regions[0])
+    decide(c)
+    return c
+
+
+def form_gated(cands: list, next_id) -> list:
+    """The candidates with each gated region that pays in place of its two members: fused by the
+    planner's estimate and cheaper than the members as partition.py decided them (today_us)."""
+    by_node = {n: c for c in cands if isinstance(c, Candidate) and c.translator is not None for n in c.nodes}
+    replace: dict[int, Candidate] = {}
+    for first in cands:
+        if not isinstance(first, Candidate) or first.translator is None or id(first) in replace:
+            continue
+        gate = _gate_of(first, by_node, set(replace))
+        if gate is None:
+            continue
+        c = gated_region(first, gate, next_id)
+        if c is None:
+            continue
+        today = [today_us(m) for m in (first, gate)]
+        if c.info.status == "fused" and all(t is not None for t in today) and c.info.fused_us > sum(today):
+            c.info.status = "fallback"
+            c.info.reason += f"; but the two regions as decided alone take {sum(today):.1f} us"
+        if c.info.status != "fused":
+            log.info("comfuse: %s gated with %s: per-region path: %s", where(first.root), where(gate.root), c.info.reason)
+            continue
+        c.info.reason = f"gated with {where(gate.root)} (one GEMM over both weights): {c.info.reason}"
+        replace[id(first)] = replace[id(gate)] = c
+    out, seen = [], set()
+    for c in cands:
+        r = replace.get(id(c), c)
+        if id(r) not in seen:
+            seen.add(id(r))
+            out.append(r)
+    return out
 
 
 def what_of(p: PairCandidate) -> str:

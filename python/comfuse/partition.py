@@ -368,12 +368,15 @@ def decide(c: Candidate) -> None:
     info.plan = plan
     info.plan_options = opts
     fused = plan["total_us"]
-    gemm = bare_gemm_us(m, info.n, info.k, info.dtype, info.layout)
+    # A gated region (pair.py gated_region) replaces a GEMM per gate, whose product the unfused
+    # epilogue reads as an [M, N] tile.
+    gates = len(tr.gates)
+    gemm = bare_gemm_us(m, info.n, info.k, info.dtype, info.layout) * (1 + gates)
     # The unfused epilogue: one kernel that reads the GEMM output and the tile operands and
     # writes the region's outputs; where the region is elementwise only and every consumer is
     # elementwise too, Inductor fuses it into that consumer instead and nothing is saved.
     esize = 2 if info.dtype in ("bf16", "f16") else 4
-    tiles_in = sum(val(n).element_size() for n, r in zip(tr.inputs, tr.input_roles) if r == "tile")
+    tiles_in = sum(val(n).element_size() for n, r in zip(tr.inputs, tr.input_roles) if r == "tile") + gates * esize
     out_bytes = sum(val(o).element_size() * (info.n if cls == "tile" else 1)
                     for o, cls in zip(tr.outputs, tr.output_classes))
     bytes_ = m * (info.n * (esize + tiles_in) + out_bytes)

@@ -113,20 +113,39 @@ def test_pair_graph_matches_torch_fp64(case):
 
 # ---- the decision and the report ----------------------------------------------------------------
 def test_auto_keeps_the_gated_pair_per_region_where_it_does_not_pay():
-    """Where one gated kernel does not pay, the core says three kernels (X W3^T stored, GEMM1, GEMM2);
+    """Where one gated kernel does not pay, the core says two kernels (the gated GEMM1, GEMM2);
     the frontend keeps today's regions then, and says so on gate_proj's region."""
     comfuse.config.b2b = "auto"
     cap = capture(module(M.LlamaMLP(1024, 2816)), randn(*BIG))
     p = cap.pair("gate_proj")
     ch = p.choice
     assert ch["gated"] and not ch["one_kernel"] and ch["fused_us"] > ch["unfused_us"]  # the core's model today
-    assert p.info.status == "fallback" and "three kernels" in p.info.reason
+    assert p.info.status == "fallback" and "two kernels" in p.info.reason
     gate = cap.by_root("gate_proj")  # today's region is still there
     assert "silu" in " ".join(gate.info.ops)
     line = gate.info.b2b
     assert "gate_proj" in line and "up_proj" in line and "down_proj" in line and "not one kernel" in line
     text = "\n".join(comfuse.report.format_region(gate.info))
     assert "B2B pair" in text
+
+
+def test_gated_region_where_no_pair_takes_gate_and_up():
+    """Where the pair stays per-region, gate_proj and up_proj become one gated region (one GEMM over
+    both weights, F reading both products) in place of their two regions, where the planner prices
+    it below them; its graph declares W3 as b3 and Φ lowers it to one gated GEMM."""
+    comfuse.config.b2b = "auto"
+    model = randomize(module(M.LlamaMLP(1024, 2816)))
+    x = randn(*BIG)
+    cap = capture(model, x)
+    assert cap.pair("gate_proj").info.status == "fallback"
+    g = cap.by_root("gate_proj")
+    assert g.translator.gates and "input b3: bf16[N, K]" in g.info.graph_text, g.info.graph_text
+    assert any("up_proj" in op for op in g.info.ops) and "silu" in " ".join(g.info.ops)
+    assert not any("up_proj" in c.info.root for c in cap.candidates)  # up_proj's region is gone
+    assert g.info.status == "fused" and g.info.reason.startswith("gated with"), g.info.reason
+    assert "not one kernel" in g.info.b2b  # the pair's line stays on the report
+    low = _core.lower(_core.parse_graph(g.info.graph_text))
+    assert "one gated GEMM (region 0, two accumulators)" in low.describe(), low.describe()
 
 
 def test_auto_follows_choose_b2b_two_kernels():

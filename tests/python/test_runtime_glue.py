@@ -98,6 +98,8 @@ CASES = {
     "rms_norm": (lambda: M.LinearRMSNorm(96, 128), (5, 9, 96)),
     "gpt2_mlp_kn": (lambda: M.GPT2MLP(64, 256), (2, 33, 64)),
     "elementwise": (lambda: M.Elementwise(64, 136), (2, 61, 64)),
+    # gate_proj and up_proj as one gated region (W3 bound as role b3), then down_proj.
+    "llama_mlp_gated": (lambda: M.LlamaMLP(64, 136), (2, 33, 64)),
 }
 
 
@@ -106,6 +108,15 @@ def test_emulated_kernel_matches_eager(emulate, case):
     make, shape = CASES[case]
     out, ref, rep = run(make(), randn(*shape, seed=11))
     close(out, ref)
+
+
+def test_gated_region_binds_both_weights(emulate):
+    """Llama's gate_proj and up_proj run as one gated region: W1 as b, W3 as b3 (N x K rows)."""
+    out, ref, rep = run(M.LlamaMLP(64, 136), randn(2, 33, 64, seed=5))
+    close(out, ref)
+    gated = [r for r in rep.regions if r.calls and any("up_proj" in op for op in r.ops)]
+    assert len(gated) == 1 and "gate_proj" in gated[0].root and "input b3:" in gated[0].graph_text, \
+        [(r.root, r.ops) for r in rep.regions]
 
 
 def test_non_contiguous_operand_is_copied(emulate):
