@@ -167,11 +167,13 @@ std::optional<B2bChoice> pair_choice(const LoweringResult& r, const Bindings& b,
 }
 
 // The single-GEMM kernels `explain` and `emit` show: the lowering's regions, or a pair's
-// unfused kernels where choose_b2b did not make it one kernel (a gated pair's three).
-std::vector<FusionSpec> kernel_specs(const LoweringResult& r, const std::optional<B2bChoice>& choice) {
+// unfused kernels where choose_b2b did not make it one kernel (a gated pair's gated GEMM, or
+// its three kernels with --gated-gemm off).
+std::vector<FusionSpec> kernel_specs(const LoweringResult& r, const std::optional<B2bChoice>& choice,
+                                     const PlanOptions& opt) {
   if (const B2BCandidate* pair = one_b2b_kernel(r); pair && choice && !choice->one_kernel)
     return unfused_pair(r.regions[static_cast<size_t>(pair->first_region)].spec,
-                        r.regions[static_cast<size_t>(pair->second_region)].spec)
+                        r.regions[static_cast<size_t>(pair->second_region)].spec, opt.gated_gemm.value_or(true))
         .kernels;
   std::vector<FusionSpec> out;
   for (const FusedRegion& region : r.regions) out.push_back(region.spec);
@@ -190,7 +192,7 @@ struct ExplainArgs {
   bool dot = false;
   std::optional<int> cluster_n, tile_n, tile_m, cluster_m, row_group, k_splits, b2b_job_rows, ring_stages, fma_exp_every,
       b2b_x_buffers;
-  std::string b2b_overlap, b2b_x_resident, b2b_chain_jobs;  // on / off (empty: the planner's)
+  std::string b2b_overlap, b2b_x_resident, b2b_chain_jobs, gated_gemm;  // on / off (empty: the planner's)
   std::string aggregation, strategy, stash, pairs, b2b;
   std::string tile_inputs;  // ring / l2 (empty: the planner's)
   std::string split_k_partials;  // dsmem / l2 (empty: the planner's)
@@ -212,6 +214,7 @@ PlanOptions plan_options(const ExplainArgs& a) {
   if (!a.b2b_overlap.empty()) o.b2b_overlap = a.b2b_overlap == "on";
   if (!a.b2b_x_resident.empty()) o.b2b_x_resident = a.b2b_x_resident == "on";
   if (!a.b2b_chain_jobs.empty()) o.b2b_chain_jobs = a.b2b_chain_jobs == "on";
+  if (!a.gated_gemm.empty()) o.gated_gemm = a.gated_gemm == "on";
   if (!a.pairs.empty()) o.fuse_pairs = a.pairs == "one-round";
   if (!a.tile_inputs.empty()) o.ring_inputs = a.tile_inputs == "ring";
   if (!a.split_k_partials.empty()) o.splits_in_cluster = a.split_k_partials == "dsmem";
@@ -247,6 +250,10 @@ std::vector<CLI::Option*> add_plan_options(CLI::App* cmd, ExplainArgs& ex) {
       cmd->add_option("--b2b-chain-jobs", ex.b2b_chain_jobs,
                       "a B2B online softmax beside GEMM2: each job's first GEMM1 issued with the previous job's last "
                       "GEMM2, X in two buffers (on), or each job alone (off, the default)")
+          ->check(CLI::IsMember({"on", "off"})),
+      cmd->add_option("--gated-gemm", ex.gated_gemm,
+                      "a gated pair (SwiGLU) unfused: W1 and W3 in one gated GEMM sharing X's tiles (on, the "
+                      "default), or X W3^T stored first and read back by GEMM1's epilogue (off: three kernels)")
           ->check(CLI::IsMember({"on", "off"})),
       cmd->add_option("--row-group", ex.row_group, "row groups: G clusters share each row (power of two, 1..64)")
           ->check(CLI::IsMember({1, 2, 4, 8, 16, 32, 64})),
@@ -315,7 +322,7 @@ int cmd_explain(const std::string& file, const DimArgs& d, const ExplainArgs& a)
     }
     if (!a.dot) std::cout << "\n";
   }
-  const std::vector<FusionSpec> specs = kernel_specs(r, c);
+  const std::vector<FusionSpec> specs = kernel_specs(r, c, opt);
   for (size_t i = 0; i < specs.size(); ++i) {
     const FusionSpec& s = specs[i];
     Plan p;
@@ -361,7 +368,7 @@ int run_gpu(const Graph& g, const Bindings& b, const PlanOptions& plan, uint64_t
                         bc.chunk_n1, name_of(rep.b2b_plan.intermediate), rep.b2b_plan.gemm1_passes);
     stages = bc.ring_stages, ctas = rep.b2b_plan.grid_ctas;
   } else {
-    shape = fmt::format("{}x{} tile, {}, cluster {}x{}", kc.tile_m, kc.tile_n,
+    shape = fmt::format("{}x{} tile{}, {}, cluster {}x{}", kc.tile_m, kc.tile_n, kc.gated ? " (gated)" : "",
                         kc.wgs_per_tile == 1 ? "PingPong" : "cooperative", kc.cluster_m, kc.cluster_n);
     if (kc.row_group > 1) shape += fmt::format(", row group {}", kc.row_group);
     if (kc.k_splits > 1) shape += fmt::format(", split-K {}{}", kc.k_splits, kc.splits_in_cluster ? " in a cluster" : "");
@@ -370,7 +377,7 @@ int run_gpu(const Graph& g, const Bindings& b, const PlanOptions& plan, uint64_t
                            kc.stash_space == StashSpace::Workspace ? "workspace" : "SMEM");
     if (rep.kernels > 1)
       shape = fmt::format("{} kernels ({}GEMM1 + F storing S, then GEMM2), the first: {}", rep.kernels,
-                          rep.kernels > 2 ? "X W3^T stored, " : "", shape);
+                          rep.kernels > 2 ? "X W3^T stored, " : kc.gated ? "the gated " : "", shape);
   }
   std::cout << fmt::format("kernel: {}, {} ring stages, {} CTAs; JIT {} ({:.2f} s{})\n", shape, stages, ctas,
                            rep.compiled.compiler, rep.compiled.elapsed_seconds, rep.compiled.cache_hit ? ", cache hit" : "");
@@ -427,7 +434,7 @@ int cmd_emit(const std::string& file, const DimArgs& d, const PlanOptions& plan,
                              c.cache_hit ? " (cache hit)" : "", c.key);
     return 0;
   }
-  const std::vector<FusionSpec> specs = kernel_specs(r, choice);
+  const std::vector<FusionSpec> specs = kernel_specs(r, choice, plan);
   for (size_t i = 0; i < specs.size(); ++i) {
     const FusionSpec& s = specs[i];
     if (!compile) {

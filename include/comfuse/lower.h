@@ -35,9 +35,10 @@ struct B2BCandidate {
 
 // Two matmuls that share their A operand and whose epilogue values meet in one elementwise F:
 // SwiGLU's silu(X W1^T) * (X W3^T). Φ merges them into ONE region, a gated GEMM (the first
-// matmul is its AccEntry, the second a gated AccEntry reading OperandGate W3), where that region
-// is the first GEMM of a B2B pair: the B2B kernel holds both accumulators (B2bConfig::gated); the
-// single-GEMM kernel holds one, so elsewhere the two stay apart and `blocker` says why.
+// matmul is its AccEntry, the second a gated AccEntry reading OperandGate W3) whose epilogue is
+// elementwise: the first GEMM of a B2B pair (the B2B kernel holds both accumulators:
+// B2bConfig::gated), or a gated single-GEMM kernel (KernelConfig::gated: one wgmma over W1's
+// and W3's tiles). Where they cannot merge, the two stay apart and `blocker` says why.
 struct GatePair {
   int first_matmul = -1;  // X W1^T: the region's root
   int gate_matmul = -1;   // X W3^T: its second accumulator

@@ -81,6 +81,9 @@ struct PlanOptions {
   // Force B2bConfig::chain_jobs (each job's first GEMM1 with the previous job's last GEMM2; X in
   // two buffers) on or off.
   std::optional<bool> b2b_chain_jobs;
+  // A gated pair's unfused path (unfused_pair): W1 and W3 in one gated GEMM sharing X's tiles
+  // (true, the default), or X W3^T stored first and read back by GEMM1's F (false: three kernels).
+  std::optional<bool> gated_gemm;
 };
 
 // The cost model's estimate for one candidate, microseconds.
@@ -203,8 +206,9 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
 std::string explain(const FusionSpec& first, const FusionSpec& second, const B2bPlan& p);
 
 // A pair as single-GEMM kernels, run one after the other, each intermediate through DRAM: GEMM1
-// and F storing S, then GEMM2 and its epilogue reading S. A gated GEMM1 (the single-GEMM kernel
-// holds one accumulator) is two kernels: X W3^T stored first, in X's 16-bit type as an unfused
+// and F storing S, then GEMM2 and its epilogue reading S. A gated GEMM1 is one gated GEMM
+// (KernelConfig::gated: W1's and W3's tiles beside each other, sharing X's), or, with
+// gated_gemm false, two kernels: X W3^T stored first, in X's 16-bit type as an unfused
 // framework rounds it, then X W1^T with F reading that product as an [M, N1] tile input where
 // the gated entry was. Every kernel's spec verifies; its args name the intermediates as
 // `intermediates` does (a name no graph tensor has).
@@ -212,7 +216,7 @@ struct UnfusedPair {
   std::vector<FusionSpec> kernels;        // in launch order; the last is the pair's second spec
   std::vector<RuntimeArg> intermediates;  // stored by one kernel, read by a later one, in that order
 };
-UnfusedPair unfused_pair(const FusionSpec& first, const FusionSpec& second);
+UnfusedPair unfused_pair(const FusionSpec& first, const FusionSpec& second, bool gated_gemm = true);
 
 // One kernel for the pair, or its unfused kernels (unfused_pair), decided here and nowhere else:
 // Force takes the pair (a refusal is an Error), Off the unfused kernels, Auto the pair where

@@ -105,6 +105,8 @@ struct FusionSpec {
   // Unset (Dim{}, printed as nothing) when not batched.
   Dim batch;
   bool batched() const { return !batch.sym.empty() || batch.size >= 0; }
+  // A gated GEMM: an OperandGate argument (B3) beside OperandB sharing A (KernelConfig::gated).
+  bool gated() const { return arg_index(ArgRole::OperandGate) >= 0; }
   std::vector<RuntimeArg> args;  // A
   Spec root;
   // How the user knows the graph values this spec names (args, node origins) that the graph

@@ -107,10 +107,18 @@ struct KernelConfig {
                                            // mainloop's ring, one extra slot after each tile's
                                            // k-blocks (this many bytes of it), read from SMEM by
                                            // the epilogue; 0: each fragment reads them from L2
+  // A gated GEMM (SwiGLU's up and gate projections): a second B operand (Params::tma_b3) shares
+  // A's tiles. Each ring slot's B tile is tile_n rows of B then tile_n rows of B3 at the same
+  // columns, one wgmma of 2 x tile_n columns computes both, and the epilogue's tile of tile_n
+  // columns reads A B^T from the accumulator's first half (AccEntry) and A B3^T from its second
+  // (GateEntry): in the wgmma layout a thread holds column j of both halves.
+  bool gated = false;
 
   COMFUSE_HOST_DEVICE constexpr int epi_rows() const { return tile_m / wgs_per_tile; }  // one WG's rows
+  // Columns of the mainloop's B tile and accumulator: tile_n, or both halves of a gated tile.
+  COMFUSE_HOST_DEVICE constexpr int mma_n() const { return gated ? 2 * tile_n : tile_n; }
   // fp32 accumulators a consumer thread holds (one warp group's tile over its 128 threads).
-  COMFUSE_HOST_DEVICE constexpr int accumulators() const { return epi_rows() * tile_n / Sm90::kWarpGroupThreads; }
+  COMFUSE_HOST_DEVICE constexpr int accumulators() const { return epi_rows() * mma_n() / Sm90::kWarpGroupThreads; }
   COMFUSE_HOST_DEVICE constexpr int cluster_size() const { return cluster_m * cluster_n; }
   // The hardware cluster along x: cluster_m CTAs along M, or a tile's K-splits (splits_in_cluster,
   // where cluster_m is 1). The scheduler's "cluster" (cluster_size() CTAs that share a multicast)
@@ -121,12 +129,12 @@ struct KernelConfig {
   COMFUSE_HOST_DEVICE constexpr bool cross_cta_reduction() const { return row_reduction && row_peers() > 1; }
   // A slices of the multicast along N (each >= 8 rows: one swizzle atom), B slices along M.
   COMFUSE_HOST_DEVICE constexpr int a_slices() const { return cluster_n < tile_m / 8 ? cluster_n : tile_m / 8; }
-  COMFUSE_HOST_DEVICE constexpr int b_slices() const { return cluster_m < tile_n / 8 ? cluster_m : tile_n / 8; }
-  COMFUSE_HOST_DEVICE constexpr int ring_stage_bytes() const { return (tile_m + tile_n) * Sm90::kTileK * Sm90::kAbBytes; }
+  COMFUSE_HOST_DEVICE constexpr int b_slices() const { return cluster_m < mma_n() / 8 ? cluster_m : mma_n() / 8; }
+  COMFUSE_HOST_DEVICE constexpr int ring_stage_bytes() const { return (tile_m + mma_n()) * Sm90::kTileK * Sm90::kAbBytes; }
   COMFUSE_HOST_DEVICE constexpr int ring_bytes() const { return ring_stages * ring_stage_bytes(); }
   // A ring slot as TMA boxes of a tile input (128 bytes of columns x tile_m rows, 128-byte
-  // swizzle: mainloop_sm90.cuh slot_box): the slot's A part is one, its B part tile_n / tile_m.
-  COMFUSE_HOST_DEVICE constexpr int ring_slot_boxes() const { return 1 + tile_n / tile_m; }
+  // swizzle: mainloop_sm90.cuh slot_box): the slot's A part is one, its B part mma_n / tile_m.
+  COMFUSE_HOST_DEVICE constexpr int ring_slot_boxes() const { return 1 + mma_n() / tile_m; }
   COMFUSE_HOST_DEVICE constexpr int ring_box_bytes() const { return tile_m * 128; }
   // One warp group's tile of an [M, N] input of elem_bytes elements (what it takes of the slot).
   COMFUSE_HOST_DEVICE constexpr int tile_input_bytes(int elem_bytes) const { return epi_rows() * tile_n * elem_bytes; }
@@ -228,7 +236,7 @@ COMFUSE_HOST_DEVICE constexpr char const* check(KernelConfig const& c) {
       !(c.cluster_m == 2 && c.cross_cta_reduction() && c.aggregation != Aggregation::L2Exchange))
     return "clusters along both M and N: 2 along M, for a row reduction over DSMEM only";
   if (c.cluster_size() > Sm90::kMaxClusterSize) return "a cluster of at most 16 CTAs";
-  if (!c.b_kmajor && c.tile_n / 64 < c.cluster_m)
+  if (!c.b_kmajor && c.mma_n() / 64 < c.cluster_m)
     return "K x N B multicasts 64-column boxes along M: tile_n >= 64 * cluster_m";
   if (c.n_tiles < 1 || c.n_tiles > Sm90::kMaxNTiles) return "n_tiles: 1..64 N-tiles per job";
   if (c.n_tiles > 1 && c.wgs_per_tile != 1) return "several N-tiles per job need the PingPong schedule";
@@ -241,6 +249,13 @@ COMFUSE_HOST_DEVICE constexpr char const* check(KernelConfig const& c) {
     return "K-splits in one hardware cluster: no multicast cluster (cluster_m = cluster_n = 1)";
   if (c.hw_cluster_size() > Sm90::kMaxClusterSize) return "a cluster of at most 16 CTAs";
   if (c.begin_early && c.n_tiles != 1) return "begin_early: one N-tile per job";
+  // The gated tile's two halves are one wgmma's columns (at most 256) and one 64-row m-block of
+  // the warp group's accumulator (the epilogue finds the second half at a fixed offset).
+  if (c.gated && (c.mma_n() > 256 || c.epi_rows() != 64))
+    return "a gated GEMM: tile_n <= 128 (both halves one wgmma of <= 256 columns) and 64 rows a warp group "
+           "(PingPong 64 or cooperative 128)";
+  if (c.gated && (c.k_splits != 1 || c.n_tiles != 1 || c.row_reduction))
+    return "a gated GEMM: an elementwise epilogue, one N-tile a job, no split-K";
   if (c.ring_input_bytes < 0) return "ring_input_bytes < 0";
   if (c.ring_input_bytes > 0 && c.wgs_per_tile != 1)
     return "tile inputs in the ring: the PingPong schedule (one warp group reads a tile's slot)";

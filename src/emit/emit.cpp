@@ -99,8 +99,9 @@ EmitContext make_context(const FusionSpec& s, const std::vector<ArgSlot>& slots)
 // hand-made Plan cannot reach the JIT with a template error deep inside its log.
 void check_renderable(const FusionSpec& s, const Plan& p) {
   if (const char* why = check(p.kernel)) throw Error(fmt::format("spec '{}': the plan's kernel cannot be built: {}", s.name, why));
-  if (s.arg_index(ArgRole::OperandGate) >= 0)
-    throw Error(fmt::format("spec '{}' is a gated GEMM (two accumulators): only a B2B kernel's GEMM1 holds them", s.name));
+  if (s.gated() != p.kernel.gated)
+    throw Error(fmt::format("spec '{}' {} a gated GEMM but its plan's kernel {}", s.name, s.gated() ? "is" : "is not",
+                            p.kernel.gated ? "is (KernelConfig::gated)" : "is not (KernelConfig::gated)"));
   if (p.fused_pairs.any() && !one_round_pairs_possible(p))
     throw Error(fmt::format("spec '{}': the plan fuses paired reductions into one round, which needs one N-tile per CTA "
                             "and the L2 exchange or a single CTA per row", s.name));
@@ -150,10 +151,10 @@ std::string kernel_config_source(const KernelConfig& c) {
       "    .cluster_m = {}, .cluster_n = {}, .n_tiles = {}, .row_group = {}, .k_splits = {}, .splits_in_cluster = {},\n"
       "    .row_reduction = {}, .aggregation = comfuse::Aggregation::{},\n"
       "    .stash_space = comfuse::StashSpace::{}, .stash_elem_bytes = {}, .epilogue_smem_bytes = {},\n"
-      "    .begin_early = {}, .ring_input_bytes = {}}};\n",
+      "    .begin_early = {}, .ring_input_bytes = {}{}}};\n",
       c.b_kmajor, c.tile_m, c.tile_n, c.ring_stages, c.wgs_per_tile, c.mma_depth, c.cluster_m, c.cluster_n, c.n_tiles,
       c.row_group, c.k_splits, c.splits_in_cluster, c.row_reduction, aggregation_name(c.aggregation), stash_space_name(c.stash_space),
-      c.stash_elem_bytes, c.epilogue_smem_bytes, c.begin_early, c.ring_input_bytes);
+      c.stash_elem_bytes, c.epilogue_smem_bytes, c.begin_early, c.ring_input_bytes, c.gated ? ", .gated = true" : "");
 }
 
 EmittedKernel emit(const FusionSpec& s, const Plan& p) {

@@ -282,7 +282,8 @@ class Lowering {
     }
   }
 
-  // A merged pair holds where its region is the first of a B2B pair that one kernel takes.
+  // A merged pair holds where its F fuses into the region and is elementwise: the region is a
+  // gated GEMM, the first of a B2B pair or a single-GEMM kernel of its own.
   void check_gate_regions() {
     for (GatePair& gp : result_.gate_pairs) {
       if (!gp.blocker.empty()) continue;
@@ -295,18 +296,9 @@ class Lowering {
       if (region_of_[gp.meet_node] != r) {
         why = fmt::format("{} does not fuse into the gated GEMM's epilogue: {}", who(meet.id), reason_[meet.id]);
       } else if (reduction >= 0) {
-        why = fmt::format("its epilogue reduces ({}): a gated GEMM1's F is elementwise per chunk of N1 (the B2B "
-                          "kernel's online softmax takes one GEMM1)",
+        why = fmt::format("its epilogue reduces ({}): a gated GEMM's epilogue is elementwise (a B2B pair's F per "
+                          "chunk of N1; the single-GEMM kernel's two products share one accumulator)",
                           who(reduction));
-      } else {
-        const B2BCandidate* pair = nullptr;
-        for (const B2BCandidate& b : result_.b2b_candidates)
-          if (b.first_region == r) pair = &b;
-        if (!pair)
-          why = "no second matmul reads its epilogue: a gated GEMM runs only as the first GEMM of a B2B pair (the "
-                "single-GEMM kernel holds one accumulator)";
-        else if (!pair->blocker.empty())
-          why = "the B2B pair it would start is not one kernel: " + pair->blocker;
       }
       if (why.empty()) gp.region = r;
       else newly_refused_[{gp.first_matmul, gp.gate_matmul}] = why;
@@ -762,6 +754,12 @@ const B2BCandidate* one_b2b_kernel(const LoweringResult& r) {
 
 std::string describe(const Graph& g, const LoweringResult& r) {
   std::string out;
+  // A gated region that starts a B2B pair is its GEMM1; elsewhere a gated GEMM of its own.
+  auto starts_pair = [&](int region) {
+    for (const B2BCandidate& b : r.b2b_candidates)
+      if (b.first_region == region && b.blocker.empty()) return true;
+    return false;
+  };
   for (size_t i = 0; i < r.regions.size(); ++i) {
     const FusedRegion& reg = r.regions[i];
     out += fmt::format("region {} ({}): GEMM '{}' + {} epilogue node(s), {} reduction(s), {} stage(s)\n", i,
@@ -784,7 +782,8 @@ std::string describe(const Graph& g, const LoweringResult& r) {
     const Node &a = g.node(p.first_matmul), &b = g.node(p.gate_matmul);
     out += fmt::format("gated pair: {} (W1 {}) and {} (W3 {}) meet in {}{}\n", who(a.id), who(a.inputs[1]), who(b.id),
                        who(b.inputs[1]), who(p.meet_node),
-                       p.blocker.empty() ? fmt::format(": one gated GEMM1 (region {}, two accumulators)", p.region)
+                       p.blocker.empty() ? fmt::format(": one gated GEMM{} (region {}, two accumulators)",
+                                                       starts_pair(p.region) ? "1" : "", p.region)
                                          : ", not merged: " + p.blocker);
   }
   for (const B2BCandidate& b : r.b2b_candidates)

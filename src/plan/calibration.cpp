@@ -84,4 +84,35 @@ MeasuredConfig measured_elementwise_config(const Problem& p, const DeviceModel& 
   return {128, 128, 1, 2, 1, 5, 8, false, "~4 waves: PingPong 128x128, cluster 2 along M, raster 8 M-blocks"};
 }
 
+// A gated GEMM's tile holds its columns twice (B's and the gate's: KernelConfig::gated), so its
+// wgmma is the plain GEMM's of twice tile_n and a warp group keeps 64 rows (one m64 block):
+// - large M: cooperative 128x128, cluster 2 along M: the mainloop of the plain GEMM's
+//   cooperative 128x256 (the tensor pipe's best shape), the short epilogue (an activation and
+//   a product) not hidden;
+// - M <= 256 (bound by B's stream, as above): pairs along M share both B tiles, 64 x tile_n with
+//   tile_n 64 or 128, whichever takes fewer rounds x columns streamed a CTA (one row block: 64x64
+//   alone where 64x128 would cover at most half the SMs, else 64x128 pairs along N sharing A).
+MeasuredConfig gated_elementwise_config(const Problem& p, const DeviceModel& dev) {
+  if (p.m > 256)
+    return {128, 128, 2, 2, 1, 8, 8, false,
+            "a gated GEMM: cooperative 128x128 (a 128x256 wgmma over B's and the gate's columns), cluster 2 along M "
+            "(both multicast)"};
+  const int64_t row_blocks = (p.m + 63) / 64;
+  const bool narrow = row_blocks * ((p.n + 127) / 128) <= dev.sm_count / 2;
+  if (row_blocks >= 2) {
+    const int64_t slots = std::max(1, dev.resident(2)), row_pairs = (row_blocks + 1) / 2;
+    auto cost = [&](int64_t tn) { return (row_pairs * ((p.n + tn - 1) / tn) + slots - 1) / slots * tn; };
+    const int tile_n = narrow || cost(64) < cost(128) ? 64 : 128;
+    return {64, tile_n, 1, 2, 1, 8, 8, false,
+            fmt::format("a gated GEMM, M <= 256, {} row blocks: PingPong 64x{} (a {}-column wgmma), pairs along M "
+                        "share B and the gate (multicast)",
+                        row_blocks, tile_n, 2 * tile_n)};
+  }
+  if (narrow)
+    return {64, 64, 1, 1, 1, 8, 8, true,
+            "a gated GEMM, M <= 64, few tiles: PingPong 64x64 (a 128-column wgmma), no cluster: B spread over the SMs"};
+  return {64, 128, 1, 1, 2, 8, 8, true,
+          "a gated GEMM, M <= 64: PingPong 64x128 (a 256-column wgmma), C_N = 2 (A multicast), raster along N"};
+}
+
 }  // namespace comfuse

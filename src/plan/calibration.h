@@ -275,6 +275,9 @@ struct MeasuredConfig {
 };
 // may_split_k false: the row measured best without split-K (where a split row cannot be built).
 MeasuredConfig measured_elementwise_config(const Problem& p, const DeviceModel& dev, bool may_split_k = true);
+// The same for a gated GEMM (KernelConfig::gated: each tile's wgmma twice its columns, 64 rows a
+// warp group, no split-K).
+MeasuredConfig gated_elementwise_config(const Problem& p, const DeviceModel& dev);
 
 // make_plan with an explicit device and tunables (tests; the public overload passes the H200's).
 Plan make_plan(const FusionSpec& s, const Problem& p, const DeviceModel& dev, const PlannerTunables& tun = {},

@@ -49,7 +49,9 @@ void estimate_cluster(Candidate& c, const Request& r) {
   const int64_t k_tiles = ceil_div64(r.p.k, Sm90::kTileK);
   const double eff = lookup(tun.tile_n_efficiency, k.tile_n) * lookup(tun.cluster_efficiency, k.cluster_n) *
                      (k_tiles >= 4 ? lookup(tun.stage_efficiency, k.ring_stages) : 1.0);
-  const double t_tile = 2.0 * k.tile_m * k.tile_n * double(k_tiles * Sm90::kTileK) / (dev.sm_flops_per_s * eff) * 1e6 +
+  // The mainloop's columns: a gated tile's wgmma covers B's and the gate's (KernelConfig::mma_n).
+  const int gates = k.gated ? 2 : 1;
+  const double t_tile = 2.0 * k.tile_m * k.mma_n() * double(k_tiles * Sm90::kTileK) / (dev.sm_flops_per_s * eff) * 1e6 +
                         tun.tile_fixed_us;
   const double elems = double(k.tile_m) * k.tile_n / Sm90::kWarpGroupThreads;  // per thread
   double instr = double(k.n_tiles) * elems * chain.ops_per_element;
@@ -72,7 +74,7 @@ void estimate_cluster(Candidate& c, const Request& r) {
   // A CTA's share of B (clusters along M multicast it) and its time at one SM's streaming rate,
   // which was measured on shares up to 0.5 MiB only (calibration.h): a longer one keeps more
   // bytes in flight, so there the tile model stands (0).
-  const double b_cta = double(k.n_tiles) * k.tile_n * double(r.p.k) * ab_bytes / k.cluster_m;
+  const double b_cta = double(k.n_tiles) * k.mma_n() * double(r.p.k) * ab_bytes / k.cluster_m;
   const double stream = b_cta <= tun.sm_stream_measured_bytes ? b_cta / tun.sm_stream_bytes_per_s * 1e6 : 0.0;
   if (q == 1) {
     // One wave (decode, small M), as the row groups' model (decide_row_groups.cpp): the launch's
@@ -80,7 +82,7 @@ void estimate_cluster(Candidate& c, const Request& r) {
     // gives a short kernel and a CTA's share at one SM's streaming rate. GPT-2's decode c_fc +
     // gelu_new (1 and 32 x 4096 x 1024, 32 CTAs of 256 KiB) measured 9.7-10.1 us in a CUDA graph
     // against 5.0 estimated without this.
-    const double b_all = double(r.p.n) * double(r.p.k) * ab_bytes;
+    const double b_all = double(gates) * r.p.n * double(r.p.k) * ab_bytes;
     const double dram = tun.one_wave_dram(k.cluster_m, c.tiles_m >= k.cluster_m);
     c.est.mainloop_us = std::max({ml, stream, b_all / dram * 1e6});
     t_cluster = c.est.mainloop_us + epi + tun.one_wave_launch_us;
@@ -104,7 +106,7 @@ void estimate_cluster(Candidate& c, const Request& r) {
   }
   c.est.epilogue_us = t_cluster - c.est.mainloop_us;
 
-  double dram = double(r.p.m) * r.p.k * ab_bytes + double(r.p.n) * r.p.k * ab_bytes;
+  double dram = double(r.p.m) * r.p.k * ab_bytes + double(gates) * r.p.n * r.p.k * ab_bytes;
   if (chain.has_tile_output) dram += double(r.p.m) * r.p.n * chain.max_out_bytes;
   dram += double(r.p.m) * r.p.n * double(chain.tile_input_bytes_per_element);
   c.est.dram_floor_us = dram / dev.dram_bytes_per_s * 1e6;
@@ -131,13 +133,15 @@ std::vector<Candidate> decide_cluster(const Request& r, Rejections& why) {
     if (opt.tile_m && *opt.tile_m != tm) continue;
     for (int tn : kTileNs) {
       if (opt.tile_n && *opt.tile_n != tn) continue;
-      // The kernel keeps one consumer WG's whole tile in registers (PingPong).
-      if (tm * tn / Sm90::kWarpGroupThreads > Sm90::kMaxAccumulatorsPerThread) {
-        why.add("registers", fmt::format("{}x{} tile: {} accumulators/thread exceed the kernel's {}", tm, tn,
-                                         tm * tn / Sm90::kWarpGroupThreads, Sm90::kMaxAccumulatorsPerThread));
+      // The kernel keeps one consumer WG's whole tile in registers (PingPong); a gated tile both products.
+      const int acc = tm * tn * (r.spec.gated() ? 2 : 1) / Sm90::kWarpGroupThreads;
+      if (acc > Sm90::kMaxAccumulatorsPerThread) {
+        why.add("registers", fmt::format("{}x{} tile{}: {} accumulators/thread exceed the kernel's {}", tm, tn,
+                                         r.spec.gated() ? " (gated: twice its columns)" : "", acc,
+                                         Sm90::kMaxAccumulatorsPerThread));
         continue;
       }
-      const int regs = chain.live_tile_values * tm * tn / Sm90::kWarpGroupThreads + tun.reg_overhead;
+      const int regs = (chain.live_tile_values - 1) * tm * tn / Sm90::kWarpGroupThreads + acc + tun.reg_overhead;
       if (regs > Sm90::kConsumerRegs) {
         why.add("registers", fmt::format("{}x{} tile: ~{} registers/thread for {} live tile value(s) exceed {}", tm, tn,
                                          regs, chain.live_tile_values, Sm90::kConsumerRegs));
@@ -152,6 +156,7 @@ std::vector<Candidate> decide_cluster(const Request& r, Rejections& why) {
         if (cm * cn > dev.max_cluster || !dev.clusters_resident.count(cm * cn)) continue;
         Candidate c;
         c.k.b_kmajor = r.spec.b_layout == BLayout::NK;
+        c.k.gated = r.spec.gated();
         c.k.tile_m = tm, c.k.tile_n = tn, c.k.cluster_n = cn, c.k.cluster_m = cm, c.regs = regs;
         c.k.row_reduction = chain.reductions > 0;
         c.tiles_m = ceil_div64(r.p.m, tm);

@@ -22,7 +22,7 @@ std::vector<Candidate> decide_elementwise(const Request& r, Rejections& why) {
                             opt.row_group || opt.stash_bytes;
   if (forced_other && !forced_cm) return search;
 
-  MeasuredConfig mc = measured_elementwise_config(r.p, r.dev);
+  MeasuredConfig mc = r.spec.gated() ? gated_elementwise_config(r.p, r.dev) : measured_elementwise_config(r.p, r.dev);
   if (mc.k_splits > 1 && !forced_cm) {
     // A measured split-K row: the row-group decider builds it (its division of K and its gather),
     // with exactly the measured tile and cluster forced.
@@ -39,11 +39,14 @@ std::vector<Candidate> decide_elementwise(const Request& r, Rejections& why) {
   }
   if (forced_cm) {
     const int tm = opt.tile_m.value_or(128), tn = opt.tile_n.value_or(128);
-    mc = {tm, tn, 1, *opt.cluster_m, 1, 8, 8, false,
-          fmt::format("forced: PingPong {}x{}, clusters of {} along M (B multicast)", tm, tn, *opt.cluster_m)};
+    const int wgs = r.spec.gated() && tm == 128 ? 2 : 1;  // a gated tile keeps 64 rows a warp group
+    mc = {tm, tn, wgs, *opt.cluster_m, 1, 8, 8, false,
+          fmt::format("forced: {} {}x{}, clusters of {} along M (B multicast)", wgs == 1 ? "PingPong" : "cooperative",
+                      tm, tn, *opt.cluster_m)};
   }
   Candidate m;
   m.k.b_kmajor = r.spec.b_layout == BLayout::NK;
+  m.k.gated = r.spec.gated();
   m.k.tile_m = mc.tile_m, m.k.tile_n = mc.tile_n, m.k.wgs_per_tile = mc.wgs_per_tile;
   m.k.cluster_m = mc.cluster_m, m.k.cluster_n = mc.cluster_n;
   m.max_ring_stages = mc.max_ring_stages;

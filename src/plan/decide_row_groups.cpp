@@ -167,6 +167,7 @@ std::vector<Candidate> decide_row_groups(const Request& r, Rejections& why) {
         Option o;
         Candidate& c = o.c;
         c.k.b_kmajor = r.spec.b_layout == BLayout::NK;
+        c.k.gated = r.spec.gated();
         c.k.tile_m = ts.tile_m, c.k.tile_n = ts.tile_n, c.k.cluster_m = cm, c.k.row_group = g;
         c.k.n_tiles = static_cast<int>(n_tiles);
         c.k.k_splits = ks;

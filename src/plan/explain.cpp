@@ -62,6 +62,13 @@ std::string explain(const FusionSpec& s, const Plan& p) {
                    p.kernel.wgs_per_tile == 1 ? "PingPong: one consumer warp group per tile"
                                        : "cooperative: both consumer warp groups on one tile",
                    p.tiles_m, p.tiles_n, p.tiles_m * p.tiles_n);
+  if (p.kernel.gated) {
+    const int gate = s.arg_index(ArgRole::OperandGate), b = s.arg_index(ArgRole::OperandB);
+    o += fmt::format("  gated        one {}-column wgmma a k-block: {} columns of {} then the same of {} (one B tile, "
+                     "A's tiles shared)\n",
+                     p.kernel.mma_n(), p.kernel.tile_n, b >= 0 ? s.describe(s.args[static_cast<size_t>(b)].name) : "B",
+                     gate >= 0 ? s.describe(s.args[static_cast<size_t>(gate)].name) : "the gate");
+  }
   o += fmt::format("  grid         persistent, {} CTAs = {} cluster(s) of {}x{} ({} resident at most, {} SMs "
                    "busy); {} job(s)\n",
                    p.grid_ctas, p.grid_ctas / std::max(1, p.kernel.hw_cluster_size()), p.kernel.hw_cluster_x(), p.kernel.cluster_n,
@@ -130,7 +137,7 @@ std::string explain(const FusionSpec& s, const Plan& p) {
   o += "SMEM budget (per CTA):\n";
   row("mainloop ring", b.mainloop_ring,
       fmt::format("{} stages x ({}x{} A + {}x{} B) x {} B, one ring shared by both consumer WGs", p.kernel.ring_stages, p.kernel.tile_m,
-                  Sm90::kTileK, p.kernel.tile_n, Sm90::kTileK, ab));
+                  Sm90::kTileK, p.kernel.mma_n(), Sm90::kTileK, ab));
   std::string red;
   if (p.reductions == 0) red = "no reduction";
   else if (p.kernel.aggregation == Aggregation::L2Exchange)

@@ -133,13 +133,13 @@ void check_request(const FusionSpec& s, const Problem& p, const DeviceModel& dev
   try {
     check_problem_size(p.m, p.n, p.k, dim_label(s.m, "M"), dim_label(s.n, "N"), dim_label(s.k, "K"));
     check_device_limits(s);  // the spec's device limits, in the user's names (limits.cpp)
-    // The single-GEMM kernel holds one accumulator; the gated GEMM (two sharing A) is a B2B
-    // kernel's GEMM1 only (kernels/comfuse/b2b/: P and P3).
-    if (const int gate = s.arg_index(ArgRole::OperandGate); gate >= 0)
-      throw Error(fmt::format("the gated GEMM {} x {} beside {} runs only as the first GEMM of a B2B pair (its F "
-                              "feeding a second matmul); the single-GEMM kernel holds one accumulator",
+    // A gated GEMM (KernelConfig::gated) holds both products in one accumulator of twice the
+    // tile's columns: an elementwise epilogue, one N-tile a job, no split-K (check()).
+    if (s.gated() && s.reduction_count() > 0)
+      throw Error(fmt::format("the gated GEMM {} x {} beside {} reduces rows in its epilogue; a gated GEMM's "
+                              "epilogue is elementwise",
                               s.describe(s.args[static_cast<size_t>(s.arg_index(ArgRole::OperandA))].name),
-                              s.describe(s.args[static_cast<size_t>(gate)].name),
+                              s.describe(s.args[static_cast<size_t>(s.arg_index(ArgRole::OperandGate))].name),
                               s.describe(s.args[static_cast<size_t>(s.arg_index(ArgRole::OperandB))].name)));
   } catch (const Error& e) {
     throw Error(fmt::format("plan: {}", e.what()));
@@ -167,6 +167,11 @@ void check_request(const FusionSpec& s, const Problem& p, const DeviceModel& dev
   }
   if (opt.tile_n && std::find(std::begin(kTileNs), std::end(kTileNs), *opt.tile_n) == std::end(kTileNs))
     throw Error(fmt::format("plan: tile_n = {} is not one of 64, 128, 192, 256", *opt.tile_n));
+  if (s.gated() && opt.tile_n && *opt.tile_n > 128)
+    throw Error(fmt::format("plan: tile_n = {}: a gated GEMM's tile holds B's and the gate's columns in one wgmma of "
+                            "at most 256: tile_n 64 or 128", *opt.tile_n));
+  if (s.gated() && opt.k_splits && *opt.k_splits > 1)
+    throw Error("plan: k_splits: a gated GEMM takes no split-K (its two products share one accumulator)");
   if (opt.tile_m && *opt.tile_m != 64 && *opt.tile_m != 128)
     throw Error(fmt::format("plan: tile_m = {} is not 64 or 128 (rows per consumer warp group)", *opt.tile_m));
   const bool rg = plan_detail::row_groups_forced(opt);

@@ -34,7 +34,7 @@ void add_reasons(Plan& plan, const ChainInfo& chain, const DeviceModel& dev, con
   else r.push_back(fmt::format(
       "tile {}x{}x{}: PingPong, each of the {} consumer warp groups owns a {}x{} accumulator "
       "(~{} registers/thread with {} live tile value(s), limit {}); tile_k {} = one 128-byte {} row per TMA box",
-      plan.kernel.tile_m, plan.kernel.tile_n, Sm90::kTileK, Sm90::kConsumerWGs, plan.kernel.tile_m, plan.kernel.tile_n,
+      plan.kernel.tile_m, plan.kernel.tile_n, Sm90::kTileK, Sm90::kConsumerWGs, plan.kernel.tile_m, plan.kernel.mma_n(),
       plan.regs_per_thread, plan.live_tile_values, Sm90::kConsumerRegs, Sm90::kTileK, ab));
 
   const std::string forced = opt.cluster_n ? " (forced)" : "";

@@ -184,7 +184,7 @@ FusedKernel FusedKernel::build_unfused(const FusionSpec& first, const FusionSpec
   auto st = std::make_unique<State>();
   st->spec = first;
   st->second = second;
-  const UnfusedPair pair = unfused_pair(first, second);
+  const UnfusedPair pair = unfused_pair(first, second, opt.plan.gated_gemm.value_or(true));
   for (const FusionSpec& k : pair.kernels) st->parts.push_back(build(k, problem_of(k, dims), opt));
   for (const RuntimeArg& a : pair.intermediates) {
     State::Intermediate& i = st->intermediates.emplace_back();
@@ -331,8 +331,17 @@ void FusedKernel::run(const RunArgs& args, Stream stream) const {
   p.raster_group = st.plan.raster_group;
   p.raster_along_n = st.plan.raster_along_n ? 1 : 0;
   p.batches = 1;
+  // A gated GEMM's gate (OperandGate): B's shape, layout and type.
+  const DeviceTensor* B3 = nullptr;
+  if (const int gate = s.arg_index(ArgRole::OperandGate); gate >= 0) {
+    const RuntimeArg& rg = s.args.at(static_cast<size_t>(gate));
+    B3 = &matrix_arg(args, rg);
+    if (B3->shape != B.shape)
+      throw Error(fmt::format("the gate '{}' is {} but B '{}' is {}: a gated GEMM's two B operands share a shape",
+                              rg.name, shape_str(B3->shape), rb.name, shape_str(B.shape)));
+  }
   runtime_detail::set_operands(p, kc, ra.dtype, A.data, A.ld ? A.ld : K, B.data, B.ld ? B.ld : B.shape[1], int(M),
-                               int(N), int(K));
+                               int(N), int(K), B3 ? B3->data : nullptr, B3 ? (B3->ld ? B3->ld : B3->shape[1]) : 0);
   bind_epilogue(args, {&s}, st.emitted.slots, p, M, N, kc.epi_rows());
   runtime_detail::launch(st.kernel, kc, p, reinterpret_cast<cudaStream_t>(stream), st.max_clusters);
 }

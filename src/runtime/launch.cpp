@@ -119,11 +119,20 @@ cudaLaunchConfig_t launch_config(dim3 grid, int cluster_x, int cluster_y, int sm
 }  // namespace
 
 void set_operands(Params& p, const KernelConfig& k, DType ab, const void* A, int64_t lda, const void* B, int64_t ldb,
-                  int M, int N, int K) {
+                  int M, int N, int K, const void* B3, int64_t ldb3) {
   if (ab == DType::F32) throw Error("GEMM inputs must be bf16 or f16");
+  if (k.gated != (B3 != nullptr))
+    throw Error(k.gated ? "this kernel is a gated GEMM: it needs the gate's B operand (Params::tma_b3)"
+                        : "a gate's B operand was given to a kernel that is not a gated GEMM");
   encode_tensor(&p.tma_a, "A", ab, A, M, K, lda, Sm90::kTileK, k.tile_m / k.a_slices());
-  if (k.b_kmajor) encode_tensor(&p.tma_b, "B (N x K)", ab, B, N, K, ldb, Sm90::kTileK, k.tile_n / k.b_slices());
-  else encode_tensor(&p.tma_b, "B (K x N)", ab, B, K, N, ldb, 64, Sm90::kTileK);
+  // K x N: boxes of 64 columns; N x K: a multicast slice of the B tile (mma_n rows: a gated
+  // tile's slices each fall in B's half or the gate's, mainloop_sm90.cuh).
+  auto operand = [&](TmaDesc* d, const char* nk, const char* kn, const void* ptr, int64_t ld) {
+    if (k.b_kmajor) encode_tensor(d, nk, ab, ptr, N, K, ld, Sm90::kTileK, std::min(k.tile_n, k.mma_n() / k.b_slices()));
+    else encode_tensor(d, kn, ab, ptr, K, N, ld, 64, Sm90::kTileK);
+  };
+  operand(&p.tma_b, "B (N x K)", "B (K x N)", B, ldb);
+  if (B3) operand(&p.tma_b3, "the gate's B (N x K)", "the gate's B (K x N)", B3, ldb3);
   p.M = M, p.N = N, p.K = K;
 }
 

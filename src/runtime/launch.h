@@ -15,8 +15,9 @@ namespace comfuse::runtime_detail {
 
 // A: M x K (K contiguous, row stride lda). B: N x K (b_kmajor, stride ldb >= K) or K x N
 // (stride ldb >= N). A and B are 16-bit (bf16 or f16), both the same type.
+// A gated kernel (KernelConfig::gated) takes the gate's B3 beside B: the same shape and layout.
 void set_operands(Params& p, const KernelConfig& k, DType ab, const void* A, int64_t lda, const void* B, int64_t ldb,
-                  int M, int N, int K);
+                  int M, int N, int K, const void* B3 = nullptr, int64_t ldb3 = 0);
 // Output `slot` (the Store node's Out): M x N row-major, row stride ldd; the TMA box is
 // `epi_rows` rows (one consumer warp group's tile) of 128 bytes of columns. batches > 0: a
 // batched kernel's [batches, M, N] output (3-D descriptor), batch_stride elements apart.

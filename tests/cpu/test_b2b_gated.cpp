@@ -2,13 +2,15 @@
 // elementwise F into one gated region (the second a gated AccEntry on OperandGate W3) where it
 // starts a B2B pair, and says why not elsewhere (different A, B layout or dtype, X W3^T or S
 // stored, no second matmul); the fp64 executors agree; the B2B plan of the gated pair; the spec's
-// text form; Ψ's GateEntry and an NVRTC compile; the unfused kernels (X W3^T stored, GEMM1
-// reading it, GEMM2); and choose_b2b, the rule between one B2B kernel and those.
+// text form; Ψ's GateEntry and an NVRTC compile; the unfused kernels (one gated GEMM1 and GEMM2,
+// or X W3^T stored, GEMM1 reading it, GEMM2); the single-GEMM planner's gated kernel; and
+// choose_b2b, the rule between one B2B kernel and those.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <random>
+#include <tuple>
 
 #include "comfuse/emit.h"
 #include "comfuse/interp.h"
@@ -98,16 +100,39 @@ TEST(B2bGated, LoweredExecutorMatchesTheGraph) {
   EXPECT_EQ(c.max_abs, 0.0);
 }
 
-// The gated pair's unfused kernels (plan.h unfused_pair): X W3^T stored as the graph's `up` in
-// bf16, the gated GEMM1 reading it as a tile input where its gated entry was, GEMM2. Their specs
-// verify and, run in turn through the fp64 spec executor, compute the graph up to that one bf16
-// rounding of X W3^T.
+// The gated pair's unfused kernels (plan.h unfused_pair). By default two: the gated GEMM1 as it
+// is (W1 and W3 in one gated single-GEMM kernel, KernelConfig::gated) and GEMM2, computing the
+// graph as the lowered executor does. With gated_gemm false three: X W3^T stored as the graph's
+// `up` in bf16, GEMM1 reading it as a tile input where its gated entry was, GEMM2, computing the
+// graph up to that one bf16 rounding. Every spec verifies and runs through the fp64 spec executor.
 TEST(B2bGated, UnfusedKernelsComputeTheGraph) {
   Lowered l(Mlp{}.text());
   const B2BCandidate* b = one_b2b_kernel(l.r);
   ASSERT_NE(b, nullptr) << l.said();
-  const UnfusedPair u = unfused_pair(l.r.regions[static_cast<size_t>(b->first_region)].spec,
-                                     l.r.regions[static_cast<size_t>(b->second_region)].spec);
+  const FusionSpec &first = l.r.regions[static_cast<size_t>(b->first_region)].spec,
+                   &second = l.r.regions[static_cast<size_t>(b->second_region)].spec;
+  const Bindings dims{{"M", 37}, {"K", 24}, {"N", 40}, {"D", 16}};
+  std::mt19937_64 rng(7);
+  const TensorMap in = random_inputs(l.g, dims, rng);
+  const Tensor want = run_graph(l.g, dims, in).at("y");
+  auto run_kernels = [&](const UnfusedPair& u) {
+    TensorMap args = in;
+    for (const FusionSpec& k : u.kernels)
+      for (auto& [name, t] : run_spec(k, dims, args)) args[name] = t;
+    return compare(args.at("y"), want);
+  };
+
+  const UnfusedPair two = unfused_pair(first, second);
+  ASSERT_EQ(two.kernels.size(), 2u);
+  ASSERT_EQ(two.intermediates.size(), 1u);
+  EXPECT_EQ(two.intermediates[0].name, "s");
+  EXPECT_TRUE(two.kernels[0].gated());
+  EXPECT_EQ(two.kernels[0], first);
+  const Comparison c2 = run_kernels(two);
+  EXPECT_EQ(c2.nonfinite, 0);
+  EXPECT_LT(c2.rel_l2, 1e-12);  // the graph's own roundings only (S to bf16)
+
+  const UnfusedPair u = unfused_pair(first, second, /*gated_gemm=*/false);
   ASSERT_EQ(u.kernels.size(), 3u);
   ASSERT_EQ(u.intermediates.size(), 2u);
   EXPECT_EQ(u.intermediates[0].name, "up");
@@ -119,17 +144,10 @@ TEST(B2bGated, UnfusedKernelsComputeTheGraph) {
   EXPECT_LT(gate.arg_index(ArgRole::OperandGate), 0);
   ASSERT_GE(gate.arg_index(ArgRole::TileInput), 0);
   EXPECT_EQ(gate.args.at(static_cast<size_t>(gate.arg_index(ArgRole::TileInput))).name, "up");
-
-  const Bindings dims{{"M", 37}, {"K", 24}, {"N", 40}, {"D", 16}};
-  std::mt19937_64 rng(7);
-  const TensorMap in = random_inputs(l.g, dims, rng);
-  TensorMap args = in;
-  for (const FusionSpec& k : u.kernels)
-    for (auto& [name, t] : run_spec(k, dims, args)) args[name] = t;
-  const Comparison c = compare(args.at("y"), run_graph(l.g, dims, in).at("y"));
-  EXPECT_EQ(c.nonfinite, 0);
-  EXPECT_GT(c.max_abs, 0.0);  // X W3^T was rounded to bf16
-  EXPECT_LT(c.rel_l2, 1e-2);
+  const Comparison c3 = run_kernels(u);
+  EXPECT_EQ(c3.nonfinite, 0);
+  EXPECT_GT(c3.max_abs, 0.0);  // X W3^T was rounded to bf16
+  EXPECT_LT(c3.rel_l2, 1e-2);
 }
 
 // What keeps the two GEMMs apart, in the user's names; the graph then lowers as without the
@@ -140,23 +158,16 @@ TEST(B2bGated, RefusalsSayWhy) {
     Mlp m;
     const char* why;
   };
-  Mlp other_a, kn, f16, up_out, s_out, single, reduces;
+  Mlp other_a, kn, f16, reduces;
   other_a.up_a = "z";
   kn.w3 = "input w3: bf16[K, N]";
   kn.up = "matmul({}, w3, layout=kn)";
   f16.w3 = "input w3: f16[N, K]";
-  up_out.tail = "y = matmul(s, w2)\noutput y: bf16\noutput up: bf16 as u\n";
-  s_out.tail = "y = matmul(s, w2)\noutput y: bf16\noutput s: bf16\n";
-  single.tail = "output s: bf16\n";
   reduces.f = "mul(softmax(gate), up)";
   for (const Case& c : {Case{"different A", other_a, "'up' reads A 'z': the two GEMMs of a gated pair share their A"},
                         Case{"layouts", kn, "a gated pair's W1 and W3 share one layout"},
                         Case{"dtypes", f16, "B operands 'w1' bf16[N, K] and 'w3' f16[N, K] differ"},
-                        Case{"X W3^T read elsewhere", up_out, "the first GEMM's epilogue also stores 'u"},
-                        Case{"S stored", s_out, "'s' is a graph output: it must be stored"},
-                        Case{"no second matmul", single, "no second matmul reads its epilogue: a gated GEMM runs only "
-                                                         "as the first GEMM of a B2B pair"},
-                        Case{"F reduces", reduces, "a gated GEMM1's F is elementwise per chunk of N1"}}) {
+                        Case{"F reduces", reduces, "a gated GEMM's epilogue is elementwise"}}) {
     SCOPED_TRACE(c.what);
     Lowered l(c.m.text());
     EXPECT_EQ(one_b2b_kernel(l.r), nullptr) << l.said();
@@ -175,6 +186,45 @@ TEST(B2bGated, RefusalsSayWhy) {
   }
 }
 
+// A gated region that starts no B2B pair is a gated GEMM of its own (KernelConfig::gated): with
+// no second matmul, with S also stored, with X W3^T also stored (its GateEntry feeds a store).
+// The fp64 lowered executor computes the graph exactly.
+TEST(B2bGated, StandaloneGatedRegions) {
+  Mlp up_out, s_out, single;
+  up_out.tail = "y = matmul(s, w2)\noutput y: bf16\noutput up: bf16 as u\n";
+  s_out.tail = "y = matmul(s, w2)\noutput y: bf16\noutput s: bf16\n";
+  single.tail = "output s: bf16\n";
+  for (const auto& [what, m, pair_blocker] :
+       {std::tuple{"X W3^T stored", up_out, "the first GEMM's epilogue also stores 'u"},
+        std::tuple{"S stored", s_out, "'s' is a graph output: it must be stored"},
+        std::tuple{"no second matmul", single, ""}}) {
+    SCOPED_TRACE(what);
+    Lowered l(m.text());
+    EXPECT_EQ(one_b2b_kernel(l.r), nullptr) << l.said();
+    ASSERT_EQ(l.r.gate_pairs.size(), 1u) << l.said();
+    const GatePair& gp = l.r.gate_pairs[0];
+    EXPECT_TRUE(gp.blocker.empty()) << gp.blocker;
+    ASSERT_GE(gp.region, 0);
+    EXPECT_TRUE(l.r.regions.at(static_cast<size_t>(gp.region)).spec.gated());
+    EXPECT_NE(l.said().find(fmt::format("one gated GEMM (region {}, two accumulators)", gp.region)), std::string::npos)
+        << l.said();
+    if (*pair_blocker) {
+      ASSERT_EQ(l.r.b2b_candidates.size(), 1u);
+      EXPECT_NE(l.r.b2b_candidates[0].blocker.find(pair_blocker), std::string::npos) << l.r.b2b_candidates[0].blocker;
+    }
+    EXPECT_TRUE(l.r.fallbacks.empty()) << l.said();
+    const Bindings dims{{"M", 37}, {"K", 24}, {"N", 40}, {"D", 16}};
+    std::mt19937_64 rng(11);
+    const TensorMap in = random_inputs(l.g, dims, rng);
+    const TensorMap want = run_graph(l.g, dims, in), got = run_lowered(l.g, l.r, dims, in);
+    for (const auto& [name, t] : want) {
+      const Comparison c = compare(got.at(name), t);
+      EXPECT_EQ(c.nonfinite, 0) << name;
+      EXPECT_EQ(c.max_abs, 0.0) << name;
+    }
+  }
+}
+
 // Two matmuls on one X that never meet (independent outputs) or that chain are no gated pair.
 TEST(B2bGated, OnlyMeetingGemmsPair) {
   Lowered apart(
@@ -186,19 +236,46 @@ TEST(B2bGated, OnlyMeetingGemmsPair) {
   EXPECT_TRUE(ffn.r.gate_pairs.empty()) << ffn.said();
 }
 
-// A gated region is a B2B kernel's GEMM1 only: the single-GEMM planner refuses it by name.
-TEST(B2bGated, SingleGemmPlannerRefusesTheGate) {
+// The single-GEMM planner's gated kernel (KernelConfig::gated): one wgmma over W1's and W3's
+// columns, 64 rows a warp group, tile_n <= 128; what it cannot take is refused by name.
+TEST(B2bGated, SingleGemmPlansTheGatedKernel) {
   Lowered l(Mlp{}.text());
   const FusionSpec& f = l.r.regions.at(0).spec;
-  try {
-    make_plan(f, problem_of(f, {{"M", 512}, {"K", 256}, {"N", 512}}));
-    FAIL() << "expected an Error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("the gated GEMM 'x' x 'w3' beside 'w1' runs only as the first GEMM of a B2B "
-                                         "pair"),
-              std::string::npos)
-        << e.what();
+  for (const Bindings& dims : {Bindings{{"M", 8192}, {"K", 1024}, {"N", 4096}}, Bindings{{"M", 128}, {"K", 4096}, {"N", 11008}},
+                               Bindings{{"M", 1}, {"K", 2048}, {"N", 5632}}, Bindings{{"M", 700}, {"K", 200}, {"N", 328}}}) {
+    const Plan p = make_plan(f, problem_of(f, dims));
+    SCOPED_TRACE(explain(f, p));
+    EXPECT_TRUE(p.kernel.gated);
+    EXPECT_EQ(check(p.kernel), nullptr);
+    EXPECT_EQ(p.kernel.epi_rows(), 64);
+    EXPECT_LE(p.kernel.tile_n, 128);
+    EXPECT_EQ(p.kernel.mma_n(), 2 * p.kernel.tile_n);
+    EXPECT_EQ(p.kernel.ring_stage_bytes(), (p.kernel.tile_m + 2 * p.kernel.tile_n) * Sm90::kTileK * 2);
+    EXPECT_NE(explain(f, p).find("columns of 'w1' then the same of 'w3'"), std::string::npos);
+    const EmittedKernel k = emit(f, p);
+    EXPECT_NE(k.source.find("comfuse::epi::GateEntry"), std::string::npos) << k.source;
+    EXPECT_NE(k.source.find("tma_b3       w3 bf16"), std::string::npos) << k.source;
+    EXPECT_NE(k.source.find(".gated = true"), std::string::npos) << k.source;
   }
+  const Problem big = problem_of(f, {{"M", 8192}, {"K", 1024}, {"N", 4096}});
+  auto refused = [&](PlanOptions o, const char* why) {
+    try {
+      make_plan(f, big, o);
+      ADD_FAILURE() << "expected an Error: " << why;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+  };
+  PlanOptions wide, split;
+  wide.tile_n = 256;
+  split.k_splits = 2;
+  refused(wide, "a gated GEMM's tile holds B's and the gate's columns in one wgmma of at most 256");
+  refused(split, "a gated GEMM takes no split-K");
+  // A plan of another spec cannot render the gated one, nor the gated plan a plain spec.
+  Lowered plain(std::string("input x: bf16[M, K]\ninput w1: bf16[N, K]\nh = matmul(x, w1)\noutput h: bf16\n"));
+  const FusionSpec& ps = plain.r.regions.at(0).spec;
+  EXPECT_THROW(emit(ps, make_plan(f, big)), Error);
+  EXPECT_THROW(emit(f, make_plan(ps, big)), Error);
 }
 
 TEST(B2bGated, PlanHoldsBothAccumulators) {
@@ -267,14 +344,22 @@ TEST(B2bGated, ChooseOneKernelOrTwo) {
   const B2bChoice at = choose(att, B2bProblem{1, 16384, 128, 16384, 128, DType::BF16}, Mode::Auto);
   EXPECT_TRUE(at.one_kernel) << at.reason;
   EXPECT_NE(at.reason.find("one B2B kernel: estimate"), std::string::npos) << at.reason;
-  // The gated pair: three kernels where one does not pay (unfused_pair), and under Off.
+  // The gated pair: two kernels (the gated GEMM1, GEMM2) where one does not pay (unfused_pair),
+  // and under Off; three (X W3^T stored first) with gated_gemm off.
   const B2bChoice g = choose(swiglu, ffn_big, Mode::Auto);
   EXPECT_FALSE(g.one_kernel);
-  EXPECT_NE(g.reason.find("three kernels: the B2B kernel is not expected to pay"), std::string::npos) << g.reason;
+  EXPECT_NE(g.reason.find("two kernels: the B2B kernel is not expected to pay"), std::string::npos) << g.reason;
+  EXPECT_NE(g.reason.find("the gated GEMM1 (W1 and W3 share X's tiles)"), std::string::npos) << g.reason;
   ASSERT_TRUE(g.plan.has_value());
-  EXPECT_NE(g.plan->unfused_from.find("the planner's three kernels: up stored"), std::string::npos)
+  EXPECT_NE(g.plan->unfused_from.find("the planner's two kernels: GEMM1 + F storing S"), std::string::npos)
       << g.plan->unfused_from;
-  EXPECT_NE(choose(swiglu, ffn_big, Mode::Off).reason.find("three kernels (b2b off)"), std::string::npos);
+  EXPECT_NE(choose(swiglu, ffn_big, Mode::Off).reason.find("two kernels (b2b off)"), std::string::npos);
+  PlanOptions split;
+  split.gated_gemm = false;
+  const B2bChoice g3 = choose_b2b(swiglu.regions[0].spec, swiglu.regions[1].spec, ffn_big, split);
+  EXPECT_NE(g3.reason.find("three kernels: the B2B kernel is not expected to pay"), std::string::npos) << g3.reason;
+  EXPECT_NE(g3.plan->unfused_from.find("the planner's three kernels: up stored"), std::string::npos)
+      << g3.plan->unfused_from;
   // A batched pair has no unfused path: one kernel under Auto, and Off refuses it.
   const LoweringResult batched = load("attention_batched.cf");
   const B2bProblem heads{16, 1024, 64, 1024, 64, DType::BF16};
@@ -318,6 +403,24 @@ TEST_F(B2bGatedCompile, EmitsGateEntryAndCompiles) {
   const CompiledKernel c = compile_only_b2b(f, e, p, opt_);
   EXPECT_TRUE(is_cubin_elf(c.cubin));
   EXPECT_FALSE(c.wgmma_serialized) << c.log;
+}
+
+// The single-GEMM gated kernel compiles at each configuration class (cooperative 128x128 in
+// clusters of 2, PingPong 64x64 pairs, 64x128 in clusters along N; K x N weights too), its
+// wgmmas unserialized.
+TEST_F(B2bGatedCompile, GatedSingleGemmCompiles) {
+  Graph g = parse_graph_file((kRoot / "examples" / "ffn_swiglu.cf").string());
+  const LoweringResult r = lower(g);
+  const FusionSpec& f = r.regions.at(0).spec;
+  ASSERT_TRUE(f.gated());
+  for (const Bindings& dims : {Bindings{{"M", 8192}, {"K", 1024}, {"N", 4096}}, Bindings{{"M", 128}, {"K", 4096}, {"N", 11008}},
+                               Bindings{{"M", 16}, {"K", 4096}, {"N", 11008}}}) {
+    EmittedKernel k;
+    const CompiledKernel c = compile_only(f, problem_of(f, dims), opt_, &k);
+    EXPECT_TRUE(is_cubin_elf(c.cubin));
+    EXPECT_FALSE(c.wgmma_serialized) << c.log;
+    EXPECT_NE(k.source.find(".gated = true"), std::string::npos);
+  }
 }
 
 }  // namespace

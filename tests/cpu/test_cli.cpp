@@ -218,20 +218,28 @@ TEST_F(Cli, B2bPairOneKernelOrTwo) {
   Result off = comfuse("explain " + att + " --b2b off");
   ASSERT_EQ(off.rc, 0) << off.err;
   EXPECT_TRUE(has(off.out, "b2b pair: two kernels (b2b off)")) << off.out;
-  // SwiGLU: the gated pair unfused is three kernels (X W3^T stored as the graph's `up`, read by
-  // GEMM1's F); forced, one gated B2B kernel.
+  // SwiGLU: the gated pair unfused is two kernels (one gated GEMM1: W1 and W3 share X's tiles),
+  // or three with --gated-gemm off (X W3^T stored as the graph's `up`, read by GEMM1's F);
+  // forced, one gated B2B kernel.
   const std::string swiglu = "'" + example("ffn_swiglu.cf") + "' --dim M=8192 --dim K=1024 --dim N=4096 --dim D=1024";
   Result g = comfuse("explain " + swiglu);
   ASSERT_EQ(g.rc, 0) << g.err;
-  EXPECT_TRUE(has(g.out, "b2b pair: three kernels: the B2B kernel is not expected to pay")) << g.out;
-  EXPECT_TRUE(has(g.out, "# region 2 (of 3)") && has(g.out, "stage 1: 2 node(s): n0 acc; n1 store up <- n0")) << g.out;
+  EXPECT_TRUE(has(g.out, "b2b pair: two kernels: the B2B kernel is not expected to pay")) << g.out;
+  EXPECT_TRUE(has(g.out, "# region 1 (of 2)") && has(g.out, "gated        one 256-column wgmma a k-block")) << g.out;
+  Result g3 = comfuse("explain " + swiglu + " --gated-gemm off");
+  ASSERT_EQ(g3.rc, 0) << g3.err;
+  EXPECT_TRUE(has(g3.out, "b2b pair: three kernels: the B2B kernel is not expected to pay")) << g3.out;
+  EXPECT_TRUE(has(g3.out, "# region 2 (of 3)") && has(g3.out, "stage 1: 2 node(s): n0 acc; n1 store up <- n0")) << g3.out;
   EXPECT_TRUE(has(comfuse("explain " + swiglu + " --b2b force").out, "(gated: X W1^T and X W3^T)"));
   Result goff = comfuse("explain " + swiglu + " --b2b off");
   ASSERT_EQ(goff.rc, 0) << goff.err;
-  EXPECT_TRUE(has(goff.out, "b2b pair: three kernels (b2b off)")) << goff.out;
+  EXPECT_TRUE(has(goff.out, "b2b pair: two kernels (b2b off)")) << goff.out;
   Result ge = comfuse("emit " + swiglu);
   ASSERT_EQ(ge.rc, 0) << ge.err;
-  EXPECT_TRUE(has(ge.out, "comfuse::epi::TileInput<") && !has(ge.out, "GateEntry")) << ge.out;
+  EXPECT_TRUE(has(ge.out, "comfuse::epi::GateEntry") && has(ge.out, ".gated = true")) << ge.out;
+  Result ge3 = comfuse("emit " + swiglu + " --gated-gemm off");
+  ASSERT_EQ(ge3.rc, 0) << ge3.err;
+  EXPECT_TRUE(has(ge3.out, "comfuse::epi::TileInput<") && !has(ge3.out, "GateEntry")) << ge3.out;
   // A batched pair has no unfused path: off refuses it.
   Result boff = comfuse("explain '" + example("attention_batched.cf") +
                         "' --dim B=16 --dim M=1024 --dim N=1024 --dim K=64 --dim DV=64 --b2b off");
@@ -244,7 +252,7 @@ TEST_F(Cli, B2bPairOneKernelOrTwo) {
   EXPECT_EQ(comfuse("run " + ffn + " --reference --b2b force").rc, 2);
   Result low = comfuse("lower '" + example("ffn_swiglu.cf") + "'");
   ASSERT_EQ(low.rc, 0) << low.err;
-  EXPECT_TRUE(has(low.out, "gated pair: 'gate' (W1 'w1') and 'up' (W3 'w3') meet in the mul inside 's' (line 10): one "
+  EXPECT_TRUE(has(low.out, "gated pair: 'gate' (W1 'w1') and 'up' (W3 'w3') meet in the mul inside 's' (line 12): one "
                            "gated GEMM1 (region 0, two accumulators)"))
       << low.out;
   EXPECT_TRUE(has(low.out, "n1: tile = acc a2 origin=up")) << low.out;

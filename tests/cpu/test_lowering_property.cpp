@@ -389,8 +389,10 @@ TEST(LoweringClosure, RegionsFeedFallbacksAndFallbacksFeedRegions) {
   // Region 1's output, transposed by a fallback, is region 2's A operand.
   Value acc2 = g.matmul(g.transpose(y1), w2);  // [N, P]
   g.output(g.softmax(acc2), "p", DType::F32);
-  // A node mixing two regions' values falls back, reading both regions' stores.
-  Value y3 = g.matmul(x, w1);
+  // A node mixing two regions' values falls back, reading both regions' stores (the matmuls read
+  // different A operands: on one X they would merge into one gated region).
+  Value x3 = g.input("x3", DType::BF16, {Dim::of("M"), Dim::of("K")});
+  Value y3 = g.matmul(x3, w1);
   Value mix = g.unary(UnaryOp::Tanh, y3) + y1;
   g.output(mix, "mix", DType::BF16);
   LoweringResult lr = lower(g);

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <optional>
 
 #include "comfuse/text.h"
 #include "gpu/gpu_support.h"
@@ -106,21 +107,22 @@ output z: bf16
 // Llama's MLP: S = F(X W1^T, X W3^T) with both accumulators of a chunk in registers (W3's
 // k-block beside W1's in the ring), SwiGLU and GeGLU, bf16 and f16, ragged M, K, N1 and N2 (N2 past
 // 192 columns: GEMM1 runs again per block of O), a bias on O.
-std::string gated_ffn(const char* dtype, const char* act) {
+// kn: W1 and W3 as K x N (layout=kn), the gated GEMM's other B layout.
+std::string gated_ffn(const char* dtype, const char* act, bool kn = false) {
   return fmt::format(R"(
 input x: {0}[M, K]
-input w1: {0}[N, K]
-input w3: {0}[N, K]
+input w1: {0}[{2}]
+input w3: {0}[{2}]
 input w2: {0}[D, N]
 input b2: {0}[D]
-gate = matmul(x, w1)
-up = matmul(x, w3)
+gate = matmul(x, w1{3})
+up = matmul(x, w3{3})
 s = cast(mul({1}(gate), up), {0})
 y = matmul(s, w2)
 z = add(y, b2)
 output z: {0}
 )",
-                     dtype, act);
+                     dtype, act, kn ? "K, N" : "N, K", kn ? ", layout=kn" : "");
 }
 
 TEST_F(GpuB2b, GatedFeedForwardSwiGluAndGeGlu) {
@@ -189,9 +191,46 @@ output o: bf16
   EXPECT_EQ(rep.kernels, 2);
 }
 
-// A gated pair unfused (plan.h unfused_pair): X W3^T stored, GEMM1 with F reading it as an
-// [M, N1] input, GEMM2; --b2b off, and auto at Llama-2-7B's decode shape (one gated kernel
-// recomputes GEMM1 for each block of O there: bench/RESULTS.md), bf16 and f16, ragged.
+// A gated pair unfused (plan.h unfused_pair), its default: one gated GEMM1 (KernelConfig::gated:
+// W1's and W3's tiles in one B tile, one wgmma over both, F of the two halves of the
+// accumulator), then GEMM2. Every configuration class of the gated kernel, bf16 and f16, N x K
+// and K x N weights, ragged M and N: cooperative 128x128 in clusters of 2 along M (large M),
+// PingPong 64x64 and 64x128 pairs along M (M <= 256), 64x64 alone and 64x128 in clusters along
+// N (M <= 64), and forced ones; --b2b off and auto.
+TEST_F(GpuB2b, GatedPairAsTwoKernels) {
+  struct V {
+    const char* dtype;
+    const char* act;
+    bool kn;
+    int64_t m, k, n, d;
+    PlanOptions::B2b mode;
+    std::optional<int> tile_m, tile_n, cluster_m;
+  };
+  using Mode = PlanOptions::B2b;
+  for (const V& v : {V{"bf16", "silu", false, 1000, 72, 520, 136, Mode::Off},
+                     V{"f16", "gelu", false, 777, 264, 1032, 200, Mode::Off},
+                     V{"bf16", "silu", true, 600, 200, 1024, 128, Mode::Off},
+                     V{"bf16", "silu", false, 128, 4096, 11008, 4096, Mode::Auto},
+                     V{"f16", "silu", false, 200, 520, 5000, 136, Mode::Off},
+                     V{"bf16", "gelu", false, 33, 1024, 3000, 256, Mode::Off},
+                     V{"bf16", "silu", false, 7, 512, 20000, 128, Mode::Off},
+                     V{"bf16", "silu", true, 100, 256, 2048, 64, Mode::Off},
+                     V{"bf16", "silu", false, 300, 136, 1096, 192, Mode::Off, 64, 128, 2},
+                     V{"f16", "silu", false, 1000, 200, 776, 128, Mode::Off, 64, 64, std::nullopt}}) {
+    SCOPED_TRACE(fmt::format("{} {}{}: M={} K={} N={} D={}", v.dtype, v.act, v.kn ? " kn" : "", v.m, v.k, v.n, v.d));
+    CompileOptions opt;
+    opt.plan.b2b = v.mode;
+    opt.plan.tile_m = v.tile_m, opt.plan.tile_n = v.tile_n, opt.plan.cluster_m = v.cluster_m;
+    const DeviceRunReport rep = run_and_check(parse_graph(gated_ffn(v.dtype, v.act, v.kn)),
+                                              {{"M", v.m}, {"K", v.k}, {"N", v.n}, {"D", v.d}}, /*seed=*/5, opt, 0);
+    expect_outputs_match(rep);
+    EXPECT_EQ(rep.kernels, 2);
+    EXPECT_EQ(rep.b2b_plan.jobs, 0);
+  }
+}
+
+// The same pair with gated_gemm off: X W3^T stored, GEMM1 with F reading it as an [M, N1]
+// input, GEMM2 (three kernels).
 TEST_F(GpuB2b, GatedPairAsThreeKernels) {
   struct V {
     const char* dtype;
@@ -205,6 +244,7 @@ TEST_F(GpuB2b, GatedPairAsThreeKernels) {
     SCOPED_TRACE(fmt::format("{} {}: M={} K={} N={} D={}", v.dtype, v.act, v.m, v.k, v.n, v.d));
     CompileOptions opt;
     opt.plan.b2b = v.mode;
+    opt.plan.gated_gemm = false;
     const DeviceRunReport rep = run_and_check(parse_graph(gated_ffn(v.dtype, v.act)),
                                               {{"M", v.m}, {"K", v.k}, {"N", v.n}, {"D", v.d}}, /*seed=*/5, opt, 0);
     expect_outputs_match(rep);

@@ -476,7 +476,19 @@ template <class... Nodes> struct Stage {
               st.load(c.tile, f, acc);
             }
             float vals[kNumNodes][kFrag];
-            visit_all(c, fc, acc, vals);
+            if constexpr (kUsesGate) {
+              // A gated kernel's accumulator (KernelConfig::gated): A B3^T in its second half,
+              // the same element Geo::BN / 2 registers on (one m64 block: check()).
+              static_assert(kRoot && Geo::MBlocks == 1, "ComFuse: GateEntry reads a gated root stage's accumulator");
+              Frag gate;
+              CUTE_UNROLL
+              for (int e = 0; e < kFrag; ++e) gate[e] = accum(Geo::BN / 2 + base + e);
+              EpiCtx cg = c;
+              cg.gate = gate;
+              visit_all(cg, fc, acc, vals);
+            } else {
+              visit_all(c, fc, acc, vals);
+            }
             if constexpr (kTileBypass >= 0) {
               if constexpr (in_regs) {
                 CUTE_UNROLL

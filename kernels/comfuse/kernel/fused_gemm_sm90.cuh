@@ -45,6 +45,10 @@
 //   tile's consumer waits for it after its mainloop, reads it from SMEM in its first stage and
 //   releases it like a k-block (mainloop_sm90.cuh load_slot, nodes.cuh TileInput).
 //
+// Gated (KernelConfig::gated: SwiGLU's gate and up projections, one GEMM): each B tile holds
+//   tile_n rows of B and tile_n of B3 (mainloop_sm90.cuh), the accumulator both products, and
+//   the epilogue's GateEntry reads A B3^T beside AccEntry's A B^T (stage.cuh).
+//
 // Split-K (k_splits = S > 1, scheduler/split_k.cuh): S clusters run the mainloops of the same
 //   tiles over a share of K each; split 0 owns the tiles: each of its consumers adds the other
 //   splits' partial tiles (passed through the exchange workspace, or with splits_in_cluster over
@@ -158,6 +162,7 @@ struct FusedGemmSm90 {
     if (threadIdx.x == 0) {  // the epilogue's cluster-reduction channels (mbarriers), one per consumer WG
       prefetch_tma_descriptor(&p.tma_a);
       prefetch_tma_descriptor(&p.tma_b);
+      if constexpr (C.gated) prefetch_tma_descriptor(&p.tma_b3);
       EpiExec::prefetch_descriptors(p);
       EpiExec::init_shared(ss.epi[0]);
       EpiExec::init_shared(ss.epi[1]);

@@ -11,6 +11,9 @@
 //      >= 8 rows; the CTA of rank r < ASlices along N loads slice r and multicasts it to every
 //      CTA of its cluster row (all of them need the same rows: the scheduler guarantees it).
 //   B: N x K (K-major, one box {64, BN}) or K x N (N-major, BN/64 boxes {64, 64}).
+//   Gated (KernelConfig::gated): the slot's B tile is BN = 2 x tile_n rows, the first tile_n
+//      from B, the rest from B3 (Params::tma_b3) at the same columns n0.. (load_b); the
+//      multicast slices and boxes of the whole tile each fall in one half.
 // Consumers: WGsPerTile == 1 (PingPong): one warp group computes the whole BM x BN tile
 //   (BM/64 wgmma m64nBNk16 per k16 step). WGsPerTile == 2 (Cooperative): BM == 128, both
 //   consumer warp groups work on the same tile, 64 rows each. Either way a consumer waits for the slot, issues the wgmmas of the k-block,
@@ -43,7 +46,10 @@ template <class Element_, KernelConfig C>
 struct MainloopSm90 {
   using Element = Element_;
   static constexpr bool BKMajor = C.b_kmajor;  // B is N x K (PyTorch Linear weight)
-  static constexpr int BM = C.tile_m, BN = C.tile_n, BK = 128 / int(sizeof(Element)), Stages = C.ring_stages;
+  // BN: the B tile's and the accumulator's columns (C.mma_n(): both halves of a gated tile);
+  // TileN: the output columns a tile covers (its column origin is n_block * TileN).
+  static constexpr int BM = C.tile_m, BN = C.mma_n(), TileN = C.tile_n, BK = 128 / int(sizeof(Element)),
+                       Stages = C.ring_stages;
   static constexpr int ClusterN = C.cluster_n;
   static constexpr int WGsPerTile = C.wgs_per_tile;
   static constexpr int ClusterM = C.cluster_m;
@@ -109,11 +115,22 @@ struct MainloopSm90 {
   }
 
   // ---- producer: one thread issues every TMA load of a tile -------------------------
+  // B's rows [r0, r0 + rows) of the slot's tile (r0 a multiple of the box; a gated tile's rows
+  // from tile_n on are B3's): which descriptor and which of its rows or columns.
+  static COMFUSE_DEVICE TmaDesc const* b_source(Params const& p, int n0, int r0, int& row) {
+    if constexpr (C.gated)
+      if (r0 >= TileN) {
+        row = n0 + r0 - TileN;
+        return &p.tma_b3;
+      }
+    row = n0 + r0;
+    return &p.tma_b;
+  }
   // k-blocks k_begin .. k_begin + kt_count - 1 of K (all of them, or a split-K share).
   static COMFUSE_DEVICE void load(Params const& p, Pipeline& pipeline, PipelineState& state,
                                   SharedStorage& smem, int m_block, int n_block, int rank, int k_begin, int kt_count) {
     constexpr uint64_t kEvictNormal = 0x1000000000000000ull;
-    int const m0 = m_block * BM, n0 = n_block * BN;
+    int const m0 = m_block * BM, n0 = n_block * TileN;
     int const rank_m = ClusterM > 1 ? int(cute::block_id_in_cluster().x) : 0;
     for (int kt = 0; kt < kt_count; ++kt) {
       pipeline.producer_acquire(state);
@@ -130,25 +147,31 @@ struct MainloopSm90 {
         }
       }
       Element* dstb = smem.B + s * BN * BK;
+      int row = 0;
       if constexpr (ClusterM > 1) {
         uint16_t const mask = b_multicast_mask(ClusterN > 1 ? rank : 0);
         if constexpr (BKMajor) {
-          if (rank_m < BSlices)
-            cute::SM90_TMA_LOAD_MULTICAST_2D::copy(&p.tma_b, bar, mask, kEvictNormal, dstb + rank_m * BSliceRows * BK,
-                                                   k0, n0 + rank_m * BSliceRows);
+          if (rank_m < BSlices) {
+            TmaDesc const* d = b_source(p, n0, rank_m * BSliceRows, row);
+            cute::SM90_TMA_LOAD_MULTICAST_2D::copy(d, bar, mask, kEvictNormal, dstb + rank_m * BSliceRows * BK, k0, row);
+          }
         } else {
           CUTE_UNROLL
           for (int nb = 0; nb < BN / 64; ++nb)
-            if (nb % ClusterM == rank_m)
-              cute::SM90_TMA_LOAD_MULTICAST_2D::copy(&p.tma_b, bar, mask, kEvictNormal, dstb + nb * 64 * BK,
-                                                     n0 + nb * 64, k0);
+            if (nb % ClusterM == rank_m) {
+              TmaDesc const* d = b_source(p, n0, nb * 64, row);
+              cute::SM90_TMA_LOAD_MULTICAST_2D::copy(d, bar, mask, kEvictNormal, dstb + nb * 64 * BK, row, k0);
+            }
         }
       } else if constexpr (BKMajor) {
         cute::SM90_TMA_LOAD_2D::copy(&p.tma_b, bar, kEvictNormal, dstb, k0, n0);
+        if constexpr (C.gated) cute::SM90_TMA_LOAD_2D::copy(&p.tma_b3, bar, kEvictNormal, dstb + TileN * BK, k0, n0);
       } else {
         CUTE_UNROLL
-        for (int nb = 0; nb < BN / 64; ++nb)
-          cute::SM90_TMA_LOAD_2D::copy(&p.tma_b, bar, kEvictNormal, dstb + nb * 64 * BK, n0 + nb * 64, k0);
+        for (int nb = 0; nb < BN / 64; ++nb) {
+          TmaDesc const* d = b_source(p, n0, nb * 64, row);
+          cute::SM90_TMA_LOAD_2D::copy(d, bar, kEvictNormal, dstb + nb * 64 * BK, row, k0);
+        }
       }
       ++state;
     }
