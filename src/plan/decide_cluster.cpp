@@ -47,7 +47,7 @@ void estimate_cluster(Candidate& c, const Request& r) {
   const int ab_bytes = static_cast<int>(size_of(r.p.ab_dtype));
   const int values = k.stash_elem_bytes > 0 ? 1 : 0;  // the stash keeps one tile value
   const int64_t k_tiles = ceil_div64(r.p.k, Sm90::kTileK);
-  const double eff = lookup(tun.tile_n_efficiency, k.tile_n) * lookup(tun.cluster_efficiency, k.cluster_n) *
+  const double eff = lookup(tun.tile_n_efficiency, k.mma_n()) * lookup(tun.cluster_efficiency, k.cluster_n) *
                      (k_tiles >= 4 ? lookup(tun.stage_efficiency, k.ring_stages) : 1.0);
   // The mainloop's columns: a gated tile's wgmma covers B's and the gate's (KernelConfig::mma_n).
   const int gates = k.gated ? 2 : 1;
