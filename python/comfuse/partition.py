@@ -389,13 +389,14 @@ def decide(c: Candidate) -> None:
     if absorbed:
         epi = 0.0
     unfused = gemm + epi
+    gemms = f"{1 + gates} GEMMs" if gates else "GEMM"
     info.fused_us, info.unfused_us, info.unfused_epilogue_us = fused, unfused, epi
     if pays(fused, unfused):
         info.status = "fused"
         info.reason = (f"planner: fused {fused:.1f} us vs unfused {unfused:.1f} us "
-                       f"(GEMM {gemm:.1f} + epilogue {epi:.1f}) at M={m}")
+                       f"({gemms} {gemm:.1f} + epilogue {epi:.1f}) at M={m}")
     else:
         info.status = "fallback"
-        info.reason = (f"no predicted gain: fused {fused:.1f} us vs unfused {unfused:.1f} us (GEMM {gemm:.1f} + "
+        info.reason = (f"no predicted gain: fused {fused:.1f} us vs unfused {unfused:.1f} us ({gemms} {gemm:.1f} + "
                        + (f"0: Inductor fuses this elementwise epilogue into its consumer {where(external[0])}"
                           if absorbed else f"epilogue {epi:.1f}") + f") at M={m}")

@@ -90,8 +90,10 @@ MeasuredConfig measured_elementwise_config(const Problem& p, const DeviceModel& 
 //   cooperative 128x256 (the tensor pipe's best shape), the short epilogue (an activation and
 //   a product) not hidden;
 // - M <= 256 (bound by B's stream, as above): pairs along M share both B tiles, 64 x tile_n with
-//   tile_n 64 or 128, whichever takes fewer rounds x columns streamed a CTA (one row block: 64x64
-//   alone where 64x128 would cover at most half the SMs, else 64x128 pairs along N sharing A).
+//   tile_n 64 or 128, whichever takes fewer rounds x columns streamed a CTA (128 x 11008 x 4096:
+//   64x64, 56.5 us, 1.011x cuBLAS's two GEMMs; 64x128 59.7); one row block: 64x64 alone, B spread
+//   over the most SMs (32 x 11008 x 4096: 54.9 us against 61.9 for 64x128 in clusters along N
+//   sharing A, bench/NOTES.md Stop 34).
 MeasuredConfig gated_elementwise_config(const Problem& p, const DeviceModel& dev) {
   if (p.m > 256)
     return {128, 128, 2, 2, 1, 8, 8, false,
@@ -108,11 +110,9 @@ MeasuredConfig gated_elementwise_config(const Problem& p, const DeviceModel& dev
                         "share B and the gate (multicast)",
                         row_blocks, tile_n, 2 * tile_n)};
   }
-  if (narrow)
-    return {64, 64, 1, 1, 1, 8, 8, true,
-            "a gated GEMM, M <= 64, few tiles: PingPong 64x64 (a 128-column wgmma), no cluster: B spread over the SMs"};
-  return {64, 128, 1, 1, 2, 8, 8, true,
-          "a gated GEMM, M <= 64: PingPong 64x128 (a 256-column wgmma), C_N = 2 (A multicast), raster along N"};
+  return {64, 64, 1, 1, 1, 8, 8, true,
+          "a gated GEMM, M <= 64: PingPong 64x64 (a 128-column wgmma), no cluster: B spread over the most SMs "
+          "(measured 11% faster than 64x128 in clusters along N)"};
 }
 
 }  // namespace comfuse

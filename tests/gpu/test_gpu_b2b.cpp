@@ -195,8 +195,8 @@ output o: bf16
 // W1's and W3's tiles in one B tile, one wgmma over both, F of the two halves of the
 // accumulator), then GEMM2. Every configuration class of the gated kernel, bf16 and f16, N x K
 // and K x N weights, ragged M and N: cooperative 128x128 in clusters of 2 along M (large M),
-// PingPong 64x64 and 64x128 pairs along M (M <= 256), 64x64 alone and 64x128 in clusters along
-// N (M <= 64), and forced ones; --b2b off and auto.
+// PingPong 64x64 pairs along M (M <= 256), 64x64 alone (M <= 64), and forced ones (64x128 pairs
+// along M, 64x64 from the search); --b2b off and auto.
 TEST_F(GpuB2b, GatedPairAsTwoKernels) {
   struct V {
     const char* dtype;
