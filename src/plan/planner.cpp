@@ -134,7 +134,13 @@ void check_request(const FusionSpec& s, const Problem& p, const DeviceModel& dev
     check_problem_size(p.m, p.n, p.k, dim_label(s.m, "M"), dim_label(s.n, "N"), dim_label(s.k, "K"));
     check_device_limits(s);  // the spec's device limits, in the user's names (limits.cpp)
     // A gated GEMM (KernelConfig::gated) holds both products in one accumulator of twice the
-    // tile's columns: an elementwise epilogue, one N-tile a job, no split-K (check()).
+    // tile's columns: an elementwise epilogue, one N-tile a job, no split-K (check()); its two
+    // B operands are loaded alike (A's 16-bit type).
+    if (s.gated() && s.args[static_cast<size_t>(s.arg_index(ArgRole::OperandGate))].dtype != p.ab_dtype)
+      throw Error(fmt::format("the gate {} is {}, A is {}: a gated GEMM's operands share one 16-bit type",
+                              s.describe(s.args[static_cast<size_t>(s.arg_index(ArgRole::OperandGate))].name),
+                              name_of(s.args[static_cast<size_t>(s.arg_index(ArgRole::OperandGate))].dtype),
+                              name_of(p.ab_dtype)));
     if (s.gated() && s.reduction_count() > 0)
       throw Error(fmt::format("the gated GEMM {} x {} beside {} reduces rows in its epilogue; a gated GEMM's "
                               "epilogue is elementwise",

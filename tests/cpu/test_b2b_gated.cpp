@@ -271,6 +271,14 @@ TEST(B2bGated, SingleGemmPlansTheGatedKernel) {
   split.k_splits = 2;
   refused(wide, "a gated GEMM's tile holds B's and the gate's columns in one wgmma of at most 256");
   refused(split, "a gated GEMM takes no split-K");
+  FusionSpec f16_gate = f;  // a hand-made spec: Φ never pairs weights of two types
+  f16_gate.args.at(static_cast<size_t>(f16_gate.arg_index(ArgRole::OperandGate))).dtype = DType::F16;
+  try {
+    make_plan(f16_gate, big);
+    ADD_FAILURE() << "expected an Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the gate 'w3' is f16, A is bf16"), std::string::npos) << e.what();
+  }
   // A plan of another spec cannot render the gated one, nor the gated plan a plain spec.
   Lowered plain(std::string("input x: bf16[M, K]\ninput w1: bf16[N, K]\nh = matmul(x, w1)\noutput h: bf16\n"));
   const FusionSpec& ps = plain.r.regions.at(0).spec;

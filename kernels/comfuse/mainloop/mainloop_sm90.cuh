@@ -12,7 +12,7 @@
 //      CTA of its cluster row (all of them need the same rows: the scheduler guarantees it).
 //   B: N x K (K-major, one box {64, BN}) or K x N (N-major, BN/64 boxes {64, 64}).
 //   Gated (KernelConfig::gated): the slot's B tile is BN = 2 x tile_n rows, the first tile_n
-//      from B, the rest from B3 (Params::tma_b3) at the same columns n0.. (load_b); the
+//      from B, the rest from B3 (Params::tma_b3) at the same columns n0.. (b_source); the
 //      multicast slices and boxes of the whole tile each fall in one half.
 // Consumers: WGsPerTile == 1 (PingPong): one warp group computes the whole BM x BN tile
 //   (BM/64 wgmma m64nBNk16 per k16 step). WGsPerTile == 2 (Cooperative): BM == 128, both
