@@ -84,7 +84,7 @@ class Cli : public ::testing::Test {
 const char* kExamples[] = {"gemm_bias_gelu.cf",   "gemm_bias_gelu_erf.cf", "gemm_layernorm.cf",
                            "gemm_rmsnorm.cf",     "gemm_softmax.cf",       "ffn.cf",
                            "ffn_swiglu.cf",       "attention.cf",          "attention_causal.cf",
-                           "attention_batched.cf", "attention_batched_causal.cf"};
+                           "attention_batched.cf", "attention_batched_causal.cf", "gemm_swiglu.cf"};
 
 bool is_b2b_pair(const std::string& ex) { return ex == "ffn.cf" || ex == "ffn_swiglu.cf" || ex.rfind("attention", 0) == 0; }
 
