@@ -19,6 +19,10 @@ asks the core, and keeps today's per-region path unless every answer says one ke
      than the path it replaces by the planner's own numbers.
 Every outcome is reported on the first member's RegionInfo (`b2b`, in the model's module names);
 a fused pair replaces its members in the report with one region of its own.
+
+Where no fused pair takes them, a gated pair's first two members (gate_proj's region and up_proj's
+plain GEMM) become one gated region (form_gated: the core's gated single-GEMM kernel) where
+partition.decide's rule says it pays; measure.py then times it like any region.
 """
 from __future__ import annotations
 
