@@ -173,7 +173,7 @@ std::vector<FusionSpec> kernel_specs(const LoweringResult& r, const std::optiona
                                      const PlanOptions& opt) {
   if (const B2BCandidate* pair = one_b2b_kernel(r); pair && choice && !choice->one_kernel)
     return unfused_pair(r.regions[static_cast<size_t>(pair->first_region)].spec,
-                        r.regions[static_cast<size_t>(pair->second_region)].spec, opt.gated_gemm.value_or(true))
+                        r.regions[static_cast<size_t>(pair->second_region)].spec, opt)
         .kernels;
   std::vector<FusionSpec> out;
   for (const FusedRegion& region : r.regions) out.push_back(region.spec);

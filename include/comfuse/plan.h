@@ -210,13 +210,13 @@ std::string explain(const FusionSpec& first, const FusionSpec& second, const B2b
 // (KernelConfig::gated: W1's and W3's tiles beside each other, sharing X's), or, with
 // gated_gemm false, two kernels: X W3^T stored first, in X's 16-bit type as an unfused
 // framework rounds it, then X W1^T with F reading that product as an [M, N1] tile input where
-// the gated entry was. Every kernel's spec verifies; its args name the intermediates as
-// `intermediates` does (a name no graph tensor has).
+// the gated entry was (PlanOptions::gated_gemm, read here only). Every kernel's spec verifies;
+// its args name the intermediates as `intermediates` does (a name no graph tensor has).
 struct UnfusedPair {
   std::vector<FusionSpec> kernels;        // in launch order; the last is the pair's second spec
   std::vector<RuntimeArg> intermediates;  // stored by one kernel, read by a later one, in that order
 };
-UnfusedPair unfused_pair(const FusionSpec& first, const FusionSpec& second, bool gated_gemm = true);
+UnfusedPair unfused_pair(const FusionSpec& first, const FusionSpec& second, const PlanOptions& opt = {});
 
 // One kernel for the pair, or its unfused kernels (unfused_pair), decided here and nowhere else:
 // Force takes the pair (a refusal is an Error), Off the unfused kernels, Auto the pair where

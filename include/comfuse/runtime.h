@@ -68,7 +68,8 @@ class FusedKernel {
                                const CompileOptions& opt = {});
   // The same pair as single-GEMM kernels launched in turn on one stream (plan.h unfused_pair;
   // where one B2B kernel does not pay, choose_b2b): GEMM1 and F store S into a buffer this kernel
-  // owns, GEMM2 and its epilogue read it (a gated GEMM1: X W3^T stored first, into another). The
+  // owns, GEMM2 and its epilogue read it (a gated GEMM1: one gated GEMM, or with
+  // PlanOptions::gated_gemm false X W3^T stored first, into another). The
   // buffers are sized for the problem's M: a run with more rows is refused. Arguments as for
   // build_b2b: no intermediate is one of them.
   static FusedKernel build_unfused(const FusionSpec& first, const FusionSpec& second, const Bindings& dims,

@@ -12,14 +12,25 @@ constexpr int64_t kSmallMSplitKMinK = 8192;
 
 namespace {
 
-// The tile width for pairs of row blocks along M (clusters of 2 sharing B) where every SM gets a
-// column block: each round of clusters streams tile_n columns of B, so the time goes as rounds x
-// tile_n. 192 where it takes fewer (Llama-2-7B's N = 11008 at M = 128: 86 blocks of 128 for 66
-// clusters, two rounds, against 58 of 192 in one); 128 otherwise, as measured (256 only ever ties).
-int pair_tile_n(const Problem& p, int64_t row_blocks, const DeviceModel& dev) {
+// M <= 256 is bound by B's stream. Where 64x128 tiles would cover at most half the SMs, 64x64
+// puts B on twice the SMs.
+bool narrow(const Problem& p, int64_t row_blocks, const DeviceModel& dev) {
+  return row_blocks * ((p.n + 127) / 128) <= dev.sm_count / 2;
+}
+
+// Pairs of row blocks along M (clusters of 2 sharing B) where every SM gets a column block: each
+// round of clusters streams tile_n columns of B (a gated tile twice that, for every width alike),
+// so the time goes as rounds x tile_n.
+int64_t pair_rounds_x_columns(const Problem& p, int64_t row_blocks, const DeviceModel& dev, int64_t tile_n) {
   const int64_t slots = std::max(1, dev.resident(2)), row_pairs = (row_blocks + 1) / 2;
-  auto cost = [&](int64_t tn) { return (row_pairs * ((p.n + tn - 1) / tn) + slots - 1) / slots * tn; };
-  return cost(192) < cost(128) ? 192 : 128;
+  return (row_pairs * ((p.n + tile_n - 1) / tile_n) + slots - 1) / slots * tile_n;
+}
+
+// The tile width for such pairs: 192 where it takes fewer rounds x columns (Llama-2-7B's N =
+// 11008 at M = 128: 86 blocks of 128 for 66 clusters, two rounds, against 58 of 192 in one); 128
+// otherwise, as measured (256 only ever ties).
+int pair_tile_n(const Problem& p, int64_t row_blocks, const DeviceModel& dev) {
+  return pair_rounds_x_columns(p, row_blocks, dev, 192) < pair_rounds_x_columns(p, row_blocks, dev, 128) ? 192 : 128;
 }
 
 }  // namespace
@@ -49,8 +60,8 @@ MeasuredConfig measured_elementwise_config(const Problem& p, const DeviceModel& 
   //   behind a long mainloop.
   if (p.m <= 256) {
     const int64_t row_blocks = (p.m + 63) / 64;
-    const bool narrow = row_blocks * ((p.n + 127) / 128) <= dev.sm_count / 2;
-    if (may_split_k && narrow && row_blocks >= 2 && p.k >= kSmallMSplitKMinK)
+    const bool few_tiles = narrow(p, row_blocks, dev);
+    if (may_split_k && few_tiles && row_blocks >= 2 && p.k >= kSmallMSplitKMinK)
       return {64, 128, 1, 2, 1, 8, 8, false,
               fmt::format("M <= 256, {} row blocks, K = {} >= {}: PingPong 64x128 in pairs along M (B multicast), "
                           "K split in two (as many CTAs as 64x64 tiles, half of A's re-reads; measured 9-22% faster "
@@ -58,7 +69,7 @@ MeasuredConfig measured_elementwise_config(const Problem& p, const DeviceModel& 
                           row_blocks, p.k, kSmallMSplitKMinK),
               2};
     if (row_blocks >= 2) {
-      const int tile_n = narrow ? 64 : pair_tile_n(p, row_blocks, dev);
+      const int tile_n = few_tiles ? 64 : pair_tile_n(p, row_blocks, dev);
       return {64, tile_n, 1, 2, 1, 8, 8, false,
               fmt::format("M <= 256, {} row blocks: PingPong 64x{}, pairs along M share B (multicast; measured "
                           "1.04-1.38x faster than pairs along N sharing A){}",
@@ -67,7 +78,7 @@ MeasuredConfig measured_elementwise_config(const Problem& p, const DeviceModel& 
                                           "leave a partial second"
                                         : "")};
     }
-    if (narrow)
+    if (few_tiles)
       return {64, 64, 1, 1, 1, 8, 8, true,
               "M <= 64 with 64x128 tiles for at most half the SMs: PingPong 64x64, no cluster (7-14% faster "
               "measured: B spread over twice the SMs)"};
@@ -100,11 +111,11 @@ MeasuredConfig gated_elementwise_config(const Problem& p, const DeviceModel& dev
             "a gated GEMM: cooperative 128x128 (a 128x256 wgmma over B's and the gate's columns), cluster 2 along M "
             "(both multicast)"};
   const int64_t row_blocks = (p.m + 63) / 64;
-  const bool narrow = row_blocks * ((p.n + 127) / 128) <= dev.sm_count / 2;
   if (row_blocks >= 2) {
-    const int64_t slots = std::max(1, dev.resident(2)), row_pairs = (row_blocks + 1) / 2;
-    auto cost = [&](int64_t tn) { return (row_pairs * ((p.n + tn - 1) / tn) + slots - 1) / slots * tn; };
-    const int tile_n = narrow || cost(64) < cost(128) ? 64 : 128;
+    const int tile_n = narrow(p, row_blocks, dev) || pair_rounds_x_columns(p, row_blocks, dev, 64) <
+                                                         pair_rounds_x_columns(p, row_blocks, dev, 128)
+                           ? 64
+                           : 128;
     return {64, tile_n, 1, 2, 1, 8, 8, false,
             fmt::format("a gated GEMM, M <= 256, {} row blocks: PingPong 64x{} (a {}-column wgmma), pairs along M "
                         "share B and the gate (multicast)",

@@ -36,18 +36,18 @@ class StageCollector : public SpecVisitor {
 };
 
 // SASS instructions per element of a unary function (each compiled alone for sm_90a and
-// counted with cuobjdump, less a copy kernel's; epilogue/ops.cuh): erf-GELU ~14 (its normal
-// tail's seven FMAs and EX2, the clamp, the select, the product), tanh-GELU ~10 (fast_exp and
+// counted with cuobjdump, less a copy kernel's; epilogue/ops.cuh): erf-GELU ~13 (its normal
+// tail's seven FMAs and EX2, the clamp, a NaN-keeping max and one FFMA), tanh-GELU ~10 (fast_exp and
 // __fdividef), tanhf ~18, logf ~20, fast_exp 2 (FMUL + MUFU.EX2), silu / sigmoid ~5 (fast_exp,
 // an add, __fdividef), IEEE reciprocal ~8, rsqrt / sqrt ~4, plain ALU 1. erf-GELU is priced
-// 18: at its 14 the chain (examples/gemm_chain.cf) at 8192x4096x1024 takes 64x256 tiles over
+// 18: at 14 the chain (examples/gemm_chain.cf) at 8192x4096x1024 takes 64x256 tiles over
 // 64x128, measured 4% slower (325 against 312 us; 4096x4096x1024 2%), while 8192x1024x4096's
 // move to 128x128 (136 against 141 us) holds at 18 too: the model favours wide tiles for long
 // epilogues more than the GPU does (bench/NOTES.md Stop 33).
 double unary_cost(UnaryOp op) {
   switch (op) {
     case UnaryOp::Relu: case UnaryOp::Square: case UnaryOp::Abs: case UnaryOp::Neg: return 1.0;
-    case UnaryOp::GeluErf: return 18.0;  // not 14: see above
+    case UnaryOp::GeluErf: return 18.0;  // not its ~13: see above
     case UnaryOp::GeluTanh: return 10.0;
     case UnaryOp::Tanh: return 18.0;
     case UnaryOp::Log: return 20.0;

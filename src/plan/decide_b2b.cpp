@@ -596,7 +596,7 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
   plan.unfused_from = "GEMM1 and GEMM2 each at the measured rate or its DRAM traffic, S written and read back";
   if (!k.batched) {
     try {
-      const UnfusedPair parts = unfused_pair(first, second, opt.gated_gemm.value_or(true));
+      const UnfusedPair parts = unfused_pair(first, second, opt);
       double total = 0;
       std::string each;
       for (size_t i = 0; i < parts.kernels.size(); ++i) {
@@ -770,8 +770,9 @@ B2bChoice choose_b2b(const FusionSpec& first, const FusionSpec& second, const B2
   // A batched pair has no unfused path (the single-GEMM kernels take no batch dim).
   const char* one_only =
       first.batched() ? "a batched pair has no unfused path (the single-GEMM kernels take no batch dim)" : nullptr;
-  // A gated pair unfused: one gated GEMM1 (W1 and W3 sharing X's tiles), or X W3^T stored first.
-  const bool split_gate = first.gated() && !opt.gated_gemm.value_or(true);
+  // A gated pair unfused: one gated GEMM1 (W1 and W3 sharing X's tiles), or X W3^T stored first
+  // (unfused_pair says which).
+  const bool split_gate = !one_only && unfused_pair(first, second, opt).kernels.size() == 3;
   const char* kernels = split_gate ? "three kernels" : "two kernels";
   const char* how = split_gate       ? "X W3^T stored, GEMM1 and F store S, GEMM2 reads it"
                     : first.gated() ? "the gated GEMM1 (W1 and W3 share X's tiles) and F store S, GEMM2 reads it"

@@ -49,8 +49,9 @@ void estimate_cluster(Candidate& c, const Request& r) {
   const int64_t k_tiles = ceil_div64(r.p.k, Sm90::kTileK);
   const double eff = lookup(tun.tile_n_efficiency, k.mma_n()) * lookup(tun.cluster_efficiency, k.cluster_n) *
                      (k_tiles >= 4 ? lookup(tun.stage_efficiency, k.ring_stages) : 1.0);
-  // The mainloop's columns: a gated tile's wgmma covers B's and the gate's (KernelConfig::mma_n).
-  const int gates = k.gated ? 2 : 1;
+  // The mainloop's columns: a gated tile's wgmma covers B's and the gate's (KernelConfig::mma_n),
+  // and both B operands stream from DRAM.
+  const int b_operands = k.gated ? 2 : 1;
   const double t_tile = 2.0 * k.tile_m * k.mma_n() * double(k_tiles * Sm90::kTileK) / (dev.sm_flops_per_s * eff) * 1e6 +
                         tun.tile_fixed_us;
   const double elems = double(k.tile_m) * k.tile_n / Sm90::kWarpGroupThreads;  // per thread
@@ -82,7 +83,7 @@ void estimate_cluster(Candidate& c, const Request& r) {
     // gives a short kernel and a CTA's share at one SM's streaming rate. GPT-2's decode c_fc +
     // gelu_new (1 and 32 x 4096 x 1024, 32 CTAs of 256 KiB) measured 9.7-10.1 us in a CUDA graph
     // against 5.0 estimated without this.
-    const double b_all = double(gates) * r.p.n * double(r.p.k) * ab_bytes;
+    const double b_all = double(b_operands) * r.p.n * double(r.p.k) * ab_bytes;
     const double dram = tun.one_wave_dram(k.cluster_m, c.tiles_m >= k.cluster_m);
     c.est.mainloop_us = std::max({ml, stream, b_all / dram * 1e6});
     t_cluster = c.est.mainloop_us + epi + tun.one_wave_launch_us;
@@ -106,7 +107,7 @@ void estimate_cluster(Candidate& c, const Request& r) {
   }
   c.est.epilogue_us = t_cluster - c.est.mainloop_us;
 
-  double dram = double(r.p.m) * r.p.k * ab_bytes + double(gates) * r.p.n * r.p.k * ab_bytes;
+  double dram = double(r.p.m) * r.p.k * ab_bytes + double(b_operands) * r.p.n * r.p.k * ab_bytes;
   if (chain.has_tile_output) dram += double(r.p.m) * r.p.n * chain.max_out_bytes;
   dram += double(r.p.m) * r.p.n * double(chain.tile_input_bytes_per_element);
   c.est.dram_floor_us = dram / dev.dram_bytes_per_s * 1e6;

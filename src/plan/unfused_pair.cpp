@@ -54,13 +54,13 @@ std::pair<FusionSpec, FusionSpec> split_gated(const FusionSpec& first, int gate_
 
 }  // namespace
 
-UnfusedPair unfused_pair(const FusionSpec& first, const FusionSpec& second, bool gated_gemm) {
+UnfusedPair unfused_pair(const FusionSpec& first, const FusionSpec& second, const PlanOptions& opt) {
   if (first.batched())
     throw Error(fmt::format("'{}': a batched pair has no unfused path (the single-GEMM kernels take no batch dim)",
                             first.name));
   UnfusedPair out;
   const int gate_arg = first.arg_index(ArgRole::OperandGate);
-  if (gate_arg < 0 || gated_gemm) {  // one GEMM1 kernel: plain, or gated (W1 and W3 sharing X's tiles)
+  if (gate_arg < 0 || opt.gated_gemm.value_or(true)) {  // one GEMM1 kernel: plain, or gated (W1 and W3 sharing X's tiles)
     out.kernels = {first, second};
   } else {
     // The product takes the graph's name for X W3^T (the gated entry's origin: SwiGLU's `up`).

@@ -184,7 +184,7 @@ FusedKernel FusedKernel::build_unfused(const FusionSpec& first, const FusionSpec
   auto st = std::make_unique<State>();
   st->spec = first;
   st->second = second;
-  const UnfusedPair pair = unfused_pair(first, second, opt.plan.gated_gemm.value_or(true));
+  const UnfusedPair pair = unfused_pair(first, second, opt.plan);
   for (const FusionSpec& k : pair.kernels) st->parts.push_back(build(k, problem_of(k, dims), opt));
   for (const RuntimeArg& a : pair.intermediates) {
     State::Intermediate& i = st->intermediates.emplace_back();

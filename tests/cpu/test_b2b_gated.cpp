@@ -132,7 +132,9 @@ TEST(B2bGated, UnfusedKernelsComputeTheGraph) {
   EXPECT_EQ(c2.nonfinite, 0);
   EXPECT_LT(c2.rel_l2, 1e-12);  // the graph's own roundings only (S to bf16)
 
-  const UnfusedPair u = unfused_pair(first, second, /*gated_gemm=*/false);
+  PlanOptions split;
+  split.gated_gemm = false;
+  const UnfusedPair u = unfused_pair(first, second, split);
   ASSERT_EQ(u.kernels.size(), 3u);
   ASSERT_EQ(u.intermediates.size(), 2u);
   EXPECT_EQ(u.intermediates[0].name, "up");
