@@ -346,7 +346,7 @@ std::vector<SplitCandidate> split_candidates(const B2bConfig& base, const B2bPro
     for (int cluster : {1, 2, 4, 8, 16}) {
       if (opt.cluster_n && *opt.cluster_n != cluster) continue;
       if (!opt.cluster_n && (cluster > 8 || cluster > job_chunks)) continue;
-      tried.push_back(price_split(k, p, gemm1_passes, cluster, !opt.b2b_x_buffers, opt.ring_stages.value_or(8), dev));
+      tried.push_back(price_split(k, p, gemm1_passes, cluster, !opt.b2b_x_buffers, opt.ring_stages.value_or(Sm90::kRingStagesDefault), dev));
     }
   }
   return tried;

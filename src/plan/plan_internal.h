@@ -72,7 +72,7 @@ inline double lookup(const std::map<int, double>& m, int key) {
 // about running it.
 struct Candidate {
   KernelConfig k;
-  int max_ring_stages = Sm90::kMaxRingStages;
+  int max_ring_stages = Sm90::kRingStagesDefault;
   int raster_group = 8;
   bool raster_along_n = false;
   int regs = 0;                 // consumer register estimate
@@ -90,7 +90,8 @@ struct Candidate {
 // it and the stash. False (with the reason recorded by the caller) when not even two ring
 // stages fit.
 int epilogue_smem_bytes(const ChainInfo& chain, const KernelConfig& k);
-// The deepest ring (<= c.max_ring_stages, <= at_most: PlanOptions::ring_stages) that fits beside the epilogue.
+// The deepest ring that fits beside the epilogue: at most c.max_ring_stages, or at most `at_most`
+// (PlanOptions::ring_stages, forced: it may ask for more than the planner's own cap).
 bool fit_ring(Candidate& c, const ChainInfo& chain, const DeviceModel& dev, std::optional<int> at_most);
 // KernelConfig::smem_bytes() broken down for explain.
 SmemBudget smem_budget(const KernelConfig& k);

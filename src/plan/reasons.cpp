@@ -152,8 +152,9 @@ void add_reasons(Plan& plan, const ChainInfo& chain, const DeviceModel& dev, con
                                     plan.kernel.cluster_m)
                       : "no multicast: cluster of one");
   r.push_back(fmt::format("{} ring stages: as many {}-byte ring stages as fit after the epilogue buffers "
-                          "(range 2..8; both consumer WGs share one ring)",
-                          plan.kernel.ring_stages, (plan.kernel.tile_m + plan.kernel.tile_n) * Sm90::kTileK * int(size_of(p.ab_dtype))));
+                          "(range 2..{}, forced up to {}; both consumer WGs share one ring)",
+                          plan.kernel.ring_stages, plan.kernel.ring_stage_bytes(), Sm90::kRingStagesDefault,
+                          Sm90::kMaxRingStages));
   r.push_back(fmt::format("SMEM {} of {}: the unified reduction buffer ({}) is sized by tile_m, C_N and the mode "
                           "only, not by the number of reductions (here {})",
                           fmt_bytes(plan.smem.total()), fmt_bytes(plan.smem_limit), fmt_bytes(plan.smem.reduction_buffer),

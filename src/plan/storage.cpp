@@ -27,7 +27,7 @@ int epilogue_smem_bytes(const ChainInfo& chain, const KernelConfig& k) {
 
 bool fit_ring(Candidate& c, const ChainInfo& chain, const DeviceModel& dev, std::optional<int> at_most) {
   c.k.epilogue_smem_bytes = epilogue_smem_bytes(chain, c.k);
-  for (int stages = std::min(c.max_ring_stages, at_most.value_or(c.max_ring_stages)); stages >= 2; --stages) {
+  for (int stages = at_most.value_or(c.max_ring_stages); stages >= 2; --stages) {
     c.k.ring_stages = stages;
     if (c.k.smem_bytes() <= dev.smem_per_cta_bytes) return true;
   }

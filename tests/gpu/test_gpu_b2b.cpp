@@ -204,7 +204,7 @@ TEST_F(GpuB2b, GatedPairAsTwoKernels) {
     bool kn;
     int64_t m, k, n, d;
     PlanOptions::B2b mode;
-    std::optional<int> tile_m, tile_n, cluster_m;
+    std::optional<int> tile_m = {}, tile_n = {}, cluster_m = {};
   };
   using Mode = PlanOptions::B2b;
   for (const V& v : {V{"bf16", "silu", false, 1000, 72, 520, 136, Mode::Off},

@@ -14,6 +14,8 @@
 //   Gated (KernelConfig::gated): the slot's B tile is BN = 2 x tile_n rows, the first tile_n
 //      from B, the rest from B3 (Params::tma_b3) at the same columns n0.. (b_source); the
 //      multicast slices and boxes of the whole tile each fall in one half.
+//   b_prefetch > 0: before each k-block's loads, the boxes of B's k-block b_prefetch ahead are
+//      prefetched into L2 (a weight stream's requests in flight beyond the ring's SMEM).
 // Consumers: WGsPerTile == 1 (PingPong): one warp group computes the whole BM x BN tile
 //   (BM/64 wgmma m64nBNk16 per k16 step). WGsPerTile == 2 (Cooperative): BM == 128, both
 //   consumer warp groups work on the same tile, 64 rows each. Either way a consumer waits for the slot, issues the wgmmas of the k-block,
@@ -126,13 +128,41 @@ struct MainloopSm90 {
     row = n0 + r0;
     return &p.tma_b;
   }
+  // Every box of B's k-block at column k0 that this CTA issues (its multicast slice or boxes
+  // with ClusterM > 1, else the whole tile): f(desc, crd0, crd1, r0), r0 the box's first row of
+  // the slot's B tile. One walk for the loads and the L2 prefetch, so both cover the same boxes.
+  template <class F>
+  static COMFUSE_DEVICE void for_each_b_box(Params const& p, int n0, int rank_m, int k0, F&& f) {
+    int row = 0;
+    if constexpr (ClusterM > 1) {
+      if constexpr (BKMajor) {
+        if (rank_m < BSlices) f(b_source(p, n0, rank_m * BSliceRows, row), k0, row, rank_m * BSliceRows);
+      } else {
+        CUTE_UNROLL
+        for (int nb = 0; nb < BN / 64; ++nb)
+          if (nb % ClusterM == rank_m) f(b_source(p, n0, nb * 64, row), row, k0, nb * 64);
+      }
+    } else if constexpr (BKMajor) {
+      f(&p.tma_b, k0, n0, 0);
+      if constexpr (C.gated) f(&p.tma_b3, k0, n0, TileN);
+    } else {
+      CUTE_UNROLL
+      for (int nb = 0; nb < BN / 64; ++nb) f(b_source(p, n0, nb * 64, row), row, k0, nb * 64);
+    }
+  }
   // k-blocks k_begin .. k_begin + kt_count - 1 of K (all of them, or a split-K share).
   static COMFUSE_DEVICE void load(Params const& p, Pipeline& pipeline, PipelineState& state,
                                   SharedStorage& smem, int m_block, int n_block, int rank, int k_begin, int kt_count) {
     constexpr uint64_t kEvictNormal = 0x1000000000000000ull;
     int const m0 = m_block * BM, n0 = n_block * TileN;
     int const rank_m = ClusterM > 1 ? int(cute::block_id_in_cluster().x) : 0;
+    uint16_t const b_mask = b_multicast_mask(ClusterN > 1 ? rank : 0);
     for (int kt = 0; kt < kt_count; ++kt) {
+      // Before waiting for a slot: the prefetch runs ahead of the ring, not behind the consumers.
+      if constexpr (C.b_prefetch > 0)
+        if (kt + C.b_prefetch < kt_count)
+          for_each_b_box(p, n0, rank_m, (k_begin + kt + C.b_prefetch) * BK,
+                         [](TmaDesc const* d, int c0, int c1, int) { cute::SM90_TMA_LOAD_2D::PREFETCH::copy(d, c0, c1); });
       pipeline.producer_acquire(state);
       uint64_t* bar = pipeline.producer_get_barrier(state);
       int const s = state.index();
@@ -147,32 +177,12 @@ struct MainloopSm90 {
         }
       }
       Element* dstb = smem.B + s * BN * BK;
-      int row = 0;
-      if constexpr (ClusterM > 1) {
-        uint16_t const mask = b_multicast_mask(ClusterN > 1 ? rank : 0);
-        if constexpr (BKMajor) {
-          if (rank_m < BSlices) {
-            TmaDesc const* d = b_source(p, n0, rank_m * BSliceRows, row);
-            cute::SM90_TMA_LOAD_MULTICAST_2D::copy(d, bar, mask, kEvictNormal, dstb + rank_m * BSliceRows * BK, k0, row);
-          }
-        } else {
-          CUTE_UNROLL
-          for (int nb = 0; nb < BN / 64; ++nb)
-            if (nb % ClusterM == rank_m) {
-              TmaDesc const* d = b_source(p, n0, nb * 64, row);
-              cute::SM90_TMA_LOAD_MULTICAST_2D::copy(d, bar, mask, kEvictNormal, dstb + nb * 64 * BK, row, k0);
-            }
-        }
-      } else if constexpr (BKMajor) {
-        cute::SM90_TMA_LOAD_2D::copy(&p.tma_b, bar, kEvictNormal, dstb, k0, n0);
-        if constexpr (C.gated) cute::SM90_TMA_LOAD_2D::copy(&p.tma_b3, bar, kEvictNormal, dstb + TileN * BK, k0, n0);
-      } else {
-        CUTE_UNROLL
-        for (int nb = 0; nb < BN / 64; ++nb) {
-          TmaDesc const* d = b_source(p, n0, nb * 64, row);
-          cute::SM90_TMA_LOAD_2D::copy(d, bar, kEvictNormal, dstb + nb * 64 * BK, row, k0);
-        }
-      }
+      for_each_b_box(p, n0, rank_m, k0, [&](TmaDesc const* d, int c0, int c1, int r0) {
+        if constexpr (ClusterM > 1)
+          cute::SM90_TMA_LOAD_MULTICAST_2D::copy(d, bar, b_mask, kEvictNormal, dstb + r0 * BK, c0, c1);
+        else
+          cute::SM90_TMA_LOAD_2D::copy(d, bar, kEvictNormal, dstb + r0 * BK, c0, c1);
+      });
       ++state;
     }
   }
