@@ -191,7 +191,7 @@ int cmd_lower(const std::string& file) {
 struct ExplainArgs {
   bool dot = false;
   std::optional<int> cluster_n, tile_n, tile_m, cluster_m, row_group, k_splits, b2b_job_rows, ring_stages, fma_exp_every,
-      b2b_x_buffers, b_prefetch;
+      b2b_x_buffers;
   std::string b2b_overlap, b2b_x_resident, b2b_chain_jobs, gated_gemm;  // on / off (empty: the planner's)
   std::string aggregation, strategy, stash, pairs, b2b;
   std::string tile_inputs;  // ring / l2 (empty: the planner's)
@@ -209,7 +209,6 @@ PlanOptions plan_options(const ExplainArgs& a) {
   o.k_splits = a.k_splits;
   o.b2b_job_rows = a.b2b_job_rows;
   o.ring_stages = a.ring_stages;
-  o.b_prefetch = a.b_prefetch;
   o.fma_exp_every = a.fma_exp_every;
   o.b2b_x_buffers = a.b2b_x_buffers;
   if (!a.b2b_overlap.empty()) o.b2b_overlap = a.b2b_overlap == "on";
@@ -281,10 +280,6 @@ std::vector<CLI::Option*> add_plan_options(CLI::App* cmd, ExplainArgs& ex) {
       cmd->add_option("--ring-stages", ex.ring_stages,
                       "a single-GEMM plan: at most this many mainloop ring stages (2..16, the planner's own at most 8; fewer where the epilogue's SMEM leaves less)")
           ->check(CLI::Range(2, Sm90::kMaxRingStages)),
-      cmd->add_option("--b-prefetch", ex.b_prefetch,
-                      "a single-GEMM plan: B's k-blocks this far ahead of the ring prefetched into L2, a weight "
-                      "stream's bytes in flight beyond SMEM (0: none; default: the planner's)")
-          ->check(CLI::Range(0, Sm90::kMaxBPrefetch)),
       cmd->add_option("--tile-inputs", ex.tile_inputs,
                       "a single-GEMM plan's [M, N] epilogue inputs (a residual) read by the first stage: loaded by TMA "
                       "into one more mainloop ring slot per tile (ring; the default where the kernel can) or read "
@@ -384,7 +379,6 @@ int run_gpu(const Graph& g, const Bindings& b, const PlanOptions& plan, uint64_t
       shape = fmt::format("{} kernels ({}GEMM1 + F storing S, then GEMM2), the first: {}", rep.kernels,
                           rep.kernels > 2 ? "X W3^T stored, " : kc.gated ? "the gated " : "", shape);
   }
-  if (rep.b2b_plan.jobs == 0 && kc.b_prefetch > 0) shape += fmt::format(", B prefetched {} k-blocks ahead", kc.b_prefetch);
   std::cout << fmt::format("kernel: {}, {} ring stages, {} CTAs; JIT {} ({:.2f} s{})\n", shape, stages, ctas,
                            rep.compiled.compiler, rep.compiled.elapsed_seconds, rep.compiled.cache_hit ? ", cache hit" : "");
   bool ok = true;

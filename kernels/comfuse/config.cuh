@@ -38,7 +38,6 @@ struct Sm90 {
   static constexpr int kMaxKSplits = 16;            // K-splits of one tile (split-K)
   static constexpr int kRingStagesDefault = 8;      // the planner's own deepest mainloop ring (its search range)
   static constexpr int kMaxRingStages = 16;         // the deepest ring a forced plan may ask for (SMEM permitting)
-  static constexpr int kMaxBPrefetch = 64;          // k-blocks of B prefetched into L2 ahead of the ring
   // Params slots (params.cuh).
   static constexpr int kMaxOutputs = 4;  // Store nodes (output tensors) of an epilogue
   static constexpr int kMaxVectors = 8;  // RowBroadcast / ColBroadcast operands
@@ -115,10 +114,6 @@ struct KernelConfig {
   // columns reads A B^T from the accumulator's first half (AccEntry) and A B3^T from its second
   // (GateEntry): in the wgmma layout a thread holds column j of both halves.
   bool gated = false;
-  // B's boxes of the k-block this far ahead of the one the producer loads are prefetched into L2
-  // (cp.async.bulk.prefetch.tensor): a weight stream keeps bytes in flight beyond what the SMEM
-  // ring holds (at M <= 256 the ring's depth paces the stream, bench/NOTES.md). 0: none.
-  int b_prefetch = 0;
 
   COMFUSE_HOST_DEVICE constexpr int epi_rows() const { return tile_m / wgs_per_tile; }  // one WG's rows
   // Columns of the mainloop's B tile and accumulator: tile_n, or both halves of a gated tile.
@@ -235,7 +230,6 @@ COMFUSE_HOST_DEVICE constexpr char const* check(KernelConfig const& c) {
     return "a warp group's tile exceeds 128 fp32 accumulators per thread";
   if (c.mma_depth != 1 && c.mma_depth != 2) return "mma_depth: 1 or 2";
   if (c.ring_stages < 2 || c.ring_stages <= c.mma_depth) return "ring_stages: at least 2, and more than mma_depth";
-  if (c.b_prefetch < 0 || c.b_prefetch > Sm90::kMaxBPrefetch) return "b_prefetch: 0..Sm90::kMaxBPrefetch k-blocks";
   if (!is_pow2(c.cluster_n) || c.cluster_n > Sm90::kMaxClusterSize) return "cluster_n: 1, 2, 4, 8 or 16";
   if (c.cluster_m != 1 && c.cluster_m != 2 && c.cluster_m != 4) return "cluster_m: 1, 2 or 4";
   // 2-D clusters (A multicast along N, B along M) serve a row reduction over DSMEM along N.

@@ -105,11 +105,8 @@ std::string explain(const FusionSpec& s, const Plan& p) {
                    : p.fused_pairs.mean_variance ? "; mean and variance in one round"
                    : p.fused_pairs.max_exp_sum   ? "; max and sum of exp in one round"
                                                  : "");
-  o += fmt::format("  pipeline     {} stages, {}, {} consumer warp groups{}\n", p.kernel.ring_stages,
-                   p.kernel.wgs_per_tile == 1 ? "PingPong" : "cooperative", Sm90::kConsumerWGs,
-                   p.kernel.b_prefetch > 0 ? fmt::format("; B prefetched into L2 {} k-blocks ahead of the ring",
-                                                         p.kernel.b_prefetch)
-                                           : "");
+  o += fmt::format("  pipeline     {} stages, {}, {} consumer warp groups\n", p.kernel.ring_stages,
+                   p.kernel.wgs_per_tile == 1 ? "PingPong" : "cooperative", Sm90::kConsumerWGs);
   if (const std::vector<int> inputs = s.root_tile_inputs(); !inputs.empty()) {
     std::string names;
     for (int a : inputs) names += (names.empty() ? "" : ", ") + s.describe(s.args.at(static_cast<size_t>(a)).name);

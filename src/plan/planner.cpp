@@ -184,8 +184,6 @@ void check_request(const FusionSpec& s, const Problem& p, const DeviceModel& dev
   const bool rg_only = opt.row_group || (opt.aggregation && *opt.aggregation == Aggregation::L2Exchange);
   if ((rg_only || opt.stash_bytes) && s.reduction_count() == 0)
     throw Error("plan: row_group, stash_bytes and aggregation l2 shape row reductions; this epilogue has none");
-  if (opt.b_prefetch && (*opt.b_prefetch < 0 || *opt.b_prefetch > Sm90::kMaxBPrefetch))
-    throw Error(fmt::format("plan: b_prefetch = {} is not in 0..{}", *opt.b_prefetch, Sm90::kMaxBPrefetch));
   if (opt.ring_stages && (*opt.ring_stages < 2 || *opt.ring_stages > Sm90::kMaxRingStages))
     throw Error(fmt::format("plan: ring_stages = {} is not in 2..{}", *opt.ring_stages, Sm90::kMaxRingStages));
   if (opt.k_splits && (*opt.k_splits < 1 || *opt.k_splits > Sm90::kMaxKSplits))
@@ -282,7 +280,6 @@ Plan assemble(const Candidate& c, const std::vector<Candidate>& cands, const Req
   plan.kernel = k;
   std::string no_ring;
   plan.kernel.ring_input_bytes = plan_detail::ring_input_bytes(r.spec, k, r.opt, &no_ring);
-  if (r.opt.b_prefetch) plan.kernel.b_prefetch = *r.opt.b_prefetch;
   if (r.opt.ring_inputs && *r.opt.ring_inputs && plan.kernel.ring_input_bytes == 0)
     throw Error(fmt::format("plan: tile inputs in the mainloop's ring were asked for, but {}", no_ring));
   if (r.opt.splits_in_cluster && *r.opt.splits_in_cluster && !k.splits_in_cluster)
@@ -328,7 +325,7 @@ Plan assemble(const Candidate& c, const std::vector<Candidate>& cands, const Req
 
 bool any_forced(const PlanOptions& o) {
   return o.cluster_n || o.tile_n || o.tile_m || o.strategy || o.aggregation || o.cluster_m || o.row_group ||
-         o.stash_bytes || o.k_splits || o.ring_stages || o.ring_inputs || o.b_prefetch;
+         o.stash_bytes || o.k_splits || o.ring_stages || o.ring_inputs;
 }
 
 }  // namespace

@@ -14,8 +14,6 @@
 //   Gated (KernelConfig::gated): the slot's B tile is BN = 2 x tile_n rows, the first tile_n
 //      from B, the rest from B3 (Params::tma_b3) at the same columns n0.. (b_source); the
 //      multicast slices and boxes of the whole tile each fall in one half.
-//   b_prefetch > 0: before each k-block's loads, the boxes of B's k-block b_prefetch ahead are
-//      prefetched into L2 (a weight stream's requests in flight beyond the ring's SMEM).
 // Consumers: WGsPerTile == 1 (PingPong): one warp group computes the whole BM x BN tile
 //   (BM/64 wgmma m64nBNk16 per k16 step). WGsPerTile == 2 (Cooperative): BM == 128, both
 //   consumer warp groups work on the same tile, 64 rows each. Either way a consumer waits for the slot, issues the wgmmas of the k-block,
@@ -130,7 +128,8 @@ struct MainloopSm90 {
   }
   // Every box of B's k-block at column k0 that this CTA issues (its multicast slice or boxes
   // with ClusterM > 1, else the whole tile): f(desc, crd0, crd1, r0), r0 the box's first row of
-  // the slot's B tile. One walk for the loads and the L2 prefetch, so both cover the same boxes.
+  // the slot's B tile. (An L2 prefetch of these boxes ahead of the ring measured slower at every
+  // shape tried, M = 1 to 8192: bench/NOTES.md Stop 35.)
   template <class F>
   static COMFUSE_DEVICE void for_each_b_box(Params const& p, int n0, int rank_m, int k0, F&& f) {
     int row = 0;
@@ -158,11 +157,6 @@ struct MainloopSm90 {
     int const rank_m = ClusterM > 1 ? int(cute::block_id_in_cluster().x) : 0;
     uint16_t const b_mask = b_multicast_mask(ClusterN > 1 ? rank : 0);
     for (int kt = 0; kt < kt_count; ++kt) {
-      // Before waiting for a slot: the prefetch runs ahead of the ring, not behind the consumers.
-      if constexpr (C.b_prefetch > 0)
-        if (kt + C.b_prefetch < kt_count)
-          for_each_b_box(p, n0, rank_m, (k_begin + kt + C.b_prefetch) * BK,
-                         [](TmaDesc const* d, int c0, int c1, int) { cute::SM90_TMA_LOAD_2D::PREFETCH::copy(d, c0, c1); });
       pipeline.producer_acquire(state);
       uint64_t* bar = pipeline.producer_get_barrier(state);
       int const s = state.index();
