@@ -278,7 +278,10 @@ std::vector<CLI::Option*> add_plan_options(CLI::App* cmd, ExplainArgs& ex) {
                       "consumer warp groups on one job, sharing its W1/W2 tiles)")
           ->check(CLI::IsMember({64, 128})),
       cmd->add_option("--ring-stages", ex.ring_stages,
-                      "a single-GEMM plan: at most this many mainloop ring stages (2..16, the planner's own at most 8; fewer where the epilogue's SMEM leaves less)")
+                      fmt::format("a single-GEMM plan: at most this many mainloop ring stages (2..{}; fewer where the "
+                                  "epilogue's SMEM leaves less; the planner's own: at most {}, or as many as fit for "
+                                  "the 64x64 tiles of M <= 256)",
+                                  Sm90::kMaxRingStages, Sm90::kRingStagesDefault))
           ->check(CLI::Range(2, Sm90::kMaxRingStages)),
       cmd->add_option("--tile-inputs", ex.tile_inputs,
                       "a single-GEMM plan's [M, N] epilogue inputs (a residual) read by the first stage: loaded by TMA "

@@ -237,7 +237,7 @@ def test_inductor_time_is_the_unfused_path(timers, monkeypatch):
     assert timers["order"] == ["fused", "inductor"] + ["inductor", "fused", "fused", "inductor"] * (measure.ROUNDS // 2)
 
 
-def test_alternating_rounds_take_each_side_median(timers, monkeypatch):
+def test_alternating_rounds_decide_by_the_median_ratio(timers, monkeypatch):
     """One outlying round (a clock change) does not decide: the median of the rounds' ratios does
     (each side's median is reported)."""
     _always_fuse(monkeypatch)
