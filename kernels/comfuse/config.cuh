@@ -36,8 +36,8 @@ struct Sm90 {
   static constexpr int kMaxNTiles = 64;             // N-tiles one CTA walks per job
   static constexpr int kMaxRowGroup = 64;           // clusters of one row group
   static constexpr int kMaxKSplits = 16;            // K-splits of one tile (split-K)
-  static constexpr int kRingStagesDefault = 8;      // the planner's deepest mainloop ring, but for the stream-bound
-                                                    // 64x64 tiles of M <= 256 (calibration.cpp deepest_ring)
+  static constexpr int kRingStagesDefault = 8;      // the planner's deepest mainloop ring, but for M <= 256's
+                                                    // stream-bound plans (calibration.cpp kStreamRing)
   static constexpr int kMaxRingStages = 16;         // the deepest ring a forced plan may ask for (SMEM permitting)
   // Params slots (params.cuh).
   static constexpr int kMaxOutputs = 4;  // Store nodes (output tensors) of an epilogue

@@ -33,12 +33,12 @@ int pair_tile_n(const Problem& p, int64_t row_blocks, const DeviceModel& dev) {
   return pair_rounds_x_columns(p, row_blocks, dev, 192) < pair_rounds_x_columns(p, row_blocks, dev, 128) ? 192 : 128;
 }
 
-// The ring depth an M <= 256 tile may take: the stream of B is paced by its bytes in flight an
-// SM, which the ring's depth sets (bench/sweeps/weight_stream_m128.txt: 64x64 pairs at 128 x 8448
-// x 4096 27.8 us with 8 stages, 24.8 with 12; 128 x 11008 x 4096 38.7 and 35.1; 64x128 with 4, 6,
-// 8 stages 27.1, 23.2, 22.0), so 64x64 tiles (16 KiB a stage) fill SMEM where 8 stages left 80
-// KiB of it unused; the wider tiles reach SMEM's limit at 8 or fewer anyway.
-int deepest_ring(int tile_n) { return tile_n == 64 ? Sm90::kMaxRingStages : Sm90::kRingStagesDefault; }
+// The ring an M <= 256 plan may take: as deep as SMEM holds. Its stream of B is paced by the
+// bytes in flight an SM, which the ring's depth sets (bench/sweeps/weight_stream_m128.txt: 64x64
+// pairs at 128 x 8448 x 4096 27.8 us with 8 stages, 24.8 with 12; 128 x 11008 x 4096 38.7 and
+// 35.1; 64x128 with 4, 6, 8 stages 27.1, 23.2, 22.0). Only 64x64 tiles (16 KiB a stage) reach
+// past 8 (12-13); the wider tiles meet SMEM's limit at 8 or fewer.
+constexpr int kStreamRing = Sm90::kMaxRingStages;
 
 }  // namespace
 
@@ -69,7 +69,7 @@ MeasuredConfig measured_elementwise_config(const Problem& p, const DeviceModel& 
     const int64_t row_blocks = (p.m + 63) / 64;
     const bool few_tiles = narrow(p, row_blocks, dev);
     if (may_split_k && few_tiles && row_blocks >= 2 && p.k >= kSmallMSplitKMinK)
-      return {64, 128, 1, 2, 1, 8, 8, false,
+      return {64, 128, 1, 2, 1, kStreamRing, 8, false,
               fmt::format("M <= 256, {} row blocks, K = {} >= {}: PingPong 64x128 in pairs along M (B multicast), "
                           "K split in two (as many CTAs as 64x64 tiles, half of A's re-reads; measured 9-22% faster "
                           "at K = 16384, a tie at 8192)",
@@ -77,7 +77,7 @@ MeasuredConfig measured_elementwise_config(const Problem& p, const DeviceModel& 
               2};
     if (row_blocks >= 2) {
       const int tile_n = few_tiles ? 64 : pair_tile_n(p, row_blocks, dev);
-      return {64, tile_n, 1, 2, 1, deepest_ring(tile_n), 8, false,
+      return {64, tile_n, 1, 2, 1, kStreamRing, 8, false,
               fmt::format("M <= 256, {} row blocks: PingPong 64x{}, pairs along M share B (multicast; measured "
                           "1.04-1.38x faster than pairs along N sharing A){}",
                           row_blocks, tile_n,
@@ -86,10 +86,10 @@ MeasuredConfig measured_elementwise_config(const Problem& p, const DeviceModel& 
                                         : "")};
     }
     if (few_tiles)
-      return {64, 64, 1, 1, 1, deepest_ring(64), 8, true,
+      return {64, 64, 1, 1, 1, kStreamRing, 8, true,
               "M <= 64 with 64x128 tiles for at most half the SMs: PingPong 64x64, no cluster (7-14% faster "
               "measured: B spread over twice the SMs)"};
-    return {64, 128, 1, 1, 2, 8, 8, true, "M <= 64: PingPong 64x128, C_N = 2 (A multicast), raster along N"};
+    return {64, 128, 1, 1, 2, kStreamRing, 8, true, "M <= 64: PingPong 64x128, C_N = 2 (A multicast), raster along N"};
   }
   if (tiles_128 >= 3000)  // >= ~8 waves of 128x128 tiles: cooperative 128x256, B shared along M
     return {128, 256, 2, 2, 1, 4, 8, false,
@@ -123,12 +123,12 @@ MeasuredConfig gated_elementwise_config(const Problem& p, const DeviceModel& dev
                                                          pair_rounds_x_columns(p, row_blocks, dev, 128)
                            ? 64
                            : 128;
-    return {64, tile_n, 1, 2, 1, 8, 8, false,
+    return {64, tile_n, 1, 2, 1, kStreamRing, 8, false,
             fmt::format("a gated GEMM, M <= 256, {} row blocks: PingPong 64x{} (a {}-column wgmma), pairs along M "
                         "share B and the gate (multicast)",
                         row_blocks, tile_n, 2 * tile_n)};
   }
-  return {64, 64, 1, 1, 1, 8, 8, true,
+  return {64, 64, 1, 1, 1, kStreamRing, 8, true,
           "a gated GEMM, M <= 64: PingPong 64x64 (a 128-column wgmma), no cluster: B spread over the most SMs "
           "(measured 11% faster than 64x128 in clusters along N)"};
 }

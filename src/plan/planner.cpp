@@ -136,17 +136,16 @@ void check_request(const FusionSpec& s, const Problem& p, const DeviceModel& dev
     // A gated GEMM (KernelConfig::gated) holds both products in one accumulator of twice the
     // tile's columns: an elementwise epilogue, one N-tile a job, no split-K (check()); its two
     // B operands are loaded alike (A's 16-bit type).
-    if (s.gated() && s.args[static_cast<size_t>(s.arg_index(ArgRole::OperandGate))].dtype != p.ab_dtype)
+    auto arg = [&](ArgRole role) -> const RuntimeArg& { return s.args.at(static_cast<size_t>(s.arg_index(role))); };
+    if (s.gated() && arg(ArgRole::OperandGate).dtype != p.ab_dtype)
       throw Error(fmt::format("the gate {} is {}, A is {}: a gated GEMM's operands share one 16-bit type",
-                              s.describe(s.args[static_cast<size_t>(s.arg_index(ArgRole::OperandGate))].name),
-                              name_of(s.args[static_cast<size_t>(s.arg_index(ArgRole::OperandGate))].dtype),
+                              s.describe(arg(ArgRole::OperandGate).name), name_of(arg(ArgRole::OperandGate).dtype),
                               name_of(p.ab_dtype)));
     if (s.gated() && s.reduction_count() > 0)
       throw Error(fmt::format("the gated GEMM {} x {} beside {} reduces rows in its epilogue; a gated GEMM's "
                               "epilogue is elementwise",
-                              s.describe(s.args[static_cast<size_t>(s.arg_index(ArgRole::OperandA))].name),
-                              s.describe(s.args[static_cast<size_t>(s.arg_index(ArgRole::OperandGate))].name),
-                              s.describe(s.args[static_cast<size_t>(s.arg_index(ArgRole::OperandB))].name)));
+                              s.describe(arg(ArgRole::OperandA).name), s.describe(arg(ArgRole::OperandGate).name),
+                              s.describe(arg(ArgRole::OperandB).name)));
   } catch (const Error& e) {
     throw Error(fmt::format("plan: {}", e.what()));
   }

@@ -152,8 +152,8 @@ void add_reasons(Plan& plan, const ChainInfo& chain, const DeviceModel& dev, con
                                     plan.kernel.cluster_m)
                       : "no multicast: cluster of one");
   r.push_back(fmt::format("{} ring stages: as many {}-byte ring stages as fit after the epilogue buffers "
-                          "(at most {}; {} for a stream-bound 64x64 tile at M <= 256 or a forced ring; both consumer "
-                          "WGs share one ring)",
+                          "(at most {}; up to {} where M <= 256 streams B or the ring is forced; both consumer WGs "
+                          "share one ring)",
                           plan.kernel.ring_stages, plan.kernel.ring_stage_bytes(), Sm90::kRingStagesDefault,
                           Sm90::kMaxRingStages));
   r.push_back(fmt::format("SMEM {} of {}: the unified reduction buffer ({}) is sized by tile_m, C_N and the mode "

@@ -254,7 +254,7 @@ DeviceRunReport run_and_check(const Graph& g, const Bindings& dims, uint64_t see
     // A gated GEMM alone (KernelConfig::gated) computes two products.
     double flops = 2.0 * double(prob.m) * double(prob.n) * double(prob.k) * (!second && s.gated() ? 2 : 1);
     if (second) flops += 2.0 * double(prob.m) * double(resolve(s.n, dims)) * double(resolve(s.k, dims)) *
-                         (s.arg_index(ArgRole::OperandGate) >= 0 ? 2 : 1);
+                         (s.gated() ? 2 : 1);
     // A causal B2B kernel's useful work: the unmasked scores only (row r keeps min(r + 1, N1) keys).
     if (second && rep.b2b_plan.kernel.causal) {
       const double m = double(prob.m), n1 = double(resolve(s.n, dims));

@@ -53,7 +53,7 @@ TEST(Plan, SweepFitsSmemAndFollowsTheRules) {
           EXPECT_LE(p.smem.total(), dev.smem_per_cta_bytes);
           EXPECT_EQ(p.smem_limit, dev.smem_per_cta_bytes);
           EXPECT_GE(p.kernel.ring_stages, 2);
-          // The planner's own cap, above it only the stream-bound 64x64 tiles of M <= 256 (deepest_ring).
+          // The planner's own cap; past it only M <= 256's 64x64 tiles, where SMEM holds more (kStreamRing).
           EXPECT_LE(p.kernel.ring_stages, p.kernel.tile_n == 64 && m <= 256 ? Sm90::kMaxRingStages : Sm90::kRingStagesDefault);
           EXPECT_TRUE(p.kernel.tile_m == 64 || p.kernel.tile_m == 128);
           EXPECT_TRUE(p.kernel.tile_n == 64 || p.kernel.tile_n == 128 || p.kernel.tile_n == 192 || p.kernel.tile_n == 256);
