@@ -83,6 +83,14 @@ COMFUSE_DEVICE uint32_t smem_u32(void const* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// The kernel's SharedStorage at the dynamic SMEM's base, which is declared Sm90::kSmemAlign
+// aligned (the launch budgets no bytes to realign it: KernelConfig::smem_bytes). A base that is
+// not would corrupt every swizzled ring slot, so it stops the kernel instead.
+template <class Storage> COMFUSE_DEVICE Storage& smem_base(char* smem) {
+  if (smem_u32(smem) % Sm90::kSmemAlign != 0) __trap();
+  return *reinterpret_cast<Storage*>(smem);
+}
+
 // stmatrix .x4: four 8x8 16-bit matrices; lane l gives the address of row (l % 8) of
 // matrix (l / 8); register q of every lane holds that lane's pair of matrix q.
 COMFUSE_DEVICE void stmatrix_x4(uint32_t smem_addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {

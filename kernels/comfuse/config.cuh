@@ -28,7 +28,10 @@ struct Sm90 {
   static constexpr int kProducerRegs = 40;
   static constexpr int kConsumerRegs = 232;
   static constexpr int kSmemCapacity = 227 * 1024;  // dynamic SMEM one block may opt into
-  static constexpr int kSmemBaseAlign = 1024;       // the kernel aligns its SMEM base (128-byte swizzle atoms)
+  // The kernels declare their dynamic SMEM this aligned (extern __shared__ __align__, as the
+  // 128-byte swizzle atoms need: they repeat every 1024 bytes) and check it at entry
+  // (smem_base): no bytes are budgeted to realign a base.
+  static constexpr int kSmemAlign = 1024;
   static constexpr int kMaxClusterSize = 16;        // non-portable cluster size limit
   static constexpr int kAbBytes = 2;                // A and B are 16-bit (bf16 or f16)
   static constexpr int kTileK = 128 / kAbBytes;     // one 128-byte swizzled row of A or B per TMA box
@@ -148,13 +151,12 @@ struct KernelConfig {
   }
   // The kernel's SMEM without a stash: the ring (A and B 1024-aligned), both consumer WGs'
   // epilogue storage and the ring's full/empty mbarriers, rounded to the 1024-byte alignment of
-  // the ring, plus the 1024 bytes the kernel may skip to align its base.
+  // the ring.
   COMFUSE_HOST_DEVICE constexpr int smem_bytes_without_stash() const {
     return align_up(ring_bytes() + Sm90::kConsumerWGs * (epilogue_smem_bytes + split_hand_over_bytes()) + 16 * ring_stages,
-                    1024) +
-           Sm90::kSmemBaseAlign;
+                    1024);
   }
-  // Dynamic SMEM a launch asks for (fused_gemm_sm90.cuh's SharedStorage + the base alignment).
+  // Dynamic SMEM a launch asks for (fused_gemm_sm90.cuh's SharedStorage).
   COMFUSE_HOST_DEVICE constexpr int smem_bytes() const {
     return stash_space == StashSpace::Smem
                ? align_up(smem_bytes_without_stash() + Sm90::kConsumerWGs * stash_bytes_per_wg(), 1024)
@@ -401,13 +403,11 @@ struct B2bConfig {
            double(chunk_n1) * tile_n2 * Sm90::kAbBytes;
   }
   // Dynamic SMEM: the rings (1024-aligned regions), both consumer WGs' epilogue storage and
-  // partial-O hand-over, the rings' full/empty mbarriers (and X's), rounded to 1024, plus the
-  // kernel's base alignment.
+  // partial-O hand-over, the rings' full/empty mbarriers (and X's), rounded to 1024.
   COMFUSE_HOST_DEVICE constexpr int smem_bytes() const {
     return align_up(rings() * (ring_bytes() + 16 * (ring_stages + x_buffers)) +
                         Sm90::kConsumerWGs * (epilogue_smem_bytes + align_up(xfer_bytes(), 1024)),
-                    1024) +
-           Sm90::kSmemBaseAlign;
+                    1024);
   }
 };
 

@@ -160,7 +160,7 @@ std::string explain(const FusionSpec& s, const Plan& p) {
                         p.kernel.tile_n, p.stashed.size(), p.kernel.stash_elem_bytes)
           : "-");
   row("store buffer", b.store_buffer,
-      fmt::format("2 WGs x ({}x{} staging sub-tile per output, later stages' outputs through the first's where the element size matches, + row vectors) + 1 KiB base alignment", p.kernel.tile_m,
+      fmt::format("2 WGs x ({}x{} staging sub-tile per output, later stages' outputs through the first's where the element size matches, + row vectors)", p.kernel.tile_m,
                   p.store_subtile_n));
   if (b.split_hand_over > 0)
     row("split hand-over", b.split_hand_over,

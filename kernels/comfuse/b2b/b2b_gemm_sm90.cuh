@@ -79,7 +79,7 @@ struct B2bGemmSm90 {
   // Chained jobs run the previous job's Epi2 after this job's start: a prefetch of this job's
   // tile inputs would overwrite the previous job's (the planner refuses the pair).
   static_assert(!C.chain_jobs || !Epi2::kRootLoads, "ComFuse: chain_jobs with tile inputs in GEMM2's epilogue");
-  static_assert(int(sizeof(SharedStorage)) + Sm90::kSmemBaseAlign <= C.smem_bytes(),
+  static_assert(int(sizeof(SharedStorage)) <= C.smem_bytes(),
                 "ComFuse: the B2B kernel's SMEM exceeds B2bConfig::smem_bytes()");
 
   static COMFUSE_DEVICE typename F::SharedStorage& f_storage(PerWG& w) {
@@ -93,8 +93,7 @@ struct B2bGemmSm90 {
   }
 
   static COMFUSE_DEVICE void run(Params const& p, char* smem_raw) {
-    uintptr_t base = (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023);
-    SharedStorage& ss = *reinterpret_cast<SharedStorage*>(base);
+    SharedStorage& ss = smem_base<SharedStorage>(smem_raw);
     int const wg = threadIdx.x / kWarpGroupThreads;
     int const t = threadIdx.x % kWarpGroupThreads;
     if (threadIdx.x == 0) {
@@ -383,6 +382,6 @@ struct B2bGemmSm90 {
 #define COMFUSE_DEFINE_B2B_KERNEL(NAME, KERNEL)                            \
   extern "C" __global__ void __launch_bounds__(KERNEL::kThreads, 1)        \
       NAME(__grid_constant__ comfuse::Params const p) {                    \
-    extern __shared__ char comfuse_smem[];                                 \
+    extern __shared__ __align__(comfuse::Sm90::kSmemAlign) char comfuse_smem[]; \
     KERNEL::run(p, comfuse_smem);                                          \
   }

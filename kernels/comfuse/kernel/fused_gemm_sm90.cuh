@@ -141,13 +141,12 @@ struct FusedGemmSm90 {
   using SharedStorage = cute::conditional_t<kStashInSmem, SharedStash, SharedCore>;
   using Stash = cute::conditional_t<(kStashBytesPerWG > 0), epi::Stash<StashT, kEpiRows, BN, NTiles - 1, kStashInSmem>,
                                     epi::NoStash>;
-  // What the launch asks for (C.smem_bytes()) holds what the kernel uses (+ its base alignment).
-  static_assert(int(sizeof(SharedStorage)) + Sm90::kSmemBaseAlign <= C.smem_bytes(),
+  // What the launch asks for (C.smem_bytes()) holds what the kernel uses.
+  static_assert(int(sizeof(SharedStorage)) <= C.smem_bytes(),
                 "ComFuse: the kernel's SMEM exceeds KernelConfig::smem_bytes()");
 
   static COMFUSE_DEVICE void run(Params const& p, char* smem_raw) {
-    uintptr_t base = (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023);
-    SharedStorage& ss = *reinterpret_cast<SharedStorage*>(base);
+    SharedStorage& ss = smem_base<SharedStorage>(smem_raw);
 
     int const wg = threadIdx.x / kWarpGroupThreads;
     int const t = threadIdx.x % kWarpGroupThreads;
@@ -317,7 +316,7 @@ struct FusedGemmSm90 {
 
 template <class Kernel>
 __global__ void __launch_bounds__(Kernel::kThreads, 1) fused_gemm_sm90(__grid_constant__ Params const p) {
-  extern __shared__ char comfuse_smem[];
+  extern __shared__ __align__(Sm90::kSmemAlign) char comfuse_smem[];
   Kernel::run(p, comfuse_smem);
 }
 
@@ -329,6 +328,6 @@ __global__ void __launch_bounds__(Kernel::kThreads, 1) fused_gemm_sm90(__grid_co
 #define COMFUSE_DEFINE_KERNEL(NAME, KERNEL)                                \
   extern "C" __global__ void __launch_bounds__(KERNEL::kThreads, 1)        \
       NAME(__grid_constant__ comfuse::Params const p) {                    \
-    extern __shared__ char comfuse_smem[];                                 \
+    extern __shared__ __align__(comfuse::Sm90::kSmemAlign) char comfuse_smem[]; \
     KERNEL::run(p, comfuse_smem);                                          \
   }
