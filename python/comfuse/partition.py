@@ -78,8 +78,10 @@ UNFUSED_EPILOGUE_BYTES_PER_S = 4.5e12
 
 
 def m_bucket(m: int) -> int:
-    """The shape class a kernel is compiled for: rows rounded up to a power of two (>= 64)."""
-    return max(64, 1 << (m - 1).bit_length())
+    """The shape class a kernel is compiled for: rows rounded up to a power of two (>= 16: the
+    planner takes decode rows, M <= 16, apart from 64-row blocks, calibration.cpp
+    single_row_block_k_splits)."""
+    return max(16, 1 << (m - 1).bit_length())
 
 
 # Decode rows: at M <= 64 the GEMM alone is a stream of B, which cuBLAS splits over the whole GPU,

@@ -40,7 +40,30 @@ int pair_tile_n(const Problem& p, int64_t row_blocks, const DeviceModel& dev) {
 // past 8 (12-13); the wider tiles meet SMEM's limit at 8 or fewer.
 constexpr int kStreamRing = Sm90::kMaxRingStages;
 
+
 }  // namespace
+
+// One row block (M <= 64) with long K: the 64x64 tiles alone put B on only N / 64 SMs (64 at N =
+// 4096), each streaming all of K; 64x128 tiles with K split over S CTAs a tile put B on
+// N / 128 x S SMs, each streaming K / S, and the owner adds the partials through L2
+// (bench/sweeps/decode_long_k_split.txt, bias + GELU unless said): 1 x 4096 x 11008 54.6 ->
+// 29.8 us (S = 4), 1 x 4096 x 14336 68.5 -> 37.1 (S = 2: 41.3, S = 8 with 64x256: 40.2), a plain
+// GEMM 32 x 4096 x 14336 45.6 -> 37.4; at K = 4096 it pays only for the fewest rows (1 x 4096
+// 19.5 -> 14.7, 16 x 4096 16.4 -> 15.3, 32 x 4096 13.5 -> 15.8 slower; 1 x 2048 12.3 -> 11.7 with
+// S = 8), and at K = 1024 never (decode_elementwise_split_k.txt). S: the most splits, up to 8 and
+// at least 8 k-blocks each, whose CTAs fit the SMs (4 at N = 4096, 8 at N = 2048). 0: no split.
+// With a row reduction the row-group model ties such splits (all of B over the DRAM at one
+// rate) and takes the cheapest gather, fewer CTAs; measured (decode_split_residual.txt), the
+// most CTAs win there too: residual + RMSNorm 1 x 4096 x 14336 S = 2 45.1 us, S = 4 39.4;
+// RMSNorm 1 x 4096 x 4096 19.2 and 15.4; 1 x 2048 x 4096 S = 4 12.7, S = 8 12.0.
+int single_row_block_k_splits(const Problem& p, const DeviceModel& dev) {
+  if (p.m > 64 || p.k < 4096 || (p.k < 8192 && p.m > 16)) return 0;
+  const int64_t tiles = (p.n + 127) / 128;
+  int splits = 0;
+  for (int s = 2; s <= 8; s *= 2)
+    if (tiles * s <= dev.sm_count && p.k / s >= 8 * 64) splits = s;
+  return splits;
+}
 
 // Elementwise epilogues by shape class: each row measured fastest on the H200 (bench/NOTES.md:
 // ncu and same-power-state timing against cuBLAS).
@@ -85,6 +108,13 @@ MeasuredConfig measured_elementwise_config(const Problem& p, const DeviceModel& 
                                           "leave a partial second"
                                         : "")};
     }
+    if (const int splits = single_row_block_k_splits(p, dev); may_split_k && few_tiles && splits > 1)
+      return {64, 128, 1, 1, 1, kStreamRing, 8, false,
+              fmt::format("M <= 64, one row block, K = {}: PingPong 64x128 with K split over {} CTAs a tile ({} CTAs "
+                          "on B where 64x64 alone puts {}; measured 1.1-1.8x faster at K >= 11008, 1.07-1.33x at K = "
+                          "4096 with M <= 16)",
+                          p.k, splits, (p.n + 127) / 128 * splits, (p.n + 63) / 64),
+              splits};
     if (few_tiles)
       return {64, 64, 1, 1, 1, kStreamRing, 8, true,
               "M <= 64 with 64x128 tiles for at most half the SMs: PingPong 64x64, no cluster (7-14% faster "

@@ -273,6 +273,9 @@ struct MeasuredConfig {
   std::string why;
   int k_splits = 1;  // > 1: K split over that many CTAs a tile, the owner gathering (row-group plan)
 };
+// One row block (M <= 64) with long K: K split over this many CTAs a 64x128 tile, as measured
+// fastest with and without a row reduction; 0 where the unsplit plans measured faster.
+int single_row_block_k_splits(const Problem& p, const DeviceModel& dev);
 // may_split_k false: the row measured best without split-K (where a split row cannot be built).
 MeasuredConfig measured_elementwise_config(const Problem& p, const DeviceModel& dev, bool may_split_k = true);
 // The same for a gated GEMM (KernelConfig::gated: each tile's wgmma twice its columns, 64 rows a

@@ -120,7 +120,8 @@ double epilogue_arithmetic_us(const ChainInfo& chain, const PlannerTunables& tun
 
 }  // namespace
 
-std::vector<Candidate> decide_row_groups(const Request& r, Rejections& why) {
+// The row-group model's candidates, cheapest first.
+static std::vector<Candidate> search_row_groups(const Request& r, Rejections& why) {
   const Problem& p = r.p;
   const ChainInfo& chain = r.chain;
   const DeviceModel& dev = r.dev;
@@ -373,6 +374,30 @@ OneRoundPairs fuse_pairs(const ChainInfo& chain, const PlanOptions& opt, int64_t
   if (opt.fuse_pairs) return {*opt.fuse_pairs && chain.mean_variance_pairs > 0, *opt.fuse_pairs && chain.max_exp_sum_pairs > 0};
   const bool saves_a_round = row_peers > 1;  // one CTA per row: no round to save
   return {chain.mean_variance_pairs > 0 && saves_a_round, chain.max_exp_sum_pairs > 0 && saves_a_round};
+}
+
+// Unforced, one row block with long K (decode) takes the split measured fastest
+// (calibration.cpp single_row_block_k_splits: the most CTAs on B), which the model ties with
+// fewer splits; the model's own candidates follow as runners-up.
+std::vector<Candidate> decide_row_groups(const Request& r, Rejections& why) {
+  std::vector<Candidate> searched = search_row_groups(r, why);
+  const PlanOptions& opt = r.opt;
+  const bool unforced = !opt.k_splits && !opt.tile_m && !opt.tile_n && !opt.cluster_m && !opt.row_group &&
+                        !opt.splits_in_cluster && !opt.stash_bytes;
+  const int splits = unforced ? single_row_block_k_splits(r.p, r.dev) : 0;
+  if (splits < 2) return searched;
+  PlanOptions measured = opt;
+  measured.k_splits = splits, measured.tile_m = 64, measured.tile_n = 128, measured.cluster_m = 1;
+  Rejections ignored;
+  std::vector<Candidate> rows = search_row_groups(Request{r.spec, r.p, r.dev, r.tun, measured, r.chain}, ignored);
+  if (rows.empty()) return searched;
+  rows.front().why = fmt::format(
+      "M <= 64, one row block, K = {}: PingPong 64x128 with K split over {} CTAs a tile, the most that fit the SMs "
+      "(measured faster than the model's fewer splits: calibration.cpp single_row_block_k_splits); the model's "
+      "terms: {}",
+      r.p.k, splits, rows.front().why);
+  searched.insert(searched.begin(), rows.front());
+  return searched;
 }
 
 }  // namespace comfuse::plan_detail

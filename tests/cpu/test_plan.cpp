@@ -326,9 +326,9 @@ TEST(Plan, LongEpiloguesPaceThePingPong) {
 }
 
 // Split-K where one wave of tiles leaves each SM more bytes of B to pull than the DRAM needs
-// for all of B (decode at N = 2048: 16 CTAs); at N = 4096 only into few splits (M = 16: 2 splits
-// of clusters of 1 measured 17.1 us against 20.3 unsplit, 8 splits slower than unsplit: the
-// owner's gather), and not where the jobs fill the GPU.
+// for all of B (decode at N = 2048: 16 CTAs); at N = 4096 into the splits whose CTAs fill the
+// SMs, 4 (calibration.cpp single_row_block_k_splits: RMSNorm 1 x 4096 x 4096 S = 2 19.2 us, S =
+// 4 15.4; 8 splits of 64x128 would not fit the SMs), and not where the jobs fill the GPU.
 TEST(Plan, SplitKAtDecodeOnly) {
   const FusionSpec s = rms_norm();
   for (int64_t m : {1, 7, 16}) {
@@ -345,7 +345,7 @@ TEST(Plan, SplitKAtDecodeOnly) {
     EXPECT_NE(explain(s, p).find("split-K      "), std::string::npos);
   }
   EXPECT_EQ(make_plan(s, prob(8192, 4096, 4096), full_device(), {}, {}).kernel.k_splits, 1);
-  EXPECT_LE(make_plan(s, prob(16, 4096, 4096), full_device(), {}, {}).kernel.k_splits, 2);
+  EXPECT_EQ(make_plan(s, prob(16, 4096, 4096), full_device(), {}, {}).kernel.k_splits, 4);
   EXPECT_EQ(make_plan(s, prob(16, 2048, 128), full_device(), {}, {}).kernel.k_splits, 1);  // two k-blocks: nothing to split
   PlanOptions bad;
   bad.k_splits = 17;
@@ -634,6 +634,35 @@ TEST(Plan, SmallMElementwiseSpreadsAndSharesB) {
   PlanOptions forced;
   forced.cluster_m = 2, forced.tile_m = 64, forced.tile_n = 64;
   EXPECT_EQ(make_plan(s, prob(128, 4096, 16384), full_device(), {}, forced).kernel.k_splits, 1);
+}
+
+// One row block (M <= 64) with long K takes 64 x 128 tiles with K split over the most CTAs that
+// fit the SMs (calibration.cpp single_row_block_k_splits; bench/sweeps/decode_long_k_split.txt,
+// decode_split_residual.txt): at K >= 8192 for any M <= 64, at K = 4096 only for M <= 16 (32 x
+// 4096 x 4096 measured faster unsplit on 64 x 64 tiles), never at K = 1024; with a row reduction
+// too, where the row-group model alone ties the splits and takes fewer.
+TEST(Plan, DecodeLongKSplitsOverTheSms) {
+  const FusionSpec ew = bias_gelu(), rms = rms_norm();
+  struct Case {
+    int64_t m, n, k;
+    int tile_n, k_splits;
+  };
+  for (const Case& c : {Case{1, 4096, 4096, 128, 4}, Case{16, 4096, 4096, 128, 4}, Case{1, 4096, 11008, 128, 4},
+                        Case{32, 4096, 14336, 128, 4}, Case{1, 2048, 4096, 128, 8}, Case{32, 4096, 4096, 64, 1},
+                        Case{64, 2048, 4096, 64, 1}, Case{1, 4096, 1024, 64, 1}}) {
+    const std::string at = fmt::format("{}x{}x{}", c.m, c.n, c.k);
+    const Plan e = make_plan(ew, prob(c.m, c.n, c.k), full_device(), {}, {});
+    EXPECT_EQ(e.kernel.tile_n, c.tile_n) << at;
+    EXPECT_EQ(e.kernel.k_splits, c.k_splits) << at;
+    if (c.k_splits > 1) {
+      EXPECT_EQ(e.kernel.cluster_m, 1) << at;
+      EXPECT_EQ(make_plan(rms, prob(c.m, c.n, c.k), full_device(), {}, {}).kernel.k_splits, c.k_splits) << at;
+    }
+  }
+  // Forced options keep the model's choice.
+  PlanOptions forced;
+  forced.k_splits = 2;
+  EXPECT_EQ(make_plan(rms, prob(1, 4096, 14336), full_device(), {}, forced).kernel.k_splits, 2);
 }
 
 FusionSpec log_softmax() {
