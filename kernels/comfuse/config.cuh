@@ -118,6 +118,13 @@ struct KernelConfig {
   // columns reads A B^T from the accumulator's first half (AccEntry) and A B3^T from its second
   // (GateEntry): in the wgmma layout a thread holds column j of both halves.
   bool gated = false;
+  // All of M fewer rows than one tile (decode, one row block, no A multicast): A's TMA box holds
+  // this many rows (M rounded up to the 8-row swizzle atom), 0: tile_m. TMA spends time on the
+  // rows a box holds past M, zero-filled all the same (bench/NOTES.md, "A boxes past M"), so they
+  // are not loaded; their SMEM keeps stale values, which reach only accumulator rows >= M, which
+  // nothing stores or reduces with rows < M. A compile-time choice: a runtime one cost full-box
+  // plans 15% (a 64x64 stream of B, same call).
+  int a_box_rows = 0;
 
   COMFUSE_HOST_DEVICE constexpr int epi_rows() const { return tile_m / wgs_per_tile; }  // one WG's rows
   // Columns of the mainloop's B tile and accumulator: tile_n, or both halves of a gated tile.
@@ -260,6 +267,8 @@ COMFUSE_HOST_DEVICE constexpr char const* check(KernelConfig const& c) {
            "(PingPong 64 or cooperative 128)";
   if (c.gated && (c.k_splits != 1 || c.n_tiles != 1 || c.row_reduction))
     return "a gated GEMM: an elementwise epilogue, one N-tile a job, no split-K";
+  if (c.a_box_rows != 0 && (c.a_box_rows % 8 != 0 || c.a_box_rows >= c.tile_m || c.a_slices() != 1))
+    return "a_box_rows: a multiple of 8 below tile_m, without A multicast (cluster_n = 1)";
   if (c.ring_input_bytes < 0) return "ring_input_bytes < 0";
   if (c.ring_input_bytes > 0 && c.wgs_per_tile != 1)
     return "tile inputs in the ring: the PingPong schedule (one warp group reads a tile's slot)";

@@ -107,6 +107,10 @@ std::string explain(const FusionSpec& s, const Plan& p) {
                                                  : "");
   o += fmt::format("  pipeline     {} stages, {}, {} consumer warp groups\n", p.kernel.ring_stages,
                    p.kernel.wgs_per_tile == 1 ? "PingPong" : "cooperative", Sm90::kConsumerWGs);
+  if (p.kernel.a_box_rows > 0)
+    o += fmt::format("  A boxes      {} rows of the tile's {}: all of M (runs with M <= {}); TMA's time on rows past M "
+                     "is not spent\n",
+                     p.kernel.a_box_rows, p.kernel.tile_m, p.kernel.a_box_rows);
   if (const std::vector<int> inputs = s.root_tile_inputs(); !inputs.empty()) {
     std::string names;
     for (int a : inputs) names += (names.empty() ? "" : ", ") + s.describe(s.args.at(static_cast<size_t>(a)).name);

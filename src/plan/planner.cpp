@@ -285,6 +285,9 @@ Plan assemble(const Candidate& c, const std::vector<Candidate>& cands, const Req
     throw Error("plan: split-K's partials over DSMEM (the K-splits in one cluster) were asked for, but the plan has no "
                 "split-K: force k_splits >= 2 (the splits of a tile are one hardware cluster of at most 16 CTAs, with "
                 "no multicast along M)");
+  // All of M in one row block's fewer rows (decode): A's boxes hold only those (KernelConfig::a_box_rows).
+  if (const int rows = align_up(static_cast<int>(std::min<int64_t>(r.p.m, k.tile_m)), 8); rows < k.tile_m && k.a_slices() == 1)
+    plan.kernel.a_box_rows = rows;
   plan.fused_pairs = plan_detail::fuse_pairs(chain, r.opt, k.n_tiles, k.aggregation, k.row_peers());
   plan.raster_group = c.raster_group;
   plan.raster_along_n = c.raster_along_n;

@@ -124,7 +124,10 @@ void set_operands(Params& p, const KernelConfig& k, DType ab, const void* A, int
   if (k.gated != (B3 != nullptr))
     throw Error(k.gated ? "this kernel is a gated GEMM: it needs the gate's B operand (Params::tma_b3)"
                         : "a gate's B operand was given to a kernel that is not a gated GEMM");
-  encode_tensor(&p.tma_a, "A", ab, A, M, K, lda, Sm90::kTileK, k.tile_m / k.a_slices());
+  if (k.a_box_rows > 0 && M > k.a_box_rows)
+    throw Error(fmt::format("this kernel loads A in boxes of {} rows (planned for M <= {}): M = {} needs a kernel "
+                            "planned for it", k.a_box_rows, k.a_box_rows, M));
+  encode_tensor(&p.tma_a, "A", ab, A, M, K, lda, Sm90::kTileK, k.a_box_rows > 0 ? k.a_box_rows : k.tile_m / k.a_slices());
   // K x N: boxes of 64 columns; N x K: a multicast slice of the B tile (mma_n rows: a gated
   // tile's slices each fall in B's half or the gate's, mainloop_sm90.cuh).
   auto operand = [&](TmaDesc* d, const char* nk, const char* kn, const void* ptr, int64_t ld) {

@@ -665,6 +665,29 @@ TEST(Plan, DecodeLongKSplitsOverTheSms) {
   EXPECT_EQ(make_plan(rms, prob(1, 4096, 14336), full_device(), {}, forced).kernel.k_splits, 2);
 }
 
+// All of M in fewer rows than one tile: A's TMA boxes hold M rounded up to 8 rows
+// (KernelConfig::a_box_rows), not where A is multicast in slices or M fills the tile.
+TEST(Plan, DecodeRowsLoadShortABoxes) {
+  const FusionSpec ew = bias_gelu(), rms = rms_norm();
+  EXPECT_EQ(make_plan(ew, prob(1, 4096, 4096)).kernel.a_box_rows, 8);
+  EXPECT_EQ(make_plan(ew, prob(13, 4096, 4096)).kernel.a_box_rows, 16);
+  EXPECT_EQ(make_plan(ew, prob(32, 4096, 4096)).kernel.a_box_rows, 32);
+  EXPECT_EQ(make_plan(rms, prob(7, 2048, 4096)).kernel.a_box_rows, 8);
+  EXPECT_EQ(make_plan(ew, prob(64, 4096, 4096)).kernel.a_box_rows, 0);
+  EXPECT_EQ(make_plan(ew, prob(8192, 4096, 4096)).kernel.a_box_rows, 0);
+  PlanOptions pairs_n;
+  pairs_n.cluster_n = 2;
+  EXPECT_EQ(make_plan(ew, prob(3, 1000, 1032), full_device(), {}, pairs_n).kernel.a_box_rows, 0);
+  KernelConfig k;
+  k.tile_m = 64, k.tile_n = 128, k.cluster_n = 2, k.a_box_rows = 8;
+  EXPECT_NE(check(k), nullptr);  // multicast slices keep full boxes
+  k.cluster_n = 1, k.a_box_rows = 12;
+  EXPECT_NE(check(k), nullptr);  // not a whole swizzle atom
+  k.a_box_rows = 8;
+  EXPECT_EQ(check(k), nullptr);
+  EXPECT_NE(explain(ew, make_plan(ew, prob(1, 4096, 4096))).find("A boxes      8 rows"), std::string::npos);
+}
+
 FusionSpec log_softmax() {
   return lowered([](Graph& g, Value acc) { return g.log_softmax(acc); }, DType::F32);
 }

@@ -140,6 +140,29 @@ TEST_F(Gpu, SmallMPlansSpreadAndShareB) {
   }
 }
 
+// Decode rows, fewer than one 64-row box: A's TMA box holds M rounded up to 8 rows
+// (KernelConfig::a_box_rows; the box's other rows keep stale SMEM, which reaches only accumulator rows
+// >= M), under the planner's decode plans (K split over 64x128 tiles at M <= 16 with K >= 4096,
+// 64x64 tiles alone at M = 40), a 128-row tile forced, and pairs along N whose A slices keep
+// full boxes.
+TEST_F(Gpu, DecodeRowsLoadShortABoxes) {
+  auto graph = [] {
+    Case c;
+    c.g.output(c.g.unary(UnaryOp::GeluTanh, c.acc + c.row("bias")), "y", DType::BF16);
+    return c;
+  };
+  for (int64_t m : {1, 7, 16, 40}) {
+    SCOPED_TRACE(fmt::format("M={}", m));
+    expect_matches(graph().g, {{"M", m}, {"N", 1000}, {"K", 4104}});
+  }
+  CompileOptions rows128;
+  rows128.plan.tile_m = 128, rows128.plan.tile_n = 128, rows128.plan.cluster_m = 1;
+  expect_matches(graph().g, {{"M", 5}, {"N", 520}, {"K", 1032}}, rows128);
+  CompileOptions pairs_n;
+  pairs_n.plan.cluster_n = 2;
+  expect_matches(graph().g, {{"M", 3}, {"N", 1000}, {"K", 1032}}, pairs_n);
+}
+
 TEST_F(Gpu, TwoOutputsAndCasts) {
   Case c;
   Value x = c.acc * c.g.input("alpha", DType::F32, {}) + c.row("bias");

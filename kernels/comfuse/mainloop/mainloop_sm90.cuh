@@ -168,6 +168,10 @@ struct MainloopSm90 {
                                                  m0 + rank * ASliceRows);
         } else {
           cute::SM90_TMA_LOAD_2D::copy(&p.tma_a, bar, kEvictNormal, dst, k0, m0);
+          // A short box (KernelConfig::a_box_rows) fills fewer bytes than kTxBytes counts on.
+          if constexpr (C.a_box_rows > 0)
+            cutlass::arch::ClusterTransactionBarrier::complete_transaction(
+                bar, cute::block_rank_in_cluster(), uint32_t((BM - C.a_box_rows) * BK * sizeof(Element)));
         }
       }
       Element* dstb = smem.B + s * BN * BK;
