@@ -40,7 +40,6 @@ int pair_tile_n(const Problem& p, int64_t row_blocks, const DeviceModel& dev) {
 // past 8 (12-13); the wider tiles meet SMEM's limit at 8 or fewer.
 constexpr int kStreamRing = Sm90::kMaxRingStages;
 
-
 }  // namespace
 
 // One row block (M <= 64) with long K: the 64x64 tiles alone put B on only N / 64 SMs (64 at N =
@@ -61,7 +60,7 @@ int single_row_block_k_splits(const Problem& p, const DeviceModel& dev) {
   const int64_t tiles = (p.n + 127) / 128;
   int splits = 0;
   for (int s = 2; s <= 8; s *= 2)
-    if (tiles * s <= dev.sm_count && p.k / s >= 8 * 64) splits = s;
+    if (tiles * s <= dev.sm_count && p.k / s >= 8 * Sm90::kTileK) splits = s;
   return splits;
 }
 
