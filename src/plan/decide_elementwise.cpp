@@ -2,11 +2,10 @@
 // Unforced, the configuration measured fastest for the problem's shape class wins
 // (calibration.cpp, measured_elementwise_config); forced clusters along M take PingPong tiles
 // with B multicast. The general search (decide_cluster.cpp) adds its candidates as runners-up,
-// or decides when other options are forced. Split-K (forced k_splits) is the row-group
-// decider's division (a row block's N-tiles over a group of CTAs, K split over several such
-// groups), priced by that decider's one-wave model, whose epilogue arithmetic was fitted on
-// reduction epilogues: it stays forced only until measured against the measured configurations
-// (bench/sweeps/decode_elementwise_split_k.txt).
+// or decides when other options are forced. Split-K is the row-group decider's division (a row
+// block's N-tiles over a group of CTAs, K split over several such groups): forced, priced by
+// that decider's one-wave model (its epilogue arithmetic fitted on reduction epilogues); unforced,
+// only the measured split rows of calibration.cpp (long K at small M and at decode).
 #include <fmt/format.h>
 
 #include "plan_internal.h"
