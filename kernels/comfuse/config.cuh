@@ -141,6 +141,8 @@ struct KernelConfig {
   COMFUSE_HOST_DEVICE constexpr bool cross_cta_reduction() const { return row_reduction && row_peers() > 1; }
   // A slices of the multicast along N (each >= 8 rows: one swizzle atom), B slices along M.
   COMFUSE_HOST_DEVICE constexpr int a_slices() const { return cluster_n < tile_m / 8 ? cluster_n : tile_m / 8; }
+  // Rows of A's TMA box: a short box (a_box_rows), else one multicast slice (the whole tile).
+  COMFUSE_HOST_DEVICE constexpr int a_box() const { return a_box_rows > 0 ? a_box_rows : tile_m / a_slices(); }
   COMFUSE_HOST_DEVICE constexpr int b_slices() const { return cluster_m < mma_n() / 8 ? cluster_m : mma_n() / 8; }
   COMFUSE_HOST_DEVICE constexpr int ring_stage_bytes() const { return (tile_m + mma_n()) * Sm90::kTileK * Sm90::kAbBytes; }
   COMFUSE_HOST_DEVICE constexpr int ring_bytes() const { return ring_stages * ring_stage_bytes(); }

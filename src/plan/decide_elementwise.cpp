@@ -23,15 +23,9 @@ std::vector<Candidate> decide_elementwise(const Request& r, Rejections& why) {
 
   MeasuredConfig mc = r.spec.gated() ? gated_elementwise_config(r.p, r.dev) : measured_elementwise_config(r.p, r.dev);
   if (mc.k_splits > 1 && !forced_cm) {
-    // A measured split-K row: the row-group decider builds it (its division of K and its gather),
-    // with exactly the measured tile and cluster forced.
-    PlanOptions split = opt;
-    split.k_splits = mc.k_splits, split.tile_m = mc.tile_m, split.tile_n = mc.tile_n, split.cluster_m = mc.cluster_m;
-    Rejections ignored;
-    std::vector<Candidate> rows = decide_row_groups(Request{r.spec, r.p, r.dev, r.tun, split, r.chain}, ignored);
-    if (!rows.empty()) {
-      rows.front().why = mc.why;
-      search.insert(search.begin(), rows.front());
+    if (std::optional<Candidate> row = measured_split_row(r, mc.tile_m, mc.tile_n, mc.cluster_m, mc.k_splits)) {
+      row->why = mc.why;
+      search.insert(search.begin(), *row);
       return search;
     }
     mc = measured_elementwise_config(r.p, r.dev, /*may_split_k=*/false);

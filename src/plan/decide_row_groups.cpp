@@ -376,6 +376,15 @@ OneRoundPairs fuse_pairs(const ChainInfo& chain, const PlanOptions& opt, int64_t
   return {chain.mean_variance_pairs > 0 && saves_a_round, chain.max_exp_sum_pairs > 0 && saves_a_round};
 }
 
+std::optional<Candidate> measured_split_row(const Request& r, int tile_m, int tile_n, int cluster_m, int k_splits) {
+  PlanOptions forced = r.opt;
+  forced.k_splits = k_splits, forced.tile_m = tile_m, forced.tile_n = tile_n, forced.cluster_m = cluster_m;
+  Rejections ignored;
+  std::vector<Candidate> rows = search_row_groups(Request{r.spec, r.p, r.dev, r.tun, forced, r.chain}, ignored);
+  if (rows.empty()) return std::nullopt;
+  return rows.front();
+}
+
 // Unforced, one row block with long K (decode) takes the split measured fastest
 // (calibration.cpp single_row_block_k_splits: the most CTAs on B), which the model ties with
 // fewer splits; the model's own candidates follow as runners-up.
@@ -386,17 +395,14 @@ std::vector<Candidate> decide_row_groups(const Request& r, Rejections& why) {
                         !opt.splits_in_cluster && !opt.stash_bytes;
   const int splits = unforced ? single_row_block_k_splits(r.p, r.dev) : 0;
   if (splits < 2) return searched;
-  PlanOptions measured = opt;
-  measured.k_splits = splits, measured.tile_m = 64, measured.tile_n = 128, measured.cluster_m = 1;
-  Rejections ignored;
-  std::vector<Candidate> rows = search_row_groups(Request{r.spec, r.p, r.dev, r.tun, measured, r.chain}, ignored);
-  if (rows.empty()) return searched;
-  rows.front().why = fmt::format(
+  std::optional<Candidate> row = measured_split_row(r, 64, 128, 1, splits);
+  if (!row) return searched;
+  row->why = fmt::format(
       "M <= 64, one row block, K = {}: PingPong 64x128 with K split over {} CTAs a tile, the most that fit the SMs "
       "(measured faster than the model's fewer splits: calibration.cpp single_row_block_k_splits); the model's "
       "terms: {}",
-      r.p.k, splits, rows.front().why);
-  searched.insert(searched.begin(), rows.front());
+      r.p.k, splits, row->why);
+  searched.insert(searched.begin(), *row);
   return searched;
 }
 

@@ -1,6 +1,7 @@
 #pragma once
 // Shared by the planner's steps (planner.cpp and the files it names): what the planner knows
 // about a spec's stage chain, the candidate a decider proposes, and the printers' helpers.
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -126,6 +127,10 @@ struct Request {
 std::vector<Candidate> decide_elementwise(const Request& r, Rejections& why);
 std::vector<Candidate> decide_row_groups(const Request& r, Rejections& why);
 std::vector<Candidate> decide_cluster(const Request& r, Rejections& why);
+// A measured split-K row (calibration.cpp) as the row-group decider builds it (its division of K
+// and its gather) with exactly this tile, cluster and split count forced; its why is the model's
+// terms. None where that division fits nothing.
+std::optional<Candidate> measured_split_row(const Request& r, int tile_m, int tile_n, int cluster_m, int k_splits);
 // The DSMEM search's cost model, also the DRAM floor of every kind (decide_cluster.cpp).
 void estimate_cluster(Candidate& c, const Request& r);
 

@@ -127,7 +127,7 @@ void set_operands(Params& p, const KernelConfig& k, DType ab, const void* A, int
   if (k.a_box_rows > 0 && M > k.a_box_rows)
     throw Error(fmt::format("this kernel loads A in boxes of {} rows (planned for M <= {}): M = {} needs a kernel "
                             "planned for it", k.a_box_rows, k.a_box_rows, M));
-  encode_tensor(&p.tma_a, "A", ab, A, M, K, lda, Sm90::kTileK, k.a_box_rows > 0 ? k.a_box_rows : k.tile_m / k.a_slices());
+  encode_tensor(&p.tma_a, "A", ab, A, M, K, lda, Sm90::kTileK, k.a_box());
   // K x N: boxes of 64 columns; N x K: a multicast slice of the B tile (mma_n rows: a gated
   // tile's slices each fall in B's half or the gate's, mainloop_sm90.cuh).
   auto operand = [&](TmaDesc* d, const char* nk, const char* kn, const void* ptr, int64_t ld) {
