@@ -10,7 +10,8 @@
 //                                                of the lowering (two fp64 executors)
 // explain, emit, compile and run (not run --reference) take the plan overrides (--cluster-n,
 // --tile-n, --tile-m, --aggregation p2p|leader|l2, --strategy on-chip|smem-stash|workspace-stash;
-// row groups: --cluster-m, --row-group, --k-splits, --split-k-partials dsmem|l2, --stash fp32|bf16;
+// row groups: --cluster-m, --row-group, --k-splits, --split-k-partials dsmem|l2, --split-k-gather
+// smem|registers, --stash fp32|bf16;
 // --pairs one-round|two-rounds;
 // a B2B pair: --b2b auto|force|off, one kernel where it pays, always, or never).
 // Errors: `comfuse: error: <msg>` on stderr, exit 1 (graph files: FILE:line:col:);
@@ -196,6 +197,7 @@ struct ExplainArgs {
   std::string aggregation, strategy, stash, pairs, b2b;
   std::string tile_inputs;  // ring / l2 (empty: the planner's)
   std::string split_k_partials;  // dsmem / l2 (empty: the planner's)
+  std::string split_k_gather;    // smem / registers (empty: the planner's)
 };
 
 // The spellings CLI11 accepts (IsMember below), mapped onto the planner's options.
@@ -218,6 +220,7 @@ PlanOptions plan_options(const ExplainArgs& a) {
   if (!a.pairs.empty()) o.fuse_pairs = a.pairs == "one-round";
   if (!a.tile_inputs.empty()) o.ring_inputs = a.tile_inputs == "ring";
   if (!a.split_k_partials.empty()) o.splits_in_cluster = a.split_k_partials == "dsmem";
+  if (!a.split_k_gather.empty()) o.split_gather_in_smem = a.split_k_gather == "smem";
   if (!a.stash.empty()) o.stash_bytes = a.stash == "bf16" ? 2 : 4;
   if (a.aggregation == "p2p") o.aggregation = Aggregation::PeerToPeer;
   else if (a.aggregation == "leader") o.aggregation = Aggregation::LeaderFollower;
@@ -264,6 +267,11 @@ std::vector<CLI::Option*> add_plan_options(CLI::App* cmd, ExplainArgs& ex) {
                       "split-K's partial tiles to the owner: over DSMEM, a tile's K-splits one hardware cluster "
                       "(dsmem; no multicast along M), or through the L2 workspace (l2)")
           ->check(CLI::IsMember({"dsmem", "l2"})),
+      cmd->add_option("--split-k-gather", ex.split_k_gather,
+                      "split-K through L2 at decode rows: the owner's warp group sums the partial rows in SMEM "
+                      "(smem; the default where they fit beside the ring) or each thread loads its own "
+                      "accumulators' partials (registers)")
+          ->check(CLI::IsMember({"smem", "registers"})),
       cmd->add_option("--stash", ex.stash, "row groups: stash element, fp32 or bf16")->check(CLI::IsMember({"fp32", "bf16"})),
       cmd->add_option("--pairs", ex.pairs,
                       "paired reductions (LayerNorm's mean and variance, softmax's max and sum of exp) in one-round "

@@ -41,8 +41,9 @@ struct SmemBudget {
   int stash = 0;             // earlier N-tiles kept on chip (RowStrategy::SmemStash)
   int store_buffer = 0;      // the epilogue's node storage: TMA-store staging, row vectors
   int split_hand_over = 0;   // split-K's partials over DSMEM (KernelConfig::splits_in_cluster)
+  int split_gather = 0;      // split-K's summed partial rows at decode (KernelConfig::split_gather_rows)
   int barriers = 0;          // ring mbarriers and the alignment the kernel's layout pads to
-  int total() const { return mainloop_ring + reduction_buffer + stash + store_buffer + split_hand_over + barriers; }
+  int total() const { return mainloop_ring + reduction_buffer + stash + store_buffer + split_hand_over + split_gather + barriers; }
 };
 
 struct PlanOptions {
@@ -57,6 +58,10 @@ struct PlanOptions {
   // Force split-K's partial tiles over DSMEM, the K-splits of a tile in one hardware cluster
   // (true), or through the L2 workspace (false).
   std::optional<bool> splits_in_cluster;
+  // Split-K through L2 at decode rows: the owner's warp group sums the partial rows in SMEM
+  // (true; KernelConfig::split_gather_rows, the default where they fit beside the ring) or each
+  // thread loads its own accumulators' partials (false).
+  std::optional<bool> split_gather_in_smem;
   std::optional<int> stash_bytes;             // force the stash element: 4 (fp32) or 2 (bf16)
   std::optional<bool> fuse_pairs;             // true / false: every pair in one round / two (A/B)
   std::optional<int> ring_stages;             // at most this many mainloop ring stages (2..Sm90::kMaxRingStages; A/B)

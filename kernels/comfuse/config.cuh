@@ -125,6 +125,11 @@ struct KernelConfig {
   // nothing stores or reduces with rows < M. A compile-time choice: a runtime one cost full-box
   // plans 15% (a 64x64 stream of B, same call).
   int a_box_rows = 0;
+  // Split-K through L2 at decode rows (a_box_rows > 0): the owner's warp group sums the other
+  // splits' partial rows in SMEM, every thread a share of them (scheduler/split_k.cuh
+  // SplitK::gather), where this many rows (a_box_rows) fit beside the ring; 0: each thread loads
+  // its own accumulators' partials, which leaves the loads to the one or two warps holding rows < M.
+  int split_gather_rows = 0;
 
   COMFUSE_HOST_DEVICE constexpr int epi_rows() const { return tile_m / wgs_per_tile; }  // one WG's rows
   // Columns of the mainloop's B tile and accumulator: tile_n, or both halves of a gated tile.
@@ -162,7 +167,8 @@ struct KernelConfig {
   // epilogue storage and the ring's full/empty mbarriers, rounded to the 1024-byte alignment of
   // the ring.
   COMFUSE_HOST_DEVICE constexpr int smem_bytes_without_stash() const {
-    return align_up(ring_bytes() + Sm90::kConsumerWGs * (epilogue_smem_bytes + split_hand_over_bytes()) + 16 * ring_stages,
+    return align_up(ring_bytes() + Sm90::kConsumerWGs * (epilogue_smem_bytes + split_hand_over_bytes() + split_gather_bytes()) +
+                        16 * ring_stages,
                     1024);
   }
   // Dynamic SMEM a launch asks for (fused_gemm_sm90.cuh's SharedStorage).
@@ -186,7 +192,7 @@ struct KernelConfig {
   // mainloop over their share of K; the first (the tile's owner) adds the others' fp32 partial
   // tiles in a fixed order and alone runs the epilogue. What a problem with fewer tiles than SMs
   // (decode) needs to keep every SM streaming B. The partials travel through the exchange
-  // workspace in L2 (tagged, one dependent round trip per split and row slot), or, with
+  // workspace in L2 (each split's tile behind a tag), or, with
   // splits_in_cluster, over DSMEM inside one hardware cluster of the k_splits CTAs.
   // Through L2, per owner warp group: one partial tile per other split, and one 4-byte tag per split.
   COMFUSE_HOST_DEVICE constexpr bool splits_through_l2() const { return k_splits > 1 && !splits_in_cluster; }
@@ -197,6 +203,8 @@ struct KernelConfig {
   COMFUSE_HOST_DEVICE constexpr int split_hand_over_bytes() const {
     return splits_in_cluster ? align_up(accumulators() * 32 * 4 + 16, 128) : 0;
   }
+  // The owner warp group's staging of the summed partial rows (split_gather_rows): fp32, tile_n a row.
+  COMFUSE_HOST_DEVICE constexpr int split_gather_bytes() const { return split_gather_rows * tile_n * 4; }
   // The owner loads every follower's values of step_vecs float4s a thread together, then adds
   // them: as many as the registers beside its accumulators hold (~176 - accumulators for the
   // loads in flight), a power of two dividing its accumulators / 4 (24 at tile_n 192). Its
@@ -271,6 +279,8 @@ COMFUSE_HOST_DEVICE constexpr char const* check(KernelConfig const& c) {
     return "a gated GEMM: an elementwise epilogue, one N-tile a job, no split-K";
   if (c.a_box_rows != 0 && (c.a_box_rows % 8 != 0 || c.a_box_rows >= c.tile_m || c.a_slices() != 1))
     return "a_box_rows: a multiple of 8 below tile_m, without A multicast (cluster_n = 1)";
+  if (c.split_gather_rows != 0 && (!c.splits_through_l2() || c.a_box_rows == 0 || c.split_gather_rows != c.a_box_rows))
+    return "split_gather_rows: split-K through L2 with a short A box (a_box_rows), as many rows as it";
   if (c.ring_input_bytes < 0) return "ring_input_bytes < 0";
   if (c.ring_input_bytes > 0 && c.wgs_per_tile != 1)
     return "tile inputs in the ring: the PingPong schedule (one warp group reads a tile's slot)";

@@ -87,6 +87,7 @@ PlanOptions plan_options(const nb::dict& o) {
     else if (key == "row_group") p.row_group = nb::cast<int>(v);
     else if (key == "k_splits") p.k_splits = nb::cast<int>(v);
     else if (key == "splits_in_cluster") p.splits_in_cluster = nb::cast<bool>(v);
+    else if (key == "split_gather_in_smem") p.split_gather_in_smem = nb::cast<bool>(v);
     else if (key == "stash_bytes") p.stash_bytes = nb::cast<int>(v);
     else if (key == "fuse_pairs") p.fuse_pairs = nb::cast<bool>(v);
     else if (key == "b2b_job_rows") p.b2b_job_rows = nb::cast<int>(v);

@@ -227,18 +227,23 @@ struct PlannerTunables {
   }
   // Split-K (KernelConfig::k_splits, kernels/comfuse/scheduler/split_k.cuh), where a problem
   // has fewer tiles than SMs. The owner's gather (split_k.cuh SplitK::gather), microseconds a
-  // job: base + (S - 1) x row slots x per_row, where a row slot is one of the (m64 block, h)
-  // rows of accum_row that the busiest owner thread holds below M (1 at M <= 8, 2 up to 64 rows
-  // a warp group, 4 at 128). Each split's partial rows come in as dependent L2 round trips (one
-  // split, then the next, in split order): the gather scales with S x rows, not with bytes.
-  // MEASURED (bench/NOTES.md, decode split-K owners: per-owner traces of bias + residual +
-  // LayerNorm, N = 1024, turn -> accumulators ready less the other splits' mainloops): 7.5 us at
-  // S = 16 and 2.2 us at S = 4 with one row slot (M = 1), 13.7 and 3.6 us with two (M = 32);
-  // it then predicted S = 6, 3 (one slot) and 4, 2 (two) within 0.15 us (3.2, 1.7, 3.6, 1.8 us).
-  // (The trace stamps the gather inside the "mainloop"; the earlier 0.3 us a job, read off the
-  // epilogue's stamps, missed it.)
-  double split_k_gather_base_us = 0.9;
-  double split_k_gather_per_row_us = 0.43;
+  // job: base + (S - 1) x per_split + (waves - 1) x per_wave, where a wave is one dependent L2
+  // round trip of the partials' loads (decide_row_groups.cpp gather_waves: the loads a thread
+  // keeps in flight beside its accumulators, and, where each thread loads its own accumulators'
+  // partials, one wave per row slot of the busiest warp).
+  // Fitted to the measured before/after of two kernel changes (bench/NOTES.md Stop 37,
+  // bench/sweeps/decode_split_gather.txt; H200, whole launches against cuBLAS in the same call)
+  // on the model this replaced, which traces had fitted (base 0.9 + (S - 1) x row slots x 0.43:
+  // per-owner traces of bias + residual + LayerNorm, N = 1024: 2.2 us at S = 4, 7.5 at S = 16
+  // with one slot; 3.6 and 13.7 with two). The tags polled in flight together, not one acquire
+  // after another, and no SC fence before the release: 0.5 us less a launch at S = 4, 1.2-1.3 at
+  // S = 8 (~0.17 a split less: per_split 0.43 -> ~0.13 once the waves are counted apart); the
+  // partials summed in SMEM by the whole warp group (one wave): 0.4-0.6 us less at S = 4 with
+  // two row slots (16 rows) and 0.45-0.8 at S = 8 with one (two waves of registers). GUESS-ish:
+  // the split between base and per_split was not traced after the change.
+  double split_k_gather_base_us = 1.3;
+  double split_k_gather_per_split_us = 0.13;
+  double split_k_gather_per_wave_us = 0.5;
   // Split-K over DSMEM (KernelConfig::splits_in_cluster, kernels/comfuse/cluster/
   // split_hand_over.cuh): the S CTAs of a tile are one hardware cluster, and the owner's hand-over
   // takes, a job, pieces x (piece_us + steps x step_us): per piece (one warp's rows: one at

@@ -170,6 +170,10 @@ std::string explain(const FusionSpec& s, const Plan& p) {
     row("split hand-over", b.split_hand_over,
         fmt::format("2 WGs x one warp's share of a partial tile (32 x {} fp32) + 2 mbarriers: split-K over DSMEM",
                     p.kernel.accumulators()));
+  if (b.split_gather > 0)
+    row("split gather", b.split_gather,
+        fmt::format("2 WGs x {} rows x {} fp32: the other splits' partial rows, summed by the owner's whole warp group",
+                    p.kernel.split_gather_rows, p.kernel.tile_n));
   row("barriers", b.barriers, "mbarriers: ring, reduction channel per WG and phase, PingPong order, store");
   row("total", b.total(), fmt::format("of {} ({} free)", fmt_bytes(p.smem_limit), fmt_bytes(p.smem_limit - b.total())));
 

@@ -288,13 +288,30 @@ Plan assemble(const Candidate& c, const std::vector<Candidate>& cands, const Req
   // All of M in one row block's fewer rows (decode): A's boxes hold only those (KernelConfig::a_box_rows).
   if (const int rows = align_up(static_cast<int>(std::min<int64_t>(r.p.m, k.tile_m)), 8); rows < k.tile_m && k.a_slices() == 1)
     plan.kernel.a_box_rows = rows;
+  // Split-K through L2 at those rows: the owner's whole warp group sums the partial rows in SMEM
+  // (KernelConfig::split_gather_rows) where they fit beside the ring as planned, not at a ring
+  // stage's cost.
+  if (r.opt.split_gather_in_smem.value_or(true)) {
+    KernelConfig with = plan.kernel;
+    with.split_gather_rows = with.a_box_rows;
+    const bool fits = with.a_box_rows > 0 && with.splits_through_l2() && !check(with) &&
+                      with.smem_bytes() <= r.dev.smem_per_cta_bytes;
+    if (fits) plan.kernel = with;
+    else if (r.opt.split_gather_in_smem)
+      throw Error(fmt::format(
+          "plan: split-K's partial rows summed in SMEM were asked for, but {}",
+          !with.splits_through_l2() ? "the plan has no split-K through L2 (force k_splits >= 2, the partials through L2)"
+          : with.a_box_rows == 0    ? "M fills the tile (only decode rows, fewer than tile_m, are summed so)"
+                                    : fmt::format("their {} B beside the {}-stage ring exceed the SMEM a CTA may use",
+                                                  Sm90::kConsumerWGs * with.split_gather_bytes(), with.ring_stages)));
+  }
   plan.fused_pairs = plan_detail::fuse_pairs(chain, r.opt, k.n_tiles, k.aggregation, k.row_peers());
   plan.raster_group = c.raster_group;
   plan.raster_along_n = c.raster_along_n;
   plan.measured_config = c.why;
   plan.reductions = chain.reductions;
   plan.stages_in_chain = chain.stages_in_chain;
-  plan.smem = plan_detail::smem_budget(k);
+  plan.smem = plan_detail::smem_budget(plan.kernel);
   plan.smem_limit = r.dev.smem_per_cta_bytes;
   plan.tiles_m = c.tiles_m, plan.tiles_n = c.tiles_n;
   plan.clusters_resident = r.dev.resident(k.hw_cluster_size());
@@ -327,7 +344,7 @@ Plan assemble(const Candidate& c, const std::vector<Candidate>& cands, const Req
 
 bool any_forced(const PlanOptions& o) {
   return o.cluster_n || o.tile_n || o.tile_m || o.strategy || o.aggregation || o.cluster_m || o.row_group ||
-         o.stash_bytes || o.k_splits || o.ring_stages || o.ring_inputs;
+         o.stash_bytes || o.k_splits || o.ring_stages || o.ring_inputs || o.split_gather_in_smem;
 }
 
 }  // namespace

@@ -62,7 +62,9 @@ SmemBudget smem_budget(const KernelConfig& k) {
   b.store_buffer = Sm90::kConsumerWGs * tree_and_pad;
   b.stash = k.stash_space == StashSpace::Smem ? Sm90::kConsumerWGs * k.stash_bytes_per_wg() : 0;
   b.split_hand_over = Sm90::kConsumerWGs * k.split_hand_over_bytes();
-  b.barriers = k.smem_bytes() - b.mainloop_ring - b.reduction_buffer - b.store_buffer - b.stash - b.split_hand_over;
+  b.split_gather = Sm90::kConsumerWGs * k.split_gather_bytes();
+  b.barriers = k.smem_bytes() - b.mainloop_ring - b.reduction_buffer - b.store_buffer - b.stash - b.split_hand_over -
+               b.split_gather;
   return b;
 }
 

@@ -489,6 +489,38 @@ TEST_F(GpuReduce, SplitKPartialsOverDsmem) {
   }
 }
 
+TEST_F(GpuReduce, SplitKSumsDecodeRowsInSmem) {
+  // Decode rows with the owner's whole warp group summing the partial rows in SMEM
+  // (KernelConfig::split_gather_rows): M of 1, 9, 13 and 16 (warp 0's one and both row slots),
+  // splits 2 to 16 (one and several rounds of loads a thread), ragged N and K (unequal shares);
+  // RMSNorm and LayerNorm (row groups) and bias + GELU (elementwise).
+  struct V {
+    const char* what;
+    int64_t m, n, k;
+    int splits;
+    std::optional<int> tile_n;
+  };
+  for (const V& v : {V{"rmsnorm", 1, 2048, 4096, 8, {}}, V{"layernorm", 1, 2048, 4104, 8, {}},
+                     V{"rmsnorm", 9, 1000, 4104, 3, {}}, V{"gelu", 16, 4096 - 8, 4096, 4, {}},
+                     V{"gelu", 13, 520, 2112, 16, 128}, V{"rmsnorm", 16, 520, 1000, 2, {}},
+                     V{"gelu", 1, 4096, 11008, 4, {}}}) {
+    SCOPED_TRACE(fmt::format("{} M={} N={} K={} split-K {}", v.what, v.m, v.n, v.k, v.splits));
+    CompileOptions opt;
+    opt.plan.k_splits = v.splits;
+    opt.plan.cluster_m = 1;
+    opt.plan.tile_n = v.tile_n;
+    const std::string w = v.what;
+    Graph g = w == "layernorm" ? layer_norm_graph() : w == "rmsnorm" ? rms_norm_graph() : [] {
+      Case c;
+      c.g.output(c.g.unary(UnaryOp::GeluTanh, c.acc + c.row("bias")), "y", DType::BF16);
+      return std::move(c.g);
+    }();
+    const Plan p = expect_split(g, dims(v.m, v.n, v.k), opt, w == "layernorm" ? 1000.0 : 0.0).plan;
+    EXPECT_EQ(p.kernel.k_splits, v.splits);
+    EXPECT_GT(p.kernel.split_gather_rows, 0);
+  }
+}
+
 TEST_F(GpuReduce, SplitKPlannerDefaultAtDecode) {
   // The planner's own choice at decode sizes splits K; a residual (TileInput) and the pre-norm
   // sum as a second output ride along.

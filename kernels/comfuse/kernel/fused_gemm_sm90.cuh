@@ -123,7 +123,15 @@ struct FusedGemmSm90 {
     static_assert(int(sizeof(typename HandOver::Storage)) == C.split_hand_over_bytes(),
                   "ComFuse: the split hand-over's SMEM differs from KernelConfig::split_hand_over_bytes()");
   };
-  using SharedCore = cute::conditional_t<kSplitsInCluster, SharedSplit, SharedBase>;
+  // Split-K through L2 at decode rows (split_gather_rows): each consumer WG's staging of the
+  // summed partial rows.
+  struct SharedGather : SharedBase {
+    alignas(16) float gather[2][C.split_gather_rows > 0 ? C.split_gather_rows * BN : 4];
+  };
+  static_assert(C.split_gather_rows == 0 || int(sizeof(float) * C.split_gather_rows * BN) == C.split_gather_bytes(),
+                "ComFuse: the split gather's SMEM differs from KernelConfig::split_gather_bytes()");
+  using SharedCore = cute::conditional_t<kSplitsInCluster, SharedSplit,
+                                         cute::conditional_t<(C.split_gather_rows > 0), SharedGather, SharedBase>>;
   // Exact, not just a bound: a model that over-counts costs the mainloop ring stages for nothing.
   static_assert(int(sizeof(typename EpiExec::SharedStorage)) == C.epilogue_smem_bytes || C.epilogue_smem_bytes == 0,
                 "ComFuse: the epilogue's SMEM differs from KernelConfig::epilogue_smem_bytes (the planner's model)");
@@ -269,8 +277,10 @@ struct FusedGemmSm90 {
           } else if constexpr (kSplitK) {
             splitk::SplitK<C> const xk(p, sched.split_slot(cw));
             int const bar = barrier_id(NamedBarrier::EpilogueWG0, cw);
+            float* stage = nullptr;
+            if constexpr (C.split_gather_rows > 0) stage = ss.gather[cw];
             if (!owner) xk.publish(accum, sched.split, job, epoch, m0, p.M, t, bar);
-            else xk.gather(accum, job, epoch, m0, p.M, t, bar);
+            else xk.gather(accum, job, epoch, m0, p.M, t, bar, stage);
           }
           if (nt == NTiles - 1) trace::mark(t, cw, job, trace::kAccReady);
           if constexpr (kRingSlots > 0) {  // the tile's inputs, loaded after its k-blocks (no split-K:

@@ -17,9 +17,11 @@
 //   flags[0]:           the owner has read every partial of job q (written by the owner)
 // A split writes job q's partial only after flags[0] says job q - 1 was read (one buffer per
 // split: the owner consumes each job right after its own mainloop, so the wait is short); the
-// owner reads job q's after flags[s] says it was written. A warp group's thread 0 polls (an
-// acquire load), the warp group's named barrier passes the order on to its other threads, and
-// thread 0 publishes after a barrier and a fence (release), CUTLASS's stream-K barrier pattern.
+// owner reads job q's after flags[s] says it was written. The owner's threads 1..S-1 poll one
+// split's tag each (acquire loads, in flight together), a writer's thread 0 its owner's; the warp
+// group's named barrier passes the order on to its other threads, and thread 0 publishes after
+// a barrier with a release store, CUTLASS's stream-K barrier pattern (bar.sync, then one
+// thread's release at GPU scope).
 // Tags of an earlier launch carry another epoch; where the epoch bits wrap, the last warp group
 // of a launch zeroes the tags (retire_exchange; ExchangeHeader::slot_bytes covers them).
 //
@@ -49,6 +51,7 @@ struct SplitK {
   static constexpr int MBlocks = Rows / 64;
   static_assert(C.wgs_per_tile == 1, "split-K: one warp group per tile (config.cuh check())");
 
+  static constexpr int GatherRows = C.split_gather_rows;  // > 0: the owner sums the partials in SMEM
   uint32_t* flags;  // Splits tags of this owner warp group's slot
   float* partials;  // Splits - 1 partial tiles, Rows x BN fp32 row-major each
 
@@ -102,24 +105,32 @@ struct SplitK {
     for_each_pair(partials + size_t(split - 1) * Rows * BN, t, M - m0,
                   [&](int r, float2* a) { __stcg(a, make_float2(accum(r), accum(r + 1))); });
     named_sync(bar_id, kWarpGroupThreads);
-    if (t == 0) {
-      __threadfence();
-      st_release_gpu_u32(flags + split, tag(epoch, job));
-    }
+    if (t == 0) st_release_gpu_u32(flags + split, tag(epoch, job));
   }
 
-  // The owner: adds every other split's partial of job `job`, in split order. Every split's
-  // value of a pair is loaded before the pair's first add, so the loads of all splits are in
-  // flight together and the gather waits about one L2 round trip, not one per split (a loop
-  // over the splits issued each split's loads only after the previous split's adds). The adds
-  // keep split order: the same bits. At most kMaxKSplits - 1 float2 a pair in registers.
+  // The owner: adds every other split's partial of job `job`, in a fixed order (the same bits
+  // on every run), then frees the partials for the splits' next job. `stage`: the warp group's
+  // split_gather_bytes() of SMEM where split_gather_rows > 0, else unused.
   template <class Frag>
-  COMFUSE_DEVICE void gather(Frag& accum, int job, uint32_t epoch, int m0, int M, int t, int bar_id) const {
-    if (t == 0)
-      for (int s = 1; s < Splits; ++s) wait_tag(flags + s, tag(epoch, job));
+  COMFUSE_DEVICE void gather(Frag& accum, int job, uint32_t epoch, int m0, int M, int t, int bar_id,
+                             float* stage) const {
+    if (t >= 1 && t < Splits) wait_tag(flags + t, tag(epoch, job));
     named_sync(bar_id, kWarpGroupThreads);
+    if constexpr (GatherRows > 0) add_staged(accum, stage, M - m0, t, bar_id);
+    else add_own(accum, M - m0, t);
+    named_sync(bar_id, kWarpGroupThreads);  // every thread's reads are done before the release
+    if (t == 0) st_release_gpu_u32(flags, tag(epoch, job));
+  }
+
+ private:
+  // Each thread loads its own accumulators' values of every split: every split's value of a pair
+  // before the pair's first add, so the splits' loads are in flight together; the adds keep split
+  // order. A warp holds one row slot's loads of every split in its registers, so a warp with rows
+  // in both of its slots (9..16 rows of 64) waits two L2 round trips.
+  template <class Frag>
+  COMFUSE_DEVICE void add_own(Frag& accum, int rows_left, int t) const {
     constexpr int kSplitStride = Rows * BN / 2;  // float2s from a pair in split s to split s + 1
-    for_each_pair(partials, t, M - m0, [&](int r, float2* a) {
+    for_each_pair(partials, t, rows_left, [&](int r, float2* a) {
       float2 v[Splits - 1];
       CUTE_UNROLL
       for (int s = 0; s < Splits - 1; ++s) v[s] = __ldcg(a + s * kSplitStride);
@@ -129,11 +140,68 @@ struct SplitK {
         accum(r + 1) += v[s].y;
       }
     });
-    named_sync(bar_id, kWarpGroupThreads);  // every thread's reads are done before the release
-    if (t == 0) {
-      __threadfence();
-      st_release_gpu_u32(flags, tag(epoch, job));
+  }
+
+  // Decode rows (at most GatherRows): the warp group's 128 threads load the partial rows together,
+  // consecutive threads along a row (float4s), each sums its values over the splits in split
+  // order and stages the sum in SMEM; then each thread adds its accumulators' sums: acc + (p1 +
+  // ... + p_{S-1}). One L2 round trip spread over the warp group, where add_own leaves all the
+  // loads to the warp that holds the rows. The staged rows are swizzled (a row's 16-byte chunks
+  // XOR 2 (row % 4)) so that a warp's accumulator reads, 8 rows x 32 bytes, take two wavefronts.
+  static constexpr int kRowVecs = BN / 4;  // float4s a row
+  static COMFUSE_DEVICE int staged_vec(int row, int vec) { return row * kRowVecs + (vec ^ ((row & 3) << 1)); }
+
+  template <class Frag>
+  COMFUSE_DEVICE void add_staged(Frag& accum, float* stage, int rows_left, int t, int bar_id) const {
+    static_assert(GatherRows <= Rows && kRowVecs >= 8, "split_gather_rows: at most a warp group's rows, tile_n >= 32");
+    static_assert(Splits >= 2, "split-K: at least two splits");
+    constexpr int kPerThread = (GatherRows * kRowVecs + kWarpGroupThreads - 1) / kWarpGroupThreads;
+    // A thread's float4s in flight at once: ~28 (112 registers) beside the accumulators.
+    constexpr int kChunk = (Splits - 1) >= 28 ? 1 : 28 / (Splits - 1);
+    constexpr int kSplitStride = Rows * kRowVecs;  // float4s from split s to split s + 1
+    float4 const* src = reinterpret_cast<float4 const*>(partials);
+    float4* dst = reinterpret_cast<float4*>(stage);
+    int const live = (rows_left < GatherRows ? rows_left : GatherRows) * kRowVecs;
+    CUTE_UNROLL
+    for (int j0 = 0; j0 < kPerThread; j0 += kChunk) {
+      float4 v[kChunk][Splits - 1];
+      CUTE_UNROLL
+      for (int j = 0; j < kChunk; ++j) {
+        int const i = t + (j0 + j) * kWarpGroupThreads;
+        if (j0 + j < kPerThread && i < live)
+          CUTE_UNROLL
+          for (int s = 0; s < Splits - 1; ++s) v[j][s] = __ldcg(src + s * kSplitStride + i);
+      }
+      CUTE_UNROLL
+      for (int j = 0; j < kChunk; ++j) {
+        int const i = t + (j0 + j) * kWarpGroupThreads;
+        if (j0 + j < kPerThread && i < live) {
+          float4 sum = v[j][0];
+          CUTE_UNROLL
+          for (int s = 1; s < Splits - 1; ++s) sum = make_float4(sum.x + v[j][s].x, sum.y + v[j][s].y,
+                                                                 sum.z + v[j][s].z, sum.w + v[j][s].w);
+          dst[staged_vec(i / kRowVecs, i % kRowVecs)] = sum;
+        }
+      }
     }
+    named_sync(bar_id, kWarpGroupThreads);
+    // Register r of m64-block mi holds row accum_row(t, mi, h), column 8 nb + 2 (lane % 4) + e
+    // (for_each_pair above): the pair's float2 is half of the row's 16-byte chunk 2 nb + (lane % 4) / 2.
+    float2 const* staged = reinterpret_cast<float2 const*>(stage);
+    CUTE_UNROLL
+    for (int mi = 0; mi < (GatherRows + 63) / 64; ++mi)
+      CUTE_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        int const row = accum_row(t, mi, h);
+        if (row >= rows_left || row >= GatherRows) continue;
+        CUTE_UNROLL
+        for (int nb = 0; nb < BN / 8; ++nb) {
+          float2 const v = staged[2 * staged_vec(row, 2 * nb + (t % 4) / 2) + (t % 2)];
+          int const r = mi * (BN / 2) + nb * 4 + h * 2;
+          accum(r) += v.x;
+          accum(r + 1) += v.y;
+        }
+      }
   }
 };
 
