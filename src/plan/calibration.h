@@ -227,23 +227,24 @@ struct PlannerTunables {
   }
   // Split-K (KernelConfig::k_splits, kernels/comfuse/scheduler/split_k.cuh), where a problem
   // has fewer tiles than SMs. The owner's gather (split_k.cuh SplitK::gather), microseconds a
-  // job: base + (S - 1) x per_split + (waves - 1) x per_wave, where a wave is one dependent L2
-  // round trip of the partials' loads (decide_row_groups.cpp gather_waves: the loads a thread
-  // keeps in flight beside its accumulators, and, where each thread loads its own accumulators'
-  // partials, one wave per row slot of the busiest warp).
-  // Fitted to the measured before/after of two kernel changes (bench/NOTES.md Stop 37,
-  // bench/sweeps/decode_split_gather.txt; H200, whole launches against cuBLAS in the same call)
-  // on the model this replaced, which traces had fitted (base 0.9 + (S - 1) x row slots x 0.43:
-  // per-owner traces of bias + residual + LayerNorm, N = 1024: 2.2 us at S = 4, 7.5 at S = 16
-  // with one slot; 3.6 and 13.7 with two). The tags polled in flight together, not one acquire
-  // after another, and no SC fence before the release: 0.5 us less a launch at S = 4, 1.2-1.3 at
-  // S = 8 (~0.17 a split less: per_split 0.43 -> ~0.13 once the waves are counted apart); the
-  // partials summed in SMEM by the whole warp group (one wave): 0.4-0.6 us less at S = 4 with
-  // two row slots (16 rows) and 0.45-0.8 at S = 8 with one (two waves of registers). GUESS-ish:
-  // the split between base and per_split was not traced after the change.
-  double split_k_gather_base_us = 1.3;
-  double split_k_gather_per_split_us = 0.13;
-  double split_k_gather_per_wave_us = 0.5;
+  // job: base + (S - 1) x rounds x per_split + the partials' bytes at the owner SM's L2 read rate,
+  // where rounds are the dependent L2 round trips of the partials' loads (decide_row_groups.cpp
+  // gather_rounds): summed in SMEM by the whole warp group, one per 28 float4s a thread; else one
+  // per row slot of the busiest warp.
+  // MEASURED (bench/NOTES.md, decode split-K owners: per-owner traces of bias + residual +
+  // LayerNorm, N = 1024): 2.2 us at S = 4 and 7.5 at S = 16 with one row slot (M = 1), 3.6 and
+  // 13.7 with two (M = 32), with the tags then polled one acquire after another: 0.43 a split and
+  // round. Polled in flight together, without an SC fence before the release: 0.5 us less a
+  // launch at S = 4, 1.2-1.3 at S = 8 (bench/NOTES.md Stop 37, whole launches), ~0.17 a split:
+  // 0.26. The SMEM sum's one round at 16 rows, S = 4, measured 0.4-0.6 us less than two rounds of
+  // registers (0.78 here). Without the bytes' term this model moved M = 32 and 64 to more splits
+  // (or clusters of 1), which measured slower (bench/sweeps/decode_gather_model_plans.txt: RMSNorm
+  // 64 x 1024 x 3072, S = 4 11.8 us against S = 3 11.2; 32 x 1024 x 4096 clusters of 1, S = 8
+  // 11.7 against pairs, S = 4 10.8): at 64 rows the owner pulls (S - 1) x 32 KiB.
+  double split_k_gather_base_us = 0.9;
+  double split_k_gather_per_split_us = 0.26;
+  // GUESS: what one SM reads from L2 (~64 bytes a clock at 1.75 GHz).
+  double split_k_gather_sm_bytes_per_s = 110e9;
   // Split-K over DSMEM (KernelConfig::splits_in_cluster, kernels/comfuse/cluster/
   // split_hand_over.cuh): the S CTAs of a tile are one hardware cluster, and the owner's hand-over
   // takes, a job, pieces x (piece_us + steps x step_us): per piece (one warp's rows: one at

@@ -66,7 +66,7 @@ struct Division {
   double gather_us = 0;        // of that: split-K's gather
   int64_t tile_input_passes = 0;  // the epilogue's read passes of its tile inputs (64 columns each)
   double tile_inputs_us = 0;       // and their time
-  int gather_waves = 0;        // the owner's dependent L2 round trips (split_gather_us)
+  int gather_rounds = 0;       // the owner's dependent L2 round trips of loads (split_gather_us)
   double stream_us = 0;  // one wave: the time one SM needs to pull its share of B (a tie-break)
   bool idle_ctas = false;  // some CTA of a cluster along M has no rows (M < cluster_m row blocks)
   double launch_us = 0;  // one wave: the launch's fixed cost (in the estimate and its tail)
@@ -86,13 +86,12 @@ struct Division {
 
 // Split-K's hand-over on the owner's path (scheduler/split_k.cuh SplitK::gather): the owner
 // adds the S - 1 other partial tiles (only rows < M travel), their loads in dependent L2 round
-// trips ("waves"). Summed in SMEM by the whole warp group (KernelConfig::split_gather_rows, which
+// trips. Summed in SMEM by the whole warp group (KernelConfig::split_gather_rows, which
 // planner.cpp gives decode rows that fit beside the ring: at most 16 rows of a 64x128 tile, fewer
-// beside a longer epilogue's SMEM, which this ignores): a thread's share, 28 float4s a wave.
-// Else each thread loads its own accumulators' partials, ~60 float2s in flight beside them
-// (SASS, 64x128), a row slot at a time: the busiest warp's slots (thread 0: rows 0, 8, 64, 72 of
-// accum_row below M) each take ceil((S - 1) x tile_n / 8 / 60) waves.
-int gather_waves(int tile_m, int tile_n, int64_t rows, int ks) {
+// beside a longer epilogue's SMEM, which this ignores): a thread's share, 28 float4s a round.
+// Else each thread loads its own accumulators' partials, a row slot at a time: one round per
+// slot of the busiest thread (thread 0: rows 0, 8, 64, 72 of accum_row below M).
+int gather_rounds(int tile_m, int tile_n, int64_t rows, int ks) {
   if (ks <= 1) return 0;
   if (rows <= 16 && rows < tile_m && tile_n <= 128) {
     const int64_t per_thread = ceil_div64(align_up(static_cast<int>(rows), 8) * (tile_n / 4), Sm90::kWarpGroupThreads);
@@ -101,12 +100,13 @@ int gather_waves(int tile_m, int tile_n, int64_t rows, int ks) {
   int slots = 0;
   for (int mi = 0; mi < tile_m / 64; ++mi)
     for (int h = 0; h < 2; ++h) slots += mi * 64 + 8 * h < rows ? 1 : 0;
-  return slots * static_cast<int>(ceil_div64(int64_t{ks - 1} * (tile_n / 8), 60));
+  return slots;
 }
-double split_gather_us(const PlannerTunables& tun, int ks, int waves) {
+double split_gather_us(const PlannerTunables& tun, int ks, int rounds, int64_t rows, int tile_n) {
   if (ks <= 1) return 0.0;
-  return tun.split_k_gather_base_us + double(ks - 1) * tun.split_k_gather_per_split_us +
-         double(std::max(0, waves - 1)) * tun.split_k_gather_per_wave_us;
+  const double bytes = double(ks - 1) * double(rows) * tile_n * 4;
+  return tun.split_k_gather_base_us + double(ks - 1) * rounds * tun.split_k_gather_per_split_us +
+         bytes / tun.split_k_gather_sm_bytes_per_s * 1e6;
 }
 
 // Split-K over DSMEM (KernelConfig::splits_in_cluster): the owner's hand-over of a job with
@@ -213,9 +213,9 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
         Division& d = o.d;
         d.jobs_per_cta = jobs_per_cta;
         // The job with the most rows sets the owner's gather: all of a tile's rows below M.
-        d.gather_waves = gather_waves(ts.tile_m, ts.tile_n, std::min<int64_t>(p.m, ts.tile_m), ks);
+        d.gather_rounds = gather_rounds(ts.tile_m, ts.tile_n, std::min<int64_t>(p.m, ts.tile_m), ks);
         const double gather = in_cluster ? split_hand_over_us(tun, c.k, std::min<int64_t>(p.m, ts.tile_m))
-                                         : split_gather_us(tun, ks, d.gather_waves);
+                                         : split_gather_us(tun, ks, d.gather_rounds, std::min<int64_t>(p.m, ts.tile_m), ts.tile_n);
         d.gather_us = gather;
         d.exchange_us = rounds * lookup(tun.row_group_exchange_us, g) + gather;
         // The tile inputs: a latency-bound pass per 64-column subtile, for the tile's rows below
@@ -324,13 +324,13 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
                            tun.split_k_hand_over_piece_us, c.k.split_hand_over_steps(), tun.split_k_hand_over_step_us);
     else if (c.k.k_splits > 1)
       c.why += fmt::format("; split-K: {} clusters share each tile's K ({} k-blocks each, {} SMs busy instead of {}), "
-                           "the owner then adds their partial tiles ({:.1f} us a job = {:.1f} + {} splits x {:.2f} + "
-                           "{} more L2 round trip(s) of loads x {:.2f} us, calibration.h split_k_gather_*)",
+                           "the owner then adds their partial tiles ({:.1f} us a job = {:.1f} + {} splits x {} L2 round "
+                           "trip(s) of loads x {:.2f} us + their bytes, calibration.h split_k_gather_*)",
                            c.k.k_splits, ceil_div64(ceil_div64(p.k, Sm90::kTileK), c.k.k_splits),
                            int64_t{c.resident} * c.k.cluster_size(),
                            int64_t{c.resident} * c.k.cluster_size() / c.k.k_splits, o.d.gather_us,
-                           tun.split_k_gather_base_us, c.k.k_splits - 1, tun.split_k_gather_per_split_us,
-                           std::max(0, o.d.gather_waves - 1), tun.split_k_gather_per_wave_us);
+                           tun.split_k_gather_base_us, c.k.k_splits - 1, o.d.gather_rounds,
+                           tun.split_k_gather_per_split_us);
     if (o.d.tile_inputs_us > 0)
       c.why += c.k.ring_input_bytes > 0
                    ? fmt::format("; a job's epilogue reads its {} tile input(s) in {:.1f} us ({} pass(es) of 64 columns; "
