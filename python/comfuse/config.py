@@ -29,15 +29,6 @@ class Config:
     # than Inductor's kernels at compile time and 1.4-3% slower in the model's steady state; GPT-2's
     # c_fc + gelu_new 7.7% faster at compile time and 4-8% in the steady state (bench/NOTES.md Stop 26).
     measure_margin: float = float(os.environ.get("COMFUSE_MEASURE_MARGIN", "0.03"))
-    # What a fused region costs the model beyond its own kernel, microseconds: a measured region
-    # must win by this much more. MEASURED on the H200 (bench/NOTES.md Stop 37, bench/models.py, one
-    # CUDA graph a forward): GPT-2's decode with its two c_fc + gelu_new regions fused (each 6.9 us
-    # against Inductor's 6.9-7.4 in the bench's alternating rounds) ran 15 us (batch 1) and 28 us
-    # (batch 32) slower than Inductor's whole graph; its prefill with them fused (each ~28 us
-    # faster than Inductor's kernels) only matched Inductor. Why is NOT known (the region's custom
-    # op against what Inductor fuses across it); until it is, regions winning less than this fall
-    # back, and a graph left with none goes to Inductor whole.
-    region_boundary_us: float = float(os.environ.get("COMFUSE_REGION_BOUNDARY_US", "8.0"))
     # Rewrite fusable regions even where no sm_90 GPU runs them (they then execute their aten
     # subgraph): lets CPU tests drive the custom op, its fake implementation and Inductor.
     force_regions: bool = _env_flag("COMFUSE_FORCE_REGIONS")

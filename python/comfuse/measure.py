@@ -163,9 +163,8 @@ def measure_region(rr: "kernels.RuntimeRegion", tensor_nodes: list[fx.Node], siz
     """Times a region the planner fused (rr: not replaced yet; tensor_nodes and size_nodes: the
     custom op's operands; inductor_options: the config patches the rest of the model gets) and
     decides again: info.status becomes "fallback" where the median of the rounds' fused / unfused
-    ratios (fused / the GEMM plus the modeled epilogue where Inductor was not timed), plus
-    config.region_boundary_us over the unfused time, is not below 1 - config.min_gain -
-    config.measure_margin. The numbers go to info.measured and the reason.
+    ratios (fused / the GEMM plus the modeled epilogue where Inductor was not timed) is not below
+    1 - config.min_gain - config.measure_margin. The numbers go to info.measured and the reason.
     Where timing fails or the kernel does not run (a fallback), the planner's decision stays and
     the reason says why."""
     info = rr.info
@@ -217,20 +216,16 @@ def measure_region(rr: "kernels.RuntimeRegion", tensor_nodes: list[fx.Node], siz
     epi = info.unfused_epilogue_us or 0.0
     unfused = inductor if inductor is not None else gemm + epi
     ratio = statistics.median(ratios) if ratios else fused / unfused
-    # The region's cost to the model beyond its kernel (config.region_boundary_us), as a share.
-    boundary = config.region_boundary_us / unfused if unfused > 0 else 0.0
     info.measured = {"fused_us": fused, "gemm_us": gemm, "epilogue_us": epi, "inductor_us": inductor,
                      "unfused_us": unfused, "ratio": ratio, "round_ratios": ratios, "device": name}
     how = (f"Inductor's kernels for the region, measured; cuBLAS GEMM alone {gemm:.1f} us" if inductor is not None else
            f"cuBLAS GEMM {gemm:.1f} us measured + epilogue {epi:.1f} us modeled; Inductor not timed: {no_inductor}")
     spread = f", fused / unfused {ratio:.3f} (median of {len(ratios)} rounds {min(ratios):.3f}-{max(ratios):.3f})" \
         if len(ratios) > 1 else ""
-    if not pays(ratio + boundary, 1.0, config.measure_margin):
+    if not pays(ratio, 1.0, config.measure_margin):
         info.status = "fallback"
-        info.reason = (f"measured on {name}: fused {fused:.1f} us vs unfused {unfused:.1f} us{spread} ({how}) at M={m}"
-                       + (f", a win short of the {config.region_boundary_us:.1f} us a region costs the model beyond its "
-                          f"kernel (config.region_boundary_us)" if pays(ratio, 1.0, config.measure_margin) else "")
-                       + f"; planner had predicted fused {info.fused_us:.1f} us vs unfused {info.unfused_us:.1f} us")
+        info.reason = (f"measured on {name}: fused {fused:.1f} us vs unfused {unfused:.1f} us{spread} ({how}) at M={m}; "
+                       f"planner had predicted fused {info.fused_us:.1f} us vs unfused {info.unfused_us:.1f} us")
     else:
         info.reason += f"; measured: fused {fused:.1f} us vs unfused {unfused:.1f} us{spread} ({how})"
     log.info("comfuse: region %d (%s): %s: %s", info.id, info.root, info.status, info.reason)
