@@ -33,6 +33,21 @@ def _log(caplog):
     caplog.set_level(logging.INFO, logger="comfuse")
 
 
+@pytest.fixture
+def inductor_graphs(monkeypatch):
+    """Stubs Inductor (compile_fx): the graphs it is handed, each run as it is (its forward)."""
+    import torch._inductor.compile_fx as cfx
+
+    seen = []
+
+    def stub(gm, example_inputs, **kw):
+        seen.append(gm)
+        return gm.forward
+
+    monkeypatch.setattr(cfx, "compile_fx", stub)
+    return seen
+
+
 def replay_in_user_graph(f, x, inputs, check):
     """Captures f(x) in a user's torch.cuda.CUDAGraph after two warm-up calls (the second on a side
     stream, as torch asks before a capture), then for each of `inputs`: copies it into x, replays

@@ -122,21 +122,13 @@ def test_a_measured_gain_within_the_margin_falls_back(timers, monkeypatch, gain_
 
 
 @pytest.mark.parametrize("fused_us", [1000.0, 1.0])
-def test_the_probe_measures_and_a_graph_left_with_nothing_goes_to_inductor_whole(timers, monkeypatch, fused_us):
+def test_the_probe_measures_and_a_graph_left_with_nothing_goes_to_inductor_whole(timers, monkeypatch, inductor_graphs,
+                                                                                 fused_us):
     """With Inductor for the rest, the probe times the regions the planner fuses: where all of them
     measure slower, the graph goes to Inductor whole (Dynamo's graph, as with nothing to fuse: the
     rewrite path's two AOTAutograd passes cost GPT-2's decode 13% on the H200); where one measures
     faster, the rewrite takes the probe's decision and times nothing again."""
-    import torch._inductor.compile_fx as cfx
-
     _always_fuse(monkeypatch)
-    seen = []
-
-    def stub(gm, example_inputs, **kw):
-        seen.append(gm)
-        return gm.forward
-
-    monkeypatch.setattr(cfx, "compile_fx", stub)
     comfuse.config.rest = "inductor"
     timers["gemm"], timers["fused"] = 5.0, fused_us
     out, ref, rep = run(M.LinearLayerNorm(256, 512), randn(2, 96, 256))
@@ -144,7 +136,7 @@ def test_the_probe_measures_and_a_graph_left_with_nothing_goes_to_inductor_whole
     (g,) = rep.graphs
     (r,) = rep.regions
     assert len(timers["region_calls"]) == 1, "a region timed once, in the probe"
-    (gm,) = seen
+    (gm,) = inductor_graphs
     fused_calls = [n for n in gm.graph.nodes if n.target is torch.ops.comfuse.fused.default]
     if fused_us > 5.0:
         assert g.note.startswith("nothing fused"), g.note
