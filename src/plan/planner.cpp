@@ -301,7 +301,8 @@ Plan assemble(const Candidate& c, const std::vector<Candidate>& cands, const Req
       throw Error(fmt::format(
           "plan: split-K's partial rows summed in SMEM were asked for, but {}",
           !with.splits_through_l2() ? "the plan has no split-K through L2 (force k_splits >= 2, the partials through L2)"
-          : with.a_box_rows == 0    ? "M fills the tile (only decode rows, fewer than tile_m, are summed so)"
+          : with.a_box_rows == 0    ? "A's boxes hold the whole tile (M fills it, or A is multicast along N): only decode "
+                                      "rows in a short box are summed so"
                                     : fmt::format("their {} B beside the {}-stage ring exceed the SMEM a CTA may use",
                                                   Sm90::kConsumerWGs * with.split_gather_bytes(), with.ring_stages)));
   }

@@ -715,6 +715,15 @@ TEST(Plan, DecodeSplitSumsPartialRowsInSmem) {
   k.split_gather_rows = 8, k.k_splits = 1;
   EXPECT_NE(check(k), nullptr);  // no split-K
   EXPECT_NE(explain(ew, make_plan(ew, prob(1, 4096, 4096))).find("split gather"), std::string::npos);
+  PlanOptions forced;
+  forced.split_gather_in_smem = true;
+  expect_error([&] { make_plan(ew, prob(64, 4096, 14336), full_device(), {}, forced); }, "hold the whole tile");
+  PlanOptions forced_dsmem = dsmem;
+  forced_dsmem.split_gather_in_smem = true;
+  expect_error([&] { make_plan(rms, prob(1, 2048, 4096), full_device(), {}, forced_dsmem); }, "no split-K through L2");
+  PlanOptions off;
+  off.split_gather_in_smem = false;
+  EXPECT_EQ(make_plan(ew, prob(1, 4096, 4096), full_device(), {}, off).kernel.split_gather_rows, 0);
 }
 
 FusionSpec log_softmax() {
