@@ -283,7 +283,12 @@ def _compile(gm: fx.GraphModule, example_inputs, mode=None, options=None, explai
             return _boxed(agm)
         return _compile_rest(agm, ex, opts, static)
 
-    return aot_autograd(fw_compiler=inference, inference_compiler=inference)(gm, example_inputs)
+    # In-place updates of the graph's inputs (a StaticCache's index_copy_) stay in the graph as
+    # copy_ into the input, which Inductor turns back into the in-place update, as its own backend
+    # asks; returned as extra outputs instead, AOTAutograd's wrapper copied each whole buffer every
+    # call (bench/NOTES.md Stop 37: a 256 MB cache, 172 ms a call on the CPU against 0.2).
+    return aot_autograd(fw_compiler=inference, inference_compiler=inference,
+                        keep_inference_input_mutations=True)(gm, example_inputs)
 
 
 def comfuse_backend(gm: fx.GraphModule, example_inputs, mode=None, options=None, **_):

@@ -218,3 +218,45 @@ def test_report_of_the_process():
     run(M.LinearGelu(64, 128), randn(4, 64))
     assert comfuse.last_report().graphs
     assert "GEMM region" in comfuse.last_report().summary()
+
+
+class _CacheUpdate(torch.nn.Module):
+    """A GEMM + LayerNorm region whose output goes into a buffer in place, as a StaticCache's
+    update does."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(256, 512)
+        self.norm = torch.nn.LayerNorm(512)
+        self.register_buffer("cache", torch.zeros(2, 64, 512, dtype=torch.bfloat16))
+
+    def forward(self, x, pos):
+        h = self.norm(self.proj(x))  # [2, 1, 512]
+        self.cache.index_copy_(1, pos, h)
+        return self.cache.sum(1)
+
+
+def test_input_mutations_stay_in_the_graph_inductor_gets(inductor_graphs):
+    """A buffer the model updates in place stays a copy_ into the graph's input in what Inductor
+    gets (AOTAutograd's keep_inference_input_mutations, as Inductor's own backend asks), which
+    Inductor turns back into the in-place update. Returned as an extra output instead, the
+    AOTAutograd wrapper copied the whole buffer every call: a 256 MB cache on the CPU took 172 ms
+    a call against Inductor's 0.1-0.7 (bench/NOTES.md Stop 37)."""
+    comfuse.config.force_regions = True
+    comfuse.config.rest = "inductor"
+    model = _CacheUpdate().to(torch.bfloat16).eval()
+    ref_model = _CacheUpdate().to(torch.bfloat16).eval()
+    ref_model.load_state_dict(model.state_dict())
+    x, pos = randn(2, 1, 256), torch.tensor([5])
+    f = torch.compile(model, backend="comfuse")
+    with torch.no_grad(), comfuse.collecting() as rep:
+        out = f(x, pos)
+        ref = ref_model(x, pos)
+    close(out, ref)
+    close(model.cache, ref_model.cache)  # the update reached the module's own buffer
+    (r,) = rep.regions
+    assert r.calls == 1, r.reason  # the rewrite path: the region is the custom op's
+    (gm,) = inductor_graphs
+    placeholders = {n for n in gm.graph.nodes if n.op == "placeholder"}
+    copies = [n for n in gm.graph.nodes if n.target is torch.ops.aten.copy_.default and n.args[0] in placeholders]
+    assert len(copies) == 1, gm.graph
