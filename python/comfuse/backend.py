@@ -253,12 +253,12 @@ def _compile(gm: fx.GraphModule, example_inputs, mode=None, options=None, explai
 
     measured: dict = {}  # the probe's measured decisions, for the rewrite (rewrite()'s `measured`)
     if not explain_only and config.rest == "inductor":
-        # Decide first: where no region fuses, Inductor takes Dynamo's graph as its own backend
-        # would. (The rewrite path's two AOTAutograd passes, ours without decompositions and then
-        # compile_fx's, measured 4% slower than Inductor on Llama decode with nothing fused, and
-        # 13% on GPT-2's decode whose regions the measurement had all dropped: bench/NOTES.md
-        # Stop 37.) The probe asks the planner and times the regions it fuses (measure.py, where
-        # config.measure does); the rewrite then takes the probe's measured decisions.
+        # Decide first: where no region fuses, by the planner's estimate or by the measurement
+        # (measure.py, where config.measure times the regions the planner fuses), Inductor takes
+        # Dynamo's graph as its own backend would: one AOTAutograd pass, not ours (without
+        # decompositions) and then compile_fx's. The rewrite then takes the probe's measured
+        # decisions. (The rewrite path measured 4% slower than Inductor on Llama decode and 13% on
+        # GPT-2's with nothing fused: the input mutations' copies below, bench/NOTES.md Stop 37.)
         probe = GraphReport(index=0, mode=mode, dynamic=g.dynamic)
         replaced: list[int] = []
 
@@ -266,7 +266,7 @@ def _compile(gm: fx.GraphModule, example_inputs, mode=None, options=None, explai
             replaced.append(rewrite(agm, probe, apply=False, inductor_options=opts, measured=measured))
             return _boxed(agm)
 
-        aot_autograd(fw_compiler=analyse, inference_compiler=analyse)(gm, example_inputs)
+        aot_autograd(fw_compiler=analyse, inference_compiler=analyse, **_AOT_OPTIONS)(gm, example_inputs)
         if not any(replaced):
             probe.note = "nothing fused: the graph goes to Inductor whole, as torch.compile's own backend takes it"
             _record(probe)
@@ -283,12 +283,15 @@ def _compile(gm: fx.GraphModule, example_inputs, mode=None, options=None, explai
             return _boxed(agm)
         return _compile_rest(agm, ex, opts, static)
 
-    # In-place updates of the graph's inputs (a StaticCache's index_copy_) stay in the graph as
-    # copy_ into the input, which Inductor turns back into the in-place update, as its own backend
-    # asks; returned as extra outputs instead, AOTAutograd's wrapper copied each whole buffer every
-    # call (bench/NOTES.md Stop 37: a 256 MB cache, 172 ms a call on the CPU against 0.2).
-    return aot_autograd(fw_compiler=inference, inference_compiler=inference,
-                        keep_inference_input_mutations=True)(gm, example_inputs)
+    return aot_autograd(fw_compiler=inference, inference_compiler=inference, **_AOT_OPTIONS)(gm, example_inputs)
+
+
+# Our AOTAutograd pass (the probe's and the rewrite's: the same graph, so the probe's decisions
+# carry over). In-place updates of the graph's inputs (a StaticCache's index_copy_) stay in the
+# graph as copy_ into the input, which Inductor turns back into the in-place update, as its own
+# backend asks; returned as extra outputs instead, AOTAutograd's wrapper copied each whole buffer
+# every call (bench/NOTES.md Stop 37: a 256 MB cache, 172 ms a call on the CPU against 0.2).
+_AOT_OPTIONS = {"keep_inference_input_mutations": True}
 
 
 def comfuse_backend(gm: fx.GraphModule, example_inputs, mode=None, options=None, **_):
