@@ -39,6 +39,8 @@ struct Sm90 {
   static constexpr int kMaxNTiles = 64;             // N-tiles one CTA walks per job
   static constexpr int kMaxRowGroup = 64;           // clusters of one row group
   static constexpr int kMaxKSplits = 16;            // K-splits of one tile (split-K)
+  static constexpr int kSplitGatherVecsInFlight = 28;  // float4 loads a thread keeps in flight beside its
+                                                       // accumulators when the owner sums decode rows in SMEM
   static constexpr int kRingStagesDefault = 8;      // the planner's deepest mainloop ring, but for M <= 256's
                                                     // stream-bound plans (calibration.cpp kStreamRing)
   static constexpr int kMaxRingStages = 16;         // the deepest ring a forced plan may ask for (SMEM permitting)
@@ -205,6 +207,18 @@ struct KernelConfig {
   }
   // The owner warp group's staging of the summed partial rows (split_gather_rows): fp32, tile_n a row.
   COMFUSE_HOST_DEVICE constexpr int split_gather_bytes() const { return split_gather_rows * tile_n * 4; }
+  // Its loads (scheduler/split_k.cuh add_staged): each thread's share of the rows' float4s, the
+  // other splits' of split_gather_chunk() of them in flight together, in split_gather_rounds()
+  // dependent L2 round trips.
+  COMFUSE_HOST_DEVICE constexpr int split_gather_vecs_per_thread() const {
+    return (split_gather_rows * tile_n / 4 + Sm90::kWarpGroupThreads - 1) / Sm90::kWarpGroupThreads;
+  }
+  COMFUSE_HOST_DEVICE constexpr int split_gather_chunk() const {
+    return k_splits - 1 >= Sm90::kSplitGatherVecsInFlight ? 1 : Sm90::kSplitGatherVecsInFlight / (k_splits - 1);
+  }
+  COMFUSE_HOST_DEVICE constexpr int split_gather_rounds() const {
+    return (split_gather_vecs_per_thread() + split_gather_chunk() - 1) / split_gather_chunk();
+  }
   // The owner loads every follower's values of step_vecs float4s a thread together, then adds
   // them: as many as the registers beside its accumulators hold (~176 - accumulators for the
   // loads in flight), a power of two dividing its accumulators / 4 (24 at tile_n 192). Its

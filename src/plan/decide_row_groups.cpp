@@ -88,14 +88,15 @@ struct Division {
 // adds the S - 1 other partial tiles (only rows < M travel), their loads in dependent L2 round
 // trips. Summed in SMEM by the whole warp group (KernelConfig::split_gather_rows, which
 // planner.cpp gives decode rows that fit beside the ring: at most 16 rows of a 64x128 tile, fewer
-// beside a longer epilogue's SMEM, which this ignores): a thread's share, 28 float4s a round.
+// beside a longer epilogue's SMEM, which this ignores): KernelConfig::split_gather_rounds.
 // Else each thread loads its own accumulators' partials, a row slot at a time: one round per
 // slot of the busiest thread (thread 0: rows 0, 8, 64, 72 of accum_row below M).
 int gather_rounds(int tile_m, int tile_n, int64_t rows, int ks) {
   if (ks <= 1) return 0;
   if (rows <= 16 && rows < tile_m && tile_n <= 128) {
-    const int64_t per_thread = ceil_div64(align_up(static_cast<int>(rows), 8) * (tile_n / 4), Sm90::kWarpGroupThreads);
-    return static_cast<int>(ceil_div64(per_thread * (ks - 1), 28));
+    KernelConfig staged;
+    staged.tile_n = tile_n, staged.k_splits = ks, staged.split_gather_rows = align_up(static_cast<int>(rows), 8);
+    return staged.split_gather_rounds();
   }
   int slots = 0;
   for (int mi = 0; mi < tile_m / 64; ++mi)

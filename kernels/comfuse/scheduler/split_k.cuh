@@ -155,9 +155,8 @@ struct SplitK {
   COMFUSE_DEVICE void add_staged(Frag& accum, float* stage, int rows_left, int t, int bar_id) const {
     static_assert(GatherRows <= Rows && kRowVecs >= 8, "split_gather_rows: at most a warp group's rows, tile_n >= 32");
     static_assert(Splits >= 2, "split-K: at least two splits");
-    constexpr int kPerThread = (GatherRows * kRowVecs + kWarpGroupThreads - 1) / kWarpGroupThreads;
-    // A thread's float4s in flight at once: ~28 (112 registers) beside the accumulators.
-    constexpr int kChunk = (Splits - 1) >= 28 ? 1 : 28 / (Splits - 1);
+    constexpr int kPerThread = C.split_gather_vecs_per_thread();
+    constexpr int kChunk = C.split_gather_chunk();  // a thread's float4s of every split in flight at once
     constexpr int kSplitStride = Rows * kRowVecs;  // float4s from split s to split s + 1
     float4 const* src = reinterpret_cast<float4 const*>(partials);
     float4* dst = reinterpret_cast<float4*>(stage);
