@@ -39,8 +39,9 @@ struct Sm90 {
   static constexpr int kMaxNTiles = 64;             // N-tiles one CTA walks per job
   static constexpr int kMaxRowGroup = 64;           // clusters of one row group
   static constexpr int kMaxKSplits = 16;            // K-splits of one tile (split-K)
-  static constexpr int kSplitGatherVecsInFlight = 28;  // float4 loads a thread keeps in flight beside its
-                                                       // accumulators when the owner sums decode rows in SMEM
+  static constexpr int kSplitGatherLoadsInFlight = 14;  // 16-byte loads a thread keeps in flight beside its
+                                                        // accumulators when the owner sums decode rows in SMEM:
+                                                        // 56 registers (twice that spills, SASS)
   static constexpr int kRingStagesDefault = 8;      // the planner's deepest mainloop ring, but for M <= 256's
                                                     // stream-bound plans (calibration.cpp kStreamRing)
   static constexpr int kMaxRingStages = 16;         // the deepest ring a forced plan may ask for (SMEM permitting)
@@ -198,7 +199,18 @@ struct KernelConfig {
   // splits_in_cluster, over DSMEM inside one hardware cluster of the k_splits CTAs.
   // Through L2, per owner warp group: one partial tile per other split, and one 4-byte tag per split.
   COMFUSE_HOST_DEVICE constexpr bool splits_through_l2() const { return k_splits > 1 && !splits_in_cluster; }
-  COMFUSE_HOST_DEVICE constexpr int split_partial_bytes() const { return splits_through_l2() ? epi_rows() * tile_n * 4 : 0; }
+  // A partial value travels as fp32 behind its split's tag, or, where the owner sums decode rows in
+  // SMEM (split_gather_rows > 0) and their twice as many bytes take no more rounds of loads, as an
+  // 8-byte word that carries the tag beside the value (split_k.cuh's tagged hand-over): only those
+  // rows travel then. MEASURED (bench/NOTES.md Stop 38): a round more cost 0.6-1.1 us where the
+  // tags saved 0.1-0.5.
+  COMFUSE_HOST_DEVICE constexpr bool split_words_tagged() const {
+    return splits_through_l2() && split_gather_rows > 0 && split_gather_rounds_at(2) == split_gather_rounds_at(1);
+  }
+  COMFUSE_HOST_DEVICE constexpr int split_value_bytes() const { return split_words_tagged() ? 8 : 4; }
+  COMFUSE_HOST_DEVICE constexpr int split_partial_bytes() const {
+    return splits_through_l2() ? (split_words_tagged() ? split_gather_rows : epi_rows()) * tile_n * split_value_bytes() : 0;
+  }
   COMFUSE_HOST_DEVICE constexpr int split_flag_bytes() const { return splits_through_l2() ? k_splits * 4 : 0; }
   // Over DSMEM (splits_in_cluster), per consumer warp group (cluster/split_hand_over.cuh): one
   // warp's share of the partial tile (32 threads x their accumulators, fp32) and two mbarriers.
@@ -207,18 +219,23 @@ struct KernelConfig {
   }
   // The owner warp group's staging of the summed partial rows (split_gather_rows): fp32, tile_n a row.
   COMFUSE_HOST_DEVICE constexpr int split_gather_bytes() const { return split_gather_rows * tile_n * 4; }
-  // Its loads (scheduler/split_k.cuh add_staged): each thread's share of the rows' float4s, the
-  // other splits' of split_gather_chunk() of them in flight together, in split_gather_rounds()
-  // dependent L2 round trips.
+  // Its loads (scheduler/split_k.cuh add_staged): each thread's share of the rows' runs of four
+  // values (two 16-byte loads of tagged words each), the other splits' of split_gather_chunk() of
+  // them in flight together, in split_gather_rounds() dependent L2 round trips.
   COMFUSE_HOST_DEVICE constexpr int split_gather_vecs_per_thread() const {
     return (split_gather_rows * tile_n / 4 + Sm90::kWarpGroupThreads - 1) / Sm90::kWarpGroupThreads;
   }
-  COMFUSE_HOST_DEVICE constexpr int split_gather_chunk() const {
-    return k_splits - 1 >= Sm90::kSplitGatherVecsInFlight ? 1 : Sm90::kSplitGatherVecsInFlight / (k_splits - 1);
+  // With loads_per_vec 16-byte loads a run of four values takes (1: fp32, 2: tagged words).
+  COMFUSE_HOST_DEVICE constexpr int split_gather_chunk_at(int loads_per_vec) const {
+    return loads_per_vec * (k_splits - 1) >= Sm90::kSplitGatherLoadsInFlight
+               ? 1
+               : Sm90::kSplitGatherLoadsInFlight / (loads_per_vec * (k_splits - 1));
   }
-  COMFUSE_HOST_DEVICE constexpr int split_gather_rounds() const {
-    return (split_gather_vecs_per_thread() + split_gather_chunk() - 1) / split_gather_chunk();
+  COMFUSE_HOST_DEVICE constexpr int split_gather_rounds_at(int loads_per_vec) const {
+    return (split_gather_vecs_per_thread() + split_gather_chunk_at(loads_per_vec) - 1) / split_gather_chunk_at(loads_per_vec);
   }
+  COMFUSE_HOST_DEVICE constexpr int split_gather_chunk() const { return split_gather_chunk_at(split_words_tagged() ? 2 : 1); }
+  COMFUSE_HOST_DEVICE constexpr int split_gather_rounds() const { return split_gather_rounds_at(split_words_tagged() ? 2 : 1); }
   // The owner loads every follower's values of step_vecs float4s a thread together, then adds
   // them: as many as the registers beside its accumulators hold (~176 - accumulators for the
   // loads in flight), a power of two dividing its accumulators / 4 (24 at tile_n 192). Its

@@ -229,8 +229,11 @@ struct PlannerTunables {
   // has fewer tiles than SMs. The owner's gather (split_k.cuh SplitK::gather), microseconds a
   // job: base + (S - 1) x rounds x per_split + the partials' bytes at the owner SM's L2 read rate,
   // where rounds are the dependent L2 round trips of the partials' loads (decide_row_groups.cpp
-  // gather_rounds): summed in SMEM by the whole warp group, one per 28 float4s a thread; else one
-  // per row slot of the busiest warp.
+  // gather_rounds): summed in SMEM by the whole warp group, one per Sm90::kSplitGatherLoadsInFlight
+  // 16-byte loads a thread (KernelConfig::split_gather_rounds); else one per row slot of the
+  // busiest warp. Where the rows travel as tagged words (KernelConfig::split_words_tagged) their
+  // bytes count twice; the flag's round trip they skip is not priced apart (measured 0.1-0.5 us a
+  // launch, bench/NOTES.md Stop 38).
   // MEASURED (bench/NOTES.md, decode split-K owners: per-owner traces of bias + residual +
   // LayerNorm, N = 1024): 2.2 us at S = 4 and 7.5 at S = 16 with one row slot (M = 1), 3.6 and
   // 13.7 with two (M = 32), with the tags then polled one acquire after another: 0.43 a split and

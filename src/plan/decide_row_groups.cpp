@@ -41,6 +41,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <vector>
 
 #include "plan_internal.h"
@@ -91,21 +92,26 @@ struct Division {
 // beside a longer epilogue's SMEM, which this ignores): KernelConfig::split_gather_rounds.
 // Else each thread loads its own accumulators' partials, a row slot at a time: one round per
 // slot of the busiest thread (thread 0: rows 0, 8, 64, 72 of accum_row below M).
+// The staged sum's configuration (its split_gather_* terms), or none where the rows are not summed in SMEM.
+std::optional<KernelConfig> staged_gather(int tile_m, int tile_n, int64_t rows, int ks) {
+  if (ks <= 1 || rows > 16 || rows >= tile_m || tile_n > 128) return std::nullopt;
+  KernelConfig staged;
+  staged.tile_m = tile_m, staged.tile_n = tile_n, staged.k_splits = ks;
+  staged.split_gather_rows = align_up(static_cast<int>(rows), 8);
+  return staged;
+}
 int gather_rounds(int tile_m, int tile_n, int64_t rows, int ks) {
   if (ks <= 1) return 0;
-  if (rows <= 16 && rows < tile_m && tile_n <= 128) {
-    KernelConfig staged;
-    staged.tile_n = tile_n, staged.k_splits = ks, staged.split_gather_rows = align_up(static_cast<int>(rows), 8);
-    return staged.split_gather_rounds();
-  }
+  if (const auto staged = staged_gather(tile_m, tile_n, rows, ks)) return staged->split_gather_rounds();
   int slots = 0;
   for (int mi = 0; mi < tile_m / 64; ++mi)
     for (int h = 0; h < 2; ++h) slots += mi * 64 + 8 * h < rows ? 1 : 0;
   return slots;
 }
-double split_gather_us(const PlannerTunables& tun, int ks, int rounds, int64_t rows, int tile_n) {
+double split_gather_us(const PlannerTunables& tun, int ks, int rounds, int64_t rows, int tile_m, int tile_n) {
   if (ks <= 1) return 0.0;
-  const double bytes = double(ks - 1) * double(rows) * tile_n * 4;
+  const auto staged = staged_gather(tile_m, tile_n, rows, ks);  // tagged words: 8 bytes a value
+  const double bytes = double(ks - 1) * double(rows) * tile_n * (staged ? staged->split_value_bytes() : 4);
   return tun.split_k_gather_base_us + double(ks - 1) * rounds * tun.split_k_gather_per_split_us +
          bytes / tun.split_k_gather_sm_bytes_per_s * 1e6;
 }
@@ -216,7 +222,7 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
         // The job with the most rows sets the owner's gather: all of a tile's rows below M.
         d.gather_rounds = gather_rounds(ts.tile_m, ts.tile_n, std::min<int64_t>(p.m, ts.tile_m), ks);
         const double gather = in_cluster ? split_hand_over_us(tun, c.k, std::min<int64_t>(p.m, ts.tile_m))
-                                         : split_gather_us(tun, ks, d.gather_rounds, std::min<int64_t>(p.m, ts.tile_m), ts.tile_n);
+                                         : split_gather_us(tun, ks, d.gather_rounds, std::min<int64_t>(p.m, ts.tile_m), ts.tile_m, ts.tile_n);
         d.gather_us = gather;
         d.exchange_us = rounds * lookup(tun.row_group_exchange_us, g) + gather;
         // The tile inputs: a latency-bound pass per 64-column subtile, for the tile's rows below

@@ -491,7 +491,8 @@ TEST_F(GpuReduce, SplitKPartialsOverDsmem) {
 
 TEST_F(GpuReduce, SplitKSumsDecodeRowsInSmem) {
   // Decode rows with the owner's whole warp group summing the partial rows in SMEM
-  // (KernelConfig::split_gather_rows): M of 1, 9, 13 and 16 (warp 0's one and both row slots),
+  // (KernelConfig::split_gather_rows), their values in tagged words (one job a warp group: a row
+  // block's tiles never outnumber its row group): M of 1, 9, 13 and 16 (warp 0's one and both row slots),
   // splits 2 to 16 (one and several rounds of loads a thread), ragged N and K (unequal shares);
   // RMSNorm and LayerNorm (row groups) and bias + GELU (elementwise).
   struct V {

@@ -280,7 +280,7 @@ struct FusedGemmSm90 {
             float* stage = nullptr;
             if constexpr (C.split_gather_rows > 0) stage = ss.gather[cw];
             if (!owner) xk.publish(accum, sched.split, job, epoch, m0, p.M, t, bar);
-            else xk.gather(accum, job, epoch, m0, p.M, t, bar, stage);
+            else xk.gather(accum, job, epoch, m0, p.M, t, bar, stage, sched.tile(k + k_step).valid);
           }
           if (nt == NTiles - 1) trace::mark(t, cw, job, trace::kAccReady);
           if constexpr (kRingSlots > 0) {  // the tile's inputs, loaded after its k-blocks (no split-K:

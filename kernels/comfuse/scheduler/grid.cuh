@@ -68,11 +68,13 @@ COMFUSE_HOST_DEVICE constexpr long long stash_workspace_bytes(KernelConfig const
 //   split-K partial tiles: k_splits - 1 per owner warp group.
 // The header and the tagged words are zeroed once after allocation (init_exchange_workspace)
 // and again by the kernel where the tags' epoch bits wrap (ExchangeHeader::slot_bytes: the
-// tagged bytes); the partial tiles are read only after their tag says they were written.
+// tagged bytes); fp32 partial tiles are read only after their tag says they were written, and
+// tagged partial words carry their own.
 struct ExchangeLayout {
   long long split_flags = 0;     // offset of the split-K tags
   long long split_partials = 0;  // offset of the split-K partial tiles
-  long long tagged_bytes = 0;    // after the header: the exchange slots and the split-K tags
+  long long tagged_bytes = 0;    // after the header: the exchange slots, the split-K tags and
+                                 // tagged partial words (KernelConfig::split_words_tagged)
   long long total_bytes = 0;     // 0: no workspace
 };
 COMFUSE_HOST_DEVICE constexpr long long split_owner_slots(KernelConfig const& c, int max_active_clusters) {
@@ -88,8 +90,9 @@ COMFUSE_HOST_DEVICE constexpr ExchangeLayout exchange_layout(KernelConfig const&
   long long const flags = (owners * c.split_flag_bytes() + 127) / 128 * 128;
   l.split_flags = kExchangeHeaderBytes + slots;
   l.split_partials = l.split_flags + flags;
-  l.tagged_bytes = slots + flags;
-  l.total_bytes = l.split_partials + owners * (c.k_splits - 1) * (long long)c.split_partial_bytes();
+  long long const partials = owners * (c.k_splits - 1) * (long long)c.split_partial_bytes();
+  l.tagged_bytes = slots + flags + (c.split_words_tagged() ? partials : 0);
+  l.total_bytes = l.split_partials + partials;
   return l;
 }
 COMFUSE_HOST_DEVICE constexpr long long exchange_workspace_bytes(KernelConfig const& c, int max_active_clusters) {

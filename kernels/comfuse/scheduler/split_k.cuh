@@ -21,9 +21,16 @@
 // split's tag each (acquire loads, in flight together), a writer's thread 0 its owner's; the warp
 // group's named barrier passes the order on to its other threads, and thread 0 publishes after
 // a barrier with a release store, CUTLASS's stream-K barrier pattern (bar.sync, then one
-// thread's release at GPU scope).
+// thread's release at GPU scope). The owner's last job frees nothing (no split writes again).
+// Decode rows summed in SMEM whose twice as many bytes take no more rounds of loads
+// (KernelConfig::split_words_tagged) skip flags[s]: each value travels as one 8-byte word with
+// the tag in its high half (NCCL's LL protocol; an aligned 8-byte access is single-copy atomic),
+// so the writer only stores and the owner polls the words themselves. The release's wait for the
+// writer's stores to reach L2 and the owner's round trip on a flag before its loads are gone
+// (0.1-0.5 us a decode launch, bench/NOTES.md Stop 38); the rows' bytes double, a few KiB.
 // Tags of an earlier launch carry another epoch; where the epoch bits wrap, the last warp group
-// of a launch zeroes the tags (retire_exchange; ExchangeHeader::slot_bytes covers them).
+// of a launch zeroes the tags and the tagged words (retire_exchange; ExchangeHeader::slot_bytes
+// covers them).
 //
 // Liveness: every split of a tile is resident (the grid holds whole split groups,
 // grid.cuh), and a split waits only on its owner's previous job, which needs only partials
@@ -44,6 +51,20 @@ COMFUSE_DEVICE uint32_t ld_acquire_gpu_u32(uint32_t const* p) {
 COMFUSE_DEVICE void st_release_gpu_u32(uint32_t* p, uint32_t v) {
   asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
+// Two tagged words, each single-copy atomic (relaxed, GPU scope: the peer polls them).
+COMFUSE_DEVICE ulonglong2 ld_relaxed_gpu_words(ulonglong2 const* p) {
+  ulonglong2 v;
+  asm volatile("ld.relaxed.gpu.global.v2.b64 {%0, %1}, [%2];\n" : "=l"(v.x), "=l"(v.y) : "l"(p) : "memory");
+  return v;
+}
+COMFUSE_DEVICE void st_relaxed_gpu_words(ulonglong2* p, ulonglong2 v) {
+  asm volatile("st.relaxed.gpu.global.v2.b64 [%0], {%1, %2};\n" ::"l"(p), "l"(v.x), "l"(v.y) : "memory");
+}
+COMFUSE_DEVICE unsigned long long tagged_word(float v, uint32_t tag) {
+  return (static_cast<unsigned long long>(tag) << 32) | __float_as_uint(v);
+}
+COMFUSE_DEVICE bool word_tagged(unsigned long long w, uint32_t tag) { return uint32_t(w >> 32) == tag; }
+COMFUSE_DEVICE float word_value(unsigned long long w) { return __uint_as_float(uint32_t(w)); }
 
 template <KernelConfig C>
 struct SplitK {
@@ -52,14 +73,16 @@ struct SplitK {
   static_assert(C.wgs_per_tile == 1, "split-K: one warp group per tile (config.cuh check())");
 
   static constexpr int GatherRows = C.split_gather_rows;  // > 0: the owner sums the partials in SMEM
+  static constexpr bool Tagged = C.split_words_tagged();    // GatherRows rows of tagged words a split
+  static constexpr int PartialRows = Tagged ? GatherRows : Rows;
   uint32_t* flags;  // Splits tags of this owner warp group's slot
-  float* partials;  // Splits - 1 partial tiles, Rows x BN fp32 row-major each
+  char* partials;   // Splits - 1 partial tiles, PartialRows x BN row-major each: fp32, or tagged words
 
   COMFUSE_DEVICE SplitK(Params const& p, int slot) {
     ExchangeLayout const l = exchange_layout(C, p.workspace_clusters);
     char* ws = static_cast<char*>(p.exchange);
     flags = reinterpret_cast<uint32_t*>(ws + l.split_flags) + size_t(slot) * Splits;
-    partials = reinterpret_cast<float*>(ws + l.split_partials) + size_t(slot) * (Splits - 1) * Rows * BN;
+    partials = ws + l.split_partials + size_t(slot) * (Splits - 1) * C.split_partial_bytes();
   }
 
   static COMFUSE_DEVICE uint32_t tag(uint32_t epoch, int job) { return cluster::launch_tag(epoch, uint32_t(job)); }
@@ -79,18 +102,20 @@ struct SplitK {
   // r = mi BN/2 + 4 nb + 2 h + e). The row's address is made opaque to the compiler so that the
   // pairs' addresses stay one register plus immediate offsets: hoisted out of the job loop, the
   // BN / 8 addresses of every row would take registers the epilogue needs (spills).
-  template <class F>
-  static COMFUSE_DEVICE void for_each_pair(float* tile, int t, int rows_left, F&& f) {
+  // T: float (a pair is a float2) or a tagged word (a pair is a ulonglong2).
+  template <class T, class F>
+  static COMFUSE_DEVICE void for_each_pair(T* tile, int t, int rows_left, F&& f) {
+    using Pair = cute::conditional_t<sizeof(T) == 4, float2, ulonglong2>;
     CUTE_UNROLL
     for (int mi = 0; mi < MBlocks; ++mi)
       CUTE_UNROLL
       for (int h = 0; h < 2; ++h) {
         int const row = accum_row(t, mi, h);
         if (row >= rows_left) continue;
-        float* rp = tile + row * BN + 2 * (t % 4);
+        T* rp = tile + row * BN + 2 * (t % 4);
         asm volatile("" : "+l"(rp));
         CUTE_UNROLL
-        for (int nb = 0; nb < BN / 8; ++nb) f(mi * (BN / 2) + nb * 4 + h * 2, reinterpret_cast<float2*>(rp + nb * 8));
+        for (int nb = 0; nb < BN / 8; ++nb) f(mi * (BN / 2) + nb * 4 + h * 2, reinterpret_cast<Pair*>(rp + nb * 8));
       }
   }
 
@@ -102,24 +127,39 @@ struct SplitK {
       if (t == 0) wait_tag(flags, tag(epoch, job - 1));
       named_sync(bar_id, kWarpGroupThreads);
     }
-    for_each_pair(partials + size_t(split - 1) * Rows * BN, t, M - m0,
-                  [&](int r, float2* a) { __stcg(a, make_float2(accum(r), accum(r + 1))); });
-    named_sync(bar_id, kWarpGroupThreads);
-    if (t == 0) st_release_gpu_u32(flags + split, tag(epoch, job));
+    if constexpr (Tagged) {
+      uint32_t const want = tag(epoch, job);
+      for_each_pair(reinterpret_cast<unsigned long long*>(partials) + size_t(split - 1) * PartialRows * BN, t,
+                    M - m0 < GatherRows ? M - m0 : GatherRows, [&](int r, ulonglong2* a) {
+                      st_relaxed_gpu_words(a, make_ulonglong2(tagged_word(accum(r), want), tagged_word(accum(r + 1), want)));
+                    });
+    } else {
+      for_each_pair(reinterpret_cast<float*>(partials) + size_t(split - 1) * Rows * BN, t, M - m0,
+                    [&](int r, float2* a) { __stcg(a, make_float2(accum(r), accum(r + 1))); });
+      named_sync(bar_id, kWarpGroupThreads);
+      if (t == 0) st_release_gpu_u32(flags + split, tag(epoch, job));
+    }
   }
 
   // The owner: adds every other split's partial of job `job`, in a fixed order (the same bits
-  // on every run), then frees the partials for the splits' next job. `stage`: the warp group's
-  // split_gather_bytes() of SMEM where split_gather_rows > 0, else unused.
+  // on every run), then frees the partials for the splits' next job, where there is one
+  // (more_jobs). `stage`: the warp group's split_gather_bytes() of SMEM where split_gather_rows
+  // > 0, else unused.
   template <class Frag>
-  COMFUSE_DEVICE void gather(Frag& accum, int job, uint32_t epoch, int m0, int M, int t, int bar_id,
-                             float* stage) const {
-    if (t >= 1 && t < Splits) wait_tag(flags + t, tag(epoch, job));
-    named_sync(bar_id, kWarpGroupThreads);
-    if constexpr (GatherRows > 0) add_staged(accum, stage, M - m0, t, bar_id);
-    else add_own(accum, M - m0, t);
-    named_sync(bar_id, kWarpGroupThreads);  // every thread's reads are done before the release
-    if (t == 0) st_release_gpu_u32(flags, tag(epoch, job));
+  COMFUSE_DEVICE void gather(Frag& accum, int job, uint32_t epoch, int m0, int M, int t, int bar_id, float* stage,
+                             bool more_jobs) const {
+    if constexpr (Tagged) {
+      add_staged(accum, stage, M - m0, t, bar_id, tag(epoch, job));
+    } else {
+      if (t >= 1 && t < Splits) wait_tag(flags + t, tag(epoch, job));
+      named_sync(bar_id, kWarpGroupThreads);
+      if constexpr (GatherRows > 0) add_staged(accum, stage, M - m0, t, bar_id, 0);
+      else add_own(accum, M - m0, t);
+    }
+    if (more_jobs) {
+      named_sync(bar_id, kWarpGroupThreads);  // every thread's reads are done before the release
+      if (t == 0) st_release_gpu_u32(flags, tag(epoch, job));
+    }
   }
 
  private:
@@ -130,7 +170,7 @@ struct SplitK {
   template <class Frag>
   COMFUSE_DEVICE void add_own(Frag& accum, int rows_left, int t) const {
     constexpr int kSplitStride = Rows * BN / 2;  // float2s from a pair in split s to split s + 1
-    for_each_pair(partials, t, rows_left, [&](int r, float2* a) {
+    for_each_pair(reinterpret_cast<float*>(partials), t, rows_left, [&](int r, float2* a) {
       float2 v[Splits - 1];
       CUTE_UNROLL
       for (int s = 0; s < Splits - 1; ++s) v[s] = __ldcg(a + s * kSplitStride);
@@ -143,42 +183,83 @@ struct SplitK {
   }
 
   // Decode rows (at most GatherRows): the warp group's 128 threads load the partial rows together,
-  // consecutive threads along a row (float4s), each sums its values over the splits in split
-  // order and stages the sum in SMEM; then each thread adds its accumulators' sums: acc + (p1 +
-  // ... + p_{S-1}). One L2 round trip spread over the warp group, where add_own leaves all the
-  // loads to the warp that holds the rows. The staged rows are swizzled (a row's 16-byte chunks
-  // XOR 2 (row % 4)) so that a warp's accumulator reads, 8 rows x 32 bytes, take two wavefronts.
-  static constexpr int kRowVecs = BN / 4;  // float4s a row
+  // consecutive threads along a row (runs of four values: one 16-byte load of fp32, or two of
+  // tagged words, which a chunk reloads, whole, its loads in flight together, until every word
+  // carries this job's tag `want`); each thread sums its values over the splits in split order
+  // and stages the sum in SMEM; then each thread adds its accumulators' sums: acc + (p1 + ... +
+  // p_{S-1}). One L2 round trip spread over the warp group, where add_own leaves all the loads
+  // to the warp that holds the rows. The staged rows are swizzled (a row's 16-byte chunks XOR
+  // 2 (row % 4)) so that a warp's accumulator reads, 8 rows x 32 bytes, take two wavefronts.
+  static constexpr int kRowVecs = BN / 4;  // runs of four values a row
   static COMFUSE_DEVICE int staged_vec(int row, int vec) { return row * kRowVecs + (vec ^ ((row & 3) << 1)); }
 
   template <class Frag>
-  COMFUSE_DEVICE void add_staged(Frag& accum, float* stage, int rows_left, int t, int bar_id) const {
+  COMFUSE_DEVICE void add_staged(Frag& accum, float* stage, int rows_left, int t, int bar_id, uint32_t want) const {
     static_assert(GatherRows <= Rows && kRowVecs >= 8, "split_gather_rows: at most a warp group's rows, tile_n >= 32");
     static_assert(Splits >= 2, "split-K: at least two splits");
     constexpr int kPerThread = C.split_gather_vecs_per_thread();
-    constexpr int kChunk = C.split_gather_chunk();  // a thread's float4s of every split in flight at once
-    constexpr int kSplitStride = Rows * kRowVecs;  // float4s from split s to split s + 1
-    float4 const* src = reinterpret_cast<float4 const*>(partials);
+    constexpr int kChunk = C.split_gather_chunk();   // a thread's runs of every split in flight at once
+    constexpr int kLoads = Tagged ? 2 : 1;           // 16-byte loads a run
+    constexpr int kSplitStride = kLoads * PartialRows * kRowVecs;  // loads from split s to split s + 1
+    using Load = cute::conditional_t<Tagged, ulonglong2, float4>;
+    Load const* src = reinterpret_cast<Load const*>(partials);
     float4* dst = reinterpret_cast<float4*>(stage);
     int const live = (rows_left < GatherRows ? rows_left : GatherRows) * kRowVecs;
     CUTE_UNROLL
     for (int j0 = 0; j0 < kPerThread; j0 += kChunk) {
-      float4 v[kChunk][Splits - 1];
-      CUTE_UNROLL
-      for (int j = 0; j < kChunk; ++j) {
-        int const i = t + (j0 + j) * kWarpGroupThreads;
-        if (j0 + j < kPerThread && i < live)
+      Load v[kChunk][Splits - 1][kLoads];
+      auto const load = [&] {
+        CUTE_UNROLL
+        for (int j = 0; j < kChunk; ++j) {
+          int const i = t + (j0 + j) * kWarpGroupThreads;
+          if (j0 + j < kPerThread && i < live)
+            CUTE_UNROLL
+            for (int s = 0; s < Splits - 1; ++s)
+              CUTE_UNROLL
+              for (int q = 0; q < kLoads; ++q) {
+                if constexpr (Tagged) v[j][s][q] = ld_relaxed_gpu_words(src + s * kSplitStride + kLoads * i + q);
+                else v[j][s][q] = __ldcg(src + s * kSplitStride + i);
+              }
+        }
+      };
+      load();
+      if constexpr (Tagged) {
+        auto const all_in = [&] {
+          bool in = true;
           CUTE_UNROLL
-          for (int s = 0; s < Splits - 1; ++s) v[j][s] = __ldcg(src + s * kSplitStride + i);
+          for (int j = 0; j < kChunk; ++j) {
+            int const i = t + (j0 + j) * kWarpGroupThreads;
+            if (j0 + j < kPerThread && i < live)
+              CUTE_UNROLL
+              for (int s = 0; s < Splits - 1; ++s)
+                CUTE_UNROLL
+                for (int q = 0; q < kLoads; ++q)
+                  in = in && word_tagged(v[j][s][q].x, want) && word_tagged(v[j][s][q].y, want);
+          }
+          return in;
+        };
+        uint64_t t0 = 0;
+        while (!all_in()) {
+          uint64_t const now = global_timer_ns();
+          if (t0 == 0) t0 = now;
+          else if (now - t0 > cluster::kWaitTimeoutNs) __trap();  // a split's CTA is not resident: fail, do not hang
+          load();
+        }
       }
       CUTE_UNROLL
       for (int j = 0; j < kChunk; ++j) {
         int const i = t + (j0 + j) * kWarpGroupThreads;
         if (j0 + j < kPerThread && i < live) {
-          float4 sum = v[j][0];
+          float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
           CUTE_UNROLL
-          for (int s = 1; s < Splits - 1; ++s) sum = make_float4(sum.x + v[j][s].x, sum.y + v[j][s].y,
-                                                                 sum.z + v[j][s].z, sum.w + v[j][s].w);
+          for (int s = 0; s < Splits - 1; ++s) {
+            float4 p;
+            if constexpr (Tagged)
+              p = make_float4(word_value(v[j][s][0].x), word_value(v[j][s][0].y), word_value(v[j][s][1].x),
+                              word_value(v[j][s][1].y));
+            else p = v[j][s][0];
+            sum = s == 0 ? p : make_float4(sum.x + p.x, sum.y + p.y, sum.z + p.z, sum.w + p.w);
+          }
           dst[staged_vec(i / kRowVecs, i % kRowVecs)] = sum;
         }
       }
