@@ -78,10 +78,12 @@ UNFUSED_EPILOGUE_BYTES_PER_S = 4.5e12
 
 
 def m_bucket(m: int) -> int:
-    """The shape class a kernel is compiled for: rows rounded up to a power of two (>= 16: the
+    """The shape class a kernel is compiled for: rows rounded up to a power of two, at least 8 (the
     planner takes decode rows, M <= 16, apart from 64-row blocks, calibration.cpp
-    single_row_block_k_splits)."""
-    return max(16, 1 << (m - 1).bit_length())
+    single_row_block_k_splits, and a kernel for up to 8 rows loads 8-row boxes of A and hands its
+    split-K partials over as tagged words where a 16-row one cannot: KernelConfig::a_box_rows,
+    split_words_tagged)."""
+    return max(8, 1 << (m - 1).bit_length())
 
 
 # Decode rows: at M <= 64 the GEMM alone is a stream of B, which cuBLAS splits over the whole GPU,

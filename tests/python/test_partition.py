@@ -249,4 +249,4 @@ def test_layers_share_one_graph_text():
 def test_bucket():
     from comfuse.partition import m_bucket
 
-    assert [m_bucket(m) for m in (1, 32, 64, 65, 1000, 8192)] == [16, 32, 64, 128, 1024, 8192]
+    assert [m_bucket(m) for m in (1, 8, 9, 32, 64, 65, 1000, 8192)] == [8, 8, 16, 32, 64, 128, 1024, 8192]
