@@ -220,8 +220,8 @@ struct KernelConfig {
   // The owner warp group's staging of the summed partial rows (split_gather_rows): fp32, tile_n a row.
   COMFUSE_HOST_DEVICE constexpr int split_gather_bytes() const { return split_gather_rows * tile_n * 4; }
   // Its loads (scheduler/split_k.cuh add_staged): each thread's share of the rows' runs of four
-  // values (two 16-byte loads of tagged words each), the other splits' of split_gather_chunk() of
-  // them in flight together, in split_gather_rounds() dependent L2 round trips.
+  // values (one 16-byte load of fp32, or two of tagged words), the other splits' of
+  // split_gather_chunk() of them in flight together, in split_gather_rounds() dependent L2 round trips.
   COMFUSE_HOST_DEVICE constexpr int split_gather_vecs_per_thread() const {
     return (split_gather_rows * tile_n / 4 + Sm90::kWarpGroupThreads - 1) / Sm90::kWarpGroupThreads;
   }

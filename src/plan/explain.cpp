@@ -86,8 +86,10 @@ std::string explain(const FusionSpec& s, const Plan& p) {
                      p.kernel.k_splits, plan_detail::ceil_div64(plan_detail::ceil_div64(pr.k, Sm90::kTileK), p.kernel.k_splits));
   else if (p.kernel.k_splits > 1)
     o += fmt::format("  split-K      {} clusters share each tile's K ({} k-blocks each); split 0 adds the others' "
-                     "partial tiles (rows < M, fp32, through the L2 workspace, in split order) and runs the epilogue\n",
-                     p.kernel.k_splits, plan_detail::ceil_div64(plan_detail::ceil_div64(pr.k, Sm90::kTileK), p.kernel.k_splits));
+                     "partial tiles (rows < M, {}, through the L2 workspace, in split order) and runs the epilogue\n",
+                     p.kernel.k_splits, plan_detail::ceil_div64(plan_detail::ceil_div64(pr.k, Sm90::kTileK), p.kernel.k_splits),
+                     p.kernel.split_words_tagged() ? "fp32 in 8-byte words that carry their split's tag: no flag to wait for"
+                                                   : "fp32 behind a flag each split releases");
   std::string strat(name_of(p.strategy()));
   if (p.strategy() == RowStrategy::SmemStash || p.strategy() == RowStrategy::WorkspaceStash) {
     std::string vals;

@@ -726,6 +726,33 @@ TEST(Plan, DecodeSplitSumsPartialRowsInSmem) {
   EXPECT_EQ(make_plan(ew, prob(1, 4096, 4096), full_device(), {}, off).kernel.split_gather_rows, 0);
 }
 
+// The partial rows travel as tagged 8-byte words (no flag) only where twice the bytes take no
+// more rounds of the owner's loads: a round more measured 0.6-1.1 us slower, the tags 0.1-0.5
+// faster (bench/NOTES.md Stop 38). Their workspace is then zeroed with the tags.
+TEST(Plan, DecodeSplitTagsItsWordsWhereTheRoundsStay) {
+  KernelConfig k;
+  k.tile_m = 64, k.tile_n = 128, k.k_splits = 4, k.a_box_rows = 8, k.split_gather_rows = 8;
+  EXPECT_TRUE(k.split_words_tagged());  // 8 rows, S = 4: one round either way
+  EXPECT_EQ(k.split_gather_rounds(), 1);
+  EXPECT_EQ(k.split_partial_bytes(), 8 * 128 * 8);  // only the staged rows travel
+  const ExchangeLayout l = exchange_layout(k, 132);
+  EXPECT_EQ(kExchangeHeaderBytes + l.tagged_bytes, l.total_bytes);  // the words are tagged bytes
+  k.k_splits = 8;  // two rounds of words against one of fp32
+  EXPECT_FALSE(k.split_words_tagged());
+  EXPECT_EQ(k.split_gather_rounds(), 1);
+  EXPECT_EQ(k.split_partial_bytes(), 64 * 128 * 4);
+  EXPECT_LT(kExchangeHeaderBytes + exchange_layout(k, 132).tagged_bytes, exchange_layout(k, 132).total_bytes);
+  k.k_splits = 4, k.a_box_rows = 16, k.split_gather_rows = 16;  // 16 rows: two rounds against one
+  EXPECT_FALSE(k.split_words_tagged());
+  k.k_splits = 2;
+  EXPECT_TRUE(k.split_words_tagged());
+  k.split_gather_rows = 0, k.a_box_rows = 0;  // each thread loads its own partials: fp32
+  EXPECT_FALSE(k.split_words_tagged());
+  const FusionSpec ew = bias_gelu();
+  EXPECT_NE(explain(ew, make_plan(ew, prob(1, 4096, 4096))).find("8-byte words"), std::string::npos);
+  EXPECT_NE(explain(ew, make_plan(ew, prob(16, 4096, 4096))).find("behind a flag"), std::string::npos);
+}
+
 FusionSpec log_softmax() {
   return lowered([](Graph& g, Value acc) { return g.log_softmax(acc); }, DType::F32);
 }
