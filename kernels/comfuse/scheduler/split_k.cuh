@@ -208,7 +208,8 @@ struct SplitK {
     CUTE_UNROLL
     for (int j0 = 0; j0 < kPerThread; j0 += kChunk) {
       Load v[kChunk][Splits - 1][kLoads];
-      auto const load = [&] {
+      // Every load of the chunk's live runs: f(its value, its address).
+      auto const each_load = [&](auto&& f) {
         CUTE_UNROLL
         for (int j = 0; j < kChunk; ++j) {
           int const i = t + (j0 + j) * kWarpGroupThreads;
@@ -216,26 +217,20 @@ struct SplitK {
             CUTE_UNROLL
             for (int s = 0; s < Splits - 1; ++s)
               CUTE_UNROLL
-              for (int q = 0; q < kLoads; ++q) {
-                if constexpr (Tagged) v[j][s][q] = ld_relaxed_gpu_words(src + s * kSplitStride + kLoads * i + q);
-                else v[j][s][q] = __ldcg(src + s * kSplitStride + i);
-              }
+              for (int q = 0; q < kLoads; ++q) f(v[j][s][q], src + s * kSplitStride + kLoads * i + q);
         }
+      };
+      auto const load = [&] {
+        each_load([](Load& x, Load const* a) {
+          if constexpr (Tagged) x = ld_relaxed_gpu_words(a);
+          else x = __ldcg(a);
+        });
       };
       load();
       if constexpr (Tagged) {
         auto const all_in = [&] {
           bool in = true;
-          CUTE_UNROLL
-          for (int j = 0; j < kChunk; ++j) {
-            int const i = t + (j0 + j) * kWarpGroupThreads;
-            if (j0 + j < kPerThread && i < live)
-              CUTE_UNROLL
-              for (int s = 0; s < Splits - 1; ++s)
-                CUTE_UNROLL
-                for (int q = 0; q < kLoads; ++q)
-                  in = in && word_tagged(v[j][s][q].x, want) && word_tagged(v[j][s][q].y, want);
-          }
+          each_load([&](Load const& x, Load const*) { in = in && word_tagged(x.x, want) && word_tagged(x.y, want); });
           return in;
         };
         uint64_t t0 = 0;
