@@ -100,18 +100,17 @@ std::optional<KernelConfig> staged_gather(int tile_m, int tile_n, int64_t rows, 
   staged.split_gather_rows = align_up(static_cast<int>(rows), 8);
   return staged;
 }
-int gather_rounds(int tile_m, int tile_n, int64_t rows, int ks) {
+int gather_rounds(const std::optional<KernelConfig>& staged, int tile_m, int64_t rows, int ks) {
   if (ks <= 1) return 0;
-  if (const auto staged = staged_gather(tile_m, tile_n, rows, ks)) return staged->split_gather_rounds();
+  if (staged) return staged->split_gather_rounds();
   int slots = 0;
   for (int mi = 0; mi < tile_m / 64; ++mi)
     for (int h = 0; h < 2; ++h) slots += mi * 64 + 8 * h < rows ? 1 : 0;
   return slots;
 }
-double split_gather_us(const PlannerTunables& tun, int ks, int rounds, int64_t rows, int tile_m, int tile_n) {
+// bytes: what the owner loads, all splits' partial rows (tagged words: 8 bytes a value).
+double split_gather_us(const PlannerTunables& tun, int ks, int rounds, double bytes) {
   if (ks <= 1) return 0.0;
-  const auto staged = staged_gather(tile_m, tile_n, rows, ks);  // tagged words: 8 bytes a value
-  const double bytes = double(ks - 1) * double(rows) * tile_n * (staged ? staged->split_value_bytes() : 4);
   return tun.split_k_gather_base_us + double(ks - 1) * rounds * tun.split_k_gather_per_split_us +
          bytes / tun.split_k_gather_sm_bytes_per_s * 1e6;
 }
@@ -220,9 +219,13 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
         Division& d = o.d;
         d.jobs_per_cta = jobs_per_cta;
         // The job with the most rows sets the owner's gather: all of a tile's rows below M.
-        d.gather_rounds = gather_rounds(ts.tile_m, ts.tile_n, std::min<int64_t>(p.m, ts.tile_m), ks);
-        const double gather = in_cluster ? split_hand_over_us(tun, c.k, std::min<int64_t>(p.m, ts.tile_m))
-                                         : split_gather_us(tun, ks, d.gather_rounds, std::min<int64_t>(p.m, ts.tile_m), ts.tile_m, ts.tile_n);
+        const int64_t job_rows = std::min<int64_t>(p.m, ts.tile_m);
+        const auto staged = staged_gather(ts.tile_m, ts.tile_n, job_rows, ks);
+        d.gather_rounds = gather_rounds(staged, ts.tile_m, job_rows, ks);
+        const double gather_bytes =
+            double(ks - 1) * double(job_rows) * ts.tile_n * (staged ? staged->split_value_bytes() : 4);
+        const double gather = in_cluster ? split_hand_over_us(tun, c.k, job_rows)
+                                         : split_gather_us(tun, ks, d.gather_rounds, gather_bytes);
         d.gather_us = gather;
         d.exchange_us = rounds * lookup(tun.row_group_exchange_us, g) + gather;
         // The tile inputs: a latency-bound pass per 64-column subtile, for the tile's rows below
