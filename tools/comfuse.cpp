@@ -293,8 +293,8 @@ std::vector<CLI::Option*> add_plan_options(CLI::App* cmd, ExplainArgs& ex) {
           ->check(CLI::Range(2, Sm90::kMaxRingStages)),
       cmd->add_option("--tile-inputs", ex.tile_inputs,
                       "a single-GEMM plan's [M, N] epilogue inputs (a residual) read by the first stage: loaded by TMA "
-                      "into one more mainloop ring slot per tile (ring; the default where the kernel can) or read "
-                      "from L2 by each fragment (l2)")
+                      "into one more mainloop ring slot per tile (ring) or read from L2 by each fragment (l2); default: "
+                      "the planner prices both where the kernel can carry them")
           ->check(CLI::IsMember({"ring", "l2"})),
       cmd->add_option("--fma-exp-every", ex.fma_exp_every,
                       "a B2B online softmax: every Nth exponential as a polynomial on the FMA pipe, the rest on the "

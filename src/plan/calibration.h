@@ -195,6 +195,18 @@ struct PlannerTunables {
   // this fit prices it so (64x128: 51.3 against a measured 49.2; Llama's residual RMSNorm
   // 4096x4096x1024: 77.2 against 78.3).
   double row_group_ring_input_pass_us = 1.37;
+  // And what holding that slot costs the other consumer (decide_row_groups.cpp Division::priced):
+  // the slot stays taken from the tile's last MMA through its first stage's body, while the
+  // producer refills only the other stages - 1, so the other consumer's mainloop starves for
+  // what the hold outlasts their k-blocks. It counts only where the mainloop, not the epilogue,
+  // paces the jobs (long K); at K = 1024 the epilogue's own wait is the longer one and the ring
+  // still pays. MEASURED (bench/sweeps/tile_inputs_ring_or_l2.txt; residual RMSNorm
+  // 8192x4096x4096, 128x128, 6 stages, 16 jobs a CTA): 0.4606 ms in the ring against 0.4351 from
+  // L2, 1.6 us a job, plus the 5 k-blocks of the model's 0.352 us the other stages cover. The
+  // choices it then makes, measured the same way: K = 14336 from L2 0.992x cuBLAS (ring 1.011x),
+  // residual LayerNorm 8192x1024x4096 1.256x (1.271x), 8192x4096x4096 a tie (1.17-1.18x both);
+  // at 4096x4096x1024 it keeps the ring (1.606x against 1.682x from L2).
+  double row_group_ring_input_hold_us = 3.36;
   bool use_row_groups = true;  // rows with a reduction go to row groups (else the DSMEM search)
 
   // One wave of jobs (decode and small M; decide_row_groups.cpp), MEASURED on the H200 with

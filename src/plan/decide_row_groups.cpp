@@ -71,16 +71,25 @@ struct Division {
   double stream_us = 0;  // one wave: the time one SM needs to pull its share of B (a tie-break)
   bool idle_ctas = false;  // some CTA of a cluster along M has no rows (M < cluster_m row blocks)
   double launch_us = 0;  // one wave: the launch's fixed cost (in the estimate and its tail)
+  // The root stage's tile inputs in the ring (KernelConfig::ring_input_bytes): how long a job's
+  // consumer holds their slot once its MMAs end, and one k-block of the other consumer's MMAs.
+  double ring_hold_us = 0, kblock_us = 0;
+  double ring_stall_us = 0;  // priced(): what that hold costs each of the other consumer's jobs
   double mainloop_us = 0, tail_us = 0, est_us = 0;  // priced(): the CTA's time and its parts
 
-  // The CTA's time with the mainloops at `ring` of full speed (the ring depth is known only
-  // once the epilogue's SMEM is).
-  void priced(double ring) {
+  // The CTA's time with the mainloops at `ring` of full speed over `stages` ring stages (both
+  // known only once the epilogue's SMEM is). The ring is a FIFO: while one consumer holds its tile
+  // inputs' slot, the producer can refill only the stages - 1 others, so the other consumer's
+  // mainloop starves once it has eaten those k-blocks, unless that consumer's own epilogue is
+  // the longer wait anyway.
+  void priced(double ring, int stages) {
     const double ml = job_mainloop_us / ring;
+    ring_stall_us = std::max(0.0, ring_hold_us - double(stages - 1) * kblock_us / ring);
     mainloop_us = double(jobs_per_cta) * ml;
     est_us = launch_us + (jobs_per_cta == 1 ? ml + job_epilogue_us
                                             : ml + job_epilogue_us +
-                                                  double(jobs_per_cta - 1) * std::max(ml, (ml + job_epilogue_us) / 2));
+                                                  double(jobs_per_cta - 1) *
+                                                      std::max(ml + ring_stall_us, (ml + job_epilogue_us) / 2));
     tail_us = est_us - mainloop_us - exchange_us;
   }
 };
@@ -162,7 +171,8 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
       if (opt.k_splits) splits = {*opt.k_splits};
       for (int g : kGroups)
       for (int ks : splits)
-      for (bool in_cluster : {false, true}) {
+      for (bool in_cluster : {false, true})
+      for (bool inputs_in_ring : {true, false}) {
         if (opt.row_group && *opt.row_group != g) continue;
         if (!opt.row_group && g > 1 && g / 2 >= tiles_n) continue;  // CTAs with no columns at all
         // The splits' hand-over over DSMEM: one hardware cluster of the ks CTAs, no multicast
@@ -193,13 +203,20 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
         c.k.aggregation = g > 1 && chain.reductions > 0 ? Aggregation::L2Exchange : Aggregation::None;
         c.k.stash_elem_bytes = n_tiles > 1 && chain.carries_tile ? stash_bytes : 0;
         c.k.stash_space = c.k.stash_elem_bytes > 0 ? StashSpace::Smem : StashSpace::None;
-        c.k.ring_input_bytes = ring_input_bytes(r.spec, c.k, opt);
+        // The root stage's tile inputs in the ring where the kernel can carry them, or from L2:
+        // both priced (Division::priced), unless forced.
+        const int ring_bytes = ring_input_bytes(r.spec, c.k, opt);
+        if (inputs_in_ring ? ring_bytes == 0 : ring_bytes > 0 && opt.ring_inputs) continue;
+        c.k.ring_input_bytes = inputs_in_ring ? ring_bytes : 0;
+        c.ring_inputs_declined = !inputs_in_ring && ring_bytes > 0;
         c.tiles_m = tiles_m, c.tiles_n = tiles_n;
         c.jobs = ceil_div64(tiles_m, cm);
         const int64_t groups = std::min(c.jobs, groups_max);
         o.resident = static_cast<int>(groups * g * ks);
         c.regs = ts.tile_m * ts.tile_n / Sm90::kWarpGroupThreads + tun.reg_overhead;
         const int64_t jobs_per_cta = ceil_div64(c.jobs, groups);
+        // One job a CTA: no other consumer for the held slot to starve; the ring as measured there.
+        if (c.ring_inputs_declined && jobs_per_cta == 1) continue;
         // Split-K's hand-over tags carry a warp group's job number in 16 bits (split_k.cuh).
         if (ks > 1 && ceil_div64(jobs_per_cta, Sm90::kConsumerWGs) >= 65535) continue;
         const double eff = lookup(tun.row_group_mainloop_efficiency, ts.tile_m * 1000 + ts.tile_n) *
@@ -232,6 +249,8 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
         // M; those in the ring (the root stage's) at SMEM's price.
         const int in_ring = c.k.ring_input_bytes > 0 ? static_cast<int>(r.spec.root_tile_inputs().size()) : 0;
         d.tile_input_passes = n_tiles * chain.tile_inputs * (ts.tile_n / 64);
+        d.ring_hold_us = in_ring > 0 ? tun.row_group_ring_input_hold_us : 0.0;
+        d.kblock_us = t_tile / double(ceil_div64(k_blocks, ks));
         d.tile_inputs_us = double(n_tiles * (ts.tile_n / 64)) *
                            ((chain.tile_inputs - in_ring) * tun.row_group_tile_input_pass_us *
                                 (double(std::min<int64_t>(p.m, ts.tile_m)) / ts.tile_m) +
@@ -266,7 +285,7 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
           d.job_mainloop_us = double(n_tiles) * (t_tile + tun.row_group_stash_exposed * t_s1);
           d.job_epilogue_us = double(n_tiles) * t_s2 + arithmetic + d.exchange_us;
         }
-        d.priced(1.0);
+        d.priced(1.0, c.max_ring_stages);
         options.push_back(o);
       }
     }
@@ -301,7 +320,7 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
     // The ring depth is known only now (what the epilogue's SMEM leaves): a shallow ring
     // starves the mainloop.
     const double ring = lookup(tun.row_group_ring_efficiency, c.k.ring_stages);
-    o.d.priced(ring);
+    o.d.priced(ring, c.k.ring_stages);
     estimate_cluster(c, r);  // the DRAM floor; the times below are the row-group model's
     c.resident = o.resident;
     c.k.begin_early = begins_early(c);
@@ -350,6 +369,17 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
                    : fmt::format("; a job's epilogue reads its {} tile input(s) in {:.1f} us ({} pass(es) of 64 columns, "
                                  "latency-bound: calibration.h row_group_tile_input_pass_us)",
                                  chain.tile_inputs, o.d.tile_inputs_us, o.d.tile_input_passes);
+    if (c.ring_inputs_declined)
+      c.why += fmt::format("; not in the ring, which could carry them: holding its slot through the first stage would "
+                           "starve the other consumer's mainloop {:.1f} us a job ({:.1f} us held against {} k-blocks of "
+                           "{:.2f} us in the other stages: calibration.h row_group_ring_input_hold_us)",
+                           std::max(0.0, tun.row_group_ring_input_hold_us - (c.k.ring_stages - 1) * o.d.kblock_us / ring),
+                           tun.row_group_ring_input_hold_us, c.k.ring_stages - 1, o.d.kblock_us / ring);
+    if (o.d.ring_stall_us > 0)
+      c.why += fmt::format("; holding that slot through the first stage starves the other consumer's mainloop {:.1f} us a "
+                           "job ({:.1f} us held against {} k-blocks of {:.2f} us in the other stages: calibration.h "
+                           "row_group_ring_input_hold_us)",
+                           o.d.ring_stall_us, o.d.ring_hold_us, c.k.ring_stages - 1, o.d.kblock_us / ring);
     if (o.d.launch_us > 0)
       c.why += fmt::format("; one wave: the tail holds the launch's fixed cost, {:.1f} us (calibration.h one_wave_launch_us)",
                            o.d.launch_us);

@@ -82,6 +82,9 @@ struct Candidate {
   int64_t workspace = 0;        // WorkspaceStash: bytes of the global stash
   PlanEstimate est;
   std::string why;              // a measured or model-specific account, for the reasons
+  // The row-group model priced the root stage's tile inputs from L2 below the ring that could
+  // carry them (Division::priced): assemble() leaves them there.
+  bool ring_inputs_declined = false;
   RowStrategy strategy() const;
   std::string describe() const;
 };

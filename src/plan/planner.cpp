@@ -91,6 +91,8 @@ std::string Candidate::describe() const {
   if (k.stash_elem_bytes) s += k.stash_elem_bytes == 2 ? "(bf16)" : "(fp32)";
   if (k.n_tiles > 1) s += fmt::format(" {} N-tiles/CTA", k.n_tiles);
   if (k.k_splits > 1) s += fmt::format(", split-K {}{}", k.k_splits, k.splits_in_cluster ? " in a cluster" : "");
+  if (k.ring_input_bytes > 0) s += ", tile inputs in the ring";
+  if (ring_inputs_declined) s += ", tile inputs from L2";
   return s + fmt::format(", {} ring stages: est {:.1f} us", k.ring_stages, est.total_us);
 }
 
@@ -278,7 +280,7 @@ Plan assemble(const Candidate& c, const std::vector<Candidate>& cands, const Req
   plan.problem = r.p;
   plan.kernel = k;
   std::string no_ring;
-  plan.kernel.ring_input_bytes = plan_detail::ring_input_bytes(r.spec, k, r.opt, &no_ring);
+  plan.kernel.ring_input_bytes = c.ring_inputs_declined ? 0 : plan_detail::ring_input_bytes(r.spec, k, r.opt, &no_ring);
   if (r.opt.ring_inputs && *r.opt.ring_inputs && plan.kernel.ring_input_bytes == 0)
     throw Error(fmt::format("plan: tile inputs in the mainloop's ring were asked for, but {}", no_ring));
   if (r.opt.splits_in_cluster && *r.opt.splits_in_cluster && !k.splits_in_cluster)

@@ -124,6 +124,29 @@ TEST(Plan, TileInputsRideTheRing) {
   EXPECT_STREQ(check(c), "tile inputs in the ring: whole TMA boxes, no more than one ring slot holds");
 }
 
+// The ring's slot is held from the tile's last MMA through its first stage's body, a FIFO stage
+// the other consumer's mainloop cannot refill (calibration.h row_group_ring_input_hold_us): where
+// the mainloop paces the jobs (K = 4096) that starves it and the residual is read from L2
+// (MEASURED: residual RMSNorm 8192 x 4096 x 4096 0.4351 ms from L2 against 0.4606 in the ring);
+// where the epilogue does (K = 1024) the ring keeps paying. explain says which and why.
+TEST(Plan, TileInputsLeaveTheRingWhereItsHeldSlotStarvesTheMainloop) {
+  const DeviceModel dev;
+  const FusionSpec s = residual_norm(false, DType::BF16, true);
+  const Plan long_k = make_plan(s, prob(8192, 4096, 4096), dev);
+  EXPECT_EQ(long_k.kernel.ring_input_bytes, 0);
+  EXPECT_NE(explain(s, long_k).find("not in the ring, which could carry them"), std::string::npos)
+      << explain(s, long_k);
+  const Plan short_k = make_plan(s, prob(4096, 4096, 1024), dev);
+  EXPECT_GT(short_k.kernel.ring_input_bytes, 0);
+  // Forcing the ring back prices its stall, and explain names it.
+  PlanOptions ring;
+  ring.ring_inputs = true;
+  const Plan forced = make_plan(s, prob(8192, 4096, 4096), dev, PlannerTunables{}, ring);
+  EXPECT_GT(forced.kernel.ring_input_bytes, 0);
+  EXPECT_GT(forced.estimate.total_us, long_k.estimate.total_us + 16 * 1.0);
+  EXPECT_NE(explain(s, forced).find("starves the other consumer's mainloop"), std::string::npos) << explain(s, forced);
+}
+
 // PlanOptions::ring_stages caps the ring (an A/B of its depth), and only where it is below what
 // fits; the explain names the planner's own pick.
 TEST(Plan, RingStagesOptionCapsTheRing) {
