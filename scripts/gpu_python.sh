@@ -13,7 +13,8 @@
 #   BENCH_SCRIPT=...  the benchmark the bench phase runs (default bench/models.py; bench/matrix.py
 #                     is the epilogue matrix: give it BENCH_ARGS, e.g. "--quick --budget-s 420")
 #   BENCH_ARGS="..."  its arguments (default: --quick --layers 2 --budget-s 420)
-#   TEST_ARGS="..."   extra pytest arguments, split on spaces (test ids, e.g. test_gpu.py::test_readme_example)
+#   TEST_ARGS="..."   what pytest runs instead of the whole folder, split on spaces (files or test ids,
+#                     e.g. "test_gpu.py test_gpu_b2b.py::test_ffn")
 #   TEST_K="..."      a pytest -k expression, passed whole (e.g. "llama or measured")
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -66,7 +67,7 @@ for phase in "${phases[@]}"; do
     ;;
   test)
     [[ -e "$root/python/comfuse/_core.so" || -n "$(ls "$root"/python/comfuse/_core*.so 2>/dev/null)" ]] && export PYTHONPATH="$root/python"
-    (cd "$root/tests/python" && timeout "${TEST_TIMEOUT:-540}" "$py" -m pytest -q -rsx --durations=15 ${TEST_ARGS:-} ${TEST_K:+-k "$TEST_K"} . ) \
+    (cd "$root/tests/python" && timeout "${TEST_TIMEOUT:-540}" "$py" -m pytest -q -rsx --durations=15 ${TEST_K:+-k "$TEST_K"} ${TEST_ARGS:-.} ) \
       > "$out/pytest.log" 2>&1
     s=$?; [[ $s == 0 ]] || rc=1
     note "test: pytest exit $s ($((SECONDS - t0)) s): $(grep -E '^[0-9]+ (passed|failed)|^=+ .*(passed|failed|error)' "$out/pytest.log" | tail -1)"
