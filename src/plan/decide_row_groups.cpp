@@ -59,6 +59,12 @@ constexpr int kGroups[] = {1, 2, 4, 8, 16, 32, 64};
 constexpr int kSplits[] = {1, 2, 3, 4, 6, 8, 12, 16};
 
 // The model's account of one division of the work (microseconds).
+// What a held ring slot of tile inputs costs the other consumer's job (Division::priced): the
+// hold less the k-blocks, at `ring` of full speed, that the other stages - 1 cover meanwhile.
+double held_slot_stall_us(double hold_us, double kblock_us, double ring, int stages) {
+  return std::max(0.0, hold_us - double(stages - 1) * kblock_us / ring);
+}
+
 struct Division {
   int64_t jobs_per_cta = 1;
   double job_mainloop_us = 0;  // one job's mainloops (T tiles), at full ring speed
@@ -84,7 +90,7 @@ struct Division {
   // the longer wait anyway.
   void priced(double ring, int stages) {
     const double ml = job_mainloop_us / ring;
-    ring_stall_us = std::max(0.0, ring_hold_us - double(stages - 1) * kblock_us / ring);
+    ring_stall_us = held_slot_stall_us(ring_hold_us, kblock_us, ring, stages);
     mainloop_us = double(jobs_per_cta) * ml;
     est_us = launch_us + (jobs_per_cta == 1 ? ml + job_epilogue_us
                                             : ml + job_epilogue_us +
@@ -373,7 +379,7 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
       c.why += fmt::format("; not in the ring, which could carry them: holding its slot through the first stage would "
                            "starve the other consumer's mainloop {:.1f} us a job ({:.1f} us held against {} k-blocks of "
                            "{:.2f} us in the other stages: calibration.h row_group_ring_input_hold_us)",
-                           std::max(0.0, tun.row_group_ring_input_hold_us - (c.k.ring_stages - 1) * o.d.kblock_us / ring),
+                           held_slot_stall_us(tun.row_group_ring_input_hold_us, o.d.kblock_us, ring, c.k.ring_stages),
                            tun.row_group_ring_input_hold_us, c.k.ring_stages - 1, o.d.kblock_us / ring);
     if (o.d.ring_stall_us > 0)
       c.why += fmt::format("; holding that slot through the first stage starves the other consumer's mainloop {:.1f} us a "
