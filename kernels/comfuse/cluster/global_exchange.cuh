@@ -70,8 +70,22 @@ inline constexpr uint32_t kTagEpochs = 65535;
 COMFUSE_DEVICE uint32_t launch_tag(uint32_t epoch, uint32_t counter) {
   return ((epoch % kTagEpochs + 1) << 16) | (counter & 0xffffu);
 }
+// A tagged word: a value in the low 32 bits, its tag in the high 32, so that one aligned 8-byte
+// access (single-copy atomic) carries both or neither (NCCL's LL protocol): a reader polls the
+// word itself, no flag. The row exchange's words and split-K's decode hand-over (split_k.cuh).
+COMFUSE_DEVICE uint64_t tagged_word(uint32_t tag, float v) { return (uint64_t(tag) << 32) | __float_as_uint(v); }
+COMFUSE_DEVICE bool word_tagged(uint64_t w, uint32_t tag) { return uint32_t(w >> 32) == tag; }
+COMFUSE_DEVICE float word_value(uint64_t w) { return __uint_as_float(uint32_t(w)); }
+
 // A wait on another CTA longer than this means it is not resident: trap, do not hang.
 inline constexpr uint64_t kWaitTimeoutNs = 10ull * 1000 * 1000 * 1000;
+// Called after each poll that found the wait not over (t0: 0 before the first): traps once the
+// wait has lasted kWaitTimeoutNs.
+COMFUSE_DEVICE void trap_on_timeout(uint64_t& t0) {
+  uint64_t const now = global_timer_ns();
+  if (t0 == 0) t0 = now;
+  else if (now - t0 > kWaitTimeoutNs) __trap();  // the peer CTA is not resident: fail, do not hang
+}
 
 COMFUSE_DEVICE ExchangeHeader* exchange_header(Params const& p) { return static_cast<ExchangeHeader*>(p.exchange); }
 
@@ -170,8 +184,6 @@ struct GlobalRowAllReduce {
                                        size_t(x.slot) * kSlotBytes) +
            ((round & 1) * Peers + rank) * 2 * Rows;
   }
-  static COMFUSE_DEVICE uint64_t word(uint32_t tag_hi, float v) { return (uint64_t(tag_hi) << 32) | __float_as_uint(v); }
-  static COMFUSE_DEVICE float value(uint64_t w) { return __uint_as_float(uint32_t(w)); }
 
   static COMFUSE_DEVICE void start(Storage&, uint32_t round, RowGroupSlot const& x, Params const& p, int t, int,
                                    float const (&v)[MBlocks][2]) {
@@ -192,7 +204,7 @@ struct GlobalRowAllReduce {
     CUTE_UNROLL
     for (int mi = 0; mi < MBlocks; ++mi)
       CUTE_UNROLL
-      for (int h = 0; h < 2; ++h) st_relaxed_gpu_u64(mine + off + accum_row(t, mi, h), word(tag(x, round), v[mi][h]));
+      for (int h = 0; h < 2; ++h) st_relaxed_gpu_u64(mine + off + accum_row(t, mi, h), tagged_word(tag(x, round), v[mi][h]));
   }
 
   // A lane's words of one poll, all in flight at once: rows polled together up to this many
@@ -254,7 +266,7 @@ struct GlobalRowAllReduce {
         for (int k = 0; k < W; ++k)
           CUTE_UNROLL
           for (int i = 0; i < kPerLane; ++i)
-            if (uint32_t(w[r][k][i] >> 32) != want) {
+            if (!word_tagged(w[r][k][i], want)) {
               done = false;
               w[r][k][i] = ld_relaxed_gpu_u64(base + (q + 4 * i) * 2 * Rows + off[r][k]);
             }
@@ -262,9 +274,7 @@ struct GlobalRowAllReduce {
         trace::add_poll(traced);
         return;
       }
-      uint64_t const now = global_timer_ns();
-      if (t0 == 0) t0 = now;
-      else if (now - t0 > kWaitTimeoutNs) __trap();  // a peer CTA is not resident: fail, do not hang
+      trap_on_timeout(t0);
     }
   }
 
@@ -276,7 +286,7 @@ struct GlobalRowAllReduce {
     CUTE_UNROLL
     for (int i = 0; i < kPerLane; ++i) {
       int const j = q + 4 * i;
-      if (j < Peers) acc = Op::combine(acc, j == rank ? own : value(w[i]));
+      if (j < Peers) acc = Op::combine(acc, j == rank ? own : word_value(w[i]));
     }
     acc = Op::combine(acc, __shfl_xor_sync(0xffffffffu, acc, 1));
     return Op::combine(acc, __shfl_xor_sync(0xffffffffu, acc, 2));
@@ -309,7 +319,7 @@ struct GlobalRowAllReduce {
         int const j = q + 4 * i;
         if (j < Peers) {
           bool const own = j == x.rank;  // select the inputs, then ONE inlined term
-          acc += term(j, own ? v[mi][h] : value(w[0][i]), own ? second[mi][h] : value(w[1][i]), c);
+          acc += term(j, own ? v[mi][h] : word_value(w[0][i]), own ? second[mi][h] : word_value(w[1][i]), c);
         }
       }
       acc += __shfl_xor_sync(0xffffffffu, acc, 1);

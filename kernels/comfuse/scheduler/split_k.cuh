@@ -24,7 +24,7 @@
 // thread's release at GPU scope). The owner's last job frees nothing (no split writes again).
 // Decode rows summed in SMEM whose twice as many bytes take no more rounds of loads
 // (KernelConfig::split_words_tagged) skip flags[s]: each value travels as one 8-byte word with
-// the tag in its high half (NCCL's LL protocol; an aligned 8-byte access is single-copy atomic),
+// the tag in its high half (cluster::tagged_word, the row exchange's format: NCCL's LL protocol),
 // so the writer only stores and the owner polls the words themselves. The release's wait for the
 // writer's stores to reach L2 and the owner's round trip on a flag before its loads are gone
 // (0.1-0.5 us a decode launch, bench/NOTES.md Stop 38); the rows' bytes double, a few KiB.
@@ -60,11 +60,6 @@ COMFUSE_DEVICE ulonglong2 ld_relaxed_gpu_words(ulonglong2 const* p) {
 COMFUSE_DEVICE void st_relaxed_gpu_words(ulonglong2* p, ulonglong2 v) {
   asm volatile("st.relaxed.gpu.global.v2.b64 [%0], {%1, %2};\n" ::"l"(p), "l"(v.x), "l"(v.y) : "memory");
 }
-COMFUSE_DEVICE unsigned long long tagged_word(float v, uint32_t tag) {
-  return (static_cast<unsigned long long>(tag) << 32) | __float_as_uint(v);
-}
-COMFUSE_DEVICE bool word_tagged(unsigned long long w, uint32_t tag) { return uint32_t(w >> 32) == tag; }
-COMFUSE_DEVICE float word_value(unsigned long long w) { return __uint_as_float(uint32_t(w)); }
 
 template <KernelConfig C>
 struct SplitK {
@@ -89,11 +84,7 @@ struct SplitK {
 
   static COMFUSE_DEVICE void wait_tag(uint32_t const* f, uint32_t want) {
     uint64_t t0 = 0;
-    while (ld_acquire_gpu_u32(f) != want) {
-      uint64_t const now = global_timer_ns();
-      if (t0 == 0) t0 = now;
-      else if (now - t0 > cluster::kWaitTimeoutNs) __trap();  // a split's CTA is not resident: fail, do not hang
-    }
+    while (ld_acquire_gpu_u32(f) != want) cluster::trap_on_timeout(t0);
   }
 
   // Visits the thread's accumulator pairs in rows < rows_left of a Rows x BN tile at `tile`:
@@ -131,7 +122,7 @@ struct SplitK {
       uint32_t const want = tag(epoch, job);
       for_each_pair(reinterpret_cast<unsigned long long*>(partials) + size_t(split - 1) * PartialRows * BN, t,
                     M - m0 < GatherRows ? M - m0 : GatherRows, [&](int r, ulonglong2* a) {
-                      st_relaxed_gpu_words(a, make_ulonglong2(tagged_word(accum(r), want), tagged_word(accum(r + 1), want)));
+                      st_relaxed_gpu_words(a, make_ulonglong2(cluster::tagged_word(want, accum(r)), cluster::tagged_word(want, accum(r + 1))));
                     });
     } else {
       for_each_pair(reinterpret_cast<float*>(partials) + size_t(split - 1) * Rows * BN, t, M - m0,
@@ -230,14 +221,12 @@ struct SplitK {
       if constexpr (Tagged) {
         auto const all_in = [&] {
           bool in = true;
-          each_load([&](Load const& x, Load const*) { in = in && word_tagged(x.x, want) && word_tagged(x.y, want); });
+          each_load([&](Load const& x, Load const*) { in = in && cluster::word_tagged(x.x, want) && cluster::word_tagged(x.y, want); });
           return in;
         };
         uint64_t t0 = 0;
         while (!all_in()) {
-          uint64_t const now = global_timer_ns();
-          if (t0 == 0) t0 = now;
-          else if (now - t0 > cluster::kWaitTimeoutNs) __trap();  // a split's CTA is not resident: fail, do not hang
+          cluster::trap_on_timeout(t0);
           load();
         }
       }
@@ -250,8 +239,8 @@ struct SplitK {
           for (int s = 0; s < Splits - 1; ++s) {
             float4 p;
             if constexpr (Tagged)
-              p = make_float4(word_value(v[j][s][0].x), word_value(v[j][s][0].y), word_value(v[j][s][1].x),
-                              word_value(v[j][s][1].y));
+              p = make_float4(cluster::word_value(v[j][s][0].x), cluster::word_value(v[j][s][0].y),
+                              cluster::word_value(v[j][s][1].x), cluster::word_value(v[j][s][1].y));
             else p = v[j][s][0];
             sum = s == 0 ? p : make_float4(sum.x + p.x, sum.y + p.y, sum.z + p.z, sum.w + p.w);
           }
