@@ -9,6 +9,8 @@ namespace comfuse {
 
 // The shortest K at which the small-M split-K row below pays (see there).
 constexpr int64_t kSmallMSplitKMinK = 8192;
+// The shortest K at which a short epilogue's cooperative 128x256 tile measured faster (below).
+constexpr int64_t kCooperativeMinK = 4096;
 
 namespace {
 
@@ -66,7 +68,8 @@ int single_row_block_k_splits(const Problem& p, const DeviceModel& dev) {
 
 // Elementwise epilogues by shape class: each row measured fastest on the H200 (bench/NOTES.md:
 // ncu and same-power-state timing against cuBLAS).
-MeasuredConfig measured_elementwise_config(const Problem& p, const DeviceModel& dev, bool may_split_k) {
+MeasuredConfig measured_elementwise_config(const Problem& p, const DeviceModel& dev, bool short_epilogue,
+                                           bool may_split_k) {
   const int64_t tiles_128 = (p.m + 127) / 128 * ((p.n + 127) / 128);
   // M <= 256 (bench/NOTES.md Stop 29; bench/sweeps/one_wave_tiles.txt, one_wave_rule.txt,
   // small_m_b_reuse.txt). These problems are bound by B's stream, so the two choices are how
@@ -123,6 +126,31 @@ MeasuredConfig measured_elementwise_config(const Problem& p, const DeviceModel& 
   if (tiles_128 >= 3000)  // >= ~8 waves of 128x128 tiles: cooperative 128x256, B shared along M
     return {128, 256, 2, 2, 1, 4, 8, false,
             "large (>= ~8 waves): cooperative 128x256, cluster 2 along M (B multicast), tensor pipe ~91% like cuBLAS"};
+  // Rows of A and B not 128-byte aligned (K not a multiple of 64): each TMA box row straddles two
+  // L2 lines, and PingPong 128x128, which reads a third more from L2 a MAC than cooperative
+  // 128x256, runs ~1.5x cuBLAS (bench/sweeps/ragged_k_pingpong.txt: a plain cast 8192x1536x4104
+  // 214.0 us against 149.0 cooperative, where K = 4160, 65 k-blocks on aligned rows, runs 147.4 and
+  // 142.7; bias + GELU 8192x4096x4104 575.0 against 456.3, where K = 4096 runs 407.8 PingPong).
+  // A short epilogue (a cast, a bias) behind long K, one to four waves: cooperative 128x256 as on
+  // the large shapes. Its epilogue, not overlapped, is a sliver of a 128x256 tile's K >= 4096
+  // mainloop, and it reads less from L2 a MAC (bench/sweeps/cooperative_128x256.txt,
+  // cooperative_short_epilogue.txt, a plain cast: 8192x1024x4096 88.0-90.4 against 96.9-98.0 us,
+  // 1.02x cuBLAS against 1.10-1.11x in four passes; 4096x4096x4096 185.1-188.5 against
+  // 187.5-191.1, 1-2%). At K = 1024 the exposed epilogue loses: a cast 95.9 against 94.1 us, bias +
+  // GELU 118.0 against 104.0. Under a wave of 128x256 tiles, fewer CTAs: PingPong's smaller tiles
+  // keep more SMs busy.
+  const bool rows_unaligned = rows_off_128_byte_lines(p);
+  const bool long_k_short_epilogue = short_epilogue && p.k >= kCooperativeMinK && tiles_128 < 1500;
+  if ((rows_unaligned || long_k_short_epilogue) && tiles_128 >= 2 * dev.sm_count)
+    return {128, 256, 2, 2, 1, 4, 8, false,
+            rows_unaligned
+                ? fmt::format("K = {} leaves A's rows (and an N x K B's) off 128-byte lines: cooperative 128x256, cluster 2 along "
+                              "M (B multicast), the tile that reads least from L2 a MAC (measured 1.07-1.08x cuBLAS "
+                              "against PingPong 128x128's 1.47-1.54x at K = 4104)",
+                              p.k)
+                : fmt::format("a short epilogue behind K = {} >= {}: cooperative 128x256, cluster 2 along M (B "
+                              "multicast); measured 1.02x cuBLAS against PingPong 128x128's 1.10x at 8192x1024x4096",
+                              p.k, kCooperativeMinK)};
   if (tiles_128 >= 1500)
     return {128, 128, 1, 2, 1, 5, 4, false,
             "medium: PingPong 128x128 hides the epilogue behind the other WG's mainloop, cluster 2 along M"};

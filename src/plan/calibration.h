@@ -114,6 +114,11 @@ struct PlannerTunables {
   // pipe, not an epilogue left exposed.
   double epilogue_mma_interference = 0.5;
   int reg_overhead = 48;           // GUESS: consumer registers besides live tile values
+  // An elementwise epilogue at most this many instructions an element (chain.cpp: a store 2, a
+  // cast 1, a bias 1.5), with no tile inputs, is short enough for a cooperative tile to leave it
+  // exposed behind a long-K mainloop (calibration.cpp measured_elementwise_config). POLICY: a
+  // cast and a bias qualify, an activation (tanh-GELU 10) does not.
+  double short_epilogue_ops = 5.0;
   // GUESS: mainloop efficiency by ring depth (depth >= 4 is full speed).
   std::map<int, double> stage_efficiency = {{2, 0.85}, {3, 0.95}, {4, 1.0}};
   // GUESS: mainloop efficiency by tile_n (SMEM operand traffic per MMA grows as tiles shrink).
@@ -147,7 +152,20 @@ struct PlannerTunables {
   // and RMSNorm at 2048x2048, 1024x4096 and 4096x1024 ran 1.12-1.20x slower at 64x128 than at
   // 128x128 with their short epilogues hidden, ~4.3 us a 64x128 job against 5.65 us a 128x128
   // one; the chain's trace: 3.17 us against 4.8 us with the other consumer in an epilogue).
-  std::map<int, double> row_group_mainloop_efficiency = {{64128, 0.66}, {64256, 0.95}, {128128, 1.0}};
+  // Cooperative 128x256 (both warp groups on one tile, its epilogue not hidden): cuBLAS's tile,
+  // 1.00-1.02x cuBLAS as an elementwise plan (bench/NOTES.md Stop 40).
+  std::map<int, double> row_group_mainloop_efficiency = {
+      {64128, 0.66}, {64256, 0.95}, {128128, 1.0}, {128256, 1.0}};
+  // The same where A's rows miss 128-byte lines (rows_off_128_byte_lines: K not a multiple of 64):
+  // every TMA box row straddles two lines, and the tiles that read more rows a MAC slow down
+  // most. MEASURED on the H200 (bench/sweeps/ragged_k_pingpong.txt and cooperative_row_groups.txt,
+  // K = 4104 against 4096 / 4160): 128x128 0.64 (RMSNorm 8192x4096 in row groups of 32, 1.557x
+  // cuBLAS against 1.001x) and ~0.7 (elementwise: a cast 1.54x against 1.07-1.12x, bias + GELU
+  // 1.40-1.47x against 1.01x); 64x256 0.68 (RMSNorm and LayerNorm 8192x4096 in row groups of 16,
+  // 577.5-583.4 us against the 487 its aligned rate predicts); cooperative 128x256 0.94-0.95 (a
+  // cast 1.07x against 1.02x; RMSNorm 1.077x against 1.078x at K = 4096). 64x128 a GUESS (more
+  // rows a MAC than 128x128).
+  std::map<int, double> unaligned_rows_efficiency = {{64128, 0.6}, {64256, 0.68}, {128128, 0.64}, {128256, 0.94}};
   // The same mainloop by ring depth, where the epilogue's SMEM (TMA-store staging per output, a
   // TileInput's whole tile) leaves fewer k-blocks in flight than a TMA round trip needs.
   // MEASURED on the H200 (PingPong 128x128, clusters 2x1, row groups; bench/NOTES.md): 2
@@ -297,8 +315,14 @@ struct MeasuredConfig {
 // One row block (M <= 64) with long K: K split over this many CTAs a 64x128 tile, as measured
 // fastest with and without a row reduction; 0 where the unsplit plans measured faster.
 int single_row_block_k_splits(const Problem& p, const DeviceModel& dev);
-// may_split_k false: the row measured best without split-K (where a split row cannot be built).
-MeasuredConfig measured_elementwise_config(const Problem& p, const DeviceModel& dev, bool may_split_k = true);
+// A's rows (M x K, and an N x K B's) start off 128-byte lines where K is not a multiple of 64
+// elements: each TMA box row then straddles two (PlannerTunables::unaligned_rows_efficiency).
+inline bool rows_off_128_byte_lines(const Problem& p) { return p.k * Sm90::kAbBytes % 128 != 0; }
+// short_epilogue: a cast or a bias, a few instructions an element and no tile inputs
+// (short_epilogue_ops). may_split_k false: the row measured best without split-K (where a split
+// row cannot be built).
+MeasuredConfig measured_elementwise_config(const Problem& p, const DeviceModel& dev, bool short_epilogue = false,
+                                           bool may_split_k = true);
 // The same for a gated GEMM (KernelConfig::gated: each tile's wgmma twice its columns, 64 rows a
 // warp group, no split-K).
 MeasuredConfig gated_elementwise_config(const Problem& p, const DeviceModel& dev);

@@ -21,18 +21,22 @@ std::vector<Candidate> decide_elementwise(const Request& r, Rejections& why) {
                             opt.row_group || opt.stash_bytes;
   if (forced_other && !forced_cm) return search;
 
-  MeasuredConfig mc = r.spec.gated() ? gated_elementwise_config(r.p, r.dev) : measured_elementwise_config(r.p, r.dev);
+  const bool short_epilogue = r.chain.ops_per_element <= r.tun.short_epilogue_ops && r.chain.tile_inputs == 0;
+  MeasuredConfig mc = r.spec.gated() ? gated_elementwise_config(r.p, r.dev)
+                                     : measured_elementwise_config(r.p, r.dev, short_epilogue);
   if (mc.k_splits > 1 && !forced_cm) {
     if (std::optional<Candidate> row = measured_split_row(r, mc.tile_m, mc.tile_n, mc.cluster_m, mc.k_splits)) {
       row->why = mc.why;
       search.insert(search.begin(), *row);
       return search;
     }
-    mc = measured_elementwise_config(r.p, r.dev, /*may_split_k=*/false);
+    mc = measured_elementwise_config(r.p, r.dev, short_epilogue, /*may_split_k=*/false);
   }
   if (forced_cm) {
     const int tm = opt.tile_m.value_or(128), tn = opt.tile_n.value_or(128);
-    const int wgs = r.spec.gated() && tm == 128 ? 2 : 1;  // a gated tile keeps 64 rows a warp group
+    // Cooperative where one warp group cannot hold the tile: a gated tile keeps 64 rows a warp
+    // group, and 128x256 is the plain GEMM's cooperative tile (256 accumulators a thread alone).
+    const int wgs = (r.spec.gated() && tm == 128) || (tm == 128 && tn == 256) ? 2 : 1;
     mc = {tm, tn, wgs, *opt.cluster_m, 1, 8, 8, false,
           fmt::format("forced: {} {}x{}, clusters of {} along M (B multicast)", wgs == 1 ? "PingPong" : "cooperative",
                       tm, tn, *opt.cluster_m)};

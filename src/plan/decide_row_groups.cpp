@@ -52,8 +52,12 @@ namespace {
 
 struct TileShape {
   int tile_m, tile_n;
+  int wgs = 1;  // consumer warp groups on one tile: 1 PingPong, 2 cooperative (64 rows each)
 };
-constexpr TileShape kTiles[] = {{64, 256}, {128, 128}, {64, 128}};
+// Cooperative 128x256 reads the least from L2 a MAC, but its epilogue is not hidden behind the
+// other warp group's mainloop: priced so (Division::priced), it wins where the PingPong tiles'
+// mainloops slow down, on rows off 128-byte lines (calibration.h unaligned_rows_efficiency).
+constexpr TileShape kTiles[] = {{64, 256}, {128, 128}, {64, 128}, {128, 256, 2}};
 constexpr int kClusterMs[] = {2, 1};
 constexpr int kGroups[] = {1, 2, 4, 8, 16, 32, 64};
 constexpr int kSplits[] = {1, 2, 3, 4, 6, 8, 12, 16};
@@ -82,6 +86,7 @@ struct Division {
   double ring_hold_us = 0, kblock_us = 0;
   double ring_stall_us = 0;  // priced(): what that hold costs each of the other consumer's jobs
   double mainloop_us = 0, tail_us = 0, est_us = 0;  // priced(): the CTA's time and its parts
+  bool cooperative = false;  // both warp groups on each job: no epilogue under another mainloop
 
   // The CTA's time with the mainloops at `ring` of full speed over `stages` ring stages (both
   // known only once the epilogue's SMEM is). The ring is a FIFO: while one consumer holds its tile
@@ -92,10 +97,10 @@ struct Division {
     const double ml = job_mainloop_us / ring;
     ring_stall_us = held_slot_stall_us(ring_hold_us, kblock_us, ring, stages);
     mainloop_us = double(jobs_per_cta) * ml;
-    est_us = launch_us + (jobs_per_cta == 1 ? ml + job_epilogue_us
-                                            : ml + job_epilogue_us +
-                                                  double(jobs_per_cta - 1) *
-                                                      std::max(ml + ring_stall_us, (ml + job_epilogue_us) / 2));
+    est_us = launch_us + (jobs_per_cta == 1 || cooperative
+                              ? double(jobs_per_cta) * (ml + job_epilogue_us)
+                              : ml + job_epilogue_us +
+                                    double(jobs_per_cta - 1) * std::max(ml + ring_stall_us, (ml + job_epilogue_us) / 2));
     tail_us = est_us - mainloop_us - exchange_us;
   }
 };
@@ -137,12 +142,12 @@ double split_hand_over_us(const PlannerTunables& tun, const KernelConfig& k, int
          (tun.split_k_hand_over_piece_us + k.split_hand_over_steps() * tun.split_k_hand_over_step_us);
 }
 
-// One job's epilogue arithmetic on one consumer warp group: T tiles of (tile elements / 128
-// threads) values a thread, ops_per_element instructions each (chain.cpp), at the cycles per
-// instruction measured for that many values a thread.
+// One job's epilogue arithmetic on its consumer warp group(s): T tiles of (a warp group's share
+// of the tile / 128 threads) values a thread, ops_per_element instructions each (chain.cpp), at
+// the cycles per instruction measured for that many values a thread.
 double epilogue_arithmetic_us(const ChainInfo& chain, const PlannerTunables& tun, const DeviceModel& dev, TileShape ts,
                               int64_t n_tiles) {
-  const int values = ts.tile_m * ts.tile_n / Sm90::kWarpGroupThreads;
+  const int values = ts.tile_m * ts.tile_n / ts.wgs / Sm90::kWarpGroupThreads;
   // Without a reduction (an elementwise split-K) one stage: the elementwise plans' rate
   // (calibration.h epilogue_cpi; the table was fitted on chains of reductions and overprices it).
   const double cycles = chain.reductions == 0 ? tun.epilogue_cpi : lookup(tun.row_group_epilogue_cycles, values);
@@ -191,6 +196,18 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
         if (groups_max < 1) continue;
         const int64_t n_tiles = ceil_div64(tiles_n, g);
         if (n_tiles > Sm90::kMaxNTiles) continue;
+        if (ts.wgs > 1 && (n_tiles > 1 || ks > 1)) {  // check(): a cooperative job is one whole tile
+          if (opt.tile_m && opt.tile_n)
+            why.add("row-group division", fmt::format("cooperative 128x256 in row groups of {}: {} N-tiles a CTA and {} "
+                                                      "K-split(s), where its jobs take one tile",
+                                                      g, n_tiles, ks));
+          continue;
+        }
+        // Cooperative tiles unforced only where measured: on rows off 128-byte lines. On aligned
+        // rows PingPong hides the epilogue (RMSNorm 8192x4096x4096 1.078x cuBLAS cooperative against
+        // 1.000x), and where the model would still take them (a long chain at 1024x4096x1024) they
+        // were not measured.
+        if (ts.wgs > 1 && !rows_off_128_byte_lines(p) && !(opt.tile_m && opt.tile_n)) continue;
         const int64_t k_blocks = ceil_div64(p.k, Sm90::kTileK);
         if (ks > 1 && !opt.k_splits) {
           // Only where the jobs leave SMs idle, one N-tile a CTA, and each split has k-blocks to stream.
@@ -201,7 +218,7 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
         Candidate& c = o.c;
         c.k.b_kmajor = r.spec.b_layout == BLayout::NK;
         c.k.gated = r.spec.gated();
-        c.k.tile_m = ts.tile_m, c.k.tile_n = ts.tile_n, c.k.cluster_m = cm, c.k.row_group = g;
+        c.k.tile_m = ts.tile_m, c.k.tile_n = ts.tile_n, c.k.wgs_per_tile = ts.wgs, c.k.cluster_m = cm, c.k.row_group = g;
         c.k.n_tiles = static_cast<int>(n_tiles);
         c.k.k_splits = ks;
         c.k.splits_in_cluster = in_cluster;
@@ -219,14 +236,19 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
         c.jobs = ceil_div64(tiles_m, cm);
         const int64_t groups = std::min(c.jobs, groups_max);
         o.resident = static_cast<int>(groups * g * ks);
-        c.regs = ts.tile_m * ts.tile_n / Sm90::kWarpGroupThreads + tun.reg_overhead;
+        c.regs = c.k.accumulators() + tun.reg_overhead;
         const int64_t jobs_per_cta = ceil_div64(c.jobs, groups);
         // One job a CTA: no other consumer for the held slot to starve; the ring as measured there.
         if (c.ring_inputs_declined && jobs_per_cta == 1) continue;
         // Split-K's hand-over tags carry a warp group's job number in 16 bits (split_k.cuh).
         if (ks > 1 && ceil_div64(jobs_per_cta, Sm90::kConsumerWGs) >= 65535) continue;
-        const double eff = lookup(tun.row_group_mainloop_efficiency, ts.tile_m * 1000 + ts.tile_n) *
-                           (cm > 1 ? 1.0 : tun.row_group_no_multicast_efficiency);
+        // Rows off 128-byte lines slow the MACs' feed, measured where the MACs pace the CTA
+        // (several jobs each); a one-wave division streaming B was not measured so.
+        const int tile_key = ts.tile_m * 1000 + ts.tile_n;
+        const bool unaligned = rows_off_128_byte_lines(p) && jobs_per_cta > 1;
+        const double eff = lookup(tun.row_group_mainloop_efficiency, tile_key) *
+                           (cm > 1 ? 1.0 : tun.row_group_no_multicast_efficiency) *
+                           (unaligned ? lookup(tun.unaligned_rows_efficiency, tile_key) : 1.0);
         // A CTA's share of a tile's MACs (all rows: the tensor cores compute the tile's rows past M too).
         const double t_tile = 2.0 * ts.tile_m * ts.tile_n * double(p.k) / ks / (dev.sm_flops_per_s * eff) * 1e6;
         // Epilogue bytes of one tile: the stash written once and read back by each later stage
@@ -241,6 +263,7 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
                            (fuse.max_exp_sum ? chain.max_exp_sum_pairs : 0);
         Division& d = o.d;
         d.jobs_per_cta = jobs_per_cta;
+        d.cooperative = ts.wgs > 1;
         // The job with the most rows sets the owner's gather: all of a tile's rows below M.
         const int64_t job_rows = std::min<int64_t>(p.m, ts.tile_m);
         const auto staged = staged_gather(ts.tile_m, ts.tile_n, job_rows, ks);
@@ -318,8 +341,8 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
     }
     if (ok && check(c.k) != nullptr) ok = false;
     if (!ok) {
-      why.add("row-group storage", fmt::format("PingPong {}x{} clusters {}x1, row group {}, {} K-split(s): {}", c.k.tile_m,
-                                               c.k.tile_n, c.k.cluster_m, c.k.row_group, c.k.k_splits,
+      why.add("row-group storage", fmt::format("{} {}x{} clusters {}x1, row group {}, {} K-split(s): {}",
+                                               c.k.wgs_per_tile == 1 ? "PingPong" : "cooperative", c.k.tile_m, c.k.tile_n, c.k.cluster_m, c.k.row_group, c.k.k_splits,
                                                check(c.k) ? check(c.k) : "fewer than 2 pipeline stages fit"));
       continue;
     }
@@ -335,18 +358,21 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
     c.est.epilogue_us = o.d.tail_us + o.d.exchange_us;
     c.est.reread_us = 0;
     c.est.total_us = std::max(o.d.est_us, c.est.dram_floor_us);
+    const char* const schedule = c.k.wgs_per_tile == 1 ? "PingPong" : "cooperative";
     c.why = chain.reductions > 0
-                ? fmt::format("row reduction over a row group (src/plan/decide_row_groups.cpp): PingPong {}x{}, clusters "
+                ? fmt::format("row reduction over a row group (src/plan/decide_row_groups.cpp): {} {}x{}, clusters "
                               "{}x1 in row groups of {}, {} N-tile(s)/CTA: est {:.1f} us (mainloop {:.1f}, tail {:.1f}, "
-                              "exchange {:.1f}); PingPong tiles with B multicast along M run at cuBLAS parity, the row's "
-                              "CTAs meet in L2",
-                              c.k.tile_m, c.k.tile_n, c.k.cluster_m, c.k.row_group, c.k.n_tiles, o.d.est_us,
-                              o.d.mainloop_us, o.d.tail_us, o.d.exchange_us)
+                              "exchange {:.1f}); {}, the row's CTAs meet in L2",
+                              schedule, c.k.tile_m, c.k.tile_n, c.k.cluster_m, c.k.row_group, c.k.n_tiles, o.d.est_us,
+                              o.d.mainloop_us, o.d.tail_us, o.d.exchange_us,
+                              c.k.wgs_per_tile == 1
+                                  ? "PingPong tiles with B multicast along M run at cuBLAS parity"
+                                  : "both warp groups on each 128x256 tile (64 rows each), its epilogue not hidden")
                 : fmt::format("elementwise epilogue over the row-group division (src/plan/decide_row_groups.cpp): "
-                              "PingPong {}x{}, clusters {}x1, a row block's N-tiles over {} CTAs ({} each): est {:.1f} us "
+                              "{} {}x{}, clusters {}x1, a row block's N-tiles over {} CTAs ({} each): est {:.1f} us "
                               "(mainloop {:.1f}, tail {:.1f}, gather {:.1f}; the tail's arithmetic is the reduction "
                               "epilogues' fit, not measured for elementwise ones)",
-                              c.k.tile_m, c.k.tile_n, c.k.cluster_m, c.k.row_group, c.k.n_tiles, o.d.est_us,
+                              schedule, c.k.tile_m, c.k.tile_n, c.k.cluster_m, c.k.row_group, c.k.n_tiles, o.d.est_us,
                               o.d.mainloop_us, o.d.tail_us, o.d.exchange_us);
     if (c.k.splits_in_cluster)
       c.why += fmt::format("; split-K in a cluster: the {} CTAs of one hardware cluster share each tile's K ({} k-blocks "

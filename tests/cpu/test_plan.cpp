@@ -837,6 +837,68 @@ TEST(Plan, ElementwiseClustersAlongMForced) {
   EXPECT_THROW(make_plan(bg, prob(4096, 8192, 4096), full_device(), {}, opt), Error);
 }
 
+// Elementwise epilogues take cooperative 128x256 tiles where A's rows miss 128-byte lines (K not
+// a multiple of 64: PingPong 128x128 measured ~1.5x cuBLAS there, at any epilogue length) and
+// where a cast or a bias sits behind K >= 4096 at one to four waves; an activation at K = 1024
+// or 4096 on aligned rows keeps PingPong 128x128, which hides it (calibration.cpp).
+TEST(Plan, ElementwiseCooperativeWhereRowsMisalignOrTheEpilogueIsShort) {
+  const FusionSpec cast = lowered([](Graph&, Value acc) { return acc; });
+  const FusionSpec bias = lowered([](Graph& g, Value acc) { return acc + row(g, "bias"); });
+  const FusionSpec bg = bias_gelu();
+  const auto cooperative = [](const FusionSpec& s, Problem p) {
+    const Plan plan = make_plan(s, p);
+    return plan.kernel.wgs_per_tile == 2 && plan.kernel.tile_m == 128 && plan.kernel.tile_n == 256 &&
+           plan.kernel.cluster_m == 2;
+  };
+  EXPECT_TRUE(cooperative(cast, prob(8192, 1024, 4096)));
+  EXPECT_TRUE(cooperative(bias, prob(8192, 1024, 4096)));
+  EXPECT_TRUE(cooperative(cast, prob(4096, 4096, 4096)));
+  EXPECT_FALSE(cooperative(cast, prob(8192, 4096, 1024))) << "K = 1024: the exposed epilogue loses";
+  EXPECT_FALSE(cooperative(bg, prob(8192, 1024, 4096))) << "an activation is not a short epilogue";
+  EXPECT_FALSE(cooperative(cast, prob(2048, 2048, 4096))) << "under a wave of 128x256 tiles";
+  EXPECT_TRUE(cooperative(bg, prob(8192, 4096, 4104))) << "rows off 128-byte lines";
+  EXPECT_TRUE(cooperative(bg, prob(8192, 4096, 1000)));
+  EXPECT_TRUE(cooperative(cast, prob(8000, 1496, 4104)));
+  EXPECT_FALSE(cooperative(bg, prob(8192, 4096, 4160))) << "65 k-blocks on aligned rows";
+  EXPECT_FALSE(cooperative(bg, prob(256, 4096, 4104))) << "M <= 256 keeps its stream-bound rows";
+  const Plan p = make_plan(bg, prob(8192, 4096, 4104));
+  EXPECT_NE(explain(bg, p).find("K = 4104 leaves A's rows"), std::string::npos) << explain(bg, p);
+  const Plan q = make_plan(cast, prob(8192, 1024, 4096));
+  EXPECT_NE(explain(cast, q).find("a short epilogue behind K = 4096"), std::string::npos) << explain(cast, q);
+}
+
+// Row reductions on rows off 128-byte lines: cooperative 128x256 tiles in row groups (its
+// epilogue exposed, its mainloop the least slowed: calibration.h unaligned_rows_efficiency);
+// on aligned rows PingPong as before, cooperative only forced, and a forced cooperative tile
+// that would need several N-tiles a CTA is refused with the reason.
+TEST(Plan, RowGroupsTakeCooperativeTilesWhereRowsMisalign) {
+  for (const FusionSpec& s : {rms_norm(), layer_norm(), softmax(), residual_norm(false, DType::BF16, true)}) {
+    const Plan off = make_plan(s, prob(8192, 4096, 4104));
+    EXPECT_EQ(off.kernel.wgs_per_tile, 2);
+    EXPECT_EQ(off.kernel.tile_m, 128);
+    EXPECT_EQ(off.kernel.tile_n, 256);
+    EXPECT_EQ(off.kernel.aggregation, Aggregation::L2Exchange);
+    EXPECT_EQ(off.kernel.n_tiles, 1);
+    EXPECT_EQ(off.kernel.ring_input_bytes, 0);
+    EXPECT_NE(explain(s, off).find("row reduction over a row group (src/plan/decide_row_groups.cpp): cooperative 128x256"),
+              std::string::npos)
+        << explain(s, off);
+    EXPECT_EQ(make_plan(s, prob(8192, 4096, 4096)).kernel.wgs_per_tile, 1);
+  }
+  const FusionSpec ln = layer_norm();
+  EXPECT_EQ(make_plan(ln, prob(1024, 4096, 1000)).kernel.wgs_per_tile, 2);
+  EXPECT_EQ(make_plan(ln, prob(1024, 4096, 1024)).kernel.wgs_per_tile, 1);
+  EXPECT_EQ(make_plan(chain(5), prob(1024, 4096, 1024)).kernel.wgs_per_tile, 1) << "not measured there";
+  PlanOptions opt;
+  opt.tile_m = 128, opt.tile_n = 256, opt.cluster_m = 2;
+  const Plan forced = make_plan(ln, prob(8192, 4096, 4096), full_device(), {}, opt);
+  EXPECT_EQ(forced.kernel.wgs_per_tile, 2);
+  EXPECT_EQ(forced.kernel.row_group, 16);
+  opt.row_group = 4;
+  expect_error([&] { make_plan(ln, prob(1000, 1032, 1000), full_device(), {}, opt); },
+               "cooperative 128x256 in row groups of 4: 2 N-tiles a CTA");
+}
+
 // A look-alike that does not merge exactly is not a pair: exp(x - max) summed under a mean,
 // or exp of the max minus x.
 TEST(Plan, PairShapeIsExact) {

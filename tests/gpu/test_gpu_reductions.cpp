@@ -292,6 +292,42 @@ TEST_F(GpuReduce, RowGroupsSoftmaxMaxAndExpSumInOneRound) {
   }
 }
 
+// Row groups on cooperative 128x256 tiles (both consumer warp groups on one tile, 64 rows each,
+// each exchanging its rows with the same warp group of the row's other CTAs): LayerNorm with
+// its mean and variance in one round under a 1000 offset, softmax's pair, and the residual
+// RMSNorm storing h, on ragged M and N with K off 128-byte rows (where the planner takes these
+// tiles); in fp16 too.
+TEST_F(GpuReduce, RowGroupsOnCooperativeTiles) {
+  for (DType t : {DType::BF16, DType::F16}) {
+    for (int g : {8, 16}) {  // one N-tile a CTA (check(): a cooperative job is one tile)
+      SCOPED_TRACE(fmt::format("{} row group {}", t == DType::BF16 ? "bf16" : "f16", g));
+      CompileOptions opt;
+      opt.plan.row_group = g;
+      opt.plan.cluster_m = 2;
+      opt.plan.tile_m = 128;
+      opt.plan.tile_n = 256;
+      Case n(t);
+      Value x = n.acc + n.g.input("bias", t, {Dim::of("N")});
+      n.g.output(n.g.layer_norm(x, n.g.input("gamma", t, {Dim::of("N")}), n.g.input("beta", t, {Dim::of("N")})), "y", t);
+      Plan p = expect_matches(n.g, dims(1000, 1032, 1000), opt, /*offset=*/1000.0);
+      EXPECT_EQ(p.kernel.wgs_per_tile, 2);
+      EXPECT_EQ(p.kernel.aggregation, Aggregation::L2Exchange);
+      Case c(t);
+      c.g.output(c.g.softmax(c.acc * 4.0), "p", t);
+      expect_matches(c.g, dims(1000, 1032, 1000), opt);
+      Case r(t);
+      Value h = r.acc + r.g.input("residual", t, {Dim::of("M"), Dim::of("N")});
+      r.g.output(h, "h", t);
+      r.g.output(r.g.rms_norm(h, r.g.input("gamma", t, {Dim::of("N")})), "y", t);
+      expect_matches(r.g, dims(1000, 1032, 1000), opt);
+    }
+  }
+  Case a;  // the planner's own choice where A's rows miss 128-byte lines
+  a.g.output(a.g.rms_norm(a.acc, a.row("gamma")), "y", DType::BF16);
+  Plan p = expect_matches(a.g, dims(2000, 4096, 1000));
+  EXPECT_EQ(p.kernel.wgs_per_tile, 2);
+}
+
 TEST_F(GpuReduce, RowGroupsPlannerDefaultsSoftmaxAndRmsNorm) {
   // What the planner picks by itself: 16-32 clusters per row at M = 300 (one tile per CTA),
   // 64 clusters per row at N = 32768 (two tiles per CTA).
