@@ -240,7 +240,8 @@ std::vector<CLI::Option*> add_plan_options(CLI::App* cmd, ExplainArgs& ex) {
       cmd->add_option("--cluster-n", ex.cluster_n, "force the cluster size C_N (1, 2, 4, 8, 16)")
           ->check(CLI::IsMember({1, 2, 4, 8, 16})),
       cmd->add_option("--tile-n", ex.tile_n, "force tile_n (64, 128, 192, 256)")->check(CLI::IsMember({64, 128, 192, 256})),
-      cmd->add_option("--tile-m", ex.tile_m, "force rows per consumer warp group (64, 128)")->check(CLI::IsMember({64, 128})),
+      cmd->add_option("--tile-m", ex.tile_m, "force tile_m, a tile's rows (64, 128): one warp group's on PingPong; 128 x 256 tiles (and gated 128-row "
+                      "ones) are cooperative, 64 rows a warp group")->check(CLI::IsMember({64, 128})),
       cmd->add_option("--aggregation", ex.aggregation,
                       "force p2p or leader (DSMEM, one cluster along N) or l2 (row groups exchanging through L2)")
           ->check(CLI::IsMember({"p2p", "leader", "l2"})),

@@ -87,6 +87,7 @@ struct Division {
   double ring_stall_us = 0;  // priced(): what that hold costs each of the other consumer's jobs
   double mainloop_us = 0, tail_us = 0, est_us = 0;  // priced(): the CTA's time and its parts
   bool cooperative = false;  // both warp groups on each job: no epilogue under another mainloop
+  double unaligned_rows = 1.0;  // the mainloop's speed on rows off 128-byte lines (1: aligned or not charged)
 
   // The CTA's time with the mainloops at `ring` of full speed over `stages` ring stages (both
   // known only once the epilogue's SMEM is). The ring is a FIFO: while one consumer holds its tile
@@ -245,10 +246,11 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
         // Rows off 128-byte lines slow the MACs' feed, measured where the MACs pace the CTA
         // (several jobs each); a one-wave division streaming B was not measured so.
         const int tile_key = ts.tile_m * 1000 + ts.tile_n;
-        const bool unaligned = rows_off_128_byte_lines(p) && jobs_per_cta > 1;
+        const double unaligned_rows = rows_off_128_byte_lines(p) && jobs_per_cta > 1
+                                          ? lookup(tun.unaligned_rows_efficiency, tile_key)
+                                          : 1.0;
         const double eff = lookup(tun.row_group_mainloop_efficiency, tile_key) *
-                           (cm > 1 ? 1.0 : tun.row_group_no_multicast_efficiency) *
-                           (unaligned ? lookup(tun.unaligned_rows_efficiency, tile_key) : 1.0);
+                           (cm > 1 ? 1.0 : tun.row_group_no_multicast_efficiency) * unaligned_rows;
         // A CTA's share of a tile's MACs (all rows: the tensor cores compute the tile's rows past M too).
         const double t_tile = 2.0 * ts.tile_m * ts.tile_n * double(p.k) / ks / (dev.sm_flops_per_s * eff) * 1e6;
         // Epilogue bytes of one tile: the stash written once and read back by each later stage
@@ -264,6 +266,7 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
         Division& d = o.d;
         d.jobs_per_cta = jobs_per_cta;
         d.cooperative = ts.wgs > 1;
+        d.unaligned_rows = unaligned_rows;
         // The job with the most rows sets the owner's gather: all of a tile's rows below M.
         const int64_t job_rows = std::min<int64_t>(p.m, ts.tile_m);
         const auto staged = staged_gather(ts.tile_m, ts.tile_n, job_rows, ks);
@@ -412,6 +415,10 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
                            "job ({:.1f} us held against {} k-blocks of {:.2f} us in the other stages: calibration.h "
                            "row_group_ring_input_hold_us)",
                            o.d.ring_stall_us, o.d.ring_hold_us, c.k.ring_stages - 1, o.d.kblock_us / ring);
+    if (o.d.unaligned_rows < 1.0)
+      c.why += fmt::format("; K = {} leaves A's rows off 128-byte lines: this tile's mainloop at {:.2f} of its speed "
+                           "(MEASURED, calibration.h unaligned_rows_efficiency)",
+                           p.k, o.d.unaligned_rows);
     if (o.d.launch_us > 0)
       c.why += fmt::format("; one wave: the tail holds the launch's fixed cost, {:.1f} us (calibration.h one_wave_launch_us)",
                            o.d.launch_us);
