@@ -166,6 +166,13 @@ struct PlannerTunables {
   // cast 1.07x against 1.02x; RMSNorm 1.077x against 1.078x at K = 4096). 64x128 a GUESS (more
   // rows a MAC than 128x128).
   std::map<int, double> unaligned_rows_efficiency = {{64128, 0.6}, {64256, 0.68}, {128128, 0.64}, {128256, 0.94}};
+  // A cooperative tile's epilogue (arithmetic, tile inputs, stores; not its exchange rounds)
+  // against the one-warp-group model above: both warp groups run theirs at once, two warps on
+  // every SM sub-partition hiding each other's latencies, no mainloop beside them. MEASURED (the
+  // row-group times less the modeled mainloop and rounds, bench/sweeps/cooperative_row_groups.txt):
+  // 0.39-0.70 of the modeled epilogue over RMSNorm, LayerNorm, softmax, residual RMSNorm at
+  // 8192x4096x4104 and LayerNorm and the chain at 1024x4096x1000, 0.45 at LayerNorm 8000x4000x1000.
+  double row_group_cooperative_epilogue_share = 0.5;
   // The same mainloop by ring depth, where the epilogue's SMEM (TMA-store staging per output, a
   // TileInput's whole tile) leaves fewer k-blocks in flight than a TMA round trip needs.
   // MEASURED on the H200 (PingPong 128x128, clusters 2x1, row groups; bench/NOTES.md): 2

@@ -287,7 +287,10 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
                            ((chain.tile_inputs - in_ring) * tun.row_group_tile_input_pass_us *
                                 (double(std::min<int64_t>(p.m, ts.tile_m)) / ts.tile_m) +
                             in_ring * tun.row_group_ring_input_pass_us);
-        const double arithmetic = epilogue_arithmetic_us(chain, tun, dev, ts, n_tiles) + d.tile_inputs_us;
+        // Cooperative: both warp groups' epilogues at once on every SM sub-partition, with no
+        // mainloop's warp group beside them (calibration.h row_group_cooperative_epilogue_share).
+        const double share = ts.wgs > 1 ? tun.row_group_cooperative_epilogue_share : 1.0;
+        const double arithmetic = share * (epilogue_arithmetic_us(chain, tun, dev, ts, n_tiles) + d.tile_inputs_us);
         if (jobs_per_cta == 1) {  // one consumer alone: nothing overlaps its epilogue
           // One wave (decode, small M): B streams from DRAM once, and what bounds the mainloop
           // is whichever is slower of a CTA's tiles of MACs, the bytes of B one SM pulls in
@@ -311,11 +314,11 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
           d.stream_us = double(n_tiles) * b_cta / tun.sm_stream_bytes_per_s * 1e6;
           d.idle_ctas = tiles_m < cm;
           d.job_mainloop_us = std::max({double(n_tiles) * t_tile, d.stream_us, b_all / dram * 1e6});
-          d.job_epilogue_us = double(n_tiles) * (t_s1 + t_s2) + arithmetic + d.exchange_us;
+          d.job_epilogue_us = double(n_tiles) * (t_s1 + t_s2) * share + arithmetic + d.exchange_us;
           d.launch_us = tun.one_wave_launch_us;
         } else {  // the other consumer's mainloops hide all but a share of the stash traffic
           d.job_mainloop_us = double(n_tiles) * (t_tile + tun.row_group_stash_exposed * t_s1);
-          d.job_epilogue_us = double(n_tiles) * t_s2 + arithmetic + d.exchange_us;
+          d.job_epilogue_us = double(n_tiles) * t_s2 * share + arithmetic + d.exchange_us;
         }
         d.priced(1.0, c.max_ring_stages);
         options.push_back(o);
