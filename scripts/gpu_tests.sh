@@ -33,7 +33,8 @@ echo "== CLI on the GPU"
 # the same run (compiles in parallel first, then runs one at a time).
 runs="${RUNS-gemm_layernorm:8192,4096,4096 gemm_rmsnorm:8192,4096,4096 gemm_softmax:8192,4096,4096
       gemm_layernorm:4096,8192,4096 gemm_layernorm:256,4096,4096 gemm_softmax:256,4096,4096
-      gemm_bias_gelu:4096,4096,4096 gemm_bias_gelu:8192,4096,4096 gemm_bias_gelu:256,4096,4096}"
+      gemm_bias_gelu:4096,4096,4096 gemm_bias_gelu:8192,4096,4096 gemm_bias_gelu:256,4096,4096
+      gemm_rmsnorm:8192,4096,4104 gemm_residual_layernorm:8000,4000,1000 gemm_bias_gelu:8192,4096,4104}"
 for r in $runs; do .carry/bin/comfuse compile "examples/${r%%:*}.cf" --shape "${r#*:}" > /dev/null 2>&1 & done; wait
 for r in $runs; do
   echo "-- ${r%%:*} ${r#*:}" >> "$out/cli.log"
