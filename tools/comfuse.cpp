@@ -381,7 +381,7 @@ int run_gpu(const Graph& g, const Bindings& b, const PlanOptions& plan, uint64_t
     stages = bc.ring_stages, ctas = rep.b2b_plan.grid_ctas;
   } else {
     shape = fmt::format("{}x{} tile{}, {}, cluster {}x{}", kc.tile_m, kc.tile_n, kc.gated ? " (gated)" : "",
-                        kc.wgs_per_tile == 1 ? "PingPong" : "cooperative", kc.cluster_m, kc.cluster_n);
+                        kc.schedule(), kc.cluster_m, kc.cluster_n);
     if (kc.row_group > 1) shape += fmt::format(", row group {}", kc.row_group);
     if (kc.k_splits > 1) shape += fmt::format(", split-K {}{}", kc.k_splits, kc.splits_in_cluster ? " in a cluster" : "");
     if (kc.n_tiles > 1)

@@ -135,6 +135,8 @@ struct KernelConfig {
   int split_gather_rows = 0;
 
   COMFUSE_HOST_DEVICE constexpr int epi_rows() const { return tile_m / wgs_per_tile; }  // one WG's rows
+  // The schedule's name (explain, the planner's reasons and runners-up, the CLI).
+  COMFUSE_HOST_DEVICE constexpr char const* schedule() const { return wgs_per_tile == 1 ? "PingPong" : "cooperative"; }
   // Columns of the mainloop's B tile and accumulator: tile_n, or both halves of a gated tile.
   COMFUSE_HOST_DEVICE constexpr int mma_n() const { return gated ? 2 * tile_n : tile_n; }
   // fp32 accumulators a consumer thread holds (one warp group's tile over its 128 threads).

@@ -348,7 +348,7 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
     if (ok && check(c.k) != nullptr) ok = false;
     if (!ok) {
       why.add("row-group storage", fmt::format("{} {}x{} clusters {}x1, row group {}, {} K-split(s): {}",
-                                               c.k.wgs_per_tile == 1 ? "PingPong" : "cooperative", c.k.tile_m, c.k.tile_n, c.k.cluster_m, c.k.row_group, c.k.k_splits,
+                                               c.k.schedule(), c.k.tile_m, c.k.tile_n, c.k.cluster_m, c.k.row_group, c.k.k_splits,
                                                check(c.k) ? check(c.k) : "fewer than 2 pipeline stages fit"));
       continue;
     }
@@ -364,13 +364,12 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
     c.est.epilogue_us = o.d.tail_us + o.d.exchange_us;
     c.est.reread_us = 0;
     c.est.total_us = std::max(o.d.est_us, c.est.dram_floor_us);
-    const char* const schedule = c.k.wgs_per_tile == 1 ? "PingPong" : "cooperative";
     c.why = chain.reductions > 0
                 ? fmt::format("row reduction over a row group (src/plan/decide_row_groups.cpp): {} {}x{}, clusters "
                               "{}x1 in row groups of {}, {} N-tile(s)/CTA: est {:.1f} us (mainloop {:.1f}, tail {:.1f}, "
                               "exchange {:.1f}); {}, the row's CTAs meet in L2",
-                              schedule, c.k.tile_m, c.k.tile_n, c.k.cluster_m, c.k.row_group, c.k.n_tiles, o.d.est_us,
-                              o.d.mainloop_us, o.d.tail_us, o.d.exchange_us,
+                              c.k.schedule(), c.k.tile_m, c.k.tile_n, c.k.cluster_m, c.k.row_group, c.k.n_tiles,
+                              o.d.est_us, o.d.mainloop_us, o.d.tail_us, o.d.exchange_us,
                               c.k.wgs_per_tile == 1
                                   ? "PingPong tiles with B multicast along M run at cuBLAS parity"
                                   : "both warp groups on each 128x256 tile (64 rows each), its epilogue not hidden")
@@ -378,7 +377,7 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
                               "{} {}x{}, clusters {}x1, a row block's N-tiles over {} CTAs ({} each): est {:.1f} us "
                               "(mainloop {:.1f}, tail {:.1f}, gather {:.1f}; the tail's arithmetic is the reduction "
                               "epilogues' fit, not measured for elementwise ones)",
-                              schedule, c.k.tile_m, c.k.tile_n, c.k.cluster_m, c.k.row_group, c.k.n_tiles, o.d.est_us,
+                              c.k.schedule(), c.k.tile_m, c.k.tile_n, c.k.cluster_m, c.k.row_group, c.k.n_tiles, o.d.est_us,
                               o.d.mainloop_us, o.d.tail_us, o.d.exchange_us);
     if (c.k.splits_in_cluster)
       c.why += fmt::format("; split-K in a cluster: the {} CTAs of one hardware cluster share each tile's K ({} k-blocks "
@@ -407,17 +406,20 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
                    : fmt::format("; a job's epilogue reads its {} tile input(s) in {:.1f} us ({} pass(es) of 64 columns, "
                                  "latency-bound: calibration.h row_group_tile_input_pass_us)",
                                  chain.tile_inputs, o.d.tile_inputs_us, o.d.tile_input_passes);
+    // What a held slot of tile inputs costs the other consumer's job, and its terms.
+    const auto held_slot = [&](double hold_us) {
+      return fmt::format("{:.1f} us a job ({:.1f} us held against {} k-blocks of {:.2f} us in the other stages: "
+                         "calibration.h row_group_ring_input_hold_us)",
+                         held_slot_stall_us(hold_us, o.d.kblock_us, ring, c.k.ring_stages), hold_us,
+                         c.k.ring_stages - 1, o.d.kblock_us / ring);
+    };
     if (c.ring_inputs_declined)
-      c.why += fmt::format("; not in the ring, which could carry them: holding its slot through the first stage would "
-                           "starve the other consumer's mainloop {:.1f} us a job ({:.1f} us held against {} k-blocks of "
-                           "{:.2f} us in the other stages: calibration.h row_group_ring_input_hold_us)",
-                           held_slot_stall_us(tun.row_group_ring_input_hold_us, o.d.kblock_us, ring, c.k.ring_stages),
-                           tun.row_group_ring_input_hold_us, c.k.ring_stages - 1, o.d.kblock_us / ring);
+      c.why += "; not in the ring, which could carry them: holding its slot through the first stage would starve the "
+               "other consumer's mainloop " +
+               held_slot(tun.row_group_ring_input_hold_us);
     if (o.d.ring_stall_us > 0)
-      c.why += fmt::format("; holding that slot through the first stage starves the other consumer's mainloop {:.1f} us a "
-                           "job ({:.1f} us held against {} k-blocks of {:.2f} us in the other stages: calibration.h "
-                           "row_group_ring_input_hold_us)",
-                           o.d.ring_stall_us, o.d.ring_hold_us, c.k.ring_stages - 1, o.d.kblock_us / ring);
+      c.why += "; holding that slot through the first stage starves the other consumer's mainloop " +
+               held_slot(o.d.ring_hold_us);
     if (o.d.unaligned_rows < 1.0)
       c.why += fmt::format("; K = {} leaves A's rows off 128-byte lines: this tile's mainloop at {:.2f} of its speed "
                            "(MEASURED, calibration.h unaligned_rows_efficiency)",

@@ -108,7 +108,7 @@ std::string explain(const FusionSpec& s, const Plan& p) {
                    : p.fused_pairs.max_exp_sum   ? "; max and sum of exp in one round"
                                                  : "");
   o += fmt::format("  pipeline     {} stages, {}, {} consumer warp groups\n", p.kernel.ring_stages,
-                   p.kernel.wgs_per_tile == 1 ? "PingPong" : "cooperative", Sm90::kConsumerWGs);
+                   p.kernel.schedule(), Sm90::kConsumerWGs);
   if (p.kernel.a_box_rows > 0)
     o += fmt::format("  A boxes      {} rows of the tile's {}: all of M (runs with M <= {}); TMA's time on rows past M "
                      "is not spent\n",

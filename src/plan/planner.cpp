@@ -84,7 +84,7 @@ namespace plan_detail {
 RowStrategy Candidate::strategy() const { return strategy_of(k); }
 
 std::string Candidate::describe() const {
-  std::string s = fmt::format("{} {}x{}, cluster {}x{}", k.wgs_per_tile == 1 ? "PingPong" : "cooperative", k.tile_m,
+  std::string s = fmt::format("{} {}x{}, cluster {}x{}", k.schedule(), k.tile_m,
                               k.tile_n, k.cluster_m, k.cluster_n);
   if (k.row_group > 1) s += fmt::format(" in row groups of {}", k.row_group);
   s += fmt::format(", {}", name_of(strategy()));
@@ -377,7 +377,7 @@ Plan make_plan(const FusionSpec& s, const Problem& p, const DeviceModel& dev, co
       planner_alone.fuse_pairs = opt.fuse_pairs;
       const Plan free = make_plan(s, p, dev, tun, planner_alone);
       unforced = fmt::format("{} {}x{}, cluster {}x{}{}{}, {}, {} ring stages: est {:.1f} us",
-                             free.kernel.wgs_per_tile == 1 ? "PingPong" : "cooperative", free.kernel.tile_m,
+                             free.kernel.schedule(), free.kernel.tile_m,
                              free.kernel.tile_n, free.kernel.cluster_m, free.kernel.cluster_n,
                              free.kernel.row_group > 1 ? fmt::format(" in row groups of {}", free.kernel.row_group) : "",
                              free.kernel.k_splits > 1 ? fmt::format(", split-K {}", free.kernel.k_splits) : "",
