@@ -68,7 +68,7 @@ if [ "${SANITIZE:-1}" = 1 ]; then
       --gtest_filter='Gpu.TwoOutputsAndCasts' --gtest_brief=1 > "$out/sanitizer-$tool.log" 2>&1
     s=$?; tail -3 "$out/sanitizer-$tool.log"; echo "$tool (fused) exit $s"; [ $s = 0 ] || rc=1
     compute-sanitizer --tool "$tool" --error-exitcode 9 .carry/bin/test_gpu_reductions \
-      --gtest_filter='GpuReduce.LayerNorm*:GpuReduce.StashInSharedMemory*:GpuReduce.RowGroupsChain*:GpuReduce.RowGroups*InOneRound:GpuReduce.TwoDimensionalClusters' --gtest_brief=1 > "$out/sanitizer-$tool-reduce.log" 2>&1
+      --gtest_filter='GpuReduce.LayerNorm*:GpuReduce.StashInSharedMemory*:GpuReduce.RowGroupsChain*:GpuReduce.RowGroups*InOneRound:GpuReduce.TwoDimensionalClusters:GpuReduce.ThreeConsumerWarpGroupsResidualLayerNorm' --gtest_brief=1 > "$out/sanitizer-$tool-reduce.log" 2>&1
     s=$?; tail -3 "$out/sanitizer-$tool-reduce.log"; echo "$tool (cluster reductions) exit $s"; [ $s = 0 ] || rc=1
     compute-sanitizer --tool "$tool" --error-exitcode 9 .carry/bin/test_gpu_channels --gtest_brief=1 \
       > "$out/sanitizer-$tool-channels.log" 2>&1

@@ -192,7 +192,7 @@ int cmd_lower(const std::string& file) {
 struct ExplainArgs {
   bool dot = false;
   std::optional<int> cluster_n, tile_n, tile_m, cluster_m, row_group, k_splits, b2b_job_rows, ring_stages, fma_exp_every,
-      b2b_x_buffers;
+      b2b_x_buffers, consumer_wgs;
   std::string b2b_overlap, b2b_x_resident, b2b_chain_jobs, gated_gemm;  // on / off (empty: the planner's)
   std::string aggregation, strategy, stash, pairs, b2b;
   std::string tile_inputs;  // ring / l2 (empty: the planner's)
@@ -211,6 +211,7 @@ PlanOptions plan_options(const ExplainArgs& a) {
   o.k_splits = a.k_splits;
   o.b2b_job_rows = a.b2b_job_rows;
   o.ring_stages = a.ring_stages;
+  o.consumer_wgs = a.consumer_wgs;
   o.fma_exp_every = a.fma_exp_every;
   o.b2b_x_buffers = a.b2b_x_buffers;
   if (!a.b2b_overlap.empty()) o.b2b_overlap = a.b2b_overlap == "on";
@@ -292,6 +293,12 @@ std::vector<CLI::Option*> add_plan_options(CLI::App* cmd, ExplainArgs& ex) {
                                   "the 64x64 tiles of M <= 256)",
                                   Sm90::kMaxRingStages, Sm90::kRingStagesDefault))
           ->check(CLI::Range(2, Sm90::kMaxRingStages)),
+      cmd->add_option("--consumer-wgs", ex.consumer_wgs,
+                      fmt::format("a single-GEMM plan's consumer warp groups: {} (the default), or {} on PingPong "
+                                  "64-row tiles, each its own job in turn, so that their epilogues overlap (fewer "
+                                  "registers each: tile_n <= 128)",
+                                  Sm90::kConsumerWGs, Sm90::kMaxConsumerWGs))
+          ->check(CLI::Range(Sm90::kConsumerWGs, Sm90::kMaxConsumerWGs)),
       cmd->add_option("--tile-inputs", ex.tile_inputs,
                       "a single-GEMM plan's [M, N] epilogue inputs (a residual) read by the first stage: loaded by TMA "
                       "into one more mainloop ring slot per tile (ring) or read from L2 by each fragment (l2); default: "

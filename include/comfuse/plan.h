@@ -65,6 +65,9 @@ struct PlanOptions {
   std::optional<int> stash_bytes;             // force the stash element: 4 (fp32) or 2 (bf16)
   std::optional<bool> fuse_pairs;             // true / false: every pair in one round / two (A/B)
   std::optional<int> ring_stages;             // at most this many mainloop ring stages (2..Sm90::kMaxRingStages; A/B)
+  // Force KernelConfig::consumer_wgs: 2, or 3 PingPong consumer warp groups on 64-row tiles
+  // (row groups and elementwise plans), whose epilogues then overlap one another's.
+  std::optional<int> consumer_wgs;
   // Force the root stage's [M, N] tile inputs into the mainloop's ring (true) or to L2 reads
   // (false); the planner's default: the ring wherever the kernel can carry them.
   std::optional<bool> ring_inputs;

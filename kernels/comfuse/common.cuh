@@ -27,9 +27,11 @@ inline constexpr int kWarpGroupThreads = Sm90::kWarpGroupThreads;
 COMFUSE_DEVICE int accum_row(int t, int mi, int h) { return mi * 64 + (t / 32) * 16 + (t % 32) / 4 + 8 * h; }
 
 // Hardware named barriers (0 is __syncthreads). One id per purpose and warp group, so
-// that the two consumer warp groups never share a barrier they use at different times.
+// that the consumer warp groups never share a barrier they use at different times: ids 1-4 for
+// consumer WGs 0 and 1, then two a consumer WG past them (KernelConfig::consumer_wgs <= 3: ids
+// up to 6 of the 16).
 enum class NamedBarrier : int {
-  MmaTurnWG0 = 1,  // consumer WG0 may start its mainloop (arrived by WG1)
+  MmaTurnWG0 = 1,  // consumer WG0 may start its mainloop (arrived by the consumer before it in turn)
   MmaTurnWG1 = 2,  // consumer WG1 may start its mainloop (arrived by WG0)
   EpilogueWG0 = 3, // intra-WG sync of WG0's epilogue (SMEM staging, vectors)
   EpilogueWG1 = 4,
@@ -38,6 +40,12 @@ enum class NamedBarrier : int {
 };
 
 COMFUSE_DEVICE int barrier_id(NamedBarrier b, int wg = 0) { return static_cast<int>(b) + wg; }
+// The same for a kernel of ConsumerWGs consumer warp groups: WGs 0 and 1 as above, two ids a WG
+// after them.
+template <int ConsumerWGs> COMFUSE_DEVICE int barrier_id(NamedBarrier b, int wg) {
+  if constexpr (ConsumerWGs <= 2) return barrier_id(b, wg);
+  else return wg < 2 ? barrier_id(b, wg) : 5 + 2 * (wg - 2) + (b == NamedBarrier::EpilogueWG0 ? 1 : 0);
+}
 
 COMFUSE_DEVICE void named_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");

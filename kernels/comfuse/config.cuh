@@ -22,7 +22,11 @@ namespace comfuse {
 // sm_90 facts and the kernel's fixed split of them.
 struct Sm90 {
   static constexpr int kWarpGroupThreads = 128;
+  static constexpr int kRegisters = 64 * 1024;  // the SM's register file (one CTA per SM)
+  // The default split: a producer WG and 2 consumer WGs (the B2B kernels' always; a single-GEMM
+  // kernel's KernelConfig::consumer_wgs may ask for more, with fewer registers each).
   static constexpr int kConsumerWGs = 2;
+  static constexpr int kMaxConsumerWGs = 3;  // 4 would leave 112 registers each (below): spills
   static constexpr int kThreads = (1 + kConsumerWGs) * kWarpGroupThreads;  // producer WG + 2 consumer WGs
   // setmaxnreg split of the SM's 64K registers (one CTA per SM): 40 * 128 + 232 * 256 = 64512.
   static constexpr int kProducerRegs = 40;
@@ -91,6 +95,11 @@ struct KernelConfig {
   int ring_stages = 4;    // depth of the SMEM ring of A/B k-blocks (not the epilogue's stages)
   int wgs_per_tile = 1;   // 1: PingPong (each consumer WG owns a tile); 2: cooperative (both share one)
   int mma_depth = 1;      // k-blocks of wgmma a consumer leaves in flight
+  // Consumer warp groups of a CTA. PingPong with more than 2 (64-row tiles, fewer registers
+  // each): the tensor cores still serve one consumer at a time, in turn, while the others run
+  // their epilogues, so an epilogue up to (consumer_wgs - 1) mainloops long hides (a row
+  // group's L2 rounds, a long chain) where 2 hide one.
+  int consumer_wgs = Sm90::kConsumerWGs;
   int cluster_m = 1;      // clusters along M share the B tile (TMA multicast)
   int cluster_n = 1;      // clusters along N share the A tile (TMA multicast) and a row's reduction
                           // (both > 1: a 2-D cluster, CTA rank rank_m + cluster_m * rank_n)
@@ -135,6 +144,18 @@ struct KernelConfig {
   int split_gather_rows = 0;
 
   COMFUSE_HOST_DEVICE constexpr int epi_rows() const { return tile_m / wgs_per_tile; }  // one WG's rows
+  // Threads a CTA launches with, and the setmaxnreg split of its registers between the producer
+  // WG (one thread issues TMA) and each consumer WG. setmaxnreg moves registers within the CTA's
+  // pool, what the launch gave it (launch_regs() a thread, __launch_bounds__' share of the 64K):
+  // what the producer releases is all the consumers may add. 40 + 2 x 232 (of 3 x 168), 32 +
+  // 3 x 160 (of 4 x 128); 4 consumers would get 112 (of 5 x 96).
+  COMFUSE_HOST_DEVICE constexpr int threads() const { return (1 + consumer_wgs) * Sm90::kWarpGroupThreads; }
+  COMFUSE_HOST_DEVICE constexpr int launch_regs() const { return Sm90::kRegisters / threads() / 8 * 8; }
+  COMFUSE_HOST_DEVICE constexpr int producer_regs() const { return consumer_wgs <= 2 ? Sm90::kProducerRegs : 32; }
+  COMFUSE_HOST_DEVICE constexpr int consumer_regs() const {
+    return consumer_wgs <= 2 ? Sm90::kConsumerRegs
+                             : ((consumer_wgs + 1) * launch_regs() - producer_regs()) / consumer_wgs / 8 * 8;
+  }
   // The schedule's name (explain, the planner's reasons and runners-up, the CLI).
   COMFUSE_HOST_DEVICE constexpr char const* schedule() const { return wgs_per_tile == 1 ? "PingPong" : "cooperative"; }
   // Columns of the mainloop's B tile and accumulator: tile_n, or both halves of a gated tile.
@@ -168,23 +189,23 @@ struct KernelConfig {
   COMFUSE_HOST_DEVICE constexpr int stash_bytes_per_wg() const {
     return n_tiles > 1 ? (n_tiles - 1) * epi_rows() * tile_n * stash_elem_bytes : 0;
   }
-  // The kernel's SMEM without a stash: the ring (A and B 1024-aligned), both consumer WGs'
+  // The kernel's SMEM without a stash: the ring (A and B 1024-aligned), every consumer WG's
   // epilogue storage and the ring's full/empty mbarriers, rounded to the 1024-byte alignment of
   // the ring.
   COMFUSE_HOST_DEVICE constexpr int smem_bytes_without_stash() const {
-    return align_up(ring_bytes() + Sm90::kConsumerWGs * (epilogue_smem_bytes + split_hand_over_bytes() + split_gather_bytes()) +
+    return align_up(ring_bytes() + consumer_wgs * (epilogue_smem_bytes + split_hand_over_bytes() + split_gather_bytes()) +
                         16 * ring_stages,
                     1024);
   }
   // Dynamic SMEM a launch asks for (fused_gemm_sm90.cuh's SharedStorage).
   COMFUSE_HOST_DEVICE constexpr int smem_bytes() const {
     return stash_space == StashSpace::Smem
-               ? align_up(smem_bytes_without_stash() + Sm90::kConsumerWGs * stash_bytes_per_wg(), 1024)
+               ? align_up(smem_bytes_without_stash() + consumer_wgs * stash_bytes_per_wg(), 1024)
                : smem_bytes_without_stash();
   }
   // Global workspaces the runtime allocates (scheduler/grid.cuh sizes them for the grid).
   COMFUSE_HOST_DEVICE constexpr int stash_workspace_bytes_per_cta() const {
-    return stash_space == StashSpace::Workspace ? Sm90::kConsumerWGs * stash_bytes_per_wg() : 0;
+    return stash_space == StashSpace::Workspace ? consumer_wgs * stash_bytes_per_wg() : 0;
   }
   // One exchange slot of the L2 channel: round parity x peers x (values, second statistics) x rows
   // of 8-byte tagged words (cluster/global_exchange.cuh; at least 2 peers).
@@ -282,6 +303,15 @@ COMFUSE_HOST_DEVICE constexpr char const* check(KernelConfig const& c) {
   if (c.accumulators() > Sm90::kMaxAccumulatorsPerThread)
     return "a warp group's tile exceeds 128 fp32 accumulators per thread";
   if (c.mma_depth != 1 && c.mma_depth != 2) return "mma_depth: 1 or 2";
+  if (c.consumer_wgs < 2 || c.consumer_wgs > Sm90::kMaxConsumerWGs) return "consumer_wgs: 2 or 3 consumer warp groups";
+  // More consumers take fewer registers each (consumer_regs()): one 64-row warp group's tile of
+  // at most 64 fp32 accumulators a thread; each its own job over the ring, so no DSMEM channel
+  // or split-K hand-over laid out for two.
+  if (c.consumer_wgs > 2 && (c.wgs_per_tile != 1 || c.tile_m != 64 || c.accumulators() > 64))
+    return "more than 2 consumer warp groups: PingPong tiles of 64 rows and at most 64 accumulators a thread "
+           "(tile_n <= 128)";
+  if (c.consumer_wgs > 2 && (c.cluster_n != 1 || c.k_splits != 1))
+    return "more than 2 consumer warp groups: no cluster along N (DSMEM) and no split-K";
   if (c.ring_stages < 2 || c.ring_stages <= c.mma_depth) return "ring_stages: at least 2, and more than mma_depth";
   if (!is_pow2(c.cluster_n) || c.cluster_n > Sm90::kMaxClusterSize) return "cluster_n: 1, 2, 4, 8 or 16";
   if (c.cluster_m != 1 && c.cluster_m != 2 && c.cluster_m != 4) return "cluster_m: 1, 2 or 4";

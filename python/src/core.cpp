@@ -92,6 +92,7 @@ PlanOptions plan_options(const nb::dict& o) {
     else if (key == "fuse_pairs") p.fuse_pairs = nb::cast<bool>(v);
     else if (key == "b2b_job_rows") p.b2b_job_rows = nb::cast<int>(v);
     else if (key == "ring_stages") p.ring_stages = nb::cast<int>(v);
+    else if (key == "consumer_wgs") p.consumer_wgs = nb::cast<int>(v);
     else if (key == "ring_inputs") p.ring_inputs = nb::cast<bool>(v);
     else if (key == "fma_exp_every") p.fma_exp_every = nb::cast<int>(v);
     else if (key == "b2b_overlap") p.b2b_overlap = nb::cast<bool>(v);
@@ -139,6 +140,7 @@ nb::dict plan_summary(const Plan& p) {
   d["tile_n"] = k.tile_n;
   d["tile_k"] = Sm90::kTileK;
   d["stages"] = k.ring_stages;
+  d["consumer_wgs"] = k.consumer_wgs;  // consumer warp groups (PingPong: each its own job in turn)
   d["cluster_m"] = k.cluster_m;
   d["cluster_n"] = k.cluster_n;
   d["row_group"] = k.row_group;

@@ -210,9 +210,9 @@ std::vector<Candidate> decide_cluster(const Request& r, Rejections& why) {
           v.k.stash_space = elem == 0 ? StashSpace::None
                             : strategy == RowStrategy::SmemStash ? StashSpace::Smem
                                                                  : StashSpace::Workspace;
-          if (v.k.stash_space == StashSpace::Smem && Sm90::kConsumerWGs * v.k.stash_bytes_per_wg() > tun.max_stash_bytes) {
+          if (v.k.stash_space == StashSpace::Smem && v.k.consumer_wgs * v.k.stash_bytes_per_wg() > tun.max_stash_bytes) {
             why.add("stash", fmt::format("stash of {} exceeds max_stash_bytes {}",
-                                         fmt_bytes(Sm90::kConsumerWGs * int64_t{v.k.stash_bytes_per_wg()}),
+                                         fmt_bytes(v.k.consumer_wgs * int64_t{v.k.stash_bytes_per_wg()}),
                                          fmt_bytes(tun.max_stash_bytes)));
             continue;
           }

@@ -16,7 +16,8 @@ std::vector<Candidate> decide_elementwise(const Request& r, Rejections& why) {
   const PlanOptions& opt = r.opt;
   if (opt.k_splits) return decide_row_groups(r, why);
   std::vector<Candidate> search = decide_cluster(r, why);
-  const bool forced_cm = opt.cluster_m.has_value();
+  // Forced clusters along M, or more consumer warp groups (which take the same forced PingPong path).
+  const bool forced_cm = opt.cluster_m.has_value() || opt.consumer_wgs.value_or(Sm90::kConsumerWGs) > Sm90::kConsumerWGs;
   const bool forced_other = opt.cluster_n || opt.tile_n || opt.tile_m || opt.strategy || opt.aggregation ||
                             opt.row_group || opt.stash_bytes;
   if (forced_other && !forced_cm) return search;
@@ -32,20 +33,24 @@ std::vector<Candidate> decide_elementwise(const Request& r, Rejections& why) {
     }
     mc = measured_elementwise_config(r.p, r.dev, short_epilogue, /*may_split_k=*/false);
   }
+  const int consumers = opt.consumer_wgs.value_or(Sm90::kConsumerWGs);
   if (forced_cm) {
-    const int tm = opt.tile_m.value_or(128), tn = opt.tile_n.value_or(128);
+    const int tm = opt.tile_m.value_or(consumers > Sm90::kConsumerWGs ? 64 : 128), tn = opt.tile_n.value_or(128);
+    const int cm = opt.cluster_m.value_or(1);
     // Cooperative where one warp group cannot hold the tile: a gated tile keeps 64 rows a warp
     // group, and 128x256 is the plain GEMM's cooperative tile (256 accumulators a thread alone).
     const int wgs = (r.spec.gated() && tm == 128) || (tm == 128 && tn == 256) ? 2 : 1;
-    mc = {tm, tn, wgs, *opt.cluster_m, 1, 8, 8, false,
-          fmt::format("forced: {} {}x{}, clusters of {} along M (B multicast)", wgs == 1 ? "PingPong" : "cooperative",
-                      tm, tn, *opt.cluster_m)};
+    mc = {tm, tn, wgs, cm, 1, 8, 8, false,
+          fmt::format("forced: {} {}x{}, clusters of {} along M (B multicast){}", wgs == 1 ? "PingPong" : "cooperative",
+                      tm, tn, cm,
+                      consumers > Sm90::kConsumerWGs ? fmt::format(", {} consumer warp groups", consumers) : "")};
   }
   Candidate m;
   m.k.b_kmajor = r.spec.b_layout == BLayout::NK;
   m.k.gated = r.spec.gated();
   m.k.tile_m = mc.tile_m, m.k.tile_n = mc.tile_n, m.k.wgs_per_tile = mc.wgs_per_tile;
   m.k.cluster_m = mc.cluster_m, m.k.cluster_n = mc.cluster_n;
+  m.k.consumer_wgs = consumers;
   m.max_ring_stages = mc.max_ring_stages;
   m.raster_group = mc.raster_group, m.raster_along_n = mc.raster_along_n;
   m.tiles_m = (r.p.m + m.k.tile_m - 1) / m.k.tile_m, m.tiles_n = (r.p.n + m.k.tile_n - 1) / m.k.tile_n;

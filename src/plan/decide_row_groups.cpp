@@ -19,7 +19,9 @@
 // beats 128x128). A CTA of J jobs of mainloop ml and epilogue epi takes
 //   ml + epi + (J - 1) max(ml, (ml + epi) / 2)
 // (the last epilogue exposed), plus a share of the stash traffic in each mainloop (it competes
-// with the operand loads). A CTA with one job only runs its one consumer alone: every
+// with the operand loads). With W consumer warp groups (KernelConfig::consumer_wgs, 64-row
+// PingPong tiles) the mainloops still take turns, and W - 1 epilogues run beside each one:
+//   ml + epi + (J - 1) max(ml, (ml + epi) / W). A CTA with one job only runs its one consumer alone: every
 // epilogue exposed. Candidates whose storage fits (a stash that does not fit in SMEM moves to a
 // workspace) are priced again at the ring depth that storage leaves; the cheapest then wins.
 // Split-K (S > 1, one N-tile per CTA, every job in one wave): S split groups of G clusters share
@@ -87,6 +89,7 @@ struct Division {
   double ring_stall_us = 0;  // priced(): what that hold costs each of the other consumer's jobs
   double mainloop_us = 0, tail_us = 0, est_us = 0;  // priced(): the CTA's time and its parts
   bool cooperative = false;  // both warp groups on each job: no epilogue under another mainloop
+  int consumers = Sm90::kConsumerWGs;  // PingPong: warp groups taking the jobs in turn
   double unaligned_rows = 1.0;  // the mainloop's speed on rows off 128-byte lines (1: aligned or not charged)
 
   // The CTA's time with the mainloops at `ring` of full speed over `stages` ring stages (both
@@ -96,12 +99,14 @@ struct Division {
   // the longer wait anyway.
   void priced(double ring, int stages) {
     const double ml = job_mainloop_us / ring;
-    ring_stall_us = held_slot_stall_us(ring_hold_us, kblock_us, ring, stages);
+    // Each consumer in its epilogue's first stage may hold a slot: the others' mainloops get what is left.
+    ring_stall_us = held_slot_stall_us(ring_hold_us, kblock_us, ring, stages - (consumers - 2));
     mainloop_us = double(jobs_per_cta) * ml;
     est_us = launch_us + (jobs_per_cta == 1 || cooperative
                               ? double(jobs_per_cta) * (ml + job_epilogue_us)
                               : ml + job_epilogue_us +
-                                    double(jobs_per_cta - 1) * std::max(ml + ring_stall_us, (ml + job_epilogue_us) / 2));
+                                    double(jobs_per_cta - 1) *
+                                        std::max(ml + ring_stall_us, (ml + job_epilogue_us) / consumers));
     tail_us = est_us - mainloop_us - exchange_us;
   }
 };
@@ -184,7 +189,12 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
       for (int g : kGroups)
       for (int ks : splits)
       for (bool in_cluster : {false, true})
-      for (bool inputs_in_ring : {true, false}) {
+      for (bool inputs_in_ring : {true, false})
+      for (int wgs : {2, 3}) {
+        // More consumer warp groups (fewer registers each: 64-row tiles of <= 64 accumulators a
+        // thread, no split-K; config.cuh check()) only where forced until measured.
+        if (wgs != opt.consumer_wgs.value_or(Sm90::kConsumerWGs)) continue;
+        if (wgs > Sm90::kConsumerWGs && (ts.wgs > 1 || ts.tile_m != 64 || ts.tile_n > 128 || ks > 1)) continue;
         if (opt.row_group && *opt.row_group != g) continue;
         if (!opt.row_group && g > 1 && g / 2 >= tiles_n) continue;  // CTAs with no columns at all
         // The splits' hand-over over DSMEM: one hardware cluster of the ks CTAs, no multicast
@@ -220,6 +230,7 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
         c.k.b_kmajor = r.spec.b_layout == BLayout::NK;
         c.k.gated = r.spec.gated();
         c.k.tile_m = ts.tile_m, c.k.tile_n = ts.tile_n, c.k.wgs_per_tile = ts.wgs, c.k.cluster_m = cm, c.k.row_group = g;
+        c.k.consumer_wgs = wgs;
         c.k.n_tiles = static_cast<int>(n_tiles);
         c.k.k_splits = ks;
         c.k.splits_in_cluster = in_cluster;
@@ -238,11 +249,16 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
         const int64_t groups = std::min(c.jobs, groups_max);
         o.resident = static_cast<int>(groups * g * ks);
         c.regs = c.k.accumulators() + tun.reg_overhead;
+        if (c.regs > c.k.consumer_regs()) {
+          why.add("registers", fmt::format("{} consumer warp groups, {}x{} tiles: ~{} registers a thread exceed their {}",
+                                           wgs, ts.tile_m, ts.tile_n, c.regs, c.k.consumer_regs()));
+          continue;
+        }
         const int64_t jobs_per_cta = ceil_div64(c.jobs, groups);
         // One job a CTA: no other consumer for the held slot to starve; the ring as measured there.
         if (c.ring_inputs_declined && jobs_per_cta == 1) continue;
         // Split-K's hand-over tags carry a warp group's job number in 16 bits (split_k.cuh).
-        if (ks > 1 && ceil_div64(jobs_per_cta, Sm90::kConsumerWGs) >= 65535) continue;
+        if (ks > 1 && ceil_div64(jobs_per_cta, wgs) >= 65535) continue;
         // Rows off 128-byte lines slow the MACs' feed, measured where the MACs pace the CTA
         // (several jobs each); a one-wave division streaming B was not measured so.
         const int tile_key = ts.tile_m * 1000 + ts.tile_n;
@@ -266,6 +282,7 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
         Division& d = o.d;
         d.jobs_per_cta = jobs_per_cta;
         d.cooperative = ts.wgs > 1;
+        d.consumers = wgs;
         d.unaligned_rows = unaligned_rows;
         // The job with the most rows sets the owner's gather: all of a tile's rows below M.
         const int64_t job_rows = std::min<int64_t>(p.m, ts.tile_m);
@@ -340,7 +357,7 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
     Candidate& c = o.c;
     bool ok = fit_ring(c, chain, dev, opt.ring_stages) &&
               (c.k.stash_space != StashSpace::Smem ||
-               Sm90::kConsumerWGs * c.k.stash_bytes_per_wg() <= tun.max_stash_bytes);
+               c.k.consumer_wgs * c.k.stash_bytes_per_wg() <= tun.max_stash_bytes);
     if (!ok && c.k.stash_space == StashSpace::Smem) {  // not on chip: a global workspace, mostly L2
       c.k.stash_space = StashSpace::Workspace;
       ok = fit_ring(c, chain, dev, opt.ring_stages);
@@ -449,7 +466,8 @@ bool begins_early(const Candidate& c) {
 // makes the DSMEM search's cluster 2-D (decide_cluster.cpp).
 bool row_groups_forced(const PlanOptions& opt) {
   return opt.row_group || (opt.cluster_m && !opt.cluster_n) || opt.k_splits || opt.splits_in_cluster ||
-         (opt.aggregation && *opt.aggregation == Aggregation::L2Exchange);
+         (opt.aggregation && *opt.aggregation == Aggregation::L2Exchange) ||
+         opt.consumer_wgs.value_or(Sm90::kConsumerWGs) > Sm90::kConsumerWGs;
 }
 
 // A fused pair saves a synchronization of the row's CTAs but adds a pass over the tile (for

@@ -108,7 +108,7 @@ std::string explain(const FusionSpec& s, const Plan& p) {
                    : p.fused_pairs.max_exp_sum   ? "; max and sum of exp in one round"
                                                  : "");
   o += fmt::format("  pipeline     {} stages, {}, {} consumer warp groups\n", p.kernel.ring_stages,
-                   p.kernel.schedule(), Sm90::kConsumerWGs);
+                   p.kernel.schedule(), p.kernel.consumer_wgs);
   if (p.kernel.a_box_rows > 0)
     o += fmt::format("  A boxes      {} rows of the tile's {}: all of M (runs with M <= {}); TMA's time on rows past M "
                      "is not spent\n",
@@ -153,8 +153,8 @@ std::string explain(const FusionSpec& s, const Plan& p) {
                       p.kernel.row_group, p.kernel.row_group, p.kernel.tile_m / p.kernel.wgs_per_tile, p.reductions);
   else if (p.kernel.cluster_n == 1) red = "C_N = 1: rows reduce by warp shuffles, nothing crosses a CTA";
   else
-    red = fmt::format("2 WGs x 2 phases x {} slots x {} rows x 4 B ({}), ONE buffer reused by all {} reduction(s)",
-                      p.kernel.cluster_n, p.kernel.tile_m / p.kernel.wgs_per_tile,
+    red = fmt::format("{} WGs x 2 phases x {} slots x {} rows x 4 B ({}), ONE buffer reused by all {} reduction(s)",
+                      p.kernel.consumer_wgs, p.kernel.cluster_n, p.kernel.tile_m / p.kernel.wgs_per_tile,
                       p.kernel.aggregation == Aggregation::LeaderFollower
                           ? "leader uses C_N slots, followers 1; every CTA reserves the leader's size"
                           : "peer-to-peer: one slot per peer",
@@ -162,20 +162,20 @@ std::string explain(const FusionSpec& s, const Plan& p) {
   row("unified reduction buffer", b.reduction_buffer, red);
   row("stash", b.stash,
       p.strategy() == RowStrategy::SmemStash && b.stash > 0
-          ? fmt::format("2 WGs x {} earlier tile(s) x {}x{} x {} value(s) x {} B", p.kernel.n_tiles - 1, p.kernel.tile_m,
+          ? fmt::format("{} WGs x {} earlier tile(s) x {}x{} x {} value(s) x {} B", p.kernel.consumer_wgs, p.kernel.n_tiles - 1, p.kernel.tile_m,
                         p.kernel.tile_n, p.stashed.size(), p.kernel.stash_elem_bytes)
           : "-");
   row("store buffer", b.store_buffer,
-      fmt::format("2 WGs x ({}x{} staging sub-tile per output, later stages' outputs through the first's where the element size matches, + row vectors)", p.kernel.tile_m,
+      fmt::format("{} WGs x ({}x{} staging sub-tile per output, later stages' outputs through the first's where the element size matches, + row vectors)", p.kernel.consumer_wgs, p.kernel.tile_m,
                   p.store_subtile_n));
   if (b.split_hand_over > 0)
     row("split hand-over", b.split_hand_over,
-        fmt::format("2 WGs x one warp's share of a partial tile (32 x {} fp32) + 2 mbarriers: split-K over DSMEM",
-                    p.kernel.accumulators()));
+        fmt::format("{} WGs x one warp's share of a partial tile (32 x {} fp32) + 2 mbarriers: split-K over DSMEM",
+                    p.kernel.consumer_wgs, p.kernel.accumulators()));
   if (b.split_gather > 0)
     row("split gather", b.split_gather,
-        fmt::format("2 WGs x {} rows x {} fp32: the other splits' partial rows, summed by the owner's whole warp group",
-                    p.kernel.split_gather_rows, p.kernel.tile_n));
+        fmt::format("{} WGs x {} rows x {} fp32: the other splits' partial rows, summed by the owner's whole warp group",
+                    p.kernel.consumer_wgs, p.kernel.split_gather_rows, p.kernel.tile_n));
   row("barriers", b.barriers, "mbarriers: ring, reduction channel per WG and phase, PingPong order, store");
   row("total", b.total(), fmt::format("of {} ({} free)", fmt_bytes(p.smem_limit), fmt_bytes(p.smem_limit - b.total())));
 

@@ -185,6 +185,26 @@ void check_request(const FusionSpec& s, const Problem& p, const DeviceModel& dev
   const bool rg_only = opt.row_group || (opt.aggregation && *opt.aggregation == Aggregation::L2Exchange);
   if ((rg_only || opt.stash_bytes) && s.reduction_count() == 0)
     throw Error("plan: row_group, stash_bytes and aggregation l2 shape row reductions; this epilogue has none");
+  if (opt.consumer_wgs && (*opt.consumer_wgs < Sm90::kConsumerWGs || *opt.consumer_wgs > Sm90::kMaxConsumerWGs))
+    throw Error(fmt::format("plan: consumer_wgs = {} is not in {}..{}", *opt.consumer_wgs, Sm90::kConsumerWGs,
+                            Sm90::kMaxConsumerWGs));
+  if (opt.consumer_wgs && *opt.consumer_wgs > Sm90::kConsumerWGs) {
+    if (opt.cluster_n || opt.strategy || (opt.aggregation && *opt.aggregation != Aggregation::L2Exchange))
+      throw Error(fmt::format("plan: consumer_wgs = {}: more than {} consumer warp groups take row groups or "
+                              "elementwise plans, not a DSMEM cluster (cluster_n, strategy, p2p / leader)",
+                              *opt.consumer_wgs, Sm90::kConsumerWGs));
+    if (opt.k_splits && *opt.k_splits > 1)
+      throw Error(fmt::format("plan: consumer_wgs = {} with split-K: more than {} consumer warp groups take no K-splits",
+                              *opt.consumer_wgs, Sm90::kConsumerWGs));
+    if (opt.tile_m && *opt.tile_m != 64)
+      throw Error(fmt::format("plan: consumer_wgs = {} with tile_m = {}: more than {} consumer warp groups hold 64-row "
+                              "tiles (fewer registers each)",
+                              *opt.consumer_wgs, *opt.tile_m, Sm90::kConsumerWGs));
+    if (opt.tile_n && *opt.tile_n > 128)
+      throw Error(fmt::format("plan: consumer_wgs = {} with tile_n = {}: more than {} consumer warp groups hold at most "
+                              "64 accumulators a thread (tile_n <= 128)",
+                              *opt.consumer_wgs, *opt.tile_n, Sm90::kConsumerWGs));
+  }
   if (opt.ring_stages && (*opt.ring_stages < 2 || *opt.ring_stages > Sm90::kMaxRingStages))
     throw Error(fmt::format("plan: ring_stages = {} is not in 2..{}", *opt.ring_stages, Sm90::kMaxRingStages));
   if (opt.k_splits && (*opt.k_splits < 1 || *opt.k_splits > Sm90::kMaxKSplits))

@@ -30,16 +30,21 @@ void add_reasons(Plan& plan, const ChainInfo& chain, const DeviceModel& dev, con
     r.push_back(fmt::format("tile {}x{}x{}: cooperative, the {} consumer warp groups split one tile's rows ({} each); "
                             "the epilogue is not overlapped with a mainloop, which measured cheaper than PingPong's "
                             "smaller tiles {}", plan.kernel.tile_m, plan.kernel.tile_n, Sm90::kTileK,
-                            Sm90::kConsumerWGs, plan.kernel.tile_m / 2,
+                            plan.kernel.consumer_wgs, plan.kernel.tile_m / 2,
                             rows_off_128_byte_lines(p)
                                 ? fmt::format("where A's rows miss 128-byte lines (K = {}: every TMA box row straddles "
                                               "two, and this tile reads the fewest a MAC)", p.k)
                                 : std::string("at this size")));
   else r.push_back(fmt::format(
       "tile {}x{}x{}: PingPong, each of the {} consumer warp groups owns a {}x{} accumulator "
-      "(~{} registers/thread with {} live tile value(s), limit {}); tile_k {} = one 128-byte {} row per TMA box",
-      plan.kernel.tile_m, plan.kernel.tile_n, Sm90::kTileK, Sm90::kConsumerWGs, plan.kernel.tile_m, plan.kernel.mma_n(),
-      plan.regs_per_thread, plan.live_tile_values, Sm90::kConsumerRegs, Sm90::kTileK, ab));
+      "(~{} registers/thread with {} live tile value(s), limit {}); tile_k {} = one 128-byte {} row per TMA box{}",
+      plan.kernel.tile_m, plan.kernel.tile_n, Sm90::kTileK, plan.kernel.consumer_wgs, plan.kernel.tile_m, plan.kernel.mma_n(),
+      plan.regs_per_thread, plan.live_tile_values, plan.kernel.consumer_regs(), Sm90::kTileK, ab,
+      plan.kernel.consumer_wgs > Sm90::kConsumerWGs
+          ? fmt::format("; the tensor cores serve the {} in turn, so each job's epilogue may run as long as {} other "
+                        "jobs' mainloops (two warp groups: one) before it holds the next turn back",
+                        plan.kernel.consumer_wgs, plan.kernel.consumer_wgs - 1)
+          : std::string()));
 
   const std::string forced = opt.cluster_n ? " (forced)" : "";
   if (plan.reductions == 0) {

@@ -58,11 +58,11 @@ SmemBudget smem_budget(const KernelConfig& k) {
   const int channel = dsmem ? dsmem_channel_bytes(k.epi_rows(), k.cluster_n) : 0;
   // The channel's share of the WG's 1024-aligned epilogue block.
   const int tree_and_pad = k.epilogue_smem_bytes - channel;
-  b.reduction_buffer = Sm90::kConsumerWGs * channel;
-  b.store_buffer = Sm90::kConsumerWGs * tree_and_pad;
-  b.stash = k.stash_space == StashSpace::Smem ? Sm90::kConsumerWGs * k.stash_bytes_per_wg() : 0;
-  b.split_hand_over = Sm90::kConsumerWGs * k.split_hand_over_bytes();
-  b.split_gather = Sm90::kConsumerWGs * k.split_gather_bytes();
+  b.reduction_buffer = k.consumer_wgs * channel;
+  b.store_buffer = k.consumer_wgs * tree_and_pad;
+  b.stash = k.stash_space == StashSpace::Smem ? k.consumer_wgs * k.stash_bytes_per_wg() : 0;
+  b.split_hand_over = k.consumer_wgs * k.split_hand_over_bytes();
+  b.split_gather = k.consumer_wgs * k.split_gather_bytes();
   b.barriers = k.smem_bytes() - b.mainloop_ring - b.reduction_buffer - b.store_buffer - b.stash - b.split_hand_over -
                b.split_gather;
   return b;

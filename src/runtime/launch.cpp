@@ -80,7 +80,7 @@ void encode_tensor(TmaDesc* out, const char* what, DType t, const void* ptr, uin
 
 namespace {
 
-// A launch of Sm90::kThreads threads a CTA with `smem` bytes of dynamic SMEM, in clusters of
+// A launch of `threads` threads a CTA with `smem` bytes of dynamic SMEM, in clusters of
 // cluster_x x cluster_y (`attrs` must outlive the config). A kernel's launch (`overlap`, not an
 // occupancy query) may overlap the previous kernel in the stream (programmatic dependent
 // launch): its CTAs take SMs as the previous grid's CTAs exit and wait in the kernel for that
@@ -97,7 +97,7 @@ bool overlap_allowed() {
   }();
   return on;
 }
-cudaLaunchConfig_t launch_config(dim3 grid, int cluster_x, int cluster_y, int smem, cudaStream_t stream,
+cudaLaunchConfig_t launch_config(dim3 grid, int threads, int cluster_x, int cluster_y, int smem, cudaStream_t stream,
                                  LaunchAttrs& attrs, bool overlap) {
   attrs = {};
   attrs.a[0].id = cudaLaunchAttributeClusterDimension;
@@ -108,7 +108,7 @@ cudaLaunchConfig_t launch_config(dim3 grid, int cluster_x, int cluster_y, int sm
   attrs.a[1].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
-  cfg.blockDim = dim3(Sm90::kThreads, 1, 1);
+  cfg.blockDim = dim3(threads, 1, 1);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cfg.attrs = attrs.a;
@@ -162,8 +162,8 @@ int prepare(cudaKernel_t kernel, const KernelConfig& k) {
     check(cudaFuncSetAttribute(func, cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
           "cudaFuncSetAttribute(NonPortableClusterSizeAllowed)");
   LaunchAttrs attr;
-  const cudaLaunchConfig_t cfg = launch_config(dim3(k.hw_cluster_x(), k.cluster_n, 1), k.hw_cluster_x(), k.cluster_n,
-                                               k.smem_bytes(), nullptr, attr, false);
+  const cudaLaunchConfig_t cfg = launch_config(dim3(k.hw_cluster_x(), k.cluster_n, 1), k.threads(), k.hw_cluster_x(),
+                                               k.cluster_n, k.smem_bytes(), nullptr, attr, false);
   int max_clusters = 0;
   check(cudaOccupancyMaxActiveClusters(&max_clusters, func, &cfg), "cudaOccupancyMaxActiveClusters");
   if (max_clusters < 1) throw Error("the kernel fits no cluster on this GPU (SMEM or cluster size)");
@@ -188,7 +188,7 @@ void launch(cudaKernel_t kernel, const KernelConfig& k, const Params& p, cudaStr
                             ceil_div(p.K, Sm90::kTileK), Sm90::kTileK, k.k_splits));
   LaunchAttrs attr;
   const cudaLaunchConfig_t cfg =
-      launch_config(dim3(g.grid_x, g.grid_y, 1), g.cluster_x, g.cluster_y, k.smem_bytes(), stream, attr, true);
+      launch_config(dim3(g.grid_x, g.grid_y, 1), k.threads(), g.cluster_x, g.cluster_y, k.smem_bytes(), stream, attr, true);
   void* args[1] = {const_cast<Params*>(&p)};
   check(cudaLaunchKernelExC(&cfg, reinterpret_cast<const void*>(kernel), args), "cudaLaunchKernelExC");
 }
@@ -202,7 +202,8 @@ int prepare(cudaKernel_t kernel, const B2bConfig& k) {
       check(cudaFuncSetAttribute(func, cudaFuncAttributeNonPortableClusterSizeAllowed, 1),
             "cudaFuncSetAttribute(NonPortableClusterSizeAllowed)");
     LaunchAttrs attr;
-    const cudaLaunchConfig_t cfg = launch_config(dim3(k.cluster_n1, 1, 1), k.cluster_n1, 1, k.smem_bytes(), nullptr, attr, false);
+    const cudaLaunchConfig_t cfg =
+        launch_config(dim3(k.cluster_n1, 1, 1), Sm90::kThreads, k.cluster_n1, 1, k.smem_bytes(), nullptr, attr, false);
     int max_clusters = 0;
     check(cudaOccupancyMaxActiveClusters(&max_clusters, func, &cfg), "cudaOccupancyMaxActiveClusters");
     if (max_clusters < 1)
@@ -224,7 +225,7 @@ void launch(cudaKernel_t kernel, const B2bConfig& k, const Params& p, cudaStream
   // N1 split over clusters: measured 12% slower with the overlap (0.436 vs 0.389 ms, FFN 8192 x 1024
   // -> 4096 -> 256 at C = 2; bench/NOTES.md), unsplit kernels alike either way: launched without it.
   const cudaLaunchConfig_t cfg =
-      launch_config(dim3(grid, 1, 1), k.cluster_n1, 1, k.smem_bytes(), stream, attr, k.cluster_n1 == 1);
+      launch_config(dim3(grid, 1, 1), Sm90::kThreads, k.cluster_n1, 1, k.smem_bytes(), stream, attr, k.cluster_n1 == 1);
   void* args[1] = {const_cast<Params*>(&p)};
   check(cudaLaunchKernelExC(&cfg, reinterpret_cast<const void*>(kernel), args), "cudaLaunchKernelExC");
 }

@@ -30,9 +30,9 @@ struct Job {
 };
 struct Cta {
   int sm = -1, peers_key = 0;
-  double poll_us = 0, polls = 0;  // both consumer WGs' thread 0, in L2 exchange polls
-  double stage_us[2][trace::kStages] = {};  // B2B: per consumer WG, its jobs' per-chunk stages
-  double epi_us[2][trace::kEpiParts] = {};  // per consumer WG, its jobs' epilogue parts
+  double poll_us = 0, polls = 0;  // every consumer WG's thread 0, in L2 exchange polls
+  double stage_us[trace::kWGs][trace::kStages] = {};  // B2B: per consumer WG, its jobs' per-chunk stages
+  double epi_us[trace::kWGs][trace::kEpiParts] = {};  // per consumer WG, its jobs' epilogue parts
   std::vector<Job> jobs;  // by turn
   double ghz = 0;         // cycles per ns over the CTA's span
   uint64_t entry_ns = 0, exit_ns = 0;  // the CTA's entry, its consumers' last exit (0: not stamped)
@@ -67,7 +67,7 @@ std::vector<Cta> parse_ctas(const std::vector<uint64_t>& w, bool both_wgs, Peers
     Cta cta;
     cta.sm = int(rec[trace::kWordsPerCta - 1]) - 1;
     cta.peers_key = peers_key(c);
-    for (int wg = 0; wg < 2; ++wg)
+    for (int wg = 0; wg < trace::kWGs; ++wg)
       for (int j = 0; j < trace::kMaxJobs; ++j) {
         Job job{wg, j, {}};
         bool ok = true;
@@ -83,7 +83,7 @@ std::vector<Cta> parse_ctas(const std::vector<uint64_t>& w, bool both_wgs, Peers
       }
     if (cta.jobs.empty()) continue;
     cta.entry_ns = rec[trace::kCtaBase];
-    cta.exit_ns = std::max(rec[trace::kCtaBase + 1], rec[trace::kCtaBase + 2]);
+    for (int wg = 0; wg < trace::kWGs; ++wg) cta.exit_ns = std::max(cta.exit_ns, rec[trace::kCtaBase + 1 + wg]);
     std::sort(cta.jobs.begin(), cta.jobs.end(),
               [](const Job& a, const Job& b) { return a.ev[trace::kTurn].cyc < b.ev[trace::kTurn].cyc; });
     const Stamp& a = cta.jobs.front().ev[trace::kTurn];
@@ -92,7 +92,7 @@ std::vector<Cta> parse_ctas(const std::vector<uint64_t>& w, bool both_wgs, Peers
     cta.ghz = b.ns > a.ns ? double(b.cyc - a.cyc) / double(b.ns - a.ns) : 0;
     // The sums count this SM's cycles.
     const double us = cta.ghz > 0 ? 1e-3 / cta.ghz : 0;
-    for (int wg = 0; wg < 2; ++wg) {
+    for (int wg = 0; wg < trace::kWGs; ++wg) {
       cta.poll_us += double(rec[trace::kPollBase + 2 * wg]) * us;
       cta.polls += double(rec[trace::kPollBase + 2 * wg + 1]);
       for (int st = 0; st < trace::kStages; ++st)
@@ -266,13 +266,13 @@ std::string summarize_b2b_trace(const std::vector<uint64_t>& w, const B2bPlan& p
   Stats job, epi2, span, head, tail, ghz, jobs, stage[trace::kStages];
   for (const Cta& c : ctas) {
     const double us = c.ghz > 0 ? 1e-3 / c.ghz : 0;
-    int per_wg[2] = {0, 0};
+    int per_wg[trace::kWGs] = {};
     for (const Job& j : c.jobs) {
       job.add(double(j.ev[trace::kAccReady].cyc - j.ev[trace::kTurn].cyc) * us);
       epi2.add(double(j.ev[trace::kEpiDone].cyc - j.ev[trace::kAccReady].cyc) * us);
       ++per_wg[j.wg];
     }
-    for (int wg = 0; wg < 2; ++wg)
+    for (int wg = 0; wg < trace::kWGs; ++wg)
       for (int st = 0; st < trace::kStages; ++st)
         if (per_wg[wg] > 0) stage[st].add(c.stage_us[wg][st] / per_wg[wg]);
     uint64_t done = 0;

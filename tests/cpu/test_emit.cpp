@@ -251,6 +251,24 @@ TEST_F(EmitCompile, TwoDimensionalClustersCompile) {
   }
 }
 
+// Three consumer warp groups (KernelConfig::consumer_wgs): a 512-thread kernel whose consumers
+// take 160 registers each; the row groups' exchange and an elementwise epilogue, the residual
+// through the ring.
+TEST_F(EmitCompile, ThreeConsumerWarpGroupsCompile) {
+  for (const char* example : {"gemm_residual_layernorm.cf", "gemm_bias_gelu.cf"}) {
+    SCOPED_TRACE(example);
+    const FusionSpec spec = lower(parse_graph_file((kRoot / "examples" / example).string())).regions.at(0).spec;
+    CompileOptions o = opt_;
+    o.plan.consumer_wgs = 3;
+    Plan plan;
+    const CompiledKernel k = compile_only(spec, shape(8192, 1024, 1024), o, nullptr, &plan);
+    EXPECT_EQ(plan.kernel.consumer_wgs, 3);
+    EXPECT_NE(emit(spec, plan).source.find(".consumer_wgs = 3"), std::string::npos);
+    EXPECT_FALSE(k.wgmma_serialized) << k.log;
+    EXPECT_TRUE(is_cubin_elf(k.cubin));
+  }
+}
+
 // kernels/comfuse/mainloop/wgmma.cuh writes out the wgmma operands that CuTe's TiledMMA
 // partitioning derives (the mainloops no longer instantiate that algebra: most of a JIT
 // compile's time). Checked here against CuTe itself, at compile time, for every tile shape and

@@ -899,6 +899,55 @@ TEST(Plan, RowGroupsTakeCooperativeTilesWhereRowsMisalign) {
                "cooperative 128x256 in row groups of 4: 2 N-tiles a CTA");
 }
 
+// Three consumer warp groups (KernelConfig::consumer_wgs): forced only, on 64-row PingPong tiles of
+// row groups and elementwise plans; each WG its own SMEM, exchange slot and named barriers, the
+// registers split anew within the launch's pool; the model lets 2 epilogues run beside each
+// mainloop. Refused with the reason where the kernel cannot carry them.
+TEST(Plan, ThreeConsumerWarpGroupsWhereForced) {
+  PlanOptions opt;
+  opt.consumer_wgs = 3;
+  const Plan three = make_plan(chain(5), prob(4096, 4096, 1024), full_device(), {}, opt);
+  EXPECT_EQ(three.kernel.consumer_wgs, 3);
+  EXPECT_EQ(three.kernel.tile_m, 64);
+  EXPECT_EQ(three.kernel.threads(), 512);
+  EXPECT_EQ(three.kernel.consumer_regs(), 160);
+  EXPECT_LE(three.kernel.producer_regs() + 3 * three.kernel.consumer_regs(), 4 * three.kernel.launch_regs())
+      << "setmaxnreg moves registers within what the launch gave the CTA";
+  EXPECT_LE(three.kernel.smem_bytes(), Sm90::kSmemCapacity);
+  EXPECT_EQ(three.smem.store_buffer % 3, 0) << "one epilogue storage a consumer WG";
+  EXPECT_EQ(make_plan(chain(5), prob(4096, 4096, 1024)).kernel.consumer_wgs, 2) << "not proposed unforced";
+  PlanOptions same_tiles = opt;  // the same 64x128 tiles with two: the epilogues beside one mainloop only
+  same_tiles.consumer_wgs = 2, same_tiles.tile_m = 64, same_tiles.tile_n = 128;
+  const Plan two = make_plan(chain(5), prob(4096, 4096, 1024), full_device(), {}, same_tiles);
+  EXPECT_EQ(two.kernel.consumer_wgs, 2);
+  EXPECT_LT(three.estimate.total_us, two.estimate.total_us) << "a long epilogue beside two mainloops";
+  EXPECT_NE(explain(chain(5), three).find("3 consumer warp groups"), std::string::npos) << explain(chain(5), three);
+  KernelConfig four = three.kernel;
+  four.consumer_wgs = 4;
+  EXPECT_EQ(four.consumer_regs(), 112) << "what 5 x 96 launch registers leave: why 3 is the most";
+  EXPECT_NE(check(four), nullptr);
+  PlanOptions ew;  // an elementwise epilogue takes the forced PingPong path
+  ew.consumer_wgs = 3;
+  const Plan e = make_plan(bias_gelu(), prob(8192, 4096, 1024), full_device(), {}, ew);
+  EXPECT_EQ(e.kernel.consumer_wgs, 3);
+  EXPECT_EQ(e.kernel.tile_m, 64);
+  // Refused where the kernel cannot carry them, in the planner's words.
+  PlanOptions bad = opt;
+  bad.tile_m = 128;
+  expect_error([&] { make_plan(layer_norm(), prob(8192, 1024, 1024), full_device(), {}, bad); }, "hold 64-row tiles");
+  bad = opt, bad.cluster_n = 4;
+  expect_error([&] { make_plan(layer_norm(), prob(8192, 1024, 1024), full_device(), {}, bad); }, "not a DSMEM cluster");
+  bad = opt, bad.k_splits = 2;
+  expect_error([&] { make_plan(layer_norm(), prob(64, 1024, 4096), full_device(), {}, bad); }, "take no K-splits");
+  bad = opt, bad.consumer_wgs = 4;
+  expect_error([&] { make_plan(layer_norm(), prob(64, 1024, 4096), full_device(), {}, bad); }, "consumer_wgs = 4 is not in 2..3");
+  KernelConfig k = three.kernel;
+  k.tile_n = 256;
+  EXPECT_NE(check(k), nullptr);
+  k = three.kernel, k.cluster_n = 2, k.aggregation = Aggregation::PeerToPeer, k.row_group = 1;
+  EXPECT_NE(check(k), nullptr);
+}
+
 // A look-alike that does not merge exactly is not a pair: exp(x - max) summed under a mean,
 // or exp of the max minus x.
 TEST(Plan, PairShapeIsExact) {

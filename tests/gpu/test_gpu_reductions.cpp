@@ -328,6 +328,63 @@ TEST_F(GpuReduce, RowGroupsOnCooperativeTiles) {
   EXPECT_EQ(p.kernel.wgs_per_tile, 2);
 }
 
+// Three consumer warp groups (KernelConfig::consumer_wgs, forced): each takes every 3rd job of its
+// CTA, so M gives each CTA more jobs than warp groups (the turn wraps round); LayerNorm over an
+// offset, softmax, residual LayerNorm storing h (its residual through the ring and from L2), and
+// bias + GELU (the elementwise path); ragged M, N and K, bf16 and f16; relaunched (the exchange's
+// launch counter counts every warp group out).
+CompileOptions three_consumers() {
+  CompileOptions opt;
+  opt.plan.consumer_wgs = 3;
+  return opt;
+}
+TEST_F(GpuReduce, ThreeConsumerWarpGroupsLayerNorm) {
+  for (DType t : {DType::BF16, DType::F16}) {
+    SCOPED_TRACE(t == DType::BF16 ? "bf16" : "f16");
+    Case n(t);
+    Value x = n.acc + n.g.input("bias", t, {Dim::of("N")});
+    n.g.output(n.g.layer_norm(x, n.g.input("gamma", t, {Dim::of("N")}), n.g.input("beta", t, {Dim::of("N")})), "y", t);
+    Plan p = expect_matches(n.g, dims(4000, 1032, 200), three_consumers(), /*offset=*/1000.0);
+    EXPECT_EQ(p.kernel.consumer_wgs, 3);
+    EXPECT_EQ(p.kernel.aggregation, Aggregation::L2Exchange);
+    EXPECT_GT(p.jobs, int64_t{p.clusters_resident} / p.kernel.row_group * 3) << "every warp group takes jobs";
+  }
+}
+TEST_F(GpuReduce, ThreeConsumerWarpGroupsSoftmax) {
+  for (DType t : {DType::BF16, DType::F16}) {
+    SCOPED_TRACE(t == DType::BF16 ? "bf16" : "f16");
+    Case c(t);
+    c.g.output(c.g.softmax(c.acc * 4.0), "p", t);
+    EXPECT_EQ(expect_matches(c.g, dims(3001, 1000, 256), three_consumers()).kernel.consumer_wgs, 3);
+  }
+}
+TEST_F(GpuReduce, ThreeConsumerWarpGroupsResidualLayerNorm) {
+  for (DType t : {DType::BF16, DType::F16})
+    for (bool ring : {true, false}) {
+      SCOPED_TRACE(fmt::format("{}, the residual {}", t == DType::BF16 ? "bf16" : "f16", ring ? "through the ring" : "from L2"));
+      Case r(t);
+      Value h = r.acc + r.g.input("bias", t, {Dim::of("N")}) + r.g.input("residual", t, {Dim::of("M"), Dim::of("N")});
+      r.g.output(h, "h", t);
+      r.g.output(r.g.layer_norm(h, r.g.input("gamma", t, {Dim::of("N")}), r.g.input("beta", t, {Dim::of("N")})), "y", t);
+      CompileOptions ro = three_consumers();
+      ro.plan.ring_inputs = ring;
+      const DeviceRunReport rep = run_and_check(r.g, dims(4000, 1024, 520), /*seed=*/11, ro, /*timing_reps=*/3);
+      expect_outputs_match(rep);
+      EXPECT_EQ(rep.plan.kernel.consumer_wgs, 3);
+      EXPECT_EQ(rep.plan.kernel.ring_input_bytes > 0, ring);
+    }
+}
+TEST_F(GpuReduce, ThreeConsumerWarpGroupsElementwise) {
+  for (DType t : {DType::BF16, DType::F16}) {
+    SCOPED_TRACE(t == DType::BF16 ? "bf16" : "f16");
+    Case e(t);
+    e.g.output(e.g.unary(UnaryOp::GeluTanh, e.acc + e.g.input("bias", t, {Dim::of("N")})), "y", t);
+    const DeviceRunReport rep = run_and_check(e.g, dims(3000, 2056, 264), /*seed=*/11, three_consumers(), /*timing_reps=*/2);
+    expect_outputs_match(rep);
+    EXPECT_EQ(rep.plan.kernel.consumer_wgs, 3);
+  }
+}
+
 TEST_F(GpuReduce, RowGroupsPlannerDefaultsSoftmaxAndRmsNorm) {
   // What the planner picks by itself: 16-32 clusters per row at M = 300 (one tile per CTA),
   // 64 clusters per row at N = 32768 (two tiles per CTA).

@@ -142,7 +142,7 @@ COMFUSE_DEVICE void retire_exchange(Params const& p, uint32_t epoch, int t, int 
 // false and every warp group retires at exit (retire_exchange's acquire-release count).
 COMFUSE_DEVICE bool retires_early(uint32_t epoch) { return (epoch + 1) % kTagEpochs != 0; }
 // The warp groups a single-GEMM launch counts out: every consumer warp group of its grid.
-COMFUSE_DEVICE uint32_t retire_participants() { return gridDim.x * gridDim.y * Sm90::kConsumerWGs; }
+COMFUSE_DEVICE uint32_t retire_participants(int consumer_wgs) { return gridDim.x * gridDim.y * consumer_wgs; }
 // The count is an atom.inc wrapping at `participants` (the last one's increment leaves 0 for the
 // next launch): unlike an add, ptxas cannot aggregate it across the warp, which would read its
 // result (a shuffle) right away and stall the warp for the round trip.

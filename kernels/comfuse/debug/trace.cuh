@@ -27,9 +27,11 @@
 // launch's stamps stay there (each launch overwrites the same slots). Jobs past kMaxJobs and
 // CTAs past kMaxCtas are not recorded.
 #pragma once
+#include "../config.cuh"
 
 namespace comfuse::trace {
 
+inline constexpr int kWGs = Sm90::kMaxConsumerWGs;  // consumer warp groups a record has room for
 inline constexpr int kMaxCtas = 160, kMaxJobs = 64, kEvents = 6, kStages = 3, kEpiParts = 5;
 enum Event : int { kTurn = 0, kIssued = 1, kAccReady = 2, kEpiDone = 3,
                    // a row reduction's exchange (epilogue/stage.cuh): this CTA's partials published,
@@ -41,15 +43,15 @@ enum Stage : int { kGemm1 = 0, kF = 1, kGemm2Issue = 2 };
 // The epilogue's parts (epilogue/stage.cuh), summed per warp group.
 // kEpiRound holds kEpiPublish (the CTA's own statistics reduced and published) and the wait.
 enum EpiPart : int { kEpiBegin = 0, kEpiRootBody = 1, kEpiRound = 2, kEpiPost = 3, kEpiPublish = 4 };
-// Per CTA: [wg 0..1][job][event][globaltimer, clock64]; then [wg 0..1][cycles its thread 0 spent
+// Per CTA: [wg 0..kWGs-1][job][event][globaltimer, clock64]; then [wg][cycles its thread 0 spent
 // in L2 exchange polls (from issuing the loads to seeing every tag), their count]; then
-// [wg 0..1][stage] cycles (B2B); then [wg 0..1][epilogue part] cycles; then the CTA's entry and
-// [wg 0..1] exit, globaltimer ns (0: not stamped); then one word: the SM id + 1.
-inline constexpr int kPollBase = 2 * kMaxJobs * kEvents * 2;
-inline constexpr int kStageBase = kPollBase + 4;
-inline constexpr int kEpiBase = kStageBase + 2 * kStages;
-inline constexpr int kCtaBase = kEpiBase + 2 * kEpiParts;
-inline constexpr int kWordsPerCta = kCtaBase + 3 + 1;
+// [wg][stage] cycles (B2B); then [wg][epilogue part] cycles; then the CTA's entry and
+// [wg] exit, globaltimer ns (0: not stamped); then one word: the SM id + 1.
+inline constexpr int kPollBase = kWGs * kMaxJobs * kEvents * 2;
+inline constexpr int kStageBase = kPollBase + 2 * kWGs;
+inline constexpr int kEpiBase = kStageBase + kWGs * kStages;
+inline constexpr int kCtaBase = kEpiBase + kWGs * kEpiParts;
+inline constexpr int kWordsPerCta = kCtaBase + 1 + kWGs + 1;
 inline constexpr int kWords = kMaxCtas * kWordsPerCta;
 
 }  // namespace comfuse::trace

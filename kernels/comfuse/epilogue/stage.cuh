@@ -71,9 +71,11 @@ namespace comfuse::epi {
 // RetireEarly: a warp group counts itself out of the L2 exchange after its last job's last round
 // (Rounds): one-wave kernels, whose epilogue is the launch's tail; elsewhere the count's register
 // would stay live through every epilogue for ~0.7 us a launch.
+// ConsumerWGs: the kernel's consumer warp groups (KernelConfig::consumer_wgs), all counted out.
 template <int BM_, int BN_, int RowPeers_ = 1, Aggregation Agg_ = Aggregation::None, int NTiles_ = 1,
-          bool Batched_ = false, int ClusterM_ = 1, bool RetireEarly_ = false>
+          bool Batched_ = false, int ClusterM_ = 1, bool RetireEarly_ = false, int ConsumerWGs_ = Sm90::kConsumerWGs>
 struct Geometry {
+  static constexpr int ConsumerWGs = ConsumerWGs_;
   static constexpr bool kRetireEarly = RetireEarly_ && Agg_ == Aggregation::L2Exchange;
   static constexpr int BM = BM_, BN = BN_, RowPeers = RowPeers_, ClusterM = ClusterM_;
   static constexpr bool kBatched = Batched_;  // tensors carry a leading batch dim (EpiCtx::batch)
@@ -752,7 +754,7 @@ template <class... Nodes> struct Stage {
       // the exchange now, the count's round trip under the stages left (start_retire).
       if constexpr (kClusterReduce && kPair != kPairGiven && Geo::kRetireEarly && kLastRound)
         if (rnd.retire_after) {
-          rnd.retire_before = cluster::start_retire(*c.p, c.t, cluster::retire_participants());
+          rnd.retire_before = cluster::start_retire(*c.p, c.t, cluster::retire_participants(Geo::ConsumerWGs));
           rnd.retired = true;
         }
       if constexpr (kHasPost) {

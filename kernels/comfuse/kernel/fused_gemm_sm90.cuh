@@ -1,15 +1,16 @@
 // comfuse/kernel/fused_gemm_sm90.cuh: the fused GEMM + epilogue kernel (sm_90a).
 //
-// 384 threads = 3 warp groups:
-//   WG0  producer: setmaxnreg.dec to 40; one thread issues every TMA load into the
+// 384 threads = 3 warp groups (KernelConfig::consumer_wgs W = 2; W = 3: 512):
+//   WG0  producer: setmaxnreg.dec to 40 (W = 2); one thread issues every TMA load into the
 //        Stages-deep SMEM ring (mainloop/mainloop_sm90.cuh), tile after tile.
-//   WG1, WG2  consumers (setmaxnreg.inc to 232), in one of two schedules
-//     PingPong (KernelConfig::wgs_per_tile == 1): consumer c takes the CTA's tiles c, c+2, ...;
+//   WG1..WG W  consumers (setmaxnreg.inc to 232 at W = 2: KernelConfig::consumer_regs), in one
+//     of two schedules
+//     PingPong (KernelConfig::wgs_per_tile == 1): consumer c takes the CTA's tiles c, c+W, ...;
 //        each owns a whole BM x BN tile (BM*BN/128 fp32 accumulators a thread). The tensor
 //        cores serve one consumer at a time: a consumer waits for its MmaTurn barrier,
-//        issues all wgmmas of its tile, hands the turn to the other consumer, then waits
-//        for its last wgmmas and runs the epilogue (epilogue/stage.cuh) while the other
-//        consumer's mainloop runs.
+//        issues all wgmmas of its tile, hands the turn to the next consumer (c + 1 mod W),
+//        then waits for its last wgmmas and runs the epilogue (epilogue/stage.cuh) while the
+//        other consumers' mainloops run (with W > 2, beside other consumers' epilogues).
 //     Cooperative (wgs_per_tile == 2): both consumers take every tile of the CTA, 64 rows
 //        each, and run their halves' epilogues side by side; the producer meanwhile fills
 //        the ring for the next tile. Bigger tiles (128 x 256) for less SMEM traffic per
@@ -59,7 +60,7 @@
 // Generated code writes `constexpr comfuse::KernelConfig kConfig{...}` once, instantiates
 // FusedGemmSm90<kConfig, Element, Epilogue> and wraps it in an extern "C" entry
 // (COMFUSE_DEFINE_KERNEL). The runtime launches it with kConfig's grid (scheduler/grid.cuh),
-// Sm90::kThreads threads and kConfig.smem_bytes() of dynamic SMEM.
+// kConfig.threads() threads and kConfig.smem_bytes() of dynamic SMEM.
 #pragma once
 #include "../common.cuh"
 #include "../params.cuh"
@@ -85,6 +86,7 @@ struct FusedGemmSm90 {
   static constexpr bool kPingPong = C.wgs_per_tile == 1;
   static constexpr int kEpiRows = C.epi_rows();  // rows of a consumer's epilogue
   static constexpr int NTiles = C.n_tiles;
+  static constexpr int kW = C.consumer_wgs;  // consumer warp groups
   static constexpr bool kGlobal = C.aggregation == Aggregation::L2Exchange;
   static constexpr bool kL2Exchange = C.exchange_slot_bytes() > 0;  // rows reduced through the L2 workspace
   static constexpr bool kSplitK = C.k_splits > 1;
@@ -95,7 +97,7 @@ struct FusedGemmSm90 {
   static constexpr bool kWorkspace = C.uses_exchange_workspace();    // the launch counter (epoch) and its users
   static constexpr int RowPeers = C.row_peers();  // CTAs that hold the same rows
   using Geo = epi::Geometry<kEpiRows, BN, RowPeers, C.aggregation, NTiles, /*Batched=*/false, ClusterM,
-                            /*RetireEarly=*/C.begin_early>;
+                            /*RetireEarly=*/C.begin_early, kW>;
   using EpiExec = typename Epi::template Exec<Geo>;
   using Scheduler = TileScheduler<C>;
   static_assert(C.row_reduction == Epi::kEndsInReduction, "KernelConfig::row_reduction: does the epilogue reduce rows");
@@ -108,25 +110,28 @@ struct FusedGemmSm90 {
   static_assert(EpiExec::kRingInputBytes == C.ring_input_bytes,
                 "ComFuse: the epilogue's tile inputs in the ring differ from KernelConfig::ring_input_bytes");
 
-  static constexpr int kThreads = Sm90::kThreads;
-  static constexpr int kProducerRegs = Sm90::kProducerRegs;
-  static constexpr int kConsumerRegs = Sm90::kConsumerRegs;
+  static constexpr int kThreads = C.threads();
+  static constexpr int kProducerRegs = C.producer_regs();
+  static constexpr int kConsumerRegs = C.consumer_regs();
+  // Named barriers of consumer warp group w (common.cuh).
+  static COMFUSE_DEVICE int turn_barrier(int w) { return barrier_id<kW>(NamedBarrier::MmaTurnWG0, w); }
+  static COMFUSE_DEVICE int epilogue_barrier(int w) { return barrier_id<kW>(NamedBarrier::EpilogueWG0, w); }
 
   struct SharedBase {
     typename Mainloop::SharedStorage mainloop;              // the ring, 1024-aligned
-    typename EpiExec::SharedStorage epi[2];                 // one per consumer WG
+    typename EpiExec::SharedStorage epi[kW];                // one per consumer WG
     typename Pipeline::SharedStorage pipe;                  // full/empty mbarriers
   };
   // Split-K over DSMEM (splits_in_cluster): each consumer WG's hand-over beside them.
   struct SharedSplit : SharedBase {
-    typename HandOver::Storage hand_over[2];
+    typename HandOver::Storage hand_over[kW];
     static_assert(int(sizeof(typename HandOver::Storage)) == C.split_hand_over_bytes(),
                   "ComFuse: the split hand-over's SMEM differs from KernelConfig::split_hand_over_bytes()");
   };
   // Split-K through L2 at decode rows (split_gather_rows): each consumer WG's staging of the
   // summed partial rows.
   struct SharedGather : SharedBase {
-    alignas(16) float gather[2][C.split_gather_rows > 0 ? C.split_gather_rows * BN : 4];
+    alignas(16) float gather[kW][C.split_gather_rows > 0 ? C.split_gather_rows * BN : 4];
   };
   static_assert(C.split_gather_rows == 0 || int(sizeof(float) * C.split_gather_rows * BN) == C.split_gather_bytes(),
                 "ComFuse: the split gather's SMEM differs from KernelConfig::split_gather_bytes()");
@@ -144,7 +149,7 @@ struct FusedGemmSm90 {
   static_assert(NTiles == 1 || C.stash_elem_bytes > 0 || !EpiExec::kCarriesTile,
                 "ComFuse: a tile-shaped value crosses a reduction with several N-tiles per job: it needs a stash");
   struct SharedStash : SharedCore {
-    alignas(128) unsigned char stash[2][kStashBytesPerWG > 0 ? kStashBytesPerWG : 16];
+    alignas(128) unsigned char stash[kW][kStashBytesPerWG > 0 ? kStashBytesPerWG : 16];
   };
   using SharedStorage = cute::conditional_t<kStashInSmem, SharedStash, SharedCore>;
   using Stash = cute::conditional_t<(kStashBytesPerWG > 0), epi::Stash<StashT, kEpiRows, BN, NTiles - 1, kStashInSmem>,
@@ -171,11 +176,11 @@ struct FusedGemmSm90 {
       prefetch_tma_descriptor(&p.tma_b);
       if constexpr (C.gated) prefetch_tma_descriptor(&p.tma_b3);
       EpiExec::prefetch_descriptors(p);
-      EpiExec::init_shared(ss.epi[0]);
-      EpiExec::init_shared(ss.epi[1]);
+      CUTE_UNROLL
+      for (int w = 0; w < kW; ++w) EpiExec::init_shared(ss.epi[w]);
       if constexpr (kSplitsInCluster) {
-        HandOver::init(ss.hand_over[0]);
-        HandOver::init(ss.hand_over[1]);
+        CUTE_UNROLL
+        for (int w = 0; w < kW; ++w) HandOver::init(ss.hand_over[w]);
       }
     }
 
@@ -222,20 +227,20 @@ struct FusedGemmSm90 {
         stash.bind(reinterpret_cast<SharedStash&>(ss).stash[cw], t);
       } else if constexpr (kStashBytesPerWG > 0) {
         size_t const cta = size_t(blockIdx.x) * gridDim.y + blockIdx.y;
-        stash.bind(static_cast<char*>(p.stash) + (cta * 2 + cw) * size_t(kStashBytesPerWG), t);
+        stash.bind(static_cast<char*>(p.stash) + (cta * kW + cw) * size_t(kStashBytesPerWG), t);
       }
       int const job_kt = NTiles * (kt + kRingSlots);  // ring slots of one job
       uint32_t const epoch = kWorkspace ? cluster::exchange_epoch<Geo::kRetireEarly>(p) : 0;  // tags this launch's rounds
       bool const owner = !kSplitK || sched.owns_tiles();  // runs the epilogue of its tiles
       cute::conditional_t<kSplitsInCluster, HandOver, NoHandOver> hand_over;  // its barriers' phases
       if constexpr (kPingPong) {
-        if (cw == 1) {
-          read_state.advance(job_kt);  // the first k-blocks belong to consumer 0's first job
+        if (kW == 2 ? cw == 1 : cw > 0) {
+          read_state.advance(kW == 2 ? job_kt : cw * job_kt);  // the first k-blocks belong to the consumers before it
           release_state = read_state;
-          named_arrive(barrier_id(NamedBarrier::MmaTurnWG0), 2 * kWarpGroupThreads);
+          if (cw == kW - 1) named_arrive(turn_barrier(0), 2 * kWarpGroupThreads);  // consumer 0 goes first
         }
       }
-      int const k_step = kPingPong ? 2 : 1;  // PingPong: the consumers take alternate jobs
+      int const k_step = kPingPong ? kW : 1;  // PingPong: the consumers take jobs in turn
       for (int k = kPingPong ? cw : 0, job = 0;; k += k_step, ++job) {
         TileCoord tc = sched.tile(k);
         if (!tc.valid) break;
@@ -251,8 +256,8 @@ struct FusedGemmSm90 {
         // turn), off the epilogue's critical path.
         bool const begun = C.begin_early && job == 0 && owner;
         if constexpr (C.begin_early)
-          if (begun) epi.begin_early(ctx, ss.epi[cw], barrier_id(NamedBarrier::EpilogueWG0, cw));
-        if constexpr (kPingPong) named_sync(barrier_id(NamedBarrier::MmaTurnWG0, cw), 2 * kWarpGroupThreads);
+          if (begun) epi.begin_early(ctx, ss.epi[cw], epilogue_barrier(cw));
+        if constexpr (kPingPong) named_sync(turn_barrier(cw), 2 * kWarpGroupThreads);
         trace::mark(t, cw, job, trace::kTurn);
         for (int nt = 0; nt < NTiles; ++nt) {
           // The root stage's tile inputs (TileInput) go to L2 while the tile's mainloop runs.
@@ -260,10 +265,10 @@ struct FusedGemmSm90 {
             if (owner) epi.prefetch(EpiExec::tile_ctx(ctx, nt), ss.epi[cw]);
           if constexpr (kPingPong) {
             Mainloop::mma(pipeline, read_state, release_state, ss.mainloop, accum, kt, t);
-            // The turn goes to the other consumer once per job, after its last tile's wgmmas.
+            // The turn goes to the next consumer once per job, after its last tile's wgmmas.
             if (nt == NTiles - 1) {
               trace::mark(t, cw, job, trace::kIssued);
-              named_arrive(barrier_id(NamedBarrier::MmaTurnWG0, 1 - cw), 2 * kWarpGroupThreads);
+              named_arrive(turn_barrier(kW == 2 ? 1 - cw : (cw + 1) % kW), 2 * kWarpGroupThreads);
             }
             Mainloop::mma_tail(pipeline, release_state, accum, kt);
           } else {
@@ -276,7 +281,7 @@ struct FusedGemmSm90 {
             else hand_over.receive(ss.hand_over[cw], accum, p.M - m0, t);
           } else if constexpr (kSplitK) {
             splitk::SplitK<C> const xk(p, sched.split_slot(cw));
-            int const bar = barrier_id(NamedBarrier::EpilogueWG0, cw);
+            int const bar = epilogue_barrier(cw);
             float* stage = nullptr;
             if constexpr (C.split_gather_rows > 0) stage = ss.gather[cw];
             if (!owner) xk.publish(accum, sched.split, job, epoch, m0, p.M, t, bar);
@@ -291,30 +296,30 @@ struct FusedGemmSm90 {
             ++read_state;
             // Every thread has read the slot before it goes back to the producer.
             auto const free_slot = [&] {
-              named_sync(barrier_id(NamedBarrier::EpilogueWG0, cw), kWarpGroupThreads);
+              named_sync(epilogue_barrier(cw), kWarpGroupThreads);
               pipeline.consumer_release(release_state);
               ++release_state;
             };
-            epi.run_tile(ctx, ss.epi[cw], accum, barrier_id(NamedBarrier::EpilogueWG0, cw), nt, stash, begun, free_slot);
+            epi.run_tile(ctx, ss.epi[cw], accum, epilogue_barrier(cw), nt, stash, begun, free_slot);
           } else if (owner) {
-            epi.run_tile(ctx, ss.epi[cw], accum, barrier_id(NamedBarrier::EpilogueWG0, cw), nt, stash, begun);
+            epi.run_tile(ctx, ss.epi[cw], accum, epilogue_barrier(cw), nt, stash, begun);
           }
         }
         trace::mark(t, cw, job, trace::kEpiDone);
         if constexpr (kPingPong) {
-          read_state.advance(job_kt);  // skip the other consumer's job
+          read_state.advance((kW - 1) * job_kt);  // skip the other consumers' jobs
           release_state = read_state;
         }
       }
       if (t == 0) tma_store_wait_all<0>();
       if constexpr (kWorkspace) {
-        uint32_t const participants = cluster::retire_participants();
+        uint32_t const participants = cluster::retire_participants(kW);
         bool retired = false;  // counted out after its last round (every thread of the warp group alike)
         if constexpr (Geo::kRetireEarly) {
           retired = epi.rounds.retired;
           if (retired) cluster::finish_retire(p, epoch, t, epi.rounds.retire_before, participants);
         }
-        if (!retired) cluster::retire_exchange(p, epoch, t, barrier_id(NamedBarrier::EpilogueWG0, cw), participants);
+        if (!retired) cluster::retire_exchange(p, epoch, t, epilogue_barrier(cw), participants);
       }
       trace::mark_exit(t, cw);
     }

@@ -79,13 +79,13 @@ struct ExchangeLayout {
 };
 COMFUSE_HOST_DEVICE constexpr long long split_owner_slots(KernelConfig const& c, int max_active_clusters) {
   return (long long)(max_active_clusters / split_group_clusters(c)) * c.row_group * c.cluster_size() *
-         Sm90::kConsumerWGs;
+         c.consumer_wgs;
 }
 COMFUSE_HOST_DEVICE constexpr ExchangeLayout exchange_layout(KernelConfig const& c, int max_active_clusters) {
   ExchangeLayout l;
   if (!c.uses_exchange_workspace()) return l;
   long long const groups = max_active_clusters / split_group_clusters(c);
-  long long const slots = (long long)c.exchange_slot_bytes() * groups * c.cluster_m * Sm90::kConsumerWGs;
+  long long const slots = (long long)c.exchange_slot_bytes() * groups * c.cluster_m * c.consumer_wgs;
   long long const owners = split_owner_slots(c, max_active_clusters);
   long long const flags = (owners * c.split_flag_bytes() + 127) / 128 * 128;
   l.split_flags = kExchangeHeaderBytes + slots;

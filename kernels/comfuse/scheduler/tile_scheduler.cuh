@@ -7,8 +7,8 @@
 // CTA of a cluster row holds the same M rows at the same time (the cross-CTA row reductions
 // and the multicast of A rely on this; with ClusterM > 1, below, a cluster has ClusterM
 // rows). Cluster c takes cluster tiles c, c + num_clusters, c + 2 num_clusters, ...; all CTAs
-// of a cluster see the same sequence, the k-th one of which goes to consumer warp group k % 2
-// (PingPong).
+// of a cluster see the same sequence, the k-th one of which goes to consumer warp group
+// k % consumer_wgs (PingPong).
 //
 // Raster: cluster tiles are numbered in bands of `group` M-blocks (raster_along_n == 0;
 // inside a band M moves fastest, so a wave of tiles shares few B panels and few A panels),
@@ -26,7 +26,7 @@
 // ClusterN * NTiles column blocks; tile(k) gives the job's first column block of this CTA,
 // ct.n * ClusterN * NTiles + rank, and the CTA's tile t of the job is that + t * ClusterN
 // (interleaved: at every tile the cluster covers ClusterN adjacent column blocks). All CTAs of
-// a cluster see the same jobs; PingPong consumer k % 2 takes job k.
+// a cluster see the same jobs; PingPong consumer k % consumer_wgs takes job k.
 // RowGroup = G > 1 (row reductions across clusters, cluster/global_exchange.cuh): G consecutive
 // clusters form a row group that walks jobs together, like one cluster of G x ClusterN CTAs along
 // N: the job's column blocks are spread over G * ClusterN CTAs, CTA (cluster g*G + i, rank r)
@@ -93,12 +93,12 @@ struct TileScheduler {
   // Split-K: the owner warp group's slot of tags and partial tiles that every split of the
   // same tile, rank and warp group uses (grid.cuh's exchange_layout sizes them).
   COMFUSE_DEVICE int split_slot(int wg) const {
-    return ((group_id * RowGroup + in_group) * (ClusterM * ClusterN) + rank_m * ClusterN + rank) * 2 + wg;
+    return ((group_id * RowGroup + in_group) * (ClusterM * ClusterN) + rank_m * ClusterN + rank) * C.consumer_wgs + wg;
   }
 
   // The exchange slot of consumer warp group wg (cluster/global_exchange.cuh): one per
   // (row group, rank along M, warp group); grid.cuh's exchange_workspace_bytes sizes the workspace to match.
-  COMFUSE_DEVICE int exchange_slot(int wg) const { return (group_id * ClusterM + rank_m) * 2 + wg; }
+  COMFUSE_DEVICE int exchange_slot(int wg) const { return (group_id * ClusterM + rank_m) * C.consumer_wgs + wg; }
 
   // The k-th tile of this CTA (k = 0, 1, 2, ...).
   COMFUSE_DEVICE TileCoord tile(int k) const {
