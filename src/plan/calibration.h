@@ -173,6 +173,14 @@ struct PlannerTunables {
   // 0.39-0.70 of the modeled epilogue over RMSNorm, LayerNorm, softmax, residual RMSNorm at
   // 8192x4096x4104 and LayerNorm and the chain at 1024x4096x1000, 0.45 at LayerNorm 8000x4000x1000.
   double row_group_cooperative_epilogue_share = 0.5;
+  // A job's epilogue (rounds included) with three consumer warp groups (KernelConfig::
+  // consumer_wgs, 64-row PingPong tiles), two of them in epilogues beside the third's mainloop,
+  // against the two-warp-group model: they slow each other's arithmetic and stretch the row
+  // group's rounds (the peers' publishes spread). MEASURED (`comfuse run --trace`, bench/sweeps/
+  // consumer_wgs_trace.txt, the same 64x128 tiles with two and three): 1.72x per job on the
+  // softmax > LayerNorm > RMSNorm chain at 4096x4096x1024 (28.6 against 16.6 us), 1.63x on
+  // residual LayerNorm at 8192x1024x1024 (10.1 against 6.2), so a third warp group bought no time.
+  double three_consumer_epilogue_stretch = 1.7;
   // The same mainloop by ring depth, where the epilogue's SMEM (TMA-store staging per output, a
   // TileInput's whole tile) leaves fewer k-blocks in flight than a TMA round trip needs.
   // MEASURED on the H200 (PingPong 128x128, clusters 2x1, row groups; bench/NOTES.md): 2

@@ -21,7 +21,9 @@
 // (the last epilogue exposed), plus a share of the stash traffic in each mainloop (it competes
 // with the operand loads). With W consumer warp groups (KernelConfig::consumer_wgs, 64-row
 // PingPong tiles) the mainloops still take turns, and W - 1 epilogues run beside each one:
-//   ml + epi + (J - 1) max(ml, (ml + epi) / W). A CTA with one job only runs its one consumer alone: every
+//   ml + epi + (J - 1) max(ml, (ml + epi) / W),
+// each epilogue stretched by the others beside it (calibration.h
+// three_consumer_epilogue_stretch, measured). A CTA with one job only runs its one consumer alone: every
 // epilogue exposed. Candidates whose storage fits (a stash that does not fit in SMEM moves to a
 // workspace) are priced again at the ring depth that storage leaves; the cheapest then wins.
 // Split-K (S > 1, one N-tile per CTA, every job in one wave): S split groups of G clusters share
@@ -337,6 +339,7 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
           d.job_mainloop_us = double(n_tiles) * (t_tile + tun.row_group_stash_exposed * t_s1);
           d.job_epilogue_us = double(n_tiles) * t_s2 * share + arithmetic + d.exchange_us;
         }
+        if (wgs > Sm90::kConsumerWGs) d.job_epilogue_us *= tun.three_consumer_epilogue_stretch;
         d.priced(1.0, c.max_ring_stages);
         options.push_back(o);
       }

@@ -902,7 +902,8 @@ TEST(Plan, RowGroupsTakeCooperativeTilesWhereRowsMisalign) {
 // Three consumer warp groups (KernelConfig::consumer_wgs): forced only, on 64-row PingPong tiles of
 // row groups and elementwise plans; each WG its own SMEM, exchange slot and named barriers, the
 // registers split anew within the launch's pool; the model lets 2 epilogues run beside each
-// mainloop. Refused with the reason where the kernel cannot carry them.
+// mainloop, each stretched as measured (so it prices them above two consumers, as they ran).
+// Refused with the reason where the kernel cannot carry them.
 TEST(Plan, ThreeConsumerWarpGroupsWhereForced) {
   PlanOptions opt;
   opt.consumer_wgs = 3;
@@ -920,7 +921,8 @@ TEST(Plan, ThreeConsumerWarpGroupsWhereForced) {
   same_tiles.consumer_wgs = 2, same_tiles.tile_m = 64, same_tiles.tile_n = 128;
   const Plan two = make_plan(chain(5), prob(4096, 4096, 1024), full_device(), {}, same_tiles);
   EXPECT_EQ(two.kernel.consumer_wgs, 2);
-  EXPECT_LT(three.estimate.total_us, two.estimate.total_us) << "a long epilogue beside two mainloops";
+  EXPECT_GT(three.estimate.total_us, two.estimate.total_us)
+      << "as measured: three epilogues at once each run ~1.7x as long (calibration.h three_consumer_epilogue_stretch)";
   EXPECT_NE(explain(chain(5), three).find("3 consumer warp groups"), std::string::npos) << explain(chain(5), three);
   KernelConfig four = three.kernel;
   four.consumer_wgs = 4;
