@@ -95,10 +95,10 @@ struct KernelConfig {
   int ring_stages = 4;    // depth of the SMEM ring of A/B k-blocks (not the epilogue's stages)
   int wgs_per_tile = 1;   // 1: PingPong (each consumer WG owns a tile); 2: cooperative (both share one)
   int mma_depth = 1;      // k-blocks of wgmma a consumer leaves in flight
-  // Consumer warp groups of a CTA. PingPong with more than 2 (64-row tiles, fewer registers
-  // each): the tensor cores still serve one consumer at a time, in turn, while the others run
-  // their epilogues, so an epilogue up to (consumer_wgs - 1) mainloops long hides (a row
-  // group's L2 rounds, a long chain) where 2 hide one.
+  // Consumer warp groups of a CTA. PingPong with 3 (64-row tiles, fewer registers each): the
+  // tensor cores still serve one consumer at a time, in turn, while two run their epilogues
+  // beside it. Forced only: MEASURED slower wherever tried (three epilogues at once each ran
+  // 1.6-1.7x as long, their row group's rounds stretched; bench/NOTES.md Stop 41).
   int consumer_wgs = Sm90::kConsumerWGs;
   int cluster_m = 1;      // clusters along M share the B tile (TMA multicast)
   int cluster_n = 1;      // clusters along N share the A tile (TMA multicast) and a row's reduction
