@@ -42,8 +42,10 @@ void add_reasons(Plan& plan, const ChainInfo& chain, const DeviceModel& dev, con
       plan.regs_per_thread, plan.live_tile_values, plan.kernel.consumer_regs(), Sm90::kTileK, ab,
       plan.kernel.consumer_wgs > Sm90::kConsumerWGs
           ? fmt::format("; the tensor cores serve the {} in turn, so each job's epilogue may run as long as {} other "
-                        "jobs' mainloops (two warp groups: one) before it holds the next turn back",
-                        plan.kernel.consumer_wgs, plan.kernel.consumer_wgs - 1)
+                        "jobs' mainloops (two warp groups: one) before it holds the next turn back, but the "
+                        "epilogues beside one another each run ~{:.1f}x as long (calibration.h "
+                        "three_consumer_epilogue_stretch): measured slower than two wherever tried",
+                        plan.kernel.consumer_wgs, plan.kernel.consumer_wgs - 1, tun.three_consumer_epilogue_stretch)
           : std::string()));
 
   const std::string forced = opt.cluster_n ? " (forced)" : "";
