@@ -153,8 +153,7 @@ struct KernelConfig {
   COMFUSE_HOST_DEVICE constexpr int launch_regs() const { return Sm90::kRegisters / threads() / 8 * 8; }
   COMFUSE_HOST_DEVICE constexpr int producer_regs() const { return consumer_wgs <= 2 ? Sm90::kProducerRegs : 32; }
   COMFUSE_HOST_DEVICE constexpr int consumer_regs() const {
-    return consumer_wgs <= 2 ? Sm90::kConsumerRegs
-                             : ((consumer_wgs + 1) * launch_regs() - producer_regs()) / consumer_wgs / 8 * 8;
+    return ((consumer_wgs + 1) * launch_regs() - producer_regs()) / consumer_wgs / 8 * 8;
   }
   // The schedule's name (explain, the planner's reasons and runners-up, the CLI).
   COMFUSE_HOST_DEVICE constexpr char const* schedule() const { return wgs_per_tile == 1 ? "PingPong" : "cooperative"; }
@@ -291,6 +290,23 @@ struct ExchangeHeader {
 };
 inline constexpr int kExchangeHeaderBytes = 128;  // keeps the slots 128-byte aligned
 
+// What more than the default 2 consumer warp groups need of the rest of `c` (nullptr: nothing
+// missing), which the planner also applies to forced options and its candidates: fewer registers
+// each (consumer_regs()) hold one 64-row warp group's tile of at most 64 fp32 accumulators a
+// thread, and each consumer runs its own jobs over the ring, so no DSMEM channel or split-K
+// hand-over laid out for two.
+COMFUSE_HOST_DEVICE constexpr char const* check_consumer_wgs(KernelConfig const& c) {
+  if (c.consumer_wgs <= Sm90::kConsumerWGs) return nullptr;
+  if (c.wgs_per_tile != 1 || c.tile_m != 64 || c.accumulators() > 64)
+    return "more than 2 consumer warp groups hold 64-row tiles, PingPong, of at most 64 accumulators a thread "
+           "(tile_n <= 128; fewer registers each)";
+  if (c.cluster_n != 1) return "more than 2 consumer warp groups take row groups or elementwise plans, not a DSMEM cluster";
+  if (c.k_splits != 1) return "more than 2 consumer warp groups take no K-splits";
+  return nullptr;
+}
+static_assert(KernelConfig{}.consumer_regs() == Sm90::kConsumerRegs,
+              "the setmaxnreg split of the default 2 consumers (KernelConfig::consumer_regs) is Sm90's");
+
 // Why `c` cannot be built, or nullptr when it can: every limit of the kernel templates and of
 // sm_90 in one place. The planner skips candidates it refuses; the kernel static_asserts it.
 COMFUSE_HOST_DEVICE constexpr bool is_pow2(int v) { return v > 0 && (v & (v - 1)) == 0; }
@@ -304,14 +320,7 @@ COMFUSE_HOST_DEVICE constexpr char const* check(KernelConfig const& c) {
     return "a warp group's tile exceeds 128 fp32 accumulators per thread";
   if (c.mma_depth != 1 && c.mma_depth != 2) return "mma_depth: 1 or 2";
   if (c.consumer_wgs < 2 || c.consumer_wgs > Sm90::kMaxConsumerWGs) return "consumer_wgs: 2 or 3 consumer warp groups";
-  // More consumers take fewer registers each (consumer_regs()): one 64-row warp group's tile of
-  // at most 64 fp32 accumulators a thread; each its own job over the ring, so no DSMEM channel
-  // or split-K hand-over laid out for two.
-  if (c.consumer_wgs > 2 && (c.wgs_per_tile != 1 || c.tile_m != 64 || c.accumulators() > 64))
-    return "more than 2 consumer warp groups: PingPong tiles of 64 rows and at most 64 accumulators a thread "
-           "(tile_n <= 128)";
-  if (c.consumer_wgs > 2 && (c.cluster_n != 1 || c.k_splits != 1))
-    return "more than 2 consumer warp groups: no cluster along N (DSMEM) and no split-K";
+  if (char const* why = check_consumer_wgs(c)) return why;
   if (c.ring_stages < 2 || c.ring_stages <= c.mma_depth) return "ring_stages: at least 2, and more than mma_depth";
   if (!is_pow2(c.cluster_n) || c.cluster_n > Sm90::kMaxClusterSize) return "cluster_n: 1, 2, 4, 8 or 16";
   if (c.cluster_m != 1 && c.cluster_m != 2 && c.cluster_m != 4) return "cluster_m: 1, 2 or 4";

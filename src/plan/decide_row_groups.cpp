@@ -67,12 +67,6 @@ constexpr int kGroups[] = {1, 2, 4, 8, 16, 32, 64};
 constexpr int kSplits[] = {1, 2, 3, 4, 6, 8, 12, 16};
 
 // The model's account of one division of the work (microseconds).
-// What a held ring slot of tile inputs costs the other consumer's job (Division::priced): the
-// hold less the k-blocks, at `ring` of full speed, that the other stages - 1 cover meanwhile.
-double held_slot_stall_us(double hold_us, double kblock_us, double ring, int stages) {
-  return std::max(0.0, hold_us - double(stages - 1) * kblock_us / ring);
-}
-
 struct Division {
   int64_t jobs_per_cta = 1;
   double job_mainloop_us = 0;  // one job's mainloops (T tiles), at full ring speed
@@ -94,6 +88,14 @@ struct Division {
   int consumers = Sm90::kConsumerWGs;  // PingPong: warp groups taking the jobs in turn
   double unaligned_rows = 1.0;  // the mainloop's speed on rows off 128-byte lines (1: aligned or not charged)
 
+  // The ring stages a consumer's mainloop keeps while the others hold their tile inputs' slots
+  // (each consumer in its epilogue's first stage may hold one), and what a hold costs its job
+  // (priced): the hold less the k-blocks, at `ring` of full speed, that those stages cover.
+  int stages_beside_held(int stages) const { return stages - (consumers - 1); }
+  double held_stall_us(double hold_us, double ring, int stages) const {
+    return std::max(0.0, hold_us - double(stages_beside_held(stages)) * kblock_us / ring);
+  }
+
   // The CTA's time with the mainloops at `ring` of full speed over `stages` ring stages (both
   // known only once the epilogue's SMEM is). The ring is a FIFO: while one consumer holds its tile
   // inputs' slot, the producer can refill only the stages - 1 others, so the other consumer's
@@ -101,8 +103,7 @@ struct Division {
   // the longer wait anyway.
   void priced(double ring, int stages) {
     const double ml = job_mainloop_us / ring;
-    // Each consumer in its epilogue's first stage may hold a slot: the others' mainloops get what is left.
-    ring_stall_us = held_slot_stall_us(ring_hold_us, kblock_us, ring, stages - (consumers - 2));
+    ring_stall_us = held_stall_us(ring_hold_us, ring, stages);
     mainloop_us = double(jobs_per_cta) * ml;
     est_us = launch_us + (jobs_per_cta == 1 || cooperative
                               ? double(jobs_per_cta) * (ml + job_epilogue_us)
@@ -178,6 +179,9 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
   };
   std::vector<Option> options;
   const int stash_bytes = opt.stash_bytes.value_or(4);
+  // More consumer warp groups only where forced: measured slower wherever tried (calibration.h
+  // three_consumer_epilogue_stretch).
+  const int wgs = opt.consumer_wgs.value_or(Sm90::kConsumerWGs);
   for (const TileShape& ts : kTiles) {
     if (opt.tile_m && *opt.tile_m != ts.tile_m) continue;
     if (opt.tile_n && *opt.tile_n != ts.tile_n) continue;
@@ -191,12 +195,7 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
       for (int g : kGroups)
       for (int ks : splits)
       for (bool in_cluster : {false, true})
-      for (bool inputs_in_ring : {true, false})
-      for (int wgs : {2, 3}) {
-        // More consumer warp groups (fewer registers each: 64-row tiles of <= 64 accumulators a
-        // thread, no split-K; config.cuh check()) only where forced until measured.
-        if (wgs != opt.consumer_wgs.value_or(Sm90::kConsumerWGs)) continue;
-        if (wgs > Sm90::kConsumerWGs && (ts.wgs > 1 || ts.tile_m != 64 || ts.tile_n > 128 || ks > 1)) continue;
+      for (bool inputs_in_ring : {true, false}) {
         if (opt.row_group && *opt.row_group != g) continue;
         if (!opt.row_group && g > 1 && g / 2 >= tiles_n) continue;  // CTAs with no columns at all
         // The splits' hand-over over DSMEM: one hardware cluster of the ks CTAs, no multicast
@@ -235,6 +234,7 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
         c.k.consumer_wgs = wgs;
         c.k.n_tiles = static_cast<int>(n_tiles);
         c.k.k_splits = ks;
+        if (check_consumer_wgs(c.k)) continue;  // tiles and divisions more consumers cannot take
         c.k.splits_in_cluster = in_cluster;
         c.k.row_reduction = chain.reductions > 0;
         c.k.aggregation = g > 1 && chain.reductions > 0 ? Aggregation::L2Exchange : Aggregation::None;
@@ -430,8 +430,8 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
     const auto held_slot = [&](double hold_us) {
       return fmt::format("{:.1f} us a job ({:.1f} us held against {} k-blocks of {:.2f} us in the other stages: "
                          "calibration.h row_group_ring_input_hold_us)",
-                         held_slot_stall_us(hold_us, o.d.kblock_us, ring, c.k.ring_stages), hold_us,
-                         c.k.ring_stages - 1, o.d.kblock_us / ring);
+                         o.d.held_stall_us(hold_us, ring, c.k.ring_stages), hold_us,
+                         o.d.stages_beside_held(c.k.ring_stages), o.d.kblock_us / ring);
     };
     if (c.ring_inputs_declined)
       c.why += "; not in the ring, which could carry them: holding its slot through the first stage would starve the "

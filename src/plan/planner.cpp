@@ -189,21 +189,19 @@ void check_request(const FusionSpec& s, const Problem& p, const DeviceModel& dev
     throw Error(fmt::format("plan: consumer_wgs = {} is not in {}..{}", *opt.consumer_wgs, Sm90::kConsumerWGs,
                             Sm90::kMaxConsumerWGs));
   if (opt.consumer_wgs && *opt.consumer_wgs > Sm90::kConsumerWGs) {
-    if (opt.cluster_n || opt.strategy || (opt.aggregation && *opt.aggregation != Aggregation::L2Exchange))
+    // The forced options against what more consumers need (config.cuh check_consumer_wgs), the
+    // others at the values these plans take.
+    KernelConfig probe;
+    probe.consumer_wgs = *opt.consumer_wgs;
+    probe.tile_m = opt.tile_m.value_or(64), probe.tile_n = opt.tile_n.value_or(128);
+    probe.cluster_n = opt.cluster_n.value_or(1), probe.k_splits = opt.k_splits.value_or(1);
+    if (const char* why = check_consumer_wgs(probe))
+      throw Error(fmt::format("plan: consumer_wgs = {} with tile {}x{}, cluster_n {}, k_splits {}: {}", probe.consumer_wgs,
+                              probe.tile_m, probe.tile_n, probe.cluster_n, probe.k_splits, why));
+    if (opt.strategy || (opt.aggregation && *opt.aggregation != Aggregation::L2Exchange))
       throw Error(fmt::format("plan: consumer_wgs = {}: more than {} consumer warp groups take row groups or "
-                              "elementwise plans, not a DSMEM cluster (cluster_n, strategy, p2p / leader)",
+                              "elementwise plans, not a DSMEM cluster (strategy, p2p / leader)",
                               *opt.consumer_wgs, Sm90::kConsumerWGs));
-    if (opt.k_splits && *opt.k_splits > 1)
-      throw Error(fmt::format("plan: consumer_wgs = {} with split-K: more than {} consumer warp groups take no K-splits",
-                              *opt.consumer_wgs, Sm90::kConsumerWGs));
-    if (opt.tile_m && *opt.tile_m != 64)
-      throw Error(fmt::format("plan: consumer_wgs = {} with tile_m = {}: more than {} consumer warp groups hold 64-row "
-                              "tiles (fewer registers each)",
-                              *opt.consumer_wgs, *opt.tile_m, Sm90::kConsumerWGs));
-    if (opt.tile_n && *opt.tile_n > 128)
-      throw Error(fmt::format("plan: consumer_wgs = {} with tile_n = {}: more than {} consumer warp groups hold at most "
-                              "64 accumulators a thread (tile_n <= 128)",
-                              *opt.consumer_wgs, *opt.tile_n, Sm90::kConsumerWGs));
   }
   if (opt.ring_stages && (*opt.ring_stages < 2 || *opt.ring_stages > Sm90::kMaxRingStages))
     throw Error(fmt::format("plan: ring_stages = {} is not in 2..{}", *opt.ring_stages, Sm90::kMaxRingStages));
