@@ -26,14 +26,16 @@ struct ReduceMean {
   static COMFUSE_DEVICE float combine(float a, float x) { return a + x; }
   static COMFUSE_DEVICE float finalize(float a, int n) { return __fdiv_rn(a, float(n)); }
 };
+// Max and min as one FMNMX each. Like ops.def's (x > acc ? x : acc) from -inf, they drop NaN
+// (fmaxf returns the other operand), in either operand: a combine tree may hold one in each.
 struct ReduceMax {
   static COMFUSE_DEVICE float identity() { return -__int_as_float(0x7f800000); }
-  static COMFUSE_DEVICE float combine(float a, float x) { return x > a ? x : a; }
+  static COMFUSE_DEVICE float combine(float a, float x) { return fmaxf(a, x); }
   static COMFUSE_DEVICE float finalize(float a, int) { return a; }
 };
 struct ReduceMin {
   static COMFUSE_DEVICE float identity() { return __int_as_float(0x7f800000); }
-  static COMFUSE_DEVICE float combine(float a, float x) { return x < a ? x : a; }
+  static COMFUSE_DEVICE float combine(float a, float x) { return fminf(a, x); }
   static COMFUSE_DEVICE float finalize(float a, int) { return a; }
 };
 
@@ -83,22 +85,41 @@ template <class Op, int Operand, class PostStage, int Pair = kPairNone> struct R
   static_assert(Pair != kPairMaxExpSum || cute::is_same_v<Op, ReduceMax>, "kPairMaxExpSum: a max reduction");
   static constexpr bool kIsReduction = true;
   template <class Geo> struct Impl : NodeBase<Geo> {
-    float a[Geo::MBlocks][2];
+    // Several N-tiles a job (Stash) keep the partials live through the next tiles' mainloops,
+    // where 64x256 accumulators leave no registers for four a row (ptxas spilled): one there.
+    static constexpr int kSlots = Geo::NTiles == 1 ? 4 : 1;
+    float a[Geo::MBlocks][2][kSlots];
     // Partials accumulate across the N-tiles of a job (Stash): reset on its first tile only.
     COMFUSE_DEVICE void begin(EpiCtx const& c, NoStorage&) {
       if (c.tile != 0) return;
       CUTE_UNROLL
-      for (int mi = 0; mi < Geo::MBlocks; ++mi) a[mi][0] = a[mi][1] = Op::identity();
+      for (int mi = 0; mi < Geo::MBlocks; ++mi)
+        CUTE_UNROLL
+        for (int k = 0; k < 2 * kSlots; ++k) a[mi][k / kSlots][k % kSlots] = Op::identity();
     }
+    // kSlots running partials a row, one per column position of the fragment (k = (e & 1) +
+    // 2 (e >> 2)) where there are four: a dependency chain a quarter as long (the chain, not the
+    // instruction count, paced these loops: bench/NOTES.md, "Reduction chains"), each value
+    // still one (predicated) combine.
     template <int I, class V> COMFUSE_DEVICE void visit(EpiCtx const& c, FragCoord const& fc, Frag const&, V& v) {
       static_assert(Operand < I, "operands must precede the node");
       int const n_valid = c.N - c.n0 - fc.col;  // columns of this fragment that exist: col < n_valid
       CUTE_UNROLL
       for (int e = 0; e < kFrag; ++e) {
-        float x = frag_col(e) < n_valid ? v[Operand][e] : Op::identity();
-        a[fc.mi][(e >> 1) & 1] = Op::combine(a[fc.mi][(e >> 1) & 1], x);
+        float& acc = a[fc.mi][(e >> 1) & 1][((e & 1) + 2 * (e >> 2)) % kSlots];
+        // Four slots: a predicated combine (no select). One: the identity selected in, which
+        // keeps the several-N-tile kernels' registers as they were (the predicated form spilled
+        // one of them, a DSMEM 64x256 plan).
+        if constexpr (kSlots == 1) acc = Op::combine(acc, frag_col(e) < n_valid ? v[Operand][e] : Op::identity());
+        else if (frag_col(e) < n_valid) acc = Op::combine(acc, v[Operand][e]);
         v[I][e] = 0.f;
       }
+    }
+    // The row's partial of this thread (the reduce phase's start): the slots folded as a tree.
+    COMFUSE_DEVICE float partial(int mi, int h) const {
+      float const(&x)[kSlots] = a[mi][h];
+      if constexpr (kSlots == 1) return x[0];
+      else return Op::combine(Op::combine(x[0], x[1]), Op::combine(x[2], x[3]));
     }
   };
 };

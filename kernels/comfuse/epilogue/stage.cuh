@@ -133,6 +133,12 @@ template <class N> struct divisor_of { static constexpr int value = -1; };
 template <int A, int B> struct divisor_of<Compute<Div, A, B>> { static constexpr int value = B; };
 template <class N> struct dividend_of { static constexpr int value = -1; };
 template <int A, int B> struct dividend_of<Compute<Div, A, B>> { static constexpr int value = A; };
+// Compute<Exp, S>: its operand (the executor folds exp(a - b) of a per-row b into one FFMA).
+template <class N> struct exp_operand_of { static constexpr int value = -1; };
+template <int S> struct exp_operand_of<Compute<Exp, S>> { static constexpr int value = S; };
+// Compute<Sub, A, B>'s operands (-1: another node).
+template <class N> struct sub_of { static constexpr int a = -1, b = -1; };
+template <int A, int B> struct sub_of<Compute<Sub, A, B>> { static constexpr int a = A, b = B; };
 template <class N, class = void> struct pair_of { static constexpr int value = 0; };
 template <class N> struct pair_of<N, cute::void_t<decltype(N::kPair)>> { static constexpr int value = N::kPair; };
 struct NoTreeHolder {
@@ -423,10 +429,34 @@ template <class... Nodes> struct Stage {
           constexpr int a = detail::dividend_of<N>::value, b = detail::divisor_of<N>::value;
           CUTE_UNROLL
           for (int e = 0; e < kFrag; ++e) vals[I][e] = vals[a][e] * (1.f / vals[b][e]);
+        } else if constexpr (exp_row_shift<N>()) {
+          // exp(a - b) with one b per row (softmax's exp(x - max)): 2^(a log2(e) - b log2(e)), the
+          // subtraction inside the FFMA that scales for ex2 (one instruction a value fewer). Its
+          // extra error is the rounding of b log2(e): at most 2^-24 |b| log2(e) in the exponent,
+          // one factor for the whole row (1 + 6e-6 at |b| = 100), which a softmax's normalization
+          // cancels exactly.
+          constexpr int s = detail::exp_operand_of<N>::value;
+          constexpr int a = detail::sub_of<cute::tuple_element_t<s, cute::tuple<Nodes...>>>::a;
+          constexpr int b = detail::sub_of<cute::tuple_element_t<s, cute::tuple<Nodes...>>>::b;
+          CUTE_UNROLL
+          for (int e = 0; e < kFrag; ++e) vals[I][e] = fast_exp2(fmaf(vals[a][e], kLog2e, -(vals[b][e] * kLog2e)));
         } else {
           cute::get<I>(impls).template visit<I>(c, fc, acc, vals);
         }
       });
+    }
+    // Whether node N is exp(a - b) with b one value per row (or a scalar), and a - b does not
+    // travel on to the PostStage (log-softmax's x - max does: both values then stay live, and
+    // ptxas spilled the vocabulary kernel's 64x256 tiles).
+    template <class N> static constexpr bool exp_row_shift() {
+      constexpr int s = detail::exp_operand_of<N>::value;
+      if constexpr (s < 0 || s == kTileBypass) {
+        return false;
+      } else {
+        constexpr int b = detail::sub_of<cute::tuple_element_t<s, cute::tuple<Nodes...>>>::b;
+        if constexpr (b < 0) return false;
+        else return Classes::cls(b) != kClassTile;
+      }
     }
 
     // Tile t of a job: the context of tile 0 moved by t * RowPeers * BN columns.
@@ -642,13 +672,15 @@ template <class... Nodes> struct Stage {
       int const n_local = max(0, min(Geo::BN, c.N - c.n0));
       float const inv = n_local > 0 ? __fdiv_rn(1.f, float(n_local)) : 0.f;
       float center[Geo::MBlocks][2];
+      float part[Geo::MBlocks][2][4];  // four running sums a row, as Reduction::visit's partials
       CUTE_UNROLL
       for (int mi = 0; mi < Geo::MBlocks; ++mi)
         CUTE_UNROLL
         for (int h = 0; h < 2; ++h) {
           if constexpr (kPair == kPairMeanM2) center[mi][h] = first[mi][h] * inv;
           else center[mi][h] = first[mi][h] == ReduceMax::identity() ? 0.f : first[mi][h];
-          second[mi][h] = 0.f;
+          CUTE_UNROLL
+          for (int k = 0; k < 4; ++k) part[mi][h][k] = 0.f;
         }
       CUTE_UNROLL
       for (int s = 0; s < Geo::SubTiles; ++s)
@@ -660,15 +692,17 @@ template <class... Nodes> struct Stage {
             int const base = mi * (Geo::BN / 2) + 8 * (4 * s + j);
             CUTE_UNROLL
             for (int e = 0; e < kFrag; ++e) {
-              float const d = accum(base + e) - center[mi][(e >> 1) & 1];
-              float const term = kPair == kPairMeanM2 ? d * d : fast_exp(d);
-              if (col + frag_col(e) < c.N) second[mi][(e >> 1) & 1] += term;
+              float const x = accum(base + e), ctr = center[mi][(e >> 1) & 1];
+              // exp(x - max) as visit_all folds it (one FFMA for the shift and the scale).
+              float const term = kPair == kPairMeanM2 ? (x - ctr) * (x - ctr) : fast_exp2(fmaf(x, kLog2e, -(ctr * kLog2e)));
+              if (col + frag_col(e) < c.N) part[mi][(e >> 1) & 1][(e & 1) + 2 * (e >> 2)] += term;
             }
           }
       CUTE_UNROLL
       for (int mi = 0; mi < Geo::MBlocks; ++mi)
         CUTE_UNROLL
         for (int h = 0; h < 2; ++h) {
+          second[mi][h] = (part[mi][h][0] + part[mi][h][1]) + (part[mi][h][2] + part[mi][h][3]);
           second[mi][h] += __shfl_xor_sync(0xffffffffu, second[mi][h], 1);
           second[mi][h] += __shfl_xor_sync(0xffffffffu, second[mi][h], 2);
         }
@@ -713,7 +747,7 @@ template <class... Nodes> struct Stage {
         for (int mi = 0; mi < Geo::MBlocks; ++mi)
           CUTE_UNROLL
           for (int h = 0; h < 2; ++h) {
-            float x = red.a[mi][h];
+            float x = red.partial(mi, h);
             x = Op::combine(x, __shfl_xor_sync(0xffffffffu, x, 1));
             x = Op::combine(x, __shfl_xor_sync(0xffffffffu, x, 2));
             v[mi][h] = x;
