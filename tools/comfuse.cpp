@@ -428,6 +428,12 @@ int run_gpu(const Graph& g, const Bindings& b, const PlanOptions& plan, uint64_t
   return 0;
 }
 
+// ptxas's stack frame and spills of a compiled kernel, for `compile`'s line ("spills 0 B": none).
+std::string ptxas_usage(const CompiledKernel& c) {
+  if (c.spill_bytes < 0) return "ptxas usage not reported";
+  return fmt::format("stack {} B, spills {} B", c.stack_bytes, c.spill_bytes);
+}
+
 int cmd_emit(const std::string& file, const DimArgs& d, const PlanOptions& plan, bool compile, bool trace = false) {
   CompileOptions opt;
   opt.plan = plan;
@@ -448,9 +454,9 @@ int cmd_emit(const std::string& file, const DimArgs& d, const PlanOptions& plan,
     }
     EmittedKernel k;
     CompiledKernel c = compile_only_b2b(f, e, pr, opt, &k);
-    std::cout << fmt::format("b2b pair ({} -> {}): {} cubin {} bytes, {} in {:.2f} s{}, key {}\n", f.name, e.name,
+    std::cout << fmt::format("b2b pair ({} -> {}): {} cubin {} bytes, {} in {:.2f} s{}, {}, key {}\n", f.name, e.name,
                              k.entry, c.cubin.size(), c.compiler, c.cache_hit ? c.elapsed_seconds : c.compile_seconds,
-                             c.cache_hit ? " (cache hit)" : "", c.key);
+                             c.cache_hit ? " (cache hit)" : "", ptxas_usage(c), c.key);
     return 0;
   }
   const std::vector<FusionSpec> specs = kernel_specs(r, choice, plan);
@@ -462,9 +468,9 @@ int cmd_emit(const std::string& file, const DimArgs& d, const PlanOptions& plan,
     }
     EmittedKernel k;
     CompiledKernel c = compile_only(s, problem_of(s, b), opt, &k);
-    std::cout << fmt::format("region {} ({}): {} cubin {} bytes, {} in {:.2f} s{}, key {}\n", i, s.name, k.entry,
+    std::cout << fmt::format("region {} ({}): {} cubin {} bytes, {} in {:.2f} s{}, {}, key {}\n", i, s.name, k.entry,
                              c.cubin.size(), c.compiler, c.cache_hit ? c.elapsed_seconds : c.compile_seconds,
-                             c.cache_hit ? " (cache hit)" : "", c.key);
+                             c.cache_hit ? " (cache hit)" : "", ptxas_usage(c), c.key);
   }
   return 0;
 }

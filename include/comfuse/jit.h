@@ -59,6 +59,10 @@ struct CompiledKernel {
   double elapsed_seconds = 0;       // time this jit_compile call took (hit: load + verify)
   bool cache_hit = false;           // true: loaded from disk without compiling
   bool wgmma_serialized = false;    // ptxas C7510/C7520: wgmma serialized, the kernel will be slow
+  // ptxas -v's function properties (the entry's; -1: not reported): its stack frame, and the
+  // bytes it spills to and reloads from that stack (a register budget the kernel overran).
+  int stack_bytes = -1;
+  int spill_bytes = -1;
   bool pch_used = false;            // this call compiled against a precompiled header
   std::string log;                  // compiler log (ptxas diagnostics included)
   std::filesystem::path entry_dir;  // <cache>/<key>, empty when use_cache is false
@@ -99,6 +103,7 @@ struct CompileOutput {
   std::string ptx;  // only when asked for (dumps)
   std::string log;
   bool wgmma_serialized = false;
+  int stack_bytes = -1, spill_bytes = -1;  // CompiledKernel's
   bool pch_used = false;
   double seconds = 0;  // a PCH made for this compile included
 };

@@ -40,7 +40,7 @@ using json = nlohmann::json;
 namespace comfuse {
 namespace {
 
-constexpr int kFormat = 1;  // bump when the entry layout or key recipe changes
+constexpr int kFormat = 2;  // bump when the entry layout or key recipe changes
 
 // COMFUSE_LOG names an spdlog level. spdlog maps an unknown name to `off`, which would also
 // silence the warnings that matter (a corrupt cache entry, an nvcc fallback): refuse it.
@@ -238,6 +238,8 @@ bool load_entry(const fs::path& dir, const std::string& key, const fs::path& tmp
     out.compiler = meta.at("compiler").get<std::string>();
     out.compile_seconds = meta.at("compile_seconds").get<double>();
     out.wgmma_serialized = meta.at("wgmma_serialized").get<bool>();
+    out.stack_bytes = meta.at("stack_bytes").get<int>();
+    out.spill_bytes = meta.at("spill_bytes").get<int>();
     out.log = meta.at("log").get<std::string>();
     out.entry_dir = dir;
     return true;
@@ -268,6 +270,8 @@ json make_meta(const KernelSource& src, const JitOptions& opt, const KeyInputs& 
               {"cubin_xxh3", hash_hex(cubin)},
               {"compile_seconds", ck.compile_seconds},
               {"wgmma_serialized", ck.wgmma_serialized},
+              {"stack_bytes", ck.stack_bytes},
+              {"spill_bytes", ck.spill_bytes},
               {"log", ck.log},
               {"created_unix", std::chrono::duration_cast<std::chrono::seconds>(
                                    std::chrono::system_clock::now().time_since_epoch()).count()}};
@@ -460,12 +464,15 @@ CompiledKernel jit_compile(const KernelSource& src, const JitOptions& opt) {
   ck.compiler = cc.identity();
   ck.compile_seconds = co.seconds;
   ck.wgmma_serialized = co.wgmma_serialized;
+  ck.stack_bytes = co.stack_bytes;
+  ck.spill_bytes = co.spill_bytes;
   ck.pch_used = co.pch_used;
   ck.log = co.log;
   if (!is_cubin_elf(ck.cubin)) throw Error(fmt::format("jit: {} returned a cubin that is not a CUDA ELF", cc.identity()));
   check_entry(src, ck);
-  spdlog::debug("jit: compiled '{}' with {}{} in {:.2f} s, cubin {} bytes, key {}", src.name, cc.identity(),
-                co.pch_used ? " (PCH)" : "", co.seconds, ck.cubin.size(), k.key);
+  spdlog::debug("jit: compiled '{}' with {}{} in {:.2f} s, cubin {} bytes, stack {} B, spills {} B, key {}", src.name,
+                cc.identity(), co.pch_used ? " (PCH)" : "", co.seconds, ck.cubin.size(), ck.stack_bytes, ck.spill_bytes,
+                k.key);
   report_serialization(src, ck);
 
   if (opt.use_cache) {

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <chrono>
 #include <cstdlib>
@@ -62,8 +63,10 @@ fs::path kernels_dir_of(const JitOptions& opt) {
 // asserts are extern calls inside the wgmma pipeline and make ptxas serialize every wgmma.
 // C++20: the kernel takes its KernelConfig (kernels/comfuse/config.cuh) as a class-type
 // template argument, written with designated initializers.
+// --ptxas-options=-v: ptxas reports each function's stack frame and spills in the log
+// (CompiledKernel::stack_bytes, spill_bytes: a kernel that overran its registers is slow).
 std::vector<std::string> common_flags(const KernelSource& src, const JitOptions& opt) {
-  std::vector<std::string> f = {"-std=c++20", "-DNDEBUG"};
+  std::vector<std::string> f = {"-std=c++20", "-DNDEBUG", "--ptxas-options=-v"};
   if (opt.fast_math) f.push_back("--use_fast_math");
   f.push_back("-I" + kernels_dir_of(opt).string());
   for (const std::string& d : toolkit_include_dirs()) f.push_back("-I" + d);
@@ -71,10 +74,17 @@ std::vector<std::string> common_flags(const KernelSource& src, const JitOptions&
   return f;
 }
 
-// ptxas C7510 and C7520 = "wgmma.mma_async instructions are serialized" (C7520: because of a
-// warpgroup arrive it had to insert in a divergent path): correct but slow code.
-bool mentions_wgmma_serialization(const std::string& log) {
-  return log.find("C7510") != std::string::npos || log.find("C7520") != std::string::npos;
+// What ptxas said about the code it made, from the log: C7510 and C7520 = "wgmma.mma_async
+// instructions are serialized" (C7520: because of a warpgroup arrive it had to insert in a
+// divergent path), correct but slow code; and -v's "N bytes stack frame, S bytes spill stores,
+// L bytes spill loads" (the largest frame and all spills, over the functions it lists).
+void read_ptxas_report(CompileOutput& out) {
+  out.wgmma_serialized = out.log.find("C7510") != std::string::npos || out.log.find("C7520") != std::string::npos;
+  static const std::regex usage(R"((\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads)");
+  for (std::sregex_iterator it(out.log.begin(), out.log.end(), usage), end; it != end; ++it) {
+    out.stack_bytes = std::max(out.stack_bytes, std::stoi((*it)[1].str()));
+    out.spill_bytes = std::max(out.spill_bytes, 0) + std::stoi((*it)[2].str()) + std::stoi((*it)[3].str());
+  }
 }
 
 
@@ -303,7 +313,7 @@ class NvrtcCompiler final : public Compiler {
         out.ptx.resize(ptx_size - 1);
       }
     }
-    out.wgmma_serialized = mentions_wgmma_serialization(out.log);
+    read_ptxas_report(out);
     out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return out;
   }
@@ -443,7 +453,7 @@ class NvccCompiler final : public Compiler {
         out.ptx.assign(p.begin(), p.end());
       }
     }
-    out.wgmma_serialized = mentions_wgmma_serialization(out.log);
+    read_ptxas_report(out);
     out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return out;
   }

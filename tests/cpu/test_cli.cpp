@@ -496,6 +496,7 @@ TEST_F(Cli, InfiniteLiteralCompilesWithNvrtcAlone) {
   fs::remove_all(cache);
   EXPECT_EQ(r.rc, 0) << r.err;
   EXPECT_TRUE(has(r.out, "nvrtc-")) << r.out;
+  EXPECT_TRUE(has(r.out, "stack 0 B, spills 0 B")) << r.out;  // ptxas's report of the kernel
   EXPECT_FALSE(has(r.out + r.err, "nvcc")) << r.out << r.err;
 }
 

@@ -124,6 +124,33 @@ TEST_F(Jit, NvccCompilesTrivialKernel) {
   std::cout << "[ timing ] nvcc trivial kernel: " << k.compile_seconds << " s\n";
 }
 
+// ptxas's report reaches CompiledKernel, from both compilers and through the cache: no stack for
+// axpy; a stack frame (no spill) for a per-thread array indexed at run time, which lives in local
+// memory.
+TEST_F(Jit, PtxasUsageReported) {
+  const char* kLocal = R"(
+extern "C" __global__ void local_array(const float* x, float* y) {
+  float a[64];
+  for (int i = 0; i < 64; ++i) a[i] = x[i * blockDim.x + threadIdx.x];
+  for (int i = 0; i < 64; ++i) a[(i * 5 + threadIdx.x) % 64] += x[i];  // stores at run-time indices
+  y[threadIdx.x] = a[threadIdx.x % 64] + a[(threadIdx.x * 7) % 64];
+}
+)";
+  for (CompilerKind kind : {CompilerKind::Nvrtc, CompilerKind::Nvcc}) {
+    opt_.compiler = kind;
+    CompiledKernel k = jit_compile(trivial(), opt_);
+    EXPECT_EQ(k.stack_bytes, 0) << k.log;
+    EXPECT_EQ(k.spill_bytes, 0) << k.log;
+    CompiledKernel l = jit_compile({"local_array", kLocal, "local_array", {}}, opt_);
+    EXPECT_GE(l.stack_bytes, 256) << l.log;  // 64 floats
+    EXPECT_EQ(l.spill_bytes, 0) << l.log;
+    CompiledKernel hit = jit_compile({"local_array", kLocal, "local_array", {}}, opt_);
+    EXPECT_TRUE(hit.cache_hit);
+    EXPECT_EQ(hit.stack_bytes, l.stack_bytes);
+    EXPECT_EQ(hit.spill_bytes, l.spill_bytes);
+  }
+}
+
 // A cache root this process cannot write: the error names it and where it came from.
 TEST_F(Jit, UnwritableCacheDirIsNamed) {
   opt_.cache_dir = "/etc/hostname/comfuse-cache";  // under a regular file: never creatable
