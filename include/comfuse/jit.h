@@ -59,8 +59,9 @@ struct CompiledKernel {
   double elapsed_seconds = 0;       // time this jit_compile call took (hit: load + verify)
   bool cache_hit = false;           // true: loaded from disk without compiling
   bool wgmma_serialized = false;    // ptxas C7510/C7520: wgmma serialized, the kernel will be slow
-  // ptxas -v's function properties (the entry's; -1: not reported): its stack frame, and the
-  // bytes it spills to and reloads from that stack (a register budget the kernel overran).
+  // ptxas -v's function properties (-1: not reported): the largest stack frame of the functions
+  // it lists (the entry and what it calls), and the bytes they spill to and reload from their
+  // stacks (a register budget the kernel overran).
   int stack_bytes = -1;
   int spill_bytes = -1;
   bool pch_used = false;            // this call compiled against a precompiled header

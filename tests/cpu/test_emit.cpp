@@ -225,13 +225,10 @@ TEST_F(EmitCompile, EveryExampleRegionCompiles) {
   EXPECT_EQ(compiled, 12);
 }
 
-// 2-D clusters (forced: B multicast along M beside A along N, the row over DSMEM among a
-// cluster row's CTAs), peer-to-peer and leader-follower, on-chip and with a stash, compile with
-// HGMMA intact (the GPU tests run them: GpuReduce.TwoDimensionalClusters).
 // The planner's kernels at the shapes bench/RESULTS.md times keep their values in registers:
 // ptxas spills nothing (a spill inside the epilogue's unrolled stages costs more than the
-// reductions' shorter chains gain: bench/NOTES.md, "Reduction chains"). Cooperative and
-// several-N-tile plans with small known spills are not listed.
+// reductions' shorter chains gain: bench/NOTES.md, "Reduction chains"). Plans with small known
+// stacks (the vocabulary rows' several N-tiles a job, wide N's 64x256 tiles) are not listed.
 TEST_F(EmitCompile, PlannerKernelsDoNotSpill) {
   struct Case {
     const char* example;
@@ -249,6 +246,9 @@ TEST_F(EmitCompile, PlannerKernelsDoNotSpill) {
   }
 }
 
+// 2-D clusters (forced: B multicast along M beside A along N, the row over DSMEM among a
+// cluster row's CTAs), peer-to-peer and leader-follower, on-chip and with a stash, compile with
+// HGMMA intact (the GPU tests run them: GpuReduce.TwoDimensionalClusters).
 TEST_F(EmitCompile, TwoDimensionalClustersCompile) {
   struct V {
     const char* example;
