@@ -66,6 +66,16 @@ template <int N> COMFUSE_DEVICE void tma_store_wait_read() {
 template <int N> COMFUSE_DEVICE void tma_store_wait_all() {
   asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
 }
+// x[0..N) folded pairwise with Op::combine (a tree: log2 N dependent combines instead of N), in
+// the same order every time (the same bits in every lane and CTA). Overwrites x.
+template <class Op, int N> COMFUSE_DEVICE float fold_pairwise(float (&x)[N]) {
+  CUTE_UNROLL
+  for (int w = 1; w < N; w *= 2)
+    CUTE_UNROLL
+    for (int i = 0; i + w < N; i += 2 * w) x[i] = Op::combine(x[i], x[i + w]);
+  return x[0];
+}
+
 // Nanoseconds, comparable across SMs (the L2 exchange's timeout, debug/trace.cuh's stamps).
 // 0, as neither NVVM nor ptxas can prove it (the launch's dynamic SMEM size is under 2 GiB): an
 // index that keeps a branch ptxas would otherwise fold away (b2b/b2b_gemm_sm90.cuh).

@@ -278,22 +278,13 @@ struct GlobalRowAllReduce {
     }
   }
 
-  // x[0], x[1], ... folded pairwise (a tree: log2 kPerLane dependent combines instead of
-  // kPerLane, on the round's critical path), in the same order in every lane and every CTA.
-  template <class Op> static COMFUSE_DEVICE float fold_tree(float (&x)[kPerLane]) {
-    CUTE_UNROLL
-    for (int w = 1; w < kPerLane; w *= 2)
-      CUTE_UNROLL
-      for (int i = 0; i + w < kPerLane; i += 2 * w) x[i] = Op::combine(x[i], x[i + w]);
-    return x[0];
-  }
   struct Plus {
     static COMFUSE_DEVICE float combine(float a, float b) { return a + b; }
   };
 
-  // Lane q folds its peers' values (its own from `own`; Op's identity past the last peer), then
-  // the quad butterfly folds the four lanes: the same sequence, so the same bits, in every lane
-  // and every CTA.
+  // Lane q folds its peers' values (its own from `own`; Op's identity past the last peer) as a
+  // tree (common.cuh fold_pairwise: the round's critical path), then the quad butterfly folds the
+  // four lanes: the same sequence, so the same bits, in every lane and every CTA.
   template <class Op>
   static COMFUSE_DEVICE float fold(uint64_t const (&w)[kPerLane], float own, int q, int rank) {
     float x[kPerLane];
@@ -302,7 +293,7 @@ struct GlobalRowAllReduce {
       int const j = q + 4 * i;
       x[i] = j < Peers ? (j == rank ? own : word_value(w[i])) : Op::identity();
     }
-    float const acc = fold_tree<Op>(x);
+    float const acc = fold_pairwise<Op>(x);
     float const acc2 = Op::combine(acc, __shfl_xor_sync(0xffffffffu, acc, 1));
     return Op::combine(acc2, __shfl_xor_sync(0xffffffffu, acc2, 2));
   }
@@ -336,7 +327,7 @@ struct GlobalRowAllReduce {
         terms[i] = j < Peers ? term(j, own ? v[mi][h] : word_value(w[0][i]), own ? second[mi][h] : word_value(w[1][i]), c)
                              : 0.f;
       }
-      float acc = fold_tree<Plus>(terms);
+      float acc = fold_pairwise<Plus>(terms);
       acc += __shfl_xor_sync(0xffffffffu, acc, 1);
       acc += __shfl_xor_sync(0xffffffffu, acc, 2);
       v[mi][h] = first;

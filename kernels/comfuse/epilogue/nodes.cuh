@@ -65,6 +65,11 @@ struct EpiCtx {
 
 COMFUSE_DEVICE int frag_row(int e) { return 8 * ((e >> 1) & 1); }
 COMFUSE_DEVICE int frag_col(int e) { return 8 * (e >> 2) + (e & 1); }
+// A row's running partials in a reduction (Reduction, the pair's second statistic): one per
+// column position of the fragment, element e's is row_slot(e), so a thread's values of a row
+// form kRowSlots dependency chains, not one (bench/NOTES.md, "Reduction chains").
+inline constexpr int kRowSlots = 4;
+COMFUSE_DEVICE constexpr int row_slot(int e) { return (e & 1) + 2 * (e >> 2); }
 
 struct NoStorage {};
 

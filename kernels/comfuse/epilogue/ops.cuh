@@ -20,6 +20,12 @@ COMFUSE_DEVICE float fast_exp2(float x) {
 // e^x as 2^(x log2(e)). Relative error ~2^-22 plus the rounding of x*log2(e): far inside bf16
 // (2^-8).
 COMFUSE_DEVICE float fast_exp(float x) { return fast_exp2(x * kLog2e); }
+// e^(x - shift) for a shift shared by many x (softmax's row max): 2^(x log2(e) - shift log2(e)),
+// the subtraction inside the FFMA that scales for ex2 (one instruction a value fewer than
+// fast_exp(x - shift)). The extra error is the rounding of shift log2(e): at most 2^-24 |shift|
+// relative, one factor for every x sharing the shift (1 + 6e-6 at |shift| = 100), which a
+// softmax's normalization cancels exactly.
+COMFUSE_DEVICE float fast_exp_shifted(float x, float shift) { return fast_exp2(fmaf(x, kLog2e, -(shift * kLog2e))); }
 // 2^x for x <= 8 (the online softmax's stale reference, b2b/intermediate.cuh) on the FMA and
 // integer pipes, for where the MUFU's 16 results a clock per SM bound a softmax (the B2B online
 // softmax at small head dims; FlashAttention-4's trick): x = j + f with j = round(x) (the

@@ -87,7 +87,7 @@ template <class Op, int Operand, class PostStage, int Pair = kPairNone> struct R
   template <class Geo> struct Impl : NodeBase<Geo> {
     // Several N-tiles a job (Stash) keep the partials live through the next tiles' mainloops,
     // where 64x256 accumulators leave no registers for four a row (ptxas spilled): one there.
-    static constexpr int kSlots = Geo::NTiles == 1 ? 4 : 1;
+    static constexpr int kSlots = Geo::NTiles == 1 ? kRowSlots : 1;
     float a[Geo::MBlocks][2][kSlots];
     // Partials accumulate across the N-tiles of a job (Stash): reset on its first tile only.
     COMFUSE_DEVICE void begin(EpiCtx const& c, NoStorage&) {
@@ -95,18 +95,19 @@ template <class Op, int Operand, class PostStage, int Pair = kPairNone> struct R
       CUTE_UNROLL
       for (int mi = 0; mi < Geo::MBlocks; ++mi)
         CUTE_UNROLL
-        for (int k = 0; k < 2 * kSlots; ++k) a[mi][k / kSlots][k % kSlots] = Op::identity();
+        for (int h = 0; h < 2; ++h)
+          CUTE_UNROLL
+          for (int k = 0; k < kSlots; ++k) a[mi][h][k] = Op::identity();
     }
-    // kSlots running partials a row, one per column position of the fragment (k = (e & 1) +
-    // 2 (e >> 2)) where there are four: a dependency chain a quarter as long (the chain, not the
-    // instruction count, paced these loops: bench/NOTES.md, "Reduction chains"), each value
-    // still one (predicated) combine.
+    // kSlots running partials a row (nodes.cuh row_slot where there are kRowSlots: a dependency
+    // chain a quarter as long; the chain, not the instruction count, paced these loops), each
+    // value still one (predicated) combine.
     template <int I, class V> COMFUSE_DEVICE void visit(EpiCtx const& c, FragCoord const& fc, Frag const&, V& v) {
       static_assert(Operand < I, "operands must precede the node");
       int const n_valid = c.N - c.n0 - fc.col;  // columns of this fragment that exist: col < n_valid
       CUTE_UNROLL
       for (int e = 0; e < kFrag; ++e) {
-        float& acc = a[fc.mi][(e >> 1) & 1][((e & 1) + 2 * (e >> 2)) % kSlots];
+        float& acc = a[fc.mi][(e >> 1) & 1][row_slot(e) % kSlots];
         // Four slots: a predicated combine (no select). One: the identity selected in, which
         // keeps the several-N-tile kernels' registers as they were (the predicated form spilled
         // one of them, a DSMEM 64x256 plan).
@@ -117,9 +118,10 @@ template <class Op, int Operand, class PostStage, int Pair = kPairNone> struct R
     }
     // The row's partial of this thread (the reduce phase's start): the slots folded as a tree.
     COMFUSE_DEVICE float partial(int mi, int h) const {
-      float const(&x)[kSlots] = a[mi][h];
-      if constexpr (kSlots == 1) return x[0];
-      else return Op::combine(Op::combine(x[0], x[1]), Op::combine(x[2], x[3]));
+      float x[kSlots];
+      CUTE_UNROLL
+      for (int k = 0; k < kSlots; ++k) x[k] = a[mi][h][k];
+      return fold_pairwise<Op>(x);
     }
   };
 };

@@ -430,16 +430,12 @@ template <class... Nodes> struct Stage {
           CUTE_UNROLL
           for (int e = 0; e < kFrag; ++e) vals[I][e] = vals[a][e] * (1.f / vals[b][e]);
         } else if constexpr (exp_row_shift<N>()) {
-          // exp(a - b) with one b per row (softmax's exp(x - max)): 2^(a log2(e) - b log2(e)), the
-          // subtraction inside the FFMA that scales for ex2 (one instruction a value fewer). Its
-          // extra error is the rounding of b log2(e): at most 2^-24 |b| log2(e) in the exponent,
-          // one factor for the whole row (1 + 6e-6 at |b| = 100), which a softmax's normalization
-          // cancels exactly.
+          // exp(a - b) with one b per row (softmax's exp(x - max)): ops.cuh fast_exp_shifted.
           constexpr int s = detail::exp_operand_of<N>::value;
           constexpr int a = detail::sub_of<cute::tuple_element_t<s, cute::tuple<Nodes...>>>::a;
           constexpr int b = detail::sub_of<cute::tuple_element_t<s, cute::tuple<Nodes...>>>::b;
           CUTE_UNROLL
-          for (int e = 0; e < kFrag; ++e) vals[I][e] = fast_exp2(fmaf(vals[a][e], kLog2e, -(vals[b][e] * kLog2e)));
+          for (int e = 0; e < kFrag; ++e) vals[I][e] = fast_exp_shifted(vals[a][e], vals[b][e]);
         } else {
           cute::get<I>(impls).template visit<I>(c, fc, acc, vals);
         }
@@ -672,7 +668,7 @@ template <class... Nodes> struct Stage {
       int const n_local = max(0, min(Geo::BN, c.N - c.n0));
       float const inv = n_local > 0 ? __fdiv_rn(1.f, float(n_local)) : 0.f;
       float center[Geo::MBlocks][2];
-      float part[Geo::MBlocks][2][4];  // four running sums a row, as Reduction::visit's partials
+      float part[Geo::MBlocks][2][kRowSlots];  // running sums a row, as Reduction::visit's partials
       CUTE_UNROLL
       for (int mi = 0; mi < Geo::MBlocks; ++mi)
         CUTE_UNROLL
@@ -680,7 +676,7 @@ template <class... Nodes> struct Stage {
           if constexpr (kPair == kPairMeanM2) center[mi][h] = first[mi][h] * inv;
           else center[mi][h] = first[mi][h] == ReduceMax::identity() ? 0.f : first[mi][h];
           CUTE_UNROLL
-          for (int k = 0; k < 4; ++k) part[mi][h][k] = 0.f;
+          for (int k = 0; k < kRowSlots; ++k) part[mi][h][k] = 0.f;
         }
       CUTE_UNROLL
       for (int s = 0; s < Geo::SubTiles; ++s)
@@ -693,16 +689,15 @@ template <class... Nodes> struct Stage {
             CUTE_UNROLL
             for (int e = 0; e < kFrag; ++e) {
               float const x = accum(base + e), ctr = center[mi][(e >> 1) & 1];
-              // exp(x - max) as visit_all folds it (one FFMA for the shift and the scale).
-              float const term = kPair == kPairMeanM2 ? (x - ctr) * (x - ctr) : fast_exp2(fmaf(x, kLog2e, -(ctr * kLog2e)));
-              if (col + frag_col(e) < c.N) part[mi][(e >> 1) & 1][(e & 1) + 2 * (e >> 2)] += term;
+              float const term = kPair == kPairMeanM2 ? (x - ctr) * (x - ctr) : fast_exp_shifted(x, ctr);
+              if (col + frag_col(e) < c.N) part[mi][(e >> 1) & 1][row_slot(e)] += term;
             }
           }
       CUTE_UNROLL
       for (int mi = 0; mi < Geo::MBlocks; ++mi)
         CUTE_UNROLL
         for (int h = 0; h < 2; ++h) {
-          second[mi][h] = (part[mi][h][0] + part[mi][h][1]) + (part[mi][h][2] + part[mi][h][3]);
+          second[mi][h] = fold_pairwise<ReduceSum>(part[mi][h]);
           second[mi][h] += __shfl_xor_sync(0xffffffffu, second[mi][h], 1);
           second[mi][h] += __shfl_xor_sync(0xffffffffu, second[mi][h], 2);
         }
