@@ -28,13 +28,17 @@ namespace comfuse {
 
 using Stream = CUstream_st*;  // a cudaStream_t; nullptr = the legacy default stream
 
-// A device tensor, row-major. `ld` is the row stride in elements (0 = packed rows).
+// A device tensor, row-major. `ld` is the row stride in elements (0 = packed rows). A batched
+// kernel's matrices come as [B, rows, cols] or [B, H, rows, cols] (the kernel's batch B x H, as
+// attention's batch and heads), the last dim contiguous and the others at any strides whose
+// elements do not overlap (q, k, v sliced out of one projection; O written as [B, S, H, D]).
 struct DeviceTensor {
   void* data = nullptr;
   DType dtype = DType::BF16;
   std::vector<int64_t> shape;
   int64_t ld = 0;            // row stride in elements (0: packed rows)
-  int64_t batch_stride = 0;  // a batched [B, rows, cols] tensor: elements between batches (0: rows x ld)
+  int64_t batch_stride = 0;  // a batched tensor: elements between batches (0: packed, rows x ld x H)
+  int64_t head_stride = 0;   // a [B, H, rows, cols] tensor: elements between heads (0: rows x ld)
 };
 
 struct RunArgs {

@@ -15,11 +15,12 @@ struct alignas(128) TmaDesc {
 
 // An [M, N] epilogue input as TileInput reads it from global memory: row-major, strides in
 // elements. The base and row stride are those of its TMA descriptor (16-byte aligned, which
-// aligns the column pairs a thread loads); batch_stride steps between the batches of a
-// batched kernel (Geometry::kBatched).
+// aligns the column pairs a thread loads); a batched kernel's (Geometry::kBatched) batch
+// (head h, outer batch o) starts h x head_stride + o x batch_stride elements in (batch_coord).
 struct TileInputRef {
   void const* data;
   long long ld;
+  long long head_stride;
   long long batch_stride;
 };
 
@@ -34,12 +35,15 @@ struct alignas(128) Params {
   // their L2 prefetch goes through these; the epilogue reads them at tile_in.
   TmaDesc tma_in[Sm90::kMaxTileInputs];
   // Back-to-back GEMMs (kernels/comfuse/b2b/): tma_a is X, tma_b is W1; W3 (gated) and W2 here.
-  // Batched (B2bConfig::batched): every descriptor is 3-D, the batch outermost.
+  // Batched (B2bConfig::batched): every descriptor is 4-D (columns, rows, head, outer batch), so
+  // that [B, H, rows, cols] views with any strides (q, k, v sliced out of one projection, O
+  // written as [B, S, H, D]) load and store without copies; batch_coord splits the flat index.
   TmaDesc tma_b3;
   TmaDesc tma_b2;
   int M, N, K;  // B2B: M rows of X and O, N = N2 (O's columns), K (X's columns)
   int N1;       // B2B: GEMM1's N = GEMM2's K
-  int batches;  // B2B: batch count (1 when not batched)
+  int batches;  // B2B: batch count (1 when not batched), outer batches x heads
+  int heads;    // B2B batched: the inner factor of the batch count (1 when the batch is one dim)
   // Tile scheduler: raster_group consecutive M-blocks (or N-cluster-blocks when
   // raster_along_n != 0) are walked together, to keep A (or B) panels hot in L2.
   int raster_group;
@@ -61,5 +65,22 @@ struct alignas(128) Params {
   // counter in it); else unused.
   void* exchange;
 };
+
+// A batched kernel's flat batch index (outer x heads + head, as torch flattens [B, H]) as the
+// head and outer coordinates of its 4-D descriptors.
+struct BatchCoord {
+  int head, outer;
+};
+COMFUSE_HOST_DEVICE inline BatchCoord batch_coord(Params const& p, int batch) {
+  return {batch % p.heads, batch / p.heads};
+}
+// The same in one register, head in the low 16 bits and outer batch in the high 16 (the launch
+// holds both below 2^16: kMaxBatchDim): the B2B producer keeps it across a job on its 40
+// registers, where two coordinates, or the division at each load, spilled.
+constexpr int kMaxBatchDim = 1 << 16;
+COMFUSE_HOST_DEVICE inline int packed_batch_coord(Params const& p, int batch) {
+  BatchCoord const c = batch_coord(p, batch);
+  return c.head | (c.outer << 16);
+}
 
 }  // namespace comfuse

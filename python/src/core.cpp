@@ -314,21 +314,27 @@ NB_MODULE(_core, m) {
       .def("dot", [](const PyPlan& p) { return to_dot(p.spec, p.plan); });
 
   nb::class_<PyKernel>(m, "FusedKernel")
-      // batch_strides: a batched kernel's [B, rows, cols] tensors whose batches are not packed
-      // (elements between batches; absent: rows x row stride).
+      // batch_strides: a batched kernel's [B, rows, cols] or [B, H, rows, cols] tensors whose
+      // batches are not packed (name -> elements between batches, or (between batches, between
+      // heads) for the 4-D ones; absent: packed).
       .def("run", [](const PyKernel& k, const std::map<std::string, std::tuple<uintptr_t, std::string, std::vector<int64_t>, int64_t>>& tensors,
                      const std::map<std::string, double>& scalars, uintptr_t stream,
-                     const std::map<std::string, int64_t>& batch_strides) {
+                     const std::map<std::string, std::vector<int64_t>>& batch_strides) {
         RunArgs args;
         for (const auto& [name, t] : tensors) {
-          auto bs = batch_strides.find(name);
-          args.tensors[name] = DeviceTensor{reinterpret_cast<void*>(std::get<0>(t)), dtype_of(std::get<1>(t)), std::get<2>(t),
-                                            std::get<3>(t), bs == batch_strides.end() ? 0 : bs->second};
+          DeviceTensor d{reinterpret_cast<void*>(std::get<0>(t)), dtype_of(std::get<1>(t)), std::get<2>(t), std::get<3>(t)};
+          if (auto bs = batch_strides.find(name); bs != batch_strides.end()) {
+            if (bs->second.empty() || bs->second.size() > 2)
+              throw Error("batch_strides['" + name + "'] takes (batch stride) or (batch stride, head stride)");
+            d.batch_stride = bs->second[0];
+            if (bs->second.size() == 2) d.head_stride = bs->second[1];
+          }
+          args.tensors[name] = std::move(d);
         }
         args.scalars = scalars;
         nb::gil_scoped_release unlocked;
         k.k->run(args, reinterpret_cast<Stream>(stream));
-      }, "tensors"_a, "scalars"_a, "stream"_a, "batch_strides"_a = std::map<std::string, int64_t>{})
+      }, "tensors"_a, "scalars"_a, "stream"_a, "batch_strides"_a = std::map<std::string, std::vector<int64_t>>{})
       .def("plan", [](const PyKernel& k) { return PyPlan{k.k->spec(), k.k->plan()}; })
       .def("is_b2b", [](const PyKernel& k) { return k.k->b2b_plan() != nullptr; })
       // A B2B kernel's plan as `comfuse explain` prints it.

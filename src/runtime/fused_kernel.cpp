@@ -214,27 +214,53 @@ const DeviceTensor& matrix_arg(const RunArgs& args, const RuntimeArg& a) {
   return t;
 }
 
-// A matrix argument of a kernel that may be batched: [rows, cols], or [B, rows, cols] when
-// `batched` (a B2B kernel over a batch dim), with its strides (elements).
+// A matrix argument of a kernel that may be batched: [rows, cols], or when `batched` (a B2B
+// kernel over a batch dim) [B, rows, cols] or [B, H, rows, cols], with its strides (elements).
 struct Matrix {
   const DeviceTensor* t = nullptr;
-  int64_t batches = 1, rows = 0, cols = 0, ld = 0, batch_stride = 0;
+  int64_t batches = 1, heads = 1, rows = 0, cols = 0, ld = 0, batch_stride = 0, head_stride = 0;
 };
 
 Matrix batched_matrix_arg(const RunArgs& args, const RuntimeArg& a, bool batched) {
   const DeviceTensor& t = tensor_arg(args, a);
-  if (t.shape.size() != (batched ? 3u : 2u))
+  if (batched ? t.shape.size() != 3 && t.shape.size() != 4 : t.shape.size() != 2)
     throw Error(fmt::format("argument '{}' must be {}, got {}", a.name,
-                            batched ? "3-D [B, rows, cols] (the kernel is batched)" : "2-D", shape_str(t.shape)));
+                            batched ? "3-D [B, rows, cols] or 4-D [B, H, rows, cols] (the kernel is batched)" : "2-D",
+                            shape_str(t.shape)));
   Matrix m;
   m.t = &t;
   const size_t r = t.shape.size() - 2;
-  m.batches = batched ? t.shape[0] : 1;
+  m.heads = t.shape.size() == 4 ? t.shape[1] : 1;
+  m.batches = batched ? t.shape[0] * m.heads : 1;
   m.rows = t.shape[r];
   m.cols = t.shape[r + 1];
   m.ld = t.ld ? t.ld : m.cols;
-  m.batch_stride = t.batch_stride ? t.batch_stride : m.rows * m.ld;
+  m.head_stride = t.head_stride ? t.head_stride : m.rows * m.ld;
+  m.batch_stride = t.batch_stride ? t.batch_stride : m.heads > 1 ? m.heads * m.head_stride : m.rows * m.ld;
   return m;
+}
+
+// The head count of a batched kernel's launch: that of its [B, H, rows, cols] arguments, which
+// must agree (the kernel splits its flat batch index by one count); 1 where all are 3-D.
+int64_t launch_heads(const RunArgs& args) {
+  int64_t heads = 1;
+  std::string first;
+  for (const auto& [name, t] : args.tensors) {
+    if (t.shape.size() != 4) continue;
+    if (first.empty()) heads = t.shape[1], first = name;
+    else if (t.shape[1] != heads)
+      throw Error(fmt::format("'{}' is {} with {} heads but '{}' has {}: the [B, H, rows, cols] arguments of a "
+                              "batched kernel share H", name, shape_str(t.shape), t.shape[1], first, heads));
+  }
+  return heads;
+}
+
+// m's matrices as the kernel's 4-D descriptors see them, `heads` the launch's (launch_heads): a
+// [B, H, ..] argument as it is; a 3-D one, whose batches are evenly spaced, split the same way.
+runtime_detail::BatchLayout batch_layout(const Matrix& m, int64_t heads) {
+  if (m.heads == heads)
+    return {uint64_t(m.batches / heads), uint64_t(heads), uint64_t(m.batch_stride), uint64_t(m.head_stride)};
+  return {uint64_t(m.batches / heads), uint64_t(heads), uint64_t(m.batch_stride * heads), uint64_t(m.batch_stride)};
 }
 
 // Every tensor argument names one of the kernel's (the intermediate of a B2B kernel is not one).
@@ -249,11 +275,11 @@ void check_names(const RunArgs& args, const std::vector<const FusionSpec*>& spec
 
 // The epilogue's runtime arguments into their Params slots: scalars, row/column vectors,
 // [M, N] inputs and outputs, [M, 1] outputs (N: the epilogue's columns; a B2B kernel's N2).
-// batches > 0: a batched kernel, whose [M, N] inputs and outputs are [batches, M, N] and whose
-// [M, 1] outputs are [batches, M, 1] (packed: the kernel writes batch b's at b x M); vectors
-// and scalars are shared by every batch.
+// batches > 0: a batched kernel, whose [M, N] inputs and outputs are [batches, M, N] (or
+// [batches / heads, heads, M, N]) and whose [M, 1] outputs are [batches, M, 1] (packed: the kernel
+// writes batch b's at b x M); vectors and scalars are shared by every batch.
 void bind_epilogue(const RunArgs& args, const std::vector<const FusionSpec*>& specs, const std::vector<ArgSlot>& slots,
-                   Params& p, int64_t M, int64_t N, int epi_rows, int64_t batches = 0) {
+                   Params& p, int64_t M, int64_t N, int epi_rows, int64_t batches = 0, int64_t heads = 1) {
   for (const ArgSlot& sl : slots) {
     const RuntimeArg& a = specs.at(static_cast<size_t>(sl.spec))->args.at(static_cast<size_t>(sl.arg));
     // A B2B kernel's F reads vectors and [M, N] inputs along N1 (its columns are GEMM1's).
@@ -276,11 +302,16 @@ void bind_epilogue(const RunArgs& args, const std::vector<const FusionSpec*>& sp
       if (o.rows != M || o.cols != cols || (batches > 0 && o.batches != batches))
         throw Error(fmt::format("{} '{}' has shape {}, expected {}", sl.kind == SlotKind::Output ? "output" : "input",
                                 a.name, shape_str(o.t->shape),
-                                batches > 0 ? fmt::format("[{}, {}, {}]", batches, M, cols) : fmt::format("[{}, {}]", M, cols)));
+                                batches > 0 ? fmt::format("[{}, {}, {}]{}", batches, M, cols,
+                                                          heads > 1 ? fmt::format(" or [{}, {}, {}, {}]", batches / heads,
+                                                                                  heads, M, cols) : "")
+                                            : fmt::format("[{}, {}]", M, cols)));
+      const runtime_detail::BatchLayout bl = batches > 0 ? batch_layout(o, heads) : runtime_detail::BatchLayout{};
+      const std::string what = fmt::format("{} '{}'", sl.kind == SlotKind::Output ? "output" : "input", a.name);
       if (sl.kind == SlotKind::Output)
-        runtime_detail::set_output(p, epi_rows, sl.slot, a.dtype, o.t->data, o.ld, batches, o.batch_stride);
+        runtime_detail::set_output(p, epi_rows, sl.slot, a.dtype, o.t->data, o.ld, bl, what.c_str());
       else
-        runtime_detail::set_tile_input(p, epi_rows, sl.slot, a.dtype, o.t->data, cols, o.ld, batches, o.batch_stride);
+        runtime_detail::set_tile_input(p, epi_rows, sl.slot, a.dtype, o.t->data, cols, o.ld, bl, what.c_str());
     } else if (sl.kind == SlotKind::ColOutput) {
       const DeviceTensor& o = tensor_arg(args, a);
       const int64_t rows = batches > 0 ? batches * M : M;
@@ -288,7 +319,8 @@ void bind_epilogue(const RunArgs& args, const std::vector<const FusionSpec*>& sp
       for (int64_t d : o.shape) len *= d;
       const bool col_shape = o.shape.size() < 2 || o.shape.back() == 1;
       if (len != rows || o.shape.empty() || !col_shape || (o.ld != 0 && o.ld != 1) ||
-          (o.batch_stride != 0 && o.batch_stride != M))
+          (o.batch_stride != 0 && o.batch_stride != M * (o.shape.size() == 4 ? o.shape[1] : 1)) ||
+          (o.head_stride != 0 && o.head_stride != M))
         throw Error(fmt::format("per-row output '{}' has shape {}, expected {} (contiguous)", a.name,
                                 shape_str(o.shape),
                                 batches > 0 ? fmt::format("[{}, {}, 1]", batches, M) : fmt::format("[{}, 1]", M)));
@@ -331,6 +363,7 @@ void FusedKernel::run(const RunArgs& args, Stream stream) const {
   p.raster_group = st.plan.raster_group;
   p.raster_along_n = st.plan.raster_along_n ? 1 : 0;
   p.batches = 1;
+  p.heads = 1;
   // A gated GEMM's gate (OperandGate): B's shape, layout and type.
   const DeviceTensor* B3 = nullptr;
   if (const int gate = s.arg_index(ArgRole::OperandGate); gate >= 0) {
@@ -348,7 +381,8 @@ void FusedKernel::run(const RunArgs& args, Stream stream) const {
 
 // X [M, K]; W1 (and W3) [N1, K] (nk) or [K, N1]; W2 [N2, N1] (nk) or [N1, N2]; GEMM2's epilogue
 // arguments over [M, N2]. A batched kernel (B2bConfig::batched): every one of these with a leading
-// batch dim [B, ...], bound as 3-D TMA descriptors (row vectors and scalars shared).
+// batch dim [B, ...] or two [B, H, ...], bound as 4-D TMA descriptors (row vectors and scalars
+// shared).
 void FusedKernel::run_b2b(const RunArgs& args, Stream stream) const {
   const State& st = *state_;
   const FusionSpec &f = st.spec, &e = *st.second;
@@ -376,6 +410,11 @@ void FusedKernel::run_b2b(const RunArgs& args, Stream stream) const {
     throw Error(fmt::format("W2 '{}' is {} but W1 '{}' is {}: N1 differs", rw2.name, shape_str(W2.t->shape), rw1.name,
                             shape_str(W1.t->shape)));
   check_b2b_problem_size(B2bProblem{B, M, K, N1, N2, rx.dtype});  // as the plan was made under
+  const int64_t heads = batched ? launch_heads(args) : 1;
+  // The producer carries (head, outer batch) packed in one register (params.cuh packed_batch_coord).
+  if (heads >= kMaxBatchDim || B / heads >= kMaxBatchDim)
+    throw Error(fmt::format("X '{}' is {}: {} outer batches of {} heads; a batched kernel's heads and outer batches "
+                            "must each be below {}", rx.name, shape_str(X.t->shape), B / heads, heads, kMaxBatchDim));
   if (kc.x_k_blocks > 0 && ceil_div(static_cast<int>(K), Sm90::kTileK) > kc.x_k_blocks)
     throw Error(fmt::format("X '{}' is {}: K = {} exceeds the {} columns this kernel keeps resident; build the kernel "
                             "for this K", rx.name, shape_str(X.t->shape), K, kc.x_k_blocks * Sm90::kTileK));
@@ -384,13 +423,14 @@ void FusedKernel::run_b2b(const RunArgs& args, Stream stream) const {
     throw Error(fmt::format("N2 = {} exceeds the {} columns of O one job of this kernel holds for GEMM2's row "
                             "reduction; build the kernel for this N2", N2, kc.tile_n2));
   Params p{};
-  p.M = int(M), p.K = int(K), p.N1 = int(N1), p.N = int(N2), p.batches = int(B);
+  p.M = int(M), p.K = int(K), p.N1 = int(N1), p.N = int(N2), p.batches = int(B), p.heads = int(heads);
   const uint32_t box = Sm90::kTileK;
-  const uint64_t batches = batched ? uint64_t(B) : 0;  // 0: 2-D descriptors
-  runtime_detail::encode_tensor(&p.tma_a, "X", rx.dtype, X.t->data, M, K, X.ld, box, kc.tile_m, batches, X.batch_stride);
-  auto weight = [&](TmaDesc* d, const char* what, const RuntimeArg& a, const Matrix& t, bool kmajor, int rows) {
-    runtime_detail::encode_tensor(d, what, a.dtype, t.t->data, t.rows, t.cols, t.ld, box, kmajor ? rows : box, batches,
-                                  t.batch_stride);
+  auto layout = [&](const Matrix& t) { return batched ? batch_layout(t, heads) : runtime_detail::BatchLayout{}; };
+  runtime_detail::encode_tensor(&p.tma_a, fmt::format("X '{}'", rx.name).c_str(), rx.dtype, X.t->data, M, K, X.ld,
+                                box, kc.tile_m, layout(X));
+  auto weight = [&](TmaDesc* d, const char* role, const RuntimeArg& a, const Matrix& t, bool kmajor, int rows) {
+    runtime_detail::encode_tensor(d, fmt::format("{} '{}'", role, a.name).c_str(), a.dtype, t.t->data, t.rows, t.cols,
+                                  t.ld, box, kmajor ? rows : box, layout(t));
   };
   weight(&p.tma_b, "W1", rw1, W1, kc.w1_kmajor, kc.chunk_n1);
   if (kc.gated) {
@@ -402,7 +442,7 @@ void FusedKernel::run_b2b(const RunArgs& args, Stream stream) const {
     weight(&p.tma_b3, "W3", rw3, W3, kc.w1_kmajor, kc.chunk_n1);
   }
   weight(&p.tma_b2, "W2", rw2, W2, kc.w2_kmajor, kc.tile_n2);
-  bind_epilogue(args, {&f, &e}, st.emitted.slots, p, M, N2, kc.tile_m, static_cast<int64_t>(batches));
+  bind_epilogue(args, {&f, &e}, st.emitted.slots, p, M, N2, kc.tile_m, batched ? B : 0, heads);
   runtime_detail::launch(st.kernel, kc, p, reinterpret_cast<cudaStream_t>(stream), st.max_clusters);
 }
 

@@ -8,6 +8,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "comfuse/error.h"
 #include "comfuse/runtime.h"
@@ -40,32 +42,57 @@ EncodeTiledFn encode_tiled_fn() {
 
 }  // namespace
 
-// A 2-D row-major tensor: `rows` x `cols`, row stride `ld` elements, box {box_cols, box_rows},
-// 128-byte swizzle (box_cols * elem == 128). batches > 0: a 3-D tensor of that many such
-// matrices, batch_stride elements apart, box {box_cols, box_rows, 1}: the kernel's 3-D loads and
-// stores give the batch as the outermost coordinate, and rows past `rows` stay out of bounds
-// (zero-filled, not stored) instead of reaching into the next batch.
+namespace {
+
+// Whether no two elements of a strided layout ((extent, stride) per dim, strides in elements) share
+// an address: sorted by stride, each dim must step past everything the smaller ones span.
+bool elements_distinct(std::vector<std::pair<uint64_t, uint64_t>> dims) {
+  std::erase_if(dims, [](const auto& d) { return d.first <= 1; });
+  std::sort(dims.begin(), dims.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
+  uint64_t span = 1;  // elements the dims so far reach, from the first
+  for (const auto& [extent, stride] : dims) {
+    if (stride < span) return false;
+    span = stride * (extent - 1) + span;
+  }
+  return true;
+}
+
+}  // namespace
+
 void encode_tensor(TmaDesc* out, const char* what, DType t, const void* ptr, uint64_t rows, uint64_t cols, uint64_t ld,
-               uint32_t box_cols, uint32_t box_rows, uint64_t batches, uint64_t batch_stride) {
+                   uint32_t box_cols, uint32_t box_rows, const BatchLayout& batch) {
   const int eb = static_cast<int>(size_of(t));
+  const bool batched = batch.outer > 0;
   auto fail = [&](const std::string& why) {
-    throw Error(fmt::format("operand {} ({}, {}{} x {}, ld {}{}): {}", what, name_of(t),
-                            batches ? fmt::format("{} x ", batches) : "", rows, cols, ld,
-                            batches ? fmt::format(", batch stride {}", batch_stride) : "", why));
+    const std::string shape =
+        !batched ? fmt::format("{} x {}, ld {}", rows, cols, ld)
+        : batch.heads > 1
+            ? fmt::format("{} x {} x {} x {}, strides {}, {}, {}", batch.outer, batch.heads, rows, cols,
+                          batch.outer_stride, batch.head_stride, ld)
+            : fmt::format("{} x {} x {}, ld {}, batch stride {}", batch.outer, rows, cols, ld, batch.outer_stride);
+    throw Error(fmt::format("operand {} ({}, {}): {}", what, name_of(t), shape, why));
   };
   if (!ptr) fail("null pointer");
   if (reinterpret_cast<uintptr_t>(ptr) % 16) fail("base address must be 16-byte aligned");
-  if (rows == 0 || cols == 0) fail("empty");
+  if (rows == 0 || cols == 0 || (batched && batch.heads == 0)) fail("empty");
   if (ld < cols) fail("row stride smaller than the row");
   if ((ld * eb) % 16) fail(fmt::format("row stride must be a multiple of 16 bytes ({} elements)", 16 / eb));
-  if (rows >= (1ull << 32) || cols >= (1ull << 32) || batches >= (1ull << 32)) fail("dimension >= 2^32");
-  if (batches > 1 && batch_stride < rows * ld) fail("batches overlap (batch stride smaller than rows x row stride)");
-  if (batches > 0 && (batch_stride * eb) % 16) fail(fmt::format("batch stride must be a multiple of 16 bytes ({} elements)", 16 / eb));
-  const cuuint32_t rank = batches > 0 ? 3 : 2;
-  cuuint64_t dims[3] = {cols, rows, batches};
-  cuuint64_t strides[2] = {ld * eb, (batch_stride > 0 ? batch_stride : rows * ld) * eb};
-  cuuint32_t box[3] = {box_cols, box_rows, 1};
-  cuuint32_t estr[3] = {1, 1, 1};
+  if (rows >= (1ull << 32) || cols >= (1ull << 32) || batch.outer >= (1ull << 32) || batch.heads >= (1ull << 32))
+    fail("dimension >= 2^32");
+  if (batched) {
+    if ((batch.outer_stride * eb) % 16 || (batch.head_stride * eb) % 16)
+      fail(fmt::format("batch and head strides must be multiples of 16 bytes ({} elements)", 16 / eb));
+    if (!elements_distinct({{cols, 1}, {rows, ld}, {batch.heads, batch.head_stride}, {batch.outer, batch.outer_stride}}))
+      fail("its matrices overlap (two elements at one address)");
+  }
+  const cuuint32_t rank = batched ? 4 : 2;
+  // A stride of a dim of extent 1 is never stepped; TMA still wants it a nonzero multiple of 16.
+  auto stride_bytes = [&](uint64_t s) { return std::max<uint64_t>(s, 1) * eb; };
+  cuuint64_t dims[4] = {cols, rows, batch.heads, batch.outer};
+  cuuint64_t strides[3] = {ld * eb, stride_bytes(batch.heads > 1 ? batch.head_stride : rows * ld),
+                           stride_bytes(batch.outer > 1 ? batch.outer_stride : rows * ld * batch.heads)};
+  cuuint32_t box[4] = {box_cols, box_rows, 1, 1};
+  cuuint32_t estr[4] = {1, 1, 1, 1};
   const CUtensorMapDataType dt = t == DType::BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                  : t == DType::F16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
                                                    : CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
@@ -139,19 +166,20 @@ void set_operands(Params& p, const KernelConfig& k, DType ab, const void* A, int
   p.M = M, p.N = N, p.K = K;
 }
 
-void set_output(Params& p, int epi_rows, int slot, DType t, void* D, int64_t ldd, int64_t batches, int64_t batch_stride) {
+void set_output(Params& p, int epi_rows, int slot, DType t, void* D, int64_t ldd, const BatchLayout& batch,
+                const char* what) {
   if (slot < 0 || slot >= Sm90::kMaxOutputs) throw Error(fmt::format("output slot {} out of range", slot));
-  encode_tensor(&p.tma_out[slot], "output", t, D, p.M, p.N, ldd, 128 / static_cast<uint32_t>(size_of(t)), epi_rows,
-                batches, batch_stride);
+  encode_tensor(&p.tma_out[slot], what, t, D, p.M, p.N, ldd, 128 / static_cast<uint32_t>(size_of(t)), epi_rows,
+                batch);
 }
 
-void set_tile_input(Params& p, int epi_rows, int slot, DType t, const void* X, int64_t cols, int64_t ld, int64_t batches,
-                    int64_t batch_stride) {
+void set_tile_input(Params& p, int epi_rows, int slot, DType t, const void* X, int64_t cols, int64_t ld,
+                    const BatchLayout& batch, const char* what) {
   if (slot < 0 || slot >= Sm90::kMaxTileInputs) throw Error(fmt::format("tile input slot {} out of range", slot));
-  const int64_t bs = batch_stride > 0 ? batch_stride : int64_t{p.M} * ld;
-  encode_tensor(&p.tma_in[slot], "epilogue input", t, X, p.M, cols, ld, 128 / static_cast<uint32_t>(size_of(t)), epi_rows,
-                batches, bs);
-  p.tile_in[slot] = TileInputRef{X, ld, bs};
+  encode_tensor(&p.tma_in[slot], what, t, X, p.M, cols, ld, 128 / static_cast<uint32_t>(size_of(t)), epi_rows,
+                batch);
+  p.tile_in[slot] = TileInputRef{X, ld, static_cast<long long>(batch.head_stride),
+                                 static_cast<long long>(batch.outer_stride)};
 }
 
 int prepare(cudaKernel_t kernel, const KernelConfig& k) {

@@ -18,17 +18,24 @@ namespace comfuse::runtime_detail {
 // A gated kernel (KernelConfig::gated) takes the gate's B3 beside B: the same shape and layout.
 void set_operands(Params& p, const KernelConfig& k, DType ab, const void* A, int64_t lda, const void* B, int64_t ldb,
                   int M, int N, int K, const void* B3 = nullptr, int64_t ldb3 = 0);
+// A batched kernel's matrices (B2bConfig::batched): outer x heads of them, matrix (o, h) at
+// o x outer_stride + h x head_stride elements from the base; the kernel's flat batch index is
+// o x heads + h (params.cuh batch_coord). outer == 0: not batched (2-D descriptors).
+struct BatchLayout {
+  uint64_t outer = 0, heads = 1;
+  uint64_t outer_stride = 0, head_stride = 0;
+};
+
 // Output `slot` (the Store node's Out): M x N row-major, row stride ldd; the TMA box is
-// `epi_rows` rows (one consumer warp group's tile) of 128 bytes of columns. batches > 0: a
-// batched kernel's [batches, M, N] output (3-D descriptor), batch_stride elements apart.
-void set_output(Params& p, int epi_rows, int slot, DType t, void* D, int64_t ldd, int64_t batches = 0,
-                int64_t batch_stride = 0);
+// `epi_rows` rows (one consumer warp group's tile) of 128 bytes of columns; a batched kernel's
+// outputs as `batch` lays them out. Errors name `what`.
+void set_output(Params& p, int epi_rows, int slot, DType t, void* D, int64_t ldd, const BatchLayout& batch = {},
+                const char* what = "output");
 // Epilogue input `slot` (the TileInput node's In): M x cols row-major, row stride ld (the
 // epilogue's columns: N, or a B2B kernel's N1 for its F); the TMA box (its L2 prefetch) as an
-// output's. batches > 0: a batched kernel's [batches, M, cols] input, batch_stride elements apart
-// (0: M rows apart).
+// output's; a batched kernel's as `batch` lays them out. Errors name `what`.
 void set_tile_input(Params& p, int epi_rows, int slot, DType t, const void* X, int64_t cols, int64_t ld,
-                    int64_t batches = 0, int64_t batch_stride = 0);
+                    const BatchLayout& batch = {}, const char* what = "epilogue input");
 
 // Once per loaded kernel: raise its dynamic SMEM limit to k.smem_bytes(), allow clusters of
 // more than 8 CTAs, and return how many clusters fit on the GPU at once (the persistent
@@ -41,11 +48,13 @@ int prepare(cudaKernel_t kernel, const KernelConfig& k);
 void launch(cudaKernel_t kernel, const KernelConfig& k, const Params& p, cudaStream_t stream, int max_active_clusters);
 
 // A 2-D row-major tensor `rows` x `cols` (row stride ld elements) as a TMA descriptor with box
-// {box_cols, box_rows} and 128-byte swizzle; errors name `what`. batches > 0: 3-D, `batches`
-// such matrices batch_stride elements apart (0: rows x ld), box {box_cols, box_rows, 1}, the
-// batch the outermost coordinate (SM90_TMA_LOAD_3D's (c0, c1, batch)).
+// {box_cols, box_rows} and 128-byte swizzle; errors name `what`. Batched (batch.outer > 0): 4-D,
+// dims {cols, rows, heads, outer}, box {box_cols, box_rows, 1, 1} (SM90_TMA_LOAD_4D's (c0, c1,
+// head, outer)); rows past `rows` stay out of bounds (zero-filled, not stored) instead of reaching
+// into the next matrix. The matrices may interleave (q, k and v sliced from one [B, S, 3, H, D]
+// projection) but no two elements may share an address.
 void encode_tensor(TmaDesc* out, const char* what, DType t, const void* ptr, uint64_t rows, uint64_t cols, uint64_t ld,
-                   uint32_t box_cols, uint32_t box_rows, uint64_t batches = 0, uint64_t batch_stride = 0);
+                   uint32_t box_cols, uint32_t box_rows, const BatchLayout& batch = {});
 
 // B2B kernels (kernels/comfuse/b2b/): the same for a B2bConfig; no clusters, one CTA per SM.
 int prepare(cudaKernel_t kernel, const B2bConfig& k);  // CTAs resident at once

@@ -2,15 +2,19 @@
 // in registers, for elementwise F (an FFN, with vectors and [M, N1] inputs along N1 and an
 // epilogue after GEMM2, a residual included), the gated F of SwiGLU / GeGLU (X W1^T and X W3^T)
 // and the online softmax (attention, causal too), bf16 and f16, ragged shapes, batched over a
-// leading dim (3-D TMA, per-batch epilogue inputs and outputs), against the fp64 graph executor
+// leading dim (4-D TMA, per-batch epilogue inputs and outputs; attention on [B, H, S, D] views of
+// packed projections, O written as [B, S, H, D]), against the fp64 graph executor
 // on random inputs; and the same pair as unfused kernels where the planner falls back. The pair is
 // forced (--b2b force): the planner would run most of these shapes as two kernels. Skips, saying
 // why, on a machine without an sm_90 GPU.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <optional>
+#include <random>
 
 #include "comfuse/text.h"
 #include "gpu/gpu_support.h"
@@ -584,8 +588,107 @@ output ss: f32
   }
 }
 
+// A 16-bit value's bits (dtype bf16 or f16) and back.
+uint16_t bits_of(DType t, double x) {
+  if (t == DType::BF16) return __nv_bfloat16_raw(__float2bfloat16(static_cast<float>(x))).x;
+  return __half_raw(__float2half(static_cast<float>(x))).x;
+}
+double value_of(DType t, uint16_t b) {
+  if (t == DType::BF16) {
+    __nv_bfloat16_raw r;
+    r.x = b;
+    return __bfloat162float(__nv_bfloat16(r));
+  }
+  __half_raw r;
+  r.x = b;
+  return __half2float(__half(r));
+}
+
+// Attention on the layouts a transformer hands over, through 4-D descriptors and no copies: q, k
+// and v [Bo, H, S, D] views sliced out of one packed projection [Bo, S, 3, H, D] (GPT-2's c_attn
+// output), or q from its own [Bo, M, H, D] buffer beside a packed [Bo, N, 2, H, D] k/v (M != N);
+// O written as [Bo, M, H, D] (what the next projection reads as [Bo, M, H x D]). Against the fp64
+// executor on the same values gathered into [Bo x H, rows, cols]; O poisoned with NaN first.
+TEST_F(GpuB2b, AttentionOnHeadStridedViews) {
+  struct Case {
+    const char* dtype;
+    bool causal, self;  // self: q, k, v from one [Bo, S, 3, H, D] buffer (M = N)
+    int64_t outer, heads, m, n, d;
+  };
+  for (const Case& c : {Case{"bf16", true, true, 2, 3, 200, 200, 64}, Case{"bf16", false, false, 3, 2, 130, 260, 128},
+                        Case{"f16", true, false, 2, 5, 300, 77, 64}, Case{"bf16", false, true, 1, 16, 128, 128, 64}}) {
+    SCOPED_TRACE(fmt::format("{} {} {} Bo={} H={} M={} N={} D={}", c.dtype, c.causal ? "causal" : "unmasked",
+                             c.self ? "packed qkv" : "q apart", c.outer, c.heads, c.m, c.n, c.d));
+    const DType t = c.dtype == std::string("bf16") ? DType::BF16 : DType::F16;
+    const Graph g = parse_graph(batched_attention(c.dtype, c.causal));
+    const int64_t B = c.outer * c.heads, H = c.heads, D = c.d;
+    const Bindings dims{{"B", B}, {"M", c.m}, {"N", c.n}, {"K", D}, {"DV", D}};
+    std::mt19937_64 rng(5);
+    const TensorMap in = random_inputs(g, dims, rng);
+    // Device layouts: kv [Bo, N, slots, H, D] with k at slot `k_slot`, v at the next; q in the
+    // same buffer (self) or its own [Bo, M, H, D].
+    const int64_t slots = c.self ? 3 : 2, k_slot = c.self ? 1 : 0;
+    std::vector<uint16_t> kv(static_cast<size_t>(c.outer * c.n * slots * H * D)), q(c.self ? 0 : c.outer * c.m * H * D);
+    auto at = [&](int64_t bo, int64_t row, int64_t slot, int64_t h, int64_t col, int64_t nslots, int64_t rows) {
+      return static_cast<size_t>((((bo * rows + row) * nslots + slot) * H + h) * D + col);
+    };
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t col = 0; col < D; ++col) {
+        const int64_t bo = b / H, h = b % H;
+        for (int64_t r = 0; r < c.n; ++r) {
+          kv[at(bo, r, k_slot, h, col, slots, c.n)] = bits_of(t, in.at("k").data[(b * c.n + r) * D + col]);
+          kv[at(bo, r, k_slot + 1, h, col, slots, c.n)] = bits_of(t, in.at("v").data[(b * c.n + r) * D + col]);
+        }
+        for (int64_t r = 0; r < c.m; ++r)
+          (c.self ? kv[at(bo, r, 0, h, col, 3, c.n)] : q[at(bo, r, 0, h, col, 1, c.m)]) =
+              bits_of(t, in.at("q").data[(b * c.m + r) * D + col]);
+      }
+    void *kv_dev = nullptr, *q_dev = nullptr, *o_dev = nullptr;
+    const size_t o_count = static_cast<size_t>(c.outer * c.m * H * D);
+    ASSERT_EQ(cudaMalloc(&kv_dev, kv.size() * 2), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&o_dev, o_count * 2), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(kv_dev, kv.data(), kv.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+    if (!c.self) {
+      ASSERT_EQ(cudaMalloc(&q_dev, q.size() * 2), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(q_dev, q.data(), q.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+    }
+    ASSERT_EQ(cudaMemset(o_dev, 0xff, o_count * 2), cudaSuccess);  // NaN in both types
+    // [Bo, H, rows, D] views: (batch stride, head stride, row stride) in elements.
+    auto view = [&](void* base, int64_t slot, int64_t nslots, int64_t rows) {
+      DeviceTensor v{static_cast<uint16_t*>(base) + slot * H * D, t, {c.outer, H, rows, D}, nslots * H * D};
+      v.batch_stride = rows * nslots * H * D;
+      v.head_stride = D;
+      return v;
+    };
+    RunArgs args;
+    args.tensors["q"] = c.self ? view(kv_dev, 0, 3, c.m) : view(q_dev, 0, 1, c.m);
+    args.tensors["k"] = view(kv_dev, k_slot, slots, c.n);
+    args.tensors["v"] = view(kv_dev, k_slot + 1, slots, c.n);
+    args.tensors["o"] = view(o_dev, 0, 1, c.m);
+    CompileOptions opt;
+    opt.plan.b2b = PlanOptions::B2b::Force;
+    const FusedKernel k = compile(g, dims, opt);
+    k.run(args);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<uint16_t> o(o_count);
+    ASSERT_EQ(cudaMemcpy(o.data(), o_dev, o_count * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    cudaFree(kv_dev), cudaFree(q_dev), cudaFree(o_dev);
+    Tensor got;
+    got.shape = {B, c.m, D};
+    got.data.resize(static_cast<size_t>(B * c.m * D));
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t r = 0; r < c.m; ++r)
+        for (int64_t col = 0; col < D; ++col)
+          got.data[static_cast<size_t>((b * c.m + r) * D + col)] = value_of(t, o[at(b / H, r, 0, b % H, col, 1, c.m)]);
+    const Comparison cmp = compare(got, run_graph(g, dims, in).at("o"));
+    EXPECT_EQ(cmp.nonfinite, 0) << "elements left unwritten or not finite";
+    EXPECT_LE(cmp.rel_l2, gpu_result_tolerance(t)) << "max_abs " << cmp.max_abs;
+  }
+}
+
 // A batched kernel's arguments are checked by name before launch: 2-D where 3-D is due, batch
-// counts that differ, an output of the wrong batch count.
+// counts that differ, an output of the wrong batch count, [B, H, ..] arguments whose H differ, an
+// output whose heads overlap.
 TEST_F(GpuB2b, BatchedArgumentErrorsNameTheArgument) {
   const Graph g = parse_graph(batched_attention("bf16", false));
   const FusedKernel k = compile(g, {{"B", 2}, {"M", 128}, {"N", 128}, {"K", 64}, {"DV", 64}});
@@ -617,6 +720,22 @@ TEST_F(GpuB2b, BatchedArgumentErrorsNameTheArgument) {
                                                                            "expected [2, 128, 64]"),
             std::string::npos);
   EXPECT_EQ(error_of(args({2, 128, 64}, {2, 128, 64}, {2, 128, 64})), "(no error)");
+  EXPECT_NE(error_of(args({1, 2, 128, 64}, {2, 1, 128, 64}, {2, 128, 64})).find("arguments of a batched kernel share H"),
+            std::string::npos);
+  RunArgs overlapping = args({1, 2, 128, 64}, {2, 128, 64}, {1, 2, 128, 64});
+  overlapping.tensors["o"].head_stride = 32;  // head 1's row r starts inside head 0's row r
+  EXPECT_NE(error_of(overlapping).find("output 'o' (bf16, 1 x 2 x 128 x 64, strides 64, 32, 64): its matrices "
+                                       "overlap (two elements at one address)"),
+            std::string::npos)
+      << error_of(overlapping);
+  EXPECT_EQ(error_of(args({1, 2, 128, 64}, {2, 128, 64}, {1, 2, 128, 64})), "(no error)");
+  // The producer packs (head, outer batch) into one register: each must stay below 2^16.
+  RunArgs many = args({1, 65536, 128, 64}, {65536, 128, 64}, {1, 65536, 128, 64});
+  many.tensors["v"].shape = {65536, 128, 64};
+  EXPECT_NE(error_of(many).find("X 'q' is [1, 65536, 128, 64]: 1 outer batches of 65536 heads; a batched kernel's "
+                                "heads and outer batches must each be below 65536"),
+            std::string::npos)
+      << error_of(many);
   cudaFree(buf);
 }
 

@@ -133,7 +133,7 @@ struct B2bGemmSm90 {
           if (!job.valid) continue;  // as the consumer: an empty half of a causal pair
           int const my_chunks = b2b_rank_chunks(C, b2b_chunks(C, job.m_block, p.M, p.N1), rank);
           Mainloop::load_job(p, ss.bars[w], st, ss.ring[w], job.m_block * C.job_rows(), job.n2_block * C.tile_n2,
-                             job.batch, my_chunks, x_jobs, pending,
+                             packed_batch_coord(p, job.batch), my_chunks, x_jobs, pending,
                              [&](int i) { return (rank + i * C.cluster_n1) * C.chunk_n1; });
         }
         Mainloop::flush(p, ss.bars[w], st, ss.ring[w], pending);

@@ -79,9 +79,10 @@ struct MainloopB2b {
   }
 
   // ---- producer: one thread per consumer warp group --------------------------------------
+  // `batch`: the job's packed_batch_coord (params.cuh), both coordinates in one register.
   template <class Desc>
   static COMFUSE_DEVICE void tma(Desc const* d, uint64_t* bar, uint64_t hint, Element* dst, int c0, int c1, int batch) {
-    if constexpr (C.batched) cute::SM90_TMA_LOAD_3D::copy(d, bar, hint, dst, c0, c1, batch);
+    if constexpr (C.batched) cute::SM90_TMA_LOAD_4D::copy(d, bar, hint, dst, c0, c1, batch & 0xffff, batch >> 16);
     else cute::SM90_TMA_LOAD_2D::copy(d, bar, hint, dst, c0, c1);
   }
   // The operand tile of `Rows` rows (output dim) x 64 (k) at (row0, k0) of a K-major (row0 along

@@ -307,10 +307,11 @@ template <int Out, class T, int Src, int Borrow = -1> struct Store {
     COMFUSE_DEVICE void subtile_end(EpiCtx const& c, SharedStorage& s, int sub) {
       CUTE_UNROLL
       for (int b = 0; b < Layout::kBoxes; ++b) {
-        if constexpr (Geo::kBatched)
-          cute::SM90_TMA_STORE_3D::copy(&c.p->tma_out[Out], buf(s) + b * Layout::kBoxBytes,
-                                        c.n0 + sub * 64 + b * Layout::kBoxCols, c.m0, c.batch);
-        else
+        if constexpr (Geo::kBatched) {
+          BatchCoord const bc = batch_coord(*c.p, c.batch);
+          cute::SM90_TMA_STORE_4D::copy(&c.p->tma_out[Out], buf(s) + b * Layout::kBoxBytes,
+                                        c.n0 + sub * 64 + b * Layout::kBoxCols, c.m0, bc.head, bc.outer);
+        } else
           cute::SM90_TMA_STORE_2D::copy(&c.p->tma_out[Out], buf(s) + b * Layout::kBoxBytes,
                                         c.n0 + sub * 64 + b * Layout::kBoxCols, c.m0);
       }
@@ -345,9 +346,10 @@ template <int In, class T, int Box0 = -1> struct TileInput {
       CUTE_UNROLL
       for (int col = 0; col < Geo::BN; col += kBoxCols) {
         if (c.n0 + col >= c.N) break;
-        if constexpr (Geo::kBatched)
-          cute::SM90_TMA_LOAD_3D::PREFETCH::copy(&c.p->tma_in[In], c.n0 + col, c.m0, c.batch);
-        else
+        if constexpr (Geo::kBatched) {
+          BatchCoord const bc = batch_coord(*c.p, c.batch);
+          cute::SM90_TMA_LOAD_4D::PREFETCH::copy(&c.p->tma_in[In], c.n0 + col, c.m0, bc.head, bc.outer);
+        } else
           cute::SM90_TMA_LOAD_2D::PREFETCH::copy(&c.p->tma_in[In], c.n0 + col, c.m0);
       }
     }
@@ -366,7 +368,12 @@ template <int In, class T, int Box0 = -1> struct TileInput {
       if constexpr (!kInRing) {  // the ring's reads need no pointer: TMA zero-filled past M and N
         TileInputRef const& in = c.p->tile_in[In];
         ld_ = in.ld;
-        tile_ = static_cast<T const*>(in.data) + (Geo::kBatched ? c.batch * in.batch_stride : 0) + c.m0 * ld_ + c.n0;
+        long long batch_offset = 0;
+        if constexpr (Geo::kBatched) {
+          BatchCoord const bc = batch_coord(*c.p, c.batch);
+          batch_offset = bc.head * in.head_stride + bc.outer * in.batch_stride;
+        }
+        tile_ = static_cast<T const*>(in.data) + batch_offset + c.m0 * ld_ + c.n0;
         rows_ = c.p->M - c.m0;
         cols_ = c.N - c.n0;
       }
