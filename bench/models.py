@@ -208,7 +208,7 @@ def bench_case(arch: str, phase: str, batch: int, seq: int, layers: int, variant
             log(f"--- fusion report: {name}\n{rep}")
             row["regions"] = region_rows(rep, reps)
             row["fused_regions"] = sum(1 for r in rep.regions if r.status == "fused")
-            row["gemm_regions"] = len(rep.regions)
+            row["region_count"] = len(rep.regions)
         log(f"{name:28s} {v:13s} err {row[f'{v}_err']:.2e}  "
             + (f"{row[f'{v}_ms']:.3f} ms" if row.get(f"{v}_ms") else f"FAILED {row.get(f'{v}_error')}"))
     base = row.get("eager_ms")
@@ -249,7 +249,8 @@ def region_rows(rep, reps: int) -> list[dict]:
     rows = []
     for info, rr in fused_regions(rep):
         tensors, sizes = rr.last_inputs
-        row = {"region": info.root + " + " + ", ".join(o.split(":")[-1] for o in info.ops[1:]),
+        ops = [o.split(":")[-1] for o in info.ops[1:]]
+        row = {"region": info.root + (" + " + ", ".join(ops) if ops else ""),
                "m": tensors[0].numel() // info.k, "n": info.n, "k": info.k,
                "fused_est_us": info.fused_us, "unfused_est_us": info.unfused_us}
         sub = rr.subgraph
@@ -257,13 +258,13 @@ def region_rows(rep, reps: int) -> list[dict]:
             # Inductor on the region's own aten graph (compile_fx, as the comfuse backend hands
             # Inductor the rest of a model), not torch.compile(sub): that counted no compiled graph
             # on the GPU (Dynamo's unique_graphs unchanged) and timed eager's kernels.
-            args = [t.detach() for t in tensors] + list(sizes)
+            args = rr.subgraph_args([t.detach() for t in tensors], sizes)
             ind = inductor_region(sub, args)
             # The three in alternating rounds (one power state each round): timed one after the
             # other, c_fc + gelu_new read 136 us fused against Inductor's 130, alternating 133
             # against 138 (bench/region_timing.py, bench/NOTES.md Stop 26).
             calls = {"fused": lambda: rr.run(tensors, sizes), "inductor": lambda: ind(*args),
-                     "eager": lambda: sub(*tensors, *sizes)}
+                     "eager": lambda: sub(*args)}
             with torch.no_grad():
                 graphs = {k: gpu_timing.capture(lambda i, f=f: f()) for k, f in calls.items()}
                 for k, ms in gpu_timing.alternating_rounds(graphs, rounds=7, reps=reps).items():
@@ -272,7 +273,7 @@ def region_rows(rep, reps: int) -> list[dict]:
             row["speedup_vs_eager"] = row["eager_us"] / row["fused_us"]
             with torch.no_grad():  # weights require grad: outside no_grad the region runs unfused
                 fused_out = rr.run(tensors, sizes)
-                unfused_out = sub(*tensors, *sizes)
+                unfused_out = sub(*args)
                 inductor_out = ind(*args)
             row["err_vs_eager"] = max(rel_err(a, b) for a, b in zip(fused_out, unfused_out))
             row["inductor_err_vs_eager"] = max(rel_err(a, b) for a, b in zip(inductor_out, unfused_out))
@@ -292,7 +293,7 @@ def write_results(results: dict, out: str) -> None:
              f"{results['layers']} layer(s); GPU-only times (CUDA graph replay), median of rounds.", "",
              "## Whole model", "",
              "| case | eager ms | inductor ms | max-autotune ms | comfuse ms | comfuse vs eager | vs inductor | vs max-autotune | "
-             "comfuse + max-autotune ms | its vs max-autotune | fused / GEMM regions | max rel err |",
+             "comfuse + max-autotune ms | its vs max-autotune | fused / regions (GEMM, attention) | max rel err |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def f(v, p=3):
@@ -307,7 +308,7 @@ def write_results(results: dict, out: str) -> None:
                      f"{f(r.get('comfuse_ms'))} | {x(r.get('comfuse_speedup_vs_eager'))} | "
                      f"{x(r.get('comfuse_vs_inductor'))} | {x(r.get('comfuse_vs_max-autotune'))} | "
                      f"{f(r.get('comfuse-max-autotune_ms'))} | {x(r.get('comfuse-max-autotune_vs_max-autotune'))} | "
-                     f"{r.get('fused_regions', '-')}/{r.get('gemm_regions', '-')} | "
+                     f"{r.get('fused_regions', '-')}/{r.get('region_count', '-')} | "
                      + (f"{max(errs):.2e}" if errs else "-") + " |")
     lines += ["", "## Fused regions (kernel vs the same ops unfused)", "",
               "| case | region | M x N x K | fused us | inductor us | eager us | vs inductor | vs eager | planner fused/unfused us | note |",

@@ -41,7 +41,7 @@ def time_four_ways(rr, rounds: int) -> dict:
     random = [measure.random_input(t) for t in tensors]
     calls = {}
     for inputs, ts in (("model", list(tensors)), ("random", random)):
-        args = [t.detach() for t in ts] + list(sizes)
+        args = rr.subgraph_args([t.detach() for t in ts], sizes)
         ind = measure.inductor_region(rr.subgraph, args)
         calls[("fused", inputs)] = (lambda ts=ts: rr.run(ts, sizes))
         calls[("inductor", inputs)] = (lambda ind=ind, args=args: ind(*args))

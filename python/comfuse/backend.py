@@ -19,7 +19,7 @@ import operator
 import torch
 import torch.fx as fx
 
-from . import measure
+from . import attention, measure
 from .config import config
 from .kernels import REGISTRY, RuntimePair, RuntimeRegion, gpu_status, next_region_id, precompile
 from .pair import PairCandidate, form_pairs
@@ -98,6 +98,8 @@ def rewrite(gm: fx.GraphModule, g: GraphReport, apply: bool = True, inductor_opt
         decide(c)
     # Chained regions (an MLP) as one B2B pair where the core says one kernel (pair.py).
     cands, _ = form_pairs(cands, next_region_id)
+    # Every SDPA op as a batched B2B kernel where the core takes it (attention.py).
+    cands = cands + attention.find(gm, next_region_id)
     ok, why_not = gpu_status()
     chosen: list[tuple[object, bool]] = []  # (candidate, whether this process runs its kernel)
     for c in cands:
@@ -106,8 +108,7 @@ def rewrite(gm: fx.GraphModule, g: GraphReport, apply: bool = True, inductor_opt
         if info.status != "fused":
             log.info("comfuse: %s: %s: %s", info.root, info.status, info.reason)
             continue
-        devices = {val(n).device.type for n, role in zip(c.translator.inputs, c.translator.input_roles)
-                   if role != "scalar"}
+        devices = {val(n).device.type for n in _tensor_operands(c)}
         here = None if devices == {"cuda"} and ok else (why_not if not ok else f"inputs on {'/'.join(sorted(devices))}")
         if here:
             info.status = "fusable"
@@ -130,7 +131,10 @@ def rewrite(gm: fx.GraphModule, g: GraphReport, apply: bool = True, inductor_opt
         if measured is not None and key in measured:
             info.status, info.reason, info.measured = measured[key]
             continue
-        measure.measure_region(rr, ext_t, ext_s, inductor_options)
+        if isinstance(c, attention.AttentionCandidate):
+            measure.measure_attention(rr, ext_t, inductor_options)
+        else:
+            measure.measure_region(rr, ext_t, ext_s, inductor_options)
         if measured is not None:
             measured[key] = (info.status, info.reason, info.measured)
     if not apply:
@@ -138,9 +142,13 @@ def rewrite(gm: fx.GraphModule, g: GraphReport, apply: bool = True, inductor_opt
     subst: dict[fx.Node, fx.Node] = {}  # a replaced region's outputs -> the getitems that now carry them
     replaced = 0
     for c, _, rr, ext_t, ext_s in staged:
-        if c.info.status != "fallback":
+        if c.info.status == "fallback":
+            continue
+        if isinstance(c, attention.AttentionCandidate):
+            attention.replace(gm, c, rr, subst)
+        else:
             _replace(gm, c, rr, ext_t, ext_s, subst)
-            replaced += 1
+        replaced += 1
     if replaced:
         from torch.fx.passes.tools_common import legalize_graph
 
@@ -156,10 +164,21 @@ def _timed(c, on_gpu: bool) -> bool:
     return not isinstance(c, PairCandidate) and measure.wanted(on_gpu)
 
 
+def _tensor_operands(c) -> list[fx.Node]:
+    """The tensors candidate c's kernel reads (where they live decides whether it runs here)."""
+    if isinstance(c, attention.AttentionCandidate):
+        return [c.q, c.k, c.v]
+    return [n for n, role in zip(c.translator.inputs, c.translator.input_roles) if role != "scalar"]
+
+
 def _runtime(c) -> tuple[RuntimeRegion, list[fx.Node], list[fx.Node]]:
     """What runs candidate c, without touching the graph: its RuntimeRegion (or RuntimePair), and the
     custom op's operands as nodes of the graph as it is now: tensors (the kernel's inputs first),
-    then the sizes its views use."""
+    then the sizes its views use. An attention: its RuntimeAttention and the nodes its measurement
+    feeds (attention.runtime)."""
+    if isinstance(c, attention.AttentionCandidate):
+        rr, inputs = attention.runtime(c)
+        return rr, inputs, []
     tr = c.translator
     nodes = c.nodes
     ext_t: list[fx.Node] = list(tr.inputs)

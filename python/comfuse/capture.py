@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx as fx
 
+from . import attention
 from .backend import _boxed
 from .kernels import next_region_id
 from .pair import PairCandidate, form_pairs
@@ -19,6 +20,7 @@ class Capture:
     gm: fx.GraphModule | None = None
     candidates: list[Candidate] = field(default_factory=list)  # fused B2B pairs in place of their members
     pairs: list[PairCandidate] = field(default_factory=list)   # every B2B pair considered, fused or not
+    attentions: list[attention.AttentionCandidate] = field(default_factory=list)  # every SDPA op, decided
     values: dict = field(default_factory=dict)   # FX node name -> value on the example inputs
 
     def by_root(self, needle: str) -> Candidate:
@@ -47,6 +49,7 @@ def capture(model, *inputs, dynamic: bool = False, **kwargs) -> Capture:
         for c in cands:
             decide(c)
         cap.candidates, cap.pairs = form_pairs(cands, next_region_id)
+        cap.attentions = attention.find(agm, next_region_id)
 
         class Recorder(fx.Interpreter):
             def run_node(self, n):

@@ -154,6 +154,11 @@ class RuntimeRegion:
         self._warned: set = set()
         self.last_inputs = None
 
+    def subgraph_args(self, tensors, sizes) -> list:
+        """The arguments `subgraph` takes for the kernel's inputs (tensors, sizes): a benchmark
+        runs the region's own aten ops on them."""
+        return list(tensors) + list(sizes)
+
     # -- fake / fallback ------------------------------------------------------------------
     def fake(self, tensors, sizes):
         outs = self.subgraph(*tensors, *sizes)
@@ -464,7 +469,11 @@ _TORCH = {name: dt for dt, name in _DTYPES.items()}
 class Kernel:
     """A compiled ComFuse graph (one fused region, or a B2B pair: two GEMMs in one kernel, e.g.
     attention) called on torch CUDA tensors. A batched graph ([B, M, K] inputs) takes 3-D
-    tensors: their last dim contiguous, any batch stride (a multiple of 16 bytes).
+    tensors, or 4-D [B', H, M, K] ones with B' x H = B (attention's batch and heads; all the 4-D
+    arguments of a call share H): their last dim contiguous, the other strides any multiples of 16
+    bytes under which no two elements overlap, so q, k and v sliced out of one projection's output
+    ([B, S, 3, H, D] viewed as [B, H, S, D]) and an output viewed as [B, H, S, D] of a
+    [B, S, H, D] tensor run without copies.
 
     Every argument is checked against the kernel before launch, with an error naming it: a
     CPU tensor, a dtype or shape that differs from the graph's, a last dimension that is not
@@ -517,9 +526,12 @@ class Kernel:
             check_tensor(name, t, _TORCH[a["dtype"]], want)
             if role == "output":
                 outs[name] = t
-            if len(want) == 3:  # a batch of matrices [B, rows, cols]
+            if len(want) == 3 and t.dim() == 4:  # [B', H, rows, cols]: the batch as batch x heads
+                ld = t.stride(2) if want[2] != 1 else 0
+                batch_strides[name] = [t.stride(0), t.stride(1)]
+            elif len(want) == 3:  # a batch of matrices [B, rows, cols]
                 ld = t.stride(1) if want[2] != 1 else 0
-                batch_strides[name] = t.stride(0)
+                batch_strides[name] = [t.stride(0)]
             else:
                 ld = t.stride(0) if _is_matrix(want) else 0  # vectors and [M, 1] columns are packed
             args[name] = (t.data_ptr(), a["dtype"], list(t.shape), ld)
@@ -545,8 +557,13 @@ def check_tensor(name: str, t, dtype: torch.dtype, shape: list[int]) -> None:
     if t.dtype != dtype:
         raise ValueError(f"argument '{name}' is {t.dtype}, the kernel was built for {dtype}")
     matrix = _is_matrix(shape)
-    if (list(t.shape) != list(shape)) if matrix else (t.numel() != math.prod(shape)):
-        raise ValueError(f"argument '{name}' has shape {list(t.shape)}, the kernel expects {shape}")
+    # A batch of B matrices may come as [B', H, rows, cols] with B' x H = B.
+    heads = matrix and len(shape) == 3 and t.dim() == 4 and t.shape[0] * t.shape[1] == shape[0] \
+        and list(t.shape[2:]) == list(shape[1:])
+    if (list(t.shape) != list(shape) and not heads) if matrix else (t.numel() != math.prod(shape)):
+        raise ValueError(f"argument '{name}' has shape {list(t.shape)}, the kernel expects {shape}" +
+                         (f" (or [B', H, {shape[1]}, {shape[2]}] with B' x H = {shape[0]})" if matrix and len(shape) == 3
+                          else ""))
     if t.dim() >= 1 and t.shape[-1] > 1 and t.stride(-1) != 1:
         raise ValueError(f"argument '{name}' has strides {t.stride()}: its last dimension must be contiguous "
                          "(pass .contiguous())")
@@ -559,9 +576,10 @@ def check_tensor(name: str, t, dtype: torch.dtype, shape: list[int]) -> None:
     if matrix and (t.stride(row) * t.element_size()) % 16:
         raise ValueError(f"argument '{name}' has a row stride of {t.stride(row) * t.element_size()} bytes: TMA needs a "
                          "multiple of 16")
-    if matrix and len(shape) == 3 and (t.stride(0) * t.element_size()) % 16:
-        raise ValueError(f"argument '{name}' has a batch stride of {t.stride(0) * t.element_size()} bytes: TMA needs "
-                         "a multiple of 16")
+    for d, what in ((0, "batch"), (1, "head")) if matrix and len(shape) == 3 else ():
+        if d < t.dim() - 2 and (t.stride(d) * t.element_size()) % 16:
+            raise ValueError(f"argument '{name}' has a {what} stride of {t.stride(d) * t.element_size()} bytes: TMA "
+                             "needs a multiple of 16")
 
 
 def compile_graph(graph, dims: dict, **plan_options) -> Kernel:

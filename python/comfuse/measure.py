@@ -158,6 +158,22 @@ def random_input(v):
     return base.as_strided(shape, stride, offset)
 
 
+def _more_rounds(time_fused, time_unfused, fused_us: list, unfused_us: list) -> None:
+    """Rounds 2..ROUNDS after a first round of each side: the two alternate, the order swapped
+    each round, so both meet the same clock and power states (an H200 at its power cap): timed one
+    after the other, the two sides of a region met different ones (bench/region_timing.py,
+    bench/NOTES.md Stop 26). Each round's two timings met the same clock state; a drift between
+    rounds moves both, so the decision takes the median of the rounds' ratios, steadier than
+    either side's median. What the short bursts here still miss, the model's steady state,
+    config.measure_margin stands for."""
+    for r in range(1, ROUNDS):
+        for who in (("unfused", "fused") if r % 2 else ("fused", "unfused")):
+            if who == "fused":
+                fused_us.append(time_fused())
+            else:
+                unfused_us.append(time_unfused())
+
+
 def measure_region(rr: "kernels.RuntimeRegion", tensor_nodes: list[fx.Node], size_nodes: list[fx.Node],
                    inductor_options: dict | None = None) -> None:
     """Times a region the planner fused (rr: not replaced yet; tensor_nodes and size_nodes: the
@@ -187,21 +203,11 @@ def measure_region(rr: "kernels.RuntimeRegion", tensor_nodes: list[fx.Node], siz
                 inductor_us, no_inductor = [time_inductor(rr, tensors, sizes, inductor_options)], ""
             except Exception as e:  # the modeled epilogue stands in
                 inductor_us, no_inductor = [], _error_line(e)
-            # Further rounds alternate the two, the order swapped each round, so both meet the same
-            # clock and power states (an H200 at its power cap): timed one after the other, the two
-            # sides of a region met different ones (bench/region_timing.py, bench/NOTES.md Stop 26).
-            # What the short bursts here still miss, the model's steady state, config.measure_margin
-            # stands for.
-            for r in range(1, ROUNDS if inductor_us else 1):
-                for who in (("inductor", "fused") if r % 2 else ("fused", "inductor")):
-                    if who == "fused":
-                        fused_us.append(time_region(rr, tensors, sizes))
-                    else:
-                        inductor_us.append(time_inductor(rr, tensors, sizes, inductor_options))
+            if inductor_us:
+                _more_rounds(lambda: time_region(rr, tensors, sizes),
+                             lambda: time_inductor(rr, tensors, sizes, inductor_options), fused_us, inductor_us)
             fused = statistics.median(fused_us)
             inductor = statistics.median(inductor_us) if inductor_us else None
-            # Each round's two timings met the same clock state; a drift between rounds moves
-            # both, so their ratio is steadier than either side's median.
             ratios = [f / i for f, i in zip(fused_us, inductor_us)]
     except Exception as e:
         log.warning("comfuse: region %d (%s): not measured, the planner's decision stands: %s: %s",
@@ -229,3 +235,51 @@ def measure_region(rr: "kernels.RuntimeRegion", tensor_nodes: list[fx.Node], siz
     else:
         info.reason += f"; measured: fused {fused:.1f} us vs unfused {unfused:.1f} us{spread} ({how})"
     log.info("comfuse: region %d (%s): %s: %s", info.id, info.root, info.status, info.reason)
+
+
+def measure_attention(rr: "kernels.RuntimeRegion", inputs: list[fx.Node], inductor_options: dict | None = None) -> None:
+    """Times an attention the core takes as one kernel (attention.py; rr not in the graph yet)
+    against Inductor's kernels for the SDPA op as the model traced it (`inputs`: q, k, v, given
+    random values of the traced shapes and strides, and the op's mask, its real value) and decides as measure_region does: the
+    kernel stays only where the median of the rounds' ratios pays (partition.pays with
+    config.measure_margin). Where either side cannot be timed, the attention falls back (there is
+    no estimate of the SDPA kernel to stand in) and the reason says why."""
+    info = rr.info
+    saved = (info.calls, info.fallback_calls, info.runtime_fallback, set(rr._warned), rr.last_inputs)
+    tensors = None
+    try:
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        with unset_fake_temporarily(), torch.no_grad():
+            # Random q, k, v of the traced shapes and strides; the mask as the model computes it.
+            tensors = rr.subgraph_args([random_input(n.meta.get("val")) for n in inputs[:3]], [])
+            fused_fn = lambda: _time_us(lambda: rr.run(tensors[:3], []))  # noqa: E731
+            fused_us = [fused_fn()]
+            if info.fallback_calls != saved[1]:
+                raise RuntimeError(f"the fused kernel did not run ({info.runtime_fallback})")
+            compiled = inductor_region(rr.subgraph, tensors, inductor_options)
+            unfused_fn = lambda: _time_us(lambda: compiled(*tensors))  # noqa: E731
+            inductor_us = [unfused_fn()]
+            _more_rounds(fused_fn, unfused_fn, fused_us, inductor_us)
+            name = torch.cuda.get_device_name(tensors[0].device)
+    except Exception as e:  # noqa: BLE001 - a failed measurement is a reason to fall back
+        info.status = "fallback"
+        info.reason += f"; not measured, so not fused ({_error_line(e)})"
+        log.warning("comfuse: attention %d (%s): not measured, falls back: %s", info.id, info.root, _error_line(e))
+        return
+    finally:
+        info.calls, info.fallback_calls, info.runtime_fallback, rr._warned, rr.last_inputs = saved
+        del tensors
+    fused, inductor = statistics.median(fused_us), statistics.median(inductor_us)
+    ratios = [f / i for f, i in zip(fused_us, inductor_us)]
+    ratio = statistics.median(ratios)
+    info.measured = {"fused_us": fused, "inductor_us": inductor, "unfused_us": inductor, "ratio": ratio,
+                     "round_ratios": ratios, "device": name}
+    spread = f"fused / unfused {ratio:.3f} (median of {len(ratios)} rounds {min(ratios):.3f}-{max(ratios):.3f})"
+    if not pays(ratio, 1.0, config.measure_margin):
+        info.status = "fallback"
+        info.reason = (f"measured on {name}: fused {fused:.1f} us vs Inductor's SDPA kernel {inductor:.1f} us, {spread}; "
+                       + info.reason)
+    else:
+        info.reason += f"; measured: fused {fused:.1f} us vs Inductor's SDPA kernel {inductor:.1f} us, {spread}"
+    log.info("comfuse: attention %d (%s): %s: %s", info.id, info.root, info.status, info.reason)

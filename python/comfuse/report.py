@@ -40,7 +40,9 @@ class FusionReport:
         if n["fusable"]:
             parts.append(f"{n['fusable']} fusable but not fused here")
         parts.append(f"{n['fallback']} left to Inductor")
-        return f"comfuse: {len(self.graphs)} graph(s), {len(rs)} GEMM region(s): " + ", ".join(parts)
+        att = sum(1 for r in rs if r.layout == "attention")
+        what = f"{len(rs) - att} GEMM region(s)" + (f" and {att} attention(s)" if att else "")
+        return f"comfuse: {len(self.graphs)} graph(s), {what}: " + ", ".join(parts)
 
     def __str__(self) -> str:
         lines = [self.summary()]
@@ -61,7 +63,10 @@ def format_region(r: RegionInfo) -> list[str]:
     if ops:
         head += " + " + ", ".join(ops)
     out = [head]
-    if r.plan.get("kind") == "b2b":
+    if r.plan.get("kind") == "attention":
+        d = r.plan["dims"]
+        out.append(f"    attention: batch x heads {d['B']}, M={d['M']} N={d['N']} head dims {d['K']}/{d['DV']} {r.dtype}")
+    elif r.plan.get("kind") == "b2b":
         d = r.plan["dims"]
         out.append(f"    GEMMs M={r.m} K={d['K']} N1={d['N1']} N2={d['N2']} {r.dtype} B {r.layout}")
     elif r.n:
@@ -70,13 +75,14 @@ def format_region(r: RegionInfo) -> list[str]:
         out.append(f"    {r.reason}")
     if r.measured and r.status != "fallback":  # a measured fallback's reason has these numbers
         x = r.measured
-        against = (f"Inductor's kernels for the region {x['inductor_us']:.1f} us (cuBLAS GEMM alone {x['gemm_us']:.1f} us)"
+        against = (f"Inductor's kernels for the region {x['inductor_us']:.1f} us" +
+                   (f" (cuBLAS GEMM alone {x['gemm_us']:.1f} us)" if "gemm_us" in x else "")
                    if x.get("inductor_us") is not None else
                    f"cuBLAS GEMM {x['gemm_us']:.1f} us + epilogue {x['epilogue_us']:.1f} us (modeled)")
         out.append(f"    measured on {x['device']}: fused {x['fused_us']:.1f} us, {against}")
     if r.b2b:
         out.append(f"    {r.b2b}")
-    if r.plan.get("kind") == "b2b":
+    if r.plan.get("kind") in ("b2b", "attention"):
         if r.status != "fallback":
             first = next((l.strip() for l in r.plan.get("explain", "").splitlines() if l.strip().startswith("tiles")), "")
             first = " ".join(first.split())

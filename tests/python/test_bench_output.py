@@ -11,7 +11,7 @@ def test_results_tables(tmp_path):
         {"case": "gpt2 prefill b8x1024", "eager_ms": 10.0, "inductor_ms": 8.0, "max-autotune_ms": 7.5,
          "comfuse_ms": 7.0, "comfuse_speedup_vs_eager": 10 / 7, "comfuse_vs_inductor": 8 / 7,
          "comfuse_vs_max-autotune": 7.5 / 7, "comfuse-max-autotune_ms": 6.0,
-         "comfuse-max-autotune_vs_max-autotune": 7.5 / 6, "fused_regions": 2, "gemm_regions": 9, "eager_err": 0.0,
+         "comfuse-max-autotune_vs_max-autotune": 7.5 / 6, "fused_regions": 2, "region_count": 9, "eager_err": 0.0,
          "comfuse_err": 3e-3,
          "regions": [{"region": "h.0.mlp.c_fc:addmm + mul, tanh", "m": 8192, "n": 4096, "k": 1024,
                       "fused_us": 100.0, "inductor_us": 130.0, "eager_us": 200.0, "speedup_vs_inductor": 1.3,

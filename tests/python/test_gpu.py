@@ -224,6 +224,32 @@ def test_direct_kernel_api_runs_batched_attention(gpu, causal):
         kern(q=q, k=k[:2], v=v)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_direct_kernel_api_runs_attention_on_head_views(gpu, causal):
+    """The batched kernel on [B, H, S, D] views with any strides, no copies: q, k, v sliced out of
+    one [B, S, 3, H, D] projection (GPT-2's c_attn), O written into a [B, S, H, D] tensor through
+    its [B, H, S, D] view; against SDPA's math in f32. 4-D arguments whose H differ are refused."""
+    import math
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    b, h, s, d = 2, 5, 200, 64
+    mask = "causal_mask(x)" if causal else "x"
+    text = (f"input q: bf16[B, M, K]\ninput k: bf16[B, N, K]\ninput v: bf16[B, N, DV]\ns = matmul(q, k)\n"
+            f"x = mul(s, {1 / math.sqrt(d)!r})\npb = cast(softmax({mask}), bf16)\no = matmul(pb, v, layout=kn)\n"
+            "output o: bf16\n")
+    kern = comfuse.compile_graph(text, {"B": b * h, "M": s, "N": s, "K": d, "DV": d})
+    qkv = randn(b, s, 3, h, d, device=gpu)
+    q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))  # [B, H, S, D], row stride 3HD
+    o = torch.full((b, s, h, d), float("nan"), device=gpu, dtype=torch.bfloat16)
+    out = kern(q=q, k=k, v=v, o=o.transpose(1, 2))["o"]
+    assert out.data_ptr() == o.data_ptr()
+    with sdpa_kernel(SDPBackend.MATH):
+        ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
+    assert_bf16_close(o.transpose(1, 2), ref)
+    with pytest.raises(Exception, match="share H"):
+        kern(q=q, k=k.reshape(b * h, s, d).reshape(5, 2, s, d), v=v)
+
+
 def test_inductor_default_and_max_autotune_rest(gpu):
     model = M.GPT2MLP(1024, 4096).to(torch.bfloat16).to(gpu).eval()
     x = randn(4, 256, 1024, device=gpu)
@@ -253,3 +279,7 @@ def test_transformers_model_end_to_end(gpu, arch, monkeypatch):
     if arch == "gpt2":  # the MLP's c_fc + gelu_new fuses in every layer
         fc = [r for r in rep.regions if r.root.endswith("mlp.c_fc:addmm")]
         assert len(fc) == 2 and all(r.status == "fused" and r.calls == 1 for r in fc), str(rep)
+    # Each layer's attention: one causal kernel on the model's strided q, k, v (its mask recognized).
+    att = [r for r in rep.regions if r.layout == "attention"]
+    assert len(att) == 2 and all(r.status == "fused" and r.calls == 1 for r in att), str(rep)
+    assert all("mask recognized as causal" in r.reason for r in att), str(rep)

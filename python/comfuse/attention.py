@@ -1,0 +1,384 @@
+"""Attention in the frontend: torch's scaled_dot_product_attention as one batched B2B kernel.
+
+A model's attention reaches the aten graph as one SDPA op (the flash, memory-efficient, cuDNN or
+CPU variant the trace picked, or the composite op), its q, k, v [B, H, S, D] views of the
+projections' outputs (GPT-2: slices of c_attn's [B, S, 3HD] output, row stride 3HD). Each one
+becomes the graph of examples/attention_batched(_causal).cf (softmax(Q Kᵀ · scale [causal]) V
+with the batch B x H: S and P never leave the chip) and one comfuse::fused call that reads q, k
+and v through 4-D descriptors where they lie and writes O in the layout the traced op's output
+has (the flash kernel's: [B, S, H, D] storage viewed as [B, H, S, D], which the next projection
+reads without a copy).
+
+For each SDPA node, in graph order:
+  1. accept (else fall back with the reason, by the user's module path): inference (dropout 0),
+     static shapes, bf16/f16, q, k and v with one head count (grouped-query k/v fall back), and
+     a mask that is none, `is_causal`, or a constant causal one: transformers materializes the
+     causal mask while tracing (it cannot see that the padding mask is all ones), from constants
+     only; it is evaluated here at compile time and compared with the causal pattern, so a mask
+     that differs anywhere (padding, a sliding window, a decode step's offset) falls back;
+  2. the core: Φ must lower the graph to one B2B pair, choose_b2b must take it as one kernel;
+  3. measure (measure.measure_attention, where the GPU that will run it is at hand): the kernel
+     against Inductor's kernels for the SDPA node as the model has it (its mask included), kept
+     only where it wins.
+The mask's nodes, left without users, are dropped with the rest of the graph's dead code.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import operator
+from dataclasses import dataclass
+
+import torch
+import torch.fx as fx
+
+from . import _core
+from .config import config
+from .kernels import RuntimeRegion, _Fallback, _NAMES
+from .partition import RegionInfo, region_module, where
+from .translate import _DTYPES, GEMM_DTYPES, val
+
+log = logging.getLogger("comfuse")
+
+aten = torch.ops.aten
+
+# The SDPA ops of an aten graph; each takes (query, key, value, ...) by its schema's names.
+SDPA_OPS = (aten._scaled_dot_product_flash_attention.default, aten._scaled_dot_product_efficient_attention.default,
+            aten._scaled_dot_product_cudnn_attention.default, aten._scaled_dot_product_flash_attention_for_cpu.default,
+            aten._scaled_dot_product_fused_attention_overrideable.default, aten.scaled_dot_product_attention.default)
+
+
+def is_sdpa(node: fx.Node) -> bool:
+    return node.op == "call_function" and node.target in SDPA_OPS
+
+
+class Refused(Exception):
+    pass
+
+
+@dataclass
+class AttentionCandidate:
+    node: fx.Node                 # the SDPA op
+    out: fx.Node | None           # its attention output (getitem 0; the node itself for the composite op)
+    info: RegionInfo
+    q: fx.Node | None = None
+    k: fx.Node | None = None
+    v: fx.Node | None = None
+    mask: fx.Node | None = None   # the op's mask, recognized as causal or empty (not a kernel operand)
+    mask_module: fx.GraphModule | None = None  # its constant ancestors: rebuilds it for measurements
+    causal: bool = False
+    scale: float = 0.0
+    dims: dict | None = None      # B (batch x heads), M, N, K, DV
+    heads: int = 0
+    out_strides: tuple = ()       # O's strides as the trace has them (the op's own layout)
+    lowering: object | None = None
+
+
+def _arguments(node: fx.Node) -> dict:
+    """The op's arguments by its schema's names (attn_bias and attn_mask both as 'mask')."""
+    schema = node.target._schema
+    kw = {a.name: a.default_value if a.has_default_value() else None for a in schema.arguments}
+    for a, x in zip(schema.arguments, node.args):
+        kw[a.name] = x
+    kw.update(node.kwargs)
+    kw["mask"] = kw.get("attn_mask", kw.get("attn_bias"))
+    return kw
+
+
+def _ancestors(node: fx.Node) -> list[fx.Node]:
+    """node and everything it is computed from, in dependency order."""
+    seen: set[fx.Node] = set()
+    order: list[fx.Node] = []
+    stack = [(node, False)]
+    while stack:
+        n, done = stack.pop()
+        if done:
+            order.append(n)
+            continue
+        if n in seen:
+            continue
+        seen.add(n)
+        stack.append((n, True))
+        stack.extend((i, False) for i in n.all_input_nodes if i not in seen)
+    return order
+
+
+def mask_kind(mask: fx.Node, m: int, n: int) -> tuple[str, fx.GraphModule]:
+    """'causal' (row r attends to columns 0..r, as is_causal) or 'none' (every column) for a mask
+    computed from constants alone, and the module (no inputs) that computes it; raises Refused
+    with the reason for anything else."""
+    nodes = _ancestors(mask)
+    inputs = [x for x in nodes if x.op != "call_function"]
+    if inputs:
+        raise Refused(f"the attention mask depends on '{inputs[0].name}' (a runtime input: padding, a cache "
+                      "position): only a constant causal or empty mask fuses")
+    g = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    for x in nodes:
+        env[x] = g.node_copy(x, lambda a: env[a])
+    g.output(env[mask])
+    module = fx.GraphModule(torch.nn.Module(), g)
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily(), torch.no_grad():  # real tensors, inside the backend's fake mode
+        try:
+            value = module()
+        except Exception as e:  # noqa: BLE001 - any failure to evaluate is a reason to fall back
+            raise Refused(f"the attention mask could not be evaluated at compile time ({type(e).__name__}: {e})")
+        if value.dtype == torch.bool:
+            attend = value
+        else:
+            # Masked positions: -inf, or a floating dtype's most negative value (what transformers
+            # fills in for SDPA's cuDNN and efficient kernels, in the mask's dtype or the model's):
+            # exp() makes each exactly 0 after any row max.
+            masked = value == float("-inf")
+            for d in (value.dtype, torch.float16, torch.bfloat16, torch.float32):
+                masked |= value == torch.finfo(d).min
+            bias = value[(value != 0) & ~masked]
+            if bias.numel():
+                raise Refused(f"the attention mask adds values other than 0 and -inf ({bias[0].item():g}, a bias): "
+                              "only a causal or empty mask fuses")
+            attend = value == 0
+        attend = attend.expand(*attend.shape[:-2], m, n).reshape(-1, m, n)
+        if bool((attend == torch.ones(m, n, dtype=torch.bool, device=attend.device).tril()).all()):
+            return "causal", module
+        if bool(attend.all()):
+            return "none", module
+    raise Refused("the attention mask is neither causal (row r attends to columns 0..r) nor empty")
+
+
+def attention_graph(dtype: str, scale: float, causal: bool) -> "_core.Graph":
+    """examples/attention_batched(_causal).cf's graph with the scale as a literal: q [B, M, K],
+    k [B, N, K], v [B, N, DV] -> o [B, M, DV]."""
+    g = _core.Graph()
+    q = g.input("q", dtype, ["B", "M", "K"])
+    k = g.input("k", dtype, ["B", "N", "K"])
+    v = g.input("v", dtype, ["B", "N", "DV"])
+    x = g.binary("mul", g.matmul(q, k, "nk"), g.constant(scale))
+    if causal:
+        x = g.causal_mask(x)
+    p = g.cast(g.softmax(x), dtype)
+    g.output(g.matmul(p, v, "kn"), "o", dtype)
+    return g
+
+
+def _accept(c: AttentionCandidate) -> None:
+    """Fills c from its node or raises Refused."""
+    node = c.node
+    kw = _arguments(node)
+    if kw.get("dropout_p"):
+        raise Refused(f"dropout_p = {kw['dropout_p']} (training): the fused kernel is inference only")
+    if kw.get("enable_gqa"):
+        raise Refused("enable_gqa (k/v with fewer heads): grouped-query attention does not fuse")
+    q, k, v = kw["query"], kw["key"], kw["value"]
+    vals = [val(x) for x in (q, k, v)]
+    if any(x is None for x in vals):
+        raise Refused("q, k or v has no tensor metadata")
+    vq, vk, vv = vals
+    if any(x.dim() != 4 for x in vals):
+        raise Refused(f"q, k, v of ranks {[x.dim() for x in vals]}: the kernel takes [B, H, S, D]")
+    if not all(isinstance(s, int) for x in vals for s in list(x.shape) + list(x.stride())):
+        raise Refused("symbolic shapes (dynamic sequence length): attention fuses at static shapes")
+    if vq.dtype not in GEMM_DTYPES or vk.dtype != vq.dtype or vv.dtype != vq.dtype:
+        raise Refused(f"dtypes {[str(x.dtype) for x in vals]}: the kernel takes bf16 or f16, one for all three")
+    b, h, m, d = vq.shape
+    if vk.shape[1] != h or vv.shape[1] != h:
+        raise Refused(f"q has {h} heads, k {vk.shape[1]} and v {vv.shape[1]} (grouped-query attention): k and v "
+                      "must have q's heads")
+    if vk.shape[0] != b or vv.shape[0] != b or vk.shape[3] != d or vv.shape[2] != vk.shape[2]:
+        raise Refused(f"q {list(vq.shape)}, k {list(vk.shape)}, v {list(vv.shape)} do not form one attention")
+    n, dv = vk.shape[2], vv.shape[3]
+    causal = bool(kw.get("is_causal"))
+    mask = kw.get("mask")
+    if isinstance(mask, fx.Node):
+        if causal:
+            raise Refused("is_causal with an explicit mask")
+        kind, c.mask_module = mask_kind(mask, m, n)
+        causal = kind == "causal"
+        c.mask = mask
+    elif mask is not None:
+        raise Refused(f"attention mask {mask!r} is not a tensor of the graph")
+    vo = val(c.out)
+    if vo is None or not all(isinstance(x, int) for x in vo.stride()):
+        raise Refused("the op's output has no static strides")
+    es = vq.element_size()
+    if vo.stride(3) != 1 or any((x * es) % 16 for x in vo.stride()[:3]):
+        raise Refused(f"the op's output strides {vo.stride()} are no layout TMA stores (a contiguous last dim, the "
+                      "others multiples of 16 bytes)")
+    scale = kw.get("scale")
+    c.out_strides = tuple(vo.stride())
+    c.q, c.k, c.v = q, k, v
+    c.causal = causal
+    c.scale = float(scale) if scale is not None else 1.0 / math.sqrt(d)
+    c.heads = h
+    c.dims = {"B": b * h, "M": m, "N": n, "K": d, "DV": dv}
+
+
+def decide(c: AttentionCandidate) -> None:
+    info = c.info
+    try:
+        _accept(c)
+    except Refused as e:
+        info.status, info.reason = "fallback", str(e)
+        return
+    vq = val(c.q)
+    dtype = _DTYPES[vq.dtype]
+    g = attention_graph(dtype, c.scale, c.causal)
+    info.m, info.n, info.k = c.dims["M"], c.dims["N"], c.dims["K"]
+    info.dtype, info.layout, info.graph_text = dtype, "attention", g.text()
+    try:
+        low = _core.lower(g)
+        if not low.is_b2b():
+            info.status, info.reason = "fallback", "Φ does not form one B2B pair:\n" + low.describe()
+            return
+        choice = low.choose_b2b(c.dims, dict(config.plan_options))
+    except _core.Error as e:
+        info.status, info.reason = "fallback", f"planner: {str(e).splitlines()[0]}"
+        return
+    if not choice["one_kernel"]:
+        info.status, info.reason = "fallback", f"planner: not one B2B kernel: {choice['reason']}"
+        return
+    c.lowering = low
+    info.fused_us = choice["fused_us"]
+    info.plan = {"kind": "attention", "explain": choice["explain"], "dims": dict(c.dims)}
+    info.status = "fused"
+    d = c.dims
+    info.reason = (f"one batched B2B kernel ({d['B'] // c.heads} x {c.heads} heads, {'causal' if c.causal else 'unmasked'}"
+                   + (", the model's mask recognized as causal" if c.mask is not None and c.causal else
+                      ", the model's mask recognized as empty" if c.mask is not None else "")
+                   + f", scale {c.scale:.6g}): planner estimate {choice['fused_us']:.1f} us")
+
+
+def find(gm: fx.GraphModule, next_id) -> list[AttentionCandidate]:
+    """Every SDPA node of the graph, decided."""
+    out = []
+    for node in gm.graph.nodes:
+        if not is_sdpa(node):
+            continue
+        if node.target is aten.scaled_dot_product_attention.default:
+            res = node
+        else:
+            firsts = [u for u in node.users if u.target is operator.getitem and u.args[1] == 0]
+            others = [u for u in node.users if not (u.target is operator.getitem and u.args[1] == 0) and u.users]
+            res = firsts[0] if len(firsts) == 1 else None
+        info = RegionInfo(id=next_id(), root=where(node), fx_nodes=[node.name], ops=[where(node)])
+        c = AttentionCandidate(node, res, info)
+        if res is None or (res is not node and others):
+            info.status, info.reason = "fallback", "the op's log-sum-exp or other outputs are used (training)"
+        else:
+            decide(c)
+        out.append(c)
+    return out
+
+
+class RuntimeAttention(RuntimeRegion):
+    """What the custom op runs for one attention: the kernel on q, k, v as they lie (4-D
+    descriptors; a view TMA cannot read is copied), O allocated with the strides the traced op's
+    output has (the flash kernel's [B, S, H, D] storage viewed as [B, H, S, D]), so that the
+    views after it stay valid; on the fallback path torch's SDPA into the same layout."""
+
+    _what = "attention"
+
+    def __init__(self, c: AttentionCandidate, subgraph: fx.GraphModule):
+        super().__init__(c.info, None, ["q", "k", "v"], ["q", "k", "v"], ["o"], subgraph)
+        self.lowering = c.lowering
+        self.dims = dict(c.dims)
+        self.heads = c.heads
+        self.causal, self.scale = c.causal, c.scale
+        self.out_strides = c.out_strides
+        self.mask_module = c.mask_module
+
+    def subgraph_args(self, tensors, sizes):
+        """q, k, v and the op's mask as the model computes it (it is no kernel operand)."""
+        if self.mask_module is None:
+            return list(tensors[:3])
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        with unset_fake_temporarily(), torch.no_grad():
+            return list(tensors[:3]) + [self.mask_module().to(tensors[0].device)]
+
+    def _out(self, q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        shape = (q.shape[0], q.shape[1], q.shape[2], v.shape[3])
+        return torch.empty_strided(shape, self.out_strides, dtype=q.dtype, device=q.device)
+
+    def fake(self, tensors, sizes):
+        return [self._out(tensors[0], tensors[2])]
+
+    def fallback(self, tensors, sizes, why: str):
+        self.info.fallback_calls += 1
+        if why not in self._warned:
+            self._warned.add(why)
+            self.info.runtime_fallback = why
+            log.info("comfuse: attention %d (%s) runs unfused: %s", self.info.id, self.info.root, why)
+        q, k, v = tensors[:3]
+        o = self._out(q, v)
+        o.copy_(torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=self.causal, scale=self.scale))
+        return [o]
+
+    def kernel_key(self, m: int) -> tuple:
+        key = ("attention", self.key_text, tuple(sorted(self.dims.items())), tuple(sorted(self.info.plan_options.items())))
+        return self.dims["M"], key, self.info.plan_options
+
+    def _compile(self, bucket: int, opts: dict):
+        return self.lowering.compile_b2b(self.dims, opts)
+
+    @staticmethod
+    def _plan_summary(k) -> dict:
+        return {"kind": "attention"}
+
+    def _launch(self, tensors, sizes, dev):
+        q, k, v = (_tma_view(t, self.info.id) for t in tensors[:3])
+        if [tuple(t.shape) for t in (q, k, v)] != [tuple(t.shape) for t in tensors[:3]] or q.shape[1] != self.heads:
+            raise _Fallback("q, k, v differ from the traced shapes")
+        capturing = dev.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        kern = self.kernel(self.dims["M"], capturing)
+        o = self._out(q, v)
+        args, strides = {}, {}
+        for name, t in (("q", q), ("k", k), ("v", v), ("o", o)):
+            args[name] = (t.data_ptr(), _NAMES[t.dtype], list(t.shape), t.stride(2))
+            strides[name] = [t.stride(0), t.stride(1)]
+        kern.run(args, {}, torch.cuda.current_stream(dev).cuda_stream, strides)
+        return [o]
+
+
+def _tma_view(t: torch.Tensor, region: int) -> torch.Tensor:
+    """t ([B, H, S, D]) as the kernel's 4-D descriptor reads it: contiguous last dim, 16-byte
+    aligned base and strides; copied where it is not (logged at DEBUG)."""
+    es = t.element_size()
+    if t.stride(3) != 1 or t.data_ptr() % 16 or any((s * es) % 16 for s in t.stride()[:3]):
+        log.debug("comfuse: attention %d copies a %s operand with strides %s", region, tuple(t.shape), t.stride())
+        t = t.contiguous()
+        if t.data_ptr() % 16:
+            t = t.clone()
+    return t
+
+
+def runtime(c: AttentionCandidate) -> tuple[RuntimeAttention, list[fx.Node]]:
+    """The candidate's runtime object and the nodes its measurement feeds Inductor's version of
+    the op (q, k, v, and the mask where the op has one)."""
+    inputs = [c.q, c.k, c.v] + ([c.mask] if c.mask is not None else [])
+    nodes = [c.node] + ([c.out] if c.out is not c.node else [])
+    return RuntimeAttention(c, region_module(nodes, [c.out], inputs)), inputs
+
+
+def replace(gm: fx.GraphModule, c: AttentionCandidate, rr: RuntimeAttention, subst: dict) -> None:
+    """Registers rr and puts one comfuse::fused call on q, k, v where the SDPA op was (`subst`: the
+    values of regions replaced before it, backend.rewrite's)."""
+    from .kernels import REGISTRY
+
+    REGISTRY[c.info.id] = rr
+    graph = gm.graph
+    with graph.inserting_after(c.out):
+        qkv = [subst.get(x, x) for x in (c.q, c.k, c.v)]
+        call = graph.call_function(torch.ops.comfuse.fused.default, (c.info.id, qkv, []))
+    with graph.inserting_after(call):
+        gi = graph.call_function(operator.getitem, (call, 0))
+    out_val = val(c.out)
+    call.meta["val"] = [out_val]
+    gi.meta = {k: v for k, v in c.out.meta.items() if k in ("val", "tensor_meta", "stack_trace", "nn_module_stack")}
+    c.out.replace_all_uses_with(gi, delete_user_cb=lambda u: u is not call)
+    for u in list(c.node.users):
+        if not u.users:
+            graph.erase_node(u)
+    if not c.node.users:
+        graph.erase_node(c.node)
