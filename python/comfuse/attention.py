@@ -305,11 +305,7 @@ class RuntimeAttention(RuntimeRegion):
         return [self._out(tensors[0], tensors[2])]
 
     def fallback(self, tensors, sizes, why: str):
-        self.info.fallback_calls += 1
-        if why not in self._warned:
-            self._warned.add(why)
-            self.info.runtime_fallback = why
-            log.info("comfuse: attention %d (%s) runs unfused: %s", self.info.id, self.info.root, why)
+        self._note_fallback(why)
         q, k, v = tensors[:3]
         o = self._out(q, v)
         o.copy_(torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=self.causal, scale=self.scale))

@@ -164,12 +164,16 @@ class RuntimeRegion:
         outs = self.subgraph(*tensors, *sizes)
         return [torch.empty(o.shape, dtype=o.dtype, device=o.device) for o in outs]
 
-    def fallback(self, tensors, sizes, why: str):
+    def _note_fallback(self, why: str) -> None:
+        """Counts a call that runs unfused; each reason is reported and logged once."""
         self.info.fallback_calls += 1
         if why not in self._warned:
             self._warned.add(why)
             self.info.runtime_fallback = why
-            log.info("comfuse: region %d (%s) runs unfused: %s", self.info.id, self.info.root, why)
+            log.info("comfuse: %s %d (%s) runs unfused: %s", self._what, self.info.id, self.info.root, why)
+
+    def fallback(self, tensors, sizes, why: str):
+        self._note_fallback(why)
         # Outputs of a custom op may alias neither its inputs nor each other (two outputs can be
         # views of one value): each gets storage of its own.
         outs, seen = [], set()

@@ -50,14 +50,7 @@ def test_gpt2_attention_with_its_causal_mask():
     the model matches eager exactly."""
     comfuse.config.force_regions = True
     comfuse.config.rest = "eager"
-    mod = bench_models.module()
-    model, ids = mod.build("gpt2", layers=2, batch=2, seq=16, device="cpu", small=True)
-    prefill = mod.Prefill(model)
-    with torch.no_grad():
-        ref = prefill(ids)
-        with comfuse.collecting() as rep:
-            out = torch.compile(prefill, backend="comfuse")(ids)
-    assert mod.rel_err(out, ref) < 1e-6
+    rep = bench_models.compiled_prefill_matches_eager("gpt2")[3]
     att = [r for r in rep.regions if r.layout == "attention"]
     assert [r.root for r in att] == [f"model.transformer.h.{i}.attn:_scaled_dot_product_flash_attention_for_cpu"
                                      for i in range(2)], str(rep)

@@ -311,14 +311,7 @@ def test_models_offer_the_mlp_pairs_only(arch):
     comfuse.config.b2b = "force"
     comfuse.config.force_regions = True
     comfuse.config.rest = "eager"
-    mod = bench_models.module()
-    model, ids = mod.build(arch, layers=2, batch=2, seq=16, device="cpu", small=True)
-    prefill = mod.Prefill(model)
-    with torch.no_grad():
-        ref = prefill(ids)
-        with comfuse.collecting() as rep:
-            out = torch.compile(prefill, backend="comfuse")(ids)
-    assert mod.rel_err(out, ref) < 1e-6
+    rep = bench_models.compiled_prefill_matches_eager(arch)[3]
     lines = [l for r in rep.regions for l in r.b2b.splitlines()]
     assert all(".mlp." in l.split("->")[0] or "lm_head" in l for l in lines), lines
     if arch == "gpt2":

@@ -198,20 +198,26 @@ def test_direct_kernel_api_checks_tensors(gpu):
         kern(x=X[:10], w=W, bias=B)
 
 
-@pytest.mark.parametrize("causal", [False, True])
-def test_direct_kernel_api_runs_batched_attention(gpu, causal):
-    """One B2B kernel over [B*H, S, D] tensors, against SDPA's math in f32; a strided batch (the
-    heads of a [B, S, H, D] tensor viewed as [B*H, S, D] is not possible, but a slice of a larger
-    batch is) and a wrong batch count."""
+def _attention_kernel(batches: int, s: int, d: int, causal: bool):
+    """examples/attention_batched(_causal).cf's graph, scale 1/sqrt(d), as one kernel for
+    `batches` matrices of s x d."""
     import math
-    from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    b, h, s, d = 2, 3, 300, 64
     mask = "causal_mask(x)" if causal else "x"
     text = (f"input q: bf16[B, M, K]\ninput k: bf16[B, N, K]\ninput v: bf16[B, N, DV]\ns = matmul(q, k)\n"
             f"x = mul(s, {1 / math.sqrt(d)!r})\npb = cast(softmax({mask}), bf16)\no = matmul(pb, v, layout=kn)\n"
             "output o: bf16\n")
-    kern = comfuse.compile_graph(text, {"B": b * h, "M": s, "N": s, "K": d, "DV": d})
+    return comfuse.compile_graph(text, {"B": batches, "M": s, "N": s, "K": d, "DV": d})
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_direct_kernel_api_runs_batched_attention(gpu, causal):
+    """One B2B kernel over [B*H, S, D] tensors, against SDPA's math in f32; a strided batch (every
+    other matrix of a larger batch) and a wrong batch count. [B, H, S, D] views: the next test."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    b, h, s, d = 2, 3, 300, 64
+    kern = _attention_kernel(b * h, s, d, causal)
     assert "x 6 batches" in kern.explain()
     big = randn(2 * b * h, s, d, device=gpu)
     q, k, v = big[::2], randn(b * h, s, d, device=gpu), randn(b * h, s, d, device=gpu)  # q: every other batch
@@ -229,15 +235,10 @@ def test_direct_kernel_api_runs_attention_on_head_views(gpu, causal):
     """The batched kernel on [B, H, S, D] views with any strides, no copies: q, k, v sliced out of
     one [B, S, 3, H, D] projection (GPT-2's c_attn), O written into a [B, S, H, D] tensor through
     its [B, H, S, D] view; against SDPA's math in f32. 4-D arguments whose H differ are refused."""
-    import math
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     b, h, s, d = 2, 5, 200, 64
-    mask = "causal_mask(x)" if causal else "x"
-    text = (f"input q: bf16[B, M, K]\ninput k: bf16[B, N, K]\ninput v: bf16[B, N, DV]\ns = matmul(q, k)\n"
-            f"x = mul(s, {1 / math.sqrt(d)!r})\npb = cast(softmax({mask}), bf16)\no = matmul(pb, v, layout=kn)\n"
-            "output o: bf16\n")
-    kern = comfuse.compile_graph(text, {"B": b * h, "M": s, "N": s, "K": d, "DV": d})
+    kern = _attention_kernel(b * h, s, d, causal)
     qkv = randn(b, s, 3, h, d, device=gpu)
     q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))  # [B, H, S, D], row stride 3HD
     o = torch.full((b, s, h, d), float("nan"), device=gpu, dtype=torch.bfloat16)

@@ -10,26 +10,11 @@ transformers = pytest.importorskip("transformers")
 import bench_models  # noqa: E402
 
 
-def _compiled_prefill_matches_eager(arch):
-    """A small two-layer model's prefill under torch.compile(backend="comfuse") on the CPU (the
-    fusable regions through the custom op's aten fallback) against eager: the bench module, the
-    model, its input ids and the frontend's report."""
-    mod = bench_models.module()
-    model, ids = mod.build(arch, layers=2, batch=2, seq=16, device="cpu", small=True)
-    prefill = mod.Prefill(model)
-    with torch.no_grad():
-        ref = prefill(ids)
-        with comfuse.collecting() as rep:
-            out = torch.compile(prefill, backend="comfuse")(ids)
-    assert mod.rel_err(out, ref) < 1e-6
-    return mod, model, ids, rep
-
-
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
 def test_prefill_and_decode_match_eager(arch):
     comfuse.config.force_regions = True  # fusable regions go through the custom op (its aten fallback here)
     comfuse.config.rest = "eager"
-    mod, model, ids, rep = _compiled_prefill_matches_eager(arch)
+    mod, model, ids, rep = bench_models.compiled_prefill_matches_eager(arch)
     roots = [r.root for r in rep.regions]
     if arch == "gpt2":
         fc = next(r for r in rep.regions if r.root == "model.transformer.h.0.mlp.c_fc:addmm")
@@ -72,7 +57,7 @@ def test_llama_norm_stored_once():
     comfuse.config.force_regions = True
     comfuse.config.rest = "eager"
     comfuse.config.min_gain = -100.0  # every region through the custom op (its aten fallback here)
-    rep = _compiled_prefill_matches_eager("llama")[3]
+    rep = bench_models.compiled_prefill_matches_eager("llama")[3]
     for root in ("layers.0.self_attn.o_proj:mm", "layers.0.mlp.down_proj:mm", "layers.1.self_attn.o_proj:mm"):
         r = next(r for r in rep.regions if r.root == "model.model." + root)
         assert r.status == "fusable", (root, r.status, r.reason)
