@@ -141,7 +141,7 @@ def rel_l2(out, ref) -> float:
 
 
 class GpuTimer:
-    """CUDA-graph capture and alternating timed rounds (bench/gpu_timing.py), this script's knobs."""
+    """CUDA-graph capture and alternating timed rounds (comfuse.gpu_timing), this script's knobs."""
 
     def __init__(self, rounds: int, reps: int):
         self.rounds, self.reps = rounds, reps
@@ -156,11 +156,8 @@ class GpuTimer:
 
 
 def _gpu_timing():
-    """bench/gpu_timing.py (bench/ is no package; imported on first use: it needs torch)."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    if here not in sys.path:
-        sys.path.insert(0, here)
-    import gpu_timing
+    """comfuse.gpu_timing (imported on first use: it needs torch)."""
+    from comfuse import gpu_timing
 
     return gpu_timing
 

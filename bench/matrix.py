@@ -41,8 +41,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import gpu_timing  # noqa: E402  (bench/ is no package: the timing shared by the benchmarks)
+from comfuse import gpu_timing  # the GPU-only timing shared by the benchmarks and measure.py
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

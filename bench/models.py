@@ -27,8 +27,7 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import gpu_timing  # noqa: E402  (bench/ is no package: the timing shared by the benchmarks)
+from comfuse import gpu_timing  # the GPU-only timing shared by the benchmarks and measure.py
 
 
 # ---- models ---------------------------------------------------------------------------------
@@ -128,7 +127,7 @@ def static_cache(model, prompt, max_len: int):
 
 # ---- timing ---------------------------------------------------------------------------------
 def gpu_time_ms(fn, reps: int = 20, rounds: int = 7, graph: bool = True) -> float:
-    """Median over rounds of the per-call GPU time of `fn` (bench/gpu_timing.py)."""
+    """Median over rounds of the per-call GPU time of `fn` (comfuse.gpu_timing)."""
     return gpu_timing.time_one(fn, reps=reps, rounds=rounds, graph=graph)
 
 

@@ -1,5 +1,6 @@
 """Why a fused region's two timings disagree: the frontend's measurement before fusing
-(python/comfuse/measure.py: random inputs, CUDA events around back-to-back calls) against
+(python/comfuse/measure.py: random inputs; its clock was CUDA events around back-to-back calls
+behind a spin kernel until it too captured CUDA graphs) against
 bench/models.py's per-region rows (the model's own tensors, CUDA-graph replays). On the H200,
 GPT-2's c_fc + gelu_new timed 122 us fused against Inductor's 138 the first way and 136 against
 130 the second (bench/RESULTS.md, Stop 25).
@@ -26,8 +27,8 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import gpu_timing  # noqa: E402
 import models  # noqa: E402
+from comfuse import gpu_timing  # noqa: E402
 
 
 regions_of = models.fused_regions  # the regions models.py's per-region rows time

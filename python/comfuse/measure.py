@@ -21,6 +21,7 @@ them, so they stay on the core's choose_b2b estimate.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import statistics
 import time
@@ -28,7 +29,7 @@ import time
 import torch
 import torch.fx as fx
 
-from . import kernels
+from . import gpu_timing, kernels
 from .config import config
 from .partition import pays, size_hint
 
@@ -62,18 +63,23 @@ def wanted(on_gpu: bool) -> bool:
 
 
 def _time_us(fn) -> float:
-    """GPU microseconds per call of fn on the current CUDA stream (CUDA events), as the model
-    benchmarks count it (GPU time, CUDA graph replay): each batch is queued behind a spin kernel
-    that outlasts its launching, so the launch path on the CPU is not counted. MEASURED on the
-    H200: RuntimeRegion.run takes 60-90 us of Python a call, torch.mm a few, so back-to-back calls
-    timed the CPU instead of the kernel (GPT-2's c_fc + gelu_new at M=1024: 60 us vs 20)."""
-    for _ in range(WARMUP):
-        fn()
+    """GPU microseconds per call of fn on the current CUDA stream, as the model benchmarks count
+    it: fn captured in a CUDA graph (gpu_timing.capture: warm-up on a side stream first) and
+    replayed in batches between CUDA events, each batch queued behind a spin kernel that outlasts
+    its launching, so no CPU time is counted. MEASURED on the H200: RuntimeRegion.run takes 60-90
+    us of Python a call, torch.mm a few, so plain back-to-back calls timed the CPU (GPT-2's c_fc +
+    gelu_new at M=1024: 60 us vs 20); and back-to-back calls behind a spin, the clock before this
+    one, read GPT-2's decode c_fc 5.2 us fused against Inductor's 6.8 where graph replays (the
+    model's own, under CUDA graphs) read 6.5 against 6.3 (bench/region_timing.py): it kept a
+    region that ties. A kernel used in the capture stays loaded (kernels.py pins it)."""
+    graph = gpu_timing.capture(lambda i: fn())
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(WARMUP):
+        graph.replay()
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     start.record()
-    fn()
+    graph.replay()
     end.record()
     enqueue_us = (time.perf_counter() - t0) * 1e6
     end.synchronize()
@@ -84,11 +90,24 @@ def _time_us(fn) -> float:
         torch.cuda._sleep(int((reps * enqueue_us * 1.5 + 50.0) * CYCLES_PER_US))
         start.record()
         for _ in range(reps):
-            fn()
+            graph.replay()
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e3 / reps)
+    del graph
     return statistics.median(times)
+
+
+@contextlib.contextmanager
+def pins_released():
+    """The measurement's captures pin the kernels they run (kernels.KernelCache.pin, as a model's
+    capture does); afterwards only the model's own pins stay, so the LRU keeps its bound."""
+    before = set(kernels.CACHE.pinned)
+    try:
+        yield
+    finally:
+        with kernels.CACHE.lock:
+            kernels.CACHE.pinned = before
 
 
 def time_region(rr: "kernels.RuntimeRegion", tensors: list, sizes: list) -> float:
@@ -110,12 +129,14 @@ def time_gemm(m: int, n: int, k: int, dtype: torch.dtype, layout: str, device: t
 
 def inductor_region(sub: fx.GraphModule, args: list, options: dict | None = None):
     """Inductor's kernels for a region's aten GraphModule (called with `args`), compiled as the
-    comfuse backend hands Inductor the rest of a model (compile_fx, `options` its config patches),
-    outside any tracing context (this runs inside the backend's own compile)."""
+    comfuse backend hands Inductor the rest of a model (compile_fx, `options` its config patches;
+    without the modes' own CUDA graphs: the timing captures the kernels itself), outside any
+    tracing context (this runs inside the backend's own compile)."""
     from torch._inductor.compile_fx import compile_fx
 
+    patches = {k: v for k, v in (options or {}).items() if k != "triton.cudagraphs"}
     with torch._guards.tracing(None):
-        compiled = compile_fx(sub, args, config_patches=dict(options or {}))
+        compiled = compile_fx(sub, args, config_patches=patches)
     if compiled is sub or compiled is getattr(sub, "forward", None):
         raise RuntimeError("Inductor returned the region uncompiled")
     return compiled
@@ -190,7 +211,7 @@ def measure_region(rr: "kernels.RuntimeRegion", tensor_nodes: list[fx.Node], siz
     try:
         from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-        with unset_fake_temporarily(), torch.no_grad():
+        with unset_fake_temporarily(), torch.no_grad(), pins_released():
             tensors = [random_input(n.meta.get("val")) for n in tensor_nodes]
             sizes = [random_input(n.meta.get("val")) for n in size_nodes]
             a = next(t for t, role in zip(tensors, rr.roles) if role == "a")
@@ -250,7 +271,7 @@ def measure_attention(rr: "kernels.RuntimeRegion", inputs: list[fx.Node], induct
     try:
         from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-        with unset_fake_temporarily(), torch.no_grad():
+        with unset_fake_temporarily(), torch.no_grad(), pins_released():
             # Random q, k, v of the traced shapes and strides; the mask as the model computes it.
             tensors = rr.subgraph_args([random_input(n.meta.get("val")) for n in inputs[:3]], [])
             fused_fn = lambda: _time_us(lambda: rr.run(tensors[:3], []))  # noqa: E731

@@ -306,3 +306,27 @@ def test_inductor_region_compiles_an_aten_region():
     compiled = measure.inductor_region(gm, args)
     assert compiled is not gm
     torch.testing.assert_close(compiled(*args)[0], gm(*args)[0], rtol=1e-4, atol=1e-4)
+
+
+def test_inductor_region_leaves_cuda_graphs_to_the_timing(monkeypatch):
+    """The measurement captures Inductor's kernels in its own CUDA graph, so a mode's
+    triton.cudagraphs (reduce-overhead, max-autotune) is dropped from the region's compile; the
+    mode's other patches stay."""
+    import torch._inductor.compile_fx as cfx
+
+    seen = []
+    monkeypatch.setattr(cfx, "compile_fx", lambda gm, args, config_patches: seen.append(config_patches) or (lambda *a: a))
+    measure.inductor_region(torch.fx.GraphModule(torch.nn.Module(), torch.fx.Graph()), [],
+                            {"triton.cudagraphs": True, "max_autotune": True})
+    assert seen == [{"max_autotune": True}]
+
+
+def test_measurement_pins_are_released():
+    """A kernel the measurement's capture pinned is unpinned after it; the model's pins stay."""
+    from comfuse.kernels import CACHE
+
+    CACHE.pin("model's")
+    with measure.pins_released():
+        CACHE.pin("measured")
+    assert "model's" in CACHE.pinned and "measured" not in CACHE.pinned
+    CACHE.pinned.discard("model's")

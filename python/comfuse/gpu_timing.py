@@ -1,4 +1,5 @@
-"""GPU-only timing for the benchmarks (matrix.py, attention.py, models.py), one description of it.
+"""GPU-only timing, one description of it: the benchmarks' (bench/matrix.py, attention.py,
+models.py) and the frontend's measurement before it fuses a region (measure.py).
 
 A variant is a callable captured in a CUDA graph (after a warm-up call on a side stream, so lazy
 inits, cuDNN plans and autotuning stay out of the graph) and replayed `reps` times between two CUDA
