@@ -22,6 +22,7 @@ over the on-disk JIT cache; compile times land in RegionInfo.compiles.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import math
@@ -94,6 +95,17 @@ class KernelCache:
     def pin(self, key) -> None:
         with self.lock:
             self.pinned.add(key)
+
+    @contextlib.contextmanager
+    def pins_kept(self):
+        """Pins made inside (a measurement's own captures) are dropped on exit; those before stay,
+        so the LRU keeps its bound."""
+        before = set(self.pinned)
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.pinned = before
 
     def clear(self) -> None:
         with self.lock:
@@ -530,12 +542,9 @@ class Kernel:
             check_tensor(name, t, _TORCH[a["dtype"]], want)
             if role == "output":
                 outs[name] = t
-            if len(want) == 3 and t.dim() == 4:  # [B', H, rows, cols]: the batch as batch x heads
-                ld = t.stride(2) if want[2] != 1 else 0
-                batch_strides[name] = [t.stride(0), t.stride(1)]
-            elif len(want) == 3:  # a batch of matrices [B, rows, cols]
-                ld = t.stride(1) if want[2] != 1 else 0
-                batch_strides[name] = [t.stride(0)]
+            if len(want) == 3:  # a batch of matrices [B, rows, cols], or [B', H, rows, cols] (batch x heads)
+                ld = t.stride(-2) if want[2] != 1 else 0
+                batch_strides[name] = list(t.stride()[:-2])
             else:
                 ld = t.stride(0) if _is_matrix(want) else 0  # vectors and [M, 1] columns are packed
             args[name] = (t.data_ptr(), a["dtype"], list(t.shape), ld)

@@ -99,15 +99,19 @@ def _time_us(fn) -> float:
 
 
 @contextlib.contextmanager
-def pins_released():
-    """The measurement's captures pin the kernels they run (kernels.KernelCache.pin, as a model's
-    capture does); afterwards only the model's own pins stay, so the LRU keeps its bound."""
-    before = set(kernels.CACHE.pinned)
+def _measuring(rr: "kernels.RuntimeRegion"):
+    """What a measurement runs in: real tensors inside the backend's fake mode, no autograd; on
+    exit the report's counts and the kernel cache's pins are as the model left them (the report
+    counts the model's calls, not these; the captures' pins are not the model's)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    info = rr.info
+    saved = (info.calls, info.fallback_calls, info.runtime_fallback, set(rr._warned), rr.last_inputs)
     try:
-        yield
+        with kernels.CACHE.pins_kept(), unset_fake_temporarily(), torch.no_grad():
+            yield
     finally:
-        with kernels.CACHE.lock:
-            kernels.CACHE.pinned = before
+        info.calls, info.fallback_calls, info.runtime_fallback, rr._warned, rr.last_inputs = saved
 
 
 def time_region(rr: "kernels.RuntimeRegion", tensors: list, sizes: list) -> float:
@@ -206,17 +210,15 @@ def measure_region(rr: "kernels.RuntimeRegion", tensor_nodes: list[fx.Node], siz
     the reason says why."""
     info = rr.info
     m = size_hint(info.m)
-    saved = (info.calls, info.fallback_calls, info.runtime_fallback, set(rr._warned), rr.last_inputs)
     tensors = sizes = a = None
     try:
-        from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-        with unset_fake_temporarily(), torch.no_grad(), pins_released():
+        with _measuring(rr):
             tensors = [random_input(n.meta.get("val")) for n in tensor_nodes]
             sizes = [random_input(n.meta.get("val")) for n in size_nodes]
             a = next(t for t, role in zip(tensors, rr.roles) if role == "a")
+            before = info.fallback_calls
             fused_us = [time_region(rr, tensors, sizes)]
-            if info.fallback_calls != saved[1]:
+            if info.fallback_calls != before:
                 raise RuntimeError(f"the fused kernel did not run ({info.runtime_fallback})")
             gemm = time_gemm(m, info.n, info.k, a.dtype, info.layout, a.device)
             name = torch.cuda.get_device_name(a.device) if a.device.type == "cuda" else str(a.device)
@@ -236,8 +238,6 @@ def measure_region(rr: "kernels.RuntimeRegion", tensor_nodes: list[fx.Node], siz
         info.reason += f"; not measured ({_error_line(e)})"
         return
     finally:
-        # The report counts the model's calls, not these.
-        info.calls, info.fallback_calls, info.runtime_fallback, rr._warned, rr.last_inputs = saved
         rr.__dict__.pop("_measure_inductor", None)
         del tensors, sizes, a
     epi = info.unfused_epilogue_us or 0.0
@@ -266,17 +266,15 @@ def measure_attention(rr: "kernels.RuntimeRegion", inputs: list[fx.Node], induct
     config.measure_margin). Where either side cannot be timed, the attention falls back (there is
     no estimate of the SDPA kernel to stand in) and the reason says why."""
     info = rr.info
-    saved = (info.calls, info.fallback_calls, info.runtime_fallback, set(rr._warned), rr.last_inputs)
     tensors = None
     try:
-        from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-        with unset_fake_temporarily(), torch.no_grad(), pins_released():
+        with _measuring(rr):
             # Random q, k, v of the traced shapes and strides; the mask as the model computes it.
             tensors = rr.subgraph_args([random_input(n.meta.get("val")) for n in inputs[:3]], [])
             fused_fn = lambda: _time_us(lambda: rr.run(tensors[:3], []))  # noqa: E731
+            before = info.fallback_calls
             fused_us = [fused_fn()]
-            if info.fallback_calls != saved[1]:
+            if info.fallback_calls != before:
                 raise RuntimeError(f"the fused kernel did not run ({info.runtime_fallback})")
             compiled = inductor_region(rr.subgraph, tensors, inductor_options)
             unfused_fn = lambda: _time_us(lambda: compiled(*tensors))  # noqa: E731
@@ -289,7 +287,6 @@ def measure_attention(rr: "kernels.RuntimeRegion", inputs: list[fx.Node], induct
         log.warning("comfuse: attention %d (%s): not measured, falls back: %s", info.id, info.root, _error_line(e))
         return
     finally:
-        info.calls, info.fallback_calls, info.runtime_fallback, rr._warned, rr.last_inputs = saved
         del tensors
     fused, inductor = statistics.median(fused_us), statistics.median(inductor_us)
     ratios = [f / i for f, i in zip(fused_us, inductor_us)]
