@@ -12,10 +12,18 @@ reads without a copy).
 For each SDPA node, in graph order:
   1. accept (else fall back with the reason, by the user's module path): inference (dropout 0),
      static shapes, bf16/f16, q, k and v with one head count (grouped-query k/v fall back), and
-     a mask that is none, `is_causal`, or a constant causal one: transformers materializes the
-     causal mask while tracing (it cannot see that the padding mask is all ones), from constants
-     only; it is evaluated here at compile time and compared with the causal pattern, so a mask
-     that differs anywhere (padding, a sliding window, a decode step's offset) falls back;
+     a mask that is none, `is_causal`, or any other:
+       - a mask computed from constants alone (transformers materializes the causal mask while
+         tracing: it cannot see that the padding mask is all ones) is evaluated here at compile
+         time; causal or empty, it costs nothing (the kernel's own causal walk, or no mask);
+       - any other (one that depends on a runtime input: a decode step's cache position,
+         padding; or a constant band or bias) is a kernel operand: an additive [B, H, M, N] tile
+         in q's dtype (masked positions MASKED), which F adds to the scaled scores before the
+         online softmax. The graph computes it (additive_mask's ops: Inductor fuses them into
+         the ops that build the mask; once per mask, shared by every layer), so one kernel
+         serves every decode step. Only where those bytes stay below K's and V's (a decode
+         step's [B, H, 1, N]; a prefill's [B, H, S, S] padding mask, S / 2D times K and V, falls
+         back);
   2. the core: Φ must lower the graph to one B2B pair, choose_b2b must take it as one kernel;
   3. measure (measure.measure_attention, where the GPU that will run it is at hand): the kernel
      against Inductor's kernels for the SDPA node as the model has it (its mask included), kept
@@ -56,6 +64,21 @@ class Refused(Exception):
     pass
 
 
+# The additive value of a masked position in a mask operand (additive_mask), in every dtype. exp()
+# makes it 0 after any real row max (30000 below it: e^-30000 underflows in f32). It must stay
+# small: the kernel takes exp(x - m) as ex2(fma(x, log2 e, -round(m log2 e))), and where a row's
+# columns are all masked so far (a rank of a decode step's N1 split over a cluster that sees no
+# key) x = m = the masked value, so the exponent is the rounding residual of m log2 e, up to half
+# its ulp: for -1e30 (or bf16's lowest, -3.4e38; -inf gives NaN) ~5e22, exp = inf and then NaN;
+# for -30000, 2^-9. Representable in f16 (65504 at most) as in bf16 and f32.
+MASKED = -30000.0
+
+
+def masked_value(dtype: torch.dtype) -> float:
+    """MASKED as `dtype` rounds it (bf16: -29952)."""
+    return torch.tensor(MASKED, dtype=dtype).item()
+
+
 @dataclass
 class AttentionCandidate:
     node: fx.Node                 # the SDPA op
@@ -64,8 +87,9 @@ class AttentionCandidate:
     q: fx.Node | None = None
     k: fx.Node | None = None
     v: fx.Node | None = None
-    mask: fx.Node | None = None   # the op's mask, recognized as causal or empty (not a kernel operand)
-    mask_module: fx.GraphModule | None = None  # its constant ancestors: rebuilds it for measurements
+    mask: fx.Node | None = None   # the op's mask: causal, empty, or (mask_operand) a kernel operand
+    mask_module: fx.GraphModule | None = None  # a constant mask's ancestors: rebuild it for measurements
+    mask_operand: bool = False    # neither causal nor empty: the kernel adds it (additive_mask)
     causal: bool = False
     scale: float = 0.0
     dims: dict | None = None      # B (batch x heads), M, N, K, DV
@@ -103,15 +127,14 @@ def _ancestors(node: fx.Node) -> list[fx.Node]:
     return order
 
 
-def mask_kind(mask: fx.Node, m: int, n: int) -> tuple[str, fx.GraphModule]:
-    """'causal' (row r attends to columns 0..r, as is_causal) or 'none' (every column) for a mask
-    computed from constants alone, and the module (no inputs) that computes it; raises Refused
-    with the reason for anything else."""
+def mask_kind(mask: fx.Node, m: int, n: int) -> tuple[str, fx.GraphModule | None]:
+    """How the kernel applies the op's mask: 'causal' (row r attends to columns 0..r, as
+    is_causal) or 'none' (every column) for a mask computed from constants alone, with the module
+    (no inputs) that computes it; 'operand' for any other: one that depends on a runtime input
+    (module None) or a constant one of another pattern (a band, a bias; with its module)."""
     nodes = _ancestors(mask)
-    inputs = [x for x in nodes if x.op != "call_function"]
-    if inputs:
-        raise Refused(f"the attention mask depends on '{inputs[0].name}' (a runtime input: padding, a cache "
-                      "position): only a constant causal or empty mask fuses")
+    if any(x.op != "call_function" for x in nodes):
+        return "operand", None
     g = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
     for x in nodes:
@@ -134,27 +157,46 @@ def mask_kind(mask: fx.Node, m: int, n: int) -> tuple[str, fx.GraphModule]:
             masked = value == float("-inf")
             for d in (value.dtype, torch.float16, torch.bfloat16, torch.float32):
                 masked |= value == torch.finfo(d).min
-            bias = value[(value != 0) & ~masked]
-            if bias.numel():
-                raise Refused(f"the attention mask adds values other than 0 and -inf ({bias[0].item():g}, a bias): "
-                              "only a causal or empty mask fuses")
+            if bool(((value != 0) & ~masked).any()):
+                return "operand", module  # a bias
             attend = value == 0
         attend = attend.expand(*attend.shape[:-2], m, n).reshape(-1, m, n)
         if bool((attend == torch.ones(m, n, dtype=torch.bool, device=attend.device).tril()).all()):
             return "causal", module
         if bool(attend.all()):
             return "none", module
-    raise Refused("the attention mask is neither causal (row r attends to columns 0..r) nor empty")
+    return "operand", module
 
 
-def attention_graph(dtype: str, scale: float, causal: bool) -> "_core.Graph":
+def _additive_mask_ops(mask_dtype: torch.dtype, dtype: torch.dtype, shape: tuple) -> list:
+    """additive_mask as aten ops, (op, args after the input, kwargs) each: what a measurement and
+    the CPU fallback run and what the graph gets (_mask_node)."""
+    low = masked_value(dtype)
+    ops = [(aten.where.Scalar, (0.0, low), {})] if mask_dtype == torch.bool else \
+        [(aten._to_copy.default, (), {"dtype": torch.float32}), (aten.clamp_min.default, (low,), {})]
+    return ops + [(aten._to_copy.default, (), {"dtype": dtype}), (aten.expand.default, (list(shape),), {}),
+                  (aten.clone.default, (), {"memory_format": torch.contiguous_format})]
+
+
+def additive_mask(mask: torch.Tensor, dtype: torch.dtype, shape: tuple) -> torch.Tensor:
+    """SDPA's attn_mask as the kernel's additive operand: `shape` [B, H, M, N], contiguous, in
+    `dtype`; a bool mask's False and a float mask's -inf (or anything below MASKED) as MASKED."""
+    for op, args, kwargs in _additive_mask_ops(mask.dtype, dtype, shape):
+        mask = op(mask, *args, **kwargs)
+    return mask
+
+
+def attention_graph(dtype: str, scale: float, causal: bool, mask: bool = False) -> "_core.Graph":
     """examples/attention_batched(_causal).cf's graph with the scale as a literal: q [B, M, K],
-    k [B, N, K], v [B, N, DV] -> o [B, M, DV]."""
+    k [B, N, K], v [B, N, DV] -> o [B, M, DV]; with `mask`, an additive mask [B, M, N] added to
+    the scaled scores (additive_mask makes it)."""
     g = _core.Graph()
     q = g.input("q", dtype, ["B", "M", "K"])
     k = g.input("k", dtype, ["B", "N", "K"])
     v = g.input("v", dtype, ["B", "N", "DV"])
     x = g.binary("mul", g.matmul(q, k, "nk"), g.constant(scale))
+    if mask:
+        x = g.binary("add", x, g.input("mask", dtype, ["B", "M", "N"]))
     if causal:
         x = g.causal_mask(x)
     p = g.cast(g.softmax(x), dtype)
@@ -196,6 +238,8 @@ def _accept(c: AttentionCandidate) -> None:
         kind, c.mask_module = mask_kind(mask, m, n)
         causal = kind == "causal"
         c.mask = mask
+        if kind == "operand":
+            _accept_mask_operand(c, mask, (b, h, m, n), d + dv)
     elif mask is not None:
         raise Refused(f"attention mask {mask!r} is not a tensor of the graph")
     vo = val(c.out)
@@ -214,6 +258,29 @@ def _accept(c: AttentionCandidate) -> None:
     c.dims = {"B": b * h, "M": m, "N": n, "K": d, "DV": dv}
 
 
+def _accept_mask_operand(c: AttentionCandidate, mask: fx.Node, shape: tuple, kv_cols: int) -> None:
+    """A mask that is neither causal nor empty, as the kernel's [B, H, M, N] operand (additive_mask),
+    or Refused: it must broadcast to the scores and its expanded bytes stay below K's and V's
+    (M <= D + DV: a decode step's rows, not a prefill's S x S)."""
+    vm = val(mask)
+    what = "depends on a runtime input" if c.mask_module is None else "is a constant neither causal nor empty"
+    if not isinstance(vm, torch.Tensor) or not (vm.dtype == torch.bool or vm.dtype.is_floating_point):
+        raise Refused(f"the attention mask ({what}) is no bool or floating tensor")
+    if not all(isinstance(x, int) for x in vm.shape):
+        raise Refused(f"the attention mask ({what}) has symbolic shapes")
+    try:
+        if torch.broadcast_shapes(tuple(vm.shape), shape) != shape:
+            raise RuntimeError
+    except RuntimeError:
+        raise Refused(f"the attention mask {list(vm.shape)} does not broadcast to the scores {list(shape)}")
+    b, h, m, n = shape
+    if m > kv_cols:
+        raise Refused(f"the attention mask {what}: as the kernel's operand, expanded to every head, it would hold "
+                      f"M x N = {m} x {n} values a head, more than K and V ({n} x {kv_cols}); a mask operand fuses "
+                      f"at M <= D + DV = {kv_cols} rows (a decode step's)")
+    c.mask_operand = True
+
+
 def decide(c: AttentionCandidate) -> None:
     info = c.info
     try:
@@ -223,7 +290,7 @@ def decide(c: AttentionCandidate) -> None:
         return
     vq = val(c.q)
     dtype = _DTYPES[vq.dtype]
-    g = attention_graph(dtype, c.scale, c.causal)
+    g = attention_graph(dtype, c.scale, c.causal, c.mask_operand)
     info.m, info.n, info.k = c.dims["M"], c.dims["N"], c.dims["K"]
     info.dtype, info.layout, info.graph_text = dtype, "attention", g.text()
     try:
@@ -243,10 +310,19 @@ def decide(c: AttentionCandidate) -> None:
     info.plan = {"kind": "attention", "explain": choice["explain"], "dims": dict(c.dims)}
     info.status = "fused"
     d = c.dims
-    info.reason = (f"one batched B2B kernel ({d['B'] // c.heads} x {c.heads} heads, {'causal' if c.causal else 'unmasked'}"
-                   + (", the model's mask recognized as causal" if c.mask is not None and c.causal else
-                      ", the model's mask recognized as empty" if c.mask is not None else "")
+    kind = "causal" if c.causal else "masked" if c.mask_operand else "unmasked"
+    info.reason = (f"one batched B2B kernel ({d['B'] // c.heads} x {c.heads} heads, {kind}{_mask_note(c)}"
                    + f", scale {c.scale:.6g}): planner estimate {choice['fused_us']:.1f} us")
+
+
+def _mask_note(c: AttentionCandidate) -> str:
+    """How the kernel applies the model's mask, for the report."""
+    if c.mask is None:
+        return ""
+    if c.mask_operand:
+        return (", the model's mask added to the scores (a kernel operand: "
+                + ("it depends on a runtime input)" if c.mask_module is None else "a constant of another pattern)"))
+    return ", the model's mask recognized as " + ("causal" if c.causal else "empty")
 
 
 def find(gm: fx.GraphModule, next_id) -> list[AttentionCandidate]:
@@ -272,30 +348,43 @@ def find(gm: fx.GraphModule, next_id) -> list[AttentionCandidate]:
 
 
 class RuntimeAttention(RuntimeRegion):
-    """What the custom op runs for one attention: the kernel on q, k, v as they lie (4-D
-    descriptors; a view TMA cannot read is copied), O allocated with the strides the traced op's
-    output has (the flash kernel's [B, S, H, D] storage viewed as [B, H, S, D]), so that the
-    views after it stay valid; on the fallback path torch's SDPA into the same layout."""
+    """What the custom op runs for one attention: the kernel on q, k, v (and a mask operand: the
+    additive [B, H, M, N] tile the graph computes, additive_mask) as they lie (4-D descriptors; a
+    view TMA cannot read is copied), O allocated with the strides the traced op's output has (the
+    flash kernel's [B, S, H, D] storage viewed as [B, H, S, D]), so that the views after it stay
+    valid; on the fallback path torch's SDPA into the same layout."""
 
     _what = "attention"
 
     def __init__(self, c: AttentionCandidate, subgraph: fx.GraphModule):
-        super().__init__(c.info, None, ["q", "k", "v"], ["q", "k", "v"], ["o"], subgraph)
+        names = ["q", "k", "v"] + (["mask"] if c.mask_operand else [])
+        super().__init__(c.info, None, names, names, ["o"], subgraph)
         self.lowering = c.lowering
         self.dims = dict(c.dims)
         self.heads = c.heads
         self.causal, self.scale = c.causal, c.scale
         self.out_strides = c.out_strides
         self.mask_module = c.mask_module
+        self.mask_operand = c.mask_operand
 
     def subgraph_args(self, tensors, sizes):
-        """q, k, v and the op's mask as the model computes it (it is no kernel operand)."""
+        """The SDPA region's arguments for q, k, v and the op's mask (random values of the traced
+        shapes: a measurement's): a constant mask as the model computes it."""
         if self.mask_module is None:
-            return list(tensors[:3])
+            return list(tensors)
         from torch._subclasses.fake_tensor import unset_fake_temporarily
 
         with unset_fake_temporarily(), torch.no_grad():
             return list(tensors[:3]) + [self.mask_module().to(tensors[0].device)]
+
+    def kernel_args(self, args: list) -> list:
+        """The custom op's tensors for the SDPA region's arguments (subgraph_args'): q, k, v, and
+        a mask operand as the graph hands it over (additive_mask)."""
+        if not self.mask_operand:
+            return list(args[:3])
+        q = args[0]
+        shape = (q.shape[0], self.heads, self.dims["M"], self.dims["N"])
+        return list(args[:3]) + [additive_mask(args[3], q.dtype, shape)]
 
     def _out(self, q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         shape = (q.shape[0], q.shape[1], q.shape[2], v.shape[3])
@@ -307,8 +396,10 @@ class RuntimeAttention(RuntimeRegion):
     def fallback(self, tensors, sizes, why: str):
         self._note_fallback(why)
         q, k, v = tensors[:3]
+        mask = tensors[3] if self.mask_operand else None
         o = self._out(q, v)
-        o.copy_(torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=self.causal, scale=self.scale))
+        o.copy_(torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=self.causal,
+                                                                 scale=self.scale))
         return [o]
 
     def kernel_key(self, m: int) -> tuple:
@@ -323,14 +414,15 @@ class RuntimeAttention(RuntimeRegion):
         return {"kind": "attention"}
 
     def _launch(self, tensors, sizes, dev):
-        q, k, v = (_tma_view(t, self.info.id) for t in tensors[:3])
-        if [tuple(t.shape) for t in (q, k, v)] != [tuple(t.shape) for t in tensors[:3]] or q.shape[1] != self.heads:
+        views = [_tma_view(t, self.info.id) for t in tensors]
+        q, k, v = views[:3]
+        if [tuple(t.shape) for t in views] != [tuple(t.shape) for t in tensors] or q.shape[1] != self.heads:
             raise _Fallback("q, k, v differ from the traced shapes")
         capturing = dev.type == "cuda" and torch.cuda.is_current_stream_capturing()
         kern = self.kernel(self.dims["M"], capturing)
         o = self._out(q, v)
         args, strides = {}, {}
-        for name, t in (("q", q), ("k", k), ("v", v), ("o", o)):
+        for name, t in zip(self.names + ["o"], views + [o]):
             args[name] = (t.data_ptr(), _NAMES[t.dtype], list(t.shape), t.stride(2))
             strides[name] = [t.stride(0), t.stride(1)]
         kern.run(args, {}, torch.cuda.current_stream(dev).cuda_stream, strides)
@@ -357,6 +449,24 @@ def runtime(c: AttentionCandidate) -> tuple[RuntimeAttention, list[fx.Node]]:
     return RuntimeAttention(c, region_module(nodes, [c.out], inputs)), inputs
 
 
+def _mask_node(graph: fx.Graph, mask: fx.Node, dtype: torch.dtype, shape: tuple) -> fx.Node:
+    """additive_mask(mask, dtype, shape) as aten nodes of the graph right after the mask (Inductor
+    fuses them into the ops that compute it), made once per mask: every layer's attention that
+    reads the same mask shares them."""
+    key = (mask.name, dtype, tuple(shape))
+    for n in graph.nodes:
+        if n.meta.get("comfuse_additive_mask") == key:
+            return n
+    x = mask
+    for op, args, kwargs in _additive_mask_ops(val(mask).dtype, dtype, shape):
+        with graph.inserting_after(x):
+            n = graph.call_function(op, (x, *args), kwargs)
+        n.meta["val"] = op(val(x), *args, **kwargs)
+        x = n
+    x.meta["comfuse_additive_mask"] = key
+    return x
+
+
 def replace(gm: fx.GraphModule, c: AttentionCandidate, rr: RuntimeAttention, subst: dict) -> None:
     """Registers rr and puts one comfuse::fused call on q, k, v where the SDPA op was (`subst`: the
     values of regions replaced before it, backend.rewrite's)."""
@@ -364,9 +474,12 @@ def replace(gm: fx.GraphModule, c: AttentionCandidate, rr: RuntimeAttention, sub
 
     REGISTRY[c.info.id] = rr
     graph = gm.graph
+    operands = [subst.get(x, x) for x in (c.q, c.k, c.v)]
+    if c.mask_operand:
+        operands.append(_mask_node(graph, subst.get(c.mask, c.mask), val(c.q).dtype,
+                                   (c.dims["B"] // c.heads, c.heads, c.dims["M"], c.dims["N"])))
     with graph.inserting_after(c.out):
-        qkv = [subst.get(x, x) for x in (c.q, c.k, c.v)]
-        call = graph.call_function(torch.ops.comfuse.fused.default, (c.info.id, qkv, []))
+        call = graph.call_function(torch.ops.comfuse.fused.default, (c.info.id, operands, []))
     with graph.inserting_after(call):
         gi = graph.call_function(operator.getitem, (call, 0))
     out_val = val(c.out)

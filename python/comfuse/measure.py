@@ -261,17 +261,20 @@ def measure_region(rr: "kernels.RuntimeRegion", tensor_nodes: list[fx.Node], siz
 def measure_attention(rr: "kernels.RuntimeRegion", inputs: list[fx.Node], inductor_options: dict | None = None) -> None:
     """Times an attention the core takes as one kernel (attention.py; rr not in the graph yet)
     against Inductor's kernels for the SDPA op as the model traced it (`inputs`: q, k, v, given
-    random values of the traced shapes and strides, and the op's mask, its real value) and decides as measure_region does: the
-    kernel stays only where the median of the rounds' ratios pays (partition.pays with
-    config.measure_margin). Where either side cannot be timed, the attention falls back (there is
+    random values of the traced shapes and strides, and the op's mask: a constant one its real
+    value, a runtime one random) and decides as measure_region does: the kernel stays only where
+    the median of the rounds' ratios pays (partition.pays with config.measure_margin). Where either side cannot be timed, the attention falls back (there is
     no estimate of the SDPA kernel to stand in) and the reason says why."""
     info = rr.info
-    tensors = None
+    tensors = operands = None
     try:
         with _measuring(rr):
-            # Random q, k, v of the traced shapes and strides; the mask as the model computes it.
-            tensors = rr.subgraph_args([random_input(n.meta.get("val")) for n in inputs[:3]], [])
-            fused_fn = lambda: _time_us(lambda: rr.run(tensors[:3], []))  # noqa: E731
+            # Random q, k, v (and a runtime mask) of the traced shapes and strides; a constant mask
+            # as the model computes it. The kernel's mask operand is made outside its timing: in
+            # the model, Inductor fuses it into the ops that compute the mask.
+            tensors = rr.subgraph_args([random_input(n.meta.get("val")) for n in inputs], [])
+            operands = rr.kernel_args(tensors)
+            fused_fn = lambda: _time_us(lambda: rr.run(operands, []))  # noqa: E731
             before = info.fallback_calls
             fused_us = [fused_fn()]
             if info.fallback_calls != before:
@@ -287,7 +290,7 @@ def measure_attention(rr: "kernels.RuntimeRegion", inputs: list[fx.Node], induct
         log.warning("comfuse: attention %d (%s): not measured, falls back: %s", info.id, info.root, _error_line(e))
         return
     finally:
-        del tensors
+        del tensors, operands
     fused, inductor = statistics.median(fused_us), statistics.median(inductor_us)
     ratios = [f / i for f, i in zip(fused_us, inductor_us)]
     ratio = statistics.median(ratios)

@@ -1,8 +1,9 @@
 """Attention from the frontend (CPU): torch's SDPA ops become one batched B2B kernel each
-(attention.py) where the inputs allow, with the model's materialized causal mask recognized, and
-fall back with the reason where they do not (dropout, grouped-query heads, a padding mask, a
-bias); under config.force_regions the custom op's fallback (torch's SDPA into the traced output
-layout) matches eager. The kernel itself: tests/gpu/test_gpu_b2b.cpp (AttentionOnHeadStridedViews)
+(attention.py) where the inputs allow, with the model's materialized causal mask recognized,
+any other mask (a decode step's, padding, a band, a bias) added by the kernel as an operand
+where its expanded bytes stay below K's and V's, and fall back with the reason where they do not
+(dropout, grouped-query heads, a prefill's S x S padding mask); under config.force_regions the
+custom op's fallback (torch's SDPA into the traced output layout) matches eager. The kernel itself: tests/gpu/test_gpu_b2b.cpp (AttentionOnHeadStridedViews)
 and test_gpu.py on the GPU."""
 import pytest
 import torch
@@ -95,27 +96,114 @@ def test_explicit_scale_and_constant_masks():
     additive = lambda s, d: torch.zeros(s, s, device=d, dtype=torch.bfloat16).masked_fill(~tril(s, d), float("-inf"))  # noqa: E731
     lowest = lambda s, d: torch.zeros(s, s, device=d, dtype=torch.bfloat16).masked_fill(  # noqa: E731
         ~tril(s, d), torch.finfo(torch.bfloat16).min)  # transformers' fill for the cuDNN / efficient kernels
-    bias = lambda s, d: torch.full((s, s), 0.5, device=d, dtype=torch.bfloat16)  # noqa: E731
-    for make, status, what in ((tril, "fused", "causal"), (full, "fused", "empty"), (additive, "fused", "causal"),
-                               (lowest, "fused", "causal"),
-                               (band, "fallback", "neither causal"), (bias, "fallback", "values other than 0")):
+    bias = lambda s, d: torch.full((s, s), 0.5, device=d, dtype=torch.bfloat16).masked_fill(  # noqa: E731
+        ~tril(s, d), float("-inf"))
+    operand = "a kernel operand: a constant of another pattern"
+    for make, what in ((tril, "causal"), (full, "empty"), (additive, "causal"), (lowest, "causal"),
+                       (band, operand), (bias, operand)):
         a = one_attention(capture(Masked(make).to(torch.bfloat16).eval(), x))
-        assert a.info.status == status and what in a.info.reason, (what, a.info.reason)
-        if status == "fused":
-            # The region's own ops (what a measurement times) get the mask as the model computes it.
-            rr, _ = attention.runtime(a)
-            q, k, v = (randn(1, 4, 24, 64) for _ in range(3))
-            (got,) = rr.subgraph(*rr.subgraph_args([q, k, v], []))
-            want = F.scaled_dot_product_attention(q, k, v, is_causal=a.causal)
-            assert (got.float() - want.float()).abs().max().item() < 2e-2
+        assert a.info.status == "fused" and what in a.info.reason, (what, a.info.reason)
+        assert a.mask_operand == (what == operand) and ("add(" in a.info.graph_text) == a.mask_operand
+        # The region's own ops (what a measurement times) get the mask as the model computes it;
+        # the custom op's fallback, the kernel's operands (a mask operand in its additive form).
+        rr, _ = attention.runtime(a)
+        q, k, v = (randn(1, 4, 24, 64) for _ in range(3))
+        args = rr.subgraph_args([q, k, v] + ([randn(24, 24)] if a.mask is not None else []), [])
+        (got,) = rr.subgraph(*args)
+        want = F.scaled_dot_product_attention(q, k, v, attn_mask=make(24, q.device), is_causal=False)
+        assert (got.float() - want.float()).abs().max().item() < 2e-2
+        (op,) = rr.fallback(rr.kernel_args(args), [], "test")
+        assert (op.float() - want.float()).abs().max().item() < 2e-2
+    # A prefill's S x S mask of another pattern, expanded to every head, would outweigh K and V.
+    a = one_attention(capture(Masked(band).to(torch.bfloat16).eval(), randn(1, 160, 256)))
+    assert a.info.status == "fallback" and "a mask operand fuses at M <= D + DV = 128" in a.info.reason, a.info.reason
+
+
+def test_additive_mask_operand():
+    """A bool mask's False and a float mask's -inf (or anything below MASKED) become MASKED, whose
+    exp(x - m) the kernel takes without overflow even where a whole chunk of a row is masked (x =
+    m: the exponent is the rounding residual of m log2 e); biases stay; expanded to [B, H, M, N],
+    contiguous, in q's dtype."""
+    keep = torch.tensor([[True, False, True, False]])
+    got = attention.additive_mask(keep, torch.bfloat16, (2, 3, 1, 4))
+    assert got.shape == (2, 3, 1, 4) and got.is_contiguous() and got.dtype == torch.bfloat16
+    low = attention.masked_value(torch.bfloat16)
+    assert got[1, 2, 0].tolist() == [0.0, low, 0.0, low] and -30100 < low < -29900
+    f = torch.tensor([[0.5, float("-inf"), torch.finfo(torch.float32).min, -2.0]])
+    got = attention.additive_mask(f, torch.float16, (1, 1, 1, 4)).float().flatten().tolist()
+    assert got == [0.5, -30000.0, -30000.0, -2.0]
+    for t in (torch.bfloat16, torch.float16, torch.float32):
+        m = torch.tensor(attention.masked_value(t), dtype=torch.float32)
+        c = torch.tensor(1.4426950408889634, dtype=torch.float32)
+        residual = (m.double() * c.double() - (m * c).double()).abs().item()  # fma's exact product - rounded
+        assert residual < 0.01
+
+
+def test_runtime_mask_is_a_kernel_operand():
+    """A padding mask given at run time: the kernel adds it (one operand, shared by the layers'
+    attentions, computed in the graph); under force_regions the model matches eager."""
+    comfuse.config.force_regions = True
+    comfuse.config.rest = "eager"
+
+    class TwoLayers(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = SelfAttention(), SelfAttention()
+
+        def forward(self, x, pad):
+            mask = pad[:, None, None, :]  # [B, 1, 1, S]: keys that exist
+            return self.b(self.a(x, mask), mask)
+
+    model = TwoLayers().to(torch.bfloat16).eval()
+    x = randn(2, 40, 256)
+    pad = torch.ones(2, 40, dtype=torch.bool)
+    pad[1, 29:] = False
+    cap = capture(model, x, pad)
+    assert len(cap.attentions) == 2
+    for a in cap.attentions:
+        assert a.info.status == "fused" and "it depends on a runtime input" in a.info.reason, a.info.reason
+        assert a.mask_operand and "input mask: bf16[B, M, N]" in a.info.graph_text
+    with torch.no_grad():
+        ref = model(x, pad)
+        with comfuse.collecting() as rep:
+            out = torch.compile(model, backend="comfuse")(x, pad)
+    att = [r for r in rep.regions if r.layout == "attention"]
+    assert len(att) == 2 and all(r.status == "fusable" and r.calls == 1 and r.fallback_calls == 1 for r in att), str(rep)
+    assert (out.float() - ref.float()).abs().max().item() < 2e-2
+
+
+def test_gpt2_decode_step_attends_through_its_mask():
+    """One decode step of GPT-2 on a StaticCache: its mask depends on the cache position (a runtime
+    input), so each layer's attention is one kernel with the mask as an operand (M = 1 row a
+    head); under force_regions the step matches eager."""
+    comfuse.config.force_regions = True
+    comfuse.config.rest = "eager"
+    mod = bench_models.module()
+    model, ids = mod.build("gpt2", layers=2, batch=2, seq=16, device="cpu", small=True)
+    cache = mod.static_cache(model, ids, max_len=64)
+    step = mod.Decode(model, cache)
+    tok, pos = ids[:, -1:].contiguous(), torch.tensor([16])
+    with torch.no_grad():
+        ref = step(tok, pos)
+        with comfuse.collecting() as rep:
+            out = torch.compile(step, backend="comfuse")(tok, pos)
+    att = [r for r in rep.regions if r.layout == "attention"]
+    assert len(att) == 2, str(rep)
+    for r in att:
+        assert r.status == "fusable" and "depends on a runtime input" in r.reason, r.reason
+        assert r.plan["dims"] == {"B": 8, "M": 1, "N": 64, "K": 64, "DV": 64}
+        assert r.calls == 1 and r.fallback_calls == 1
+    assert mod.rel_err(out, ref) < 1e-2
 
 
 def test_what_falls_back_says_why():
-    x = randn(2, 32, 256)
+    x = randn(2, 160, 256)
     m = SelfAttention().to(torch.bfloat16).eval()
-    pad = torch.ones(2, 1, 32, 32, dtype=torch.bool)
+    pad = torch.ones(2, 1, 160, 160, dtype=torch.bool)  # a prefill's padding mask: [B, 1, S, S]
     a = one_attention(capture(m, x, pad))
-    assert a.info.status == "fallback" and "depends on" in a.info.reason and "runtime input" in a.info.reason
+    assert a.info.status == "fallback" and "depends on a runtime input" in a.info.reason, a.info.reason
+    assert "M x N = 160 x 160 values a head, more than K and V (160 x 128)" in a.info.reason
+    x = randn(2, 32, 256)
     # Dropout (on the CPU torch decomposes it into the math ops; an SDPA op that keeps it falls back).
     cap = capture(SelfAttention(dropout_p=0.1).to(torch.bfloat16).eval(), x)
     assert all(a.info.status == "fallback" and "dropout_p = 0.1" in a.info.reason for a in cap.attentions)

@@ -75,3 +75,35 @@ def test_dry_run_plans_every_case(capsys):
     out = capsys.readouterr().out
     assert out.count("one batched B2B kernel") == len(at.CASES)
     assert at.main(["--dry-run", "--cases", "nothing like this"]) == 2
+
+
+# bench/decode_attention.py and the graph its kernel runs (attention.attention_graph with a mask).
+dec = load_bench("decode_attention")
+
+
+@pytest.mark.parametrize("m", [1, 5])
+def test_masked_graph_computes_sdpa_with_the_additive_mask(m):
+    """attention.attention_graph(mask=True), executed in fp64, is SDPA with the additive mask
+    (attention.additive_mask of a boolean key mask: MASKED where a key is past its sequence's
+    length, the whole of some rows' chunks included) added to the scaled scores."""
+    from comfuse import attention
+
+    b, h, n, d = 2, 3, 200, 64
+    g = attention.attention_graph("bf16", 0.125, causal=False, mask=True)
+    assert _core.lower(g).is_b2b()
+    gen = torch.Generator().manual_seed(2)
+    q = torch.randn(b, h, m, d, generator=gen).to(torch.bfloat16)
+    k, v = (torch.randn(b, h, n, d, generator=gen).to(torch.bfloat16) for _ in range(2))
+    keep = torch.arange(n)[None, None, None, :] < torch.tensor([3, 150])[:, None, None, None]
+    mask = attention.additive_mask(keep, torch.bfloat16, (b, h, m, n))
+    host = {name: _host(t.double().reshape(b * h, *t.shape[2:])) for name, t in (("q", q), ("k", k), ("v", v),
+                                                                               ("mask", mask))}
+    got = _torch(*_core.run_graph(g, {"B": b * h, "M": m, "N": n, "K": d, "DV": d}, host)["o"])
+    want = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=keep, scale=0.125)
+    assert torch.linalg.vector_norm(got - want.reshape(got.shape)) / torch.linalg.vector_norm(want) < 1e-2
+
+
+def test_decode_dry_run_plans_every_case(capsys):
+    assert dec.main(["--dry-run"]) == 0
+    assert capsys.readouterr().out.count("one batched B2B kernel") == len(dec.CASES)
+    assert dec.main(["--dry-run", "--cases", "nothing like this"]) == 2

@@ -251,6 +251,63 @@ def test_direct_kernel_api_runs_attention_on_head_views(gpu, causal):
         kern(q=q, k=k.reshape(b * h, s, d).reshape(5, 2, s, d), v=v)
 
 
+def test_direct_kernel_api_runs_attention_with_a_mask_operand(gpu):
+    """The kernel adds an additive [B, H, M, N] mask operand (attention.additive_mask) to the
+    scaled scores: one query row a head (a decode step), keys masked past each sequence's length,
+    so that whole chunks of N1 are masked (a rank of N1's split over a cluster may see no key at
+    all), and a ragged multi-row case with a bias; against SDPA's math in f32 on the same mask."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from comfuse import attention
+
+    for b, h, m, n, d in ((3, 4, 1, 1000, 64), (2, 3, 77, 520, 128)):
+        g = attention.attention_graph("bf16", 1 / d ** 0.5, causal=False, mask=True)
+        kern = comfuse.compile_graph(g.text(), {"B": b * h, "M": m, "N": n, "K": d, "DV": d})
+        q, k, v = randn(b, h, m, d, device=gpu), randn(b, h, n, d, device=gpu), randn(b, h, n, d, device=gpu)
+        lengths = torch.tensor([5, n, 300][:b], device=gpu)  # keys 0 .. length - 1 exist
+        keep = torch.arange(n, device=gpu)[None, None, None, :] < lengths[:, None, None, None]
+        mask = attention.additive_mask(keep, torch.bfloat16, (b, h, m, n))
+        if m > 1:  # a bias too
+            mask = (mask.float() + torch.rand(b, h, m, n, device=gpu)).to(torch.bfloat16)
+        o = kern(q=q, k=k, v=v, mask=mask)["o"]  # [B x H, M, D]
+        with sdpa_kernel(SDPBackend.MATH):
+            ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(),
+                                                                   attn_mask=mask.float())
+        assert_bf16_close(o, ref.reshape(b * h, m, d))
+
+
+def test_gpt2_decode_step_fuses_its_attention(gpu):
+    """One GPT-2 decode step on a StaticCache (GPT-2 medium's width, 64 slots): each layer's
+    attention is one kernel that adds the step's mask (a runtime input) as an operand, and the
+    step matches eager; a CUDA graph of the step replays it at another position."""
+    import bench_models
+
+    mod = bench_models.module()
+    comfuse.config.measure = "off"  # the kernel is under test here, not the measured decision
+    model, ids = mod.build("gpt2", layers=2, batch=4, seq=16, device=gpu)
+    cache = mod.static_cache(model, ids, max_len=64)
+    step = mod.Decode(model, cache)
+    tok, pos = ids[:, -1:].contiguous(), torch.tensor([16], device=gpu)
+    with torch.no_grad():
+        ref = step(tok, pos).float()
+    out, rep = compiled_run(step, tok, pos, always_fuse=False)
+    att = [r for r in rep.regions if r.layout == "attention"]
+    assert len(att) == 2 and all(r.status == "fused" and r.fallback_calls == 0 for r in att), str(rep)
+    assert all("depends on a runtime input" in r.reason for r in att), str(rep)
+    assert_bf16_close(out, ref, rel=3e-2)
+    f = torch.compile(step, backend="comfuse")
+    with torch.no_grad():
+        f(tok, pos)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            got = f(tok, pos)
+        pos.fill_(40)
+        graph.replay()
+        torch.cuda.synchronize()
+        want = step(tok, pos).float()
+    assert_bf16_close(got, want, rel=3e-2)
+
+
 def test_inductor_default_and_max_autotune_rest(gpu):
     model = M.GPT2MLP(1024, 4096).to(torch.bfloat16).to(gpu).eval()
     x = randn(4, 256, 1024, device=gpu)

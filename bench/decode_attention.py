@@ -1,0 +1,126 @@
+"""Decode-step attention: one query row a head against a cache of N keys, the step's mask (keys
+past the sequence's length masked) an operand of the kernel (attention.additive_mask), against
+torch's scaled_dot_product_attention on the same inputs with the boolean [B, 1, 1, N] mask (the
+backend torch picks: what Inductor calls for a decode step), in the same process run.
+
+GPU-only times: each side captured in a CUDA graph and replayed back to back, the two alternating
+round by round (comfuse.gpu_timing), medians; the mask operand is made outside the kernel's timing
+(in a model Inductor fuses it into the ops that compute the mask). Every output is checked against
+SDPA's math backend in float32 first (a row FAILS above rel-L2 2e-2).
+
+    python bench/decode_attention.py [--out DIR] [--cases B1xH16,...] [--rounds R] [--reps N] [--dry-run]
+
+writes DIR/decode_attention.md; --dry-run plans every row on the CPU (no GPU). On the GPU
+machine: `BENCH_SCRIPT=bench/decode_attention.py bash scripts/gpu_python.sh bench`.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+
+import torch
+
+# (batch, heads, cache keys, head dim): GPT-2 medium's heads at short and long contexts.
+CASES = [(1, 16, 1024, 64), (32, 16, 1024, 64), (1, 16, 4096, 64), (8, 16, 4096, 128)]
+
+
+def case_id(b, h, n, d) -> str:
+    return f"B{b}xH{h} N{n} D{d}"
+
+
+def run_case(b: int, h: int, n: int, d: int, rounds: int, reps: int) -> dict:
+    import comfuse
+    from comfuse import attention, gpu_timing
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    dev = torch.device("cuda")
+    g = attention.attention_graph("bf16", 1 / d ** 0.5, causal=False, mask=True)
+    kern = comfuse.compile_graph(g.text(), {"B": b * h, "M": 1, "N": n, "K": d, "DV": d})
+    q = torch.randn(b, h, 1, d, device=dev, dtype=torch.bfloat16)
+    k, v = (torch.randn(b, h, n, d, device=dev, dtype=torch.bfloat16) for _ in range(2))
+    # Each sequence's filled slots, short ones included: a rank of N1's split over a cluster may see
+    # no key of its row at all.
+    lengths = torch.randint(1, n + 1, (b,), device=dev)
+    keep = torch.arange(n, device=dev)[None, None, None, :] < lengths[:, None, None, None]
+    operand = attention.additive_mask(keep, torch.bfloat16, (b, h, 1, n))
+    o = torch.empty(b, h, 1, d, device=dev, dtype=torch.bfloat16)
+    fused = lambda i: kern(q=q, k=k, v=v, mask=operand, o=o)  # noqa: E731
+    sdpa = lambda i: torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep)  # noqa: E731
+    with sdpa_kernel(SDPBackend.MATH):
+        ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=keep)
+    fused(0)
+    err = ((o.float() - ref).norm() / ref.norm()).item()
+    row = {"case": case_id(b, h, n, d), "err": err}
+    if not err < 2e-2:
+        row["failed"] = True
+        return row
+    with torch.no_grad():
+        graphs = {"fused": gpu_timing.capture(fused), "sdpa": gpu_timing.capture(sdpa)}
+        ms = gpu_timing.alternating_rounds(graphs, rounds, reps)
+    row["fused_us"] = 1e3 * statistics.median(ms["fused"])
+    row["sdpa_us"] = 1e3 * statistics.median(ms["sdpa"])
+    row["ratio"] = statistics.median(f / s for f, s in zip(ms["fused"], ms["sdpa"]))
+    row["plan"] = "; ".join(" ".join(l.split()) for l in kern.explain().splitlines()
+                            if l.strip().startswith(("tiles", "N1 split", "grid")))
+    return row
+
+
+def dry_run(cases, log) -> int:
+    """Plans every row on the CPU: one batched B2B kernel with the mask operand in F."""
+    from comfuse import _core, attention
+
+    for b, h, n, d in cases:
+        low = _core.lower(attention.attention_graph("bf16", 1 / d ** 0.5, causal=False, mask=True))
+        choice = low.choose_b2b({"B": b * h, "M": 1, "N": n, "K": d, "DV": d}, {}) if low.is_b2b() else None
+        if not choice or not choice["one_kernel"]:
+            log(f"{case_id(b, h, n, d)}: not one B2B kernel: {choice['reason'] if choice else low.describe()}")
+            return 1
+        log(f"{case_id(b, h, n, d)}: one batched B2B kernel, planner estimate {choice['fused_us']:.1f} us")
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.environ.get("OUT", "bench/out"))
+    ap.add_argument("--cases", default="", help="only rows whose id contains one of these, comma-separated")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--dry-run", action="store_true", help="plan every row on the CPU; time nothing")
+    ap.add_argument("--layers", type=int, help=argparse.SUPPRESS)  # gpu_python.sh's default arguments
+    ap.add_argument("--quick", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--budget-s", type=float, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    pats = [p for p in args.cases.split(",") if p]
+    cases = [c for c in CASES if not pats or any(p in case_id(*c) for p in pats)]
+    if not cases:
+        print(f"no case matches --cases {args.cases!r}; the cases: {[case_id(*c) for c in CASES]}")
+        return 2
+    if args.dry_run:
+        return dry_run(cases, print)
+    rows = []
+    for c in cases:
+        try:
+            rows.append(run_case(*c, rounds=args.rounds, reps=args.reps))
+        except Exception as e:  # noqa: BLE001 - a row that cannot run is reported, the others go on
+            rows.append({"case": case_id(*c), "error": f"{type(e).__name__}: {str(e).splitlines()[0]}"})
+        print(rows[-1], flush=True)
+    lines = [f"# Decode attention ({torch.cuda.get_device_name()}, torch {torch.__version__})", "",
+             "| case | ComFuse us | SDPA (bool mask) us | ComFuse / SDPA | rel-L2 vs math f32 | plan |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        if "fused_us" in r:
+            lines.append(f"| {r['case']} | {r['fused_us']:.1f} | {r['sdpa_us']:.1f} | {r['ratio']:.3f} | "
+                         f"{r['err']:.1e} | {r['plan']} |")
+        else:
+            lines.append(f"| {r['case']} | - | - | - | {r.get('err', '-')} | {r.get('error', 'FAILED')} |")
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "decode_attention.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 1 if any("failed" in r or "error" in r for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
