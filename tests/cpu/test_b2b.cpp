@@ -651,5 +651,45 @@ output z: bf16
   }
 }
 
+// A decode step's attention as the frontend builds it (python/comfuse/attention.py, a mask that
+// is neither causal nor empty): an additive [B, M, N] mask added to the scaled scores before the
+// softmax, one query row a batch. F is the online softmax with the mask read along N1 per chunk
+// (the scale not folded: an add follows it); the kernel compiles, its spills small (24-48 bytes, as
+// the unmasked kernel of the same plans: N1 split over clusters, the partial O's hand-over), a
+// ceiling that catches a kernel that stops fitting.
+TEST_F(B2bCompile, AttentionWithAnAdditiveMaskAtOneRow) {
+  const Graph g = parse_graph(R"(
+input q: bf16[B, M, K]
+input k: bf16[B, N, K]
+input v: bf16[B, N, DV]
+input mask: bf16[B, M, N]
+s = matmul(q, k)
+x = add(mul(s, 0.125), mask)
+p = cast(softmax(x), bf16)
+o = matmul(p, v, layout=kn)
+output o: bf16
+)");
+  const LoweringResult r = lower(g);
+  const B2BCandidate* b = one_b2b_kernel(r);
+  ASSERT_NE(b, nullptr) << describe(g, r);
+  const FusionSpec& f = r.regions.at(static_cast<size_t>(b->first_region)).spec;
+  const FusionSpec& e = r.regions.at(static_cast<size_t>(b->second_region)).spec;
+  for (const int64_t n : {64, 1024}) {
+    SCOPED_TRACE(fmt::format("N = {}", n));
+    const B2bProblem pr{16, 1, 64, n, 64, DType::BF16};
+    const B2bPlan p = make_b2b_plan(f, e, pr);
+    EXPECT_EQ(p.intermediate, B2bIntermediate::OnlineSoftmax);
+    EXPECT_EQ(p.kernel.logit_scale, 0.f) << "the mask's add follows the scale";
+    EXPECT_TRUE(p.kernel.batched);
+    const CompiledKernel c = compile_only_b2b(f, e, pr, opt_);
+    EXPECT_TRUE(is_cubin_elf(c.cubin));
+    EXPECT_FALSE(c.wgmma_serialized) << c.log;
+    EXPECT_GE(c.spill_bytes, 0);
+    EXPECT_LE(c.spill_bytes, 64) << c.log;
+  }
+  expect_error([&] { make_b2b_plan(f, e, B2bProblem{16, 1, 64, 1020, 64, DType::BF16}); },
+               "F reads 'mask' [M, N1]");
+}
+
 }  // namespace
 }  // namespace comfuse
