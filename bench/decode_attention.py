@@ -36,7 +36,7 @@ def run_case(b: int, h: int, n: int, d: int, rounds: int, reps: int) -> dict:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     dev = torch.device("cuda")
-    g = attention.attention_graph("bf16", 1 / d ** 0.5, causal=False, mask=True)
+    g = attention.attention_graph("bf16", 1 / d ** 0.5, causal=False, mask="bf16")
     kern = comfuse.compile_graph(g.text(), {"B": b * h, "M": 1, "N": n, "K": d, "DV": d})
     q = torch.randn(b, h, 1, d, device=dev, dtype=torch.bfloat16)
     k, v = (torch.randn(b, h, n, d, device=dev, dtype=torch.bfloat16) for _ in range(2))
@@ -72,7 +72,7 @@ def dry_run(cases, log) -> int:
     from comfuse import _core, attention
 
     for b, h, n, d in cases:
-        low = _core.lower(attention.attention_graph("bf16", 1 / d ** 0.5, causal=False, mask=True))
+        low = _core.lower(attention.attention_graph("bf16", 1 / d ** 0.5, causal=False, mask="bf16"))
         choice = low.choose_b2b({"B": b * h, "M": 1, "N": n, "K": d, "DV": d}, {}) if low.is_b2b() else None
         if not choice or not choice["one_kernel"]:
             log(f"{case_id(b, h, n, d)}: not one B2B kernel: {choice['reason'] if choice else low.describe()}")

@@ -3,8 +3,8 @@
 A model's attention reaches the aten graph as one SDPA op (the flash, memory-efficient, cuDNN or
 CPU variant the trace picked, or the composite op), its q, k, v [B, H, S, D] views of the
 projections' outputs (GPT-2: slices of c_attn's [B, S, 3HD] output, row stride 3HD). Each one
-becomes the graph of examples/attention_batched(_causal).cf (softmax(Q Kᵀ · scale [causal]) V
-with the batch B x H: S and P never leave the chip) and one comfuse::fused call that reads q, k
+becomes the graph of examples/attention_batched(_causal).cf (softmax(Q Kᵀ · scale [+ mask]
+[causal]) V with the batch B x H: S and P never leave the chip) and one comfuse::fused call that reads q, k
 and v through 4-D descriptors where they lie and writes O in the layout the traced op's output
 has (the flash kernel's: [B, S, H, D] storage viewed as [B, H, S, D], which the next projection
 reads without a copy).
@@ -18,8 +18,9 @@ For each SDPA node, in graph order:
          time; causal or empty, it costs nothing (the kernel's own causal walk, or no mask);
        - any other (one that depends on a runtime input: a decode step's cache position,
          padding; or a constant band or bias) is a kernel operand: an additive [B, H, M, N] tile
-         in q's dtype (masked positions MASKED), which F adds to the scaled scores before the
-         online softmax. The graph computes it (additive_mask's ops: Inductor fuses them into
+         (additive_mask: a bool mask's False as -inf, a float mask as it is in its own dtype,
+         its finite values below MASKED raised to it), which F adds to the scaled scores before
+         the online softmax. The graph computes it (additive_mask's ops: Inductor fuses them into
          the ops that build the mask; once per mask, shared by every layer), so one kernel
          serves every decode step. Only where those bytes stay below K's and V's (a decode
          step's [B, H, 1, N]; a prefill's [B, H, S, S] padding mask, S / 2D times K and V, falls
@@ -28,7 +29,8 @@ For each SDPA node, in graph order:
   3. measure (measure.measure_attention, where the GPU that will run it is at hand): the kernel
      against Inductor's kernels for the SDPA node as the model has it (its mask included), kept
      only where it wins.
-The mask's nodes, left without users, are dropped with the rest of the graph's dead code.
+A causal or empty mask's nodes, left without users, are dropped with the rest of the graph's
+dead code; a mask operand's stay, feeding its additive form.
 """
 from __future__ import annotations
 
@@ -64,13 +66,15 @@ class Refused(Exception):
     pass
 
 
-# The additive value of a masked position in a mask operand (additive_mask), in every dtype. exp()
-# makes it 0 after any real row max (30000 below it: e^-30000 underflows in f32). It must stay
-# small: the kernel takes exp(x - m) as ex2(fma(x, log2 e, -round(m log2 e))), and where a row's
-# columns are all masked so far (a rank of a decode step's N1 split over a cluster that sees no
-# key) x = m = the masked value, so the exponent is the rounding residual of m log2 e, up to half
-# its ulp: for -1e30 (or bf16's lowest, -3.4e38; -inf gives NaN) ~5e22, exp = inf and then NaN;
-# for -30000, 2^-9. Representable in f16 (65504 at most) as in bf16 and f32.
+# The floor of a mask operand's finite values (additive_mask). The kernel takes exp(x - m) as
+# ex2(fma(x, log2 e, -round(m log2 e))); where a row's columns are all masked so far (a rank of a
+# decode step's N1 split over a cluster that sees no key) x = m, and the exponent is the rounding
+# residual of m log2 e, up to half its ulp: for transformers' fill, a dtype's lowest value
+# (-3.4e38), ~1e31, exp = inf, then NaN (measured on the H200 with -1e30); for -30000, 2^-9.
+# A value this far below a row's real scores still weighs exactly 0 (e^-30000 underflows), and a
+# row with no other still weighs its columns alike (as torch does a row of the lowest value).
+# -inf itself is exact (the kernel's rows masked so far take it: exp(-inf) = 0, a row of it
+# gives 0, as torch's SDPA). Representable in f16 (65504 at most) as in bf16 and f32.
 MASKED = -30000.0
 
 
@@ -90,6 +94,7 @@ class AttentionCandidate:
     mask: fx.Node | None = None   # the op's mask: causal, empty, or (mask_operand) a kernel operand
     mask_module: fx.GraphModule | None = None  # a constant mask's ancestors: rebuild it for measurements
     mask_operand: bool = False    # neither causal nor empty: the kernel adds it (additive_mask)
+    mask_dtype: torch.dtype | None = None  # a mask operand's (operand_dtype)
     causal: bool = False
     scale: float = 0.0
     dims: dict | None = None      # B (batch x heads), M, N, K, DV
@@ -130,8 +135,9 @@ def _ancestors(node: fx.Node) -> list[fx.Node]:
 def mask_kind(mask: fx.Node, m: int, n: int) -> tuple[str, fx.GraphModule | None]:
     """How the kernel applies the op's mask: 'causal' (row r attends to columns 0..r, as
     is_causal) or 'none' (every column) for a mask computed from constants alone, with the module
-    (no inputs) that computes it; 'operand' for any other: one that depends on a runtime input
-    (module None) or a constant one of another pattern (a band, a bias; with its module)."""
+    (no inputs) that computes it; 'operand' for any other: one computed from a graph input or a
+    module's tensor (module None) or a constant one of another pattern (a band, a bias; with its
+    module)."""
     nodes = _ancestors(mask)
     if any(x.op != "call_function" for x in nodes):
         return "operand", None
@@ -168,35 +174,46 @@ def mask_kind(mask: fx.Node, m: int, n: int) -> tuple[str, fx.GraphModule | None
     return "operand", module
 
 
-def _additive_mask_ops(mask_dtype: torch.dtype, dtype: torch.dtype, shape: tuple) -> list:
-    """additive_mask as aten ops, (op, args after the input, kwargs) each: what a measurement and
-    the CPU fallback run and what the graph gets (_mask_node)."""
-    low = masked_value(dtype)
-    ops = [(aten.where.Scalar, (0.0, low), {})] if mask_dtype == torch.bool else \
-        [(aten._to_copy.default, (), {"dtype": torch.float32}), (aten.clamp_min.default, (low,), {})]
-    return ops + [(aten._to_copy.default, (), {"dtype": dtype}), (aten.expand.default, (list(shape),), {}),
-                  (aten.clone.default, (), {"memory_format": torch.contiguous_format})]
+def operand_dtype(mask_dtype: torch.dtype, q_dtype: torch.dtype) -> torch.dtype:
+    """A mask operand's dtype: a float mask's own (an f32 bias on bf16 scores stays exact, as
+    SDPA adds it; f64 as f32, the widest an epilogue input takes), a bool mask's q's (0 and -inf
+    are exact in any)."""
+    if not mask_dtype.is_floating_point:
+        return q_dtype
+    return mask_dtype if mask_dtype in (torch.bfloat16, torch.float16, torch.float32) else torch.float32
+
+
+def _additive_mask(x, mask_dtype: torch.dtype, dtype: torch.dtype, shape: tuple, emit):
+    """additive_mask written once as aten ops through emit(op, *args, **kwargs): run as they are
+    (additive_mask: a measurement, the CPU fallback's tests) or put into the graph (_mask_node)."""
+    if mask_dtype == torch.bool:
+        x = emit(aten._to_copy.default, emit(aten.where.Scalar, x, 0.0, float("-inf")), dtype=dtype)
+    else:  # finite values below MASKED raised to it; -inf kept
+        if mask_dtype != dtype:
+            x = emit(aten._to_copy.default, x, dtype=dtype)
+        x = emit(aten.where.ScalarSelf, emit(aten.eq.Scalar, x, float("-inf")), float("-inf"),
+                 emit(aten.clamp_min.default, x, MASKED))
+    return emit(aten.clone.default, emit(aten.expand.default, x, list(shape)), memory_format=torch.contiguous_format)
 
 
 def additive_mask(mask: torch.Tensor, dtype: torch.dtype, shape: tuple) -> torch.Tensor:
     """SDPA's attn_mask as the kernel's additive operand: `shape` [B, H, M, N], contiguous, in
-    `dtype`; a bool mask's False and a float mask's -inf (or anything below MASKED) as MASKED."""
-    for op, args, kwargs in _additive_mask_ops(mask.dtype, dtype, shape):
-        mask = op(mask, *args, **kwargs)
-    return mask
+    `dtype` (operand_dtype); a bool mask's False as -inf; a float mask's finite values below
+    MASKED as MASKED, -inf kept."""
+    return _additive_mask(mask, mask.dtype, dtype, shape, lambda op, *a, **k: op(*a, **k))
 
 
-def attention_graph(dtype: str, scale: float, causal: bool, mask: bool = False) -> "_core.Graph":
+def attention_graph(dtype: str, scale: float, causal: bool, mask: str | None = None) -> "_core.Graph":
     """examples/attention_batched(_causal).cf's graph with the scale as a literal: q [B, M, K],
-    k [B, N, K], v [B, N, DV] -> o [B, M, DV]; with `mask`, an additive mask [B, M, N] added to
-    the scaled scores (additive_mask makes it)."""
+    k [B, N, K], v [B, N, DV] -> o [B, M, DV]; with `mask` (its dtype), an additive mask
+    [B, M, N] added to the scaled scores (additive_mask makes it)."""
     g = _core.Graph()
     q = g.input("q", dtype, ["B", "M", "K"])
     k = g.input("k", dtype, ["B", "N", "K"])
     v = g.input("v", dtype, ["B", "N", "DV"])
     x = g.binary("mul", g.matmul(q, k, "nk"), g.constant(scale))
     if mask:
-        x = g.binary("add", x, g.input("mask", dtype, ["B", "M", "N"]))
+        x = g.binary("add", x, g.input("mask", mask, ["B", "M", "N"]))
     if causal:
         x = g.causal_mask(x)
     p = g.cast(g.softmax(x), dtype)
@@ -239,7 +256,7 @@ def _accept(c: AttentionCandidate) -> None:
         causal = kind == "causal"
         c.mask = mask
         if kind == "operand":
-            _accept_mask_operand(c, mask, (b, h, m, n), d + dv)
+            _accept_mask_operand(c, mask, (b, h, m, n), d + dv, vq.dtype)
     elif mask is not None:
         raise Refused(f"attention mask {mask!r} is not a tensor of the graph")
     vo = val(c.out)
@@ -258,12 +275,12 @@ def _accept(c: AttentionCandidate) -> None:
     c.dims = {"B": b * h, "M": m, "N": n, "K": d, "DV": dv}
 
 
-def _accept_mask_operand(c: AttentionCandidate, mask: fx.Node, shape: tuple, kv_cols: int) -> None:
+def _accept_mask_operand(c: AttentionCandidate, mask: fx.Node, shape: tuple, kv_cols: int, q_dtype: torch.dtype) -> None:
     """A mask that is neither causal nor empty, as the kernel's [B, H, M, N] operand (additive_mask),
     or Refused: it must broadcast to the scores and its expanded bytes stay below K's and V's
     (M <= D + DV: a decode step's rows, not a prefill's S x S)."""
     vm = val(mask)
-    what = "depends on a runtime input" if c.mask_module is None else "is a constant neither causal nor empty"
+    what = _mask_origin(c)
     if not isinstance(vm, torch.Tensor) or not (vm.dtype == torch.bool or vm.dtype.is_floating_point):
         raise Refused(f"the attention mask ({what}) is no bool or floating tensor")
     if not all(isinstance(x, int) for x in vm.shape):
@@ -275,10 +292,11 @@ def _accept_mask_operand(c: AttentionCandidate, mask: fx.Node, shape: tuple, kv_
         raise Refused(f"the attention mask {list(vm.shape)} does not broadcast to the scores {list(shape)}")
     b, h, m, n = shape
     if m > kv_cols:
-        raise Refused(f"the attention mask {what}: as the kernel's operand, expanded to every head, it would hold "
+        raise Refused(f"the attention mask ({what}): as the kernel's operand, expanded to every head, it would hold "
                       f"M x N = {m} x {n} values a head, more than K and V ({n} x {kv_cols}); a mask operand fuses "
                       f"at M <= D + DV = {kv_cols} rows (a decode step's)")
     c.mask_operand = True
+    c.mask_dtype = operand_dtype(vm.dtype, q_dtype)
 
 
 def decide(c: AttentionCandidate) -> None:
@@ -290,7 +308,7 @@ def decide(c: AttentionCandidate) -> None:
         return
     vq = val(c.q)
     dtype = _DTYPES[vq.dtype]
-    g = attention_graph(dtype, c.scale, c.causal, c.mask_operand)
+    g = attention_graph(dtype, c.scale, c.causal, _DTYPES[c.mask_dtype] if c.mask_operand else None)
     info.m, info.n, info.k = c.dims["M"], c.dims["N"], c.dims["K"]
     info.dtype, info.layout, info.graph_text = dtype, "attention", g.text()
     try:
@@ -315,13 +333,22 @@ def decide(c: AttentionCandidate) -> None:
                    + f", scale {c.scale:.6g}): planner estimate {choice['fused_us']:.1f} us")
 
 
+def _mask_origin(c: AttentionCandidate) -> str:
+    """Why a mask is a kernel operand, in the report's words: what it is computed from."""
+    if c.mask_module is not None:
+        return "a constant neither causal nor empty"
+    # (The graph's placeholders carry AOTAutograd's names, arg0_1 .., not the user's.)
+    sources = {x.op for x in _ancestors(c.mask) if x.op != "call_function"}
+    return ("it depends on a runtime input (a cache position, padding)" if "placeholder" in sources
+            else "it reads a tensor of the module")
+
+
 def _mask_note(c: AttentionCandidate) -> str:
     """How the kernel applies the model's mask, for the report."""
     if c.mask is None:
         return ""
     if c.mask_operand:
-        return (", the model's mask added to the scores (a kernel operand: "
-                + ("it depends on a runtime input)" if c.mask_module is None else "a constant of another pattern)"))
+        return f", the model's mask added to the scores (a kernel operand: {_mask_origin(c)})"
     return ", the model's mask recognized as " + ("causal" if c.causal else "empty")
 
 
@@ -365,11 +392,12 @@ class RuntimeAttention(RuntimeRegion):
         self.causal, self.scale = c.causal, c.scale
         self.out_strides = c.out_strides
         self.mask_module = c.mask_module
-        self.mask_operand = c.mask_operand
+        self.mask_operand, self.mask_dtype = c.mask_operand, c.mask_dtype
 
     def subgraph_args(self, tensors, sizes):
-        """The SDPA region's arguments for q, k, v and the op's mask (random values of the traced
-        shapes: a measurement's): a constant mask as the model computes it."""
+        """The SDPA region's arguments for tensors given for q, k, v and the op's mask (a
+        measurement's random values, or a benchmark's recorded kernel operands, whose mask is its
+        additive form: SDPA takes either alike): a constant mask as the model computes it."""
         if self.mask_module is None:
             return list(tensors)
         from torch._subclasses.fake_tensor import unset_fake_temporarily
@@ -384,7 +412,7 @@ class RuntimeAttention(RuntimeRegion):
             return list(args[:3])
         q = args[0]
         shape = (q.shape[0], self.heads, self.dims["M"], self.dims["N"])
-        return list(args[:3]) + [additive_mask(args[3], q.dtype, shape)]
+        return list(args[:3]) + [additive_mask(args[3], self.mask_dtype, shape)]
 
     def _out(self, q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         shape = (q.shape[0], q.shape[1], q.shape[2], v.shape[3])
@@ -414,10 +442,15 @@ class RuntimeAttention(RuntimeRegion):
         return {"kind": "attention"}
 
     def _launch(self, tensors, sizes, dev):
+        d = self.dims
+        b = d["B"] // self.heads
+        want = [(b, self.heads, d["M"], d["K"]), (b, self.heads, d["N"], d["K"]), (b, self.heads, d["N"], d["DV"]),
+                (b, self.heads, d["M"], d["N"])][:len(self.names)]
+        got = [tuple(t.shape) for t in tensors]
+        if got != want:
+            raise _Fallback(f"{', '.join(self.names)} are {got}, the traced shapes {want}")
         views = [_tma_view(t, self.info.id) for t in tensors]
         q, k, v = views[:3]
-        if [tuple(t.shape) for t in views] != [tuple(t.shape) for t in tensors] or q.shape[1] != self.heads:
-            raise _Fallback("q, k, v differ from the traced shapes")
         capturing = dev.type == "cuda" and torch.cuda.is_current_stream_capturing()
         kern = self.kernel(self.dims["M"], capturing)
         o = self._out(q, v)
@@ -457,26 +490,31 @@ def _mask_node(graph: fx.Graph, mask: fx.Node, dtype: torch.dtype, shape: tuple)
     for n in graph.nodes:
         if n.meta.get("comfuse_additive_mask") == key:
             return n
-    x = mask
-    for op, args, kwargs in _additive_mask_ops(val(mask).dtype, dtype, shape):
-        with graph.inserting_after(x):
-            n = graph.call_function(op, (x, *args), kwargs)
-        n.meta["val"] = op(val(x), *args, **kwargs)
-        x = n
-    x.meta["comfuse_additive_mask"] = key
-    return x
+    last = [mask]
+
+    def emit(op, *args, **kwargs):
+        with graph.inserting_after(last[0]):
+            n = graph.call_function(op, args, kwargs)
+        n.meta["val"] = op(*[val(a) if isinstance(a, fx.Node) else a for a in args], **kwargs)
+        last[0] = n
+        return n
+
+    out = _additive_mask(mask, val(mask).dtype, dtype, shape, emit)
+    out.meta["comfuse_additive_mask"] = key
+    return out
 
 
 def replace(gm: fx.GraphModule, c: AttentionCandidate, rr: RuntimeAttention, subst: dict) -> None:
-    """Registers rr and puts one comfuse::fused call on q, k, v where the SDPA op was (`subst`: the
-    values of regions replaced before it, backend.rewrite's)."""
+    """Registers rr and puts one comfuse::fused call on q, k, v (and a mask operand's additive
+    form, _mask_node) where the SDPA op was (`subst`: the values of regions replaced before it,
+    backend.rewrite's)."""
     from .kernels import REGISTRY
 
     REGISTRY[c.info.id] = rr
     graph = gm.graph
     operands = [subst.get(x, x) for x in (c.q, c.k, c.v)]
     if c.mask_operand:
-        operands.append(_mask_node(graph, subst.get(c.mask, c.mask), val(c.q).dtype,
+        operands.append(_mask_node(graph, subst.get(c.mask, c.mask), c.mask_dtype,
                                    (c.dims["B"] // c.heads, c.heads, c.dims["M"], c.dims["N"])))
     with graph.inserting_after(c.out):
         call = graph.call_function(torch.ops.comfuse.fused.default, (c.info.id, operands, []))

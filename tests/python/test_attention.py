@@ -76,7 +76,8 @@ def test_sdpa_module_is_one_kernel(causal):
 
 
 def test_explicit_scale_and_constant_masks():
-    """A constant boolean causal mask is causal, an all-true one is no mask, a banded one refused."""
+    """A constant boolean causal mask is causal, an all-true one is no mask, a band or a bias a
+    kernel operand (a prefill's S x S one only where S <= D + DV)."""
     x = randn(1, 24, 256)
     a = one_attention(capture(SelfAttention(scale=0.3).to(torch.bfloat16).eval(), x))
     assert a.info.status == "fused" and a.scale == pytest.approx(0.3) and not a.causal
@@ -98,7 +99,7 @@ def test_explicit_scale_and_constant_masks():
         ~tril(s, d), torch.finfo(torch.bfloat16).min)  # transformers' fill for the cuDNN / efficient kernels
     bias = lambda s, d: torch.full((s, s), 0.5, device=d, dtype=torch.bfloat16).masked_fill(  # noqa: E731
         ~tril(s, d), float("-inf"))
-    operand = "a kernel operand: a constant of another pattern"
+    operand = "a kernel operand: a constant neither causal nor empty"
     for make, what in ((tril, "causal"), (full, "empty"), (additive, "causal"), (lowest, "causal"),
                        (band, operand), (bias, operand)):
         a = one_attention(capture(Masked(make).to(torch.bfloat16).eval(), x))
@@ -120,23 +121,34 @@ def test_explicit_scale_and_constant_masks():
 
 
 def test_additive_mask_operand():
-    """A bool mask's False and a float mask's -inf (or anything below MASKED) become MASKED, whose
-    exp(x - m) the kernel takes without overflow even where a whole chunk of a row is masked (x =
-    m: the exponent is the rounding residual of m log2 e); biases stay; expanded to [B, H, M, N],
-    contiguous, in q's dtype."""
+    """A bool mask's False becomes -inf (a row with no key left gives 0, as torch's SDPA); a float
+    mask keeps its dtype (an f32 bias on bf16 scores stays exact) and its values, but finite ones
+    below MASKED rise to it, whose exp(x - m) the kernel takes without overflow even where a whole
+    chunk of a row is masked (x = m: the exponent is the rounding residual of m log2 e), and -inf
+    stays; expanded to [B, H, M, N], contiguous."""
     keep = torch.tensor([[True, False, True, False]])
+    assert attention.operand_dtype(torch.bool, torch.float16) == torch.float16
     got = attention.additive_mask(keep, torch.bfloat16, (2, 3, 1, 4))
     assert got.shape == (2, 3, 1, 4) and got.is_contiguous() and got.dtype == torch.bfloat16
-    low = attention.masked_value(torch.bfloat16)
-    assert got[1, 2, 0].tolist() == [0.0, low, 0.0, low] and -30100 < low < -29900
+    assert got[1, 2, 0].tolist() == [0.0, float("-inf"), 0.0, float("-inf")]
     f = torch.tensor([[0.5, float("-inf"), torch.finfo(torch.float32).min, -2.0]])
-    got = attention.additive_mask(f, torch.float16, (1, 1, 1, 4)).float().flatten().tolist()
-    assert got == [0.5, -30000.0, -30000.0, -2.0]
+    assert attention.operand_dtype(f.dtype, torch.bfloat16) == torch.float32
+    assert attention.operand_dtype(torch.float64, torch.bfloat16) == torch.float32
+    got = attention.additive_mask(f, torch.float32, (1, 1, 1, 4))
+    assert got.dtype == torch.float32 and got.flatten().tolist() == [0.5, float("-inf"), -30000.0, -2.0]
+    lowest = torch.full((1, 4), torch.finfo(torch.float16).min, dtype=torch.float16)
+    assert attention.additive_mask(lowest, torch.float16, (1, 1, 1, 4)).flatten().tolist() == [-30000.0] * 4
     for t in (torch.bfloat16, torch.float16, torch.float32):
         m = torch.tensor(attention.masked_value(t), dtype=torch.float32)
         c = torch.tensor(1.4426950408889634, dtype=torch.float32)
         residual = (m.double() * c.double() - (m * c).double()).abs().item()  # fma's exact product - rounded
         assert residual < 0.01
+    # The fallback (SDPA on the additive form) as eager on the bool mask: a row with no key gives 0.
+    q, k, v = (randn(1, 2, 3, 64).float() for _ in range(3))
+    rows = torch.tensor([[True, False, True], [False, False, False], [True, True, True]])
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=rows)
+    got = F.scaled_dot_product_attention(q, k, v, attn_mask=attention.additive_mask(rows, q.dtype, (1, 2, 3, 3)))
+    assert torch.equal(want[:, :, 1], torch.zeros_like(want[:, :, 1])) and torch.allclose(got, want, atol=1e-6)
 
 
 def test_runtime_mask_is_a_kernel_operand():

@@ -83,13 +83,13 @@ dec = load_bench("decode_attention")
 
 @pytest.mark.parametrize("m", [1, 5])
 def test_masked_graph_computes_sdpa_with_the_additive_mask(m):
-    """attention.attention_graph(mask=True), executed in fp64, is SDPA with the additive mask
-    (attention.additive_mask of a boolean key mask: MASKED where a key is past its sequence's
+    """attention.attention_graph with a mask, executed in fp64, is SDPA with the additive mask
+    (attention.additive_mask of a boolean key mask: -inf where a key is past its sequence's
     length, the whole of some rows' chunks included) added to the scaled scores."""
     from comfuse import attention
 
     b, h, n, d = 2, 3, 200, 64
-    g = attention.attention_graph("bf16", 0.125, causal=False, mask=True)
+    g = attention.attention_graph("bf16", 0.125, causal=False, mask="bf16")
     assert _core.lower(g).is_b2b()
     gen = torch.Generator().manual_seed(2)
     q = torch.randn(b, h, m, d, generator=gen).to(torch.bfloat16)

@@ -255,25 +255,31 @@ def test_direct_kernel_api_runs_attention_with_a_mask_operand(gpu):
     """The kernel adds an additive [B, H, M, N] mask operand (attention.additive_mask) to the
     scaled scores: one query row a head (a decode step), keys masked past each sequence's length,
     so that whole chunks of N1 are masked (a rank of N1's split over a cluster may see no key at
-    all), and a ragged multi-row case with a bias; against SDPA's math in f32 on the same mask."""
+    all) and one sequence has no key (its rows give 0, as SDPA's); a ragged multi-row case with an
+    f32 bias on bf16 scores (the operand stays f32) and its finite masked values at MASKED;
+    against SDPA's math in f32 on the same mask."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from comfuse import attention
 
-    for b, h, m, n, d in ((3, 4, 1, 1000, 64), (2, 3, 77, 520, 128)):
-        g = attention.attention_graph("bf16", 1 / d ** 0.5, causal=False, mask=True)
+    for b, h, m, n, d, mdt in ((3, 4, 1, 1000, 64, torch.bfloat16), (2, 3, 77, 520, 128, torch.float32)):
+        g = attention.attention_graph("bf16", 1 / d ** 0.5, causal=False, mask=attention._DTYPES[mdt])
         kern = comfuse.compile_graph(g.text(), {"B": b * h, "M": m, "N": n, "K": d, "DV": d})
         q, k, v = randn(b, h, m, d, device=gpu), randn(b, h, n, d, device=gpu), randn(b, h, n, d, device=gpu)
-        lengths = torch.tensor([5, n, 300][:b], device=gpu)  # keys 0 .. length - 1 exist
+        lengths = torch.tensor([5, n, 0][:b], device=gpu)  # keys 0 .. length - 1 exist
         keep = torch.arange(n, device=gpu)[None, None, None, :] < lengths[:, None, None, None]
-        mask = attention.additive_mask(keep, torch.bfloat16, (b, h, m, n))
-        if m > 1:  # a bias too
-            mask = (mask.float() + torch.rand(b, h, m, n, device=gpu)).to(torch.bfloat16)
+        if mdt == torch.float32:  # a bias, and the lowest value for masked keys (transformers' fill)
+            given = torch.where(keep, torch.rand(b, h, m, n, device=gpu), torch.finfo(torch.float32).min)
+        else:
+            given = keep
+        mask = attention.additive_mask(given, mdt, (b, h, m, n))
         o = kern(q=q, k=k, v=v, mask=mask)["o"]  # [B x H, M, D]
         with sdpa_kernel(SDPBackend.MATH):
             ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(),
-                                                                   attn_mask=mask.float())
+                                                                   attn_mask=given)
         assert_bf16_close(o, ref.reshape(b * h, m, d))
+        if b == 3:  # the sequence with no key: 0, as SDPA's
+            assert o.view(b, h, m, d)[2].abs().max().item() == 0.0
 
 
 def test_gpt2_decode_step_fuses_its_attention(gpu):
