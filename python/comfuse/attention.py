@@ -352,6 +352,23 @@ def _mask_note(c: AttentionCandidate) -> str:
     return ", the model's mask recognized as " + ("causal" if c.causal else "empty")
 
 
+# What the planner assumes of an attention with a mask operand where no measurement decides
+# (config.measure off, a CUDA graph capture): its kernel's time over SDPA's. MEASURED on the H200
+# at decode shapes (one query row a head): 0.99-1.97x (bench/RESULTS.md, "Decode attention"); the
+# B2B planner prices SDPA's kernel not at all, so this prior stands in for it.
+MASK_OPERAND_PRIOR = 2.0
+
+
+def unmeasured_fallback(c: AttentionCandidate) -> str:
+    """The reason an attention falls back where no measurement decides, or "": one whose mask is
+    an operand runs (a decode step's) slower than SDPA's kernel as measured so far, so it fuses
+    only where config.min_gain accepts that prior (tests of the kernel set it to fuse anyway)."""
+    if not c.mask_operand or MASK_OPERAND_PRIOR < 1.0 - config.min_gain:
+        return ""
+    return (f"not measured, and an attention whose mask is a kernel operand measured up to {MASK_OPERAND_PRIOR:g}x "
+            "SDPA's kernel's time at decode shapes (bench/RESULTS.md): it fuses where a measurement says it pays")
+
+
 def find(gm: fx.GraphModule, next_id) -> list[AttentionCandidate]:
     """Every SDPA node of the graph, decided."""
     out = []

@@ -116,6 +116,12 @@ def rewrite(gm: fx.GraphModule, g: GraphReport, apply: bool = True, inductor_opt
             if not config.force_regions:
                 log.info("comfuse: %s: %s", info.root, info.reason)
                 continue
+        if here is None and not _timed(c, True) and isinstance(c, attention.AttentionCandidate):
+            why = attention.unmeasured_fallback(c)
+            if why:  # no measurement will decide: the planner's prior does
+                info.status, info.reason = "fallback", why + "; " + info.reason
+                log.info("comfuse: %s: %s", info.root, info.reason)
+                continue
         log.info("comfuse: %s%s + %d op(s): %s", "B2B pair " if isinstance(c, PairCandidate) else "", info.root,
                  len(info.ops) - 1, info.reason)
         chosen.append((c, here is None))

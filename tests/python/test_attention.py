@@ -184,6 +184,21 @@ def test_runtime_mask_is_a_kernel_operand():
     assert (out.float() - ref.float()).abs().max().item() < 2e-2
 
 
+def test_unmeasured_mask_operands_fall_back():
+    """Where no measurement decides (config.measure off, a capture), an attention whose mask is an
+    operand falls back on the planner's prior (it measured up to 2x SDPA's time at decode), unless
+    config.min_gain accepts that; causal and unmasked attentions are not affected."""
+    x = randn(2, 40, 256)
+    pad = torch.ones(2, 1, 40, 40, dtype=torch.bool)
+    a = one_attention(capture(SelfAttention().to(torch.bfloat16).eval(), x, pad))
+    assert a.mask_operand and "fuses where a measurement says it pays" in attention.unmeasured_fallback(a)
+    comfuse.config.min_gain = -1e9  # fuse regardless (a test of the kernel)
+    assert attention.unmeasured_fallback(a) == ""
+    comfuse.config.min_gain = 0.0
+    causal = one_attention(capture(SelfAttention(is_causal=True).to(torch.bfloat16).eval(), x))
+    assert attention.unmeasured_fallback(causal) == ""
+
+
 def test_gpt2_decode_step_attends_through_its_mask():
     """One decode step of GPT-2 on a StaticCache: its mask depends on the cache position (a runtime
     input), so each layer's attention is one kernel with the mask as an operand (M = 1 row a
