@@ -70,7 +70,7 @@ class Refused(Exception):
 # ex2(fma(x, log2 e, -round(m log2 e))); where a row's columns are all masked so far (a rank of a
 # decode step's N1 split over a cluster that sees no key) x = m, and the exponent is the rounding
 # residual of m log2 e, up to half its ulp: for transformers' fill, a dtype's lowest value
-# (-3.4e38), ~1e31, exp = inf, then NaN (measured on the H200 with -1e30); for -30000, 2^-9.
+# (-3.4e38), up to ~2e31, exp = inf, then NaN (measured on the H200 with -1e30); for -30000, 2^-9.
 # A value this far below a row's real scores still weighs exactly 0 (e^-30000 underflows), and a
 # row with no other still weighs its columns alike (as torch does a row of the lowest value).
 # -inf itself is exact (the kernel's rows masked so far take it: exp(-inf) = 0, a row of it
