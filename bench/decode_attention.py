@@ -69,13 +69,14 @@ def run_case(b: int, h: int, n: int, d: int, rounds: int, reps: int) -> dict:
 
 def dry_run(cases, log) -> int:
     """Plans every row on the CPU: one batched B2B kernel with the mask operand in F."""
-    from comfuse import _core, attention
+    from comfuse import attention
 
     for b, h, n, d in cases:
-        low = _core.lower(attention.attention_graph("bf16", 1 / d ** 0.5, causal=False, mask="bf16"))
-        choice = low.choose_b2b({"B": b * h, "M": 1, "N": n, "K": d, "DV": d}, {}) if low.is_b2b() else None
-        if not choice or not choice["one_kernel"]:
-            log(f"{case_id(b, h, n, d)}: not one B2B kernel: {choice['reason'] if choice else low.describe()}")
+        g = attention.attention_graph("bf16", 1 / d ** 0.5, causal=False, mask="bf16")
+        try:
+            _, choice = attention.plan_kernel(g, {"B": b * h, "M": 1, "N": n, "K": d, "DV": d})
+        except attention.Refused as e:
+            log(f"{case_id(b, h, n, d)}: not one B2B kernel: {e}")
             return 1
         log(f"{case_id(b, h, n, d)}: one batched B2B kernel, planner estimate {choice['fused_us']:.1f} us")
     return 0

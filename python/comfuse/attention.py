@@ -74,13 +74,8 @@ class Refused(Exception):
 # A value this far below a row's real scores still weighs exactly 0 (e^-30000 underflows), and a
 # row with no other still weighs its columns alike (as torch does a row of the lowest value).
 # -inf itself is exact (the kernel's rows masked so far take it: exp(-inf) = 0, a row of it
-# gives 0, as torch's SDPA). Representable in f16 (65504 at most) as in bf16 and f32.
+# gives 0, as torch's SDPA). Representable in f16 (65504 at most) as in f32; bf16 rounds it to -29952.
 MASKED = -30000.0
-
-
-def masked_value(dtype: torch.dtype) -> float:
-    """MASKED as `dtype` rounds it (bf16: -29952)."""
-    return torch.tensor(MASKED, dtype=dtype).item()
 
 
 @dataclass
@@ -299,6 +294,21 @@ def _accept_mask_operand(c: AttentionCandidate, mask: fx.Node, shape: tuple, kv_
     c.mask_dtype = operand_dtype(vm.dtype, q_dtype)
 
 
+def plan_kernel(g: "_core.Graph", dims: dict, plan_options: dict | None = None) -> tuple:
+    """Step 2 above: the lowering and choose_b2b's choice for an attention graph at `dims`, or
+    Refused with the reason (Φ forms no B2B pair, the planner refuses it, or not one kernel)."""
+    try:
+        low = _core.lower(g)
+        if not low.is_b2b():
+            raise Refused("Φ does not form one B2B pair:\n" + low.describe())
+        choice = low.choose_b2b(dims, dict(plan_options or {}))
+    except _core.Error as e:
+        raise Refused(f"planner: {str(e).splitlines()[0]}")
+    if not choice["one_kernel"]:
+        raise Refused(f"planner: not one B2B kernel: {choice['reason']}")
+    return low, choice
+
+
 def decide(c: AttentionCandidate) -> None:
     info = c.info
     try:
@@ -312,16 +322,9 @@ def decide(c: AttentionCandidate) -> None:
     info.m, info.n, info.k = c.dims["M"], c.dims["N"], c.dims["K"]
     info.dtype, info.layout, info.graph_text = dtype, "attention", g.text()
     try:
-        low = _core.lower(g)
-        if not low.is_b2b():
-            info.status, info.reason = "fallback", "Φ does not form one B2B pair:\n" + low.describe()
-            return
-        choice = low.choose_b2b(c.dims, dict(config.plan_options))
-    except _core.Error as e:
-        info.status, info.reason = "fallback", f"planner: {str(e).splitlines()[0]}"
-        return
-    if not choice["one_kernel"]:
-        info.status, info.reason = "fallback", f"planner: not one B2B kernel: {choice['reason']}"
+        low, choice = plan_kernel(g, c.dims, config.plan_options)
+    except Refused as e:
+        info.status, info.reason = "fallback", str(e)
         return
     c.lowering = low
     info.fused_us = choice["fused_us"]

@@ -139,7 +139,7 @@ def test_additive_mask_operand():
     lowest = torch.full((1, 4), torch.finfo(torch.float16).min, dtype=torch.float16)
     assert attention.additive_mask(lowest, torch.float16, (1, 1, 1, 4)).flatten().tolist() == [-30000.0] * 4
     for t in (torch.bfloat16, torch.float16, torch.float32):
-        m = torch.tensor(attention.masked_value(t), dtype=torch.float32)
+        m = torch.tensor(torch.tensor(attention.MASKED, dtype=t).item(), dtype=torch.float32)
         c = torch.tensor(1.4426950408889634, dtype=torch.float32)
         residual = (m.double() * c.double() - (m * c).double()).abs().item()  # fma's exact product - rounded
         assert residual < 0.01
