@@ -1,7 +1,9 @@
-"""Decode-step attention: one query row a head against a cache of N keys, the step's mask (keys
-past the sequence's length masked) an operand of the kernel (attention.additive_mask), against
-torch's scaled_dot_product_attention on the same inputs with the boolean [B, 1, 1, N] mask (the
-backend torch picks: what Inductor calls for a decode step), in the same process run.
+"""Decode-step attention: one query row a head (or four: speculative tokens) against a cache of N
+keys, the step's mask (keys past the sequence's length masked) an operand of the kernel
+(attention.additive_mask): the planner's kernel, then each kernel forced (the wgmma pipeline, the
+decode kernel by cluster size), against torch's scaled_dot_product_attention on the same inputs
+with the boolean [B, 1, M, N] mask (the backend torch picks: what Inductor calls for a decode
+step), in the same rounds.
 
 GPU-only times: each side captured in a CUDA graph and replayed back to back, the two alternating
 round by round (comfuse.gpu_timing), medians; the mask operand is made outside the kernel's timing
@@ -22,48 +24,62 @@ import sys
 
 import torch
 
-# (batch, heads, cache keys, head dim): GPT-2 medium's heads at short and long contexts.
-CASES = [(1, 16, 1024, 64), (32, 16, 1024, 64), (1, 16, 4096, 64), (8, 16, 4096, 128)]
+# (batch, heads, query rows, cache keys, head dim): GPT-2 medium's heads at a short cache (the
+# models' StaticCache of 64) and at long contexts; four query rows (speculative tokens).
+CASES = [(1, 16, 1, 64, 64), (32, 16, 1, 64, 64), (1, 16, 1, 1024, 64), (32, 16, 1, 1024, 64),
+         (1, 16, 1, 4096, 64), (8, 16, 1, 4096, 128), (1, 16, 4, 4096, 64)]
 
 
-def case_id(b, h, n, d) -> str:
-    return f"B{b}xH{h} N{n} D{d}"
+def case_id(b, h, m, n, d) -> str:
+    return f"B{b}xH{h}" + (f" M{m}" if m > 1 else "") + f" N{n} D{d}"
 
 
-def run_case(b: int, h: int, n: int, d: int, rounds: int, reps: int) -> dict:
+def variants(n: int, d: int) -> dict:
+    """The planner's choice, then each kernel forced: the wgmma pipeline and the decode kernel by
+    cluster size (those whose CTAs keep a step of keys: DecodeAttention's groups x 8)."""
+    step = 4 * 32 // (d // 8) * 8
+    v = {"planner": {}, "pipeline": {"b2b_decode": False}}
+    for c in (1, 2, 4, 8, 16):
+        if c == 1 or n >= c * step:
+            v[f"decode c{c}"] = {"b2b_decode": True, "cluster_n": c}
+    return v
+
+
+def run_case(b: int, h: int, m: int, n: int, d: int, rounds: int, reps: int) -> dict:
     import comfuse
     from comfuse import attention, gpu_timing
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     dev = torch.device("cuda")
     g = attention.attention_graph("bf16", 1 / d ** 0.5, causal=False, mask="bf16")
-    kern = comfuse.compile_graph(g.text(), {"B": b * h, "M": 1, "N": n, "K": d, "DV": d})
-    q = torch.randn(b, h, 1, d, device=dev, dtype=torch.bfloat16)
+    dims = {"B": b * h, "M": m, "N": n, "K": d, "DV": d}
+    kerns = {name: comfuse.compile_graph(g.text(), dims, **opts) for name, opts in variants(n, d).items()}
+    q = torch.randn(b, h, m, d, device=dev, dtype=torch.bfloat16)
     k, v = (torch.randn(b, h, n, d, device=dev, dtype=torch.bfloat16) for _ in range(2))
     # Each sequence's filled slots, short ones included: a rank of N1's split over a cluster may see
     # no key of its row at all.
     lengths = torch.randint(1, n + 1, (b,), device=dev)
-    keep = torch.arange(n, device=dev)[None, None, None, :] < lengths[:, None, None, None]
-    operand = attention.additive_mask(keep, torch.bfloat16, (b, h, 1, n))
-    o = torch.empty(b, h, 1, d, device=dev, dtype=torch.bfloat16)
-    fused = lambda i: kern(q=q, k=k, v=v, mask=operand, o=o)  # noqa: E731
-    sdpa = lambda i: torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep)  # noqa: E731
+    keep = (torch.arange(n, device=dev)[None, None, None, :] < lengths[:, None, None, None]).expand(b, 1, m, n)
+    operand = attention.additive_mask(keep, torch.bfloat16, (b, h, m, n))
+    outs = {name: torch.empty(b, h, m, d, device=dev, dtype=torch.bfloat16) for name in kerns}
+    runs = {name: (lambda i, kk=kk, o=outs[name]: kk(q=q, k=k, v=v, mask=operand, o=o)) for name, kk in kerns.items()}
+    runs["sdpa"] = lambda i: torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep)  # noqa: E731
     with sdpa_kernel(SDPBackend.MATH):
         ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=keep)
-    fused(0)
-    err = ((o.float() - ref).norm() / ref.norm()).item()
-    row = {"case": case_id(b, h, n, d), "err": err}
-    if not err < 2e-2:
+    row = {"case": case_id(b, h, m, n, d), "err": {}}
+    for name, kk in kerns.items():
+        runs[name](0)
+        row["err"][name] = ((outs[name].float() - ref).norm() / ref.norm()).item()
+    if not all(e < 2e-2 for e in row["err"].values()):
         row["failed"] = True
         return row
     with torch.no_grad():
-        graphs = {"fused": gpu_timing.capture(fused), "sdpa": gpu_timing.capture(sdpa)}
+        graphs = {name: gpu_timing.capture(run) for name, run in runs.items()}
         ms = gpu_timing.alternating_rounds(graphs, rounds, reps)
-    row["fused_us"] = 1e3 * statistics.median(ms["fused"])
-    row["sdpa_us"] = 1e3 * statistics.median(ms["sdpa"])
-    row["ratio"] = statistics.median(f / s for f, s in zip(ms["fused"], ms["sdpa"]))
-    row["plan"] = "; ".join(" ".join(l.split()) for l in kern.explain().splitlines()
-                            if l.strip().startswith(("tiles", "N1 split", "grid")))
+    row["us"] = {name: 1e3 * statistics.median(t) for name, t in ms.items()}
+    row["ratio"] = statistics.median(f / s for f, s in zip(ms["planner"], ms["sdpa"]))
+    row["plan"] = "; ".join(" ".join(l.split()) for l in kerns["planner"].explain().splitlines()
+                            if l.strip().startswith(("kernel ", "tiles", "N1 split", "grid")))
     return row
 
 
@@ -71,14 +87,15 @@ def dry_run(cases, log) -> int:
     """Plans every row on the CPU: one batched B2B kernel with the mask operand in F."""
     from comfuse import attention
 
-    for b, h, n, d in cases:
+    for b, h, m, n, d in cases:
         g = attention.attention_graph("bf16", 1 / d ** 0.5, causal=False, mask="bf16")
-        try:
-            _, choice = attention.plan_kernel(g, {"B": b * h, "M": 1, "N": n, "K": d, "DV": d})
-        except attention.Refused as e:
-            log(f"{case_id(b, h, n, d)}: not one B2B kernel: {e}")
-            return 1
-        log(f"{case_id(b, h, n, d)}: one batched B2B kernel, planner estimate {choice['fused_us']:.1f} us")
+        for name, opts in variants(n, d).items():
+            try:
+                _, choice = attention.plan_kernel(g, {"B": b * h, "M": m, "N": n, "K": d, "DV": d}, opts)
+            except attention.Refused as e:
+                log(f"{case_id(b, h, m, n, d)} {name}: not one B2B kernel: {e}")
+                return 1
+            log(f"{case_id(b, h, m, n, d)} {name}: one batched B2B kernel, planner estimate {choice['fused_us']:.1f} us")
     return 0
 
 
@@ -108,14 +125,18 @@ def main(argv=None) -> int:
             rows.append({"case": case_id(*c), "error": f"{type(e).__name__}: {str(e).splitlines()[0]}"})
         print(rows[-1], flush=True)
     lines = [f"# Decode attention ({torch.cuda.get_device_name()}, torch {torch.__version__})", "",
-             "| case | ComFuse us | SDPA (bool mask) us | ComFuse / SDPA | rel-L2 vs math f32 | plan |",
-             "|---|---|---|---|---|---|"]
+             "ComFuse: the planner's kernel; then each kernel forced (the wgmma pipeline, the decode kernel by "
+             "cluster size), all against SDPA with the bool mask in the same rounds.", "",
+             "| case | ComFuse us | SDPA (bool mask) us | ComFuse / SDPA | forced: us | worst rel-L2 vs math f32 | plan |",
+             "|---|---|---|---|---|---|---|"]
     for r in rows:
-        if "fused_us" in r:
-            lines.append(f"| {r['case']} | {r['fused_us']:.1f} | {r['sdpa_us']:.1f} | {r['ratio']:.3f} | "
-                         f"{r['err']:.1e} | {r['plan']} |")
+        err = max(r["err"].values()) if r.get("err") else float("nan")
+        if "us" in r:
+            forced = ", ".join(f"{k} {v:.1f}" for k, v in r["us"].items() if k not in ("planner", "sdpa"))
+            lines.append(f"| {r['case']} | {r['us']['planner']:.1f} | {r['us']['sdpa']:.1f} | {r['ratio']:.3f} | "
+                         f"{forced} | {err:.1e} | {r['plan']} |")
         else:
-            lines.append(f"| {r['case']} | - | - | - | {r.get('err', '-')} | {r.get('error', 'FAILED')} |")
+            lines.append(f"| {r['case']} | - | - | - | - | {r.get('err', '-')} | {r.get('error', 'FAILED')} |")
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "decode_attention.md"), "w") as f:
         f.write("\n".join(lines) + "\n")

@@ -60,7 +60,7 @@ inline std::string describe(const PlanOptions& o) {
   if (o.strategy) s += fmt::format(" strategy={}", static_cast<int>(*o.strategy));
   add("b2b_job_rows", o.b2b_job_rows), add("fma_exp_every", o.fma_exp_every), add("b2b_overlap", o.b2b_overlap);
   add("b2b_x_resident", o.b2b_x_resident), add("b2b_x_buffers", o.b2b_x_buffers);
-  add("b2b_chain_jobs", o.b2b_chain_jobs);
+  add("b2b_chain_jobs", o.b2b_chain_jobs), add("b2b_decode", o.b2b_decode);
   return s.empty() ? " (defaults)" : s;
 }
 
@@ -197,6 +197,7 @@ inline std::vector<B2bCase> b2b_cases(int per_example, const B2bShapes& shapes =
       opt.b2b_x_resident = rng.maybe<bool>({false, true}, 0.15);
       opt.b2b_x_buffers = rng.maybe<int>({0, 1, 2, 3}, 0.2);
       opt.b2b_chain_jobs = rng.maybe<bool>({false, true}, 0.2);
+      opt.b2b_decode = rng.maybe<bool>({false, true}, 0.15);
       c.what = fmt::format("{}{} B={} M={} K={} N1={} N2={}{}", ex, half ? " (f16)" : "", p.batches, p.m, p.k, p.n1,
                            p.n2, describe(opt));
       c.must_plan = describe(opt) == " (defaults)" && p.k % 8 == 0 && p.n1 % 8 == 0 && p.n2 % 8 == 0;

@@ -193,7 +193,7 @@ struct ExplainArgs {
   bool dot = false;
   std::optional<int> cluster_n, tile_n, tile_m, cluster_m, row_group, k_splits, b2b_job_rows, ring_stages, fma_exp_every,
       b2b_x_buffers, consumer_wgs;
-  std::string b2b_overlap, b2b_x_resident, b2b_chain_jobs, gated_gemm;  // on / off (empty: the planner's)
+  std::string b2b_overlap, b2b_x_resident, b2b_chain_jobs, b2b_decode, gated_gemm;  // on / off (empty: the planner's)
   std::string aggregation, strategy, stash, pairs, b2b;
   std::string tile_inputs;  // ring / l2 (empty: the planner's)
   std::string split_k_partials;  // dsmem / l2 (empty: the planner's)
@@ -217,6 +217,7 @@ PlanOptions plan_options(const ExplainArgs& a) {
   if (!a.b2b_overlap.empty()) o.b2b_overlap = a.b2b_overlap == "on";
   if (!a.b2b_x_resident.empty()) o.b2b_x_resident = a.b2b_x_resident == "on";
   if (!a.b2b_chain_jobs.empty()) o.b2b_chain_jobs = a.b2b_chain_jobs == "on";
+  if (!a.b2b_decode.empty()) o.b2b_decode = a.b2b_decode == "on";
   if (!a.gated_gemm.empty()) o.gated_gemm = a.gated_gemm == "on";
   if (!a.pairs.empty()) o.fuse_pairs = a.pairs == "one-round";
   if (!a.tile_inputs.empty()) o.ring_inputs = a.tile_inputs == "ring";
@@ -255,6 +256,10 @@ std::vector<CLI::Option*> add_plan_options(CLI::App* cmd, ExplainArgs& ex) {
       cmd->add_option("--b2b-chain-jobs", ex.b2b_chain_jobs,
                       "a B2B online softmax beside GEMM2: each job's first GEMM1 issued with the previous job's last "
                       "GEMM2, X in two buffers (on), or each job alone (off, the default)")
+          ->check(CLI::IsMember({"on", "off"})),
+      cmd->add_option("--b2b-decode", ex.b2b_decode,
+                      "attention at a few query rows a batch: the decode kernel (CUDA cores, keys split over a "
+                      "cluster; on) or the wgmma pipeline (off); the planner's default takes the faster estimate")
           ->check(CLI::IsMember({"on", "off"})),
       cmd->add_option("--gated-gemm", ex.gated_gemm,
                       "a gated pair (SwiGLU) unfused: W1 and W3 in one gated GEMM sharing X's tiles (on, the "
@@ -383,8 +388,10 @@ int run_gpu(const Graph& g, const Bindings& b, const PlanOptions& plan, uint64_t
   int64_t ctas = p.grid_ctas;
   if (rep.b2b_plan.jobs > 0) {  // a B2B kernel
     const B2bConfig& bc = rep.b2b_plan.kernel;
-    shape = fmt::format("b2b {} rows x {} of O per warp group, N1 chunks of {}, F {}, GEMM1 x{}", bc.tile_m, bc.tile_n2,
-                        bc.chunk_n1, name_of(rep.b2b_plan.intermediate), rep.b2b_plan.gemm1_passes);
+    shape = bc.decode() ? fmt::format("b2b decode kernel: up to {} query rows a batch, head dim {}, keys over clusters of {}",
+                                      bc.decode_rows, bc.tile_n2, bc.cluster_n1)
+                        : fmt::format("b2b {} rows x {} of O per warp group, N1 chunks of {}, F {}, GEMM1 x{}", bc.tile_m,
+                                      bc.tile_n2, bc.chunk_n1, name_of(rep.b2b_plan.intermediate), rep.b2b_plan.gemm1_passes);
     stages = bc.ring_stages, ctas = rep.b2b_plan.grid_ctas;
   } else {
     shape = fmt::format("{}x{} tile{}, {}, cluster {}x{}", kc.tile_m, kc.tile_n, kc.gated ? " (gated)" : "",

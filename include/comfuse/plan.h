@@ -89,6 +89,10 @@ struct PlanOptions {
   // Force B2bConfig::chain_jobs (each job's first GEMM1 with the previous job's last GEMM2; X in
   // two buffers) on or off.
   std::optional<bool> b2b_chain_jobs;
+  // Force the decode kernel (B2bConfig::decode_rows: attention at a few query rows a batch on CUDA
+  // cores, keys split over a cluster) on, or off (the wgmma pipeline); the planner's default
+  // takes the faster estimate where the pair is attention the decode kernel runs.
+  std::optional<bool> b2b_decode;
   // A gated pair's unfused path (unfused_pair): W1 and W3 in one gated GEMM sharing X's tiles
   // (true, the default), or X W3^T stored first and read back by GEMM1's F (false: three kernels).
   std::optional<bool> gated_gemm;
@@ -191,6 +195,7 @@ struct B2bPlan {
   double unfused_us = 0;   // ... and of GEMM1 + its epilogue, S through DRAM, GEMM2 + epilogue
   double dram_floor_us = 0;  // the fused kernel's DRAM traffic alone (X, W1 [W3], W2 read, O written)
   std::string unfused_from;  // how unfused_us was priced (the planner's unfused kernels, or a roofline)
+  int decode_mask_arg = -1;  // the decode kernel's additive mask (an index into the first spec's args); -1: none
   std::vector<std::string> reasons;
   std::vector<std::string> alternatives;
 };

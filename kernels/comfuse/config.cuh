@@ -452,6 +452,26 @@ struct B2bConfig {
   // without tile inputs (their prefetch would overwrite the previous job's). Forced only
   // (--b2b-chain-jobs): NOT measured yet.
   bool chain_jobs = false;
+  // > 0: the decode kernel (b2b/decode_attention.cuh) instead of the wgmma pipeline, for an
+  // attention whose batches hold at most decode_rows query rows (a decode step's one row a head;
+  // a few with speculative tokens): F is softmax(logit_scale x [+ the additive mask operand]) of
+  // the raw scores x, GEMM2's epilogue a plain store of O, and the head dim K = N2 = tile_n2.
+  // It streams K and V through CUDA cores (memory-bound at a few rows: a 64-row wgmma would do one
+  // useful row in 64), each batch's keys split over the cluster_n1 CTAs of a cluster whose partial
+  // results merge over DSMEM in rank order. The fields of the wgmma pipeline (rings, pairing,
+  // chunks) are unused.
+  int decode_rows = 0;
+  static constexpr int kMaxDecodeRows = 8;
+  static constexpr int kDecodeWarps = 4;
+
+  COMFUSE_HOST_DEVICE constexpr bool decode() const { return decode_rows > 0; }
+  COMFUSE_HOST_DEVICE constexpr int threads() const { return decode() ? kDecodeWarps * 32 : Sm90::kThreads; }
+  // The decode kernel's SMEM (DecodeAttention::SharedStorage): each of its groups' O and (m, l) a
+  // row (a group: the D / 8 lanes that hold one key), then the CTA's merged O and (m, l).
+  COMFUSE_HOST_DEVICE constexpr int decode_smem_bytes() const {
+    return align_up(decode_rows * (kDecodeWarps * 32 / (tile_n2 / 8)) * (tile_n2 + 2) * 4 + decode_rows * (tile_n2 + 2) * 4,
+                    1024);
+  }
 
   COMFUSE_HOST_DEVICE constexpr int wgs_per_job() const { return paired ? 2 : 1; }
   // Paired, the warp groups take ordered tensor-core turns (GEMM2 of a chunk and GEMM1 of the
@@ -498,6 +518,7 @@ struct B2bConfig {
   // Dynamic SMEM: the rings (1024-aligned regions), both consumer WGs' epilogue storage and
   // partial-O hand-over, the rings' full/empty mbarriers (and X's), rounded to 1024.
   COMFUSE_HOST_DEVICE constexpr int smem_bytes() const {
+    if (decode()) return decode_smem_bytes();
     return align_up(rings() * (ring_bytes() + 16 * (ring_stages + x_buffers)) +
                         Sm90::kConsumerWGs * (epilogue_smem_bytes + align_up(xfer_bytes(), 1024)),
                     1024);
@@ -516,6 +537,16 @@ COMFUSE_HOST_DEVICE constexpr char const* check_b2b_fma_exp_every(int v, bool on
 }
 
 COMFUSE_HOST_DEVICE constexpr char const* check(B2bConfig const& c) {
+  if (c.decode()) {
+    if (c.decode_rows > B2bConfig::kMaxDecodeRows) return "B2B decode kernel: at most 8 query rows a batch";
+    if (!c.online_softmax || c.logit_scale <= 0.f || c.causal || c.gated)
+      return "B2B decode kernel: attention's softmax of scaled scores (an additive mask allowed), no causal mask, one GEMM1";
+    if (!c.batched || c.w2_kmajor || !c.w1_kmajor) return "B2B decode kernel: batched Q, K and V with V as [keys, DV]";
+    if (c.tile_n2 != 64 && c.tile_n2 != 128 && c.tile_n2 != 256) return "B2B decode kernel: head dim 64, 128 or 256";
+    if (!is_pow2(c.cluster_n1) || c.cluster_n1 > Sm90::kMaxClusterSize) return "B2B cluster_n1: 1, 2, 4, 8 or 16 CTAs along N1";
+    if (c.smem_bytes() > Sm90::kSmemCapacity) return "B2B decode kernel: SMEM over the 227 KiB a block may use";
+    return nullptr;
+  }
   if (c.tile_m != 64) return "B2B tile_m: 64 rows per consumer warp group";
   if (c.chunk_n1 != 64 && c.chunk_n1 != 128) return "B2B chunk_n1: 64 or 128";
   if (char const* why = check_b2b_tile_n2(c.tile_n2)) return why;

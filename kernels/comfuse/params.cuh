@@ -13,11 +13,12 @@ struct alignas(128) TmaDesc {
   unsigned char bytes[128];
 };
 
-// An [M, N] epilogue input as TileInput reads it from global memory: row-major, strides in
-// elements. The base and row stride are those of its TMA descriptor (16-byte aligned, which
-// aligns the column pairs a thread loads); a batched kernel's (Geometry::kBatched) batch
+// A matrix as a kernel reads it from global memory with plain loads: row-major, strides in
+// elements (an [M, N] epilogue input as TileInput reads it; the decode kernel's operands). The
+// base and row stride are those of its TMA descriptor (16-byte aligned, which aligns the column
+// pairs or 16-byte pieces a thread loads); a batched kernel's (Geometry::kBatched) batch
 // (head h, outer batch o) starts h x head_stride + o x batch_stride elements in (batch_coord).
-struct TileInputRef {
+struct MatrixRef {
   void const* data;
   long long ld;
   long long head_stride;
@@ -40,6 +41,9 @@ struct alignas(128) Params {
   // written as [B, S, H, D]) load and store without copies; batch_coord splits the flat index.
   TmaDesc tma_b3;
   TmaDesc tma_b2;
+  // The same B2B operands (X, W1, W2) and its output O as plain views, for the decode kernel
+  // (b2b/decode_attention.cuh), which loads without TMA; O's is written through (const cast).
+  MatrixRef b2b_x, b2b_w1, b2b_w2, b2b_out;
   int M, N, K;  // B2B: M rows of X and O, N = N2 (O's columns), K (X's columns)
   int N1;       // B2B: GEMM1's N = GEMM2's K
   int batches;  // B2B: batch count (1 when not batched), outer batches x heads
@@ -55,7 +59,7 @@ struct alignas(128) Params {
   void const* vectors[Sm90::kMaxVectors];  // RowBroadcast: length N; ColBroadcast: length M
   float scalars[Sm90::kMaxScalars];        // ScalarArg
   void* col_outputs[Sm90::kMaxColOutputs];  // StoreCol: [M, 1] outputs, contiguous
-  TileInputRef tile_in[Sm90::kMaxTileInputs];  // TileInput: the tensors of tma_in
+  MatrixRef tile_in[Sm90::kMaxTileInputs];  // TileInput: the tensors of tma_in
   // Stash in a global workspace (StashSpace::Workspace): grid.cuh's stash_workspace_bytes,
   // 16-byte aligned; else unused.
   void* stash;
@@ -84,3 +88,12 @@ COMFUSE_HOST_DEVICE inline int packed_batch_coord(Params const& p, int batch) {
 }
 
 }  // namespace comfuse
+
+// A generated B2B translation unit's entry point (extern "C", as COMFUSE_DEFINE_KERNEL), for the
+// wgmma kernel (b2b/b2b_gemm_sm90.cuh) and the decode kernel (b2b/decode_attention.cuh) alike.
+#define COMFUSE_DEFINE_B2B_KERNEL(NAME, KERNEL)                            \
+  extern "C" __global__ void __launch_bounds__(KERNEL::kThreads, 1)        \
+      NAME(__grid_constant__ comfuse::Params const p) {                    \
+    extern __shared__ __align__(comfuse::Sm90::kSmemAlign) char comfuse_smem[]; \
+    KERNEL::run(p, comfuse_smem);                                          \
+  }

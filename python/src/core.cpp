@@ -99,6 +99,7 @@ PlanOptions plan_options(const nb::dict& o) {
     else if (key == "b2b_x_resident") p.b2b_x_resident = nb::cast<bool>(v);
     else if (key == "b2b_x_buffers") p.b2b_x_buffers = nb::cast<int>(v);
     else if (key == "b2b_chain_jobs") p.b2b_chain_jobs = nb::cast<bool>(v);
+    else if (key == "b2b_decode") p.b2b_decode = nb::cast<bool>(v);
     else if (key == "b2b") {  // a B2B pair: one kernel where it pays (auto), always (force), never (off)
       const std::string b = nb::cast<std::string>(v);
       p.b2b = b == "auto" ? PlanOptions::B2b::Auto

@@ -57,6 +57,14 @@ void check_b2b_problem_size(const B2bProblem& p) {
                             p.batches, p.m, p.n2, slots / 2, (kMaxTiles64 - 4096) / 2));
 }
 
+std::string plan_detail::causal_mask_in(const Spec& st) {
+  for (const SpecNode& n : st.nodes)
+    if (n.category == NodeCategory::Compute && n.compute == ComputeKind::CausalMask) return n.origin;
+  for (const Spec& c : st.children)
+    if (std::string o = causal_mask_in(c); !o.empty()) return o;
+  return "";
+}
+
 namespace {
 
 using plan_detail::fmt_bytes;
@@ -144,14 +152,7 @@ void check_pair(const FusionSpec& first, const FusionSpec& second, const B2bProb
   }
 }
 
-// The origin of a causal mask in the spec nest, or "" when it has none.
-std::string causal_mask_in(const Spec& st) {
-  for (const SpecNode& n : st.nodes)
-    if (n.category == NodeCategory::Compute && n.compute == ComputeKind::CausalMask) return n.origin;
-  for (const Spec& c : st.children)
-    if (std::string o = causal_mask_in(c); !o.empty()) return o;
-  return "";
-}
+using plan_detail::causal_mask_in;
 
 // Whether node k of `st` is a finite literal (positive, where asked).
 bool is_literal(const Spec& st, int k, bool positive) {
@@ -365,9 +366,13 @@ float b2b_logit_scale(const FusionSpec& first, bool causal) {
   const Spec& st = first.root;
   const SpecNode& max = st.nodes.at(static_cast<size_t>(st.terminal));
   if (max.category != NodeCategory::Reduction) return 0.f;
+  return plan_detail::scale_of_scores(st, max.operands.at(0), causal);
+}
+
+float plan_detail::scale_of_scores(const Spec& st, int from, bool causal) {
   auto positive_literal = [&](int k) { return is_literal(st, k, true); };
   double scale = 1.0;
-  for (int i = max.operands.at(0);;) {
+  for (int i = from;;) {
     const SpecNode& n = st.nodes.at(static_cast<size_t>(i));
     if (n.category == NodeCategory::AccEntry) {
       const auto f = static_cast<float>(scale);
@@ -463,15 +468,38 @@ int fma_exp_every_for(const B2bConfig& k, const PlanOptions& opt) {
   return opt.fma_exp_every.value_or(k.causal || k.f_beside_gemm2 ? 0 : 4);
 }
 
+// A pair's DRAM bytes (16-bit operands; small M streams only weights): GEMM1 reads X and W1 (W3)
+// and writes S, GEMM2 reads S and W2 and writes O; the fused kernel reads X, W1 (W3) and W2 and
+// writes O.
+struct B2bBytes {
+  double x, w1, s, w2, o;
+};
+B2bBytes b2b_bytes(const B2bProblem& p, bool gated) {
+  const double eb = 2.0, bt = double(p.batches);
+  return {eb * bt * p.m * p.k, eb * bt * p.n1 * p.k * (gated ? 2 : 1), eb * bt * p.m * p.n1, eb * bt * p.n1 * p.n2,
+          eb * bt * p.m * p.n2};
+}
+
 }  // namespace
 
-B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B2bProblem& p, const PlanOptions& opt) {
-  check_b2b_problem_size(p);
-  check_b2b_options(opt);
+double plan_detail::b2b_roofline_unfused_us(const B2bProblem& p, bool gated, const DeviceModel& dev) {
+  const double gemm1 = 2.0 * p.batches * p.m * p.k * p.n1 * (gated ? 2 : 1);
+  const double gemm2 = 2.0 * p.batches * p.m * p.n1 * p.n2;
+  const double rate = dev.sm_count * dev.sm_flops_per_s;
+  const B2bBytes b = b2b_bytes(p, gated);
+  const double us_per_byte = 1e6 / dev.dram_bytes_per_s;
+  return std::max(gemm1 / rate * 1e6, (b.x + b.w1 + b.s) * us_per_byte) +
+         std::max(gemm2 / rate * 1e6, (b.s + b.w2 + b.o) * us_per_byte);
+}
+
+namespace {
+
+// The wgmma pipeline's plan (b2b/b2b_gemm_sm90.cuh) of a checked pair whose F is `kind`.
+B2bPlan pipeline_plan(const FusionSpec& first, const FusionSpec& second, const B2bProblem& p, const PlanOptions& opt,
+                      B2bIntermediate kind, const DeviceModel& dev) {
   B2bPlan plan;
   plan.problem = p;
-  check_pair(first, second, p, &plan.intermediate);
-  const DeviceModel dev;
+  plan.intermediate = kind;
 
   // Layout.
   B2bConfig& k = plan.kernel;
@@ -576,19 +604,9 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
   // against the unfused path (below). A causal mask leaves the fused kernel the chunks that
   // reach each job's rows (about half the GEMM work at M = N1), which the mirror pairs spread
   // evenly over the SMs; the unfused kernels compute every column and mask afterwards.
-  const double gemm1 = 2.0 * p.batches * p.m * p.k * p.n1 * (k.gated ? 2 : 1);
-  const double gemm2 = 2.0 * p.batches * p.m * p.n1 * p.n2;
-  const double rate = dev.sm_count * dev.sm_flops_per_s;
-  // Each kernel is at least its DRAM traffic (16-bit operands; small M streams only weights):
-  // GEMM1 reads X and W1 (W3) and writes S, GEMM2 reads S and W2 and writes O; the fused kernel
-  // reads X, W1 (W3) and W2 and writes O.
-  const double eb = 2.0, bt = double(p.batches);
-  const double x_bytes = eb * bt * p.m * p.k, w1_bytes = eb * bt * p.n1 * p.k * (k.gated ? 2 : 1);
-  const double s_bytes = eb * bt * p.m * p.n1, w2_bytes = eb * bt * p.n1 * p.n2, o_bytes = eb * bt * p.m * p.n2;
-  const double us_per_byte = 1e6 / dev.dram_bytes_per_s;
-  plan.unfused_us = std::max(gemm1 / rate * 1e6, (x_bytes + w1_bytes + s_bytes) * us_per_byte) +
-                    std::max(gemm2 / rate * 1e6, (s_bytes + w2_bytes + o_bytes) * us_per_byte);
-  plan.dram_floor_us = (x_bytes + w1_bytes + w2_bytes + o_bytes) * us_per_byte;
+  const B2bBytes bytes = b2b_bytes(p, k.gated);
+  plan.unfused_us = plan_detail::b2b_roofline_unfused_us(p, k.gated, dev);
+  plan.dram_floor_us = (bytes.x + bytes.w1 + bytes.w2 + bytes.o) * 1e6 / dev.dram_bytes_per_s;
   // Where the unfused path exists (no batch), it is priced as the planner plans its kernels
   // (unfused_pair: a gated GEMM1's X W3^T stored; GEMM1 with F storing S, a softmax over N1 a row
   // reduction over many N-tiles; GEMM2 with its epilogue), the roofline above where one cannot be
@@ -765,6 +783,56 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
   return plan;
 }
 
+}  // namespace
+
+B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B2bProblem& p, const PlanOptions& opt) {
+  check_b2b_problem_size(p);
+  check_b2b_options(opt);
+  B2bIntermediate kind = B2bIntermediate::Elementwise;
+  check_pair(first, second, p, &kind);
+  const DeviceModel dev;
+  // The decode kernel where the pair is attention it runs (a few query rows a batch) and nothing
+  // of the wgmma pipeline is forced: the faster estimate of the two, the other an alternative.
+  const std::string forced = forced_b2b_options(opt);
+  plan_detail::DecodeForm form;
+  if (opt.b2b_decode.value_or(true)) form = plan_detail::decode_form(first, second, p, kind);
+  if (opt.b2b_decode.value_or(false)) {
+    if (!form.refused.empty()) throw Error(fmt::format("b2b: --b2b-decode on: {}", form.refused));
+    if (!forced.empty()) throw Error(fmt::format("b2b: --b2b-decode on runs no wgmma pipeline{}", forced));
+  }
+  if (!opt.b2b_decode.value_or(forced.empty()) || !form.refused.empty())
+    return pipeline_plan(first, second, p, opt, kind, dev);
+  B2bPlan dec = plan_detail::decode_plan(first, second, p, form, opt, dev);
+  if (opt.b2b_decode.value_or(false)) {
+    dec.alternatives.push_back("the wgmma pipeline: not priced (--b2b-decode on)");
+    return dec;
+  }
+  B2bPlan pipe;
+  try {
+    pipe = pipeline_plan(first, second, p, opt, kind, dev);
+  } catch (const Error& e) {
+    dec.alternatives.push_back(fmt::format("the wgmma pipeline: refused ({})", e.what()));
+    return dec;
+  }
+  // The pipeline's estimate misses a few-row job's fixed path (calibration.h): weighed with it.
+  const B2bConfig& pk = pipe.kernel;
+  const double pipe_us = pipe.fused_us + dev.pipeline_few_rows_us;
+  const std::string pipe_line = fmt::format(
+      "the wgmma pipeline: {:.1f} us with the {:.1f} us its few-row jobs measured above its model ({}jobs of {} rows, N1 "
+      "over clusters of {}, {} CTAs; --b2b-decode off)",
+      pipe_us, dev.pipeline_few_rows_us, pk.paired ? "paired " : "", pk.job_rows(), pk.cluster_n1, pipe.grid_ctas);
+  if (dec.fused_us <= pipe_us) {
+    dec.alternatives.push_back(pipe_line);
+    return dec;
+  }
+  pipe.alternatives.push_back(fmt::format("the decode kernel: {:.1f} us against this plan's {:.1f} with the {:.1f} us "
+                                          "its few-row jobs measured above its model ({} CTAs in clusters of {}; "
+                                          "--b2b-decode on)",
+                                          dec.fused_us, pipe_us, dev.pipeline_few_rows_us, dec.grid_ctas,
+                                          dec.kernel.cluster_n1));
+  return pipe;
+}
+
 B2bChoice choose_b2b(const FusionSpec& first, const FusionSpec& second, const B2bProblem& p, const PlanOptions& opt) {
   using Mode = PlanOptions::B2b;
   // A batched pair has no unfused path (the single-GEMM kernels take no batch dim).
@@ -806,6 +874,7 @@ B2bChoice choose_b2b(const FusionSpec& first, const FusionSpec& second, const B2
 
 std::string explain(const FusionSpec& first, const FusionSpec& second, const B2bPlan& p) {
   const B2bConfig& k = p.kernel;
+  if (k.decode()) return plan_detail::explain_decode(first, second, p);
   std::string o = fmt::format("b2b plan for '{}' -> '{}' (one kernel, S in registers)\n", first.name, second.name);
   o += fmt::format("  problem      M={} K={} N1={} N2={}{}, {} {}\n", p.problem.m, p.problem.k, p.problem.n1, p.problem.n2,
                    p.problem.batches > 1 ? fmt::format(" x {} batches", p.problem.batches) : "",

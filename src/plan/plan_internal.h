@@ -60,6 +60,28 @@ std::string value_name(const Spec& stage, int index);
 
 std::string fmt_bytes(int64_t bytes);  // "40.0 KiB"
 
+// The positive scale s where node `from` of stage `st` is s times the accumulator (the raw
+// scores), through causal masks (where `causal`) and multiplications or divisions by positive
+// literals only; 0 where it is anything else (decide_b2b.cpp).
+float scale_of_scores(const Spec& st, int from, bool causal);
+// The origin of a causal mask in the spec nest, or "" when it has none (decide_b2b.cpp).
+std::string causal_mask_in(const Spec& st);
+
+// The decode kernel (B2bConfig::decode_rows, kernels/comfuse/b2b/decode_attention.cuh;
+// decide_decode.cpp): whether a pair is the attention it runs, its plan and its explanation.
+struct DecodeForm {
+  float scale = 0.f;    // F's scores x = scale (Q K^T) [+ mask]
+  int mask_arg = -1;    // the additive [M, N1] mask (an index into the first spec's args); -1: none
+  std::string refused;  // why the decode kernel cannot run the pair ("": it can)
+};
+DecodeForm decode_form(const FusionSpec& first, const FusionSpec& second, const B2bProblem& p, B2bIntermediate kind);
+B2bPlan decode_plan(const FusionSpec& first, const FusionSpec& second, const B2bProblem& p, const DecodeForm& form,
+                    const PlanOptions& opt, const DeviceModel& dev);
+std::string explain_decode(const FusionSpec& first, const FusionSpec& second, const B2bPlan& p);
+// A B2B pair's unfused path where the planner prices no kernels (a batched pair): GEMM1 and
+// GEMM2 each at the measured rate or its DRAM traffic, S written and read back.
+double b2b_roofline_unfused_us(const B2bProblem& p, bool gated, const DeviceModel& dev);
+
 inline int64_t ceil_div64(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // A calibration table's value at `key`: the largest entry <= key, else the smallest.
 inline double lookup(const std::map<int, double>& m, int key) {

@@ -443,6 +443,18 @@ void FusedKernel::run_b2b(const RunArgs& args, Stream stream) const {
   }
   weight(&p.tma_b2, "W2", rw2, W2, kc.w2_kmajor, kc.tile_n2);
   bind_epilogue(args, {&f, &e}, st.emitted.slots, p, M, N2, kc.tile_m, batched ? B : 0, heads);
+  if (kc.decode()) {  // plain views for its loads and stores (the descriptors above checked them)
+    if (M > kc.decode_rows)
+      throw Error(fmt::format("X '{}' is {}: {} query rows a batch, and this decode kernel holds at most {}: build it "
+                              "for this M", rx.name, shape_str(X.t->shape), M, kc.decode_rows));
+    const RuntimeArg& ro = e.args.at(static_cast<size_t>(e.arg_index(ArgRole::Output)));
+    const Matrix O = batched_matrix_arg(args, ro, true);
+    auto ref = [&](const Matrix& m) {
+      const runtime_detail::BatchLayout bl = batch_layout(m, heads);
+      return MatrixRef{m.t->data, m.ld, static_cast<long long>(bl.head_stride), static_cast<long long>(bl.outer_stride)};
+    };
+    p.b2b_x = ref(X), p.b2b_w1 = ref(W1), p.b2b_w2 = ref(W2), p.b2b_out = ref(O);
+  }
   runtime_detail::launch(st.kernel, kc, p, reinterpret_cast<cudaStream_t>(stream), st.max_clusters);
 }
 

@@ -178,7 +178,7 @@ void set_tile_input(Params& p, int epi_rows, int slot, DType t, const void* X, i
   if (slot < 0 || slot >= Sm90::kMaxTileInputs) throw Error(fmt::format("tile input slot {} out of range", slot));
   encode_tensor(&p.tma_in[slot], what, t, X, p.M, cols, ld, 128 / static_cast<uint32_t>(size_of(t)), epi_rows,
                 batch);
-  p.tile_in[slot] = TileInputRef{X, ld, static_cast<long long>(batch.head_stride),
+  p.tile_in[slot] = MatrixRef{X, ld, static_cast<long long>(batch.head_stride),
                                  static_cast<long long>(batch.outer_stride)};
 }
 
@@ -231,7 +231,7 @@ int prepare(cudaKernel_t kernel, const B2bConfig& k) {
             "cudaFuncSetAttribute(NonPortableClusterSizeAllowed)");
     LaunchAttrs attr;
     const cudaLaunchConfig_t cfg =
-        launch_config(dim3(k.cluster_n1, 1, 1), Sm90::kThreads, k.cluster_n1, 1, k.smem_bytes(), nullptr, attr, false);
+        launch_config(dim3(k.cluster_n1, 1, 1), k.threads(), k.cluster_n1, 1, k.smem_bytes(), nullptr, attr, false);
     int max_clusters = 0;
     check(cudaOccupancyMaxActiveClusters(&max_clusters, func, &cfg), "cudaOccupancyMaxActiveClusters");
     if (max_clusters < 1)
@@ -239,7 +239,7 @@ int prepare(cudaKernel_t kernel, const B2bConfig& k) {
     return max_clusters * k.cluster_n1;
   }
   int per_sm = 0, sms = 0, dev = 0;
-  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, func, Sm90::kThreads, k.smem_bytes()),
+  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, func, k.threads(), k.smem_bytes()),
         "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
   check(cudaGetDevice(&dev), "cudaGetDevice");
   check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
@@ -248,12 +248,15 @@ int prepare(cudaKernel_t kernel, const B2bConfig& k) {
 }
 
 void launch(cudaKernel_t kernel, const B2bConfig& k, const Params& p, cudaStream_t stream, int max_active_ctas) {
-  const int grid = b2b_grid(k, p.batches, p.M, p.N, max_active_ctas);
+  // The decode kernel is not persistent: one cluster a batch.
+  const long long grid = k.decode() ? static_cast<long long>(p.batches) * k.cluster_n1
+                                    : b2b_grid(k, p.batches, p.M, p.N, max_active_ctas);
+  if (grid > 0x7fffffffLL) throw Error(fmt::format("{} batches split over {} CTAs exceed a grid's 2^31 - 1", p.batches, k.cluster_n1));
   LaunchAttrs attr;
   // N1 split over clusters: measured 12% slower with the overlap (0.436 vs 0.389 ms, FFN 8192 x 1024
   // -> 4096 -> 256 at C = 2; bench/NOTES.md), unsplit kernels alike either way: launched without it.
-  const cudaLaunchConfig_t cfg =
-      launch_config(dim3(grid, 1, 1), Sm90::kThreads, k.cluster_n1, 1, k.smem_bytes(), stream, attr, k.cluster_n1 == 1);
+  const cudaLaunchConfig_t cfg = launch_config(dim3(static_cast<unsigned>(grid), 1, 1), k.threads(), k.cluster_n1, 1,
+                                               k.smem_bytes(), stream, attr, k.cluster_n1 == 1);
   void* args[1] = {const_cast<Params*>(&p)};
   check(cudaLaunchKernelExC(&cfg, reinterpret_cast<const void*>(kernel), args), "cudaLaunchKernelExC");
 }

@@ -56,7 +56,8 @@ void launch(cudaKernel_t kernel, const KernelConfig& k, const Params& p, cudaStr
 void encode_tensor(TmaDesc* out, const char* what, DType t, const void* ptr, uint64_t rows, uint64_t cols, uint64_t ld,
                    uint32_t box_cols, uint32_t box_rows, const BatchLayout& batch = {});
 
-// B2B kernels (kernels/comfuse/b2b/): the same for a B2bConfig; no clusters, one CTA per SM.
+// B2B kernels (kernels/comfuse/b2b/): the same for a B2bConfig (its threads: the wgmma pipeline's 384
+// or the decode kernel's 128; clusters where N1 is split).
 int prepare(cudaKernel_t kernel, const B2bConfig& k);  // CTAs resident at once
 void launch(cudaKernel_t kernel, const B2bConfig& k, const Params& p, cudaStream_t stream, int max_active_ctas);
 

@@ -235,10 +235,10 @@ TEST(B2b, EmitWritesOneConfigAndTheRegisterOperand) {
   const std::string csrc = emit_b2b(causal.first(), causal.second(), c).source;
   EXPECT_NE(csrc.find("/* n4 */ comfuse::epi::ToOperand<0>>"), std::string::npos) << csrc;
   EXPECT_NE(csrc.find(".online_softmax = true, .causal = true"), std::string::npos) << csrc;
-  EXPECT_NE(csrc.find(".logit_scale = 0.125000000f, .fma_exp_every = 0, .x_k_blocks = 1, .x_buffers = 1,\n    .f_beside_gemm2 = true, .chain_jobs = false}"),
+  EXPECT_NE(csrc.find(".logit_scale = 0.125000000f, .fma_exp_every = 0, .x_k_blocks = 1, .x_buffers = 1,\n    .f_beside_gemm2 = true, .chain_jobs = false, .decode_rows = 0}"),
             std::string::npos)
       << "causal: " << csrc;
-  EXPECT_NE(src.find(".logit_scale = 0.125000000f, .fma_exp_every = 0, .x_k_blocks = 1, .x_buffers = 1,\n    .f_beside_gemm2 = true, .chain_jobs = false}"),
+  EXPECT_NE(src.find(".logit_scale = 0.125000000f, .fma_exp_every = 0, .x_k_blocks = 1, .x_buffers = 1,\n    .f_beside_gemm2 = true, .chain_jobs = false, .decode_rows = 0}"),
             std::string::npos)
       << src;
 }
@@ -373,7 +373,7 @@ TEST(B2b, AttentionOverlapByDefaultResidentXForcedOnly) {
   EXPECT_EQ(chained.kernel.cluster_n1, 1);
   EXPECT_EQ(check(chained.kernel), nullptr);
   EXPECT_NE(explain(att.first(), att.second(), chained).find("jobs chained"), std::string::npos);
-  EXPECT_NE(emit_b2b(att.first(), att.second(), chained).source.find(".chain_jobs = true}"), std::string::npos);
+  EXPECT_NE(emit_b2b(att.first(), att.second(), chained).source.find(".chain_jobs = true, .decode_rows = 0}"), std::string::npos);
   EXPECT_FALSE(plan(att, 128).kernel.chain_jobs) << "forced only";
   for (auto refuse : {+[](PlanOptions& o) { o.b2b_overlap = false; }, +[](PlanOptions& o) { o.b2b_x_buffers = 1; },
                       +[](PlanOptions& o) { o.cluster_n = 2; }}) {
@@ -653,35 +653,48 @@ output z: bf16
 
 // A decode step's attention as the frontend builds it (python/comfuse/attention.py, a mask that
 // is neither causal nor empty): an additive [B, M, N] mask added to the scaled scores before the
-// softmax, one query row a batch. F is the online softmax with the mask read along N1 per chunk
-// (the scale not folded: an add follows it); the kernel compiles, its spills small (24-48 bytes, as
-// the unmasked kernel of the same plans: N1 split over clusters, the partial O's hand-over), a
-// ceiling that catches a kernel that stops fitting.
-TEST_F(B2bCompile, AttentionWithAnAdditiveMaskAtOneRow) {
-  const Graph g = parse_graph(R"(
+// softmax, one query row a batch. On the wgmma pipeline (--b2b-decode off) F is the online softmax
+// with the mask read along N1 per chunk (the scale not folded: an add follows it); the kernel
+// compiles, its spills small (24-48 bytes, as the unmasked kernel of the same plans: N1 split over
+// clusters, the partial O's hand-over), a ceiling that catches a kernel that stops fitting.
+constexpr const char* kMaskedAttention = R"(
 input q: bf16[B, M, K]
 input k: bf16[B, N, K]
 input v: bf16[B, N, DV]
-input mask: bf16[B, M, N]
+input mask: MASK[B, M, N]
 s = matmul(q, k)
 x = add(mul(s, 0.125), mask)
 p = cast(softmax(x), bf16)
 o = matmul(p, v, layout=kn)
 output o: bf16
-)");
-  const LoweringResult r = lower(g);
-  const B2BCandidate* b = one_b2b_kernel(r);
-  ASSERT_NE(b, nullptr) << describe(g, r);
-  const FusionSpec& f = r.regions.at(static_cast<size_t>(b->first_region)).spec;
-  const FusionSpec& e = r.regions.at(static_cast<size_t>(b->second_region)).spec;
+)";
+
+Pair masked_attention(const std::string& mask_dtype) {
+  std::string text = kMaskedAttention;
+  text.replace(text.find("MASK"), 4, mask_dtype);
+  Pair p;
+  p.g = parse_graph(text);
+  p.r = lower(p.g);
+  p.b = one_b2b_kernel(p.r);
+  if (!p.b) throw Error("the masked attention graph lowers to no B2B pair");
+  return p;
+}
+
+TEST_F(B2bCompile, AttentionWithAnAdditiveMaskAtOneRow) {
+  const Pair pair = masked_attention("bf16");
+  const FusionSpec& f = pair.first();
+  const FusionSpec& e = pair.second();
+  CompileOptions pipeline = opt_;
+  pipeline.plan.b2b_decode = false;
   for (const int64_t n : {64, 1024}) {
     SCOPED_TRACE(fmt::format("N = {}", n));
     const B2bProblem pr{16, 1, 64, n, 64, DType::BF16};
-    const B2bPlan p = make_b2b_plan(f, e, pr);
+    const B2bPlan p = make_b2b_plan(f, e, pr, pipeline.plan);
     EXPECT_EQ(p.intermediate, B2bIntermediate::OnlineSoftmax);
+    EXPECT_FALSE(p.kernel.decode());
     EXPECT_EQ(p.kernel.logit_scale, 0.f) << "the mask's add follows the scale";
     EXPECT_TRUE(p.kernel.batched);
-    const CompiledKernel c = compile_only_b2b(f, e, pr, opt_);
+    const CompiledKernel c = compile_only_b2b(f, e, pr, pipeline);
     EXPECT_TRUE(is_cubin_elf(c.cubin));
     EXPECT_FALSE(c.wgmma_serialized) << c.log;
     EXPECT_GE(c.spill_bytes, 0);
@@ -689,6 +702,85 @@ output o: bf16
   }
   expect_error([&] { make_b2b_plan(f, e, B2bProblem{16, 1, 64, 1020, 64, DType::BF16}); },
                "F reads 'mask' [M, N1]");
+}
+
+// The decode kernel (B2bConfig::decode_rows; b2b/decode_attention.cuh): a few query rows a batch
+// take it where it prices below the wgmma pipeline (long caches, few batches), its mask in the
+// tile-input slot the binding fills, the scale folded; many batches of head dim 128 keep the
+// pipeline (measured a tie with SDPA there, the decode kernel 6% behind), which then names the
+// decode kernel among its alternatives. Every variant compiles
+// without spills (head dims 64 to 256, 1 to 8 rows, bf16 and f32 masks, none).
+TEST_F(B2bCompile, DecodeKernelPlansAndCompiles) {
+  const Pair masked = masked_attention("bf16");
+  const B2bPlan p = make_b2b_plan(masked.first(), masked.second(), B2bProblem{16, 1, 64, 4096, 64, DType::BF16});
+  ASSERT_TRUE(p.kernel.decode()) << explain(masked.first(), masked.second(), p);
+  EXPECT_EQ(p.kernel.decode_rows, 1);
+  EXPECT_FLOAT_EQ(p.kernel.logit_scale, 0.125f);
+  EXPECT_GT(p.kernel.cluster_n1, 1) << "16 batches split their keys over clusters";
+  EXPECT_EQ(p.grid_ctas, 16 * p.kernel.cluster_n1);
+  ASSERT_GE(p.decode_mask_arg, 0);
+  EXPECT_EQ(masked.first().args.at(static_cast<size_t>(p.decode_mask_arg)).name, "mask");
+  const std::string why = explain(masked.first(), masked.second(), p);
+  EXPECT_NE(why.find("the decode kernel"), std::string::npos) << why;
+  EXPECT_NE(why.find("the wgmma pipeline: "), std::string::npos) << why;
+  const std::string src = emit_b2b(masked.first(), masked.second(), p).source;
+  EXPECT_NE(src.find("DecodeAttention<kConfig, cutlass::bfloat16_t, cutlass::bfloat16_t, 0>"), std::string::npos) << src;
+  EXPECT_EQ(src.find("b2b_gemm_sm90.cuh"), std::string::npos) << "the decode TU includes its own kernel only";
+
+  const B2bPlan many = make_b2b_plan(masked.first(), masked.second(), B2bProblem{128, 1, 128, 4096, 128, DType::BF16});
+  EXPECT_FALSE(many.kernel.decode()) << explain(masked.first(), masked.second(), many);
+  EXPECT_TRUE(std::any_of(many.alternatives.begin(), many.alternatives.end(),
+                          [](const std::string& a) { return a.find("the decode kernel") == 0; }));
+
+  const Pair f32 = masked_attention("f32");
+  const Pair plain = lowered("attention_batched.cf");
+  ASSERT_NE(plain.b, nullptr);
+  struct V {
+    const Pair* pair;
+    B2bProblem pr;
+    int cluster;
+  };
+  for (const V& v : {V{&masked, {16, 1, 64, 4096, 64, DType::BF16}, 16}, V{&f32, {6, 3, 128, 1000, 128, DType::BF16}, 2},
+                     V{&masked, {4, 8, 64, 296, 64, DType::BF16}, 1}, V{&plain, {2, 1, 256, 520, 256, DType::BF16}, 4}}) {
+    SCOPED_TRACE(fmt::format("M = {} D = {} cluster {}", v.pr.m, v.pr.k, v.cluster));
+    CompileOptions o = opt_;
+    o.plan.b2b_decode = true;
+    o.plan.cluster_n = v.cluster;
+    const B2bPlan q = make_b2b_plan(v.pair->first(), v.pair->second(), v.pr, o.plan);
+    ASSERT_TRUE(q.kernel.decode());
+    EXPECT_EQ(q.kernel.cluster_n1, v.cluster);
+    EXPECT_EQ(q.decode_mask_arg >= 0, v.pair != &plain);
+    const CompiledKernel c = compile_only_b2b(v.pair->first(), v.pair->second(), v.pr, o);
+    EXPECT_TRUE(is_cubin_elf(c.cubin));
+    EXPECT_EQ(c.spill_bytes, 0) << c.log;
+  }
+}
+
+// What the decode kernel does not run is refused by --b2b-decode on, with the reason; the
+// planner's default then takes the pipeline without a word.
+TEST(B2b, DecodeKernelRefusals) {
+  const Pair masked = masked_attention("bf16");
+  PlanOptions on;
+  on.b2b_decode = true;
+  auto plan = [&](const Pair& pr, const B2bProblem& p, const PlanOptions& o) {
+    return make_b2b_plan(pr.first(), pr.second(), p, o);
+  };
+  expect_error([&] { plan(masked, {16, 9, 64, 1024, 64, DType::BF16}, on); }, "M = 9 query rows a batch (at most 8)");
+  expect_error([&] { plan(masked, {16, 1, 96, 1024, 96, DType::BF16}, on); }, "head dims K = 96 and N2 = 96");
+  EXPECT_FALSE(plan(masked, {16, 9, 64, 1024, 64, DType::BF16}, {}).kernel.decode());
+  PlanOptions rows = on;
+  rows.b2b_job_rows = 64;
+  expect_error([&] { plan(masked, {16, 1, 64, 1024, 64, DType::BF16}, rows); },
+               "--b2b-decode on runs no wgmma pipeline (forced: --b2b-job-rows 64)");
+  PlanOptions three = on;
+  three.cluster_n = 3;
+  expect_error([&] { plan(masked, {16, 1, 64, 1024, 64, DType::BF16}, three); }, "splits keys over 1, 2, 4, 8 or 16 CTAs");
+  const Pair causal = lowered("attention_batched_causal.cf");
+  ASSERT_NE(causal.b, nullptr);
+  expect_error([&] { plan(causal, {16, 1, 64, 1024, 64, DType::BF16}, on); }, "F applies the causal mask");
+  const Pair ffn = lowered("ffn.cf");
+  ASSERT_NE(ffn.b, nullptr);
+  expect_error([&] { plan(ffn, {1, 1, 1024, 4096, 1024, DType::BF16}, on); }, "F is not a softmax over N1");
 }
 
 }  // namespace

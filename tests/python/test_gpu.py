@@ -282,6 +282,52 @@ def test_direct_kernel_api_runs_attention_with_a_mask_operand(gpu):
             assert o.view(b, h, m, d)[2].abs().max().item() == 0.0
 
 
+@pytest.mark.parametrize("dtype,mdt,m,n,d,cluster", [
+    (torch.bfloat16, torch.bfloat16, 1, 1000, 64, None),  # the planner's split
+    (torch.bfloat16, torch.bfloat16, 1, 2048, 64, 16),    # 16 ranks, most see no key of sequence 0
+    (torch.bfloat16, torch.float32, 3, 520, 128, 2),      # rows of speculative tokens, an f32 bias
+    (torch.float16, torch.float16, 8, 136, 64, 1),        # the most rows, one CTA a batch
+    (torch.bfloat16, None, 1, 776, 256, 4),               # no mask, head dim 256
+])
+def test_decode_kernel_matches_sdpa(gpu, dtype, mdt, m, n, d, cluster):
+    """The decode kernel (B2bConfig::decode_rows: CUDA cores, keys split over a cluster, merged
+    over DSMEM) forced, on q, k, v viewed out of one [B, S, 3, H, D] projection (strided heads), keys
+    masked past each sequence's length (one sequence with 5 keys, one with none: its rows give 0, as
+    SDPA's), against SDPA's math in f32."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from comfuse import attention
+
+    b, h = 3, 4
+    names = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}
+    g = attention.attention_graph(names[dtype], 1 / d ** 0.5, causal=False, mask=names[mdt] if mdt else None)
+    opts = {"b2b_decode": True} | ({"cluster_n": cluster} if cluster else {})
+    kern = comfuse.compile_graph(g.text(), {"B": b * h, "M": m, "N": n, "K": d, "DV": d}, **opts)
+    assert "the decode kernel" in kern.explain()
+    q = randn(b, h, m, d, device=gpu, dtype=dtype)
+    kv = randn(b, n, 2, h, d, device=gpu, dtype=dtype)  # one projection: heads strided
+    k, v = kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)
+    # No sequence without keys beside the f32 bias: its finite lowest fill (raised to MASKED) weighs
+    # a row of it by the scores, where torch's absorbs them (finfo.min + s == finfo.min: uniform).
+    lengths = torch.tensor([5, n, 0 if mdt != torch.float32 else n // 2], device=gpu)
+    keep = (torch.arange(n, device=gpu)[None, None, None, :] < lengths[:, None, None, None]).expand(b, h, m, n)
+    if mdt is None:
+        keep = torch.ones_like(keep)
+        args = {}
+    elif mdt == torch.float32:  # a bias, and the lowest value for masked keys
+        keep = torch.where(keep, torch.rand(b, h, m, n, device=gpu), torch.finfo(torch.float32).min)
+        args = {"mask": attention.additive_mask(keep, mdt, (b, h, m, n))}
+    else:
+        args = {"mask": attention.additive_mask(keep, mdt, (b, h, m, n))}
+    o = kern(q=q, k=k, v=v, **args)["o"]
+    with sdpa_kernel(SDPBackend.MATH):
+        ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(),
+                                                               attn_mask=keep if mdt is not None else None)
+    assert_bf16_close(o, ref.reshape(b * h, m, d))
+    if mdt is not None and mdt != torch.float32:
+        assert o.view(b, h, m, d)[2].abs().max().item() == 0.0
+
+
 def test_gpt2_decode_step_fuses_its_attention(gpu):
     """One GPT-2 decode step on a StaticCache (GPT-2 medium's width, 64 slots): each layer's
     attention is one kernel that adds the step's mask (a runtime input) as an operand, and the

@@ -377,11 +377,3 @@ struct B2bGemmSm90 {
 };
 
 }  // namespace comfuse::b2b
-
-// A generated B2B translation unit's entry point (extern "C", as COMFUSE_DEFINE_KERNEL).
-#define COMFUSE_DEFINE_B2B_KERNEL(NAME, KERNEL)                            \
-  extern "C" __global__ void __launch_bounds__(KERNEL::kThreads, 1)        \
-      NAME(__grid_constant__ comfuse::Params const p) {                    \
-    extern __shared__ __align__(comfuse::Sm90::kSmemAlign) char comfuse_smem[]; \
-    KERNEL::run(p, comfuse_smem);                                          \
-  }

@@ -366,7 +366,7 @@ template <int In, class T, int Box0 = -1> struct TileInput {
     }
     COMFUSE_DEVICE void begin(EpiCtx const& c, NoStorage&) {
       if constexpr (!kInRing) {  // the ring's reads need no pointer: TMA zero-filled past M and N
-        TileInputRef const& in = c.p->tile_in[In];
+        MatrixRef const& in = c.p->tile_in[In];
         ld_ = in.ld;
         long long batch_offset = 0;
         if constexpr (Geo::kBatched) {
