@@ -93,9 +93,20 @@ class AttentionCandidate:
     causal: bool = False
     scale: float = 0.0
     dims: dict | None = None      # B (batch x heads), M, N, K, DV
-    heads: int = 0
+    heads: int = 0                # q's heads
+    # Grouped-query attention: q's heads per head of k and v (group_view). 1: k and v have q's
+    # heads. Where the op reads k and v through repeat_kv's copy, k and v above are its sources
+    # (the kernel reads each once), sdpa_k and sdpa_v the op's own arguments.
+    group: int = 1
+    sdpa_k: fx.Node | None = None
+    sdpa_v: fx.Node | None = None
     out_strides: tuple = ()       # O's strides as the trace has them (the op's own layout)
     lowering: object | None = None
+
+    def scores_shape(self) -> tuple:
+        """The op's scores [B, H, M, N] (q's heads and rows, before group_view)."""
+        d = self.dims
+        return (d["B"] * self.group // self.heads, self.heads, d["M"] // self.group, d["N"])
 
 
 def _arguments(node: fx.Node) -> dict:
@@ -216,15 +227,57 @@ def attention_graph(dtype: str, scale: float, causal: bool, mask: str | None = N
     return g
 
 
+def _repeat_kv_source(node) -> tuple[fx.Node, int] | None:
+    """(x, G) where node is transformers' repeat_kv of x ([B, Hkv, N, D] -> [B, Hkv x G, N, D]: head
+    h reads x's head h // G) as aten has it: unsafe_view(clone(expand(unsqueeze(x, 2)))); else None."""
+    if not isinstance(node, fx.Node) or node.target not in (aten._unsafe_view.default, aten.view.default,
+                                                              aten.reshape.default):
+        return None
+    x = node.args[0]
+    if isinstance(x, fx.Node) and x.target == aten.clone.default:
+        x = x.args[0]
+    if not isinstance(x, fx.Node) or x.target != aten.expand.default:
+        return None
+    u = x.args[0]
+    if not isinstance(u, fx.Node) or u.target != aten.unsqueeze.default or u.args[1] != 2:
+        return None
+    src, vs, ve, vn = u.args[0], val(u.args[0]), val(x), val(node)
+    if vs is None or ve is None or vn is None or vs.dim() != 4 or ve.dim() != 5:
+        return None
+    b, kv, n, d = vs.shape
+    g = ve.shape[2]
+    if tuple(ve.shape) != (b, kv, g, n, d) or tuple(vn.shape) != (b, kv * g, n, d):
+        return None
+    return src, int(g)
+
+
+def _groups_in_place(t: torch.Tensor, group: int) -> bool:
+    """Whether [B, H, M, X] views as group_view's [B, H / group, group x M, X] without a copy: one
+    row a head, or each head M rows after the previous one."""
+    return group == 1 or t.shape[2] == 1 or t.stride(1) == t.shape[2] * t.stride(2)
+
+
+def group_view(t: torch.Tensor, group: int) -> torch.Tensor:
+    """[B, H, M, X] as [B, H / group, group x M, X]: the group's heads' rows as one head's rows
+    (grouped-query attention, the heads of a group contiguous as repeat_kv and SDPA's enable_gqa
+    lay them out); a view where _groups_in_place, else a contiguous copy."""
+    if group == 1:
+        return t
+    if not _groups_in_place(t, group):
+        t = t.contiguous()
+    b, h, m, x = t.shape
+    rows = t.stride(2) if m > 1 else t.stride(1)
+    return t.as_strided((b, h // group, group * m, x), (t.stride(0), group * t.stride(1), rows, t.stride(3)))
+
+
 def _accept(c: AttentionCandidate) -> None:
     """Fills c from its node or raises Refused."""
     node = c.node
     kw = _arguments(node)
     if kw.get("dropout_p"):
         raise Refused(f"dropout_p = {kw['dropout_p']} (training): the fused kernel is inference only")
-    if kw.get("enable_gqa"):
-        raise Refused("enable_gqa (k/v with fewer heads): grouped-query attention does not fuse")
     q, k, v = kw["query"], kw["key"], kw["value"]
+    c.sdpa_k, c.sdpa_v = k, v
     vals = [val(x) for x in (q, k, v)]
     if any(x is None for x in vals):
         raise Refused("q, k or v has no tensor metadata")
@@ -236,13 +289,28 @@ def _accept(c: AttentionCandidate) -> None:
     if vq.dtype not in GEMM_DTYPES or vk.dtype != vq.dtype or vv.dtype != vq.dtype:
         raise Refused(f"dtypes {[str(x.dtype) for x in vals]}: the kernel takes bf16 or f16, one for all three")
     b, h, m, d = vq.shape
+    causal = bool(kw.get("is_causal"))
+    # Grouped-query attention: k and v with fewer heads (SDPA's enable_gqa; the aten ops that take
+    # them have no other meaning for it), or k and v through repeat_kv's copy, whose sources the
+    # kernel then reads (each key once for its group). The group's heads become one batch's rows
+    # (group_view), so not under a causal mask, whose rows would shift (repeat_kv's copy then
+    # stays, and the kernel reads it).
+    group = 1
     if vk.shape[1] != h or vv.shape[1] != h:
-        raise Refused(f"q has {h} heads, k {vk.shape[1]} and v {vv.shape[1]} (grouped-query attention): k and v "
-                      "must have q's heads")
+        if causal:
+            raise Refused("enable_gqa (k/v with fewer heads) with is_causal: a group's heads as one batch's rows "
+                          "would shift the causal mask")
+        if vk.shape[1] != vv.shape[1] or h % vk.shape[1]:
+            raise Refused(f"q has {h} heads, k {vk.shape[1]} and v {vv.shape[1]}: no grouping of q's heads")
+        group = h // vk.shape[1]
+    elif not causal:
+        sk, sv = _repeat_kv_source(k), _repeat_kv_source(v)
+        if sk and sv and sk[1] == sv[1] and sk[1] > 1:
+            (k, group), v = sk, sv[0]
+            vk, vv = val(k), val(v)
     if vk.shape[0] != b or vv.shape[0] != b or vk.shape[3] != d or vv.shape[2] != vk.shape[2]:
         raise Refused(f"q {list(vq.shape)}, k {list(vk.shape)}, v {list(vv.shape)} do not form one attention")
     n, dv = vk.shape[2], vv.shape[3]
-    causal = bool(kw.get("is_causal"))
     mask = kw.get("mask")
     if isinstance(mask, fx.Node):
         if causal:
@@ -267,7 +335,8 @@ def _accept(c: AttentionCandidate) -> None:
     c.causal = causal
     c.scale = float(scale) if scale is not None else 1.0 / math.sqrt(d)
     c.heads = h
-    c.dims = {"B": b * h, "M": m, "N": n, "K": d, "DV": dv}
+    c.group = group
+    c.dims = {"B": b * h // group, "M": m * group, "N": n, "K": d, "DV": dv}
 
 
 def _accept_mask_operand(c: AttentionCandidate, mask: fx.Node, shape: tuple, kv_cols: int, q_dtype: torch.dtype) -> None:
@@ -330,9 +399,11 @@ def decide(c: AttentionCandidate) -> None:
     info.fused_us = choice["fused_us"]
     info.plan = {"kind": "attention", "explain": choice["explain"], "dims": dict(c.dims)}
     info.status = "fused"
-    d = c.dims
+    b = c.scores_shape()[0]
     kind = "causal" if c.causal else "masked" if c.mask_operand else "unmasked"
-    info.reason = (f"one batched B2B kernel ({d['B'] // c.heads} x {c.heads} heads, {kind}{_mask_note(c)}"
+    grouped = (f", grouped-query: {c.group} heads a group of k and v, its rows one batch's"
+               + (" (repeat_kv's copy skipped)" if c.k is not c.sdpa_k else "")) if c.group > 1 else ""
+    info.reason = (f"one batched B2B kernel ({b} x {c.heads} heads{grouped}, {kind}{_mask_note(c)}"
                    + f", scale {c.scale:.6g}): planner estimate {choice['fused_us']:.1f} us")
 
 
@@ -408,7 +479,7 @@ class RuntimeAttention(RuntimeRegion):
         super().__init__(c.info, None, names, names, ["o"], subgraph)
         self.lowering = c.lowering
         self.dims = dict(c.dims)
-        self.heads = c.heads
+        self.heads, self.group = c.heads, c.group
         self.causal, self.scale = c.causal, c.scale
         self.out_strides = c.out_strides
         self.mask_module = c.mask_module
@@ -428,11 +499,13 @@ class RuntimeAttention(RuntimeRegion):
     def kernel_args(self, args: list) -> list:
         """The custom op's tensors for the SDPA region's arguments (subgraph_args'): q, k, v, and
         a mask operand as the graph hands it over (additive_mask)."""
+        q, k, v = args[:3]
+        if self.group > 1 and k.shape[1] == self.heads:  # repeat_kv's copy: one head of each group
+            k, v = k[:, ::self.group], v[:, ::self.group]
         if not self.mask_operand:
-            return list(args[:3])
-        q = args[0]
-        shape = (q.shape[0], self.heads, self.dims["M"], self.dims["N"])
-        return list(args[:3]) + [additive_mask(args[3], self.mask_dtype, shape)]
+            return [q, k, v]
+        shape = (q.shape[0], self.heads, q.shape[2], self.dims["N"])
+        return [q, k, v, additive_mask(args[3], self.mask_dtype, shape)]
 
     def _out(self, q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         shape = (q.shape[0], q.shape[1], q.shape[2], v.shape[3])
@@ -447,7 +520,7 @@ class RuntimeAttention(RuntimeRegion):
         mask = tensors[3] if self.mask_operand else None
         o = self._out(q, v)
         o.copy_(torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=self.causal,
-                                                                 scale=self.scale))
+                                                                 scale=self.scale, enable_gqa=self.group > 1))
         return [o]
 
     def kernel_key(self, m: int) -> tuple:
@@ -462,23 +535,28 @@ class RuntimeAttention(RuntimeRegion):
         return {"kind": "attention"}
 
     def _launch(self, tensors, sizes, dev):
-        d = self.dims
-        b = d["B"] // self.heads
-        want = [(b, self.heads, d["M"], d["K"]), (b, self.heads, d["N"], d["K"]), (b, self.heads, d["N"], d["DV"]),
-                (b, self.heads, d["M"], d["N"])][:len(self.names)]
+        d, g = self.dims, self.group
+        b, m, kv = d["B"] * g // self.heads, d["M"] // g, self.heads // g
+        want = [(b, self.heads, m, d["K"]), (b, kv, d["N"], d["K"]), (b, kv, d["N"], d["DV"]),
+                (b, self.heads, m, d["N"])][:len(self.names)]
         got = [tuple(t.shape) for t in tensors]
         if got != want:
             raise _Fallback(f"{', '.join(self.names)} are {got}, the traced shapes {want}")
-        views = [_tma_view(t, self.info.id) for t in tensors]
-        q, k, v = views[:3]
+        o = self._out(tensors[0], tensors[2])
+        # A group's heads as one batch's rows (group_view); O through a contiguous buffer where its
+        # strides allow no such view.
+        staged = None if _groups_in_place(o, g) else torch.empty(o.shape, dtype=o.dtype, device=o.device)
+        og = group_view(o if staged is None else staged, g)
+        views = [_tma_view(group_view(t, g) if i in (0, 3) else t, self.info.id) for i, t in enumerate(tensors)]
         capturing = dev.type == "cuda" and torch.cuda.is_current_stream_capturing()
         kern = self.kernel(self.dims["M"], capturing)
-        o = self._out(q, v)
         args, strides = {}, {}
-        for name, t in zip(self.names + ["o"], views + [o]):
+        for name, t in zip(self.names + ["o"], views + [og]):
             args[name] = (t.data_ptr(), _NAMES[t.dtype], list(t.shape), t.stride(2))
             strides[name] = [t.stride(0), t.stride(1)]
         kern.run(args, {}, torch.cuda.current_stream(dev).cuda_stream, strides)
+        if staged is not None:
+            o.copy_(staged)
         return [o]
 
 
@@ -497,7 +575,7 @@ def _tma_view(t: torch.Tensor, region: int) -> torch.Tensor:
 def runtime(c: AttentionCandidate) -> tuple[RuntimeAttention, list[fx.Node]]:
     """The candidate's runtime object and the nodes its measurement feeds Inductor's version of
     the op (q, k, v, and the mask where the op has one)."""
-    inputs = [c.q, c.k, c.v] + ([c.mask] if c.mask is not None else [])
+    inputs = [c.q, c.sdpa_k, c.sdpa_v] + ([c.mask] if c.mask is not None else [])
     nodes = [c.node] + ([c.out] if c.out is not c.node else [])
     return RuntimeAttention(c, region_module(nodes, [c.out], inputs)), inputs
 
@@ -534,8 +612,7 @@ def replace(gm: fx.GraphModule, c: AttentionCandidate, rr: RuntimeAttention, sub
     graph = gm.graph
     operands = [subst.get(x, x) for x in (c.q, c.k, c.v)]
     if c.mask_operand:
-        operands.append(_mask_node(graph, subst.get(c.mask, c.mask), c.mask_dtype,
-                                   (c.dims["B"] // c.heads, c.heads, c.dims["M"], c.dims["N"])))
+        operands.append(_mask_node(graph, subst.get(c.mask, c.mask), c.mask_dtype, c.scores_shape()))
     with graph.inserting_after(c.out):
         call = graph.call_function(torch.ops.comfuse.fused.default, (c.info.id, operands, []))
     with graph.inserting_after(call):

@@ -223,6 +223,60 @@ def test_gpt2_decode_step_attends_through_its_mask():
     assert mod.rel_err(out, ref) < 1e-2
 
 
+def test_llama_decode_step_groups_its_heads():
+    """One decode step of a Llama (grouped-query: 4 heads over 2 of k and v) on a StaticCache: each
+    attention reads k and v through repeat_kv's copy, so the kernel takes the copy's sources and a
+    group's heads as one batch's rows (B = batch x 2, M = 2); under force_regions the step matches
+    eager through the op's fallback (SDPA with enable_gqa on the same operands)."""
+    comfuse.config.force_regions = True
+    comfuse.config.rest = "eager"
+    mod = bench_models.module()
+    model, ids = mod.build("llama", layers=2, batch=2, seq=16, device="cpu", small=True)
+    cache = mod.static_cache(model, ids, max_len=64)
+    step = mod.Decode(model, cache)
+    tok, pos = ids[:, -1:].contiguous(), torch.tensor([16])
+    with torch.no_grad():
+        ref = step(tok, pos)
+        with comfuse.collecting() as rep:
+            out = torch.compile(step, backend="comfuse")(tok, pos)
+    att = [r for r in rep.regions if r.layout == "attention"]
+    assert len(att) == 2, str(rep)
+    for r in att:
+        assert r.status == "fusable", r.reason
+        assert r.plan["dims"] == {"B": 4, "M": 2, "N": 64, "K": 64, "DV": 64}, r.plan
+        assert r.calls == 1 and r.fallback_calls == 1
+    assert mod.rel_err(out, ref) < 1e-2
+
+
+@pytest.mark.parametrize("m,contiguous", [(1, False), (3, True), (3, False)])
+def test_group_view_puts_a_groups_heads_in_rows(m, contiguous):
+    """group_view: [B, H, M, X] as [B, H / G, G x M, X], row g x M + i the head kv x G + g's row i
+    (the heads of a group contiguous, as repeat_kv lays them out); a copy where the strides allow no
+    view (rows of [B, M, H, X] storage, M > 1)."""
+    t = randn(2, 6, m, 8) if contiguous else randn(2, m, 6, 8).transpose(1, 2)
+    gv = attention.group_view(t, 3)
+    assert gv.shape == (2, 2, 3 * m, 8)
+    for kv in range(2):
+        for g in range(3):
+            assert torch.equal(gv[:, kv, g * m:(g + 1) * m], t[:, kv * 3 + g])
+    assert (gv.data_ptr() == t.data_ptr()) == (m == 1 or contiguous)
+
+
+def test_grouped_sdpa_is_one_kernel():
+    """SDPA's enable_gqa (k and v with fewer heads) without a causal mask: the group's heads as one
+    batch's rows; with is_causal it falls back (the rows would shift the mask)."""
+
+    class Grouped(torch.nn.Module):
+        def forward(self, q, k, v):
+            return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+    q, kv = randn(1, 8, 2, 64), randn(1, 2, 32, 64)
+    a = one_attention(capture(Grouped(), q, kv, kv.clone()))
+    assert a.info.status == "fused", a.info.reason
+    assert a.dims == {"B": 2, "M": 8, "N": 32, "K": 64, "DV": 64} and a.group == 4
+    assert "1 x 8 heads, grouped-query: 4 heads a group of k and v" in a.info.reason, a.info.reason
+
+
 def test_what_falls_back_says_why():
     x = randn(2, 160, 256)
     m = SelfAttention().to(torch.bfloat16).eval()
@@ -241,6 +295,6 @@ def test_what_falls_back_says_why():
 
     q, kv = randn(1, 8, 32, 64), randn(1, 2, 32, 64)
     a = one_attention(capture(Grouped(), q, kv, kv.clone()))
-    assert a.info.status == "fallback" and ("grouped-query" in a.info.reason or "enable_gqa" in a.info.reason)
+    assert a.info.status == "fallback" and "enable_gqa (k/v with fewer heads) with is_causal" in a.info.reason
     a = one_attention(capture(Grouped(), q.float(), kv.float(), kv.float()))
     assert a.info.status == "fallback"
