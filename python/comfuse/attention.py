@@ -102,6 +102,7 @@ class AttentionCandidate:
     sdpa_v: fx.Node | None = None
     out_strides: tuple = ()       # O's strides as the trace has them (the op's own layout)
     lowering: object | None = None
+    decode_kernel: bool = False   # the planner chose the decode kernel (a few query rows a batch)
 
     def scores_shape(self) -> tuple:
         """The op's scores [B, H, M, N] (q's heads and rows, before group_view)."""
@@ -396,6 +397,7 @@ def decide(c: AttentionCandidate) -> None:
         info.status, info.reason = "fallback", str(e)
         return
     c.lowering = low
+    c.decode_kernel = bool(choice.get("decode"))
     info.fused_us = choice["fused_us"]
     info.plan = {"kind": "attention", "explain": choice["explain"], "dims": dict(c.dims)}
     info.status = "fused"
@@ -426,21 +428,29 @@ def _mask_note(c: AttentionCandidate) -> str:
     return ", the model's mask recognized as " + ("causal" if c.causal else "empty")
 
 
-# What the planner assumes of an attention with a mask operand where no measurement decides
-# (config.measure off, a CUDA graph capture): its kernel's time over SDPA's. MEASURED on the H200
-# at decode shapes (one query row a head): 0.99-1.97x (bench/RESULTS.md, "Decode attention"); the
-# B2B planner prices SDPA's kernel not at all, so this prior stands in for it.
+# Where no measurement decides (config.measure off, a CUDA graph capture), an attention whose mask
+# is a kernel operand: its kernel's time over SDPA's, MEASURED on the H200 at decode shapes (bench/
+# RESULTS.md, "Decode attention"; bench/models.py's regions). The wgmma pipeline with the mask
+# operand: 0.99-1.97x. The decode kernel: 0.20-0.80x at 16 to 512 batches of 64 to 4096 keys and
+# in GPT-2's and Llama's decode steps at batch 32, 1.175x at Llama's batch 1 (8 batches of 64
+# keys, head dim 128: its launch's fixed cost). The B2B planner prices SDPA's kernel not at all,
+# so these priors stand in for it.
 MASK_OPERAND_PRIOR = 2.0
+DECODE_KERNEL_PRIOR = 0.8
 
 
 def unmeasured_fallback(c: AttentionCandidate) -> str:
     """The reason an attention falls back where no measurement decides, or "": one whose mask is
-    an operand runs (a decode step's) slower than SDPA's kernel as measured so far, so it fuses
-    only where config.min_gain accepts that prior (tests of the kernel set it to fuse anyway)."""
-    if not c.mask_operand or MASK_OPERAND_PRIOR < 1.0 - config.min_gain:
+    an operand on the wgmma pipeline runs (a decode step's) slower than SDPA's kernel as measured
+    so far, so it fuses only where config.min_gain accepts that prior (tests of the kernel set it
+    to fuse anyway); on the decode kernel it fuses (its prior is below 1)."""
+    prior = DECODE_KERNEL_PRIOR if c.decode_kernel else MASK_OPERAND_PRIOR
+    if not c.mask_operand or prior < 1.0 - config.min_gain:
         return ""
-    return (f"not measured, and an attention whose mask is a kernel operand measured up to {MASK_OPERAND_PRIOR:g}x "
-            "SDPA's kernel's time at decode shapes (bench/RESULTS.md): it fuses where a measurement says it pays")
+    kernel = "the decode kernel" if c.decode_kernel else "the wgmma pipeline"
+    return (f"not measured, and an attention whose mask is a kernel operand takes {prior:g}x SDPA's kernel's "
+            f"time at decode shapes on {kernel} (the prior, bench/RESULTS.md), which config.min_gain = "
+            f"{config.min_gain:g} does not accept: it fuses where a measurement says it pays")
 
 
 def find(gm: fx.GraphModule, next_id) -> list[AttentionCandidate]:

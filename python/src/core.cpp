@@ -459,6 +459,7 @@ NB_MODULE(_core, m) {
         d["fused_us"] = c.plan ? nb::object(nb::cast(c.plan->fused_us)) : nb::object(nb::none());
         d["unfused_us"] = c.plan ? nb::object(nb::cast(c.plan->unfused_us)) : nb::object(nb::none());
         d["explain"] = c.plan ? explain(f, e, *c.plan) : std::string();
+        d["decode"] = c.plan && c.plan->kernel.decode();  // the decode kernel (b2b/decode_attention.cuh)
         return d;
       }, "dims"_a, "options"_a = nb::dict())
       .def("compile_b2b", [](const PyLowering& l, const Bindings& dims, const nb::dict& opts) {

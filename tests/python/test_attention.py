@@ -186,8 +186,9 @@ def test_runtime_mask_is_a_kernel_operand():
 
 def test_unmeasured_mask_operands_fall_back():
     """Where no measurement decides (config.measure off, a capture), an attention whose mask is an
-    operand falls back on the planner's prior (it measured up to 2x SDPA's time at decode), unless
-    config.min_gain accepts that; causal and unmasked attentions are not affected."""
+    operand on the wgmma pipeline falls back on the prior (it measured up to 2x SDPA's time at
+    decode), unless config.min_gain accepts that; on the decode kernel it fuses (its prior 0.8x);
+    causal and unmasked attentions are not affected."""
     x = randn(2, 40, 256)
     pad = torch.ones(2, 1, 40, 40, dtype=torch.bool)
     a = one_attention(capture(SelfAttention().to(torch.bfloat16).eval(), x, pad))
@@ -197,6 +198,19 @@ def test_unmeasured_mask_operands_fall_back():
     comfuse.config.min_gain = 0.0
     causal = one_attention(capture(SelfAttention(is_causal=True).to(torch.bfloat16).eval(), x))
     assert attention.unmeasured_fallback(causal) == ""
+
+    class Step(torch.nn.Module):  # a decode step: one query row a head, the mask a runtime input
+        def forward(self, q, k, v, keep):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+
+    q, kv = randn(2, 4, 1, 64), randn(2, 4, 40, 64)
+    keep = torch.arange(40)[None, None, None, :] < torch.tensor([7, 40])[:, None, None, None]
+    step = one_attention(capture(Step(), q, kv, kv.clone(), keep))
+    assert step.mask_operand and step.decode_kernel, step.info.reason
+    assert attention.unmeasured_fallback(step) == ""  # the decode kernel's prior is below 1
+    comfuse.config.min_gain = 0.5
+    assert "on the decode kernel (the prior" in attention.unmeasured_fallback(step)
+    comfuse.config.min_gain = 0.0
 
 
 def test_gpt2_decode_step_attends_through_its_mask():

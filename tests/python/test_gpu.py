@@ -328,6 +328,40 @@ def test_decode_kernel_matches_sdpa(gpu, dtype, mdt, m, n, d, cluster):
         assert o.view(b, h, m, d)[2].abs().max().item() == 0.0
 
 
+def test_llama_decode_step_fuses_grouped_attention(gpu):
+    """One decode step of a small Llama (4 heads over 2 of k and v) on a StaticCache: each layer's
+    attention is one kernel on repeat_kv's sources, a group's heads as one batch's rows (the decode
+    kernel's), the step's mask an operand; the step matches eager, and a CUDA graph of the step
+    replays it at another position."""
+    import bench_models
+
+    mod = bench_models.module()
+    comfuse.config.measure = "off"
+    model, ids = mod.build("llama", layers=2, batch=4, seq=16, device=gpu, small=True)
+    cache = mod.static_cache(model, ids, max_len=64)
+    step = mod.Decode(model, cache)
+    tok, pos = ids[:, -1:].contiguous(), torch.tensor([16], device=gpu)
+    with torch.no_grad():
+        ref = step(tok, pos).float()
+    out, rep = compiled_run(step, tok, pos)
+    att = [r for r in rep.regions if r.layout == "attention"]
+    assert len(att) == 2 and all(r.status == "fused" and r.fallback_calls == 0 for r in att), str(rep)
+    assert all("grouped-query: 2 heads a group" in r.reason and r.plan["dims"]["M"] == 2 for r in att), str(rep)
+    assert all("the decode kernel" in r.plan["explain"] for r in att), att[0].plan["explain"]
+    assert_bf16_close(out, ref, rel=3e-2)
+    f = torch.compile(step, backend="comfuse")
+    with torch.no_grad():
+        f(tok, pos)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            got = f(tok, pos)
+        pos.fill_(40)
+        graph.replay()
+        torch.cuda.synchronize()
+        want = step(tok, pos).float()
+    assert_bf16_close(got, want, rel=3e-2)
+
+
 def test_gpt2_decode_step_fuses_its_attention(gpu):
     """One GPT-2 decode step on a StaticCache (GPT-2 medium's width, 64 slots): each layer's
     attention is one kernel that adds the step's mask (a runtime input) as an operand, and the
