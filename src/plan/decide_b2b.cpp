@@ -907,13 +907,7 @@ std::string explain(const FusionSpec& first, const FusionSpec& second, const B2b
                    k.cluster_n1 > 1 ? fmt::format(", partial-O hand-over {}", fmt_bytes(2 * k.xfer_bytes())) : "");
   o += fmt::format("  estimate     {:.1f} us fused, {:.1f} us unfused{}\n", p.fused_us, p.unfused_us,
                    p.fused_us > p.unfused_us ? " (fusion is NOT expected to pay: see the last reason)" : "");
-  o += "reasons:\n";
-  for (const std::string& r : p.reasons) o += "  - " + r + "\n";
-  if (!p.alternatives.empty()) {
-    o += "alternatives (estimated):\n";
-    for (const std::string& a : p.alternatives) o += "  - " + a + "\n";
-  }
-  return o;
+  return o + plan_detail::reason_lists(p.reasons, p.alternatives, "alternatives (estimated)");
 }
 
 }  // namespace comfuse

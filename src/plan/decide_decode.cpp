@@ -185,13 +185,7 @@ std::string explain_decode(const FusionSpec& first, const FusionSpec& second, co
   o += fmt::format("  grid         {} CTAs, {} batches\n", p.grid_ctas, p.jobs);
   o += fmt::format("  SMEM         {}\n", fmt_bytes(k.smem_bytes()));
   o += fmt::format("  estimate     {:.1f} us fused, {:.1f} us unfused\n", p.fused_us, p.unfused_us);
-  o += "reasons:\n";
-  for (const std::string& r : p.reasons) o += "  - " + r + "\n";
-  if (!p.alternatives.empty()) {
-    o += "alternatives (estimated):\n";
-    for (const std::string& a : p.alternatives) o += "  - " + a + "\n";
-  }
-  return o;
+  return o + reason_lists(p.reasons, p.alternatives, "alternatives (estimated)");
 }
 
 }  // namespace comfuse::plan_detail

@@ -179,13 +179,22 @@ std::string explain(const FusionSpec& s, const Plan& p) {
   row("barriers", b.barriers, "mbarriers: ring, reduction channel per WG and phase, PingPong order, store");
   row("total", b.total(), fmt::format("of {} ({} free)", fmt_bytes(p.smem_limit), fmt_bytes(p.smem_limit - b.total())));
 
-  o += "reasons:\n";
-  for (const std::string& r : p.reasons) o += "  - " + r + "\n";
-  if (!p.alternatives.empty()) {
-    o += "runner-up candidates:\n";
-    for (const std::string& a : p.alternatives) o += "  - " + a + "\n";
+  return o + plan_detail::reason_lists(p.reasons, p.alternatives, "runner-up candidates");
+}
+
+}  // namespace comfuse
+
+namespace comfuse::plan_detail {
+
+std::string reason_lists(const std::vector<std::string>& reasons, const std::vector<std::string>& alternatives,
+                         const char* alternatives_title) {
+  std::string o = "reasons:\n";
+  for (const std::string& r : reasons) o += "  - " + r + "\n";
+  if (!alternatives.empty()) {
+    o += fmt::format("{}:\n", alternatives_title);
+    for (const std::string& a : alternatives) o += "  - " + a + "\n";
   }
   return o;
 }
 
-}  // namespace comfuse
+}  // namespace comfuse::plan_detail

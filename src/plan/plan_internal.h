@@ -59,6 +59,10 @@ std::string node_label(const FusionSpec& s, const Spec& stage, int index);
 std::string value_name(const Spec& stage, int index);
 
 std::string fmt_bytes(int64_t bytes);  // "40.0 KiB"
+// An explanation's closing lists: "reasons:" and, where any, the alternatives under their title
+// (explain.cpp; the single-GEMM, B2B and decode plans alike).
+std::string reason_lists(const std::vector<std::string>& reasons, const std::vector<std::string>& alternatives,
+                         const char* alternatives_title);
 
 // The positive scale s where node `from` of stage `st` is s times the accumulator (the raw
 // scores), through causal masks (where `causal`) and multiplications or divisions by positive

@@ -213,28 +213,34 @@ def test_unmeasured_mask_operands_fall_back():
     comfuse.config.min_gain = 0.0
 
 
-def test_gpt2_decode_step_attends_through_its_mask():
-    """One decode step of GPT-2 on a StaticCache: its mask depends on the cache position (a runtime
-    input), so each layer's attention is one kernel with the mask as an operand (M = 1 row a
-    head); under force_regions the step matches eager."""
+def _decode_step(arch: str):
+    """One decode step of a small `arch` (2 layers, batch 2) on a StaticCache of 64 after 16 tokens,
+    compiled under force_regions with the rest eager: (the report, its output, eager's)."""
     comfuse.config.force_regions = True
     comfuse.config.rest = "eager"
     mod = bench_models.module()
-    model, ids = mod.build("gpt2", layers=2, batch=2, seq=16, device="cpu", small=True)
-    cache = mod.static_cache(model, ids, max_len=64)
-    step = mod.Decode(model, cache)
+    model, ids = mod.build(arch, layers=2, batch=2, seq=16, device="cpu", small=True)
+    step = mod.Decode(model, mod.static_cache(model, ids, max_len=64))
     tok, pos = ids[:, -1:].contiguous(), torch.tensor([16])
     with torch.no_grad():
         ref = step(tok, pos)
         with comfuse.collecting() as rep:
             out = torch.compile(step, backend="comfuse")(tok, pos)
+    return rep, out, ref
+
+
+def test_gpt2_decode_step_attends_through_its_mask():
+    """One decode step of GPT-2 on a StaticCache: its mask depends on the cache position (a runtime
+    input), so each layer's attention is one kernel with the mask as an operand (M = 1 row a
+    head); under force_regions the step matches eager."""
+    rep, out, ref = _decode_step("gpt2")
     att = [r for r in rep.regions if r.layout == "attention"]
     assert len(att) == 2, str(rep)
     for r in att:
         assert r.status == "fusable" and "depends on a runtime input" in r.reason, r.reason
         assert r.plan["dims"] == {"B": 8, "M": 1, "N": 64, "K": 64, "DV": 64}
         assert r.calls == 1 and r.fallback_calls == 1
-    assert mod.rel_err(out, ref) < 1e-2
+    assert bench_models.module().rel_err(out, ref) < 1e-2
 
 
 def test_llama_decode_step_groups_its_heads():
@@ -242,24 +248,14 @@ def test_llama_decode_step_groups_its_heads():
     attention reads k and v through repeat_kv's copy, so the kernel takes the copy's sources and a
     group's heads as one batch's rows (B = batch x 2, M = 2); under force_regions the step matches
     eager through the op's fallback (SDPA with enable_gqa on the same operands)."""
-    comfuse.config.force_regions = True
-    comfuse.config.rest = "eager"
-    mod = bench_models.module()
-    model, ids = mod.build("llama", layers=2, batch=2, seq=16, device="cpu", small=True)
-    cache = mod.static_cache(model, ids, max_len=64)
-    step = mod.Decode(model, cache)
-    tok, pos = ids[:, -1:].contiguous(), torch.tensor([16])
-    with torch.no_grad():
-        ref = step(tok, pos)
-        with comfuse.collecting() as rep:
-            out = torch.compile(step, backend="comfuse")(tok, pos)
+    rep, out, ref = _decode_step("llama")
     att = [r for r in rep.regions if r.layout == "attention"]
     assert len(att) == 2, str(rep)
     for r in att:
         assert r.status == "fusable", r.reason
         assert r.plan["dims"] == {"B": 4, "M": 2, "N": 64, "K": 64, "DV": 64}, r.plan
         assert r.calls == 1 and r.fallback_calls == 1
-    assert mod.rel_err(out, ref) < 1e-2
+    assert bench_models.module().rel_err(out, ref) < 1e-2
 
 
 @pytest.mark.parametrize("m,contiguous", [(1, False), (3, True), (3, False)])

@@ -328,6 +328,22 @@ def test_decode_kernel_matches_sdpa(gpu, dtype, mdt, m, n, d, cluster):
         assert o.view(b, h, m, d)[2].abs().max().item() == 0.0
 
 
+def assert_replays_at_another_position(step, tok, pos):
+    """A CUDA graph of the compiled decode step, captured at pos and replayed at position 40,
+    matches eager there."""
+    f = torch.compile(step, backend="comfuse")
+    with torch.no_grad():
+        f(tok, pos)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            got = f(tok, pos)
+        pos.fill_(40)
+        graph.replay()
+        torch.cuda.synchronize()
+        want = step(tok, pos).float()
+    assert_bf16_close(got, want, rel=3e-2)
+
+
 def test_llama_decode_step_fuses_grouped_attention(gpu):
     """One decode step of a small Llama (4 heads over 2 of k and v) on a StaticCache: each layer's
     attention is one kernel on repeat_kv's sources, a group's heads as one batch's rows (the decode
@@ -349,17 +365,7 @@ def test_llama_decode_step_fuses_grouped_attention(gpu):
     assert all("grouped-query: 2 heads a group" in r.reason and r.plan["dims"]["M"] == 2 for r in att), str(rep)
     assert all("the decode kernel" in r.plan["explain"] for r in att), att[0].plan["explain"]
     assert_bf16_close(out, ref, rel=3e-2)
-    f = torch.compile(step, backend="comfuse")
-    with torch.no_grad():
-        f(tok, pos)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            got = f(tok, pos)
-        pos.fill_(40)
-        graph.replay()
-        torch.cuda.synchronize()
-        want = step(tok, pos).float()
-    assert_bf16_close(got, want, rel=3e-2)
+    assert_replays_at_another_position(step, tok, pos)
 
 
 def test_gpt2_decode_step_fuses_its_attention(gpu):
@@ -381,17 +387,7 @@ def test_gpt2_decode_step_fuses_its_attention(gpu):
     assert len(att) == 2 and all(r.status == "fused" and r.fallback_calls == 0 for r in att), str(rep)
     assert all("depends on a runtime input" in r.reason for r in att), str(rep)
     assert_bf16_close(out, ref, rel=3e-2)
-    f = torch.compile(step, backend="comfuse")
-    with torch.no_grad():
-        f(tok, pos)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            got = f(tok, pos)
-        pos.fill_(40)
-        graph.replay()
-        torch.cuda.synchronize()
-        want = step(tok, pos).float()
-    assert_bf16_close(got, want, rel=3e-2)
+    assert_replays_at_another_position(step, tok, pos)
 
 
 def test_inductor_default_and_max_autotune_rest(gpu):
