@@ -465,6 +465,9 @@ struct B2bConfig {
   static constexpr int kDecodeWarps = 4;
 
   COMFUSE_HOST_DEVICE constexpr bool decode() const { return decode_rows > 0; }
+  // Keys a group of the decode kernel loads before it uses the first: 8 keys of K and V are 256
+  // bytes in flight a thread (32 KiB a CTA); 4 where more rows' q and O take the registers.
+  COMFUSE_HOST_DEVICE constexpr int decode_unroll() const { return decode_rows <= 2 ? 8 : 4; }
   COMFUSE_HOST_DEVICE constexpr int threads() const { return decode() ? kDecodeWarps * 32 : Sm90::kThreads; }
   // The decode kernel's SMEM (DecodeAttention::SharedStorage): each of its groups' O and (m, l) a
   // row (a group: the D / 8 lanes that hold one key), then the CTA's merged O and (m, l).

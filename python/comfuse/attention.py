@@ -11,7 +11,9 @@ reads without a copy).
 
 For each SDPA node, in graph order:
   1. accept (else fall back with the reason, by the user's module path): inference (dropout 0),
-     static shapes, bf16/f16, q, k and v with one head count (grouped-query k/v fall back), and
+     static shapes, bf16/f16, q, k and v with one head count or grouped-query ones (k and v with
+     fewer heads, or through repeat_kv's copy: a group's heads as one batch's rows, group_view;
+     not under a causal mask), and
      a mask that is none, `is_causal`, or any other:
        - a mask computed from constants alone (transformers materializes the causal mask while
          tracing: it cannot see that the padding mask is all ones) is evaluated here at compile
@@ -290,28 +292,12 @@ def _accept(c: AttentionCandidate) -> None:
     if vq.dtype not in GEMM_DTYPES or vk.dtype != vq.dtype or vv.dtype != vq.dtype:
         raise Refused(f"dtypes {[str(x.dtype) for x in vals]}: the kernel takes bf16 or f16, one for all three")
     b, h, m, d = vq.shape
-    causal = bool(kw.get("is_causal"))
-    # Grouped-query attention: k and v with fewer heads (SDPA's enable_gqa; the aten ops that take
-    # them have no other meaning for it), or k and v through repeat_kv's copy, whose sources the
-    # kernel then reads (each key once for its group). The group's heads become one batch's rows
-    # (group_view), so not under a causal mask, whose rows would shift (repeat_kv's copy then
-    # stays, and the kernel reads it).
-    group = 1
-    if vk.shape[1] != h or vv.shape[1] != h:
-        if causal:
-            raise Refused("enable_gqa (k/v with fewer heads) with is_causal: a group's heads as one batch's rows "
-                          "would shift the causal mask")
-        if vk.shape[1] != vv.shape[1] or h % vk.shape[1]:
-            raise Refused(f"q has {h} heads, k {vk.shape[1]} and v {vv.shape[1]}: no grouping of q's heads")
-        group = h // vk.shape[1]
-    elif not causal:
-        sk, sv = _repeat_kv_source(k), _repeat_kv_source(v)
-        if sk and sv and sk[1] == sv[1] and sk[1] > 1:
-            (k, group), v = sk, sv[0]
-            vk, vv = val(k), val(v)
-    if vk.shape[0] != b or vv.shape[0] != b or vk.shape[3] != d or vv.shape[2] != vk.shape[2]:
+    if vk.shape[0] != b or vv.shape[0] != b or vk.shape[3] != d or vv.shape[2] != vk.shape[2] or \
+            vk.shape[1] != vv.shape[1]:
         raise Refused(f"q {list(vq.shape)}, k {list(vk.shape)}, v {list(vv.shape)} do not form one attention")
     n, dv = vk.shape[2], vv.shape[3]
+    # The mask first: whether it is causal decides the grouping below.
+    causal = bool(kw.get("is_causal"))
     mask = kw.get("mask")
     if isinstance(mask, fx.Node):
         if causal:
@@ -323,6 +309,23 @@ def _accept(c: AttentionCandidate) -> None:
             _accept_mask_operand(c, mask, (b, h, m, n), d + dv, vq.dtype)
     elif mask is not None:
         raise Refused(f"attention mask {mask!r} is not a tensor of the graph")
+    # Grouped-query attention: k and v with fewer heads (SDPA's enable_gqa; the aten ops that take
+    # them have no other meaning for it), or k and v through repeat_kv's copy, whose sources the
+    # kernel then reads (each key once for its group). The group's heads become one batch's rows
+    # (group_view), so not under a causal mask (is_causal, or a mask recognized as causal), whose
+    # rows would shift: there repeat_kv's copy stays, and the kernel reads it.
+    group = 1
+    if vk.shape[1] != h:
+        if causal:
+            raise Refused("k and v with fewer heads than q (enable_gqa) under a causal mask: a group's heads as one "
+                          "batch's rows would shift the causal mask")
+        if h % vk.shape[1]:
+            raise Refused(f"q has {h} heads, k and v {vk.shape[1]}: no grouping of q's heads")
+        group = h // vk.shape[1]
+    elif not causal:
+        sk, sv = _repeat_kv_source(k), _repeat_kv_source(v)
+        if sk and sv and sk[1] == sv[1] and sk[1] > 1:
+            (k, group), v = sk, sv[0]
     vo = val(c.out)
     if vo is None or not all(isinstance(x, int) for x in vo.stride()):
         raise Refused("the op's output has no static strides")
@@ -433,8 +436,8 @@ def _mask_note(c: AttentionCandidate) -> str:
 # RESULTS.md, "Decode attention"; bench/models.py's regions). The wgmma pipeline with the mask
 # operand: 0.99-1.97x. The decode kernel: 0.20-0.80x at 16 to 512 batches of 64 to 4096 keys and
 # in GPT-2's and Llama's decode steps at batch 32, 1.175x at Llama's batch 1 (8 batches of 64
-# keys, head dim 128: its launch's fixed cost). The B2B planner prices SDPA's kernel not at all,
-# so these priors stand in for it.
+# keys, head dim 128: its launch's fixed cost; the one prior fuses it where nothing measures). The
+# B2B planner prices SDPA's kernel not at all, so these priors stand in for it.
 MASK_OPERAND_PRIOR = 2.0
 DECODE_KERNEL_PRIOR = 0.8
 

@@ -3,8 +3,9 @@
 //             the raw scores, no causal mask, one GEMM1, GEMM2's epilogue a plain store of O in
 //             X's type; batched, at most kMaxDecodeRows query rows a batch, head dim D = DV of
 //             64, 128 or 256
-//   split     each batch's keys over the CTAs of a cluster (flash-decoding), doubling while the
-//             grid holds fewer than two CTAs an SM and each CTA keeps at least 256 keys
+//   split     each batch's keys over the CTAs of a cluster (flash-decoding): every cluster size
+//             whose CTAs keep at least one step of keys priced, the smallest within 3% of the
+//             fastest taken
 //   estimate  K's, V's, the mask's, Q's and O's bytes at a share of DRAM's rate and each CTA's
 //             loads in flight (or the CUDA cores' FMAs where rows make it compute-bound), plus
 //             a fixed cost (MEASURED: calibration.h)
@@ -98,7 +99,7 @@ B2bPlan decode_plan(const FusionSpec& first, const FusionSpec& second, const B2b
   // Bytes, FMAs, and what a CTA keeps in flight (DecodeAttention's groups, kUnroll keys each).
   const int lanes = static_cast<int>(p.k) / 8;
   const int groups = B2bConfig::kDecodeWarps * 32 / lanes;
-  const int unroll = k.decode_rows <= 2 ? 8 : 4;
+  const int unroll = k.decode_unroll();
   const int64_t step = int64_t{groups} * unroll;  // keys a CTA walks a step
   const double in_flight = double(step) * 2.0 * double(p.k) * 2.0;
   const double eb = 2.0, bt = static_cast<double>(p.batches);
@@ -146,8 +147,7 @@ B2bPlan decode_plan(const FusionSpec& first, const FusionSpec& second, const B2b
       "decode kernel: M = {} query row(s) a batch (at most {}), so Q K^T and P V run on CUDA cores: a 64-row wgmma "
       "would do {} useful row(s) in 64. A key's row of D = {} is held by {} lanes (16 bytes each), {} keys a CTA at "
       "once, each group {} keys ahead (K and V: {} in flight a CTA)",
-      p.m, B2bConfig::kMaxDecodeRows, p.m, p.k, lanes, groups, unroll,
-      fmt_bytes(static_cast<int64_t>(groups) * unroll * 2 * p.k * 2)));
+      p.m, B2bConfig::kMaxDecodeRows, p.m, p.k, lanes, groups, unroll, fmt_bytes(static_cast<int64_t>(in_flight))));
   r.push_back(fmt::format(
       "F: softmax({:g} x{}) of the raw scores x, online: each group's running max and sum in the log2 domain, its "
       "O rescaled when the max moves; the CTA's groups merged in SMEM",

@@ -447,6 +447,10 @@ void FusedKernel::run_b2b(const RunArgs& args, Stream stream) const {
     if (M > kc.decode_rows)
       throw Error(fmt::format("X '{}' is {}: {} query rows a batch, and this decode kernel holds at most {}: build it "
                               "for this M", rx.name, shape_str(X.t->shape), M, kc.decode_rows));
+    if (K != kc.tile_n2 || N2 != kc.tile_n2)  // its lanes hold rows of exactly this head dim
+      throw Error(fmt::format("X '{}' is {} and W2 '{}' {}: head dims K = {} and N2 = {}, and this decode kernel was "
+                              "built for {}: build it for these", rx.name, shape_str(X.t->shape), rw2.name,
+                              shape_str(W2.t->shape), K, N2, kc.tile_n2));
     const RuntimeArg& ro = e.args.at(static_cast<size_t>(e.arg_index(ArgRole::Output)));
     const Matrix O = batched_matrix_arg(args, ro, true);
     auto ref = [&](const Matrix& m) {

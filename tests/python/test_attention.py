@@ -2,7 +2,7 @@
 (attention.py) where the inputs allow, with the model's materialized causal mask recognized,
 any other mask (a decode step's, padding, a band, a bias) added by the kernel as an operand
 where its expanded bytes stay below K's and V's, and fall back with the reason where they do not
-(dropout, grouped-query heads, a prefill's S x S padding mask); under config.force_regions the
+(dropout, grouped-query heads under a causal mask, a prefill's S x S padding mask); under config.force_regions the
 custom op's fallback (torch's SDPA into the traced output layout) matches eager. The kernel itself: tests/gpu/test_gpu_b2b.cpp (AttentionOnHeadStridedViews)
 and test_gpu.py on the GPU."""
 import pytest
@@ -286,6 +286,32 @@ def test_grouped_sdpa_is_one_kernel():
     assert a.dims == {"B": 2, "M": 8, "N": 32, "K": 64, "DV": 64} and a.group == 4
     assert "1 x 8 heads, grouped-query: 4 heads a group of k and v" in a.info.reason, a.info.reason
 
+    class GroupedCausalMask(torch.nn.Module):  # a constant mask that is causal: recognized, so no grouping
+        def forward(self, q, k, v):
+            causal = torch.ones(32, 32, dtype=torch.bool).tril()
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=causal, enable_gqa=True)
+
+    q = randn(1, 8, 32, 64)
+    a = one_attention(capture(GroupedCausalMask(), q, kv, kv.clone()))
+    assert a.info.status == "fallback" and "under a causal mask" in a.info.reason, a.info.reason
+
+
+def test_llama_prefill_keeps_repeat_kv_under_its_causal_mask():
+    """A Llama prefill: its mask is recognized as causal, so the attention reads repeat_kv's copy
+    with q's heads (no grouping, which would shift the causal rows) and matches eager."""
+    comfuse.config.force_regions = True
+    comfuse.config.rest = "eager"
+    mod = bench_models.module()
+    model, ids = mod.build("llama", layers=1, batch=2, seq=32, device="cpu", small=True)
+    with torch.no_grad():
+        ref = model(ids).logits
+        with comfuse.collecting() as rep:
+            out = torch.compile(model, backend="comfuse")(ids).logits
+    att = [r for r in rep.regions if r.layout == "attention"]
+    assert len(att) == 1 and "causal" in att[0].reason and "grouped-query" not in att[0].reason, str(rep)
+    assert att[0].plan["dims"] == {"B": 8, "M": 32, "N": 32, "K": 64, "DV": 64}, att[0].plan
+    assert mod.rel_err(out, ref) < 1e-2
+
 
 def test_what_falls_back_says_why():
     x = randn(2, 160, 256)
@@ -305,6 +331,6 @@ def test_what_falls_back_says_why():
 
     q, kv = randn(1, 8, 32, 64), randn(1, 2, 32, 64)
     a = one_attention(capture(Grouped(), q, kv, kv.clone()))
-    assert a.info.status == "fallback" and "enable_gqa (k/v with fewer heads) with is_causal" in a.info.reason
+    assert a.info.status == "fallback" and "fewer heads than q (enable_gqa) under a causal mask" in a.info.reason
     a = one_attention(capture(Grouped(), q.float(), kv.float(), kv.float()))
     assert a.info.status == "fallback"

@@ -12,7 +12,8 @@
 // Layout (kThreads = 4 warps): a key's row of D elements is held by kLanes = D / 8 consecutive
 // lanes, 8 elements (16 bytes) each, for K and V alike (D = DV); a warp holds 32 / kLanes keys
 // at once, the CTA kGroups. Group g of the CTA walks keys start + g, start + g + kGroups, ... of
-// the CTA's contiguous range, kUnroll keys a step, all their loads issued before any is used.
+// the CTA's contiguous range, kUnroll keys a step (B2bConfig::decode_unroll), all their loads
+// issued before any is used.
 // Per key and row: s = q . k (a partial dot over the lane's 8 elements, summed over the group's
 // lanes by shuffles), x = scale s [+ mask], the group's online softmax (running max m and sum l
 // in the log2 domain, O's 8 elements of the lane rescaled when m moves), O += exp(x - m) v.
@@ -40,9 +41,7 @@ struct DecodeAttention {
   static constexpr int kThreads = B2bConfig::kDecodeWarps * 32;
   static constexpr int kGroups = B2bConfig::kDecodeWarps * kGroupsPerWarp;
   static constexpr int kSplit = C.cluster_n1;
-  // Keys a group loads before it uses the first: 8 keys of K and V are 256 bytes in flight a
-  // thread (32 KiB a CTA); fewer where the rows' q and O take the registers.
-  static constexpr int kUnroll = kRows <= 2 ? 8 : 4;
+  static constexpr int kUnroll = C.decode_unroll();
   static constexpr bool kMasked = !cute::is_same_v<MaskT, void>;
   static constexpr float kScale2 = C.logit_scale * epi::kLog2e;  // x in the log2 domain
   static constexpr float kMaskScale2 = epi::kLog2e;
@@ -81,7 +80,7 @@ struct DecodeAttention {
     auto offset = [&](MatrixRef const& r, long long row) {
       return bc.outer * r.batch_stride + bc.head * r.head_stride + row * r.ld;
     };
-    // The CTA's keys: a contiguous 1/kSplit of N1 (whole groups' steps, so ranks stay aligned).
+    // The CTA's keys: a contiguous 1/kSplit of N1 (the last ranks may hold fewer, or none).
     int const n1 = p.N1;
     int const per = (n1 + kSplit - 1) / kSplit;
     int const k0 = min(n1, rank * per), k1 = min(n1, k0 + per);
