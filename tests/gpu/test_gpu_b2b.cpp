@@ -551,6 +551,39 @@ TEST_F(GpuB2b, BatchedAttention) {
       }
 }
 
+// The decode kernel (B2bConfig::decode_rows, forced): a few query rows a batch, with and without
+// an additive [B, M, N] mask input (random values: a bias), bf16 and f16, ragged N, head dims 64,
+// 128 and 256, keys split over clusters of 1 to 16 (some ranks past N: no key) and the planner's
+// split.
+TEST_F(GpuB2b, DecodeKernelAttention) {
+  for (const char* dtype : {"bf16", "f16"})
+    for (const bool masked : {false, true}) {
+      const std::string g = fmt::format(R"(
+input q: {0}[B, M, K]
+input k: {0}[B, N, K]
+input v: {0}[B, N, DV]
+{1}s = matmul(q, k)
+p = cast(softmax({2}), {0})
+o = matmul(p, v, layout=kn)
+output o: {0}
+)",
+                                        dtype, masked ? fmt::format("input mask: {}[B, M, N]\n", dtype) : "",
+                                        masked ? "add(mul(s, 0.125), mask)" : "mul(s, 0.125)");
+      for (const auto& [d, cluster] : {std::pair{Bindings{{"B", 12}, {"M", 1}, {"N", 1000}, {"K", 64}, {"DV", 64}}, 0},
+                                       std::pair{Bindings{{"B", 5}, {"M", 3}, {"N", 520}, {"K", 128}, {"DV", 128}}, 16},
+                                       std::pair{Bindings{{"B", 2}, {"M", 8}, {"N", 136}, {"K", 64}, {"DV", 64}}, 1},
+                                       std::pair{Bindings{{"B", 3}, {"M", 2}, {"N", 776}, {"K", 256}, {"DV", 256}}, 4}}) {
+        SCOPED_TRACE(fmt::format("{} {} B={} M={} N={} K={} cluster {}", dtype, masked ? "masked" : "unmasked",
+                                 d.at("B"), d.at("M"), d.at("N"), d.at("K"), cluster));
+        CompileOptions opt;
+        opt.plan.b2b_decode = true;
+        if (cluster > 0) opt.plan.cluster_n = cluster;
+        const DeviceRunReport rep = expect_one_b2b_kernel_matches(g, d, opt);
+        EXPECT_TRUE(rep.b2b_plan.kernel.decode());
+      }
+    }
+}
+
 // Many batches and rounds of the persistent grid (4 x 16 heads of 512): every warp group walks
 // several jobs, causal pairs in alternating order.
 TEST_F(GpuB2b, BatchedAttentionManyHeads) {
