@@ -469,11 +469,15 @@ struct B2bConfig {
   // bytes in flight a thread (32 KiB a CTA); 4 where more rows' q and O take the registers.
   COMFUSE_HOST_DEVICE constexpr int decode_unroll() const { return decode_rows <= 2 ? 8 : 4; }
   COMFUSE_HOST_DEVICE constexpr int threads() const { return decode() ? kDecodeWarps * 32 : Sm90::kThreads; }
+  // The decode kernel's groups: the lanes that hold one key's row of tile_n2 elements, 16 bytes
+  // (8 elements) each, and the keys its CTA holds at once; a step walks decode_unroll() of each.
+  COMFUSE_HOST_DEVICE constexpr int decode_lanes() const { return tile_n2 / 8; }
+  COMFUSE_HOST_DEVICE constexpr int decode_groups() const { return kDecodeWarps * 32 / decode_lanes(); }
+  COMFUSE_HOST_DEVICE constexpr int decode_step_keys() const { return decode_groups() * decode_unroll(); }
   // The decode kernel's SMEM (DecodeAttention::SharedStorage): each of its groups' O and (m, l) a
-  // row (a group: the D / 8 lanes that hold one key), then the CTA's merged O and (m, l).
+  // row, then the CTA's merged O and (m, l).
   COMFUSE_HOST_DEVICE constexpr int decode_smem_bytes() const {
-    return align_up(decode_rows * (kDecodeWarps * 32 / (tile_n2 / 8)) * (tile_n2 + 2) * 4 + decode_rows * (tile_n2 + 2) * 4,
-                    1024);
+    return align_up(decode_rows * (decode_groups() + 1) * (tile_n2 + 2) * 4, 1024);
   }
 
   COMFUSE_HOST_DEVICE constexpr int wgs_per_job() const { return paired ? 2 : 1; }

@@ -468,25 +468,19 @@ int fma_exp_every_for(const B2bConfig& k, const PlanOptions& opt) {
   return opt.fma_exp_every.value_or(k.causal || k.f_beside_gemm2 ? 0 : 4);
 }
 
-// A pair's DRAM bytes (16-bit operands; small M streams only weights): GEMM1 reads X and W1 (W3)
-// and writes S, GEMM2 reads S and W2 and writes O; the fused kernel reads X, W1 (W3) and W2 and
-// writes O.
-struct B2bBytes {
-  double x, w1, s, w2, o;
-};
-B2bBytes b2b_bytes(const B2bProblem& p, bool gated) {
+}  // namespace
+
+plan_detail::B2bBytes plan_detail::b2b_bytes(const B2bProblem& p, bool gated) {
   const double eb = 2.0, bt = double(p.batches);
   return {eb * bt * p.m * p.k, eb * bt * p.n1 * p.k * (gated ? 2 : 1), eb * bt * p.m * p.n1, eb * bt * p.n1 * p.n2,
           eb * bt * p.m * p.n2};
 }
 
-}  // namespace
-
 double plan_detail::b2b_roofline_unfused_us(const B2bProblem& p, bool gated, const DeviceModel& dev) {
   const double gemm1 = 2.0 * p.batches * p.m * p.k * p.n1 * (gated ? 2 : 1);
   const double gemm2 = 2.0 * p.batches * p.m * p.n1 * p.n2;
   const double rate = dev.sm_count * dev.sm_flops_per_s;
-  const B2bBytes b = b2b_bytes(p, gated);
+  const plan_detail::B2bBytes b = plan_detail::b2b_bytes(p, gated);
   const double us_per_byte = 1e6 / dev.dram_bytes_per_s;
   return std::max(gemm1 / rate * 1e6, (b.x + b.w1 + b.s) * us_per_byte) +
          std::max(gemm2 / rate * 1e6, (b.s + b.w2 + b.o) * us_per_byte);
@@ -604,7 +598,7 @@ B2bPlan pipeline_plan(const FusionSpec& first, const FusionSpec& second, const B
   // against the unfused path (below). A causal mask leaves the fused kernel the chunks that
   // reach each job's rows (about half the GEMM work at M = N1), which the mirror pairs spread
   // evenly over the SMs; the unfused kernels compute every column and mask afterwards.
-  const B2bBytes bytes = b2b_bytes(p, k.gated);
+  const plan_detail::B2bBytes bytes = plan_detail::b2b_bytes(p, k.gated);
   plan.unfused_us = plan_detail::b2b_roofline_unfused_us(p, k.gated, dev);
   plan.dram_floor_us = (bytes.x + bytes.w1 + bytes.w2 + bytes.o) * 1e6 / dev.dram_bytes_per_s;
   // Where the unfused path exists (no batch), it is priced as the planner plans its kernels
@@ -802,7 +796,7 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
   }
   if (!opt.b2b_decode.value_or(forced.empty()) || !form.refused.empty())
     return pipeline_plan(first, second, p, opt, kind, dev);
-  B2bPlan dec = plan_detail::decode_plan(first, second, p, form, opt, dev);
+  B2bPlan dec = plan_detail::decode_plan(first, p, form, opt, dev);
   if (opt.b2b_decode.value_or(false)) {
     dec.alternatives.push_back("the wgmma pipeline: not priced (--b2b-decode on)");
     return dec;

@@ -80,9 +80,8 @@ DecodeForm decode_form(const FusionSpec& first, const FusionSpec& second, const 
   return f;
 }
 
-B2bPlan decode_plan(const FusionSpec& first, const FusionSpec& second, const B2bProblem& p, const DecodeForm& form,
-                    const PlanOptions& opt, const DeviceModel& dev) {
-  (void)second;
+B2bPlan decode_plan(const FusionSpec& first, const B2bProblem& p, const DecodeForm& form, const PlanOptions& opt,
+                    const DeviceModel& dev) {
   B2bPlan plan;
   plan.problem = p;
   plan.intermediate = B2bIntermediate::OnlineSoftmax;
@@ -96,18 +95,16 @@ B2bPlan decode_plan(const FusionSpec& first, const FusionSpec& second, const B2b
     throw Error(fmt::format("b2b: --cluster-n {}: the decode kernel splits keys over 1, 2, 4, 8 or 16 CTAs", *opt.cluster_n));
   if (const char* why = check(k)) throw Error(fmt::format("b2b: the decode kernel cannot be built: {}", why));
 
-  // Bytes, FMAs, and what a CTA keeps in flight (DecodeAttention's groups, kUnroll keys each).
-  const int lanes = static_cast<int>(p.k) / 8;
-  const int groups = B2bConfig::kDecodeWarps * 32 / lanes;
-  const int unroll = k.decode_unroll();
-  const int64_t step = int64_t{groups} * unroll;  // keys a CTA walks a step
+  // Bytes (the pair's X, W1, W2 and O: Q, K, V and O; and the mask), FMAs, and what a CTA keeps in
+  // flight (its step of keys, K and V).
+  const int lanes = k.decode_lanes(), groups = k.decode_groups(), unroll = k.decode_unroll();
+  const int64_t step = k.decode_step_keys();
   const double in_flight = double(step) * 2.0 * double(p.k) * 2.0;
-  const double eb = 2.0, bt = static_cast<double>(p.batches);
-  const double kv_bytes = eb * bt * p.n1 * (p.k + p.n2);
+  const double bt = static_cast<double>(p.batches);
+  const B2bBytes pair = b2b_bytes(p, false);
   const double mask_bytes =
       form.mask_arg >= 0 ? size_of(first.args.at(static_cast<size_t>(form.mask_arg)).dtype) * bt * p.m * p.n1 : 0.0;
-  const double qo_bytes = eb * bt * p.m * (p.k + p.n2);
-  const double bytes = kv_bytes + mask_bytes + qo_bytes;
+  const double bytes = pair.x + pair.w1 + pair.w2 + pair.o + mask_bytes;
   const double fmas = bt * p.m * p.n1 * (p.k + p.n2);
   plan.dram_floor_us = bytes / dev.dram_bytes_per_s * 1e6;
   // Split: each cluster size priced (the smallest within 3% of the fastest taken), the CTAs'

@@ -79,9 +79,16 @@ struct DecodeForm {
   std::string refused;  // why the decode kernel cannot run the pair ("": it can)
 };
 DecodeForm decode_form(const FusionSpec& first, const FusionSpec& second, const B2bProblem& p, B2bIntermediate kind);
-B2bPlan decode_plan(const FusionSpec& first, const FusionSpec& second, const B2bProblem& p, const DecodeForm& form,
-                    const PlanOptions& opt, const DeviceModel& dev);
+B2bPlan decode_plan(const FusionSpec& first, const B2bProblem& p, const DecodeForm& form, const PlanOptions& opt,
+                    const DeviceModel& dev);
 std::string explain_decode(const FusionSpec& first, const FusionSpec& second, const B2bPlan& p);
+// A pair's DRAM bytes (16-bit operands; small M streams only weights): GEMM1 reads X and W1 (W3)
+// and writes S, GEMM2 reads S and W2 and writes O; the fused kernel (and the decode kernel: Q, K,
+// V, O) reads X, W1 (W3) and W2 and writes O (decide_b2b.cpp).
+struct B2bBytes {
+  double x, w1, s, w2, o;
+};
+B2bBytes b2b_bytes(const B2bProblem& p, bool gated);
 // A B2B pair's unfused path where the planner prices no kernels (a batched pair): GEMM1 and
 // GEMM2 each at the measured rate or its DRAM traffic, S written and read back.
 double b2b_roofline_unfused_us(const B2bProblem& p, bool gated, const DeviceModel& dev);

@@ -36,10 +36,10 @@ struct DecodeAttention {
   static_assert(C.decode_rows > 0, "ComFuse: DecodeAttention is the decode kernel (B2bConfig::decode_rows > 0)");
   static constexpr int D = C.tile_n2;  // head dim of Q, K, V and O
   static constexpr int kRows = C.decode_rows;
-  static constexpr int kLanes = D / 8;
+  static constexpr int kLanes = C.decode_lanes();
   static constexpr int kGroupsPerWarp = 32 / kLanes;
   static constexpr int kThreads = B2bConfig::kDecodeWarps * 32;
-  static constexpr int kGroups = B2bConfig::kDecodeWarps * kGroupsPerWarp;
+  static constexpr int kGroups = C.decode_groups();
   static constexpr int kSplit = C.cluster_n1;
   static constexpr int kUnroll = C.decode_unroll();
   static constexpr bool kMasked = !cute::is_same_v<MaskT, void>;
