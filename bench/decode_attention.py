@@ -11,6 +11,10 @@ round by round (comfuse.gpu_timing), medians; the mask operand is made outside t
 SDPA's math backend in float32 first (a row FAILS above rel-L2 2e-2).
 
     python bench/decode_attention.py [--out DIR] [--cases B1xH16,...] [--rounds R] [--reps N] [--dry-run]
+                                     [--ab-kernels DIR]
+
+--ab-kernels DIR also times the planner's kernel compiled from another kernels/ tree (e.g. the
+parent commit's, `git archive HEAD~1 kernels | tar -x -C DIR/..`), in the same rounds.
 
 writes DIR/decode_attention.md; --dry-run plans every row on the CPU (no GPU). On the GPU
 machine: `BENCH_SCRIPT=bench/decode_attention.py bash scripts/gpu_python.sh bench`.
@@ -26,8 +30,11 @@ import torch
 
 # (batch, heads, query rows, cache keys, head dim): GPT-2 medium's heads at a short cache (the
 # models' StaticCache of 64) and at long contexts; four query rows (speculative tokens).
+# Llama's decode step groups a KV head's 4 query heads as rows (attention.group_view): 8 KV heads,
+# 4 rows, head dim 128.
 CASES = [(1, 16, 1, 64, 64), (32, 16, 1, 64, 64), (1, 16, 1, 1024, 64), (32, 16, 1, 1024, 64),
-         (1, 16, 1, 4096, 64), (8, 16, 1, 4096, 128), (1, 16, 4, 4096, 64)]
+         (1, 16, 1, 4096, 64), (8, 16, 1, 4096, 128), (1, 16, 4, 4096, 64),
+         (1, 8, 4, 64, 128), (32, 8, 4, 64, 128), (32, 8, 4, 1024, 128)]
 
 
 def case_id(b, h, m, n, d) -> str:
@@ -36,16 +43,16 @@ def case_id(b, h, m, n, d) -> str:
 
 def variants(n: int, d: int) -> dict:
     """The planner's choice, then each kernel forced: the wgmma pipeline and the decode kernel by
-    cluster size (those whose CTAs keep a step of keys: DecodeAttention's groups x 8)."""
-    step = 4 * 32 // (d // 8) * 8
+    cluster size (those whose CTAs get 16 keys or more: the planner's own rule, a step of keys a
+    CTA, is what this measures)."""
     v = {"planner": {}, "pipeline": {"b2b_decode": False}}
     for c in (1, 2, 4, 8, 16):
-        if c == 1 or n >= c * step:
+        if c == 1 or n >= c * 16:
             v[f"decode c{c}"] = {"b2b_decode": True, "cluster_n": c}
     return v
 
 
-def run_case(b: int, h: int, m: int, n: int, d: int, rounds: int, reps: int) -> dict:
+def run_case(b: int, h: int, m: int, n: int, d: int, rounds: int, reps: int, ab_kernels: str = "") -> dict:
     import comfuse
     from comfuse import attention, gpu_timing
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -54,6 +61,13 @@ def run_case(b: int, h: int, m: int, n: int, d: int, rounds: int, reps: int) -> 
     g = attention.attention_graph("bf16", 1 / d ** 0.5, causal=False, mask="bf16")
     dims = {"B": b * h, "M": m, "N": n, "K": d, "DV": d}
     kerns = {name: comfuse.compile_graph(g.text(), dims, **opts) for name, opts in variants(n, d).items()}
+    if ab_kernels:  # the planner's kernel built from another kernels/ tree (an A/B of a device change)
+        was = os.environ.get("COMFUSE_KERNELS_DIR")
+        os.environ["COMFUSE_KERNELS_DIR"] = ab_kernels
+        try:
+            kerns["planner (A/B tree)"] = comfuse.compile_graph(g.text(), dims)
+        finally:
+            os.environ.pop("COMFUSE_KERNELS_DIR") if was is None else os.environ.__setitem__("COMFUSE_KERNELS_DIR", was)
     q = torch.randn(b, h, m, d, device=dev, dtype=torch.bfloat16)
     k, v = (torch.randn(b, h, n, d, device=dev, dtype=torch.bfloat16) for _ in range(2))
     # Each sequence's filled slots, short ones included: a rank of N1's split over a cluster may see
@@ -106,6 +120,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--dry-run", action="store_true", help="plan every row on the CPU; time nothing")
+    ap.add_argument("--ab-kernels", default="", help="also time the planner's kernel built from this kernels/ tree")
     ap.add_argument("--layers", type=int, help=argparse.SUPPRESS)  # gpu_python.sh's default arguments
     ap.add_argument("--quick", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--budget-s", type=float, help=argparse.SUPPRESS)
@@ -120,7 +135,7 @@ def main(argv=None) -> int:
     rows = []
     for c in cases:
         try:
-            rows.append(run_case(*c, rounds=args.rounds, reps=args.reps))
+            rows.append(run_case(*c, rounds=args.rounds, reps=args.reps, ab_kernels=args.ab_kernels))
         except Exception as e:  # noqa: BLE001 - a row that cannot run is reported, the others go on
             rows.append({"case": case_id(*c), "error": f"{type(e).__name__}: {str(e).splitlines()[0]}"})
         print(rows[-1], flush=True)

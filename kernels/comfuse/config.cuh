@@ -465,13 +465,18 @@ struct B2bConfig {
   static constexpr int kDecodeWarps = 4;
 
   COMFUSE_HOST_DEVICE constexpr bool decode() const { return decode_rows > 0; }
-  // Keys a group of the decode kernel loads before it uses the first: 8 keys of K and V are 256
-  // bytes in flight a thread (32 KiB a CTA); 4 where more rows' q and O take the registers.
-  COMFUSE_HOST_DEVICE constexpr int decode_unroll() const { return decode_rows <= 2 ? 8 : 4; }
+  // Elements of a key's row a lane of the decode kernel holds: 16 (two 16-byte loads) at head
+  // dims >= 128, so that a key's shuffles and softmax run on fewer lanes; 8 where more than 4
+  // rows' q and O (2 x rows x 16 floats a lane) would take the registers.
+  COMFUSE_HOST_DEVICE constexpr int decode_vec() const { return tile_n2 >= 128 && decode_rows <= 4 ? 16 : 8; }
+  // Keys a group of the decode kernel loads before it uses the first: K and V of 8 keys at 8
+  // elements a lane (4 at 16) are 256 bytes in flight a thread (32 KiB a CTA); half that where
+  // more rows' q and O take the registers.
+  COMFUSE_HOST_DEVICE constexpr int decode_unroll() const { return (decode_rows <= 2 ? 8 : 4) * 8 / decode_vec(); }
   COMFUSE_HOST_DEVICE constexpr int threads() const { return decode() ? kDecodeWarps * 32 : Sm90::kThreads; }
-  // The decode kernel's groups: the lanes that hold one key's row of tile_n2 elements, 16 bytes
-  // (8 elements) each, and the keys its CTA holds at once; a step walks decode_unroll() of each.
-  COMFUSE_HOST_DEVICE constexpr int decode_lanes() const { return tile_n2 / 8; }
+  // The decode kernel's groups: the lanes that hold one key's row of tile_n2 elements,
+  // decode_vec() each, and the keys its CTA holds at once; a step walks decode_unroll() of each.
+  COMFUSE_HOST_DEVICE constexpr int decode_lanes() const { return tile_n2 / decode_vec(); }
   COMFUSE_HOST_DEVICE constexpr int decode_groups() const { return kDecodeWarps * 32 / decode_lanes(); }
   COMFUSE_HOST_DEVICE constexpr int decode_step_keys() const { return decode_groups() * decode_unroll(); }
   // The decode kernel's SMEM (DecodeAttention::SharedStorage): each of its groups' O and (m, l) a

@@ -86,19 +86,21 @@ struct DeviceModel {
   double b2b_piece_base_us = 0.55;
   double b2b_piece_per_follower_us = 0.42;
   // The decode kernel (b2b/decode_attention.cuh), MEASURED (bench/decode_attention.py, bench/
-  // NOTES.md Stop 45): its streams of K and V reach at most this share of dram_bytes_per_s (3.86
-  // TB/s at B32 x H16, N 1024, one CTA a batch), and each CTA at most its loads in flight per
-  // dram_latency_us (Little's law: B1 x H16, N 4096 by cluster size 1 to 16 within 4%; head dim 128
-  // runs up to 20% slower than this at one CTA an SM); a launch pays decode_fixed_us beyond them
+  // NOTES.md Stops 45 and 46): its streams of K and V reach DRAM's rate (4.1 TB/s beside the
+  // launch's fixed part at B8 x H16, N 4096, head dim 128, clusters of 2; 3.9 at B32 x H16, N 1024,
+  // head dim 64, one CTA a batch), and each CTA at most its loads in flight per dram_latency_us
+  // (Little's law: B1 x H16, N 4096 by cluster size 1 to 16 within 4%; one CTA a batch at B8 x H16,
+  // N 4096, head dim 128 ran 90 us against this 84); a launch pays decode_fixed_us beyond them
   // (the grid's start, the groups' merge in SMEM, O's stores: 3.5 us at 16 CTAs over 64 keys), a
   // split over a cluster its DSMEM merge on top (cluster_allreduce_us).
-  double decode_dram_share = 0.95;
+  double decode_dram_share = 1.0;
   double decode_fixed_us = 2.5;
   double dram_latency_us = 1.3;
   // MEASURED: the decode kernel's useful FMAs (q . k and p v) a second, chip-wide, with the
-  // shuffles, exponentials and conversions around them: 4 query rows at B1 x H16, N 4096 took
-  // ~10 us above the stream for 34 M FMAs, ~11% of the CUDA cores' 128 lanes an SM.
-  double decode_fma_per_s = 3.2e12;
+  // shuffles, exponentials and conversions around them: 4 query rows at B1 x H16, N 4096, head dim
+  // 64 took ~8 us beside the launch for 34 M FMAs (4.2e12); at head dim 128, 16 elements a lane,
+  // B32 x H8, N 1024: 50 us for 268 M (5.4e12). The lower rate is taken.
+  double decode_fma_per_s = 4.2e12;
   // MEASURED: the wgmma pipeline's jobs of a few useful rows (a decode step) run 1.4-12.5 us above
   // its estimate (one row a batch, N 64 to 4096, heads of 64 and 128: Q's load, the ring's fill,
   // the hand-over of a job, which its per-chunk model does not price); the decode kernel is

@@ -142,9 +142,9 @@ B2bPlan decode_plan(const FusionSpec& first, const B2bProblem& p, const DecodeFo
   auto& r = plan.reasons;
   r.push_back(fmt::format(
       "decode kernel: M = {} query row(s) a batch (at most {}), so Q K^T and P V run on CUDA cores: a 64-row wgmma "
-      "would do {} useful row(s) in 64. A key's row of D = {} is held by {} lanes (16 bytes each), {} keys a CTA at "
+      "would do {} useful row(s) in 64. A key's row of D = {} is held by {} lanes ({} elements each), {} keys a CTA at "
       "once, each group {} keys ahead (K and V: {} in flight a CTA)",
-      p.m, B2bConfig::kMaxDecodeRows, p.m, p.k, lanes, groups, unroll, fmt_bytes(static_cast<int64_t>(in_flight))));
+      p.m, B2bConfig::kMaxDecodeRows, p.m, p.k, lanes, k.decode_vec(), groups, unroll, fmt_bytes(static_cast<int64_t>(in_flight))));
   r.push_back(fmt::format(
       "F: softmax({:g} x{}) of the raw scores x, online: each group's running max and sum in the log2 domain, its "
       "O rescaled when the max moves; the CTA's groups merged in SMEM",

@@ -727,8 +727,14 @@ TEST_F(B2bCompile, DecodeKernelPlansAndCompiles) {
   EXPECT_NE(src.find("DecodeAttention<kConfig, cutlass::bfloat16_t, cutlass::bfloat16_t, 0>"), std::string::npos) << src;
   EXPECT_EQ(src.find("b2b_gemm_sm90.cuh"), std::string::npos) << "the decode TU includes its own kernel only";
 
-  const B2bPlan many = make_b2b_plan(masked.first(), masked.second(), B2bProblem{128, 1, 128, 4096, 128, DType::BF16});
+  // Many batches of 4 rows at head dim 128: the FMAs pace the decode kernel (measured 52.5 us on
+  // the H200 against the pipeline's 40.5, bench/NOTES.md Stop 46); one row streams at DRAM's rate
+  // (68.0 us in clusters of 2 against the pipeline's 73.6).
+  const B2bPlan many = make_b2b_plan(masked.first(), masked.second(), B2bProblem{256, 4, 128, 1024, 128, DType::BF16});
   EXPECT_FALSE(many.kernel.decode()) << explain(masked.first(), masked.second(), many);
+  const B2bPlan streamed = make_b2b_plan(masked.first(), masked.second(), B2bProblem{128, 1, 128, 4096, 128, DType::BF16});
+  EXPECT_TRUE(streamed.kernel.decode()) << explain(masked.first(), masked.second(), streamed);
+  EXPECT_EQ(streamed.kernel.cluster_n1, 2) << explain(masked.first(), masked.second(), streamed);
   EXPECT_TRUE(std::any_of(many.alternatives.begin(), many.alternatives.end(),
                           [](const std::string& a) { return a.find("the decode kernel") == 0; }));
 

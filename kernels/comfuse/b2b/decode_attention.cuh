@@ -9,14 +9,18 @@
 // with as many bytes in flight as the SM holds, and splits each batch's keys over the CTAs of a
 // cluster (flash-decoding), whose partial results merge over DSMEM in rank order (deterministic).
 //
-// Layout (kThreads = 4 warps): a key's row of D elements is held by kLanes = D / 8 consecutive
-// lanes, 8 elements (16 bytes) each, for K and V alike (D = DV); a warp holds 32 / kLanes keys
-// at once, the CTA kGroups. Group g of the CTA walks keys start + g, start + g + kGroups, ... of
-// the CTA's contiguous range, kUnroll keys a step (B2bConfig::decode_unroll), all their loads
-// issued before any is used.
-// Per key and row: s = q . k (a partial dot over the lane's 8 elements, summed over the group's
+// Layout (kThreads = 4 warps): a key's row of D elements is held by kLanes = D / kVec consecutive
+// lanes, kVec = 8 or 16 elements each (B2bConfig::decode_vec), for K and V alike (D = DV); a warp
+// holds 32 / kLanes keys at once, the CTA kGroups. A lane's elements are 16-byte chunks c of 8,
+// at (c kLanes + li) 8: each load instruction reads a key's contiguous 128 or 256 bytes. Group g
+// of the CTA walks keys start + g, start + g + kGroups, ... of the CTA's contiguous range,
+// kUnroll keys a step (B2bConfig::decode_unroll), all their loads issued before any is used.
+// Why 16 elements a lane at D >= 128: the scores' shuffles and the softmax's scalar work run once
+// a lane for its key, so the fewer lanes a key, the fewer instructions a byte (SASS at D 128, one
+// row: 41 warp-instructions a key at 8 a lane, 30 at 16 with the loads below unpredicated).
+// Per key and row: s = q . k (a partial dot over the lane's kVec elements, summed over the group's
 // lanes by shuffles), x = scale s [+ mask], the group's online softmax (running max m and sum l
-// in the log2 domain, O's 8 elements of the lane rescaled when m moves), O += exp(x - m) v.
+// in the log2 domain, O's kVec elements of the lane rescaled when m moves), O += exp(x - m) v.
 // Then the CTA's groups merge through SMEM, and the cluster's CTAs over DSMEM: rank r finishes
 // the r-th slice of the batch's rows x D outputs from every rank's (m, l, O), O / l stored.
 // A row with no unmasked key gives 0 (l = 0), as the wgmma kernel and torch's SDPA.
@@ -37,6 +41,8 @@ struct DecodeAttention {
   static constexpr int D = C.tile_n2;  // head dim of Q, K, V and O
   static constexpr int kRows = C.decode_rows;
   static constexpr int kLanes = C.decode_lanes();
+  static constexpr int kVec = C.decode_vec();
+  static constexpr int kChunks = kVec / 8;  // 16-byte loads a lane a row
   static constexpr int kGroupsPerWarp = 32 / kLanes;
   static constexpr int kThreads = B2bConfig::kDecodeWarps * 32;
   static constexpr int kGroups = C.decode_groups();
@@ -45,7 +51,7 @@ struct DecodeAttention {
   static constexpr bool kMasked = !cute::is_same_v<MaskT, void>;
   static constexpr float kScale2 = C.logit_scale * epi::kLog2e;  // x in the log2 domain
   static constexpr float kMaskScale2 = epi::kLog2e;
-  static_assert(kLanes >= 1 && 32 % kLanes == 0, "ComFuse: decode head dim D / 8 must divide a warp");
+  static_assert(kLanes >= 1 && 32 % kLanes == 0 && kLanes * kVec == D, "ComFuse: decode head dim D / kVec must divide a warp");
 
   // Each group's (m, l) a row and its O, then the CTA's (m, l, O) that the cluster reads.
   struct SharedStorage {
@@ -63,17 +69,28 @@ struct DecodeAttention {
   template <class T> static COMFUSE_DEVICE T const* at(void const* base, long long off) {
     return reinterpret_cast<T const*>(base) + off;
   }
-  static COMFUSE_DEVICE void unpack8(uint4 w, float (&f)[8]) {
-    uint32_t const u[4] = {w.x, w.y, w.z, w.w};
+  // The lane's kVec elements of a row from its kChunks 16-byte pieces.
+  static COMFUSE_DEVICE void unpack(uint4 const (&w)[kChunks], float (&f)[kVec]) {
     CUTE_UNROLL
-    for (int i = 0; i < 4; ++i) f[2 * i] = DType<Element>::unpack_lo(u[i]), f[2 * i + 1] = DType<Element>::unpack_hi(u[i]);
+    for (int c = 0; c < kChunks; ++c) {
+      uint32_t const u[4] = {w[c].x, w[c].y, w[c].z, w[c].w};
+      CUTE_UNROLL
+      for (int i = 0; i < 4; ++i)
+        f[c * 8 + 2 * i] = DType<Element>::unpack_lo(u[i]), f[c * 8 + 2 * i + 1] = DType<Element>::unpack_hi(u[i]);
+    }
+  }
+  // Element e of the lane's kVec: its column in the row.
+  static COMFUSE_DEVICE int column(int li, int e) { return (e / 8 * kLanes + li) * 8 + e % 8; }
+  static COMFUSE_DEVICE void load_row(Element const* row, int li, uint4 (&w)[kChunks]) {
+    CUTE_UNROLL
+    for (int c = 0; c < kChunks; ++c) w[c] = __ldg(reinterpret_cast<uint4 const*>(row + (c * kLanes + li) * 8));
   }
 
   static COMFUSE_DEVICE void run(Params const& p, char* smem_raw) {
     SharedStorage& ss = smem_base<SharedStorage>(smem_raw);
     int const tid = int(threadIdx.x), lane = tid % 32;
     int const g = tid / 32 * kGroupsPerWarp + lane / kLanes;  // this thread's group
-    int const li = lane % kLanes;                             // its 8 elements: li * 8 ...
+    int const li = lane % kLanes;                             // its elements: column(li, e)
     int const rank = kSplit > 1 ? int(cluster::cluster_rank()) : 0;
     int const batch = int(blockIdx.x) / kSplit;
     BatchCoord const bc = batch_coord(p, batch);
@@ -88,30 +105,36 @@ struct DecodeAttention {
     wait_for_previous_grid();  // nothing global before this (common.cuh)
     allow_next_grid();
 
-    float q[kRows][8];
+    float q[kRows][kVec];
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
-      uint4 w = make_uint4(0, 0, 0, 0);
-      if (r < p.M) w = __ldg(reinterpret_cast<uint4 const*>(at<Element>(p.b2b_x.data, offset(p.b2b_x, r)) + li * 8));
-      unpack8(w, q[r]);
+      uint4 w[kChunks];  // a row past M computes row M - 1's (never stored)
+      load_row(at<Element>(p.b2b_x.data, offset(p.b2b_x, min(r, p.M - 1))), li, w);
+      unpack(w, q[r]);
     }
-    float m[kRows], l[kRows], o[kRows][8];
+    float m[kRows], l[kRows], o[kRows][kVec];
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       m[r] = neg_inf(), l[r] = 0.f;
       CUTE_UNROLL
-      for (int e = 0; e < 8; ++e) o[r][e] = 0.f;
+      for (int e = 0; e < kVec; ++e) o[r][e] = 0.f;
     }
 
     for (int base = k0; base < k1; base += kGroups * kUnroll) {
-      uint4 kw[kUnroll], vw[kUnroll];
+      // Every load of the step issued before any is used, the mask's too (one round trip a step).
+      // A key past the range loads the last one (its x is set to -inf below), and a row past M
+      // row M - 1 (never stored): no predicated loads, no registers zeroed.
+      uint4 kw[kUnroll][kChunks], vw[kUnroll][kChunks];
+      float mk[kMasked ? kRows : 1][kUnroll];
       CUTE_UNROLL
       for (int u = 0; u < kUnroll; ++u) {
-        int const j = base + u * kGroups + g;
-        kw[u] = vw[u] = make_uint4(0, 0, 0, 0);
-        if (j < k1) {
-          kw[u] = __ldg(reinterpret_cast<uint4 const*>(at<Element>(p.b2b_w1.data, offset(p.b2b_w1, j)) + li * 8));
-          vw[u] = __ldg(reinterpret_cast<uint4 const*>(at<Element>(p.b2b_w2.data, offset(p.b2b_w2, j)) + li * 8));
+        int const j = min(base + u * kGroups + g, k1 - 1);
+        load_row(at<Element>(p.b2b_w1.data, offset(p.b2b_w1, j)), li, kw[u]);
+        load_row(at<Element>(p.b2b_w2.data, offset(p.b2b_w2, j)), li, vw[u]);
+        if constexpr (kMasked) {
+          MatrixRef const& mr = p.tile_in[kMaskSlot];
+          CUTE_UNROLL
+          for (int r = 0; r < kRows; ++r) mk[r][u] = DType<MaskT>::load(mr.data, offset(mr, min(r, p.M - 1)) + j);
         }
       }
       CUTE_UNROLL
@@ -119,22 +142,16 @@ struct DecodeAttention {
         float x[kUnroll];
         CUTE_UNROLL
         for (int u = 0; u < kUnroll; ++u) {
-          float kf[8];
-          unpack8(kw[u], kf);
+          float kf[kVec];
+          unpack(kw[u], kf);
           float s = 0.f;
           CUTE_UNROLL
-          for (int e = 0; e < 8; ++e) s = fmaf(q[r][e], kf[e], s);
+          for (int e = 0; e < kVec; ++e) s = fmaf(q[r][e], kf[e], s);
           CUTE_UNROLL
           for (int off = 1; off < kLanes; off <<= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
-          int const j = base + u * kGroups + g;
           x[u] = s * kScale2;
-          if constexpr (kMasked) {
-            if (j < k1 && r < p.M) {
-              MatrixRef const& mr = p.tile_in[kMaskSlot];
-              x[u] = fmaf(DType<MaskT>::load(mr.data, offset(mr, r) + j), kMaskScale2, x[u]);
-            }
-          }
-          if (j >= k1) x[u] = neg_inf();
+          if constexpr (kMasked) x[u] = fmaf(mk[r][u], kMaskScale2, x[u]);
+          if (base + u * kGroups + g >= k1) x[u] = neg_inf();
         }
         float mx = m[r];
         CUTE_UNROLL
@@ -143,15 +160,15 @@ struct DecodeAttention {
         float const alpha = epi::fast_exp2(m[r] - ref);  // 0 from -inf; 1 when m stays
         float sum = 0.f;
         CUTE_UNROLL
-        for (int e = 0; e < 8; ++e) o[r][e] *= alpha;
+        for (int e = 0; e < kVec; ++e) o[r][e] *= alpha;
         CUTE_UNROLL
         for (int u = 0; u < kUnroll; ++u) {
           float const pu = epi::fast_exp2(x[u] - ref);
-          float vf[8];
-          unpack8(vw[u], vf);
+          float vf[kVec];
+          unpack(vw[u], vf);
           sum += pu;
           CUTE_UNROLL
-          for (int e = 0; e < 8; ++e) o[r][e] = fmaf(pu, vf[e], o[r][e]);
+          for (int e = 0; e < kVec; ++e) o[r][e] = fmaf(pu, vf[e], o[r][e]);
         }
         l[r] = fmaf(l[r], alpha, sum);
         m[r] = mx;
@@ -162,7 +179,7 @@ struct DecodeAttention {
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       CUTE_UNROLL
-      for (int e = 0; e < 8; ++e) ss.group_o[r][g][li * 8 + e] = o[r][e];
+      for (int e = 0; e < kVec; ++e) ss.group_o[r][g][column(li, e)] = o[r][e];
       if (li == 0) ss.group_ml[r][g][0] = m[r], ss.group_ml[r][g][1] = l[r];
     }
     __syncthreads();
