@@ -11,7 +11,7 @@ round by round (comfuse.gpu_timing), medians; the mask operand is made outside t
 SDPA's math backend in float32 first (a row FAILS above rel-L2 2e-2).
 
     python bench/decode_attention.py [--out DIR] [--cases B1xH16,...] [--rounds R] [--reps N] [--dry-run]
-                                     [--ab-kernels DIR]
+                                     [--ab-kernels DIR] [--variants NAMES]
 
 --ab-kernels DIR also times the planner's kernel compiled from another kernels/ tree (e.g. the
 parent commit's, `git archive HEAD~1 kernels | tar -x -C DIR/..`), in the same rounds.
@@ -52,7 +52,8 @@ def variants(n: int, d: int) -> dict:
     return v
 
 
-def run_case(b: int, h: int, m: int, n: int, d: int, rounds: int, reps: int, ab_kernels: str = "") -> dict:
+def run_case(b: int, h: int, m: int, n: int, d: int, rounds: int, reps: int, ab_kernels: str = "",
+             only: tuple = ()) -> dict:
     import comfuse
     from comfuse import attention, gpu_timing
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -60,7 +61,8 @@ def run_case(b: int, h: int, m: int, n: int, d: int, rounds: int, reps: int, ab_
     dev = torch.device("cuda")
     g = attention.attention_graph("bf16", 1 / d ** 0.5, causal=False, mask="bf16")
     dims = {"B": b * h, "M": m, "N": n, "K": d, "DV": d}
-    kerns = {name: comfuse.compile_graph(g.text(), dims, **opts) for name, opts in variants(n, d).items()}
+    kerns = {name: comfuse.compile_graph(g.text(), dims, **opts) for name, opts in variants(n, d).items()
+             if name == "planner" or not only or name in only}
     if ab_kernels:  # the planner's kernel built from another kernels/ tree (an A/B of a device change)
         was = os.environ.get("COMFUSE_KERNELS_DIR")
         os.environ["COMFUSE_KERNELS_DIR"] = ab_kernels
@@ -121,6 +123,8 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--dry-run", action="store_true", help="plan every row on the CPU; time nothing")
     ap.add_argument("--ab-kernels", default="", help="also time the planner's kernel built from this kernels/ tree")
+    ap.add_argument("--variants", default="", help="the forced kernels to time beside the planner's, comma-separated "
+                    "(e.g. 'pipeline,decode c2'; default all, 'none' for the planner's alone)")
     ap.add_argument("--layers", type=int, help=argparse.SUPPRESS)  # gpu_python.sh's default arguments
     ap.add_argument("--quick", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--budget-s", type=float, help=argparse.SUPPRESS)
@@ -135,7 +139,8 @@ def main(argv=None) -> int:
     rows = []
     for c in cases:
         try:
-            rows.append(run_case(*c, rounds=args.rounds, reps=args.reps, ab_kernels=args.ab_kernels))
+            rows.append(run_case(*c, rounds=args.rounds, reps=args.reps, ab_kernels=args.ab_kernels,
+                                 only=tuple(v for v in args.variants.split(",") if v)))
         except Exception as e:  # noqa: BLE001 - a row that cannot run is reported, the others go on
             rows.append({"case": case_id(*c), "error": f"{type(e).__name__}: {str(e).splitlines()[0]}"})
         print(rows[-1], flush=True)
