@@ -14,7 +14,9 @@ SDPA's math backend in float32 first (a row FAILS above rel-L2 2e-2).
                                      [--ab-kernels DIR] [--variants NAMES]
 
 --ab-kernels DIR also times the planner's kernel compiled from another kernels/ tree (e.g. the
-parent commit's, `git archive HEAD~1 kernels | tar -x -C DIR/..`), in the same rounds.
+parent commit's, `git archive HEAD~1 kernels | tar -x -C DIR/..`), in the same rounds. Only the
+device code comes from that tree: the launch (grid, threads, SMEM) is this build's, so the other
+tree's kernel must need no more SMEM than this one's plan gives.
 
 writes DIR/decode_attention.md; --dry-run plans every row on the CPU (no GPU). On the GPU
 machine: `BENCH_SCRIPT=bench/decode_attention.py bash scripts/gpu_python.sh bench`.
@@ -41,7 +43,7 @@ def case_id(b, h, m, n, d) -> str:
     return f"B{b}xH{h}" + (f" M{m}" if m > 1 else "") + f" N{n} D{d}"
 
 
-def variants(n: int, d: int) -> dict:
+def variants(n: int) -> dict:
     """The planner's choice, then each kernel forced: the wgmma pipeline and the decode kernel by
     cluster size (those whose CTAs get 16 keys or more: the planner's own rule, a step of keys a
     CTA, is what this measures)."""
@@ -61,7 +63,7 @@ def run_case(b: int, h: int, m: int, n: int, d: int, rounds: int, reps: int, ab_
     dev = torch.device("cuda")
     g = attention.attention_graph("bf16", 1 / d ** 0.5, causal=False, mask="bf16")
     dims = {"B": b * h, "M": m, "N": n, "K": d, "DV": d}
-    kerns = {name: comfuse.compile_graph(g.text(), dims, **opts) for name, opts in variants(n, d).items()
+    kerns = {name: comfuse.compile_graph(g.text(), dims, **opts) for name, opts in variants(n).items()
              if name == "planner" or not only or name in only}
     if ab_kernels:  # the planner's kernel built from another kernels/ tree (an A/B of a device change)
         was = os.environ.get("COMFUSE_KERNELS_DIR")
@@ -69,7 +71,10 @@ def run_case(b: int, h: int, m: int, n: int, d: int, rounds: int, reps: int, ab_
         try:
             kerns["planner (A/B tree)"] = comfuse.compile_graph(g.text(), dims)
         finally:
-            os.environ.pop("COMFUSE_KERNELS_DIR") if was is None else os.environ.__setitem__("COMFUSE_KERNELS_DIR", was)
+            if was is None:
+                del os.environ["COMFUSE_KERNELS_DIR"]
+            else:
+                os.environ["COMFUSE_KERNELS_DIR"] = was
     q = torch.randn(b, h, m, d, device=dev, dtype=torch.bfloat16)
     k, v = (torch.randn(b, h, n, d, device=dev, dtype=torch.bfloat16) for _ in range(2))
     # Each sequence's filled slots, short ones included: a rank of N1's split over a cluster may see
@@ -105,7 +110,7 @@ def dry_run(cases, log) -> int:
 
     for b, h, m, n, d in cases:
         g = attention.attention_graph("bf16", 1 / d ** 0.5, causal=False, mask="bf16")
-        for name, opts in variants(n, d).items():
+        for name, opts in variants(n).items():
             try:
                 _, choice = attention.plan_kernel(g, {"B": b * h, "M": m, "N": n, "K": d, "DV": d}, opts)
             except attention.Refused as e:

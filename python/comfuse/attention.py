@@ -434,8 +434,8 @@ def _mask_note(c: AttentionCandidate) -> str:
 # Where no measurement decides (config.measure off, a CUDA graph capture), an attention whose mask
 # is a kernel operand: its kernel's time over SDPA's, MEASURED on the H200 at decode shapes (bench/
 # RESULTS.md, "Decode attention"; bench/models.py's regions). The wgmma pipeline with the mask
-# operand: 0.99-1.97x. The decode kernel: 0.20-0.80x at 16 to 512 batches of 64 to 4096 keys and
-# in GPT-2's and Llama's decode steps at batch 32, 1.175x at Llama's batch 1 (8 batches of 64
+# operand: 0.99-1.97x. The decode kernel: 0.16-0.93x at 16 to 512 batches of 64 to 4096 keys and
+# in GPT-2's and Llama's decode steps at batch 32, 1.04-1.08x at Llama's batch 1 (8 batches of 64
 # keys, head dim 128: its launch's fixed cost; the one prior fuses it where nothing measures). The
 # B2B planner prices SDPA's kernel not at all, so these priors stand in for it.
 MASK_OPERAND_PRIOR = 2.0

@@ -99,8 +99,13 @@ struct DeviceModel {
   // MEASURED: the decode kernel's useful FMAs (q . k and p v) a second, chip-wide, with the
   // shuffles, exponentials and conversions around them: 4 query rows at B1 x H16, N 4096, head dim
   // 64 took ~8 us beside the launch for 34 M FMAs (4.2e12); at head dim 128, 16 elements a lane,
-  // B32 x H8, N 1024: 50 us for 268 M (5.4e12). The lower rate is taken.
+  // B32 x H8, N 1024: 50 us for 268 M (5.4e12). The lower rate is taken; 5 to 8 rows (8 elements
+  // a lane, 195-250 registers) are priced at it unmeasured.
   double decode_fma_per_s = 4.2e12;
+  // The decode kernel's CTAs an SM can hold, from ptxas's registers (SASS of the emitted kernels):
+  // up to 2 rows 126-174 a thread (3 CTAs of 128 threads), 3 to 8 rows 192-255 (2 CTAs). The
+  // loads in flight that Little's law counts are those of the CTAs resident at once.
+  static constexpr int decode_ctas_per_sm(int rows) { return rows <= 2 ? 3 : 2; }
   // MEASURED: the wgmma pipeline's jobs of a few useful rows (a decode step) run 1.4-12.5 us above
   // its estimate (one row a batch, N 64 to 4096, heads of 64 and 128: Q's load, the ring's fill,
   // the hand-over of a job, which its per-chunk model does not price); the decode kernel is

@@ -117,10 +117,13 @@ B2bPlan decode_plan(const FusionSpec& first, const B2bProblem& p, const DecodeFo
   for (int c = 1; c <= Sm90::kMaxClusterSize; c *= 2) {
     if (opt.cluster_n ? c != *opt.cluster_n : c > 1 && p.n1 < c * step) continue;
     const double ctas = bt * c;
-    const double rate = std::min(dev.dram_bytes_per_s * dev.decode_dram_share, ctas * in_flight / (dev.dram_latency_us * 1e-6));
+    const double resident = std::min(ctas, double(DeviceModel::decode_ctas_per_sm(k.decode_rows) * dev.sm_count));
+    const double rate =
+        std::min(dev.dram_bytes_per_s * dev.decode_dram_share, resident * in_flight / (dev.dram_latency_us * 1e-6));
     const double stream_us = bytes / rate * 1e6;
     // The FMAs' rate wants two CTAs an SM too (8 warps to hide the dependent shuffles and
-    // exponentials: 4 rows at B1 x H16, N 4096 ran 18.8 us on 128 CTAs, 13.5 on 256).
+    // exponentials: 4 rows at B1 x H16, N 4096 ran 18.8 us on 128 CTAs, 13.5 on 256, Stop 45's
+    // kernel).
     const double fma_us = fmas / (dev.decode_fma_per_s * std::min(1.0, ctas / (2.0 * dev.sm_count))) * 1e6;
     const double merge_us = c > 1 ? lookup(dev.cluster_allreduce_us, c) : 0.0;
     priced.push_back({c, dev.decode_fixed_us + merge_us + std::max(stream_us, fma_us), stream_us, fma_us, merge_us});
@@ -163,9 +166,11 @@ B2bPlan decode_plan(const FusionSpec& first, const B2bProblem& p, const DecodeFo
                           c > 1 ? fmt::format(" in clusters of {}", c) : "", fmt_bytes(k.smem_bytes())));
   r.push_back(fmt::format(
       "estimate {:.1f} us: {} of K, V{}, Q and O streamed in {:.1f} us (at most {:.0f}% of DRAM's rate, and {} in "
-      "flight a CTA a {:.1f} us round trip), the FMAs {:.1f} us, plus {:.1f} us a launch{} (measured: calibration.h)",
+      "flight a CTA a {:.1f} us round trip, {} CTAs an SM resident), the FMAs {:.1f} us, plus {:.1f} us a launch{} "
+      "(measured: calibration.h)",
       plan.fused_us, fmt_bytes(static_cast<int64_t>(bytes)), form.mask_arg >= 0 ? ", the mask" : "", best->stream_us,
-      dev.decode_dram_share * 100, fmt_bytes(static_cast<int64_t>(in_flight)), dev.dram_latency_us, best->fma_us,
+      dev.decode_dram_share * 100, fmt_bytes(static_cast<int64_t>(in_flight)), dev.dram_latency_us,
+      DeviceModel::decode_ctas_per_sm(k.decode_rows), best->fma_us,
       dev.decode_fixed_us, c > 1 ? fmt::format(" and {:.2f} us the cluster's merge", best->merge_us) : ""));
   return plan;
 }

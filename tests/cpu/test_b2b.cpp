@@ -706,9 +706,9 @@ TEST_F(B2bCompile, AttentionWithAnAdditiveMaskAtOneRow) {
 
 // The decode kernel (B2bConfig::decode_rows; b2b/decode_attention.cuh): a few query rows a batch
 // take it where it prices below the wgmma pipeline (long caches, few batches), its mask in the
-// tile-input slot the binding fills, the scale folded; many batches of head dim 128 keep the
-// pipeline (measured a tie with SDPA there, the decode kernel 6% behind), which then names the
-// decode kernel among its alternatives. Every variant compiles
+// tile-input slot the binding fills, the scale folded; many batches of 4 rows at head dim 128 keep
+// the pipeline (the FMAs pace the decode kernel there), which then names the decode kernel among its
+// alternatives, while one row over as many batches streams on the decode kernel. Every variant compiles
 // without spills (head dims 64 to 256, 1 to 8 rows, bf16 and f32 masks, none).
 TEST_F(B2bCompile, DecodeKernelPlansAndCompiles) {
   const Pair masked = masked_attention("bf16");
@@ -735,6 +735,10 @@ TEST_F(B2bCompile, DecodeKernelPlansAndCompiles) {
   const B2bPlan streamed = make_b2b_plan(masked.first(), masked.second(), B2bProblem{128, 1, 128, 4096, 128, DType::BF16});
   EXPECT_TRUE(streamed.kernel.decode()) << explain(masked.first(), masked.second(), streamed);
   EXPECT_EQ(streamed.kernel.cluster_n1, 2) << explain(masked.first(), masked.second(), streamed);
+  // Little's law counts the CTAs resident at once: 4 rows' registers leave 2 an SM.
+  const B2bPlan four = make_b2b_plan(masked.first(), masked.second(), B2bProblem{256, 4, 128, 64, 128, DType::BF16});
+  ASSERT_TRUE(four.kernel.decode()) << explain(masked.first(), masked.second(), four);
+  EXPECT_NE(explain(masked.first(), masked.second(), four).find("2 CTAs an SM resident"), std::string::npos);
   EXPECT_TRUE(std::any_of(many.alternatives.begin(), many.alternatives.end(),
                           [](const std::string& a) { return a.find("the decode kernel") == 0; }));
 

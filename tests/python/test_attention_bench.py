@@ -105,6 +105,6 @@ def test_masked_graph_computes_sdpa_with_the_additive_mask(m):
 
 def test_decode_dry_run_plans_every_case(capsys):
     assert dec.main(["--dry-run"]) == 0
-    kernels = sum(len(dec.variants(n, d)) for _, _, _, n, d in dec.CASES)  # the planner's and each forced
+    kernels = sum(len(dec.variants(n)) for _, _, _, n, _ in dec.CASES)  # the planner's and each forced
     assert capsys.readouterr().out.count("one batched B2B kernel") == kernels
     assert dec.main(["--dry-run", "--cases", "nothing like this"]) == 2

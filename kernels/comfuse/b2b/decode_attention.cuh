@@ -12,7 +12,7 @@
 // Layout (kThreads = 4 warps): a key's row of D elements is held by kLanes = D / kVec consecutive
 // lanes, kVec = 8 or 16 elements each (B2bConfig::decode_vec), for K and V alike (D = DV); a warp
 // holds 32 / kLanes keys at once, the CTA kGroups. A lane's elements are 16-byte chunks c of 8,
-// at (c kLanes + li) 8: each load instruction reads a key's contiguous 128 or 256 bytes. Group g
+// at (c kLanes + li) 8: each load instruction reads kLanes x 16 contiguous bytes of a key. Group g
 // of the CTA walks keys start + g, start + g + kGroups, ... of the CTA's contiguous range,
 // kUnroll keys a step (B2bConfig::decode_unroll), all their loads issued before any is used.
 // Why 16 elements a lane at D >= 128: the scores' shuffles and the softmax's scalar work run once
