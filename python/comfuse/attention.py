@@ -107,9 +107,13 @@ class AttentionCandidate:
     decode_kernel: bool = False   # the planner chose the decode kernel (a few query rows a batch)
 
     def scores_shape(self) -> tuple:
-        """The op's scores [B, H, M, N] (q's heads and rows, before group_view)."""
-        d = self.dims
-        return (d["B"] * self.group // self.heads, self.heads, d["M"] // self.group, d["N"])
+        return scores_shape(self.dims, self.heads, self.group)
+
+
+def scores_shape(dims: dict, heads: int, group: int) -> tuple:
+    """The op's scores [B, H, M, N] (q's heads and rows, before group_view) from the kernel's dims
+    (B = batch x k's heads, M = group x q's rows)."""
+    return (dims["B"] * group // heads, heads, dims["M"] // group, dims["N"])
 
 
 def _arguments(node: fx.Node) -> dict:
@@ -549,7 +553,8 @@ class RuntimeAttention(RuntimeRegion):
 
     def _launch(self, tensors, sizes, dev):
         d, g = self.dims, self.group
-        b, m, kv = d["B"] * g // self.heads, d["M"] // g, self.heads // g
+        b, _, m, _ = scores_shape(d, self.heads, g)
+        kv = self.heads // g
         want = [(b, self.heads, m, d["K"]), (b, kv, d["N"], d["K"]), (b, kv, d["N"], d["DV"]),
                 (b, self.heads, m, d["N"])][:len(self.names)]
         got = [tuple(t.shape) for t in tensors]

@@ -86,14 +86,13 @@ struct DeviceModel {
   double b2b_piece_base_us = 0.55;
   double b2b_piece_per_follower_us = 0.42;
   // The decode kernel (b2b/decode_attention.cuh), MEASURED (bench/decode_attention.py, bench/
-  // NOTES.md Stops 45 and 46): its streams of K and V reach DRAM's rate (4.1 TB/s beside the
+  // NOTES.md Stops 45 and 46): its streams of K and V reach dram_bytes_per_s (4.1 TB/s beside the
   // launch's fixed part at B8 x H16, N 4096, head dim 128, clusters of 2; 3.9 at B32 x H16, N 1024,
   // head dim 64, one CTA a batch), and each CTA at most its loads in flight per dram_latency_us
   // (Little's law: B1 x H16, N 4096 by cluster size 1 to 16 within 4%; one CTA a batch at B8 x H16,
   // N 4096, head dim 128 ran 90 us against this 84); a launch pays decode_fixed_us beyond them
   // (the grid's start, the groups' merge in SMEM, O's stores: 3.5 us at 16 CTAs over 64 keys), a
   // split over a cluster its DSMEM merge on top (cluster_allreduce_us).
-  double decode_dram_share = 1.0;
   double decode_fixed_us = 2.5;
   double dram_latency_us = 1.3;
   // MEASURED: the decode kernel's useful FMAs (q . k and p v) a second, chip-wide, with the

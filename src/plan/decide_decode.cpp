@@ -6,7 +6,7 @@
 //   split     each batch's keys over the CTAs of a cluster (flash-decoding): every cluster size
 //             whose CTAs keep at least one step of keys priced, the smallest within 3% of the
 //             fastest taken
-//   estimate  K's, V's, the mask's, Q's and O's bytes at a share of DRAM's rate and each CTA's
+//   estimate  K's, V's, the mask's, Q's and O's bytes at DRAM's rate and each CTA's
 //             loads in flight (or the CUDA cores' FMAs where rows make it compute-bound), plus
 //             a fixed cost (MEASURED: calibration.h)
 // make_b2b_plan (decide_b2b.cpp) weighs it against the wgmma pipeline.
@@ -118,8 +118,7 @@ B2bPlan decode_plan(const FusionSpec& first, const B2bProblem& p, const DecodeFo
     if (opt.cluster_n ? c != *opt.cluster_n : c > 1 && p.n1 < c * step) continue;
     const double ctas = bt * c;
     const double resident = std::min(ctas, double(DeviceModel::decode_ctas_per_sm(k.decode_rows) * dev.sm_count));
-    const double rate =
-        std::min(dev.dram_bytes_per_s * dev.decode_dram_share, resident * in_flight / (dev.dram_latency_us * 1e-6));
+    const double rate = std::min(dev.dram_bytes_per_s, resident * in_flight / (dev.dram_latency_us * 1e-6));
     const double stream_us = bytes / rate * 1e6;
     // The FMAs' rate wants two CTAs an SM too (8 warps to hide the dependent shuffles and
     // exponentials: 4 rows at B1 x H16, N 4096 ran 18.8 us on 128 CTAs, 13.5 on 256, Stop 45's
@@ -165,11 +164,11 @@ B2bPlan decode_plan(const FusionSpec& first, const B2bProblem& p, const DecodeFo
   r.push_back(fmt::format("grid: {} CTAs of {} threads{}, SMEM {} each", plan.grid_ctas, k.threads(),
                           c > 1 ? fmt::format(" in clusters of {}", c) : "", fmt_bytes(k.smem_bytes())));
   r.push_back(fmt::format(
-      "estimate {:.1f} us: {} of K, V{}, Q and O streamed in {:.1f} us (at most {:.0f}% of DRAM's rate, and {} in "
+      "estimate {:.1f} us: {} of K, V{}, Q and O streamed in {:.1f} us (at most DRAM's rate, and {} in "
       "flight a CTA a {:.1f} us round trip, {} CTAs an SM resident), the FMAs {:.1f} us, plus {:.1f} us a launch{} "
       "(measured: calibration.h)",
       plan.fused_us, fmt_bytes(static_cast<int64_t>(bytes)), form.mask_arg >= 0 ? ", the mask" : "", best->stream_us,
-      dev.decode_dram_share * 100, fmt_bytes(static_cast<int64_t>(in_flight)), dev.dram_latency_us,
+      fmt_bytes(static_cast<int64_t>(in_flight)), dev.dram_latency_us,
       DeviceModel::decode_ctas_per_sm(k.decode_rows), best->fma_us,
       dev.decode_fixed_us, c > 1 ? fmt::format(" and {:.2f} us the cluster's merge", best->merge_us) : ""));
   return plan;

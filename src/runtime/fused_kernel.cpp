@@ -453,10 +453,7 @@ void FusedKernel::run_b2b(const RunArgs& args, Stream stream) const {
                               shape_str(W2.t->shape), K, N2, kc.tile_n2));
     const RuntimeArg& ro = e.args.at(static_cast<size_t>(e.arg_index(ArgRole::Output)));
     const Matrix O = batched_matrix_arg(args, ro, true);
-    auto ref = [&](const Matrix& m) {
-      const runtime_detail::BatchLayout bl = batch_layout(m, heads);
-      return MatrixRef{m.t->data, m.ld, static_cast<long long>(bl.head_stride), static_cast<long long>(bl.outer_stride)};
-    };
+    auto ref = [&](const Matrix& m) { return runtime_detail::matrix_ref(m.t->data, m.ld, batch_layout(m, heads)); };
     p.b2b_x = ref(X), p.b2b_w1 = ref(W1), p.b2b_w2 = ref(W2), p.b2b_out = ref(O);
   }
   runtime_detail::launch(st.kernel, kc, p, reinterpret_cast<cudaStream_t>(stream), st.max_clusters);

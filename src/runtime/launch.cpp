@@ -178,8 +178,7 @@ void set_tile_input(Params& p, int epi_rows, int slot, DType t, const void* X, i
   if (slot < 0 || slot >= Sm90::kMaxTileInputs) throw Error(fmt::format("tile input slot {} out of range", slot));
   encode_tensor(&p.tma_in[slot], what, t, X, p.M, cols, ld, 128 / static_cast<uint32_t>(size_of(t)), epi_rows,
                 batch);
-  p.tile_in[slot] = MatrixRef{X, ld, static_cast<long long>(batch.head_stride),
-                                 static_cast<long long>(batch.outer_stride)};
+  p.tile_in[slot] = matrix_ref(X, ld, batch);
 }
 
 int prepare(cudaKernel_t kernel, const KernelConfig& k) {

@@ -25,6 +25,12 @@ struct BatchLayout {
   uint64_t outer = 0, heads = 1;
   uint64_t outer_stride = 0, head_stride = 0;
 };
+// A matrix as a kernel's plain loads read it (params.cuh MatrixRef): base, row stride and batch
+// strides in elements.
+inline MatrixRef matrix_ref(const void* data, int64_t ld, const BatchLayout& batch) {
+  return MatrixRef{data, static_cast<long long>(ld), static_cast<long long>(batch.head_stride),
+                   static_cast<long long>(batch.outer_stride)};
+}
 
 // Output `slot` (the Store node's Out): M x N row-major, row stride ldd; the TMA box is
 // `epi_rows` rows (one consumer warp group's tile) of 128 bytes of columns; a batched kernel's
