@@ -41,7 +41,9 @@ struct DeviceRunReport {
 inline double gpu_result_tolerance(DType t) { return t == DType::BF16 ? 1e-2 : t == DType::F16 ? 5e-3 : 1e-4; }
 
 // Lowers, compiles and runs `g` once on random inputs drawn from `seed` (outputs poisoned
-// with NaN first), downloads the outputs and compares them with run_graph. With
+// with NaN first), downloads the outputs and compares them with run_graph. The kernel is built
+// for `built_for` where given (e.g. more rows than `dims`, as a shape class's kernel runs), else
+// for `dims`; it always runs on `dims`. With
 // timing_reps > 0 also times batches of that many back-to-back launches (after warm-up; GPU time,
 // src/runtime/baseline.h), alternating with the cuBLAS GEMM alone when cublas_baseline.
 // Where a traced kernel's time went (per-job mainloop, epilogue, tensor-idle gaps, cross-CTA
@@ -52,7 +54,8 @@ std::string summarize_b2b_trace(const std::vector<uint64_t>& trace, const B2bPla
 
 inline constexpr int kTimingRounds = 9;  // alternating fused / cuBLAS rounds of run_and_check
 DeviceRunReport run_and_check(const Graph& g, const Bindings& dims, uint64_t seed, const CompileOptions& opt = {},
-                              int timing_reps = 0, double input_offset = 0.0, bool cublas_baseline = false);
+                              int timing_reps = 0, double input_offset = 0.0, bool cublas_baseline = false,
+                              const Bindings& built_for = {});
 
 }  // namespace comfuse
 

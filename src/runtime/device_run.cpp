@@ -88,10 +88,11 @@ double median_of(std::vector<double> v) {
 }  // namespace
 
 DeviceRunReport run_and_check(const Graph& g, const Bindings& dims, uint64_t seed, const CompileOptions& opt,
-                              int timing_reps, double input_offset, bool cublas_baseline) {
+                              int timing_reps, double input_offset, bool cublas_baseline,
+                              const Bindings& built_for) {
   // One kernel: a single region, or a B2B pair (one kernel or two, as compile() decides; its
   // intermediate S is no argument).
-  FusedKernel k = compile(g, dims, opt);
+  FusedKernel k = compile(g, built_for.empty() ? dims : built_for, opt);
   const FusionSpec& s = k.spec();
   const FusionSpec* second = k.second_spec();
   const std::string intermediate =

@@ -584,6 +584,41 @@ output o: {0}
     }
 }
 
+// A decode kernel runs any M up to the rows it was built for (the launch refuses more): the rows
+// past M load row M - 1 (B2bConfig::decode_rows' clamp) and are never stored. Built for 4 rows at
+// head dim 128 (16 elements a lane) and run on 1 and 3; built for 8 at 64 over a cluster of 4 and
+// run on 5.
+TEST_F(GpuB2b, DecodeKernelRunsFewerRowsThanBuilt) {
+  const std::string g = R"(
+input q: bf16[B, M, K]
+input k: bf16[B, N, K]
+input v: bf16[B, N, DV]
+input mask: bf16[B, M, N]
+s = matmul(q, k)
+p = cast(softmax(add(mul(s, 0.125), mask)), bf16)
+o = matmul(p, v, layout=kn)
+output o: bf16
+)";
+  struct V {
+    int64_t built, run, n, d;
+    int cluster;
+  };
+  for (const V& v : {V{4, 1, 296, 128, 2}, V{4, 3, 1000, 128, 0}, V{8, 5, 520, 64, 4}}) {
+    SCOPED_TRACE(fmt::format("built for M={}, run on M={}, N={}, D={}, cluster {}", v.built, v.run, v.n, v.d,
+                             v.cluster));
+    CompileOptions opt;
+    opt.plan.b2b = PlanOptions::B2b::Force;
+    opt.plan.b2b_decode = true;
+    if (v.cluster > 0) opt.plan.cluster_n = v.cluster;
+    auto dims = [&](int64_t m) { return Bindings{{"B", 6}, {"M", m}, {"N", v.n}, {"K", v.d}, {"DV", v.d}}; };
+    const DeviceRunReport rep = run_and_check(parse_graph(g), dims(v.run), /*seed=*/13, opt, 0, 0.0, false,
+                                              dims(v.built));
+    expect_outputs_match(rep);
+    EXPECT_TRUE(rep.b2b_plan.kernel.decode());
+    EXPECT_EQ(rep.b2b_plan.kernel.decode_rows, v.built);
+  }
+}
+
 // Many batches and rounds of the persistent grid (4 x 16 heads of 512): every warp group walks
 // several jobs, causal pairs in alternating order.
 TEST_F(GpuB2b, BatchedAttentionManyHeads) {

@@ -196,6 +196,17 @@ struct GlobalRowAllReduce {
     publish(round, x, p, t, Rows, second);
   }
 
+  // Rows of the tile past M (x.rows) are neither published nor polled: a decode job's 64-row tile
+  // holds M <= 16 rows, and its other warps' polls only loaded L2 (and its second row slot, at
+  // M <= 8, cost a poll of its own). Skipped a warp's (mi, h) row slot at a time (its first row
+  // past M), so that every lane of a warp still takes part in its shuffles. 64-row warp groups
+  // only: decode plans take them, and the test's registers spilled a 128-row one (LayerNorm
+  // 8192 x 4096 x 4096), where only a problem's last row block has rows past M.
+  static COMFUSE_DEVICE bool live(RowGroupSlot const& x, int t, int mi, int h) {
+    if constexpr (MBlocks > 1) return true;
+    else return accum_row(t & ~31, mi, h) < x.rows;
+  }
+
   // Quad leaders write their rows' words of this round at rows off + row of their own slot part.
   static COMFUSE_DEVICE void publish(uint32_t round, RowGroupSlot const& x, Params const& p, int t, int off,
                                      float const (&v)[MBlocks][2]) {
@@ -204,7 +215,8 @@ struct GlobalRowAllReduce {
     CUTE_UNROLL
     for (int mi = 0; mi < MBlocks; ++mi)
       CUTE_UNROLL
-      for (int h = 0; h < 2; ++h) st_relaxed_gpu_u64(mine + off + accum_row(t, mi, h), tagged_word(tag(x, round), v[mi][h]));
+      for (int h = 0; h < 2; ++h)
+        if (live(x, t, mi, h)) st_relaxed_gpu_u64(mine + off + accum_row(t, mi, h), tagged_word(tag(x, round), v[mi][h]));
   }
 
   // A lane's words of one poll, all in flight at once: rows polled together up to this many
@@ -217,9 +229,9 @@ struct GlobalRowAllReduce {
   template <int W>
   static constexpr bool kRowsTogether = MBlocks * 2 * W * kPerLane <= kMaxPolledWords;
 
-  // For each of the thread's rows (mi, h): lane q's words at rows k * Rows + row (k < W) of its
-  // peers, once all carry this round's tag, go to f(mi, h, w). All of the thread's rows in one
-  // poll where their words fit kMaxPolledWords, else one row at a time.
+  // For each of the thread's live rows (mi, h): lane q's words at rows k * Rows + row (k < W) of
+  // its peers, once all carry this round's tag, go to f(mi, h, w). All of the thread's rows in
+  // one poll where their words fit kMaxPolledWords, else one row at a time.
   template <int W, class F>
   static COMFUSE_DEVICE void for_each_row(uint32_t round, RowGroupSlot const& x, Params const& p, int t, F&& f) {
     constexpr int kRows = MBlocks * 2;                     // (mi, h) rows a thread holds
@@ -230,23 +242,30 @@ struct GlobalRowAllReduce {
     CUTE_UNROLL
     for (int r0 = 0; r0 < kRows; r0 += kPerPoll) {
       int off[kPerPoll][W];
+      bool on[kPerPoll];
+      bool any = false;
       CUTE_UNROLL
-      for (int r = 0; r < kPerPoll; ++r)
+      for (int r = 0; r < kPerPoll; ++r) {
+        on[r] = live(x, t, (r0 + r) / 2, (r0 + r) % 2);
+        any |= on[r];
         CUTE_UNROLL
         for (int k = 0; k < W; ++k) off[r][k] = k * Rows + accum_row(t, (r0 + r) / 2, (r0 + r) % 2);
+      }
+      if (!any) continue;  // warp-uniform: every row of the poll past M
       uint64_t w[kPerPoll][W][kPerLane];
-      poll(base, off, want, t % 4, x.rank, t0, w);
+      poll(base, off, on, want, t % 4, x.rank, t0, w);
       CUTE_UNROLL
-      for (int r = 0; r < kPerPoll; ++r) f((r0 + r) / 2, (r0 + r) % 2, w[r]);
+      for (int r = 0; r < kPerPoll; ++r)
+        if (on[r]) f((r0 + r) / 2, (r0 + r) % 2, w[r]);
     }
   }
 
   // Lane q's words at rows off[r][0..W) from peers q, q + 4, ...: all loads issued at once,
-  // then only the ones not yet tagged with this round are re-polled. Its own words are not
-  // read (set to `want`).
+  // then only the ones not yet tagged with this round are re-polled. Its own words, and the
+  // rows not `on`, are not read (set to `want`).
   template <int R, int W>
-  static COMFUSE_DEVICE void poll(uint64_t const* base, int const (&off)[R][W], uint32_t want, int q, int rank,
-                                  uint64_t& t0, uint64_t (&w)[R][W][kPerLane]) {
+  static COMFUSE_DEVICE void poll(uint64_t const* base, int const (&off)[R][W], bool const (&on)[R], uint32_t want,
+                                  int q, int rank, uint64_t& t0, uint64_t (&w)[R][W][kPerLane]) {
     uint64_t const traced = trace::now();
     CUTE_UNROLL
     for (int r = 0; r < R; ++r)
@@ -255,8 +274,8 @@ struct GlobalRowAllReduce {
         CUTE_UNROLL
         for (int i = 0; i < kPerLane; ++i) {
           int const j = q + 4 * i;
-          w[r][k][i] =
-              j < Peers && j != rank ? ld_relaxed_gpu_u64(base + j * 2 * Rows + off[r][k]) : uint64_t(want) << 32;
+          w[r][k][i] = on[r] && j < Peers && j != rank ? ld_relaxed_gpu_u64(base + j * 2 * Rows + off[r][k])
+                                                       : uint64_t(want) << 32;
         }
     for (;;) {
       bool done = true;
@@ -318,7 +337,7 @@ struct GlobalRowAllReduce {
     // w[0]: the peers' statistics, w[1]: their second statistics, polled together.
     for_each_row<2>(round, x, p, t, [&](int mi, int h, uint64_t const (&w)[2][kPerLane]) {
       float const first = fold<First>(w[0], v[mi][h], q, x.rank);
-      float const c = center(first);
+      auto const c = center(first);
       float terms[kPerLane];
       CUTE_UNROLL
       for (int i = 0; i < kPerLane; ++i) {

@@ -709,16 +709,32 @@ template <class... Nodes> struct Stage {
       if constexpr (kPair == kPairMeanM2) return __fdiv_rn(first, float(c.N));  // the row mean
       else return first;                                                           // the row max
     }
-    COMFUSE_DEVICE static float pair_term(EpiCtx const& c, int j, float vj, float sj, float center) {
+    // 1 / n_j of the row's ragged last peer (its columns: N - its first column, below BN), else
+    // 1 / BN: one division a row (Chan::finish_pair's center). A division under a branch in every
+    // peer's term lengthened each warp's merge: 3-7% of LayerNorm's launch at 128 to 1024 rows
+    // (bench/NOTES.md Stop 47).
+    COMFUSE_DEVICE static float pair_inv_ragged(EpiCtx const& c) {
+      if constexpr (kPair == kPairMeanM2) {
+        int const ragged = (c.N - (c.n0 - c.xs.rank * Geo::BN)) % Geo::BN;
+        return ragged > 0 ? __fdiv_rn(1.f, float(ragged)) : 1.f / float(Geo::BN);
+      } else {
+        return 0.f;
+      }
+    }
+    COMFUSE_DEVICE static float pair_term(EpiCtx const& c, int j, float vj, float sj, float center, float inv_ragged) {
       if constexpr (kPair == kPairMeanM2) {  // Chan: M2_j + n_j (S_j / n_j - mean)^2
         int const n0 = c.n0 - c.xs.rank * Geo::BN;  // peer j holds columns n0 + j * BN ..
-        int const nj = max(0, min(Geo::BN, c.N - (n0 + j * Geo::BN)));
-        if (nj == 0) return 0.f;
-        // Peers * rows of these per job: a multiply by 1/BN (exact: BN is a power of two) for
-        // every full peer; only a ragged last peer pays a division (a uniform branch).
-        float const inv_nj = nj == Geo::BN ? 1.f / float(Geo::BN) : __fdiv_rn(1.f, float(nj));
+        int const left = c.N - (n0 + j * Geo::BN);   // .. up to N: its columns, unclamped
+        // Selects, no branch: 1/BN for a full peer (exact: BN is a power of two), the ragged
+        // peer's reciprocal from pair_inv_ragged, 0 for a peer past N. "Full" tests the unclamped
+        // count: written as min(left, BN) == BN, NVRTC 13.0 took the select's predicate from the
+        // clamp's VIMNMX and LayerNorm over a ragged N came out wrong on the H200 (a variance as
+        // if full peers took the ragged reciprocal; bench/NOTES.md Stop 47).
+        bool const full = left >= Geo::BN;
+        float const inv_nj = full ? 1.f / float(Geo::BN) : inv_ragged;
+        float const nj = float(full ? Geo::BN : max(left, 0));
         float const d = vj * inv_nj - center;
-        return sj + float(nj) * d * d;
+        return left > 0 ? sj + nj * d * d : 0.f;
       } else {  // online softmax: S_j exp(max_j - max); a peer with no finite value adds 0
         float const scale = fast_exp(fminf(vj - center, 0.f));  // fminf: NaN (-inf - -inf) -> 0
         return sj > 0.f ? sj * scale : 0.f;
@@ -759,8 +775,15 @@ template <class... Nodes> struct Stage {
           if constexpr (kClusterReduce) {
             // The first statistic folds as a sum (the mean's finalize divides later) or a max.
             using First = cute::conditional_t<kPair == kPairMeanM2, ReduceSum, ReduceMax>;
-            auto center = [&](float first) { return pair_center(c, first); };
-            auto term = [&](int j, float vj, float sj, float ctr) { return pair_term(c, j, vj, sj, ctr); };
+            // A row's merge constants, once a row after its words are in (held through the round's
+            // loads, the reciprocal spilled LayerNorm's 128-row kernel).
+            struct PairRow {
+              float center, inv_ragged;
+            };
+            auto center = [&](float first) { return PairRow{pair_center(c, first), pair_inv_ragged(c)}; };
+            auto term = [&](int j, float vj, float sj, PairRow const& r) {
+              return pair_term(c, j, vj, sj, r.center, r.inv_ragged);
+            };
             Chan::template finish_pair<First>(chan, rnd.n, c.xs, *c.p, c.t, v, second, center, term);
             ++rnd.n;
             if constexpr (kRoot) trace::mark_here(c.job, trace::kRoundDone);
