@@ -203,8 +203,7 @@ COMFUSE_DEVICE void mbar_wait(uint32_t bar, uint32_t parity) {
 // Where a warp group's row-reduction partials meet those of the CTAs that share its rows:
 // slot = its row group's exchange slot, rank = its place along N in that group, epoch = the
 // launch's tag for the L2 exchange's words (cluster/global_exchange.cuh; unused by DSMEM),
-// rows = the rows of its tile that exist (M - m0: the L2 exchange neither publishes nor polls
-// the others; every row by default).
+// rows = M - m0, the rows of its tile that exist (GlobalRowAllReduce::live; every row by default).
 struct RowGroupSlot {
   int slot = 0;
   int rank = 0;

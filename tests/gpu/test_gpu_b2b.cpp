@@ -585,7 +585,7 @@ output o: {0}
 }
 
 // A decode kernel runs any M up to the rows it was built for (the launch refuses more): the rows
-// past M load row M - 1 (B2bConfig::decode_rows' clamp) and are never stored. Built for 4 rows at
+// past M load row M - 1 (b2b/decode_attention.cuh clamps them) and are never stored. Built for 4 rows at
 // head dim 128 (16 elements a lane) and run on 1 and 3; built for 8 at 64 over a cluster of 4 and
 // run on 5.
 TEST_F(GpuB2b, DecodeKernelRunsFewerRowsThanBuilt) {

@@ -118,7 +118,9 @@ def test_measured_decision(gpu):
 
 def test_decode_rows_share_one_kernel(gpu):
     """Decode batches of 1..8 rows are one shape class, 9..16 the next and 17..32 the next
-    (partition.m_bucket): each is compiled once, never per step."""
+    (partition.m_bucket): each is compiled once, never per step. One kernel then runs at several
+    M, so the L2 exchange's rows past M (GlobalRowAllReduce::live: skipped at 17 and 24 rows,
+    polled at 31) meet words an earlier launch left."""
     model = M.LinearLayerNorm(2048, 2048).to(torch.bfloat16).to(gpu).eval()
     comfuse.config.strict = True
     comfuse.config.rest = "eager"

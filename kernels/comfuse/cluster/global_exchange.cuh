@@ -23,6 +23,9 @@
 // A word is rewritten every second round of its writer, so the stale value a reader can find
 // is that writer's round r - 2 (tag differs) or, on a word's first use in a launch, a value of
 // an earlier launch (epoch bits differ for 65535 launches; then the slots are zeroed again).
+// A row slot past M (live() below) writes and reads nothing; a slot's jobs go down the rows
+// (scheduler/tile_scheduler.cuh: one column of tiles a slot for row reductions), so only its
+// last job has rows past M, and no later round of the slot needs the ones it skipped.
 //
 // The launch counter lives in the workspace, not in Params: a CUDA graph replays a launch
 // with the same Params, and a counter fixed at capture would let a replay read the words of
@@ -196,11 +199,12 @@ struct GlobalRowAllReduce {
     publish(round, x, p, t, Rows, second);
   }
 
-  // Rows of the tile past M (x.rows) are neither published nor polled: a decode job's 64-row tile
-  // holds M <= 16 rows, and its other warps' polls only loaded L2 (and its second row slot, at
-  // M <= 8, cost a poll of its own). Skipped a warp's (mi, h) row slot at a time (its first row
-  // past M), so that every lane of a warp still takes part in its shuffles. 64-row warp groups
-  // only: decode plans take them, and the test's registers spilled a 128-row one (LayerNorm
+  // Whether a warp's (mi, h) row slot holds a row below M (x.rows: the tile's rows that exist,
+  // M - m0): a slot past M is neither published nor polled. A decode job's 64-row tile holds
+  // M <= 16 rows; its other warps' polls only loaded L2, and at M <= 8 warp 0's second slot cost
+  // a paired round a second poll (bench/NOTES.md Stop 47). A whole slot at a time (its first row
+  // decides), so every lane of a warp takes part in the shuffles. 64-row warp groups only: decode
+  // plans take them, and the check's registers made NVRTC spill in a 128-row one (LayerNorm
   // 8192 x 4096 x 4096), where only a problem's last row block has rows past M.
   static COMFUSE_DEVICE bool live(RowGroupSlot const& x, int t, int mi, int h) {
     if constexpr (MBlocks > 1) return true;
@@ -328,7 +332,8 @@ struct GlobalRowAllReduce {
   // Finish a pair round: v becomes the row's statistic folded with First (same bits in every
   // CTA), `second` the sum over peers j (lane q: j = q, q + 4, ..., then the quad butterfly) of
   // term(j, v_j, second_j, center(statistic)): the exact merge of the second statistics (the
-  // caller's pair rule, epilogue/stage.cuh; center: once per row, e.g. the mean).
+  // caller's pair rule, epilogue/stage.cuh; center: the row's constants for its terms, once a
+  // row once its words are in, e.g. the mean).
   template <class First, class Center, class Term>
   static COMFUSE_DEVICE void finish_pair(Storage&, uint32_t round, RowGroupSlot const& x, Params const& p, int t,
                                          float (&v)[MBlocks][2], float (&second)[MBlocks][2], Center const& center,

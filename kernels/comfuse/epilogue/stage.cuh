@@ -709,9 +709,9 @@ template <class... Nodes> struct Stage {
       if constexpr (kPair == kPairMeanM2) return __fdiv_rn(first, float(c.N));  // the row mean
       else return first;                                                           // the row max
     }
-    // 1 / n_j of the row's ragged last peer (its columns: N - its first column, below BN), else
-    // 1 / BN: one division a row (Chan::finish_pair's center). A division under a branch in every
-    // peer's term lengthened each warp's merge: 3-7% of LayerNorm's launch at 128 to 1024 rows
+    // 1 / n_j of the row's ragged last peer (its columns: N - its first column, below BN; the
+    // value is unused where N is a multiple of BN). A division under a branch in every peer's
+    // term lengthened each warp's merge: 3-7% of LayerNorm's launch at 128 to 1024 rows
     // (bench/NOTES.md Stop 47).
     COMFUSE_DEVICE static float pair_inv_ragged(EpiCtx const& c) {
       if constexpr (kPair == kPairMeanM2) {
@@ -726,10 +726,9 @@ template <class... Nodes> struct Stage {
         int const n0 = c.n0 - c.xs.rank * Geo::BN;  // peer j holds columns n0 + j * BN ..
         int const left = c.N - (n0 + j * Geo::BN);   // .. up to N: its columns, unclamped
         // Selects, no branch: 1/BN for a full peer (exact: BN is a power of two), the ragged
-        // peer's reciprocal from pair_inv_ragged, 0 for a peer past N. "Full" tests the unclamped
-        // count: written as min(left, BN) == BN, NVRTC 13.0 took the select's predicate from the
-        // clamp's VIMNMX and LayerNorm over a ragged N came out wrong on the H200 (a variance as
-        // if full peers took the ragged reciprocal; bench/NOTES.md Stop 47).
+        // peer's reciprocal, 0 for a peer past N. "Full" tests the unclamped count: tested as
+        // min(left, BN) == BN, LayerNorm over a ragged N came out wrong on the H200 (NVRTC 13.0,
+        // bench/NOTES.md Stop 47).
         bool const full = left >= Geo::BN;
         float const inv_nj = full ? 1.f / float(Geo::BN) : inv_ragged;
         float const nj = float(full ? Geo::BN : max(left, 0));
@@ -775,8 +774,8 @@ template <class... Nodes> struct Stage {
           if constexpr (kClusterReduce) {
             // The first statistic folds as a sum (the mean's finalize divides later) or a max.
             using First = cute::conditional_t<kPair == kPairMeanM2, ReduceSum, ReduceMax>;
-            // A row's merge constants, once a row after its words are in (held through the round's
-            // loads, the reciprocal spilled LayerNorm's 128-row kernel).
+            // A row's merge constants, computed once its words are in: the same for every row, but
+            // held through the round's loads the reciprocal made NVRTC spill (LayerNorm's 128-row kernel).
             struct PairRow {
               float center, inv_ragged;
             };

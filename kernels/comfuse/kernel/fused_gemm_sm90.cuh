@@ -288,9 +288,7 @@ struct FusedGemmSm90 {
             else xk.gather(accum, job, epoch, m0, p.M, t, bar, stage, sched.tile(k + k_step).valid);
           }
           if (nt == NTiles - 1) trace::mark(t, cw, job, trace::kAccReady);
-          // The tile's rows that exist, for the L2 exchange (RowGroupSlot::rows), set after the
-          // MMAs: held in ctx through them, it spilled LayerNorm's 128-row PingPong kernel.
-          ctx.xs.rows = p.M - m0;
+          ctx.xs.rows = p.M - m0;  // for the L2 exchange's rounds (GlobalRowAllReduce::live)
           if constexpr (kRingSlots > 0) {  // the tile's inputs, loaded after its k-blocks (no split-K:
                                            // every consumer owns its tiles, check())
             pipeline.consumer_wait(read_state);
