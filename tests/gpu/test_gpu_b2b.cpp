@@ -555,10 +555,9 @@ TEST_F(GpuB2b, BatchedAttention) {
 // an additive [B, M, N] mask input (random values: a bias), bf16 and f16, ragged N, head dims 64,
 // 128 and 256, keys split over clusters of 1 to 16 (some ranks past N: no key) and the planner's
 // split.
-TEST_F(GpuB2b, DecodeKernelAttention) {
-  for (const char* dtype : {"bf16", "f16"})
-    for (const bool masked : {false, true}) {
-      const std::string g = fmt::format(R"(
+// A decode step's attention: softmax(0.125 q k^T [+ an additive [B, M, N] mask]) v.
+std::string decode_attention(const char* dtype, bool masked) {
+  return fmt::format(R"(
 input q: {0}[B, M, K]
 input k: {0}[B, N, K]
 input v: {0}[B, N, DV]
@@ -567,8 +566,14 @@ p = cast(softmax({2}), {0})
 o = matmul(p, v, layout=kn)
 output o: {0}
 )",
-                                        dtype, masked ? fmt::format("input mask: {}[B, M, N]\n", dtype) : "",
-                                        masked ? "add(mul(s, 0.125), mask)" : "mul(s, 0.125)");
+                     dtype, masked ? fmt::format("input mask: {}[B, M, N]\n", dtype) : "",
+                     masked ? "add(mul(s, 0.125), mask)" : "mul(s, 0.125)");
+}
+
+TEST_F(GpuB2b, DecodeKernelAttention) {
+  for (const char* dtype : {"bf16", "f16"})
+    for (const bool masked : {false, true}) {
+      const std::string g = decode_attention(dtype, masked);
       for (const auto& [d, cluster] : {std::pair{Bindings{{"B", 12}, {"M", 1}, {"N", 1000}, {"K", 64}, {"DV", 64}}, 0},
                                        std::pair{Bindings{{"B", 5}, {"M", 3}, {"N", 520}, {"K", 128}, {"DV", 128}}, 16},
                                        std::pair{Bindings{{"B", 2}, {"M", 8}, {"N", 136}, {"K", 64}, {"DV", 64}}, 1},
@@ -589,16 +594,7 @@ output o: {0}
 // head dim 128 (16 elements a lane) and run on 1 and 3; built for 8 at 64 over a cluster of 4 and
 // run on 5.
 TEST_F(GpuB2b, DecodeKernelRunsFewerRowsThanBuilt) {
-  const std::string g = R"(
-input q: bf16[B, M, K]
-input k: bf16[B, N, K]
-input v: bf16[B, N, DV]
-input mask: bf16[B, M, N]
-s = matmul(q, k)
-p = cast(softmax(add(mul(s, 0.125), mask)), bf16)
-o = matmul(p, v, layout=kn)
-output o: bf16
-)";
+  const std::string g = decode_attention("bf16", /*masked=*/true);
   struct V {
     int64_t built, run, n, d;
     int cluster;

@@ -247,7 +247,7 @@ struct FusedGemmSm90 {
         int const m0 = tc.m_block * BM + (kPingPong ? 0 : cw * kEpiRows);
         epi::EpiCtx ctx{&p, m0, tc.n_block * BN, p.N, t, t / 32, t % 32};  // the job's tile 0
         ctx.job = job;
-        ctx.xs = RowGroupSlot{sched.exchange_slot(cw), sched.rank_n, epoch};
+        ctx.xs = RowGroupSlot{sched.exchange_slot(cw), sched.rank_n, epoch, p.M - m0};
         // Its last job: done with the L2 exchange after the chain's last round (start_retire).
         if constexpr (Geo::kRetireEarly && kL2Exchange)
           epi.rounds.retire_after = cluster::retires_early(epoch) && !sched.tile(k + k_step).valid;
@@ -288,7 +288,6 @@ struct FusedGemmSm90 {
             else xk.gather(accum, job, epoch, m0, p.M, t, bar, stage, sched.tile(k + k_step).valid);
           }
           if (nt == NTiles - 1) trace::mark(t, cw, job, trace::kAccReady);
-          ctx.xs.rows = p.M - m0;  // for the L2 exchange's rounds (GlobalRowAllReduce::live)
           if constexpr (kRingSlots > 0) {  // the tile's inputs, loaded after its k-blocks (no split-K:
                                            // every consumer owns its tiles, check())
             pipeline.consumer_wait(read_state);
