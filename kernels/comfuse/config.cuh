@@ -80,6 +80,14 @@ COMFUSE_HOST_DEVICE constexpr int dsmem_channel_bytes(int rows, int cluster_n) {
   return align_up(2 * cluster_n * rows * 4 + 16, 128);
 }
 
+// Bytes of one consumer WG's SMEM for the L2 exchange's pair rounds (cluster/global_exchange.cuh,
+// GlobalRowAllReduce::PairHandOver): where a 64-row warp group's two row slots of a pair round do
+// not fit one poll (more than 16 peers), warps 2 and 3 merge warps 0 and 1's second slots at
+// decode rows and hand them over: two round parities x 2 warps x 8 rows x 2 fp32 statistics.
+COMFUSE_HOST_DEVICE constexpr int l2_exchange_smem_bytes(int rows, int peers) {
+  return rows == 64 && peers > 16 ? 2 * 2 * 8 * 2 * 4 : 0;
+}
+
 // Split-K over DSMEM (KernelConfig::splits_in_cluster, cluster/split_hand_over.cuh): a job's
 // hand-over takes one piece per warp whose rows start below the job's rows_left (warp w holds
 // rows 16 w.. of each m64 block), so one at decode (M <= 16).
@@ -115,7 +123,7 @@ struct KernelConfig {
   StashSpace stash_space = StashSpace::None;
   int stash_elem_bytes = 0;                // 4: fp32, 2: bf16, 0: nothing stashed
   int epilogue_smem_bytes = 0;             // one consumer WG's epilogue SMEM: every stage's node storage
-                                           // and the DSMEM channel (the planner's model; the kernel
+                                           // and the channel's (the planner's model; the kernel
                                            // static_asserts that it is exact)
   bool begin_early = false;                // a warp group's first job begins (its vectors' loads)
                                            // before its mainloop: one-wave plans, whose epilogue
@@ -142,6 +150,10 @@ struct KernelConfig {
   // SplitK::gather), where this many rows (a_box_rows) fit beside the ring; 0: each thread loads
   // its own accumulators' partials, which leaves the loads to the one or two warps holding rows < M.
   int split_gather_rows = 0;
+  // Some pair of row reductions (a mean and variance, a max and sum of exp) merges in one round
+  // (Plan::fused_pairs): the L2 exchange then keeps its pair rounds' hand-over between warps on
+  // chip (l2_exchange_smem_bytes).
+  bool one_round_pairs = false;
 
   COMFUSE_HOST_DEVICE constexpr int epi_rows() const { return tile_m / wgs_per_tile; }  // one WG's rows
   // Threads a CTA launches with, and the setmaxnreg split of its registers between the producer
@@ -205,6 +217,14 @@ struct KernelConfig {
   // Global workspaces the runtime allocates (scheduler/grid.cuh sizes them for the grid).
   COMFUSE_HOST_DEVICE constexpr int stash_workspace_bytes_per_cta() const {
     return stash_space == StashSpace::Workspace ? consumer_wgs * stash_bytes_per_wg() : 0;
+  }
+  // One consumer WG's on-chip channel storage (epilogue/stage.cuh, SharedStorage::chan): the DSMEM
+  // channel, or the L2 exchange's pair rounds' hand-over between warps; none without a cross-CTA
+  // reduction.
+  COMFUSE_HOST_DEVICE constexpr int channel_smem_bytes() const {
+    if (!cross_cta_reduction()) return 0;
+    if (aggregation != Aggregation::L2Exchange) return dsmem_channel_bytes(epi_rows(), cluster_n);
+    return one_round_pairs ? l2_exchange_smem_bytes(epi_rows(), exchange_peers()) : 0;
   }
   // One exchange slot of the L2 channel: round parity x peers x (values, second statistics) x rows
   // of 8-byte tagged words (cluster/global_exchange.cuh; at least 2 peers).

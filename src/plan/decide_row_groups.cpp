@@ -279,6 +279,7 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
         const double per_sm_bytes_per_us = dev.dram_bytes_per_s / dev.sm_count * 1e-6;
         const double t_s1 = stage1 / per_sm_bytes_per_us, t_s2 = stage2 / per_sm_bytes_per_us;
         const OneRoundPairs fuse = fuse_pairs(chain, opt, n_tiles, Aggregation::L2Exchange, g);
+        c.k.one_round_pairs = fuse.any();  // before the ring's fit: the exchange's pair hand-over is SMEM
         const int rounds = chain.reductions - (fuse.mean_variance ? chain.mean_variance_pairs : 0) -
                            (fuse.max_exp_sum ? chain.max_exp_sum_pairs : 0);
         Division& d = o.d;

@@ -147,9 +147,14 @@ std::string explain(const FusionSpec& s, const Plan& p) {
   std::string red;
   if (p.reductions == 0) red = "no reduction";
   else if (p.kernel.aggregation == Aggregation::L2Exchange)
-    red = fmt::format("none on chip: the {} CTAs of a row group exchange partials through an L2 workspace "
+    red = fmt::format("{}: the {} CTAs of a row group exchange partials through an L2 workspace "
                       "(2 phases x {} peers x 2 x {} rows x 8-byte tagged words per WG slot), reused by all {} "
                       "reduction(s)",
+                      b.reduction_buffer > 0
+                          ? fmt::format("{} WGs x {} B where warps 2-3 merge a pair round's second row slots at "
+                                        "decode rows and hand them over (l2_exchange_smem_bytes)",
+                                        p.kernel.consumer_wgs, p.kernel.channel_smem_bytes())
+                          : std::string("none on chip"),
                       p.kernel.row_group, p.kernel.row_group, p.kernel.tile_m / p.kernel.wgs_per_tile, p.reductions);
   else if (p.kernel.cluster_n == 1) red = "C_N = 1: rows reduce by warp shuffles, nothing crosses a CTA";
   else

@@ -12,16 +12,15 @@ namespace comfuse::plan_detail {
 // per stage, its nodes' storage in one 1024-aligned block (TMA-store staging: rows x 64 columns
 // of each output's dtype, none for a later stage's output that writes through a root output's
 // staging, FusionSpec::staging_borrows; a RowBroadcast: tile_n floats; a TileInput keeps nothing
-// of its own: it reads L2 or a mainloop ring slot), none for a stage without; then the DSMEM
-// channel (one per WG, shared by every reduction of the chain), the whole rounded to the blocks'
-// 1024-byte alignment.
+// of its own: it reads L2 or a mainloop ring slot), none for a stage without; then the channel's
+// storage (KernelConfig::channel_smem_bytes: one per WG, shared by every reduction of the chain),
+// the whole rounded to the blocks' 1024-byte alignment.
 int epilogue_smem_bytes(const ChainInfo& chain, const KernelConfig& k) {
   const int rows = k.epi_rows();
   int tree = 0;
   for (const ChainInfo::StageStorage& st : chain.stage_storage)
     tree += align_up(rows * st.store_bytes_per_row_of_64 + st.row_broadcasts * k.tile_n * 4, 1024);
-  const bool dsmem = k.cross_cta_reduction() && k.aggregation != Aggregation::L2Exchange;
-  const int channel = dsmem ? dsmem_channel_bytes(rows, k.cluster_n) : 0;
+  const int channel = k.channel_smem_bytes();
   return tree > 0 ? align_up(tree + channel, 1024) : channel;
 }
 
@@ -54,8 +53,7 @@ int ring_input_bytes(const FusionSpec& s, const KernelConfig& k, const PlanOptio
 SmemBudget smem_budget(const KernelConfig& k) {
   SmemBudget b;
   b.mainloop_ring = k.ring_bytes();
-  const bool dsmem = k.cross_cta_reduction() && k.aggregation != Aggregation::L2Exchange;
-  const int channel = dsmem ? dsmem_channel_bytes(k.epi_rows(), k.cluster_n) : 0;
+  const int channel = k.channel_smem_bytes();
   // The channel's share of the WG's 1024-aligned epilogue block.
   const int tree_and_pad = k.epilogue_smem_bytes - channel;
   b.reduction_buffer = k.consumer_wgs * channel;

@@ -631,6 +631,44 @@ TEST_F(GpuReduce, SplitKPlannerDefaultAtDecode) {
   }
 }
 
+// Pair rounds at decode rows over more than 16 peers (GlobalRowAllReduce::kHelpedPairs): where a
+// 64-row warp group's rows all sit in warps 0 and 1 (9 to 32 rows in the job), warps 2 and 3 merge
+// their second row slots and hand them over in SMEM. LayerNorm (1000 offset), softmax and
+// log-softmax, each pair in one round; row groups of 32 and 64 with ragged and empty peers (N =
+// 3000: 24 tiles of 128), M of 9 to 32 and a last row block of 26 rows after full ones (M = 90),
+// with and without split-K; each kernel runs again after the check (tags and the hand-over's
+// round parity across launches).
+TEST_F(GpuReduce, PairRoundsHelpedAtDecodeRows) {
+  struct V {
+    int64_t m, n, k;
+    int row_group, splits;
+  };
+  for (const V& v : {V{9, 3000, 1000, 32, 1}, V{16, 4096 - 8, 4096 + 40, 32, 4}, V{27, 3000, 520, 64, 2},
+                     V{32, 4096, 1000, 32, 1}, V{90, 3000, 1000, 32, 1}}) {
+    for (const std::string what : {"layernorm", "softmax", "log-softmax"}) {
+      SCOPED_TRACE(fmt::format("{} M={} N={} K={} row group {} split-K {}", what, v.m, v.n, v.k, v.row_group, v.splits));
+      CompileOptions opt;
+      opt.plan.row_group = v.row_group;
+      opt.plan.cluster_m = 1;
+      opt.plan.tile_m = 64;
+      opt.plan.tile_n = 128;
+      opt.plan.k_splits = v.splits;
+      opt.plan.fuse_pairs = true;
+      Graph g = what == "layernorm" ? layer_norm_graph() : [&] {
+        Case c;
+        Value logits = c.acc * 4.0;
+        c.g.output(what == "softmax" ? c.g.softmax(logits) : c.g.log_softmax(logits), "p",
+                   what == "softmax" ? DType::BF16 : DType::F32);
+        return std::move(c.g);
+      }();
+      const Plan p = expect_split(g, dims(v.m, v.n, v.k), opt, what == "layernorm" ? 1000.0 : 0.0).plan;
+      EXPECT_EQ(p.kernel.row_peers(), v.row_group);
+      EXPECT_EQ(p.kernel.epi_rows(), 64);
+      EXPECT_TRUE(what == "layernorm" ? p.fused_pairs.mean_variance : p.fused_pairs.max_exp_sum);
+    }
+  }
+}
+
 // The planner's pairs at two row blocks (M = 65-128, decide_row_groups.cpp): clusters of 2 along
 // M with K split in two, the second CTA of each pair holding 1 to 64 rows; ragged N and K, a
 // residual riding along, LayerNorm in two rounds and softmax.

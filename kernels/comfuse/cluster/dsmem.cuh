@@ -124,6 +124,7 @@ struct RowAllReduce {
     alignas(8) uint64_t full[2];
   };
   static_assert(sizeof(Storage) == dsmem_channel_bytes(Rows, ClusterN), "config.cuh's channel size");
+  static constexpr bool kOnChip = true;
 
   // This CTA's index among the row's CTAs, and the cluster rank of the row's CTA `n`.
   static COMFUSE_DEVICE uint32_t rank_n() { return cluster_rank() / ClusterM; }

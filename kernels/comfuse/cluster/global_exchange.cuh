@@ -18,7 +18,8 @@
 // Each word carries its own flag (NCCL's "LL" protocol): high 32 bits a tag, low 32 bits the
 // fp32 partial, written and read as ONE 8-byte relaxed gpu-scope access (single-copy atomic),
 // so a reader that sees the round's tag sees that round's value: no fence, no separate flag,
-// no barrier, and every thread polls only the words it needs, all in flight at once.
+// no barrier, and every thread polls only the words it needs, all in flight at once. (Pair
+// rounds at decode rows hand rows between a warp group's warps in SMEM: PairHandOver below.)
 //   tag = (epoch mod 65535 + 1) << 16 | (round mod 2^16), never 0 (zeroed memory).
 // A word is rewritten every second round of its writer, so the stale value a reader can find
 // is that writer's round r - 2 (tag differs) or, on a word's first use in a launch, a value of
@@ -163,7 +164,8 @@ COMFUSE_DEVICE void finish_retire(Params const& p, uint32_t epoch, int t, uint32
   asm volatile("st.relaxed.gpu.global.u32 [%0], %1;\n" ::"l"(&exchange_header(p)->epoch), "r"(epoch + 1) : "memory");
 }
 
-template <int Rows, int Peers>
+// Pairs: the epilogue has pair rounds (KernelConfig::one_round_pairs; their hand-over's SMEM).
+template <int Rows, int Peers, bool Pairs = false>
 struct GlobalRowAllReduce {
   static constexpr int MBlocks = Rows / 64;
   static_assert(Rows == 64 || Rows == 128, "a warp group holds 64 or 128 rows");
@@ -176,8 +178,25 @@ struct GlobalRowAllReduce {
   // finishes; every CTA runs the identical sequence, so all compute the same bits.
   static constexpr int kPerLane = (Peers + 3) / 4;
 
-  struct Storage {};  // nothing on chip
+  // Pair rounds whose two row slots a thread holds do not fit one poll (kRowsTogether<2>: a 64-row
+  // warp group at more than 16 peers) poll the slots one after the other, two L2 round trips.
+  // Where warps 2 and 3 hold no row (helped: 8 < rows <= 32, decode), warp w + 2 polls warp w's
+  // second slot instead (help_pair) and hands the row's two statistics over in SMEM: one round
+  // trip and a barrier of the warp group (bench/NOTES.md Stop 48: 0.6-1.6 us a launch at 12-32
+  // rows). PairHandOver is double-buffered by round parity: buffer b is rewritten two rounds later,
+  // after the barrier of the round between, which its reader passes after reading it. Only a
+  // problem's last row block has 32 rows or fewer, and a slot's jobs go down the rows, so a warp
+  // group's helped rounds follow one another (each with its barrier).
+  static constexpr bool kHelpedPairs = Pairs && l2_exchange_smem_bytes(Rows, Peers) > 0;
+  struct PairHandOver {  // [round parity][warp 0, 1][row of its second slot][statistic, second statistic]
+    float row[2][2][8][2];
+  };
+  struct NoPairHandOver {};
+  using Storage = cute::conditional_t<kHelpedPairs, PairHandOver, NoPairHandOver>;
+  static constexpr bool kOnChip = kHelpedPairs;
+  static_assert(!kHelpedPairs || sizeof(Storage) == l2_exchange_smem_bytes(Rows, Peers), "config.cuh's hand-over size");
   static COMFUSE_DEVICE void init(Storage&) {}
+  static COMFUSE_DEVICE bool helped(RowGroupSlot const& x) { return kHelpedPairs && x.rows > 8 && x.rows <= 32; }
 
   static COMFUSE_DEVICE uint32_t tag(RowGroupSlot const& x, uint32_t round) {
     return launch_tag(x.epoch, round);
@@ -235,9 +254,11 @@ struct GlobalRowAllReduce {
 
   // For each of the thread's live rows (mi, h): lane q's words at rows k * Rows + row (k < W) of
   // its peers, once all carry this round's tag, go to f(mi, h, w). All of the thread's rows in
-  // one poll where their words fit kMaxPolledWords, else one row at a time.
+  // one poll where their words fit kMaxPolledWords, else one row at a time. skip_second: the
+  // second row slots (h = 1) are another warp's (helped pair rounds).
   template <int W, class F>
-  static COMFUSE_DEVICE void for_each_row(uint32_t round, RowGroupSlot const& x, Params const& p, int t, F&& f) {
+  static COMFUSE_DEVICE void for_each_row(uint32_t round, RowGroupSlot const& x, Params const& p, int t, F&& f,
+                                          bool skip_second = false) {
     constexpr int kRows = MBlocks * 2;                     // (mi, h) rows a thread holds
     constexpr int kPerPoll = kRowsTogether<W> ? kRows : 1;  // of them in one poll
     uint32_t const want = tag(x, round);
@@ -250,7 +271,7 @@ struct GlobalRowAllReduce {
       bool any = false;
       CUTE_UNROLL
       for (int r = 0; r < kPerPoll; ++r) {
-        on[r] = live(x, t, (r0 + r) / 2, (r0 + r) % 2);
+        on[r] = live(x, t, (r0 + r) / 2, (r0 + r) % 2) && !(skip_second && (r0 + r) % 2 == 1);
         any |= on[r];
         CUTE_UNROLL
         for (int k = 0; k < W; ++k) off[r][k] = k * Rows + accum_row(t, (r0 + r) / 2, (r0 + r) % 2);
@@ -329,34 +350,84 @@ struct GlobalRowAllReduce {
     });
   }
 
-  // Finish a pair round: v becomes the row's statistic folded with First (same bits in every
-  // CTA), `second` the sum over peers j (lane q: j = q, q + 4, ..., then the quad butterfly) of
-  // term(j, v_j, second_j, center(statistic)): the exact merge of the second statistics (the
-  // caller's pair rule, epilogue/stage.cuh; center: the row's constants for its terms, once a
-  // row once its words are in, e.g. the mean).
+  // One row of a pair round, lane q's words in: v becomes the row's statistic folded with First
+  // (the same bits in every CTA), s the sum over peers j (lane q: j = q, q + 4, ..., then the quad
+  // butterfly) of term(j, v_j, s_j, center(statistic)). rank: the peer whose values are v and s,
+  // not in w; -1 where every peer's words were polled.
   template <class First, class Center, class Term>
-  static COMFUSE_DEVICE void finish_pair(Storage&, uint32_t round, RowGroupSlot const& x, Params const& p, int t,
-                                         float (&v)[MBlocks][2], float (&second)[MBlocks][2], Center const& center,
-                                         Term const& term) {
+  static COMFUSE_DEVICE void merge_pair_row(uint64_t const (&w)[2][kPerLane], float& v, float& s, int q, int rank,
+                                            Center const& center, Term const& term) {
+    float const first = fold<First>(w[0], v, q, rank);
+    auto const c = center(first);
+    float terms[kPerLane];
+    CUTE_UNROLL
+    for (int i = 0; i < kPerLane; ++i) {
+      int const j = q + 4 * i;
+      bool const own = j == rank;  // select the inputs, then ONE inlined term
+      terms[i] = j < Peers ? term(j, own ? v : word_value(w[0][i]), own ? s : word_value(w[1][i]), c) : 0.f;
+    }
+    float acc = fold_pairwise<Plus>(terms);
+    acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+    acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+    v = first;
+    s = acc;
+  }
+
+  // Finish a pair round: each row as merge_pair_row, the exact merge of the second statistics
+  // (the caller's pair rule, epilogue/stage.cuh; center: the row's constants for its terms,
+  // computed once a row after its words are in, e.g. the mean). Helped (kHelpedPairs), warps 2
+  // and 3 take warps 0 and 1's second row slots (help_pair) and every thread of the warp group
+  // meets at bar_id before the owners read them.
+  template <class First, class Center, class Term>
+  static COMFUSE_DEVICE void finish_pair(Storage& st, uint32_t round, RowGroupSlot const& x, Params const& p, int t,
+                                         int bar_id, float (&v)[MBlocks][2], float (&second)[MBlocks][2],
+                                         Center const& center, Term const& term) {
     int const q = t % 4;
-    // w[0]: the peers' statistics, w[1]: their second statistics, polled together.
-    for_each_row<2>(round, x, p, t, [&](int mi, int h, uint64_t const (&w)[2][kPerLane]) {
-      float const first = fold<First>(w[0], v[mi][h], q, x.rank);
-      auto const c = center(first);
-      float terms[kPerLane];
-      CUTE_UNROLL
-      for (int i = 0; i < kPerLane; ++i) {
-        int const j = q + 4 * i;
-        bool const own = j == x.rank;  // select the inputs, then ONE inlined term
-        terms[i] = j < Peers ? term(j, own ? v[mi][h] : word_value(w[0][i]), own ? second[mi][h] : word_value(w[1][i]), c)
-                             : 0.f;
+    bool const shared = helped(x);
+    if (shared && t >= 64) {
+      help_pair<First>(st, round, x, p, t, center, term);
+    } else {
+      // w[0]: the peers' statistics, w[1]: their second statistics, polled together.
+      for_each_row<2>(round, x, p, t, [&](int mi, int h, uint64_t const (&w)[2][kPerLane]) {
+        merge_pair_row<First>(w, v[mi][h], second[mi][h], q, x.rank, center, term);
+      }, shared);
+    }
+    if constexpr (kHelpedPairs) {
+      if (shared) {
+        named_sync(bar_id, kWarpGroupThreads);
+        int const warp = t / 32;
+        if (warp < 2 && live(x, t, 0, 1)) {
+          v[0][1] = st.row[round & 1][warp][(t % 32) / 4][0];
+          second[0][1] = st.row[round & 1][warp][(t % 32) / 4][1];
+        }
       }
-      float acc = fold_pairwise<Plus>(terms);
-      acc += __shfl_xor_sync(0xffffffffu, acc, 1);
-      acc += __shfl_xor_sync(0xffffffffu, acc, 2);
-      v[mi][h] = first;
-      second[mi][h] = acc;
-    });
+    }
+  }
+
+ private:
+  // Lane t of warp 2 or 3 merges the second row slot of lane t - 64 (its owner in warp 0 or 1): it
+  // polls every peer's words of the row, its own CTA's included (rank -1; they carry the owner's
+  // registers' bits, so every CTA still folds the same values), and a quad's leader writes the
+  // row's statistics to PairHandOver.
+  template <class First, class Center, class Term>
+  static COMFUSE_DEVICE void help_pair(Storage& st, uint32_t round, RowGroupSlot const& x, Params const& p, int t,
+                                       Center const& center, Term const& term) {
+    if constexpr (kHelpedPairs) {
+      int const owner_t = t - 64, q = t % 4;
+      if (!live(x, owner_t, 0, 1)) return;  // warp-uniform
+      int const row = accum_row(owner_t, 0, 1);
+      int const off[1][2] = {{row, Rows + row}};
+      bool const on[1] = {true};
+      uint64_t w[1][2][kPerLane];
+      uint64_t t0 = 0;
+      poll(words(x, p, round, 0), off, on, tag(x, round), q, -1, t0, w);
+      float a = 0.f, s = 0.f;  // not read: rank -1
+      merge_pair_row<First>(w[0], a, s, q, -1, center, term);
+      if (q == 0) {
+        st.row[round & 1][t / 32 - 2][(t % 32) / 4][0] = a;
+        st.row[round & 1][t / 32 - 2][(t % 32) / 4][1] = s;
+      }
+    }
   }
 };
 

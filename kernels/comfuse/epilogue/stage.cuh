@@ -73,9 +73,12 @@ namespace comfuse::epi {
 // would stay live through every epilogue for ~0.7 us a launch.
 // ConsumerWGs: the kernel's consumer warp groups (KernelConfig::consumer_wgs), all counted out.
 template <int BM_, int BN_, int RowPeers_ = 1, Aggregation Agg_ = Aggregation::None, int NTiles_ = 1,
-          bool Batched_ = false, int ClusterM_ = 1, bool RetireEarly_ = false, int ConsumerWGs_ = Sm90::kConsumerWGs>
+          bool Batched_ = false, int ClusterM_ = 1, bool RetireEarly_ = false, int ConsumerWGs_ = Sm90::kConsumerWGs,
+          bool OneRoundPairs_ = false>
 struct Geometry {
   static constexpr int ConsumerWGs = ConsumerWGs_;
+  // KernelConfig::one_round_pairs: some pair of the chain merges in one round (the L2 channel's storage).
+  static constexpr bool kOneRoundPairs = OneRoundPairs_;
   static constexpr bool kRetireEarly = RetireEarly_ && Agg_ == Aggregation::L2Exchange;
   static constexpr int BM = BM_, BN = BN_, RowPeers = RowPeers_, ClusterM = ClusterM_;
   static constexpr bool kBatched = Batched_;  // tensors carry a leading batch dim (EpiCtx::batch)
@@ -161,6 +164,7 @@ struct NoHook {
 // RowPeers == 1: the reduce phase ends after the quad shuffles.
 struct NoChannel {
   struct Storage {};
+  static constexpr bool kOnChip = false;
 };
 }  // namespace detail
 
@@ -213,7 +217,8 @@ template <class... Nodes> struct Stage {
     static constexpr int kPeers = cute::max(Geo::RowPeers, 2);
     using Chan = cute::conditional_t<
         !kClusterReduce, detail::NoChannel,
-        cute::conditional_t<Geo::Agg == Aggregation::L2Exchange, cluster::GlobalRowAllReduce<Geo::BM, kPeers>,
+        cute::conditional_t<Geo::Agg == Aggregation::L2Exchange,
+                            cluster::GlobalRowAllReduce<Geo::BM, kPeers, Geo::kOneRoundPairs>,
                             cluster::RowAllReduce<Geo::BM, cute::min(kPeers, 16), Geo::Agg, Geo::ClusterM>>>;
     using ChanStorage = typename Chan::Storage;
     static_assert(cute::is_same_v<Parent, NoParent> || (0 + ... + int(cute::is_same_v<Nodes, AccEntry>)) == 0,
@@ -237,6 +242,17 @@ template <class... Nodes> struct Stage {
     }
     static constexpr int kChainRounds = chain_rounds();
     static constexpr bool kLastRound = !kHasPost || PostExec::kChainRounds == 0;  // no round after this stage's
+    // Whether a pair of reductions merges in one round from this stage on (KernelConfig::one_round_pairs).
+    static constexpr bool chain_pairs() {
+      constexpr int pair = detail::pair_of<Last>::value;
+      constexpr bool here = pair == kPairMeanM2 || pair == kPairMaxExpSum;
+      if constexpr (kHasPost) return here || PostExec::kChainPairs;
+      else return here;
+    }
+    static constexpr bool kChainPairs = chain_pairs();
+    static_assert(!cute::is_same_v<Parent, NoParent> || !kClusterReduce || Geo::Agg != Aggregation::L2Exchange ||
+                      Geo::kOneRoundPairs == kChainPairs,
+                  "ComFuse: KernelConfig::one_round_pairs differs from the epilogue's pairs (the L2 channel's SMEM)");
 
     struct alignas(1024) NodesFull : Layout::Storage {
       template <int I> static constexpr size_t offset_of() { return Layout::offset(I); }
@@ -295,8 +311,9 @@ template <class... Nodes> struct Stage {
     struct SharedChan {
       ChanStorage chan;
     };
-    // The L2 channel keeps nothing on chip: no (empty, 1 KiB-padded) member for it.
-    static constexpr bool kChanInSmem = kClusterReduce && Geo::Agg != Aggregation::L2Exchange;
+    // A channel that keeps nothing on chip (the L2 exchange but for its hand-over) gets no (empty,
+    // 1 KiB-padded) member.
+    static constexpr bool kChanInSmem = kClusterReduce && Chan::kOnChip;
     using SharedStorage = cute::conditional_t<
         kChanInSmem, cute::conditional_t<kTreeHasStorage, SharedTreeChan, SharedChan>,
         cute::conditional_t<kTreeHasStorage, SharedTree, detail::NoTree>>;
@@ -606,7 +623,7 @@ template <class... Nodes> struct Stage {
         if (t == Geo::NTiles - 1) {
           if constexpr (kChanInSmem) {
             reduce_phase(c, tree, accum, bar_id, ss.chan, rounds, st);
-          } else {  // the L2 channel or none: no storage on chip
+          } else {  // a channel with no storage on chip, or none
             ChanStorage none;
             reduce_phase(c, tree, accum, bar_id, none, rounds, st);
           }
@@ -783,7 +800,7 @@ template <class... Nodes> struct Stage {
             auto term = [&](int j, float vj, float sj, PairRow const& r) {
               return pair_term(c, j, vj, sj, r.center, r.inv_ragged);
             };
-            Chan::template finish_pair<First>(chan, rnd.n, c.xs, *c.p, c.t, v, second, center, term);
+            Chan::template finish_pair<First>(chan, rnd.n, c.xs, *c.p, c.t, bar_id, v, second, center, term);
             ++rnd.n;
             if constexpr (kRoot) trace::mark_here(c.job, trace::kRoundDone);
           }
