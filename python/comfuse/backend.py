@@ -108,6 +108,12 @@ def rewrite(gm: fx.GraphModule, g: GraphReport, apply: bool = True, inductor_opt
         if info.status != "fused":
             log.info("comfuse: %s: %s: %s", info.root, info.status, info.reason)
             continue
+        if info.needs_measurement and not _timed(c, True):  # not even on a GPU
+            info.status = "fallback"
+            info.reason += ("; no measurement will run (config.measure, or a CUDA graph being captured), and the "
+                            "estimate alone does not pay")
+            log.info("comfuse: %s: %s", info.root, info.reason)
+            continue
         devices = {val(n).device.type for n in _tensor_operands(c)}
         here = None if devices == {"cuda"} and ok else (why_not if not ok else f"inputs on {'/'.join(sorted(devices))}")
         if here:

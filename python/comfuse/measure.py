@@ -59,7 +59,7 @@ def wanted(on_gpu: bool) -> bool:
         return True
     if mode in ("off", "0", "false", "no") or not on_gpu:
         return False
-    return not torch.cuda.is_current_stream_capturing()
+    return not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
 
 
 def _time_us(fn) -> float:
@@ -206,8 +206,9 @@ def measure_region(rr: "kernels.RuntimeRegion", tensor_nodes: list[fx.Node], siz
     decides again: info.status becomes "fallback" where the median of the rounds' fused / unfused
     ratios (fused / the GEMM plus the modeled epilogue where Inductor was not timed) is not below
     1 - config.min_gain - config.measure_margin. The numbers go to info.measured and the reason.
-    Where timing fails or the kernel does not run (a fallback), the planner's decision stays and
-    the reason says why."""
+    Where timing fails or the kernel does not run (a fallback), the planner's decision stays (a
+    region fused only on a measurement's word, info.needs_measurement, falls back) and the reason
+    says why."""
     info = rr.info
     m = size_hint(info.m)
     tensors = sizes = a = None
@@ -233,9 +234,11 @@ def measure_region(rr: "kernels.RuntimeRegion", tensor_nodes: list[fx.Node], siz
             inductor = statistics.median(inductor_us) if inductor_us else None
             ratios = [f / i for f, i in zip(fused_us, inductor_us)]
     except Exception as e:
-        log.warning("comfuse: region %d (%s): not measured, the planner's decision stands: %s: %s",
-                    info.id, info.root, type(e).__name__, e)
+        stands = "" if info.needs_measurement else ", the planner's decision stands"
+        log.warning("comfuse: region %d (%s): not measured%s: %s: %s", info.id, info.root, stands, type(e).__name__, e)
         info.reason += f"; not measured ({_error_line(e)})"
+        if info.needs_measurement:  # fused only on a measurement's word
+            info.status = "fallback"
         return
     finally:
         rr.__dict__.pop("_measure_inductor", None)

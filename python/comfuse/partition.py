@@ -155,6 +155,9 @@ class RegionInfo:
     calls: int = 0
     fallback_calls: int = 0
     runtime_fallback: str = ""
+    # Fused on the condition that a measurement pays (decide(): the estimate alone did not, the
+    # plan's low_us did); where no measurement will run, the region falls back.
+    needs_measurement: bool = False
 
     @property
     def gain(self) -> float | None:
@@ -395,10 +398,18 @@ def decide(c: Candidate) -> None:
     unfused = gemm + epi
     gemms = f"{1 + gates} GEMMs" if gates else "GEMM"
     info.fused_us, info.unfused_us, info.unfused_epilogue_us = fused, unfused, epi
+    # A plan class the planner prices above its measured launches (one-wave split-K at decode:
+    # calibration.h one_wave_split_overestimate) may pay where its estimate does not: measured.
+    low = min(fused, plan.get("low_us", fused))
     if pays(fused, unfused):
         info.status = "fused"
         info.reason = (f"planner: fused {fused:.1f} us vs unfused {unfused:.1f} us "
                        f"({gemms} {gemm:.1f} + epilogue {epi:.1f}) at M={m}")
+    elif not absorbed and pays(low, unfused):
+        info.status, info.needs_measurement = "fused", True
+        info.reason = (f"planner: fused {fused:.1f} us, as low as {low:.1f} (one-wave split-K plans measured up to "
+                       f"{fused / low:.2f}x faster than estimated) vs unfused {unfused:.1f} us ({gemms} {gemm:.1f} + "
+                       f"epilogue {epi:.1f}) at M={m}: fused where a measurement pays")
     else:
         info.status = "fallback"
         info.reason = (f"no predicted gain: fused {fused:.1f} us vs unfused {unfused:.1f} us ({gemms} {gemm:.1f} + "

@@ -161,6 +161,7 @@ nb::dict plan_summary(const Plan& p) {
   d["reread_us"] = p.estimate.reread_us;
   d["dram_floor_us"] = p.estimate.dram_floor_us;
   d["total_us"] = p.estimate.total_us;
+  d["low_us"] = p.estimate.low_us;  // the least such a plan measured against its estimate
   d["reasons"] = p.reasons;
   return d;
 }

@@ -339,6 +339,15 @@ struct PlannerTunables {
   // without, bench/NOTES.md PDL). Kernels of several jobs a CTA leave it out: there it is within
   // the error of the tables fitted to them.
   double one_wave_launch_us = 2.7;
+  // How far this model prices a one-wave split-K plan (decode) above its measured launches: the
+  // most among the measured rows, where estimate / measured spans 1.17-1.76 (bench/RESULTS.md,
+  // Stops 38-48: softmax 8 x 4096 x 4096 21.2 us against 12.05, RMSNorm 1 x 2048 x 4096 14.5
+  // against 8.5, bias + GELU 1 x 4096 x 4096 18.1 against 10.85, residual RMSNorm 1 x 4096 x
+  // 14336 52.0 against 36.1, residual LayerNorm 32 x 1024 x 4096 16.3 against 13.9). The
+  // candidates are ranked on the estimate as it is (a refit of the one-wave rates moved plans at
+  // M = 32-128 to slower ones, bench/NOTES.md Stop 37); PlanEstimate::low_us carries the bound, so
+  // that the frontend measures a region that may pay instead of refusing it on the estimate.
+  double one_wave_split_overestimate = 1.76;
   // Fewest k-blocks a split's mainloop takes (a shorter one is mostly ring fill). GUESS.
   int split_k_min_k_blocks = 4;
 };

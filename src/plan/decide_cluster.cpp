@@ -122,6 +122,7 @@ void estimate_cluster(Candidate& c, const Request& r) {
     c.est.reread_us = double(c.jobs) * k.cluster_size() * per_job / (in_l2 ? dev.l2_bytes_per_s : dev.dram_bytes_per_s) * 1e6;
   }
   c.est.total_us = std::max(t_cluster, c.est.dram_floor_us) + c.est.reread_us;
+  c.est.low_us = c.est.total_us;
 }
 
 std::vector<Candidate> decide_cluster(const Request& r, Rejections& why) {

@@ -385,6 +385,9 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
     c.est.epilogue_us = o.d.tail_us + o.d.exchange_us;
     c.est.reread_us = 0;
     c.est.total_us = std::max(o.d.est_us, c.est.dram_floor_us);
+    const bool one_wave_split = o.d.jobs_per_cta == 1 && c.k.k_splits > 1;
+    c.est.low_us =
+        one_wave_split ? std::max(c.est.total_us / tun.one_wave_split_overestimate, c.est.dram_floor_us) : c.est.total_us;
     c.why = chain.reductions > 0
                 ? fmt::format("row reduction over a row group (src/plan/decide_row_groups.cpp): {} {}x{}, clusters "
                               "{}x1 in row groups of {}, {} N-tile(s)/CTA: est {:.1f} us (mainloop {:.1f}, tail {:.1f}, "

@@ -175,6 +175,45 @@ def test_timer_error_keeps_the_planners_decision(timers, monkeypatch, caplog):
     assert "no events here" in caplog.text
 
 
+def _decode_norm_region():
+    """GPT-2's decode c_proj + residual + LayerNorm at M = 1 (1024 x 1024): priced above the unfused
+    side, but within one-wave split-K plans' known overestimate (RegionInfo.needs_measurement)."""
+    out, ref, rep = run(M.Conv1DResidualLayerNorm(1024, 1024), randn(1, 1, 1024), randn(1, 1, 1024, seed=1))
+    close(out, ref)
+    (r,) = rep.regions
+    return r
+
+
+@pytest.mark.parametrize("fused_us,fuses", [(1.0, True), (50.0, False)])
+def test_a_region_within_the_estimates_band_fuses_on_a_measurement(timers, fused_us, fuses):
+    timers["fused"], timers["gemm"] = fused_us, 4.0
+    r = _decode_norm_region()
+    assert r.needs_measurement and r.fused_us > r.unfused_us, r.reason
+    assert len(timers["region_calls"]) == 1
+    if fuses:
+        assert r.status in ("fused", "fusable") and "fused where a measurement pays" in r.reason, r.reason
+        assert "; measured: fused 1.0 us" in r.reason, r.reason
+        assert r.id in REGISTRY and r.calls == 1
+    else:
+        assert r.status == "fallback" and r.reason.startswith("measured on cpu: fused 50.0 us"), r.reason
+
+
+def test_a_region_within_the_estimates_band_falls_back_unmeasured(timers):
+    comfuse.config.measure = "off"
+    timers["fused"] = timers["gemm"] = AssertionError("a timer ran with config.measure = 'off'")
+    r = _decode_norm_region()
+    assert r.status == "fallback" and r.reason.endswith("the estimate alone does not pay"), r.reason
+    assert r.id not in REGISTRY and not timers["region_calls"]
+
+
+def test_a_timer_error_drops_a_region_fused_only_on_a_measurement(timers, caplog):
+    timers["fused"] = RuntimeError("no events here")
+    r = _decode_norm_region()
+    assert r.status == "fallback" and "not measured (RuntimeError: no events here)" in r.reason, r.reason
+    assert r.id not in REGISTRY and r.calls == 0
+    assert "no events here" in caplog.text
+
+
 @pytest.mark.parametrize("drop", ["c_fc", "c_proj"])
 def test_one_of_two_chained_regions_falls_back(timers, monkeypatch, drop):
     """GPT-2's MLP as two regions (c_fc + gelu_new, c_proj + residual): the measurement drops one;

@@ -104,18 +104,25 @@ def test_gpt2_mlp_block():
 
 @pytest.mark.parametrize("m", [1, 32])
 @pytest.mark.parametrize("k", [4096, 1024])
-def test_gpt2_decode_c_proj_residual_layer_norm_falls_back(m, k):
-    """GPT-2 medium's decode c_proj + residual + LayerNorm (N = 1024): the split-K plan pays its
-    owner's gather and its launch (measured 11.7-16.5 us for the planner's picks, 19.2-26.0 us
-    for the 16 splits it once picked at 10.1 us) against cuBLAS at decode (6.5-6.9 us at K = 4096,
-    4.3-4.6 at K = 1024) plus one norm kernel: no predicted gain."""
+def test_gpt2_decode_c_proj_residual_layer_norm_waits_for_a_measurement(m, k):
+    """GPT-2 medium's decode c_proj + residual + LayerNorm (N = 1024): the split-K plan is priced
+    above cuBLAS at decode plus one norm kernel (measured 6.5-6.9 us at K = 4096, 4.3-4.6 at
+    K = 1024, plus ~3), but one-wave split-K plans measure up to 1.76x below their estimates
+    (13.0 us priced, 9.2 measured at M = 1, K = 4096: bench/RESULTS.md): at M = 1 the region is
+    fused only where a measurement pays; at M = 32 even that bound does not pay."""
     cap = capture(module(M.Conv1DResidualLayerNorm(k, 1024)), randn(m, 1, k), randn(m, 1, 1024, seed=1))
     c = cap.by_root("c_proj")
     assert ops_of(c) == ["addmm", "add", "native_layer_norm"]
-    assert c.info.status == "fallback" and c.info.reason.startswith("no predicted gain"), c.info.reason
     assert c.info.fused_us > 1.2 * c.info.unfused_us
     assert c.info.fused_us >= 10.0
     assert 1 <= c.info.plan["k_splits"] <= 8
+    if m == 1:
+        assert c.info.status == "fused" and c.info.needs_measurement, c.info.reason
+        assert c.info.reason.endswith("fused where a measurement pays"), c.info.reason
+        assert c.info.plan["low_us"] < c.info.unfused_us < c.info.fused_us
+    else:
+        assert c.info.status == "fallback" and c.info.reason.startswith("no predicted gain"), c.info.reason
+        assert not c.info.needs_measurement
 
 
 def test_gpt2_prefill_c_proj_residual_layer_norm_falls_back():
