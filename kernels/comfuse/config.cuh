@@ -80,6 +80,11 @@ COMFUSE_HOST_DEVICE constexpr int dsmem_channel_bytes(int rows, int cluster_n) {
   return align_up(2 * cluster_n * rows * 4 + 16, 128);
 }
 
+// A job of a 64-row warp group whose rows all sit in warps 0 and 1 while warp 0's second row slot
+// holds some (the wgmma layout: warp w holds rows 16 w + lane / 4 + 8 h): warps 2 and 3 are free to
+// take warps 0 and 1's second row slots of a pair round (cluster/global_exchange.cuh).
+COMFUSE_HOST_DEVICE constexpr bool pair_hand_over_rows(int rows) { return rows > 8 && rows <= 32; }
+
 // Bytes of one consumer WG's SMEM for the L2 exchange's pair rounds (cluster/global_exchange.cuh,
 // GlobalRowAllReduce::PairHandOver): where a 64-row warp group's two row slots of a pair round do
 // not fit one poll (more than 16 peers), warps 2 and 3 merge warps 0 and 1's second slots at
@@ -151,9 +156,9 @@ struct KernelConfig {
   // its own accumulators' partials, which leaves the loads to the one or two warps holding rows < M.
   int split_gather_rows = 0;
   // Some pair of row reductions (a mean and variance, a max and sum of exp) merges in one round
-  // (Plan::fused_pairs): the L2 exchange then keeps its pair rounds' hand-over between warps on
-  // chip (l2_exchange_smem_bytes).
-  bool one_round_pairs = false;
+  // (Plan::fused_pairs) and a run may hold a job of 9 to 32 rows (pair_hand_over_rows): the L2
+  // exchange then hands such a job's pair rounds between warps in SMEM (l2_exchange_smem_bytes).
+  bool pair_hand_over = false;
 
   COMFUSE_HOST_DEVICE constexpr int epi_rows() const { return tile_m / wgs_per_tile; }  // one WG's rows
   // Threads a CTA launches with, and the setmaxnreg split of its registers between the producer
@@ -224,7 +229,7 @@ struct KernelConfig {
   COMFUSE_HOST_DEVICE constexpr int channel_smem_bytes() const {
     if (!cross_cta_reduction()) return 0;
     if (aggregation != Aggregation::L2Exchange) return dsmem_channel_bytes(epi_rows(), cluster_n);
-    return one_round_pairs ? l2_exchange_smem_bytes(epi_rows(), exchange_peers()) : 0;
+    return pair_hand_over ? l2_exchange_smem_bytes(epi_rows(), exchange_peers()) : 0;
   }
   // One exchange slot of the L2 channel: round parity x peers x (values, second statistics) x rows
   // of 8-byte tagged words (cluster/global_exchange.cuh; at least 2 peers).

@@ -53,7 +53,8 @@ CYCLES_PER_US = 2000  # the H200's SM clock (1.98 GHz) rounded up: a spin of n u
 
 def wanted(on_gpu: bool) -> bool:
     """Whether to time a region that the rewrite replaces; on_gpu: an sm_90 GPU runs its kernel and
-    its tensors are on CUDA. Never inside a CUDA graph capture (a launch there is only recorded)."""
+    its tensors are on CUDA (or, asked by backend.rewrite of a region fused only on a measurement's
+    word: would be). Never inside a CUDA graph capture (a launch there is only recorded)."""
     mode = str(config.measure).lower()
     if mode == "on":
         return True

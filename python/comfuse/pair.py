@@ -358,7 +358,10 @@ def form_gated(cands: list, next_id) -> list:
         c = gated_region(first, gate, next_id)
         if c is None:
             continue
-        if c.info.status != "fused":
+        # One that would fuse only on a measurement's word keeps its members (which may fuse on their
+        # own estimates) where no measurement runs: not taken in their place (gated plans are never
+        # split-K, so their estimate has no band today).
+        if c.info.status != "fused" or c.info.needs_measurement:
             log.info("comfuse: %s gated with %s: per-region path: %s", where(first.root), where(gate.root), c.info.reason)
             continue
         c.info.reason = f"gated with {where(gate.root)} (one GEMM over both weights): {c.info.reason}"

@@ -158,7 +158,7 @@ std::string kernel_config_source(const KernelConfig& c) {
       c.stash_elem_bytes, c.epilogue_smem_bytes, c.begin_early, c.ring_input_bytes, c.gated ? ", .gated = true" : "",
       c.a_box_rows > 0 ? fmt::format(", .a_box_rows = {}", c.a_box_rows) : "",
       c.split_gather_rows > 0 ? fmt::format(", .split_gather_rows = {}", c.split_gather_rows) : "",
-      c.one_round_pairs ? ", .one_round_pairs = true" : "");
+      c.pair_hand_over ? ", .pair_hand_over = true" : "");
 }
 
 EmittedKernel emit(const FusionSpec& s, const Plan& p) {

@@ -635,16 +635,16 @@ TEST_F(GpuReduce, SplitKPlannerDefaultAtDecode) {
 // 64-row warp group's rows all sit in warps 0 and 1 (9 to 32 rows in the job), warps 2 and 3 merge
 // their second row slots and hand them over in SMEM. LayerNorm (1000 offset), softmax and
 // log-softmax, each pair in one round; row groups of 32 and 64 with ragged and empty peers (N =
-// 3000: 24 tiles of 128), M of 9 to 32 and a last row block of 26 rows after full ones (M = 90),
-// with and without split-K; each kernel runs again after the check (tags and the hand-over's
-// round parity across launches).
+// 3000: 24 tiles of 128), M of 9 to 32, a last row block of 26 rows after a full one (M = 90) and
+// of 20 after nine (M = 596: warp groups whose helped job follows a job of 64 rows), with and
+// without split-K; each kernel runs again after the check (the words' tags across launches).
 TEST_F(GpuReduce, PairRoundsHelpedAtDecodeRows) {
   struct V {
     int64_t m, n, k;
     int row_group, splits;
   };
   for (const V& v : {V{9, 3000, 1000, 32, 1}, V{16, 4096 - 8, 4096 + 40, 32, 4}, V{27, 3000, 520, 64, 2},
-                     V{32, 4096, 1000, 32, 1}, V{90, 3000, 1000, 32, 1}}) {
+                     V{32, 4096, 1000, 32, 1}, V{90, 3000, 1000, 32, 1}, V{596, 3000, 1000, 32, 1}}) {
     for (const std::string what : {"layernorm", "softmax", "log-softmax"}) {
       SCOPED_TRACE(fmt::format("{} M={} N={} K={} row group {} split-K {}", what, v.m, v.n, v.k, v.row_group, v.splits));
       CompileOptions opt;

@@ -107,9 +107,9 @@ def test_gpt2_mlp_block():
 def test_gpt2_decode_c_proj_residual_layer_norm_waits_for_a_measurement(m, k):
     """GPT-2 medium's decode c_proj + residual + LayerNorm (N = 1024): the split-K plan is priced
     above cuBLAS at decode plus one norm kernel (measured 6.5-6.9 us at K = 4096, 4.3-4.6 at
-    K = 1024, plus ~3), but one-wave split-K plans measure up to 1.76x below their estimates
-    (13.0 us priced, 9.2 measured at M = 1, K = 4096: bench/RESULTS.md): at M = 1 the region is
-    fused only where a measurement pays; at M = 32 even that bound does not pay."""
+    K = 1024, plus ~3), but one-wave split-K plans measure up to 1.76x below their estimates (this
+    one is priced 13.0 us at M = 1, K = 4096, and measured 9.2: bench/RESULTS.md): at M = 1 the
+    region is fused only where a measurement pays; at M = 32 even that bound does not pay."""
     cap = capture(module(M.Conv1DResidualLayerNorm(k, 1024)), randn(m, 1, k), randn(m, 1, 1024, seed=1))
     c = cap.by_root("c_proj")
     assert ops_of(c) == ["addmm", "add", "native_layer_norm"]

@@ -164,8 +164,8 @@ COMFUSE_DEVICE void finish_retire(Params const& p, uint32_t epoch, int t, uint32
   asm volatile("st.relaxed.gpu.global.u32 [%0], %1;\n" ::"l"(&exchange_header(p)->epoch), "r"(epoch + 1) : "memory");
 }
 
-// Pairs: the epilogue has pair rounds (KernelConfig::one_round_pairs; their hand-over's SMEM).
-template <int Rows, int Peers, bool Pairs = false>
+// HandsOverPairs: KernelConfig::pair_hand_over (a pair round, and jobs of 9 to 32 rows may run).
+template <int Rows, int Peers, bool HandsOverPairs = false>
 struct GlobalRowAllReduce {
   static constexpr int MBlocks = Rows / 64;
   static_assert(Rows == 64 || Rows == 128, "a warp group holds 64 or 128 rows");
@@ -178,17 +178,32 @@ struct GlobalRowAllReduce {
   // finishes; every CTA runs the identical sequence, so all compute the same bits.
   static constexpr int kPerLane = (Peers + 3) / 4;
 
+  // A lane's words of one poll, all in flight at once: rows polled together up to this many
+  // (16 words = 32 registers). Polled one row at a time, a round ended one L2 round trip per row
+  // after its last peer published (`comfuse run --trace`, 256x4096x4096, two rows a thread:
+  // 1.6 us from the last publish to every value seen; together 1.0-1.3). Pair rounds at 32
+  // peers (32 words) stay per row: together they measured no faster (LayerNorm 256x4096x4096
+  // in one round, 23.5 us either way) and an earlier epilogue spilled with them.
+  static constexpr int kMaxPolledWords = 16;
+  template <int W>
+  static constexpr bool kRowsTogether = MBlocks * 2 * W * kPerLane <= kMaxPolledWords;
+
   // Pair rounds whose two row slots a thread holds do not fit one poll (kRowsTogether<2>: a 64-row
   // warp group at more than 16 peers) poll the slots one after the other, two L2 round trips.
-  // Where warps 2 and 3 hold no row (helped: 8 < rows <= 32, decode), warp w + 2 polls warp w's
-  // second slot instead (help_pair) and hands the row's two statistics over in SMEM: one round
-  // trip and a barrier of the warp group (bench/NOTES.md Stop 48: 0.6-1.6 us a launch at 12-32
-  // rows). PairHandOver is double-buffered by round parity: buffer b is rewritten two rounds later,
-  // after the barrier of the round between, which its reader passes after reading it. Only a
-  // problem's last row block has 32 rows or fewer, and a slot's jobs go down the rows, so a warp
-  // group's helped rounds follow one another (each with its barrier).
-  static constexpr bool kHelpedPairs = Pairs && l2_exchange_smem_bytes(Rows, Peers) > 0;
-  struct PairHandOver {  // [round parity][warp 0, 1][row of its second slot][statistic, second statistic]
+  // Where warps 2 and 3 hold no row (helped: a job of 9 to 32 rows, config.cuh
+  // pair_hand_over_rows), warp w + 2 polls warp w's second slot instead (help_pair) and hands the
+  // row's two statistics over in SMEM: one round trip and a barrier of the warp group
+  // (bench/NOTES.md Stop 48: 0.1-1.6 us a launch at 12-32 rows). HandsOverPairs: the kernel has a
+  // pair round and may run such jobs (KernelConfig::pair_hand_over).
+  // The buffer of a pair round is its count among the warp group's pair rounds mod 2 (pair_round):
+  // buffer b is rewritten two pair rounds later by a helper that has passed the barrier of the
+  // pair round between, which each reader reaches after reading it. That round is a helped one
+  // too: a job of 32 rows or fewer is the problem's last row block, a slot's last job (a slot's
+  // jobs go down the rows), and every pair round of a job is helped or none is.
+  static constexpr bool kHelpedPairs = HandsOverPairs && MBlocks == 1 && !kRowsTogether<2>;
+  static_assert(kHelpedPairs == (HandsOverPairs && l2_exchange_smem_bytes(Rows, Peers) > 0),
+                "config.cuh's l2_exchange_smem_bytes: the warp groups whose pair rounds are handed over");
+  struct PairHandOver {  // [pair round parity][warp 0, 1][row of its second slot][statistic, second statistic]
     float row[2][2][8][2];
   };
   struct NoPairHandOver {};
@@ -196,7 +211,7 @@ struct GlobalRowAllReduce {
   static constexpr bool kOnChip = kHelpedPairs;
   static_assert(!kHelpedPairs || sizeof(Storage) == l2_exchange_smem_bytes(Rows, Peers), "config.cuh's hand-over size");
   static COMFUSE_DEVICE void init(Storage&) {}
-  static COMFUSE_DEVICE bool helped(RowGroupSlot const& x) { return kHelpedPairs && x.rows > 8 && x.rows <= 32; }
+  static COMFUSE_DEVICE bool helped(RowGroupSlot const& x) { return kHelpedPairs && pair_hand_over_rows(x.rows); }
 
   static COMFUSE_DEVICE uint32_t tag(RowGroupSlot const& x, uint32_t round) {
     return launch_tag(x.epoch, round);
@@ -241,16 +256,6 @@ struct GlobalRowAllReduce {
       for (int h = 0; h < 2; ++h)
         if (live(x, t, mi, h)) st_relaxed_gpu_u64(mine + off + accum_row(t, mi, h), tagged_word(tag(x, round), v[mi][h]));
   }
-
-  // A lane's words of one poll, all in flight at once: rows polled together up to this many
-  // (16 words = 32 registers). Polled one row at a time, a round ended one L2 round trip per row
-  // after its last peer published (`comfuse run --trace`, 256x4096x4096, two rows a thread:
-  // 1.6 us from the last publish to every value seen; together 1.0-1.3). Pair rounds at 32
-  // peers (32 words) stay per row: together they measured no faster (LayerNorm 256x4096x4096
-  // in one round, 23.5 us either way) and an earlier epilogue spilled with them.
-  static constexpr int kMaxPolledWords = 16;
-  template <int W>
-  static constexpr bool kRowsTogether = MBlocks * 2 * W * kPerLane <= kMaxPolledWords;
 
   // For each of the thread's live rows (mi, h): lane q's words at rows k * Rows + row (k < W) of
   // its peers, once all carry this round's tag, go to f(mi, h, w). All of the thread's rows in
@@ -376,29 +381,29 @@ struct GlobalRowAllReduce {
   // Finish a pair round: each row as merge_pair_row, the exact merge of the second statistics
   // (the caller's pair rule, epilogue/stage.cuh; center: the row's constants for its terms,
   // computed once a row after its words are in, e.g. the mean). Helped (kHelpedPairs), warps 2
-  // and 3 take warps 0 and 1's second row slots (help_pair) and every thread of the warp group
-  // meets at bar_id before the owners read them.
+  // and 3 take warps 0 and 1's second row slots (help_pair) into PairHandOver's buffer
+  // pair_round % 2, and every thread of the warp group meets at bar_id before the owners read them.
   template <class First, class Center, class Term>
-  static COMFUSE_DEVICE void finish_pair(Storage& st, uint32_t round, RowGroupSlot const& x, Params const& p, int t,
-                                         int bar_id, float (&v)[MBlocks][2], float (&second)[MBlocks][2],
-                                         Center const& center, Term const& term) {
+  static COMFUSE_DEVICE void finish_pair(Storage& st, uint32_t round, uint32_t pair_round, RowGroupSlot const& x,
+                                         Params const& p, int t, int bar_id, float (&v)[MBlocks][2],
+                                         float (&second)[MBlocks][2], Center const& center, Term const& term) {
     int const q = t % 4;
-    bool const shared = helped(x);
-    if (shared && t >= 64) {
-      help_pair<First>(st, round, x, p, t, center, term);
+    bool const helped_round = helped(x);
+    if (helped_round && t >= 64) {
+      help_pair<First>(st, round, pair_round, x, p, t, center, term);
     } else {
       // w[0]: the peers' statistics, w[1]: their second statistics, polled together.
       for_each_row<2>(round, x, p, t, [&](int mi, int h, uint64_t const (&w)[2][kPerLane]) {
         merge_pair_row<First>(w, v[mi][h], second[mi][h], q, x.rank, center, term);
-      }, shared);
+      }, helped_round);
     }
     if constexpr (kHelpedPairs) {
-      if (shared) {
+      if (helped_round) {
         named_sync(bar_id, kWarpGroupThreads);
         int const warp = t / 32;
         if (warp < 2 && live(x, t, 0, 1)) {
-          v[0][1] = st.row[round & 1][warp][(t % 32) / 4][0];
-          second[0][1] = st.row[round & 1][warp][(t % 32) / 4][1];
+          v[0][1] = st.row[pair_round & 1][warp][(t % 32) / 4][0];
+          second[0][1] = st.row[pair_round & 1][warp][(t % 32) / 4][1];
         }
       }
     }
@@ -410,8 +415,8 @@ struct GlobalRowAllReduce {
   // registers' bits, so every CTA still folds the same values), and a quad's leader writes the
   // row's statistics to PairHandOver.
   template <class First, class Center, class Term>
-  static COMFUSE_DEVICE void help_pair(Storage& st, uint32_t round, RowGroupSlot const& x, Params const& p, int t,
-                                       Center const& center, Term const& term) {
+  static COMFUSE_DEVICE void help_pair(Storage& st, uint32_t round, uint32_t pair_round, RowGroupSlot const& x,
+                                       Params const& p, int t, Center const& center, Term const& term) {
     if constexpr (kHelpedPairs) {
       int const owner_t = t - 64, q = t % 4;
       if (!live(x, owner_t, 0, 1)) return;  // warp-uniform
@@ -424,8 +429,8 @@ struct GlobalRowAllReduce {
       float a = 0.f, s = 0.f;  // not read: rank -1
       merge_pair_row<First>(w[0], a, s, q, -1, center, term);
       if (q == 0) {
-        st.row[round & 1][t / 32 - 2][(t % 32) / 4][0] = a;
-        st.row[round & 1][t / 32 - 2][(t % 32) / 4][1] = s;
+        st.row[pair_round & 1][t / 32 - 2][(t % 32) / 4][0] = a;
+        st.row[pair_round & 1][t / 32 - 2][(t % 32) / 4][1] = s;
       }
     }
   }

@@ -74,11 +74,11 @@ namespace comfuse::epi {
 // ConsumerWGs: the kernel's consumer warp groups (KernelConfig::consumer_wgs), all counted out.
 template <int BM_, int BN_, int RowPeers_ = 1, Aggregation Agg_ = Aggregation::None, int NTiles_ = 1,
           bool Batched_ = false, int ClusterM_ = 1, bool RetireEarly_ = false, int ConsumerWGs_ = Sm90::kConsumerWGs,
-          bool OneRoundPairs_ = false>
+          bool PairHandOver_ = false>
 struct Geometry {
   static constexpr int ConsumerWGs = ConsumerWGs_;
-  // KernelConfig::one_round_pairs: some pair of the chain merges in one round (the L2 channel's storage).
-  static constexpr bool kOneRoundPairs = OneRoundPairs_;
+  // KernelConfig::pair_hand_over: the L2 channel hands decode jobs' pair rounds between warps.
+  static constexpr bool kPairHandOver = PairHandOver_;
   static constexpr bool kRetireEarly = RetireEarly_ && Agg_ == Aggregation::L2Exchange;
   static constexpr int BM = BM_, BN = BN_, RowPeers = RowPeers_, ClusterM = ClusterM_;
   static constexpr bool kBatched = Batched_;  // tensors carry a leading batch dim (EpiCtx::batch)
@@ -173,11 +173,12 @@ struct NoChannel {
 // by the kernel), then the chain's last round counts it out of the L2 exchange, and the count's
 // result, which the kernel reads at exit (cluster/global_exchange.cuh start_retire /
 // finish_retire).
+// pairs: the pair rounds among them (the L2 channel's hand-over buffer, global_exchange.cuh).
 template <bool RetireEarly> struct Rounds {
-  uint32_t n = 0;
+  uint32_t n = 0, pairs = 0;
 };
 template <> struct Rounds<true> {
-  uint32_t n = 0;
+  uint32_t n = 0, pairs = 0;
   bool retire_after = false;
   bool retired = false;
   uint32_t retire_before = 0;
@@ -218,7 +219,7 @@ template <class... Nodes> struct Stage {
     using Chan = cute::conditional_t<
         !kClusterReduce, detail::NoChannel,
         cute::conditional_t<Geo::Agg == Aggregation::L2Exchange,
-                            cluster::GlobalRowAllReduce<Geo::BM, kPeers, Geo::kOneRoundPairs>,
+                            cluster::GlobalRowAllReduce<Geo::BM, kPeers, Geo::kPairHandOver>,
                             cluster::RowAllReduce<Geo::BM, cute::min(kPeers, 16), Geo::Agg, Geo::ClusterM>>>;
     using ChanStorage = typename Chan::Storage;
     static_assert(cute::is_same_v<Parent, NoParent> || (0 + ... + int(cute::is_same_v<Nodes, AccEntry>)) == 0,
@@ -242,7 +243,7 @@ template <class... Nodes> struct Stage {
     }
     static constexpr int kChainRounds = chain_rounds();
     static constexpr bool kLastRound = !kHasPost || PostExec::kChainRounds == 0;  // no round after this stage's
-    // Whether a pair of reductions merges in one round from this stage on (KernelConfig::one_round_pairs).
+    // Whether a pair of reductions merges in one round from this stage on.
     static constexpr bool chain_pairs() {
       constexpr int pair = detail::pair_of<Last>::value;
       constexpr bool here = pair == kPairMeanM2 || pair == kPairMaxExpSum;
@@ -250,9 +251,8 @@ template <class... Nodes> struct Stage {
       else return here;
     }
     static constexpr bool kChainPairs = chain_pairs();
-    static_assert(!cute::is_same_v<Parent, NoParent> || !kClusterReduce || Geo::Agg != Aggregation::L2Exchange ||
-                      Geo::kOneRoundPairs == kChainPairs,
-                  "ComFuse: KernelConfig::one_round_pairs differs from the epilogue's pairs (the L2 channel's SMEM)");
+    static_assert(!cute::is_same_v<Parent, NoParent> || !Geo::kPairHandOver || kChainPairs,
+                  "ComFuse: KernelConfig::pair_hand_over without a pair round in the epilogue");
 
     struct alignas(1024) NodesFull : Layout::Storage {
       template <int I> static constexpr size_t offset_of() { return Layout::offset(I); }
@@ -800,8 +800,9 @@ template <class... Nodes> struct Stage {
             auto term = [&](int j, float vj, float sj, PairRow const& r) {
               return pair_term(c, j, vj, sj, r.center, r.inv_ragged);
             };
-            Chan::template finish_pair<First>(chan, rnd.n, c.xs, *c.p, c.t, bar_id, v, second, center, term);
+            Chan::template finish_pair<First>(chan, rnd.n, rnd.pairs, c.xs, *c.p, c.t, bar_id, v, second, center, term);
             ++rnd.n;
+            ++rnd.pairs;
             if constexpr (kRoot) trace::mark_here(c.job, trace::kRoundDone);
           }
           if constexpr (kHasPost) post.take_given(second);
