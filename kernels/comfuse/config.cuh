@@ -229,7 +229,7 @@ struct KernelConfig {
   COMFUSE_HOST_DEVICE constexpr int channel_smem_bytes() const {
     if (!cross_cta_reduction()) return 0;
     if (aggregation != Aggregation::L2Exchange) return dsmem_channel_bytes(epi_rows(), cluster_n);
-    return pair_hand_over ? l2_exchange_smem_bytes(epi_rows(), exchange_peers()) : 0;
+    return pair_hand_over ? l2_exchange_smem_bytes(epi_rows(), exchange_peers()) : 0;  // set only where > 0
   }
   // One exchange slot of the L2 channel: round parity x peers x (values, second statistics) x rows
   // of 8-byte tagged words (cluster/global_exchange.cuh; at least 2 peers).

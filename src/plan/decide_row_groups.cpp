@@ -279,7 +279,7 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
         const double per_sm_bytes_per_us = dev.dram_bytes_per_s / dev.sm_count * 1e-6;
         const double t_s1 = stage1 / per_sm_bytes_per_us, t_s2 = stage2 / per_sm_bytes_per_us;
         const OneRoundPairs fuse = fuse_pairs(chain, opt, n_tiles, Aggregation::L2Exchange, g);
-        c.k.pair_hand_over = pair_hand_over(fuse, p.m);  // before the ring's fit: the hand-over is SMEM
+        c.k.pair_hand_over = pair_hand_over(fuse, p.m, c.k);  // before the ring's fit: the hand-over is SMEM
         const int rounds = chain.reductions - (fuse.mean_variance ? chain.mean_variance_pairs : 0) -
                            (fuse.max_exp_sum ? chain.max_exp_sum_pairs : 0);
         Division& d = o.d;
@@ -487,8 +487,10 @@ bool row_groups_forced(const PlanOptions& opt) {
 // exposed epilogue) residual LayerNorm 1x1024x4096 12.6 vs 13.2 us and 32x1024x4096 15.0 vs
 // 15.8, softmax 16x4096x4096 17.2 vs 17.8 and 256x4096x4096 21.7 vs 21.9, LayerNorm
 // 16/128/256 x4096x4096 ties: never slower, so every pair that saves a round takes one.
-bool pair_hand_over(const OneRoundPairs& fused, int64_t m) {
-  return fused.any() && pair_hand_over_rows(static_cast<int>(std::min<int64_t>(m, 32)));
+bool pair_hand_over(const OneRoundPairs& fused, int64_t m, const KernelConfig& k) {
+  return fused.any() && k.aggregation == Aggregation::L2Exchange && k.cross_cta_reduction() &&
+         l2_exchange_smem_bytes(k.epi_rows(), k.exchange_peers()) > 0 &&
+         pair_hand_over_rows(static_cast<int>(std::min<int64_t>(m, 32)));
 }
 
 OneRoundPairs fuse_pairs(const ChainInfo& chain, const PlanOptions& opt, int64_t n_tiles, Aggregation agg,

@@ -181,9 +181,10 @@ bool begins_early(const Candidate& c);
 // a round is saved (row_peers > 1).
 OneRoundPairs fuse_pairs(const ChainInfo& chain, const PlanOptions& opt, int64_t n_tiles, Aggregation agg,
                          int row_peers);
-// KernelConfig::pair_hand_over: pairs in one round, and a run of the plan (any M up to its own) may
-// hold a job of 9 to 32 rows.
-bool pair_hand_over(const OneRoundPairs& fused, int64_t m);
+// KernelConfig::pair_hand_over: pairs in one round over the L2 exchange of warp groups that hand
+// them over (l2_exchange_smem_bytes), and a run of the plan (any M up to its own) may hold a job of
+// 9 to 32 rows.
+bool pair_hand_over(const OneRoundPairs& fused, int64_t m, const KernelConfig& k);
 
 // Fills plan.reasons: one line per choice (reasons.cpp). `unforced` describes what the
 // model would have picked without the forced options ("" when nothing was forced).

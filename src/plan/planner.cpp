@@ -327,7 +327,7 @@ Plan assemble(const Candidate& c, const std::vector<Candidate>& cands, const Req
                                                   Sm90::kConsumerWGs * with.split_gather_bytes(), with.ring_stages)));
   }
   plan.fused_pairs = plan_detail::fuse_pairs(chain, r.opt, k.n_tiles, k.aggregation, k.row_peers());
-  plan.kernel.pair_hand_over = plan_detail::pair_hand_over(plan.fused_pairs, r.p.m);
+  plan.kernel.pair_hand_over = plan_detail::pair_hand_over(plan.fused_pairs, r.p.m, plan.kernel);
   // The row groups' candidates fitted their ring with this already (decide_row_groups.cpp); the
   // others keep no pair storage on chip.
   if (plan_detail::epilogue_smem_bytes(chain, plan.kernel) != plan.kernel.epilogue_smem_bytes)

@@ -81,10 +81,9 @@ TEST(Plan, SweepFitsSmemAndFollowsTheRules) {
             EXPECT_EQ(p.kernel.aggregation, Aggregation::L2Exchange);
             EXPECT_EQ(p.kernel.cluster_n, 1);
             // On chip only the pair rounds' hand-over between warps (64-row warp groups, > 16 peers).
-            EXPECT_EQ(p.kernel.pair_hand_over, p.fused_pairs.any() && m > 8);
-            EXPECT_EQ(p.smem.reduction_buffer,
-                      p.kernel.consumer_wgs *
-                          (p.kernel.pair_hand_over ? l2_exchange_smem_bytes(p.kernel.epi_rows(), int(peers)) : 0));
+            const int hand_over = l2_exchange_smem_bytes(p.kernel.epi_rows(), int(peers));
+            EXPECT_EQ(p.kernel.pair_hand_over, p.fused_pairs.any() && m > 8 && hand_over > 0);
+            EXPECT_EQ(p.smem.reduction_buffer, p.kernel.consumer_wgs * (p.kernel.pair_hand_over ? hand_over : 0));
             EXPECT_LE(p.grid_ctas / p.kernel.cluster_m, dev.clusters_resident.at(p.kernel.cluster_m));
             EXPECT_EQ(p.grid_ctas / p.kernel.cluster_m % p.kernel.row_group, 0) << "whole row groups";
           } else if (peers == 1) {

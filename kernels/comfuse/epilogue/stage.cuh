@@ -802,7 +802,7 @@ template <class... Nodes> struct Stage {
             };
             Chan::template finish_pair<First>(chan, rnd.n, rnd.pairs, c.xs, *c.p, c.t, bar_id, v, second, center, term);
             ++rnd.n;
-            ++rnd.pairs;
+            if constexpr (Geo::kPairHandOver) ++rnd.pairs;  // else nothing reads it: no register held
             if constexpr (kRoot) trace::mark_here(c.job, trace::kRoundDone);
           }
           if constexpr (kHasPost) post.take_given(second);
