@@ -487,18 +487,18 @@ bool row_groups_forced(const PlanOptions& opt) {
 // exposed epilogue) residual LayerNorm 1x1024x4096 12.6 vs 13.2 us and 32x1024x4096 15.0 vs
 // 15.8, softmax 16x4096x4096 17.2 vs 17.8 and 256x4096x4096 21.7 vs 21.9, LayerNorm
 // 16/128/256 x4096x4096 ties: never slower, so every pair that saves a round takes one.
-bool pair_hand_over(const OneRoundPairs& fused, int64_t m, const KernelConfig& k) {
-  return fused.any() && k.aggregation == Aggregation::L2Exchange && k.cross_cta_reduction() &&
-         l2_exchange_smem_bytes(k.epi_rows(), k.exchange_peers()) > 0 &&
-         pair_hand_over_rows(static_cast<int>(std::min<int64_t>(m, 32)));
-}
-
 OneRoundPairs fuse_pairs(const ChainInfo& chain, const PlanOptions& opt, int64_t n_tiles, Aggregation agg,
                          int row_peers) {
   if (chain.pairs() == 0 || !one_round_pairs_possible(n_tiles, agg, row_peers)) return {};
   if (opt.fuse_pairs) return {*opt.fuse_pairs && chain.mean_variance_pairs > 0, *opt.fuse_pairs && chain.max_exp_sum_pairs > 0};
   const bool saves_a_round = row_peers > 1;  // one CTA per row: no round to save
   return {chain.mean_variance_pairs > 0 && saves_a_round, chain.max_exp_sum_pairs > 0 && saves_a_round};
+}
+
+bool pair_hand_over(const OneRoundPairs& fused, int64_t m, const KernelConfig& k) {
+  return fused.any() && k.aggregation == Aggregation::L2Exchange && k.cross_cta_reduction() &&
+         l2_exchange_smem_bytes(k.epi_rows(), k.exchange_peers()) > 0 &&
+         pair_hand_over_rows(static_cast<int>(std::min<int64_t>(m, 32)));
 }
 
 std::optional<Candidate> measured_split_row(const Request& r, int tile_m, int tile_n, int cluster_m, int k_splits) {

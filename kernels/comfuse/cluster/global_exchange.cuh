@@ -201,7 +201,7 @@ struct GlobalRowAllReduce {
   // too: a job of 32 rows or fewer is the problem's last row block, a slot's last job (a slot's
   // jobs go down the rows), and every pair round of a job is helped or none is.
   static constexpr bool kHelpedPairs = HandsOverPairs && MBlocks == 1 && !kRowsTogether<2>;
-  static_assert(kHelpedPairs == HandsOverPairs && kHelpedPairs == (HandsOverPairs && l2_exchange_smem_bytes(Rows, Peers) > 0),
+  static_assert(kHelpedPairs == HandsOverPairs && (!HandsOverPairs || l2_exchange_smem_bytes(Rows, Peers) > 0),
                 "KernelConfig::pair_hand_over only where config.cuh's l2_exchange_smem_bytes hands pair rounds over");
   struct PairHandOver {  // [pair round parity][warp 0, 1][row of its second slot][statistic, second statistic]
     float row[2][2][8][2];
