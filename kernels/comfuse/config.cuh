@@ -229,7 +229,13 @@ struct KernelConfig {
   COMFUSE_HOST_DEVICE constexpr int channel_smem_bytes() const {
     if (!cross_cta_reduction()) return 0;
     if (aggregation != Aggregation::L2Exchange) return dsmem_channel_bytes(epi_rows(), cluster_n);
-    return pair_hand_over ? l2_exchange_smem_bytes(epi_rows(), exchange_peers()) : 0;  // set only where > 0
+    return pair_hand_over ? l2_exchange_smem_bytes(epi_rows(), exchange_peers()) : 0;
+  }
+  // Whether this configuration's warp groups can hand pair rounds over (pair_hand_over: the planner
+  // sets it only where they can and the epilogue has a pair).
+  COMFUSE_HOST_DEVICE constexpr bool pair_hand_over_possible() const {
+    return cross_cta_reduction() && aggregation == Aggregation::L2Exchange &&
+           l2_exchange_smem_bytes(epi_rows(), exchange_peers()) > 0;
   }
   // One exchange slot of the L2 channel: round parity x peers x (values, second statistics) x rows
   // of 8-byte tagged words (cluster/global_exchange.cuh; at least 2 peers).

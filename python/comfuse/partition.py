@@ -400,7 +400,7 @@ def decide(c: Candidate) -> None:
     info.fused_us, info.unfused_us, info.unfused_epilogue_us = fused, unfused, epi
     # A plan class the planner prices above its measured launches (one-wave split-K at decode:
     # calibration.h one_wave_split_overestimate) may pay where its estimate does not: measured.
-    low = min(fused, plan.get("low_us", fused))
+    low = plan["low_us"]
     if pays(fused, unfused):
         info.status = "fused"
         info.reason = (f"planner: fused {fused:.1f} us vs unfused {unfused:.1f} us "

@@ -496,9 +496,7 @@ OneRoundPairs fuse_pairs(const ChainInfo& chain, const PlanOptions& opt, int64_t
 }
 
 bool pair_hand_over(const OneRoundPairs& fused, int64_t m, const KernelConfig& k) {
-  return fused.any() && k.aggregation == Aggregation::L2Exchange && k.cross_cta_reduction() &&
-         l2_exchange_smem_bytes(k.epi_rows(), k.exchange_peers()) > 0 &&
-         pair_hand_over_rows(static_cast<int>(std::min<int64_t>(m, 32)));
+  return fused.any() && k.pair_hand_over_possible() && pair_hand_over_rows(static_cast<int>(std::min<int64_t>(m, 32)));
 }
 
 std::optional<Candidate> measured_split_row(const Request& r, int tile_m, int tile_n, int cluster_m, int k_splits) {

@@ -200,9 +200,11 @@ struct GlobalRowAllReduce {
   // pair round between, which each reader reaches after reading it. That round is a helped one
   // too: a job of 32 rows or fewer is the problem's last row block, a slot's last job (a slot's
   // jobs go down the rows), and every pair round of a job is helped or none is.
-  static constexpr bool kHelpedPairs = HandsOverPairs && MBlocks == 1 && !kRowsTogether<2>;
-  static_assert(kHelpedPairs == HandsOverPairs && (!HandsOverPairs || l2_exchange_smem_bytes(Rows, Peers) > 0),
-                "KernelConfig::pair_hand_over only where config.cuh's l2_exchange_smem_bytes hands pair rounds over");
+  static_assert((MBlocks == 1 && !kRowsTogether<2>) == (l2_exchange_smem_bytes(Rows, Peers) > 0),
+                "config.cuh's l2_exchange_smem_bytes: the warp groups whose pair rounds do not fit one poll");
+  static_assert(!HandsOverPairs || l2_exchange_smem_bytes(Rows, Peers) > 0,
+                "KernelConfig::pair_hand_over only where the warp groups hand pair rounds over");
+  static constexpr bool kHelpedPairs = HandsOverPairs;
   struct PairHandOver {  // [pair round parity][warp 0, 1][row of its second slot][statistic, second statistic]
     float row[2][2][8][2];
   };
