@@ -1,4 +1,5 @@
-"""Real models end to end: GPT-2 and a Llama-style decoder from `transformers` configs with
+"""Real models end to end: GPT-2, a Llama-style decoder (and Phi-3-mini's widths, `--arch phi3`:
+its stacked gate_up_proj) from `transformers` configs with
 random weights (bf16, nothing downloaded), checked against eager, then timed on the GPU:
 
     eager | torch.compile (Inductor default) | torch.compile max-autotune | backend="comfuse"
@@ -13,7 +14,7 @@ before capture (a first call), as any kernel that a CUDA graph captures.
 Per fused region, the kernel is timed against the same region unfused (its aten ops under
 Inductor, and eager), on the tensors the model gave it.
 
-    python bench/models.py [--out DIR] [--quick] [--layers N] [--arch gpt2,llama] [--cases prefill,decode1]
+    python bench/models.py [--out DIR] [--quick] [--layers N] [--arch gpt2,llama,phi3] [--cases prefill,decode1]
 writes DIR/RESULTS.md, DIR/results.json, DIR/speedups.png and prints every fusion report.
 """
 from __future__ import annotations
@@ -49,7 +50,20 @@ def config_of(arch: str, layers: int, small: bool):
         return tf.LlamaConfig(num_hidden_layers=layers, hidden_size=4096, intermediate_size=14336,
                               num_attention_heads=32, num_key_value_heads=8, vocab_size=32000,
                               max_position_embeddings=4096, rope_theta=500000.0)
+    if arch == "phi3":
+        if small:
+            return tf.Phi3Config(num_hidden_layers=layers, hidden_size=256, intermediate_size=688,
+                                 num_attention_heads=4, num_key_value_heads=4, vocab_size=1024,
+                                 max_position_embeddings=2048, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+        # Phi-3-mini's widths (3072, 32 heads, one qkv_proj, one gate_up_proj over the stacked
+        # gate and up weights of 8192 each), a few layers.
+        return tf.Phi3Config(num_hidden_layers=layers, hidden_size=3072, intermediate_size=8192,
+                             num_attention_heads=32, num_key_value_heads=32, vocab_size=32064,
+                             max_position_embeddings=4096, pad_token_id=0)
     raise ValueError(arch)
+
+
+_MODELS = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "phi3": "Phi3ForCausalLM"}
 
 
 def build(arch: str, layers: int = 2, batch: int = 2, seq: int = 128, device="cuda", small: bool = False, seed: int = 0):
@@ -59,7 +73,7 @@ def build(arch: str, layers: int = 2, batch: int = 2, seq: int = 128, device="cu
     torch.manual_seed(seed)
     cfg = config_of(arch, layers, small)
     cfg._attn_implementation = "sdpa"
-    cls = tf.GPT2LMHeadModel if arch == "gpt2" else tf.LlamaForCausalLM
+    cls = getattr(tf, _MODELS[arch])
     model = cls(cfg).to(dtype=torch.bfloat16, device=device).eval()
     ids = torch.randint(0, cfg.vocab_size, (batch, seq), device=device)
     return model, ids

@@ -37,7 +37,7 @@ import torch.fx as fx
 from . import _core
 from .config import config
 from .partition import RegionInfo, m_bucket
-from .translate import _DTYPES
+from .translate import _DTYPES, column_block
 
 log = logging.getLogger("comfuse")
 
@@ -152,11 +152,13 @@ class RuntimeRegion:
     device_type = "cuda"  # where kernels run (a test emulates them on the CPU)
 
     def __init__(self, info: RegionInfo, region, roles: list[str], names: list[str], out_names: list[str],
-                 subgraph: fx.GraphModule, out_classes: list[str] | None = None):
+                 subgraph: fx.GraphModule, out_classes: list[str] | None = None,
+                 cols: list[tuple[int, int] | None] | None = None):
         self.info = info
         self.region = region              # _core.Region: its Fusion Spec
         self.roles = roles                # per kernel input: a, b (b3: a gated region's second), row, col, tile
         self.names = names                # their ComFuse graph names
+        self.cols = cols or [None] * len(roles)  # the block of its tensor's last dim an input reads (translate.py)
         self.out_names = out_names
         self.out_classes = out_classes or ["tile"] * len(out_names)  # tile [M, N] or col [M, 1]
         self.subgraph = subgraph          # the region's aten ops: fake impl and fallback
@@ -309,17 +311,10 @@ class RuntimeRegion:
 
         def rows(t, r, c):
             """t as an r x c row-major matrix with a 16-byte aligned base and row stride."""
-            x = t.reshape(r, c) if t.dim() != 2 or tuple(t.shape) != (r, c) else t
-            es = x.element_size()
-            if (x.stride(1) != 1 and c > 1) or (x.stride(0) < c and r > 1) or (x.stride(0) * es) % 16 \
-                    or x.data_ptr() % 16:
-                log.debug("comfuse: region %d copies a %s operand to packed rows", info.id, tuple(t.shape))
-                x = x.contiguous()
-                if x.data_ptr() % 16:
-                    x = x.clone()
-            return x
+            return _packed_rows(t.reshape(r, c) if t.dim() != 2 or tuple(t.shape) != (r, c) else t, info.id)
 
-        for t, role, name in zip(tensors, self.roles, self.names):
+        for t, role, name, cols in zip(tensors, self.roles, self.names, self.cols):
+            t = column_block(t, cols)
             if role == "scalar":
                 if t.device.type != "cpu" and capturing:
                     raise _Fallback(f"scalar operand '{name}' lives on the GPU: reading it inside a CUDA graph "
@@ -371,7 +366,8 @@ class RuntimePair(RuntimeRegion):
     viewed as the kernel's matrices and vectors without knowing which GEMM they belong to."""
 
     def __init__(self, info: RegionInfo, lowering, tr, subgraph: fx.GraphModule, dims: dict):
-        super().__init__(info, None, tr.input_roles, tr.input_names, tr.output_names, subgraph, tr.output_classes)
+        super().__init__(info, None, tr.input_roles, tr.input_names, tr.output_names, subgraph, tr.output_classes,
+                         tr.input_cols)
         self.lowering = lowering
         self.shapes = tr.input_shapes
         self.transposed = tr.input_transposed
@@ -404,7 +400,9 @@ class RuntimePair(RuntimeRegion):
     def prepare(self, tensors, sizes, dev, m: int, capturing: bool = False):
         dims = self._dims(m)
         args, scalars, views = {}, {}, {}
-        for t, role, name, shape, tr in zip(tensors, self.roles, self.names, self.shapes, self.transposed):
+        for t, role, name, shape, tr, cols in zip(tensors, self.roles, self.names, self.shapes, self.transposed,
+                                                  self.cols):
+            t = column_block(t, cols)
             if role == "scalar":
                 if t.device.type != "cpu" and capturing:
                     raise _Fallback(f"scalar operand '{name}' lives on the GPU: reading it inside a CUDA graph "

@@ -222,7 +222,8 @@ def measure_region(rr: "kernels.RuntimeRegion", tensor_nodes: list[fx.Node], siz
             fused_us = [time_region(rr, tensors, sizes)]
             if info.fallback_calls != before:
                 raise RuntimeError(f"the fused kernel did not run ({info.runtime_fallback})")
-            gemm = time_gemm(m, info.n, info.k, a.dtype, info.layout, a.device)
+            gemm = sum(time_gemm(m, n, info.k, a.dtype, info.layout, a.device)
+                       for n in info.unfused_gemm_columns or [info.n])
             name = torch.cuda.get_device_name(a.device) if a.device.type == "cuda" else str(a.device)
             try:
                 inductor_us, no_inductor = [time_inductor(rr, tensors, sizes, inductor_options)], ""

@@ -25,8 +25,8 @@ import torch.fx as fx
 
 from . import _core
 from .config import config
-from .translate import (_DTYPES, Translator, Unsupported, descendants_of, gemm_of, is_gemm, is_translatable,
-                        rename_reason, val)
+from .translate import (_DTYPES, Translator, Unsupported, column_halves, descendants_of, gemm_of, is_gemm,
+                        is_translatable, rename_reason, val)
 
 log = logging.getLogger("comfuse")
 
@@ -144,6 +144,9 @@ class RegionInfo:
     # the measured GEMM), and what measure.py timed: fused_us, gemm_us, epilogue_us, inductor_us
     # (None where Inductor could not compile the region), unfused_us, device.
     unfused_epilogue_us: float | None = None
+    # The columns of each GEMM the unfused path runs (decide(): [N], a gated region's [N, N], a
+    # projection used as two halves [2N]), as decide() prices them and measure.py times them.
+    unfused_gemm_columns: list[int] = field(default_factory=list)
     measured: dict = field(default_factory=dict)
     plan: dict = field(default_factory=dict)
     plan_options: dict = field(default_factory=dict)
@@ -194,6 +197,10 @@ def grow(root: fx.Node, order: dict[fx.Node, int]) -> tuple[list[fx.Node], set[f
     desc = descendants_of(root)
     region = [root]
     inset = {root}
+    # A projection used as two column halves (translate.Halves): its split is no op outside the
+    # domain but the gated GEMM's two accumulators.
+    halves = column_halves(root)
+    split = set(halves.nodes + list(halves.parts)) if halves is not None else set()
     refused: list[tuple[fx.Node, str]] = []
     for node in sorted(desc, key=order.__getitem__):
         ins = node.all_input_nodes
@@ -204,7 +211,7 @@ def grow(root: fx.Node, order: dict[fx.Node, int]) -> tuple[list[fx.Node], set[f
         if is_gemm(node):
             refused.append((node, "a second GEMM consumes this value: it starts its own region"))
             continue
-        if not is_translatable(node):
+        if node not in split and not is_translatable(node):
             refused.append((node, f"op {node.target} is outside the fusion domain"))
             continue
         through = [i for i in ins if i not in inset and i in desc]
@@ -375,15 +382,18 @@ def decide(c: Candidate) -> None:
     info.plan = plan
     info.plan_options = opts
     fused = plan["total_us"]
-    # A gated region (pair.py gated_region) replaces a GEMM per gate, whose product the unfused
-    # epilogue reads as an [M, N] tile.
+    # The GEMMs the unfused path runs: a gated region (pair.py gated_region) replaces a GEMM per
+    # gate, whose product the unfused epilogue reads as an [M, N] tile; a projection used as two
+    # halves (translate.Halves) is one GEMM of 2N columns, its second half read as a gate's product.
     gates = len(tr.gates)
-    gemm = bare_gemm_us(m, info.n, info.k, info.dtype, info.layout) * (1 + gates)
+    halves = int(tr.halves is not None)
+    info.unfused_gemm_columns = [2 * info.n] if halves else [info.n] * (1 + gates)
+    gemm = sum(bare_gemm_us(m, n, info.k, info.dtype, info.layout) for n in info.unfused_gemm_columns)
     # The unfused epilogue: one kernel that reads the GEMM output and the tile operands and
     # writes the region's outputs; where the region is elementwise only and every consumer is
     # elementwise too, Inductor fuses it into that consumer instead and nothing is saved.
     esize = 2 if info.dtype in ("bf16", "f16") else 4
-    tiles_in = sum(val(n).element_size() for n, r in zip(tr.inputs, tr.input_roles) if r == "tile") + gates * esize
+    tiles_in = sum(val(n).element_size() for n, r in zip(tr.inputs, tr.input_roles) if r == "tile") + (gates + halves) * esize
     out_bytes = sum(val(o).element_size() * (info.n if cls == "tile" else 1)
                     for o, cls in zip(tr.outputs, tr.output_classes))
     bytes_ = m * (info.n * (esize + tiles_in) + out_bytes)
@@ -396,7 +406,7 @@ def decide(c: Candidate) -> None:
     if absorbed:
         epi = 0.0
     unfused = gemm + epi
-    gemms = f"{1 + gates} GEMMs" if gates else "GEMM"
+    gemms = f"{1 + gates} GEMMs" if gates else f"GEMM of {2 * info.n} columns" if halves else "GEMM"
     info.fused_us, info.unfused_us, info.unfused_epilogue_us = fused, unfused, epi
     # A plan class the planner prices above its measured launches (one-wave split-K at decode:
     # calibration.h one_wave_split_overestimate) may pay where its estimate does not: measured.

@@ -13,7 +13,7 @@ import torch.fx as fx
 
 from . import _core
 from .partition import external_inputs, region_module
-from .translate import CASTS, val
+from .translate import CASTS, column_block, val
 
 
 def _host(t: torch.Tensor):
@@ -34,11 +34,11 @@ def kernel_inputs(c, values: dict[str, torch.Tensor]) -> tuple[dict, dict]:
     m = values[g.a.name].numel() // g.k
     dims = {"M": int(m), "N": g.n, "K": g.k}
     out = {}
-    for node, name, role in zip(tr.inputs, tr.input_names, tr.input_roles):
-        t = values[node.name]
+    for node, name, role, cols in zip(tr.inputs, tr.input_names, tr.input_roles, tr.input_cols):
+        t = column_block(values[node.name], cols)
         if role == "a":
             t = t.reshape(m, g.k)
-        elif role == "b":
+        elif role in ("b", "b3"):
             t = t.reshape(g.k, g.n)
             if g.layout == "nk":
                 t = t.t()
@@ -59,9 +59,10 @@ def _pair_inputs(c, values: dict[str, torch.Tensor]) -> tuple[dict, dict]:
     m = values[tr.inputs[0].name].numel() // c.dims["K"]  # inputs[0]: X, GEMM1's A
     dims = {**c.dims, "M": int(m)}
     out = {}
-    for node, name, shape, transposed in zip(tr.inputs, tr.input_names, tr.input_shapes, tr.input_transposed):
+    for node, name, shape, transposed, cols in zip(tr.inputs, tr.input_names, tr.input_shapes, tr.input_transposed,
+                                                   tr.input_cols):
         want = [dims[d] if isinstance(d, str) else int(d) for d in shape]
-        t = values[node.name]
+        t = column_block(values[node.name], cols)
         out[name] = t.reshape(want[::-1]).t() if transposed else t.reshape(want)
     return out, dims
 

@@ -153,6 +153,76 @@ class Gemm:
     beta: float = 1.0
 
 
+@dataclass
+class Halves:
+    """A GEMM whose value is used only as two equal column halves: Phi-3's gate_up_proj (one
+    Linear over the stacked [W_gate; W_up], then chunk(2, -1) and silu(gate) * up). It runs as the
+    gated GEMM of N/2 columns that Llama's separate gate_proj and up_proj become (pair.py): W1 is
+    B's first block of columns, W3 its second, both read in place (the operands' `cols`)."""
+    nodes: list[fx.Node]                 # the row-keeping views from the root to the split, the split
+    parts: tuple[fx.Node, fx.Node]       # getitem 0 and getitem 1 of the split
+    n: int                               # columns of one half
+
+
+def column_block(t: torch.Tensor, cols: tuple[int, int] | None) -> torch.Tensor:
+    """The block of t's last dim a kernel input reads (Translator.input_cols), a view in place."""
+    return t if cols is None else t.narrow(-1, cols[0], cols[1] - cols[0])
+
+
+_ROW_VIEWS = (aten.view.default, aten.reshape.default, aten._unsafe_view.default)
+
+
+def column_halves(root: fx.Node) -> Halves | None:
+    """The root's Halves where its value (through views that keep its rows) feeds nothing but one
+    split of the last dim into two equal blocks, both used; None otherwise. Only mm and addmm with
+    no bias or a bias vector [N] (a bias of another shape would need its own split)."""
+    if root.op != "call_function" or root.target not in (aten.mm.default, aten.addmm.default):
+        return None
+    try:
+        g = gemm_of(root)
+    except Unsupported:
+        return None
+    if g.n % 2 or (g.n // 2 * val(g.a).element_size()) % 16:
+        return None  # odd, or halves whose rows (and second block's start) are not 16-byte aligned
+    if g.bias is not None:
+        bv = val(g.bias)
+        if bv is None or bv.dim() != 1 or not _known_equal(bv.shape[0], g.n):
+            return None
+    chain: list[fx.Node] = []
+    x = root
+    while True:
+        users = list(x.users)
+        if len(users) != 1 or users[0].op != "call_function":
+            return None
+        u = users[0]
+        if u.target not in _ROW_VIEWS:
+            break
+        uv = val(u)
+        if uv is None or uv.dim() < 1 or not _known_equal(uv.shape[-1], g.n):
+            return None
+        chain.append(u)
+        x = u
+    xv = val(x)
+    half = g.n // 2
+    if u.target == aten.split.Tensor:
+        sizes = [u.args[1], u.args[1]] if isinstance(u.args[1], int) else None
+    elif u.target == aten.split_with_sizes.default:
+        sizes = list(u.args[1])
+    else:
+        return None
+    dim = u.args[2] if len(u.args) > 2 else u.kwargs.get("dim", 0)
+    if xv is None or sizes != [half, half] or not isinstance(dim, int) or dim % xv.dim() != xv.dim() - 1:
+        return None
+    parts: dict[int, fx.Node] = {}
+    for gi in u.users:
+        if gi.target is not operator.getitem or gi.args[1] not in (0, 1) or gi.args[1] in parts:
+            return None
+        parts[gi.args[1]] = gi
+    if len(parts) != 2:
+        return None
+    return Halves(chain + [u], (parts[0], parts[1]), half)
+
+
 def gemm_of(node: fx.Node) -> Gemm:
     """The GEMM a root node computes, or Unsupported with the reason."""
     t = node.target
@@ -226,6 +296,14 @@ class Translator:
         self.a_from: fx.Node | None = None  # GEMM2 of a pair: its A is this region value (S), cast
         self.leaf_ids: dict[fx.Node, TV] = {}  # per segment: a leaf's class depends on the GEMM's N
         self.gemm = gemm_of(root)
+        # A projection used as two column halves (Halves): the region's GEMM has N/2 columns and
+        # two accumulators; only where its views, split and getitems are all in the region.
+        halves = column_halves(root) if b_role == "b" else None
+        if halves is not None and all(n in self.in_region for n in (*halves.nodes, *halves.parts)):
+            self.halves: Halves | None = halves
+            self.gemm.n = halves.n
+        else:
+            self.halves = None
         if parent is None:
             self.g = _core.Graph()
             self.env: dict[fx.Node, object] = {}
@@ -235,6 +313,9 @@ class Translator:
             self.input_roles: list[str] = []       # a, b, (b2, b3), row, col, tile, scalar
             self.input_shapes: list[list] = []     # their ComFuse shapes (dim names or ints)
             self.input_transposed: list[bool] = []  # a B given as N x K: the FX value is its t()
+            # The block of the FX value's last dim an input reads ((start, stop)), or None: the
+            # whole value. A Halves projection's W1 and W3 (and bias halves) share one FX value.
+            self.input_cols: list[tuple[int, int] | None] = []
             self.outputs: list[fx.Node] = []
             self.output_names: list[str] = []
             self.fx_name: dict[str, str] = {}
@@ -245,7 +326,7 @@ class Translator:
             self.aliases: list[tuple[fx.Node, fx.Node, list[fx.Node]]] = []  # (node, origin, chain)
         else:  # a pair's second segment: one graph, one list of inputs and outputs
             for k in ("g", "env", "cf_of", "inputs", "input_names", "input_roles", "input_shapes",
-                      "input_transposed", "outputs", "output_names", "fx_name", "output_classes", "aliases"):
+                      "input_transposed", "input_cols", "outputs", "output_names", "fx_name", "output_classes", "aliases"):
                 setattr(self, k, getattr(parent, k))
 
     # -- classification --------------------------------------------------------------
@@ -269,7 +350,8 @@ class Translator:
         return None
 
     # -- operands ----------------------------------------------------------------------
-    def _add_input(self, node: fx.Node, role: str, dtype: str, shape: list, transposed: bool = False) -> int:
+    def _add_input(self, node: fx.Node, role: str, dtype: str, shape: list, transposed: bool = False,
+                   cols: tuple[int, int] | None = None) -> int:
         # Canonical names (a, b, in2, ...; outputs out0, ...) make the graph text, and so the
         # kernel cache key, the same for every layer of a model; fx_name maps them back.
         name = role if role in OPERAND_ROLES else f"in{len(self.inputs)}"
@@ -280,6 +362,7 @@ class Translator:
         self.input_roles.append(role)
         self.input_shapes.append(list(shape))
         self.input_transposed.append(transposed)
+        self.input_cols.append(cols)
         return vid
 
     def operand(self, x, user: fx.Node) -> TV:
@@ -340,10 +423,26 @@ class Translator:
             ids.append(a)
         else:
             a = self._add_input(gm.a, "a", dt, [self.dim_m, self.dim_k])
-        self._gemm(self.root, gm, a, self.b_role, ids)
+        roots = {self.root, *self.gates}
+        if self.halves is not None and self.gates:
+            raise Unsupported(self.root, "a projection used as two column halves is already a gated GEMM: it takes no "
+                                         "second gate GEMM")
+        if self.halves is not None:
+            # W1 = B's first N/2 columns, W3 its second: getitem 0 and 1 of the split are the
+            # gated GEMM's two accumulators; the root, its views and the split are no values.
+            h = self.halves
+            lo, hi = h.parts
+            self._gemm(self.root, gm, a, self.b_role, ids, cols=(0, h.n), value_of=lo)
+            self._gemm(self.root, gm, a, "b3", [], cols=(h.n, 2 * h.n), value_of=hi)
+            self.cf_of[self.root], self.cf_of[lo] = self.cf_of[lo], []
+            for n in h.nodes:
+                self.env[n], self.cf_of[n] = None, []
+            self.env[self.root] = None
+            roots |= {*h.nodes, lo, hi}
+        else:
+            self._gemm(self.root, gm, a, self.b_role, ids)
         for gate in self.gates:  # a gated pair: X W3^T on the same A (its own B, role b3)
             self._gemm(gate, gemm_of(gate), a, "b3", [])
-        roots = {self.root, *self.gates}
         for node in self.nodes:
             if node in roots:
                 continue
@@ -353,18 +452,24 @@ class Translator:
         if declare_outputs:
             self._declare_outputs()
 
-    def _gemm(self, root: fx.Node, gm: Gemm, a: int, b_role: str, ids: list[int]) -> None:
-        """acc = alpha * A B (+ beta * bias): the value of `root` (mm / addmm / bmm)."""
+    def _gemm(self, root: fx.Node, gm: Gemm, a: int, b_role: str, ids: list[int],
+              cols: tuple[int, int] | None = None, value_of: fx.Node | None = None) -> None:
+        """acc = alpha * A B (+ beta * bias): the value of `root` (mm / addmm / bmm), or with `cols`
+        of B's (and the bias's) columns cols only: the value of `value_of` (a Halves part)."""
         transposed = gm.layout == "nk"
         shape = [self.dim_n, self.dim_k] if transposed else [self.dim_k, self.dim_n]
-        b = self._add_input(gm.b, b_role, cf_dtype(gm.dtype), shape, transposed)
+        b = self._add_input(gm.b, b_role, cf_dtype(gm.dtype), shape, transposed, cols)
         acc = self.g.matmul(a, b, gm.layout)
         ids.append(acc)
         if gm.alpha != 1.0:
             acc = self.g.binary("mul", acc, self.g.constant(gm.alpha))
             ids.append(acc)
         if gm.bias is not None:
-            bias = self.operand(gm.bias, root)
+            if cols is not None:  # column_halves checked: a vector [2 * N], this half's block
+                bias = TV(self._add_input(gm.bias, "row", cf_dtype(val(gm.bias).dtype, root), [self.dim_n], cols=cols),
+                          "row")
+            else:
+                bias = self.operand(gm.bias, root)
             if gm.beta != 1.0:
                 bias_id = self.g.binary("mul", bias.id, self.g.constant(gm.beta))
                 ids.append(bias_id)
@@ -372,8 +477,9 @@ class Translator:
                 bias_id = bias.id
             acc = self.g.binary("add", acc, bias_id)
             ids.append(acc)
-        self.env[root] = TV(acc, "tile")
-        self.cf_of[root] = ids
+        value_of = value_of if value_of is not None else root
+        self.env[value_of] = TV(acc, "tile")
+        self.cf_of[value_of] = ids
 
     def _view_chain(self, node: fx.Node, origin: fx.Node) -> list[fx.Node] | None:
         """The views from `origin` to `node` (origin's user first), each a region node of one
@@ -564,7 +670,7 @@ def descendants_of(node: fx.Node) -> set[fx.Node]:
     return seen
 
 
-__all__ = ["Translator", "Unsupported", "Gemm", "gemm_of", "is_gemm", "is_translatable", "descendants_of",
+__all__ = ["Translator", "Unsupported", "Gemm", "Halves", "column_block", "column_halves", "gemm_of", "is_gemm", "is_translatable", "descendants_of",
            "val", "TV", "cf_dtype"]
 
 

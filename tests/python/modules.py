@@ -220,3 +220,27 @@ class MLPKeepsHidden(nn.Module):
     def forward(self, x):
         h = F.relu(self.fc1(x))
         return self.fc2(h), h
+
+
+class StackedGatedMLP(nn.Module):
+    """Phi-3's MLP: one projection over the stacked gate and up weights, chunk(2, -1), the gate's
+    activation times the other half, then down_proj. `up_first`: the up half comes first;
+    `conv1d`: the projection is GPT-2's Conv1D (addmm, K x 2N weight, bias); `chunks`/`sizes`:
+    the split (only two equal blocks are a gated GEMM)."""
+
+    def __init__(self, d, hidden, act="silu", up_first=False, conv1d=False, bias=False, sizes=None, chunks=2):
+        super().__init__()
+        self.hidden, self.up_first, self.sizes, self.chunks = hidden, up_first, sizes, chunks
+        width = sum(sizes) if sizes else chunks * hidden
+        self.gate_up_proj = Conv1D(width, d) if conv1d else nn.Linear(d, width, bias=bias)
+        self.down_proj = nn.Linear(hidden, d, bias=False)
+        self.act_fn = nn.SiLU() if act == "silu" else nn.GELU(approximate="tanh")
+
+    def forward(self, x):
+        h = self.gate_up_proj(x)
+        parts = h.split(self.sizes, dim=-1) if self.sizes else h.chunk(self.chunks, dim=-1)
+        gate, up = (parts[1], parts[0]) if self.up_first else (parts[0], parts[1])
+        y = up * self.act_fn(gate)
+        for extra in parts[2:]:
+            y = y + extra
+        return self.down_proj(y)

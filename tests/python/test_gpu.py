@@ -75,6 +75,22 @@ def test_module_runs_fused(gpu, case):
     assert_bf16_close(out, reference_f32(model, x))
 
 
+@pytest.mark.parametrize("b2b", ["off", "force"])
+@pytest.mark.parametrize("conv1d", [False, True])
+def test_stacked_gate_up_runs_fused(gpu, conv1d, b2b, monkeypatch):
+    """Phi-3's gate_up_proj (one projection over the stacked gate and up weights, chunk(2, -1)):
+    the gated GEMM reads W1 and W3 in place as the two blocks of one weight (Linear's 2N x K rows,
+    or a Conv1D K x 2N weight: rows of 2N columns, a bias of 2N), alone or as a B2B pair's GEMM1
+    with down_proj; ragged M."""
+    monkeypatch.setattr(comfuse.config, "b2b", b2b)
+    model = M.StackedGatedMLP(1024, 2816, up_first=True, conv1d=conv1d).to(torch.bfloat16).to(gpu).eval()
+    x = randn(3, 333, 1024, device=gpu, seed=5)
+    out, rep = compiled_run(model, x)
+    r = fused_region(rep, "gate_up_proj")
+    assert (r.plan.get("kind") == "b2b") == (b2b == "force"), r.plan
+    assert_bf16_close(out, reference_f32(model, x))
+
+
 def test_readme_example(gpu):
     """Linear + bias + residual + LayerNorm under torch.compile(backend="comfuse"), Inductor for the rest."""
     model = M.LinearResidualLayerNorm(1024).to(torch.bfloat16).to(gpu).eval()

@@ -10,7 +10,7 @@ transformers = pytest.importorskip("transformers")
 import bench_models  # noqa: E402
 
 
-@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "phi3"])
 def test_prefill_and_decode_match_eager(arch):
     comfuse.config.force_regions = True  # fusable regions go through the custom op (its aten fallback here)
     comfuse.config.rest = "eager"
@@ -21,6 +21,13 @@ def test_prefill_and_decode_match_eager(arch):
         assert fc.layout == "kn"
         assert [o.split(":")[-1] for o in fc.ops[1:]] == ["mul", "pow", "mul", "add", "mul", "tanh", "add", "mul"]
         assert "model.transformer.h.1.attn.c_attn:addmm" in roots
+    elif arch == "phi3":
+        # One projection over the stacked gate and up weights, chunk(2, -1): its two halves are
+        # one gated GEMM (translate.Halves), silu(gate) * up its epilogue.
+        gu = next(r for r in rep.regions if r.root == "model.model.layers.0.mlp.gate_up_proj:mm")
+        assert [o.split(":")[-1] for o in gu.ops[1:]] == ["split", "silu", "mul"], gu.ops
+        assert gu.status == "fusable" and "GEMM of 1376 columns" in gu.reason, gu.reason
+        assert "input b3" in gu.graph_text
     else:
         assert "model.model.layers.0.mlp.gate_proj:mm" in roots
         gate = next(r for r in rep.regions if r.root == "model.model.layers.0.mlp.gate_proj:mm")

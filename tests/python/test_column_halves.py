@@ -1,0 +1,183 @@
+"""A projection used as two column halves (Phi-3's gate_up_proj: one Linear over the stacked gate
+and up weights, chunk(2, -1), act(gate) * up) is the gated GEMM of N/2 columns Llama's separate
+gate_proj and up_proj become: W1 and W3 are the weight's two blocks, read in place
+(translate.Halves). On the CPU: the translation against torch in fp64, the argument tables of
+the single-region and B2B paths with the kernels emulated, the unfused side priced as the one
+GEMM the model runs, and every split that is no such pair left to Inductor with the reason."""
+import pytest
+import torch
+
+import comfuse
+from comfuse import _core
+from comfuse import reference as R
+from comfuse.capture import capture
+
+from conftest import randn
+import modules as M
+from test_b2b_pairs import emulate_pair, module, randomize  # noqa: F401 (a fixture)
+from test_runtime_glue import emulate  # noqa: F401 (the fixture: kernels emulated on the CPU)
+
+CASES = {
+    "phi3": (lambda: M.StackedGatedMLP(64, 200, up_first=True), (3, 37, 64)),
+    "gate_first_gelu": (lambda: M.StackedGatedMLP(64, 136, act="gelu"), (101, 64)),
+    "linear_bias": (lambda: M.StackedGatedMLP(72, 200, bias=True), (2, 45, 72)),
+    "conv1d_bias": (lambda: M.StackedGatedMLP(64, 200, conv1d=True), (3, 37, 64)),
+    "split_with_sizes": (lambda: M.StackedGatedMLP(64, 136, sizes=[136, 136]), (2, 45, 64)),
+}
+
+
+def _check_fp64(c, values, what):
+    got = R.comfuse_fp64(c, values)
+    lowered = R.lowered_fp64(c, values)
+    ref = R.eager_fp64(c, values)
+    assert set(got) == set(ref) and got
+    for name, r in ref.items():
+        assert r.abs().max() > 0 and torch.isfinite(r).all()
+        for how, x in (("graph executor", got[name]), ("lowered executor", lowered[name])):
+            diff = (x - r).abs()
+            tol = R.ulp(torch.bfloat16, r) * 1.01 + 1e-12
+            assert (diff <= tol).all(), f"{what} ({how}): max diff {diff.max().item()}"
+            assert (diff > 1e-9).float().mean() < 0.01, f"{what} ({how}): too many rounding differences"
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_halves_are_one_gated_region_matching_torch_fp64(case):
+    comfuse.config.b2b = "off"
+    make, shape = CASES[case]
+    model = randomize(module(make()))
+    cap = capture(model, randn(*shape, offset=0.1, seed=5))
+    c = cap.by_root("gate_up_proj")
+    tr = c.translator
+    assert tr is not None and tr.halves is not None, c.info.reason
+    half = model.down_proj.in_features
+    assert tr.gemm.n == half and c.info.n == half
+    assert "input b3: bf16[N, K]" in c.info.graph_text or "input b3: bf16[K, N]" in c.info.graph_text, c.info.graph_text
+    assert tr.input_cols[tr.input_roles.index("b")] == (0, half)
+    assert tr.input_cols[tr.input_roles.index("b3")] == (half, 2 * half)
+    assert any("split" in op for op in c.info.ops), c.info.ops
+    assert all(e.reason.startswith("a second GEMM") for e in c.info.excluded), c.info.excluded  # down_proj only
+    low = _core.lower(_core.parse_graph(c.info.graph_text))
+    assert "one gated GEMM (region 0, two accumulators)" in low.describe(), low.describe()
+    _check_fp64(c, cap.values, case)
+
+
+def test_unfused_side_is_the_models_one_gemm():
+    """decide() prices the unfused path as the model runs it: one GEMM of 2N columns (not two of N)
+    and an epilogue reading both halves."""
+    comfuse.config.b2b = "off"
+    cap = capture(module(M.StackedGatedMLP(1024, 2816)), randn(4, 512, 1024))
+    c = cap.by_root("gate_up_proj")
+    assert c.translator.halves is not None
+    assert f"GEMM of {2 * 2816} columns" in c.info.reason, c.info.reason
+    from comfuse.partition import bare_gemm_us
+
+    gemm = bare_gemm_us(2048, 2 * 2816, 1024, "bf16", "nk")
+    assert c.info.unfused_gemm_columns == [2 * 2816]  # what measure.py times without Inductor, too
+    assert c.info.unfused_us == pytest.approx(gemm + c.info.unfused_epilogue_us)
+    llama = capture(module(M.LlamaMLP(1024, 2816)), randn(4, 512, 1024)).by_root("gate_proj")
+    assert llama.translator.gates and llama.info.unfused_gemm_columns == [2816, 2816]
+
+
+@pytest.mark.parametrize("make,why", [
+    (lambda: M.StackedGatedMLP(64, 136, chunks=3), "split"),                 # three blocks
+])
+def test_other_splits_stay_with_inductor_and_say_why(make, why):
+    comfuse.config.b2b = "off"
+    model = randomize(module(make()))
+    cap = capture(model, randn(2, 45, 64, offset=0.1))
+    c = cap.by_root("gate_up_proj")
+    assert c.translator is None or c.translator.halves is None
+    assert c.info.status == "fallback" and why in c.info.reason, c.info.reason
+
+
+class FullValueUsed(torch.nn.Module):
+    """The projection's whole value is used besides its halves: no gated GEMM (its 2N columns are
+    stored), the split stays outside."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate_up_proj = torch.nn.Linear(64, 272, bias=False)
+
+    def forward(self, x):
+        h = self.gate_up_proj(x)
+        g, u = h.chunk(2, dim=-1)
+        return torch.nn.functional.silu(g) * u, h.sum(-1)
+
+
+def test_whole_value_used_elsewhere_is_no_halves():
+    comfuse.config.b2b = "off"
+    cap = capture(randomize(module(FullValueUsed())), randn(2, 45, 64))
+    c = cap.by_root("gate_up_proj")
+    assert c.translator is None or c.translator.halves is None
+    assert not any("split" in op for op in c.info.ops), c.info.ops
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_halves_runtime_path_emulated(emulate, case):
+    """The custom op's arguments: W1 and W3 (and the bias halves) are the weight's blocks in place,
+    as the kernel's [N, K] rows (Linear) or [K, N] columns (Conv1D); outputs match eager."""
+    make, shape = CASES[case]
+    model = randomize(module(make()))
+    x = randn(*shape, offset=0.1, seed=3)
+    seen = {}
+    from comfuse import kernels
+
+    prepare = kernels.RuntimeRegion.prepare
+
+    def spy(self, tensors, *a, **kw):
+        res = prepare(self, tensors, *a, **kw)
+        if "b3" in self.names:
+            seen["w"] = next(t for t, r in zip(tensors, self.roles) if r == "b")
+            seen["views"] = res[3]
+        return res
+
+    kernels.RuntimeRegion.prepare = spy
+    try:
+        with torch.no_grad(), comfuse.collecting() as rep:
+            ref = model(x)
+            out = torch.compile(model, backend="comfuse")(x)
+    finally:
+        kernels.RuntimeRegion.prepare = prepare
+    reg = next(r for r in rep.regions if "gate_up_proj" in r.root)
+    assert reg.calls == 1 and reg.fallback_calls == 0, (reg.status, reg.reason, reg.runtime_fallback)
+    w, views = seen["w"], seen["views"]
+    base = w.untyped_storage().data_ptr()
+    assert views["b"].untyped_storage().data_ptr() == base == views["b3"].untyped_storage().data_ptr()  # no copy
+    half = model.down_proj.in_features
+    step = half * (w.stride(0) if w.stride(0) != 1 else w.stride(1)) if not isinstance(model.gate_up_proj, M.Conv1D) \
+        else half
+    assert views["b3"].data_ptr() - views["b"].data_ptr() == step * w.element_size()
+    err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+    assert err < 1e-2, err
+
+
+@pytest.mark.parametrize("case", ["phi3", "linear_bias"])
+def test_halves_as_a_b2b_pairs_first_gemm(case):
+    """With down_proj, the halves are a gated B2B pair's GEMM1 (W1 and W3 blocks of one weight)."""
+    comfuse.config.b2b = "force"
+    make, shape = CASES[case]
+    model = randomize(module(make()))
+    cap = capture(model, randn(*shape, offset=0.1, seed=7))
+    p = cap.pair("gate_up_proj")
+    assert p.translator is not None and p.lowering is not None and p.lowering.is_b2b(), p.info.reason
+    assert p.choice["gated"], p.choice
+    got = R.comfuse_fp64(p, cap.values)
+    ref = R.eager_fp64(p, cap.values)
+    for name, r in ref.items():
+        assert r.abs().max() > 0
+        diff = (got[name] - r).abs()
+        assert (diff <= R.ulp(torch.bfloat16, r) * 1.01 + 1e-12).all(), diff.max().item()
+
+
+@pytest.mark.parametrize("case", ["phi3", "conv1d_bias"])
+def test_halves_pair_runtime_path_emulated(emulate_pair, case):
+    make, shape = CASES[case]
+    model = randomize(module(make()))
+    x = randn(*shape, offset=0.1, seed=3)
+    with torch.no_grad(), comfuse.collecting() as rep:
+        ref = model(x)
+        out = torch.compile(model, backend="comfuse")(x)
+    pair = next(r for r in rep.regions if r.plan.get("kind") == "b2b")
+    assert pair.calls == 1 and pair.fallback_calls == 0, pair.runtime_fallback
+    err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+    assert err < 1e-2, err
