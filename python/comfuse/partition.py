@@ -200,7 +200,7 @@ def grow(root: fx.Node, order: dict[fx.Node, int]) -> tuple[list[fx.Node], set[f
     # A projection used as two column halves (translate.Halves): its split is no op outside the
     # domain but the gated GEMM's two accumulators.
     halves = column_halves(root)
-    split = set(halves.nodes + list(halves.parts)) if halves is not None else set()
+    split = set(halves.members) if halves is not None else set()
     refused: list[tuple[fx.Node, str]] = []
     for node in sorted(desc, key=order.__getitem__):
         ins = node.all_input_nodes
@@ -212,7 +212,11 @@ def grow(root: fx.Node, order: dict[fx.Node, int]) -> tuple[list[fx.Node], set[f
             refused.append((node, "a second GEMM consumes this value: it starts its own region"))
             continue
         if node not in split and not is_translatable(node):
-            refused.append((node, f"op {node.target} is outside the fusion domain"))
+            why = f"op {node.target} is outside the fusion domain"
+            if node.target in _SPLITS:
+                why += (" (a split of a GEMM's value fuses as two equal blocks of the last dim, of 16-byte rows, "
+                        "used by nothing else: translate.column_halves)")
+            refused.append((node, why))
             continue
         through = [i for i in ins if i not in inset and i in desc]
         if through:
@@ -303,6 +307,8 @@ def find_regions(gm: fx.GraphModule, next_id) -> list[Candidate]:
 
 from .translate import VIEWS as _VIEWS  # noqa: E402
 
+_SPLITS = {aten.split.Tensor, aten.split_with_sizes.default, aten.glu.default}
+
 _VIEW_LIKE = _VIEWS | {operator.getitem}
 
 
@@ -330,7 +336,13 @@ def region_module(nodes: list[fx.Node], outputs: list[fx.Node], inputs: list[fx.
         p.meta = dict(i.meta)
         env.setdefault(i, p)
     for n in nodes:
-        env[n] = g.node_copy(n, lambda x: env[x])
+        env[n] = c = g.node_copy(n, lambda x: env[x])
+        # A cast that names the device its input lives on (type_as, F.rms_norm) is a cast: without
+        # the device, the module also runs on meta tensors (RuntimeRegion.out_shapes).
+        src = val(n.args[0]) if n.args else None
+        if n.target == aten._to_copy.default and src is not None and n.kwargs.get("device") is not None and \
+                torch.device(n.kwargs["device"]) == src.device:
+            c.kwargs = {k: v for k, v in n.kwargs.items() if k != "device"}
     g.output(tuple(env[o] for o in outputs))
     return fx.GraphModule(torch.nn.Module(), g)
 

@@ -24,6 +24,7 @@ import torch
 import torch.fx as fx
 
 from . import _core
+from .composites import COMPOSITES
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -123,7 +124,7 @@ OTHER = {
 def is_translatable(node: fx.Node) -> bool:
     t = node.target
     return node.op == "call_function" and (
-        t in UNARY or t in BINARY or t in REDUCE or t in VIEWS or t in CASTS or t in OTHER)
+        t in UNARY or t in BINARY or t in REDUCE or t in VIEWS or t in CASTS or t in OTHER or t in COMPOSITES)
 
 
 def is_gemm(node: fx.Node) -> bool:
@@ -160,8 +161,14 @@ class Halves:
     gated GEMM of N/2 columns that Llama's separate gate_proj and up_proj become (pair.py): W1 is
     B's first block of columns, W3 its second, both read in place (the operands' `cols`)."""
     nodes: list[fx.Node]                 # the row-keeping views from the root to the split, the split
-    parts: tuple[fx.Node, fx.Node]       # getitem 0 and getitem 1 of the split
+    parts: tuple[fx.Node, ...]           # getitem 0 and getitem 1 of the split (none for glu)
     n: int                               # columns of one half
+    glu: fx.Node | None = None           # F.glu over the last dim in place of a split: a * sigmoid(b)
+
+    @property
+    def members(self) -> list[fx.Node]:
+        """Every node the region takes with the root."""
+        return [*self.nodes, *self.parts] + ([self.glu] if self.glu is not None else [])
 
 
 def column_block(t: torch.Tensor, cols: tuple[int, int] | None) -> torch.Tensor:
@@ -204,6 +211,11 @@ def column_halves(root: fx.Node) -> Halves | None:
         x = u
     xv = val(x)
     half = g.n // 2
+    if u.target == aten.glu.default:
+        dim = u.args[1] if len(u.args) > 1 else u.kwargs.get("dim", -1)
+        if xv is None or not isinstance(dim, int) or dim % xv.dim() != xv.dim() - 1:
+            return None
+        return Halves(chain, (), half, glu=u)
     if u.target == aten.split.Tensor:
         sizes = [u.args[1], u.args[1]] if isinstance(u.args[1], int) else None
     elif u.target == aten.split_with_sizes.default:
@@ -299,7 +311,7 @@ class Translator:
         # A projection used as two column halves (Halves): the region's GEMM has N/2 columns and
         # two accumulators; only where its views, split and getitems are all in the region.
         halves = column_halves(root) if b_role == "b" else None
-        if halves is not None and all(n in self.in_region for n in (*halves.nodes, *halves.parts)):
+        if halves is not None and all(n in self.in_region for n in halves.members):
             self.halves: Halves | None = halves
             self.gemm.n = halves.n
         else:
@@ -324,9 +336,11 @@ class Translator:
             # stored again; the views (chain: origin's user first, the node last) are replayed on
             # the kernel's output (backend._replace).
             self.aliases: list[tuple[fx.Node, fx.Node, list[fx.Node]]] = []  # (node, origin, chain)
+            self.broadcasts: set[fx.Node] = set()  # expands of a per-row value to the tile (a column here)
         else:  # a pair's second segment: one graph, one list of inputs and outputs
             for k in ("g", "env", "cf_of", "inputs", "input_names", "input_roles", "input_shapes",
-                      "input_transposed", "input_cols", "outputs", "output_names", "fx_name", "output_classes", "aliases"):
+                      "input_transposed", "input_cols", "outputs", "output_names", "fx_name", "output_classes", "aliases",
+                      "broadcasts"):
                 setattr(self, k, getattr(parent, k))
 
     # -- classification --------------------------------------------------------------
@@ -429,16 +443,23 @@ class Translator:
                                          "second gate GEMM")
         if self.halves is not None:
             # W1 = B's first N/2 columns, W3 its second: getitem 0 and 1 of the split are the
-            # gated GEMM's two accumulators; the root, its views and the split are no values.
+            # gated GEMM's two accumulators (glu: its value a * sigmoid(b) of the two); the root,
+            # its views and the split are no values.
             h = self.halves
-            lo, hi = h.parts
+            lo, hi = h.parts if h.glu is None else (self.root, h.glu)
             self._gemm(self.root, gm, a, self.b_role, ids, cols=(0, h.n), value_of=lo)
             self._gemm(self.root, gm, a, "b3", [], cols=(h.n, 2 * h.n), value_of=hi)
-            self.cf_of[self.root], self.cf_of[lo] = self.cf_of[lo], []
+            if h.glu is not None:
+                gate = self.g.unary("sigmoid", self.env[hi].id)
+                y = self.g.binary("mul", self.env[lo].id, gate)
+                self.env[hi] = TV(y, "tile")
+                self.cf_of[hi] += [gate, y]
+            else:
+                self.cf_of[self.root], self.cf_of[lo] = self.cf_of[lo], []
             for n in h.nodes:
                 self.env[n], self.cf_of[n] = None, []
             self.env[self.root] = None
-            roots |= {*h.nodes, lo, hi}
+            roots |= set(h.members)
         else:
             self._gemm(self.root, gm, a, self.b_role, ids)
         for gate in self.gates:  # a gated pair: X W3^T on the same A (its own B, role b3)
@@ -524,6 +545,9 @@ class Translator:
             if not isinstance(tv, TV):
                 raise Unsupported(node, f"'{node.name}' (a tuple) is used outside the region")
             v = val(node)
+            if node in self.broadcasts:
+                raise Unsupported(node, f"'{node.name}' (a per-row value expanded to {tuple(v.shape)}) is used outside "
+                                        "the region: the kernel stores per-row values as [M, 1]")
             if tv.cls not in ("tile", "col"):
                 raise Unsupported(node, f"'{node.name}' is a {tv.cls} value used outside the region: the kernel "
                                         "stores [M, N] tiles and per-row [M, 1] values")
@@ -560,6 +584,11 @@ class Translator:
             x = self.operand(args[0], node)
             if x.cls in ("tile", "col"):
                 cls = self.classify(v) if v is not None else None
+                if t == aten.expand.default and (x.cls, cls) == ("col", "tile"):
+                    # A per-row value broadcast to the tile (F.normalize's norm): the ops that read
+                    # it broadcast the column anyway; as an output it would be no column.
+                    self.broadcasts.add(node)
+                    return x
                 if cls != x.cls:
                     raise Unsupported(node, f"{t.__name__ if hasattr(t, '__name__') else t} to {tuple(v.shape)} changes "
                                             "the row layout of the GEMM output")
@@ -568,9 +597,13 @@ class Translator:
             x = self.operand(args[0], node)
             dtype = kw.get("dtype", args[1] if len(args) > 1 else None)
             if t == aten._to_copy.default:
-                # A dtype conversion only: a device or layout change leaves the region.
+                # A dtype conversion only: a device or layout change leaves the region (the
+                # device the value already lives on, as type_as and F.rms_norm name it, is none).
+                src = val(args[0])
                 for k in ("device", "layout", "pin_memory"):
-                    if kw.get(k) not in (None, torch.strided, False):
+                    same = k == "device" and src is not None and kw.get(k) is not None and \
+                        torch.device(kw[k]) == src.device
+                    if kw.get(k) not in (None, torch.strided, False) and not same:
                         raise Unsupported(node, f"_to_copy with {k}={kw[k]}")
             if dtype is None:
                 return x
@@ -635,6 +668,8 @@ class Translator:
             self._last_dim(node, x, [args[1]])
             y = g.softmax(x.id) if t == aten._softmax.default else g.log_softmax(x.id)
             return TV(y, "tile")
+        if t in COMPOSITES:
+            return COMPOSITES[t](self, node)
         raise Unsupported(node, f"op {t} is outside the fusion domain")
 
     def _last_dim(self, node: fx.Node, x: TV, dims) -> None:

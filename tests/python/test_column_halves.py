@@ -15,6 +15,7 @@ from comfuse.capture import capture
 from conftest import randn
 import modules as M
 from test_b2b_pairs import emulate_pair, module, randomize  # noqa: F401 (a fixture)
+from test_reference import _check
 from test_runtime_glue import emulate  # noqa: F401 (the fixture: kernels emulated on the CPU)
 
 CASES = {
@@ -24,20 +25,6 @@ CASES = {
     "conv1d_bias": (lambda: M.StackedGatedMLP(64, 200, conv1d=True), (3, 37, 64)),
     "split_with_sizes": (lambda: M.StackedGatedMLP(64, 136, sizes=[136, 136]), (2, 45, 64)),
 }
-
-
-def _check_fp64(c, values, what):
-    got = R.comfuse_fp64(c, values)
-    lowered = R.lowered_fp64(c, values)
-    ref = R.eager_fp64(c, values)
-    assert set(got) == set(ref) and got
-    for name, r in ref.items():
-        assert r.abs().max() > 0 and torch.isfinite(r).all()
-        for how, x in (("graph executor", got[name]), ("lowered executor", lowered[name])):
-            diff = (x - r).abs()
-            tol = R.ulp(torch.bfloat16, r) * 1.01 + 1e-12
-            assert (diff <= tol).all(), f"{what} ({how}): max diff {diff.max().item()}"
-            assert (diff > 1e-9).float().mean() < 0.01, f"{what} ({how}): too many rounding differences"
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -58,7 +45,7 @@ def test_halves_are_one_gated_region_matching_torch_fp64(case):
     assert all(e.reason.startswith("a second GEMM") for e in c.info.excluded), c.info.excluded  # down_proj only
     low = _core.lower(_core.parse_graph(c.info.graph_text))
     assert "one gated GEMM (region 0, two accumulators)" in low.describe(), low.describe()
-    _check_fp64(c, cap.values, case)
+    _check(c, cap.values)
 
 
 def test_unfused_side_is_the_models_one_gemm():

@@ -1,6 +1,7 @@
 """Property tests of the frontend on the CPU: random Linear + epilogue modules (activations,
-residual adds, scales, casts, LayerNorm, RMSNorm as transformers writes it, softmax and
-log-softmax, in random orders, over 2-D and 3-D activations of ragged sizes) compile under
+residual adds, scales, casts, LayerNorm, RMSNorm as transformers writes it and F.rms_norm,
+softmax and log-softmax, composites (hardswish, leaky ReLU, clamp, F.normalize), in random
+orders, over 2-D and 3-D activations of ragged sizes) compile under
 backend="comfuse" with the kernels emulated on the fp64 executor (test_runtime_glue's
 `emulate`). Every region either runs fused and matches the module in float32, or falls back
 with a reason; nothing raises. Sizes TMA cannot take (rows not a multiple of 16 bytes) fall back
@@ -19,7 +20,7 @@ from test_runtime_glue import emulate  # noqa: F401 (the fixture: kernels emulat
 import comfuse
 
 OPS = ("gelu", "gelu_tanh", "silu", "relu", "tanh", "sigmoid", "residual", "scale", "layer_norm", "rms_norm",
-       "softmax", "log_softmax", "f32_roundtrip")
+       "softmax", "log_softmax", "f32_roundtrip", "hardswish", "leaky_relu", "clamp", "normalize", "fn_rms_norm")
 
 
 class RandomEpilogue(nn.Module):
@@ -52,6 +53,12 @@ class RandomEpilogue(nn.Module):
                 h = torch.log_softmax(h, dim=-1)
             elif op == "f32_roundtrip":
                 h = h.float().to(x.dtype)
+            elif op == "clamp":
+                h = h.clamp(-1.5, 2.0)
+            elif op == "normalize":
+                h = F.normalize(h, dim=-1)
+            elif op == "fn_rms_norm":
+                h = F.rms_norm(h, (h.shape[-1],))
             else:
                 h = getattr(F, op)(h)
         return h

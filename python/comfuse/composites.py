@@ -1,0 +1,179 @@
+"""aten ops the ComFuse graph has no primitive for, written as its primitives (translate.py
+calls these for a node whose target is in COMPOSITES). Each rule is exact in real arithmetic and
+keeps torch's semantics over the tile; an argument it cannot honour raises Unsupported with the
+reason, so the region ends before the node.
+
+    clamp / hardtanh / relu6        max(x, lo), then min(., hi)
+    leaky_relu(x, s)                max(x, s x) for s <= 1, else min(x, s x)
+    hardsigmoid / hardswish         clamp(x / 6 + 1/2, 0, 1) (times x)
+    var / std / var_mean            mean((x - mean x)^2) * N / (N - correction) over the last dim
+    linalg_vector_norm (F.normalize) sum |x| (ord 1), sqrt(sum x^2) (ord 2), max |x| (ord inf)
+    logsumexp                       max x + log(sum exp(x - max x)), as log_softmax computes it
+
+Not here, on purpose: softplus, mish and elu need log1p / expm1 to keep their small values
+(log(1 + e^x) with e^x below f32's epsilon is 0 on the device, where torch returns e^x), and erf
+and where/compare ops have no primitive; they stay with Inductor, saying so.
+"""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import torch
+import torch.fx as fx
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .translate import TV, Translator
+
+aten = torch.ops.aten
+
+
+def _arg(node: fx.Node, i: int, name: str, default):
+    return node.args[i] if len(node.args) > i else node.kwargs.get(name, default)
+
+
+def _number(node: fx.Node, x, what: str) -> float | None:
+    from .translate import Unsupported
+
+    if x is None:
+        return None
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise Unsupported(node, f"{what} {x!r} is not a Python number (a tensor bound is not a kernel literal)")
+    return float(x)
+
+
+def _clamped(tr: "Translator", node: fx.Node, x: "TV", lo: float | None, hi: float | None) -> "TV":
+    from .translate import TV
+
+    g, y = tr.g, x.id
+    if lo is not None:
+        y = g.binary("max", y, g.constant(lo))
+    if hi is not None:
+        y = g.binary("min", y, g.constant(hi))
+    return tr._check_class(node, TV(y, x.cls))
+
+
+def clamp(tr: "Translator", node: fx.Node) -> "TV":
+    x = tr.operand(node.args[0], node)
+    return _clamped(tr, node, x, _number(node, _arg(node, 1, "min", None), "min"),
+                    _number(node, _arg(node, 2, "max", None), "max"))
+
+
+def hardtanh(tr: "Translator", node: fx.Node) -> "TV":
+    x = tr.operand(node.args[0], node)
+    return _clamped(tr, node, x, _number(node, _arg(node, 1, "min_val", -1.0), "min_val"),
+                    _number(node, _arg(node, 2, "max_val", 1.0), "max_val"))
+
+
+def leaky_relu(tr: "Translator", node: fx.Node) -> "TV":
+    from .translate import TV
+
+    x = tr.operand(node.args[0], node)
+    s = _number(node, _arg(node, 1, "negative_slope", 0.01), "negative_slope")
+    g = tr.g
+    sx = g.binary("mul", x.id, g.constant(s))
+    return tr._check_class(node, TV(g.binary("max" if s <= 1.0 else "min", x.id, sx), x.cls))
+
+
+def _hardsigmoid(tr: "Translator", node: fx.Node, x: "TV") -> int:
+    g = tr.g
+    y = g.binary("add", g.binary("mul", x.id, g.constant(1.0 / 6.0)), g.constant(0.5))
+    return g.binary("min", g.binary("max", y, g.constant(0.0)), g.constant(1.0))
+
+
+def hardsigmoid(tr: "Translator", node: fx.Node) -> "TV":
+    from .translate import TV
+
+    x = tr.operand(node.args[0], node)
+    return tr._check_class(node, TV(_hardsigmoid(tr, node, x), x.cls))
+
+
+def hardswish(tr: "Translator", node: fx.Node) -> "TV":
+    from .translate import TV
+
+    x = tr.operand(node.args[0], node)
+    return tr._check_class(node, TV(tr.g.binary("mul", x.id, _hardsigmoid(tr, node, x)), x.cls))
+
+
+def _moments(tr: "Translator", node: fx.Node) -> tuple[int, int]:
+    """(var, mean) over the last dim as var.correction / var_mean.correction define them."""
+    from .translate import Unsupported
+
+    x = tr.operand(node.args[0], node)
+    tr._last_dim(node, x, _arg(node, 1, "dim", None))
+    correction = node.kwargs.get("correction", 1)
+    correction = 1.0 if correction is None else _number(node, correction, "correction")
+    n = tr.gemm.n
+    if n - correction <= 0:
+        raise Unsupported(node, f"variance with correction {correction} over {n} columns divides by zero or less")
+    g = tr.g
+    mean = g.reduce("mean", x.id, -1)
+    centered = g.binary("sub", x.id, mean)
+    var = g.reduce("mean", g.unary("square", centered), -1)
+    if correction:
+        var = g.binary("mul", var, g.constant(n / (n - correction)))
+    return var, mean
+
+
+def var(tr: "Translator", node: fx.Node) -> "TV":
+    from .translate import TV
+
+    return TV(_moments(tr, node)[0], "col")
+
+
+def std(tr: "Translator", node: fx.Node) -> "TV":
+    from .translate import TV
+
+    return TV(tr.g.unary("sqrt", _moments(tr, node)[0]), "col")
+
+
+def var_mean(tr: "Translator", node: fx.Node) -> tuple:
+    from .translate import TV
+
+    v, m = _moments(tr, node)
+    return (TV(v, "col"), TV(m, "col"))
+
+
+def vector_norm(tr: "Translator", node: fx.Node) -> "TV":
+    from .translate import TV, Unsupported
+
+    x = tr.operand(node.args[0], node)
+    order = _number(node, _arg(node, 1, "ord", 2), "ord")
+    tr._last_dim(node, x, _arg(node, 2, "dim", None))
+    if _arg(node, 4, "dtype", None) not in (None, torch.float32):
+        raise Unsupported(node, f"linalg_vector_norm with dtype={_arg(node, 4, 'dtype', None)}")
+    g = tr.g
+    if order == 2.0:
+        y = g.unary("sqrt", g.reduce("sum", g.unary("square", x.id), -1))
+    elif order == 1.0:
+        y = g.reduce("sum", g.unary("abs", x.id), -1)
+    elif order == math.inf:
+        y = g.reduce("max", g.unary("abs", x.id), -1)
+    else:
+        raise Unsupported(node, f"linalg_vector_norm of order {order} (the kernel takes 1, 2 and inf)")
+    return TV(y, "col")
+
+
+def logsumexp(tr: "Translator", node: fx.Node) -> "TV":
+    from .translate import TV
+
+    x = tr.operand(node.args[0], node)
+    tr._last_dim(node, x, _arg(node, 1, "dim", None))
+    g = tr.g
+    m = g.reduce("max", x.id, -1)
+    s = g.reduce("sum", g.unary("exp", g.binary("sub", x.id, m)), -1)
+    return TV(g.binary("add", m, g.unary("log", s)), "col")
+
+
+COMPOSITES = {
+    aten.clamp.default: clamp,
+    aten.hardtanh.default: hardtanh,
+    aten.leaky_relu.default: leaky_relu,
+    aten.hardsigmoid.default: hardsigmoid,
+    aten.hardswish.default: hardswish,
+    aten.var.correction: var,
+    aten.std.correction: std,
+    aten.var_mean.correction: var_mean,
+    aten.linalg_vector_norm.default: vector_norm,
+    aten.logsumexp.default: logsumexp,
+}
