@@ -13,6 +13,13 @@ enum class UnaryOp {
 #undef COMFUSE_UNARY_OP
 };
 
+// How many unary ops ops.def names (tests walk them all).
+inline constexpr int kUnaryOpCount = 0
+#define COMFUSE_UNARY_OP(E, name, expr, dev) +1
+#include "comfuse/ops.def"
+#undef COMFUSE_UNARY_OP
+    ;
+
 enum class BinaryOp {
 #define COMFUSE_BINARY_OP(E, name, expr, dev) E,
 #include "comfuse/ops.def"

@@ -9,10 +9,12 @@ reason, so the region ends before the node.
     var / std / var_mean            mean((x - mean x)^2) * N / (N - correction) over the last dim
     linalg_vector_norm (F.normalize) sum |x| (ord 1), sqrt(sum x^2) (ord 2), max |x| (ord inf)
     logsumexp                       max x + log(sum exp(x - max x)), as log_softmax computes it
+    softplus(x, beta, 20)           softplus(beta x) / beta (the primitive's threshold is torch's 20)
+    mish                            x tanh(softplus(x))
+    elu / selu / celu               scale (max(x, 0) + alpha expm1(min(x, 0) input_scale))
+    logsigmoid                      -softplus(-x)
 
-Not here, on purpose: softplus, mish and elu need log1p / expm1 to keep their small values
-(log(1 + e^x) with e^x below f32's epsilon is 0 on the device, where torch returns e^x), and erf
-and where/compare ops have no primitive; they stay with Inductor, saying so.
+where/compare ops have no primitive: they stay with Inductor, saying so.
 """
 from __future__ import annotations
 
@@ -165,7 +167,81 @@ def logsumexp(tr: "Translator", node: fx.Node) -> "TV":
     return TV(g.binary("add", m, g.unary("log", s)), "col")
 
 
+def softplus(tr: "Translator", node: fx.Node) -> "TV":
+    from .translate import TV, Unsupported
+
+    x = tr.operand(node.args[0], node)
+    beta = _number(node, _arg(node, 1, "beta", 1.0), "beta")
+    threshold = _number(node, _arg(node, 2, "threshold", 20.0), "threshold")
+    if threshold != 20.0 or beta <= 0.0:
+        raise Unsupported(node, f"softplus with beta {beta}, threshold {threshold} (the kernel's is torch's default "
+                                "threshold 20, beta > 0)")
+    g = tr.g
+    y = x.id if beta == 1.0 else g.binary("mul", x.id, g.constant(beta))
+    y = g.unary("softplus", y)
+    if beta != 1.0:
+        y = g.binary("mul", y, g.constant(1.0 / beta))
+    return tr._check_class(node, TV(y, x.cls))
+
+
+def mish(tr: "Translator", node: fx.Node) -> "TV":
+    from .translate import TV
+
+    x = tr.operand(node.args[0], node)
+    g = tr.g
+    return tr._check_class(node, TV(g.binary("mul", x.id, g.unary("tanh", g.unary("softplus", x.id))), x.cls))
+
+
+def elu(tr: "Translator", node: fx.Node) -> "TV":
+    """aten.elu(x, alpha, scale, input_scale) (F.elu, and F.selu with its constants)."""
+    return _elu(tr, node, _number(node, _arg(node, 1, "alpha", 1.0), "alpha"),
+                _number(node, _arg(node, 2, "scale", 1.0), "scale"),
+                _number(node, _arg(node, 3, "input_scale", 1.0), "input_scale"))
+
+
+def celu(tr: "Translator", node: fx.Node) -> "TV":
+    """max(0, x) + min(0, alpha (exp(x / alpha) - 1)): elu with input_scale 1 / alpha."""
+    from .translate import Unsupported
+
+    alpha = _number(node, _arg(node, 1, "alpha", 1.0), "alpha")
+    if alpha == 0.0:
+        raise Unsupported(node, "celu with alpha 0")
+    return _elu(tr, node, alpha, 1.0, 1.0 / alpha)
+
+
+def log_sigmoid(tr: "Translator", node: fx.Node) -> tuple:
+    """log_sigmoid_forward's (value, buffer): -softplus(-x); the buffer (backward's) is no value here."""
+    from .translate import TV
+
+    x = tr.operand(node.args[0], node)
+    g = tr.g
+    y = g.unary("neg", g.unary("softplus", g.unary("neg", x.id)))
+    return (tr._check_class(node, TV(y, x.cls)), None)
+
+
+def _elu(tr: "Translator", node: fx.Node, alpha: float, scale: float, input_scale: float) -> "TV":
+    from .translate import TV
+
+    x = tr.operand(node.args[0], node)
+    g = tr.g
+    neg = g.binary("min", x.id, g.constant(0.0))
+    if input_scale != 1.0:
+        neg = g.binary("mul", neg, g.constant(input_scale))
+    tail = g.unary("expm1", neg)
+    if alpha != 1.0:
+        tail = g.binary("mul", tail, g.constant(alpha))
+    y = g.binary("add", g.binary("max", x.id, g.constant(0.0)), tail)
+    if scale != 1.0:
+        y = g.binary("mul", y, g.constant(scale))
+    return tr._check_class(node, TV(y, x.cls))
+
+
 COMPOSITES = {
+    aten.softplus.default: softplus,
+    aten.mish.default: mish,
+    aten.elu.default: elu,
+    aten.celu.default: celu,
+    aten.log_sigmoid_forward.default: log_sigmoid,
     aten.clamp.default: clamp,
     aten.hardtanh.default: hardtanh,
     aten.leaky_relu.default: leaky_relu,

@@ -91,6 +91,9 @@ UNARY = {
     aten.reciprocal.default: "reciprocal",
     aten.abs.default: "abs",
     aten.square.default: "square",
+    aten.erf.default: "erf",
+    aten.log1p.default: "log1p",
+    aten.expm1.default: "expm1",
 }
 BINARY = {
     aten.add.Tensor: "add", aten.add.Scalar: "add",

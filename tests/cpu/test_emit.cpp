@@ -59,7 +59,7 @@ TEST(Emit, EveryVocabularyOpHasARuleAndADeviceFunctor) {
     return ops_cuh.find("struct " + std::string(name) + " ") != std::string::npos ||
            ops_cuh.find("struct " + std::string(name) + "{") != std::string::npos;
   };
-  for (int i = 0; i <= static_cast<int>(UnaryOp::Reciprocal); ++i) {
+  for (int i = 0; i < kUnaryOpCount; ++i) {
     const UnaryOp op = static_cast<UnaryOp>(i);
     Built b = build_unary_chain({op});
     const std::string epi = emit_epilogue_type(b.r.regions.at(0).spec);
@@ -459,7 +459,7 @@ TEST_F(EmitCompile, InfiniteLiteralsCompileWithNvrtcAlone) {
 
 TEST_F(EmitCompile, EveryUnaryOpInOneKernel) {
   std::vector<UnaryOp> all;
-  for (int i = 0; i <= static_cast<int>(UnaryOp::Reciprocal); ++i) all.push_back(static_cast<UnaryOp>(i));
+  for (int i = 0; i < kUnaryOpCount; ++i) all.push_back(static_cast<UnaryOp>(i));
   Built b = build_unary_chain(all);
   CompiledKernel k = compile_only(b.r.regions.at(0).spec, shape(4096, 4096, 4096), opt_);
   EXPECT_TRUE(is_cubin_elf(k.cubin));

@@ -25,7 +25,7 @@ const Bindings kRagged = {{"M", 1000}, {"N", 1032}, {"K", 72}};
 
 // Four ops per kernel (one output each, the kernel's maximum) keeps JIT time down.
 TEST_F(Gpu, EveryUnaryOp) {
-  const int count = static_cast<int>(UnaryOp::Reciprocal) + 1;
+  const int count = kUnaryOpCount;
   for (int first = 0; first < count; first += 4) {
     Case c;
     std::string names;
@@ -33,7 +33,8 @@ TEST_F(Gpu, EveryUnaryOp) {
       const UnaryOp op = static_cast<UnaryOp>(i);
       names += std::string(name_of(op)) + " ";
       // Domain-restricted ops see positive, well-scaled values.
-      const bool positive = op == UnaryOp::Log || op == UnaryOp::Rsqrt || op == UnaryOp::Sqrt || op == UnaryOp::Reciprocal;
+      const bool positive = op == UnaryOp::Log || op == UnaryOp::Rsqrt || op == UnaryOp::Sqrt || op == UnaryOp::Reciprocal ||
+                            op == UnaryOp::Log1p;
       Value in = positive ? c.g.unary(UnaryOp::Square, c.acc) + 0.5 : c.acc;
       c.g.output(c.g.unary(op, in), std::string(name_of(op)), DType::BF16);
     }
@@ -66,6 +67,19 @@ TEST_F(Gpu, OnePlusTanhAcrossItsRange) {
   Value t = c.g.unary(UnaryOp::Tanh, c.acc * 4.0);
   c.g.output(t + 1.0, "tanh_plus_one", DType::F32);
   c.g.output(c.g.binary(BinaryOp::Add, c.g.constant(1.0), c.g.unary(UnaryOp::Tanh, c.acc * -4.0)), "one_plus_tanh", DType::F32);
+  expect_each_element_within(run_and_check(c.g, {{"M", 200}, {"N", 264}, {"K", 16}}, 7), 1e-4);
+}
+
+// The ops that exist to keep small values (epilogue/ops.cuh): e^x - 1 near 0 (ELU's negative
+// side), log(1 + x) of small x, softplus over |x| up to ~34 (its threshold at 20 and the tail
+// where e^x is far below fp32's epsilon), and erf; f32 out, within 1e-4 of fp64 relative to
+// max(|value|, 1e-6). K = 16 keeps the accumulator's own rounding far below the bound.
+TEST_F(Gpu, SmallValueOpsAcrossTheirRange) {
+  Case c;
+  c.g.output(c.g.unary(UnaryOp::Expm1, c.acc * 1e-3), "expm1", DType::F32);
+  c.g.output(c.g.unary(UnaryOp::Log1p, c.g.unary(UnaryOp::Square, c.acc) * 1e-3), "log1p", DType::F32);
+  c.g.output(c.g.unary(UnaryOp::Softplus, c.acc * 8.0), "softplus", DType::F32);
+  c.g.output(c.g.unary(UnaryOp::Erf, c.acc * 2.0), "erf", DType::F32);
   expect_each_element_within(run_and_check(c.g, {{"M", 200}, {"N", 264}, {"K", 16}}, 7), 1e-4);
 }
 

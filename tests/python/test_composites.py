@@ -46,6 +46,16 @@ OPS = {
     "logsumexp_stat": lambda h: torch.logsumexp(h.float(), -1),
     "rms_norm_fn": lambda h: F.rms_norm(h, (h.shape[-1],), eps=1e-6),
     "glu": lambda h: F.glu(h, -1),  # two halves of 136 columns (translate.Halves)
+    "softplus": lambda h: F.softplus(h * 30.0),  # past the threshold of 20 and its far tail
+    "softplus_beta": lambda h: F.softplus(h * 4.0, beta=2.0),
+    "mish": lambda h: F.mish(h * 4.0),
+    "elu": lambda h: F.elu(h * 4.0, 0.7),
+    "selu": lambda h: F.selu(h * 4.0),
+    "celu": lambda h: F.celu(h * 4.0, 0.5),
+    "logsigmoid": lambda h: F.logsigmoid(h * 30.0),
+    "erf": lambda h: torch.erf(h * 2.0),
+    "log1p": lambda h: torch.log1p(h * h * 1e-3),
+    "expm1": lambda h: torch.expm1(h * 1e-3),
 }
 
 
@@ -68,7 +78,7 @@ def test_composite_translates_whole_and_matches_torch_fp64(case):
 
 
 @pytest.mark.parametrize("case", ["clamp", "leaky_relu", "hardswish", "var_mean", "normalize", "logsumexp_stat", "glu",
-                                  "rms_norm_fn"])
+                                  "rms_norm_fn", "softplus", "mish", "elu", "logsigmoid"])
 def test_composite_runtime_path_emulated(emulate, case):
     out, ref, rep = compile_vs_eager(_model(case), randn(2, 45, 72, offset=0.1, seed=3))
     r = next(r for r in rep.regions if "proj" in r.root)
@@ -77,9 +87,8 @@ def test_composite_runtime_path_emulated(emulate, case):
 
 
 REFUSED = {
-    "softplus": (lambda h: F.softplus(h), "outside the fusion domain"),
-    "mish": (lambda h: F.mish(h), "outside the fusion domain"),
-    "elu": (lambda h: F.elu(h), "outside the fusion domain"),
+    "softplus_threshold": (lambda h: F.softplus(h, threshold=10.0), "threshold 10.0"),
+    "where": (lambda h: torch.where(h > 0, h, 0.1 * h), "outside the fusion domain"),
     "norm3": (lambda h: h / h.norm(p=3, dim=-1, keepdim=True), "order 3.0"),
     "tensor_bound": (lambda h: h.clamp(min=h.mean(-1, keepdim=True)), "outside the fusion domain"),
     "norm_over_rows": (lambda h: h / h.norm(dim=0, keepdim=True), "not the last"),

@@ -102,6 +102,15 @@ struct Square { static COMFUSE_DEVICE float apply(float x) { return x * x; } };
 struct Abs { static COMFUSE_DEVICE float apply(float x) { return fabsf(x); } };
 struct Neg { static COMFUSE_DEVICE float apply(float x) { return -x; } };
 struct Reciprocal { static COMFUSE_DEVICE float apply(float x) { return 1.f / x; } };
+// torch's softplus (beta 1, threshold 20): x past 20; below, log1pf keeps e^x's small values,
+// which log(1 + e^x) rounds to 0 once e^x is below fp32's epsilon. fast_exp's relative error
+// (~5e-6) passes through log1p(y) ~ y unchanged for small y and shrinks for larger; NaN stays NaN.
+struct Softplus { static COMFUSE_DEVICE float apply(float x) { return x > 20.f ? x : log1pf(fast_exp(x)); } };
+// The libdevice functions: exact to ~1-2 ulp of fp32 near 0, where e^x - 1 and log(1 + x)
+// cancel (ELU's negative side, log1p of a small value).
+struct Expm1 { static COMFUSE_DEVICE float apply(float x) { return expm1f(x); } };
+struct Log1p { static COMFUSE_DEVICE float apply(float x) { return log1pf(x); } };
+struct Erf { static COMFUSE_DEVICE float apply(float x) { return erff(x); } };
 
 struct Add { static COMFUSE_DEVICE float apply(float a, float b) { return a + b; } };
 struct Sub { static COMFUSE_DEVICE float apply(float a, float b) { return a - b; } };
