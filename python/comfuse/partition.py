@@ -437,3 +437,6 @@ def decide(c: Candidate) -> None:
         info.reason = (f"no predicted gain: fused {fused:.1f} us vs unfused {unfused:.1f} us ({gemms} {gemm:.1f} + "
                        + (f"0: Inductor fuses this elementwise epilogue into its consumer {where(external[0])}"
                           if absorbed else f"epilogue {epi:.1f}") + f") at M={m}")
+    if halves:
+        info.reason = (f"its two column halves as one gated GEMM of {info.n} columns (W1 and W3 the weight's blocks): "
+                       + info.reason)

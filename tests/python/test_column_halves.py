@@ -168,3 +168,18 @@ def test_halves_pair_runtime_path_emulated(emulate_pair, case):
     assert pair.calls == 1 and pair.fallback_calls == 0, pair.runtime_fallback
     err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
     assert err < 1e-2, err
+
+
+def test_halves_under_dynamic_rows(emulate):
+    """Symbolic M (decode and prefill sharing one graph): the halves still are one gated region,
+    and two row counts run through it."""
+    model = randomize(module(M.StackedGatedMLP(64, 136, up_first=True)))
+    f = torch.compile(model, backend="comfuse", dynamic=True)
+    with torch.no_grad(), comfuse.collecting() as rep:
+        for rows in (5, 77):
+            x = randn(1, rows, 64, offset=0.1, seed=rows)
+            err = ((f(x).float() - model(x).float()).norm() / model(x).float().norm()).item()
+            assert err < 1e-2, (rows, err)
+    reg = next(r for r in rep.regions if "gate_up_proj" in r.root)
+    assert any("split" in op for op in reg.ops) and reg.calls == 2 and reg.fallback_calls == 0, (reg.reason,
+                                                                                                   reg.runtime_fallback)
