@@ -165,6 +165,9 @@ void check_device_limits(const FusionSpec& s);
 // Plans `s` at `p` on the H200 (src/plan/calibration.h). Throws Error with the reason when
 // nothing fits (e.g. N beyond what any plan covers) or an option cannot be honoured.
 Plan make_plan(const FusionSpec& s, const Problem& p, const PlanOptions& opt = {});
+// The DRAM bandwidth the planner prices streaming traffic at (its device model's), bytes/s: the
+// frontend prices an unfused GEMM's operand stream at decode rows with the same number.
+double planned_dram_bytes_per_s();
 
 std::string explain(const FusionSpec& s, const Plan& p);  // text, for `comfuse explain`
 std::string to_dot(const FusionSpec& s, const Plan& p);   // Graphviz: stages, reductions, bypass edges

@@ -65,9 +65,9 @@ def where(node: fx.Node) -> str:
 # GUESS (until measured in bench/models.py): what one unfused epilogue kernel costs beyond its
 # DRAM traffic (launch and tail), microseconds.
 EPILOGUE_KERNEL_US = 3.0
-# The DRAM bandwidth the planner prices streaming traffic at (src/plan/calibration.h: ~85% of the
-# H200's 4.8 TB/s): a decode GEMM's stream of its operands.
-DRAM_BYTES_PER_S = 4.0e12
+# The DRAM bandwidth the planner prices streaming traffic at (its device model, src/plan/
+# calibration.h: ~85% of the H200's 4.8 TB/s): a decode GEMM's stream of its operands.
+DRAM_BYTES_PER_S = _core.planned_dram_bytes_per_s()
 # What the unfused epilogue kernel's pass streams at. MEASURED (bench/NOTES.md Stop 21, GPT-2's
 # prefill c_proj + residual + LayerNorm, 8192 x 1024 x 1024): Inductor's GEMM + its fused
 # add + LayerNorm kernel 43.4 us against cuBLAS alone's ~25.5, so the norm kernel ~17.9 us for

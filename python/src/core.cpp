@@ -250,6 +250,8 @@ NB_MODULE(_core, m) {
   // Fused regions (and their specs) live in a process-wide registry until exit: not leaks.
   nb::set_leak_warnings(false);
 
+  m.def("planned_dram_bytes_per_s", &planned_dram_bytes_per_s,
+        "the DRAM bandwidth the planner prices streaming traffic at, bytes/s");
   m.def("build_info", [] {
     nb::dict d;
     d["kernels_dir"] = std::string(COMFUSE_KERNELS_DIR);

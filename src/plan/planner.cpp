@@ -418,4 +418,6 @@ Plan make_plan(const FusionSpec& s, const Problem& p, const PlanOptions& opt) {
   return make_plan(s, p, DeviceModel{}, PlannerTunables{}, opt);
 }
 
+double planned_dram_bytes_per_s() { return DeviceModel{}.dram_bytes_per_s; }
+
 }  // namespace comfuse
