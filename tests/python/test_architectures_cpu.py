@@ -1,0 +1,85 @@
+"""More transformers architectures on the CPU (tiny configs, random weights, bf16): BERT and ViT
+(post-norm / pre-norm encoders), OPT, GPT-NeoX (parallel residual), Gemma (GeGLU, RMSNorm with
+1 + w), Qwen2 and Mistral (Llama-style), T5's encoder (RMSNorm without mean, ReLU MLP) and Phi-3
+(stacked gate_up_proj). Under backend="comfuse" with the single-GEMM kernels emulated on the fp64
+executor (test_runtime_glue's `emulate`: the translated graphs compute, not the aten fallback),
+each model's output matches eager within bf16 noise, nothing raises, and the regions named below
+(the projection that closes each residual branch, with its norm, and the MLP's first GEMM with
+its activation) run through the kernel path in every layer. Attention stays unfused here (its
+kernel is not emulated; test_attention.py covers its translation)."""
+import re
+
+import pytest
+import torch
+
+import comfuse
+
+from conftest import close
+from test_runtime_glue import emulate  # noqa: F401 (the fixture: kernels emulated on the CPU)
+
+tf = pytest.importorskip("transformers")
+
+H, I, L = 128, 344, 2
+ARCHS = {
+    # name: (model factory, the roots (module paths) whose region runs fused in every layer)
+    "bert": (lambda: tf.BertModel(tf.BertConfig(hidden_size=H, num_hidden_layers=L, num_attention_heads=2,
+                                                intermediate_size=I, vocab_size=512)),
+             ["attention.output.dense", "intermediate.dense", "output.dense"]),
+    "opt": (lambda: tf.OPTForCausalLM(tf.OPTConfig(hidden_size=H, num_hidden_layers=L, num_attention_heads=2,
+                                                   ffn_dim=I, vocab_size=512, word_embed_proj_dim=H)),
+            ["self_attn.out_proj", "fc1", "fc2"]),
+    "gpt_neox": (lambda: tf.GPTNeoXForCausalLM(tf.GPTNeoXConfig(hidden_size=H, num_hidden_layers=L,
+                                                                num_attention_heads=2, intermediate_size=I,
+                                                                vocab_size=512)),
+                 ["attention.dense", "mlp.dense_h_to_4h"]),
+    "gemma": (lambda: tf.GemmaForCausalLM(tf.GemmaConfig(hidden_size=H, num_hidden_layers=L, num_attention_heads=2,
+                                                         num_key_value_heads=1, head_dim=64, intermediate_size=I,
+                                                         vocab_size=512)),
+              ["self_attn.o_proj", "mlp.gate_proj", "mlp.down_proj"]),
+    "qwen2": (lambda: tf.Qwen2ForCausalLM(tf.Qwen2Config(hidden_size=H, num_hidden_layers=L, num_attention_heads=2,
+                                                         num_key_value_heads=1, intermediate_size=I,
+                                                         vocab_size=512)),
+              ["self_attn.o_proj", "mlp.gate_proj", "mlp.down_proj"]),
+    "mistral": (lambda: tf.MistralForCausalLM(tf.MistralConfig(hidden_size=H, num_hidden_layers=L,
+                                                               num_attention_heads=2, num_key_value_heads=1,
+                                                               intermediate_size=I, vocab_size=512)),
+                ["self_attn.o_proj", "mlp.gate_proj", "mlp.down_proj"]),
+    "t5_encoder": (lambda: tf.T5EncoderModel(tf.T5Config(d_model=H, num_layers=L, num_heads=2, d_ff=I, d_kv=64,
+                                                         vocab_size=512)),
+                   ["SelfAttention.o", "DenseReluDense.wi", "DenseReluDense.wo"]),
+    "phi3": (lambda: tf.Phi3ForCausalLM(tf.Phi3Config(hidden_size=H, num_hidden_layers=L, num_attention_heads=2,
+                                                      num_key_value_heads=2, intermediate_size=I, vocab_size=512,
+                                                      pad_token_id=0, bos_token_id=0, eos_token_id=0)),
+             ["self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj"]),
+}
+
+
+class Logits(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids):
+        out = self.model(input_ids=ids)
+        return out.logits if hasattr(out, "logits") else out.last_hidden_state
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_architecture_runs_its_regions_fused_and_matches_eager(emulate, arch, monkeypatch):
+    from comfuse import attention
+
+    monkeypatch.setattr(attention, "find", lambda gm, next_id: [])
+    make, roots = ARCHS[arch]
+    torch.manual_seed(0)
+    model = Logits(make()).to(torch.bfloat16).eval()
+    ids = torch.randint(0, 512, (2, 24))
+    with torch.no_grad(), comfuse.collecting() as rep:
+        ref = model(ids)
+        out = torch.compile(model, backend="comfuse")(ids)
+    close(out, ref, tol=5e-2)
+    ran = {r.root.split(":")[0] for r in rep.regions if r.calls}
+    for layer in range(L):
+        for root in roots:
+            pattern = rf"\.{layer}\.(layer\.\d+\.)?{re.escape(root)}$"  # T5: block.<layer>.layer.<k>.<root>
+            assert any(re.search(pattern, r) for r in ran), (root, layer, sorted(ran), str(rep))
+    assert all(r.fallback_calls == 0 for r in rep.regions), str(rep)
