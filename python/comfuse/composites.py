@@ -7,8 +7,10 @@ reason, so the region ends before the node.
     leaky_relu(x, s)                max(x, s x) for s <= 1, else min(x, s x)
     hardsigmoid / hardswish         clamp(x / 6 + 1/2, 0, 1) (times x)
     var / std / var_mean            mean((x - mean x)^2) * N / (N - correction) over the last dim
-    linalg_vector_norm (F.normalize) sum |x| (ord 1), sqrt(sum x^2) (ord 2), max |x| (ord inf)
-    logsumexp                       max x + log(sum exp(x - max x)), as log_softmax computes it
+    linalg_vector_norm (F.normalize) sum |x| (ord 1), sqrt(sum x^2) (ord 2), max |x| (ord inf; as
+                                    the graph's max reduction (amax too), it passes over a NaN where
+                                    torch returns NaN)
+    logsumexp                       m + log(sum exp(x - m)), m the row max clamped to +-FLT_MAX
     softplus(x, beta, 20)           softplus(beta x) / beta (the primitive's threshold is torch's 20)
     mish                            x tanh(softplus(x))
     elu / selu / celu               scale (max(x, 0) + alpha expm1(min(x, 0) input_scale))
@@ -28,6 +30,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .translate import TV, Translator
 
 aten = torch.ops.aten
+_F32_MAX = float(torch.finfo(torch.float32).max)
 
 
 def _arg(node: fx.Node, i: int, name: str, default):
@@ -73,8 +76,11 @@ def leaky_relu(tr: "Translator", node: fx.Node) -> "TV":
     x = tr.operand(node.args[0], node)
     s = _number(node, _arg(node, 1, "negative_slope", 0.01), "negative_slope")
     g = tr.g
-    sx = g.binary("mul", x.id, g.constant(s))
-    return tr._check_class(node, TV(g.binary("max" if s <= 1.0 else "min", x.id, sx), x.cls))
+    if s <= 1.0:  # s min(x, 0), not s x: at s = 0 a +inf stays +inf (0 * inf would be NaN)
+        y = g.binary("max", x.id, g.binary("mul", g.binary("min", x.id, g.constant(0.0)), g.constant(s)))
+    else:
+        y = g.binary("min", x.id, g.binary("mul", x.id, g.constant(s)))
+    return tr._check_class(node, TV(y, x.cls))
 
 
 def _hardsigmoid(tr: "Translator", node: fx.Node, x: "TV") -> int:
@@ -162,7 +168,10 @@ def logsumexp(tr: "Translator", node: fx.Node) -> "TV":
     x = tr.operand(node.args[0], node)
     tr._last_dim(node, x, _arg(node, 1, "dim", None))
     g = tr.g
+    # The row max clamped to the finite range, as torch zeroes an infinite one: a row of -inf
+    # gives -inf and a row holding +inf gives +inf, not inf - inf = NaN.
     m = g.reduce("max", x.id, -1)
+    m = g.binary("min", g.binary("max", m, g.constant(-_F32_MAX)), g.constant(_F32_MAX))
     s = g.reduce("sum", g.unary("exp", g.binary("sub", x.id, m)), -1)
     return TV(g.binary("add", m, g.unary("log", s)), "col")
 

@@ -237,7 +237,8 @@ def today_us(c: Candidate) -> float | None:
         return min(info.fused_us, info.unfused_us) if info.status == "fused" else info.unfused_us
     if c.translator is None:
         return None
-    return bare_gemm_us(size_hint(info.m), info.n, info.k, info.dtype, info.layout)  # cuBLAS alone
+    return sum(bare_gemm_us(size_hint(info.m), n, info.k, info.dtype, info.layout)  # cuBLAS alone
+               for n in info.unfused_gemm_columns or [info.n])
 
 
 def decide_pair(p: PairCandidate) -> None:

@@ -371,6 +371,12 @@ def decide(c: Candidate) -> None:
     if tr is None:
         info.status = "fallback"
         return
+    # The GEMMs the unfused path runs: a gated region (pair.py gated_region) replaces a GEMM per
+    # gate, whose product the unfused epilogue reads as an [M, N] tile; a projection used as two
+    # halves (translate.Halves) is one GEMM of 2N columns, its second half read as a gate's product.
+    gates = len(tr.gates)
+    halves = int(tr.halves is not None)
+    info.unfused_gemm_columns = [2 * info.n] if halves else [info.n] * (1 + gates)
     epilogue = [n for n in c.nodes if n is not c.root and n.target not in _VIEW_LIKE]
     if not epilogue:
         info.status = "fallback"
@@ -394,12 +400,6 @@ def decide(c: Candidate) -> None:
     info.plan = plan
     info.plan_options = opts
     fused = plan["total_us"]
-    # The GEMMs the unfused path runs: a gated region (pair.py gated_region) replaces a GEMM per
-    # gate, whose product the unfused epilogue reads as an [M, N] tile; a projection used as two
-    # halves (translate.Halves) is one GEMM of 2N columns, its second half read as a gate's product.
-    gates = len(tr.gates)
-    halves = int(tr.halves is not None)
-    info.unfused_gemm_columns = [2 * info.n] if halves else [info.n] * (1 + gates)
     gemm = sum(bare_gemm_us(m, n, info.k, info.dtype, info.layout) for n in info.unfused_gemm_columns)
     # The unfused epilogue: one kernel that reads the GEMM output and the tile operands and
     # writes the region's outputs; where the region is elementwise only and every consumer is

@@ -184,8 +184,9 @@ _ROW_VIEWS = (aten.view.default, aten.reshape.default, aten._unsafe_view.default
 
 def column_halves(root: fx.Node) -> Halves | None:
     """The root's Halves where its value (through views that keep its rows) feeds nothing but one
-    split of the last dim into two equal blocks, both used; None otherwise. Only mm and addmm with
-    no bias or a bias vector [N] (a bias of another shape would need its own split)."""
+    split of the last dim into two equal blocks, both used (or aten.glu over the last dim); None
+    otherwise. Only mm and addmm with no bias or a bias vector over the GEMM's whole width (a bias
+    of another shape would need its own split)."""
     if root.op != "call_function" or root.target not in (aten.mm.default, aten.addmm.default):
         return None
     try:
@@ -568,6 +569,11 @@ class Translator:
         cls = self.classify(v)
         if cls is None:
             raise Unsupported(node, f"result shape {tuple(v.shape)} is neither the tile [M, N] nor a per-row column")
+        if tv.cls == "col" and cls == "tile":
+            # Computed from a per-row value broadcast to the tile (an expand): still one value a
+            # row in the graph, so no tile to store, and no row to reduce.
+            self.broadcasts.add(node)
+            return tv
         return TV(tv.id, cls if cls != "scalar" else tv.cls)
 
     def node(self, node: fx.Node):
@@ -581,8 +587,9 @@ class Translator:
             src = self.env.get(args[0])
             if isinstance(src, tuple) and args[1] in range(len(src)) and src[args[1]] is not None:
                 return src[args[1]]
-            raise Unsupported(node, f"getitem {args[1]} of '{args[0].name}' (native_layer_norm's mean/rstd are "
-                                    "per-row values the kernel does not store)")
+            raise Unsupported(node, f"getitem {args[1]} of '{args[0].name}' is no value the kernel computes "
+                                    "(native_layer_norm's mean/rstd, log_sigmoid_forward's buffer: what a backward "
+                                    "pass reads)")
         if t in VIEWS:
             x = self.operand(args[0], node)
             if x.cls in ("tile", "col"):

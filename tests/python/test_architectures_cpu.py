@@ -1,5 +1,5 @@
-"""More transformers architectures on the CPU (tiny configs, random weights, bf16): BERT and ViT
-(post-norm / pre-norm encoders), OPT, GPT-NeoX (parallel residual), Gemma (GeGLU, RMSNorm with
+"""More transformers architectures on the CPU (tiny configs, random weights, bf16): BERT (a
+post-norm encoder), OPT, GPT-NeoX (parallel residual), Gemma (GeGLU, RMSNorm with
 1 + w), Qwen2 and Mistral (Llama-style), T5's encoder (RMSNorm without mean, ReLU MLP) and Phi-3
 (stacked gate_up_proj). Under backend="comfuse" with the single-GEMM kernels emulated on the fp64
 executor (test_runtime_glue's `emulate`: the translated graphs compute, not the aten fallback),

@@ -130,3 +130,64 @@ def test_expanded_per_row_value_is_no_output():
     assert any("expanded to" in r for r in reasons), reasons
     if c.translator is not None:
         _check(c, cap.values)
+
+
+class ExpandedNormThen(ExpandedNorm):
+    """An op after the expanded norm (exp of it): still a per-row value, refused as an output too."""
+
+    def forward(self, x):
+        h = self.proj(x)
+        n = h.norm(dim=-1, keepdim=True).expand_as(h)
+        return h / n, torch.exp(n * 0.01)
+
+
+def test_a_value_computed_from_a_broadcast_is_no_output_either():
+    model = ExpandedNormThen().to(torch.bfloat16).eval()
+    with torch.no_grad():
+        model.proj.weight.copy_(randn(*model.proj.weight.shape, scale=0.2, seed=11))
+        model.proj.bias.copy_(randn(*model.proj.bias.shape, offset=0.3, seed=12))
+    cap = capture(model, randn(2, 45, 72))
+    c = cap.by_root("proj")
+    # exp, then mul, then the expand itself are refused as outputs in turn (what reads the expanded
+    # norm outside needs the tile); the norm stays in, a per-row output.
+    assert any("expanded to" in e.reason for e in c.info.excluded), c.info.excluded
+    assert not {"exp", "mul", "expand"} & {o.name for o in c.translator.outputs}
+    _check(c, cap.values)
+
+
+class MaskedThen(torch.nn.Module):
+    """Linear, plus a mask tile holding -inf rows and +inf / NaN elements, then f."""
+
+    def __init__(self, f):
+        super().__init__()
+        self.proj = torch.nn.Linear(72, 264)
+        self.f = f
+
+    def forward(self, x, mask):
+        return self.f(self.proj(x) + mask)
+
+
+@pytest.mark.parametrize("case", ["logsumexp", "leaky_relu_0", "leaky_relu", "leaky_relu_steep", "clamp", "elu",
+                                  "softplus", "hardswish"])
+def test_composites_keep_torchs_infinities(case):
+    f = {"logsumexp": lambda h: torch.logsumexp(h.float(), -1),
+         "leaky_relu_0": lambda h: F.leaky_relu(h, 0.0), "leaky_relu": lambda h: F.leaky_relu(h, 0.2),
+         "leaky_relu_steep": lambda h: F.leaky_relu(h, 3.0), "clamp": lambda h: h.clamp(-0.5, 0.75),
+         "elu": F.elu, "softplus": F.softplus, "hardswish": F.hardswish}[case]
+    from comfuse import reference as R
+
+    model = MaskedThen(f).to(torch.bfloat16).eval()
+    mask = torch.zeros(2, 45, 264, dtype=torch.bfloat16)
+    mask[0, 3] = float("-inf")              # a whole row
+    mask[1, 7, 5] = float("inf")
+    mask[1, 8, 9] = float("-inf")
+    cap = capture(model, randn(2, 45, 72), mask)
+    c = cap.by_root("proj")
+    assert c.translator is not None and not c.info.excluded, c.info.excluded
+    got, ref = R.comfuse_fp64(c, cap.values), R.eager_fp64(c, cap.values)
+    for name, r in ref.items():
+        x = got[name]
+        same = (x == r) | (x.isnan() & r.isnan())
+        finite = r.isfinite() & x.isfinite()
+        assert (same | finite).all(), (case, x[~(same | finite)][:4], r[~(same | finite)][:4])
+        assert ((x - r).abs()[finite] <= R.ulp(torch.bfloat16, r[finite]) * 1.01 + 1e-12).all()
