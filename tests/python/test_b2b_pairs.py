@@ -86,6 +86,11 @@ PAIRS = {
     "geglu_bias": (lambda: M.LlamaMLP(72, 200, bias=True, act="gelu"), (2, 45, 72), "gate_proj"),
     "gpt2_mlp": (lambda: M.GPT2MLP(64, 256), (3, 45, 64), "c_fc"),
     "linear_mlp": (lambda: M.LinearMLP(64, 264), (101, 64), "fc1"),
+    # Phi-3's stacked gate_up_proj: the gated GEMM1 is one weight's two column blocks
+    # (translate.Halves; test_column_halves.py), Linear with a bias and GPT-2's Conv1D.
+    "stacked_gate_up_bias": (lambda: M.StackedGatedMLP(72, 200, bias=True, up_first=True), (2, 45, 72),
+                             "gate_up_proj"),
+    "stacked_gate_up_conv1d": (lambda: M.StackedGatedMLP(64, 200, conv1d=True), (3, 37, 64), "gate_up_proj"),
 }
 
 

@@ -2,19 +2,19 @@
 and up weights, chunk(2, -1), act(gate) * up) is the gated GEMM of N/2 columns Llama's separate
 gate_proj and up_proj become: W1 and W3 are the weight's two blocks, read in place
 (translate.Halves). On the CPU: the translation against torch in fp64, the argument tables of
-the single-region and B2B paths with the kernels emulated, the unfused side priced as the one
-GEMM the model runs, and every split that is no such pair left to Inductor with the reason."""
+the single-region path with the kernels emulated (the B2B path: test_b2b_pairs.py's PAIRS), the
+unfused side priced as the one GEMM the model runs, and every split that is no such pair left to
+Inductor with the reason."""
 import pytest
 import torch
 
 import comfuse
 from comfuse import _core
-from comfuse import reference as R
 from comfuse.capture import capture
 
 from conftest import randn
 import modules as M
-from test_b2b_pairs import emulate_pair, module, randomize  # noqa: F401 (a fixture)
+from test_b2b_pairs import module, randomize
 from test_reference import _check
 from test_runtime_glue import emulate  # noqa: F401 (the fixture: kernels emulated on the CPU)
 
@@ -134,38 +134,6 @@ def test_halves_runtime_path_emulated(emulate, case):
     step = half * (w.stride(0) if w.stride(0) != 1 else w.stride(1)) if not isinstance(model.gate_up_proj, M.Conv1D) \
         else half
     assert views["b3"].data_ptr() - views["b"].data_ptr() == step * w.element_size()
-    err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
-    assert err < 1e-2, err
-
-
-@pytest.mark.parametrize("case", ["phi3", "linear_bias"])
-def test_halves_as_a_b2b_pairs_first_gemm(case):
-    """With down_proj, the halves are a gated B2B pair's GEMM1 (W1 and W3 blocks of one weight)."""
-    comfuse.config.b2b = "force"
-    make, shape = CASES[case]
-    model = randomize(module(make()))
-    cap = capture(model, randn(*shape, offset=0.1, seed=7))
-    p = cap.pair("gate_up_proj")
-    assert p.translator is not None and p.lowering is not None and p.lowering.is_b2b(), p.info.reason
-    assert p.choice["gated"], p.choice
-    got = R.comfuse_fp64(p, cap.values)
-    ref = R.eager_fp64(p, cap.values)
-    for name, r in ref.items():
-        assert r.abs().max() > 0
-        diff = (got[name] - r).abs()
-        assert (diff <= R.ulp(torch.bfloat16, r) * 1.01 + 1e-12).all(), diff.max().item()
-
-
-@pytest.mark.parametrize("case", ["phi3", "conv1d_bias"])
-def test_halves_pair_runtime_path_emulated(emulate_pair, case):
-    make, shape = CASES[case]
-    model = randomize(module(make()))
-    x = randn(*shape, offset=0.1, seed=3)
-    with torch.no_grad(), comfuse.collecting() as rep:
-        ref = model(x)
-        out = torch.compile(model, backend="comfuse")(x)
-    pair = next(r for r in rep.regions if r.plan.get("kind") == "b2b")
-    assert pair.calls == 1 and pair.fallback_calls == 0, pair.runtime_fallback
     err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
     assert err < 1e-2, err
 
