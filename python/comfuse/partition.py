@@ -232,6 +232,22 @@ def grow(root: fx.Node, order: dict[fx.Node, int]) -> tuple[list[fx.Node], set[f
     return region, desc, refused
 
 
+def _halves_cut(tr: Translator, low, nodes: list[fx.Node]) -> tuple[fx.Node, str] | None:
+    """Where a projection used as two halves (translate.Halves) reaches Φ with an epilogue its
+    gated GEMM cannot take (a reduction: Φ's gate-pair blocker), the first node that reduces and
+    Φ's reason: the region ends before it and keeps the halves, rather than losing the second
+    product (and with it the split) to the lowering's fallback."""
+    if tr.halves is None:
+        return None
+    blocker = next((gp["blocker"] for gp in low.gate_pairs() if gp["blocker"]), None)
+    if not blocker:
+        return None
+    for n in nodes:
+        if any(tr.g.node(i)["kind"] == "reduce" for i in tr.cf_of.get(n, [])):
+            return n, f"Φ: {rename_reason(blocker, tr.fx_name)}"
+    return None
+
+
 def find_regions(gm: fx.GraphModule, next_id) -> list[Candidate]:
     """Every GEMM root of the graph with its final region (no decision yet)."""
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
@@ -266,6 +282,12 @@ def find_regions(gm: fx.GraphModule, next_id) -> list[Candidate]:
                 nodes = _drop(nodes, {bad}, root)
                 continue
             low = _core.lower(tr.g)
+            cut = _halves_cut(tr, low, nodes)
+            if cut is not None:  # the halves' gated GEMM takes an elementwise epilogue only
+                node, why = cut
+                excluded.setdefault(node, why)
+                nodes = _drop(nodes, {node}, root)
+                continue
             regions = low.regions()
             region = regions[0] if regions else None
             fused_ids = set(region.fused_nodes) if region is not None else set()

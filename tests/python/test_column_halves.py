@@ -151,3 +151,26 @@ def test_halves_under_dynamic_rows(emulate):
     reg = next(r for r in rep.regions if "gate_up_proj" in r.root)
     assert any("split" in op for op in reg.ops) and reg.calls == 2 and reg.fallback_calls == 0, (reg.reason,
                                                                                                    reg.runtime_fallback)
+
+
+class HalvesThenNorm(torch.nn.Module):
+    """The gated product normed: the gated GEMM takes an elementwise epilogue only."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate_up_proj = torch.nn.Linear(64, 272, bias=False)
+        self.ln = torch.nn.LayerNorm(136)
+
+    def forward(self, x):
+        g, u = self.gate_up_proj(x).chunk(2, -1)
+        return self.ln(torch.nn.functional.silu(g) * u)
+
+
+def test_a_reduction_after_the_halves_ends_the_region_there():
+    comfuse.config.b2b = "off"
+    cap = capture(randomize(module(HalvesThenNorm())), randn(2, 45, 64, offset=0.1))
+    c = cap.by_root("gate_up_proj")
+    assert c.translator is not None and c.translator.halves is not None, c.info.reason
+    assert [op.split(":")[-1] for op in c.info.ops[1:]] == ["split", "silu", "mul"], c.info.ops
+    assert any("layer_norm" in e.node and "elementwise" in e.reason for e in c.info.excluded), c.info.excluded
+    _check(c, cap.values)
