@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
-from . import _core
+from . import _core, eager_attention
 from .config import config
 from .kernels import RuntimeRegion, _Fallback, _NAMES
 from .partition import RegionInfo, region_module, where
@@ -105,6 +105,7 @@ class AttentionCandidate:
     out_strides: tuple = ()       # O's strides as the trace has them (the op's own layout)
     lowering: object | None = None
     decode_kernel: bool = False   # the planner chose the decode kernel (a few query rows a batch)
+    chain: object | None = None   # attention written out (eager_attention.Chain) that `node` stands for
 
     def scores_shape(self) -> tuple:
         return scores_shape(self.dims, self.heads, self.group)
@@ -461,7 +462,9 @@ def unmeasured_fallback(c: AttentionCandidate) -> str:
 
 
 def find(gm: fx.GraphModule, next_id) -> list[AttentionCandidate]:
-    """Every SDPA node of the graph, decided."""
+    """Every SDPA node of the graph, decided; attention written out (eager_attention) too, as the
+    SDPA op put beside it."""
+    chains = {ch.sdpa: ch for ch in eager_attention.find(gm)}
     out = []
     for node in gm.graph.nodes:
         if not is_sdpa(node):
@@ -473,13 +476,20 @@ def find(gm: fx.GraphModule, next_id) -> list[AttentionCandidate]:
             others = [u for u in node.users if not (u.target is operator.getitem and u.args[1] == 0) and u.users]
             res = firsts[0] if len(firsts) == 1 else None
         info = RegionInfo(id=next_id(), root=where(node), fx_nodes=[node.name], ops=[where(node)])
-        c = AttentionCandidate(node, res, info)
+        c = AttentionCandidate(node, res, info, chain=chains.get(node))
         if res is None or (res is not node and others):
             info.status, info.reason = "fallback", "the op's log-sum-exp or other outputs are used (training)"
         else:
             decide(c)
+        if c.chain is not None:  # the report names the model's own ops
+            info.fx_nodes = [node.name] + [n.name for n in c.chain.nodes]
+            info.ops = [where(node)] + [where(n) for n in c.chain.nodes if n.target in _CHAIN_OPS]
+            info.reason = f"attention written out (bmm, softmax, bmm) as one SDPA op: {info.reason}"
         out.append(c)
     return out
+
+
+_CHAIN_OPS = (aten.bmm.default, aten.mul.Tensor, aten.div.Tensor, aten.add.Tensor, aten._softmax.default)
 
 
 class RuntimeAttention(RuntimeRegion):
@@ -644,3 +654,5 @@ def replace(gm: fx.GraphModule, c: AttentionCandidate, rr: RuntimeAttention, sub
             graph.erase_node(u)
     if not c.node.users:
         graph.erase_node(c.node)
+    if c.chain is not None:
+        eager_attention.take_over(graph, c.chain, gi)

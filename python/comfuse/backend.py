@@ -19,7 +19,7 @@ import operator
 import torch
 import torch.fx as fx
 
-from . import attention, measure
+from . import attention, eager_attention, measure
 from .config import config
 from .kernels import REGISTRY, RuntimePair, RuntimeRegion, gpu_status, next_region_id, precompile
 from .pair import PairCandidate, form_pairs
@@ -80,6 +80,17 @@ def _training_report(gm: fx.GraphModule, g: GraphReport) -> None:
 
 def rewrite(gm: fx.GraphModule, g: GraphReport, apply: bool = True, inductor_options: dict | None = None,
             measured: dict | None = None) -> int:
+    """_rewrite, then the SDPA ops put beside attention written out (eager_attention) that no
+    kernel took are removed: the model's own ops run as it wrote them."""
+    try:
+        return _rewrite(gm, g, apply, inductor_options, measured)
+    finally:
+        if eager_attention.drop_unused(gm):
+            gm.recompile()
+
+
+def _rewrite(gm: fx.GraphModule, g: GraphReport, apply: bool = True, inductor_options: dict | None = None,
+             measured: dict | None = None) -> int:
     """Partition `gm` (aten level), decide, and replace fused regions by comfuse::fused calls
     (apply=False: decide only). Returns how many regions it replaces (or would replace).
     inductor_options: the config patches the rest of the graph gets (the measurement compiles

@@ -91,6 +91,20 @@ def test_stacked_gate_up_runs_fused(gpu, conv1d, b2b, monkeypatch):
     assert_bf16_close(out, reference_f32(model, x))
 
 
+def test_written_out_attention_runs_fused(gpu, monkeypatch):
+    """Attention written out (bmm, scale, softmax in f32, bmm; grouped heads through repeat_kv's
+    copy) runs as one batched B2B kernel on the model's q, k, v (eager_attention.py)."""
+    import test_eager_attention as E
+
+    monkeypatch.setattr(comfuse.config, "measure", "off")  # the planner's decision: the kernel is under test
+    model = E.WrittenOut(width=1024, heads=16, kv_heads=4).to(torch.bfloat16).to(gpu).eval()
+    x = randn(2, 256, 1024, device=gpu, seed=5)
+    out, rep = compiled_run(model, x)
+    att = [r for r in rep.regions if r.layout == "attention"]
+    assert len(att) == 1 and att[0].status == "fused" and att[0].calls == 1 and att[0].fallback_calls == 0, str(rep)
+    assert_bf16_close(out, reference_f32(model, x))
+
+
 def test_readme_example(gpu):
     """Linear + bias + residual + LayerNorm under torch.compile(backend="comfuse"), Inductor for the rest."""
     model = M.LinearResidualLayerNorm(1024).to(torch.bfloat16).to(gpu).eval()
