@@ -170,6 +170,10 @@ def find(gm: fx.GraphModule) -> list[Chain]:
         except Exception:  # shapes SDPA does not take as one attention: the chain stays as it is
             graph.erase_node(sdpa)
             continue
+        got, want = sdpa.meta["val"], val(chain.out)
+        if tuple(got.shape) != tuple(want.shape) or got.dtype != want.dtype:
+            graph.erase_node(sdpa)  # the bmm's batch is not q's [B, H] as the chain views it
+            continue
         for key in ("nn_module_stack", "stack_trace"):
             if key in node.meta:
                 sdpa.meta[key] = node.meta[key]
