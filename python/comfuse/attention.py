@@ -649,6 +649,9 @@ def replace(gm: fx.GraphModule, c: AttentionCandidate, rr: RuntimeAttention, sub
     call.meta["val"] = [out_val]
     gi.meta = {k: v for k, v in c.out.meta.items() if k in ("val", "tensor_meta", "stack_trace", "nn_module_stack")}
     c.out.replace_all_uses_with(gi, delete_user_cb=lambda u: u is not call)
+    subst[c.out] = gi  # a later attention or region reading this one's output reads the kernel's
+    if c.chain is not None:
+        subst[c.chain.out] = gi
     for u in list(c.node.users):
         if not u.users:
             graph.erase_node(u)

@@ -49,11 +49,29 @@ def _single_user(n: fx.Node) -> bool:
 
 
 def _through(n, targets, seen: list[fx.Node]) -> fx.Node:
-    """n's source through single-user nodes whose target is in `targets` (each appended to seen)."""
-    while isinstance(n, fx.Node) and n.op == "call_function" and n.target in targets and _single_user(n):
+    """n's source through single-user nodes whose target is in `targets` (each appended to seen;
+    a _to_copy only where it changes the dtype alone)."""
+    while isinstance(n, fx.Node) and n.op == "call_function" and n.target in targets and _single_user(n) and \
+            (n.target not in _CASTS or _dtype_cast(n)):
         seen.append(n)
         n = n.args[0]
     return n
+
+
+def _dtype_cast(n: fx.Node) -> bool:
+    """A _to_copy that changes the dtype alone (the device, if named, the one its value is on)."""
+    src = val(n.args[0])
+    kw = n.kwargs
+    return src is not None and set(kw) <= {"dtype", "layout", "device"} and kw.get("layout") in (None, torch.strided) \
+        and (kw.get("device") is None or torch.device(kw["device"]) == src.device)
+
+
+def _leads_to_bmm(y) -> bool:
+    """Whether y is the scores: a bmm viewed 4-D, or that scaled by a number."""
+    if isinstance(y, fx.Node) and y.op == "call_function" and y.target in (aten.mul.Tensor, aten.div.Tensor):
+        y = y.args[0]
+    return isinstance(y, fx.Node) and y.op == "call_function" and y.target == aten.view.default and \
+        isinstance(y.args[0], fx.Node) and y.args[0].target == aten.bmm.default
 
 
 def _rank4(n) -> bool:
@@ -68,10 +86,15 @@ def _source(n: fx.Node, seen: list[fx.Node], transposed: bool = False) -> fx.Nod
     last two dims too."""
     x = n
     while isinstance(x, fx.Node) and x.op == "call_function" and x.target in _VIEWS and _single_user(x):
-        if _rank4(x) and not (x.target in (aten.expand.default, aten.clone.default) and
-                              isinstance(x.args[0], fx.Node) and _rank4(x.args[0]) and
-                              tuple(val(x.args[0]).shape) == tuple(val(x).shape)):
+        vx = val(x)
+        if vx is None:
+            return None
+        if vx.dim() == 4 and not (x.target in (aten.expand.default, aten.clone.default) and
+                                  isinstance(x.args[0], fx.Node) and _rank4(x.args[0]) and
+                                  tuple(val(x.args[0]).shape) == tuple(vx.shape)):
             break
+        if vx.dim() not in (3, 4):
+            return None  # neither the bmm's batch view nor a 4-D expand or clone that keeps the shape
         seen.append(x)
         x = x.args[0]
     if transposed:
@@ -90,8 +113,7 @@ def _scores(n: fx.Node, seen: list[fx.Node]) -> tuple[fx.Node | None, float, fx.
     x = _through(n, _CASTS, seen)
     if x.op == "call_function" and x.target == aten.add.Tensor and _single_user(x) and not x.kwargs.get("alpha", 1) != 1:
         a, b = x.args[:2]
-        scored = [y for y in (a, b) if isinstance(y, fx.Node) and y.op == "call_function" and
-                  y.target in (aten.mul.Tensor, aten.div.Tensor, aten.view.default)]
+        scored = [y for y in (a, b) if _leads_to_bmm(y)]
         if len(scored) != 1 or not all(isinstance(y, fx.Node) for y in (a, b)):
             return None, 0.0, None
         seen.append(x)
@@ -174,6 +196,10 @@ def find(gm: fx.GraphModule) -> list[Chain]:
         if tuple(got.shape) != tuple(want.shape) or got.dtype != want.dtype:
             graph.erase_node(sdpa)  # the bmm's batch is not q's [B, H] as the chain views it
             continue
+        # O in the chain's layout (a contiguous [B, H, M, DV]), not SDPA's: what follows was traced
+        # on it (a view of it, or the graph's output), and the kernel, its fake and its fallback
+        # write the layout the op's value has (attention.AttentionCandidate.out_strides).
+        sdpa.meta["val"] = want
         for key in ("nn_module_stack", "stack_trace"):
             if key in node.meta:
                 sdpa.meta[key] = node.meta[key]

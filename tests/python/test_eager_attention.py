@@ -45,7 +45,8 @@ class WrittenOut(torch.nn.Module):
         elif self.scale == "div":
             scores = scores / math.sqrt(self.d)
         if mask is not None:
-            scores = scores + mask
+            # A padding mask [B, N] viewed to [B, 1, 1, N] here (BERT's extended mask), or 4-D already.
+            scores = scores + (mask.view(b, 1, 1, s) if mask.dim() == 2 else mask)
         p = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype) if self.softmax_f32 else scores.softmax(-1)
         o = (p @ v).transpose(1, 2).reshape(b, s, w)
         return (o, p) if self.weights else o
@@ -72,10 +73,15 @@ def test_written_out_attention_is_one_sdpa_candidate(kw):
         assert c.group == 2  # repeat_kv's copy skipped: each key read once for its group
 
 
-def test_mask_is_recognized_or_an_operand():
+@pytest.mark.parametrize("padding", [False, True])
+def test_mask_is_recognized_or_an_operand(padding):
     model = _module()
-    causal = torch.full((24, 24), float("-inf")).triu(1).to(torch.bfloat16)
-    cap = capture(model, randn(2, 24, 128), causal)
+    if padding:  # a view of it in the graph: the scores are told from the mask by their bmm
+        mask = torch.zeros(2, 24, dtype=torch.bfloat16)
+        mask[1, 20:] = torch.finfo(torch.bfloat16).min
+    else:
+        mask = torch.full((1, 1, 24, 24), float("-inf")).triu(1).to(torch.bfloat16)
+    cap = capture(model, randn(2, 24, 128), mask)
     c = cap.attentions[0]
     assert c.chain is not None and c.mask is not None
     assert c.mask_operand or c.causal, c.info.reason
@@ -118,3 +124,35 @@ def test_no_kernel_leaves_the_models_ops(monkeypatch):
 def test_probabilities_used_elsewhere_are_no_chain():
     cap = capture(_module(weights=True), randn(2, 24, 128))
     assert not cap.attentions
+
+
+class Chained(torch.nn.Module):
+    """Two attentions written out, the second reading the first's output as its q, and the result
+    viewed in a way only the chain's contiguous [B, H, S, D] layout allows (view, not reshape)."""
+
+    def forward(self, x, y, z):
+        def att(q, k, v):
+            return torch.softmax(q @ k.transpose(-2, -1) * 0.25, dim=-1) @ v
+
+        # Heads split from [B, S, H, D], as from a projection: SDPA's O would have that layout too.
+        q, k, v = (t.transpose(1, 2) for t in (x, y, z))
+        o1 = att(q, k, v)
+        return o1.view(-1, o1.shape[-2], o1.shape[-1]), att(o1, k, v)
+
+
+@pytest.mark.parametrize("rest", ["eager", "inductor"])
+def test_chained_attentions_keep_the_chains_layout(rest):
+    """The kernel's O takes the chain's layout (what follows was traced on it: a flatten, the
+    graph's output), and an attention reading another's output reads the kernel's."""
+    comfuse.config.force_regions = True
+    comfuse.config.rest = rest
+    q, k, v = (randn(2, 16, 4, 16, seed=s) for s in (1, 2, 3))
+    model = Chained()
+    with torch.no_grad(), comfuse.collecting() as rep:
+        ref = model(q, k, v)
+        out = torch.compile(model, backend="comfuse")(q, k, v)
+    att = [r for r in rep.regions if r.layout == "attention"]
+    assert len(att) == 2 and all(r.calls == 1 for r in att), [(r.root, r.status, r.reason) for r in rep.regions]
+    for o, r in zip(out, ref):
+        assert o.shape == r.shape and o.stride() == r.stride()
+        assert ((o.float() - r.float()).norm() / r.float().norm()).item() < 2e-2
