@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
-from .translate import val
+from .translate import cast_change, val
 
 aten = torch.ops.aten
 
@@ -52,18 +52,10 @@ def _through(n, targets, seen: list[fx.Node]) -> fx.Node:
     """n's source through single-user nodes whose target is in `targets` (each appended to seen;
     a _to_copy only where it changes the dtype alone)."""
     while isinstance(n, fx.Node) and n.op == "call_function" and n.target in targets and _single_user(n) and \
-            (n.target not in _CASTS or _dtype_cast(n)):
+            (n.target not in _CASTS or cast_change(n) is None):
         seen.append(n)
         n = n.args[0]
     return n
-
-
-def _dtype_cast(n: fx.Node) -> bool:
-    """A _to_copy that changes the dtype alone (the device, if named, the one its value is on)."""
-    src = val(n.args[0])
-    kw = n.kwargs
-    return src is not None and set(kw) <= {"dtype", "layout", "device"} and kw.get("layout") in (None, torch.strided) \
-        and (kw.get("device") is None or torch.device(kw["device"]) == src.device)
 
 
 def _leads_to_bmm(y) -> bool:

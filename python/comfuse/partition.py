@@ -25,8 +25,8 @@ import torch.fx as fx
 
 from . import _core
 from .config import config
-from .translate import (_DTYPES, Translator, Unsupported, column_halves, descendants_of, gemm_of, is_gemm,
-                        is_translatable, rename_reason, val)
+from .translate import (_DTYPES, Translator, Unsupported, cast_change, column_halves, descendants_of, gemm_of,
+                        is_gemm, is_translatable, rename_reason, val)
 
 log = logging.getLogger("comfuse")
 
@@ -361,9 +361,7 @@ def region_module(nodes: list[fx.Node], outputs: list[fx.Node], inputs: list[fx.
         env[n] = c = g.node_copy(n, lambda x: env[x])
         # A cast that names the device its input lives on (type_as, F.rms_norm) is a cast: without
         # the device, the module also runs on meta tensors (RuntimeRegion.out_shapes).
-        src = val(n.args[0]) if n.args else None
-        if n.target == aten._to_copy.default and src is not None and n.kwargs.get("device") is not None and \
-                torch.device(n.kwargs["device"]) == src.device:
+        if n.target == aten._to_copy.default and n.kwargs.get("device") is not None and cast_change(n) is None:
             c.kwargs = {k: v for k, v in n.kwargs.items() if k != "device"}
     g.output(tuple(env[o] for o in outputs))
     return fx.GraphModule(torch.nn.Module(), g)

@@ -124,6 +124,21 @@ OTHER = {
 }
 
 
+def cast_change(node: fx.Node) -> str | None:
+    """What an aten._to_copy changes besides the dtype ("device=cuda:1", "layout=..."), or None: a
+    dtype conversion only. A device it names that its value already lives on (type_as and
+    F.rms_norm name it) is no change."""
+    src = val(node.args[0]) if node.args else None
+    for k in ("device", "layout", "pin_memory"):
+        v = node.kwargs.get(k)
+        if v in (None, torch.strided, False):
+            continue
+        if k == "device" and src is not None and torch.device(v) == src.device:
+            continue
+        return f"{k}={v}"
+    return None
+
+
 def is_translatable(node: fx.Node) -> bool:
     t = node.target
     return node.op == "call_function" and (
@@ -607,14 +622,9 @@ class Translator:
             x = self.operand(args[0], node)
             dtype = kw.get("dtype", args[1] if len(args) > 1 else None)
             if t == aten._to_copy.default:
-                # A dtype conversion only: a device or layout change leaves the region (the
-                # device the value already lives on, as type_as and F.rms_norm name it, is none).
-                src = val(args[0])
-                for k in ("device", "layout", "pin_memory"):
-                    same = k == "device" and src is not None and kw.get(k) is not None and \
-                        torch.device(kw[k]) == src.device
-                    if kw.get(k) not in (None, torch.strided, False) and not same:
-                        raise Unsupported(node, f"_to_copy with {k}={kw[k]}")
+                change = cast_change(node)  # a device or layout change leaves the region
+                if change is not None:
+                    raise Unsupported(node, f"_to_copy with {change}")
             if dtype is None:
                 return x
             return self._check_class(node, TV(g.cast(x.id, cf_dtype(dtype, node)), x.cls))
@@ -715,7 +725,7 @@ def descendants_of(node: fx.Node) -> set[fx.Node]:
     return seen
 
 
-__all__ = ["Translator", "Unsupported", "Gemm", "Halves", "column_block", "column_halves", "gemm_of", "is_gemm", "is_translatable", "descendants_of",
+__all__ = ["Translator", "Unsupported", "Gemm", "Halves", "cast_change", "column_block", "column_halves", "gemm_of", "is_gemm", "is_translatable", "descendants_of",
            "val", "TV", "cf_dtype"]
 
 
