@@ -26,8 +26,10 @@ from typing import TYPE_CHECKING
 import torch
 import torch.fx as fx
 
+from .translate import TV, Unsupported
+
 if TYPE_CHECKING:  # pragma: no cover
-    from .translate import TV, Translator
+    from .translate import Translator
 
 aten = torch.ops.aten
 _F32_MAX = float(torch.finfo(torch.float32).max)
@@ -38,8 +40,6 @@ def _arg(node: fx.Node, i: int, name: str, default):
 
 
 def _number(node: fx.Node, x, what: str) -> float | None:
-    from .translate import Unsupported
-
     if x is None:
         return None
     if isinstance(x, bool) or not isinstance(x, (int, float)):
@@ -48,8 +48,6 @@ def _number(node: fx.Node, x, what: str) -> float | None:
 
 
 def _clamped(tr: "Translator", node: fx.Node, x: "TV", lo: float | None, hi: float | None) -> "TV":
-    from .translate import TV
-
     g, y = tr.g, x.id
     if lo is not None:
         y = g.binary("max", y, g.constant(lo))
@@ -71,8 +69,6 @@ def hardtanh(tr: "Translator", node: fx.Node) -> "TV":
 
 
 def leaky_relu(tr: "Translator", node: fx.Node) -> "TV":
-    from .translate import TV
-
     x = tr.operand(node.args[0], node)
     s = _number(node, _arg(node, 1, "negative_slope", 0.01), "negative_slope")
     g = tr.g
@@ -90,23 +86,17 @@ def _hardsigmoid(tr: "Translator", node: fx.Node, x: "TV") -> int:
 
 
 def hardsigmoid(tr: "Translator", node: fx.Node) -> "TV":
-    from .translate import TV
-
     x = tr.operand(node.args[0], node)
     return tr._check_class(node, TV(_hardsigmoid(tr, node, x), x.cls))
 
 
 def hardswish(tr: "Translator", node: fx.Node) -> "TV":
-    from .translate import TV
-
     x = tr.operand(node.args[0], node)
     return tr._check_class(node, TV(tr.g.binary("mul", x.id, _hardsigmoid(tr, node, x)), x.cls))
 
 
 def _moments(tr: "Translator", node: fx.Node) -> tuple[int, int]:
     """(var, mean) over the last dim as var.correction / var_mean.correction define them."""
-    from .translate import Unsupported
-
     x = tr.operand(node.args[0], node)
     tr._last_dim(node, x, _arg(node, 1, "dim", None))
     correction = node.kwargs.get("correction", 1)
@@ -124,27 +114,19 @@ def _moments(tr: "Translator", node: fx.Node) -> tuple[int, int]:
 
 
 def var(tr: "Translator", node: fx.Node) -> "TV":
-    from .translate import TV
-
     return TV(_moments(tr, node)[0], "col")
 
 
 def std(tr: "Translator", node: fx.Node) -> "TV":
-    from .translate import TV
-
     return TV(tr.g.unary("sqrt", _moments(tr, node)[0]), "col")
 
 
 def var_mean(tr: "Translator", node: fx.Node) -> tuple:
-    from .translate import TV
-
     v, m = _moments(tr, node)
     return (TV(v, "col"), TV(m, "col"))
 
 
 def vector_norm(tr: "Translator", node: fx.Node) -> "TV":
-    from .translate import TV, Unsupported
-
     x = tr.operand(node.args[0], node)
     order = _number(node, _arg(node, 1, "ord", 2), "ord")
     tr._last_dim(node, x, _arg(node, 2, "dim", None))
@@ -163,8 +145,6 @@ def vector_norm(tr: "Translator", node: fx.Node) -> "TV":
 
 
 def logsumexp(tr: "Translator", node: fx.Node) -> "TV":
-    from .translate import TV
-
     x = tr.operand(node.args[0], node)
     tr._last_dim(node, x, _arg(node, 1, "dim", None))
     g = tr.g
@@ -177,8 +157,6 @@ def logsumexp(tr: "Translator", node: fx.Node) -> "TV":
 
 
 def softplus(tr: "Translator", node: fx.Node) -> "TV":
-    from .translate import TV, Unsupported
-
     x = tr.operand(node.args[0], node)
     beta = _number(node, _arg(node, 1, "beta", 1.0), "beta")
     threshold = _number(node, _arg(node, 2, "threshold", 20.0), "threshold")
@@ -194,8 +172,6 @@ def softplus(tr: "Translator", node: fx.Node) -> "TV":
 
 
 def mish(tr: "Translator", node: fx.Node) -> "TV":
-    from .translate import TV
-
     x = tr.operand(node.args[0], node)
     g = tr.g
     return tr._check_class(node, TV(g.binary("mul", x.id, g.unary("tanh", g.unary("softplus", x.id))), x.cls))
@@ -210,8 +186,6 @@ def elu(tr: "Translator", node: fx.Node) -> "TV":
 
 def celu(tr: "Translator", node: fx.Node) -> "TV":
     """max(0, x) + min(0, alpha (exp(x / alpha) - 1)): elu with input_scale 1 / alpha."""
-    from .translate import Unsupported
-
     alpha = _number(node, _arg(node, 1, "alpha", 1.0), "alpha")
     if alpha == 0.0:
         raise Unsupported(node, "celu with alpha 0")
@@ -220,8 +194,6 @@ def celu(tr: "Translator", node: fx.Node) -> "TV":
 
 def log_sigmoid(tr: "Translator", node: fx.Node) -> tuple:
     """log_sigmoid_forward's (value, buffer): -softplus(-x); the buffer (backward's) is no value here."""
-    from .translate import TV
-
     x = tr.operand(node.args[0], node)
     g = tr.g
     y = g.unary("neg", g.unary("softplus", g.unary("neg", x.id)))
@@ -229,8 +201,6 @@ def log_sigmoid(tr: "Translator", node: fx.Node) -> tuple:
 
 
 def _elu(tr: "Translator", node: fx.Node, alpha: float, scale: float, input_scale: float) -> "TV":
-    from .translate import TV
-
     x = tr.operand(node.args[0], node)
     g = tr.g
     neg = g.binary("min", x.id, g.constant(0.0))

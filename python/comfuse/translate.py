@@ -24,7 +24,6 @@ import torch
 import torch.fx as fx
 
 from . import _core
-from .composites import COMPOSITES
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -142,7 +141,7 @@ def cast_change(node: fx.Node) -> str | None:
 def is_translatable(node: fx.Node) -> bool:
     t = node.target
     return node.op == "call_function" and (
-        t in UNARY or t in BINARY or t in REDUCE or t in VIEWS or t in CASTS or t in OTHER or t in COMPOSITES)
+        t in UNARY or t in BINARY or t in REDUCE or t in VIEWS or t in CASTS or t in OTHER or t in _composites.COMPOSITES)
 
 
 def is_gemm(node: fx.Node) -> bool:
@@ -688,8 +687,9 @@ class Translator:
             self._last_dim(node, x, [args[1]])
             y = g.softmax(x.id) if t == aten._softmax.default else g.log_softmax(x.id)
             return TV(y, "tile")
-        if t in COMPOSITES:
-            return COMPOSITES[t](self, node)
+        rule = _composites.COMPOSITES.get(t)
+        if rule is not None:
+            return rule(self, node)
         raise Unsupported(node, f"op {t} is outside the fusion domain")
 
     def _last_dim(self, node: fx.Node, x: TV, dims) -> None:
@@ -734,3 +734,8 @@ def rename_reason(reason: str, names: dict[str, str]) -> str:
     for cf, fxn in names.items():
         reason = reason.replace(f"'{cf}'", f"'{fxn}'")
     return reason
+
+
+# The rules for aten ops without a primitive build on TV and Unsupported above (imported last, as
+# a module: either file may be imported first).
+from . import composites as _composites  # noqa: E402
