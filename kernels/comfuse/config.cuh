@@ -261,8 +261,10 @@ struct KernelConfig {
     return splits_through_l2() && split_gather_rows > 0 && split_gather_rounds_at(2) == split_gather_rounds_at(1);
   }
   COMFUSE_HOST_DEVICE constexpr int split_value_bytes() const { return split_words_tagged() ? 8 : 4; }
+  // A partial tile is the accumulator's: mma_n() columns (a gated tile's both products: split-K sums
+  // the two before the epilogue multiplies them).
   COMFUSE_HOST_DEVICE constexpr int split_partial_bytes() const {
-    return splits_through_l2() ? (split_words_tagged() ? split_gather_rows : epi_rows()) * tile_n * split_value_bytes() : 0;
+    return splits_through_l2() ? (split_words_tagged() ? split_gather_rows : epi_rows()) * mma_n() * split_value_bytes() : 0;
   }
   COMFUSE_HOST_DEVICE constexpr int split_flag_bytes() const { return splits_through_l2() ? k_splits * 4 : 0; }
   // Over DSMEM (splits_in_cluster), per consumer warp group (cluster/split_hand_over.cuh): one
@@ -270,13 +272,13 @@ struct KernelConfig {
   COMFUSE_HOST_DEVICE constexpr int split_hand_over_bytes() const {
     return splits_in_cluster ? align_up(accumulators() * 32 * 4 + 16, 128) : 0;
   }
-  // The owner warp group's staging of the summed partial rows (split_gather_rows): fp32, tile_n a row.
-  COMFUSE_HOST_DEVICE constexpr int split_gather_bytes() const { return split_gather_rows * tile_n * 4; }
+  // The owner warp group's staging of the summed partial rows (split_gather_rows): fp32, mma_n() a row.
+  COMFUSE_HOST_DEVICE constexpr int split_gather_bytes() const { return split_gather_rows * mma_n() * 4; }
   // Its loads (scheduler/split_k.cuh add_staged): each thread's share of the rows' runs of four
   // values (one 16-byte load of fp32, or two of tagged words), the other splits' of
   // split_gather_chunk() of them in flight together, in split_gather_rounds() dependent L2 round trips.
   COMFUSE_HOST_DEVICE constexpr int split_gather_vecs_per_thread() const {
-    return (split_gather_rows * tile_n / 4 + Sm90::kWarpGroupThreads - 1) / Sm90::kWarpGroupThreads;
+    return (split_gather_rows * mma_n() / 4 + Sm90::kWarpGroupThreads - 1) / Sm90::kWarpGroupThreads;
   }
   // With loads_per_vec 16-byte loads a run of four values takes (1: fp32, 2: tagged words).
   COMFUSE_HOST_DEVICE constexpr int split_gather_chunk_at(int loads_per_vec) const {
@@ -378,8 +380,7 @@ COMFUSE_HOST_DEVICE constexpr char const* check(KernelConfig const& c) {
   if (c.gated && (c.mma_n() > 256 || c.epi_rows() != 64))
     return "a gated GEMM: tile_n <= 128 (both halves one wgmma of <= 256 columns) and 64 rows a warp group "
            "(PingPong 64 or cooperative 128)";
-  if (c.gated && (c.k_splits != 1 || c.n_tiles != 1 || c.row_reduction))
-    return "a gated GEMM: an elementwise epilogue, one N-tile a job, no split-K";
+  if (c.gated && (c.n_tiles != 1 || c.row_reduction)) return "a gated GEMM: an elementwise epilogue, one N-tile a job";
   if (c.a_box_rows != 0 && (c.a_box_rows % 8 != 0 || c.a_box_rows >= c.tile_m || c.a_slices() != 1))
     return "a_box_rows: a multiple of 8 below tile_m, without A multicast (cluster_n = 1)";
   if (c.split_gather_rows != 0 && (!c.splits_through_l2() || c.a_box_rows == 0 || c.split_gather_rows != c.a_box_rows))

@@ -61,7 +61,8 @@ struct TileShape {
 // Cooperative 128x256 reads the least from L2 a MAC, but its epilogue is not hidden behind the
 // other warp group's mainloop: priced so (Division::priced), it wins where the PingPong tiles'
 // mainloops slow down, on rows off 128-byte lines (calibration.h unaligned_rows_efficiency).
-constexpr TileShape kTiles[] = {{64, 256}, {128, 128}, {64, 128}, {128, 256, 2}};
+// 64x64 only for a gated GEMM: its wgmma covers 128 columns (B's and the gate's), the plain 64x128's.
+constexpr TileShape kTiles[] = {{64, 256}, {128, 128}, {64, 128}, {128, 256, 2}, {64, 64}};
 constexpr int kClusterMs[] = {2, 1};
 constexpr int kGroups[] = {1, 2, 4, 8, 16, 32, 64};
 constexpr int kSplits[] = {1, 2, 3, 4, 6, 8, 12, 16};
@@ -122,10 +123,11 @@ struct Division {
 // Else each thread loads its own accumulators' partials, a row slot at a time: one round per
 // slot of the busiest thread (thread 0: rows 0, 8, 64, 72 of accum_row below M).
 // The staged sum's configuration (its split_gather_* terms), or none where the rows are not summed in SMEM.
-std::optional<KernelConfig> staged_gather(int tile_m, int tile_n, int64_t rows, int ks) {
-  if (ks <= 1 || rows > 16 || rows >= tile_m || tile_n > 128) return std::nullopt;
+// A gated tile's partials are both products (KernelConfig::mma_n columns).
+std::optional<KernelConfig> staged_gather(int tile_m, int tile_n, bool gated, int64_t rows, int ks) {
+  if (ks <= 1 || rows > 16 || rows >= tile_m || tile_n * (gated ? 2 : 1) > 128) return std::nullopt;
   KernelConfig staged;
-  staged.tile_m = tile_m, staged.tile_n = tile_n, staged.k_splits = ks;
+  staged.tile_m = tile_m, staged.tile_n = tile_n, staged.gated = gated, staged.k_splits = ks;
   staged.split_gather_rows = align_up(static_cast<int>(rows), 8);
   return staged;
 }
@@ -182,9 +184,12 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
   // More consumer warp groups only where forced: measured slower wherever tried (calibration.h
   // three_consumer_epilogue_stretch).
   const int wgs = opt.consumer_wgs.value_or(Sm90::kConsumerWGs);
+  // A gated tile (KernelConfig::gated) streams B's and the gate's columns and computes both products.
+  const int b_operands = r.spec.gated() ? 2 : 1;
   for (const TileShape& ts : kTiles) {
     if (opt.tile_m && *opt.tile_m != ts.tile_m) continue;
     if (opt.tile_n && *opt.tile_n != ts.tile_n) continue;
+    if (ts.tile_n == 64 && !r.spec.gated()) continue;
     for (int cm : kClusterMs) {
       if (opt.cluster_m && *opt.cluster_m != cm) continue;
       const int resident = dev.resident(cm);
@@ -206,8 +211,11 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
         const int resident_here = in_cluster ? dev.resident(ks) * ks : resident;  // one-CTA clusters
         const int64_t groups_max = resident_here / (int64_t{g} * ks);
         if (groups_max < 1) continue;
-        const int64_t n_tiles = ceil_div64(tiles_n, g);
+        // A row reduction holds a row's columns in its row group (n_tiles each); an elementwise
+        // epilogue (split-K) takes one N-tile a job, and its jobs walk N as well as M (grid.cuh job_count).
+        const int64_t n_tiles = chain.reductions > 0 ? ceil_div64(tiles_n, g) : 1;
         if (n_tiles > Sm90::kMaxNTiles) continue;
+        const int64_t jobs = ceil_div64(tiles_m, cm) * ceil_div64(tiles_n, g * n_tiles);
         if (ts.wgs > 1 && (n_tiles > 1 || ks > 1)) {  // check(): a cooperative job is one whole tile
           if (opt.tile_m && opt.tile_n)
             why.add("row-group division", fmt::format("cooperative 128x256 in row groups of {}: {} N-tiles a CTA and {} "
@@ -223,7 +231,7 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
         const int64_t k_blocks = ceil_div64(p.k, Sm90::kTileK);
         if (ks > 1 && !opt.k_splits) {
           // Only where the jobs leave SMs idle, one N-tile a CTA, and each split has k-blocks to stream.
-          if (n_tiles > 1 || ceil_div64(tiles_m, cm) > groups_max || k_blocks < int64_t{ks} * tun.split_k_min_k_blocks)
+          if (n_tiles > 1 || jobs > groups_max || k_blocks < int64_t{ks} * tun.split_k_min_k_blocks)
             continue;
         }
         Option o;
@@ -247,7 +255,7 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
         c.k.ring_input_bytes = inputs_in_ring ? ring_bytes : 0;
         c.ring_inputs_declined = !inputs_in_ring && ring_bytes > 0;
         c.tiles_m = tiles_m, c.tiles_n = tiles_n;
-        c.jobs = ceil_div64(tiles_m, cm);
+        c.jobs = jobs;
         const int64_t groups = std::min(c.jobs, groups_max);
         o.resident = static_cast<int>(groups * g * ks);
         c.regs = c.k.accumulators() + tun.reg_overhead;
@@ -270,7 +278,7 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
         const double eff = lookup(tun.row_group_mainloop_efficiency, tile_key) *
                            (cm > 1 ? 1.0 : tun.row_group_no_multicast_efficiency) * unaligned_rows;
         // A CTA's share of a tile's MACs (all rows: the tensor cores compute the tile's rows past M too).
-        const double t_tile = 2.0 * ts.tile_m * ts.tile_n * double(p.k) / ks / (dev.sm_flops_per_s * eff) * 1e6;
+        const double t_tile = 2.0 * ts.tile_m * ts.tile_n * b_operands * double(p.k) / ks / (dev.sm_flops_per_s * eff) * 1e6;
         // Epilogue bytes of one tile: the stash written once and read back by each later stage
         // (none when T == 1), the outputs written. At one SM's share of DRAM bandwidth.
         const double elems = double(ts.tile_m) * ts.tile_n;
@@ -289,10 +297,10 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
         d.unaligned_rows = unaligned_rows;
         // The job with the most rows sets the owner's gather: all of a tile's rows below M.
         const int64_t job_rows = std::min<int64_t>(p.m, ts.tile_m);
-        const auto staged = staged_gather(ts.tile_m, ts.tile_n, job_rows, ks);
+        const auto staged = staged_gather(ts.tile_m, ts.tile_n, c.k.gated, job_rows, ks);
         d.gather_rounds = gather_rounds(staged, ts.tile_m, job_rows, ks);
-        const double gather_bytes =
-            double(ks - 1) * double(job_rows) * ts.tile_n * (staged ? staged->split_value_bytes() : 4);
+        const double gather_bytes = double(ks - 1) * double(job_rows) * ts.tile_n * b_operands *
+                                    (staged ? staged->split_value_bytes() : 4);
         const double gather = in_cluster ? split_hand_over_us(tun, c.k, job_rows)
                                          : split_gather_us(tun, ks, d.gather_rounds, gather_bytes);
         d.gather_us = gather;
@@ -326,8 +334,8 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
           // at the shared rate, RMSNorm 256 x 4096 x 4096 moved to 64x256 split-K 2 (25.5 us
           // against 20.7) and RMSNorm 128 x 16384 x 4096 to two 64x256 N-tiles a CTA (60.9
           // against 56.7), both slower (bench/sweeps/row_groups_shared_b.txt).
-          const double b_cta = double(ts.tile_n) * double(p.k) / ks * Sm90::kAbBytes / cm;
-          const double b_all = double(p.n) * double(p.k) * Sm90::kAbBytes;
+          const double b_cta = double(ts.tile_n) * b_operands * double(p.k) / ks * Sm90::kAbBytes / cm;
+          const double b_all = double(p.n) * b_operands * double(p.k) * Sm90::kAbBytes;
           const bool shares_b =
               tiles_m >= cm && (chain.reductions == 0 || (ts.tile_m == 64 && ts.tile_n <= 128 && n_tiles == 1));
           const double dram = tun.one_wave_dram(cm, shares_b);
@@ -338,6 +346,16 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
           d.launch_us = tun.one_wave_launch_us;
         } else {  // the other consumer's mainloops hide all but a share of the stash traffic
           d.job_mainloop_us = double(n_tiles) * (t_tile + tun.row_group_stash_exposed * t_s1);
+          // An elementwise split-K of several jobs a CTA (decode rows over more N-tiles than a row
+          // group holds) is still one launch over all of B: B from DRAM once, at the one-wave grid's
+          // rate, its jobs sharing that time, and the launch's fixed cost, as the one-wave branch.
+          if (chain.reductions == 0) {
+            d.job_mainloop_us = std::max(d.job_mainloop_us, double(p.n) * b_operands * double(p.k) * Sm90::kAbBytes /
+                                                                tun.one_wave_dram(cm, tiles_m >= cm) * 1e6 /
+                                                                double(jobs_per_cta));
+            d.idle_ctas = tiles_m < cm;
+            d.launch_us = tun.one_wave_launch_us;
+          }
           d.job_epilogue_us = double(n_tiles) * t_s2 * share + arithmetic + d.exchange_us;
         }
         if (wgs > Sm90::kConsumerWGs) d.job_epilogue_us *= tun.three_consumer_epilogue_stretch;
@@ -349,11 +367,14 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
   // Where the DRAM bounds several divisions alike (decode), the one whose SMs pull the least each
   // keeps the most slack, and one without CTAs idle for want of rows (MEASURED: RMSNorm
   // 1 x 2048 x 4096, S = 4 and 8 with clusters of 1 at 1.98-2.03x cuBLAS, S = 2 with clusters of
-  // 2 along M, whose second CTA has no rows, at 2.33x).
+  // 2 along M, whose second CTA has no rows, at 2.33x). An elementwise split-K's row groups of
+  // every size run the same CTAs over the same tiles: the fewest jobs (a row block's N-tiles in
+  // one group, as measured) where a group can cover them.
   std::stable_sort(options.begin(), options.end(), [](const Option& a, const Option& b) {
     if (a.d.est_us != b.d.est_us) return a.d.est_us < b.d.est_us;
     if (a.d.stream_us != b.d.stream_us) return a.d.stream_us < b.d.stream_us;
-    return a.d.idle_ctas < b.d.idle_ctas;
+    if (a.d.idle_ctas != b.d.idle_ctas) return a.d.idle_ctas < b.d.idle_ctas;
+    return a.c.jobs < b.c.jobs;
   });
 
   std::vector<Candidate> out;

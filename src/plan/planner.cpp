@@ -136,8 +136,8 @@ void check_request(const FusionSpec& s, const Problem& p, const DeviceModel& dev
     check_problem_size(p.m, p.n, p.k, dim_label(s.m, "M"), dim_label(s.n, "N"), dim_label(s.k, "K"));
     check_device_limits(s);  // the spec's device limits, in the user's names (limits.cpp)
     // A gated GEMM (KernelConfig::gated) holds both products in one accumulator of twice the
-    // tile's columns: an elementwise epilogue, one N-tile a job, no split-K (check()); its two
-    // B operands are loaded alike (A's 16-bit type).
+    // tile's columns: an elementwise epilogue, one N-tile a job (check()); its two B operands are
+    // loaded alike (A's 16-bit type).
     auto arg = [&](ArgRole role) -> const RuntimeArg& { return s.args.at(static_cast<size_t>(s.arg_index(role))); };
     if (s.gated() && arg(ArgRole::OperandGate).dtype != p.ab_dtype)
       throw Error(fmt::format("the gate {} is {}, A is {}: a gated GEMM's operands share one 16-bit type",
@@ -177,8 +177,6 @@ void check_request(const FusionSpec& s, const Problem& p, const DeviceModel& dev
   if (s.gated() && opt.tile_n && *opt.tile_n > 128)
     throw Error(fmt::format("plan: tile_n = {}: a gated GEMM's tile holds B's and the gate's columns in one wgmma of "
                             "at most 256: tile_n 64 or 128", *opt.tile_n));
-  if (s.gated() && opt.k_splits && *opt.k_splits > 1)
-    throw Error("plan: k_splits: a gated GEMM takes no split-K (its two products share one accumulator)");
   if (opt.tile_m && *opt.tile_m != 64 && *opt.tile_m != 128)
     throw Error(fmt::format("plan: tile_m = {} is not 64 or 128 (rows per consumer warp group)", *opt.tile_m));
   const bool rg = plan_detail::row_groups_forced(opt);

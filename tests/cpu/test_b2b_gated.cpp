@@ -272,7 +272,12 @@ TEST(B2bGated, SingleGemmPlansTheGatedKernel) {
   wide.tile_n = 256;
   split.k_splits = 2;
   refused(wide, "a gated GEMM's tile holds B's and the gate's columns in one wgmma of at most 256");
-  refused(split, "a gated GEMM takes no split-K");
+  // Split-K sums the whole accumulator (both products) before the epilogue: forced, it plans.
+  const Plan sp = make_plan(f, problem_of(f, {{"M", 1}, {"K", 4096}, {"N", 14336}}), split);
+  EXPECT_TRUE(sp.kernel.gated);
+  EXPECT_EQ(sp.kernel.k_splits, 2);
+  EXPECT_EQ(check(sp.kernel), nullptr);
+  EXPECT_EQ(sp.kernel.split_partial_bytes(), sp.kernel.a_box_rows * 2 * sp.kernel.tile_n * sp.kernel.split_value_bytes());
   FusionSpec f16_gate = f;  // a hand-made spec: Φ never pairs weights of two types
   f16_gate.args.at(static_cast<size_t>(f16_gate.arg_index(ArgRole::OperandGate))).dtype = DType::F16;
   try {

@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "comfuse/lower.h"
+#include "comfuse/text.h"
 #include "gpu/gpu_support.h"
 
 namespace comfuse {
@@ -612,6 +613,51 @@ TEST_F(GpuReduce, SplitKSumsDecodeRowsInSmem) {
     const Plan p = expect_split(g, dims(v.m, v.n, v.k), opt, w == "layernorm" ? 1000.0 : 0.0).plan;
     EXPECT_EQ(p.kernel.k_splits, v.splits);
     EXPECT_GT(p.kernel.split_gather_rows, 0);
+  }
+}
+
+TEST_F(GpuReduce, SplitKGatedGemm) {
+  // A gated GEMM (KernelConfig::gated: SwiGLU's gate and up in one accumulator) with K split: the
+  // splits' partials are the whole accumulator, both products, summed before the epilogue
+  // multiplies them. Decode rows (summed in SMEM, tagged words) and rows past a row block's 16
+  // (each thread its own), 64- and 128-column tiles (a 128- and a 256-column accumulator), through
+  // L2 and over DSMEM, several jobs a warp group (N-tiles past the split groups), ragged N and K
+  // (unequal shares), bf16 and f16, K x N weights.
+  struct V {
+    int64_t m, n, k;
+    int splits, tile_n;
+    bool in_cluster;
+    const char* dtype;
+    const char* act;
+    bool kn;
+  };
+  for (const V& v : {V{1, 14336 - 64, 4096, 4, 64, false, "bf16", "silu", false},
+                     V{7, 1032, 4104, 3, 64, false, "f16", "gelu", false},
+                     V{16, 520, 2112, 8, 128, false, "bf16", "silu", false},
+                     V{100, 1000, 1000, 2, 64, false, "bf16", "silu", false},
+                     V{5, 1032, 4096, 4, 64, true, "bf16", "silu", false},
+                     V{3, 600, 2048, 2, 128, true, "f16", "silu", true},
+                     V{9, 2000, 3072, 6, 64, false, "bf16", "silu", true}}) {
+    SCOPED_TRACE(fmt::format("{} {}{} M={} N={} K={} split-K {}{} tile_n {}", v.dtype, v.act, v.kn ? " kn" : "", v.m,
+                             v.n, v.k, v.splits, v.in_cluster ? " in a cluster" : "", v.tile_n));
+    const Graph g = parse_graph(fmt::format(R"(
+input x: {0}[M, K]
+input w1: {0}[{2}]
+input w3: {0}[{2}]
+gate = matmul(x, w1{3})
+up = matmul(x, w3{3})
+s = cast(mul({1}(gate), up), {0})
+output s: {0}
+)",
+                                            v.dtype, v.act, v.kn ? "K, N" : "N, K", v.kn ? ", layout=kn" : ""));
+    CompileOptions opt;
+    opt.plan.k_splits = v.splits;
+    opt.plan.tile_n = v.tile_n;
+    opt.plan.splits_in_cluster = v.in_cluster;
+    const Plan p = expect_split(g, dims(v.m, v.n, v.k), opt).plan;
+    EXPECT_TRUE(p.kernel.gated);
+    EXPECT_EQ(p.kernel.k_splits, v.splits);
+    EXPECT_EQ(p.kernel.splits_in_cluster, v.in_cluster);
   }
 }
 

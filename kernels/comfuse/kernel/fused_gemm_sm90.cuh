@@ -131,9 +131,9 @@ struct FusedGemmSm90 {
   // Split-K through L2 at decode rows (split_gather_rows): each consumer WG's staging of the
   // summed partial rows.
   struct SharedGather : SharedBase {
-    alignas(16) float gather[kW][C.split_gather_rows > 0 ? C.split_gather_rows * BN : 4];
+    alignas(16) float gather[kW][C.split_gather_rows > 0 ? C.split_gather_rows * C.mma_n() : 4];
   };
-  static_assert(C.split_gather_rows == 0 || int(sizeof(float) * C.split_gather_rows * BN) == C.split_gather_bytes(),
+  static_assert(C.split_gather_rows == 0 || int(sizeof(float) * C.split_gather_rows * C.mma_n()) == C.split_gather_bytes(),
                 "ComFuse: the split gather's SMEM differs from KernelConfig::split_gather_bytes()");
   using SharedCore = cute::conditional_t<kSplitsInCluster, SharedSplit,
                                          cute::conditional_t<(C.split_gather_rows > 0), SharedGather, SharedBase>>;

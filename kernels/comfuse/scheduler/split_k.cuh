@@ -9,7 +9,8 @@
 // fp32 partial tile into the exchange workspace (grid.cuh's exchange_layout: one buffer per
 // owner warp group and split), and the owner adds them in split order 1, 2, ..., S-1 (the same
 // bits on every run: no atomics), then runs the epilogue, row exchanges included, as without
-// splits. Only rows < M travel: at decode the partials are M x tile_n, a few KiB.
+// splits. Only rows < M travel: at decode the partials are M x tile_n (a gated tile's twice
+// that), a few KiB.
 //
 // Hand-over: 4-byte tags, the launch's epoch (ExchangeHeader, cluster/global_exchange.cuh) in
 // the high 16 bits and the warp group's job number in the low 16, never 0:
@@ -63,7 +64,9 @@ COMFUSE_DEVICE void st_relaxed_gpu_words(ulonglong2* p, ulonglong2 v) {
 
 template <KernelConfig C>
 struct SplitK {
-  static constexpr int Rows = C.epi_rows(), BN = C.tile_n, Splits = C.k_splits;
+  // BN: the accumulator's columns (a gated tile's two products side by side, KernelConfig::mma_n):
+  // the splits' partials are summed whole, before the epilogue combines the halves.
+  static constexpr int Rows = C.epi_rows(), BN = C.mma_n(), Splits = C.k_splits;
   static constexpr int MBlocks = Rows / 64;
   static_assert(C.wgs_per_tile == 1, "split-K: one warp group per tile (config.cuh check())");
 
