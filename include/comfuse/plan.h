@@ -106,8 +106,9 @@ struct PlanEstimate {
   double dram_floor_us = 0;  // unique DRAM bytes / bandwidth (the time cannot be below this)
   double total_us = 0;
   // The least this plan's launch measured against such an estimate: total_us, or for a one-wave
-  // split-K plan total_us / calibration.h's one_wave_split_overestimate, not below the DRAM floor
-  // (what a frontend measures before it refuses a region on the estimate).
+  // split-K plan total_us / calibration.h's one_wave_split_overestimate, or for a one-wave plan of
+  // single CTAs B at the DRAM's long-stream rate (calibration.h, "one-wave long streams"), not below
+  // the DRAM floor (what a frontend measures before it refuses a region on the estimate).
   double low_us = 0;
 };
 

@@ -359,9 +359,8 @@ def form_gated(cands: list, next_id) -> list:
         c = gated_region(first, gate, next_id)
         if c is None:
             continue
-        # One that would fuse only on a measurement's word keeps its members (which may fuse on their
-        # own estimates) where no measurement runs: not taken in their place (gated plans are never
-        # split-K, so their estimate has no band today).
+        # One that would fuse only on a measurement's word keeps its members, which may fuse on their
+        # own estimates: a refuted measurement would leave neither fused.
         if c.info.status != "fused" or c.info.needs_measurement:
             log.info("comfuse: %s gated with %s: per-region path: %s", where(first.root), where(gate.root), c.info.reason)
             continue

@@ -441,7 +441,8 @@ def decide(c: Candidate) -> None:
     gemms = f"{1 + gates} GEMMs" if gates else f"GEMM of {2 * info.n} columns" if halves else "GEMM"
     info.fused_us, info.unfused_us, info.unfused_epilogue_us = fused, unfused, epi
     # A plan class the planner prices above its measured launches (one-wave split-K at decode:
-    # calibration.h one_wave_split_overestimate) may pay where its estimate does not: measured.
+    # calibration.h one_wave_split_overestimate; one wave of single CTAs streaming tens of MB:
+    # its "one-wave long streams") may pay where its estimate does not: measured.
     low = plan["low_us"]
     if pays(fused, unfused):
         info.status = "fused"
@@ -449,7 +450,7 @@ def decide(c: Candidate) -> None:
                        f"({gemms} {gemm:.1f} + epilogue {epi:.1f}) at M={m}")
     elif not absorbed and pays(low, unfused):
         info.status, info.needs_measurement = "fused", True
-        info.reason = (f"planner: fused {fused:.1f} us, as low as {low:.1f} (one-wave split-K plans measure below "
+        info.reason = (f"planner: fused {fused:.1f} us, as low as {low:.1f} (one-wave plans measure below "
                        f"their estimates) vs unfused {unfused:.1f} us ({gemms} {gemm:.1f} + epilogue {epi:.1f}) at "
                        f"M={m}: fused where a measurement pays")
     else:
