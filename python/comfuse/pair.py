@@ -250,7 +250,6 @@ def decide_pair(p: PairCandidate) -> None:
     if p.lowering is None or not p.lowering.is_b2b():
         info.status = "fallback"
         return
-    kind = "gated pair" if p.gate is not None else "pair"
     try:
         ch = p.choice = dict(p.lowering.choose_b2b(p.dims, {"b2b": mode}))
     except _core.Error as e:
@@ -359,9 +358,11 @@ def form_gated(cands: list, next_id) -> list:
         c = gated_region(first, gate, next_id)
         if c is None:
             continue
-        # One that would fuse only on a measurement's word keeps its members, which may fuse on their
-        # own estimates: a refuted measurement would leave neither fused.
-        if c.info.status != "fused" or c.info.needs_measurement:
+        # One that would fuse only on a measurement's word takes its members' place only where neither
+        # fuses on its own estimate (decode: both wait for a measurement too, or fall back): a refuted
+        # measurement then costs no fusion the members were sure of.
+        sure = any(m.info.status == "fused" and not m.info.needs_measurement for m in (first, gate))
+        if c.info.status != "fused" or (c.info.needs_measurement and sure):
             log.info("comfuse: %s gated with %s: per-region path: %s", where(first.root), where(gate.root), c.info.reason)
             continue
         c.info.reason = f"gated with {where(gate.root)} (one GEMM over both weights): {c.info.reason}"

@@ -153,6 +153,22 @@ def test_gated_region_where_no_pair_takes_gate_and_up():
     assert "one gated GEMM (region 0, two accumulators)" in low.describe(), low.describe()
 
 
+def test_gated_region_at_decode_waits_for_a_measurement():
+    """Llama-3-8B's gate_proj and up_proj at decode (1 x 14336 x 4096): the gated region is priced
+    above the two GEMMs, but its bound (the last round of tiles at the DRAM's long-stream rate:
+    measured 64.1 us against cuBLAS's two GEMMs 63.3-66.8, bench/sweeps/gated_split_k.txt) pays, and
+    neither member fuses on its own estimate: the gated region takes their place, fused where a
+    measurement pays."""
+    comfuse.config.b2b = "off"
+    cap = capture(module(M.LlamaMLP(4096, 14336)), randn(1, 1, 4096))
+    g = cap.by_root("gate_proj")
+    assert g.translator.gates, g.info.reason
+    assert not any("up_proj" in c.info.root for c in cap.candidates)
+    assert g.info.status == "fused" and g.info.needs_measurement, g.info.reason
+    assert g.info.reason.startswith("gated with") and g.info.reason.endswith("fused where a measurement pays")
+    assert g.info.plan["low_us"] < g.info.unfused_us < g.info.fused_us
+
+
 def test_auto_follows_choose_b2b_two_kernels():
     comfuse.config.b2b = "auto"
     cap = capture(module(M.GPT2MLP(768, 3072)), randn(8, 256, 768))
