@@ -380,7 +380,7 @@ inline bool rows_off_128_byte_lines(const Problem& p) { return p.k * Sm90::kAbBy
 MeasuredConfig measured_elementwise_config(const Problem& p, const DeviceModel& dev, bool short_epilogue = false,
                                            bool may_split_k = true);
 // The same for a gated GEMM (KernelConfig::gated: each tile's wgmma twice its columns, 64 rows a
-// warp group, no split-K).
+// warp group; unsplit: split-K measured no faster at decode, bench/NOTES.md Stop 50).
 MeasuredConfig gated_elementwise_config(const Problem& p, const DeviceModel& dev);
 
 // make_plan with an explicit device and tunables (tests; the public overload passes the H200's).

@@ -385,8 +385,8 @@ Plan make_plan(const FusionSpec& s, const Problem& p, const DeviceModel& dev, co
   const std::vector<Candidate> cands = decide(kind, r, why);                // 4
   if (cands.empty()) {
     if (kind == PlanKind::RowGroups && plan_detail::row_groups_forced(opt))
-      throw Error(fmt::format("plan: no row-group plan (PingPong 64x256, 128x128 or 64x128, or cooperative 128x256 "
-                              "with one N-tile a CTA and no split-K; clusters of 1 or 2 along M; row groups of 1..64 "
+      throw Error(fmt::format("plan: no row-group plan (PingPong 64x256, 128x128 or 64x128 (64x64 gated), or "
+                              "cooperative 128x256 with one N-tile a CTA and no split-K; clusters of 1 or 2 along M; row groups of 1..64 "
                               "clusters resident at once; <= 64 N-tiles per CTA) fits the forced options for {} x {} x {}:{}", p.m, p.n, p.k, why.str()));
     throw Error(fmt::format("plan: nothing fits for {} x {} x {} ({} reductions):{}", p.m, p.n, p.k, chain.reductions,
                             why.str()));
