@@ -524,14 +524,16 @@ TEST_F(GpuReduce, SplitKElementwiseEpilogue) {
   // Split-K without a row reduction (forced: GPT-2's decode c_fc, bias + tanh GELU): the row
   // block's N-tiles over a group of CTAs with nothing to exchange, the owner adding the other
   // splits' partials before the elementwise epilogue. Decode rows, a ragged M past a row block,
-  // ragged N and K (unequal shares), clusters of 1 and 2 along M, bf16 and f16.
+  // ragged N and K (unequal shares), clusters of 1 and 2 along M, bf16 and f16, and more N-tiles
+  // than a row group holds (the jobs walk N: 71 tiles of 128).
   struct V {
     int64_t m, n, k;
     int splits, cluster_m;
     DType t;
   };
   for (const V& v : {V{1, 4096, 1024, 4, 1, DType::BF16}, V{32, 4000, 1000, 3, 2, DType::BF16},
-                     V{7, 1032, 4096, 8, 1, DType::F16}, V{130, 520, 2112, 2, 1, DType::BF16}}) {
+                     V{7, 1032, 4096, 8, 1, DType::F16}, V{130, 520, 2112, 2, 1, DType::BF16},
+                     V{2, 9000, 2048, 2, 1, DType::BF16}}) {
     SCOPED_TRACE(fmt::format("M={} N={} K={} split-K {} cluster_m {}", v.m, v.n, v.k, v.splits, v.cluster_m));
     Case c(v.t);
     c.g.output(c.g.unary(UnaryOp::GeluTanh, c.acc + c.g.input("bias", v.t, {Dim::of("N")})), "y", v.t);
