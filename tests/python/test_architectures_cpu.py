@@ -1,7 +1,8 @@
 """More transformers architectures on the CPU (tiny configs, random weights, bf16): BERT (a
 post-norm encoder), OPT, GPT-NeoX (parallel residual), Gemma (GeGLU, RMSNorm with
-1 + w), Qwen2 and Mistral (Llama-style), T5's encoder (RMSNorm without mean, ReLU MLP) and Phi-3
-(stacked gate_up_proj). Under backend="comfuse" with the single-GEMM kernels emulated on the fp64
+1 + w), Qwen2 and Mistral (Llama-style), T5's encoder (RMSNorm without mean, ReLU MLP), Phi-3
+(stacked gate_up_proj), and the decoders listed at ARCHS' second half (sandwich norms, q/k norms
+over the whole projection, scaled residuals, parallel residuals). Under backend="comfuse" with the single-GEMM kernels emulated on the fp64
 executor (test_runtime_glue's `emulate`: the translated graphs compute, not the aten fallback),
 each model's output matches eager within bf16 noise, nothing raises, and the regions named below
 (the projection that closes each residual branch, with its norm, and the MLP's first GEMM with
@@ -20,6 +21,14 @@ from test_runtime_glue import emulate  # noqa: F401 (the fixture: kernels emulat
 tf = pytest.importorskip("transformers")
 
 H, I, L = 128, 344, 2
+
+
+def _llama_like(config, **kw):
+    """A decoder config of the shared Llama-style fields at the tiny widths."""
+    return config(**{**dict(hidden_size=H, num_hidden_layers=L, num_attention_heads=2, num_key_value_heads=2,
+                            intermediate_size=I, vocab_size=512, pad_token_id=0, bos_token_id=0, eos_token_id=0), **kw})
+
+
 ARCHS = {
     # name: (model factory, the roots (module paths) whose region runs fused in every layer)
     "bert": (lambda: tf.BertModel(tf.BertConfig(hidden_size=H, num_hidden_layers=L, num_attention_heads=2,
@@ -47,6 +56,33 @@ ARCHS = {
     "t5_encoder": (lambda: tf.T5EncoderModel(tf.T5Config(d_model=H, num_layers=L, num_heads=2, d_ff=I, d_kv=64,
                                                          vocab_size=512)),
                    ["SelfAttention.o", "DenseReluDense.wi", "DenseReluDense.wo"]),
+    # Sandwich norms (Gemma 2 and 3, OLMo 2: the norm after each branch, before the residual add),
+    # OLMo 2's q/k norms over the whole projection, Qwen 3, Granite (scaled residuals), StableLM
+    # and Starcoder 2 (LayerNorm), and the parallel residual of Falcon, GPT-J and Phi (the MLP's
+    # output and the attention's meet in one add after the attention's projection). Qwen 3's and
+    # Gemma 3's per-head q/k norms (a reduction over each head's columns) are not fused: q_proj
+    # and k_proj fall back at the view that splits the heads.
+    "gemma2": (lambda: tf.Gemma2ForCausalLM(_llama_like(tf.Gemma2Config, head_dim=64)),
+               ["self_attn.o_proj", "mlp.gate_proj", "mlp.down_proj"]),
+    "gemma3": (lambda: tf.Gemma3ForCausalLM(_llama_like(tf.Gemma3TextConfig, head_dim=64)),
+               ["self_attn.o_proj", "mlp.gate_proj", "mlp.down_proj"]),
+    "olmo2": (lambda: tf.Olmo2ForCausalLM(_llama_like(tf.Olmo2Config)),
+              ["self_attn.q_proj", "self_attn.k_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.down_proj"]),
+    "qwen3": (lambda: tf.Qwen3ForCausalLM(_llama_like(tf.Qwen3Config, head_dim=64)),
+              ["self_attn.o_proj", "mlp.gate_proj", "mlp.down_proj"]),
+    "granite": (lambda: tf.GraniteForCausalLM(_llama_like(tf.GraniteConfig)),
+                ["self_attn.o_proj", "mlp.gate_proj", "mlp.down_proj"]),
+    "stablelm": (lambda: tf.StableLmForCausalLM(_llama_like(tf.StableLmConfig)),
+                 ["self_attn.o_proj", "mlp.gate_proj", "mlp.down_proj"]),
+    "starcoder2": (lambda: tf.Starcoder2ForCausalLM(_llama_like(tf.Starcoder2Config)),
+                   ["self_attn.o_proj", "mlp.c_fc", "mlp.c_proj"]),
+    "falcon": (lambda: tf.FalconForCausalLM(tf.FalconConfig(hidden_size=H, num_hidden_layers=L, num_attention_heads=2,
+                                                            vocab_size=512, new_decoder_architecture=False)),
+               ["self_attention.dense", "mlp.dense_h_to_4h"]),
+    "gptj": (lambda: tf.GPTJForCausalLM(tf.GPTJConfig(n_embd=H, n_layer=L, n_head=2, vocab_size=512, rotary_dim=32,
+                                                      n_inner=I)),
+             ["attn.out_proj", "mlp.fc_in"]),
+    "phi": (lambda: tf.PhiForCausalLM(_llama_like(tf.PhiConfig)), ["self_attn.dense", "mlp.fc1"]),
     "phi3": (lambda: tf.Phi3ForCausalLM(tf.Phi3Config(hidden_size=H, num_hidden_layers=L, num_attention_heads=2,
                                                       num_key_value_heads=2, intermediate_size=I, vocab_size=512,
                                                       pad_token_id=0, bos_token_id=0, eos_token_id=0)),
