@@ -341,6 +341,17 @@ def gated_region(first: Candidate, gate: Candidate, next_id) -> Candidate | None
     return c
 
 
+def _beats_members(c: Candidate, members) -> bool:
+    """Whether a gated region fused only on a measurement's word (c) is the better bet than its two
+    members: none of them fuses on its own estimate, and c's low bound is below the members' best
+    case, the unfused path (c's) less what each member that may fuse saves at its own bound."""
+    if any(m.info.status == "fused" and not m.info.needs_measurement for m in members):
+        return False
+    best = c.info.unfused_us - sum(max(0.0, m.info.unfused_us - m.info.plan["low_us"]) for m in members
+                                   if m.info.status == "fused" and m.info.plan)
+    return c.info.plan["low_us"] < best
+
+
 def form_gated(cands: list, next_id) -> list:
     """The candidates with each gated region that pays in place of its two members: fused by
     partition.decide's rule (the gated kernel's estimate against the two GEMMs alone and the
@@ -359,10 +370,10 @@ def form_gated(cands: list, next_id) -> list:
         if c is None:
             continue
         # One that would fuse only on a measurement's word takes its members' place only where neither
-        # fuses on its own estimate (decode: both wait for a measurement too, or fall back): a refuted
-        # measurement then costs no fusion the members were sure of.
-        sure = any(m.info.status == "fused" and not m.info.needs_measurement for m in (first, gate))
-        if c.info.status != "fused" or (c.info.needs_measurement and sure):
+        # fuses on its own estimate and its bound beats theirs (the unfused path less what each member
+        # that may fuse could save at its own bound: decode's members wait for a measurement too),
+        # so that a refuted measurement costs no fusion the members were sure of or likelier to win.
+        if c.info.status != "fused" or (c.info.needs_measurement and not _beats_members(c, (first, gate))):
             log.info("comfuse: %s gated with %s: per-region path: %s", where(first.root), where(gate.root), c.info.reason)
             continue
         c.info.reason = f"gated with {where(gate.root)} (one GEMM over both weights): {c.info.reason}"

@@ -354,7 +354,9 @@ struct PlannerTunables {
   // gate_up at decode, 100.7 MB over 128 CTAs) 27.5 us against 40.2 estimated, 4.1 TB/s after the
   // launch (bench/sweeps/gated_split_k.txt). The estimate keeps the fitted rate (the ranking, as
   // above) and PlanEstimate::low_us takes the long-stream rate (decide_cluster.cpp), so that a
-  // frontend measures such a region instead of refusing it on the estimate.
+  // frontend measures such a region instead of refusing it on the estimate. Only for more of B
+  // than the fitted kernels streamed (and single CTAs: no cluster, as measured).
+  double one_wave_long_stream_min_bytes = 32.0 * (1 << 20);
   // Fewest k-blocks a split's mainloop takes (a shorter one is mostly ring fill). GUESS.
   int split_k_min_k_blocks = 4;
 };

@@ -65,6 +65,10 @@ void estimate_cluster(Candidate& c, const Request& r) {
   epi += chain.reductions * round;
   const double ml = double(k.n_tiles) * t_tile;
   double one_wave_saving = 0;  // what low_us takes off total_us (below)
+  // B of a one-wave grid of single CTAs (no multicast cluster) past the short kernels' fit.
+  const auto long_stream = [&](double b) {
+    return k.cluster_size() == 1 && b >= tun.one_wave_long_stream_min_bytes;
+  };
 
   const int resident_max = dev.resident(k.cluster_size());
   c.resident = static_cast<int>(std::min<int64_t>(resident_max, c.jobs));
@@ -90,7 +94,8 @@ void estimate_cluster(Candidate& c, const Request& r) {
     t_cluster = c.est.mainloop_us + epi + tun.one_wave_launch_us;
     // Single CTAs streaming tens of MB reach the DRAM's long-stream rate, not the short kernels'
     // one-wave rate (calibration.h, "one-wave long streams"): the bound a frontend measures against.
-    if (k.cluster_m <= 1) one_wave_saving = c.est.mainloop_us - std::max({ml, stream, b_all / dev.dram_bytes_per_s * 1e6});
+    if (long_stream(b_all))
+      one_wave_saving = c.est.mainloop_us - std::max({ml, stream, b_all / dev.dram_bytes_per_s * 1e6});
   } else if (c.tiles_m <= k.cluster_m) {
     // A few rounds of one row of clusters (small M): each cluster streams its own panels of B
     // from DRAM, so a full round lasts at least their bytes at DRAM's rate, and the last, partial
@@ -104,14 +109,19 @@ void estimate_cluster(Candidate& c, const Request& r) {
     const double tail =
         std::max({ml, stream, double(last) * b_job / tun.one_wave_dram(k.cluster_m, true) * 1e6});
     const double rounds = double(q - 1) * full + tail;
+    const double waves = t_cluster;
     if (rounds + epi + tun.one_wave_launch_us > t_cluster) {
       c.est.mainloop_us = rounds;
       t_cluster = rounds + epi + tun.one_wave_launch_us;
       // The last round's single CTAs at the DRAM's long-stream rate (calibration.h, one-wave long
-      // streams: a gated 1 x 14336 x 4096, 224 tiles over 132 SMs, measured 64.1 us against 73.3).
-      if (k.cluster_m <= 1)
-        one_wave_saving = rounds - (double(q - 1) * full +
-                                    std::max({ml, stream, double(last) * b_job / dev.dram_bytes_per_s * 1e6}));
+      // streams: a gated 1 x 14336 x 4096, 224 tiles over 132 SMs, measured 64.1 us against 73.3),
+      // not below the waves' compute-bound time this branch replaced.
+      if (long_stream(double(c.jobs) * b_job)) {
+        const double bound = double(q - 1) * full +
+                             std::max({ml, stream, double(last) * b_job / dev.dram_bytes_per_s * 1e6}) + epi +
+                             tun.one_wave_launch_us;
+        one_wave_saving = std::max(0.0, t_cluster - std::max(bound, waves));
+      }
     }
   }
   c.est.epilogue_us = t_cluster - c.est.mainloop_us;

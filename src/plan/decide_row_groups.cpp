@@ -7,6 +7,7 @@
 // or 128x128 with B multicast run at cuBLAS parity, bench/NOTES.md), so what decides is
 // the work division, which is exact arithmetic:
 //   jobs        = ceil(row blocks / cluster_m)        a job: cluster_m row blocks x all of N
+//                 (an elementwise split-K's: x ceil(N-tiles / G), one N-tile a CTA)
 //   groups      = min(jobs, clusters resident / G)    row groups running at once
 //   T           = ceil(N-tiles / G)                   N-tiles per CTA and job
 //   per CTA     = ceil(jobs / groups) jobs x T tiles of mainloop
@@ -39,8 +40,8 @@
 // A one-wave plan (each CTA one job) also pays the launch's fixed cost (calibration.h
 // one_wave_launch_us): at decode it is a fifth of the time.
 // An epilogue without reductions comes here for split-K (decide_elementwise.cpp): the same
-// division, the row group only spreading a row block's N-tiles over G CTAs (nothing to
-// exchange: no aggregation), and the split's gather before each tile's epilogue.
+// division with one N-tile a CTA, a job G of a row block's N-tiles (nothing to exchange: no
+// aggregation), and the split's gather before each tile's epilogue.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -271,7 +272,7 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
         if (ks > 1 && ceil_div64(jobs_per_cta, wgs) >= 65535) continue;
         // Rows off 128-byte lines slow the MACs' feed, measured where the MACs pace the CTA
         // (several jobs each); a one-wave division streaming B was not measured so.
-        const int tile_key = ts.tile_m * 1000 + ts.tile_n;
+        const int tile_key = ts.tile_m * 1000 + ts.tile_n * b_operands;  // the wgmma's columns
         const double unaligned_rows = rows_off_128_byte_lines(p) && jobs_per_cta > 1
                                           ? lookup(tun.unaligned_rows_efficiency, tile_key)
                                           : 1.0;
@@ -355,6 +356,9 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
                                                                 double(jobs_per_cta));
             d.idle_ctas = tiles_m < cm;
             d.launch_us = tun.one_wave_launch_us;
+            // What one SM pulls over its jobs (the tie-break below: one wave over several rounds).
+            d.stream_us = double(jobs_per_cta) * double(ts.tile_n) * b_operands * double(p.k) / ks * Sm90::kAbBytes /
+                          cm / tun.sm_stream_bytes_per_s * 1e6;
           }
           d.job_epilogue_us = double(n_tiles) * t_s2 * share + arithmetic + d.exchange_us;
         }
@@ -419,10 +423,10 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
                                   ? "PingPong tiles with B multicast along M run at cuBLAS parity"
                                   : "both warp groups on each 128x256 tile (64 rows each), its epilogue not hidden")
                 : fmt::format("elementwise epilogue over the row-group division (src/plan/decide_row_groups.cpp): "
-                              "{} {}x{}, clusters {}x1, a row block's N-tiles over {} CTAs ({} each): est {:.1f} us "
+                              "{} {}x{}, clusters {}x1, {} job(s) of up to {} N-tiles, one a CTA: est {:.1f} us "
                               "(mainloop {:.1f}, tail {:.1f}, gather {:.1f}; the tail's arithmetic is the reduction "
                               "epilogues' fit, not measured for elementwise ones)",
-                              c.k.schedule(), c.k.tile_m, c.k.tile_n, c.k.cluster_m, c.k.row_group, c.k.n_tiles, o.d.est_us,
+                              c.k.schedule(), c.k.tile_m, c.k.tile_n, c.k.cluster_m, c.jobs, c.k.row_group, o.d.est_us,
                               o.d.mainloop_us, o.d.tail_us, o.d.exchange_us);
     if (c.k.splits_in_cluster)
       c.why += fmt::format("; split-K in a cluster: the {} CTAs of one hardware cluster share each tile's K ({} k-blocks "
@@ -520,13 +524,15 @@ bool pair_hand_over(const OneRoundPairs& fused, int64_t m, const KernelConfig& k
   return fused.any() && k.pair_hand_over_possible() && pair_hand_over_rows(static_cast<int>(std::min<int64_t>(m, 32)));
 }
 
+// The measured rows (calibration.cpp) were measured with one job a row block: a row group that
+// holds all of its N-tiles. Where none can (more N-tiles than kMaxRowGroup), none is offered.
 std::optional<Candidate> measured_split_row(const Request& r, int tile_m, int tile_n, int cluster_m, int k_splits) {
   PlanOptions forced = r.opt;
   forced.k_splits = k_splits, forced.tile_m = tile_m, forced.tile_n = tile_n, forced.cluster_m = cluster_m;
   Rejections ignored;
-  std::vector<Candidate> rows = search_row_groups(Request{r.spec, r.p, r.dev, r.tun, forced, r.chain}, ignored);
-  if (rows.empty()) return std::nullopt;
-  return rows.front();
+  for (Candidate& c : search_row_groups(Request{r.spec, r.p, r.dev, r.tun, forced, r.chain}, ignored))
+    if (c.jobs == ceil_div64(c.tiles_m, c.k.cluster_m)) return c;
+  return std::nullopt;
 }
 
 // Unforced, one row block with long K (decode) takes the split measured fastest

@@ -188,7 +188,7 @@ std::string explain(const FusionSpec& s, const Plan& p) {
   if (b.split_gather > 0)
     row("split gather", b.split_gather,
         fmt::format("{} WGs x {} rows x {} fp32: the other splits' partial rows, summed by the owner's whole warp group",
-                    p.kernel.consumer_wgs, p.kernel.split_gather_rows, p.kernel.tile_n));
+                    p.kernel.consumer_wgs, p.kernel.split_gather_rows, p.kernel.mma_n()));
   row("barriers", b.barriers, "mbarriers: ring, reduction channel per WG and phase, PingPong order, store");
   row("total", b.total(), fmt::format("of {} ({} free)", fmt_bytes(p.smem_limit), fmt_bytes(p.smem_limit - b.total())));
 

@@ -453,6 +453,15 @@ TEST(Plan, ForcedSplitKOnAnElementwiseEpilogue) {
     EXPECT_NE(explain(s, p).find("split-K"), std::string::npos);
     EXPECT_EQ(make_plan(s, prob(m, 4096, 1024), full_device(), {}, {}).kernel.k_splits, 1);
   }
+  // More N-tiles than a row group holds (9000 columns: 71 tiles of 128): forced, the jobs walk N;
+  // unforced, the measured split rows (one job a row block) do not apply and the plan stays unsplit.
+  PlanOptions wide;
+  wide.k_splits = 2;
+  const Plan w = make_plan(s, prob(2, 9000, 2048), full_device(), {}, wide);
+  EXPECT_EQ(w.kernel.k_splits, 2);
+  EXPECT_GT(w.jobs, 1);
+  EXPECT_EQ(check(w.kernel), nullptr);
+  EXPECT_EQ(make_plan(s, prob(1, 8320, 8192), full_device(), {}, {}).kernel.k_splits, 1);
   PlanOptions bad;
   bad.k_splits = 4;
   bad.cluster_n = 2;

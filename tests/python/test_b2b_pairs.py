@@ -169,6 +169,26 @@ def test_gated_region_at_decode_waits_for_a_measurement():
     assert g.info.plan["low_us"] < g.info.unfused_us < g.info.fused_us
 
 
+def test_gated_region_on_a_measurement_only_where_its_bound_beats_the_members():
+    """pair._beats_members: a gated region fused only on a measurement's word replaces its members
+    where none fuses on its own estimate and its bound is below theirs (the unfused path less what
+    each member that may fuse saves at its own bound); else the members keep their chance."""
+    from types import SimpleNamespace as NS
+
+    from comfuse.pair import _beats_members
+
+    def cand(status, low=None, unfused=None, needs=False):
+        return NS(info=NS(status=status, needs_measurement=needs, unfused_us=unfused,
+                          plan={"low_us": low} if low is not None else None))
+
+    gated = cand("fused", low=61.6, unfused=67.8, needs=True)
+    bare = cand("fallback")
+    assert _beats_members(gated, (cand("fused", low=32.5, unfused=35.4, needs=True), bare))  # 61.6 < 64.9
+    assert not _beats_members(gated, (cand("fused", low=25.0, unfused=35.4, needs=True), bare))  # 61.6 > 57.4
+    assert not _beats_members(gated, (cand("fused", low=30.0, unfused=35.4), bare))  # a member fuses for sure
+    assert _beats_members(gated, (bare, bare))
+
+
 def test_auto_follows_choose_b2b_two_kernels():
     comfuse.config.b2b = "auto"
     cap = capture(module(M.GPT2MLP(768, 3072)), randn(8, 256, 768))
