@@ -350,9 +350,9 @@ struct PlannerTunables {
   double one_wave_split_overestimate = 1.76;
   // One-wave long streams: one wave of single CTAs whose B runs to tens of MB streams at the
   // DRAM's long-stream rate (DeviceModel::dram_bytes_per_s), not at one_wave_dram_bytes_per_s,
-  // which was fitted on kernels of a few microseconds (8-16 MiB): MEASURED, the gated GEMM 1 x 8192 x 3072 (Phi-3-mini's
-  // gate_up at decode, 100.7 MB over 128 CTAs) 27.5 us against 40.2 estimated, 4.1 TB/s after the
-  // launch (bench/sweeps/gated_split_k.txt). The estimate keeps the fitted rate (the ranking, as
+  // which was fitted on kernels of a few microseconds (8-16 MiB): MEASURED, the gated GEMM
+  // 1 x 8192 x 3072 (Phi-3-mini's gate_up at decode, 100.7 MB over 128 CTAs) 27.5 us against 40.2
+  // estimated, 4.1 TB/s after the launch (bench/sweeps/gated_split_k.txt). The estimate keeps the fitted rate (the ranking, as
   // above) and PlanEstimate::low_us takes the long-stream rate (decide_cluster.cpp), so that a
   // frontend measures such a region instead of refusing it on the estimate. Only for more of B
   // than the fitted kernels streamed (and single CTAs: no cluster, as measured).
