@@ -103,7 +103,7 @@ def _scores(n: fx.Node, seen: list[fx.Node]) -> tuple[fx.Node | None, float, fx.
     mask = None
     scale = 1.0
     x = _through(n, _CASTS, seen)
-    if x.op == "call_function" and x.target == aten.add.Tensor and _single_user(x) and not x.kwargs.get("alpha", 1) != 1:
+    if x.op == "call_function" and x.target == aten.add.Tensor and _single_user(x) and x.kwargs.get("alpha", 1) == 1:
         a, b = x.args[:2]
         scored = [y for y in (a, b) if _leads_to_bmm(y)]
         if len(scored) != 1 or not all(isinstance(y, fx.Node) for y in (a, b)):

@@ -320,6 +320,9 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
         // mainloop's warp group beside them (calibration.h row_group_cooperative_epilogue_share).
         const double share = ts.wgs > 1 ? tun.row_group_cooperative_epilogue_share : 1.0;
         const double arithmetic = share * (epilogue_arithmetic_us(chain, tun, dev, ts, n_tiles) + d.tile_inputs_us);
+        // A CTA's share of B a job (a multicast cluster shares it), and all of B.
+        const double b_cta = double(ts.tile_n) * b_operands * double(p.k) / ks * Sm90::kAbBytes / cm;
+        const double b_all = double(p.n) * b_operands * double(p.k) * Sm90::kAbBytes;
         if (jobs_per_cta == 1) {  // one consumer alone: nothing overlaps its epilogue
           // One wave (decode, small M): B streams from DRAM once, and what bounds the mainloop
           // is whichever is slower of a CTA's tiles of MACs, the bytes of B one SM pulls in
@@ -335,8 +338,6 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
           // at the shared rate, RMSNorm 256 x 4096 x 4096 moved to 64x256 split-K 2 (25.5 us
           // against 20.7) and RMSNorm 128 x 16384 x 4096 to two 64x256 N-tiles a CTA (60.9
           // against 56.7), both slower (bench/sweeps/row_groups_shared_b.txt).
-          const double b_cta = double(ts.tile_n) * b_operands * double(p.k) / ks * Sm90::kAbBytes / cm;
-          const double b_all = double(p.n) * b_operands * double(p.k) * Sm90::kAbBytes;
           const bool shares_b =
               tiles_m >= cm && (chain.reductions == 0 || (ts.tile_m == 64 && ts.tile_n <= 128 && n_tiles == 1));
           const double dram = tun.one_wave_dram(cm, shares_b);
@@ -351,14 +352,12 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
           // group holds) is still one launch over all of B: B from DRAM once, at the one-wave grid's
           // rate, its jobs sharing that time, and the launch's fixed cost, as the one-wave branch.
           if (chain.reductions == 0) {
-            d.job_mainloop_us = std::max(d.job_mainloop_us, double(p.n) * b_operands * double(p.k) * Sm90::kAbBytes /
-                                                                tun.one_wave_dram(cm, tiles_m >= cm) * 1e6 /
-                                                                double(jobs_per_cta));
+            d.job_mainloop_us = std::max(d.job_mainloop_us,
+                                         b_all / tun.one_wave_dram(cm, tiles_m >= cm) * 1e6 / double(jobs_per_cta));
             d.idle_ctas = tiles_m < cm;
             d.launch_us = tun.one_wave_launch_us;
             // What one SM pulls over its jobs (the tie-break below: one wave over several rounds).
-            d.stream_us = double(jobs_per_cta) * double(ts.tile_n) * b_operands * double(p.k) / ks * Sm90::kAbBytes /
-                          cm / tun.sm_stream_bytes_per_s * 1e6;
+            d.stream_us = double(jobs_per_cta) * b_cta / tun.sm_stream_bytes_per_s * 1e6;
           }
           d.job_epilogue_us = double(n_tiles) * t_s2 * share + arithmetic + d.exchange_us;
         }
