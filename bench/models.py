@@ -1,5 +1,5 @@
 """Real models end to end: GPT-2, a Llama-style decoder (and Phi-3-mini's widths, `--arch phi3`:
-its stacked gate_up_proj) from `transformers` configs with
+its stacked gate_up_proj; Qwen3-8B's, `--arch qwen3`: its per-head q/k norms) from `transformers` configs with
 random weights (bf16, nothing downloaded), checked against eager, then timed on the GPU:
 
     eager | torch.compile (Inductor default) | torch.compile max-autotune | backend="comfuse"
@@ -14,7 +14,7 @@ before capture (a first call), as any kernel that a CUDA graph captures.
 Per fused region, the kernel is timed against the same region unfused (its aten ops under
 Inductor, and eager), on the tensors the model gave it.
 
-    python bench/models.py [--out DIR] [--quick] [--layers N] [--arch gpt2,llama,phi3] [--cases prefill,decode1]
+    python bench/models.py [--out DIR] [--quick] [--layers N] [--arch gpt2,llama,phi3,qwen3] [--cases prefill,decode1]
 writes DIR/RESULTS.md, DIR/results.json, DIR/speedups.png and prints every fusion report.
 """
 from __future__ import annotations
@@ -60,10 +60,21 @@ def config_of(arch: str, layers: int, small: bool):
         return tf.Phi3Config(num_hidden_layers=layers, hidden_size=3072, intermediate_size=8192,
                              num_attention_heads=32, num_key_value_heads=32, vocab_size=32064,
                              max_position_embeddings=4096, pad_token_id=0)
+    if arch == "qwen3":
+        if small:
+            return tf.Qwen3Config(num_hidden_layers=layers, hidden_size=256, intermediate_size=688,
+                                  num_attention_heads=4, num_key_value_heads=2, head_dim=64, vocab_size=1024,
+                                  max_position_embeddings=2048, bos_token_id=0, eos_token_id=0)
+        # Qwen3-8B's widths (4096, GQA 32/8 of head_dim 128 with an RMSNorm on each head of q and
+        # k, SwiGLU 12288), a few layers.
+        return tf.Qwen3Config(num_hidden_layers=layers, hidden_size=4096, intermediate_size=12288,
+                              num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=32000,
+                              max_position_embeddings=4096, rope_theta=1000000.0)
     raise ValueError(arch)
 
 
-_MODELS = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "phi3": "Phi3ForCausalLM"}
+_MODELS = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "phi3": "Phi3ForCausalLM",
+           "qwen3": "Qwen3ForCausalLM"}
 
 
 def build(arch: str, layers: int = 2, batch: int = 2, seq: int = 128, device="cuda", small: bool = False, seed: int = 0):

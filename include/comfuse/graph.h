@@ -60,6 +60,12 @@ struct Node {
   BinaryOp binary = BinaryOp::Add;
   ReduceOp reduce = ReduceOp::Sum;
   int reduce_dim = -1;  // -1 or rank-1: last dim (fusable); otherwise another dim
+  // Segments of the last dim (per-head norms: Qwen 3's and Gemma 3's q/k norms over each head's
+  // columns). A Reduce with segment S > 0 reduces each run of S consecutive columns of the last
+  // dim and keeps its operand's shape: every column holds its run's statistic. Any other node
+  // carries the segment of the segmented reductions it is computed from (0: none), so a row
+  // vector of S elements broadcasts against it periodically (column j reads element j mod S).
+  int64_t segment = 0;
   double value = 0.0;   // Constant
   BLayout b_layout = BLayout::NK;
   SourceLoc loc;        // where the text format defined it, if it did
@@ -101,16 +107,19 @@ class Graph {
   Value binary(BinaryOp op, Value a, Value b);
   Value binary(BinaryOp op, Value a, double b) { return binary(op, a, constant(b)); }
   Value cast(Value x, DType to);
-  Value reduce(ReduceOp op, Value x, int dim = -1);
+  // `segment` > 0: over each run of that many columns of the last dim (Node::segment).
+  Value reduce(ReduceOp op, Value x, int dim = -1, int64_t segment = 0);
   Value transpose(Value x);
   // The causal mask of attention scores (ops.h, CausalMaskOp): -inf where the column (key) lies
   // past the row (query). `x` must be a tile [M, N] of a matmul's output or computed from one
   // (e.g. matmul(q, k) * scale): the mask reads the element's row and column in that output.
   Value causal_mask(Value x);
 
-  // Composites (expanded into primitives). gamma/beta may be absent (id -1).
-  Value layer_norm(Value x, Value gamma, Value beta, double eps = 1e-5);
-  Value rms_norm(Value x, Value gamma, double eps = 1e-6);
+  // Composites (expanded into primitives). gamma/beta may be absent (id -1). `segment` > 0
+  // normalizes each run of that many columns (a per-head norm; gamma/beta then have `segment`
+  // elements, shared by every run).
+  Value layer_norm(Value x, Value gamma, Value beta, double eps = 1e-5, int64_t segment = 0);
+  Value rms_norm(Value x, Value gamma, double eps = 1e-6, int64_t segment = 0);
   Value softmax(Value x);
   Value log_softmax(Value x);
   Value l2_normalize(Value x, double eps = 1e-12);
@@ -133,6 +142,8 @@ class Graph {
   Value add_node(Node n);
   std::string fresh_name(const std::string& stem);
   Shape broadcast_shapes(const Shape& a, const Shape& b, std::string_view what) const;
+  // The segment a node computed from a and b carries (Node::segment); throws where they differ.
+  int64_t joint_segment(const Node& a, const Node& b, std::string_view what) const;
 
   std::vector<Node> nodes_;
   std::unordered_map<std::string, int> by_name_;  // keeps find() O(1): parsers call it per statement

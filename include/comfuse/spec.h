@@ -105,6 +105,12 @@ struct FusionSpec {
   // Unset (Dim{}, printed as nothing) when not batched.
   Dim batch;
   bool batched() const { return !batch.sym.empty() || batch.size >= 0; }
+  // Per-segment reductions (graph.h Node::segment: per-head norms): every Reduction of the spec
+  // spans each run of `segment` columns instead of the whole row, so its statistic (a Col value)
+  // is one per row of a segment; 0: whole rows. The kernel takes tiles of `segment` columns
+  // (KernelConfig::row_segment), which finish their rows alone. A RowVector argument of
+  // `segment` elements is then read periodically (periodic_row).
+  int64_t segment = 0;
   // A gated GEMM: an OperandGate argument (B3) beside OperandB sharing A (KernelConfig::gated).
   bool gated() const { return arg_index(ArgRole::OperandGate) >= 0; }
   std::vector<RuntimeArg> args;  // A
@@ -134,6 +140,10 @@ struct FusionSpec {
   // root node whose staging it borrows. The planner's SMEM model and Ψ both follow it.
   std::map<std::pair<const Spec*, int>, int> staging_borrows() const;
 };
+
+// Whether argument `a` is a row vector of the spec's segment length read periodically along N
+// (column j reads element j mod segment), not one value per column.
+bool periodic_row(const FusionSpec& s, const RuntimeArg& a);
 
 // Whether reduction `i` of `stage` and its PostStage's reduction form a pair whose statistics
 // merge exactly from per-CTA partials, so the device exchanges both in ONE round

@@ -159,6 +159,9 @@ struct KernelConfig {
   // (Plan::fused_pairs) and a run may hold a job of 9 to 32 rows (pair_hand_over_rows): the L2
   // exchange then hands such a job's pair rounds between warps in SMEM (l2_exchange_smem_bytes).
   bool pair_hand_over = false;
+  // Columns each row reduction spans (FusionSpec::segment: per-head norms): 0 the whole row;
+  // else one tile's (tile_n == row_segment), which its CTA finishes alone: no exchange.
+  int row_segment = 0;
 
   COMFUSE_HOST_DEVICE constexpr int epi_rows() const { return tile_m / wgs_per_tile; }  // one WG's rows
   // Threads a CTA launches with, and the setmaxnreg split of its registers between the producer
@@ -185,7 +188,9 @@ struct KernelConfig {
   COMFUSE_HOST_DEVICE constexpr int hw_cluster_x() const { return splits_in_cluster ? k_splits : cluster_m; }
   COMFUSE_HOST_DEVICE constexpr int hw_cluster_size() const { return hw_cluster_x() * cluster_n; }
   COMFUSE_HOST_DEVICE constexpr int row_peers() const { return cluster_n * row_group; }  // CTAs sharing a row
-  COMFUSE_HOST_DEVICE constexpr bool cross_cta_reduction() const { return row_reduction && row_peers() > 1; }
+  COMFUSE_HOST_DEVICE constexpr bool cross_cta_reduction() const {
+    return row_reduction && row_segment == 0 && row_peers() > 1;
+  }
   // A slices of the multicast along N (each >= 8 rows: one swizzle atom), B slices along M.
   COMFUSE_HOST_DEVICE constexpr int a_slices() const { return cluster_n < tile_m / 8 ? cluster_n : tile_m / 8; }
   // Rows of A's TMA box: a short box (a_box_rows), else one multicast slice (the whole tile).
@@ -392,7 +397,9 @@ COMFUSE_HOST_DEVICE constexpr char const* check(KernelConfig const& c) {
     return "tile inputs in the ring: no split-K (only a tile's owner would read them)";
   if (c.ring_input_bytes % c.ring_box_bytes() != 0 || c.ring_input_bytes / c.ring_box_bytes() > c.ring_slot_boxes())
     return "tile inputs in the ring: whole TMA boxes, no more than one ring slot holds";
-  if (c.row_group > 1 && c.row_reduction && c.aggregation != Aggregation::L2Exchange)
+  if (c.row_segment != 0 && (!c.row_reduction || c.row_segment != c.tile_n || c.n_tiles != 1))
+    return "per-segment reductions: tiles of one segment's columns (tile_n == row_segment), one N-tile a job";
+  if (c.row_group > 1 && c.cross_cta_reduction() && c.aggregation != Aggregation::L2Exchange)
     return "a row group of clusters exchanges through L2 (aggregation L2Exchange)";
   if (c.aggregation == Aggregation::L2Exchange && c.cluster_n != 1)
     return "the L2 exchange joins clusters of 1 along N (the row's CTAs are the row group)";

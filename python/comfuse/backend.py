@@ -211,7 +211,7 @@ def _runtime(c) -> tuple[RuntimeRegion, list[fx.Node], list[fx.Node]]:
         if i not in known:
             (ext_t if isinstance(val(i), torch.Tensor) else ext_s).append(i)
     # The region's aten ops as their own GraphModule: the fake implementation and the fallback.
-    sub = region_module(nodes, tr.outputs, ext_t + ext_s)
+    sub = region_module(nodes, tr.outputs, ext_t + ext_s, tr.output_perms)
     info = c.info
     if isinstance(c, PairCandidate):
         rr = RuntimePair(info, c.lowering, tr, sub, c.dims)
@@ -237,12 +237,24 @@ def _replace(gm: fx.GraphModule, c, rr: RuntimeRegion, ext_t: list[fx.Node], ext
     graph = gm.graph
     with graph.inserting_after(last):
         call = graph.call_function(torch.ops.comfuse.fused.default, (info.id, ext_t, ext_s))
-    call.meta["val"] = [o.meta.get("val") for o in tr.outputs]
+    # A transposed output (translate.Translator.output_perms) leaves the op as the kernel stores it,
+    # packed rows before the transpose, and is transposed back after it.
+    perms = tr.output_perms
+    stored = [o.meta.get("val") if p is None else o.meta["val"].transpose(*p).contiguous()
+              for o, p in zip(tr.outputs, perms)]
+    call.meta["val"] = stored
     prev = call
-    for k, o in enumerate(tr.outputs):
+    for k, (o, p) in enumerate(zip(tr.outputs, perms)):
         with graph.inserting_after(prev):
             gi = graph.call_function(operator.getitem, (call, k))
         gi.meta = {kk: v for kk, v in o.meta.items() if kk in ("val", "tensor_meta", "stack_trace", "nn_module_stack")}
+        if p is not None:
+            gi.meta["val"] = stored[k]
+            gi.meta.pop("tensor_meta", None)
+            with graph.inserting_after(gi):
+                t = graph.call_function(torch.ops.aten.transpose.int, (gi, *p))
+            t.meta = {**gi.meta, "val": stored[k].transpose(*p)}
+            gi = t
         o.replace_all_uses_with(gi, delete_user_cb=lambda u: u not in inset)
         subst[o] = gi
         prev = gi

@@ -7,6 +7,8 @@ reason, so the region ends before the node.
     leaky_relu(x, s)                max(x, s x) for s <= 1, else min(x, s x)
     hardsigmoid / hardswish         clamp(x / 6 + 1/2, 0, 1) (times x)
     var / std / var_mean            mean((x - mean x)^2) * N / (N - correction) over the last dim
+                                    (or each run of N columns of a tile split into heads: the
+                                    reductions below take the tile's segments, translate.py)
     linalg_vector_norm (F.normalize) sum |x| (ord 1), sqrt(sum x^2) (ord 2), max |x| (ord inf; as
                                     the graph's max reduction (amax too), it passes over a NaN where
                                     torch returns NaN)
@@ -26,6 +28,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.fx as fx
 
+from . import segments as _segments
 from .translate import TV, Unsupported
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -53,7 +56,7 @@ def _clamped(tr: "Translator", node: fx.Node, x: "TV", lo: float | None, hi: flo
         y = g.binary("max", y, g.constant(lo))
     if hi is not None:
         y = g.binary("min", y, g.constant(hi))
-    return tr._check_class(node, TV(y, x.cls))
+    return tr._check_class(node, x.to(y))
 
 
 def clamp(tr: "Translator", node: fx.Node) -> "TV":
@@ -76,7 +79,7 @@ def leaky_relu(tr: "Translator", node: fx.Node) -> "TV":
         y = g.binary("max", x.id, g.binary("mul", g.binary("min", x.id, g.constant(0.0)), g.constant(s)))
     else:
         y = g.binary("min", x.id, g.binary("mul", x.id, g.constant(s)))
-    return tr._check_class(node, TV(y, x.cls))
+    return tr._check_class(node, x.to(y))
 
 
 def _hardsigmoid(tr: "Translator", node: fx.Node, x: "TV") -> int:
@@ -87,73 +90,76 @@ def _hardsigmoid(tr: "Translator", node: fx.Node, x: "TV") -> int:
 
 def hardsigmoid(tr: "Translator", node: fx.Node) -> "TV":
     x = tr.operand(node.args[0], node)
-    return tr._check_class(node, TV(_hardsigmoid(tr, node, x), x.cls))
+    return tr._check_class(node, x.to(_hardsigmoid(tr, node, x)))
 
 
 def hardswish(tr: "Translator", node: fx.Node) -> "TV":
     x = tr.operand(node.args[0], node)
-    return tr._check_class(node, TV(tr.g.binary("mul", x.id, _hardsigmoid(tr, node, x)), x.cls))
+    return tr._check_class(node, x.to(tr.g.binary("mul", x.id, _hardsigmoid(tr, node, x))))
 
 
-def _moments(tr: "Translator", node: fx.Node) -> tuple[int, int]:
-    """(var, mean) over the last dim as var.correction / var_mean.correction define them."""
+def _moments(tr: "Translator", node: fx.Node) -> tuple[int, int, "TV"]:
+    """(var, mean, x) over x's last dim (whole rows, or each run of its segment's columns) as
+    var.correction / var_mean.correction define them."""
     x = tr.operand(node.args[0], node)
-    tr._last_dim(node, x, _arg(node, 1, "dim", None))
+    seg = tr._last_dim(node, x, _arg(node, 1, "dim", None))
     correction = node.kwargs.get("correction", 1)
     correction = 1.0 if correction is None else _number(node, correction, "correction")
-    n = tr.gemm.n
+    n = seg or tr.gemm.n
     if n - correction <= 0:
         raise Unsupported(node, f"variance with correction {correction} over {n} columns divides by zero or less")
     g = tr.g
-    mean = g.reduce("mean", x.id, -1)
+    mean = g.reduce("mean", x.id, -1, seg)
     centered = g.binary("sub", x.id, mean)
-    var = g.reduce("mean", g.unary("square", centered), -1)
+    var = g.reduce("mean", g.unary("square", centered), -1, seg)
     if correction:
         var = g.binary("mul", var, g.constant(n / (n - correction)))
-    return var, mean
+    return var, mean, x
 
 
 def var(tr: "Translator", node: fx.Node) -> "TV":
-    return TV(_moments(tr, node)[0], "col")
+    v, _, x = _moments(tr, node)
+    return _segments.stat(tr, node, x, v)
 
 
 def std(tr: "Translator", node: fx.Node) -> "TV":
-    return TV(tr.g.unary("sqrt", _moments(tr, node)[0]), "col")
+    v, _, x = _moments(tr, node)
+    return _segments.stat(tr, node, x, tr.g.unary("sqrt", v))
 
 
 def var_mean(tr: "Translator", node: fx.Node) -> tuple:
-    v, m = _moments(tr, node)
-    return (TV(v, "col"), TV(m, "col"))
+    v, m, x = _moments(tr, node)
+    return (_segments.stat(tr, node, x, v), _segments.stat(tr, node, x, m))
 
 
 def vector_norm(tr: "Translator", node: fx.Node) -> "TV":
     x = tr.operand(node.args[0], node)
     order = _number(node, _arg(node, 1, "ord", 2), "ord")
-    tr._last_dim(node, x, _arg(node, 2, "dim", None))
+    seg = tr._last_dim(node, x, _arg(node, 2, "dim", None))
     if _arg(node, 4, "dtype", None) not in (None, torch.float32):
         raise Unsupported(node, f"linalg_vector_norm with dtype={_arg(node, 4, 'dtype', None)}")
     g = tr.g
     if order == 2.0:
-        y = g.unary("sqrt", g.reduce("sum", g.unary("square", x.id), -1))
+        y = g.unary("sqrt", g.reduce("sum", g.unary("square", x.id), -1, seg))
     elif order == 1.0:
-        y = g.reduce("sum", g.unary("abs", x.id), -1)
+        y = g.reduce("sum", g.unary("abs", x.id), -1, seg)
     elif order == math.inf:
-        y = g.reduce("max", g.unary("abs", x.id), -1)
+        y = g.reduce("max", g.unary("abs", x.id), -1, seg)
     else:
         raise Unsupported(node, f"linalg_vector_norm of order {order} (the kernel takes 1, 2 and inf)")
-    return TV(y, "col")
+    return _segments.stat(tr, node, x, y)
 
 
 def logsumexp(tr: "Translator", node: fx.Node) -> "TV":
     x = tr.operand(node.args[0], node)
-    tr._last_dim(node, x, _arg(node, 1, "dim", None))
+    seg = tr._last_dim(node, x, _arg(node, 1, "dim", None))
     g = tr.g
     # The row max clamped to the finite range, as torch zeroes an infinite one: a row of -inf
     # gives -inf and a row holding +inf gives +inf, not inf - inf = NaN.
-    m = g.reduce("max", x.id, -1)
+    m = g.reduce("max", x.id, -1, seg)
     m = g.binary("min", g.binary("max", m, g.constant(-_F32_MAX)), g.constant(_F32_MAX))
-    s = g.reduce("sum", g.unary("exp", g.binary("sub", x.id, m)), -1)
-    return TV(g.binary("add", m, g.unary("log", s)), "col")
+    s = g.reduce("sum", g.unary("exp", g.binary("sub", x.id, m)), -1, seg)
+    return _segments.stat(tr, node, x, g.binary("add", m, g.unary("log", s)))
 
 
 def softplus(tr: "Translator", node: fx.Node) -> "TV":
@@ -168,13 +174,13 @@ def softplus(tr: "Translator", node: fx.Node) -> "TV":
     y = g.unary("softplus", y)
     if beta != 1.0:
         y = g.binary("mul", y, g.constant(1.0 / beta))
-    return tr._check_class(node, TV(y, x.cls))
+    return tr._check_class(node, x.to(y))
 
 
 def mish(tr: "Translator", node: fx.Node) -> "TV":
     x = tr.operand(node.args[0], node)
     g = tr.g
-    return tr._check_class(node, TV(g.binary("mul", x.id, g.unary("tanh", g.unary("softplus", x.id))), x.cls))
+    return tr._check_class(node, x.to(g.binary("mul", x.id, g.unary("tanh", g.unary("softplus", x.id)))))
 
 
 def elu(tr: "Translator", node: fx.Node) -> "TV":
@@ -197,7 +203,7 @@ def log_sigmoid(tr: "Translator", node: fx.Node) -> tuple:
     x = tr.operand(node.args[0], node)
     g = tr.g
     y = g.unary("neg", g.unary("softplus", g.unary("neg", x.id)))
-    return (tr._check_class(node, TV(y, x.cls)), None)
+    return (tr._check_class(node, x.to(y)), None)
 
 
 def _elu(tr: "Translator", node: fx.Node, alpha: float, scale: float, input_scale: float) -> "TV":
@@ -212,7 +218,7 @@ def _elu(tr: "Translator", node: fx.Node, alpha: float, scale: float, input_scal
     y = g.binary("add", g.binary("max", x.id, g.constant(0.0)), tail)
     if scale != 1.0:
         y = g.binary("mul", y, g.constant(scale))
-    return tr._check_class(node, TV(y, x.cls))
+    return tr._check_class(node, x.to(y))
 
 
 COMPOSITES = {

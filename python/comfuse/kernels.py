@@ -156,7 +156,7 @@ class RuntimeRegion:
                  cols: list[tuple[int, int] | None] | None = None):
         self.info = info
         self.region = region              # _core.Region: its Fusion Spec
-        self.roles = roles                # per kernel input: a, b (b3: a gated region's second), row, col, tile
+        self.roles = roles                # per kernel input: a, b (b3: a gated region's second), row, col, tile, vec
         self.names = names                # their ComFuse graph names
         self.cols = cols or [None] * len(roles)  # the block of its tensor's last dim an input reads (translate.py)
         self.out_names = out_names
@@ -334,11 +334,11 @@ class RuntimeRegion:
                 args[name] = (x.data_ptr(), dt, [n], 0)
                 views[name] = x.reshape(n)
                 continue
-            elif role == "col":
+            elif role in ("col", "vec"):  # vec: one segment's length, read periodically (segments.py)
                 x = t.reshape(-1).contiguous()
                 if x.data_ptr() % 16:
                     x = x.clone()
-                args[name] = (x.data_ptr(), dt, [m], 0)
+                args[name] = (x.data_ptr(), dt, [m if role == "col" else x.numel()], 0)
                 views[name] = x
                 continue
             else:  # tile

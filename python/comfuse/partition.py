@@ -345,10 +345,12 @@ def external_inputs(nodes: list[fx.Node]) -> list[fx.Node]:
     return list(ext)
 
 
-def region_module(nodes: list[fx.Node], outputs: list[fx.Node], inputs: list[fx.Node]) -> fx.GraphModule:
+def region_module(nodes: list[fx.Node], outputs: list[fx.Node], inputs: list[fx.Node],
+                  perms: list | None = None) -> fx.GraphModule:
     """A region's aten ops as a GraphModule of their own: one placeholder per external input (in
     the order of `inputs`, named after it and carrying its meta), a copy of every node, and the
-    outputs as a tuple."""
+    outputs as a tuple; an output with a perm (translate.Translator.output_perms: a transposed
+    tile) transposed back, as the kernel stores it."""
     g = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
     for k, i in enumerate(inputs):
@@ -363,7 +365,9 @@ def region_module(nodes: list[fx.Node], outputs: list[fx.Node], inputs: list[fx.
         # the device, the module also runs on meta tensors (RuntimeRegion.out_shapes).
         if n.target == aten._to_copy.default and n.kwargs.get("device") is not None and cast_change(n) is None:
             c.kwargs = {k: v for k, v in n.kwargs.items() if k != "device"}
-    g.output(tuple(env[o] for o in outputs))
+    outs = [env[o] if p is None else g.call_function(aten.transpose.int, (env[o], *p))
+            for o, p in zip(outputs, perms or [None] * len(outputs))]
+    g.output(tuple(outs))
     return fx.GraphModule(torch.nn.Module(), g)
 
 

@@ -44,6 +44,8 @@ def kernel_inputs(c, values: dict[str, torch.Tensor]) -> tuple[dict, dict]:
                 t = t.t()
         elif role == "row":
             t = t.reshape(g.n)
+        elif role == "vec":  # one segment's length, read periodically (segments.py)
+            t = t.reshape(-1)
         elif role == "col":
             t = t.reshape(m, 1)
         elif role == "scalar":
@@ -108,7 +110,7 @@ def eager_fp64(c, values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The region's aten ops in torch float64 (CPU), rounding at casts and outputs."""
     tr = c.translator
     ext = external_inputs(c.nodes)
-    gm = region_module(c.nodes, tr.outputs, ext)
+    gm = region_module(c.nodes, tr.outputs, ext, tr.output_perms)
     args = []
     for i in ext:
         v = values[i.name]

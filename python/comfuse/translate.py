@@ -13,6 +13,10 @@ translate to nothing. Operands from outside the region become ComFuse graph inpu
 their FX node: [N] -> a row vector, [M, 1] -> a column, [M, N] -> a tile input (a residual;
 Φ decides whether it fuses, and says why not). Every FX op the translator does not know, or a
 shape it cannot classify, raises Unsupported with the reason; the region then ends before it.
+
+A tile viewed as [..., H, D] (heads: Qwen 3's and Gemma 3's per-head q/k norms) stays the tile,
+over segments of D columns (its last dim's runs; not a B2B pair's two segments below): segments.py
+says how reductions, operands, transposes and outputs over it translate.
 """
 from __future__ import annotations
 
@@ -108,11 +112,13 @@ REDUCE = {
     aten.amin.default: "min",
 }
 # Views and copies that do not change values; they keep a region value's row layout or the
-# translation refuses them (a transpose or split of a tile leaves the region).
+# translation refuses them (a split of the tile leaves the region, but for a split of its last dim
+# into heads, and a transpose of those heads: segments.py).
 VIEWS = {
     aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.clone.default,
     aten.alias.default, aten.detach.default, aten.contiguous.default, aten.unsqueeze.default,
     aten.squeeze.dim, aten.squeeze.dims, aten.expand.default,
+    aten.transpose.int,  # of two dims before the last of a tile split into runs of columns only
 }
 CASTS = {aten._to_copy.default, prims.convert_element_type.default}
 GEMMS = {aten.mm.default, aten.addmm.default, aten.bmm.default}
@@ -153,7 +159,18 @@ def is_gemm(node: fx.Node) -> bool:
 class TV:
     """A translated value: a ComFuse node id and its shape class."""
     id: int
-    cls: str  # tile | col | row | scalar
+    cls: str  # tile | col | row | scalar, and over segments of the last dim stat | vec (segments.py)
+    seg: int = 0  # D where the torch value splits N into runs of D: [..., H, D] (tile), [..., H, 1] (stat), [D] (vec)
+    # Computed from a segmented reduction: the graph's node carries its segment (graph.h Node::segment),
+    # so a vec broadcasts against it.
+    per_seg: bool = False
+    # A tile or stat over segments that a transpose of two dims before the last left permuted:
+    # those dims (negative), swapped against the [..., H, D] layout the graph's value has.
+    perm: tuple[int, int] | None = None
+
+    def to(self, id: int) -> "TV":
+        """A value of this one's class and layout: what an elementwise op of it computes."""
+        return TV(id, self.cls, self.seg, self.per_seg, self.perm)
 
 
 @dataclass
@@ -334,6 +351,8 @@ class Translator:
             self.gemm.n = halves.n
         else:
             self.halves = None
+        self.segment = 0  # D where a view split the tile into runs of D columns (segments.py)
+        self.reductions: set[int] = set()  # the segment lengths this region reduces over (0: whole rows)
         if parent is None:
             self.g = _core.Graph()
             self.env: dict[fx.Node, object] = {}
@@ -350,6 +369,10 @@ class Translator:
             self.output_names: list[str] = []
             self.fx_name: dict[str, str] = {}
             self.output_classes: list[str] = []  # tile or col, per output
+            # Per output, the dims a transpose swapped (TV.perm) or None: the kernel stores the tile
+            # in the layout before it, and the transpose is replayed on the custom op's output
+            # (partition.region_module, backend._replace).
+            self.output_perms: list[tuple[int, int] | None] = []
             # Region nodes used outside that are views of an output's value (`origin`): not
             # stored again; the views (chain: origin's user first, the node last) are replayed on
             # the kernel's output (backend._replace).
@@ -358,7 +381,7 @@ class Translator:
         else:  # a pair's second segment: one graph, one list of inputs and outputs
             for k in ("g", "env", "cf_of", "inputs", "input_names", "input_roles", "input_shapes",
                       "input_transposed", "input_cols", "outputs", "output_names", "fx_name", "output_classes", "aliases",
-                      "broadcasts"):
+                      "broadcasts", "output_perms"):
                 setattr(self, k, getattr(parent, k))
 
     # -- classification --------------------------------------------------------------
@@ -416,9 +439,12 @@ class Translator:
             raise Unsupported(user, f"operand '{x.name}' is a symbolic scalar (only Python numbers become kernel literals)")
         if x in self.descendants:
             raise Unsupported(user, f"operand '{x.name}' is computed from this GEMM's output outside the region")
+        seg = _segments.operand_class(self, x, user, v)  # a vec, a tile [..., H, D], or None
+        if seg == "vec":
+            return self.leaf_ids[x]
         # A 1-D operand broadcasts along the last dim: a row even where M is 1 (the graph Dynamo
         # specializes to M = 1 must build the same kernel as the dynamic graph, not a tile input).
-        cls = "row" if v.dim() == 1 and _known_equal(v.shape[0], self.gemm.n) else self.classify(v)
+        cls = "row" if v.dim() == 1 and _known_equal(v.shape[0], self.gemm.n) else seg or self.classify(v)
         if cls == "scalar" or cls is None and v.numel() == 1:
             # A one-element tensor (e.g. a float Dynamo keeps symbolic under dynamic=True): a
             # runtime scalar of the kernel, read on the host at each call.
@@ -433,7 +459,7 @@ class Translator:
         elif cls == "col":
             tv = TV(self._add_input(x, "col", dt, [self.dim_m, 1]), "col")
         elif cls == "tile":
-            tv = TV(self._add_input(x, "tile", dt, [self.dim_m, self.dim_n]), "tile")
+            tv = TV(self._add_input(x, "tile", dt, [self.dim_m, self.dim_n]), "tile", self.segment if seg else 0)
         else:
             raise Unsupported(user, f"operand '{x.name}' of shape {tuple(v.shape)} broadcasts as neither a row [N], "
                                     f"a column [M, 1] nor the tile [M, N] of this GEMM (M = {self.gemm.m}, N = {self.gemm.n})")
@@ -566,6 +592,7 @@ class Translator:
             if node in self.broadcasts:
                 raise Unsupported(node, f"'{node.name}' (a per-row value expanded to {tuple(v.shape)}) is used outside "
                                         "the region: the kernel stores per-row values as [M, 1]")
+            _segments.check_output(self, node, tv, v)
             if tv.cls not in ("tile", "col"):
                 raise Unsupported(node, f"'{node.name}' is a {tv.cls} value used outside the region: the kernel "
                                         "stores [M, N] tiles and per-row [M, 1] values")
@@ -573,6 +600,7 @@ class Translator:
             self.output_classes.append(tv.cls)
             self.fx_name[name] = node.name
             self.g.output(tv.id, name, cf_dtype(v.dtype, node))
+            self.output_perms.append(tv.perm)
             self.outputs.append(node)
             self.output_names.append(name)
 
@@ -580,6 +608,9 @@ class Translator:
         v = val(node)
         if v is None:
             return tv
+        seg = _segments.result(self, node, tv, v)  # over segments: a tile or stat
+        if seg is not None:
+            return seg
         cls = self.classify(v)
         if cls is None:
             raise Unsupported(node, f"result shape {tuple(v.shape)} is neither the tile [M, N] nor a per-row column")
@@ -588,7 +619,14 @@ class Translator:
             # row in the graph, so no tile to store, and no row to reduce.
             self.broadcasts.add(node)
             return tv
-        return TV(tv.id, cls if cls != "scalar" else tv.cls)
+        return TV(tv.id, cls if cls != "scalar" else tv.cls, 0, tv.per_seg)
+
+    def _operands(self, node: fx.Node, *xs) -> list[TV]:
+        """The TVs of an elementwise op's operands, checked to broadcast as the graph will over
+        segments (segments.check_operands)."""
+        tvs = [self.operand(x, node) for x in xs]
+        _segments.check_operands(self, node, xs, tvs)
+        return tvs
 
     def node(self, node: fx.Node):
         t = node.target
@@ -606,6 +644,12 @@ class Translator:
                                     "pass reads)")
         if t in VIEWS:
             x = self.operand(args[0], node)
+            if t == aten.transpose.int:
+                return _segments.transpose(self, node, x)
+            if x.cls in ("tile", "stat") and v is not None:
+                seg = _segments.view(self, node, x, v)  # a split into segments, or a view over them
+                if seg is not None:
+                    return seg
             if x.cls in ("tile", "col"):
                 cls = self.classify(v) if v is not None else None
                 if t == aten.expand.default and (x.cls, cls) == ("col", "tile"):
@@ -626,65 +670,69 @@ class Translator:
                     raise Unsupported(node, f"_to_copy with {change}")
             if dtype is None:
                 return x
-            return self._check_class(node, TV(g.cast(x.id, cf_dtype(dtype, node)), x.cls))
+            return self._check_class(node, x.to(g.cast(x.id, cf_dtype(dtype, node))))
         if t in UNARY:
             x = self.operand(args[0], node)
-            return self._check_class(node, TV(g.unary(UNARY[t], x.id), x.cls))
+            return self._check_class(node, x.to(g.unary(UNARY[t], x.id)))
         if t == aten.gelu.default:
             x = self.operand(args[0], node)
             approx = kw.get("approximate", args[1] if len(args) > 1 else "none")
-            return self._check_class(node, TV(g.unary("gelu_tanh" if approx == "tanh" else "gelu", x.id), x.cls))
+            return self._check_class(node, x.to(g.unary("gelu_tanh" if approx == "tanh" else "gelu", x.id)))
         if t == aten.pow.Tensor_Scalar:
             x = self.operand(args[0], node)
             e = float(args[1])
             if e == 1.0:
                 return x
             if e == 2.0:
-                return self._check_class(node, TV(g.unary("square", x.id), x.cls))
+                return self._check_class(node, x.to(g.unary("square", x.id)))
             if e == 0.5:
-                return self._check_class(node, TV(g.unary("sqrt", x.id), x.cls))
+                return self._check_class(node, x.to(g.unary("sqrt", x.id)))
             if e == -0.5:
-                return self._check_class(node, TV(g.unary("rsqrt", x.id), x.cls))
+                return self._check_class(node, x.to(g.unary("rsqrt", x.id)))
             if e == -1.0:
-                return self._check_class(node, TV(g.unary("reciprocal", x.id), x.cls))
-            return self._check_class(node, TV(g.binary("pow", x.id, g.constant(e)), x.cls))
+                return self._check_class(node, x.to(g.unary("reciprocal", x.id)))
+            return self._check_class(node, x.to(g.binary("pow", x.id, g.constant(e))))
         if t in BINARY:
-            a = self.operand(args[0], node)
-            b = self.operand(args[1], node)
+            a, b = self._operands(node, args[0], args[1])
             alpha = kw.get("alpha", 1)
             if t == aten.div.Tensor and kw.get("rounding_mode") is not None:
                 raise Unsupported(node, "div with a rounding mode")
             bid = b.id
             if alpha != 1:
                 bid = g.binary("mul", bid, g.constant(float(alpha)))
-            return self._check_class(node, TV(g.binary(BINARY[t], a.id, bid), _join(a.cls, b.cls)))
+            return self._check_class(node, _joined(g.binary(BINARY[t], a.id, bid), a, b))
         if t in (aten.rsub.Scalar, aten.rsub.Tensor):
-            a = self.operand(args[0], node)
-            b = self.operand(args[1], node)
+            a, b = self._operands(node, args[0], args[1])
             alpha = kw.get("alpha", 1)
             aid = a.id if alpha == 1 else g.binary("mul", a.id, g.constant(float(alpha)))
-            return self._check_class(node, TV(g.binary("sub", b.id, aid), _join(a.cls, b.cls)))
+            return self._check_class(node, _joined(g.binary("sub", b.id, aid), a, b))
         if t in (aten.clamp_min.default, aten.clamp_max.default):
-            a = self.operand(args[0], node)
-            b = self.operand(args[1], node)
-            return self._check_class(node, TV(g.binary("max" if t == aten.clamp_min.default else "min", a.id, b.id), a.cls))
+            a, b = self._operands(node, args[0], args[1])
+            return self._check_class(node, _joined(g.binary("max" if t == aten.clamp_min.default else "min", a.id, b.id),
+                                                   a, b))
         if t in REDUCE:
             x = self.operand(args[0], node)
-            self._last_dim(node, x, args[1] if len(args) > 1 else kw.get("dim"))
+            seg = self._last_dim(node, x, args[1] if len(args) > 1 else kw.get("dim"))
             if t in (aten.mean.dim, aten.sum.dim_IntList) and kw.get("dtype") not in (None, torch.float32):
                 raise Unsupported(node, f"{t} with dtype={kw.get('dtype')}")
-            return TV(g.reduce(REDUCE[t], x.id, -1), "col")
+            return _segments.stat(self, node, x, g.reduce(REDUCE[t], x.id, -1, seg))
         if t == aten.native_layer_norm.default:
             x = self.operand(args[0], node)
             shape, w, b, eps = args[1], args[2], args[3], args[4]
-            if x.cls != "tile" or len(shape) != 1 or not _known_equal(shape[0], self.gemm.n):
-                raise Unsupported(node, f"layer_norm over {list(shape)}, not the last (N) dimension of the GEMM output")
+            over = x.seg or self.gemm.n
+            if x.cls != "tile" or len(shape) != 1 or not _known_equal(shape[0], over):
+                raise Unsupported(node, f"layer_norm over {list(shape)}, not the last dimension of the GEMM output "
+                                        f"({over} columns)")
+            _segments.reduces(self, node, x.seg)
             wid = self.operand(w, node).id if w is not None else -1
             bid = self.operand(b, node).id if b is not None else -1
-            return (TV(g.layer_norm(x.id, wid, bid, float(eps)), "tile"), None, None)
+            y = g.layer_norm(x.id, wid, bid, float(eps), x.seg)
+            return (TV(y, "tile", x.seg, bool(x.seg), x.perm), None, None)
         if t in (aten._softmax.default, aten._log_softmax.default):
             x = self.operand(args[0], node)
-            self._last_dim(node, x, [args[1]])
+            seg = self._last_dim(node, x, [args[1]])
+            if seg:
+                return _segments.softmax(self, x, log=t == aten._log_softmax.default)
             y = g.softmax(x.id) if t == aten._softmax.default else g.log_softmax(x.id)
             return TV(y, "tile")
         rule = _composites.COMPOSITES.get(t)
@@ -692,18 +740,30 @@ class Translator:
             return rule(self, node)
         raise Unsupported(node, f"op {t} is outside the fusion domain")
 
-    def _last_dim(self, node: fx.Node, x: TV, dims) -> None:
+    def _last_dim(self, node: fx.Node, x: TV, dims) -> int:
+        """The segment length of a reduction of x over `dims` (0: whole rows; D: each run of D
+        columns of a tile split as [..., H, D]), or Unsupported: not the last dim of a tile."""
         v = val(node.args[0])
         rank = v.dim() if v is not None else 2
         if x.cls != "tile":
             raise Unsupported(node, "reduces a value that is not a full [M, N] tile")
         if dims is None or len(dims) != 1 or int(dims[0]) % rank != rank - 1:
             raise Unsupported(node, f"reduces dims {dims}, not the last (N) dimension")
+        _segments.reduces(self, node, x.seg)
+        return x.seg
+
+
+def _joined(id: int, a: TV, b: TV) -> TV:
+    """The TV of a binary op of a and b (its class from theirs; _check_class settles it from the
+    result's shape; Translator._operands checked that they share one perm)."""
+    return TV(id, _join(a.cls, b.cls), a.seg or b.seg, a.per_seg or b.per_seg, a.perm or b.perm)
 
 
 def _join(a: str, b: str) -> str:
-    if "tile" in (a, b):
+    if "tile" in (a, b) or {a, b} == {"stat", "vec"}:
         return "tile"
+    if "stat" in (a, b):
+        return "stat"
     if a == "col" and b == "row" or a == "row" and b == "col":
         return "tile"
     if "col" in (a, b):
@@ -736,6 +796,7 @@ def rename_reason(reason: str, names: dict[str, str]) -> str:
     return reason
 
 
-# The rules for aten ops without a primitive build on TV and Unsupported above (imported last, as
-# a module: either file may be imported first).
+# The rules for aten ops without a primitive, and for values over segments, build on TV and
+# Unsupported above (imported last, as modules: any of the files may be imported first).
 from . import composites as _composites  # noqa: E402
+from . import segments as _segments  # noqa: E402

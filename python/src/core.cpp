@@ -281,16 +281,18 @@ NB_MODULE(_core, m) {
         return g.g.binary(*o, g.v(a), g.v(b)).id;
       })
       .def("cast", [](PyGraph& g, int x, const std::string& dtype) { return g.g.cast(g.v(x), dtype_of(dtype)).id; })
-      .def("reduce", [](PyGraph& g, const std::string& op, int x, int dim) {
+      // segment > 0: over each run of that many columns of the last dim (graph.h Node::segment).
+      .def("reduce", [](PyGraph& g, const std::string& op, int x, int dim, int64_t segment) {
         auto r = reduce_op_from_name(op);
         if (!r) throw Error("unknown reduction '" + op + "'");
-        return g.g.reduce(*r, g.v(x), dim).id;
-      }, "op"_a, "x"_a, "dim"_a = -1)
-      .def("layer_norm", [](PyGraph& g, int x, int gamma, int beta, double eps) {
-        return g.g.layer_norm(g.v(x), g.opt(gamma), g.opt(beta), eps).id;
-      }, "x"_a, "gamma"_a = -1, "beta"_a = -1, "eps"_a = 1e-5)
-      .def("rms_norm", [](PyGraph& g, int x, int gamma, double eps) { return g.g.rms_norm(g.v(x), g.opt(gamma), eps).id; },
-           "x"_a, "gamma"_a = -1, "eps"_a = 1e-6)
+        return g.g.reduce(*r, g.v(x), dim, segment).id;
+      }, "op"_a, "x"_a, "dim"_a = -1, "segment"_a = 0)
+      .def("layer_norm", [](PyGraph& g, int x, int gamma, int beta, double eps, int64_t segment) {
+        return g.g.layer_norm(g.v(x), g.opt(gamma), g.opt(beta), eps, segment).id;
+      }, "x"_a, "gamma"_a = -1, "beta"_a = -1, "eps"_a = 1e-5, "segment"_a = 0)
+      .def("rms_norm", [](PyGraph& g, int x, int gamma, double eps, int64_t segment) {
+        return g.g.rms_norm(g.v(x), g.opt(gamma), eps, segment).id;
+      }, "x"_a, "gamma"_a = -1, "eps"_a = 1e-6, "segment"_a = 0)
       .def("causal_mask", [](PyGraph& g, int x) { return g.g.causal_mask(g.v(x)).id; })
       .def("softmax", [](PyGraph& g, int x) { return g.g.softmax(g.v(x)).id; })
       .def("log_softmax", [](PyGraph& g, int x) { return g.g.log_softmax(g.v(x)).id; })

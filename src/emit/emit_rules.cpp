@@ -57,7 +57,10 @@ std::string broadcast(EmitContext& ctx, const Spec& st, int i, const std::string
   const RuntimeArg& a = ctx.spec.args.at(static_cast<size_t>(n.arg));
   switch (n.broadcast) {
     case BroadcastKind::Scalar: return fmt::format("comfuse::epi::ScalarArg<{}>", slot(ctx, n.arg, path));
-    case BroadcastKind::Row: return fmt::format("comfuse::epi::RowBroadcast<{}, {}>", slot(ctx, n.arg, path), cpp_type(a.dtype));
+    case BroadcastKind::Row:
+      // A periodic row (spec.h periodic_row) reads element j mod segment for column j.
+      return fmt::format("comfuse::epi::RowBroadcast<{}, {}{}>", slot(ctx, n.arg, path), cpp_type(a.dtype),
+                         periodic_row(ctx.spec, a) ? fmt::format(", {}", ctx.spec.segment) : "");
     case BroadcastKind::Col: return fmt::format("comfuse::epi::ColBroadcast<{}, {}>", slot(ctx, n.arg, path), cpp_type(a.dtype));
     case BroadcastKind::Tile: {
       const auto ring = ctx.ring_box_of_arg.find(n.arg);
@@ -106,7 +109,10 @@ std::string reduction(EmitContext& ctx, const Spec& st, int i, const std::string
     }
     post = render_stage(ctx, child, fmt::format("{} > post of n{}", path, i));
   }
-  const std::string tail = pair ? fmt::format(", {}", pair) : "";
+  // A per-segment reduction (FusionSpec::segment) finalizes over its segment's columns.
+  const std::string tail = ctx.spec.segment > 0 ? fmt::format(", {}, {}", pair, ctx.spec.segment)
+                           : pair               ? fmt::format(", {}", pair)
+                                                : "";
   return fmt::format("comfuse::epi::Reduction<comfuse::epi::{}, {}, {}{}>", device_functor_of(n.reduce), n.operands.at(0),
                      post, tail);
 }

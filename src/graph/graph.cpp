@@ -187,7 +187,16 @@ Value Graph::unary(UnaryOp op, Value x) {
   n.unary = op;
   n.inputs = {x.id};
   n.shape = node(x.id).shape;
+  n.segment = node(x.id).segment;
   return add_node(std::move(n));
+}
+
+int64_t Graph::joint_segment(const Node& a, const Node& b, std::string_view what) const {
+  if (a.segment && b.segment && a.segment != b.segment)
+    throw Error(loc_, fmt::format("{}: its operands are computed from reductions over runs of {} and of {} columns; one "
+                                  "value takes one segment length",
+                                  what, a.segment, b.segment));
+  return a.segment ? a.segment : b.segment;
 }
 
 Value Graph::binary(BinaryOp op, Value a, Value b) {
@@ -199,7 +208,17 @@ Value Graph::binary(BinaryOp op, Value a, Value b) {
   n.kind = OpKind::Binary;
   n.binary = op;
   n.inputs = {a.id, b.id};
-  n.shape = broadcast_shapes(node(a.id).shape, node(b.id).shape, name_of(op));
+  n.segment = joint_segment(node(a.id), node(b.id), name_of(op));
+  // A vector of `segment` elements against a segmented value: periodic along its last dim
+  // (Node::segment), e.g. a per-head norm's gamma of head_dim elements.
+  auto periodic = [&](const Node& vec, const Node& other) {
+    const Shape& v = vec.shape;
+    return n.segment > 0 && v.size() == 1 && v[0] == Dim::of(n.segment) && !other.shape.empty() &&
+           other.shape.back() != v[0] && other.segment == n.segment;
+  };
+  if (periodic(node(b.id), node(a.id))) n.shape = node(a.id).shape;
+  else if (periodic(node(a.id), node(b.id))) n.shape = node(b.id).shape;
+  else n.shape = broadcast_shapes(node(a.id).shape, node(b.id).shape, name_of(op));
   return add_node(std::move(n));
 }
 
@@ -210,10 +229,11 @@ Value Graph::cast(Value x, DType to) {
   n.dtype = to;
   n.inputs = {x.id};
   n.shape = node(x.id).shape;
+  n.segment = node(x.id).segment;
   return add_node(std::move(n));
 }
 
-Value Graph::reduce(ReduceOp op, Value x, int dim) {
+Value Graph::reduce(ReduceOp op, Value x, int dim, int64_t segment) {
   check_handle(this, x, name_of(op), loc_);
   const Shape& s = node(x.id).shape;
   const int rank = static_cast<int>(s.size());
@@ -227,7 +247,22 @@ Value Graph::reduce(ReduceOp op, Value x, int dim) {
   n.reduce_dim = dim;
   n.inputs = {x.id};
   n.shape = s;
-  n.shape[static_cast<size_t>(dim)] = Dim::of(1);
+  if (segment != 0) {
+    const Dim& last = s.back();
+    if (segment < 0) throw Error(loc_, fmt::format("{}: segment = {} is not a positive column count", name_of(op), segment));
+    if (dim != rank - 1)
+      throw Error(loc_, fmt::format("{}: segments run along the last dim; dim {} of {} is not it", name_of(op), dim,
+                                    to_string(s)));
+    if (last.sym.empty() && last.size % segment != 0)
+      throw Error(loc_, fmt::format("{}: the last dim of {} is not a whole number of segments of {}", name_of(op),
+                                    to_string(s), segment));
+    if (node(x.id).segment && node(x.id).segment != segment)
+      throw Error(loc_, fmt::format("{}: segments of {} columns over a value computed from segments of {}", name_of(op),
+                                    segment, node(x.id).segment));
+    n.segment = segment;  // the shape stays: each column holds its segment's statistic
+  } else {
+    n.shape[static_cast<size_t>(dim)] = Dim::of(1);
+  }
   return add_node(std::move(n));
 }
 
@@ -282,18 +317,18 @@ Value Graph::causal_mask(Value x) {
 }
 
 // Composites. Numerics follow DESIGN.md: variance of (x - mean), softmax subtracts the max.
-Value Graph::layer_norm(Value x, Value gamma, Value beta, double eps) {
-  Value mean = reduce(ReduceOp::Mean, x);
+Value Graph::layer_norm(Value x, Value gamma, Value beta, double eps, int64_t segment) {
+  Value mean = reduce(ReduceOp::Mean, x, -1, segment);
   Value centered = x - mean;
-  Value var = reduce(ReduceOp::Mean, unary(UnaryOp::Square, centered));
+  Value var = reduce(ReduceOp::Mean, unary(UnaryOp::Square, centered), -1, segment);
   Value y = centered * unary(UnaryOp::Rsqrt, var + eps);
   if (gamma.id >= 0) y = y * gamma;
   if (beta.id >= 0) y = y + beta;
   return y;
 }
 
-Value Graph::rms_norm(Value x, Value gamma, double eps) {
-  Value ms = reduce(ReduceOp::Mean, unary(UnaryOp::Square, x));
+Value Graph::rms_norm(Value x, Value gamma, double eps, int64_t segment) {
+  Value ms = reduce(ReduceOp::Mean, unary(UnaryOp::Square, x), -1, segment);
   Value y = x * unary(UnaryOp::Rsqrt, ms + eps);
   if (gamma.id >= 0) y = y * gamma;
   return y;

@@ -34,6 +34,20 @@ Tensor reduce(const Node& n, const Tensor& x) {
   for (int i = 0; i < dim; ++i) outer *= x.shape[i];
   for (int i = dim + 1; i < rank; ++i) inner *= x.shape[i];
   const int64_t len = x.shape[dim];
+  if (n.segment > 0) {  // each run of `segment` columns of the last dim; the shape stays
+    if (dim != rank - 1 || len % n.segment != 0)
+      throw Error(n.loc, fmt::format("reduce '{}': the last dim of {} is not a whole number of segments of {}", n.name,
+                                     shape_str(x.shape), n.segment));
+    Tensor out = filled(x.shape);
+    for (int64_t o = 0; o < outer; ++o)
+      for (int64_t s0 = 0; s0 < len; s0 += n.segment) {
+        double acc = reduce_identity(n.reduce);
+        for (int64_t l = s0; l < s0 + n.segment; ++l) acc = reduce_combine(n.reduce, acc, x.data[static_cast<size_t>(o * len + l)]);
+        acc = reduce_finalize(n.reduce, acc, n.segment);
+        for (int64_t l = s0; l < s0 + n.segment; ++l) out.data[static_cast<size_t>(o * len + l)] = acc;
+      }
+    return out;
+  }
   std::vector<int64_t> shape = x.shape;
   shape[dim] = 1;
   Tensor out = filled(shape);
@@ -62,19 +76,24 @@ Tensor eval_node(const Node& n, const Bindings& dims, const std::vector<const Te
     case OpKind::Cast: return rounded(*in[0], n.dtype);
     case OpKind::Binary: {
       // numpy broadcasting over rank 0..3, aligned on the right: each operand's dims are
-      // either the output's or 1 (stride 0).
+      // either the output's or 1 (stride 0); or a vector of the node's segment length, read
+      // periodically along the last dim (Node::segment).
       Tensor t = filled(concrete_shape(n.shape, dims));
       const size_t rank = t.shape.size();
       std::vector<std::vector<int64_t>> strides;
+      int64_t period[2] = {0, 0};
       for (const Tensor* x : in) {
         std::vector<int64_t> st(rank, 0);
         if (x->shape.size() > rank)
           throw Error(n.loc, fmt::format("{} '{}': operand shape {} does not broadcast to {}", name_of(n.binary), n.name,
                                          shape_str(x->shape), shape_str(t.shape)));
+        const bool periodic = n.segment > 0 && x->shape.size() == 1 && rank > 0 && x->shape[0] == n.segment &&
+                              t.shape[rank - 1] != n.segment && t.shape[rank - 1] % n.segment == 0;
+        if (periodic) period[strides.size()] = n.segment;
         int64_t stride = 1;
         for (size_t d = x->shape.size(); d-- > 0;) {
           const size_t od = d + rank - x->shape.size();
-          if (x->shape[d] != 1 && x->shape[d] != t.shape[od])
+          if (x->shape[d] != 1 && x->shape[d] != t.shape[od] && !periodic)
             throw Error(n.loc, fmt::format("{} '{}': operand shape {} does not broadcast to {}", name_of(n.binary),
                                            n.name, shape_str(x->shape), shape_str(t.shape)));
           st[od] = x->shape[d] == 1 ? 0 : stride;
@@ -86,6 +105,8 @@ Tensor eval_node(const Node& n, const Bindings& dims, const std::vector<const Te
       for (size_t e = 0; e < t.data.size(); ++e) {
         int64_t o0 = 0, o1 = 0;
         for (size_t d = 0; d < rank; ++d) o0 += idx[d] * strides[0][d], o1 += idx[d] * strides[1][d];
+        if (period[0]) o0 = idx[rank - 1] % period[0];  // a periodic operand is a vector
+        if (period[1]) o1 = idx[rank - 1] % period[1];
         t.data[e] = apply(n.binary, in[0]->data[static_cast<size_t>(o0)], in[1]->data[static_cast<size_t>(o1)]);
         for (size_t d = rank; d-- > 0;) {  // next index, last dim fastest
           if (++idx[d] < t.shape[d]) break;

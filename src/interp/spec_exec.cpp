@@ -369,11 +369,96 @@ TensorMap run_batched(const FusionSpec& s, const Bindings& dims, const std::map<
   return out;
 }
 
+// Columns [c0, c0 + w) of a rank-2 [rows, cols] tensor.
+Tensor column_slice(const Tensor& x, int64_t c0, int64_t w) {
+  Tensor out;
+  out.shape = {x.shape[0], w};
+  out.data.reserve(static_cast<size_t>(x.shape[0] * w));
+  for (int64_t r = 0; r < x.shape[0]; ++r) {
+    const auto row = x.data.begin() + r * x.shape[1] + c0;
+    out.data.insert(out.data.end(), row, row + w);
+  }
+  return out;
+}
+
+// A per-segment spec (FusionSpec::segment) runs as the kernel does: each run of `segment` columns
+// is a GEMM of its own with N = segment (B's rows or columns, tile inputs' columns, row vectors'
+// elements of the run; a periodic row vector whole), whose outputs are laid side by side.
+TensorMap run_segmented(const FusionSpec& s, const Bindings& dims, const std::map<std::string, const Tensor*>& args,
+                        const ReduceTiling& t) {
+  const int64_t S = s.segment;
+  const RuntimeArg& rb = s.args.at(static_cast<size_t>(std::max(0, s.arg_index(ArgRole::OperandB))));
+  auto it = args.find(rb.name);
+  if (it == args.end() || !it->second || it->second->shape.size() != 2)
+    throw Error(fmt::format("spec '{}': operand B argument '{}' was not supplied as a matrix", s.name, rb.name));
+  const Tensor& B = *it->second;
+  const int64_t N = s.b_layout == BLayout::NK ? B.shape[0] : B.shape[1];
+  if (N % S != 0)
+    throw Error(fmt::format("spec '{}': N = {} is not a whole number of segments of {} columns", s.name, N, S));
+  FusionSpec one = s;
+  one.segment = 0;
+  one.n = Dim::of(S);
+  for (RuntimeArg& a : one.args) {
+    if (a.role == ArgRole::Output && a.value_class != ValueClass::Tile)
+      throw Error(fmt::format("spec '{}': output '{}' is per row; a per-segment spec stores tiles only", s.name, a.name));
+    // The dim that is N (not M, which may equal it): B's rows (N x K) or columns, else the last.
+    const bool b = a.role == ArgRole::OperandB || a.role == ArgRole::OperandGate;
+    const size_t at = b && s.b_layout == BLayout::NK ? 0 : a.shape.size() - 1;
+    if (a.role != ArgRole::OperandA && !a.shape.empty() && a.shape[at] == s.n) a.shape[at] = Dim::of(S);
+  }
+  Bindings bound = dims;
+  if (!s.n.sym.empty()) bound.erase(s.n.sym);
+  TensorMap out;
+  for (int64_t c0 = 0; c0 < N; c0 += S) {
+    std::vector<Tensor> slices;
+    slices.reserve(s.args.size());
+    std::map<std::string, const Tensor*> refs = args;
+    for (const RuntimeArg& a : s.args) {
+      auto at = args.find(a.name);
+      if (a.role == ArgRole::Output || at == args.end() || !at->second || periodic_row(s, a)) continue;
+      const Tensor& x = *at->second;
+      if (a.role == ArgRole::OperandB || a.role == ArgRole::OperandGate) {
+        if (s.b_layout == BLayout::NK) {
+          Tensor rows;
+          rows.shape = {S, x.shape[1]};
+          rows.data.assign(x.data.begin() + c0 * x.shape[1], x.data.begin() + (c0 + S) * x.shape[1]);
+          slices.push_back(std::move(rows));
+        } else {
+          slices.push_back(column_slice(x, c0, S));
+        }
+      } else if (a.role == ArgRole::RowVector || a.role == ArgRole::TileInput) {
+        if (x.numel() % N != 0)
+          throw Error(fmt::format("spec '{}': {} argument '{}' has shape {}, not {} columns", s.name, name_of(a.role),
+                                  a.name, shape_str(x.shape), N));
+        Tensor x2 = x;
+        x2.shape = {x.numel() / N, N};
+        slices.push_back(column_slice(x2, c0, S));
+      } else {
+        continue;
+      }
+      refs[a.name] = &slices.back();
+    }
+    for (auto& [name, v] : SpecExec(one, bound, refs, t).run()) {
+      Tensor& o = out[name];
+      const int64_t rows = v.numel() / S;
+      if (c0 == 0) {
+        o.shape = v.shape;
+        o.shape.back() = N;
+        o.data.assign(static_cast<size_t>(rows * N), 0.0);
+      }
+      for (int64_t r = 0; r < rows; ++r)
+        std::copy(v.data.begin() + r * S, v.data.begin() + (r + 1) * S, o.data.begin() + r * N + c0);
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 TensorMap run_spec_refs(const FusionSpec& s, const Bindings& dims, const std::map<std::string, const Tensor*>& args,
                         const ReduceTiling& t) {
   if (s.batched()) return run_batched(s, dims, args, t);
+  if (s.segment > 0) return run_segmented(s, dims, args, t);
   return SpecExec(s, dims, args, t).run();
 }
 }  // namespace interp_detail

@@ -172,6 +172,22 @@ class Lowering {
       case OpKind::Reduce:
         if (n.reduce_dim != static_cast<int>(g_.node(n.inputs[0]).shape.size()) - 1)
           return fmt::format("{} reduces dim {}, not the last (N) dimension", name_of(n.reduce), n.reduce_dim);
+        if (n.segment && frame_of(mm).batch)
+          return fmt::format("{} reduces runs of {} columns; a batched GEMM's epilogue reduces whole rows",
+                             name_of(n.reduce), n.segment);
+        // One kernel's reductions span whole rows (exchanged between the row's CTAs) or each
+        // tile's segment (no exchange), not both.
+        if (segment_[r] >= 0 && segment_[r] != n.segment)
+          return segment_[r] == 0
+                     ? fmt::format("{} reduces runs of {} columns, and this epilogue's other reductions span whole "
+                                   "rows (one kernel reduces either)",
+                                   name_of(n.reduce), n.segment)
+                 : n.segment == 0
+                     ? fmt::format("{} reduces whole rows, and this epilogue's other reductions runs of {} columns (one "
+                                   "kernel reduces either)",
+                                   name_of(n.reduce), segment_[r])
+                     : fmt::format("{} reduces runs of {} columns, and this epilogue's other reductions runs of {}",
+                                   name_of(n.reduce), n.segment, segment_[r]);
         break;
       case OpKind::MatMul: return "a second GEMM consumes this epilogue value (region boundary)";
       default: return fmt::format("op '{}' is outside the fusion domain", name_of(n.kind));
@@ -192,6 +208,15 @@ class Lowering {
       if (depends_on_gemm_[in])
         return fmt::format("operand '{}' comes from outside this GEMM's epilogue ({})", leaf.name,
                            region_of_[in] == kNoRegion ? "an unfused node" : "another GEMM region");
+      // A vector of the segment's length, read periodically: the segment is this region's.
+      if (periodic_leaf(n, leaf)) {
+        if (segment_[r] != n.segment)
+          return fmt::format("operand '{}' of shape {} repeats every {} columns, but {}", leaf.name,
+                             to_string(leaf.shape), n.segment,
+                             segment_[r] < 0 ? "the segmented reduction it is applied after is outside this epilogue"
+                                             : "this epilogue's reductions span other runs of columns");
+        continue;
+      }
       const auto leaf_cls = classify(leaf.shape, f);
       // A batched kernel reads no per-batch column vector (ColBroadcast has one vector for all).
       if (f.batch && (!leaf_cls || leaf_cls == ValueClass::Col))
@@ -309,6 +334,7 @@ class Lowering {
     const int r = static_cast<int>(roots_.size());
     roots_.push_back(mm.id);
     members_.emplace_back();
+    segment_.push_back(-1);
     region_of_[mm.id] = r;
     members_[r].push_back(mm.id);
     const auto gate = gate_of_root_.find(mm.id);
@@ -326,10 +352,72 @@ class Lowering {
       if (why.empty()) {
         region_of_[n.id] = r;
         members_[r].push_back(n.id);
+        if (n.kind == OpKind::Reduce) segment_[r] = n.segment;
       } else if (reason_[n.id].empty()) {
         reason_[n.id] = why;
       }
     }
+    if (segment_[r] > 0) evict_segment_stat_sinks(r);
+  }
+
+  // --- per-segment reductions (Node::segment) ------------------------------------------
+  // A vector of n's segment length against n's other operand of another last dim: periodic.
+  static bool periodic_leaf(const Node& n, const Node& leaf) {
+    return n.kind == OpKind::Binary && n.segment > 0 && leaf.shape.size() == 1 && leaf.shape[0] == Dim::of(n.segment);
+  }
+
+  // Members of region r whose value is one per row of a segment (a Col value of the kernel, though
+  // the graph gives it the tile's shape): the segmented reductions and what is computed from them
+  // and per-row or scalar operands only.
+  std::vector<bool> segment_stats(int r) const {
+    std::vector<bool> stat(g_.nodes().size(), false);
+    const OutFrame f = frame_of(g_.node(roots_[r]));
+    for (int id : members_[r]) {
+      const Node& n = g_.node(id);
+      if (n.kind == OpKind::Reduce) { stat[id] = n.segment > 0; continue; }
+      if (n.kind != OpKind::Unary && n.kind != OpKind::Binary && n.kind != OpKind::Cast) continue;
+      bool any = false, per_row = true;
+      for (int in : n.inputs) {
+        any = any || stat[in];
+        const auto c = classify(g_.node(in).shape, f);
+        per_row = per_row && (stat[in] || (c && (*c == ValueClass::Scalar || (*c == ValueClass::Col && !periodic_leaf(n, g_.node(in))))));
+      }
+      stat[id] = any && per_row;
+    }
+    return stat;
+  }
+
+  // A segment's statistic has no tile to store (the kernel holds one value a row of the tile):
+  // one that would leave the kernel leaves the region, and with it what is computed from it.
+  void evict_segment_stat_sinks(int r) {
+    for (bool changed = true; changed;) {
+      changed = false;
+      const std::vector<bool> stat = segment_stats(r);
+      for (int id : members_[r]) {
+        if (!stat[id]) continue;
+        bool sink = false;
+        for (const GraphOutput& o : g_.outputs()) sink = sink || o.node == id;
+        for (int c : consumers_[id]) sink = sink || (live_[c] && region_of_[c] != r);
+        if (!sink) continue;
+        reason_[id] = fmt::format("a per-segment statistic (one value a row per run of {} columns) is not stored by "
+                                  "a kernel; the kernel may store what is computed from it with the tile",
+                                  g_.node(id).segment ? g_.node(id).segment : segment_[r]);
+        std::vector<bool> gone(g_.nodes().size(), false);
+        gone[id] = true;
+        std::vector<int> kept;
+        for (int m : members_[r]) {
+          for (int in : g_.node(m).inputs) gone[m] = gone[m] || gone[in];
+          if (gone[m]) region_of_[m] = kNoRegion;
+          else kept.push_back(m);
+        }
+        members_[r] = kept;
+        changed = true;
+        break;
+      }
+    }
+    segment_[r] = -1;
+    for (int id : members_[r])
+      if (g_.node(id).kind == OpKind::Reduce) segment_[r] = g_.node(id).segment;
   }
 
   // --- staging -------------------------------------------------------------------------
@@ -398,7 +486,8 @@ class Lowering {
   }
 
   bool is_tile(int id, int r) const {
-    return classify(g_.node(id).shape, frame_of(g_.node(roots_[r]))) == ValueClass::Tile;
+    return classify(g_.node(id).shape, frame_of(g_.node(roots_[r]))) == ValueClass::Tile &&
+           !(segment_[r] > 0 && segment_stats(r)[id]);
   }
 
   // The device carries ONE tile-shaped value across each reduction (in the accumulator
@@ -475,6 +564,8 @@ class Lowering {
     fs.n = frame.n;
     fs.k = a.shape.back();
     if (frame.batch) fs.batch = *frame.batch;
+    fs.segment = std::max<int64_t>(segment_[r], 0);
+    const std::vector<bool> seg_stat = segment_stats(r);
     ArgTable args{fs, g_, {}};
     args.leaf_arg(a, ArgRole::OperandA);
     args.leaf_arg(g_.node(mm.inputs[1]), ArgRole::OperandB);
@@ -542,7 +633,9 @@ class Lowering {
         const Node& leaf = g_.node(in);
         SpecNode b;
         b.category = NodeCategory::Broadcast;
-        b.value_class = *classify(leaf.shape, frame);
+        // A vector of the segment's length is a row read periodically (periodic_row).
+        const bool periodic = fs.segment > 0 && leaf.shape.size() == 1 && leaf.shape[0] == Dim::of(fs.segment);
+        b.value_class = periodic ? ValueClass::Row : *classify(leaf.shape, frame);
         b.origin = leaf.name;
         if (leaf.kind == OpKind::Constant) {
           b.broadcast = BroadcastKind::Scalar;
@@ -573,7 +666,7 @@ class Lowering {
           if (id != mm.id) sn.arg = args.leaf_arg(g_.node(n.inputs[1]), ArgRole::OperandGate);  // A x W3
         } else {
           sn.category = NodeCategory::Compute;
-          sn.value_class = *classify(n.shape, frame);
+          sn.value_class = seg_stat[id] ? ValueClass::Col : *classify(n.shape, frame);
           for (int in : n.inputs) sn.operands.push_back(operand(in));
           sn.compute = n.kind == OpKind::Unary        ? ComputeKind::Unary
                        : n.kind == OpKind::Binary     ? ComputeKind::Binary
@@ -695,6 +788,8 @@ class Lowering {
       // must be a graph input, and S a 16-bit value (the register operand of a 16-bit MMA).
       if (gemm2.inputs.size() > 1 && depends_on_gemm_[gemm2.inputs[1]])
         b.blocker = fmt::format("'{}' reads operand B '{}' from a GEMM", gemm2.name, g_.node(gemm2.inputs[1]).name);
+      if (segment_[r1] > 0 || segment_[r2] > 0)
+        b.blocker = "per-segment reductions run in the single-GEMM kernels only";
       if (g_.node(via).dtype == DType::F32)
         b.blocker = fmt::format("'{}' is f32; the second GEMM reads a 16-bit operand (cast it)", g_.node(via).name);
       for (int c : consumers_[via])
@@ -723,6 +818,8 @@ class Lowering {
   std::vector<bool> depends_on_gemm_;
   std::vector<bool> live_;
   std::vector<std::string> reason_;
+  // Per region: the segment its reductions span (Node::segment; 0: whole rows), -1 before any.
+  std::vector<int64_t> segment_;
   std::vector<int> roots_;                 // region -> matmul id
   std::vector<std::vector<int>> members_;  // region -> graph ids, topological
   LoweringResult result_;

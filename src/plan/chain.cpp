@@ -99,10 +99,11 @@ std::vector<StageRef> collect_stages(const FusionSpec& s) {
 
 ChainInfo analyze_chain(const FusionSpec& s) {
   ChainInfo info;
-  info.reductions = s.reduction_count();
+  info.segment = s.segment;
+  info.reductions = s.segment > 0 ? 0 : s.reduction_count();
   info.stages_in_chain = std::max(1, s.stage_count());
-  info.mean_variance_pairs = s.pair_count(PairKind::MeanVariance);
-  info.max_exp_sum_pairs = s.pair_count(PairKind::MaxExpSum);
+  info.mean_variance_pairs = s.segment > 0 ? 0 : s.pair_count(PairKind::MeanVariance);
+  info.max_exp_sum_pairs = s.segment > 0 ? 0 : s.pair_count(PairKind::MaxExpSum);
   for (const RuntimeArg& a : s.args)
     if (a.role == ArgRole::TileInput) {
       info.tile_input_bytes_per_element += static_cast<int64_t>(size_of(a.dtype));

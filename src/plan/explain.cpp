@@ -79,7 +79,12 @@ std::string explain(const FusionSpec& s, const Plan& p) {
   if (p.kernel.row_group > 1)
     o += fmt::format("  row group    {} clusters share each row ({} CTAs along N), {}\n", p.kernel.row_group,
                      p.kernel.row_group * p.kernel.cluster_n,
-                     p.kernel.row_reduction ? "partials meet in L2" : "each its own N-tiles (no reduction: nothing to exchange)");
+                     p.kernel.cross_cta_reduction() ? "partials meet in L2"
+                                                    : "each its own N-tiles (no row reduction across them: nothing to exchange)");
+  if (p.kernel.row_segment > 0)
+    o += fmt::format("  segments     each row reduction spans one {}-column run of N (a head), one tile's columns: the "
+                     "tile finishes its rows alone by warp shuffles, nothing crosses a CTA\n",
+                     p.kernel.row_segment);
   if (p.kernel.splits_in_cluster)
     o += fmt::format("  split-K      the {} CTAs of one hardware cluster share each tile's K ({} k-blocks each); rank 0 "
                      "adds the others' partial tiles (rows < M, fp32, over DSMEM, in rank order) and runs the epilogue\n",
@@ -141,7 +146,11 @@ std::string explain(const FusionSpec& s, const Plan& p) {
                            p.estimate.low_us);
 
   const auto stages = plan_detail::collect_stages(s);
-  o += fmt::format("stage chain: {} stage(s), {} reduction(s)\n", p.stages_in_chain, p.reductions);
+  if (s.segment > 0)
+    o += fmt::format("stage chain: {} stage(s), {} reduction(s) over each {}-column run\n", p.stages_in_chain,
+                     s.reduction_count(), s.segment);
+  else
+    o += fmt::format("stage chain: {} stage(s), {} reduction(s)\n", p.stages_in_chain, p.reductions);
   for (size_t i = 0; i < stages.size(); ++i) o += stage_line(s, stages, i) + "\n";
 
   const SmemBudget& b = p.smem;
@@ -153,7 +162,8 @@ std::string explain(const FusionSpec& s, const Plan& p) {
       fmt::format("{} stages x ({}x{} A + {}x{} B) x {} B, one ring shared by both consumer WGs", p.kernel.ring_stages, p.kernel.tile_m,
                   Sm90::kTileK, p.kernel.mma_n(), Sm90::kTileK, ab));
   std::string red;
-  if (p.reductions == 0) red = "no reduction";
+  if (p.kernel.row_segment > 0) red = "per-segment reductions finish inside the tile: nothing crosses a CTA";
+  else if (p.reductions == 0) red = "no reduction";
   else if (p.kernel.aggregation == Aggregation::L2Exchange)
     red = fmt::format("{}: the {} CTAs of a row group exchange partials through an L2 workspace "
                       "(2 phases x {} peers x 2 x {} rows x 8-byte tagged words per WG slot), reused by all {} "

@@ -21,7 +21,10 @@ struct StageRef {
 std::vector<StageRef> collect_stages(const FusionSpec& s);
 
 struct ChainInfo {
+  // Reductions across the row: what rounds of exchange cost. A per-segment spec's reductions
+  // (FusionSpec::segment) finish inside a tile: they count in ops_per_element, not here.
   int reductions = 0;
+  int64_t segment = 0;  // FusionSpec::segment: tiles of this many columns, no exchange
   int stages_in_chain = 1;
   // Reduction pairs that can share one exchange round (pair_kind in spec.h, Plan::fused_pairs).
   int mean_variance_pairs = 0;

@@ -177,6 +177,23 @@ void check_request(const FusionSpec& s, const Problem& p, const DeviceModel& dev
   if (s.gated() && opt.tile_n && *opt.tile_n > 128)
     throw Error(fmt::format("plan: tile_n = {}: a gated GEMM's tile holds B's and the gate's columns in one wgmma of "
                             "at most 256: tile_n 64 or 128", *opt.tile_n));
+  // Per-segment reductions finish inside a tile of one segment's columns (KernelConfig::row_segment).
+  if (s.segment > 0) {
+    if (std::find(std::begin(kTileNs), std::end(kTileNs), s.segment) == std::end(kTileNs))
+      throw Error(fmt::format("plan: the epilogue reduces runs of {} columns; a tile spans one run, and tiles are 64, "
+                              "128, 192 or 256 columns wide",
+                              s.segment));
+    if (p.n % s.segment != 0)
+      throw Error(fmt::format("plan: N = {} is not a whole number of the {}-column runs the epilogue reduces", p.n,
+                              s.segment));
+    if (opt.tile_n && *opt.tile_n != s.segment)
+      throw Error(fmt::format("plan: tile_n = {}: the epilogue reduces runs of {} columns, which a tile spans exactly",
+                              *opt.tile_n, s.segment));
+    if (opt.stash_bytes || opt.aggregation || opt.strategy || (opt.cluster_n && *opt.cluster_n > 1))
+      throw Error(fmt::format("plan: the epilogue reduces runs of {} columns inside each tile: no clusters along N, "
+                              "aggregation, strategy or stash shape it (row groups only schedule the tiles)",
+                              s.segment));
+  }
   if (opt.tile_m && *opt.tile_m != 64 && *opt.tile_m != 128)
     throw Error(fmt::format("plan: tile_m = {} is not 64 or 128 (rows per consumer warp group)", *opt.tile_m));
   const bool rg = plan_detail::row_groups_forced(opt);
@@ -264,6 +281,35 @@ std::vector<Candidate> decide(PlanKind kind, const Request& r, Rejections& why) 
     case PlanKind::Dsmem: return plan_detail::decide_cluster(r, why);
   }
   return {};
+}
+
+// Per-segment reductions (ChainInfo::segment): plans whose tiles span one segment and finish it
+// alone, each made a reducing kernel (KernelConfig::row_segment). The row-group decider's first,
+// as for a whole-row norm (its divisions less the exchange; its model and measured split rows are
+// a norm's), then the elementwise deciders' (64-column segments: theirs alone); where none spans
+// one segment, the deciders again with that tile width forced.
+std::vector<Candidate> segment_tiles(std::vector<Candidate> cands, const Request& r, Rejections& why) {
+  const int seg = static_cast<int>(r.chain.segment);
+  auto keep = [&](std::vector<Candidate> in) {
+    std::vector<Candidate> out;
+    for (Candidate& c : in) {
+      if (c.k.tile_n != seg || c.k.n_tiles != 1 || c.k.stash_elem_bytes != 0) continue;
+      c.k.row_reduction = true;
+      c.k.row_segment = seg;
+      if (check(c.k) == nullptr) out.push_back(std::move(c));
+    }
+    return out;
+  };
+  // The row-group decider prices the plain GEMM's tiles, none of them 64 columns wide.
+  std::vector<Candidate> kept = seg == 64 ? std::vector<Candidate>{} : keep(plan_detail::decide_row_groups(r, why));
+  for (Candidate& c : keep(std::move(cands))) kept.push_back(std::move(c));
+  if (kept.empty() && !r.opt.tile_n) {
+    PlanOptions forced = r.opt;
+    forced.tile_n = seg;
+    const Request rf{r.spec, r.p, r.dev, r.tun, forced, r.chain};
+    kept = keep(decide(PlanKind::Elementwise, rf, why));
+  }
+  return kept;
 }
 
 // ---- 5. compare ------------------------------------------------------------------------------
@@ -382,7 +428,8 @@ Plan make_plan(const FusionSpec& s, const Problem& p, const DeviceModel& dev, co
   const Request r{s, p, dev, tun, opt, chain};
   const PlanKind kind = plan_kind(chain, dev, tun, opt);                    // 3
   Rejections why;
-  const std::vector<Candidate> cands = decide(kind, r, why);                // 4
+  std::vector<Candidate> cands = decide(kind, r, why);                      // 4
+  if (chain.segment > 0) cands = segment_tiles(std::move(cands), r, why);
   if (cands.empty()) {
     if (kind == PlanKind::RowGroups && plan_detail::row_groups_forced(opt))
       throw Error(fmt::format("plan: no row-group plan (PingPong 64x256, 128x128 or 64x128 (64x64 gated), or "

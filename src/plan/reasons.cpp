@@ -50,9 +50,13 @@ void add_reasons(Plan& plan, const ChainInfo& chain, const DeviceModel& dev, con
 
   const std::string forced = opt.cluster_n ? " (forced)" : "";
   if (plan.reductions == 0) {
-    r.push_back(fmt::format("cluster {}x{}{}: no reduction, so tiles finish alone; a cluster only buys operand "
+    r.push_back(fmt::format("cluster {}x{}{}: {}, so tiles finish alone; a cluster only buys operand "
                             "multicast (A along N, B along M) at the cost of lock-step ({} of {} SMs busy at this size)",
-                            plan.kernel.cluster_m, plan.kernel.cluster_n, forced, plan.ctas_busy, dev.sm_count));
+                            plan.kernel.cluster_m, plan.kernel.cluster_n, forced,
+                            plan.kernel.row_segment > 0 ? fmt::format("rows reduce within each {}-column tile",
+                                                                      plan.kernel.row_segment)
+                                                        : std::string("no reduction"),
+                            plan.ctas_busy, dev.sm_count));
   } else if (plan.kernel.row_group > 1) {
     r.push_back(fmt::format("cluster {}x1 along M (B multicast) in row groups of {}: {} clusters resident keep {} of "
                             "{} SMs busy; a row group's {} CTAs cover {} x {} x {} = {} columns of N = {}",

@@ -290,7 +290,9 @@ void bind_epilogue(const RunArgs& args, const std::vector<const FusionSpec*>& sp
       p.scalars[sl.slot] = static_cast<float>(it->second);
     } else if (sl.kind == SlotKind::Vector) {
       const DeviceTensor& v = tensor_arg(args, a);
-      const int64_t want = a.role == ArgRole::RowVector ? cols : M;
+      // A periodic row vector (spec.h periodic_row) holds one segment's elements.
+      const FusionSpec& spec = *specs.at(static_cast<size_t>(sl.spec));
+      const int64_t want = periodic_row(spec, a) ? spec.segment : a.role == ArgRole::RowVector ? cols : M;
       int64_t len = 1;
       for (int64_t d : v.shape) len *= d;
       if (len != want || v.shape.empty())
@@ -352,7 +354,10 @@ void FusedKernel::run(const RunArgs& args, Stream stream) const {
   // A row reduction is finished by the CTAs that share a row: a longer row would silently
   // reduce in pieces.
   const KernelConfig& kc = st.plan.kernel;
-  if (kc.row_reduction && N > kc.row_cover())
+  if (kc.row_segment > 0 && N % kc.row_segment != 0)
+    throw Error(fmt::format("N = {} is not a whole number of the {}-column segments this kernel reduces", N,
+                            kc.row_segment));
+  if (kc.cross_cta_reduction() && N > kc.row_cover())
     throw Error(fmt::format("N = {} exceeds what this kernel's CTAs cover for a row reduction ({} CTAs x {} x {} tiles = "
                             "{}); build the kernel for this N", N, kc.row_peers(), kc.tile_n, kc.n_tiles, kc.row_cover()));
 

@@ -357,7 +357,7 @@ int FusionSpec::stage_count() const { return count_stages(root); }
 
 bool operator==(const FusionSpec& a, const FusionSpec& b) {
   if (a.name != b.name || a.b_layout != b.b_layout || a.m != b.m || a.n != b.n || a.k != b.k || a.batch != b.batch ||
-      a.args.size() != b.args.size())
+      a.segment != b.segment || a.args.size() != b.args.size())
     return false;
   for (size_t i = 0; i < a.args.size(); ++i)
     if (!same_arg(a.args[i], b.args[i])) return false;
@@ -365,6 +365,10 @@ bool operator==(const FusionSpec& a, const FusionSpec& b) {
 }
 
 void verify(const FusionSpec& s) { Verifier(s).run(); }
+
+bool periodic_row(const FusionSpec& s, const RuntimeArg& a) {
+  return s.segment > 0 && a.role == ArgRole::RowVector && a.shape.size() == 1 && a.shape[0] != s.n;
+}
 
 void SpecVisitor::walk(const Spec& root, int depth) {
   enter_stage(root, depth);

@@ -139,7 +139,7 @@ class SpecParser {
     while (!is_punct(')')) {
       if (!first) punct(',');
       first = false;
-      const Tok key = ident("a header key (b_layout, m, n, k, batch)");
+      const Tok key = ident("a header key (b_layout, m, n, k, batch, segment)");
       punct('=');
       if (key.text == "b_layout") {
         const Tok v = ident("nk or kn");
@@ -149,7 +149,11 @@ class SpecParser {
       else if (key.text == "n") fs.n = dim();
       else if (key.text == "k") fs.k = dim();
       else if (key.text == "batch") fs.batch = dim();
-      else throw Error(key.loc, fmt::format("unknown header key `{}` (expected b_layout, m, n, k or batch)", key.text));
+      else if (key.text == "segment") {
+        const Dim d = dim();
+        if (!d.sym.empty() || d.size < 1) throw Error(key.loc, "segment: a positive column count");
+        fs.segment = d.size;
+      } else throw Error(key.loc, fmt::format("unknown header key `{}` (expected b_layout, m, n, k, batch or segment)", key.text));
     }
     punct(')');
     punct('{');
@@ -503,9 +507,10 @@ class SpecParser {
 
 std::string print(const FusionSpec& s) {
   // `batch` only where there is one: an unbatched spec prints (and keys the JIT cache) as before.
-  std::string out = fmt::format("fusion {} (b_layout={}, m={}, n={}, k={}{}) {{\n  args {{\n", word(s.name),
+  std::string out = fmt::format("fusion {} (b_layout={}, m={}, n={}, k={}{}{}) {{\n  args {{\n", word(s.name),
                                 s.b_layout == BLayout::KN ? "kn" : "nk", dim_text(s.m), dim_text(s.n), dim_text(s.k),
-                                s.batched() ? ", batch=" + dim_text(s.batch) : std::string());
+                                s.batched() ? ", batch=" + dim_text(s.batch) : std::string(),
+                                s.segment ? fmt::format(", segment={}", s.segment) : std::string());
   for (size_t i = 0; i < s.args.size(); ++i) {
     const RuntimeArg& a = s.args[i];
     std::string dims;

@@ -432,6 +432,15 @@ class Parser {
     return v->num;
   }
 
+  // `segment=` (Node::segment): a whole positive column count, 0 (the default) for the whole row.
+  int64_t segment_kw(const Expr& e) {
+    const Tok* v = kw(e, "segment");
+    if (!v) return 0;
+    if (v->kind != TK::Number || v->num != std::floor(v->num) || v->num < 1 || v->num > 1e9)
+      throw Error(v->loc, fmt::format("`segment=` needs a positive whole column count, found {}", describe(*v)));
+    return static_cast<int64_t>(v->num);
+  }
+
   Value eval(const Expr& e) {
     if (e.kind != Expr::Call) return operand(e);
     const std::string& op = e.tok.text;
@@ -484,20 +493,22 @@ class Parser {
     }
     if (op == "layer_norm") {
       arity(e, 1, 3, "1 to 3 operands (x, gamma, beta)");
-      allow_kws(e, {"eps"});
+      allow_kws(e, {"eps", "segment"});
       const double eps = number_kw(e, "eps", 1e-5);
+      const int64_t segment = segment_kw(e);
       Value x = arg(0);
       Value gamma = optional_operand(e.args.size() > 1 ? &e.args[1] : nullptr);
       Value beta = optional_operand(e.args.size() > 2 ? &e.args[2] : nullptr);
-      return build([&] { return g_.layer_norm(x, gamma, beta, eps); });
+      return build([&] { return g_.layer_norm(x, gamma, beta, eps, segment); });
     }
     if (op == "rms_norm") {
       arity(e, 1, 2, "1 or 2 operands (x, gamma)");
-      allow_kws(e, {"eps"});
+      allow_kws(e, {"eps", "segment"});
       const double eps = number_kw(e, "eps", 1e-6);
+      const int64_t segment = segment_kw(e);
       Value x = arg(0);
       Value gamma = optional_operand(e.args.size() > 1 ? &e.args[1] : nullptr);
-      return build([&] { return g_.rms_norm(x, gamma, eps); });
+      return build([&] { return g_.rms_norm(x, gamma, eps, segment); });
     }
     if (op == "l2_normalize") {
       arity(e, 1, 1, "1 operand");
@@ -530,7 +541,8 @@ class Parser {
         Value x = arg(0);
         return build([&] { return g_.unary(*u, x); });
       }
-      allow_kws(e, {"dim"});
+      allow_kws(e, {"dim", "segment"});
+      const int64_t segment = segment_kw(e);
       int dim = -1;
       if (const Tok* v = kw(e, "dim")) {
         if (v->kind != TK::Number || v->num != std::floor(v->num) || std::fabs(v->num) > 1e6)
@@ -538,7 +550,7 @@ class Parser {
         dim = static_cast<int>(v->num);
       }
       Value x = arg(0);
-      return build([&] { return g_.reduce(*r, x, dim); });
+      return build([&] { return g_.reduce(*r, x, dim, segment); });
     }
     if (n == 2 && b) {
       allow_kws(e, {});
@@ -699,8 +711,9 @@ std::string print_graph(const Graph& g) {
       case OpKind::Reduce: {
         const int rank = static_cast<int>(n.shape.size());
         const bool last = n.reduce_dim == -1 || n.reduce_dim == rank - 1;
-        out += fmt::format("{} = {}({}{})\n", name(n.id), name_of(n.reduce), name(n.inputs.at(0)),
-                           last ? std::string() : fmt::format(", dim={}", n.reduce_dim));
+        out += fmt::format("{} = {}({}{}{})\n", name(n.id), name_of(n.reduce), name(n.inputs.at(0)),
+                           last ? std::string() : fmt::format(", dim={}", n.reduce_dim),
+                           n.segment ? fmt::format(", segment={}", n.segment) : std::string());
         break;
       }
       case OpKind::Transpose:

@@ -1,6 +1,7 @@
-// Property tests of Φ: for hundreds of random GEMM-epilogue graphs, lower() yields one
-// region and executing its Fusion Spec (run_lowered -> run_spec) equals executing the
-// graph (run_graph), both in fp64. Plus closure tests on graphs Φ must split.
+// Property tests of Φ: for hundreds of random GEMM-epilogue graphs (their reductions over whole
+// rows, or all over runs of one segment of columns: per-head norms), lower() yields one region
+// and executing its Fusion Spec (run_lowered -> run_spec) equals executing the graph (run_graph),
+// both in fp64. Plus closure tests on graphs Φ must split.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -37,13 +38,19 @@ class EpilogueGen {
  public:
   struct Live {
     Value v;
-    bool col;  // [M, 1] rather than [M, N]
+    bool col;  // one value a row ([M, 1]; or a segment's statistic, one a row of each segment)
     bool pos;  // known >= ~0.5: safe for log / rsqrt / sqrt / reciprocal / division
   };
 
-  explicit EpilogueGen(uint64_t seed) : rng_(seed) {
+  // `segments`: every reduction over runs of seg_ columns (Node::segment), N a whole number of
+  // them, row vectors of seg_ elements read periodically against segmented values; no per-segment
+  // statistic is an output (Φ keeps none in a kernel: a graph with one would not be one region).
+  explicit EpilogueGen(uint64_t seed, bool segments = false) : rng_(seed) {
     M_ = concrete_or_sym("M", between(1, 70));
-    N_ = coin(0.1) ? M_ : concrete_or_sym("N", between(1, 600));  // now and then square: N is M
+    if (segments) seg_ = between(2, 9);
+    N_ = segments ? concrete_or_sym("N", seg_ * between(1, 6))
+         : coin(0.1) ? M_
+                     : concrete_or_sym("N", between(1, 600));  // now and then square: N is M
     const Dim K = concrete_or_sym("K", between(1, 40));
     const BLayout layout = coin(0.5) ? BLayout::NK : BLayout::KN;
     Value x = g_.input("x", dtype(), {M_, K});
@@ -56,10 +63,15 @@ class EpilogueGen {
     std::vector<int> used;
     for (int i = 0; i < outs; ++i) {
       const Live& l = i == 0 ? live_.back() : live_[pick(live_.size())];
+      if (seg_ && l.col) continue;
       if (std::find(used.begin(), used.end(), l.v.id) != used.end()) continue;
       used.push_back(l.v.id);
       g_.output(l.v, "out" + std::to_string(i), dtype());
       if (coin(0.1)) g_.output(l.v, "again" + std::to_string(i), dtype());  // one node, two outputs
+    }
+    if (used.empty()) {  // every pick a segment's statistic: the latest value that is not one
+      auto it = std::find_if(live_.rbegin(), live_.rend(), [](const Live& l) { return !l.col; });
+      g_.output(it->v, "out", dtype());
     }
   }
 
@@ -95,9 +107,13 @@ class EpilogueGen {
   }
 
   std::string fresh(const char* stem) { return stem + std::to_string(inputs_++); }
-  Value row() {
+  // A row vector against `against`: of one segment (periodic) where that value is segmented.
+  Value row(Value against = Value{}) {
+    if (seg_ && against.id >= 0 && against.node().segment && coin(0.6))
+      return g_.input(fresh("vec"), dtype(), {Dim::of(seg_)});
     return g_.input(fresh("row"), dtype(), coin(0.8) ? Shape{N_} : Shape{Dim::of(1), N_});
   }
+  Value reduce(ReduceOp op, Value x) { return g_.reduce(op, x, -1, seg_); }
   Value col() { return g_.input(fresh("col"), dtype(), {M_, Dim::of(1)}); }
   Value scalar(bool rank0 = false) {
     if (rank0 || coin(0.7)) return g_.input(fresh("s"), DType::F32, {});
@@ -131,7 +147,7 @@ class EpilogueGen {
     } else if (kind < 66) {  // binary with a leaf: row, column, runtime scalar or literal
       Live l = operand();
       const int leaf_kind = between(0, 3);
-      Value leaf = leaf_kind == 0 ? row() : leaf_kind == 1 ? col() : leaf_kind == 2 ? scalar() : literal();
+      Value leaf = leaf_kind == 0 ? row(l.v) : leaf_kind == 1 ? col() : leaf_kind == 2 ? scalar() : literal();
       const BinaryOp op = one_of({BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Max, BinaryOp::Min, BinaryOp::Div});
       const bool col_result = l.col && leaf_kind != 0;
       if (coin(0.5) || op == BinaryOp::Div) {
@@ -149,7 +165,7 @@ class EpilogueGen {
     } else if (kind < 92) {  // a reduction, whose statistic is used right away most of the time
       Live x = tile_operand();
       const ReduceOp op = one_of({ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max, ReduceOp::Min});
-      Value stat = push(g_.reduce(op, x.v), true, x.pos && op != ReduceOp::Sum);
+      Value stat = push(reduce(op, x.v), true, x.pos && op != ReduceOp::Sum);
       if (coin(0.7)) {
         const BinaryOp use = one_of({BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Add, BinaryOp::Div});
         Value rhs = use == BinaryOp::Div ? positive(live_.back()) : stat;
@@ -157,12 +173,18 @@ class EpilogueGen {
       }
     } else {  // composites
       Live x = tile_operand();
+      // The norms' gamma and beta: whole rows (of N), or one segment's where the norm is per segment.
+      auto norm_vec = [&] { return seg_ ? g_.input(fresh("vec"), dtype(), {Dim::of(seg_)}) : row(); };
       switch (between(0, 4)) {
-        case 0: push(g_.layer_norm(x.v, coin(0.5) ? row() : Value{}, coin(0.5) ? row() : Value{}), false); break;
-        case 1: push(g_.rms_norm(x.v, coin(0.5) ? row() : Value{}), false); break;
-        case 2: push(g_.softmax(x.v), false); break;
-        case 3: push(g_.log_softmax(x.v), false); break;
-        default: push(g_.l2_normalize(x.v), false); break;
+        case 0: push(g_.layer_norm(x.v, coin(0.5) ? norm_vec() : Value{}, coin(0.5) ? norm_vec() : Value{}, 1e-5, seg_), false); break;
+        case 1: push(g_.rms_norm(x.v, coin(0.5) ? norm_vec() : Value{}, 1e-6, seg_), false); break;
+        case 2: case 3: {  // softmax or log-softmax, written out over the run
+          Value shifted = x.v - reduce(ReduceOp::Max, x.v);
+          Value sum = reduce(ReduceOp::Sum, g_.unary(UnaryOp::Exp, shifted));
+          push(coin(0.5) ? g_.unary(UnaryOp::Exp, shifted) / sum : shifted - g_.unary(UnaryOp::Log, sum), false);
+          break;
+        }
+        default: push(x.v * g_.unary(UnaryOp::Rsqrt, g_.binary(BinaryOp::Max, reduce(ReduceOp::Sum, g_.unary(UnaryOp::Square, x.v)), 1e-24)), false); break;
       }
     }
   }
@@ -171,6 +193,7 @@ class EpilogueGen {
   Graph g_;
   Bindings dims_;
   Dim M_, N_;
+  int64_t seg_ = 0;  // the segment every reduction spans (0: whole rows)
   std::vector<Live> live_;
   int inputs_ = 0;
 };
@@ -228,7 +251,8 @@ std::string check_outputs(const Graph& g, const TensorMap& got, const TensorMap&
   return "";
 }
 
-TEST(LoweringProperty, RandomEpiloguesLowerToOneEquivalentRegion) {
+// `segments`: the generator's per-segment mode (EpilogueGen).
+void random_epilogues_lower_to_one_equivalent_region(bool segments) {
   // COMFUSE_PROPERTY_GRAPHS=N runs a longer sweep (CI runs 300).
   const char* env = std::getenv("COMFUSE_PROPERTY_GRAPHS");
   const int kGraphs = env ? std::max(1, std::atoi(env)) : 300;
@@ -240,7 +264,7 @@ TEST(LoweringProperty, RandomEpiloguesLowerToOneEquivalentRegion) {
     // Regenerate (new sub-seed) until the graph's values stay finite and moderate.
     for (uint64_t attempt = 0;; ++attempt) {
       const uint64_t sub = seed * 1000 + attempt;
-      EpilogueGen gen(sub);
+      EpilogueGen gen(sub, segments);
       Graph& g = gen.graph();
       std::mt19937_64 rng(sub);
       TensorMap in = random_inputs(g, gen.dims(), rng);
@@ -257,6 +281,9 @@ TEST(LoweringProperty, RandomEpiloguesLowerToOneEquivalentRegion) {
       if (!one_region) { ++t.failures; break; }
       const FusionSpec& fs = lr.regions[0].spec;
       EXPECT_NO_THROW(verify(fs)) << where << print(fs);
+      if (segments && fs.reduction_count() > 0) {
+        EXPECT_GT(fs.segment, 0) << where << print(fs);
+      }
       try {
         EXPECT_TRUE(parse_spec(print(fs)) == fs) << where << print(fs);  // the text form round-trips
       } catch (const std::exception& e) {
@@ -288,6 +315,12 @@ TEST(LoweringProperty, RandomEpiloguesLowerToOneEquivalentRegion) {
   EXPECT_GE(t.max_stages, 4);  // the generator does reach deep nests
   // Ill-conditioned elements and rounding flips are rare; many would hide a real bug.
   EXPECT_LT(t.ill_conditioned + t.ulp_flips, t.elements / 1000 + 10);
+}
+
+TEST(LoweringProperty, RandomEpiloguesLowerToOneEquivalentRegion) { random_epilogues_lower_to_one_equivalent_region(false); }
+
+TEST(LoweringProperty, RandomPerSegmentEpiloguesLowerToOneEquivalentRegion) {
+  random_epilogues_lower_to_one_equivalent_region(true);
 }
 
 // --- closure: graphs Φ must split into several regions and fallbacks -------------------------

@@ -183,5 +183,43 @@ TEST_F(GpuLayer, SoftmaxWithLogSumExp) {
   expect_matches(c.g, dims(777, 1000, 64));
 }
 
+// Per-head norms (FusionSpec::segment: Qwen 3's and Gemma 3's q/k norms): tiles of one head's
+// columns reduce their rows alone, gamma of a head's length read periodically. RMSNorm at decode
+// rows (the planner's split-K), ragged M and K, heads of 64, 128 and 256 columns; LayerNorm with
+// a bias, the pre-norm sum as an output, an f32 gamma and a residual; f16; K x N weights; a
+// forced split-K over L2 and over DSMEM.
+TEST_F(GpuLayer, PerHeadNorms) {
+  struct V {
+    int64_t head;
+    Bindings d;
+    const char* what;
+  };
+  for (const V& v : {V{128, dims(1, 4096, 4096), "rms"}, V{128, dims(7, 1024, 2048), "rms"},
+                     V{128, dims(333, 2048, 200), "rms"}, V{64, dims(77, 1024, 136), "rms"},
+                     V{256, dims(300, 2048, 512), "rms"}, V{256, dims(3, 1024, 1024), "rms"},
+                     V{128, dims(1000, 1024, 72), "layer"}, V{128, dims(5, 512, 1024), "f16"},
+                     V{128, dims(130, 768, 264), "kn"}, V{128, dims(8, 1024, 4096), "split"},
+                     V{128, dims(8, 1024, 4096), "split-dsmem"}}) {
+    SCOPED_TRACE(fmt::format("heads of {}, {} x {} x {}, {}", v.head, v.d.at("M"), v.d.at("N"), v.d.at("K"), v.what));
+    const std::string what = v.what;
+    const DType in = what == "f16" ? DType::F16 : DType::BF16;
+    Case c(in, what == "kn" ? BLayout::KN : BLayout::NK);
+    Value gamma = c.g.input("gamma", what == "layer" ? DType::F32 : in, {Dim::of(v.head)});
+    if (what == "layer") {
+      Value h = c.acc + c.g.input("bias", in, {Dim::of("N")}) + c.g.input("residual", in, {Dim::of("M"), Dim::of("N")});
+      c.g.output(h, "h", in);
+      c.g.output(c.g.layer_norm(h, gamma, c.g.input("beta", in, {Dim::of(v.head)}), 1e-5, v.head), "y", in);
+    } else {
+      c.g.output(c.g.rms_norm(c.acc, gamma, 1e-6, v.head), "y", in);
+    }
+    CompileOptions opt;
+    if (what.rfind("split", 0) == 0) opt.plan.k_splits = 4;
+    if (what == "split-dsmem") opt.plan.splits_in_cluster = true;
+    const DeviceRunReport rep = expect_matches(c.g, v.d, opt, what == "layer" ? 50.0 : 0.0);
+    EXPECT_EQ(rep.plan.kernel.row_segment, v.head);
+    EXPECT_EQ(rep.plan.kernel.tile_n, v.head);
+  }
+}
+
 }  // namespace
 }  // namespace comfuse

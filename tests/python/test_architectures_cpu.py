@@ -2,11 +2,12 @@
 post-norm encoder), OPT, GPT-NeoX (parallel residual), Gemma (GeGLU, RMSNorm with
 1 + w), Qwen2 and Mistral (Llama-style), T5's encoder (RMSNorm without mean, ReLU MLP), Phi-3
 (stacked gate_up_proj), and the decoders listed at ARCHS' second half (sandwich norms, q/k norms
-over the whole projection, scaled residuals, parallel residuals). Under backend="comfuse" with the single-GEMM kernels emulated on the fp64
+over the whole projection or per head, scaled residuals, parallel residuals). Under backend="comfuse" with the single-GEMM kernels emulated on the fp64
 executor (test_runtime_glue's `emulate`: the translated graphs compute, not the aten fallback),
 each model's output matches eager within bf16 noise, nothing raises, and the regions named below
-(the projection that closes each residual branch, with its norm, and the MLP's first GEMM with
-its activation) run through the kernel path in every layer. Attention stays unfused here (its
+(the projection that closes each residual branch, with its norm, the MLP's first GEMM with its
+activation, and q_proj and k_proj with their per-head norms: PER_HEAD_NORMS) run through the
+kernel path in every layer. Attention stays unfused here (its
 kernel is not emulated; test_attention.py covers its translation)."""
 import re
 
@@ -15,7 +16,7 @@ import torch
 
 import comfuse
 
-from conftest import close
+from conftest import close, phi_fuses_segments
 from test_runtime_glue import emulate  # noqa: F401 (the fixture: kernels emulated on the CPU)
 
 tf = pytest.importorskip("transformers")
@@ -60,8 +61,8 @@ ARCHS = {
     # OLMo 2's q/k norms over the whole projection, Qwen 3, Granite (scaled residuals), StableLM
     # and Starcoder 2 (LayerNorm), and the parallel residual of Falcon, GPT-J and Phi (the MLP's
     # output and the attention's meet in one add after the attention's projection). Qwen 3's and
-    # Gemma 3's per-head q/k norms (a reduction over each head's columns) are not fused: q_proj
-    # and k_proj fall back at the view that splits the heads.
+    # Gemma 3's per-head q/k norms (over each head's columns: segmented reductions, Gemma 3's after
+    # the transpose of the heads) join q_proj and k_proj where Φ fuses them (PER_HEAD_NORMS).
     "gemma2": (lambda: tf.Gemma2ForCausalLM(_llama_like(tf.Gemma2Config, head_dim=64)),
                ["self_attn.o_proj", "mlp.gate_proj", "mlp.down_proj"]),
     "gemma3": (lambda: tf.Gemma3ForCausalLM(_llama_like(tf.Gemma3TextConfig, head_dim=64)),
@@ -90,6 +91,12 @@ ARCHS = {
 }
 
 
+# The projections whose per-head norm (translate: segments) fuses with them, where Φ fuses
+# segmented reductions (conftest.phi_fuses_segments); before, they run unfused, the output
+# matching eager either way.
+PER_HEAD_NORMS = {"qwen3": ["self_attn.q_proj", "self_attn.k_proj"], "gemma3": ["self_attn.q_proj", "self_attn.k_proj"]}
+
+
 class Logits(torch.nn.Module):
     def __init__(self, model):
         super().__init__()
@@ -106,6 +113,8 @@ def test_architecture_runs_its_regions_fused_and_matches_eager(emulate, arch, mo
 
     monkeypatch.setattr(attention, "find", lambda gm, next_id: [])
     make, roots = ARCHS[arch]
+    if phi_fuses_segments():
+        roots = roots + PER_HEAD_NORMS.get(arch, [])
     torch.manual_seed(0)
     model = Logits(make()).to(torch.bfloat16).eval()
     ids = torch.randint(0, 512, (2, 24))
@@ -119,3 +128,6 @@ def test_architecture_runs_its_regions_fused_and_matches_eager(emulate, arch, mo
             pattern = rf"\.{layer}\.(layer\.\d+\.)?{re.escape(root)}$"  # T5: block.<layer>.layer.<k>.<root>
             assert any(re.search(pattern, r) for r in ran), (root, layer, sorted(ran), str(rep))
     assert all(r.fallback_calls == 0 for r in rep.regions), str(rep)
+    for r in rep.regions:  # the per-head norm in its projection's region, where that runs
+        if r.calls and any(r.root.split(":")[0].endswith(p) for p in PER_HEAD_NORMS.get(arch, [])):
+            assert {"mean", "rsqrt"} <= {op.split(":")[-1].split(" ")[0] for op in r.ops}, (r.root, r.ops)

@@ -198,7 +198,9 @@ template <class L> struct ScalarLiteral {
 // (EpiCtx::same_columns: a load from L2 is ~1 us a job on the epilogue's critical path); a
 // fragment reads two float2 (all rows of a warp read the same words: broadcast, no bank
 // conflict). Columns >= N read 0.
-template <int Arg, class T> struct RowBroadcast {
+// Period > 0: a vector of Period elements, column j reading element j mod Period (a per-head
+// norm's gamma, FusionSpec::segment).
+template <int Arg, class T, int Period = 0> struct RowBroadcast {
   static_assert(Arg < Sm90::kMaxVectors);
   template <class Geo> struct Impl : NodeBase<Geo> {
     struct SharedStorage { alignas(16) float v[Geo::BN]; };
@@ -209,7 +211,7 @@ template <int Arg, class T> struct RowBroadcast {
       void const* src = c.p->vectors[Arg];
       int const n_valid = c.N - c.n0;
       for (int i = c.t; i < Geo::BN; i += kWarpGroupThreads)
-        s.v[i] = i < n_valid ? DType<T>::load(src, c.n0 + i) : 0.f;
+        s.v[i] = i < n_valid ? DType<T>::load(src, Period > 0 ? (c.n0 + i) % Period : c.n0 + i) : 0.f;
     }
     COMFUSE_DEVICE void subtile_end(EpiCtx const&, SharedStorage&, int) {}
     template <int I, class V> COMFUSE_DEVICE void visit(EpiCtx const&, FragCoord const& fc, Frag const&, V& v) {

@@ -75,11 +75,15 @@ template <int K> struct Bypass {
 //                    S = sum_j S_j exp(max_j - max).
 //   kPairGiven       on that PostStage's reduction: it takes the merged second statistic from
 //                    its parent instead of a round of its own.
+// Segment > 0 (FusionSpec::segment, KernelConfig::row_segment): the reduction spans each run of
+// Segment columns, one tile's: finalize divides by it, and no round crosses a CTA.
 enum : int { kPairNone = 0, kPairMeanM2 = 1, kPairGiven = 2, kPairMaxExpSum = 3 };
-template <class Op, int Operand, class PostStage, int Pair = kPairNone> struct Reduction {
+template <class Op, int Operand, class PostStage, int Pair = kPairNone, int Segment = 0> struct Reduction {
   using ReduceOp = Op;
   using Post = PostStage;
   static constexpr int kPair = Pair;
+  static constexpr int kSegment = Segment;
+  static_assert(Segment == 0 || Pair == kPairNone, "a per-segment reduction has no exchange round to pair");
   static constexpr int kOperandIndex = Operand;
   static_assert(Pair != kPairMeanM2 || cute::is_same_v<Op, ReduceMean>, "kPairMeanM2: a mean reduction");
   static_assert(Pair != kPairMaxExpSum || cute::is_same_v<Op, ReduceMax>, "kPairMaxExpSum: a max reduction");
@@ -149,7 +153,7 @@ template <int O, class T, int S> struct NodeClass<Store<O, T, S>> { template <cl
 template <int O, class T, int S> struct NodeClass<StoreCol<O, T, S>> { template <class P> static constexpr int get(int const* c) { return c[S]; } };
 template <int S> struct NodeClass<ToOperand<S>> { template <class P> static constexpr int get(int const* c) { return c[S]; } };
 template <int S> struct NodeClass<CausalMask<S>> { template <class P> static constexpr int get(int const*) { return kClassTile; } };
-template <class Op, int A, class S, int Pr> struct NodeClass<Reduction<Op, A, S, Pr>> { template <class P> static constexpr int get(int const*) { return kClassCol; } };
+template <class Op, int A, class S, int Pr, int Sg> struct NodeClass<Reduction<Op, A, S, Pr, Sg>> { template <class P> static constexpr int get(int const*) { return kClassCol; } };
 
 template <int N> struct IntArr { int v[N > 0 ? N : 1]; };
 template <class P, class... Nodes> struct StageClasses {

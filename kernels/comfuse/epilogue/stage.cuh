@@ -827,7 +827,7 @@ template <class... Nodes> struct Stage {
           rnd.retired = true;
         }
       if constexpr (kHasPost) {
-        int const n = c.N;
+        int const n = Last::kSegment > 0 ? Last::kSegment : c.N;
         CUTE_UNROLL
         for (int mi = 0; mi < Geo::MBlocks; ++mi)
           CUTE_UNROLL
