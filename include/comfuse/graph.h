@@ -117,12 +117,12 @@ class Graph {
 
   // Composites (expanded into primitives). gamma/beta may be absent (id -1). `segment` > 0
   // normalizes each run of that many columns (a per-head norm; gamma/beta then have `segment`
-  // elements, shared by every run).
+  // elements, shared by every run); so do the softmaxes and l2_normalize.
   Value layer_norm(Value x, Value gamma, Value beta, double eps = 1e-5, int64_t segment = 0);
   Value rms_norm(Value x, Value gamma, double eps = 1e-6, int64_t segment = 0);
-  Value softmax(Value x);
-  Value log_softmax(Value x);
-  Value l2_normalize(Value x, double eps = 1e-12);
+  Value softmax(Value x, int64_t segment = 0);
+  Value log_softmax(Value x, int64_t segment = 0);
+  Value l2_normalize(Value x, double eps = 1e-12, int64_t segment = 0);
 
   void output(Value v, const std::string& name, DType dtype);
 

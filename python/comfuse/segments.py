@@ -180,13 +180,9 @@ def stat(tr: "Translator", node: fx.Node, x: TV, id: int) -> TV:
 
 def softmax(tr: "Translator", x: TV, log: bool) -> TV:
     """(log_)softmax over each run of x's columns: the graph's composites (graph.cpp Graph::softmax,
-    log_softmax) with segmented reductions."""
-    g, seg = tr.g, x.seg
-    shifted = g.binary("sub", x.id, g.reduce("max", x.id, -1, seg))
-    e = g.unary("exp", shifted)
-    s = g.reduce("sum", e, -1, seg)
-    y = g.binary("sub", shifted, g.unary("log", s)) if log else g.binary("div", e, s)
-    return TV(y, "tile", seg, True, x.perm)
+    log_softmax) over segments."""
+    y = tr.g.log_softmax(x.id, x.seg) if log else tr.g.softmax(x.id, x.seg)
+    return TV(y, "tile", x.seg, True, x.perm)
 
 
 def transpose(tr: "Translator", node: fx.Node, x: TV) -> TV:

@@ -294,10 +294,13 @@ NB_MODULE(_core, m) {
         return g.g.rms_norm(g.v(x), g.opt(gamma), eps, segment).id;
       }, "x"_a, "gamma"_a = -1, "eps"_a = 1e-6, "segment"_a = 0)
       .def("causal_mask", [](PyGraph& g, int x) { return g.g.causal_mask(g.v(x)).id; })
-      .def("softmax", [](PyGraph& g, int x) { return g.g.softmax(g.v(x)).id; })
-      .def("log_softmax", [](PyGraph& g, int x) { return g.g.log_softmax(g.v(x)).id; })
-      .def("l2_normalize", [](PyGraph& g, int x, double eps) { return g.g.l2_normalize(g.v(x), eps).id; }, "x"_a,
-           "eps"_a = 1e-12)
+      .def("softmax", [](PyGraph& g, int x, int64_t segment) { return g.g.softmax(g.v(x), segment).id; },
+           "x"_a, "segment"_a = 0)
+      .def("log_softmax", [](PyGraph& g, int x, int64_t segment) { return g.g.log_softmax(g.v(x), segment).id; },
+           "x"_a, "segment"_a = 0)
+      .def("l2_normalize", [](PyGraph& g, int x, double eps, int64_t segment) {
+        return g.g.l2_normalize(g.v(x), eps, segment).id;
+      }, "x"_a, "eps"_a = 1e-12, "segment"_a = 0)
       .def("output", [](PyGraph& g, int v, const std::string& name, const std::string& dtype) {
         g.g.output(g.v(v), name, dtype_of(dtype));
       })

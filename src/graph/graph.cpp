@@ -334,20 +334,20 @@ Value Graph::rms_norm(Value x, Value gamma, double eps, int64_t segment) {
   return y;
 }
 
-Value Graph::softmax(Value x) {
-  Value shifted = x - reduce(ReduceOp::Max, x);
+Value Graph::softmax(Value x, int64_t segment) {
+  Value shifted = x - reduce(ReduceOp::Max, x, -1, segment);
   Value e = unary(UnaryOp::Exp, shifted);
-  return e / reduce(ReduceOp::Sum, e);
+  return e / reduce(ReduceOp::Sum, e, -1, segment);
 }
 
-Value Graph::log_softmax(Value x) {
-  Value shifted = x - reduce(ReduceOp::Max, x);
-  Value lse = unary(UnaryOp::Log, reduce(ReduceOp::Sum, unary(UnaryOp::Exp, shifted)));
+Value Graph::log_softmax(Value x, int64_t segment) {
+  Value shifted = x - reduce(ReduceOp::Max, x, -1, segment);
+  Value lse = unary(UnaryOp::Log, reduce(ReduceOp::Sum, unary(UnaryOp::Exp, shifted), -1, segment));
   return shifted - lse;
 }
 
-Value Graph::l2_normalize(Value x, double eps) {
-  Value ss = reduce(ReduceOp::Sum, unary(UnaryOp::Square, x));
+Value Graph::l2_normalize(Value x, double eps, int64_t segment) {
+  Value ss = reduce(ReduceOp::Sum, unary(UnaryOp::Square, x), -1, segment);
   return x * unary(UnaryOp::Rsqrt, binary(BinaryOp::Max, ss, eps * eps));
 }
 

@@ -402,15 +402,7 @@ class Lowering {
         reason_[id] = fmt::format("a per-segment statistic (one value a row per run of {} columns) is not stored by "
                                   "a kernel; the kernel may store what is computed from it with the tile",
                                   g_.node(id).segment ? g_.node(id).segment : segment_[r]);
-        std::vector<bool> gone(g_.nodes().size(), false);
-        gone[id] = true;
-        std::vector<int> kept;
-        for (int m : members_[r]) {
-          for (int in : g_.node(m).inputs) gone[m] = gone[m] || gone[in];
-          if (gone[m]) region_of_[m] = kNoRegion;
-          else kept.push_back(m);
-        }
-        members_[r] = kept;
+        evict(r, id);
         changed = true;
         break;
       }
@@ -418,6 +410,39 @@ class Lowering {
     segment_[r] = -1;
     for (int id : members_[r])
       if (g_.node(id).kind == OpKind::Reduce) segment_[r] = g_.node(id).segment;
+    // A vector admitted as periodic against the region's segment (admission) whose segmented
+    // reductions all left: no kernel reads it periodically now (build_region would classify a
+    // [S] vector against N columns), so its consumer leaves too.
+    if (segment_[r] > 0) return;
+    for (bool changed = true; changed;) {
+      changed = false;
+      for (int id : members_[r]) {
+        const Node& n = g_.node(id);
+        const auto leaf = std::find_if(n.inputs.begin(), n.inputs.end(), [&](int in) {
+          return !depends_on_gemm_[in] && periodic_leaf(n, g_.node(in));
+        });
+        if (leaf == n.inputs.end()) continue;
+        reason_[id] = fmt::format("operand '{}' of shape {} repeats every {} columns, but the segmented reductions of "
+                                  "this epilogue left it",
+                                  g_.node(*leaf).name, to_string(g_.node(*leaf).shape), n.segment);
+        evict(r, id);
+        changed = true;
+        break;
+      }
+    }
+  }
+
+  // Member `id` of region r leaves it, and with it every member computed from it.
+  void evict(int r, int id) {
+    std::vector<bool> gone(g_.nodes().size(), false);
+    gone[id] = true;
+    std::vector<int> kept;
+    for (int m : members_[r]) {
+      for (int in : g_.node(m).inputs) gone[m] = gone[m] || gone[in];
+      if (gone[m]) region_of_[m] = kNoRegion;
+      else kept.push_back(m);
+    }
+    members_[r] = kept;
   }
 
   // --- staging -------------------------------------------------------------------------
@@ -485,9 +510,10 @@ class Lowering {
     return st;
   }
 
-  bool is_tile(int id, int r) const {
-    return classify(g_.node(id).shape, frame_of(g_.node(roots_[r]))) == ValueClass::Tile &&
-           !(segment_[r] > 0 && segment_stats(r)[id]);
+  // A tile-class value of region r; `seg_stat`: the region's segment_stats (a per-segment
+  // statistic has the tile's graph shape but is one value a row of the kernel's tile).
+  bool is_tile(int id, int r, const std::vector<bool>& seg_stat) const {
+    return classify(g_.node(id).shape, frame_of(g_.node(roots_[r]))) == ValueClass::Tile && !seg_stat[id];
   }
 
   // The device carries ONE tile-shaped value across each reduction (in the accumulator
@@ -498,6 +524,8 @@ class Lowering {
   // then names it).
   void limit_tile_carries(Staging& st, int r, const std::vector<int>& mem) const {
     const int L = static_cast<int>(st.reductions.size());
+    const std::vector<bool> seg_stat = segment_stats(r);
+    auto is_tile = [&](int id, int rr) { return this->is_tile(id, rr, seg_stat); };
     for (int s = 1; s <= L; ++s) {
       for (;;) {
         std::vector<int> carried;

@@ -284,30 +284,34 @@ std::vector<Candidate> decide(PlanKind kind, const Request& r, Rejections& why) 
 }
 
 // Per-segment reductions (ChainInfo::segment): plans whose tiles span one segment and finish it
-// alone, each made a reducing kernel (KernelConfig::row_segment). The row-group decider's first,
-// as for a whole-row norm (its divisions less the exchange; its model and measured split rows are
-// a norm's), then the elementwise deciders' (64-column segments: theirs alone); where none spans
-// one segment, the deciders again with that tile width forced.
+// alone, each made a reducing kernel (KernelConfig::row_segment; check() holds it to one segment
+// a tile, one N-tile a job). The row-group decider's first: a whole-row norm's divisions less the
+// exchange, at decode its measured split rows (its epilogue priced at the elementwise rate, as
+// ChainInfo::reductions is 0 here); but not its split-K on 128-row PingPong tiles, which no
+// measurement chose and ptxas spills (52 B for a per-head RMSNorm at 256 x 4096 x 4096). Then the
+// elementwise deciders' (64-column segments: theirs alone, the row-group decider prices no
+// 64-wide plain tile); where none spans one segment, the deciders again with that width forced.
 std::vector<Candidate> segment_tiles(std::vector<Candidate> cands, const Request& r, Rejections& why) {
   const int seg = static_cast<int>(r.chain.segment);
-  auto keep = [&](std::vector<Candidate> in) {
+  auto keep = [&](std::vector<Candidate> in, bool row_groups) {
     std::vector<Candidate> out;
     for (Candidate& c : in) {
-      if (c.k.tile_n != seg || c.k.n_tiles != 1 || c.k.stash_elem_bytes != 0) continue;
+      if (c.k.tile_n != seg) continue;
+      if (row_groups && !r.opt.k_splits && c.k.k_splits > 1 && c.k.epi_rows() == 128) continue;
       c.k.row_reduction = true;
       c.k.row_segment = seg;
-      if (check(c.k) == nullptr) out.push_back(std::move(c));
+      if (const char* no = check(c.k)) why.add("per-segment reduction", no);
+      else out.push_back(std::move(c));
     }
     return out;
   };
-  // The row-group decider prices the plain GEMM's tiles, none of them 64 columns wide.
-  std::vector<Candidate> kept = seg == 64 ? std::vector<Candidate>{} : keep(plan_detail::decide_row_groups(r, why));
-  for (Candidate& c : keep(std::move(cands))) kept.push_back(std::move(c));
+  std::vector<Candidate> kept = seg == 64 ? std::vector<Candidate>{} : keep(plan_detail::decide_row_groups(r, why), true);
+  for (Candidate& c : keep(std::move(cands), false)) kept.push_back(std::move(c));
   if (kept.empty() && !r.opt.tile_n) {
     PlanOptions forced = r.opt;
     forced.tile_n = seg;
     const Request rf{r.spec, r.p, r.dev, r.tun, forced, r.chain};
-    kept = keep(decide(PlanKind::Elementwise, rf, why));
+    kept = keep(decide(PlanKind::Elementwise, rf, why), false);
   }
   return kept;
 }
@@ -435,7 +439,8 @@ Plan make_plan(const FusionSpec& s, const Problem& p, const DeviceModel& dev, co
       throw Error(fmt::format("plan: no row-group plan (PingPong 64x256, 128x128 or 64x128 (64x64 gated), or "
                               "cooperative 128x256 with one N-tile a CTA and no split-K; clusters of 1 or 2 along M; row groups of 1..64 "
                               "clusters resident at once; <= 64 N-tiles per CTA) fits the forced options for {} x {} x {}:{}", p.m, p.n, p.k, why.str()));
-    throw Error(fmt::format("plan: nothing fits for {} x {} x {} ({} reductions):{}", p.m, p.n, p.k, chain.reductions,
+    throw Error(fmt::format("plan: nothing fits for {} x {} x {} ({} reductions{}):{}", p.m, p.n, p.k,
+                            s.reduction_count(), s.segment ? fmt::format(" over runs of {} columns", s.segment) : "",
                             why.str()));
   }
   const Candidate& chosen = compare(cands, tun.near_tie);             // 5

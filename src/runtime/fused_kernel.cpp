@@ -352,12 +352,13 @@ void FusedKernel::run(const RunArgs& args, Stream stream) const {
     throw Error(fmt::format("B '{}' is {} but A '{}' is {}: K differs", rb.name, shape_str(B.shape), ra.name, shape_str(A.shape)));
   check_problem_size(M, N, K);  // the one size rule (graph.h), as the plan was made under
   // A row reduction is finished by the CTAs that share a row: a longer row would silently
-  // reduce in pieces.
+  // reduce in pieces. (Not cross_cta_reduction(): a row one CTA covers alone, row_peers() == 1,
+  // has the same limit.) A per-segment reduction finishes in each tile at any N, segments whole.
   const KernelConfig& kc = st.plan.kernel;
   if (kc.row_segment > 0 && N % kc.row_segment != 0)
     throw Error(fmt::format("N = {} is not a whole number of the {}-column segments this kernel reduces", N,
                             kc.row_segment));
-  if (kc.cross_cta_reduction() && N > kc.row_cover())
+  if (kc.row_reduction && kc.row_segment == 0 && N > kc.row_cover())
     throw Error(fmt::format("N = {} exceeds what this kernel's CTAs cover for a row reduction ({} CTAs x {} x {} tiles = "
                             "{}); build the kernel for this N", N, kc.row_peers(), kc.tile_n, kc.n_tiles, kc.row_cover()));
 

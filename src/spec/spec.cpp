@@ -152,7 +152,16 @@ class Verifier {
       if (arg.role == ArgRole::Output && arg.value_class != ValueClass::Tile && arg.value_class != ValueClass::Col)
         throw Error(fmt::format("arg a{} (`{}`): an output holds a tile or a col, not a {}", i, arg.name,
                                 name_of(arg.value_class)));
+      // A per-segment statistic is one value a row of a segment: no [M, 1] holds it (lower.cpp
+      // keeps such a value in the kernel or out of it).
+      if (fs_.segment > 0 && arg.role == ArgRole::Output && arg.value_class == ValueClass::Col)
+        throw Error(fmt::format("arg a{} (`{}`): a per-segment spec (segment={}) stores tiles only", i, arg.name,
+                                fs_.segment));
     }
+    if (fs_.segment < 0) throw Error(fmt::format("segment = {}: a positive column count, or 0", fs_.segment));
+    if (fs_.segment > 0 && (fs_.batched() || fs_.gated()))
+      throw Error(fmt::format("segment = {}: per-segment reductions run in an unbatched, ungated GEMM's epilogue",
+                              fs_.segment));
     if (a != 1) throw Error(fmt::format("the spec needs exactly one operand_a arg, found {}", a));
     if (b != 1) throw Error(fmt::format("the spec needs exactly one operand_b arg, found {}", b));
     stage(fs_.root, nullptr, 0, "stage 0");

@@ -512,10 +512,11 @@ class Parser {
     }
     if (op == "l2_normalize") {
       arity(e, 1, 1, "1 operand");
-      allow_kws(e, {"eps"});
+      allow_kws(e, {"eps", "segment"});
       const double eps = number_kw(e, "eps", 1e-12);
+      const int64_t segment = segment_kw(e);
       Value x = arg(0);
-      return build([&] { return g_.l2_normalize(x, eps); });
+      return build([&] { return g_.l2_normalize(x, eps, segment); });
     }
     if (op == CausalMaskOp::name) {
       arity(e, 1, 1, "1 operand (a matmul's [M, N] output, e.g. the attention scores)");
@@ -525,9 +526,10 @@ class Parser {
     }
     if (op == "softmax" || op == "log_softmax") {
       arity(e, 1, 1, "1 operand");
-      allow_kws(e, {});
+      allow_kws(e, {"segment"});
+      const int64_t segment = segment_kw(e);
       Value x = arg(0);
-      return build([&] { return op == "softmax" ? g_.softmax(x) : g_.log_softmax(x); });
+      return build([&] { return op == "softmax" ? g_.softmax(x, segment) : g_.log_softmax(x, segment); });
     }
 
     const auto u = unary_op_from_name(op);

@@ -83,7 +83,8 @@ TEST(Segments, TextFormatRoundTrips) {
   const std::string src =
       "input a: bf16[M, K]\ninput w: bf16[N, K]\ninput gamma: bf16[128]\ninput beta: f32[128]\n"
       "x = matmul(a, w)\ny = layer_norm(x, gamma, beta, eps=1e-5, segment=128)\n"
-      "z = sum(x, segment=128)\noutput y: bf16\noutput z: f32\n";
+      "z = sum(x, segment=128)\np = softmax(x, segment=128)\nq = l2_normalize(x, segment=128)\n"
+      "output y: bf16\noutput z: f32\noutput p: bf16\noutput q: bf16\n";
   const Graph g = parse_graph(src);
   const Graph again = parse_graph(print_graph(g));
   EXPECT_EQ(print_graph(again), print_graph(g));
@@ -114,6 +115,13 @@ TEST(Segments, PhiBuildsOneSegmentedSpec) {
   EXPECT_EQ(plain, 1);
   verify(fs);
   EXPECT_EQ(parse_spec(print(fs)), fs);
+  // verify() refuses what no per-segment kernel is: a per-row output, a batch.
+  FusionSpec col_out = fs;
+  col_out.args.back().value_class = ValueClass::Col;
+  expect_error([&] { verify(col_out); }, "stores tiles only");
+  FusionSpec batched = fs;
+  batched.batch = Dim::of("B");
+  expect_error([&] { verify(batched); }, "unbatched, ungated");
 
   // The kernel's reading of the spec against the graph's, on random inputs.
   std::mt19937_64 rng(11);
@@ -137,7 +145,7 @@ TEST(Segments, PhiRefusesMixturesAndKeepsStatisticsInside) {
     EXPECT_EQ(r.regions[0].spec.segment, 64);
     EXPECT_NE(describe(t.g, r).find("one kernel reduces either"), std::string::npos) << describe(t.g, r);
   }
-  {  // the per-head statistic as an output: it leaves the kernel, the norm stays fused
+  {  // the per-head statistic as an output: it leaves the kernel, and the norm computed from it too
     Heads t;
     Value ms = t.g.reduce(ReduceOp::Mean, t.g.unary(UnaryOp::Square, t.acc), -1, 128);
     Value rstd = t.g.unary(UnaryOp::Rsqrt, ms + 1e-6);
@@ -156,6 +164,30 @@ TEST(Segments, PhiRefusesMixturesAndKeepsStatisticsInside) {
     for (const char* o : {"y", "rstd"})
       for (size_t i = 0; i < want.at(o).data.size(); ++i)
         ASSERT_NEAR(got.at(o).data[i], want.at(o).data[i], 1e-9 * (1 + std::fabs(want.at(o).data[i]))) << o << i;
+  }
+  {  // a vector periodic against a value segmented outside the GEMM (a reduction of an input),
+     // admitted with the region's segment; the region's only segmented reduction then leaves
+     // (its statistic an output): the vector's consumer leaves with it, not read as a scalar
+    Heads t;
+    Value s = t.g.reduce(ReduceOp::Sum, t.acc, -1, 4);
+    Value l = t.g.reduce(ReduceOp::Sum, t.g.input("t", DType::BF16, {Dim::of("M"), Dim::of("N")}), -1, 4);
+    Value y = t.acc * l * t.vec("v", 4);
+    t.g.output(y, "y", DType::F32);
+    t.g.output(s, "s", DType::F32);
+    const LoweringResult r = lower(t.g);
+    ASSERT_EQ(r.regions.size(), 1u);
+    EXPECT_EQ(r.regions[0].spec.segment, 0) << describe(t.g, r);
+    EXPECT_NE(describe(t.g, r).find("operand 'v' of shape [4] repeats every 4 columns"), std::string::npos)
+        << describe(t.g, r);
+    verify(r.regions[0].spec);
+    std::mt19937_64 rng(9);
+    const Bindings d = dims(3, 12, 5);
+    const TensorMap in = random_inputs(t.g, d, rng);
+    const TensorMap want = run_graph(t.g, d, in), got = run_lowered(t.g, r, d, in);
+    // The region stores the GEMM's tile for the statistic (as f32): within its rounding.
+    for (const char* o : {"y", "s"})
+      for (size_t i = 0; i < want.at(o).data.size(); ++i)
+        ASSERT_NEAR(got.at(o).data[i], want.at(o).data[i], 1e-6 * (1 + std::fabs(want.at(o).data[i]))) << o << i;
   }
 }
 

@@ -287,7 +287,8 @@ TEST(Text, ErrorsCarryLineAndColumn) {
   EXPECT_PARSE_ERROR(h + "z relu(x)\n", 3, 3, "expected '=' after `z`");
   EXPECT_PARSE_ERROR(h + "= relu(x)\n", 3, 1, "expected a statement");
   EXPECT_PARSE_ERROR(h + "z = relu(,)\n", 3, 10, "expected an operand");
-  EXPECT_PARSE_ERROR(h + "z = softmax(x, dim=0)\n", 3, 16, "`softmax` takes no keyword arguments");
+  EXPECT_PARSE_ERROR(h + "z = softmax(x, dim=0)\n", 3, 16, "`softmax` has no keyword `dim` (it takes segment=)");
+  EXPECT_PARSE_ERROR(h + "z = relu(x, dim=0)\n", 3, 13, "`relu` takes no keyword arguments");
 }
 
 TEST(Text, Limits) {

@@ -109,31 +109,3 @@ def load_bench(script: str):
         sys.modules[name] = mod  # dataclasses look their module up while the file executes
         spec.loader.exec_module(mod)
     return sys.modules[name]
-
-
-_phi_segments: list[bool] = []
-
-
-def phi_fuses_segments() -> bool:
-    """Whether Φ (and the planner) fuse a region whose reductions run over segments of the last
-    dim (a per-head RMSNorm after a GEMM, Graph.rms_norm(segment=...)): probed once on a graph of
-    its own, so that tests hold before and after the lowering takes them."""
-    if not _phi_segments:
-        from comfuse import _core
-
-        ok = False
-        try:
-            g = _core.Graph()
-            acc = g.matmul(g.input("a", "bf16", ["M", "K"]), g.input("b", "bf16", ["N", "K"]), "nk")
-            y = g.rms_norm(g.cast(acc, "f32"), g.input("w", "f32", [64]), 1e-6, 64)
-            g.output(g.cast(y, "bf16"), "y", "bf16")
-            low = _core.lower(g)
-            regions = low.regions()
-            want = {i for i in range(len(g)) if g.node(i)["kind"] not in ("input", "const")}
-            if regions and not low.fallbacks() and want <= set(regions[0].fused_nodes):
-                regions[0].plan({"M": 64, "N": 256, "K": 64})
-                ok = True
-        except Exception:
-            ok = False
-        _phi_segments.append(ok)
-    return _phi_segments[0]

@@ -16,7 +16,7 @@ import torch
 
 import comfuse
 
-from conftest import close, phi_fuses_segments
+from conftest import close
 from test_runtime_glue import emulate  # noqa: F401 (the fixture: kernels emulated on the CPU)
 
 tf = pytest.importorskip("transformers")
@@ -62,7 +62,7 @@ ARCHS = {
     # and Starcoder 2 (LayerNorm), and the parallel residual of Falcon, GPT-J and Phi (the MLP's
     # output and the attention's meet in one add after the attention's projection). Qwen 3's and
     # Gemma 3's per-head q/k norms (over each head's columns: segmented reductions, Gemma 3's after
-    # the transpose of the heads) join q_proj and k_proj where Φ fuses them (PER_HEAD_NORMS).
+    # the transpose of the heads) join q_proj and k_proj (PER_HEAD_NORMS), as Cohere's per-head LayerNorms do.
     "gemma2": (lambda: tf.Gemma2ForCausalLM(_llama_like(tf.Gemma2Config, head_dim=64)),
                ["self_attn.o_proj", "mlp.gate_proj", "mlp.down_proj"]),
     "gemma3": (lambda: tf.Gemma3ForCausalLM(_llama_like(tf.Gemma3TextConfig, head_dim=64)),
@@ -84,6 +84,8 @@ ARCHS = {
                                                       n_inner=I)),
              ["attn.out_proj", "mlp.fc_in"]),
     "phi": (lambda: tf.PhiForCausalLM(_llama_like(tf.PhiConfig)), ["self_attn.dense", "mlp.fc1"]),
+    # Cohere: the parallel residual, LayerNorm without bias, per-head q/k LayerNorms (use_qk_norm).
+    "cohere": (lambda: tf.CohereForCausalLM(_llama_like(tf.CohereConfig, use_qk_norm=True)), ["mlp.gate_proj"]),
     "phi3": (lambda: tf.Phi3ForCausalLM(tf.Phi3Config(hidden_size=H, num_hidden_layers=L, num_attention_heads=2,
                                                       num_key_value_heads=2, intermediate_size=I, vocab_size=512,
                                                       pad_token_id=0, bos_token_id=0, eos_token_id=0)),
@@ -91,10 +93,9 @@ ARCHS = {
 }
 
 
-# The projections whose per-head norm (translate: segments) fuses with them, where Φ fuses
-# segmented reductions (conftest.phi_fuses_segments); before, they run unfused, the output
-# matching eager either way.
-PER_HEAD_NORMS = {"qwen3": ["self_attn.q_proj", "self_attn.k_proj"], "gemma3": ["self_attn.q_proj", "self_attn.k_proj"]}
+# The projections whose per-head norm (per-segment reductions: segments.py) fuses with them;
+# Cohere's is a LayerNorm over each head with a weight per head ([H, D]: a row of N).
+PER_HEAD_NORMS = {"cohere": ["self_attn.q_proj", "self_attn.k_proj"], "qwen3": ["self_attn.q_proj", "self_attn.k_proj"], "gemma3": ["self_attn.q_proj", "self_attn.k_proj"]}
 
 
 class Logits(torch.nn.Module):
@@ -113,8 +114,7 @@ def test_architecture_runs_its_regions_fused_and_matches_eager(emulate, arch, mo
 
     monkeypatch.setattr(attention, "find", lambda gm, next_id: [])
     make, roots = ARCHS[arch]
-    if phi_fuses_segments():
-        roots = roots + PER_HEAD_NORMS.get(arch, [])
+    roots = roots + PER_HEAD_NORMS.get(arch, [])
     torch.manual_seed(0)
     model = Logits(make()).to(torch.bfloat16).eval()
     ids = torch.randint(0, 512, (2, 24))

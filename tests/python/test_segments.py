@@ -2,7 +2,7 @@
 normalized over each head's D columns translates as segmented reductions of the GEMM's [M, N]
 tile (translate.py, "Segments"). Checked here on the CPU: the translated graph (its segment, the
 [D] weight as a periodic vector) against the region's aten ops in fp64 at ragged row counts (and
-through Φ's Fusion Spec executor where Φ fuses segmented reductions), the compiled model against
+through Φ's Fusion Spec executor), the compiled model against
 eager with the kernel emulated and without it (the aten fallback, eager and Inductor for the
 rest), the transposed output's layout, and what stays out of a region with the reason."""
 import pytest
@@ -14,7 +14,7 @@ import comfuse
 from comfuse import reference as R
 from comfuse.capture import capture
 
-from conftest import close, compile_vs_eager, phi_fuses_segments, randn
+from conftest import close, compile_vs_eager, randn
 from test_runtime_glue import emulate  # noqa: F401 (the fixture: kernels emulated on the CPU)
 
 
@@ -78,9 +78,7 @@ def _model(seed=0, **kw):
 def check_fp64(c, values):
     """The translated graph on the fp64 executor (and Φ's, where it fuses segmented reductions)
     against the region's aten ops in fp64: equal up to a rounding flipped by reassociation."""
-    got = {"graph executor": R.comfuse_fp64(c, values)}
-    if phi_fuses_segments():
-        got["lowered (Fusion Spec) executor"] = R.lowered_fp64(c, values)
+    got = {"graph executor": R.comfuse_fp64(c, values), "lowered (Fusion Spec) executor": R.lowered_fp64(c, values)}
     ref = R.eager_fp64(c, values)
     assert ref
     for name, r in ref.items():
@@ -138,9 +136,8 @@ def test_per_head_norm_compiled_matches_eager_with_the_kernel_emulated(emulate, 
     close(out, ref)
     assert out.shape == ref.shape and out.stride() == ref.stride()
     (r,) = [r for r in rep.regions if "proj" in r.root]
-    if phi_fuses_segments():
-        assert r.calls == 1 and r.fallback_calls == 0, (r.status, r.reason, r.runtime_fallback)
-        assert {"pow", "mean", "rsqrt"} <= {op.split(":")[-1].split(" ")[0] for op in r.ops}, r.ops
+    assert r.calls == 1 and r.fallback_calls == 0, (r.status, r.reason, r.runtime_fallback)
+    assert {"pow", "mean", "rsqrt"} <= {op.split(":")[-1].split(" ")[0] for op in r.ops}, r.ops
 
 
 @pytest.mark.parametrize("rest", ["eager", "inductor"])
@@ -154,7 +151,7 @@ def test_forced_region_runs_its_aten_ops_and_keeps_the_layout(rest):
     out, ref, rep = compile_vs_eager(model, randn(2, 3, 72, offset=0.1, seed=5))
     close(out, ref)
     (r,) = [r for r in rep.regions if "proj" in r.root]
-    if phi_fuses_segments() and not comfuse.gpu_available()[0]:
+    if not comfuse.gpu_available()[0]:
         assert r.calls == 1 and r.fallback_calls == 1, (r.status, r.reason)
 
 
