@@ -35,6 +35,20 @@ struct Heads {
 
 Bindings dims(int64_t m, int64_t n, int64_t k) { return {{"M", m}, {"N", n}, {"K", k}}; }
 
+// run_lowered (each region through its Fusion Spec) against run_graph on random inputs, every
+// output within `rel` (what a region stores for a consumer outside it is rounded to f32).
+void expect_lowered_matches(const Graph& g, const LoweringResult& r, const Bindings& d, uint64_t seed, double rel) {
+  std::mt19937_64 rng(seed);
+  const TensorMap in = random_inputs(g, d, rng);
+  const TensorMap want = run_graph(g, d, in), got = run_lowered(g, r, d, in);
+  for (const GraphOutput& o : g.outputs()) {
+    const Tensor &a = got.at(o.name), &b = want.at(o.name);
+    ASSERT_EQ(a.shape, b.shape) << o.name;
+    for (size_t i = 0; i < b.data.size(); ++i)
+      ASSERT_NEAR(a.data[i], b.data[i], rel * (1 + std::fabs(b.data[i]))) << o.name << "[" << i << "]";
+  }
+}
+
 // y[r, c] by hand: RMSNorm of row r's segment holding column c, times gamma[c mod seg].
 Tensor hand_head_rms_norm(const Tensor& acc, const Tensor& gamma, int64_t seg, double eps) {
   const int64_t M = acc.shape[0], N = acc.shape[1];
@@ -124,15 +138,7 @@ TEST(Segments, PhiBuildsOneSegmentedSpec) {
   expect_error([&] { verify(batched); }, "unbatched, ungated");
 
   // The kernel's reading of the spec against the graph's, on random inputs.
-  std::mt19937_64 rng(11);
-  const Bindings d = dims(7, 384, 40);
-  const TensorMap in = random_inputs(t.g, d, rng);
-  const TensorMap want = run_graph(t.g, d, in), got = run_lowered(t.g, r, d, in);
-  for (const char* o : {"h", "y"}) {
-    ASSERT_EQ(got.at(o).shape, want.at(o).shape) << o;
-    for (size_t i = 0; i < want.at(o).data.size(); ++i)
-      ASSERT_NEAR(got.at(o).data[i], want.at(o).data[i], 1e-9 * (1 + std::fabs(want.at(o).data[i]))) << o << i;
-  }
+  expect_lowered_matches(t.g, r, dims(7, 384, 40), 11, 1e-9);
 }
 
 TEST(Segments, PhiRefusesMixturesAndKeepsStatisticsInside) {
@@ -157,13 +163,7 @@ TEST(Segments, PhiRefusesMixturesAndKeepsStatisticsInside) {
     // The statistic and what it feeds leave; the square of the tile stays, stored for them.
     EXPECT_EQ(r.regions[0].spec.reduction_count(), 0) << describe(t.g, r);
     EXPECT_EQ(r.regions[0].spec.segment, 0) << describe(t.g, r);
-    std::mt19937_64 rng(5);
-    const Bindings d = dims(3, 256, 24);
-    const TensorMap in = random_inputs(t.g, d, rng);
-    const TensorMap want = run_graph(t.g, d, in), got = run_lowered(t.g, r, d, in);
-    for (const char* o : {"y", "rstd"})
-      for (size_t i = 0; i < want.at(o).data.size(); ++i)
-        ASSERT_NEAR(got.at(o).data[i], want.at(o).data[i], 1e-9 * (1 + std::fabs(want.at(o).data[i]))) << o << i;
+    expect_lowered_matches(t.g, r, dims(3, 256, 24), 5, 1e-9);
   }
   {  // a vector periodic against a value segmented outside the GEMM (a reduction of an input),
      // admitted with the region's segment; the region's only segmented reduction then leaves
@@ -180,14 +180,8 @@ TEST(Segments, PhiRefusesMixturesAndKeepsStatisticsInside) {
     EXPECT_NE(describe(t.g, r).find("operand 'v' of shape [4] repeats every 4 columns"), std::string::npos)
         << describe(t.g, r);
     verify(r.regions[0].spec);
-    std::mt19937_64 rng(9);
-    const Bindings d = dims(3, 12, 5);
-    const TensorMap in = random_inputs(t.g, d, rng);
-    const TensorMap want = run_graph(t.g, d, in), got = run_lowered(t.g, r, d, in);
     // The region stores the GEMM's tile for the statistic (as f32): within its rounding.
-    for (const char* o : {"y", "s"})
-      for (size_t i = 0; i < want.at(o).data.size(); ++i)
-        ASSERT_NEAR(got.at(o).data[i], want.at(o).data[i], 1e-6 * (1 + std::fabs(want.at(o).data[i]))) << o << i;
+    expect_lowered_matches(t.g, r, dims(3, 12, 5), 9, 1e-6);
   }
 }
 
