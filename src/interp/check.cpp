@@ -61,7 +61,17 @@ double rounding_tolerance(DType t) { return t == DType::BF16 ? 4e-3 : t == DType
 
 void check_sizes(const Graph& g, const Bindings& dims) {
   std::set<std::string> seen;
+  std::vector<std::string> who;  // user_descriptions(g), built when a message needs it
   for (const Node& n : g.nodes()) {
+    // A per-segment reduction's last dim, bound now, in whole runs (graph.cpp checked it where concrete).
+    if (n.kind == OpKind::Reduce && n.segment > 0 && !n.shape.empty()) {
+      const Dim& last = n.shape.back();
+      if (const int64_t cols = resolve(last, dims); cols % n.segment != 0) {
+        if (who.empty()) who = user_descriptions(g);
+        throw Error(n.loc, fmt::format("{}: its last dim {} = {} is not a whole number of runs of {} columns",
+                                       who[static_cast<size_t>(n.id)], last.str(), cols, n.segment));
+      }
+    }
     for (const Dim& d : n.shape) {
       const std::string name = d.sym.empty() ? fmt::format("a dimension of '{}'", n.name) : d.sym;
       if (!d.sym.empty() && !seen.insert(d.sym).second) continue;
