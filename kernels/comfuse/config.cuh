@@ -188,9 +188,9 @@ struct KernelConfig {
   COMFUSE_HOST_DEVICE constexpr int hw_cluster_x() const { return splits_in_cluster ? k_splits : cluster_m; }
   COMFUSE_HOST_DEVICE constexpr int hw_cluster_size() const { return hw_cluster_x() * cluster_n; }
   COMFUSE_HOST_DEVICE constexpr int row_peers() const { return cluster_n * row_group; }  // CTAs sharing a row
-  COMFUSE_HOST_DEVICE constexpr bool cross_cta_reduction() const {
-    return row_reduction && row_segment == 0 && row_peers() > 1;
-  }
+  // CTAs that reduce the same rows together: a per-segment reduction finishes in each tile alone.
+  COMFUSE_HOST_DEVICE constexpr int reduce_peers() const { return row_segment > 0 ? 1 : row_peers(); }
+  COMFUSE_HOST_DEVICE constexpr bool cross_cta_reduction() const { return row_reduction && reduce_peers() > 1; }
   // A slices of the multicast along N (each >= 8 rows: one swizzle atom), B slices along M.
   COMFUSE_HOST_DEVICE constexpr int a_slices() const { return cluster_n < tile_m / 8 ? cluster_n : tile_m / 8; }
   // Rows of A's TMA box: a short box (a_box_rows), else one multicast slice (the whole tile).

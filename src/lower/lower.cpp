@@ -361,9 +361,13 @@ class Lowering {
   }
 
   // --- per-segment reductions (Node::segment) ------------------------------------------
+  // A vector of `segment` elements: read periodically against a value over runs of that many columns.
+  static bool segment_vector(const Node& leaf, int64_t segment) {
+    return segment > 0 && leaf.shape.size() == 1 && leaf.shape[0] == Dim::of(segment);
+  }
   // A vector of n's segment length against n's other operand of another last dim: periodic.
   static bool periodic_leaf(const Node& n, const Node& leaf) {
-    return n.kind == OpKind::Binary && n.segment > 0 && leaf.shape.size() == 1 && leaf.shape[0] == Dim::of(n.segment);
+    return n.kind == OpKind::Binary && segment_vector(leaf, n.segment);
   }
 
   // Members of region r whose value is one per row of a segment (a Col value of the kernel, though
@@ -662,8 +666,7 @@ class Lowering {
         SpecNode b;
         b.category = NodeCategory::Broadcast;
         // A vector of the segment's length is a row read periodically (periodic_row).
-        const bool periodic = fs.segment > 0 && leaf.shape.size() == 1 && leaf.shape[0] == Dim::of(fs.segment);
-        b.value_class = periodic ? ValueClass::Row : *classify(leaf.shape, frame);
+        b.value_class = segment_vector(leaf, fs.segment) ? ValueClass::Row : *classify(leaf.shape, frame);
         b.origin = leaf.name;
         if (leaf.kind == OpKind::Constant) {
           b.broadcast = BroadcastKind::Scalar;

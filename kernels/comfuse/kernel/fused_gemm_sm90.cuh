@@ -95,9 +95,7 @@ struct FusedGemmSm90 {
   using HandOver = cluster::SplitHandOver<C>;
   struct NoHandOver {};
   static constexpr bool kWorkspace = C.uses_exchange_workspace();    // the launch counter (epoch) and its users
-  // CTAs that hold the same rows and reduce them together; a per-segment reduction
-  // (row_segment) finishes in each tile alone.
-  static constexpr int RowPeers = C.row_segment > 0 ? 1 : C.row_peers();
+  static constexpr int RowPeers = C.reduce_peers();  // CTAs that hold the same rows and reduce them together
   using Geo = epi::Geometry<kEpiRows, BN, RowPeers, C.aggregation, NTiles, /*Batched=*/false, ClusterM,
                             /*RetireEarly=*/C.begin_early, kW, C.pair_hand_over>;
   using EpiExec = typename Epi::template Exec<Geo>;
