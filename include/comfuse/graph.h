@@ -44,6 +44,8 @@ enum class OpKind {
   Reduce,     // over one dim, keepdim; `dim` is -1 for the last dim
   Transpose,  // rank-2 transpose (outside the fusion domain; executed by the reference)
   CausalMask, // -inf where col > row of a matmul's [M, N] output (ops.h, CausalMaskOp)
+  RotateHalf, // rotary embeddings' rotate_half within runs of `segment` columns (ops.h, RotateHalfOp)
+  RotatePairs,// the interleaved rotation over (even, odd) column pairs (ops.h, RotatePairsOp)
 };
 std::string_view name_of(OpKind k);
 
@@ -60,11 +62,13 @@ struct Node {
   BinaryOp binary = BinaryOp::Add;
   ReduceOp reduce = ReduceOp::Sum;
   int reduce_dim = -1;  // -1 or rank-1: last dim (fusable); otherwise another dim
-  // Segments of the last dim (per-head norms: Qwen 3's and Gemma 3's q/k norms over each head's
-  // columns). A Reduce with segment S > 0 reduces each run of S consecutive columns of the last
-  // dim and keeps its operand's shape: every column holds its run's statistic. Any other node
-  // carries the segment of the segmented reductions it is computed from (0: none), so a row
-  // vector of S elements broadcasts against it periodically (column j reads element j mod S).
+  // Segments of the last dim (heads: per-head norms such as Qwen 3's and Gemma 3's q/k norms,
+  // rotary embeddings). A Reduce with segment S > 0 reduces each run of S consecutive columns of
+  // the last dim and keeps its operand's shape: every column holds its run's statistic. A
+  // RotateHalf rotates within each run. Any other node carries the segment of the per-segment
+  // ops it is computed from, or the one a binary names (0: none), so an operand whose last dim
+  // is S (a row vector [S], or rows [M, S] such as rotary cos/sin) broadcasts against it
+  // periodically (column j reads column j mod S).
   int64_t segment = 0;
   double value = 0.0;   // Constant
   BLayout b_layout = BLayout::NK;
@@ -106,6 +110,9 @@ class Graph {
   Value unary(UnaryOp op, Value x);
   Value binary(BinaryOp op, Value a, Value b);
   Value binary(BinaryOp op, Value a, double b) { return binary(op, a, constant(b)); }
+  // The same over runs of `segment` columns (Node::segment): an operand whose last dim is
+  // `segment` ([S] or [M, S]) reads column j mod S against the other's last dim.
+  Value binary(BinaryOp op, Value a, Value b, int64_t segment);
   Value cast(Value x, DType to);
   // `segment` > 0: over each run of that many columns of the last dim (Node::segment).
   Value reduce(ReduceOp op, Value x, int dim = -1, int64_t segment = 0);
@@ -114,6 +121,11 @@ class Graph {
   // past the row (query). `x` must be a tile [M, N] of a matmul's output or computed from one
   // (e.g. matmul(q, k) * scale): the mask reads the element's row and column in that output.
   Value causal_mask(Value x);
+  // rotate_half within each run of `segment` columns of x's last dim (ops.h, RotateHalfOp).
+  Value rotate_half(Value x, int64_t segment);
+  // The interleaved rotation over column pairs (ops.h, RotatePairsOp), of heads of `segment`
+  // columns (their cos and sin then read periodically).
+  Value rotate_pairs(Value x, int64_t segment);
 
   // Composites (expanded into primitives). gamma/beta may be absent (id -1). `segment` > 0
   // normalizes each run of that many columns (a per-head norm; gamma/beta then have `segment`
@@ -123,6 +135,10 @@ class Graph {
   Value softmax(Value x, int64_t segment = 0);
   Value log_softmax(Value x, int64_t segment = 0);
   Value l2_normalize(Value x, double eps = 1e-12, int64_t segment = 0);
+  // Rotary position embeddings over heads of `segment` columns: x * cos + rotate_half(x) * sin,
+  // cos and sin [rows, segment] (one row per row of x) or [segment], read periodically;
+  // `interleaved`: rotate_pairs(x) instead (GPT-J's and Cohere's layout).
+  Value rope(Value x, Value cos, Value sin, int64_t segment, bool interleaved = false);
 
   void output(Value v, const std::string& name, DType dtype);
 
@@ -142,6 +158,8 @@ class Graph {
   Value add_node(Node n);
   std::string fresh_name(const std::string& stem);
   Shape broadcast_shapes(const Shape& a, const Shape& b, std::string_view what) const;
+  // rotate_half's and rotate_pairs' node (`kind`), checked: x's last dim in whole runs of an even segment.
+  Value rotation(OpKind kind, std::string_view what, Value x, int64_t segment);
   // The segment a node computed from a and b carries (Node::segment); throws where they differ.
   int64_t joint_segment(const Node& a, const Node& b, std::string_view what) const;
 

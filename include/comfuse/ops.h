@@ -66,4 +66,35 @@ struct CausalMaskOp {
   }
 };
 
+// rotate_half within runs of `segment` columns of the last dim (rotary position embeddings,
+// transformers' rotate_half applied to each head of S columns): column j of the result reads
+// column partner(j) of its operand, negated in each run's first half. Not an ops.def row: it
+// reads another column of its operand (OpKind::RotateHalf, ComputeKind::RotateHalf). The device
+// node (nodes.cuh, RotateHalf<Src, Segment>) reads the partner from the same thread's
+// accumulator fragment S/2 columns away, so a kernel's tile spans whole runs.
+struct RotateHalfOp {
+  static constexpr std::string_view name = "rotate_half";
+  static constexpr std::string_view device_node = "RotateHalf";
+  // The column of the operand that column `col` reads, and whether it is negated.
+  static int64_t partner(int64_t col, int64_t segment) {
+    return col % segment < segment / 2 ? col + segment / 2 : col - segment / 2;
+  }
+  static bool negated(int64_t col, int64_t segment) { return col % segment < segment / 2; }
+  static double apply(double partner_value, int64_t col, int64_t segment) {
+    return negated(col, segment) ? -partner_value : partner_value;
+  }
+};
+
+// The interleaved rotation of rotary embeddings (GPT-J's rotate_every_two, Cohere's rotate_half,
+// complex-number RoPE over (even, odd) pairs): column 2i of the result reads -x[2i + 1], column
+// 2i + 1 reads x[2i]. Its own kind (OpKind::RotatePairs, ComputeKind::RotatePairs); the device
+// node (nodes.cuh, RotatePairs<Src>) reads the partner from the same fragment: a thread holds
+// columns 2i and 2i + 1 side by side in the wgmma accumulator layout.
+struct RotatePairsOp {
+  static constexpr std::string_view name = "rotate_pairs";
+  static constexpr std::string_view device_node = "RotatePairs";
+  static int64_t partner(int64_t col) { return col ^ 1; }
+  static double apply(double partner_value, int64_t col) { return col % 2 == 0 ? -partner_value : partner_value; }
+};
+
 }  // namespace comfuse

@@ -28,7 +28,9 @@ enum class NodeCategory { AccEntry, Broadcast, Compute, Reduction, Placeholder, 
 enum class ValueClass { Tile, Col, Row, Scalar };
 enum class BroadcastKind { Scalar, Row, Col, Tile };  // Scalar: a literal or a runtime scalar arg; Tile: an [M, N] input
 // CausalMask: -inf where the element's column lies past its row (ops.h, CausalMaskOp), of a tile.
-enum class ComputeKind { Unary, Binary, Cast, CausalMask };
+// RotateHalf: rotary embeddings' rotate_half within each run of FusionSpec::segment columns
+// (ops.h, RotateHalfOp), of a tile; RotatePairs: the interleaved rotation (ops.h, RotatePairsOp).
+enum class ComputeKind { Unary, Binary, Cast, CausalMask, RotateHalf, RotatePairs };
 enum class PlaceholderKind { Stat, Bypass };
 // Two reductions of a chain that share one exchange round (pair_kind below).
 enum class PairKind { None, MeanVariance, MaxExpSum };
@@ -105,11 +107,12 @@ struct FusionSpec {
   // Unset (Dim{}, printed as nothing) when not batched.
   Dim batch;
   bool batched() const { return !batch.sym.empty() || batch.size >= 0; }
-  // Per-segment reductions (graph.h Node::segment: per-head norms): every Reduction of the spec
-  // spans each run of `segment` columns instead of the whole row, so its statistic (a Col value)
-  // is one per row of a segment; 0: whole rows. The kernel takes tiles of `segment` columns
-  // (KernelConfig::row_segment), which finish their rows alone. A RowVector argument of
-  // `segment` elements is then read periodically (periodic_row).
+  // Segments of N (graph.h Node::segment: heads). Every Reduction of the spec spans each run of
+  // `segment` columns instead of the whole row, so its statistic (a Col value) is one per row of
+  // a segment; every RotateHalf (RotatePairs) rotates within each run; 0: whole rows, no RotateHalf. The
+  // kernel's tiles span whole runs (with reductions one run: KernelConfig::row_segment), which
+  // finish their rows alone. An argument whose last dim is `segment` is read periodically
+  // (periodic_arg).
   int64_t segment = 0;
   // A gated GEMM: an OperandGate argument (B3) beside OperandB sharing A (KernelConfig::gated).
   bool gated() const { return arg_index(ArgRole::OperandGate) >= 0; }
@@ -141,9 +144,10 @@ struct FusionSpec {
   std::map<std::pair<const Spec*, int>, int> staging_borrows() const;
 };
 
-// Whether argument `a` is a row vector of the spec's segment length read periodically along N
-// (column j reads element j mod segment), not one value per column.
-bool periodic_row(const FusionSpec& s, const RuntimeArg& a);
+// Whether argument `a` has the spec's segment length as its last dim and is read periodically
+// along N (column j reads column j mod segment): a row vector [S] (a per-head norm's gamma) or a
+// tile input [M, S] (rotary embeddings' cos and sin, one row per row of the GEMM).
+bool periodic_arg(const FusionSpec& s, const RuntimeArg& a);
 
 // Whether reduction `i` of `stage` and its PostStage's reduction form a pair whose statistics
 // merge exactly from per-CTA partials, so the device exchanges both in ONE round

@@ -217,7 +217,7 @@ def _runtime(c) -> tuple[RuntimeRegion, list[fx.Node], list[fx.Node]]:
         rr = RuntimePair(info, c.lowering, tr, sub, c.dims)
     else:
         rr = RuntimeRegion(info, c.region, tr.input_roles, tr.input_names, tr.output_names, sub, tr.output_classes,
-                           tr.input_cols)
+                           tr.input_cols, tr.input_rows)
     return rr, ext_t, ext_s
 
 

@@ -37,6 +37,7 @@ import torch.fx as fx
 from . import _core
 from .config import config
 from .partition import RegionInfo, m_bucket
+from .segments import ptile_rows
 from .translate import _DTYPES, column_block
 
 log = logging.getLogger("comfuse")
@@ -153,12 +154,16 @@ class RuntimeRegion:
 
     def __init__(self, info: RegionInfo, region, roles: list[str], names: list[str], out_names: list[str],
                  subgraph: fx.GraphModule, out_classes: list[str] | None = None,
-                 cols: list[tuple[int, int] | None] | None = None):
+                 cols: list[tuple[int, int] | None] | None = None, rows: list[tuple | None] | None = None):
         self.info = info
         self.region = region              # _core.Region: its Fusion Spec
-        self.roles = roles                # per kernel input: a, b (b3: a gated region's second), row, col, tile, vec
+        # per kernel input: a, b (b3: a gated region's second), row, col, tile, vec, ptile
+        self.roles = roles
         self.names = names                # their ComFuse graph names
         self.cols = cols or [None] * len(roles)  # the block of its tensor's last dim an input reads (translate.py)
+        # How an input's tensor is viewed (or expanded) as the kernel's rows (segments.rows_of: RoPE's
+        # cos and sin, role ptile [M, D], or tile [M, N] with one head), or None.
+        self.rows = rows or [None] * len(roles)
         self.out_names = out_names
         self.out_classes = out_classes or ["tile"] * len(out_names)  # tile [M, N] or col [M, 1]
         self.subgraph = subgraph          # the region's aten ops: fake impl and fallback
@@ -313,7 +318,7 @@ class RuntimeRegion:
             """t as an r x c row-major matrix with a 16-byte aligned base and row stride."""
             return _packed_rows(t.reshape(r, c) if t.dim() != 2 or tuple(t.shape) != (r, c) else t, info.id)
 
-        for t, role, name, cols in zip(tensors, self.roles, self.names, self.cols):
+        for t, role, name, cols, layout in zip(tensors, self.roles, self.names, self.cols, self.rows):
             t = column_block(t, cols)
             if role == "scalar":
                 if t.device.type != "cpu" and capturing:
@@ -341,6 +346,8 @@ class RuntimeRegion:
                 args[name] = (x.data_ptr(), dt, [m if role == "col" else x.numel()], 0)
                 views[name] = x
                 continue
+            elif layout is not None:  # RoPE's cos and sin as the model has them (segments.ptile_rows)
+                x = _packed_rows(ptile_rows(t, m, layout), info.id)
             else:  # tile
                 x = rows(t, m, n)
             args[name] = (x.data_ptr(), dt, list(x.shape), x.stride(0))
@@ -367,7 +374,7 @@ class RuntimePair(RuntimeRegion):
 
     def __init__(self, info: RegionInfo, lowering, tr, subgraph: fx.GraphModule, dims: dict):
         super().__init__(info, None, tr.input_roles, tr.input_names, tr.output_names, subgraph, tr.output_classes,
-                         tr.input_cols)
+                         tr.input_cols, tr.input_rows)
         self.lowering = lowering
         self.shapes = tr.input_shapes
         self.transposed = tr.input_transposed
@@ -400,8 +407,8 @@ class RuntimePair(RuntimeRegion):
     def prepare(self, tensors, sizes, dev, m: int, capturing: bool = False):
         dims = self._dims(m)
         args, scalars, views = {}, {}, {}
-        for t, role, name, shape, tr, cols in zip(tensors, self.roles, self.names, self.shapes, self.transposed,
-                                                  self.cols):
+        for t, role, name, shape, tr, cols, layout in zip(tensors, self.roles, self.names, self.shapes, self.transposed,
+                                                          self.cols, self.rows):
             t = column_block(t, cols)
             if role == "scalar":
                 if t.device.type != "cpu" and capturing:
@@ -419,7 +426,10 @@ class RuntimePair(RuntimeRegion):
                 views[name] = x
                 continue
             # A B given as N x K reaches the op as its t() ([K, N]): the kernel reads the N x K rows.
-            x = t.reshape(want[1], want[0]).t() if tr else t.reshape(want)
+            if layout is not None:
+                x = ptile_rows(t, m, layout)
+            else:
+                x = t.reshape(want[1], want[0]).t() if tr else t.reshape(want)
             x = _packed_rows(x, self.info.id)
             args[name] = (x.data_ptr(), dt, list(x.shape), x.stride(0))
             views[name] = x

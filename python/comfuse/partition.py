@@ -432,7 +432,10 @@ def decide(c: Candidate) -> None:
     tiles_in = sum(val(n).element_size() for n, r in zip(tr.inputs, tr.input_roles) if r == "tile") + (gates + halves) * esize
     out_bytes = sum(val(o).element_size() * (info.n if cls == "tile" else 1)
                     for o, cls in zip(tr.outputs, tr.output_classes))
-    bytes_ = m * (info.n * (esize + tiles_in) + out_bytes)
+    # A row of D per GEMM row (RoPE's cos and sin, segments.py's ptile): D elements a row.
+    rows_in = sum(val(n).element_size() * int(s[-1])
+                  for n, r, s in zip(tr.inputs, tr.input_roles, tr.input_shapes) if r == "ptile")
+    bytes_ = m * (info.n * (esize + tiles_in) + out_bytes + rows_in)
     epi = bytes_ / UNFUSED_EPILOGUE_BYTES_PER_S * 1e6 + EPILOGUE_KERNEL_US
     reductions = region.reductions
     inset = set(c.nodes)

@@ -13,6 +13,7 @@ import torch.fx as fx
 
 from . import _core
 from .partition import external_inputs, region_module
+from .segments import ptile_rows
 from .translate import CASTS, column_block, val
 
 
@@ -34,7 +35,8 @@ def kernel_inputs(c, values: dict[str, torch.Tensor]) -> tuple[dict, dict]:
     m = values[g.a.name].numel() // g.k
     dims = {"M": int(m), "N": g.n, "K": g.k}
     out = {}
-    for node, name, role, cols in zip(tr.inputs, tr.input_names, tr.input_roles, tr.input_cols):
+    for node, name, role, cols, layout in zip(tr.inputs, tr.input_names, tr.input_roles, tr.input_cols,
+                                              tr.input_rows):
         t = column_block(values[node.name], cols)
         if role == "a":
             t = t.reshape(m, g.k)
@@ -50,6 +52,8 @@ def kernel_inputs(c, values: dict[str, torch.Tensor]) -> tuple[dict, dict]:
             t = t.reshape(m, 1)
         elif role == "scalar":
             t = t.reshape(())
+        elif layout is not None:  # RoPE's cos and sin as the model has them (segments.ptile_rows)
+            t = ptile_rows(t, m, layout)
         else:
             t = t.reshape(m, g.n)
         out[name] = t
@@ -61,10 +65,14 @@ def _pair_inputs(c, values: dict[str, torch.Tensor]) -> tuple[dict, dict]:
     m = values[tr.inputs[0].name].numel() // c.dims["K"]  # inputs[0]: X, GEMM1's A
     dims = {**c.dims, "M": int(m)}
     out = {}
-    for node, name, shape, transposed, cols in zip(tr.inputs, tr.input_names, tr.input_shapes, tr.input_transposed,
-                                                   tr.input_cols):
+    for node, name, shape, transposed, cols, role, layout in zip(tr.inputs, tr.input_names, tr.input_shapes,
+                                                                 tr.input_transposed, tr.input_cols, tr.input_roles,
+                                                                 tr.input_rows):
         want = [dims[d] if isinstance(d, str) else int(d) for d in shape]
         t = column_block(values[node.name], cols)
+        if layout is not None:
+            out[name] = ptile_rows(t, int(m), layout)
+            continue
         out[name] = t.reshape(want[::-1]).t() if transposed else t.reshape(want)
     return out, dims
 

@@ -13,6 +13,9 @@ the region's segment length (Translator.segment) is then D. Over such a value:
                                 input [D] (role "vec") read periodically (column j reads j mod D),
                                 which the graph allows only against a value computed from a
                                 segmented reduction (TV.per_seg)
+    row   [H, D]                an operand of one value per head and column, the same for every
+                                row (Cohere's per-head LayerNorm weight): the row [N] of its
+                                elements in order, a graph input [N] (role "row"; heads_row())
 
 A view back to [..., N] is the tile again. A transpose of two dims before the last (Gemma 3 norms
 q after `.transpose(1, 2)`) is the same graph value too, its TV's `perm` those dims: shapes are
@@ -21,14 +24,42 @@ transposed again after the custom op (Translator.output_perms), which gives it t
 elementwise op of the transposed view has in eager (an output of other strides, e.g. softmax's
 packed rows, is refused).
 
+Rotary position embeddings (RoPE, transformers' apply_rotary_pos_emb: q * cos + rotate_half(q) *
+sin over each head, after the transpose of the heads or before it):
+
+    rotate_half         slice(x, -1, 0, D/2), slice(x, -1, D/2, D), neg of the second and
+                        cat((-x2, x1), -1) of a tile over segments (or of a tile whose last dim is
+                        all of N: one head, e.g. a k_proj with one key head) are ONE graph op,
+                        Graph.rotate_half(x, D) (rotation()); the slices and the neg are no values
+    rotate_pairs        the interleaved layout (GPT-J's rotate_every_two, Cohere's rotate_half):
+                        slice(x, -1, 0, end, 2), slice(x, -1, 1, end, 2), neg of the second,
+                        stack((-x2, x1), -1) and the view that flattens it back to [..., D] are
+                        ONE graph op, Graph.rotate_pairs(x, D) (pairs(): column 2i reads
+                        -x[2i + 1], column 2i + 1 reads x[2i]), the view its value
+    ptile [..., 1, D]   an operand of one row of D per GEMM row (RoPE's cos and sin, [B, 1, S, D]
+                        against [B, H, S, D], [B, S, 1, D] against [B, S, H, D], or [S, D], [1, 1,
+                        S, D] broadcast over the batch): a graph input [M, D] (role "ptile") that
+                        the binary reads periodically (Graph.binary(segment=D): column j reads
+                        column j mod D). The custom op gets the model's tensor as it is;
+                        ptile_rows() views it as the kernel's [M, D] rows in the GEMM's row order
+                        at run time (a copy where it broadcasts over a row dim)
+
+A vec against a value computed from no per-segment op (RoPE's cos at one token, [1, 1, 1, D]) is
+a binary with segment=D too (Φ takes such a binary in an epilogue that rotates or reduces those
+runs, and says why not otherwise). Anything else around RoPE raises Unsupported with the reason:
+other slice bounds, starts or steps (partial rotary: Phi's, GPT-NeoX's, StableLM's, GPT-J's
+rotary_dim, part of each head), another cat or stack (order, sign, dim: x1 = x[..., 1::2] is
+no rotation), halves or pairs used otherwise (an unsqueeze and cat in place of the stack too).
+
 One region takes one segment length, and its reductions share it (whole rows or runs of D, as Φ
 fuses them). What else meets segments raises Unsupported with the reason: a second length, a
-stat as an output (the kernel would store [M, N]), a reduction without keepdim, a vec before
-any segmented reduction, an operand that torch broadcasts otherwise than the graph would.
+stat as an output (the kernel would store [M, N]), a reduction without keepdim, an operand that
+torch broadcasts otherwise than the graph would.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -87,9 +118,10 @@ def split(tr: "Translator", node: fx.Node, shape) -> int:
 
 
 def operand_class(tr: "Translator", x: fx.Node, user: fx.Node, v: torch.Tensor) -> str | None:
-    """An operand from outside the region over the region's segments: "vec" (its graph input
-    added, in tr.leaf_ids), "tile" for a [..., H, D] one (the caller adds the tile input), None
-    for any other (the caller's classes apply); a [..., H, 1] one raises Unsupported."""
+    """An operand from outside the region over the region's segments: "vec" or "ptile" (its graph
+    input added, in tr.leaf_ids), "tile" for a [..., H, D] one and "row" for an [H, D] one
+    (heads_row: the caller adds the tile or row input), None for any other (the caller's classes
+    apply); a [..., H, 1] one raises Unsupported."""
     d = tr.segment
     if not d:
         return None
@@ -100,7 +132,125 @@ def operand_class(tr: "Translator", x: fx.Node, user: fx.Node, v: torch.Tensor) 
     if cls == "stat":
         raise Unsupported(user, f"operand '{x.name}' of shape {tuple(v.shape)} holds a value per row and run of "
                                 f"{d} columns: the kernel reads per-row columns and [M, N] tiles")
+    if cls is None and v.dim() >= 2 and _known_equal(v.shape[-1], d) and heads_row(tr, user, v):
+        return "row"  # a value per head and column (Cohere's per-head norm weight [H, D]): a row of N
+    if cls is None and v.dim() >= 2 and _known_equal(v.shape[-1], d):
+        layout = ptile_layout(tr, user, v)
+        if layout is not None:  # one row of D per GEMM row: RoPE's cos and sin
+            tr.leaf_ids[x] = TV(tr._add_input(x, "ptile", cf_dtype(v.dtype, user), [tr.dim_m, d]), "ptile", d,
+                                False, layout[1])
+            tr.input_rows[-1] = layout
+            return "ptile"
     return cls
+
+
+# The ops whose operand may be a ptile (the binaries the Translator gives a segment).
+_PTILE_USERS = {aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.div.Tensor, aten.maximum.default,
+                aten.minimum.default, aten.rsub.Tensor}
+
+
+def _user_perm(tr: "Translator", user: fx.Node):
+    """The perm of the binary `user`'s operands over segments (a tile or stat of the region), or
+    False where it has none."""
+    tvs = [tr.env.get(a) for a in user.args if isinstance(a, fx.Node) and a in tr.in_region]
+    segs = [t for t in tvs if isinstance(t, TV) and t.seg and t.cls in ("tile", "stat")]
+    return segs[0].perm if segs else False
+
+
+def heads_row(tr: "Translator", user: fx.Node, v: torch.Tensor) -> bool:
+    """Whether an operand `v` of the binary `user` holds one value per head and column, the same for
+    every row ([H, D] against [..., H, D]: Cohere's per-head LayerNorm weight; [H, 1, D] against
+    the heads transposed): the row [N] its elements are in their order (h * D + d, its only dims
+    of more than one element being H and D, in that order), which the kernel reads as a row."""
+    d = tr.segment
+    perm = _user_perm(tr, user) if user.target in _PTILE_USERS else False
+    out = val(user)
+    if perm is False or out is None or seg_class(tr, out.shape, perm) != "tile" or v.dim() > out.dim():
+        return False
+    s = swapped([1] * (out.dim() - v.dim()) + list(v.shape), perm)
+    return (all(_known_equal(a, 1) for a in s[:-2]) and _known_equal(s[-2], tr.gemm.n // d)
+            and _known_equal(s[-1], d))
+
+
+def ptile_layout(tr: "Translator", user: fx.Node, v: torch.Tensor, perm=False) -> tuple | None:
+    """How an operand `v` of the binary `user` is one row of D per GEMM row: the layout (rows_of()
+    below) that ptile_rows() views it with as [M, D] at run time; None where `user` has no operand
+    over segments to align with, or that is not [..., 1, D] against its heads (the caller's classes
+    apply). Unsupported where it broadcasts over several row dims.
+    perm: the operands' perm, where the caller knows it (check_operands); else from user's args."""
+    d = tr.segment
+    if user.target not in _PTILE_USERS:
+        return None
+    if perm is False:
+        perm = _user_perm(tr, user)
+        if perm is False:
+            return None
+    out = val(user)
+    if out is None or seg_class(tr, out.shape, perm) != "tile" or v.dim() > out.dim():
+        return None
+    s = swapped([1] * (out.dim() - v.dim()) + list(v.shape), perm)
+    if not _known_equal(s[-2], 1):
+        return None  # a value per head (Cohere's norm weight [H, D], heads_row()): no row of D per GEMM row
+    return rows_of(user, v, out, perm, True, d)
+
+
+def tile_layout(tr: "Translator", user: fx.Node, v: torch.Tensor) -> tuple | None:
+    """Where the region has no segments: how an operand `v` [..., N] of the binary `user` that
+    torch broadcasts over one row dim of the tile (RoPE's cos [1, 1, S, D] against a k_proj of one
+    key head, [B, 1, S, D]: its D columns all of N) is the kernel's [M, N] tile input, viewed by
+    ptile_rows() (expanded and copied); None where it is no such operand."""
+    out = val(user)
+    if (user.target not in _PTILE_USERS or out is None or v.dim() < 2 or v.dim() > out.dim()
+            or tr.classify(out) != "tile" or not _known_equal(v.shape[-1], tr.gemm.n)):
+        return None
+    tvs = [tr.env.get(a) for a in user.args if isinstance(a, fx.Node) and a in tr.in_region]
+    if not any(isinstance(t, TV) and t.cls == "tile" and not t.seg for t in tvs):
+        return None
+    return rows_of(user, v, out, None, False, tr.gemm.n)
+
+
+def rows_of(user: fx.Node, v: torch.Tensor, out: torch.Tensor, perm, heads: bool, width: int) -> tuple:
+    """The layout (rank, perm, heads, bdim) of an operand `v` of `user` (result `out`) as the
+    kernel's [M, width] rows: padded to out's rank and its dims `perm` swapped (into the GEMM's row
+    order), the heads' dim (-2, one for all heads) squeezed where `heads`, and the one row dim
+    `bdim` (negative, of that rank) it broadcasts over, or None; Unsupported where it broadcasts
+    over several row dims or its rows are no 16-byte multiple."""
+    r = swapped(out.shape, perm)
+    s = swapped([1] * (len(r) - v.dim()) + list(v.shape), perm)
+    shape = tuple(v.shape)
+    rows = len(r) - (2 if heads else 1)
+    bcast = [i for i in range(rows) if not _known_equal(s[i], r[i])]
+    if any(not _known_equal(s[i], 1) for i in bcast):
+        raise Unsupported(user, f"operand of shape {shape} does not broadcast against {tuple(out.shape)}")
+    if len(bcast) > 1:
+        raise Unsupported(user, f"operand of shape {shape} broadcasts over {len(bcast)} of the rows' dims of "
+                                f"{tuple(out.shape)}: the kernel reads one row of {width} per GEMM row, viewed or "
+                                "expanded along one dim only")
+    if (width * v.element_size()) % 16:
+        raise Unsupported(user, f"operand of shape {shape}: rows of {width * v.element_size()} bytes are not a "
+                                "multiple of 16 (TMA needs 16-byte rows)")
+    return (len(r), perm, heads, bcast[0] - len(r) if bcast else None)
+
+
+def ptile_rows(t: torch.Tensor, m: int, layout: tuple) -> torch.Tensor:
+    """The kernel's [m, D] rows of an operand `t` with a layout (rows_of(): RoPE's cos as the model
+    has it, e.g. [B, 1, S, D]), in the GEMM's row order: a view where its layout allows
+    (transformers' cos [B, S, D] unsqueezed: no copy), else a copy. A broadcast over a row dim
+    (cos [1, 1, S, D] against B > 1 sequences: transformers' position ids of one sequence) is
+    expanded and copied, B * S * D elements a call (the kernel reads packed rows)."""
+    rank, perm, heads, bdim = layout
+    t = t.reshape([1] * (rank - t.dim()) + list(t.shape))
+    if perm is not None:
+        t = t.transpose(*perm)
+    if heads:
+        t = t.squeeze(-2)  # the heads' dim, 1: every head reads its row
+    if bdim is not None:
+        shape = list(t.shape)
+        b = bdim + 1 if heads else bdim
+        rest = math.prod(shape[:-1]) // shape[b]
+        shape[b] = m // max(rest, 1)
+        t = t.expand(shape)
+    return t.reshape(m, t.shape[-1])
 
 
 def result(tr: "Translator", node: fx.Node, tv: TV, v: torch.Tensor) -> TV | None:
@@ -119,19 +269,18 @@ def result(tr: "Translator", node: fx.Node, tv: TV, v: torch.Tensor) -> TV | Non
 
 def check_operands(tr: "Translator", node: fx.Node, xs, tvs: list[TV]) -> None:
     """Unsupported where an elementwise op's operands would broadcast otherwise in the graph than
-    in torch: a vec only against a value computed from a segmented reduction, operands of one
-    perm, and against a result over segments ([..., H, D] or [..., H, 1]) each tensor operand
-    aligned with it as a tile, a stat, a column [..., 1, 1] or a vec (torch broadcasts by
-    position, the graph by class)."""
+    in torch: operands of one perm, and against a result over segments ([..., H, D] or
+    [..., H, 1]) each tensor operand aligned with it as a tile, a stat, a column [..., 1, 1], a
+    vec or a ptile (torch broadcasts by position, the graph by class)."""
     d = tr.segment
-    if any(t.cls == "vec" for t in tvs) and not any(t.per_seg for t in tvs):
-        raise Unsupported(node, f"a vector of {d} elements against a value computed from no reduction over runs "
-                                f"of {d} columns: the graph broadcasts it along each run only after one")
-    perms = {t.perm for t in tvs if t.cls not in ("scalar", "vec")}
+    perms = {t.perm for t in tvs if t.cls not in ("scalar", "vec", "row")}  # a row: checked against the perm below
     if len(perms) > 1:
         raise Unsupported(node, "its operands over runs of columns are transposed differently")
     perm = perms.pop() if perms else None
     v = val(node)
+    if any(t.cls == "ptile" for t in tvs) and (v is None or seg_class(tr, v.shape, perm) != "tile"):
+        raise Unsupported(node, f"an operand of one row of {d} per GEMM row against a result that is no tile split "
+                                f"into runs of {d} columns")
     if v is None or seg_class(tr, v.shape, perm) is None:
         return
     r = swapped(v.shape, perm)
@@ -140,8 +289,14 @@ def check_operands(tr: "Translator", node: fx.Node, xs, tvs: list[TV]) -> None:
         if t.cls == "scalar" or xv is None:
             continue
         s = swapped([1] * (len(r) - xv.dim()) + list(xv.shape), perm)
-        if t.cls == "vec":
+        if t.cls == "ptile":  # the layout its run-time rows were made for (operand_class)
+            k = next(i for i, n in enumerate(tr.inputs) if n is x and tr.input_roles[i] == "ptile")
+            ok = ptile_layout(tr, node, xv, perm) == tr.input_rows[k]
+        elif t.cls == "vec":
             ok = all(_known_equal(a, 1) for a in s[:-1])
+        elif t.cls == "row":  # [H, D] (heads_row): the row [N] of its elements, in order
+            ok = (len(s) == len(r) and all(_known_equal(a, 1) for a in s[:-2])
+                  and _known_equal(s[-2], r[-2]) and _known_equal(s[-1], d))
         else:
             want = {"tile": (r[-2], d), "stat": (r[-2], 1), "col": (1, 1)}.get(t.cls)
             ok = (want is not None and (t.seg or t.cls == "col") and len(s) == len(r)
@@ -149,13 +304,45 @@ def check_operands(tr: "Translator", node: fx.Node, xs, tvs: list[TV]) -> None:
                   and all(_known_equal(a, b) for a, b in zip(s[-2:], want)))
         if not ok:
             raise Unsupported(node, f"operand '{x.name}' of shape {tuple(xv.shape)} broadcasts against {tuple(r)} "
-                                    f"as no tile, value per run of {d} columns, column or vector of {d}")
+                                    f"as no tile, value per run of {d} columns, column, vector of {d} or row of {d} "
+                                    "per GEMM row")
+
+
+def binary_segment(tr: "Translator", node: fx.Node, tvs: list[TV]) -> int:
+    """The segment a binary of these operands names (Graph.binary(segment=)): D where one is a
+    ptile, or a vec against values computed from no per-segment op (RoPE's cos at one token,
+    [1, 1, 1, D]: the graph reads it periodically against the tile only where the binary says
+    so); 0 otherwise (a vec against a per-segment value is periodic already)."""
+    classes = {t.cls for t in tvs}
+    if "ptile" in classes or "vec" in classes and not any(t.per_seg for t in tvs):
+        per_segment(tr, node, tr.segment, "reads a row of")
+        return tr.segment
+    return 0
+
+
+def per_segment(tr: "Translator", node: fx.Node, seg: int, what: str) -> None:
+    """Records an op over runs of `seg` columns other than a reduction (rotate_half, a binary that
+    reads an operand periodically): Unsupported in a region that reduces whole rows (OLMo 2 norms
+    q over the whole projection, then RoPE rotates each head), as a reduction of each run is
+    (reduces()): a kernel works over whole rows or over runs of one length."""
+    if 0 in tr.reductions:
+        raise Unsupported(node, f"{what} each run of {seg} columns in a region that reduces whole rows: a "
+                                "kernel's reductions and per-head ops (rotate_half, RoPE's cos and sin) share one "
+                                "segment length")
+    if tr.segment and seg != tr.segment:
+        raise Unsupported(node, f"{what} runs of {seg} columns in a region over runs of {tr.segment}: a kernel's "
+                                "segments share one length")
+    tr.per_segment_ops = True
 
 
 def reduces(tr: "Translator", node: fx.Node, seg: int) -> None:
     """Records a reduction over runs of `seg` columns (0: whole rows): a region's reductions share
     one length (Φ fuses no mix), so the region ends before one of another."""
     other = next((s for s in tr.reductions if s != seg), None)
+    if seg == 0 and other is None and tr.per_segment_ops:
+        raise Unsupported(node, f"reduces whole rows in a region that works on runs of {tr.segment or tr.gemm.n} "
+                                "columns (rotate_half, RoPE's cos and sin): a kernel's reductions and per-head ops "
+                                "share one segment length")
     if other is not None:
         def what(s):
             return f"each run of {s} columns" if s else "whole rows"
@@ -190,6 +377,8 @@ def transpose(tr: "Translator", node: fx.Node, x: TV) -> TV:
     graph value, its TV's perm (Gemma 3: q_proj(h).view(B, S, H, D).transpose(1, 2), then the
     norm). Any other transpose reorders the GEMM output's rows or a run's columns: Unsupported."""
     xv = val(node.args[0])
+    if x.cls == "tile" and not x.seg and x.perm is None and xv is not None and _swaps_a_one(node, xv):
+        return x  # one of the two dims is 1: the same rows (a k_proj of one key head: [B, S, 1, D] -> [B, 1, S, D])
     if x.cls not in ("tile", "stat") or not x.seg or xv is None:
         raise Unsupported(node, "transpose changes the row layout of the GEMM output (a region transposes only a "
                                 "tile split into runs of columns, [..., H, D], at two dims before the last)")
@@ -209,6 +398,14 @@ def transpose(tr: "Translator", node: fx.Node, x: TV) -> TV:
     if v is not None and seg_class(tr, v.shape, perm) != x.cls:
         raise Unsupported(node, f"transpose to {tuple(v.shape)} of a value over runs of {x.seg} columns")
     return TV(x.id, x.cls, x.seg, x.per_seg, perm)
+
+
+def _swaps_a_one(node: fx.Node, xv: torch.Tensor) -> bool:
+    """Whether transpose `node` of xv swaps two dims before the last of which one is 1: the
+    elements keep their order, so a tile stays the same rows."""
+    rank = xv.dim()
+    i, j = sorted(int(d) % rank for d in node.args[1:3])
+    return j < rank - 1 and (_known_equal(xv.shape[i], 1) or _known_equal(xv.shape[j], 1))
 
 
 def view(tr: "Translator", node: fx.Node, x: TV, v: torch.Tensor) -> TV | None:
@@ -256,3 +453,294 @@ def _transposed_rows(v: torch.Tensor, perm: tuple[int, int]) -> bool:
         acc = acc * d
     want = swapped(strides[::-1], perm)
     return all(_known_equal(a, b) or _known_equal(n, 1) for a, b, n in zip(v.stride(), want, v.shape))
+
+
+# ---- rotate_half (RoPE) ----------------------------------------------------------------------
+_SLICE = aten.slice.Tensor
+_CAT = aten.cat.default
+_NEG = aten.neg.default
+_BIG = 2 ** 62  # a slice's end "to the end of the dim" (torch traces x[..., h:] as end = 2**63 - 1)
+
+
+@dataclass
+class Rotation:
+    """transformers' rotate_half of x over each head's D columns: cat((-x[..., D/2:], x[..., :D/2]), -1)."""
+    x: fx.Node
+    lo: fx.Node    # slice(x, -1, 0, D/2): x1
+    hi: fx.Node    # slice(x, -1, D/2, D): x2
+    neg: fx.Node   # neg(hi)
+    cat: fx.Node   # cat([neg, lo], -1)
+    d: int
+
+
+def is_rotation_neg(node: fx.Node) -> bool:
+    """Whether `node` is a neg of a slice: the -x2 of a rotate_half (rotation() checks the rest)."""
+    return (node.target == _NEG and bool(node.args) and isinstance(node.args[0], fx.Node)
+            and node.args[0].op == "call_function" and node.args[0].target == _SLICE)
+
+
+def _half_of(p, x: fx.Node) -> bool:
+    """Whether p is a slice of x or the neg of one."""
+    if isinstance(p, fx.Node) and is_rotation_neg(p):
+        p = p.args[0]
+    return isinstance(p, fx.Node) and p.op == "call_function" and p.target == _SLICE and p.args[0] is x
+
+
+def _dim(node: fx.Node, pos: int, default: int) -> int:
+    d = node.args[pos] if len(node.args) > pos else node.kwargs.get("dim", default)
+    v = val(node)
+    return int(d) % v.dim() if v is not None and v.dim() else int(d)
+
+
+def _slice_args(node: fx.Node) -> tuple:
+    """(dim, start, end, step) of an aten.slice.Tensor (None where start or end is left out)."""
+    names, defaults = ("self", "dim", "start", "end", "step"), (None, 0, None, None, 1)
+    a = [node.args[i] if len(node.args) > i else node.kwargs.get(names[i], defaults[i]) for i in range(5)]
+    return a[1], a[2], a[3], 1 if a[4] is None else a[4]
+
+
+def _rotated(tr: "Translator", sl: fx.Node, node: fx.Node,
+             what: str = "the two halves of each head, as transformers' rotate_half does") -> tuple[TV, int, int]:
+    """The region value a rotate_half's (or rotate_pairs') slice `sl` reads, the length D of its
+    runs and the slice's step: a tile over segments (D = its segment), or a tile whose last dim is
+    all of N (one head: D = N); Unsupported where the slice is of another dim."""
+    x = sl.args[0]
+    xv = val(x)
+    dim, _, _, step = _slice_args(sl)
+    rank = xv.dim() if xv is not None else 0
+    if not rank or int(dim) % rank != rank - 1:
+        raise Unsupported(node, f"slice of dim {dim} changes the row layout of the GEMM output (a region slices "
+                                f"only the last dim, into {what})")
+    tv = tr.env.get(x) if x in tr.in_region else None
+    if isinstance(tv, TV) and tv.cls == "tile":
+        if tv.seg and _known_equal(xv.shape[-1], tv.seg):
+            return tv, tv.seg, step
+        if not tv.seg and _known_equal(xv.shape[-1], tr.gemm.n):
+            return tv, tr.gemm.n, step
+    raise Unsupported(node, "slice of a value that is no tile of the GEMM output split into heads [..., H, D] (a "
+                            f"region slices only {what})")
+
+
+def rotation(tr: "Translator", node: fx.Node) -> Rotation:
+    """The rotate_half `node` (a slice, the neg or the cat) is part of, checked whole: Unsupported at
+    `node`, with the reason, where it is no transformers' rotate_half of each head's D columns
+    (other bounds: partial rotary; a step: interleaved pairs; halves used otherwise; another
+    cat) or where part of it stays out of the region."""
+    t = node.target
+    if t == _CAT:
+        parts = node.args[0] if node.args else node.kwargs.get("tensors")
+        why = (f"cat is outside the fusion domain but as transformers' rotate_half of each head: cat((-x2, x1), -1) "
+               "of its two halves x1 = x[..., :D/2], x2 = x[..., D/2:]")
+        if not isinstance(parts, (list, tuple)) or len(parts) != 2 or not all(isinstance(p, fx.Node) for p in parts):
+            raise Unsupported(node, why)
+        first, second = parts
+        if not (is_rotation_neg(first) and second.op == "call_function" and second.target == _SLICE):
+            raise Unsupported(node, why)
+        sl = second
+    elif t == _NEG:
+        sl = node.args[0]
+    else:
+        sl = node
+    # The slice: its own bounds first (the reasons users meet: partial rotary, interleaved pairs).
+    tv, d, step = _rotated(tr, sl, node)
+    x = sl.args[0]
+    rank = val(x).dim()
+    if step != 1:  # a cat of interleaved columns (their slices' own rule, pairs(), says what a region takes)
+        raise Unsupported(node, f"cat of slices with step {step} of each head's {d} columns: interleaved pairs "
+                                "rotate as stack((-x2, x1), -1).flatten(-2) (GPT-J's rotate_every_two, Cohere's "
+                                "rotary), the halves as cat((-x2, x1), -1) (transformers' rotate_half)")
+    h = d // 2
+
+    def bounds(s: fx.Node) -> tuple[int, int]:
+        _, a, b, _ = _slice_args(s)
+        a = 0 if a is None else int(a)
+        b = d if b is None or int(b) >= _BIG else int(b)
+        a, b = (a + d if a < 0 else a), (b + d if b < 0 else b)
+        return max(0, min(a, d)), max(0, min(b, d))
+
+    per_segment(tr, node, d, "rotates")
+    lo_hi = bounds(sl)
+    if d % 2 or lo_hi not in ((0, h), (h, d)):
+        raise Unsupported(node, f"slice [{lo_hi[0]}:{lo_hi[1]}] of each head's {d} columns: a region takes only the "
+                                f"halves [0:{h}] and [{h}:{d}] that transformers' rotate_half rotates (partial rotary, "
+                                "a rotary_pct or partial_rotary_factor below 1, rotates part of each head)")
+    # The whole pattern from the slice: lo -> cat, hi -> neg -> cat.
+    users = list(sl.users)
+    cat = None
+    if len(users) == 1 and users[0].target == _CAT:
+        cat = users[0]
+    elif len(users) == 1 and users[0].target == _NEG and len(users[0].users) == 1:
+        cat = next(iter(users[0].users))
+    why = (f"the halves of each head's {d} columns ('{sl.name}' [{lo_hi[0]}:{lo_hi[1]}]) are used otherwise than as "
+           "transformers' rotate_half, cat((-x2, x1), -1) (partial rotary rotates one part of each head and passes "
+           "the other)")
+    if cat is None or cat.target != _CAT:
+        raise Unsupported(node, why)
+    parts = cat.args[0] if cat.args else cat.kwargs.get("tensors")
+    if not isinstance(parts, (list, tuple)) or not all(_half_of(p, x) for p in parts):
+        raise Unsupported(node, why)  # a part computed otherwise: partial rotary's rotated part and the rest
+    order = (f"cat '{cat.name}' of each head's halves in another order, sign or dim than transformers' rotate_half, "
+             "cat((-x2, x1), -1) with x1 = x[..., :D/2], x2 = x[..., D/2:]")
+    if len(parts) != 2 or not is_rotation_neg(parts[0]) or parts[1].target != _SLICE:
+        raise Unsupported(node, order)
+    neg, lo = parts
+    hi = neg.args[0]
+    cv = val(cat)
+    if (cv is None or _dim(cat, 1, 0) != cv.dim() - 1 or lo.args[0] is not x or hi.args[0] is not x
+            or bounds(lo) != (0, h) or bounds(hi) != (h, d) or _slice_args(lo)[3] != 1 or _slice_args(hi)[3] != 1
+            or int(_slice_args(lo)[0]) % rank != rank - 1 or int(_slice_args(hi)[0]) % rank != rank - 1):
+        raise Unsupported(node, order)
+    if list(lo.users) != [cat] or list(hi.users) != [neg] or list(neg.users) != [cat]:
+        raise Unsupported(node, why)
+    out = [n.name for n in (lo, hi, neg, cat) if n not in tr.in_region]
+    if out:
+        raise Unsupported(node, f"part of a rotate_half of each head whose op(s) {out} stay out of the region")
+    return Rotation(x, lo, hi, neg, cat, d)
+
+
+def rotate_half(tr: "Translator", node: fx.Node) -> TV | None:
+    """A member of a rotate_half (rotation()): the slices and the neg are no values (None); the cat
+    is Graph.rotate_half(x, D) of the tile, over its runs of D columns."""
+    rot = rotation(tr, node)
+    if node is not rot.cat:
+        return None
+    x = tr.operand(rot.x, node)
+    y = tr.g.rotate_half(x.id, rot.d)
+    return TV(y, "tile", x.seg, True, x.perm)
+
+
+# ---- rotate_pairs (interleaved RoPE) -----------------------------------------------------
+_STACK = aten.stack.default
+
+
+@dataclass
+class Pairs:
+    """The interleaved rotation of x over each head's D columns (GPT-J's rotate_every_two, Cohere's
+    rotate_half): stack((-x[..., 1::2], x[..., ::2]), -1).flatten(-2), column 2i reading -x[2i + 1]
+    and column 2i + 1 reading x[2i]."""
+    x: fx.Node
+    even: fx.Node   # slice(x, -1, 0, end, 2): x1
+    odd: fx.Node    # slice(x, -1, 1, end, 2): x2
+    neg: fx.Node    # neg(odd)
+    stack: fx.Node  # stack([neg, even], -1): [..., D/2, 2]
+    flat: fx.Node   # a view of the stack back to x's shape [..., D] (flatten(-2))
+    d: int
+
+
+def is_pairs_member(node: fx.Node) -> bool:
+    """Whether `node` belongs to an interleaved rotation (pairs() checks it whole): a slice of the
+    last dim with a step other than 1, the neg of one, a stack, or a view of a stack."""
+    t = node.target
+    if t == _NEG and is_rotation_neg(node):
+        node, t = node.args[0], _SLICE
+    if t == _SLICE:
+        return _slice_args(node)[3] != 1
+    if t == _STACK:
+        return True
+    p = node.args[0] if t in _ROW_VIEWS and node.args else None
+    return isinstance(p, fx.Node) and p.op == "call_function" and p.target == _STACK
+
+
+def _parts(node: fx.Node) -> list | None:
+    parts = node.args[0] if node.args else node.kwargs.get("tensors")
+    return list(parts) if isinstance(parts, (list, tuple)) and all(isinstance(p, fx.Node) for p in parts) else None
+
+
+def pairs(tr: "Translator", node: fx.Node) -> Pairs:
+    """The interleaved rotation `node` (a slice, the neg, the stack or the view that flattens it) is
+    part of, checked whole: Unsupported at `node`, with the reason, where it is no
+    stack((-x2, x1), -1).flatten(-2) of each head's D columns with x1 = x[..., ::2] and
+    x2 = x[..., 1::2] (other starts, steps or bounds: partial rotary; another order, sign or dim;
+    pairs used otherwise) or where part of it stays out of the region."""
+    form = ("stack((-x2, x1), -1).flatten(-2) with x1 = x[..., ::2], x2 = x[..., 1::2] (GPT-J's rotate_every_two, "
+            "Cohere's rotate_half)")
+    t = node.target
+    stack = node.args[0] if t in _ROW_VIEWS else node if t == _STACK else None
+    if stack is not None:
+        parts = _parts(stack)
+        if (not parts or len(parts) != 2 or not is_rotation_neg(parts[0]) or parts[1].target != _SLICE
+                or _slice_args(parts[1])[3] != 2):
+            raise Unsupported(node, f"stack is outside the fusion domain but as the interleaved rotation of each head: "
+                                    f"{form}")
+        sl = parts[1]
+    elif t == _NEG:
+        sl = node.args[0]
+    else:
+        sl = node
+    tv, d, step = _rotated(tr, sl, node, "each head's even and odd columns, as the interleaved rotation does")
+    x = sl.args[0]
+    xv = val(x)
+    rank = xv.dim()
+    if step != 2:
+        raise Unsupported(node, f"slice with step {step} of each head's {d} columns: a region takes each head's two "
+                                "halves (step 1, transformers' rotate_half) or its even and odd columns (step 2: "
+                                f"{form})")
+
+    def cols(s: fx.Node) -> range:
+        _, a, b, k = _slice_args(s)
+        return range(d)[slice(a, None if b is not None and int(b) >= _BIG else b, k)]
+
+    per_segment(tr, node, d, "rotates")
+    picked = cols(sl)
+    if d % 2 or picked not in (range(0, d, 2), range(1, d, 2)):
+        raise Unsupported(node, f"slice [{picked.start}:{picked.stop}:{picked.step}] of each head's {d} columns: a "
+                                f"region takes only all even and all odd columns, [0:{d}:2] and [1:{d}:2], that the "
+                                "interleaved rotation pairs (partial rotary, GPT-J's rotary_dim below the head's "
+                                "width, rotates part of each head)")
+    # The whole pattern from the slice: x1 -> stack, x2 -> neg -> stack -> the view back to [..., D].
+    users = list(sl.users)
+    found = None
+    if len(users) == 1 and users[0].target == _STACK:
+        found = users[0]
+    elif len(users) == 1 and users[0].target == _NEG and len(users[0].users) == 1:
+        found = next(iter(users[0].users))
+    why = (f"the even or odd columns of each head's {d} ('{sl.name}' [{picked.start}::2]) are used otherwise than "
+           f"as the interleaved rotation, {form}")
+    if found is None or found.target != _STACK:
+        raise Unsupported(node, why)
+    stack = found
+    parts = _parts(stack)
+    if not parts or not all(_half_of(p, x) for p in parts):
+        raise Unsupported(node, why)
+    order = (f"stack '{stack.name}' of each head's even and odd columns in another order, sign or dim than the "
+             f"interleaved rotation, {form}")
+    if len(parts) != 2 or not is_rotation_neg(parts[0]) or parts[1].target != _SLICE:
+        raise Unsupported(node, order)
+    neg, even = parts
+    odd = neg.args[0]
+    sv = val(stack)
+    if (sv is None or _dim(stack, 1, 0) != sv.dim() - 1 or even.args[0] is not x or odd.args[0] is not x
+            or cols(even) != range(0, d, 2) or cols(odd) != range(1, d, 2)
+            or int(_slice_args(even)[0]) % rank != rank - 1 or int(_slice_args(odd)[0]) % rank != rank - 1):
+        raise Unsupported(node, order)
+    if list(even.users) != [stack] or list(odd.users) != [neg] or list(neg.users) != [stack]:
+        raise Unsupported(node, why)
+    flat = next(iter(stack.users)) if len(stack.users) == 1 else None
+    fv = val(flat) if flat is not None else None
+    if (flat is None or flat.target not in _ROW_VIEWS or fv is None or fv.dim() != rank
+            or not all(_known_equal(a, b) for a, b in zip(fv.shape, xv.shape))):
+        raise Unsupported(node, f"stack '{stack.name}' of each head's rotated pairs is used otherwise than flattened "
+                                f"back to the head's {d} columns: {form}")
+    out = [n.name for n in (even, odd, neg, stack, flat) if n not in tr.in_region]
+    if out:
+        raise Unsupported(node, f"part of an interleaved rotation of each head whose op(s) {out} stay out of the "
+                                "region")
+    return Pairs(x, even, odd, neg, stack, flat, d)
+
+
+def rotate_pairs(tr: "Translator", node: fx.Node) -> TV | None:
+    """A member of an interleaved rotation (pairs()): the slices, the neg and the stack are no values
+    (None); the view that flattens the stack is Graph.rotate_pairs(x, D) of the tile, over its
+    runs of D columns."""
+    rot = pairs(tr, node)
+    if node is not rot.flat:
+        return None
+    x = tr.operand(rot.x, node)
+    y = tr.g.rotate_pairs(x.id, rot.d)
+    return TV(y, "tile", x.seg, True, x.perm)
+
+
+def rotary(tr: "Translator", node: fx.Node) -> TV | None:
+    """A member of RoPE's rotation of each head (a slice, the neg of one, a cat, a stack or the view
+    that flattens it): rotate_pairs() for the interleaved layout, else rotate_half()."""
+    return rotate_pairs(tr, node) if is_pairs_member(node) else rotate_half(tr, node)

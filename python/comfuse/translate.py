@@ -14,9 +14,11 @@ their FX node: [N] -> a row vector, [M, 1] -> a column, [M, N] -> a tile input (
 Φ decides whether it fuses, and says why not). Every FX op the translator does not know, or a
 shape it cannot classify, raises Unsupported with the reason; the region then ends before it.
 
-A tile viewed as [..., H, D] (heads: Qwen 3's and Gemma 3's per-head q/k norms) stays the tile,
-over segments of D columns (its last dim's runs; not a B2B pair's two segments below): segments.py
-says how reductions, operands, transposes and outputs over it translate.
+A tile viewed as [..., H, D] (heads: Qwen 3's and Gemma 3's per-head q/k norms, rotary position
+embeddings) stays the tile, over segments of D columns (its last dim's runs; not a B2B pair's two
+segments below): segments.py says how reductions, operands, transposes, outputs and RoPE's
+rotate_half (slices, neg and cat) or interleaved pairs (slices, neg, stack and its flattening
+view) and cos/sin over it translate.
 """
 from __future__ import annotations
 
@@ -126,6 +128,9 @@ OTHER = {
     aten.gelu.default, aten.pow.Tensor_Scalar, aten.rsub.Scalar, aten.rsub.Tensor,
     aten.native_layer_norm.default, aten._softmax.default, aten._log_softmax.default,
     aten.clamp_min.default, aten.clamp_max.default, operator.getitem,
+    # Only as RoPE's rotation of each head: transformers' rotate_half (segments.rotation), or the
+    # interleaved pairs' stack (segments.pairs); any other refused with the reason.
+    aten.slice.Tensor, aten.cat.default, aten.stack.default,
 }
 
 
@@ -159,10 +164,13 @@ def is_gemm(node: fx.Node) -> bool:
 class TV:
     """A translated value: a ComFuse node id and its shape class."""
     id: int
-    cls: str  # tile | col | row | scalar, and over segments of the last dim stat | vec (segments.py)
-    seg: int = 0  # D where the torch value splits N into runs of D: [..., H, D] (tile), [..., H, 1] (stat), [D] (vec)
-    # Computed from a segmented reduction: the graph's node carries its segment (graph.h Node::segment),
-    # so a vec broadcasts against it.
+    cls: str  # tile | col | row | scalar, and over segments of the last dim stat | vec | ptile (segments.py)
+    # D where the torch value splits N into runs of D: [..., H, D] (tile), [..., H, 1] (stat), [D] (vec),
+    # [..., 1, D] (ptile: one row of D per GEMM row, RoPE's cos and sin)
+    seg: int = 0
+    # Computed from a per-segment op (a segmented reduction, rotate_half, a binary that names the
+    # segment): the graph's node carries its segment (graph.h Node::segment), so a vec broadcasts
+    # against it.
     per_seg: bool = False
     # A tile or stat over segments that a transpose of two dims before the last left permuted:
     # those dims (negative), swapped against the [..., H, D] layout the graph's value has.
@@ -353,6 +361,8 @@ class Translator:
             self.halves = None
         self.segment = 0  # D where a view split the tile into runs of D columns (segments.py)
         self.reductions: set[int] = set()  # the segment lengths this region reduces over (0: whole rows)
+        # rotate_half/rotate_pairs, or a binary reading an operand periodically (segments.per_segment)
+        self.per_segment_ops = False
         if parent is None:
             self.g = _core.Graph()
             self.env: dict[fx.Node, object] = {}
@@ -365,6 +375,9 @@ class Translator:
             # The block of the FX value's last dim an input reads ((start, stop)), or None: the
             # whole value. A Halves projection's W1 and W3 (and bias halves) share one FX value.
             self.input_cols: list[tuple[int, int] | None] = []
+            # How an input's tensor is viewed or expanded as the kernel's rows (segments.rows_of:
+            # RoPE's cos/sin, a ptile [M, D], or a tile [M, N] against one head), or None.
+            self.input_rows: list[tuple | None] = []
             self.outputs: list[fx.Node] = []
             self.output_names: list[str] = []
             self.fx_name: dict[str, str] = {}
@@ -380,8 +393,8 @@ class Translator:
             self.broadcasts: set[fx.Node] = set()  # expands of a per-row value to the tile (a column here)
         else:  # a pair's second segment: one graph, one list of inputs and outputs
             for k in ("g", "env", "cf_of", "inputs", "input_names", "input_roles", "input_shapes",
-                      "input_transposed", "input_cols", "outputs", "output_names", "fx_name", "output_classes", "aliases",
-                      "broadcasts", "output_perms"):
+                      "input_transposed", "input_cols", "input_rows", "outputs", "output_names", "fx_name",
+                      "output_classes", "aliases", "broadcasts", "output_perms"):
                 setattr(self, k, getattr(parent, k))
 
     # -- classification --------------------------------------------------------------
@@ -418,6 +431,7 @@ class Translator:
         self.input_shapes.append(list(shape))
         self.input_transposed.append(transposed)
         self.input_cols.append(cols)
+        self.input_rows.append(None)
         return vid
 
     def operand(self, x, user: fx.Node) -> TV:
@@ -439,8 +453,8 @@ class Translator:
             raise Unsupported(user, f"operand '{x.name}' is a symbolic scalar (only Python numbers become kernel literals)")
         if x in self.descendants:
             raise Unsupported(user, f"operand '{x.name}' is computed from this GEMM's output outside the region")
-        seg = _segments.operand_class(self, x, user, v)  # a vec, a tile [..., H, D], or None
-        if seg == "vec":
+        seg = _segments.operand_class(self, x, user, v)  # a vec, a ptile [..., 1, D], a tile [..., H, D], or None
+        if seg in ("vec", "ptile"):
             return self.leaf_ids[x]
         # A 1-D operand broadcasts along the last dim: a row even where M is 1 (the graph Dynamo
         # specializes to M = 1 must build the same kernel as the dynamic graph, not a tile input).
@@ -454,7 +468,11 @@ class Translator:
             self.leaf_ids[x] = tv
             return tv
         dt = cf_dtype(v.dtype, user)
-        if cls == "row":
+        layout = _segments.tile_layout(self, user, v) if cls is None and not self.segment else None
+        if layout is not None:  # [..., N] broadcast over one row dim (RoPE's cos against one head): expanded
+            tv = TV(self._add_input(x, "tile", dt, [self.dim_m, self.dim_n]), "tile")
+            self.input_rows[-1] = layout
+        elif cls == "row":
             tv = TV(self._add_input(x, "row", dt, [self.dim_n]), "row")
         elif cls == "col":
             tv = TV(self._add_input(x, "col", dt, [self.dim_m, 1]), "col")
@@ -642,6 +660,11 @@ class Translator:
             raise Unsupported(node, f"getitem {args[1]} of '{args[0].name}' is no value the kernel computes "
                                     "(native_layer_norm's mean/rstd, log_sigmoid_forward's buffer: what a backward "
                                     "pass reads)")
+        if t in (aten.slice.Tensor, aten.cat.default, aten.stack.default) or (
+                t == aten.neg.default and _segments.is_rotation_neg(node)
+                or t in _ROW_VIEWS and _segments.is_pairs_member(node)):
+            # RoPE's rotate_half or interleaved pairs (a view flattens their stack), or Unsupported with the reason
+            return _segments.rotary(self, node)
         if t in VIEWS:
             x = self.operand(args[0], node)
             if t == aten.transpose.int:
@@ -700,16 +723,16 @@ class Translator:
             bid = b.id
             if alpha != 1:
                 bid = g.binary("mul", bid, g.constant(float(alpha)))
-            return self._check_class(node, _joined(g.binary(BINARY[t], a.id, bid), a, b))
+            return self._check_class(node, self._binary(node, BINARY[t], a, b, a.id, bid))
         if t in (aten.rsub.Scalar, aten.rsub.Tensor):
             a, b = self._operands(node, args[0], args[1])
             alpha = kw.get("alpha", 1)
             aid = a.id if alpha == 1 else g.binary("mul", a.id, g.constant(float(alpha)))
-            return self._check_class(node, _joined(g.binary("sub", b.id, aid), a, b))
+            return self._check_class(node, self._binary(node, "sub", a, b, b.id, aid))
         if t in (aten.clamp_min.default, aten.clamp_max.default):
             a, b = self._operands(node, args[0], args[1])
-            return self._check_class(node, _joined(g.binary("max" if t == aten.clamp_min.default else "min", a.id, b.id),
-                                                   a, b))
+            return self._check_class(node, self._binary(node, "max" if t == aten.clamp_min.default else "min", a, b,
+                                                         a.id, b.id))
         if t in REDUCE:
             x = self.operand(args[0], node)
             seg = self._last_dim(node, x, args[1] if len(args) > 1 else kw.get("dim"))
@@ -740,6 +763,17 @@ class Translator:
             return rule(self, node)
         raise Unsupported(node, f"op {t} is outside the fusion domain")
 
+    def _binary(self, node: fx.Node, op: str, a: TV, b: TV, x: int, y: int) -> TV:
+        """binary(op, x, y) of values computed from operands a and b, over segments where one of them
+        is read periodically (segments.binary_segment: RoPE's cos and sin, a vec before any
+        per-segment op): the result then carries the segment (TV.per_seg)."""
+        seg = _segments.binary_segment(self, node, [a, b])
+        if not seg:
+            return _joined(self.g.binary(op, x, y), a, b)
+        tv = _joined(self.g.binary(op, x, y, segment=seg), a, b)
+        tv.per_seg = True
+        return tv
+
     def _last_dim(self, node: fx.Node, x: TV, dims) -> int:
         """The segment length of a reduction of x over `dims` (0: whole rows; D: each run of D
         columns of a tile split as [..., H, D]), or Unsupported: not the last dim of a tile."""
@@ -760,7 +794,7 @@ def _joined(id: int, a: TV, b: TV) -> TV:
 
 
 def _join(a: str, b: str) -> str:
-    if "tile" in (a, b) or {a, b} == {"stat", "vec"}:
+    if "tile" in (a, b) or "ptile" in (a, b) or {a, b} == {"stat", "vec"}:
         return "tile"
     if "stat" in (a, b):
         return "stat"

@@ -72,6 +72,7 @@ nb::dict node_info(const Graph& g, int id) {
   if (n.kind == OpKind::Binary) d["op"] = std::string(name_of(n.binary));
   if (n.kind == OpKind::Reduce) d["op"] = std::string(name_of(n.reduce));
   if (n.kind == OpKind::Constant) d["value"] = n.value;
+  d["segment"] = n.segment;
   return d;
 }
 
@@ -275,11 +276,19 @@ NB_MODULE(_core, m) {
         if (!u) throw Error("unknown unary op '" + op + "'");
         return g.g.unary(*u, g.v(x)).id;
       })
-      .def("binary", [](PyGraph& g, const std::string& op, int a, int b) {
+      // segment > 0: an operand whose last dim is `segment` ([S] or [M, S]) is read periodically.
+      .def("binary", [](PyGraph& g, const std::string& op, int a, int b, int64_t segment) {
         auto o = binary_op_from_name(op);
         if (!o) throw Error("unknown binary op '" + op + "'");
-        return g.g.binary(*o, g.v(a), g.v(b)).id;
-      })
+        return g.g.binary(*o, g.v(a), g.v(b), segment).id;
+      }, "op"_a, "a"_a, "b"_a, "segment"_a = 0)
+      .def("rotate_half", [](PyGraph& g, int x, int64_t segment) { return g.g.rotate_half(g.v(x), segment).id; },
+           "x"_a, "segment"_a)
+      .def("rotate_pairs", [](PyGraph& g, int x, int64_t segment) { return g.g.rotate_pairs(g.v(x), segment).id; },
+           "x"_a, "segment"_a)
+      .def("rope", [](PyGraph& g, int x, int cos, int sin, int64_t segment, bool interleaved) {
+        return g.g.rope(g.v(x), g.v(cos), g.v(sin), segment, interleaved).id;
+      }, "x"_a, "cos"_a, "sin"_a, "segment"_a, "interleaved"_a = false)
       .def("cast", [](PyGraph& g, int x, const std::string& dtype) { return g.g.cast(g.v(x), dtype_of(dtype)).id; })
       // segment > 0: over each run of that many columns of the last dim (graph.h Node::segment).
       .def("reduce", [](PyGraph& g, const std::string& op, int x, int dim, int64_t segment) {

@@ -58,22 +58,24 @@ std::string broadcast(EmitContext& ctx, const Spec& st, int i, const std::string
   switch (n.broadcast) {
     case BroadcastKind::Scalar: return fmt::format("comfuse::epi::ScalarArg<{}>", slot(ctx, n.arg, path));
     case BroadcastKind::Row:
-      // A periodic row (spec.h periodic_row) reads element j mod segment for column j.
+      // A periodic row (spec.h periodic_arg) reads element j mod segment for column j.
       return fmt::format("comfuse::epi::RowBroadcast<{}, {}{}>", slot(ctx, n.arg, path), cpp_type(a.dtype),
-                         periodic_row(ctx.spec, a) ? fmt::format(", {}", ctx.spec.segment) : "");
+                         periodic_arg(ctx.spec, a) ? fmt::format(", {}", ctx.spec.segment) : "");
     case BroadcastKind::Col: return fmt::format("comfuse::epi::ColBroadcast<{}, {}>", slot(ctx, n.arg, path), cpp_type(a.dtype));
     case BroadcastKind::Tile: {
       const auto ring = ctx.ring_box_of_arg.find(n.arg);
       if (&st == &ctx.spec.root && ring != ctx.ring_box_of_arg.end())
         return fmt::format("comfuse::epi::TileInput<{}, {}, {}>", slot(ctx, n.arg, path), cpp_type(a.dtype),
                            ring->second);
-      return fmt::format("comfuse::epi::TileInput<{}, {}>", slot(ctx, n.arg, path), cpp_type(a.dtype));
+      // A periodic tile input (spec.h periodic_arg: rotary cos and sin) reads column j mod segment.
+      return fmt::format("comfuse::epi::TileInput<{}, {}{}>", slot(ctx, n.arg, path), cpp_type(a.dtype),
+                         periodic_arg(ctx.spec, a) ? fmt::format(", -1, {}", ctx.spec.segment) : "");
     }
   }
   return "";
 }
 
-std::string compute(EmitContext&, const Spec& st, int i, const std::string&) {
+std::string compute(EmitContext& ctx, const Spec& st, int i, const std::string&) {
   const SpecNode& n = node_at(st, i);
   switch (n.compute) {
     case ComputeKind::Unary:
@@ -89,6 +91,10 @@ std::string compute(EmitContext&, const Spec& st, int i, const std::string&) {
       return fmt::format("comfuse::epi::Cast<{}{}>", cpp_type(n.cast_to), operands(n));
     case ComputeKind::CausalMask:
       return fmt::format("comfuse::epi::{}<{}>", CausalMaskOp::device_node, n.operands.at(0));
+    case ComputeKind::RotateHalf:
+      return fmt::format("comfuse::epi::{}<{}, {}>", RotateHalfOp::device_node, n.operands.at(0), ctx.spec.segment);
+    case ComputeKind::RotatePairs:
+      return fmt::format("comfuse::epi::{}<{}>", RotatePairsOp::device_node, n.operands.at(0));
   }
   return "";
 }

@@ -37,6 +37,8 @@ std::string_view name_of(OpKind k) {
     case OpKind::Reduce: return "reduce";
     case OpKind::Transpose: return "transpose";
     case OpKind::CausalMask: return CausalMaskOp::name;
+    case OpKind::RotateHalf: return RotateHalfOp::name;
+    case OpKind::RotatePairs: return RotatePairsOp::name;
   }
   return "?";
 }
@@ -193,32 +195,58 @@ Value Graph::unary(UnaryOp op, Value x) {
 
 int64_t Graph::joint_segment(const Node& a, const Node& b, std::string_view what) const {
   if (a.segment && b.segment && a.segment != b.segment)
-    throw Error(loc_, fmt::format("{}: its operands are computed from reductions over runs of {} and of {} columns; one "
+    throw Error(loc_, fmt::format("{}: its operands are computed over runs of {} and of {} columns (segments); one "
                                   "value takes one segment length",
                                   what, a.segment, b.segment));
   return a.segment ? a.segment : b.segment;
 }
 
-Value Graph::binary(BinaryOp op, Value a, Value b) {
+Value Graph::binary(BinaryOp op, Value a, Value b) { return binary(op, a, b, 0); }
+
+Value Graph::binary(BinaryOp op, Value a, Value b, int64_t segment) {
   check_handle(this, a, name_of(op), loc_);
   check_handle(this, b, name_of(op), loc_);
   if (op == BinaryOp::Pow && !node(b.id).shape.empty())
     throw Error(loc_, fmt::format("pow: the exponent must be a scalar, got shape {}", to_string(node(b.id).shape)));
+  if (segment < 0) throw Error(loc_, fmt::format("{}: segment = {} is not a positive column count", name_of(op), segment));
   Node n;
   n.kind = OpKind::Binary;
   n.binary = op;
   n.inputs = {a.id, b.id};
   n.segment = joint_segment(node(a.id), node(b.id), name_of(op));
-  // A vector of `segment` elements against a segmented value: periodic along its last dim
-  // (Node::segment), e.g. a per-head norm's gamma of head_dim elements.
-  auto periodic = [&](const Node& vec, const Node& other) {
-    const Shape& v = vec.shape;
-    return n.segment > 0 && v.size() == 1 && v[0] == Dim::of(n.segment) && !other.shape.empty() &&
-           other.shape.back() != v[0] && other.segment == n.segment;
+  if (segment) {
+    Node named;
+    named.segment = segment;
+    n.segment = joint_segment(n, named, name_of(op));
+  }
+  // An operand of `segment` columns against a segmented value of more: periodic along its last
+  // dim (Node::segment), e.g. a per-head norm's gamma of head_dim elements ([S]) or rotary
+  // embeddings' cos and sin ([rows, S]). Where the segment is the binary's own, the other's
+  // last dim may be unsegmented so far (rotary's x * cos comes before rotate_half).
+  auto periodic = [&](const Node& p, const Node& other) {
+    const Shape &v = p.shape, &o = other.shape;
+    if (n.segment <= 0 || v.empty() || o.empty() || v.back() != Dim::of(n.segment) || o.back() == v.back()) return false;
+    if (other.segment != n.segment && segment != n.segment) return false;
+    if (v.size() == 1) return true;
+    return v.size() == o.size() && std::equal(v.begin(), v.end() - 1, o.begin());
   };
-  if (periodic(node(b.id), node(a.id))) n.shape = node(a.id).shape;
-  else if (periodic(node(a.id), node(b.id))) n.shape = node(b.id).shape;
-  else n.shape = broadcast_shapes(node(a.id).shape, node(b.id).shape, name_of(op));
+  const Node &na = node(a.id), &nb = node(b.id);
+  if (periodic(nb, na) || periodic(na, nb)) {
+    const Node& other = periodic(nb, na) ? na : nb;
+    const Dim& last = other.shape.back();
+    if (last.sym.empty() && last.size % n.segment != 0)
+      throw Error(loc_, fmt::format("{}: the last dim of {} is not a whole number of segments of {}", name_of(op),
+                                    to_string(other.shape), n.segment));
+    n.shape = other.shape;
+  } else {
+    // A named segment with no operand of its length (rope's cos of another width than the head).
+    if (segment && !na.shape.empty() && !nb.shape.empty() && na.shape.back() != nb.shape.back() &&
+        !na.shape.back().is_one() && !nb.shape.back().is_one())
+      throw Error(loc_, fmt::format("{} with segment={}: operands {} and {}; the one read periodically has a last dim "
+                                    "of the segment ({}), the other a whole number of segments",
+                                    name_of(op), segment, to_string(na.shape), to_string(nb.shape), segment));
+    n.shape = broadcast_shapes(na.shape, nb.shape, name_of(op));
+  }
   return add_node(std::move(n));
 }
 
@@ -316,6 +344,43 @@ Value Graph::causal_mask(Value x) {
   return add_node(std::move(n));
 }
 
+Value Graph::rotation(OpKind kind, std::string_view what, Value x, int64_t segment) {
+  check_handle(this, x, what, loc_);
+  const Node& in = node(x.id);
+  const Shape& s = in.shape;
+  if (s.empty())
+    throw Error(loc_, fmt::format("{}: cannot rotate a scalar; it rotates runs of columns of the last dim", what));
+  if (segment <= 0 || segment % 2 != 0)
+    throw Error(loc_, fmt::format("{}: segment = {} is not a positive even column count (each run's halves swap)",
+                                  what, segment));
+  const Dim& last = s.back();
+  if (last.sym.empty() && last.size % segment != 0)
+    throw Error(loc_, fmt::format("{}: the last dim of {} is not a whole number of segments of {}", what, to_string(s),
+                                  segment));
+  if (in.segment && in.segment != segment)
+    throw Error(loc_, fmt::format("{}: segments of {} columns over a value computed from segments of {}", what, segment,
+                                  in.segment));
+  Node n;
+  n.kind = kind;
+  n.inputs = {x.id};
+  n.shape = s;
+  n.segment = segment;
+  return add_node(std::move(n));
+}
+
+Value Graph::rotate_half(Value x, int64_t segment) {
+  return rotation(OpKind::RotateHalf, RotateHalfOp::name, x, segment);
+}
+
+Value Graph::rotate_pairs(Value x, int64_t segment) {
+  return rotation(OpKind::RotatePairs, RotatePairsOp::name, x, segment);
+}
+
+Value Graph::rope(Value x, Value cos, Value sin, int64_t segment, bool interleaved) {
+  Value rotated = interleaved ? rotate_pairs(x, segment) : rotate_half(x, segment);
+  return binary(BinaryOp::Add, binary(BinaryOp::Mul, x, cos, segment), binary(BinaryOp::Mul, rotated, sin, segment));
+}
+
 // Composites. Numerics follow DESIGN.md: variance of (x - mean), softmax subtracts the max.
 Value Graph::layer_norm(Value x, Value gamma, Value beta, double eps, int64_t segment) {
   Value mean = reduce(ReduceOp::Mean, x, -1, segment);
@@ -380,6 +445,8 @@ std::string op_label(const Node& n) {
     case OpKind::Reduce: return std::string(name_of(n.reduce));
     case OpKind::Transpose: return "transpose";
     case OpKind::CausalMask: return std::string(CausalMaskOp::name);
+    case OpKind::RotateHalf: return std::string(RotateHalfOp::name);
+    case OpKind::RotatePairs: return std::string(RotatePairsOp::name);
   }
   return "?";
 }

@@ -63,8 +63,9 @@ void check_sizes(const Graph& g, const Bindings& dims) {
   std::set<std::string> seen;
   std::vector<std::string> who;  // user_descriptions(g), built when a message needs it
   for (const Node& n : g.nodes()) {
-    // A per-segment reduction's last dim, bound now, in whole runs (graph.cpp checked it where concrete).
-    if (n.kind == OpKind::Reduce && n.segment > 0 && !n.shape.empty()) {
+    // A per-segment value's last dim (a segmented reduction's, rotate_half's, a periodic operand's
+    // consumer's), bound now, in whole runs (graph.cpp checked it where concrete).
+    if (n.segment > 0 && !n.shape.empty()) {
       const Dim& last = n.shape.back();
       if (const int64_t cols = resolve(last, dims); cols % n.segment != 0) {
         if (who.empty()) who = user_descriptions(g);

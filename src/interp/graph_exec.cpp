@@ -76,24 +76,24 @@ Tensor eval_node(const Node& n, const Bindings& dims, const std::vector<const Te
     case OpKind::Cast: return rounded(*in[0], n.dtype);
     case OpKind::Binary: {
       // numpy broadcasting over rank 0..3, aligned on the right: each operand's dims are
-      // either the output's or 1 (stride 0); or a vector of the node's segment length, read
-      // periodically along the last dim (Node::segment).
+      // either the output's or 1 (stride 0); or an operand whose last dim is the node's segment
+      // length ([S] or [rows, S]), read periodically along the last dim (Node::segment).
       Tensor t = filled(concrete_shape(n.shape, dims));
       const size_t rank = t.shape.size();
       std::vector<std::vector<int64_t>> strides;
-      int64_t period[2] = {0, 0};
+      bool periodic[2] = {false, false};
       for (const Tensor* x : in) {
         std::vector<int64_t> st(rank, 0);
         if (x->shape.size() > rank)
           throw Error(n.loc, fmt::format("{} '{}': operand shape {} does not broadcast to {}", name_of(n.binary), n.name,
                                          shape_str(x->shape), shape_str(t.shape)));
-        const bool periodic = n.segment > 0 && x->shape.size() == 1 && rank > 0 && x->shape[0] == n.segment &&
-                              t.shape[rank - 1] != n.segment && t.shape[rank - 1] % n.segment == 0;
-        if (periodic) period[strides.size()] = n.segment;
+        const bool per = n.segment > 0 && !x->shape.empty() && rank > 0 && x->shape.back() == n.segment &&
+                         t.shape[rank - 1] != n.segment && t.shape[rank - 1] % n.segment == 0;
+        periodic[strides.size()] = per;
         int64_t stride = 1;
         for (size_t d = x->shape.size(); d-- > 0;) {
           const size_t od = d + rank - x->shape.size();
-          if (x->shape[d] != 1 && x->shape[d] != t.shape[od] && !periodic)
+          if (x->shape[d] != 1 && x->shape[d] != t.shape[od] && !(per && od == rank - 1))
             throw Error(n.loc, fmt::format("{} '{}': operand shape {} does not broadcast to {}", name_of(n.binary),
                                            n.name, shape_str(x->shape), shape_str(t.shape)));
           st[od] = x->shape[d] == 1 ? 0 : stride;
@@ -102,12 +102,14 @@ Tensor eval_node(const Node& n, const Bindings& dims, const std::vector<const Te
         strides.push_back(std::move(st));
       }
       std::vector<int64_t> idx(rank, 0);
+      auto offset = [&](int i) {
+        int64_t o = 0;
+        for (size_t d = 0; d < rank; ++d)
+          o += (periodic[i] && d == rank - 1 ? idx[d] % n.segment : idx[d]) * strides[static_cast<size_t>(i)][d];
+        return static_cast<size_t>(o);
+      };
       for (size_t e = 0; e < t.data.size(); ++e) {
-        int64_t o0 = 0, o1 = 0;
-        for (size_t d = 0; d < rank; ++d) o0 += idx[d] * strides[0][d], o1 += idx[d] * strides[1][d];
-        if (period[0]) o0 = idx[rank - 1] % period[0];  // a periodic operand is a vector
-        if (period[1]) o1 = idx[rank - 1] % period[1];
-        t.data[e] = apply(n.binary, in[0]->data[static_cast<size_t>(o0)], in[1]->data[static_cast<size_t>(o1)]);
+        t.data[e] = apply(n.binary, in[0]->data[offset(0)], in[1]->data[offset(1)]);
         for (size_t d = rank; d-- > 0;) {  // next index, last dim fastest
           if (++idx[d] < t.shape[d]) break;
           idx[d] = 0;
@@ -136,6 +138,22 @@ Tensor eval_node(const Node& n, const Bindings& dims, const std::vector<const Te
             v = CausalMaskOp::apply(v, row, c);
           }
         }
+      return t;
+    }
+    case OpKind::RotateHalf: case OpKind::RotatePairs: {
+      const bool half = n.kind == OpKind::RotateHalf;
+      const Tensor& x = *in[0];
+      if (x.shape.empty() || x.shape.back() % n.segment != 0)
+        throw Error(n.loc, fmt::format("{} '{}': the last dim of {} is not a whole number of segments of {}",
+                                       name_of(n.kind), n.name, shape_str(x.shape), n.segment));
+      Tensor t = x;
+      const int64_t cols = x.shape.back();
+      for (size_t e = 0; e < t.data.size(); ++e) {
+        const int64_t c = static_cast<int64_t>(e) % cols, row0 = static_cast<int64_t>(e) - c;
+        const int64_t p = half ? RotateHalfOp::partner(c, n.segment) : RotatePairsOp::partner(c);
+        const double v = x.data[static_cast<size_t>(row0 + p)];
+        t.data[e] = half ? RotateHalfOp::apply(v, c, n.segment) : RotatePairsOp::apply(v, c);
+      }
       return t;
     }
     case OpKind::Transpose: {

@@ -212,6 +212,23 @@ class SpecExec {
                 x = CausalMaskOp::apply(x, r, k);
               }
             v[ui] = std::move(t);
+          } else if (n.compute == ComputeKind::RotateHalf || n.compute == ComputeKind::RotatePairs) {
+            // run_segmented runs each segment as a spec of its own (N = segment, segment 0): the
+            // rotation then spans the whole row.
+            const bool half = n.compute == ComputeKind::RotateHalf;
+            if (c == ValueClass::Row || c == ValueClass::Scalar)
+              fail(path, i, fmt::format("{} of a {}, not a tile or a column", half ? RotateHalfOp::name : RotatePairsOp::name,
+                                        name_of(c)));
+            const int64_t seg = N_;
+            Tensor t = filled(shape_of(ValueClass::Tile));
+            const Tensor& x = opnd(0);
+            for (int64_t r = 0; r < t.shape[0]; ++r)
+              for (int64_t k = 0; k < N_; ++k)
+                t.data[static_cast<size_t>(r * N_ + k)] =
+                    half ? RotateHalfOp::apply(x.at(r, RotateHalfOp::partner(k, seg)), k, seg)
+                         : RotatePairsOp::apply(x.at(r, RotatePairsOp::partner(k)), k);
+            v[ui] = std::move(t);
+            c = ValueClass::Tile;
           } else {
             v[ui] = rounded(opnd(0), n.cast_to);
           }
@@ -415,7 +432,7 @@ TensorMap run_segmented(const FusionSpec& s, const Bindings& dims, const std::ma
     std::map<std::string, const Tensor*> refs = args;
     for (const RuntimeArg& a : s.args) {
       auto at = args.find(a.name);
-      if (a.role == ArgRole::Output || at == args.end() || !at->second || periodic_row(s, a)) continue;
+      if (a.role == ArgRole::Output || at == args.end() || !at->second || periodic_arg(s, a)) continue;
       const Tensor& x = *at->second;
       if (a.role == ArgRole::OperandB || a.role == ArgRole::OperandGate) {
         if (s.b_layout == BLayout::NK) {

@@ -168,30 +168,17 @@ class Lowering {
     for (int in : n.inputs) touches = touches || region_of_[in] == r;
     if (!touches) return "";  // not a candidate; no reason needed
     switch (n.kind) {
-      case OpKind::Unary: case OpKind::Binary: case OpKind::Cast: case OpKind::CausalMask: break;
+      case OpKind::Unary: case OpKind::Binary: case OpKind::Cast: case OpKind::CausalMask: case OpKind::RotateHalf:
+      case OpKind::RotatePairs:
+        break;
       case OpKind::Reduce:
         if (n.reduce_dim != static_cast<int>(g_.node(n.inputs[0]).shape.size()) - 1)
           return fmt::format("{} reduces dim {}, not the last (N) dimension", name_of(n.reduce), n.reduce_dim);
-        if (n.segment && frame_of(mm).batch)
-          return fmt::format("{} reduces runs of {} columns; a batched GEMM's epilogue reduces whole rows",
-                             name_of(n.reduce), n.segment);
-        // One kernel's reductions span whole rows (exchanged between the row's CTAs) or each
-        // tile's segment (no exchange), not both.
-        if (segment_[r] >= 0 && segment_[r] != n.segment)
-          return segment_[r] == 0
-                     ? fmt::format("{} reduces runs of {} columns, and this epilogue's other reductions span whole "
-                                   "rows (one kernel reduces either)",
-                                   name_of(n.reduce), n.segment)
-                 : n.segment == 0
-                     ? fmt::format("{} reduces whole rows, and this epilogue's other reductions runs of {} columns (one "
-                                   "kernel reduces either)",
-                                   name_of(n.reduce), segment_[r])
-                     : fmt::format("{} reduces runs of {} columns, and this epilogue's other reductions runs of {}",
-                                   name_of(n.reduce), n.segment, segment_[r]);
         break;
       case OpKind::MatMul: return "a second GEMM consumes this epilogue value (region boundary)";
       default: return fmt::format("op '{}' is outside the fusion domain", name_of(n.kind));
     }
+    if (std::string why = segment_conflict(n, r); !why.empty()) return why;
     const OutFrame f = frame_of(mm);
     auto cls = classify(n.shape, f);
     if (!cls || (*cls != ValueClass::Tile && *cls != ValueClass::Col))
@@ -208,15 +195,9 @@ class Lowering {
       if (depends_on_gemm_[in])
         return fmt::format("operand '{}' comes from outside this GEMM's epilogue ({})", leaf.name,
                            region_of_[in] == kNoRegion ? "an unfused node" : "another GEMM region");
-      // A vector of the segment's length, read periodically: the segment is this region's.
-      if (periodic_leaf(n, leaf)) {
-        if (segment_[r] != n.segment)
-          return fmt::format("operand '{}' of shape {} repeats every {} columns, but {}", leaf.name,
-                             to_string(leaf.shape), n.segment,
-                             segment_[r] < 0 ? "the segmented reduction it is applied after is outside this epilogue"
-                                             : "this epilogue's reductions span other runs of columns");
-        continue;
-      }
+      // An operand of the segment's length, read periodically (segment_conflict checked the
+      // segment is this region's).
+      if (periodic_leaf(n, leaf, f)) continue;
       const auto leaf_cls = classify(leaf.shape, f);
       // A batched kernel reads no per-batch column vector (ColBroadcast has one vector for all).
       if (f.batch && (!leaf_cls || leaf_cls == ValueClass::Col))
@@ -268,7 +249,7 @@ class Lowering {
   }
 
   // A node as the user knows it: 'name', or what the graph's own name stands for.
-  std::string who(int id) {
+  std::string who(int id) const {
     const std::string& name = g_.node(id).name;
     return !name.empty() && name[0] == '%' ? described()[static_cast<size_t>(id)] : "'" + name + "'";
   }
@@ -315,15 +296,21 @@ class Lowering {
       const int r = region_of_[gp.first_matmul];
       const Node& meet = g_.node(gp.meet_node);
       std::string why;
-      int reduction = -1;
-      for (int id : members_[r])
+      int reduction = -1, per_segment = -1;
+      for (int id : members_[r]) {
         if (g_.node(id).kind == OpKind::Reduce && reduction < 0) reduction = id;
+        if (g_.node(id).segment > 0 && per_segment < 0) per_segment = id;
+      }
       if (region_of_[gp.meet_node] != r) {
         why = fmt::format("{} does not fuse into the gated GEMM's epilogue: {}", who(meet.id), reason_[meet.id]);
       } else if (reduction >= 0) {
         why = fmt::format("its epilogue reduces ({}): a gated GEMM's epilogue is elementwise (a B2B pair's F per "
                           "chunk of N1; the single-GEMM kernel's two products share one accumulator)",
                           who(reduction));
+      } else if (per_segment >= 0) {
+        // rotate_half's partner evaluation reads the accumulator only, not the gate's half.
+        why = fmt::format("its epilogue works on runs of {} columns ({}): per-segment epilogues run in ungated kernels",
+                          g_.node(per_segment).segment, who(per_segment));
       }
       if (why.empty()) gp.region = r;
       else newly_refused_[{gp.first_matmul, gp.gate_matmul}] = why;
@@ -352,22 +339,67 @@ class Lowering {
       if (why.empty()) {
         region_of_[n.id] = r;
         members_[r].push_back(n.id);
-        if (n.kind == OpKind::Reduce) segment_[r] = n.segment;
+        if (n.kind == OpKind::Reduce || needs_runs(n)) segment_[r] = n.segment;
       } else if (reason_[n.id].empty()) {
         reason_[n.id] = why;
       }
     }
-    if (segment_[r] > 0) evict_segment_stat_sinks(r);
+    // Per-segment members no kernel holds leave, each eviction possibly stranding another's
+    // value, until none leaves.
+    for (size_t before = 0; before != members_[r].size();) {
+      before = members_[r].size();
+      evict_segment_stat_sinks(r);
+      evict_rotate_hazards(r);
+    }
   }
 
-  // --- per-segment reductions (Node::segment) ------------------------------------------
-  // A vector of `segment` elements: read periodically against a value over runs of that many columns.
-  static bool segment_vector(const Node& leaf, int64_t segment) {
-    return segment > 0 && leaf.shape.size() == 1 && leaf.shape[0] == Dim::of(segment);
+  // --- per-segment epilogues (Node::segment: segmented reductions, rotate_half) ----------
+  // An operand whose last dim is `segment`, read periodically against the tile's N columns: a
+  // vector [S] (a per-head norm's gamma) or rows [M, S] (rotary cos and sin).
+  static bool segment_operand(const Node& leaf, int64_t segment, const OutFrame& f) {
+    if (segment <= 0 || f.batch || leaf.shape.empty() || leaf.shape.back() != Dim::of(segment) || f.n == Dim::of(segment))
+      return false;
+    return leaf.shape.size() == 1 || (leaf.shape.size() == 2 && leaf.shape[0] == f.m);
   }
-  // A vector of n's segment length against n's other operand of another last dim: periodic.
-  static bool periodic_leaf(const Node& n, const Node& leaf) {
-    return n.kind == OpKind::Binary && segment_vector(leaf, n.segment);
+  static bool periodic_leaf(const Node& n, const Node& leaf, const OutFrame& f) {
+    return n.kind == OpKind::Binary && segment_operand(leaf, n.segment, f);
+  }
+  // A region works over whole rows or over runs of one segment length (its reductions span
+  // either; rotate_half and periodic operands need the runs): why n cannot join r's, or "".
+  std::string segment_conflict(const Node& n, int r) const {
+    const bool whole_row_reduce = n.kind == OpKind::Reduce && n.segment == 0;
+    if (!whole_row_reduce && n.segment == 0) return "";
+    auto what = [&] {
+      return n.kind == OpKind::Reduce       ? fmt::format("{} reduces runs of {} columns", name_of(n.reduce), n.segment)
+             : n.kind == OpKind::RotateHalf ? fmt::format("{} rotates runs of {} columns", RotateHalfOp::name, n.segment)
+             : n.kind == OpKind::RotatePairs ? fmt::format("{} rotates runs of {} columns", RotatePairsOp::name, n.segment)
+                                            : fmt::format("{} works on runs of {} columns", who(n.id), n.segment);
+    };
+    if (n.segment && frame_of(g_.node(roots_[r])).batch)
+      return fmt::format("{}; a batched GEMM's epilogue works on whole rows", what());
+    if (segment_[r] < 0 || segment_[r] == n.segment) return "";
+    const char* either = n.kind == OpKind::Reduce ? "one kernel reduces either" : "one kernel works on either";
+    if (whole_row_reduce)
+      return fmt::format("{} reduces whole rows, and this epilogue works on runs of {} columns ({})",
+                         name_of(n.reduce), segment_[r], either);
+    return segment_[r] == 0 ? fmt::format("{}, and this epilogue's {}reductions span whole rows ({})", what(),
+                                          n.kind == OpKind::Reduce ? "other " : "", either)
+                            : fmt::format("{}, and this epilogue's other ops work on runs of {}", what(), segment_[r]);
+  }
+  // Members that need the tiles to span runs: segmented reductions and rotations (a periodic
+  // operand's consumer only reads one, wherever the tiles start).
+  static bool needs_runs(const Node& n) {
+    return n.segment > 0 && (n.kind == OpKind::Reduce || n.kind == OpKind::RotateHalf || n.kind == OpKind::RotatePairs);
+  }
+  // The segment region r works on, from its members: -1 none, 0 whole-row reductions.
+  int64_t region_segment(int r) const {
+    int64_t seg = -1;
+    for (int id : members_[r]) {
+      const Node& n = g_.node(id);
+      if (needs_runs(n)) return n.segment;
+      if (n.kind == OpKind::Reduce) seg = 0;
+    }
+    return seg;
   }
 
   // Members of region r whose value is one per row of a segment (a Col value of the kernel, though
@@ -384,7 +416,7 @@ class Lowering {
       for (int in : n.inputs) {
         any = any || stat[in];
         const auto c = classify(g_.node(in).shape, f);
-        per_row = per_row && (stat[in] || (c && (*c == ValueClass::Scalar || (*c == ValueClass::Col && !periodic_leaf(n, g_.node(in))))));
+        per_row = per_row && (stat[in] || (c && (*c == ValueClass::Scalar || (*c == ValueClass::Col && !periodic_leaf(n, g_.node(in), f)))));
       }
       stat[id] = any && per_row;
     }
@@ -411,29 +443,66 @@ class Lowering {
         break;
       }
     }
-    segment_[r] = -1;
-    for (int id : members_[r])
-      if (g_.node(id).kind == OpKind::Reduce) segment_[r] = g_.node(id).segment;
-    // A vector admitted as periodic against the region's segment (admission) whose segmented
-    // reductions all left: no kernel reads it periodically now (build_region would classify a
-    // [S] vector against N columns), so its consumer leaves too.
+    segment_[r] = region_segment(r);
+    // An operand admitted as periodic against the region's segment (admission) where no member
+    // needing runs stays (its segmented reductions left, or there were none: a rotate_half
+    // outside): no kernel reads it periodically (build_region would classify a [S] vector against
+    // N columns), so its consumer leaves too.
     if (segment_[r] > 0) return;
+    const OutFrame f = frame_of(g_.node(roots_[r]));
     for (bool changed = true; changed;) {
       changed = false;
       for (int id : members_[r]) {
         const Node& n = g_.node(id);
         const auto leaf = std::find_if(n.inputs.begin(), n.inputs.end(), [&](int in) {
-          return !depends_on_gemm_[in] && periodic_leaf(n, g_.node(in));
+          return !depends_on_gemm_[in] && periodic_leaf(n, g_.node(in), f);
         });
         if (leaf == n.inputs.end()) continue;
-        reason_[id] = fmt::format("operand '{}' of shape {} repeats every {} columns, but the segmented reductions of "
-                                  "this epilogue left it",
+        reason_[id] = fmt::format("operand '{}' of shape {} repeats every {} columns, but no segmented reduction or "
+                                  "rotation of this epilogue works on those runs",
                                   g_.node(*leaf).name, to_string(g_.node(*leaf).shape), n.segment);
         evict(r, id);
         changed = true;
         break;
       }
     }
+  }
+
+  // rotate_half reads its partner columns from the accumulator registers of its stage's tile
+  // (nodes.cuh RotateHalf). A stage that ends in a reduction writes the tile value it carries
+  // to the next stage back into those registers fragment by fragment (stage.cuh, Bypass): where
+  // that value is not the stage's own input tile, a later fragment's partner would read it
+  // instead. Such a rotate_half leaves the region, and what is computed from it.
+  void evict_rotate_hazards(int r) {
+    auto rotates = [&] {
+      return std::any_of(members_[r].begin(), members_[r].end(),
+                         [&](int id) { return g_.node(id).kind == OpKind::RotateHalf; });
+    };
+    for (bool changed = rotates(); changed;) {
+      changed = false;
+      const Staging st = stage_region(r);
+      const int L = static_cast<int>(st.reductions.size());
+      const std::vector<bool> seg_stat = segment_stats(r);
+      for (int id : members_[r]) {
+        if (g_.node(id).kind != OpKind::RotateHalf) continue;
+        const int d = st.def_stage.at(id);
+        if (d >= L) continue;
+        int overwrites = -1;
+        for (int c : members_[r])
+          if (g_.node(c).kind != OpKind::Reduce && is_tile(c, r, seg_stat) && st.def_stage.at(c) == d &&
+              st.last_use.at(c) > d && g_.node(c).kind != OpKind::MatMul &&
+              !(st.remat.count(c) && st.remat.at(c).count(d + 1)))
+            overwrites = c;
+        if (overwrites < 0) continue;
+        reason_[id] = fmt::format("{} reads its partner columns from registers that {}, carried across {} to the "
+                                  "next stage, overwrites in the same kernel stage",
+                                  RotateHalfOp::name, who(overwrites), who(st.reductions[static_cast<size_t>(d)]));
+        evict(r, id);
+        changed = true;
+        break;
+      }
+    }
+    segment_[r] = region_segment(r);
   }
 
   // Member `id` of region r leaves it, and with it every member computed from it.
@@ -665,8 +734,11 @@ class Lowering {
         const Node& leaf = g_.node(in);
         SpecNode b;
         b.category = NodeCategory::Broadcast;
-        // A vector of the segment's length is a row read periodically (periodic_row).
-        b.value_class = segment_vector(leaf, fs.segment) ? ValueClass::Row : *classify(leaf.shape, frame);
+        // An operand of the segment's length is read periodically (periodic_arg): a row [S] as a
+        // row vector, rows [M, S] as a tile input.
+        b.value_class = segment_operand(leaf, fs.segment, frame)
+                            ? (leaf.shape.size() == 1 ? ValueClass::Row : ValueClass::Tile)
+                            : *classify(leaf.shape, frame);
         b.origin = leaf.name;
         if (leaf.kind == OpKind::Constant) {
           b.broadcast = BroadcastKind::Scalar;
@@ -702,6 +774,8 @@ class Lowering {
           sn.compute = n.kind == OpKind::Unary        ? ComputeKind::Unary
                        : n.kind == OpKind::Binary     ? ComputeKind::Binary
                        : n.kind == OpKind::CausalMask ? ComputeKind::CausalMask
+                       : n.kind == OpKind::RotateHalf ? ComputeKind::RotateHalf
+                       : n.kind == OpKind::RotatePairs ? ComputeKind::RotatePairs
                                                       : ComputeKind::Cast;
           sn.unary = n.unary;
           sn.binary = n.binary;
@@ -765,7 +839,7 @@ class Lowering {
     origins.walk(fs.root);
   }
 
-  const std::vector<std::string>& described() {
+  const std::vector<std::string>& described() const {
     if (described_.empty()) described_ = user_descriptions(g_);
     return described_;
   }
@@ -820,7 +894,7 @@ class Lowering {
       if (gemm2.inputs.size() > 1 && depends_on_gemm_[gemm2.inputs[1]])
         b.blocker = fmt::format("'{}' reads operand B '{}' from a GEMM", gemm2.name, g_.node(gemm2.inputs[1]).name);
       if (segment_[r1] > 0 || segment_[r2] > 0)
-        b.blocker = "per-segment reductions run in the single-GEMM kernels only";
+        b.blocker = "per-segment epilogues (per-head reductions, rotate_half) run in the single-GEMM kernels only";
       if (g_.node(via).dtype == DType::F32)
         b.blocker = fmt::format("'{}' is f32; the second GEMM reads a 16-bit operand (cast it)", g_.node(via).name);
       for (int c : consumers_[via])
@@ -858,7 +932,7 @@ class Lowering {
   RefusedGates newly_refused_;
   std::map<int, int> gate_of_root_;        // merged gate pairs: first matmul -> gate matmul
   std::set<int> warned_;                   // constants already warned about
-  std::vector<std::string> described_;     // user_descriptions(g_), built when first needed
+  mutable std::vector<std::string> described_;  // user_descriptions(g_), built when first needed
 };
 
 }  // namespace

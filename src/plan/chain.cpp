@@ -78,6 +78,8 @@ double node_cost(const FusionSpec& s, const Spec& st, int i) {
     case NodeCategory::Compute:
       if (n.compute == ComputeKind::Cast) return 1.0;
       if (n.compute == ComputeKind::CausalMask) return 2.0;  // compare the position, select
+      if (n.compute == ComputeKind::RotateHalf || n.compute == ComputeKind::RotatePairs)
+        return 1.0;  // the partner's registers, a negation
       if (n.compute == ComputeKind::Unary)
         return only_one_plus_tanh_users(st, i) ? 0.0 : unary_cost(n.unary);
       if (one_plus_tanh_operand(st, n) >= 0) return unary_cost(UnaryOp::Sigmoid);
@@ -181,6 +183,8 @@ std::string node_label(const FusionSpec& s, const Spec& stage, int index) {
     case NodeCategory::Compute:
       if (n.compute == ComputeKind::Cast) return fmt::format("cast<{}>({})", name_of(n.cast_to), ops());
       if (n.compute == ComputeKind::CausalMask) return fmt::format("{}({})", CausalMaskOp::name, ops());
+      if (n.compute == ComputeKind::RotateHalf) return fmt::format("{}({})", RotateHalfOp::name, ops());
+      if (n.compute == ComputeKind::RotatePairs) return fmt::format("{}({})", RotatePairsOp::name, ops());
       if (n.compute == ComputeKind::Unary) return fmt::format("{}({})", name_of(n.unary), ops());
       return fmt::format("{}({})", name_of(n.binary), ops());
     case NodeCategory::Reduction: return fmt::format("{}({})", name_of(n.reduce), ops());

@@ -171,7 +171,7 @@ bool masked_to_neg_inf(const Spec& st, int i) {
   switch (n.compute) {
     case ComputeKind::CausalMask: return true;
     case ComputeKind::Cast: return masked_to_neg_inf(st, n.operands.at(0));
-    case ComputeKind::Unary: return false;
+    case ComputeKind::Unary: case ComputeKind::RotateHalf: case ComputeKind::RotatePairs: return false;
     case ComputeKind::Binary: {
       const int a = n.operands.at(0), b = n.operands.at(1);
       // x op literal (either side where op commutes), the literal finite, and positive to scale.

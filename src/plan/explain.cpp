@@ -85,6 +85,10 @@ std::string explain(const FusionSpec& s, const Plan& p) {
     o += fmt::format("  segments     each row reduction spans one {}-column run of N (a head), one tile's columns: the "
                      "tile finishes its rows alone by warp shuffles, nothing crosses a CTA\n",
                      p.kernel.row_segment);
+  if (p.kernel.row_segment == 0 && s.segment > 0)
+    o += fmt::format("  segments     the epilogue works on {}-column runs of N (heads: rotate_half, periodic operands); "
+                     "each {}-column tile spans whole runs\n",
+                     s.segment, p.kernel.tile_n);
   if (p.kernel.splits_in_cluster)
     o += fmt::format("  split-K      the {} CTAs of one hardware cluster share each tile's K ({} k-blocks each); rank 0 "
                      "adds the others' partial tiles (rows < M, fp32, over DSMEM, in rank order) and runs the epilogue\n",

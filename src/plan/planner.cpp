@@ -178,7 +178,21 @@ void check_request(const FusionSpec& s, const Problem& p, const DeviceModel& dev
     throw Error(fmt::format("plan: tile_n = {}: a gated GEMM's tile holds B's and the gate's columns in one wgmma of "
                             "at most 256: tile_n 64 or 128", *opt.tile_n));
   // Per-segment reductions finish inside a tile of one segment's columns (KernelConfig::row_segment).
-  if (s.segment > 0) {
+  if (s.segment > 0 && s.reduction_count() == 0) {
+    // Rotations and periodic operands only: tiles of whole runs of whole 16-column fragments
+    // (rotate_half's partner S/2 columns away, a periodic tile input's columns: nodes.cuh).
+    if (s.segment % 32 != 0 || std::none_of(std::begin(kTileNs), std::end(kTileNs), [&](int t) { return t % s.segment == 0; }))
+      throw Error(fmt::format("plan: the epilogue works on runs of {} columns; a tile spans whole runs of whole "
+                              "16-column fragments (and rotate_half swaps their halves), so a run is 32, 64, 96, 128, "
+                              "192 or 256 columns",
+                              s.segment));
+    if (p.n % s.segment != 0)
+      throw Error(fmt::format("plan: N = {} is not a whole number of the {}-column runs the epilogue works on", p.n,
+                              s.segment));
+    if (opt.tile_n && *opt.tile_n % s.segment != 0)
+      throw Error(fmt::format("plan: tile_n = {}: the epilogue works on runs of {} columns, which a tile spans whole",
+                              *opt.tile_n, s.segment));
+  } else if (s.segment > 0) {
     if (std::find(std::begin(kTileNs), std::end(kTileNs), s.segment) == std::end(kTileNs))
       throw Error(fmt::format("plan: the epilogue reduces runs of {} columns; a tile spans one run, and tiles are 64, "
                               "128, 192 or 256 columns wide",
@@ -283,6 +297,16 @@ std::vector<Candidate> decide(PlanKind kind, const Request& r, Rejections& why) 
   return {};
 }
 
+// Whether a stage of the spec holds a rotate_half, which evaluates its operand again at the
+// partner fragment (rotate_pairs reads its partner from the same fragment).
+bool evaluates_partners(const Spec& st) {
+  for (const SpecNode& n : st.nodes)
+    if (n.category == NodeCategory::Compute && n.compute == ComputeKind::RotateHalf) return true;
+  for (const Spec& c : st.children)
+    if (evaluates_partners(c)) return true;
+  return false;
+}
+
 // Per-segment reductions (ChainInfo::segment): plans whose tiles span one segment and finish it
 // alone, each made a reducing kernel (KernelConfig::row_segment; check() holds it to one segment
 // a tile, one N-tile a job). The row-group decider's first: a whole-row norm's divisions less the
@@ -291,8 +315,26 @@ std::vector<Candidate> decide(PlanKind kind, const Request& r, Rejections& why) 
 // measurement chose and ptxas spills (52 B for a per-head RMSNorm at 256 x 4096 x 4096). Then the
 // elementwise deciders' (64-column segments: theirs alone, the row-group decider prices no
 // 64-wide plain tile); where none spans one segment, the deciders again with that width forced.
+// Rotations and periodic operands without a reduction: the elementwise plans whose tiles span
+// whole runs, nothing reduced.
 std::vector<Candidate> segment_tiles(std::vector<Candidate> cands, const Request& r, Rejections& why) {
   const int seg = static_cast<int>(r.chain.segment);
+  if (r.spec.reduction_count() == 0) {
+    // rotate_half or periodic operands alone: any elementwise plan whose tiles span whole runs
+    // (n0 a multiple of tile_n, so of the segment); where none, the deciders with the narrowest
+    // such width forced.
+    std::vector<Candidate> out;
+    for (Candidate& c : cands)
+      if (c.k.tile_n % seg == 0) out.push_back(std::move(c));
+    if (out.empty() && !r.opt.tile_n) {
+      PlanOptions forced = r.opt;
+      forced.tile_n = *std::find_if(std::begin(kTileNs), std::end(kTileNs), [&](int t) { return t % seg == 0; });
+      const Request rf{r.spec, r.p, r.dev, r.tun, forced, r.chain};
+      for (Candidate& c : decide(PlanKind::Elementwise, rf, why))
+        if (c.k.tile_n % seg == 0) out.push_back(std::move(c));
+    }
+    return out;
+  }
   auto keep = [&](std::vector<Candidate> in, bool row_groups) {
     std::vector<Candidate> out;
     for (Candidate& c : in) {
@@ -305,8 +347,21 @@ std::vector<Candidate> segment_tiles(std::vector<Candidate> cands, const Request
     }
     return out;
   };
-  std::vector<Candidate> kept = seg == 64 ? std::vector<Candidate>{} : keep(plan_detail::decide_row_groups(r, why), true);
+  // rotate_half after a per-segment norm (Qwen 3's q/k norms then RoPE) evaluates its operand
+  // again at the partner fragment: on 128-row tiles ptxas spilled 632 B (64-row tiles: none). The
+  // row-group decider's 64-row divisions price the rotary's cos and sin as latency-bound passes
+  // of a many-tile job (78.5 us against the elementwise deciders' 52.6 at 1024 x 4096 x 4096, one
+  // tile a job either way): the elementwise deciders' plans only (NOT measured).
+  const bool rotating = evaluates_partners(r.spec.root);
+  std::vector<Candidate> kept = seg == 64 || rotating ? std::vector<Candidate>{}
+                                                      : keep(plan_detail::decide_row_groups(r, why), true);
   for (Candidate& c : keep(std::move(cands), false)) kept.push_back(std::move(c));
+  if (rotating && !r.opt.tile_m) {
+    std::vector<Candidate> rows64;
+    for (Candidate& c : kept)
+      if (c.k.epi_rows() == 64) rows64.push_back(c);
+    if (!rows64.empty()) kept = std::move(rows64);
+  }
   if (kept.empty() && !r.opt.tile_n) {
     PlanOptions forced = r.opt;
     forced.tile_n = seg;

@@ -290,9 +290,9 @@ void bind_epilogue(const RunArgs& args, const std::vector<const FusionSpec*>& sp
       p.scalars[sl.slot] = static_cast<float>(it->second);
     } else if (sl.kind == SlotKind::Vector) {
       const DeviceTensor& v = tensor_arg(args, a);
-      // A periodic row vector (spec.h periodic_row) holds one segment's elements.
+      // A periodic row vector (spec.h periodic_arg) holds one segment's elements.
       const FusionSpec& spec = *specs.at(static_cast<size_t>(sl.spec));
-      const int64_t want = periodic_row(spec, a) ? spec.segment : a.role == ArgRole::RowVector ? cols : M;
+      const int64_t want = periodic_arg(spec, a) ? spec.segment : a.role == ArgRole::RowVector ? cols : M;
       int64_t len = 1;
       for (int64_t d : v.shape) len *= d;
       if (len != want || v.shape.empty())
@@ -300,20 +300,23 @@ void bind_epilogue(const RunArgs& args, const std::vector<const FusionSpec*>& sp
                                 shape_str(v.shape), want));
       p.vectors[sl.slot] = v.data;
     } else if (sl.kind == SlotKind::Output || sl.kind == SlotKind::TileInput) {
+      // A periodic tile input (spec.h periodic_arg: rotary cos and sin) holds one segment's columns.
+      const FusionSpec& spec = *specs.at(static_cast<size_t>(sl.spec));
+      const int64_t tile_cols = periodic_arg(spec, a) ? spec.segment : cols;
       const Matrix o = batched_matrix_arg(args, a, batches > 0);
-      if (o.rows != M || o.cols != cols || (batches > 0 && o.batches != batches))
+      if (o.rows != M || o.cols != tile_cols || (batches > 0 && o.batches != batches))
         throw Error(fmt::format("{} '{}' has shape {}, expected {}", sl.kind == SlotKind::Output ? "output" : "input",
                                 a.name, shape_str(o.t->shape),
-                                batches > 0 ? fmt::format("[{}, {}, {}]{}", batches, M, cols,
+                                batches > 0 ? fmt::format("[{}, {}, {}]{}", batches, M, tile_cols,
                                                           heads > 1 ? fmt::format(" or [{}, {}, {}, {}]", batches / heads,
-                                                                                  heads, M, cols) : "")
-                                            : fmt::format("[{}, {}]", M, cols)));
+                                                                                  heads, M, tile_cols) : "")
+                                            : fmt::format("[{}, {}]", M, tile_cols)));
       const runtime_detail::BatchLayout bl = batches > 0 ? batch_layout(o, heads) : runtime_detail::BatchLayout{};
       const std::string what = fmt::format("{} '{}'", sl.kind == SlotKind::Output ? "output" : "input", a.name);
       if (sl.kind == SlotKind::Output)
         runtime_detail::set_output(p, epi_rows, sl.slot, a.dtype, o.t->data, o.ld, bl, what.c_str());
       else
-        runtime_detail::set_tile_input(p, epi_rows, sl.slot, a.dtype, o.t->data, cols, o.ld, bl, what.c_str());
+        runtime_detail::set_tile_input(p, epi_rows, sl.slot, a.dtype, o.t->data, tile_cols, o.ld, bl, what.c_str());
     } else if (sl.kind == SlotKind::ColOutput) {
       const DeviceTensor& o = tensor_arg(args, a);
       const int64_t rows = batches > 0 ? batches * M : M;
@@ -353,11 +356,12 @@ void FusedKernel::run(const RunArgs& args, Stream stream) const {
   check_problem_size(M, N, K);  // the one size rule (graph.h), as the plan was made under
   // A row reduction is finished by the CTAs that share a row: a longer row would silently
   // reduce in pieces. (Not cross_cta_reduction(): a row one CTA covers alone, row_peers() == 1,
-  // has the same limit.) A per-segment reduction finishes in each tile at any N, segments whole.
+  // has the same limit.) A per-segment epilogue (reductions, rotate_half) works in each tile at
+  // any N, segments whole.
   const KernelConfig& kc = st.plan.kernel;
-  if (kc.row_segment > 0 && N % kc.row_segment != 0)
-    throw Error(fmt::format("N = {} is not a whole number of the {}-column segments this kernel reduces", N,
-                            kc.row_segment));
+  if (st.spec.segment > 0 && N % st.spec.segment != 0)
+    throw Error(fmt::format("N = {} is not a whole number of the {}-column segments this kernel works on", N,
+                            st.spec.segment));
   if (kc.row_reduction && kc.row_segment == 0 && N > kc.row_cover())
     throw Error(fmt::format("N = {} exceeds what this kernel's CTAs cover for a row reduction ({} CTAs x {} x {} tiles = "
                             "{}); build the kernel for this N", N, kc.row_peers(), kc.tile_n, kc.n_tiles, kc.row_cover()));

@@ -103,7 +103,7 @@ bool same_node(const SpecNode& a, const SpecNode& b) {
         case ComputeKind::Unary: return a.unary == b.unary;
         case ComputeKind::Binary: return a.binary == b.binary;
         case ComputeKind::Cast: return a.cast_to == b.cast_to;
-        case ComputeKind::CausalMask: return true;
+        case ComputeKind::CausalMask: case ComputeKind::RotateHalf: case ComputeKind::RotatePairs: return true;
       }
       return false;
     case NodeCategory::Reduction: return a.reduce == b.reduce && a.post == b.post;
@@ -160,7 +160,7 @@ class Verifier {
     }
     if (fs_.segment < 0) throw Error(fmt::format("segment = {}: a positive column count, or 0", fs_.segment));
     if (fs_.segment > 0 && (fs_.batched() || fs_.gated()))
-      throw Error(fmt::format("segment = {}: per-segment reductions run in an unbatched, ungated GEMM's epilogue",
+      throw Error(fmt::format("segment = {}: per-segment epilogues run in an unbatched, ungated GEMM's kernel",
                               fs_.segment));
     if (a != 1) throw Error(fmt::format("the spec needs exactly one operand_a arg, found {}", a));
     if (b != 1) throw Error(fmt::format("the spec needs exactly one operand_b arg, found {}", b));
@@ -252,6 +252,17 @@ class Verifier {
               fail(at, fmt::format("{} masks a tile (it reads each element's row and column); operand n{} is a {}",
                                    CausalMaskOp::name, node.operands[0], name_of(cls(0))));
             expect_class(at, node, ValueClass::Tile, "a causal mask keeps its tile");
+          } else if (node.compute == ComputeKind::RotateHalf || node.compute == ComputeKind::RotatePairs) {
+            const std::string_view op =
+                node.compute == ComputeKind::RotateHalf ? RotateHalfOp::name : RotatePairsOp::name;
+            expect_arity(at, node, 1, op);
+            if (fs_.segment <= 0 || fs_.segment % 2 != 0)
+              fail(at, fmt::format("{} rotates within runs of the spec's segment columns; segment = {} is not a "
+                                   "positive even count", op, fs_.segment));
+            if (cls(0) == ValueClass::Row || cls(0) == ValueClass::Scalar)
+              fail(at, fmt::format("{} rotates a tile or a per-row value; operand n{} is a {}", op,
+                                   node.operands[0], name_of(cls(0))));
+            expect_class(at, node, ValueClass::Tile, "a rotation gives a tile");
           } else {
             expect_arity(at, node, 1, node.compute == ComputeKind::Cast ? std::string("a cast")
                                                                          : fmt::format("unary `{}`", name_of(node.unary)));
@@ -333,6 +344,7 @@ std::vector<int> FusionSpec::root_tile_inputs() const {
   std::vector<int> out;
   for (const SpecNode& node : root.nodes)
     if (node.category == NodeCategory::Broadcast && node.broadcast == BroadcastKind::Tile && node.arg >= 0 &&
+        !periodic_arg(*this, args.at(static_cast<size_t>(node.arg))) &&
         std::find(out.begin(), out.end(), node.arg) == out.end())
       out.push_back(node.arg);
   return out;
@@ -375,8 +387,9 @@ bool operator==(const FusionSpec& a, const FusionSpec& b) {
 
 void verify(const FusionSpec& s) { Verifier(s).run(); }
 
-bool periodic_row(const FusionSpec& s, const RuntimeArg& a) {
-  return s.segment > 0 && a.role == ArgRole::RowVector && a.shape.size() == 1 && a.shape[0] != s.n;
+bool periodic_arg(const FusionSpec& s, const RuntimeArg& a) {
+  if (s.segment <= 0 || a.shape.empty() || a.shape.back() == s.n || a.shape.back() != Dim::of(s.segment)) return false;
+  return (a.role == ArgRole::RowVector && a.shape.size() == 1) || (a.role == ArgRole::TileInput && a.shape.size() == 2);
 }
 
 void SpecVisitor::walk(const Spec& root, int depth) {

@@ -90,6 +90,8 @@ void print_stage(std::string& out, const Spec& sp, int indent) {
         body = n.compute == ComputeKind::Unary        ? std::string(name_of(n.unary))
                : n.compute == ComputeKind::Binary     ? std::string(name_of(n.binary))
                : n.compute == ComputeKind::CausalMask ? std::string(CausalMaskOp::name)
+               : n.compute == ComputeKind::RotateHalf ? std::string(RotateHalfOp::name)
+               : n.compute == ComputeKind::RotatePairs ? std::string(RotatePairsOp::name)
                                                       : fmt::format("cast.{}", name_of(n.cast_to));
         break;
       case NodeCategory::Reduction: body = fmt::format("reduce.{}", name_of(n.reduce)); break;
@@ -439,6 +441,12 @@ class SpecParser {
     } else if (w == CausalMaskOp::name) {
       n.category = NodeCategory::Compute;
       n.compute = ComputeKind::CausalMask;
+    } else if (w == RotateHalfOp::name) {
+      n.category = NodeCategory::Compute;
+      n.compute = ComputeKind::RotateHalf;
+    } else if (w == RotatePairsOp::name) {
+      n.category = NodeCategory::Compute;
+      n.compute = ComputeKind::RotatePairs;
     } else if (auto u = unary_op_from_name(w)) {
       n.category = NodeCategory::Compute;
       n.compute = ComputeKind::Unary;

@@ -163,13 +163,15 @@ size_t edit_distance(std::string_view a, std::string_view b) {
 }
 
 const char* const kSpecialOps[] = {"matmul", "cast", "transpose", "const", "layer_norm",
-                                   "rms_norm", "softmax", "log_softmax", "l2_normalize"};
+                                   "rms_norm", "softmax", "log_softmax", "l2_normalize", "rope"};
 
 // Every op name the parser knows, enumerated through ops.h (name_of returns "?" past the
 // last enumerator), so a new ops.def row shows up in hints without an edit here.
 std::vector<std::string> known_op_names() {
   std::vector<std::string> names(std::begin(kSpecialOps), std::end(kSpecialOps));
   names.emplace_back(CausalMaskOp::name);
+  names.emplace_back(RotateHalfOp::name);
+  names.emplace_back(RotatePairsOp::name);
   auto add = [&](std::string_view n) {
     if (std::find(names.begin(), names.end(), n) == names.end()) names.emplace_back(n);
   };
@@ -524,6 +526,24 @@ class Parser {
       Value x = arg(0);
       return build([&] { return g_.causal_mask(x); });
     }
+    if (op == RotateHalfOp::name || op == RotatePairsOp::name) {
+      arity(e, 1, 1, "1 operand");
+      allow_kws(e, {"segment"});
+      const int64_t segment = segment_kw(e);
+      if (!segment) throw Error(e.tok.loc, fmt::format("{} needs `segment=`: the columns of each run it rotates (a head)", op));
+      Value x = arg(0);
+      return build([&] { return op == RotateHalfOp::name ? g_.rotate_half(x, segment) : g_.rotate_pairs(x, segment); });
+    }
+    if (op == "rope") {
+      arity(e, 3, 3, "3 operands (x, cos, sin)");
+      allow_kws(e, {"segment", "interleaved"});
+      const int64_t segment = segment_kw(e);
+      if (!segment) throw Error(e.tok.loc, "rope needs `segment=`: the columns of each head it rotates");
+      const double inter = number_kw(e, "interleaved", 0);
+      if (inter != 0 && inter != 1) throw Error(e.tok.loc, "rope: `interleaved=` is 0 (rotate_half) or 1 (rotate_pairs)");
+      Value x = arg(0), c = arg(1), sn = arg(2);
+      return build([&] { return g_.rope(x, c, sn, segment, inter == 1); });
+    }
     if (op == "softmax" || op == "log_softmax") {
       arity(e, 1, 1, "1 operand");
       allow_kws(e, {"segment"});
@@ -555,9 +575,10 @@ class Parser {
       return build([&] { return g_.reduce(*r, x, dim, segment); });
     }
     if (n == 2 && b) {
-      allow_kws(e, {});
+      allow_kws(e, {"segment"});
+      const int64_t segment = segment_kw(e);
       Value x = arg(0), y = arg(1);
-      return build([&] { return g_.binary(*b, x, y); });
+      return build([&] { return g_.binary(*b, x, y, segment); });
     }
     std::string takes = (u || r) && b ? (u ? "1 operand (unary) or 2 (binary)" : "1 operand (reduction) or 2 (binary)")
                         : b       ? "2 operands"
@@ -703,10 +724,15 @@ std::string print_graph(const Graph& g) {
       case OpKind::Unary:
         out += fmt::format("{} = {}({})\n", name(n.id), name_of(n.unary), name(n.inputs.at(0)));
         break;
-      case OpKind::Binary:
-        out += fmt::format("{} = {}({}, {})\n", name(n.id), name_of(n.binary), name(n.inputs.at(0)),
-                           name(n.inputs.at(1)));
+      case OpKind::Binary: {
+        // A segment neither operand carries was the binary's own (a periodic operand against an
+        // unsegmented value): say it.
+        const bool own = n.segment && g.node(n.inputs.at(0)).segment != n.segment &&
+                         g.node(n.inputs.at(1)).segment != n.segment;
+        out += fmt::format("{} = {}({}, {}{})\n", name(n.id), name_of(n.binary), name(n.inputs.at(0)),
+                           name(n.inputs.at(1)), own ? fmt::format(", segment={}", n.segment) : std::string());
         break;
+      }
       case OpKind::Cast:
         out += fmt::format("{} = cast({}, {})\n", name(n.id), name(n.inputs.at(0)), name_of(n.dtype));
         break;
@@ -723,6 +749,12 @@ std::string print_graph(const Graph& g) {
         break;
       case OpKind::CausalMask:
         out += fmt::format("{} = {}({})\n", name(n.id), CausalMaskOp::name, name(n.inputs.at(0)));
+        break;
+      case OpKind::RotateHalf:
+        out += fmt::format("{} = {}({}, segment={})\n", name(n.id), RotateHalfOp::name, name(n.inputs.at(0)), n.segment);
+        break;
+      case OpKind::RotatePairs:
+        out += fmt::format("{} = {}({}, segment={})\n", name(n.id), RotatePairsOp::name, name(n.inputs.at(0)), n.segment);
         break;
     }
   }

@@ -126,7 +126,7 @@ TEST(Segments, PhiBuildsOneSegmentedSpec) {
   EXPECT_EQ(post.nodes.at(0).value_class, ValueClass::Col);
   int periodic = 0, plain = 0;
   for (const RuntimeArg& a : fs.args)
-    if (a.role == ArgRole::RowVector) (periodic_row(fs, a) ? periodic : plain)++;
+    if (a.role == ArgRole::RowVector) (periodic_arg(fs, a) ? periodic : plain)++;
   EXPECT_EQ(periodic, 1);
   EXPECT_EQ(plain, 1);
   verify(fs);

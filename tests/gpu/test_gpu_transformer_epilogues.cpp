@@ -221,5 +221,40 @@ TEST_F(GpuLayer, PerHeadNorms) {
   }
 }
 
+// Rotary embeddings after a projection (Llama's q/k_proj; Qwen 2's with a bias; Qwen 3's after
+// its per-head RMSNorm): rotate_half reads each element's partner from the same thread's
+// fragment S/2 columns away, cos and sin [M, head] periodically; heads of 64, 96 (two a tile),
+// 128 and 256, ragged rows, decode split-K, f16, K x N; the interleaved rotation (GPT-J, Cohere),
+// alone and after a per-head norm.
+TEST_F(GpuLayer, RotaryEmbeddings) {
+  struct V {
+    int64_t head;
+    Bindings d;
+    const char* what;
+  };
+  for (const V& v : {V{128, dims(1, 4096, 4096), "rope"}, V{128, dims(7, 1024, 2048), "rope"},
+                     V{128, dims(333, 2048, 200), "bias"}, V{64, dims(77, 1024, 136), "rope"},
+                     V{96, dims(300, 960, 512), "rope"}, V{256, dims(3, 1024, 1024), "rope"},
+                     V{128, dims(1000, 1024, 72), "norm"}, V{128, dims(1, 1024, 4096), "norm"},
+                     V{128, dims(5, 512, 1024), "f16"}, V{128, dims(130, 768, 264), "kn"},
+                     V{128, dims(8, 1024, 4096), "split"}, V{128, dims(77, 1024, 136), "pairs"},
+                     V{128, dims(300, 2048, 512), "norm-pairs"}}) {
+    SCOPED_TRACE(fmt::format("heads of {}, {} x {} x {}, {}", v.head, v.d.at("M"), v.d.at("N"), v.d.at("K"), v.what));
+    const std::string what = v.what;
+    const DType in = what == "f16" ? DType::F16 : DType::BF16;
+    Case c(in, what == "kn" ? BLayout::KN : BLayout::NK);
+    Value q = c.acc;
+    if (what == "bias") q = q + c.g.input("bias", in, {Dim::of("N")});
+    if (what.rfind("norm", 0) == 0) q = c.g.rms_norm(q, c.g.input("gamma", in, {Dim::of(v.head)}), 1e-6, v.head);
+    Value cos = c.g.input("cos", in, {Dim::of("M"), Dim::of(v.head)});
+    Value sin = c.g.input("sin", in, {Dim::of("M"), Dim::of(v.head)});
+    c.g.output(c.g.rope(q, cos, sin, v.head, what.find("pairs") != std::string::npos), "y", in);
+    CompileOptions opt;
+    if (what == "split") opt.plan.k_splits = 4;
+    const DeviceRunReport rep = expect_matches(c.g, v.d, opt, 0.0);
+    EXPECT_EQ(rep.plan.kernel.tile_n % v.head, 0);
+  }
+}
+
 }  // namespace
 }  // namespace comfuse

@@ -6,9 +6,10 @@ over the whole projection or per head, scaled residuals, parallel residuals). Un
 executor (test_runtime_glue's `emulate`: the translated graphs compute, not the aten fallback),
 each model's output matches eager within bf16 noise, nothing raises, and the regions named below
 (the projection that closes each residual branch, with its norm, the MLP's first GEMM with its
-activation, and q_proj and k_proj with their per-head norms: PER_HEAD_NORMS) run through the
-kernel path in every layer. Attention stays unfused here (its
-kernel is not emulated; test_attention.py covers its translation)."""
+activation, q_proj and k_proj with their per-head norms: PER_HEAD_NORMS, and with their rotary
+embeddings: ROPE) run through the kernel path in every layer; where RoPE stays out (partial rotary,
+OLMo 2's whole-row q/k norms), the reason says why (ROPE_REFUSED). Attention stays unfused here
+(its kernel is not emulated; test_attention.py covers its translation)."""
 import re
 
 import pytest
@@ -97,6 +98,20 @@ ARCHS = {
 # Cohere's is a LayerNorm over each head with a weight per head ([H, D]: a row of N).
 PER_HEAD_NORMS = {"cohere": ["self_attn.q_proj", "self_attn.k_proj"], "qwen3": ["self_attn.q_proj", "self_attn.k_proj"], "gemma3": ["self_attn.q_proj", "self_attn.k_proj"]}
 
+# The projections whose rotary embeddings (transformers' apply_rotary_pos_emb: rotate_half over each
+# head and cos/sin read periodically, segments.py) fuse with them, after the per-head norm in Qwen 3
+# and Gemma 3; k_proj with one key head (Gemma, Qwen 2, Mistral here) rotates its whole row. Cohere's
+# interleaved pairs (its rotate_half: stack((-x2, x1), -1).flatten(-2), in float32) are one
+# rotate_pairs, after its per-head LayerNorm (weight [H, D]: a row of N).
+ROPE = {arch: ["self_attn.q_proj", "self_attn.k_proj"]
+        for arch in ("cohere", "gemma", "gemma2", "gemma3", "granite", "mistral", "qwen2", "qwen3", "starcoder2")}
+INTERLEAVED = {"cohere"}  # rotate_pairs (slices, neg, stack and its flattening view) in place of rotate_half
+# Where RoPE stays out of q_proj's region, the reason's words: partial rotary (Phi's, StableLM's,
+# GPT-J's rotary_dim: a part of each head rotates; GPT-J's pairs are interleaved, as Cohere's), OLMo
+# 2's norm over the whole projection.
+ROPE_REFUSED = {"phi": ("self_attn.q_proj", "partial rotary"), "stablelm": ("self_attn.q_proj", "partial rotary"),
+                "gptj": ("attn.q_proj", "partial rotary"), "olmo2": ("self_attn.q_proj", "reduces whole rows")}
+
 
 class Logits(torch.nn.Module):
     def __init__(self, model):
@@ -114,7 +129,7 @@ def test_architecture_runs_its_regions_fused_and_matches_eager(emulate, arch, mo
 
     monkeypatch.setattr(attention, "find", lambda gm, next_id: [])
     make, roots = ARCHS[arch]
-    roots = roots + PER_HEAD_NORMS.get(arch, [])
+    roots = list(dict.fromkeys(roots + PER_HEAD_NORMS.get(arch, []) + ROPE.get(arch, [])))
     torch.manual_seed(0)
     model = Logits(make()).to(torch.bfloat16).eval()
     ids = torch.randint(0, 512, (2, 24))
@@ -131,3 +146,18 @@ def test_architecture_runs_its_regions_fused_and_matches_eager(emulate, arch, mo
     for r in rep.regions:  # the per-head norm in its projection's region, where that runs
         if r.calls and any(r.root.split(":")[0].endswith(p) for p in PER_HEAD_NORMS.get(arch, [])):
             assert {"mean", "rsqrt"} <= {op.split(":")[-1].split(" ")[0] for op in r.ops}, (r.root, r.ops)
+    rope = [r for r in rep.regions if r.calls and any(r.root.split(":")[0].endswith(p) for p in ROPE.get(arch, []))]
+    assert len(rope) == (2 * L if arch in ROPE else 0), str(rep)
+    kind, other, join = ("rotate_pairs", "rotate_half", "stack") if arch in INTERLEAVED else \
+        ("rotate_half", "rotate_pairs", "cat")
+    for r in rope:  # RoPE in the projection's region: one rotate_half (or rotate_pairs), cos and sin multiplied
+        ops = {op.split(":")[-1].split(" ")[0] for op in r.ops}
+        assert {"slice", "neg", join, "mul", "add"} <= ops, (r.root, r.ops)
+        g = comfuse._core.parse_graph(r.graph_text)
+        kinds = [g.node(i)["kind"] for i in range(len(g))]
+        assert kinds.count(kind) == 1 and other not in kinds, r.graph_text
+    if arch in ROPE_REFUSED:
+        proj, why = ROPE_REFUSED[arch]
+        qs = [r for r in rep.regions if r.root.split(":")[0].endswith(proj)]
+        assert qs and all(any(why in e.reason for e in r.excluded) for r in qs), \
+            [(r.root, [e.reason for e in r.excluded]) for r in qs]

@@ -178,7 +178,9 @@ REFUSED = {
                               "reduces each run of 64 columns in a region that reduces whole rows", "mean"),
     "stat_as_output": (lambda h, w: _heads(h).float().pow(2).mean(-1, keepdim=True), "used outside", "mean"),
     "no_keepdim": (lambda h, w: _heads(h).float().pow(2).mean(-1), "keepdim", "mean"),
-    "vec_before_reduction": (lambda h, w: _heads(h) * w, "no reduction over runs", "mul"),
+    # A [D] vector against the heads is read periodically (binary(segment=D), as RoPE's cos at one
+    # token is), but Φ takes one only in an epilogue with a per-segment reduction or rotate_half.
+    "vec_before_reduction": (lambda h, w: _heads(h) * w, "repeats every 64 columns", "mul"),
     "rows_split": (lambda h, w: h.reshape(-1, 64).float().pow(2).mean(-1, keepdim=True),
                    "row layout", "view"),
     "transpose_last": (lambda h, w: qwen3_norm(_heads(h).transpose(-1, -2), w[:4]), "last dim", "transpose"),

@@ -15,11 +15,13 @@
 namespace comfuse::b2b {
 
 // The prologue/F stage over one chunk: begin() (the chunk's vectors), then every fragment
-// through visit_all; f(base, col, values of the ToOperand node) per fragment (base: its first
+// through visit_nodes; f(base, col, values of the ToOperand node) per fragment (base: its first
 // flat index in P; col: the column of N1 its element 0 is in).
 template <class Stage, class Geo>
 struct ChunkStage {
   using Exec = typename Stage::template Exec<Geo>;
+  // visit_nodes gets no partner below (Φ keeps per-segment epilogues out of B2B pairs).
+  static_assert(!Exec::kHasRotate, "ComFuse: rotate_half in a B2B kernel's F");
   using SharedStorage = typename Exec::SharedStorage;
   static constexpr int kOut = Stage::kNumNodes - 1;
   Exec exec;
@@ -39,6 +41,7 @@ struct ChunkStage {
         epi::FragCoord fc;
         fc.sub_col = j * 16 + 2 * (c.lane % 4);
         fc.col = s * 64 + fc.sub_col;
+        fc.col0 = s * 64 + j * 16;
         fc.row = accum_row(c.t, 0, 0);
         fc.mi = 0;
         int const base = 8 * (4 * s + j);
@@ -51,7 +54,7 @@ struct ChunkStage {
           c.gate = gate;
         }
         float vals[Stage::kNumNodes][epi::kFrag];
-        exec.visit_all(c, fc, acc, vals);
+        exec.visit_nodes(c, fc, acc, vals, [](int, epi::Frag&) {});
         f(base, c.n0 + fc.col, vals[kOut]);
       }
   }

@@ -36,6 +36,8 @@ using Frag = float[kFrag];
 struct FragCoord {
   int row;      // tile-local row of elements 0, 1, 4, 5
   int col;      // tile-local column of element 0
+  int col0;     // tile-local column of the fragment's 16-column block (col less the lane's offset):
+                // the same for every thread, so what depends on it alone folds at compile time
   int sub_col;  // column of element 0 inside its 64-column store subtile
   int mi;       // 64-row block of the tile (0 or 1)
 };
@@ -166,6 +168,37 @@ template <int Src> struct CausalMask {
         int const row = c.m0 + fc.row + frag_row(e), col = c.n0 + fc.col + frag_col(e);
         v[I][e] = col > row ? -__int_as_float(0x7f800000) : v[Src][e];
       }
+    }
+  };
+};
+
+// rotate_half within runs of Segment columns (ops.h RotateHalfOp: rotary position embeddings):
+// column j takes -x[j + S/2] in its run's first half and x[j - S/2] in its second. In the wgmma
+// accumulator layout a thread holds the same columns of every 16-column block of its rows, so
+// each element's partner is the thread's own element S/2 columns away, in another fragment: the
+// stage executor (stage.cuh, visit_nodes) evaluates Src at the partner fragment from the
+// accumulator registers there and negates the first half. No shuffles, no SMEM; Src's elementwise
+// cone is computed twice (a bias add, a norm's scaling: a few instructions a value). The tile
+// spans whole runs (the planner's segment plans: tile_n a multiple of Segment).
+template <int Src, int Segment> struct RotateHalf {
+  static constexpr int kRotateSrc = Src;
+  static constexpr int kSegment = Segment;
+  static_assert(Segment % 32 == 0, "ComFuse: rotate_half's half runs are whole 16-column fragments");
+  template <class Geo> struct Impl : NodeBase<Geo> {
+    static_assert(Geo::BN % Segment == 0, "ComFuse: a tile spans whole rotate_half runs");
+    static_assert(Geo::NTiles == 1, "ComFuse: rotate_half reads its partner from the registers of a job's one tile");
+  };
+};
+
+// The interleaved rotation (ops.h RotatePairsOp: GPT-J's and Cohere's rotary embeddings): column
+// 2i takes -x[2i + 1], column 2i + 1 takes x[2i]. A fragment's elements e and e ^ 1 are columns c
+// and c + 1 (c even) of one row: the partner is already in the fragment.
+template <int Src> struct RotatePairs {
+  template <class Geo> struct Impl : NodeBase<Geo> {
+    template <int I, class V> COMFUSE_DEVICE void visit(EpiCtx const&, FragCoord const&, Frag const&, V& v) {
+      static_assert(Src < I);
+      CUTE_UNROLL
+      for (int e = 0; e < kFrag; ++e) v[I][e] = (e & 1) ? v[Src][e ^ 1] : -v[Src][e ^ 1];
     }
   };
 };
@@ -333,10 +366,16 @@ template <int Out, class T, int Src, int Borrow = -1> struct Store {
 //    (load_ring), so it lands under the mainloop; each fragment reads SMEM (EpiCtx::ring_a/b),
 //    the same 128-byte swizzle the stores use, bank-conflict free.
 // Rows >= M and columns >= N read 0 (the TMA's zero fill, or the loads' predicates).
-template <int In, class T, int Box0 = -1> struct TileInput {
+// Period > 0: an [M, Period] input read periodically along N (column j reads column j mod
+// Period: rotary embeddings' cos and sin, one row per row of the GEMM), from global memory; the
+// tile spans whole periods (tile origins are multiples of BN, BN of Period).
+template <int In, class T, int Box0 = -1, int Period = 0> struct TileInput {
   static_assert(In < Sm90::kMaxTileInputs);
   static constexpr bool kInRing = Box0 >= 0;
+  static_assert(!kInRing || Period == 0, "ComFuse: a periodic tile input is read from global memory");
   template <class Geo> struct Impl : NodeBase<Geo> {
+    static_assert(Period == 0 || (Geo::BN % Period == 0 && Period % 16 == 0),
+                  "ComFuse: a periodic tile input's tile spans whole periods of 16-column fragments");
     static constexpr bool kLoads = true;
     static constexpr int kBoxCols = 128 / int(sizeof(T));
     static constexpr int kRingBytes = kInRing ? Geo::BM * Geo::BN * int(sizeof(T)) : 0;
@@ -345,14 +384,15 @@ template <int In, class T, int Box0 = -1> struct TileInput {
     int rows_, cols_;     // rows and columns of the tile that lie inside [M, N]
     COMFUSE_DEVICE void load(EpiCtx const& c, NoStorage&) {
       if (c.t != 0 || c.m0 >= c.p->M) return;  // a cooperative tile's second half may lie past M
+      int const n0 = Period ? 0 : c.n0, cols = Period ? Period : c.N;  // periodic: the columns of one period
       CUTE_UNROLL
       for (int col = 0; col < Geo::BN; col += kBoxCols) {
-        if (c.n0 + col >= c.N) break;
+        if (n0 + col >= cols) break;
         if constexpr (Geo::kBatched) {
           BatchCoord const bc = batch_coord(*c.p, c.batch);
-          cute::SM90_TMA_LOAD_4D::PREFETCH::copy(&c.p->tma_in[In], c.n0 + col, c.m0, bc.head, bc.outer);
+          cute::SM90_TMA_LOAD_4D::PREFETCH::copy(&c.p->tma_in[In], n0 + col, c.m0, bc.head, bc.outer);
         } else
-          cute::SM90_TMA_LOAD_2D::PREFETCH::copy(&c.p->tma_in[In], c.n0 + col, c.m0);
+          cute::SM90_TMA_LOAD_2D::PREFETCH::copy(&c.p->tma_in[In], n0 + col, c.m0);
       }
     }
     // The producer thread, into the ring slot whose box b is at box(b) (mainloop_sm90.cuh).
@@ -375,9 +415,9 @@ template <int In, class T, int Box0 = -1> struct TileInput {
           BatchCoord const bc = batch_coord(*c.p, c.batch);
           batch_offset = bc.head * in.head_stride + bc.outer * in.batch_stride;
         }
-        tile_ = static_cast<T const*>(in.data) + batch_offset + c.m0 * ld_ + c.n0;
+        tile_ = static_cast<T const*>(in.data) + batch_offset + c.m0 * ld_ + (Period ? 0 : c.n0);
         rows_ = c.p->M - c.m0;
-        cols_ = c.N - c.n0;
+        cols_ = Period ? Period : c.N - c.n0;
       }
     }
     // Global: predicated loads of the raw words (zero bits read 0.f in every T), converted
@@ -389,7 +429,11 @@ template <int In, class T, int Box0 = -1> struct TileInput {
     template <int I, class V> COMFUSE_DEVICE void visit(EpiCtx const& c, FragCoord const& fc, Frag const&, V& v) {
       CUTE_UNROLL
       for (int e = 0; e < kFrag; e += 2) {
-        int const row = fc.row + frag_row(e), col = fc.col + frag_col(e);  // element e + 1: col + 1
+        // element e + 1: col + 1. Periodic: the period's column (fc.col0 % Period folds: whole
+        // 16-column fragments, tiles of whole periods).
+        int const row = fc.row + frag_row(e);
+        int col = fc.col + frag_col(e);
+        if constexpr (Period > 0) col = fc.col0 % Period + (fc.col - fc.col0) + frag_col(e);
         Word w{};
         if constexpr (kInRing) {
           int const b = Box0 + col / kBoxCols, byte = (col % kBoxCols) * int(sizeof(T));
@@ -415,6 +459,7 @@ template <int In, class T, int Box0 = -1> struct TileInput {
 // after a reduction; one writes), on the fragment at column 0 (the value is the same along the row).
 template <int Out, class T, int Src> struct StoreCol {
   static_assert(Out < Sm90::kMaxColOutputs);
+  static constexpr bool kIsColStore = true;
   template <class Geo> struct Impl : NodeBase<Geo> {
     template <int I, class V> COMFUSE_DEVICE void visit(EpiCtx const& c, FragCoord const& fc, Frag const&, V& v) {
       static_assert(Src < I);

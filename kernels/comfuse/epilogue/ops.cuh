@@ -116,7 +116,7 @@ struct Add { static COMFUSE_DEVICE float apply(float a, float b) { return a + b;
 struct Sub { static COMFUSE_DEVICE float apply(float a, float b) { return a - b; } };
 struct Mul { static COMFUSE_DEVICE float apply(float a, float b) { return a * b; } };
 // Tile / tile. A per-row or scalar divisor (softmax's e / sum) never gets here: the Stage
-// executor multiplies by one reciprocal per row instead (stage.cuh, visit_all).
+// executor multiplies by one reciprocal per row instead (stage.cuh, visit_nodes).
 struct Div { static COMFUSE_DEVICE float apply(float a, float b) { return a / b; } };
 // NaN-propagating, as ops.def (fmaxf/fminf would drop the NaN).
 struct Max {

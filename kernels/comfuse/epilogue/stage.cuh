@@ -91,6 +91,12 @@ struct Geometry {
 namespace detail {
 template <class N, class = void> struct is_store : cute::false_type {};
 template <class N> struct is_store<N, cute::void_t<decltype(N::kIsStore)>> : cute::true_type {};
+template <class N, class = void> struct is_col_store : cute::false_type {};
+template <class N> struct is_col_store<N, cute::void_t<decltype(N::kIsColStore)>> : cute::true_type {};
+template <class N, class = void> struct is_rotate : cute::false_type {};
+template <class N> struct is_rotate<N, cute::void_t<decltype(N::kRotateSrc)>> : cute::true_type {};
+// Nodes whose visit does more than compute its value (writes SMEM or global memory, accumulates).
+template <class N> inline constexpr bool has_effect_v = is_store<N>::value || is_col_store<N>::value || is_reduction<N>::value;
 
 // SharedStorage of a node list: one byte array, each node's storage at a constexpr offset.
 // 1024-aligned storages (TMA staging) come first, the rest after; empty ones take no bytes.
@@ -228,6 +234,22 @@ template <class... Nodes> struct Stage {
                   "ComFuse: a PostOp stage may bypass at most ONE tile-shaped value of its parent (it travels in the "
                   "accumulator registers); recompute the others or chain them through one value");
     static constexpr int kTileBypass = kHasPost ? PostS::template tile_bypass_source<Classes>() : -1;
+    // rotate_half reads its partner fragments from the accumulator registers (visit_nodes); the
+    // tile value carried to the PostStage is written back into them fragment by fragment, so it
+    // must be what they hold already: the accumulator or the tile this stage bypassed in (Φ,
+    // lower.cpp evict_rotate_hazards, keeps other rotate_halfs out).
+    static constexpr bool kHasRotate = (false || ... || detail::is_rotate<Nodes>::value);
+    template <int K> static constexpr bool holds_input_tile() {
+      using N = cute::tuple_element_t<K, cute::tuple<Nodes...>>;
+      constexpr int src = detail::bypass_source<N>::value;
+      if constexpr (cute::is_same_v<N, AccEntry>) return true;
+      else if constexpr (src >= 0) return Parent::cls(src) == kClassTile;
+      else return false;
+    }
+    static_assert(!kHasRotate || kTileBypass < 0 || holds_input_tile<cute::max(kTileBypass, 0)>(),
+                  "ComFuse: rotate_half's stage writes another tile value back into the registers it reads");
+    // The partner evaluation moves the accumulator, not EpiCtx::gate (Φ keeps rotations out of gated kernels).
+    static_assert(!(kHasRotate && kUsesGate), "ComFuse: rotate_half in a gated kernel's epilogue");
     // Whether any stage boundary from here on carries a tile-shaped value (a job of several
     // N-tiles then needs a stash for it).
     static constexpr bool carries_tile() {
@@ -428,13 +450,18 @@ template <class... Nodes> struct Stage {
       if constexpr (kHasPost) post.begin_nodes_chain(c, post_tree(ts));
     }
 
-    // One fragment through every node (Tile-class Bypass nodes read `acc`).
-    template <class V> COMFUSE_DEVICE void visit_all(EpiCtx const& c, FragCoord const& fc, Frag const& acc, V& vals) {
-      cute::for_each(cute::make_int_sequence<kNumNodes>{}, [&](auto i) {
+    // One fragment through nodes 0..Last (Tile-class Bypass nodes read `acc`). acc_at(off, f)
+    // loads the accumulator fragment `off` columns from this one (rotate_half's partner).
+    // kPartner: evaluating a rotate_half's operand at its partner fragment, where nodes with
+    // effects (stores, the reduction) are left out: their own fragment runs them.
+    template <int Last = kNumNodes - 1, bool kPartner = false, class V, class AccAt>
+    COMFUSE_DEVICE void visit_nodes(EpiCtx const& c, FragCoord const& fc, Frag const& acc, V& vals, AccAt const& acc_at) {
+      cute::for_each(cute::make_int_sequence<Last + 1>{}, [&](auto i) {
         constexpr int I = decltype(i)::value;
         using N = cute::tuple_element_t<I, cute::tuple<Nodes...>>;
         constexpr int src = detail::bypass_source<N>::value;
-        if constexpr (src >= 0 && Parent::cls(src) == kClassTile) {
+        if constexpr (kPartner && detail::has_effect_v<N>) {
+        } else if constexpr (src >= 0 && Parent::cls(src) == kClassTile) {
           CUTE_UNROLL
           for (int e = 0; e < kFrag; ++e) vals[I][e] = acc[e];
         } else if constexpr (detail::divisor_of<N>::value >= 0 &&
@@ -453,6 +480,23 @@ template <class... Nodes> struct Stage {
           constexpr int b = detail::sub_of<cute::tuple_element_t<s, cute::tuple<Nodes...>>>::b;
           CUTE_UNROLL
           for (int e = 0; e < kFrag; ++e) vals[I][e] = fast_exp_shifted(vals[a][e], vals[b][e]);
+        } else if constexpr (detail::is_rotate<N>::value) {
+          // The partner fragment S/2 columns on (a run's first half, negated) or back; fc.col0
+          // is the same in every thread, so `lower` and the registers read fold per fragment.
+          constexpr int x = N::kRotateSrc, half = N::kSegment / 2;
+          static_assert(x < I);
+          bool const lower = fc.col0 % N::kSegment < half;
+          int const off = lower ? half : -half;
+          FragCoord pc = fc;
+          pc.col += off;
+          pc.col0 += off;
+          pc.sub_col = pc.col % 64;
+          Frag pacc;
+          acc_at(off, pacc);
+          float pv[x + 1][kFrag];
+          visit_nodes<x, true>(c, pc, pacc, pv, [&](int o, Frag& f) { acc_at(off + o, f); });
+          CUTE_UNROLL
+          for (int e = 0; e < kFrag; ++e) vals[I][e] = lower ? -pv[x][e] : pv[x][e];
         } else {
           cute::get<I>(impls).template visit<I>(c, fc, acc, vals);
         }
@@ -509,6 +553,7 @@ template <class... Nodes> struct Stage {
             FragCoord fc;
             fc.sub_col = j * 16 + 2 * (c.lane % 4);
             fc.col = s * 64 + fc.sub_col;
+            fc.col0 = s * 64 + j * 16;
             fc.row = accum_row(c.t, mi, 0);
             fc.mi = mi;
             Frag acc;
@@ -521,6 +566,16 @@ template <class... Nodes> struct Stage {
               st.load(c.tile, f, acc);
             }
             float vals[kNumNodes][kFrag];
+            // rotate_half's partner: 8 registers a 16-column fragment.
+            auto const acc_at = [&](int off, Frag& f) {
+              int const pbase = base + off / 2;
+              if constexpr (kRoot || in_regs) {
+                CUTE_UNROLL
+                for (int e = 0; e < kFrag; ++e) f[e] = accum(pbase + e);
+              } else {
+                st.load(c.tile, pbase / kFrag, f);
+              }
+            };
             if constexpr (kUsesGate) {
               // A gated kernel's accumulator (KernelConfig::gated): A B3^T in its second half,
               // the same element Geo::BN / 2 registers on (one m64 block: check()).
@@ -530,9 +585,9 @@ template <class... Nodes> struct Stage {
               for (int e = 0; e < kFrag; ++e) gate[e] = accum(Geo::BN / 2 + base + e);
               EpiCtx cg = c;
               cg.gate = gate;
-              visit_all(cg, fc, acc, vals);
+              visit_nodes(cg, fc, acc, vals, acc_at);
             } else {
-              visit_all(c, fc, acc, vals);
+              visit_nodes(c, fc, acc, vals, acc_at);
             }
             if constexpr (kTileBypass >= 0) {
               if constexpr (in_regs) {
