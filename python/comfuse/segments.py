@@ -499,6 +499,18 @@ def _slice_args(node: fx.Node) -> tuple:
     return a[1], a[2], a[3], 1 if a[4] is None else a[4]
 
 
+def _joined_by(sl: fx.Node, target) -> fx.Node | None:
+    """The `target` op (a rotation's cat or stack) that the slice `sl` alone feeds, directly or
+    through one neg that only it reads; None where the slice is used otherwise."""
+    users = list(sl.users)
+    if len(users) != 1:
+        return None
+    user = users[0]
+    if user.target == _NEG and len(user.users) == 1:
+        user = next(iter(user.users))
+    return user if user.target == target else None
+
+
 def _rotated(tr: "Translator", sl: fx.Node, node: fx.Node,
              what: str = "the two halves of each head, as transformers' rotate_half does") -> tuple[TV, int, int]:
     """The region value a rotate_half's (or rotate_pairs') slice `sl` reads, the length D of its
@@ -565,16 +577,11 @@ def rotation(tr: "Translator", node: fx.Node) -> Rotation:
                                 f"halves [0:{h}] and [{h}:{d}] that transformers' rotate_half rotates (partial rotary, "
                                 "a rotary_pct or partial_rotary_factor below 1, rotates part of each head)")
     # The whole pattern from the slice: lo -> cat, hi -> neg -> cat.
-    users = list(sl.users)
-    cat = None
-    if len(users) == 1 and users[0].target == _CAT:
-        cat = users[0]
-    elif len(users) == 1 and users[0].target == _NEG and len(users[0].users) == 1:
-        cat = next(iter(users[0].users))
+    cat = _joined_by(sl, _CAT)
     why = (f"the halves of each head's {d} columns ('{sl.name}' [{lo_hi[0]}:{lo_hi[1]}]) are used otherwise than as "
            "transformers' rotate_half, cat((-x2, x1), -1) (partial rotary rotates one part of each head and passes "
            "the other)")
-    if cat is None or cat.target != _CAT:
+    if cat is None:
         raise Unsupported(node, why)
     parts = cat.args[0] if cat.args else cat.kwargs.get("tensors")
     if not isinstance(parts, (list, tuple)) or not all(_half_of(p, x) for p in parts):
@@ -688,15 +695,10 @@ def pairs(tr: "Translator", node: fx.Node) -> Pairs:
                                 "interleaved rotation pairs (partial rotary, GPT-J's rotary_dim below the head's "
                                 "width, rotates part of each head)")
     # The whole pattern from the slice: x1 -> stack, x2 -> neg -> stack -> the view back to [..., D].
-    users = list(sl.users)
-    found = None
-    if len(users) == 1 and users[0].target == _STACK:
-        found = users[0]
-    elif len(users) == 1 and users[0].target == _NEG and len(users[0].users) == 1:
-        found = next(iter(users[0].users))
+    found = _joined_by(sl, _STACK)
     why = (f"the even or odd columns of each head's {d} ('{sl.name}' [{picked.start}::2]) are used otherwise than "
            f"as the interleaved rotation, {form}")
-    if found is None or found.target != _STACK:
+    if found is None:
         raise Unsupported(node, why)
     stack = found
     parts = _parts(stack)
