@@ -128,8 +128,8 @@ OTHER = {
     aten.gelu.default, aten.pow.Tensor_Scalar, aten.rsub.Scalar, aten.rsub.Tensor,
     aten.native_layer_norm.default, aten._softmax.default, aten._log_softmax.default,
     aten.clamp_min.default, aten.clamp_max.default, operator.getitem,
-    # Only as RoPE's rotation of each head: transformers' rotate_half (segments.rotation), or the
-    # interleaved pairs' stack (segments.pairs); any other refused with the reason.
+    # Only as RoPE's rotation of each head: transformers' rotate_half (rotary.rotation), or the
+    # interleaved pairs' stack (rotary.pairs); any other refused with the reason.
     aten.slice.Tensor, aten.cat.default, aten.stack.default,
 }
 
@@ -661,10 +661,10 @@ class Translator:
                                     "(native_layer_norm's mean/rstd, log_sigmoid_forward's buffer: what a backward "
                                     "pass reads)")
         if t in (aten.slice.Tensor, aten.cat.default, aten.stack.default) or (
-                t == aten.neg.default and _segments.is_rotation_neg(node)
-                or t in _ROW_VIEWS and _segments.is_pairs_member(node)):
+                t == aten.neg.default and _rotary.is_rotation_neg(node)
+                or t in _ROW_VIEWS and _rotary.is_pairs_member(node)):
             # RoPE's rotate_half or interleaved pairs (a view flattens their stack), or Unsupported with the reason
-            return _segments.rotary(self, node)
+            return _rotary.rotary(self, node)
         if t in VIEWS:
             x = self.operand(args[0], node)
             if t == aten.transpose.int:
@@ -834,3 +834,4 @@ def rename_reason(reason: str, names: dict[str, str]) -> str:
 # Unsupported above (imported last, as modules: any of the files may be imported first).
 from . import composites as _composites  # noqa: E402
 from . import segments as _segments  # noqa: E402
+from . import rotary as _rotary  # noqa: E402
