@@ -4,6 +4,7 @@
 // built through a small builder API (or parsed from text, see text.h). Composite ops
 // (layer_norm, rms_norm, softmax, log_softmax, l2_normalize) expand into primitives
 // here, so every later layer sees primitives only.
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -29,6 +30,17 @@ struct Dim {
 };
 using Shape = std::vector<Dim>;
 std::string to_string(const Shape& s);  // "[M, K]"
+
+// Whether an operand of shape `v` is read periodically against a value of shape `o` whose last
+// dim holds runs of `segment` columns (Node::segment): v's last dim is the run and o's is not,
+// and v is a vector [S] or has o's leading dims (rotary's [rows, S] against [rows, N]). One rule
+// for the graph's shapes (Dim), the fp64 executor's concrete ones (int64_t) and Φ's operands;
+// a spec's arguments carry the outcome (spec.h periodic_arg).
+template <class D>
+bool periodic_operand(const std::vector<D>& v, const std::vector<D>& o, const D& segment) {
+  if (v.empty() || o.empty() || v.back() != segment || o.back() == segment) return false;
+  return v.size() == 1 || (v.size() == o.size() && std::equal(v.begin(), v.end() - 1, o.begin()));
+}
 
 // Concrete values for symbolic dims.
 using Bindings = std::map<std::string, int64_t>;

@@ -90,6 +90,38 @@ def _joined_by(sl: fx.Node, target) -> fx.Node | None:
     return user if user.target == target else None
 
 
+def _parts(node: fx.Node) -> list | None:
+    parts = node.args[0] if node.args else node.kwargs.get("tensors")
+    return list(parts) if isinstance(parts, (list, tuple)) and all(isinstance(p, fx.Node) for p in parts) else None
+
+
+def _combined(node: fx.Node, sl: fx.Node, target, why: str, order: str) -> tuple[fx.Node, fx.Node, fx.Node, fx.Node]:
+    """The cat or stack (`target`) of a rotation that the slice `sl` of x feeds, checked as
+    (-second, first) over the last dim with both parts slices of x's last dim read only there:
+    (combiner, neg, first, second). Unsupported at `node` with `why` where a part is used or
+    computed otherwise, with `order` (its {} the combiner's name) where the parts come in another
+    order, sign or dim. Which columns each slice takes is the caller's check."""
+    x = sl.args[0]
+    rank = val(x).dim()
+    comb = _joined_by(sl, target)
+    if comb is None:
+        raise Unsupported(node, why)
+    parts = _parts(comb)
+    if not parts or not all(_half_of(p, x) for p in parts):
+        raise Unsupported(node, why)  # a part computed otherwise: partial rotary's rotated part and the rest
+    if len(parts) != 2 or not is_rotation_neg(parts[0]) or parts[1].target != _SLICE:
+        raise Unsupported(node, order.format(comb.name))
+    neg, first = parts
+    second = neg.args[0]
+    cv = val(comb)
+    if (cv is None or _dim(comb, 1, 0) != cv.dim() - 1 or first.args[0] is not x or second.args[0] is not x
+            or int(_slice_args(first)[0]) % rank != rank - 1 or int(_slice_args(second)[0]) % rank != rank - 1):
+        raise Unsupported(node, order.format(comb.name))
+    if list(first.users) != [comb] or list(second.users) != [neg] or list(neg.users) != [comb]:
+        raise Unsupported(node, why)
+    return comb, neg, first, second
+
+
 def _rotated(tr: "Translator", sl: fx.Node, node: fx.Node,
              what: str = "the two halves of each head, as transformers' rotate_half does") -> tuple[TV, int, int]:
     """The region value a rotate_half's (or rotate_pairs') slice `sl` reads, the length D of its
@@ -135,7 +167,6 @@ def rotation(tr: "Translator", node: fx.Node) -> Rotation:
     # The slice: its own bounds first (the reasons users meet: partial rotary, interleaved pairs).
     tv, d, step = _rotated(tr, sl, node)
     x = sl.args[0]
-    rank = val(x).dim()
     if step != 1:  # a cat of interleaved columns (their slices' own rule, pairs(), says what a region takes)
         raise Unsupported(node, f"cat of slices with step {step} of each head's {d} columns: interleaved pairs "
                                 "rotate as stack((-x2, x1), -1).flatten(-2) (GPT-J's rotate_every_two, Cohere's "
@@ -156,28 +187,14 @@ def rotation(tr: "Translator", node: fx.Node) -> Rotation:
                                 f"halves [0:{h}] and [{h}:{d}] that transformers' rotate_half rotates (partial rotary, "
                                 "a rotary_pct or partial_rotary_factor below 1, rotates part of each head)")
     # The whole pattern from the slice: lo -> cat, hi -> neg -> cat.
-    cat = _joined_by(sl, _CAT)
     why = (f"the halves of each head's {d} columns ('{sl.name}' [{lo_hi[0]}:{lo_hi[1]}]) are used otherwise than as "
            "transformers' rotate_half, cat((-x2, x1), -1) (partial rotary rotates one part of each head and passes "
            "the other)")
-    if cat is None:
-        raise Unsupported(node, why)
-    parts = cat.args[0] if cat.args else cat.kwargs.get("tensors")
-    if not isinstance(parts, (list, tuple)) or not all(_half_of(p, x) for p in parts):
-        raise Unsupported(node, why)  # a part computed otherwise: partial rotary's rotated part and the rest
-    order = (f"cat '{cat.name}' of each head's halves in another order, sign or dim than transformers' rotate_half, "
+    order = ("cat '{}' of each head's halves in another order, sign or dim than transformers' rotate_half, "
              "cat((-x2, x1), -1) with x1 = x[..., :D/2], x2 = x[..., D/2:]")
-    if len(parts) != 2 or not is_rotation_neg(parts[0]) or parts[1].target != _SLICE:
-        raise Unsupported(node, order)
-    neg, lo = parts
-    hi = neg.args[0]
-    cv = val(cat)
-    if (cv is None or _dim(cat, 1, 0) != cv.dim() - 1 or lo.args[0] is not x or hi.args[0] is not x
-            or bounds(lo) != (0, h) or bounds(hi) != (h, d) or _slice_args(lo)[3] != 1 or _slice_args(hi)[3] != 1
-            or int(_slice_args(lo)[0]) % rank != rank - 1 or int(_slice_args(hi)[0]) % rank != rank - 1):
-        raise Unsupported(node, order)
-    if list(lo.users) != [cat] or list(hi.users) != [neg] or list(neg.users) != [cat]:
-        raise Unsupported(node, why)
+    cat, neg, lo, hi = _combined(node, sl, _CAT, why, order)
+    if bounds(lo) != (0, h) or bounds(hi) != (h, d) or _slice_args(lo)[3] != 1 or _slice_args(hi)[3] != 1:
+        raise Unsupported(node, order.format(cat.name))
     out = [n.name for n in (lo, hi, neg, cat) if n not in tr.in_region]
     if out:
         raise Unsupported(node, f"part of a rotate_half of each head whose op(s) {out} stay out of the region")
@@ -227,10 +244,6 @@ def is_pairs_member(node: fx.Node) -> bool:
     return isinstance(p, fx.Node) and p.op == "call_function" and p.target == _STACK
 
 
-def _parts(node: fx.Node) -> list | None:
-    parts = node.args[0] if node.args else node.kwargs.get("tensors")
-    return list(parts) if isinstance(parts, (list, tuple)) and all(isinstance(p, fx.Node) for p in parts) else None
-
 
 def pairs(tr: "Translator", node: fx.Node) -> Pairs:
     """The interleaved rotation `node` (a slice, the neg, the stack or the view that flattens it) is
@@ -274,28 +287,13 @@ def pairs(tr: "Translator", node: fx.Node) -> Pairs:
                                 "interleaved rotation pairs (partial rotary, GPT-J's rotary_dim below the head's "
                                 "width, rotates part of each head)")
     # The whole pattern from the slice: x1 -> stack, x2 -> neg -> stack -> the view back to [..., D].
-    found = _joined_by(sl, _STACK)
     why = (f"the even or odd columns of each head's {d} ('{sl.name}' [{picked.start}::2]) are used otherwise than "
            f"as the interleaved rotation, {form}")
-    if found is None:
-        raise Unsupported(node, why)
-    stack = found
-    parts = _parts(stack)
-    if not parts or not all(_half_of(p, x) for p in parts):
-        raise Unsupported(node, why)
-    order = (f"stack '{stack.name}' of each head's even and odd columns in another order, sign or dim than the "
-             f"interleaved rotation, {form}")
-    if len(parts) != 2 or not is_rotation_neg(parts[0]) or parts[1].target != _SLICE:
-        raise Unsupported(node, order)
-    neg, even = parts
-    odd = neg.args[0]
-    sv = val(stack)
-    if (sv is None or _dim(stack, 1, 0) != sv.dim() - 1 or even.args[0] is not x or odd.args[0] is not x
-            or cols(even) != range(0, d, 2) or cols(odd) != range(1, d, 2)
-            or int(_slice_args(even)[0]) % rank != rank - 1 or int(_slice_args(odd)[0]) % rank != rank - 1):
-        raise Unsupported(node, order)
-    if list(even.users) != [stack] or list(odd.users) != [neg] or list(neg.users) != [stack]:
-        raise Unsupported(node, why)
+    order = ("stack '{}' of each head's even and odd columns in another order, sign or dim than the interleaved "
+             f"rotation, {form}")
+    stack, neg, even, odd = _combined(node, sl, _STACK, why, order)
+    if cols(even) != range(0, d, 2) or cols(odd) != range(1, d, 2):
+        raise Unsupported(node, order.format(stack.name))
     flat = next(iter(stack.users)) if len(stack.users) == 1 else None
     fv = val(flat) if flat is not None else None
     if (flat is None or flat.target not in _ROW_VIEWS or fv is None or fv.dim() != rank

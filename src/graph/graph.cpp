@@ -224,11 +224,8 @@ Value Graph::binary(BinaryOp op, Value a, Value b, int64_t segment) {
   // embeddings' cos and sin ([rows, S]). Where the segment is the binary's own, the other's
   // last dim may be unsegmented so far (rotary's x * cos comes before rotate_half).
   auto periodic = [&](const Node& p, const Node& other) {
-    const Shape &v = p.shape, &o = other.shape;
-    if (n.segment <= 0 || v.empty() || o.empty() || v.back() != Dim::of(n.segment) || o.back() == v.back()) return false;
-    if (other.segment != n.segment && segment != n.segment) return false;
-    if (v.size() == 1) return true;
-    return v.size() == o.size() && std::equal(v.begin(), v.end() - 1, o.begin());
+    return n.segment > 0 && (other.segment == n.segment || segment == n.segment) &&
+           periodic_operand(p.shape, other.shape, Dim::of(n.segment));
   };
   const Node &na = node(a.id), &nb = node(b.id);
   if (periodic(nb, na) || periodic(na, nb)) {

@@ -87,8 +87,8 @@ Tensor eval_node(const Node& n, const Bindings& dims, const std::vector<const Te
         if (x->shape.size() > rank)
           throw Error(n.loc, fmt::format("{} '{}': operand shape {} does not broadcast to {}", name_of(n.binary), n.name,
                                          shape_str(x->shape), shape_str(t.shape)));
-        const bool per = n.segment > 0 && !x->shape.empty() && rank > 0 && x->shape.back() == n.segment &&
-                         t.shape[rank - 1] != n.segment && t.shape[rank - 1] % n.segment == 0;
+        const bool per = n.segment > 0 && periodic_operand(x->shape, t.shape, n.segment) &&
+                         t.shape.back() % n.segment == 0;
         periodic[strides.size()] = per;
         int64_t stride = 1;
         for (size_t d = x->shape.size(); d-- > 0;) {

@@ -357,9 +357,7 @@ class Lowering {
   // An operand whose last dim is `segment`, read periodically against the tile's N columns: a
   // vector [S] (a per-head norm's gamma) or rows [M, S] (rotary cos and sin).
   static bool segment_operand(const Node& leaf, int64_t segment, const OutFrame& f) {
-    if (segment <= 0 || f.batch || leaf.shape.empty() || leaf.shape.back() != Dim::of(segment) || f.n == Dim::of(segment))
-      return false;
-    return leaf.shape.size() == 1 || (leaf.shape.size() == 2 && leaf.shape[0] == f.m);
+    return segment > 0 && !f.batch && periodic_operand(leaf.shape, Shape{f.m, f.n}, Dim::of(segment));
   }
   static bool periodic_leaf(const Node& n, const Node& leaf, const OutFrame& f) {
     return n.kind == OpKind::Binary && segment_operand(leaf, n.segment, f);

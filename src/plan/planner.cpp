@@ -177,36 +177,38 @@ void check_request(const FusionSpec& s, const Problem& p, const DeviceModel& dev
   if (s.gated() && opt.tile_n && *opt.tile_n > 128)
     throw Error(fmt::format("plan: tile_n = {}: a gated GEMM's tile holds B's and the gate's columns in one wgmma of "
                             "at most 256: tile_n 64 or 128", *opt.tile_n));
-  // Per-segment reductions finish inside a tile of one segment's columns (KernelConfig::row_segment).
-  if (s.segment > 0 && s.reduction_count() == 0) {
-    // Rotations and periodic operands only: tiles of whole runs of whole 16-column fragments
-    // (rotate_half's partner S/2 columns away, a periodic tile input's columns: nodes.cuh).
-    if (s.segment % 32 != 0 || std::none_of(std::begin(kTileNs), std::end(kTileNs), [&](int t) { return t % s.segment == 0; }))
-      throw Error(fmt::format("plan: the epilogue works on runs of {} columns; a tile spans whole runs of whole "
-                              "16-column fragments (and rotate_half swaps their halves), so a run is 32, 64, 96, 128, "
-                              "192 or 256 columns",
-                              s.segment));
+  // Per-segment epilogues: N a whole number of runs; rotations and periodic operands alone take
+  // tiles of whole runs, per-segment reductions finish inside a tile of one run
+  // (KernelConfig::row_segment).
+  if (s.segment > 0) {
+    const bool reduces = s.reduction_count() > 0;
     if (p.n % s.segment != 0)
-      throw Error(fmt::format("plan: N = {} is not a whole number of the {}-column runs the epilogue works on", p.n,
-                              s.segment));
-    if (opt.tile_n && *opt.tile_n % s.segment != 0)
-      throw Error(fmt::format("plan: tile_n = {}: the epilogue works on runs of {} columns, which a tile spans whole",
-                              *opt.tile_n, s.segment));
-  } else if (s.segment > 0) {
-    if (std::find(std::begin(kTileNs), std::end(kTileNs), s.segment) == std::end(kTileNs))
-      throw Error(fmt::format("plan: the epilogue reduces runs of {} columns; a tile spans one run, and tiles are 64, "
-                              "128, 192 or 256 columns wide",
-                              s.segment));
-    if (p.n % s.segment != 0)
-      throw Error(fmt::format("plan: N = {} is not a whole number of the {}-column runs the epilogue reduces", p.n,
-                              s.segment));
-    if (opt.tile_n && *opt.tile_n != s.segment)
-      throw Error(fmt::format("plan: tile_n = {}: the epilogue reduces runs of {} columns, which a tile spans exactly",
-                              *opt.tile_n, s.segment));
-    if (opt.stash_bytes || opt.aggregation || opt.strategy || (opt.cluster_n && *opt.cluster_n > 1))
-      throw Error(fmt::format("plan: the epilogue reduces runs of {} columns inside each tile: no clusters along N, "
-                              "aggregation, strategy or stash shape it (row groups only schedule the tiles)",
-                              s.segment));
+      throw Error(fmt::format("plan: N = {} is not a whole number of the {}-column runs the epilogue {}", p.n,
+                              s.segment, reduces ? "reduces" : "works on"));
+    if (!reduces) {
+      // Tiles of whole runs of whole 16-column fragments (rotate_half's partner S/2 columns
+      // away, a periodic tile input's columns: nodes.cuh).
+      if (s.segment % 32 != 0 || std::none_of(std::begin(kTileNs), std::end(kTileNs), [&](int t) { return t % s.segment == 0; }))
+        throw Error(fmt::format("plan: the epilogue works on runs of {} columns; a tile spans whole runs of whole "
+                                "16-column fragments (and rotate_half swaps their halves), so a run is 32, 64, 96, 128, "
+                                "192 or 256 columns",
+                                s.segment));
+      if (opt.tile_n && *opt.tile_n % s.segment != 0)
+        throw Error(fmt::format("plan: tile_n = {}: the epilogue works on runs of {} columns, which a tile spans whole",
+                                *opt.tile_n, s.segment));
+    } else {
+      if (std::find(std::begin(kTileNs), std::end(kTileNs), s.segment) == std::end(kTileNs))
+        throw Error(fmt::format("plan: the epilogue reduces runs of {} columns; a tile spans one run, and tiles are 64, "
+                                "128, 192 or 256 columns wide",
+                                s.segment));
+      if (opt.tile_n && *opt.tile_n != s.segment)
+        throw Error(fmt::format("plan: tile_n = {}: the epilogue reduces runs of {} columns, which a tile spans exactly",
+                                *opt.tile_n, s.segment));
+      if (opt.stash_bytes || opt.aggregation || opt.strategy || (opt.cluster_n && *opt.cluster_n > 1))
+        throw Error(fmt::format("plan: the epilogue reduces runs of {} columns inside each tile: no clusters along N, "
+                                "aggregation, strategy or stash shape it (row groups only schedule the tiles)",
+                                s.segment));
+    }
   }
   if (opt.tile_m && *opt.tile_m != 64 && *opt.tile_m != 128)
     throw Error(fmt::format("plan: tile_m = {} is not 64 or 128 (rows per consumer warp group)", *opt.tile_m));
@@ -317,6 +319,13 @@ bool evaluates_partners(const Spec& st) {
 // 64-wide plain tile); where none spans one segment, the deciders again with that width forced.
 // Rotations and periodic operands without a reduction: the elementwise plans whose tiles span
 // whole runs, nothing reduced.
+// The elementwise deciders' plans with tile_n forced to `width` (the request's own options else).
+std::vector<Candidate> elementwise_of_width(const Request& r, int width, Rejections& why) {
+  PlanOptions forced = r.opt;
+  forced.tile_n = width;
+  return decide(PlanKind::Elementwise, Request{r.spec, r.p, r.dev, r.tun, forced, r.chain}, why);
+}
+
 std::vector<Candidate> segment_tiles(std::vector<Candidate> cands, const Request& r, Rejections& why) {
   const int seg = static_cast<int>(r.chain.segment);
   if (r.spec.reduction_count() == 0) {
@@ -327,10 +336,8 @@ std::vector<Candidate> segment_tiles(std::vector<Candidate> cands, const Request
     for (Candidate& c : cands)
       if (c.k.tile_n % seg == 0) out.push_back(std::move(c));
     if (out.empty() && !r.opt.tile_n) {
-      PlanOptions forced = r.opt;
-      forced.tile_n = *std::find_if(std::begin(kTileNs), std::end(kTileNs), [&](int t) { return t % seg == 0; });
-      const Request rf{r.spec, r.p, r.dev, r.tun, forced, r.chain};
-      for (Candidate& c : decide(PlanKind::Elementwise, rf, why))
+      const int width = *std::find_if(std::begin(kTileNs), std::end(kTileNs), [&](int t) { return t % seg == 0; });
+      for (Candidate& c : elementwise_of_width(r, width, why))
         if (c.k.tile_n % seg == 0) out.push_back(std::move(c));
     }
     return out;
@@ -363,10 +370,7 @@ std::vector<Candidate> segment_tiles(std::vector<Candidate> cands, const Request
     if (!rows64.empty()) kept = std::move(rows64);
   }
   if (kept.empty() && !r.opt.tile_n) {
-    PlanOptions forced = r.opt;
-    forced.tile_n = seg;
-    const Request rf{r.spec, r.p, r.dev, r.tun, forced, r.chain};
-    kept = keep(decide(PlanKind::Elementwise, rf, why), false);
+    kept = keep(elementwise_of_width(r, seg, why), false);
   }
   return kept;
 }

@@ -339,7 +339,9 @@ void random_epilogues_lower_to_one_equivalent_region(bool segments) {
               t.max_stages, t.bypasses, t.rotates, t.failures);
   EXPECT_EQ(t.graphs, kGraphs);
   EXPECT_GE(t.max_stages, 4);  // the generator does reach deep nests
-  if (segments) EXPECT_GT(t.rotates, kGraphs / 10);  // and rotates runs
+  if (segments) {
+    EXPECT_GT(t.rotates, kGraphs / 10);  // and rotates runs
+  }
   // Ill-conditioned elements and rounding flips are rare; many would hide a real bug.
   EXPECT_LT(t.ill_conditioned + t.ulp_flips, t.elements / 1000 + 10);
 }
