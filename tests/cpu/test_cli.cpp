@@ -85,7 +85,7 @@ const char* kExamples[] = {"gemm_bias_gelu.cf",   "gemm_bias_gelu_erf.cf", "gemm
                            "gemm_rmsnorm.cf",     "gemm_softmax.cf",       "ffn.cf",
                            "ffn_swiglu.cf",       "attention.cf",          "attention_causal.cf",
                            "attention_batched.cf", "attention_batched_causal.cf", "gemm_swiglu.cf",
-                           "gemm_head_rmsnorm.cf", "gemm_rope.cf"};
+                           "gemm_head_rmsnorm.cf", "gemm_rope.cf",         "gemm_head_rmsnorm_rope.cf"};
 
 bool is_b2b_pair(const std::string& ex) { return ex == "ffn.cf" || ex == "ffn_swiglu.cf" || ex.rfind("attention", 0) == 0; }
 
@@ -187,7 +187,8 @@ TEST_F(Cli, RunReferenceEveryExample) {
   for (const char* ex : kExamples) {
     SCOPED_TRACE(ex);
     // A per-head norm's and RoPE's N is a whole number of heads (of 128).
-    const bool heads = std::string(ex) == "gemm_head_rmsnorm.cf" || std::string(ex) == "gemm_rope.cf";
+    const std::string e = ex;
+    const bool heads = e.find("head_") != std::string::npos || e.find("rope") != std::string::npos;
     const char* shape = heads ? "300,512,64" : "300,520,64";
     Result r = comfuse("run '" + example(ex) + "' --reference --shape " + shape + " --seed 3" + extra_dims(ex));
     EXPECT_EQ(r.rc, 0) << r.out << r.err;
