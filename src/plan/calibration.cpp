@@ -1,5 +1,6 @@
 // The H200's measured configuration tables (calibration.h has the constants).
 #include "calibration.h"
+#include "plan_internal.h"
 
 #include <fmt/format.h>
 
@@ -64,6 +65,12 @@ int single_row_block_k_splits(const Problem& p, const DeviceModel& dev) {
   for (int s = 2; s <= 8; s *= 2)
     if (tiles * s <= dev.sm_count && p.k / s >= 8 * Sm90::kTileK) splits = s;
   return splits;
+}
+
+double row_tile_rate(const PlannerTunables& tun, int tile_m, int mma_cols, int cluster_m) {
+  if (tile_m != 64) return 1.0;
+  const auto rate = [&](int rows) { return plan_detail::lookup(tun.row_group_mainloop_efficiency, rows * 1000 + mma_cols); };
+  return rate(64) / rate(128) * (cluster_m > 1 ? 1.0 : tun.row_group_no_multicast_efficiency);
 }
 
 // Elementwise epilogues by shape class: each row measured fastest on the H200 (bench/NOTES.md:

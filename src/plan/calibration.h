@@ -376,6 +376,14 @@ int single_row_block_k_splits(const Problem& p, const DeviceModel& dev);
 // A's rows (M x K, and an N x K B's) start off 128-byte lines where K is not a multiple of 64
 // elements: each TMA box row then straddles two (PlannerTunables::unaligned_rows_efficiency).
 inline bool rows_off_128_byte_lines(const Problem& p) { return p.k * Sm90::kAbBytes % 128 != 0; }
+// A 64-row tile's mainloop rate against the 128-row tile of the same wgmma columns where the MACs
+// pace the grid (several waves): it reads B's share from L2 twice as often a MAC, so it runs at
+// row_group_mainloop_efficiency's rate for its shape against that tile's, and slower again
+// without B multicast (row_group_no_multicast_efficiency). 1 for 128-row tiles (PingPong, or
+// cooperative: both warp groups share B). MEASURED on the H100, the plain GEMM 8192x4096x4096
+// (bench/sweeps/head_norm_rope.txt): 64x128 1.56x cuBLAS in pairs along M and 1.85x alone,
+// against 1.04-1.18x for 128x128 (the model: 0.66 and 0.53).
+double row_tile_rate(const PlannerTunables& tun, int tile_m, int mma_cols, int cluster_m);
 // short_epilogue: a cast or a bias, a few instructions an element and no tile inputs
 // (short_epilogue_ops). may_split_k false: the row measured best without split-K (where a split
 // row cannot be built).

@@ -47,8 +47,15 @@ void estimate_cluster(Candidate& c, const Request& r) {
   const int ab_bytes = static_cast<int>(size_of(r.p.ab_dtype));
   const int values = k.stash_elem_bytes > 0 ? 1 : 0;  // the stash keeps one tile value
   const int64_t k_tiles = ceil_div64(r.p.k, Sm90::kTileK);
+  const int resident_max = dev.resident(k.cluster_size());
+  const int64_t q = ceil_div64(c.jobs, std::max(1, resident_max));  // waves of jobs
+  // Several waves over several row blocks: the MACs pace the grid, and a 64-row tile's L2 feed
+  // slows them (row_tile_rate). One wave, or one row of clusters, is B's stream from DRAM (below);
+  // clusters along N have their rate in cluster_efficiency, measured on 64-row tiles.
+  const bool mac_paced = q > 1 && c.tiles_m > k.cluster_m && k.cluster_n == 1;
   const double eff = lookup(tun.tile_n_efficiency, k.mma_n()) * lookup(tun.cluster_efficiency, k.cluster_n) *
-                     (k_tiles >= 4 ? lookup(tun.stage_efficiency, k.ring_stages) : 1.0);
+                     (k_tiles >= 4 ? lookup(tun.stage_efficiency, k.ring_stages) : 1.0) *
+                     (mac_paced ? row_tile_rate(tun, k.tile_m, k.mma_n(), k.cluster_m) : 1.0);
   // The mainloop's columns: a gated tile's wgmma covers B's and the gate's (KernelConfig::mma_n),
   // and both B operands stream from DRAM.
   const int b_operands = k.gated ? 2 : 1;
@@ -70,9 +77,7 @@ void estimate_cluster(Candidate& c, const Request& r) {
     return k.cluster_size() == 1 && b >= tun.one_wave_long_stream_min_bytes;
   };
 
-  const int resident_max = dev.resident(k.cluster_size());
   c.resident = static_cast<int>(std::min<int64_t>(resident_max, c.jobs));
-  const int64_t q = ceil_div64(c.jobs, std::max(1, resident_max));
   // Each job after the first: its mainloop, taxed by the other WG's epilogue beside it.
   const double job = std::max(ml + tun.epilogue_mma_interference * epi_math, (ml + epi) / 2.0);
   double t_cluster = ml + epi + double(q - 1) * job;

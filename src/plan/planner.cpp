@@ -355,10 +355,12 @@ std::vector<Candidate> segment_tiles(std::vector<Candidate> cands, const Request
     return out;
   };
   // rotate_half after a per-segment norm (Qwen 3's q/k norms then RoPE) evaluates its operand
-  // again at the partner fragment: on 128-row tiles ptxas spilled 632 B (64-row tiles: none). The
-  // row-group decider's 64-row divisions price the rotary's cos and sin as latency-bound passes
-  // of a many-tile job (78.5 us against the elementwise deciders' 52.6 at 1024 x 4096 x 4096, one
-  // tile a job either way): the elementwise deciders' plans only (NOT measured).
+  // again at the partner fragment: on 128-row PingPong tiles ptxas spills 600-660 B (64-row tiles:
+  // none), so the elementwise deciders' 64-row plans only. Their mainloop is slow at many rows
+  // (row_tile_rate): MEASURED on the H100 at 8192 x 4096 x 4096, the 64x128 plan 2.19x cuBLAS,
+  // 128x128 PingPong with the spill 1.23x, cooperative 128x128 (no spill) 1.28x, against ~1.1x
+  // for cuBLAS's GEMM and Inductor's norm and RoPE: every fused plan loses at prefill, and the
+  // estimate now says so for the 64-row one (a frontend keeps the region unfused).
   const bool rotating = evaluates_partners(r.spec.root);
   std::vector<Candidate> kept = seg == 64 || rotating ? std::vector<Candidate>{}
                                                       : keep(plan_detail::decide_row_groups(r, why), true);

@@ -411,6 +411,29 @@ TEST(Plan, ForcedDsmemPlansPricedAsMeasured) {
   }
 }
 
+// Several waves of 64-row tiles read B's share from L2 twice as often a MAC as 128-row ones: the
+// elementwise deciders' estimates price it (calibration.h row_tile_rate). Measured on the H100, a
+// plain GEMM at 8192x4096x4096: 64x128 1.56x cuBLAS in pairs along M, 1.85x alone; 128x128
+// 1.04-1.18x. One wave (B's stream from DRAM) keeps its price.
+TEST(Plan, SixtyFourRowTilesPricedAtTheirL2Feed) {
+  const auto est = [](int64_t m, int tile_m, int cluster_m) {
+    PlanOptions o;
+    o.tile_m = tile_m, o.tile_n = 128, o.cluster_m = cluster_m;
+    return make_plan(bias_gelu(), prob(m, 4096, 4096), full_device(), {}, o).estimate.total_us;
+  };
+  const double rows128 = est(8192, 128, 2), pairs64 = est(8192, 64, 2), alone64 = est(8192, 64, 1);
+  EXPECT_GT(pairs64, 1.35 * rows128);
+  EXPECT_GT(alone64, 1.15 * pairs64);
+  EXPECT_LT(alone64, 2.2 * rows128);
+  PlannerTunables flat;  // no 64-row penalty anywhere: the one-wave plan must not move
+  flat.row_group_mainloop_efficiency = {{64128, 1.0}, {128128, 1.0}};
+  flat.row_group_no_multicast_efficiency = 1.0;
+  PlanOptions o;
+  o.tile_m = 64, o.tile_n = 128, o.cluster_m = 2;
+  EXPECT_DOUBLE_EQ(make_plan(bias_gelu(), prob(256, 4096, 4096), full_device(), {}, o).estimate.total_us,
+                   make_plan(bias_gelu(), prob(256, 4096, 4096), full_device(), flat, o).estimate.total_us);
+}
+
 // One job a CTA (decode): the epilogue's vectors load before the mainloop (begin_early), off the
 // critical path; never where a CTA walks several jobs (the other warp group's mainloop hides
 // the begin there) or several N-tiles (later tiles begin after the first's body).
