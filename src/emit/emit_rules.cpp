@@ -92,7 +92,8 @@ std::string compute(EmitContext& ctx, const Spec& st, int i, const std::string&)
     case ComputeKind::CausalMask:
       return fmt::format("comfuse::epi::{}<{}>", CausalMaskOp::device_node, n.operands.at(0));
     case ComputeKind::RotateHalf:
-      return fmt::format("comfuse::epi::{}<{}, {}>", RotateHalfOp::device_node, n.operands.at(0), ctx.spec.segment);
+      return fmt::format("comfuse::epi::{}<{}, {}{}>", RotateHalfOp::device_node, n.operands.at(0), ctx.spec.segment,
+                         rotate_in_place(st, i) ? ", true" : "");
     case ComputeKind::RotatePairs:
       return fmt::format("comfuse::epi::{}<{}>", RotatePairsOp::device_node, n.operands.at(0));
   }

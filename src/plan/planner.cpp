@@ -299,13 +299,18 @@ std::vector<Candidate> decide(PlanKind kind, const Request& r, Rejections& why) 
   return {};
 }
 
-// Whether a stage of the spec holds a rotate_half, which evaluates its operand again at the
-// partner fragment (rotate_pairs reads its partner from the same fragment).
-bool evaluates_partners(const Spec& st) {
-  for (const SpecNode& n : st.nodes)
-    if (n.category == NodeCategory::Compute && n.compute == ComputeKind::RotateHalf) return true;
+// Whether a stage of the spec holds a rotate_half; `recomputing`: one that evaluates its operand
+// again at the partner fragment (not in place: spec.h rotate_in_place). rotate_pairs reads its
+// partner from the same fragment.
+bool holds_rotate_half(const Spec& st, bool recomputing) {
+  for (size_t i = 0; i < st.nodes.size(); ++i) {
+    const SpecNode& n = st.nodes[i];
+    if (n.category == NodeCategory::Compute && n.compute == ComputeKind::RotateHalf &&
+        !(recomputing && rotate_in_place(st, static_cast<int>(i))))
+      return true;
+  }
   for (const Spec& c : st.children)
-    if (evaluates_partners(c)) return true;
+    if (holds_rotate_half(c, recomputing)) return true;
   return false;
 }
 
@@ -354,23 +359,32 @@ std::vector<Candidate> segment_tiles(std::vector<Candidate> cands, const Request
     }
     return out;
   };
-  // rotate_half after a per-segment norm (Qwen 3's q/k norms then RoPE) evaluates its operand
-  // again at the partner fragment: on 128-row PingPong tiles ptxas spills 600-660 B (64-row tiles:
-  // none), so the elementwise deciders' 64-row plans only. Their mainloop is slow at many rows
-  // (row_tile_rate): MEASURED on the H100 at 8192 x 4096 x 4096, the 64x128 plan 2.19x cuBLAS,
-  // 128x128 PingPong with the spill 1.23x, cooperative 128x128 (no spill) 1.28x, against ~1.1x
-  // for cuBLAS's GEMM and Inductor's norm and RoPE: every fused plan loses at prefill, and the
-  // estimate now says so for the 64-row one (a frontend keeps the region unfused).
-  const bool rotating = evaluates_partners(r.spec.root);
-  std::vector<Candidate> kept = seg == 64 || rotating ? std::vector<Candidate>{}
-                                                      : keep(plan_detail::decide_row_groups(r, why), true);
+  // A rotate_half after a per-segment norm whose operand is not in place (spec.h
+  // rotate_in_place; Qwen 3's q/k norms then RoPE take it in place) evaluates that operand again
+  // at the partner fragment: on 128-row PingPong tiles ptxas spilled 600-660 B (64-row tiles:
+  // none), so the elementwise deciders' 64-row plans only, whose mainloop is slow at many rows
+  // (row_tile_rate). MEASURED on the H100 at 8192 x 4096 x 4096 before the in-place rotation:
+  // the 64x128 plan 2.19x cuBLAS, 128x128 PingPong with the spill 1.23x, cooperative 128x128
+  // 1.28x. The row-group decider's 64-row divisions price the rotary's cos and sin as
+  // latency-bound passes of a many-tile job (78.5 us against the elementwise deciders' 52.6 at
+  // 1024 x 4096 x 4096): the elementwise deciders' plans for every rotating spec.
+  std::vector<Candidate> kept = seg == 64 || holds_rotate_half(r.spec.root, false)
+                                    ? std::vector<Candidate>{}
+                                    : keep(plan_detail::decide_row_groups(r, why), true);
   for (Candidate& c : keep(std::move(cands), false)) kept.push_back(std::move(c));
-  if (rotating && !r.opt.tile_m) {
+  if (holds_rotate_half(r.spec.root, true) && !r.opt.tile_m) {
     std::vector<Candidate> rows64;
     for (Candidate& c : kept)
       if (c.k.epi_rows() == 64) rows64.push_back(c);
     if (!rows64.empty()) kept = std::move(rows64);
   }
+  // In place, the rotation after a per-head norm fits 128-row tiles, but not beside the state of
+  // the tile inputs (cos and sin) that a warp group's first job holds through its mainloop where
+  // it begins early: ptxas spilled 272 B at 300 x 3072 x 512, none without. Those begin in the
+  // epilogue.
+  if (holds_rotate_half(r.spec.root, false))
+    for (Candidate& c : kept)
+      if (c.k.epi_rows() == 128) c.k.begin_early = false;
   if (kept.empty() && !r.opt.tile_n) {
     kept = keep(elementwise_of_width(r, seg, why), false);
   }

@@ -434,6 +434,26 @@ int one_plus_tanh_operand(const Spec& st, const SpecNode& n) {
   return -1;
 }
 
+bool rotate_in_place(const Spec& st, int i) {
+  const auto at = [&](int k) -> const SpecNode& { return st.nodes.at(static_cast<size_t>(k)); };
+  const int x = at(i).operands.at(0);
+  const SpecNode& xn = at(x);
+  if (!st.children.empty() || xn.category == NodeCategory::AccEntry || xn.category == NodeCategory::Placeholder)
+    return false;
+  for (int k = 0; k < static_cast<int>(st.nodes.size()); ++k) {
+    const SpecNode& n = at(k);
+    if (k != i && n.category == NodeCategory::Compute && n.compute == ComputeKind::RotateHalf) return false;
+    if (k <= x && (n.category == NodeCategory::Store || n.category == NodeCategory::Reduction)) return false;
+    if (k <= x) continue;
+    std::vector<int> reads = n.operands;
+    if (n.category == NodeCategory::Compute && n.compute == ComputeKind::Binary)
+      if (const int u = one_plus_tanh_operand(st, n); u >= 0) reads.push_back(u);
+    for (int o : reads)
+      if (o < x) return false;
+  }
+  return true;
+}
+
 bool only_one_plus_tanh_users(const Spec& st, int i) {
   if (!is_tanh(st.nodes.at(static_cast<size_t>(i)))) return false;
   int users = 0;

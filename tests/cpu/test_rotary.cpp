@@ -265,23 +265,96 @@ TEST(Rotary, PlannerTakesTilesOfWholeHeads) {
   expect_error([&] { make_plan(s80, problem_of(s80, dims(8, 960, 64))); }, "runs of 80 columns");
 }
 
+// The stage and index of the spec's rotate_half (searched through the PostStages).
+std::pair<const Spec*, int> find_rotate_half(const Spec& st) {
+  for (size_t i = 0; i < st.nodes.size(); ++i)
+    if (st.nodes[i].category == NodeCategory::Compute && st.nodes[i].compute == ComputeKind::RotateHalf)
+      return {&st, static_cast<int>(i)};
+  for (const Spec& c : st.children)
+    if (auto f = find_rotate_half(c); f.first) return f;
+  return {nullptr, -1};
+}
+
+// rotate_half's operand in place (spec.h rotate_in_place): where its cone is computed and nothing
+// but the operand is read past it; never the accumulator itself, nor beside a second rotate_half
+// or a value of the cone read later.
+TEST(Rotary, OperandInPlaceWhereNothingElseReadsItsCone) {
+  const auto in_place = [](Rope& t, const std::string& what) {
+    SCOPED_TRACE(what);
+    const LoweringResult r = lower(t.g);
+    EXPECT_EQ(r.regions.size(), 1u) << describe(t.g, r);
+    const auto [st, i] = find_rotate_half(r.regions.at(0).spec.root);
+    EXPECT_NE(st, nullptr) << print(r.regions.at(0).spec);
+    return st && rotate_in_place(*st, i);
+  };
+  {
+    Rope t(128);
+    Value q = t.g.rms_norm(t.acc, t.g.input("gamma", DType::BF16, {Dim::of(128)}), 1e-6, 128);
+    t.g.output(t.g.rope(q, t.cos, t.sin, 128), "y", DType::BF16);
+    EXPECT_TRUE(in_place(t, "a per-head norm, then RoPE"));
+  }
+  {
+    Rope t(128);
+    Value h = t.acc + t.g.input("b", DType::BF16, {Dim::of("N")});
+    t.g.output(h, "h", DType::BF16);  // stored: a read of the operand itself
+    t.g.output(t.g.rope(h, t.cos, t.sin, 128), "y", DType::BF16);
+    EXPECT_TRUE(in_place(t, "a bias, the sum stored, then RoPE"));
+  }
+  {
+    Rope t(128);
+    t.g.output(t.g.rope(t.acc, t.cos, t.sin, 128), "y", DType::BF16);
+    EXPECT_FALSE(in_place(t, "RoPE of the accumulator itself"));
+  }
+  {
+    Rope t(128);
+    Value h = t.acc + t.g.input("b", DType::BF16, {Dim::of("N")});
+    t.g.output(t.g.rotate_half(h, 128) + t.acc, "y", DType::BF16);
+    EXPECT_FALSE(in_place(t, "the accumulator read again past the operand"));
+  }
+  {
+    Rope t(128);
+    Value h = t.acc + t.g.input("b", DType::BF16, {Dim::of("N")});
+    t.g.output(t.g.rotate_half(h, 128) + t.g.rotate_half(t.acc * 2.0, 128), "y", DType::BF16);
+    EXPECT_FALSE(in_place(t, "two rotate_halfs"));
+  }
+}
+
 // NVRTC compiles the kernels (no GPU needed) without a stack: the partner fragments' registers
-// are compile-time indices. Qwen 3's norm then RoPE takes 64-row tiles (128 rows spilled 632 B).
+// are compile-time indices. Qwen 3's norm then RoPE takes 128-row tiles with the operand in place
+// (recomputed at the partner, 128 rows spilled 632 B), beginning in the epilogue where a CTA
+// runs one job (early, 272 B).
 TEST(Rotary, KernelsCompileWithoutSpills) {
   const std::filesystem::path cache =
       std::filesystem::temp_directory_path() / ("comfuse-rotary-test-" + std::to_string(::getpid()));
-  CompileOptions opt;
-  opt.jit.cache_dir = cache;
-  for (const int variant : {0, 1, 2}) {
-    const bool norm = variant > 0, interleaved = variant == 2;
-    SCOPED_TRACE(norm ? (interleaved ? "per-head RMSNorm then interleaved RoPE" : "per-head RMSNorm then RoPE") : "RoPE");
+  struct V {
+    const char* what;
+    Bindings d;
+    int tile_m;  // 0: the planner's
+    int epi_rows;
+  };
+  for (const V& v : {V{"rope", dims(1000, 4096, 1024), 0, 0}, V{"norm", dims(1000, 4096, 1024), 0, 128},
+                     V{"norm", dims(300, 3072, 512), 0, 128}, V{"norm", dims(1000, 4096, 1024), 64, 64},
+                     V{"norm-pairs", dims(1000, 4096, 1024), 0, 0}, V{"bias", dims(1000, 4096, 1024), 128, 128}}) {
+    const std::string what = v.what;
+    SCOPED_TRACE(fmt::format("{}, {} x {} x {}, tile_m {}", what, v.d.at("M"), v.d.at("N"), v.d.at("K"), v.tile_m));
     Rope t(128);
-    Value q = norm ? t.g.rms_norm(t.acc, t.g.input("gamma", DType::BF16, {Dim::of(128)}), 1e-6, 128) : t.acc;
-    t.g.output(t.g.rope(q, t.cos, t.sin, 128, interleaved), "y", DType::BF16);
+    Value q = t.acc;
+    if (what == "bias") q = q + t.g.input("b", DType::BF16, {Dim::of("N")});
+    if (what.rfind("norm", 0) == 0) q = t.g.rms_norm(q, t.g.input("gamma", DType::BF16, {Dim::of(128)}), 1e-6, 128);
+    t.g.output(t.g.rope(q, t.cos, t.sin, 128, what == "norm-pairs"), "y", DType::BF16);
     const FusionSpec fs = lower(t.g).regions.at(0).spec;
-    const Problem p = problem_of(fs, dims(1000, 4096, 1024));
-    if (norm && !interleaved) {
-      EXPECT_EQ(make_plan(fs, p).kernel.epi_rows(), 64);
+    const Problem p = problem_of(fs, v.d);
+    CompileOptions opt;
+    opt.jit.cache_dir = cache;
+    if (v.tile_m) opt.plan.tile_m = v.tile_m;
+    const Plan plan = make_plan(fs, p, opt.plan);
+    if (v.epi_rows) {
+      EXPECT_EQ(plan.kernel.epi_rows(), v.epi_rows);
+    }
+    const bool in_place = what == "norm" || what == "bias";
+    EXPECT_EQ(emit(fs, plan).source.find(", 128, true>") != std::string::npos, in_place) << emit(fs, plan).source;
+    if (what == "norm" && plan.kernel.epi_rows() == 128) {
+      EXPECT_FALSE(plan.kernel.begin_early);
     }
     const CompiledKernel k = compile_only(fs, p, opt);
     EXPECT_FALSE(k.wgmma_serialized) << k.log;

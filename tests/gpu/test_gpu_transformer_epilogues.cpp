@@ -238,7 +238,15 @@ TEST_F(GpuLayer, RotaryEmbeddings) {
                      V{128, dims(1000, 1024, 72), "norm"}, V{128, dims(1, 1024, 4096), "norm"},
                      V{128, dims(5, 512, 1024), "f16"}, V{128, dims(130, 768, 264), "kn"},
                      V{128, dims(8, 1024, 4096), "split"}, V{128, dims(77, 1024, 136), "pairs"},
-                     V{128, dims(300, 2048, 512), "norm-pairs"}}) {
+                     V{128, dims(300, 2048, 512), "norm-pairs"},
+                     // The norm's output rotated in place (spec.h rotate_in_place) on 128-row
+                     // and (forced) 64-row tiles; heads of 64 (both halves in one store subtile)
+                     // and 256 (two subtiles a half); one job a CTA (the epilogue's begin not
+                     // early); and recomputed at the partner where the accumulator is read again
+                     // after the rotation (a residual of the projection itself: 64-row tiles).
+                     V{128, dims(1000, 2048, 264), "norm-128"}, V{128, dims(1000, 2048, 264), "norm-64"},
+                     V{64, dims(500, 1024, 128), "norm"}, V{256, dims(70, 2048, 512), "norm"},
+                     V{128, dims(300, 3072, 512), "norm"}, V{128, dims(1000, 2048, 264), "norm-residual"}}) {
     SCOPED_TRACE(fmt::format("heads of {}, {} x {} x {}, {}", v.head, v.d.at("M"), v.d.at("N"), v.d.at("K"), v.what));
     const std::string what = v.what;
     const DType in = what == "f16" ? DType::F16 : DType::BF16;
@@ -248,9 +256,12 @@ TEST_F(GpuLayer, RotaryEmbeddings) {
     if (what.rfind("norm", 0) == 0) q = c.g.rms_norm(q, c.g.input("gamma", in, {Dim::of(v.head)}), 1e-6, v.head);
     Value cos = c.g.input("cos", in, {Dim::of("M"), Dim::of(v.head)});
     Value sin = c.g.input("sin", in, {Dim::of("M"), Dim::of(v.head)});
-    c.g.output(c.g.rope(q, cos, sin, v.head, what.find("pairs") != std::string::npos), "y", in);
+    Value y = c.g.rope(q, cos, sin, v.head, what.find("pairs") != std::string::npos);
+    c.g.output(what == "norm-residual" ? y + c.acc : y, "y", in);
     CompileOptions opt;
     if (what == "split") opt.plan.k_splits = 4;
+    if (what == "norm-128") opt.plan.tile_m = 128;
+    if (what == "norm-64") opt.plan.tile_m = 64;
     const DeviceRunReport rep = expect_matches(c.g, v.d, opt, 0.0);
     EXPECT_EQ(rep.plan.kernel.tile_n % v.head, 0);
   }

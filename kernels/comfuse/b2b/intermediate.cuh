@@ -54,7 +54,7 @@ struct ChunkStage {
           c.gate = gate;
         }
         float vals[Stage::kNumNodes][epi::kFrag];
-        exec.visit_nodes(c, fc, acc, vals, [](int, epi::Frag&) {});
+        exec.visit_nodes(c, fc, acc, vals, [](int, epi::Frag&) {}, [](int, epi::Frag const&) {});
         f(base, c.n0 + fc.col, vals[kOut]);
       }
   }

@@ -180,9 +180,16 @@ template <int Src> struct CausalMask {
 // accumulator registers there and negates the first half. No shuffles, no SMEM; Src's elementwise
 // cone is computed twice (a bias add, a norm's scaling: a few instructions a value). The tile
 // spans whole runs (the planner's segment plans: tile_n a multiple of Segment).
-template <int Src, int Segment> struct RotateHalf {
+// InPlace (Ψ's rotate_in_place: Src is computed, nothing up to it has an effect or is read past
+// it but Src, the stage carries nothing on): a run's first-half fragment computes Src there and at
+// its partner and writes both into the accumulator registers; the second-half fragment reads
+// them back and computes nothing up to Src. Src's cone then runs once a value, and the raw
+// accumulator dies as it is consumed (a norm's scaling before RoPE on 128-row tiles: its
+// recomputation kept both alive, and ptxas spilled ~600 B).
+template <int Src, int Segment, bool InPlace = false> struct RotateHalf {
   static constexpr int kRotateSrc = Src;
   static constexpr int kSegment = Segment;
+  static constexpr bool kInPlace = InPlace;
   static_assert(Segment % 32 == 0, "ComFuse: rotate_half's half runs are whole 16-column fragments");
   template <class Geo> struct Impl : NodeBase<Geo> {
     static_assert(Geo::BN % Segment == 0, "ComFuse: a tile spans whole rotate_half runs");

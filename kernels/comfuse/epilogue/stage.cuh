@@ -250,6 +250,20 @@ template <class... Nodes> struct Stage {
                   "ComFuse: rotate_half's stage writes another tile value back into the registers it reads");
     // The partner evaluation moves the accumulator, not EpiCtx::gate (Φ keeps rotations out of gated kernels).
     static_assert(!(kHasRotate && kUsesGate), "ComFuse: rotate_half in a gated kernel's epilogue");
+    // A rotate_half whose operand is kept in place (nodes.cuh RotateHalf, InPlace): that operand's
+    // index and the run length (-1, 0: none).
+    template <class N> static constexpr int in_place_src() {
+      if constexpr (detail::is_rotate<N>::value) return N::kInPlace ? N::kRotateSrc : -1;
+      else return -1;
+    }
+    template <class N> static constexpr int in_place_segment() {
+      if constexpr (detail::is_rotate<N>::value) return N::kInPlace ? N::kSegment : 0;
+      else return 0;
+    }
+    static constexpr int kInPlaceSrc = cute::max(-1, in_place_src<Nodes>()...);
+    static constexpr int kInPlaceSegment = cute::max(0, in_place_segment<Nodes>()...);
+    static_assert(kInPlaceSrc < 0 || (!kHasPost && (cute::is_same_v<Parent, NoParent> || Geo::NTiles == 1)),
+                  "ComFuse: rotate_half's operand in place overwrites registers a PostStage or a stash would read");
     // Whether any stage boundary from here on carries a tile-shaped value (a job of several
     // N-tiles then needs a stash for it).
     static constexpr bool carries_tile() {
@@ -454,12 +468,24 @@ template <class... Nodes> struct Stage {
     // loads the accumulator fragment `off` columns from this one (rotate_half's partner).
     // kPartner: evaluating a rotate_half's operand at its partner fragment, where nodes with
     // effects (stores, the reduction) are left out: their own fragment runs them.
-    template <int Last = kNumNodes - 1, bool kPartner = false, class V, class AccAt>
-    COMFUSE_DEVICE void visit_nodes(EpiCtx const& c, FragCoord const& fc, Frag const& acc, V& vals, AccAt const& acc_at) {
+    // acc_put(off, f) writes f into the accumulator registers of the fragment `off` columns on
+    // (a rotate_half's operand in place, kInPlaceSrc): only where kPartner is false.
+    template <int Last = kNumNodes - 1, bool kPartner = false, class V, class AccAt, class AccPut>
+    COMFUSE_DEVICE void visit_nodes(EpiCtx const& c, FragCoord const& fc, Frag const& acc, V& vals, AccAt const& acc_at,
+                                    AccPut const& acc_put) {
+      // A run's second half with the operand in place: `acc` holds it, computed by the first half.
+      bool const read_back = !kPartner && kInPlaceSrc >= 0 && fc.col0 % cute::max(kInPlaceSegment, 1) >= kInPlaceSegment / 2;
       cute::for_each(cute::make_int_sequence<Last + 1>{}, [&](auto i) {
         constexpr int I = decltype(i)::value;
         using N = cute::tuple_element_t<I, cute::tuple<Nodes...>>;
         constexpr int src = detail::bypass_source<N>::value;
+        if (I <= kInPlaceSrc && read_back) {
+          if constexpr (I == kInPlaceSrc) {
+            CUTE_UNROLL
+            for (int e = 0; e < kFrag; ++e) vals[I][e] = acc[e];
+          }
+          return;
+        }
         if constexpr (kPartner && detail::has_effect_v<N>) {
         } else if constexpr (src >= 0 && Parent::cls(src) == kClassTile) {
           CUTE_UNROLL
@@ -494,7 +520,16 @@ template <class... Nodes> struct Stage {
           Frag pacc;
           acc_at(off, pacc);
           float pv[x + 1][kFrag];
-          visit_nodes<x, true>(c, pc, pacc, pv, [&](int o, Frag& f) { acc_at(off + o, f); });
+          if (N::kInPlace && !lower) {  // the partner's operand, in place since the first half
+            CUTE_UNROLL
+            for (int e = 0; e < kFrag; ++e) pv[x][e] = pacc[e];
+          } else {
+            visit_nodes<x, true>(c, pc, pacc, pv, [&](int o, Frag& f) { acc_at(off + o, f); }, [](int, Frag const&) {});
+          }
+          if (N::kInPlace && lower) {  // both operands in place for the second half
+            acc_put(0, vals[x]);
+            acc_put(off, pv[x]);
+          }
           CUTE_UNROLL
           for (int e = 0; e < kFrag; ++e) vals[I][e] = lower ? -pv[x][e] : pv[x][e];
         } else {
@@ -576,6 +611,12 @@ template <class... Nodes> struct Stage {
                 st.load(c.tile, pbase / kFrag, f);
               }
             };
+            auto const acc_put = [&](int off, Frag const& f) {
+              if constexpr (kInPlaceSrc >= 0) {
+                CUTE_UNROLL
+                for (int e = 0; e < kFrag; ++e) accum(base + off / 2 + e) = f[e];
+              }
+            };
             if constexpr (kUsesGate) {
               // A gated kernel's accumulator (KernelConfig::gated): A B3^T in its second half,
               // the same element Geo::BN / 2 registers on (one m64 block: check()).
@@ -585,9 +626,9 @@ template <class... Nodes> struct Stage {
               for (int e = 0; e < kFrag; ++e) gate[e] = accum(Geo::BN / 2 + base + e);
               EpiCtx cg = c;
               cg.gate = gate;
-              visit_nodes(cg, fc, acc, vals, acc_at);
+              visit_nodes(cg, fc, acc, vals, acc_at, acc_put);
             } else {
-              visit_nodes(c, fc, acc, vals, acc_at);
+              visit_nodes(c, fc, acc, vals, acc_at, acc_put);
             }
             if constexpr (kTileBypass >= 0) {
               if constexpr (in_regs) {
