@@ -169,12 +169,17 @@ bool only_one_plus_tanh_users(const Spec& stage, int i);
 // Whether rotate_half node i of `stage` takes its operand x in place (Ψ; kernels' RotateHalf,
 // InPlace): each run's first-half fragment computes x there and at its partner once and writes
 // both into the accumulator registers, which the second-half fragment reads back, so x's cone
-// runs once a value and the raw accumulator need not outlive it. It needs x computed (not the
+// runs once a value and the raw accumulator need not outlive it. It needs a PostStage (after a
+// reduction x's cone holds the norm's scaling, whose recomputation spilled 600+ B on 128-row
+// tiles; in the root stage it is a few adds of what the epilogue loads anyway, and writing x
+// back spilled 24 B beside a store of x where recomputing spilled none), x computed (not the
 // accumulator or a bypassed tile itself: nothing to save), the stage's one rotate_half, no
 // effect up to x (a store or a reduction would be skipped where x is read back), no node after x
-// reading a value up to x other than x (they are not computed where x is read back), and no
-// PostStage (nothing carried on in the registers x overwrites). Otherwise the partner's x is
-// computed again there, and the planner keeps such stages to 64-row tiles (ptxas spills on 128).
+// reading a value up to x other than x (they are not computed where x is read back) nor the
+// accumulator or a parent's value (the registers then hold x), and no PostStage (nothing carried
+// on in the registers x overwrites). Otherwise the partner's x is computed again there; after a
+// per-segment norm the planner then keeps to 64-row tiles (ptxas spilled on 128: planner.cpp
+// segment_tiles).
 bool rotate_in_place(const Spec& stage, int i);
 
 // Text form. print() and parse_spec() round-trip: parse_spec(print(s)) == s.

@@ -20,7 +20,7 @@ is no rotation), halves or pairs used otherwise (an unsqueeze and cat in place o
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import torch
 import torch.fx as fx
@@ -95,12 +95,13 @@ def _parts(node: fx.Node) -> list | None:
     return list(parts) if isinstance(parts, (list, tuple)) and all(isinstance(p, fx.Node) for p in parts) else None
 
 
-def _combined(node: fx.Node, sl: fx.Node, target, why: str, order: str) -> tuple[fx.Node, fx.Node, fx.Node, fx.Node]:
+def _combined(node: fx.Node, sl: fx.Node, target, why: str, order: str,
+              takes: Callable[[fx.Node, fx.Node], bool]) -> tuple[fx.Node, fx.Node, fx.Node, fx.Node]:
     """The cat or stack (`target`) of a rotation that the slice `sl` of x feeds, checked as
     (-second, first) over the last dim with both parts slices of x's last dim read only there:
     (combiner, neg, first, second). Unsupported at `node` with `why` where a part is used or
     computed otherwise, with `order` (its {} the combiner's name) where the parts come in another
-    order, sign or dim. Which columns each slice takes is the caller's check."""
+    order, sign or dim, or where `takes(first, second)` (the caller's columns of each) is false."""
     x = sl.args[0]
     rank = val(x).dim()
     comb = _joined_by(sl, target)
@@ -115,7 +116,8 @@ def _combined(node: fx.Node, sl: fx.Node, target, why: str, order: str) -> tuple
     second = neg.args[0]
     cv = val(comb)
     if (cv is None or _dim(comb, 1, 0) != cv.dim() - 1 or first.args[0] is not x or second.args[0] is not x
-            or int(_slice_args(first)[0]) % rank != rank - 1 or int(_slice_args(second)[0]) % rank != rank - 1):
+            or int(_slice_args(first)[0]) % rank != rank - 1 or int(_slice_args(second)[0]) % rank != rank - 1
+            or not takes(first, second)):
         raise Unsupported(node, order.format(comb.name))
     if list(first.users) != [comb] or list(second.users) != [neg] or list(neg.users) != [comb]:
         raise Unsupported(node, why)
@@ -192,9 +194,9 @@ def rotation(tr: "Translator", node: fx.Node) -> Rotation:
            "the other)")
     order = ("cat '{}' of each head's halves in another order, sign or dim than transformers' rotate_half, "
              "cat((-x2, x1), -1) with x1 = x[..., :D/2], x2 = x[..., D/2:]")
-    cat, neg, lo, hi = _combined(node, sl, _CAT, why, order)
-    if bounds(lo) != (0, h) or bounds(hi) != (h, d) or _slice_args(lo)[3] != 1 or _slice_args(hi)[3] != 1:
-        raise Unsupported(node, order.format(cat.name))
+    cat, neg, lo, hi = _combined(node, sl, _CAT, why, order,
+                                 lambda lo, hi: bounds(lo) == (0, h) and bounds(hi) == (h, d)
+                                 and _slice_args(lo)[3] == 1 and _slice_args(hi)[3] == 1)
     out = [n.name for n in (lo, hi, neg, cat) if n not in tr.in_region]
     if out:
         raise Unsupported(node, f"part of a rotate_half of each head whose op(s) {out} stay out of the region")
@@ -291,9 +293,8 @@ def pairs(tr: "Translator", node: fx.Node) -> Pairs:
            f"as the interleaved rotation, {form}")
     order = ("stack '{}' of each head's even and odd columns in another order, sign or dim than the interleaved "
              f"rotation, {form}")
-    stack, neg, even, odd = _combined(node, sl, _STACK, why, order)
-    if cols(even) != range(0, d, 2) or cols(odd) != range(1, d, 2):
-        raise Unsupported(node, order.format(stack.name))
+    stack, neg, even, odd = _combined(node, sl, _STACK, why, order,
+                                      lambda even, odd: cols(even) == range(0, d, 2) and cols(odd) == range(1, d, 2))
     flat = next(iter(stack.users)) if len(stack.users) == 1 else None
     fv = val(flat) if flat is not None else None
     if (flat is None or flat.target not in _ROW_VIEWS or fv is None or fv.dim() != rank

@@ -69,7 +69,9 @@ int single_row_block_k_splits(const Problem& p, const DeviceModel& dev) {
 
 double row_tile_rate(const PlannerTunables& tun, int tile_m, int mma_cols, int cluster_m) {
   if (tile_m != 64) return 1.0;
-  const auto rate = [&](int rows) { return plan_detail::lookup(tun.row_group_mainloop_efficiency, rows * 1000 + mma_cols); };
+  // Within the row class (the floor lookup would cross it): 64-column tiles at the table's narrowest, 128.
+  const int cols = std::clamp(mma_cols, 128, 256);
+  const auto rate = [&](int rows) { return plan_detail::lookup(tun.row_group_mainloop_efficiency, rows * 1000 + cols); };
   return rate(64) / rate(128) * (cluster_m > 1 ? 1.0 : tun.row_group_no_multicast_efficiency);
 }
 

@@ -177,38 +177,36 @@ void check_request(const FusionSpec& s, const Problem& p, const DeviceModel& dev
   if (s.gated() && opt.tile_n && *opt.tile_n > 128)
     throw Error(fmt::format("plan: tile_n = {}: a gated GEMM's tile holds B's and the gate's columns in one wgmma of "
                             "at most 256: tile_n 64 or 128", *opt.tile_n));
-  // Per-segment epilogues: N a whole number of runs; rotations and periodic operands alone take
-  // tiles of whole runs, per-segment reductions finish inside a tile of one run
-  // (KernelConfig::row_segment).
+  // Per-segment epilogues: rotations and periodic operands alone take tiles of whole runs of
+  // whole 16-column fragments (rotate_half's partner S/2 columns away, a periodic tile input's
+  // columns: nodes.cuh); per-segment reductions finish inside a tile of one run
+  // (KernelConfig::row_segment). N is a whole number of runs.
   if (s.segment > 0) {
     const bool reduces = s.reduction_count() > 0;
+    const bool whole_runs = s.segment % 32 == 0 && std::any_of(std::begin(kTileNs), std::end(kTileNs),
+                                                               [&](int t) { return t % s.segment == 0; });
+    if (!reduces && !whole_runs)
+      throw Error(fmt::format("plan: the epilogue works on runs of {} columns; a tile spans whole runs of whole "
+                              "16-column fragments (and rotate_half swaps their halves), so a run is 32, 64, 96, 128, "
+                              "192 or 256 columns",
+                              s.segment));
+    if (reduces && std::find(std::begin(kTileNs), std::end(kTileNs), s.segment) == std::end(kTileNs))
+      throw Error(fmt::format("plan: the epilogue reduces runs of {} columns; a tile spans one run, and tiles are 64, "
+                              "128, 192 or 256 columns wide",
+                              s.segment));
     if (p.n % s.segment != 0)
       throw Error(fmt::format("plan: N = {} is not a whole number of the {}-column runs the epilogue {}", p.n,
                               s.segment, reduces ? "reduces" : "works on"));
-    if (!reduces) {
-      // Tiles of whole runs of whole 16-column fragments (rotate_half's partner S/2 columns
-      // away, a periodic tile input's columns: nodes.cuh).
-      if (s.segment % 32 != 0 || std::none_of(std::begin(kTileNs), std::end(kTileNs), [&](int t) { return t % s.segment == 0; }))
-        throw Error(fmt::format("plan: the epilogue works on runs of {} columns; a tile spans whole runs of whole "
-                                "16-column fragments (and rotate_half swaps their halves), so a run is 32, 64, 96, 128, "
-                                "192 or 256 columns",
-                                s.segment));
-      if (opt.tile_n && *opt.tile_n % s.segment != 0)
-        throw Error(fmt::format("plan: tile_n = {}: the epilogue works on runs of {} columns, which a tile spans whole",
-                                *opt.tile_n, s.segment));
-    } else {
-      if (std::find(std::begin(kTileNs), std::end(kTileNs), s.segment) == std::end(kTileNs))
-        throw Error(fmt::format("plan: the epilogue reduces runs of {} columns; a tile spans one run, and tiles are 64, "
-                                "128, 192 or 256 columns wide",
-                                s.segment));
-      if (opt.tile_n && *opt.tile_n != s.segment)
-        throw Error(fmt::format("plan: tile_n = {}: the epilogue reduces runs of {} columns, which a tile spans exactly",
-                                *opt.tile_n, s.segment));
-      if (opt.stash_bytes || opt.aggregation || opt.strategy || (opt.cluster_n && *opt.cluster_n > 1))
-        throw Error(fmt::format("plan: the epilogue reduces runs of {} columns inside each tile: no clusters along N, "
-                                "aggregation, strategy or stash shape it (row groups only schedule the tiles)",
-                                s.segment));
-    }
+    if (!reduces && opt.tile_n && *opt.tile_n % s.segment != 0)
+      throw Error(fmt::format("plan: tile_n = {}: the epilogue works on runs of {} columns, which a tile spans whole",
+                              *opt.tile_n, s.segment));
+    if (reduces && opt.tile_n && *opt.tile_n != s.segment)
+      throw Error(fmt::format("plan: tile_n = {}: the epilogue reduces runs of {} columns, which a tile spans exactly",
+                              *opt.tile_n, s.segment));
+    if (reduces && (opt.stash_bytes || opt.aggregation || opt.strategy || (opt.cluster_n && *opt.cluster_n > 1)))
+      throw Error(fmt::format("plan: the epilogue reduces runs of {} columns inside each tile: no clusters along N, "
+                              "aggregation, strategy or stash shape it (row groups only schedule the tiles)",
+                              s.segment));
   }
   if (opt.tile_m && *opt.tile_m != 64 && *opt.tile_m != 128)
     throw Error(fmt::format("plan: tile_m = {} is not 64 or 128 (rows per consumer warp group)", *opt.tile_m));
@@ -314,6 +312,13 @@ bool holds_rotate_half(const Spec& st, bool recomputing) {
   return false;
 }
 
+// The elementwise deciders' plans with tile_n forced to `width` (the request's own options else).
+std::vector<Candidate> elementwise_of_width(const Request& r, int width, Rejections& why) {
+  PlanOptions forced = r.opt;
+  forced.tile_n = width;
+  return decide(PlanKind::Elementwise, Request{r.spec, r.p, r.dev, r.tun, forced, r.chain}, why);
+}
+
 // Per-segment reductions (ChainInfo::segment): plans whose tiles span one segment and finish it
 // alone, each made a reducing kernel (KernelConfig::row_segment; check() holds it to one segment
 // a tile, one N-tile a job). The row-group decider's first: a whole-row norm's divisions less the
@@ -324,13 +329,6 @@ bool holds_rotate_half(const Spec& st, bool recomputing) {
 // 64-wide plain tile); where none spans one segment, the deciders again with that width forced.
 // Rotations and periodic operands without a reduction: the elementwise plans whose tiles span
 // whole runs, nothing reduced.
-// The elementwise deciders' plans with tile_n forced to `width` (the request's own options else).
-std::vector<Candidate> elementwise_of_width(const Request& r, int width, Rejections& why) {
-  PlanOptions forced = r.opt;
-  forced.tile_n = width;
-  return decide(PlanKind::Elementwise, Request{r.spec, r.p, r.dev, r.tun, forced, r.chain}, why);
-}
-
 std::vector<Candidate> segment_tiles(std::vector<Candidate> cands, const Request& r, Rejections& why) {
   const int seg = static_cast<int>(r.chain.segment);
   if (r.spec.reduction_count() == 0) {
@@ -372,6 +370,7 @@ std::vector<Candidate> segment_tiles(std::vector<Candidate> cands, const Request
                                     ? std::vector<Candidate>{}
                                     : keep(plan_detail::decide_row_groups(r, why), true);
   for (Candidate& c : keep(std::move(cands), false)) kept.push_back(std::move(c));
+  if (kept.empty() && !r.opt.tile_n) kept = keep(elementwise_of_width(r, seg, why), false);
   if (holds_rotate_half(r.spec.root, true) && !r.opt.tile_m) {
     std::vector<Candidate> rows64;
     for (Candidate& c : kept)
@@ -385,9 +384,6 @@ std::vector<Candidate> segment_tiles(std::vector<Candidate> cands, const Request
   if (holds_rotate_half(r.spec.root, false))
     for (Candidate& c : kept)
       if (c.k.epi_rows() == 128) c.k.begin_early = false;
-  if (kept.empty() && !r.opt.tile_n) {
-    kept = keep(elementwise_of_width(r, seg, why), false);
-  }
   return kept;
 }
 

@@ -438,13 +438,19 @@ bool rotate_in_place(const Spec& st, int i) {
   const auto at = [&](int k) -> const SpecNode& { return st.nodes.at(static_cast<size_t>(k)); };
   const int x = at(i).operands.at(0);
   const SpecNode& xn = at(x);
-  if (!st.children.empty() || xn.category == NodeCategory::AccEntry || xn.category == NodeCategory::Placeholder)
+  const bool post_stage = at(0).category == NodeCategory::Placeholder;  // a root stage starts at the accumulator
+  if (!post_stage || !st.children.empty() || xn.category == NodeCategory::AccEntry ||
+      xn.category == NodeCategory::Placeholder)
     return false;
   for (int k = 0; k < static_cast<int>(st.nodes.size()); ++k) {
     const SpecNode& n = at(k);
     if (k != i && n.category == NodeCategory::Compute && n.compute == ComputeKind::RotateHalf) return false;
     if (k <= x && (n.category == NodeCategory::Store || n.category == NodeCategory::Reduction)) return false;
     if (k <= x) continue;
+    // The accumulator or a parent's value read past x: the registers then hold x.
+    if (n.category == NodeCategory::AccEntry ||
+        (n.category == NodeCategory::Placeholder && n.placeholder == PlaceholderKind::Bypass))
+      return false;
     std::vector<int> reads = n.operands;
     if (n.category == NodeCategory::Compute && n.compute == ComputeKind::Binary)
       if (const int u = one_plus_tanh_operand(st, n); u >= 0) reads.push_back(u);

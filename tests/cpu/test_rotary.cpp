@@ -295,10 +295,16 @@ TEST(Rotary, OperandInPlaceWhereNothingElseReadsItsCone) {
   }
   {
     Rope t(128);
+    Value q = t.g.rms_norm(t.acc, t.g.input("gamma", DType::BF16, {Dim::of(128)}), 1e-6, 128);
+    t.g.output(q, "q", DType::BF16);  // stored: a read of the operand itself
+    t.g.output(t.g.rope(q, t.cos, t.sin, 128), "y", DType::BF16);
+    EXPECT_TRUE(in_place(t, "a per-head norm, stored, then RoPE"));
+  }
+  {
+    Rope t(128);
     Value h = t.acc + t.g.input("b", DType::BF16, {Dim::of("N")});
-    t.g.output(h, "h", DType::BF16);  // stored: a read of the operand itself
     t.g.output(t.g.rope(h, t.cos, t.sin, 128), "y", DType::BF16);
-    EXPECT_TRUE(in_place(t, "a bias, the sum stored, then RoPE"));
+    EXPECT_FALSE(in_place(t, "a bias then RoPE: the root stage recomputes"));
   }
   {
     Rope t(128);
@@ -334,14 +340,18 @@ TEST(Rotary, KernelsCompileWithoutSpills) {
   };
   for (const V& v : {V{"rope", dims(1000, 4096, 1024), 0, 0}, V{"norm", dims(1000, 4096, 1024), 0, 128},
                      V{"norm", dims(300, 3072, 512), 0, 128}, V{"norm", dims(1000, 4096, 1024), 64, 64},
-                     V{"norm-pairs", dims(1000, 4096, 1024), 0, 0}, V{"bias", dims(1000, 4096, 1024), 128, 128}}) {
+                     V{"norm-pairs", dims(1000, 4096, 1024), 0, 0}, V{"bias", dims(1000, 4096, 1024), 128, 128},
+                     V{"bias-stored", dims(1000, 4096, 1024), 0, 0}, V{"exp", dims(1000, 4096, 1024), 0, 0}}) {
     const std::string what = v.what;
     SCOPED_TRACE(fmt::format("{}, {} x {} x {}, tile_m {}", what, v.d.at("M"), v.d.at("N"), v.d.at("K"), v.tile_m));
     Rope t(128);
     Value q = t.acc;
-    if (what == "bias") q = q + t.g.input("b", DType::BF16, {Dim::of("N")});
+    if (what.rfind("bias", 0) == 0) q = q + t.g.input("b", DType::BF16, {Dim::of("N")});
+    if (what == "bias-stored") t.g.output(q, "h", DType::BF16);
+    if (what == "exp") q = q - t.g.reduce(ReduceOp::Max, q, -1, 128);
     if (what.rfind("norm", 0) == 0) q = t.g.rms_norm(q, t.g.input("gamma", DType::BF16, {Dim::of(128)}), 1e-6, 128);
-    t.g.output(t.g.rope(q, t.cos, t.sin, 128, what == "norm-pairs"), "y", DType::BF16);
+    Value y = t.g.rope(q, t.cos, t.sin, 128, what == "norm-pairs");
+    t.g.output(what == "exp" ? y + t.g.unary(UnaryOp::Exp, q) : y, "y", DType::BF16);
     const FusionSpec fs = lower(t.g).regions.at(0).spec;
     const Problem p = problem_of(fs, v.d);
     CompileOptions opt;
@@ -351,7 +361,7 @@ TEST(Rotary, KernelsCompileWithoutSpills) {
     if (v.epi_rows) {
       EXPECT_EQ(plan.kernel.epi_rows(), v.epi_rows);
     }
-    const bool in_place = what == "norm" || what == "bias";
+    const bool in_place = what == "norm" || what == "exp";  // PostStages (spec.h rotate_in_place)
     EXPECT_EQ(emit(fs, plan).source.find(", 128, true>") != std::string::npos, in_place) << emit(fs, plan).source;
     if (what == "norm" && plan.kernel.epi_rows() == 128) {
       EXPECT_FALSE(plan.kernel.begin_early);

@@ -246,18 +246,25 @@ TEST_F(GpuLayer, RotaryEmbeddings) {
                      // after the rotation (a residual of the projection itself: 64-row tiles).
                      V{128, dims(1000, 2048, 264), "norm-128"}, V{128, dims(1000, 2048, 264), "norm-64"},
                      V{64, dims(500, 1024, 128), "norm"}, V{256, dims(70, 2048, 512), "norm"},
-                     V{128, dims(300, 3072, 512), "norm"}, V{128, dims(1000, 2048, 264), "norm-residual"}}) {
+                     V{128, dims(300, 3072, 512), "norm"}, V{128, dims(1000, 2048, 264), "norm-residual"},
+                     // The root stage recomputes: heads of 96 (halves start mid-subtile, tiles of
+                     // 192), the operand stored too; and in place, x - max(x) rotated beside
+                     // exp(x - max(x)) (the exp then reads x, not a - b, where x is read back).
+                     V{96, dims(300, 960, 512), "bias"}, V{128, dims(300, 2048, 512), "bias-stored"},
+                     V{128, dims(1000, 2048, 264), "exp"}}) {
     SCOPED_TRACE(fmt::format("heads of {}, {} x {} x {}, {}", v.head, v.d.at("M"), v.d.at("N"), v.d.at("K"), v.what));
     const std::string what = v.what;
     const DType in = what == "f16" ? DType::F16 : DType::BF16;
     Case c(in, what == "kn" ? BLayout::KN : BLayout::NK);
     Value q = c.acc;
-    if (what == "bias") q = q + c.g.input("bias", in, {Dim::of("N")});
+    if (what.rfind("bias", 0) == 0) q = q + c.g.input("bias", in, {Dim::of("N")});
+    if (what == "bias-stored") c.g.output(q, "h", in);
+    if (what == "exp") q = q - c.g.reduce(ReduceOp::Max, q, -1, v.head);
     if (what.rfind("norm", 0) == 0) q = c.g.rms_norm(q, c.g.input("gamma", in, {Dim::of(v.head)}), 1e-6, v.head);
     Value cos = c.g.input("cos", in, {Dim::of("M"), Dim::of(v.head)});
     Value sin = c.g.input("sin", in, {Dim::of("M"), Dim::of(v.head)});
     Value y = c.g.rope(q, cos, sin, v.head, what.find("pairs") != std::string::npos);
-    c.g.output(what == "norm-residual" ? y + c.acc : y, "y", in);
+    c.g.output(what == "norm-residual" ? y + c.acc : what == "exp" ? y + c.g.unary(UnaryOp::Exp, q) : y, "y", in);
     CompileOptions opt;
     if (what == "split") opt.plan.k_splits = 4;
     if (what == "norm-128") opt.plan.tile_m = 128;

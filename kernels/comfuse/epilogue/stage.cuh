@@ -262,8 +262,16 @@ template <class... Nodes> struct Stage {
     }
     static constexpr int kInPlaceSrc = cute::max(-1, in_place_src<Nodes>()...);
     static constexpr int kInPlaceSegment = cute::max(0, in_place_segment<Nodes>()...);
-    static_assert(kInPlaceSrc < 0 || (!kHasPost && (cute::is_same_v<Parent, NoParent> || Geo::NTiles == 1)),
-                  "ComFuse: rotate_half's operand in place overwrites registers a PostStage or a stash would read");
+    template <int... I> static constexpr bool effect_free_up_to(cute::integer_sequence<int, I...>, int last) {
+      return (true && ... && (I > last || !detail::has_effect_v<cute::tuple_element_t<I, cute::tuple<Nodes...>>>));
+    }
+    // What spec.h rotate_in_place guarantees and the read-back relies on.
+    static_assert(kInPlaceSrc < 0 || !kHasPost,
+                  "ComFuse: rotate_half's operand in place overwrites registers a PostStage would read");
+    static_assert(kInPlaceSrc < 0 || (0 + ... + int(detail::is_rotate<Nodes>::value)) == 1,
+                  "ComFuse: rotate_half's operand in place beside another rotate_half, which reads the registers");
+    static_assert(kInPlaceSrc < 0 || effect_free_up_to(cute::make_int_sequence<kNumNodes>{}, kInPlaceSrc),
+                  "ComFuse: a store or reduction up to rotate_half's operand in place, skipped where it is read back");
     // Whether any stage boundary from here on carries a tile-shaped value (a job of several
     // N-tiles then needs a stash for it).
     static constexpr bool carries_tile() {
@@ -540,9 +548,10 @@ template <class... Nodes> struct Stage {
     // Whether node N is exp(a - b) with b one value per row (or a scalar), and a - b does not
     // travel on to the PostStage (log-softmax's x - max does: both values then stay live, and
     // ptxas spilled the vocabulary kernel's 64x256 tiles).
+    // Nor where a - b is a rotate_half's operand in place: read back there, a and b are not computed.
     template <class N> static constexpr bool exp_row_shift() {
       constexpr int s = detail::exp_operand_of<N>::value;
-      if constexpr (s < 0 || s == kTileBypass) {
+      if constexpr (s < 0 || s == kTileBypass || s == kInPlaceSrc) {
         return false;
       } else {
         constexpr int b = detail::sub_of<cute::tuple_element_t<s, cute::tuple<Nodes...>>>::b;
