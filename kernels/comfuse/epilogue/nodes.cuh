@@ -178,14 +178,14 @@ template <int Src> struct CausalMask {
 // each element's partner is the thread's own element S/2 columns away, in another fragment: the
 // stage executor (stage.cuh, visit_nodes) evaluates Src at the partner fragment from the
 // accumulator registers there and negates the first half. No shuffles, no SMEM; Src's elementwise
-// cone is computed twice (a bias add, a norm's scaling: a few instructions a value). The tile
+// cone is computed twice (a bias add: a few instructions a value), unless InPlace. The tile
 // spans whole runs (the planner's segment plans: tile_n a multiple of Segment).
-// InPlace (Ψ's rotate_in_place: Src is computed, nothing up to it has an effect or is read past
-// it but Src, the stage carries nothing on): a run's first-half fragment computes Src there and at
-// its partner and writes both into the accumulator registers; the second-half fragment reads
-// them back and computes nothing up to Src. Src's cone then runs once a value, and the raw
-// accumulator dies as it is consumed (a norm's scaling before RoPE on 128-row tiles: its
-// recomputation kept both alive, and ptxas spilled ~600 B).
+// InPlace (spec.h rotate_in_place: a PostStage; Src computed; nothing up to it has an effect or
+// is read past it but Src; the stage carries nothing on): a run's first-half fragment computes
+// Src there and at its partner and writes both into the accumulator registers; the second-half
+// fragment reads them back and computes nothing up to Src. Src's cone then runs once a value,
+// and the raw accumulator dies as it is consumed (a norm's scaling before RoPE on 128-row tiles:
+// its recomputation kept both alive, and ptxas spilled ~600 B).
 template <int Src, int Segment, bool InPlace = false> struct RotateHalf {
   static constexpr int kRotateSrc = Src;
   static constexpr int kSegment = Segment;
