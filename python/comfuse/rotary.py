@@ -203,15 +203,18 @@ def rotation(tr: "Translator", node: fx.Node) -> Rotation:
     return Rotation(x, lo, hi, neg, cat, d)
 
 
+def _rotated_tile(tr: "Translator", node: fx.Node, x: fx.Node, d: int, rotate) -> TV:
+    """The graph op `rotate` (Graph.rotate_half or rotate_pairs) of the region's tile x over its
+    runs of d columns, as the value of `node`: a tile keeping x's segment and layout."""
+    xv = tr.operand(x, node)
+    return TV(rotate(xv.id, d), "tile", xv.seg, True, xv.perm)
+
+
 def rotate_half(tr: "Translator", node: fx.Node) -> TV | None:
     """A member of a rotate_half (rotation()): the slices and the neg are no values (None); the cat
     is Graph.rotate_half(x, D) of the tile, over its runs of D columns."""
     rot = rotation(tr, node)
-    if node is not rot.cat:
-        return None
-    x = tr.operand(rot.x, node)
-    y = tr.g.rotate_half(x.id, rot.d)
-    return TV(y, "tile", x.seg, True, x.perm)
+    return _rotated_tile(tr, node, rot.x, rot.d, tr.g.rotate_half) if node is rot.cat else None
 
 
 # ---- rotate_pairs (interleaved RoPE) -----------------------------------------------------
@@ -313,11 +316,7 @@ def rotate_pairs(tr: "Translator", node: fx.Node) -> TV | None:
     (None); the view that flattens the stack is Graph.rotate_pairs(x, D) of the tile, over its
     runs of D columns."""
     rot = pairs(tr, node)
-    if node is not rot.flat:
-        return None
-    x = tr.operand(rot.x, node)
-    y = tr.g.rotate_pairs(x.id, rot.d)
-    return TV(y, "tile", x.seg, True, x.perm)
+    return _rotated_tile(tr, node, rot.x, rot.d, tr.g.rotate_pairs) if node is rot.flat else None
 
 
 def rotary(tr: "Translator", node: fx.Node) -> TV | None:

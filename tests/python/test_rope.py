@@ -414,8 +414,6 @@ def test_llama_and_qwen3_prefill_and_decode_with_rope_fused(emulate, arch, monke
     from comfuse import attention
 
     monkeypatch.setattr(attention, "find", lambda gm, next_id: [])
-    mod = bench_models.module()
-    model, ids = mod.build(arch, layers=2, batch=2, seq=7, device="cpu", small=True)
 
     def rope_regions(rep):
         rs = [r for r in rep.regions if r.root.split(":")[0].endswith(("q_proj", "k_proj"))]
@@ -424,12 +422,7 @@ def test_llama_and_qwen3_prefill_and_decode_with_rope_fused(emulate, arch, monke
             assert r.graph_text.count("= rotate_half(") == 1, (r.root, r.graph_text)
         return rs
 
-    prefill = mod.Prefill(model)
-    with torch.no_grad():
-        ref = prefill(ids)
-        with comfuse.collecting() as rep:
-            out = torch.compile(prefill, backend="comfuse")(ids)
-    assert mod.rel_err(out, ref) < 2e-2
+    mod, model, ids, rep = bench_models.compiled_prefill_matches_eager(arch, seq=7, rel=2e-2)
     rope_regions(rep)
 
     torch._dynamo.reset()
