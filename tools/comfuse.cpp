@@ -198,6 +198,7 @@ struct ExplainArgs {
   std::string tile_inputs;  // ring / l2 (empty: the planner's)
   std::string split_k_partials;  // dsmem / l2 (empty: the planner's)
   std::string split_k_gather;    // smem / registers (empty: the planner's)
+  std::string gpu;               // h200 / h100 (empty: this machine's GPU, else the H200)
 };
 
 // The spellings CLI11 accepts (IsMember below), mapped onto the planner's options.
@@ -232,13 +233,20 @@ PlanOptions plan_options(const ExplainArgs& a) {
   if (a.strategy == "on-chip") o.strategy = RowStrategy::OnChip;
   else if (a.strategy == "smem-stash") o.strategy = RowStrategy::SmemStash;
   else if (a.strategy == "workspace-stash") o.strategy = RowStrategy::WorkspaceStash;
-  return o;
+  if (!a.gpu.empty()) o.gpu = gpu_named(a.gpu);
+  return planned_for_this_device(o);
 }
 
 // The plan overrides every planning subcommand takes (debugging, and forcing e.g. the
 // aggregation mode to test both). A value outside the listed ones is a usage error (exit 2).
 std::vector<CLI::Option*> add_plan_options(CLI::App* cmd, ExplainArgs& ex) {
   return {
+      cmd->add_option("--gpu-model", ex.gpu,
+                      "plan for this GPU (h200, h100: the planner's measured numbers differ, src/plan/calibration.cpp "
+                      "device_model); default: the GPU of this machine, else the H200")
+          ->check(CLI::Validator(
+              [](std::string& v) { return gpu_named(v) ? std::string() : "not a GPU the planner models (h200, h100): " + v; },
+              "h200|h100")),
       cmd->add_option("--cluster-n", ex.cluster_n, "force the cluster size C_N (1, 2, 4, 8, 16)")
           ->check(CLI::IsMember({1, 2, 4, 8, 16})),
       cmd->add_option("--tile-n", ex.tile_n, "force tile_n (64, 128, 192, 256)")->check(CLI::IsMember({64, 128, 192, 256})),

@@ -34,6 +34,14 @@ enum class RowStrategy {
 std::string_view name_of(Aggregation a);
 std::string_view name_of(RowStrategy s);
 
+// The GPU a plan is made for: the planner's measured numbers (src/plan/calibration.h
+// device_model) differ between the two Hopper parts it was measured on. H200 is the default
+// (the most measured); the runtime plans for the GPU it runs on (runtime.h gpu_of_this_device).
+enum class Gpu { H200, H100 };
+std::string_view name_of(Gpu g);
+// "h200" / "h100" (case-insensitive) as the CLI and the Python options spell them; nullopt otherwise.
+std::optional<Gpu> gpu_named(std::string_view name);
+
 // KernelConfig::smem_bytes() broken down for explain: total() is exactly what a launch asks for.
 struct SmemBudget {
   int mainloop_ring = 0;     // ring_stages x (A tile + B tile)
@@ -47,6 +55,8 @@ struct SmemBudget {
 };
 
 struct PlanOptions {
+  // The GPU to plan for; unset: the H200 (see Gpu). The runtime fills it with the GPU it runs on.
+  std::optional<Gpu> gpu;
   std::optional<int> cluster_n;               // force C_N (a DSMEM plan when reducing)
   std::optional<int> tile_n;                  // force the CTA tile's N
   std::optional<int> tile_m;                  // force rows per consumer warp group (64 or 128)
@@ -127,6 +137,7 @@ struct Plan {
   int raster_group = 8;
 
   // What the planner knew and derived (explain, reasons, tests).
+  Gpu gpu = Gpu::H200;           // the GPU planned for (PlanOptions::gpu)
   RowStrategy strategy() const;
   std::string measured_config;   // non-empty: the configuration came from a measured table
   int reductions = 0;            // reduction nodes in the chain
@@ -163,12 +174,12 @@ inline bool one_round_pairs_possible(const Plan& p) {
 // user's terms and what is supported instead. make_plan calls it first.
 void check_device_limits(const FusionSpec& s);
 
-// Plans `s` at `p` on the H200 (src/plan/calibration.h). Throws Error with the reason when
+// Plans `s` at `p` for opt.gpu (default the H200; src/plan/calibration.h). Throws Error with the reason when
 // nothing fits (e.g. N beyond what any plan covers) or an option cannot be honoured.
 Plan make_plan(const FusionSpec& s, const Problem& p, const PlanOptions& opt = {});
 // The DRAM bandwidth the planner prices streaming traffic at (its device model's), bytes/s: the
 // frontend prices an unfused GEMM's operand stream at decode rows with the same number.
-double planned_dram_bytes_per_s();
+double planned_dram_bytes_per_s(Gpu gpu = Gpu::H200);
 
 std::string explain(const FusionSpec& s, const Plan& p);  // text, for `comfuse explain`
 std::string to_dot(const FusionSpec& s, const Plan& p);   // Graphviz: stages, reductions, bypass edges
@@ -193,6 +204,7 @@ enum class B2bIntermediate { Elementwise, OnlineSoftmax };
 std::string_view name_of(B2bIntermediate f);
 
 struct B2bPlan {
+  Gpu gpu = Gpu::H200;  // the GPU planned for (PlanOptions::gpu)
   B2bProblem problem;
   B2bConfig kernel;  // THE kernel description (config.cuh), as KernelConfig for the single GEMM
   B2bIntermediate intermediate = B2bIntermediate::Elementwise;

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,16 @@ struct DeviceTensor {
   int64_t batch_stride = 0;  // a batched tensor: elements between batches (0: packed, rows x ld x H)
   int64_t head_stride = 0;   // a [B, H, rows, cols] tensor: elements between heads (0: rows x ld)
 };
+
+// The GPU of the current CUDA device as the planner models it (plan.h Gpu): an H200 as the H200,
+// any other sm_90 part (H100 PCIe and NVL, GH200, H800, H20) as the H100 SXM, the Hopper measured
+// beside it (the models price 132 SMs; a launch on fewer sizes its grid to the SMs it finds);
+// nullopt without a device (a CPU-only build machine plans for the default, the H200). Queries
+// the properties once per device ordinal (initialising CUDA if nothing has).
+std::optional<Gpu> gpu_of_this_device();
+// `o` with its gpu set to this device's where the caller left it unset: every plan the runtime
+// makes is for the GPU it runs on.
+PlanOptions planned_for_this_device(PlanOptions o);
 
 struct RunArgs {
   std::map<std::string, DeviceTensor> tensors;  // operands, vectors, outputs by graph name

@@ -66,14 +66,16 @@ def where(node: fx.Node) -> str:
 # DRAM traffic (launch and tail), microseconds.
 EPILOGUE_KERNEL_US = 3.0
 # The DRAM bandwidth the planner prices streaming traffic at (its device model, src/plan/
-# calibration.h: ~85% of the H200's 4.8 TB/s): a decode GEMM's stream of its operands.
+# calibration.h: ~85% of the H200's 4.8 TB/s): a decode GEMM's stream of its operands. The
+# unfused side of a decision is priced on the H200's numbers on any GPU (the fused side plans for
+# the GPU at hand); on a GPU the measurement (measure.py) decides what the prices leave close.
 DRAM_BYTES_PER_S = _core.planned_dram_bytes_per_s()
 # What the unfused epilogue kernel's pass streams at. MEASURED (bench/NOTES.md Stop 21, GPT-2's
 # prefill c_proj + residual + LayerNorm, 8192 x 1024 x 1024): Inductor's GEMM + its fused
 # add + LayerNorm kernel 43.4 us against cuBLAS alone's ~25.5, so the norm kernel ~17.9 us for
 # 67 MB of reads and writes; less EPILOGUE_KERNEL_US, 4.5 TB/s: above DRAM_BYTES_PER_S, the GEMM's
 # output just written being read back from L2. (At 4.0 TB/s the unfused side was priced 46.2 us
-# and the fused kernel, measured 46.4 us, looked 2% faster than Inductor's 43.4.)
+# and the fused kernel, measured 46.4 us, looked 2% faster than Inductor's 43.4.) The H200's.
 UNFUSED_EPILOGUE_BYTES_PER_S = 4.5e12
 
 

@@ -114,6 +114,10 @@ PlanOptions plan_options(const nb::dict& o) {
                       : a == "leader" ? Aggregation::LeaderFollower
                       : a == "l2" ? Aggregation::L2Exchange
                                   : throw Error("aggregation wants p2p, leader or l2, got '" + a + "'");
+    } else if (key == "gpu_model") {  // the names of `comfuse explain --gpu-model`
+      const std::string g = nb::cast<std::string>(v);
+      p.gpu = gpu_named(g);
+      if (!p.gpu) throw Error("gpu_model wants h200 or h100, got '" + g + "'");
     } else if (key == "strategy") {
       const std::string s = nb::cast<std::string>(v);
       p.strategy = s == "on-chip" ? RowStrategy::OnChip
@@ -124,7 +128,7 @@ PlanOptions plan_options(const nb::dict& o) {
       throw Error("unknown plan option '" + key + "'");
     }
   }
-  return p;
+  return planned_for_this_device(p);
 }
 
 struct PyPlan {
@@ -251,8 +255,12 @@ NB_MODULE(_core, m) {
   // Fused regions (and their specs) live in a process-wide registry until exit: not leaks.
   nb::set_leak_warnings(false);
 
-  m.def("planned_dram_bytes_per_s", &planned_dram_bytes_per_s,
-        "the DRAM bandwidth the planner prices streaming traffic at, bytes/s");
+  m.def("planned_dram_bytes_per_s", [](const std::string& gpu_model) {
+          const std::optional<Gpu> g = gpu_named(gpu_model);
+          if (!g) throw Error("gpu_model wants h200 or h100, got '" + gpu_model + "'");
+          return planned_dram_bytes_per_s(*g);
+        }, "gpu_model"_a = "h200",
+        "the DRAM bandwidth the planner prices streaming traffic at on that GPU (h200 or h100), bytes/s");
   m.def("build_info", [] {
     nb::dict d;
     d["kernels_dir"] = std::string(COMFUSE_KERNELS_DIR);

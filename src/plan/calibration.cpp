@@ -1,10 +1,11 @@
-// The H200's measured configuration tables (calibration.h has the constants).
+// The measured configuration tables and the device models (calibration.h has the constants).
 #include "calibration.h"
 #include "plan_internal.h"
 
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
 
 namespace comfuse {
 
@@ -65,6 +66,41 @@ int single_row_block_k_splits(const Problem& p, const DeviceModel& dev) {
   for (int s = 2; s <= 8; s *= 2)
     if (tiles * s <= dev.sm_count && p.k / s >= 8 * Sm90::kTileK) splits = s;
   return splits;
+}
+
+DeviceModel device_model(Gpu gpu) {
+  DeviceModel d;
+  d.gpu = gpu;
+  if (gpu == Gpu::H200) return d;
+  // The H100 80GB HBM3 (SXM), MEASURED in bench/sweeps/h100_long_k.txt and wide_n_cooperative.txt
+  // (bench/NOTES.md Stop 54), each plan against cuBLAS GEMM alone in alternating rounds:
+  // - PingPong tiles run behind cooperative 128x256, which keeps cuBLAS's rate there as on the H200
+  //   (plain GEMM, us): 128x128 in pairs along M 412 against 392 at 8192 x 4096 x 4096, 1327
+  //   against 1164 at 8192 x 4096 x 12288, 415 against 384 at 4096 x 8192 x 4096 (0.88-0.95 of it,
+  //   mean 0.92; the row groups take 0.90, for LayerNorm 8192 x 4096 x 4096's first pair below,
+  //   where this model gives cooperative's unhidden epilogue 44); 64x256
+  //   in pairs 460 against 384 (0.835, against the H200 table's 0.95). 64x128 as 128x128 (a
+  //   GUESS: Stop 53's 64x128 pairs ran 0.67-0.80 of 128x128's rate, the H200's 0.66).
+  d.pingpong_rate = {{64128, 0.90}, {64256, 0.88}, {128128, 0.90}};
+  // - With these rates the row groups take cooperative tiles at prefill, measured (us, PingPong
+  //   against cooperative): LayerNorm 8192 x 4096 x 4096 444 / 393 and 434 / 434 in two calls;
+  //   4096 x 8192 x 4096 LayerNorm 580 / 473, RMSNorm 525 / 424, softmax 598 / 460; residual
+  //   RMSNorm 8192 x 4096 x 12288 1396 / 1189 (at K = 4096, where PingPong stays, a tie: 457 / 459).
+  // - And a cast takes cooperative at 8192 x 4096 (2048 tiles of 128x128): 1.003-1.008x cuBLAS
+  //   against PingPong's 1.079-1.109x at K = 4096 and 12288.
+  d.cooperative_short_epilogue_max_tiles = kLargeTiles128;
+  // - HBM3 at 3.35 TB/s peak (the H200's 4.8), at the H200's measured share of it (GUESS).
+  d.dram_bytes_per_s = 2.8e12;
+  return d;
+}
+
+std::string_view name_of(Gpu g) { return g == Gpu::H100 ? "H100" : "H200"; }
+std::optional<Gpu> gpu_named(std::string_view name) {
+  std::string n(name);
+  std::transform(n.begin(), n.end(), n.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (n == "h200") return Gpu::H200;
+  if (n == "h100") return Gpu::H100;
+  return std::nullopt;
 }
 
 double row_tile_rate(const PlannerTunables& tun, int tile_m, int mma_cols, int cluster_m) {
@@ -132,7 +168,7 @@ MeasuredConfig measured_elementwise_config(const Problem& p, const DeviceModel& 
               "measured: B spread over twice the SMs)"};
     return {64, 128, 1, 1, 2, kStreamRing, 8, true, "M <= 64: PingPong 64x128, C_N = 2 (A multicast), raster along N"};
   }
-  if (tiles_128 >= 3000)  // >= ~8 waves of 128x128 tiles: cooperative 128x256, B shared along M
+  if (tiles_128 >= kLargeTiles128)  // >= ~8 waves of 128x128 tiles: cooperative 128x256, B shared along M
     return {128, 256, 2, 2, 1, 4, 8, false,
             "large (>= ~8 waves): cooperative 128x256, cluster 2 along M (B multicast), tensor pipe ~91% like cuBLAS"};
   // Rows of A and B not 128-byte aligned (K not a multiple of 64): each TMA box row straddles two
@@ -149,7 +185,8 @@ MeasuredConfig measured_elementwise_config(const Problem& p, const DeviceModel& 
   // GELU 118.0 against 104.0. Under a wave of 128x256 tiles, fewer CTAs: PingPong's smaller tiles
   // keep more SMs busy.
   const bool rows_unaligned = rows_off_128_byte_lines(p);
-  const bool long_k_short_epilogue = short_epilogue && p.k >= kCooperativeMinK && tiles_128 < 1500;
+  const bool long_k_short_epilogue =
+      short_epilogue && p.k >= kCooperativeMinK && tiles_128 < dev.cooperative_short_epilogue_max_tiles;
   if ((rows_unaligned || long_k_short_epilogue) && tiles_128 >= 2 * dev.sm_count)
     return {128, 256, 2, 2, 1, 4, 8, false,
             rows_unaligned
@@ -160,7 +197,7 @@ MeasuredConfig measured_elementwise_config(const Problem& p, const DeviceModel& 
                 : fmt::format("a short epilogue behind K = {} >= {}: cooperative 128x256, cluster 2 along M (B "
                               "multicast); measured 1.02x cuBLAS against PingPong 128x128's 1.10x at 8192x1024x4096",
                               p.k, kCooperativeMinK)};
-  if (tiles_128 >= 1500)
+  if (tiles_128 >= kMediumTiles128)
     return {128, 128, 1, 2, 1, 5, 4, false,
             "medium: PingPong 128x128 hides the epilogue behind the other WG's mainloop, cluster 2 along M"};
   // ~4 waves: with an epilogue, B shared along M measured 1.015x cuBLAS (plain GEMM alone

@@ -1,8 +1,9 @@
 #pragma once
-// What the planner knows about the H200 it plans for: measured numbers, each with the
-// measurement it came from (bench/NOTES.md has the runs), and the guesses that still await
-// one, marked GUESS. The hardware limits the kernel is built against are not here but in
-// kernels/comfuse/config.cuh (Sm90); this file holds what only measurement settles.
+// What the planner knows about the GPU it plans for (the H200 unless PlanOptions::gpu says the
+// H100: device_model below): measured numbers, each with the measurement it came from
+// (bench/NOTES.md has the runs), and the guesses that still await one, marked GUESS. The
+// hardware limits the kernel is built against are not here but in kernels/comfuse/config.cuh
+// (Sm90); this file holds what only measurement settles.
 //
 // Tests build variants of these (a device without multi-tile rows, a smaller SMEM) and call
 // the make_plan overload below.
@@ -14,7 +15,15 @@
 
 namespace comfuse {
 
+// Shape classes of the elementwise epilogues' measured table (calibration.cpp
+// measured_elementwise_config), in 128x128 tiles of the output: from kMediumTiles128 (~4 waves)
+// PingPong 128x128 walks 4 M-blocks a raster band; from kLargeTiles128 (~8 waves) every epilogue
+// takes cooperative 128x256.
+constexpr int64_t kMediumTiles128 = 1500;
+constexpr int64_t kLargeTiles128 = 3000;
+
 struct DeviceModel {
+  Gpu gpu = Gpu::H200;
   int sm_count = 132;
   int smem_per_cta_bytes = Sm90::kSmemCapacity;
   int max_cluster = Sm90::kMaxClusterSize;
@@ -113,7 +122,29 @@ struct DeviceModel {
   // Whether the device templates walk several N-tiles per CTA for a row reduction (a stash).
   // Off: rows must fit one cluster (tests plan for such a device).
   bool multi_tile_rows = true;
+
+  // How this GPU's mainloops differ from the H200's, which PlannerTunables' tables were measured
+  // on (device_model() sets them for the H100; the H200 keeps these defaults).
+  // A PingPong tile's mainloop rate against the H200 table's (row_group_mainloop_efficiency), by
+  // tile (tile_m * 1000 + the wgmma's columns); cooperative 128x256, cuBLAS's tile, runs at
+  // cuBLAS's rate on both GPUs. 1 where absent. The row-group model's (decide_row_groups.cpp);
+  // the elementwise deciders choose from measured tables (calibration.cpp) and the DSMEM search
+  // prices its own clusters (cluster_efficiency), neither with it.
+  std::map<int, double> pingpong_rate = {};
+  // A short epilogue (a cast, a bias) behind long K takes cooperative 128x256 below this many
+  // 128x128 tiles (calibration.cpp measured_elementwise_config; measured on the H200 to
+  // kMediumTiles128, from kLargeTiles128 on every epilogue takes it).
+  int64_t cooperative_short_epilogue_max_tiles = kMediumTiles128;
+  double pingpong(int tile_key) const {
+    const auto r = pingpong_rate.find(tile_key);
+    return r == pingpong_rate.end() ? 1.0 : r->second;
+  }
 };
+
+// The model of `gpu`: the H200's as above, or the H100's (what was measured on an H100 80GB HBM3
+// SXM, bench/NOTES.md Stop 54, over the H200's numbers).
+DeviceModel device_model(Gpu gpu);
+
 
 struct PlannerTunables {
   // MEASURED (bench/dsmem_allreduce.cu): peer-to-peer won at every C_N in 2..16 (0.18-0.61 us
@@ -214,7 +245,16 @@ struct PlannerTunables {
   // benchmark); 4 stages 1.185x (residual RMSNorm 8192x4096x4096 with its residual read from
   // global, against 1.03-1.07x for RMSNorm/LayerNorm at 5) and 1.075x at K = 14336; 5 stages
   // 1.03-1.05x.
+  // Counted in those PingPong 128x128 stages: a cooperative 128x256 stage feeds both warp groups,
+  // twice the MACs, so its 4 stages hold as much time in flight as 8 (the plain GEMM ran at
+  // cuBLAS's rate with 4 on both GPUs, bench/NOTES.md Stops 40 and 54; its 2 and 3 stages, as 4
+  // and 6, are GUESSES).
   std::map<int, double> row_group_ring_efficiency = {{2, 0.385}, {3, 0.6}, {4, 0.9}, {5, 1.0}};
+  // A cooperative tile (128 accumulators a thread) whose chain has more stages than this begins in
+  // the epilogue, not before its mainloop: held through the mainloop, the vectors of the 6-stage
+  // chain (examples/gemm_chain.cf) made ptxas spill 426 B at 1024 x 4096 x 1024, 52 B without;
+  // LayerNorm's and softmax's 2-3 stages spill nothing either way (NVRTC 13.0, sm_90a).
+  int cooperative_begin_early_max_stages = 3;
   // Share of a multi-tile job's stash traffic (write once, read per later stage) that the
   // mainloops do not hide. MEASURED-ish: T = 2 cost 2-3% over T = 1 at 8192x4096x4096.
   double row_group_stash_exposed = 0.5;
@@ -393,7 +433,8 @@ MeasuredConfig measured_elementwise_config(const Problem& p, const DeviceModel& 
 // warp group; unsplit: split-K measured no faster at decode, bench/NOTES.md Stop 50).
 MeasuredConfig gated_elementwise_config(const Problem& p, const DeviceModel& dev);
 
-// make_plan with an explicit device and tunables (tests; the public overload passes the H200's).
+// make_plan with an explicit device and tunables (tests; the public overload passes
+// device_model(opt.gpu), the H200's where unset).
 Plan make_plan(const FusionSpec& s, const Problem& p, const DeviceModel& dev, const PlannerTunables& tun = {},
                const PlanOptions& opt = {});
 

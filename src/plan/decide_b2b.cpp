@@ -492,6 +492,7 @@ namespace {
 B2bPlan pipeline_plan(const FusionSpec& first, const FusionSpec& second, const B2bProblem& p, const PlanOptions& opt,
                       B2bIntermediate kind, const DeviceModel& dev) {
   B2bPlan plan;
+  plan.gpu = dev.gpu;
   plan.problem = p;
   plan.intermediate = kind;
 
@@ -613,8 +614,10 @@ B2bPlan pipeline_plan(const FusionSpec& first, const FusionSpec& second, const B
       std::string each;
       for (size_t i = 0; i < parts.kernels.size(); ++i) {
         const bool last = i + 1 == parts.kernels.size();
+        PlanOptions on;  // the unfused kernels as build_unfused plans them: unforced, on the same GPU
+        on.gpu = opt.gpu;
         const Plan one = make_plan(parts.kernels[i], last ? Problem{p.m, p.n2, p.n1, p.ab_dtype}
-                                                          : Problem{p.m, p.n1, p.k, p.ab_dtype});
+                                                          : Problem{p.m, p.n1, p.k, p.ab_dtype}, on);
         total += one.estimate.total_us;
         each += fmt::format("{}{} {:.1f} us", i ? ", " : "",
                             last ? "GEMM2 + its epilogue"
@@ -784,7 +787,9 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
   check_b2b_options(opt);
   B2bIntermediate kind = B2bIntermediate::Elementwise;
   check_pair(first, second, p, &kind);
-  const DeviceModel dev;
+  // The B2B family's own numbers were measured on the H200 only; the H100's model (calibration.h
+  // device_model) changes its DRAM here and the single-GEMM plans of its two-kernel path.
+  const DeviceModel dev = device_model(opt.gpu.value_or(Gpu::H200));
   // The decode kernel where the pair is attention it runs (a few query rows a batch) and nothing
   // of the wgmma pipeline is forced: the faster estimate of the two, the other an alternative.
   const std::string forced = forced_b2b_options(opt);
@@ -873,6 +878,7 @@ std::string explain(const FusionSpec& first, const FusionSpec& second, const B2b
   o += fmt::format("  problem      M={} K={} N1={} N2={}{}, {} {}\n", p.problem.m, p.problem.k, p.problem.n1, p.problem.n2,
                    p.problem.batches > 1 ? fmt::format(" x {} batches", p.problem.batches) : "",
                    name_of(p.problem.ab_dtype), k.gated ? "(gated: X W1^T and X W3^T)" : "");
+  o += fmt::format("  gpu          {}\n", name_of(p.gpu));
   o += fmt::format("  tiles        {} rows x {} of O per job ({}), N1 in chunks of {}\n", k.job_rows(), k.tile_n2,
                    k.paired ? "paired: both consumer warp groups, 64 rows each" : "one consumer warp group",
                    k.chunk_n1);

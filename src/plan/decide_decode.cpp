@@ -83,6 +83,7 @@ DecodeForm decode_form(const FusionSpec& first, const FusionSpec& second, const 
 B2bPlan decode_plan(const FusionSpec& first, const B2bProblem& p, const DecodeForm& form, const PlanOptions& opt,
                     const DeviceModel& dev) {
   B2bPlan plan;
+  plan.gpu = dev.gpu;
   plan.problem = p;
   plan.intermediate = B2bIntermediate::OnlineSoftmax;
   plan.decode_mask_arg = form.mask_arg;
@@ -180,6 +181,7 @@ std::string explain_decode(const FusionSpec& first, const FusionSpec& second, co
                               second.name);
   o += fmt::format("  problem      M={} K={} N1={} N2={} x {} batches, {}\n", p.problem.m, p.problem.k, p.problem.n1,
                    p.problem.n2, p.problem.batches, name_of(p.problem.ab_dtype));
+  o += fmt::format("  gpu          {}\n", name_of(p.gpu));
   o += fmt::format("  kernel       CUDA cores, up to {} query rows a batch, head dim {}\n", k.decode_rows, k.tile_n2);
   o += fmt::format("  N1 split     {}\n", k.cluster_n1 > 1 ? fmt::format("over clusters of {} CTAs, merged over DSMEM", k.cluster_n1)
                                                          : std::string("none (one CTA a batch)"));

@@ -60,8 +60,13 @@ struct TileShape {
   int wgs = 1;  // consumer warp groups on one tile: 1 PingPong, 2 cooperative (64 rows each)
 };
 // Cooperative 128x256 reads the least from L2 a MAC, but its epilogue is not hidden behind the
-// other warp group's mainloop: priced so (Division::priced), it wins where the PingPong tiles'
-// mainloops slow down, on rows off 128-byte lines (calibration.h unaligned_rows_efficiency).
+// other warp group's mainloop: priced so (Division::priced; both warp groups' epilogues at once,
+// calibration.h row_group_cooperative_epilogue_share), it wins where the PingPong tiles' mainloops
+// slow down (rows off 128-byte lines, calibration.h unaligned_rows_efficiency; the H100's
+// PingPong rates, calibration.cpp device_model) and where long epilogues pace the job (a chain of
+// reductions at K = 1024: 2.40x cuBLAS against PingPong 64x128's 3.08x on the H100, bench/NOTES.md
+// Stop 54); at the H200's prefill shapes PingPong keeps it (RMSNorm 8192x4096x4096 1.000x against
+// cooperative's 1.078x).
 // 64x64 only for a gated GEMM: its wgmma covers 128 columns (B's and the gate's), the plain 64x128's.
 constexpr TileShape kTiles[] = {{64, 256}, {128, 128}, {64, 128}, {128, 256, 2}, {64, 64}};
 constexpr int kClusterMs[] = {2, 1};
@@ -224,11 +229,6 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
                                                       g, n_tiles, ks));
           continue;
         }
-        // Cooperative tiles unforced only where measured: on rows off 128-byte lines. On aligned
-        // rows PingPong hides the epilogue (RMSNorm 8192x4096x4096 1.078x cuBLAS cooperative against
-        // 1.000x), and where the model would still take them (a long chain at 1024x4096x1024) they
-        // were not measured.
-        if (ts.wgs > 1 && !rows_off_128_byte_lines(p) && !(opt.tile_m && opt.tile_n)) continue;
         const int64_t k_blocks = ceil_div64(p.k, Sm90::kTileK);
         if (ks > 1 && !opt.k_splits) {
           // Only where the jobs leave SMs idle, one N-tile a CTA, and each split has k-blocks to stream.
@@ -276,7 +276,7 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
         const double unaligned_rows = rows_off_128_byte_lines(p) && jobs_per_cta > 1
                                           ? lookup(tun.unaligned_rows_efficiency, tile_key)
                                           : 1.0;
-        const double eff = lookup(tun.row_group_mainloop_efficiency, tile_key) *
+        const double eff = lookup(tun.row_group_mainloop_efficiency, tile_key) * (ts.wgs > 1 ? 1.0 : dev.pingpong(tile_key)) *
                            (cm > 1 ? 1.0 : tun.row_group_no_multicast_efficiency) * unaligned_rows;
         // A CTA's share of a tile's MACs (all rows: the tensor cores compute the tile's rows past M too).
         const double t_tile = 2.0 * ts.tile_m * ts.tile_n * b_operands * double(p.k) / ks / (dev.sm_flops_per_s * eff) * 1e6;
@@ -398,12 +398,15 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
       continue;
     }
     // The ring depth is known only now (what the epilogue's SMEM leaves): a shallow ring
-    // starves the mainloop.
-    const double ring = lookup(tun.row_group_ring_efficiency, c.k.ring_stages);
+    // starves the mainloop (a cooperative tile's stage counts twice: calibration.h).
+    const double ring = lookup(tun.row_group_ring_efficiency, c.k.ring_stages * c.k.wgs_per_tile);
     o.d.priced(ring, c.k.ring_stages);
     estimate_cluster(c, r);  // the DRAM floor; the times below are the row-group model's
     c.resident = o.resident;
-    c.k.begin_early = begins_early(c);
+    // A cooperative tile (128 accumulators a thread) with a long chain begins in the epilogue
+    // (calibration.h cooperative_begin_early_max_stages).
+    c.k.begin_early =
+        begins_early(c) && !(c.k.wgs_per_tile > 1 && chain.stages_in_chain > tun.cooperative_begin_early_max_stages);
     c.workspace = int64_t{c.resident} * c.k.cluster_size() * c.k.stash_workspace_bytes_per_cta();
     c.est.mainloop_us = o.d.mainloop_us;
     c.est.epilogue_us = o.d.tail_us + o.d.exchange_us;
@@ -476,9 +479,12 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
       c.why += fmt::format("; one wave: the tail holds the launch's fixed cost, {:.1f} us (calibration.h one_wave_launch_us)",
                            o.d.launch_us);
     if (ring < 1.0)
-      c.why += fmt::format("; but the epilogue's SMEM leaves {} ring stages: the mainloop runs at {:.2f} of that speed "
-                           "(MEASURED, calibration.h row_group_ring_efficiency)",
-                           c.k.ring_stages, ring);
+      c.why += fmt::format("; but the epilogue's SMEM leaves {} ring stages{}: the mainloop runs at {:.2f} of that speed "
+                           "(calibration.h row_group_ring_efficiency)",
+                           c.k.ring_stages,
+                           c.k.wgs_per_tile > 1 ? fmt::format(" (as {} of PingPong 128x128's)", c.k.ring_stages * c.k.wgs_per_tile)
+                                                : std::string(),
+                           ring);
     out.push_back(c);
   }
   // The ring depth repriced the candidates: a plan whose epilogue buffers leave a shallow ring

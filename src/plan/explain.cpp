@@ -58,6 +58,8 @@ std::string explain(const FusionSpec& s, const Plan& p) {
   o += fmt::format("plan for fusion '{}'\n", s.name);
   o += fmt::format("  problem      M={} N={} K={}, A/B {}, B layout {}\n", pr.m, pr.n, pr.k, name_of(pr.ab_dtype),
                    s.b_layout == BLayout::NK ? "nk (N x K)" : "kn (K x N)");
+  o += fmt::format("  gpu          {}{}\n", name_of(p.gpu),
+                   p.gpu == Gpu::H200 ? "" : " (the H100's model over the H200's numbers: src/plan/calibration.cpp device_model)");
   o += fmt::format("  tiles        {}x{}x{} ({}), {} x {} = {} tiles\n", p.kernel.tile_m, p.kernel.tile_n, Sm90::kTileK,
                    p.kernel.wgs_per_tile == 1 ? "PingPong: one consumer warp group per tile"
                                        : "cooperative: both consumer warp groups on one tile",

@@ -485,6 +485,7 @@ Plan assemble(const Candidate& c, const std::vector<Candidate>& cands, const Req
   for (const Candidate* x : sorted)
     if (seen.insert(key(x)).second && plan.alternatives.size() < 5) plan.alternatives.push_back(x->describe());
 
+  plan.gpu = r.dev.gpu;
   plan_detail::add_reasons(plan, chain, r.dev, r.tun, r.opt, unforced);
   return plan;
 }
@@ -536,9 +537,9 @@ Plan make_plan(const FusionSpec& s, const Problem& p, const DeviceModel& dev, co
 }
 
 Plan make_plan(const FusionSpec& s, const Problem& p, const PlanOptions& opt) {
-  return make_plan(s, p, DeviceModel{}, PlannerTunables{}, opt);
+  return make_plan(s, p, device_model(opt.gpu.value_or(Gpu::H200)), PlannerTunables{}, opt);
 }
 
-double planned_dram_bytes_per_s() { return DeviceModel{}.dram_bytes_per_s; }
+double planned_dram_bytes_per_s(Gpu gpu) { return device_model(gpu).dram_bytes_per_s; }
 
 }  // namespace comfuse

@@ -28,13 +28,12 @@ void add_reasons(Plan& plan, const ChainInfo& chain, const DeviceModel& dev, con
     r.push_back("why this configuration: " + plan.measured_config);
   if (plan.kernel.wgs_per_tile == 2)
     r.push_back(fmt::format("tile {}x{}x{}: cooperative, the {} consumer warp groups split one tile's rows ({} each); "
-                            "the epilogue is not overlapped with a mainloop, which measured cheaper than PingPong's "
-                            "smaller tiles {}", plan.kernel.tile_m, plan.kernel.tile_n, Sm90::kTileK,
+                            "the epilogue is not overlapped with a mainloop but both warp groups run theirs at once, "
+                            "and the tile reads the fewest bytes a MAC{}", plan.kernel.tile_m, plan.kernel.tile_n, Sm90::kTileK,
                             plan.kernel.consumer_wgs, plan.kernel.tile_m / 2,
                             rows_off_128_byte_lines(p)
-                                ? fmt::format("where A's rows miss 128-byte lines (K = {}: every TMA box row straddles "
-                                              "two, and this tile reads the fewest a MAC)", p.k)
-                                : std::string("at this size")));
+                                ? fmt::format(" (A's rows miss 128-byte lines, K = {}: every TMA box row straddles two)", p.k)
+                                : std::string()));
   else r.push_back(fmt::format(
       "tile {}x{}x{}: PingPong, each of the {} consumer warp groups owns a {}x{} accumulator "
       "(~{} registers/thread with {} live tile value(s), limit {}); tile_k {} = one 128-byte {} row per TMA box{}",

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <map>
+#include <mutex>
 #include <optional>
 
 #include "comfuse/lower.h"
@@ -111,9 +113,34 @@ std::vector<uint64_t> FusedKernel::trace() const {
   return words;
 }
 
+std::optional<Gpu> gpu_of_this_device() {
+  static std::mutex mu;
+  static std::map<int, std::optional<Gpu>> known;  // by device ordinal: the properties query is slow
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    cudaGetLastError();  // no device (a CPU-only machine): not an error here
+    return std::nullopt;
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = known.find(dev); it != known.end()) return it->second;
+  cudaDeviceProp prop{};
+  std::optional<Gpu> g;
+  if (cudaGetDeviceProperties(&prop, dev) != cudaSuccess) cudaGetLastError();
+  else if (prop.major == 9) {
+    const std::string_view name(prop.name);  // "NVIDIA H200", "NVIDIA H100 80GB HBM3", "NVIDIA GH200 480GB"
+    g = name.find("H200") != std::string_view::npos && name.find("GH200") == std::string_view::npos ? Gpu::H200 : Gpu::H100;
+  }
+  return known[dev] = g;
+}
+
+PlanOptions planned_for_this_device(PlanOptions o) {
+  if (!o.gpu) o.gpu = gpu_of_this_device();
+  return o;
+}
+
 CompiledKernel compile_only(const FusionSpec& spec, const Problem& problem, const CompileOptions& opt,
                             EmittedKernel* emitted, Plan* plan) {
-  Plan p = make_plan(spec, problem, opt.plan);
+  Plan p = make_plan(spec, problem, planned_for_this_device(opt.plan));
   EmittedKernel k = emit(spec, p);
   KernelSource src{spec.name, k.source, k.entry, {}};
   if (opt.trace) src.flags.push_back("-DCOMFUSE_TRACE");
@@ -127,7 +154,7 @@ CompiledKernel compile_only(const FusionSpec& spec, const Problem& problem, cons
 
 CompiledKernel compile_only_b2b(const FusionSpec& first, const FusionSpec& second, const B2bProblem& problem,
                                 const CompileOptions& opt, EmittedKernel* emitted, B2bPlan* plan) {
-  B2bPlan p = make_b2b_plan(first, second, problem, opt.plan);
+  B2bPlan p = make_b2b_plan(first, second, problem, planned_for_this_device(opt.plan));
   EmittedKernel k = emit_b2b(first, second, p);
   KernelSource src{first.name + "_b2b", k.source, k.entry, {}};
   if (opt.trace) src.flags.push_back("-DCOMFUSE_TRACE");
@@ -184,7 +211,7 @@ FusedKernel FusedKernel::build_unfused(const FusionSpec& first, const FusionSpec
   auto st = std::make_unique<State>();
   st->spec = first;
   st->second = second;
-  const UnfusedPair pair = unfused_pair(first, second, opt.plan);
+  const UnfusedPair pair = unfused_pair(first, second, planned_for_this_device(opt.plan));
   for (const FusionSpec& k : pair.kernels) st->parts.push_back(build(k, problem_of(k, dims), opt));
   for (const RuntimeArg& a : pair.intermediates) {
     State::Intermediate& i = st->intermediates.emplace_back();
@@ -505,7 +532,7 @@ FusedKernel compile(const Graph& g, const Bindings& dims, const CompileOptions& 
     const FusionSpec &f = r.regions[static_cast<size_t>(b->first_region)].spec,
                      &e = r.regions[static_cast<size_t>(b->second_region)].spec;
     const B2bProblem p = b2b_problem_of(f, e, dims);
-    if (choose_b2b(f, e, p, opt.plan).one_kernel) return FusedKernel::build_b2b(f, e, p, opt);
+    if (choose_b2b(f, e, p, planned_for_this_device(opt.plan)).one_kernel) return FusedKernel::build_b2b(f, e, p, opt);
     return FusedKernel::build_unfused(f, e, dims, opt);
   }
   if (r.regions.size() != 1 || !r.fallbacks.empty())

@@ -72,6 +72,22 @@ TEST(B2b, PlanLayoutAndIntermediate) {
   EXPECT_EQ(a.gemm1_passes, 1);
 }
 
+// A B2B plan for the H100 (PlanOptions::gpu) prices its unfused kernels as the H100's planner
+// plans them (GEMM2, a cast over 2048 tiles of 128x128, on cooperative tiles there, PingPong on
+// the H200), and explain names the GPU.
+TEST(B2b, PlansForTheGpuItIsTold) {
+  Pair ffn = lowered("ffn.cf");
+  const B2bProblem pr{1, 8192, 1024, 4096, 4096, DType::BF16};
+  PlanOptions h100, h200;
+  h100.gpu = Gpu::H100, h200.gpu = Gpu::H200;
+  h100.b2b = h200.b2b = PlanOptions::B2b::Force;
+  const B2bPlan a = make_b2b_plan(ffn.first(), ffn.second(), pr, h100), b = make_b2b_plan(ffn.first(), ffn.second(), pr, h200);
+  EXPECT_EQ(a.gpu, Gpu::H100);
+  EXPECT_EQ(b.gpu, Gpu::H200);
+  EXPECT_NE(a.unfused_us, b.unfused_us);
+  EXPECT_NE(explain(ffn.first(), ffn.second(), a).find("gpu          H100"), std::string::npos);
+}
+
 // A causal mask before the softmax: the plan sets B2bConfig::causal (a job walks only the chunks
 // of N1 that reach its rows; a CTA's two warp groups take a row block and its mirror). The
 // estimate prices the busiest SM: at M = N1 = 8192 (128 row blocks, 64 CTAs, one pair each) CTA

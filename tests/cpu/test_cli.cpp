@@ -141,6 +141,19 @@ TEST_F(Cli, ExplainLayerNormAtLargeShape) {
   EXPECT_TRUE(has(bad_pairs.err, "--pairs: three not in {one-round,two-rounds}")) << bad_pairs.err;
 }
 
+// The GPU planned for: the one --gpu-model names (without it this machine's, else the H200; the
+// H100 takes cooperative 128x256 at this prefill shape, calibration.cpp device_model).
+TEST_F(Cli, ExplainNamesTheGpuItPlansFor) {
+  const std::string ln = "explain '" + example("gemm_layernorm.cf") + "' --shape 4096,8192,4096";
+  Result h200 = comfuse(ln + " --gpu-model h200"), h100 = comfuse(ln + " --gpu-model h100");
+  ASSERT_EQ(h200.rc, 0) << h200.err;
+  ASSERT_EQ(h100.rc, 0) << h100.err;
+  EXPECT_TRUE(has(h200.out, "gpu          H200\n")) << h200.out;
+  EXPECT_TRUE(has(h200.out, "(PingPong")) << h200.out;
+  EXPECT_TRUE(has(h100.out, "gpu          H100 (")) << h100.out;
+  EXPECT_TRUE(has(h100.out, "128x256x64 (cooperative")) << h100.out;
+}
+
 TEST_F(Cli, ExplainForcedOptions) {
   Result r = comfuse("explain '" + example("gemm_layernorm.cf") +
                      "' --shape 8192,4096,4096 --cluster-n 16 --tile-n 256 --aggregation p2p");
@@ -311,7 +324,8 @@ TEST_F(Cli, UsageErrorsExitTwo) {
            {"--strategy bogus", "--strategy: bogus not in {on-chip,smem-stash,workspace-stash}"},
            {"--stash bogus", "--stash: bogus not in {fp32,bf16}"},
            {"--pairs bogus", "--pairs: bogus not in {one-round,two-rounds}"},
-           {"--cluster-n 3", "--cluster-n: 3 not in {1,2,4,8,16}"}}) {
+           {"--cluster-n 3", "--cluster-n: 3 not in {1,2,4,8,16}"},
+           {"--gpu-model a100", "not a GPU the planner models (h200, h100): a100"}}) {
     for (const char* cmd : {"explain", "emit", "compile", "run"}) {
       SCOPED_TRACE(std::string(cmd) + " " + opt);
       Result r = comfuse(cmd + ln + " " + opt);

@@ -203,6 +203,7 @@ class EmitCompile : public ::testing::Test {
   void SetUp() override {
     cache_ = std::filesystem::temp_directory_path() / ("comfuse-emit-test-" + std::to_string(::getpid()));
     opt_.jit.cache_dir = cache_;
+    opt_.plan.gpu = Gpu::H200;  // the H200's plans on any machine (the runtime plans for the GPU it finds)
   }
   void TearDown() override { std::filesystem::remove_all(cache_); }
   std::filesystem::path cache_;
@@ -228,22 +229,42 @@ TEST_F(EmitCompile, EveryExampleRegionCompiles) {
 // The planner's kernels at the shapes bench/RESULTS.md times keep their values in registers:
 // ptxas spills nothing (a spill inside the epilogue's unrolled stages costs more than the
 // reductions' shorter chains gain: bench/NOTES.md, "Reduction chains"). Plans with small known
-// stacks (the vocabulary rows' several N-tiles a job, wide N's 64x256 tiles) are not listed.
+// stacks (the vocabulary rows' several N-tiles a job, wide N's 64x256 tiles) are not listed. One
+// known spill is allowed: the five-reduction chain on a cooperative 128x256 tile (128 accumulators
+// a thread) spills 52 B and ran 22% faster than PingPong 64x128's spill-free kernel (117.7 against
+// 150.7 us at 4096 x 4096 x 1024 on an H100, bench/NOTES.md Stop 54); the latter is checked too.
 TEST_F(EmitCompile, PlannerKernelsDoNotSpill) {
   struct Case {
     const char* example;
     int64_t m, n, k;
+    PlanOptions plan = {};
+    int allowed_spill = 0, allowed_stack = 0;
   };
-  for (const Case& c : {Case{"gemm_chain", 4096, 4096, 1024}, Case{"gemm_layernorm", 8192, 4096, 4096},
+  PlanOptions pingpong;
+  pingpong.tile_m = 64, pingpong.tile_n = 128, pingpong.cluster_m = 2;
+  for (const Case& c : {Case{"gemm_chain", 4096, 4096, 1024, {}, 64, 32}, Case{"gemm_chain", 4096, 4096, 1024, pingpong},
+                        Case{"gemm_chain", 1024, 4096, 1024, {}, 64, 32}, Case{"gemm_layernorm", 8192, 4096, 4096},
                         Case{"gemm_softmax", 256, 4096, 4096}, Case{"gemm_softmax", 1024, 4096, 1024},
                         Case{"gemm_rmsnorm", 1, 2048, 4096}, Case{"gemm_residual_layernorm", 8192, 1024, 1024}}) {
     Graph g = parse_graph_file((kRoot / "examples" / (std::string(c.example) + ".cf")).string());
     const LoweringResult r = lower(g);
-    CompiledKernel k = compile_only(r.regions.at(0).spec, shape(c.m, c.n, c.k), opt_);
-    const std::string what = fmt::format("{} {}x{}x{}", c.example, c.m, c.n, c.k);
-    EXPECT_EQ(k.spill_bytes, 0) << what << "\n" << k.log;
-    EXPECT_EQ(k.stack_bytes, 0) << what;
+    CompileOptions opt = opt_;
+    opt.plan = c.plan;
+    opt.plan.gpu = Gpu::H200;
+    CompiledKernel k = compile_only(r.regions.at(0).spec, shape(c.m, c.n, c.k), opt);
+    const std::string what = fmt::format("{} {}x{}x{}{}", c.example, c.m, c.n, c.k, c.plan.tile_m ? " (PingPong)" : "");
+    EXPECT_LE(k.spill_bytes, c.allowed_spill) << what << "\n" << k.log;
+    EXPECT_LE(k.stack_bytes, c.allowed_stack) << what;
   }
+}
+
+// The runtime plans for the GPU it finds unless told one: an explicit GPU stays; unset takes
+// this machine's (none without a device or driver: the planner's default, the H200).
+TEST_F(EmitCompile, RuntimePlansForTheGpuItFinds) {
+  PlanOptions told;
+  told.gpu = Gpu::H100;
+  EXPECT_EQ(planned_for_this_device(told).gpu, Gpu::H100);
+  EXPECT_EQ(planned_for_this_device(PlanOptions{}).gpu, gpu_of_this_device());
 }
 
 // 2-D clusters (forced: B multicast along M beside A along N, the row over DSMEM among a

@@ -124,6 +124,7 @@ void compile_first_forced_plan_of_each_example(const std::vector<Case>& cases, P
     CompileOptions o;
     o.jit.cache_dir = cache;
     o.plan = c.opt;
+    o.plan.gpu = Gpu::H200;  // the plan the first step checked (compile_only plans for the GPU it finds)
     const CompiledKernel k = compile(c, o);
     EXPECT_TRUE(is_cubin_elf(k.cubin)) << c.what;
     EXPECT_FALSE(k.wgmma_serialized) << c.what << "\n" << k.log;

@@ -55,36 +55,46 @@ TEST(Plan, TileInputsKeepNothingInSmem) {
 // row_group_tile_input_pass_us): at 8192 x 1024 x 1024 the job's epilogue is twice the
 // mainloop, and the estimate meets the measured 47.8-48.4 us (128x128 row groups of 8, which
 // measured faster than 64x128's 53.4 us and as fast as 64x256's 47.4), where it was 40.0 without.
-// (Read from L2: the ring's SMEM reads are TileInputsRideTheRing's.)
+// (Read from L2: the ring's SMEM reads are TileInputsRideTheRing's.) Among PingPong tiles (tile_n
+// 128: the unforced plan is cooperative 128x256, both warp groups' epilogues at once, 40.8 us).
 TEST(Plan, ResidualReadsArePricedInTheEpilogue) {
   const DeviceModel dev;
   const FusionSpec s = residual_norm(true, DType::BF16, true);
   PlanOptions from_l2;
   from_l2.ring_inputs = false;
+  from_l2.tile_n = 128;
   const Plan p = make_plan(s, prob(8192, 1024, 1024), dev, PlannerTunables{}, from_l2);
   EXPECT_EQ(p.kernel.tile_m, 128);
   EXPECT_EQ(p.kernel.tile_n, 128);
   EXPECT_NEAR(p.estimate.total_us, 48.0, 4.0);
   EXPECT_NE(explain(s, p).find("reads its 1 tile input(s) in 3.3 us (2 pass(es)"), std::string::npos) << explain(s, p);
-  const Plan plain = make_plan(layer_norm(), prob(8192, 1024, 1024), dev);
+  PlanOptions pingpong;
+  pingpong.tile_n = 128;
+  const Plan plain = make_plan(layer_norm(), prob(8192, 1024, 1024), dev, PlannerTunables{}, pingpong);
   EXPECT_GT(p.estimate.total_us, plain.estimate.total_us + 8.0);
+  const Plan unforced = make_plan(s, prob(8192, 1024, 1024), dev);
+  EXPECT_EQ(unforced.kernel.wgs_per_tile, 2);
+  EXPECT_LT(unforced.estimate.total_us, p.estimate.total_us);
 }
 
 // The root stage's 16-bit residual rides the mainloop's ring where one slot holds its tile (a
 // tile_m x 128-byte box in the slot's A part, tile_n / tile_m more in its B part) and nothing else
 // shares the slot's reads: PingPong, no split-K. The epilogue then reads SMEM, priced at
 // row_group_ring_input_pass_us a pass (measured). Anything else reads L2 and says why when forced.
+// Among PingPong tiles (tile_n 128; cooperative tiles read their inputs from L2).
 TEST(Plan, TileInputsRideTheRing) {
   const DeviceModel dev;
   const FusionSpec s = residual_norm(true, DType::BF16, true);
-  const Plan p = make_plan(s, prob(8192, 1024, 1024), dev);
+  PlanOptions pingpong;
+  pingpong.tile_n = 128;
+  const Plan p = make_plan(s, prob(8192, 1024, 1024), dev, PlannerTunables{}, pingpong);
   EXPECT_EQ(p.kernel.tile_m, 128);  // measured the fastest with the ring too (64x128 49.2 us against 46.8)
   EXPECT_NEAR(p.estimate.total_us, 46.8, 2.0);
   EXPECT_EQ(p.kernel.ring_input_bytes, p.kernel.epi_rows() * p.kernel.tile_n * 2);
   EXPECT_EQ(check(p.kernel), nullptr);
   EXPECT_NE(explain(s, p).find("tile inputs  'residual' in the ring"), std::string::npos) << explain(s, p);
   EXPECT_NE(emit(s, p).source.find("comfuse::epi::TileInput<0, cutlass::bfloat16_t, 0>"), std::string::npos);
-  PlanOptions l2;
+  PlanOptions l2 = pingpong;
   l2.ring_inputs = false;
   const Plan q = make_plan(s, prob(8192, 1024, 1024), dev, PlannerTunables{}, l2);
   EXPECT_EQ(q.kernel.ring_input_bytes, 0);

@@ -356,6 +356,7 @@ TEST(Rotary, KernelsCompileWithoutSpills) {
     const Problem p = problem_of(fs, v.d);
     CompileOptions opt;
     opt.jit.cache_dir = cache;
+    opt.plan.gpu = Gpu::H200;  // compile_only plans for the GPU it finds: the plan checked here
     if (v.tile_m) opt.plan.tile_m = v.tile_m;
     const Plan plan = make_plan(fs, p, opt.plan);
     if (v.epi_rows) {

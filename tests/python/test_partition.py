@@ -125,19 +125,21 @@ def test_gpt2_decode_c_proj_residual_layer_norm_waits_for_a_measurement(m, k):
         assert not c.info.needs_measurement
 
 
-def test_gpt2_prefill_c_proj_residual_layer_norm_falls_back():
-    """GPT-2 medium's prefill c_proj + residual + LayerNorm at K = 1024 (8192 x 1024 x 1024): each
-    job's epilogue waits about 5 us on its row group's L2 round, so the fused kernel measured
-    46.4 us (the residual through the mainloop's ring) against cuBLAS's 25.5 and Inductor's GEMM +
-    norm 43.4: the planner prices it 45.3 us, the unfused side at Inductor's measured streaming
-    rate 44.3, and the frontend leaves the region to Inductor. (At K = 4096 the planner's
-    GEMM-alone estimate, 101.6 us against cuBLAS's measured 89, still makes fusing look faster
-    where it measured 8-12% slower: bench/NOTES.md.)"""
+def test_gpt2_prefill_c_proj_residual_layer_norm_is_priced_on_cooperative_tiles():
+    """GPT-2 medium's prefill c_proj + residual + LayerNorm at K = 1024 (8192 x 1024 x 1024): on
+    PingPong 128x128 tiles each job's epilogue waited about 5 us on its row group's L2 round, and
+    the fused kernel measured 46.4 us against cuBLAS's 25.5 and Inductor's GEMM + norm 43.4 (the
+    planner priced it 45.3, and the region fell back). Cooperative 128x256 row groups run both warp
+    groups' epilogues at once (bench/NOTES.md Stop 54: residual LayerNorm 8192 x 1024 x 4096 8%
+    faster than PingPong on an H100); the planner prices them 40.8 us against the unfused 44.7 and
+    fuses on that prediction, NOT measured at this shape: on a GPU the frontend's measurement
+    (measure.py) keeps the region only where it times faster than Inductor's kernels."""
     cap = capture(module(M.Conv1DResidualLayerNorm(1024, 1024)), randn(8, 1024, 1024), randn(8, 1024, 1024, seed=1))
     c = cap.by_root("c_proj")
     assert ops_of(c) == ["addmm", "add", "native_layer_norm"]
-    assert c.info.status == "fallback" and c.info.reason.startswith("no predicted gain"), c.info.reason
-    assert c.info.fused_us >= 44.0
+    assert c.info.status == "fused", c.info.reason
+    assert c.info.plan["tile_m"] == 128 and c.info.plan["tile_n"] == 256, c.info.plan
+    assert 38.0 <= c.info.fused_us < c.info.unfused_us, c.info.reason
 
 
 @pytest.mark.parametrize("m", [1, 32])
