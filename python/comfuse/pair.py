@@ -250,8 +250,9 @@ def decide_pair(p: PairCandidate) -> None:
     if p.lowering is None or not p.lowering.is_b2b():
         info.status = "fallback"
         return
+    opts = {**config.plan_options, "b2b": mode}  # the user's plan options (e.g. gpu_model) too
     try:
-        ch = p.choice = dict(p.lowering.choose_b2b(p.dims, {"b2b": mode}))
+        ch = p.choice = dict(p.lowering.choose_b2b(p.dims, opts))
     except _core.Error as e:
         info.status, info.reason = "fallback", f"choose_b2b (b2b {mode}): {str(e).splitlines()[0]}"
         return
@@ -274,7 +275,7 @@ def decide_pair(p: PairCandidate) -> None:
         info.status = "fused"
         info.reason = f"core: {ch['reason']}; {today_txt}{at}"
     info.plan = {"kind": "b2b", "gated": bool(ch["gated"]), "dims": dict(p.dims), "explain": ch.get("explain", "")}
-    info.plan_options = {"b2b": mode}
+    info.plan_options = opts
 
 
 def form_pairs(cands: list[Candidate], next_id) -> tuple[list, list[PairCandidate]]:

@@ -226,6 +226,18 @@ def test_unknown_mode_falls_back_with_the_reason():
     assert "wants one of auto, force, off" in cap.pair("gate_proj").info.reason
 
 
+def test_config_plan_options_reach_the_pair():
+    """comfuse.config.plan_options apply to a pair's plan as to a single region's (here the GPU
+    planned for, which explain names)."""
+    comfuse.config.b2b = "force"
+    comfuse.config.plan_options = {"gpu_model": "h100"}
+    cap = capture(module(M.GPT2MLP(768, 3072)), randn(4, 256, 768))
+    p = cap.pair("c_fc")
+    assert p.info.status == "fused", p.info.reason
+    assert p.info.plan_options == {"gpu_model": "h100", "b2b": "force"}
+    assert "gpu          H100" in p.choice["explain"], p.choice["explain"]
+
+
 def test_plan_option_b2b_reaches_choose_b2b():
     g = _core.parse_graph((Path(__file__).resolve().parents[2] / "examples" / "ffn.cf").read_text())
     low = _core.lower(g)
