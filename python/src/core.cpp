@@ -76,6 +76,13 @@ nb::dict node_info(const Graph& g, int id) {
   return d;
 }
 
+// A GPU by its plan-option name (`comfuse explain --gpu-model`).
+Gpu gpu_model(const std::string& name) {
+  const std::optional<Gpu> g = gpu_named(name);
+  if (!g) throw Error("gpu_model wants h200 or h100, got '" + name + "'");
+  return *g;
+}
+
 PlanOptions plan_options(const nb::dict& o) {
   PlanOptions p;
   for (auto [k, v] : o) {
@@ -114,10 +121,8 @@ PlanOptions plan_options(const nb::dict& o) {
                       : a == "leader" ? Aggregation::LeaderFollower
                       : a == "l2" ? Aggregation::L2Exchange
                                   : throw Error("aggregation wants p2p, leader or l2, got '" + a + "'");
-    } else if (key == "gpu_model") {  // the names of `comfuse explain --gpu-model`
-      const std::string g = nb::cast<std::string>(v);
-      p.gpu = gpu_named(g);
-      if (!p.gpu) throw Error("gpu_model wants h200 or h100, got '" + g + "'");
+    } else if (key == "gpu_model") {
+      p.gpu = gpu_model(nb::cast<std::string>(v));
     } else if (key == "strategy") {
       const std::string s = nb::cast<std::string>(v);
       p.strategy = s == "on-chip" ? RowStrategy::OnChip
@@ -255,11 +260,8 @@ NB_MODULE(_core, m) {
   // Fused regions (and their specs) live in a process-wide registry until exit: not leaks.
   nb::set_leak_warnings(false);
 
-  m.def("planned_dram_bytes_per_s", [](const std::string& gpu_model) {
-          const std::optional<Gpu> g = gpu_named(gpu_model);
-          if (!g) throw Error("gpu_model wants h200 or h100, got '" + gpu_model + "'");
-          return planned_dram_bytes_per_s(*g);
-        }, "gpu_model"_a = "h200",
+  m.def("planned_dram_bytes_per_s", [](const std::string& name) { return planned_dram_bytes_per_s(gpu_model(name)); },
+        "gpu_model"_a = "h200",
         "the DRAM bandwidth the planner prices streaming traffic at on that GPU (h200 or h100), bytes/s");
   m.def("build_info", [] {
     nb::dict d;

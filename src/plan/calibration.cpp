@@ -96,10 +96,12 @@ DeviceModel device_model(Gpu gpu) {
 
 std::string_view name_of(Gpu g) { return g == Gpu::H100 ? "H100" : "H200"; }
 std::optional<Gpu> gpu_named(std::string_view name) {
-  std::string n(name);
-  std::transform(n.begin(), n.end(), n.begin(), [](unsigned char c) { return std::tolower(c); });
-  if (n == "h200") return Gpu::H200;
-  if (n == "h100") return Gpu::H100;
+  const auto same = [&](std::string_view known) {
+    return std::equal(name.begin(), name.end(), known.begin(), known.end(),
+                      [](char a, char b) { return std::tolower(static_cast<unsigned char>(a)) == std::tolower(static_cast<unsigned char>(b)); });
+  };
+  for (Gpu g : {Gpu::H200, Gpu::H100})
+    if (same(name_of(g))) return g;
   return std::nullopt;
 }
 

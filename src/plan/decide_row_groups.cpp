@@ -399,7 +399,8 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
     }
     // The ring depth is known only now (what the epilogue's SMEM leaves): a shallow ring
     // starves the mainloop (a cooperative tile's stage counts twice: calibration.h).
-    const double ring = lookup(tun.row_group_ring_efficiency, c.k.ring_stages * c.k.wgs_per_tile);
+    const int ring_as_pingpong = c.k.ring_stages * c.k.wgs_per_tile;
+    const double ring = lookup(tun.row_group_ring_efficiency, ring_as_pingpong);
     o.d.priced(ring, c.k.ring_stages);
     estimate_cluster(c, r);  // the DRAM floor; the times below are the row-group model's
     c.resident = o.resident;
@@ -482,7 +483,7 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
       c.why += fmt::format("; but the epilogue's SMEM leaves {} ring stages{}: the mainloop runs at {:.2f} of that speed "
                            "(calibration.h row_group_ring_efficiency)",
                            c.k.ring_stages,
-                           c.k.wgs_per_tile > 1 ? fmt::format(" (as {} of PingPong 128x128's)", c.k.ring_stages * c.k.wgs_per_tile)
+                           c.k.wgs_per_tile > 1 ? fmt::format(" (as {} of PingPong 128x128's)", ring_as_pingpong)
                                                 : std::string(),
                            ring);
     out.push_back(c);
