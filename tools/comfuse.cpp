@@ -283,8 +283,9 @@ std::vector<CLI::Option*> add_plan_options(CLI::App* cmd, ExplainArgs& ex) {
                       "(dsmem; no multicast along M), or through the L2 workspace (l2)")
           ->check(CLI::IsMember({"dsmem", "l2"})),
       cmd->add_option("--split-k-gather", ex.split_k_gather,
-                      "split-K through L2 at decode rows: the owner's warp group sums the partial rows in SMEM "
-                      "(smem; the default where they fit beside the ring) or each thread loads its own "
+                      "split-K through L2: the owner's warp group sums the partial rows (decode rows, or the whole "
+                      "tile) in SMEM, their loads in flight together (smem; the default where they fit beside "
+                      "the ring; forced, the ring gives up stages for them) or each thread loads its own "
                       "accumulators' partials (registers)")
           ->check(CLI::IsMember({"smem", "registers"})),
       cmd->add_option("--stash", ex.stash, "row groups: stash element, fp32 or bf16")->check(CLI::IsMember({"fp32", "bf16"})),

@@ -68,9 +68,10 @@ struct PlanOptions {
   // Force split-K's partial tiles over DSMEM, the K-splits of a tile in one hardware cluster
   // (true), or through the L2 workspace (false).
   std::optional<bool> splits_in_cluster;
-  // Split-K through L2 at decode rows: the owner's warp group sums the partial rows in SMEM
-  // (true; KernelConfig::split_gather_rows, the default where they fit beside the ring) or each
-  // thread loads its own accumulators' partials (false).
+  // Split-K through L2: the owner's warp group sums the partial rows (decode rows, or the whole
+  // tile) in SMEM (true; KernelConfig::split_gather_rows: the default where they fit beside the
+  // ring as planned; forced, the ring gives up stages for them) or each thread loads its own
+  // accumulators' partials (false).
   std::optional<bool> split_gather_in_smem;
   std::optional<int> stash_bytes;             // force the stash element: 4 (fp32) or 2 (bf16)
   std::optional<bool> fuse_pairs;             // true / false: every pair in one round / two (A/B)

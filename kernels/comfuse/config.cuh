@@ -150,10 +150,11 @@ struct KernelConfig {
   // nothing stores or reduces with rows < M. A compile-time choice: a runtime one cost full-box
   // plans 15% (a 64x64 stream of B, same call).
   int a_box_rows = 0;
-  // Split-K through L2 at decode rows (a_box_rows > 0): the owner's warp group sums the other
-  // splits' partial rows in SMEM, every thread a share of them (scheduler/split_k.cuh
-  // SplitK::gather), where this many rows (a_box_rows) fit beside the ring; 0: each thread loads
-  // its own accumulators' partials, which leaves the loads to the one or two warps holding rows < M.
+  // Split-K through L2: the owner's warp group sums the other splits' partial rows in SMEM, every
+  // thread a share of them, their loads in flight together (scheduler/split_k.cuh SplitK::gather):
+  // this many rows, A's box at decode (a_box_rows > 0), else the warp group's whole tile
+  // (epi_rows()); 0: each thread loads its own accumulators' partials, a row slot at a time, which
+  // leaves the loads to the one or two warps holding rows < M at decode.
   int split_gather_rows = 0;
   // Some pair of row reductions (a mean and variance, a max and sum of exp) merges in one round
   // (Plan::fused_pairs) and a run may hold a job of 9 to 32 rows (pair_hand_over_rows): the L2
@@ -277,6 +278,9 @@ struct KernelConfig {
   COMFUSE_HOST_DEVICE constexpr int split_hand_over_bytes() const {
     return splits_in_cluster ? align_up(accumulators() * 32 * 4 + 16, 128) : 0;
   }
+  // The rows the owner's warp group sums in SMEM where it does (split_gather_rows): the rows A's
+  // box holds at decode, else the warp group's tile.
+  COMFUSE_HOST_DEVICE constexpr int split_gather_rows_wanted() const { return a_box_rows > 0 ? a_box_rows : epi_rows(); }
   // The owner warp group's staging of the summed partial rows (split_gather_rows): fp32, mma_n() a row.
   COMFUSE_HOST_DEVICE constexpr int split_gather_bytes() const { return split_gather_rows * mma_n() * 4; }
   // Its loads (scheduler/split_k.cuh add_staged): each thread's share of the rows' runs of four
@@ -388,8 +392,9 @@ COMFUSE_HOST_DEVICE constexpr char const* check(KernelConfig const& c) {
   if (c.gated && (c.n_tiles != 1 || c.row_reduction)) return "a gated GEMM: an elementwise epilogue, one N-tile a job";
   if (c.a_box_rows != 0 && (c.a_box_rows % 8 != 0 || c.a_box_rows >= c.tile_m || c.a_slices() != 1))
     return "a_box_rows: a multiple of 8 below tile_m, without A multicast (cluster_n = 1)";
-  if (c.split_gather_rows != 0 && (!c.splits_through_l2() || c.a_box_rows == 0 || c.split_gather_rows != c.a_box_rows))
-    return "split_gather_rows: split-K through L2 with a short A box (a_box_rows), as many rows as it";
+  if (c.split_gather_rows != 0 && (!c.splits_through_l2() || c.split_gather_rows != c.split_gather_rows_wanted()))
+    return "split_gather_rows: split-K through L2, as many rows as A's short box (a_box_rows) or else the warp "
+           "group's tile (epi_rows)";
   if (c.ring_input_bytes < 0) return "ring_input_bytes < 0";
   if (c.ring_input_bytes > 0 && c.wgs_per_tile != 1)
     return "tile inputs in the ring: the PingPong schedule (one warp group reads a tile's slot)";

@@ -68,6 +68,27 @@ int single_row_block_k_splits(const Problem& p, const DeviceModel& dev) {
   return splits;
 }
 
+// One row block of 17..64 rows at mid K, an elementwise epilogue: 64x64 tiles put B on only
+// N / 64 SMs, each streaming all of K; with K split over S CTAs a tile, N / 64 x S SMs stream
+// K / S each, and the owner's warp group sums S - 1 partial 64x64 tiles (16 KiB each) in SMEM
+// (KernelConfig::split_gather_rows). Where 64x128 tiles split the same way, the owner's gather of
+// 32 KiB partials costs more than the SMs it adds. MEASURED on the H100, against 64x64 alone
+// (bench/sweeps/split_gather_whole_tiles.txt, narrow_tile_split_k.txt; a cast unless said, us):
+// the small FFN's GEMM2 64 x 1024 x 3072 9.4 -> 7.5 (S = 4; S = 8 on 128 CTAs 8.2; 64x128 with
+// S = 8 10.6, S = 16 27.3), with bias + GELU 9.9 -> 7.9; 32 x 1024 x 3072 10.3 -> 7.0;
+// 64 x 768 x 3072 9.3 -> 7.6; 64 x 1024 x 4096 11.8 -> 8.1; 64 x 2048 x 4096 11.9 -> 10.2 (S = 2);
+// at K = 2048 it loses (48 x 2048 x 2048, S = 2: 7.7 -> 8.0).
+// S: the most splits, up to 4, whose CTAs take at most half the SMs, at least 12 k-blocks each,
+// where K >= 3072.
+int narrow_tile_k_splits(const Problem& p, const DeviceModel& dev) {
+  if (p.m <= 16 || p.m > 64 || p.k < 3072) return 0;
+  const int64_t tiles = (p.n + 63) / 64;
+  int splits = 0;
+  for (int s = 2; s <= 4; s *= 2)
+    if (tiles * s <= dev.sm_count / 2 && p.k / s >= 12 * Sm90::kTileK) splits = s;
+  return splits;
+}
+
 DeviceModel device_model(Gpu gpu) {
   DeviceModel d;
   d.gpu = gpu;
@@ -163,6 +184,13 @@ MeasuredConfig measured_elementwise_config(const Problem& p, const DeviceModel& 
                           "on B where 64x64 alone puts {}; measured 1.1-1.8x faster at K >= 11008, 1.07-1.33x at K = "
                           "4096 with M <= 16)",
                           p.k, splits, (p.n + 127) / 128 * splits, (p.n + 63) / 64),
+              splits};
+    if (const int splits = narrow_tile_k_splits(p, dev); may_split_k && few_tiles && splits > 1)
+      return {64, 64, 1, 1, 1, kStreamRing, 8, false,
+              fmt::format("M <= 64, one row block, K = {}: PingPong 64x64 with K split over {} CTAs a tile ({} CTAs on "
+                          "B where 64x64 alone puts {}), the owner summing 16 KiB partials in SMEM (measured 1.2-1.5x "
+                          "faster at K = 3072-4096 on the H100)",
+                          p.k, splits, (p.n + 63) / 64 * splits, (p.n + 63) / 64),
               splits};
     if (few_tiles)
       return {64, 64, 1, 1, 1, kStreamRing, 8, true,

@@ -195,7 +195,8 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
   for (const TileShape& ts : kTiles) {
     if (opt.tile_m && *opt.tile_m != ts.tile_m) continue;
     if (opt.tile_n && *opt.tile_n != ts.tile_n) continue;
-    if (ts.tile_n == 64 && !r.spec.gated()) continue;
+    // 64-column tiles: the gated tile's (both halves one 128-column wgmma), or where forced.
+    if (ts.tile_n == 64 && !r.spec.gated() && !opt.tile_n) continue;
     for (int cm : kClusterMs) {
       if (opt.cluster_m && *opt.cluster_m != cm) continue;
       const int resident = dev.resident(cm);

@@ -427,22 +427,25 @@ Plan assemble(const Candidate& c, const std::vector<Candidate>& cands, const Req
   // All of M in one row block's fewer rows (decode): A's boxes hold only those (KernelConfig::a_box_rows).
   if (const int rows = align_up(static_cast<int>(std::min<int64_t>(r.p.m, k.tile_m)), 8); rows < k.tile_m && k.a_slices() == 1)
     plan.kernel.a_box_rows = rows;
-  // Split-K through L2 at those rows: the owner's whole warp group sums the partial rows in SMEM
-  // (KernelConfig::split_gather_rows) where they fit beside the ring as planned, not at a ring
-  // stage's cost.
+  // Split-K through L2: the owner's whole warp group sums the partial rows in SMEM
+  // (KernelConfig::split_gather_rows: decode rows, or the whole tile), their loads in flight
+  // together, by default where they fit beside the ring as planned, not at a ring stage's cost
+  // (measured 1-7% faster than each thread's own loads at whole 64x64 tiles,
+  // bench/sweeps/split_gather_whole_tiles.txt). Where asked for (--split-k-gather smem), the ring
+  // gives up the stages the staging needs.
   if (r.opt.split_gather_in_smem.value_or(true)) {
     KernelConfig with = plan.kernel;
-    with.split_gather_rows = with.a_box_rows;
-    const bool fits = with.a_box_rows > 0 && with.splits_through_l2() && !check(with) &&
-                      with.smem_bytes() <= r.dev.smem_per_cta_bytes;
+    with.split_gather_rows = with.split_gather_rows_wanted();
+    const bool asked = r.opt.split_gather_in_smem.value_or(false);
+    if (with.splits_through_l2() && asked)
+      while (with.smem_bytes() > r.dev.smem_per_cta_bytes && with.ring_stages > 2) --with.ring_stages;
+    const bool fits = with.splits_through_l2() && !check(with) && with.smem_bytes() <= r.dev.smem_per_cta_bytes;
     if (fits) plan.kernel = with;
-    else if (r.opt.split_gather_in_smem)
+    else if (asked)
       throw Error(fmt::format(
           "plan: split-K's partial rows summed in SMEM were asked for, but {}",
           !with.splits_through_l2() ? "the plan has no split-K through L2 (force k_splits >= 2, the partials through L2)"
-          : with.a_box_rows == 0    ? "A's boxes hold the whole tile (M fills it, or A is multicast along N): only decode "
-                                      "rows in a short box are summed so"
-                                    : fmt::format("their {} B beside the {}-stage ring exceed the SMEM a CTA may use",
+                                    : fmt::format("their {} B beside a {}-stage ring exceed the SMEM a CTA may use",
                                                   Sm90::kConsumerWGs * with.split_gather_bytes(), with.ring_stages)));
   }
   plan.fused_pairs = plan_detail::fuse_pairs(chain, r.opt, k.n_tiles, k.aggregation, k.row_peers());
@@ -508,7 +511,7 @@ Plan make_plan(const FusionSpec& s, const Problem& p, const DeviceModel& dev, co
   if (chain.segment > 0) cands = segment_tiles(std::move(cands), r, why);
   if (cands.empty()) {
     if (kind == PlanKind::RowGroups && plan_detail::row_groups_forced(opt))
-      throw Error(fmt::format("plan: no row-group plan (PingPong 64x256, 128x128 or 64x128 (64x64 gated), or "
+      throw Error(fmt::format("plan: no row-group plan (PingPong 64x256, 128x128 or 64x128 (64x64 gated or forced), or "
                               "cooperative 128x256 with one N-tile a CTA and no split-K; clusters of 1 or 2 along M; row groups of 1..64 "
                               "clusters resident at once; <= 64 N-tiles per CTA) fits the forced options for {} x {} x {}:{}", p.m, p.n, p.k, why.str()));
     throw Error(fmt::format("plan: nothing fits for {} x {} x {} ({} reductions{}):{}", p.m, p.n, p.k,

@@ -683,7 +683,7 @@ TEST(Plan, OneWaveElementwisePaysItsLaunchAndStream) {
 // measured at 8 to 64 such tiles, 4-5% slower at 96 and 128), and with two or more row blocks of
 // 64 it pairs them along M to share B (multicast: 128 x 16384 x 4096 52.1 -> 40.9 us, 256 x 4096 x
 // 4096 24.4 -> 17.7 against pairs along N sharing A); one row block pairs along N (64 x 128) or
-// runs alone (64 x 64). Pairs take 64 x 192 tiles where 128 columns would leave a partial second
+// runs alone (64 x 64), at K >= 3072 with K split (Plan.NarrowTilesSplitKAtMidK). Pairs take 64 x 192 tiles where 128 columns would leave a partial second
 // round of clusters (128 x 11008 x 4096: 58 blocks of 192 in one round against 86 of 128 for 66
 // clusters; the SwiGLU FFN of Llama-2-7B 99.5 -> 89.8 us, bench/NOTES.md Stop 33). The estimates
 // follow the shared-B rate (bench/sweeps/one_wave_tiles.txt, one_wave_rule.txt,
@@ -696,7 +696,7 @@ TEST(Plan, SmallMElementwiseSpreadsAndSharesB) {
     double measured_us;  // `comfuse run` (two calls: their mean); 0: not measured with this plan
   };
   for (const Case& c :
-       {Case{64, 3072, 1024, 64, 1, 1, 1, 5.3}, Case{64, 1024, 3072, 64, 1, 1, 1, 10.0},
+       {Case{64, 3072, 1024, 64, 1, 1, 1, 5.3}, Case{64, 1024, 3072, 64, 1, 1, 4, 7.5},
         Case{1, 4096, 1024, 64, 1, 1, 1, 6.5}, Case{32, 4096, 1024, 64, 1, 1, 1, 5.8},
         Case{64, 16384, 4096, 128, 1, 2, 1, 0}, Case{128, 4096, 16384, 128, 2, 1, 2, 43.6},
         Case{256, 2048, 4096, 64, 2, 1, 1, 13.0}, Case{192, 4096, 4096, 128, 2, 1, 1, 22.5},
@@ -735,7 +735,7 @@ TEST(Plan, DecodeLongKSplitsOverTheSms) {
   };
   for (const Case& c : {Case{1, 4096, 4096, 128, 4}, Case{16, 4096, 4096, 128, 4}, Case{1, 4096, 11008, 128, 4},
                         Case{32, 4096, 14336, 128, 4}, Case{1, 2048, 4096, 128, 8}, Case{32, 4096, 4096, 64, 1},
-                        Case{64, 2048, 4096, 64, 1}, Case{1, 4096, 1024, 64, 1}}) {
+                        Case{1, 4096, 1024, 64, 1}}) {
     const std::string at = fmt::format("{}x{}x{}", c.m, c.n, c.k);
     const Plan e = make_plan(ew, prob(c.m, c.n, c.k), full_device(), {}, {});
     EXPECT_EQ(e.kernel.tile_n, c.tile_n) << at;
@@ -749,6 +749,36 @@ TEST(Plan, DecodeLongKSplitsOverTheSms) {
   PlanOptions forced;
   forced.k_splits = 2;
   EXPECT_EQ(make_plan(rms, prob(1, 4096, 14336), full_device(), {}, forced).kernel.k_splits, 2);
+}
+
+// One row block of 17..64 rows at mid K (K >= 3072) with an elementwise epilogue: 64x64 tiles
+// with K split over up to 4 CTAs a tile, as many as take at most half the SMs, the owner summing
+// the partials in SMEM (calibration.cpp narrow_tile_k_splits; bench/sweeps/narrow_tile_split_k.txt:
+// the small FFN's GEMM2 64 x 1024 x 3072 9.4 -> 7.5 us on the H100). Not at K = 2048 (measured
+// slower), not at decode rows (their own rule), not where 64x64 tiles already take half the SMs.
+// (A row reduction's split is the row-group model's.)
+TEST(Plan, NarrowTilesSplitKAtMidK) {
+  const FusionSpec ew = bias_gelu();
+  struct Case {
+    int64_t m, n, k;
+    int k_splits, gather_rows;
+  };
+  for (const Case& c : {Case{64, 1024, 3072, 4, 64}, Case{32, 1024, 3072, 4, 32}, Case{64, 768, 3072, 4, 64},
+                        Case{64, 2048, 4096, 2, 64}, Case{48, 2048, 2048, 1, 0}, Case{16, 1024, 3072, 1, 0},
+                        Case{64, 4096, 4096, 1, 0}}) {
+    const std::string at = fmt::format("{}x{}x{}", c.m, c.n, c.k);
+    const Plan e = make_plan(ew, prob(c.m, c.n, c.k), full_device(), {}, {});
+    EXPECT_EQ(e.kernel.tile_m, 64) << at;
+    EXPECT_EQ(e.kernel.tile_n, 64) << at;
+    EXPECT_EQ(e.kernel.k_splits, c.k_splits) << at;
+    EXPECT_EQ(e.kernel.split_gather_rows, c.gather_rows) << at;
+    EXPECT_LE(e.kernel.smem_bytes(), Sm90::kSmemCapacity) << at;
+  }
+  PlanOptions own;  // each thread its own partials: the same split, nothing staged
+  own.split_gather_in_smem = false;
+  const Plan p = make_plan(ew, prob(64, 1024, 3072), full_device(), {}, own);
+  EXPECT_EQ(p.kernel.k_splits, 4);
+  EXPECT_EQ(p.kernel.split_gather_rows, 0);
 }
 
 // All of M in fewer rows than one tile: A's TMA boxes hold M rounded up to 8 rows
@@ -805,12 +835,30 @@ TEST(Plan, DecodeSplitSumsPartialRowsInSmem) {
   EXPECT_EQ(check(k), nullptr);
   k.split_gather_rows = 16;
   EXPECT_NE(check(k), nullptr);  // not the box's rows
+  k.a_box_rows = 0, k.split_gather_rows = 64;
+  EXPECT_EQ(check(k), nullptr);  // a whole tile's
+  k.split_gather_rows = 16;
+  EXPECT_NE(check(k), nullptr);
+  k.a_box_rows = 8;
   k.split_gather_rows = 8, k.k_splits = 1;
   EXPECT_NE(check(k), nullptr);  // no split-K
   EXPECT_NE(explain(ew, make_plan(ew, prob(1, 4096, 4096))).find("split gather"), std::string::npos);
   PlanOptions forced;
   forced.split_gather_in_smem = true;
-  expect_error([&] { make_plan(ew, prob(64, 4096, 14336), full_device(), {}, forced); }, "hold the whole tile");
+  // Forced at whole tiles: the warp group's 64 rows, the ring giving up the stages they need.
+  forced.k_splits = 4;
+  const Plan whole = make_plan(ew, prob(64, 4096, 14336), full_device(), {}, forced);
+  EXPECT_EQ(whole.kernel.a_box_rows, 0);
+  EXPECT_EQ(whole.kernel.split_gather_rows, 64);
+  EXPECT_LT(whole.kernel.ring_stages, 8);
+  EXPECT_LE(whole.kernel.smem_bytes(), Sm90::kSmemCapacity);
+  EXPECT_EQ(whole.smem.split_gather, 2 * 64 * whole.kernel.tile_n * 4);
+  // Unforced only beside the ring as planned: 2 x 32 KiB would cost 64x128's 8-stage ring stages.
+  EXPECT_EQ(make_plan(ew, prob(64, 4096, 14336), full_device(), {}, split).kernel.split_gather_rows, 0);
+  forced.tile_m = 128, forced.tile_n = 128;  // 2 x 64 KiB of staging beside LayerNorm's: no ring leaves room
+  expect_error([&] { make_plan(layer_norm(), prob(256, 4096, 4096), full_device(), {}, forced); }, "exceed the SMEM");
+  forced = {};
+  forced.split_gather_in_smem = true;
   PlanOptions forced_dsmem = dsmem;
   forced_dsmem.split_gather_in_smem = true;
   expect_error([&] { make_plan(rms, prob(1, 2048, 4096), full_device(), {}, forced_dsmem); }, "no split-K through L2");

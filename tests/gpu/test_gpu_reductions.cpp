@@ -621,6 +621,44 @@ TEST_F(GpuReduce, SplitKSumsDecodeRowsInSmem) {
   }
 }
 
+TEST_F(GpuReduce, SplitKSumsWholeTilesInSmem) {
+  // Whole 64- and 128-row tiles with the owner's warp group summing the partials in SMEM (forced:
+  // KernelConfig::split_gather_rows = epi_rows, the ring giving up stages for the staging): the
+  // small FFN's GEMM2 shape (bias + GELU), a ragged last row block (rows_left < the tile's rows),
+  // splits 2 to 8 (one and several rounds of loads a thread, tagged words where the rounds stay),
+  // row groups with RMSNorm and LayerNorm, softmax, and several jobs a warp group (each split
+  // waits for the owner's read of its previous partial).
+  struct V {
+    const char* what;
+    int64_t m, n, k;
+    int splits;
+    std::optional<int> tile_m, tile_n, row_group;
+  };
+  for (const V& v : {V{"gelu", 64, 1024, 3072, 8, {}, 64, {}}, V{"gelu", 130, 520, 2112, 2, {}, {}, {}},
+                     V{"rmsnorm", 256, 1000, 4104, 3, {}, {}, 8}, V{"rmsnorm", 200, 1032, 1000, 4, 128, 128, 16},
+                     V{"softmax", 96, 2000, 4096, 4, {}, {}, 16}, V{"layernorm", 2000, 1032, 1000, 2, 64, 128, 16}}) {
+    SCOPED_TRACE(fmt::format("{} M={} N={} K={} split-K {}", v.what, v.m, v.n, v.k, v.splits));
+    CompileOptions opt;
+    opt.plan.k_splits = v.splits;
+    opt.plan.split_gather_in_smem = true;
+    opt.plan.cluster_m = 1;
+    opt.plan.tile_m = v.tile_m;
+    opt.plan.tile_n = v.tile_n;
+    opt.plan.row_group = v.row_group;
+    const std::string w = v.what;
+    Graph g = w == "layernorm" ? layer_norm_graph() : w == "rmsnorm" ? rms_norm_graph() : [&] {
+      Case c;
+      if (w == "gelu") c.g.output(c.g.unary(UnaryOp::GeluTanh, c.acc + c.row("bias")), "y", DType::BF16);
+      else c.g.output(c.g.softmax(c.acc * 0.125), "p", DType::BF16);
+      return std::move(c.g);
+    }();
+    const Plan p = expect_split(g, dims(v.m, v.n, v.k), opt, w == "layernorm" ? 1000.0 : 0.0).plan;
+    EXPECT_EQ(p.kernel.k_splits, v.splits);
+    EXPECT_EQ(p.kernel.a_box_rows, 0);
+    EXPECT_EQ(p.kernel.split_gather_rows, p.kernel.epi_rows());
+  }
+}
+
 TEST_F(GpuReduce, SplitKGatedGemm) {
   // A gated GEMM (KernelConfig::gated: SwiGLU's gate and up in one accumulator) with K split: the
   // splits' partials are the whole accumulator, both products, summed before the epilogue
