@@ -68,7 +68,7 @@ int single_row_block_k_splits(const Problem& p, const DeviceModel& dev) {
   return splits;
 }
 
-// One row block of 17..64 rows at mid K, an elementwise epilogue: 64x64 tiles put B on only
+// One row block at mid K, an elementwise epilogue: 64x64 tiles put B on only
 // N / 64 SMs, each streaming all of K; with K split over S CTAs a tile, N / 64 x S SMs stream
 // K / S each, and the owner's warp group sums S - 1 partial 64x64 tiles (16 KiB each) in SMEM
 // (KernelConfig::split_gather_rows). Where 64x128 tiles split the same way, the owner's gather of
@@ -77,11 +77,14 @@ int single_row_block_k_splits(const Problem& p, const DeviceModel& dev) {
 // the small FFN's GEMM2 64 x 1024 x 3072 9.4 -> 7.5 (S = 4; S = 8 on 128 CTAs 8.2; 64x128 with
 // S = 8 10.6, S = 16 27.3), with bias + GELU 9.9 -> 7.9; 32 x 1024 x 3072 10.3 -> 7.0;
 // 64 x 768 x 3072 9.3 -> 7.6; 64 x 1024 x 4096 11.8 -> 8.1; 64 x 2048 x 4096 11.9 -> 10.2 (S = 2);
-// at K = 2048 it loses (48 x 2048 x 2048, S = 2: 7.7 -> 8.0).
+// at K = 2048 it loses (48 x 2048 x 2048, S = 2: 7.7 -> 8.0). At decode rows, where only M rows
+// of each partial travel (`decode_narrow_split_k.txt`), below K = 4096's own rule
+// (single_row_block_k_splits): 1 x 768 x 3072 10.2 -> 6.2 us (0.92x cuBLAS), 8 x 1024 x 3072
+// 10.3 -> 6.3, 16 x 2048 x 3072 (S = 2) 10.3 -> 8.7, bias + GELU 4 x 1024 x 3072 10.8 -> 6.7.
 // S: the most splits, up to 4, whose CTAs take at most half the SMs, at least 12 k-blocks each,
 // where K >= 3072.
 int narrow_tile_k_splits(const Problem& p, const DeviceModel& dev) {
-  if (p.m <= 16 || p.m > 64 || p.k < 3072) return 0;
+  if (p.m > 64 || p.k < 3072) return 0;
   const int64_t tiles = (p.n + 63) / 64;
   int splits = 0;
   for (int s = 2; s <= 4; s *= 2)

@@ -413,8 +413,8 @@ struct MeasuredConfig {
 // One row block (M <= 64) with long K: K split over this many CTAs a 64x128 tile, as measured
 // fastest with and without a row reduction; 0 where the unsplit plans measured faster.
 int single_row_block_k_splits(const Problem& p, const DeviceModel& dev);
-// One row block of 17..64 rows at mid K with an elementwise epilogue: K split over this many
-// CTAs a 64x64 tile; 0 where unmeasured or the unsplit plan measured faster.
+// One row block (M <= 64) at mid K with an elementwise epilogue: K split over this many CTAs a
+// 64x64 tile; 0 where unmeasured or the unsplit plan measured faster.
 int narrow_tile_k_splits(const Problem& p, const DeviceModel& dev);
 // A's rows (M x K, and an N x K B's) start off 128-byte lines where K is not a multiple of 64
 // elements: each TMA box row then straddles two (PlannerTunables::unaligned_rows_efficiency).

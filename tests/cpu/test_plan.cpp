@@ -751,11 +751,12 @@ TEST(Plan, DecodeLongKSplitsOverTheSms) {
   EXPECT_EQ(make_plan(rms, prob(1, 4096, 14336), full_device(), {}, forced).kernel.k_splits, 2);
 }
 
-// One row block of 17..64 rows at mid K (K >= 3072) with an elementwise epilogue: 64x64 tiles
-// with K split over up to 4 CTAs a tile, as many as take at most half the SMs, the owner summing
-// the partials in SMEM (calibration.cpp narrow_tile_k_splits; bench/sweeps/narrow_tile_split_k.txt:
-// the small FFN's GEMM2 64 x 1024 x 3072 9.4 -> 7.5 us on the H100). Not at K = 2048 (measured
-// slower), not at decode rows (their own rule), not where 64x64 tiles already take half the SMs.
+// One row block at mid K (K >= 3072) with an elementwise epilogue: 64x64 tiles with K split over
+// up to 4 CTAs a tile, as many as take at most half the SMs, the owner summing the partials in
+// SMEM (calibration.cpp narrow_tile_k_splits; bench/sweeps/narrow_tile_split_k.txt and
+// decode_narrow_split_k.txt: the small FFN's GEMM2 64 x 1024 x 3072 9.4 -> 7.5 us, 1 x 768 x 3072
+// 10.2 -> 6.2 on the H100). Not at K = 2048 (measured slower), not where 64x64 tiles already take
+// half the SMs; decode rows at K >= 4096 keep their own rule (64x128, Plan.DecodeLongKSplitsOverTheSms).
 // (A row reduction's split is the row-group model's.)
 TEST(Plan, NarrowTilesSplitKAtMidK) {
   const FusionSpec ew = bias_gelu();
@@ -764,8 +765,8 @@ TEST(Plan, NarrowTilesSplitKAtMidK) {
     int k_splits, gather_rows;
   };
   for (const Case& c : {Case{64, 1024, 3072, 4, 64}, Case{32, 1024, 3072, 4, 32}, Case{64, 768, 3072, 4, 64},
-                        Case{64, 2048, 4096, 2, 64}, Case{48, 2048, 2048, 1, 0}, Case{16, 1024, 3072, 1, 0},
-                        Case{64, 4096, 4096, 1, 0}}) {
+                        Case{64, 2048, 4096, 2, 64}, Case{48, 2048, 2048, 1, 0}, Case{16, 1024, 3072, 4, 16},
+                        Case{1, 768, 3072, 4, 8}, Case{16, 2048, 3072, 2, 16}, Case{64, 4096, 4096, 1, 0}}) {
     const std::string at = fmt::format("{}x{}x{}", c.m, c.n, c.k);
     const Plan e = make_plan(ew, prob(c.m, c.n, c.k), full_device(), {}, {});
     EXPECT_EQ(e.kernel.tile_m, 64) << at;
