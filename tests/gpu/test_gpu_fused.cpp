@@ -141,12 +141,16 @@ TEST_F(Gpu, RaggedShapesLayoutsAndOutputDtypes) {
 
 // The planner's small-M elementwise plans (calibration.cpp; CPU: Plan.SmallMElementwiseSpreadsAndSharesB)
 // at ragged sizes: 64x64 tiles in clusters of 2 along M whose last cluster's second CTA has no
-// rows (3 row blocks), 64x128 pairs along M with ragged N, and one row block's pairs along N.
+// rows (3 row blocks), 64x128 pairs along M with ragged N, one row block's pairs along N, and one
+// row block at mid K split over 64x64 tiles (calibration.cpp narrow_tile_k_splits: the owner sums
+// whole 64-row partial tiles, or decode rows, in SMEM; K off 64 and off the splits' count).
 TEST_F(Gpu, SmallMPlansSpreadAndShareB) {
   for (const Bindings& dims : {Bindings{{"M", 130}, {"N", 1000}, {"K", 520}},
                                Bindings{{"M", 200}, {"N", 9000}, {"K", 264}},
                                Bindings{{"M", 64}, {"N", 9000}, {"K", 200}},
-                               Bindings{{"M", 130}, {"N", 1000}, {"K", 8200}}}) {  // long K: split in two
+                               Bindings{{"M", 130}, {"N", 1000}, {"K", 8200}},  // long K: split in two
+                               Bindings{{"M", 64}, {"N", 1000}, {"K", 3112}},   // mid K: split in four
+                               Bindings{{"M", 3}, {"N", 760}, {"K", 3080}}}) {
     SCOPED_TRACE(fmt::format("M={} N={} K={}", dims.at("M"), dims.at("N"), dims.at("K")));
     Case c;
     c.g.output(c.g.unary(UnaryOp::GeluTanh, c.acc + c.row("bias")), "y", DType::BF16);
@@ -157,7 +161,7 @@ TEST_F(Gpu, SmallMPlansSpreadAndShareB) {
 // Decode rows, fewer than one 64-row box: A's TMA box holds M rounded up to 8 rows
 // (KernelConfig::a_box_rows; the box's other rows keep stale SMEM, which reaches only accumulator rows
 // >= M), under the planner's decode plans (K split over 64x128 tiles at M <= 16 with K >= 4096,
-// 64x64 tiles alone at M = 40), a 128-row tile forced, and pairs along N whose A slices keep
+// over 64x64 tiles at M = 40), a 128-row tile forced, and pairs along N whose A slices keep
 // full boxes.
 TEST_F(Gpu, DecodeRowsLoadShortABoxes) {
   auto graph = [] {
