@@ -112,6 +112,9 @@ CASES = [
     Case("small layernorm", "gemm_layernorm", ((256, 4096, 4096),), layernorm),
     Case("small softmax", "gemm_softmax", ((256, 4096, 4096),), softmax),
     Case("small bias+gelu", "gemm_bias_gelu", ((256, 4096, 4096),), bias_gelu),
+    # One row block at mid K (the small FFN's GEMM2, GPT-2's c_proj width at decode): K split over
+    # 64x64 tiles (calibration.cpp narrow_tile_k_splits).
+    Case("row-block bias+gelu", "gemm_bias_gelu", ((64, 1024, 3072), (1, 768, 3072)), bias_gelu),
     Case("medium layernorm", "gemm_layernorm", ((2048, 2048, 1024), (1024, 4096, 1024)), layernorm),
     Case("medium softmax", "gemm_softmax", ((1024, 4096, 1024), (2048, 2048, 1024)), softmax),
     Case("medium rmsnorm", "gemm_rmsnorm", ((4096, 1024, 1024),), rmsnorm, quick=False),

@@ -35,7 +35,8 @@ def test_case_table_is_well_formed():
     # the shape classes are all there
     names = " ".join(ids)
     for want in ("decode rmsnorm 1x2048x4096", "decode rmsnorm 7x", "decode layernorm 16x4096x4096",
-                 "small softmax 256x4096x4096", "small bias+gelu 256x", "medium layernorm 2048x2048x1024",
+                 "small softmax 256x4096x4096", "small bias+gelu 256x", "row-block bias+gelu 64x1024x3072",
+                 "medium layernorm 2048x2048x1024",
                  "medium softmax 1024x4096x1024", "wide-N layernorm 4096x8192x4096", "large layernorm 8192x4096x4096",
                  "large rmsnorm 8192x", "large softmax 8192x", "chain", "softmax f32 1024x128256x4096",
                  "log-softmax f32 1024x32768x4096", "residual layernorm 8192x1024x4096",
