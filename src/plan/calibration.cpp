@@ -181,20 +181,21 @@ MeasuredConfig measured_elementwise_config(const Problem& p, const DeviceModel& 
                                           "leave a partial second"
                                         : "")};
     }
+    // One row block with K split over `splits` CTAs a 64 x tile_n tile, no cluster.
+    const auto row_block_split = [&](int tile_n, int splits, std::string_view measured) {
+      return MeasuredConfig{64, tile_n, 1, 1, 1, kStreamRing, 8, false,
+                            fmt::format("M <= 64, one row block, K = {}: PingPong 64x{} with K split over {} CTAs a "
+                                        "tile ({} CTAs on B where 64x64 alone puts {}; {})",
+                                        p.k, tile_n, splits, (p.n + tile_n - 1) / tile_n * splits, (p.n + 63) / 64,
+                                        measured),
+                            splits};
+    };
     if (const int splits = single_row_block_k_splits(p, dev); may_split_k && few_tiles && splits > 1)
-      return {64, 128, 1, 1, 1, kStreamRing, 8, false,
-              fmt::format("M <= 64, one row block, K = {}: PingPong 64x128 with K split over {} CTAs a tile ({} CTAs "
-                          "on B where 64x64 alone puts {}; measured 1.1-1.8x faster at K >= 11008, 1.07-1.33x at K = "
-                          "4096 with M <= 16)",
-                          p.k, splits, (p.n + 127) / 128 * splits, (p.n + 63) / 64),
-              splits};
+      return row_block_split(128, splits, "measured 1.1-1.8x faster at K >= 11008, 1.07-1.33x at K = 4096 with M <= 16");
     if (const int splits = narrow_tile_k_splits(p, dev); may_split_k && few_tiles && splits > 1)
-      return {64, 64, 1, 1, 1, kStreamRing, 8, false,
-              fmt::format("M <= 64, one row block, K = {}: PingPong 64x64 with K split over {} CTAs a tile ({} CTAs on "
-                          "B where 64x64 alone puts {}), the owner summing 16 KiB partials in SMEM (measured 1.2-1.5x "
-                          "faster at K = 3072-4096 on the H100)",
-                          p.k, splits, (p.n + 63) / 64 * splits, (p.n + 63) / 64),
-              splits};
+      return row_block_split(64, splits,
+                             "the owner sums the 64x64 partial tiles (rows below M) in SMEM; measured 1.2-1.7x "
+                             "faster at K = 3072-4096 on the H100");
     if (few_tiles)
       return {64, 64, 1, 1, 1, kStreamRing, 8, true,
               "M <= 64 with 64x128 tiles for at most half the SMs: PingPong 64x64, no cluster (7-14% faster "

@@ -478,6 +478,25 @@ Graph rms_norm_graph(DType t = DType::BF16) {
   return std::move(c.g);
 }
 
+// The split-K tests' epilogues by name: "layernorm", "rmsnorm", "rmsnorm-f16", "gelu" (bias + tanh
+// GELU), "softmax" (of acc / 8); expect_split_named checks LayerNorm with a 1000 offset.
+Graph split_graph(const std::string& what) {
+  if (what == "layernorm") return layer_norm_graph();
+  if (what == "rmsnorm") return rms_norm_graph();
+  if (what == "rmsnorm-f16") return rms_norm_graph(DType::F16);
+  Case c;
+  if (what == "gelu") {
+    c.g.output(c.g.unary(UnaryOp::GeluTanh, c.acc + c.row("bias")), "y", DType::BF16);
+  } else {
+    EXPECT_EQ(what, "softmax");
+    c.g.output(c.g.softmax(c.acc * 0.125), "p", DType::BF16);
+  }
+  return std::move(c.g);
+}
+Plan expect_split_named(const std::string& what, const Bindings& d, const CompileOptions& opt) {
+  return expect_split(split_graph(what), d, opt, what == "layernorm" ? 1000.0 : 0.0).plan;
+}
+
 TEST_F(GpuReduce, SplitKDecodeShapesEverySplitCount) {
   // Decode rows (1..16; only rows < M travel), a ragged M past one row block, ragged N and K
   // (K % S != 0: unequal shares), splits 2..16, 64- and 128-row warp groups, with and without
@@ -498,13 +517,7 @@ TEST_F(GpuReduce, SplitKDecodeShapesEverySplitCount) {
     opt.plan.row_group = v.row_group;
     opt.plan.cluster_m = 1;
     opt.plan.tile_m = v.tile_m;
-    const std::string w = v.what;
-    Graph g = w == "layernorm" ? layer_norm_graph() : w == "rmsnorm-f16" ? rms_norm_graph(DType::F16) : [] {
-      Case c;
-      c.g.output(c.g.softmax(c.acc * 0.125), "p", DType::BF16);
-      return std::move(c.g);
-    }();
-    const Plan p = expect_split(g, dims(v.m, v.n, v.k), opt, w == "layernorm" ? 1000.0 : 0.0).plan;
+    const Plan p = expect_split_named(v.what, dims(v.m, v.n, v.k), opt);
     EXPECT_EQ(p.kernel.k_splits, v.splits);
   }
 }
@@ -574,14 +587,7 @@ TEST_F(GpuReduce, SplitKPartialsOverDsmem) {
     opt.plan.row_group = v.row_group;
     opt.plan.cluster_m = 1;
     opt.plan.tile_m = v.tile_m;
-    const std::string w = v.what;
-    Graph g = w == "layernorm" ? layer_norm_graph() : w == "rmsnorm-f16" ? rms_norm_graph(DType::F16) : [&] {
-      Case c;
-      if (w == "gelu") c.g.output(c.g.unary(UnaryOp::GeluTanh, c.acc + c.row("bias")), "y", DType::BF16);
-      else c.g.output(c.g.softmax(c.acc * 0.125), "p", DType::BF16);
-      return std::move(c.g);
-    }();
-    const Plan p = expect_split(g, dims(v.m, v.n, v.k), opt, w == "layernorm" ? 1000.0 : 0.0).plan;
+    const Plan p = expect_split_named(v.what, dims(v.m, v.n, v.k), opt);
     EXPECT_EQ(p.kernel.k_splits, v.splits);
     EXPECT_TRUE(p.kernel.splits_in_cluster);
     EXPECT_EQ(p.kernel.hw_cluster_x(), v.splits);
@@ -609,13 +615,7 @@ TEST_F(GpuReduce, SplitKSumsDecodeRowsInSmem) {
     opt.plan.k_splits = v.splits;
     opt.plan.cluster_m = 1;
     opt.plan.tile_n = v.tile_n;
-    const std::string w = v.what;
-    Graph g = w == "layernorm" ? layer_norm_graph() : w == "rmsnorm" ? rms_norm_graph() : [] {
-      Case c;
-      c.g.output(c.g.unary(UnaryOp::GeluTanh, c.acc + c.row("bias")), "y", DType::BF16);
-      return std::move(c.g);
-    }();
-    const Plan p = expect_split(g, dims(v.m, v.n, v.k), opt, w == "layernorm" ? 1000.0 : 0.0).plan;
+    const Plan p = expect_split_named(v.what, dims(v.m, v.n, v.k), opt);
     EXPECT_EQ(p.kernel.k_splits, v.splits);
     EXPECT_GT(p.kernel.split_gather_rows, 0);
   }
@@ -645,14 +645,7 @@ TEST_F(GpuReduce, SplitKSumsWholeTilesInSmem) {
     opt.plan.tile_m = v.tile_m;
     opt.plan.tile_n = v.tile_n;
     opt.plan.row_group = v.row_group;
-    const std::string w = v.what;
-    Graph g = w == "layernorm" ? layer_norm_graph() : w == "rmsnorm" ? rms_norm_graph() : [&] {
-      Case c;
-      if (w == "gelu") c.g.output(c.g.unary(UnaryOp::GeluTanh, c.acc + c.row("bias")), "y", DType::BF16);
-      else c.g.output(c.g.softmax(c.acc * 0.125), "p", DType::BF16);
-      return std::move(c.g);
-    }();
-    const Plan p = expect_split(g, dims(v.m, v.n, v.k), opt, w == "layernorm" ? 1000.0 : 0.0).plan;
+    const Plan p = expect_split_named(v.what, dims(v.m, v.n, v.k), opt);
     EXPECT_EQ(p.kernel.k_splits, v.splits);
     EXPECT_EQ(p.kernel.a_box_rows, 0);
     EXPECT_EQ(p.kernel.split_gather_rows, p.kernel.epi_rows());
