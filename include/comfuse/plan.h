@@ -49,7 +49,7 @@ struct SmemBudget {
   int stash = 0;             // earlier N-tiles kept on chip (RowStrategy::SmemStash)
   int store_buffer = 0;      // the epilogue's node storage: TMA-store staging, row vectors
   int split_hand_over = 0;   // split-K's partials over DSMEM (KernelConfig::splits_in_cluster)
-  int split_gather = 0;      // split-K's summed partial rows at decode (KernelConfig::split_gather_rows)
+  int split_gather = 0;      // split-K's summed partial rows, decode rows or whole tiles (KernelConfig::split_gather_rows)
   int barriers = 0;          // ring mbarriers and the alignment the kernel's layout pads to
   int total() const { return mainloop_ring + reduction_buffer + stash + store_buffer + split_hand_over + split_gather + barriers; }
 };

@@ -44,7 +44,7 @@ struct Sm90 {
   static constexpr int kMaxRowGroup = 64;           // clusters of one row group
   static constexpr int kMaxKSplits = 16;            // K-splits of one tile (split-K)
   static constexpr int kSplitGatherLoadsInFlight = 14;  // 16-byte loads a thread keeps in flight beside its
-                                                        // accumulators when the owner sums decode rows in SMEM:
+                                                        // accumulators when the owner sums partial rows in SMEM:
                                                         // 56 registers (twice that spills, SASS)
   static constexpr int kRingStagesDefault = 8;      // the planner's deepest mainloop ring, but for M <= 256's
                                                     // stream-bound plans (calibration.cpp kStreamRing)
@@ -258,10 +258,10 @@ struct KernelConfig {
   // splits_in_cluster, over DSMEM inside one hardware cluster of the k_splits CTAs.
   // Through L2, per owner warp group: one partial tile per other split, and one 4-byte tag per split.
   COMFUSE_HOST_DEVICE constexpr bool splits_through_l2() const { return k_splits > 1 && !splits_in_cluster; }
-  // A partial value travels as fp32 behind its split's tag, or, where the owner sums decode rows in
-  // SMEM (split_gather_rows > 0) and their twice as many bytes take no more rounds of loads, as an
-  // 8-byte word that carries the tag beside the value (split_k.cuh's tagged hand-over): only those
-  // rows travel then. MEASURED (bench/NOTES.md Stop 38): a round more cost 0.6-1.1 us where the
+  // A partial value travels as fp32 behind its split's tag, or, where the owner sums the rows in
+  // SMEM (split_gather_rows > 0: decode rows or the whole tile) and their twice as many bytes take
+  // no more rounds of loads, as an 8-byte word that carries the tag beside the value (split_k.cuh's
+  // tagged hand-over): only those rows travel then. MEASURED (bench/NOTES.md Stop 38): a round more cost 0.6-1.1 us where the
   // tags saved 0.1-0.5.
   COMFUSE_HOST_DEVICE constexpr bool split_words_tagged() const {
     return splits_through_l2() && split_gather_rows > 0 && split_gather_rounds_at(2) == split_gather_rounds_at(1);

@@ -124,17 +124,21 @@ struct Division {
 // Split-K's hand-over on the owner's path (scheduler/split_k.cuh SplitK::gather): the owner
 // adds the S - 1 other partial tiles (only rows < M travel), their loads in dependent L2 round
 // trips. Summed in SMEM by the whole warp group (KernelConfig::split_gather_rows, which
-// planner.cpp gives decode rows that fit beside the ring: at most 16 rows of a 64x128 tile, fewer
-// beside a longer epilogue's SMEM, which this ignores): KernelConfig::split_gather_rounds.
+// planner.cpp gives the rows wherever their staging fits beside the ring as planned: decode rows
+// of at most 16 at up to 128 accumulator columns, any rows of a 64x64 tile's 64, fewer beside a
+// longer epilogue's SMEM, which this ignores): KernelConfig::split_gather_rounds.
 // Else each thread loads its own accumulators' partials, a row slot at a time: one round per
 // slot of the busiest thread (thread 0: rows 0, 8, 64, 72 of accum_row below M).
 // The staged sum's configuration (its split_gather_* terms), or none where the rows are not summed in SMEM.
 // A gated tile's partials are both products (KernelConfig::mma_n columns).
 std::optional<KernelConfig> staged_gather(int tile_m, int tile_n, bool gated, int64_t rows, int ks) {
-  if (ks <= 1 || rows > 16 || rows >= tile_m || tile_n * (gated ? 2 : 1) > 128) return std::nullopt;
+  const int mma_n = tile_n * (gated ? 2 : 1);
+  const bool decode = rows <= 16 && rows < tile_m && mma_n <= 128, narrow = tile_m == 64 && mma_n <= 64;
+  if (ks <= 1 || !(decode || narrow)) return std::nullopt;
   KernelConfig staged;
   staged.tile_m = tile_m, staged.tile_n = tile_n, staged.gated = gated, staged.k_splits = ks;
-  staged.split_gather_rows = align_up(static_cast<int>(rows), 8);
+  staged.a_box_rows = rows < tile_m ? align_up(static_cast<int>(rows), 8) : 0;
+  staged.split_gather_rows = staged.split_gather_rows_wanted();
   return staged;
 }
 int gather_rounds(const std::optional<KernelConfig>& staged, int tile_m, int64_t rows, int ks) {
@@ -195,8 +199,10 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
   for (const TileShape& ts : kTiles) {
     if (opt.tile_m && *opt.tile_m != ts.tile_m) continue;
     if (opt.tile_n && *opt.tile_n != ts.tile_n) continue;
-    // 64-column tiles: the gated tile's (both halves one 128-column wgmma), or where forced.
-    if (ts.tile_n == 64 && !r.spec.gated() && !opt.tile_n) continue;
+    // 64-column tiles: the gated tile's (both halves one 128-column wgmma), or an elementwise
+    // epilogue's where forced (calibration.cpp narrow_tile_k_splits' split; a row reduction's
+    // 64-column tiles are the DSMEM plans').
+    if (ts.tile_n == 64 && !r.spec.gated() && !(opt.tile_n && chain.reductions == 0)) continue;
     for (int cm : kClusterMs) {
       if (opt.cluster_m && *opt.cluster_m != cm) continue;
       const int resident = dev.resident(cm);

@@ -433,20 +433,30 @@ Plan assemble(const Candidate& c, const std::vector<Candidate>& cands, const Req
   // (measured 1-7% faster than each thread's own loads at whole 64x64 tiles,
   // bench/sweeps/split_gather_whole_tiles.txt). Where asked for (--split-k-gather smem), the ring
   // gives up the stages the staging needs.
+  std::string ring_note;  // a reason line where the forced staging shrank the ring
   if (r.opt.split_gather_in_smem.value_or(true)) {
     KernelConfig with = plan.kernel;
     with.split_gather_rows = with.split_gather_rows_wanted();
     const bool asked = r.opt.split_gather_in_smem.value_or(false);
     if (with.splits_through_l2() && asked)
       while (with.smem_bytes() > r.dev.smem_per_cta_bytes && with.ring_stages > 2) --with.ring_stages;
-    const bool fits = with.splits_through_l2() && !check(with) && with.smem_bytes() <= r.dev.smem_per_cta_bytes;
-    if (fits) plan.kernel = with;
-    else if (asked)
+    const char* refused = with.splits_through_l2() ? check(with) : nullptr;
+    const bool over = with.smem_bytes() > r.dev.smem_per_cta_bytes;
+    const bool fits = with.splits_through_l2() && !refused && !over;
+    if (fits) {
+      if (with.ring_stages < plan.kernel.ring_stages)
+        ring_note = fmt::format("ring {} -> {} stages: the forced staging of split-K's partial rows (the estimate "
+                                "is the {}-stage plan's)",
+                                plan.kernel.ring_stages, with.ring_stages, plan.kernel.ring_stages);
+      plan.kernel = with;
+    } else if (asked) {
       throw Error(fmt::format(
           "plan: split-K's partial rows summed in SMEM were asked for, but {}",
           !with.splits_through_l2() ? "the plan has no split-K through L2 (force k_splits >= 2, the partials through L2)"
-                                    : fmt::format("their {} B beside a {}-stage ring exceed the SMEM a CTA may use",
-                                                  Sm90::kConsumerWGs * with.split_gather_bytes(), with.ring_stages)));
+          : over ? fmt::format("their {} B beside a {}-stage ring exceed the SMEM a CTA may use",
+                               with.consumer_wgs * with.split_gather_bytes(), with.ring_stages)
+                 : std::string(refused)));
+    }
   }
   plan.fused_pairs = plan_detail::fuse_pairs(chain, r.opt, k.n_tiles, k.aggregation, k.row_peers());
   plan.kernel.pair_hand_over = plan_detail::pair_hand_over(plan.fused_pairs, r.p.m, plan.kernel);
@@ -490,6 +500,7 @@ Plan assemble(const Candidate& c, const std::vector<Candidate>& cands, const Req
 
   plan.gpu = r.dev.gpu;
   plan_detail::add_reasons(plan, chain, r.dev, r.tun, r.opt, unforced);
+  if (!ring_note.empty()) plan.reasons.push_back(ring_note);
   return plan;
 }
 

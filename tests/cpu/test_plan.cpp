@@ -775,6 +775,10 @@ TEST(Plan, NarrowTilesSplitKAtMidK) {
     EXPECT_EQ(e.kernel.split_gather_rows, c.gather_rows) << at;
     EXPECT_LE(e.kernel.smem_bytes(), Sm90::kSmemCapacity) << at;
   }
+  PlanOptions n64;  // a row reduction's forced 64-column tiles stay the DSMEM plans'
+  n64.tile_n = 64;
+  EXPECT_NE(make_plan(layer_norm(), prob(256, 4096, 4096), full_device(), {}, n64).kernel.aggregation,
+            Aggregation::L2Exchange);
   PlanOptions own;  // each thread its own partials: the same split, nothing staged
   own.split_gather_in_smem = false;
   const Plan p = make_plan(ew, prob(64, 1024, 3072), full_device(), {}, own);
@@ -805,9 +809,11 @@ TEST(Plan, DecodeRowsLoadShortABoxes) {
   EXPECT_NE(explain(ew, make_plan(ew, prob(1, 4096, 4096))).find("A boxes      8 rows"), std::string::npos);
 }
 
-// Split-K through L2 at those rows: the owner's warp group sums the partial rows in SMEM
-// (KernelConfig::split_gather_rows) where they fit beside the ring as planned (at most 16 rows of
-// a 64x128 tile beside its 8 stages), not at a ring stage's cost; elsewhere each thread loads its own.
+// Split-K through L2: the owner's warp group sums the partial rows in SMEM
+// (KernelConfig::split_gather_rows: decode rows, or the whole tile) where they fit beside the ring
+// as planned (at most 16 rows of a 64x128 tile beside its 8 stages, a whole 64x64 tile beside its
+// 8), not at a ring stage's cost; elsewhere each thread loads its own. Forced, the ring gives up
+// the stages the staging needs, and the plan says so.
 TEST(Plan, DecodeSplitSumsPartialRowsInSmem) {
   const FusionSpec ew = bias_gelu(), rms = rms_norm();
   for (int64_t m : {1, 13, 16}) {
@@ -827,7 +833,7 @@ TEST(Plan, DecodeSplitSumsPartialRowsInSmem) {
   const Plan wide = make_plan(ew, prob(32, 4096, 14336), full_device(), {}, split);
   EXPECT_EQ(wide.kernel.a_box_rows, 32);
   EXPECT_EQ(wide.kernel.split_gather_rows, 0);  // 2 x 16 KiB would cost a ring stage
-  EXPECT_EQ(make_plan(ew, prob(64, 4096, 14336)).kernel.split_gather_rows, 0);  // full A boxes
+  EXPECT_EQ(make_plan(ew, prob(64, 4096, 14336)).kernel.split_gather_rows, 0);  // 64x128's 2 x 32 KiB: no room
   PlanOptions dsmem = split;
   dsmem.splits_in_cluster = true;
   EXPECT_EQ(make_plan(rms, prob(1, 2048, 4096), full_device(), {}, dsmem).kernel.split_gather_rows, 0);
@@ -853,6 +859,7 @@ TEST(Plan, DecodeSplitSumsPartialRowsInSmem) {
   EXPECT_EQ(whole.kernel.split_gather_rows, 64);
   EXPECT_LT(whole.kernel.ring_stages, 8);
   EXPECT_LE(whole.kernel.smem_bytes(), Sm90::kSmemCapacity);
+  EXPECT_NE(explain(ew, whole).find(fmt::format("ring 8 -> {} stages", whole.kernel.ring_stages)), std::string::npos);
   EXPECT_EQ(whole.smem.split_gather, 2 * 64 * whole.kernel.tile_n * 4);
   // Unforced only beside the ring as planned: 2 x 32 KiB would cost 64x128's 8-stage ring stages.
   EXPECT_EQ(make_plan(ew, prob(64, 4096, 14336), full_device(), {}, split).kernel.split_gather_rows, 0);
@@ -890,6 +897,15 @@ TEST(Plan, DecodeSplitTagsItsWordsWhereTheRoundsStay) {
   EXPECT_TRUE(k.split_words_tagged());
   k.split_gather_rows = 0, k.a_box_rows = 0;  // each thread loads its own partials: fp32
   EXPECT_FALSE(k.split_words_tagged());
+  // A whole 64x64 tile summed in SMEM: 8 runs a thread, tagged only where the splits' loads fill
+  // a round either way (12 or more splits).
+  k.tile_n = 64, k.split_gather_rows = 64, k.k_splits = 2;
+  EXPECT_EQ(k.split_gather_rounds(), 1);
+  EXPECT_FALSE(k.split_words_tagged());
+  k.k_splits = 16;
+  EXPECT_EQ(k.split_gather_rounds(), 8);
+  EXPECT_TRUE(k.split_words_tagged());
+  EXPECT_EQ(k.split_partial_bytes(), 64 * 64 * 8);
   const FusionSpec ew = bias_gelu();
   EXPECT_NE(explain(ew, make_plan(ew, prob(1, 4096, 4096))).find("8-byte words"), std::string::npos);
   EXPECT_NE(explain(ew, make_plan(ew, prob(16, 4096, 4096))).find("behind a flag"), std::string::npos);

@@ -625,9 +625,9 @@ TEST_F(GpuReduce, SplitKSumsWholeTilesInSmem) {
   // Whole 64- and 128-row tiles with the owner's warp group summing the partials in SMEM (forced:
   // KernelConfig::split_gather_rows = epi_rows, the ring giving up stages for the staging): the
   // small FFN's GEMM2 shape (bias + GELU), a ragged last row block (rows_left < the tile's rows),
-  // splits 2 to 8 (one and several rounds of loads a thread, tagged words where the rounds stay),
-  // row groups with RMSNorm and LayerNorm, softmax, and several jobs a warp group (each split
-  // waits for the owner's read of its previous partial).
+  // splits 2 to 16 (one round of loads a thread at 64x64 with S = 2, several elsewhere; tagged
+  // words at S = 16), row groups with RMSNorm and LayerNorm, softmax, and several jobs a warp
+  // group (each split waits for the owner's read of its previous partial).
   struct V {
     const char* what;
     int64_t m, n, k;
@@ -635,6 +635,7 @@ TEST_F(GpuReduce, SplitKSumsWholeTilesInSmem) {
     std::optional<int> tile_m, tile_n, row_group;
   };
   for (const V& v : {V{"gelu", 64, 1024, 3072, 8, {}, 64, {}}, V{"gelu", 130, 520, 2112, 2, {}, {}, {}},
+                     V{"gelu", 100, 1000, 2112, 2, 64, 64, {}}, V{"gelu", 64, 512, 16384, 16, 64, 64, {}},
                      V{"rmsnorm", 256, 1000, 4104, 3, {}, {}, 8}, V{"rmsnorm", 200, 1032, 1000, 4, 128, 128, 16},
                      V{"softmax", 96, 2000, 4096, 4, {}, {}, 16}, V{"layernorm", 2000, 1032, 1000, 2, 64, 128, 16}}) {
     SCOPED_TRACE(fmt::format("{} M={} N={} K={} split-K {}", v.what, v.m, v.n, v.k, v.splits));

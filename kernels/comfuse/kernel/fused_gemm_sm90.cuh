@@ -128,8 +128,8 @@ struct FusedGemmSm90 {
     static_assert(int(sizeof(typename HandOver::Storage)) == C.split_hand_over_bytes(),
                   "ComFuse: the split hand-over's SMEM differs from KernelConfig::split_hand_over_bytes()");
   };
-  // Split-K through L2 at decode rows (split_gather_rows): each consumer WG's staging of the
-  // summed partial rows.
+  // Split-K through L2 with the partial rows summed in SMEM (split_gather_rows: decode rows or the
+  // whole tile): each consumer WG's staging of the summed partial rows.
   struct SharedGather : SharedBase {
     alignas(16) float gather[kW][C.split_gather_rows > 0 ? C.split_gather_rows * C.mma_n() : 4];
   };

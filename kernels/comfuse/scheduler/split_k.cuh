@@ -23,12 +23,13 @@
 // group's named barrier passes the order on to its other threads, and thread 0 publishes after
 // a barrier with a release store, CUTLASS's stream-K barrier pattern (bar.sync, then one
 // thread's release at GPU scope). The owner's last job frees nothing (no split writes again).
-// Decode rows summed in SMEM whose twice as many bytes take no more rounds of loads
+// Rows summed in SMEM (decode rows, or whole tiles) whose twice as many bytes take no more rounds of loads
 // (KernelConfig::split_words_tagged) skip flags[s]: each value travels as one 8-byte word with
 // the tag in its high half (cluster::tagged_word, the row exchange's format: NCCL's LL protocol),
 // so the writer only stores and the owner polls the words themselves. The release's wait for the
 // writer's stores to reach L2 and the owner's round trip on a flag before its loads are gone
-// (0.1-0.5 us a decode launch, bench/NOTES.md Stop 38); the rows' bytes double, a few KiB.
+// (0.1-0.5 us a decode launch, bench/NOTES.md Stop 38); the rows' bytes double (a few KiB at
+// decode rows, 32-64 KiB a split at a whole 64x64 tile, where 12 or more splits tag their words).
 // Tags of an earlier launch carry another epoch; where the epoch bits wrap, the last warp group
 // of a launch zeroes the tags and the tagged words (retire_exchange; ExchangeHeader::slot_bytes
 // covers them).
@@ -176,13 +177,14 @@ struct SplitK {
     });
   }
 
-  // Decode rows (at most GatherRows): the warp group's 128 threads load the partial rows together,
-  // consecutive threads along a row (runs of four values: one 16-byte load of fp32, or two of
-  // tagged words, which a chunk reloads, whole, its loads in flight together, until every word
-  // carries this job's tag `want`); each thread sums its values over the splits in split order
-  // and stages the sum in SMEM; then each thread adds its accumulators' sums: acc + (p1 + ... +
-  // p_{S-1}). One L2 round trip spread over the warp group, where add_own leaves all the loads
-  // to the warp that holds the rows. The staged rows are swizzled (a row's 16-byte chunks XOR
+  // Rows summed in SMEM (at most GatherRows: decode rows, or the whole tile): the warp group's 128
+  // threads load the partial rows together, consecutive threads along a row (runs of four values:
+  // one 16-byte load of fp32, or two of tagged words, which a chunk reloads, whole, its loads in
+  // flight together, until every word carries this job's tag `want`); each thread sums its values
+  // over the splits in split order and stages the sum in SMEM; then each thread adds its
+  // accumulators' sums: acc + (p1 + ... + p_{S-1}). Rounds of L2 round trips spread over the warp
+  // group (KernelConfig::split_gather_rounds: one at decode rows), where add_own leaves all the
+  // loads of a row slot to the warp that holds it. The staged rows are swizzled (a row's 16-byte chunks XOR
   // 2 (row % 4)) so that a warp's accumulator reads, 8 rows x 32 bytes, take two wavefronts.
   static constexpr int kRowVecs = BN / 4;  // runs of four values a row
   static COMFUSE_DEVICE int staged_vec(int row, int vec) { return row * kRowVecs + (vec ^ ((row & 3) << 1)); }
