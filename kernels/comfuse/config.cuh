@@ -261,8 +261,8 @@ struct KernelConfig {
   // A partial value travels as fp32 behind its split's tag, or, where the owner sums the rows in
   // SMEM (split_gather_rows > 0: decode rows or the whole tile) and their twice as many bytes take
   // no more rounds of loads, as an 8-byte word that carries the tag beside the value (split_k.cuh's
-  // tagged hand-over): only those rows travel then. MEASURED (bench/NOTES.md Stop 38): a round more cost 0.6-1.1 us where the
-  // tags saved 0.1-0.5.
+  // tagged hand-over): only those rows travel then. MEASURED (bench/NOTES.md Stop 38): a round
+  // more cost 0.6-1.1 us where the tags saved 0.1-0.5.
   COMFUSE_HOST_DEVICE constexpr bool split_words_tagged() const {
     return splits_through_l2() && split_gather_rows > 0 && split_gather_rounds_at(2) == split_gather_rounds_at(1);
   }

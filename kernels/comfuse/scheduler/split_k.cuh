@@ -23,8 +23,8 @@
 // group's named barrier passes the order on to its other threads, and thread 0 publishes after
 // a barrier with a release store, CUTLASS's stream-K barrier pattern (bar.sync, then one
 // thread's release at GPU scope). The owner's last job frees nothing (no split writes again).
-// Rows summed in SMEM (decode rows, or whole tiles) whose twice as many bytes take no more rounds of loads
-// (KernelConfig::split_words_tagged) skip flags[s]: each value travels as one 8-byte word with
+// Rows summed in SMEM (decode rows, or whole tiles) whose twice as many bytes take no more rounds
+// of loads (KernelConfig::split_words_tagged) skip flags[s]: each value travels as one 8-byte word with
 // the tag in its high half (cluster::tagged_word, the row exchange's format: NCCL's LL protocol),
 // so the writer only stores and the owner polls the words themselves. The release's wait for the
 // writer's stores to reach L2 and the owner's round trip on a flag before its loads are gone
@@ -184,8 +184,9 @@ struct SplitK {
   // over the splits in split order and stages the sum in SMEM; then each thread adds its
   // accumulators' sums: acc + (p1 + ... + p_{S-1}). Rounds of L2 round trips spread over the warp
   // group (KernelConfig::split_gather_rounds: one at decode rows), where add_own leaves all the
-  // loads of a row slot to the warp that holds it. The staged rows are swizzled (a row's 16-byte chunks XOR
-  // 2 (row % 4)) so that a warp's accumulator reads, 8 rows x 32 bytes, take two wavefronts.
+  // loads of a row slot to the warp that holds it. The staged rows are swizzled (a row's 16-byte
+  // chunks XOR 2 (row % 4)) so that a warp's accumulator reads, 8 rows x 32 bytes, take two
+  // wavefronts.
   static constexpr int kRowVecs = BN / 4;  // runs of four values a row
   static COMFUSE_DEVICE int staged_vec(int row, int vec) { return row * kRowVecs + (vec ^ ((row & 3) << 1)); }
 
