@@ -92,10 +92,10 @@ int narrow_tile_k_splits(const Problem& p, const DeviceModel& dev) {
   return splits;
 }
 
-DeviceModel device_model(Gpu gpu) {
+DeviceModel device_model(std::optional<Gpu> gpu) {
   DeviceModel d;
-  d.gpu = gpu;
-  if (gpu == Gpu::H200) return d;
+  d.gpu = gpu.value_or(Gpu::H200);
+  if (d.gpu == Gpu::H200) return d;
   // The H100 80GB HBM3 (SXM), MEASURED in bench/sweeps/h100_long_k.txt and wide_n_cooperative.txt
   // (bench/NOTES.md Stop 54), each plan against cuBLAS GEMM alone in alternating rounds:
   // - PingPong tiles run behind cooperative 128x256, which keeps cuBLAS's rate there as on the H200

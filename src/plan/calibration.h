@@ -141,9 +141,10 @@ struct DeviceModel {
   }
 };
 
-// The model of `gpu`: the H200's as above, or the H100's (what was measured on an H100 80GB HBM3
-// SXM, bench/NOTES.md Stop 54, over the H200's numbers).
-DeviceModel device_model(Gpu gpu);
+// The model of `gpu`: the H200's as above (also where unset: PlanOptions::gpu's default), or the
+// H100's (what was measured on an H100 80GB HBM3 SXM, bench/NOTES.md Stop 54, over the H200's
+// numbers).
+DeviceModel device_model(std::optional<Gpu> gpu);
 
 
 struct PlannerTunables {

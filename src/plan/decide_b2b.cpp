@@ -789,7 +789,7 @@ B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B
   check_pair(first, second, p, &kind);
   // The B2B family's own numbers were measured on the H200 only; the H100's model (calibration.h
   // device_model) changes its DRAM here and the single-GEMM plans of its two-kernel path.
-  const DeviceModel dev = device_model(opt.gpu.value_or(Gpu::H200));
+  const DeviceModel dev = device_model(opt.gpu);
   // The decode kernel where the pair is attention it runs (a few query rows a batch) and nothing
   // of the wgmma pipeline is forced: the faster estimate of the two, the other an alternative.
   const std::string forced = forced_b2b_options(opt);

@@ -130,6 +130,9 @@ struct Candidate {
 // it and the stash. False (with the reason recorded by the caller) when not even two ring
 // stages fit.
 int epilogue_smem_bytes(const ChainInfo& chain, const KernelConfig& k);
+// The deepest ring of at most `at_most` stages (and at least 2) whose whole SMEM fits `smem_bytes`
+// beside what else `k` holds; false (k at 2 stages) where none does.
+bool deepest_ring(KernelConfig& k, int smem_bytes, int at_most);
 // The deepest ring that fits beside the epilogue: at most c.max_ring_stages, or at most `at_most`
 // (PlanOptions::ring_stages, forced: it may ask for more than the planner's own cap).
 bool fit_ring(Candidate& c, const ChainInfo& chain, const DeviceModel& dev, std::optional<int> at_most);

@@ -438,8 +438,7 @@ Plan assemble(const Candidate& c, const std::vector<Candidate>& cands, const Req
     KernelConfig with = plan.kernel;
     with.split_gather_rows = with.split_gather_rows_wanted();
     const bool asked = r.opt.split_gather_in_smem.value_or(false);
-    if (with.splits_through_l2() && asked)
-      while (with.smem_bytes() > r.dev.smem_per_cta_bytes && with.ring_stages > 2) --with.ring_stages;
+    if (with.splits_through_l2() && asked) plan_detail::deepest_ring(with, r.dev.smem_per_cta_bytes, with.ring_stages);
     const char* refused = with.splits_through_l2() ? check(with) : nullptr;
     const bool over = with.smem_bytes() > r.dev.smem_per_cta_bytes;
     const bool fits = with.splits_through_l2() && !refused && !over;
@@ -551,7 +550,7 @@ Plan make_plan(const FusionSpec& s, const Problem& p, const DeviceModel& dev, co
 }
 
 Plan make_plan(const FusionSpec& s, const Problem& p, const PlanOptions& opt) {
-  return make_plan(s, p, device_model(opt.gpu.value_or(Gpu::H200)), PlannerTunables{}, opt);
+  return make_plan(s, p, device_model(opt.gpu), PlannerTunables{}, opt);
 }
 
 double planned_dram_bytes_per_s(Gpu gpu) { return device_model(gpu).dram_bytes_per_s; }

@@ -24,13 +24,17 @@ int epilogue_smem_bytes(const ChainInfo& chain, const KernelConfig& k) {
   return tree > 0 ? align_up(tree + channel, 1024) : channel;
 }
 
-bool fit_ring(Candidate& c, const ChainInfo& chain, const DeviceModel& dev, std::optional<int> at_most) {
-  c.k.epilogue_smem_bytes = epilogue_smem_bytes(chain, c.k);
-  for (int stages = at_most.value_or(c.max_ring_stages); stages >= 2; --stages) {
-    c.k.ring_stages = stages;
-    if (c.k.smem_bytes() <= dev.smem_per_cta_bytes) return true;
+bool deepest_ring(KernelConfig& k, int smem_bytes, int at_most) {
+  for (int stages = at_most; stages >= 2; --stages) {
+    k.ring_stages = stages;
+    if (k.smem_bytes() <= smem_bytes) return true;
   }
   return false;
+}
+
+bool fit_ring(Candidate& c, const ChainInfo& chain, const DeviceModel& dev, std::optional<int> at_most) {
+  c.k.epilogue_smem_bytes = epilogue_smem_bytes(chain, c.k);
+  return deepest_ring(c.k, dev.smem_per_cta_bytes, at_most.value_or(c.max_ring_stages));
 }
 
 int ring_input_bytes(const FusionSpec& s, const KernelConfig& k, const PlanOptions& opt, std::string* why_not) {
