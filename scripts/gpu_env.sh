@@ -9,15 +9,29 @@ export LD_LIBRARY_PATH="$root/.carry/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH
 export COMFUSE_KERNELS_DIR="${COMFUSE_KERNELS_DIR:-$root/kernels}" COMFUSE_CUTLASS_INCLUDE="$root/third_party/cutlass/include"
 export COMFUSE_CACHE_DIR="${COMFUSE_CACHE_DIR:-/tmp/comfuse-cache}"
 
-# Sweep scripts (gpu_sweep.sh, gpu_ncu.sh): CLI may name another build's comfuse (an A/B of a
-# host change, its kernels in COMFUSE_KERNELS_DIR); the variant lines of $SWEEP ("example M,N,K
-# [plan flags...]", # comments) into the array `lines`, each variant JIT-compiled in parallel
-# first (NVRTC is single-threaded; the process-safe cache then serves the runs).
+# Sweep scripts (gpu_sweep.sh, gpu_ncu.sh, gpu_ncu_source.sh, gpu_trace.sh): CLI may name
+# another build's comfuse (an A/B of a host change, its kernels in COMFUSE_KERNELS_DIR); the
+# variant lines of $SWEEP ("[NAME=VALUE ...] example M,N,K [plan flags...]", # comments) into the
+# array `lines`, each variant JIT-compiled in parallel first (NVRTC is single-threaded; the
+# process-safe cache then serves the runs).
 read_sweep_and_compile() {
   mapfile -t lines < <(grep -v '^\s*#' "${SWEEP:?set SWEEP to a variant file}" | grep -v '^\s*$')
   local l
   for l in "${lines[@]}"; do
-    set -- $l; local ex=$1 shape=$2; shift 2
-    echo "${CLI:-.carry/bin/comfuse} compile examples/$ex.cf --shape $shape $* ${TRACE_FLAG:-} > /dev/null 2>&1"
+    parse_sweep_line "$l"
+    echo "${CLI:-.carry/bin/comfuse} compile examples/$ex.cf --shape $shape ${line_args[*]} ${TRACE_FLAG:-} > /dev/null 2>&1"
   done | xargs -P "${JOBS:-14}" -I{} bash -c "{}"
+}
+
+# One variant line: leading NAME=VALUE words are the environment of its run (an A/B switch such
+# as COMFUSE_EARLY_B=0), then the example, its M,N,K and the plan flags. Sets line_env, ex,
+# shape and line_args; run it as `env "${line_env[@]}" $cli run ... "${line_args[@]}"`.
+parse_sweep_line() {
+  local -a w
+  read -r -a w <<< "$1"
+  local i=0
+  line_env=()
+  while [[ ${w[i]:-} =~ ^[A-Z_][A-Z0-9_]*= ]]; do line_env+=("${w[i]}"); i=$((i + 1)); done
+  ex=${w[i]:-}; shape=${w[i + 1]:-}
+  line_args=("${w[@]:i+2}")
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Cycle counts of forced plan variants under ncu (bench/NOTES.md), free of the power-state
 # noise of wall-clock timing (ncu locks the SM clock to base):
-#   SWEEP=file bash scripts/gpu_ncu.sh     file: one "example M,N,K [plan flags...]" per line
+#   SWEEP=file bash scripts/gpu_ncu.sh     file: one "[NAME=VALUE ...] example M,N,K [plan flags...]" per line
 # Each variant's third fused launch is profiled (the first ones warm the caches and the JIT
 # module); one summary line per variant: elapsed cycles, duration, tensor-pipe activity (the SMs'
 # mean and the busiest SM's: a one-wave kernel leaves SMs idle, which the mean hides) and L2 load.
@@ -16,12 +16,12 @@ metrics+=,sm__pipe_tensor_op_hmma_cycles_active.max.pct_of_peak_sustained_elapse
 extra=${EXTRA_METRICS:-}
 [ -n "$extra" ] && metrics+=",$extra"
 for l in "${lines[@]}"; do
-  set -- $l; ex=$1; shape=$2; shift 2
+  parse_sweep_line "$l"
   log="$out/ncu-$(echo "$l" | tr -c 'a-zA-Z0-9' _).log"
   timeout 300 ncu --metrics "$metrics" -k regex:comfuse --launch-skip 2 --launch-count 1 \
-    $cli run "examples/$ex.cf" --shape "$shape" "$@" > "$log" 2>&1
+    env "${line_env[@]}" $cli run "examples/$ex.cf" --shape "$shape" "${line_args[@]}" > "$log" 2>&1
   get() { grep -m1 "$1" "$log" | awk '{print $NF}'; }
-  printf '%-16s %-16s %-26s | cycles %s | %s us | tensor %s%% (busiest SM %s%%) | L2 %s%%' "$ex" "$shape" "$*" \
+  printf '%-16s %-16s %-26s | cycles %s | %s us | tensor %s%% (busiest SM %s%%) | L2 %s%%' "$ex" "$shape" "${line_env[*]} ${line_args[*]}" \
     "$(get gpc__cycles_elapsed.max)" "$(get gpu__time_duration.sum)" \
     "$(get sm__pipe_tensor_op_hmma_cycles_active.avg)" "$(get sm__pipe_tensor_op_hmma_cycles_active.max)" \
     "$(get lts__t_sectors.avg)"

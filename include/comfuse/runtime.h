@@ -111,6 +111,9 @@ class FusedKernel {
  private:
   void run_b2b(const RunArgs& args, Stream stream) const;
   void run_parts(const RunArgs& args, Stream stream) const;
+  // A single-GEMM kernel; b_before_wait: the kernel before it on the stream writes none of its B
+  // (run_parts knows: params.cuh Params::b_before_wait).
+  void run_single(const RunArgs& args, Stream stream, bool b_before_wait) const;
 
  public:
   FusedKernel& operator=(FusedKernel&&) noexcept;

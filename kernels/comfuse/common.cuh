@@ -169,7 +169,9 @@ template <> struct DType<float> {
 // access a kernel waits for the previous grid to complete (its writes visible: the same
 // semantics as a serialized launch), then lets the next launch place its CTAs, which can only
 // happen once all of ours are resident (the trigger fires when every CTA has triggered or
-// exited), so a persistent grid's co-residency is kept.
+// exited), so a persistent grid's co-residency is kept. Because the trigger follows the wait,
+// the grid before the previous one has completed by the time ours runs: what the previous grid
+// does not write may be read before the wait (Params::b_before_wait, where the runtime knows it).
 COMFUSE_DEVICE void wait_for_previous_grid() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 COMFUSE_DEVICE void allow_next_grid() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
 

@@ -52,6 +52,13 @@ struct alignas(128) Params {
   // raster_along_n != 0) are walked together, to keep A (or B) panels hot in L2.
   int raster_group;
   int raster_along_n;
+  // Nonzero: the previous grid on the stream writes no byte of B (nor B3), so the producer may
+  // load the first job's B before griddepcontrol.wait (kernel/fused_gemm_sm90.cuh). Set by the
+  // runtime only for the second and later kernels of a pair run as single-GEMM kernels
+  // (fused_kernel.cpp run_parts), whose weights stream while the part before still runs; that
+  // part writes the intermediate only, and the runtime checks the spans all the same
+  // (launch.h b_before_wait_allowed).
+  int b_before_wait;
   // The cluster count the exchange workspace was laid out for (grid.cuh's exchange_layout):
   // the most clusters a launch of this kernel may have.
   int workspace_clusters;

@@ -369,6 +369,11 @@ void FusedKernel::run(const RunArgs& args, Stream stream) const {
   const State& st = *state_;
   if (!st.parts.empty()) return run_parts(args, stream);
   if (st.second) return run_b2b(args, stream);
+  run_single(args, stream, /*b_before_wait=*/false);
+}
+
+void FusedKernel::run_single(const RunArgs& args, Stream stream, bool b_before_wait) const {
+  const State& st = *state_;
   const FusionSpec& s = st.spec;
   check_names(args, {&s}, "");
   const RuntimeArg& ra = s.args.at(static_cast<size_t>(s.arg_index(ArgRole::OperandA)));
@@ -401,6 +406,7 @@ void FusedKernel::run(const RunArgs& args, Stream stream) const {
   p.raster_along_n = st.plan.raster_along_n ? 1 : 0;
   p.batches = 1;
   p.heads = 1;
+  p.b_before_wait = b_before_wait ? 1 : 0;
   // A gated GEMM's gate (OperandGate): B's shape, layout and type.
   const DeviceTensor* B3 = nullptr;
   if (const int gate = s.arg_index(ArgRole::OperandGate); gate >= 0) {
@@ -513,8 +519,13 @@ void FusedKernel::run_parts(const RunArgs& args, Stream stream) const {
     throw Error(fmt::format("X '{}' has {} rows; these {} kernels were built for at most {} (their intermediate '{}' "
                             "holds that many): build them for this M",
                             rx.name, m, st.parts.size(), s.rows, s.name));
-  for (const FusedKernel& part : st.parts) {
-    RunArgs own;
+  // Each part after the first runs right behind the part before it on the stream, so it may
+  // stream its weights (B) while that part still runs, where that part writes none of them.
+  std::vector<const DeviceTensor*> written;  // the previous part's outputs
+  std::vector<RunArgs> owns(st.parts.size());
+  for (size_t k = 0; k < st.parts.size(); ++k) {
+    const FusedKernel& part = st.parts[k];
+    RunArgs& own = owns[k];
     for (const RuntimeArg& a : part.spec().args) {
       const auto held = std::find_if(st.intermediates.begin(), st.intermediates.end(),
                                      [&](const State::Intermediate& i) { return i.name == a.name; });
@@ -522,7 +533,15 @@ void FusedKernel::run_parts(const RunArgs& args, Stream stream) const {
       else if (a.role == ArgRole::Scalar && args.scalars.count(a.name)) own.scalars[a.name] = args.scalars.at(a.name);
       else if (args.tensors.count(a.name)) own.tensors[a.name] = args.tensors.at(a.name);
     }
-    part.run(own, stream);  // a missing argument is named there
+    std::vector<const DeviceTensor*> read, writes;
+    for (const RuntimeArg& a : part.spec().args) {
+      const auto t = own.tensors.find(a.name);
+      if (t == own.tensors.end()) continue;  // missing: named by run_single
+      if (a.role == ArgRole::OperandB || a.role == ArgRole::OperandGate) read.push_back(&t->second);
+      if (a.role == ArgRole::Output) writes.push_back(&t->second);  // tile and per-row outputs alike
+    }
+    part.run_single(own, stream, k > 0 && runtime_detail::b_before_wait_allowed(read, written));
+    written = std::move(writes);
   }
 }
 

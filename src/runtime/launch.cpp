@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -179,6 +180,34 @@ void set_tile_input(Params& p, int epi_rows, int slot, DType t, const void* X, i
   encode_tensor(&p.tma_in[slot], what, t, X, p.M, cols, ld, 128 / static_cast<uint32_t>(size_of(t)), epi_rows,
                 batch);
   p.tile_in[slot] = matrix_ref(X, ld, batch);
+}
+
+namespace {
+// The bytes [first, last) a tensor's elements span, or nullopt past two dims.
+std::optional<std::pair<uintptr_t, uintptr_t>> byte_span(const DeviceTensor& t) {
+  if (t.shape.size() > 2) return std::nullopt;
+  const int64_t rows = t.shape.size() == 2 ? t.shape[0] : 1;
+  const int64_t cols = t.shape.empty() ? 1 : t.shape.back();
+  if (rows <= 0 || cols <= 0) return std::pair<uintptr_t, uintptr_t>{0, 0};
+  const int64_t ld = t.ld ? t.ld : cols;
+  const auto first = reinterpret_cast<uintptr_t>(t.data);
+  return std::pair<uintptr_t, uintptr_t>{first, first + uintptr_t(((rows - 1) * ld + cols) * size_of(t.dtype))};
+}
+}  // namespace
+
+bool b_before_wait_allowed(const std::vector<const DeviceTensor*>& read, const std::vector<const DeviceTensor*>& written) {
+  static const bool on = [] {
+    const char* e = std::getenv("COMFUSE_EARLY_B");
+    return !(e && std::string(e) == "0");
+  }();
+  if (!on) return false;
+  for (const DeviceTensor* r : read)
+    for (const DeviceTensor* w : written) {
+      const auto a = byte_span(*r), b = byte_span(*w);
+      if (!a || !b) return false;
+      if (a->first < a->second && b->first < b->second && a->first < b->second && b->first < a->second) return false;
+    }
+  return true;
 }
 
 int prepare(cudaKernel_t kernel, const KernelConfig& k) {

@@ -6,10 +6,12 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "comfuse/config.cuh"
 #include "comfuse/dtype.h"
 #include "comfuse/params.cuh"
+#include "comfuse/runtime.h"
 
 namespace comfuse::runtime_detail {
 
@@ -61,6 +63,13 @@ void launch(cudaKernel_t kernel, const KernelConfig& k, const Params& p, cudaStr
 // projection) but no two elements may share an address.
 void encode_tensor(TmaDesc* out, const char* what, DType t, const void* ptr, uint64_t rows, uint64_t cols, uint64_t ld,
                    uint32_t box_cols, uint32_t box_rows, const BatchLayout& batch = {});
+
+// Whether a kernel may load its B (and B3) before griddepcontrol.wait (Params::b_before_wait):
+// the caller knows the kernel before it on the stream (a pair's previous part), and none of
+// `written` (that kernel's outputs) shares a byte with any of `read` (this kernel's B and B3).
+// A tensor of more than two dims counts as sharing (its span is not worked out). False under
+// COMFUSE_EARLY_B=0 (an A/B switch for measurements).
+bool b_before_wait_allowed(const std::vector<const DeviceTensor*>& read, const std::vector<const DeviceTensor*>& written);
 
 // B2B kernels (kernels/comfuse/b2b/): the same for a B2bConfig (its threads: the wgmma pipeline's 384
 // or the decode kernel's 128; clusters where N1 is split).

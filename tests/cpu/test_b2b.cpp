@@ -17,6 +17,7 @@
 #include "comfuse/text.h"
 #include "expect_error.h"
 #include "plan/calibration.h"
+#include "runtime/launch.h"
 
 namespace comfuse {
 namespace {
@@ -807,6 +808,32 @@ TEST(B2b, DecodeKernelRefusals) {
   const Pair ffn = lowered("ffn.cf");
   ASSERT_NE(ffn.b, nullptr);
   expect_error([&] { plan(ffn, {1, 1, 1024, 4096, 1024, DType::BF16}, on); }, "F is not a softmax over N1");
+}
+
+// A pair run as single-GEMM kernels: a part loads its weights before waiting for the part before
+// it (Params::b_before_wait) only where that part writes none of their bytes. Spans are rows x
+// row stride: a padded row's gap counts, a byte past the last element does not.
+TEST(B2b, UnfusedPartsReadWeightsEarlyOnlyWhereNothingBeforeWritesThem) {
+  using runtime_detail::b_before_wait_allowed;
+  alignas(16) static char mem[1 << 16];
+  auto at = [&](size_t offset, std::vector<int64_t> shape, int64_t ld = 0, DType t = DType::BF16) {
+    return DeviceTensor{mem + offset, t, std::move(shape), ld};
+  };
+  const DeviceTensor w2 = at(0, {64, 128});           // bytes [0, 16384)
+  const DeviceTensor s = at(16384, {64, 128});        // right after: shares none
+  const DeviceTensor inside = at(8192, {8, 8});       // within w2
+  const DeviceTensor padded = at(0, {2, 64}, 8000);   // rows 0 and 8000 elements apart: [0, 16128)
+  const DeviceTensor tail = at(16000, {1}, 0, DType::F32);  // the last bytes of w2
+  const DeviceTensor batched = at(40000, {2, 4, 8});  // three dims: its span is not worked out
+  EXPECT_TRUE(b_before_wait_allowed({&w2}, {}));
+  EXPECT_TRUE(b_before_wait_allowed({&w2}, {&s}));
+  EXPECT_TRUE(b_before_wait_allowed({&s}, {&w2}));
+  EXPECT_FALSE(b_before_wait_allowed({&w2}, {&s, &inside}));
+  EXPECT_FALSE(b_before_wait_allowed({&s, &w2}, {&w2}));
+  EXPECT_FALSE(b_before_wait_allowed({&w2}, {&padded}));
+  EXPECT_FALSE(b_before_wait_allowed({&w2}, {&tail}));
+  EXPECT_TRUE(b_before_wait_allowed({&s}, {&padded, &tail}));
+  EXPECT_FALSE(b_before_wait_allowed({&w2}, {&batched}));
 }
 
 }  // namespace

@@ -177,8 +177,15 @@ p = cast(softmax(mul(s, 0.125)), bf16)
 o = matmul(p, v, layout=kn)
 output o: bf16
 )";
+  // GEMM2 loads its W2 before GEMM1 ends (Params::b_before_wait) in every case: split-K over
+  // 64x64 tiles with the partial tiles summed in SMEM (the small FFN, and ragged), a K share
+  // shorter than the ring with B multicast along M, 128x128 tiles several jobs a CTA.
   for (const V& v : {V{ffn("bf16", "gelu"), {{"M", 1000}, {"K", 72}, {"N", 520}, {"D", 136}}},
                      V{ffn("f16", "relu"), {{"M", 2048}, {"K", 256}, {"N", 1032}, {"D", 64}}},
+                     V{ffn("bf16", "gelu"), {{"M", 64}, {"K", 1024}, {"N", 3072}, {"D", 1024}}},
+                     V{ffn("f16", "gelu"), {{"M", 50}, {"K", 1000}, {"N", 3112}, {"D", 1000}}},
+                     V{ffn("bf16", "relu"), {{"M", 100}, {"K", 256}, {"N", 200}, {"D", 1024}}},
+                     V{ffn("bf16", "gelu"), {{"M", 1000}, {"K", 256}, {"N", 1024}, {"D", 520}}},
                      V{attention, {{"M", 300}, {"N", 520}, {"K", 64}, {"DV", 64}}}}) {
     SCOPED_TRACE(fmt::format("M={}", v.dims.at("M")));
     CompileOptions opt;

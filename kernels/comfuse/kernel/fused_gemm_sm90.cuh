@@ -191,22 +191,31 @@ struct FusedGemmSm90 {
     } else {
       __syncthreads();
     }
-    wait_for_previous_grid();  // nothing global before this (common.cuh)
-    allow_next_grid();
-
-    Scheduler sched(p);
+    Scheduler sched(p);            // the launch's parameters only: nothing global
     int const kt = sched.k_count;  // k-blocks of this CTA's mainloops (all of K, or its split's share)
+    PipelineState producer_state = cutlass::make_producer_start_state<Pipeline>();
+    // B ahead of the previous grid (Params::b_before_wait: the runtime knows that grid, the pair's
+    // part before this one, writes no byte of B): the producer fills the first job's first slots
+    // with B while that grid still runs, and adds A to them after the wait.
+    int b_ahead = 0;
+    if (p.b_before_wait && threadIdx.x == 0)
+      if (TileCoord const tc = sched.tile(0); tc.valid)
+        b_ahead = Mainloop::load_b_ahead(p, pipeline, producer_state, ss.mainloop, tc.n_block, sched.rank,
+                                         sched.k_begin, kt);
+    wait_for_previous_grid();  // nothing else global before this (common.cuh)
+    allow_next_grid();
 
     if (wg == 0) {
       warpgroup_reg_dealloc<kProducerRegs>();
       if (threadIdx.x == 0) {
-        PipelineState state = cutlass::make_producer_start_state<Pipeline>();
+        PipelineState& state = producer_state;
         for (int k = 0;; ++k) {
           TileCoord tc = sched.tile(k);
           if (!tc.valid) break;
           for (int nt = 0; nt < NTiles; ++nt) {
             int const n_block = tc.n_block + nt * RowPeers;
-            Mainloop::load(p, pipeline, state, ss.mainloop, tc.m_block, n_block, sched.rank, sched.k_begin, kt);
+            Mainloop::load(p, pipeline, state, ss.mainloop, tc.m_block, n_block, sched.rank, sched.k_begin, kt,
+                           k == 0 && nt == 0 ? b_ahead : 0);
             if constexpr (kRingSlots > 0)
               Mainloop::load_slot(pipeline, state, C.ring_input_bytes, [&](uint64_t* bar, int s) {
                 EpiExec::load_ring(p, bar, [&](int box) { return Mainloop::slot_box(ss.mainloop, s, box); },

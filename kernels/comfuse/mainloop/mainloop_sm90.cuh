@@ -149,15 +149,47 @@ struct MainloopSm90 {
       for (int nb = 0; nb < BN / 64; ++nb) f(b_source(p, n0, nb * 64, row), row, k0, nb * 64);
     }
   }
-  // k-blocks k_begin .. k_begin + kt_count - 1 of K (all of them, or a split-K share).
-  static COMFUSE_DEVICE void load(Params const& p, Pipeline& pipeline, PipelineState& state,
-                                  SharedStorage& smem, int m_block, int n_block, int rank, int k_begin, int kt_count) {
-    constexpr uint64_t kEvictNormal = 0x1000000000000000ull;
-    int const m0 = m_block * BM, n0 = n_block * TileN;
+  static constexpr uint64_t kEvictNormal = 0x1000000000000000ull;
+
+  // B's boxes of k-block k0 into slot s (the slot acquired, its barrier `bar`).
+  static COMFUSE_DEVICE void load_b(Params const& p, uint64_t* bar, SharedStorage& smem, int s, int n0, int rank,
+                                    int k0) {
     int const rank_m = ClusterM > 1 ? int(cute::block_id_in_cluster().x) : 0;
     uint16_t const b_mask = b_multicast_mask(ClusterN > 1 ? rank : 0);
-    for (int kt = 0; kt < kt_count; ++kt) {
+    Element* dstb = smem.B + s * BN * BK;
+    for_each_b_box(p, n0, rank_m, k0, [&](TmaDesc const* d, int c0, int c1, int r0) {
+      if constexpr (ClusterM > 1)
+        cute::SM90_TMA_LOAD_MULTICAST_2D::copy(d, bar, b_mask, kEvictNormal, dstb + r0 * BK, c0, c1);
+      else
+        cute::SM90_TMA_LOAD_2D::copy(d, bar, kEvictNormal, dstb + r0 * BK, c0, c1);
+    });
+  }
+
+  // B ahead of the previous grid (Params::b_before_wait; the producer thread, before
+  // griddepcontrol.wait): acquires the first min(Stages, kt_count) slots of a tile from `state`
+  // (a fresh ring: no acquire waits) and loads B's k-blocks into them. Returns how many; `load`
+  // then adds A to those slots without acquiring them again.
+  static COMFUSE_DEVICE int load_b_ahead(Params const& p, Pipeline& pipeline, PipelineState state,
+                                         SharedStorage& smem, int n_block, int rank, int k_begin, int kt_count) {
+    int const ahead = kt_count < Stages ? kt_count : Stages;
+    for (int kt = 0; kt < ahead; ++kt) {
       pipeline.producer_acquire(state);
+      load_b(p, pipeline.producer_get_barrier(state), smem, state.index(), n_block * TileN, rank,
+             (k_begin + kt) * BK);
+      ++state;
+    }
+    return ahead;
+  }
+
+  // k-blocks k_begin .. k_begin + kt_count - 1 of K (all of them, or a split-K share); the first
+  // b_ahead of them already hold their B (load_b_ahead from the same state).
+  static COMFUSE_DEVICE void load(Params const& p, Pipeline& pipeline, PipelineState& state,
+                                  SharedStorage& smem, int m_block, int n_block, int rank, int k_begin, int kt_count,
+                                  int b_ahead = 0) {
+    int const m0 = m_block * BM, n0 = n_block * TileN;
+    int const rank_m = ClusterM > 1 ? int(cute::block_id_in_cluster().x) : 0;
+    for (int kt = 0; kt < kt_count; ++kt) {
+      if (kt >= b_ahead) pipeline.producer_acquire(state);
       uint64_t* bar = pipeline.producer_get_barrier(state);
       int const s = state.index();
       int const k0 = (k_begin + kt) * BK;
@@ -174,13 +206,7 @@ struct MainloopSm90 {
                 bar, cute::block_rank_in_cluster(), uint32_t((BM - C.a_box_rows) * BK * sizeof(Element)));
         }
       }
-      Element* dstb = smem.B + s * BN * BK;
-      for_each_b_box(p, n0, rank_m, k0, [&](TmaDesc const* d, int c0, int c1, int r0) {
-        if constexpr (ClusterM > 1)
-          cute::SM90_TMA_LOAD_MULTICAST_2D::copy(d, bar, b_mask, kEvictNormal, dstb + r0 * BK, c0, c1);
-        else
-          cute::SM90_TMA_LOAD_2D::copy(d, bar, kEvictNormal, dstb + r0 * BK, c0, c1);
-      });
+      if (kt >= b_ahead) load_b(p, bar, smem, s, n0, rank, k0);
       ++state;
     }
   }
