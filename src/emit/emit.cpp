@@ -102,9 +102,10 @@ void check_renderable(const FusionSpec& s, const Plan& p) {
   if (s.gated() != p.kernel.gated)
     throw Error(fmt::format("spec '{}' {} a gated GEMM but its plan's kernel {}", s.name, s.gated() ? "is" : "is not",
                             p.kernel.gated ? "is (KernelConfig::gated)" : "is not (KernelConfig::gated)"));
-  if (p.fused_pairs.any() && !one_round_pairs_possible(p))
-    throw Error(fmt::format("spec '{}': the plan fuses paired reductions into one round, which needs one N-tile per CTA "
-                            "and the L2 exchange or a single CTA per row", s.name));
+  const OneRoundPairs can = one_round_pairs_possible(p);
+  if ((p.fused_pairs.mean_variance && !can.mean_variance) || (p.fused_pairs.max_exp_sum && !can.max_exp_sum))
+    throw Error(fmt::format("spec '{}': the plan fuses paired reductions into one round, which needs the L2 exchange or "
+                            "a single CTA per row (and one N-tile per CTA for a mean-and-variance pair)", s.name));
 }
 
 const char* aggregation_name(Aggregation a) {

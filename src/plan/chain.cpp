@@ -91,6 +91,31 @@ double node_cost(const FusionSpec& s, const Spec& st, int i) {
   return 1.0;
 }
 
+// Whether a stage below `st` (its PostStages, theirs, ...) takes a tile-shaped value by bypass.
+bool later_stage_carries_tile(const Spec& st) {
+  for (const Spec& c : st.children) {
+    for (const SpecNode& n : c.nodes)
+      if (n.category == NodeCategory::Placeholder && n.placeholder == PlaceholderKind::Bypass &&
+          n.value_class == ValueClass::Tile)
+        return true;
+    if (later_stage_carries_tile(c)) return true;
+  }
+  return false;
+}
+
+// The max-and-sum-of-exp pairs of `st` and below whose sum's PostStage carries no tile value on.
+int pairs_streamed_together(const Spec& st) {
+  int n = 0;
+  for (size_t i = 0; i < st.nodes.size(); ++i) {
+    if (pair_kind(st, static_cast<int>(i)) != PairKind::MaxExpSum) continue;
+    const Spec& second = st.children.at(static_cast<size_t>(st.nodes[i].post));
+    const SpecNode& sum = second.nodes.at(static_cast<size_t>(second.terminal));
+    if (sum.post >= 0 && !later_stage_carries_tile(second.children.at(static_cast<size_t>(sum.post)))) ++n;
+  }
+  for (const Spec& c : st.children) n += pairs_streamed_together(c);
+  return n;
+}
+
 }  // namespace
 
 std::vector<StageRef> collect_stages(const FusionSpec& s) {
@@ -106,6 +131,7 @@ ChainInfo analyze_chain(const FusionSpec& s) {
   info.stages_in_chain = std::max(1, s.stage_count());
   info.mean_variance_pairs = s.segment > 0 ? 0 : s.pair_count(PairKind::MeanVariance);
   info.max_exp_sum_pairs = s.segment > 0 ? 0 : s.pair_count(PairKind::MaxExpSum);
+  info.max_exp_sum_pairs_streamed_together = s.segment > 0 ? 0 : pairs_streamed_together(s.root);
   for (const RuntimeArg& a : s.args)
     if (a.role == ArgRole::TileInput) {
       info.tile_input_bytes_per_element += static_cast<int64_t>(size_of(a.dtype));

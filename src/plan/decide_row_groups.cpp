@@ -288,13 +288,15 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
         // A CTA's share of a tile's MACs (all rows: the tensor cores compute the tile's rows past M too).
         const double t_tile = 2.0 * ts.tile_m * ts.tile_n * b_operands * double(p.k) / ks / (dev.sm_flops_per_s * eff) * 1e6;
         // Epilogue bytes of one tile: the stash written once and read back by each later stage
-        // (none when T == 1), the outputs written. At one SM's share of DRAM bandwidth.
+        // (none when T == 1; a pair's two stages that stream together read it once), the outputs
+        // written. At one SM's share of DRAM bandwidth.
+        const OneRoundPairs fuse = fuse_pairs(chain, opt, n_tiles, Aggregation::L2Exchange, g);
+        const int together = fuse.max_exp_sum && n_tiles > 1 ? chain.max_exp_sum_pairs_streamed_together : 0;
         const double elems = double(ts.tile_m) * ts.tile_n;
         const double stage1 = elems * c.k.stash_elem_bytes;
-        const double stage2 = stage1 * std::max(1, chain.stages_in_chain - 1) + elems * chain.max_out_bytes;
+        const double stage2 = stage1 * std::max(1, chain.stages_in_chain - 1 - together) + elems * chain.max_out_bytes;
         const double per_sm_bytes_per_us = dev.dram_bytes_per_s / dev.sm_count * 1e-6;
         const double t_s1 = stage1 / per_sm_bytes_per_us, t_s2 = stage2 / per_sm_bytes_per_us;
-        const OneRoundPairs fuse = fuse_pairs(chain, opt, n_tiles, Aggregation::L2Exchange, g);
         c.k.pair_hand_over = pair_hand_over(fuse, p.m, c.k);  // before the ring's fit: the hand-over is SMEM
         const int rounds = chain.reductions - (fuse.mean_variance ? chain.mean_variance_pairs : 0) -
                            (fuse.max_exp_sum ? chain.max_exp_sum_pairs : 0);
@@ -525,12 +527,15 @@ bool row_groups_forced(const PlanOptions& opt) {
 // exposed epilogue) residual LayerNorm 1x1024x4096 12.6 vs 13.2 us and 32x1024x4096 15.0 vs
 // 15.8, softmax 16x4096x4096 17.2 vs 17.8 and 256x4096x4096 21.7 vs 21.9, LayerNorm
 // 16/128/256 x4096x4096 ties: never slower, so every pair that saves a round takes one.
+// A max-and-sum-of-exp pair over several N-tiles a CTA (its sum online across them) is taken
+// where forced only: NOT measured yet (bench/sweeps/online_pairs_n_tiles.txt).
 OneRoundPairs fuse_pairs(const ChainInfo& chain, const PlanOptions& opt, int64_t n_tiles, Aggregation agg,
                          int row_peers) {
-  if (chain.pairs() == 0 || !one_round_pairs_possible(n_tiles, agg, row_peers)) return {};
-  if (opt.fuse_pairs) return {*opt.fuse_pairs && chain.mean_variance_pairs > 0, *opt.fuse_pairs && chain.max_exp_sum_pairs > 0};
+  const OneRoundPairs can = one_round_pairs_possible(n_tiles, agg, row_peers);
+  const bool mv = can.mean_variance && chain.mean_variance_pairs > 0, mes = can.max_exp_sum && chain.max_exp_sum_pairs > 0;
+  if (opt.fuse_pairs) return {*opt.fuse_pairs && mv, *opt.fuse_pairs && mes};
   const bool saves_a_round = row_peers > 1;  // one CTA per row: no round to save
-  return {chain.mean_variance_pairs > 0 && saves_a_round, chain.max_exp_sum_pairs > 0 && saves_a_round};
+  return {mv && saves_a_round, mes && saves_a_round && n_tiles == 1};
 }
 
 bool pair_hand_over(const OneRoundPairs& fused, int64_t m, const KernelConfig& k) {

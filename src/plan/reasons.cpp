@@ -77,6 +77,9 @@ void add_reasons(Plan& plan, const ChainInfo& chain, const DeviceModel& dev, con
                             plan.kernel.n_tiles, plan.tiles_n, plan.kernel.cluster_n));
   }
 
+  // Stages that stream the stash together (stage.cuh kFusedStream): the decider's count.
+  const int streamed_together =
+      plan.fused_pairs.max_exp_sum && plan.kernel.n_tiles > 1 ? chain.max_exp_sum_pairs_streamed_together : 0;
   switch (plan.strategy()) {
     case RowStrategy::NoReduction:
       r.push_back("strategy no-reduction: elementwise epilogue only, every tile stores on its own");
@@ -103,14 +106,17 @@ void add_reasons(Plan& plan, const ChainInfo& chain, const DeviceModel& dev, con
     case RowStrategy::WorkspaceStash:
       r.push_back(fmt::format(
           "strategy workspace-stash: the {} earlier N-tile(s) per CTA do not fit on chip, so stage 1's bypass values "
-          "[{}] go to a global {} workspace ({} for the jobs in flight, {}) and are re-read by each of the {} later "
-          "stage(s)",
+          "[{}] go to a global {} workspace ({} for the jobs in flight, {}) and are re-read {} time(s) by the {} later "
+          "stage(s){}",
           plan.kernel.n_tiles - 1, join(plan.stashed), plan.kernel.stash_elem_bytes == 2 ? "bf16" : "fp32",
           fmt_bytes(plan.workspace_bytes),
           double(plan.workspace_bytes) <= tun.l2_workspace_fraction * double(dev.l2_bytes)
               ? "stays in L2"
               : "too big for L2: charged at DRAM bandwidth",
-          plan.stages_in_chain - 1));
+          plan.stages_in_chain - 1 - streamed_together, plan.stages_in_chain - 1,
+          streamed_together > 0 ? " (the second stage of a max-and-sum-of-exp pair in one round streams with the "
+                                  "stage after it: one read for both)"
+                                : ""));
       break;
   }
 
@@ -141,21 +147,26 @@ void add_reasons(Plan& plan, const ChainInfo& chain, const DeviceModel& dev, con
   }
 
   // One line per kind of pair: one round or two, and why.
-  const bool pair_fusable = one_round_pairs_possible(plan);
-  auto pair_line = [&](int count, bool fused, const std::string& what) {
+  const OneRoundPairs can = one_round_pairs_possible(plan);
+  const bool several_tiles = plan.kernel.n_tiles > 1;
+  auto pair_line = [&](int count, bool fused, bool possible, const char* needs, const std::string& what) {
     if (count == 0) return;
     const std::string head = fmt::format("{} {}", count, what);
-    r.push_back(fused ? fmt::format("{}: in one round, one synchronization of the row's CTAs instead of two", head)
+    r.push_back(fused ? fmt::format("{}: in one round, one synchronization of the row's CTAs instead of two{}", head,
+                                    several_tiles ? " (the sum of exp online across the CTA's N-tiles)" : "")
                 : opt.fuse_pairs == false ? fmt::format("{}: two rounds, forced by option", head)
-                : !pair_fusable ? fmt::format("{}: two rounds; one round needs one N-tile per CTA and the L2 exchange or "
-                                              "a single CTA per row",
-                                              head)
-                                : fmt::format("{}: two rounds; one CTA per row has no round to save", head));
+                : !possible ? fmt::format("{}: two rounds; one round needs {}", head, needs)
+                : plan.kernel.row_peers() == 1 ? fmt::format("{}: two rounds; one CTA per row has no round to save", head)
+                                               : fmt::format("{}: two rounds; over several N-tiles a CTA one round is "
+                                                             "forced only (--pairs one-round), not measured yet",
+                                                             head));
   };
-  pair_line(chain.mean_variance_pairs, plan.fused_pairs.mean_variance,
+  pair_line(chain.mean_variance_pairs, plan.fused_pairs.mean_variance, can.mean_variance,
+            "one N-tile per CTA and the L2 exchange or a single CTA per row",
             "mean-and-variance pair(s) (one round: each CTA sends its row sums and the sum of squares about its own "
             "mean, merged by Chan's formula, safe when |mean| >> std)");
-  pair_line(chain.max_exp_sum_pairs, plan.fused_pairs.max_exp_sum,
+  pair_line(chain.max_exp_sum_pairs, plan.fused_pairs.max_exp_sum, can.max_exp_sum,
+            "the L2 exchange or a single CTA per row",
             "max-and-sum-of-exp pair(s) (one round: each CTA sends its row max and the sum of exp about its own max, "
             "merged as online softmax does, S = sum_j S_j exp(max_j - max))");
   r.push_back((plan.kernel.cluster_n > 1)

@@ -12,6 +12,7 @@
 #include "cpu/plan_specs.h"
 #include "expect_error.h"
 #include "plan/calibration.h"
+#include "plan/plan_internal.h"
 
 namespace comfuse {
 namespace {
@@ -915,11 +916,10 @@ FusionSpec log_softmax() {
   return lowered([](Graph& g, Value acc) { return g.log_softmax(acc); }, DType::F32);
 }
 
-// Paired reductions (LayerNorm's mean and variance, softmax's max and sum of exp) share one
-// exchange round: LayerNorm's where the epilogue hides behind the other consumer's next job
-// (not where a CTA has one job, not over DSMEM, not with a stash, not in one CTA unless
-// forced); softmax's only when forced (its extra exp pass measured slower than the round),
-// log-softmax's like LayerNorm's (its exp dies at the sum: the merge's pass replaces it).
+// Paired reductions (LayerNorm's mean and variance, softmax's and log-softmax's max and sum of
+// exp) share one exchange round wherever the row's CTAs meet in L2 with one N-tile each (not over
+// DSMEM, not in one CTA unless forced); over several N-tiles a CTA only softmax's pair, and only
+// where forced (its sum online across the tiles: unmeasured).
 TEST(Plan, PairedReductionsInOneRoundWhereARoundIsSaved) {
   FusionSpec ln = layer_norm(), sm = softmax(), lsm = log_softmax(), rms = rms_norm();
   EXPECT_EQ(ln.pair_count(PairKind::MeanVariance), 1);
@@ -953,9 +953,11 @@ TEST(Plan, PairedReductionsInOneRoundWhereARoundIsSaved) {
   opt.aggregation = Aggregation::PeerToPeer;
   EXPECT_FALSE(make_plan(ln, prob(8192, 4096, 4096), full_device(), {}, opt).fused_pairs.any());
   opt = {};
-  opt.row_group = 2;  // 8 N-tiles per CTA: the stash keeps two rounds
-  opt.fuse_pairs = true;
+  opt.row_group = 2;  // 8 N-tiles per CTA: two rounds unless forced (then the max-and-sum-of-exp pair only)
   EXPECT_FALSE(make_plan(sm, prob(8192, 4096, 4096), full_device(), {}, opt).fused_pairs.any());
+  opt.fuse_pairs = true;
+  EXPECT_TRUE(make_plan(sm, prob(8192, 4096, 4096), full_device(), {}, opt).fused_pairs.max_exp_sum);
+  EXPECT_FALSE(make_plan(ln, prob(8192, 4096, 4096), full_device(), {}, opt).fused_pairs.any());
   const std::string e = explain(sm, forced);
   EXPECT_NE(e.find("max and sum of exp in one round"), std::string::npos) << e;
   EXPECT_NE(e.find("1 max-and-sum-of-exp pair(s)"), std::string::npos) << e;
@@ -971,6 +973,47 @@ TEST(Plan, PairedReductionsInOneRoundWhereARoundIsSaved) {
       << f;
   const std::string l = explain(ln, make_plan(ln, prob(8192, 4096, 4096)));
   EXPECT_NE(l.find("mean and variance in one round"), std::string::npos) << l;
+}
+
+// The max-and-sum-of-exp pair over several N-tiles a CTA (the vocabulary rows' stash plans):
+// forced only. Then its sum runs online across the tiles, one round, and the pair's second stage
+// streams the stash with the stage after it (one read of the stash after the round, not two):
+// the estimate drops by that read. A chain whose stage after the sum carries a tile value on
+// (softmax into a LayerNorm) keeps the two reads.
+TEST(Plan, MaxExpSumPairsOverSeveralNTilesForcedOnly) {
+  FusionSpec sm = softmax(), lsm = log_softmax(), ln = layer_norm();
+  FusionSpec sm_ln = lowered([](Graph& g, Value acc) {
+    return g.layer_norm(g.softmax(acc), row(g, "gamma"), row(g, "beta"));
+  });
+  EXPECT_EQ(plan_detail::analyze_chain(sm).max_exp_sum_pairs_streamed_together, 1);
+  EXPECT_EQ(plan_detail::analyze_chain(lsm).max_exp_sum_pairs_streamed_together, 1);
+  EXPECT_EQ(plan_detail::analyze_chain(sm_ln).max_exp_sum_pairs, 1);
+  EXPECT_EQ(plan_detail::analyze_chain(sm_ln).max_exp_sum_pairs_streamed_together, 0);
+  const Problem vocab{1024, 32768, 4096, DType::BF16};
+  PlanOptions opt;
+  opt.row_group = 32;
+  opt.tile_m = 128, opt.tile_n = 128, opt.cluster_m = 2;
+  const Plan two = make_plan(lsm, vocab, full_device(), {}, opt);
+  ASSERT_GT(two.kernel.n_tiles, 1);
+  EXPECT_FALSE(two.fused_pairs.any());
+  EXPECT_NE(explain(lsm, two).find("over several N-tiles a CTA one round is forced only (--pairs one-round)"),
+            std::string::npos)
+      << explain(lsm, two);
+  opt.fuse_pairs = true;
+  const Plan one = make_plan(lsm, vocab, full_device(), {}, opt);
+  EXPECT_EQ(one.kernel.n_tiles, two.kernel.n_tiles);
+  EXPECT_TRUE(one.fused_pairs.max_exp_sum);
+  EXPECT_LT(one.estimate.total_us, two.estimate.total_us);
+  const std::string e = explain(lsm, one);
+  EXPECT_NE(e.find("(the sum of exp online across the CTA's N-tiles)"), std::string::npos) << e;
+  EXPECT_NE(e.find("re-read 1 time(s) by the 2 later stage(s)"), std::string::npos) << e;
+  const std::string e2 = explain(lsm, two);
+  EXPECT_NE(e2.find("re-read 2 time(s) by the 2 later stage(s)"), std::string::npos) << e2;
+  // LayerNorm's pair needs one N-tile: forced over several, it keeps two rounds and says why.
+  const Plan ln_forced = make_plan(ln, vocab, full_device(), {}, opt);
+  EXPECT_FALSE(ln_forced.fused_pairs.any());
+  EXPECT_NE(explain(ln, ln_forced).find("two rounds; one round needs one N-tile per CTA"), std::string::npos)
+      << explain(ln, ln_forced);
 }
 
 // A reduction-free epilogue takes forced clusters along M (B multicast) with forced PingPong

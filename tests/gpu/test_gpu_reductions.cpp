@@ -293,6 +293,49 @@ TEST_F(GpuReduce, RowGroupsSoftmaxMaxAndExpSumInOneRound) {
   }
 }
 
+// The max-and-sum-of-exp pair in one round over several N-tiles a CTA (forced: the planner keeps
+// two rounds there): each thread's sum of exp online across its tiles (the max moving from tile
+// to tile: sharp logits), the pair's second stage streaming the stash with the stage after it,
+// last tile first (stage.cuh kFusedStream). Workspace and SMEM stashes, a row of one CTA (no
+// exchange), a causal mask (rows whose tiles in a CTA are all -inf), ragged M and N (a last tile
+// of 8 columns), and softmax into a LayerNorm (the stage after the sum carries a tile on: the
+// stages stream one after the other).
+TEST_F(GpuReduce, RowGroupsSoftmaxPairOverSeveralNTiles) {
+  struct V {
+    const char* what;
+    int g, cm, tm, tn;
+    int64_t m, n, k;
+    double scale;
+    bool causal = false, then_layer_norm = false;
+  };
+  for (const V& v : {V{"workspace stash, 9 N-tiles", 8, 2, 128, 128, 200, 8200, 264, 4.0},
+                     V{"4 N-tiles", 4, 1, 64, 128, 1000, 2000, 72, 0.125},
+                     V{"one CTA a row, 8 N-tiles", 1, 1, 64, 128, 300, 1000, 64, 4.0},
+                     V{"causal", 8, 2, 128, 128, 1000, 4104, 64, 1.0, true},
+                     V{"into a LayerNorm", 4, 1, 64, 128, 500, 1032, 72, 1.0, false, true}}) {
+    for (bool log : {false, true}) {
+      if (log && (v.causal || v.then_layer_norm)) continue;
+      SCOPED_TRACE(fmt::format("{} {}: G={} cluster_m={} {}x{} M={} N={} K={} scale {}", log ? "log-softmax" : "softmax",
+                               v.what, v.g, v.cm, v.tm, v.tn, v.m, v.n, v.k, v.scale));
+      CompileOptions opt;
+      opt.plan.row_group = v.g;
+      opt.plan.cluster_m = v.cm;
+      opt.plan.tile_m = v.tm;
+      opt.plan.tile_n = v.tn;
+      opt.plan.fuse_pairs = true;
+      Case c;
+      Value logits = c.acc * v.scale;
+      if (v.causal) logits = c.g.causal_mask(logits);
+      Value y = log ? c.g.log_softmax(logits) : c.g.softmax(logits);
+      if (v.then_layer_norm) y = c.g.layer_norm(y * 100.0, c.row("gamma"), c.row("beta"));
+      c.g.output(y, "p", log ? DType::F32 : DType::BF16);
+      Plan p = expect_matches(c.g, dims(v.m, v.n, v.k), opt);
+      EXPECT_GT(p.kernel.n_tiles, 1);
+      EXPECT_TRUE(p.fused_pairs.max_exp_sum);
+    }
+  }
+}
+
 // Row groups on cooperative 128x256 tiles (both consumer warp groups on one tile, 64 rows each,
 // each exchanging its rows with the same warp group of the row's other CTAs): LayerNorm with
 // its mean and variance in one round under a 1000 offset, softmax's pair, and the residual

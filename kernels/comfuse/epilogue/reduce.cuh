@@ -64,15 +64,16 @@ template <int K> struct Bypass {
 
 // Terminal reduction of a stage: thread-local aggregation per row. Columns >= N enter as
 // Op::identity() (whatever the operand computed there).
-// Pair (Ψ sets it, one N-tile per CTA, L2 exchange or none; stage.cuh): two reductions of
-// a chain whose statistics merge exactly from per-CTA partials share ONE exchange round.
+// Pair (Ψ sets it, L2 exchange or none; stage.cuh): two reductions of a chain whose statistics
+// merge exactly from per-CTA partials share ONE exchange round.
 //   kPairMeanM2      on a Mean whose PostStage reduces the mean of (operand - this mean)^2
-//                    (LayerNorm's variance): the reduce phase also sums the squares about the
-//                    CTA's own mean and exchanges (sum, M2); Chan's merge, exact when |mean| >> std.
+//                    (LayerNorm's variance; one N-tile per CTA): the reduce phase also sums the
+//                    squares about the CTA's own mean and exchanges (sum, M2); Chan's merge, exact
+//                    when |mean| >> std.
 //   kPairMaxExpSum   on a Max whose PostStage reduces the sum of exp(operand - this max)
 //                    (softmax, log-softmax): the reduce phase also sums exp(x - the CTA's own
-//                    max) and exchanges (max, sum); the online-softmax merge
-//                    S = sum_j S_j exp(max_j - max).
+//                    max) (several N-tiles: online, tile by tile) and exchanges (max, sum); the
+//                    online-softmax merge S = sum_j S_j exp(max_j - max).
 //   kPairGiven       on that PostStage's reduction: it takes the merged second statistic from
 //                    its parent instead of a round of its own.
 // Segment > 0 (FusionSpec::segment, KernelConfig::row_segment): the reduction spans each run of

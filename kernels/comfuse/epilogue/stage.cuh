@@ -32,12 +32,13 @@
 //    Stat node. Its begin() (vector loads) ran with the root stage's at the start of the job
 //    (one N-tile a job: every stage's, under one barrier, begin_phase<true>), or overlaps the
 //    round (several N-tiles: tile 0's).
-//    Paired statistics (Reduction kPair*, set by Ψ for one N-tile per CTA, reduce.cuh): mean
-//    then variance (LayerNorm) or max then sum of exp (softmax): the first reduction's reduce
-//    phase also makes its CTA's second statistic from the registers (squares about the CTA's
-//    own mean; exp about its own max) and exchanges both in ONE round, merged exactly (Chan;
-//    online softmax); the second reduction takes the merged value without a round. One
-//    group-wide synchronization a job instead of two.
+//    Paired statistics (Reduction kPair*, set by Ψ, reduce.cuh): mean then variance
+//    (LayerNorm, one N-tile per CTA) or max then sum of exp (softmax, any N-tiles): the first
+//    reduction's reduce phase also makes its CTA's second statistic from the registers (squares
+//    about the CTA's own mean; exp about its own max; over several N-tiles the sum of exp
+//    accumulates online, tile by tile: online_second) and exchanges both in ONE round, merged
+//    exactly (Chan; online softmax); the second reduction takes the merged value without a round.
+//    One group-wide synchronization a job instead of two.
 //  * Bypass<K> in a PostStage reads node K of the parent stage. A Tile-class K is written
 //    back, fragment by fragment, into the accumulator registers (dead after AccEntry read
 //    them; every fragment is read before it is overwritten), and the PostStage streams those
@@ -376,11 +377,18 @@ template <class... Nodes> struct Stage {
     // stage's one round).
     static constexpr int kPair = detail::pair_of<Last>::value;
     static constexpr bool kPairFirst = kPair == kPairMeanM2 || kPair == kPairMaxExpSum;
-    static_assert(!kPairFirst || Geo::NTiles == 1,
-                  "Pair: one N-tile per CTA (the CTA's second statistic needs its values in registers)");
+    // Several N-tiles a job: the sum of exp accumulates online across them (online_second), each
+    // tile's values still in registers after its body; the squares about the CTA's mean would
+    // need the mean before the first tile's values leave the registers.
+    static constexpr bool kPairOnline = kPairFirst && Geo::NTiles > 1;
+    static_assert(!kPairFirst || Geo::NTiles == 1 || kPair == kPairMaxExpSum,
+                  "Pair: a mean-and-variance pair needs one N-tile per CTA (its squares about the CTA's own mean)");
     static_assert(!kPairFirst || !kClusterReduce || Geo::Agg == Aggregation::L2Exchange,
                   "Pair: the L2 exchange (row groups) or no exchange; the DSMEM channel has no pair round");
     float given[Geo::MBlocks][2];
+    // kPairOnline: this thread's running sum of exp(x - center) a row over the job's tiles so far,
+    // about `online_center` (its running max, 0 while that is -inf).
+    float online_sum[Geo::MBlocks][2], online_center[Geo::MBlocks][2];
 
     static constexpr bool kRoot = cute::is_same_v<Parent, NoParent>;
     // Whether a node of the root stage starts its tile's inputs early (TileInput's L2
@@ -572,7 +580,9 @@ template <class... Nodes> struct Stage {
     // stash slot c.tile, and its kTileBypass value goes to the same place for the PostStage).
     // kInRegs is a template argument, not a runtime test: a runtime choice per fragment made
     // ptxas spill (~1.2 KB: both paths' values live at once).
-    template <bool kInRegs, class FragC, class St>
+    // kOutRegs: where the kTileBypass value goes (default: where the input came from); a fused
+    // stream (kFusedStream) reads a stashed tile and leaves its bypass in the registers.
+    template <bool kInRegs, bool kOutRegs = kInRegs, class FragC, class St>
     COMFUSE_DEVICE void body(EpiCtx const& c, TreeStorage& ts, FragC& accum, int bar_id, St const& st) {
       constexpr bool in_regs = kInRegs;
       if constexpr (kBorrows) {  // the lender's last stores must have read the staging
@@ -640,11 +650,15 @@ template <class... Nodes> struct Stage {
               visit_nodes(c, fc, acc, vals, acc_at, acc_put);
             }
             if constexpr (kTileBypass >= 0) {
-              if constexpr (in_regs) {
+              if constexpr (kOutRegs) {
                 CUTE_UNROLL
                 for (int e = 0; e < kFrag; ++e) accum(base + e) = vals[kTileBypass][e];
               } else {
                 st.store(c.tile, f, vals[kTileBypass]);
+                if constexpr (kRoot && kPairOnline) {  // online_second reads the tile's operand here
+                  CUTE_UNROLL
+                  for (int e = 0; e < kFrag; ++e) accum(base + e) = vals[kTileBypass][e];
+                }
               }
             }
             if constexpr (kHasPost) {
@@ -665,11 +679,28 @@ template <class... Nodes> struct Stage {
       }
     }
 
-    // As a PostStage: stream over the job's tiles (c: tile 0, whose begin_phase the parent ran
-    // during its DSMEM round), then this stage's reduce phase.
+    // A PostStage whose statistic came with its parent's pair round (kPairGiven), over several
+    // N-tiles a job, before a PostStage that carries no tile value on: the two stream together,
+    // tile by tile (stream_fused), and this stage's tile value never goes back to the stash.
+    // (Under if constexpr: a stage with no PostStage must not instantiate the dummy PostExec.)
+    static constexpr bool fused_stream() {
+      if constexpr (kPair == kPairGiven && Geo::NTiles > 1 && kHasPost && kTileBypass >= 0) return !PostExec::kCarriesTile;
+      else return false;
+    }
+    static constexpr bool kFusedStream = fused_stream();
+    // The tile a PostStage streams first (its parent begins it during the round): the last one,
+    // in the registers, where the stream is fused.
+    static constexpr int kFirstTile = kFusedStream ? Geo::NTiles - 1 : 0;
+
+    // As a PostStage: stream over the job's tiles (c: tile 0; the parent ran the begin_phase of
+    // tile kFirstTile during its round), then this stage's reduce phase.
     template <class FragC, class CS, class St>
     COMFUSE_DEVICE void stream(EpiCtx const& c, TreeStorage& ts, FragC& accum, int bar_id, CS& chan,
                                Rounds<Geo::kRetireEarly>& rnd, St const& st) {
+      if constexpr (kFusedStream) {
+        stream_fused(c, ts, accum, bar_id, chan, rnd, st);
+        return;
+      }
       for (int t = 0; t < Geo::NTiles - 1; ++t) {  // tiles 0..T-2: stash slot t
         EpiCtx const ct = tile_ctx(c, t);
         if (t > 0) begin_phase(ct, ts, bar_id);
@@ -680,6 +711,45 @@ template <class... Nodes> struct Stage {
         if constexpr (Geo::NTiles > 1) begin_phase(ct, ts, bar_id);
         body<true>(ct, ts, accum, bar_id, st);
       }
+      if constexpr (kEndsInReduction) reduce_phase(c, ts, accum, bar_id, chan, rnd, st);
+    }
+
+    // kFusedStream: the statistic is known (given), so the PostStage takes it first; then each
+    // tile runs this stage and the PostStage back to back: the last tile first (its values in
+    // the registers), then tiles 0..T-2, each read from its stash slot into the registers as
+    // this stage's bypass, where the PostStage reads it. One read of the stash after the round,
+    // where streaming the stages one after the other writes this stage's bypass back to the
+    // stash and reads it again.
+    template <class FragC, class CS, class St>
+    COMFUSE_DEVICE void stream_fused(EpiCtx const& c, TreeStorage& ts, FragC& accum, int bar_id, CS& chan,
+                                     Rounds<Geo::kRetireEarly>& rnd, St const& st) {
+      float v[Geo::MBlocks][2];
+      int const n = Last::kSegment > 0 ? Last::kSegment : c.N;
+      CUTE_UNROLL
+      for (int mi = 0; mi < Geo::MBlocks; ++mi)
+        CUTE_UNROLL
+        for (int h = 0; h < 2; ++h) v[mi][h] = Last::ReduceOp::finalize(given[mi][h], n);
+      post.take_stat(v);
+      PostTree& pts = post_tree(ts);
+      {  // the last tile, begun by the parent during its round
+        EpiCtx const ct = tile_ctx(c, Geo::NTiles - 1);
+        body<true>(ct, ts, accum, bar_id, st);
+        post.begin_phase(ct, pts, bar_id);
+        post.template body<true>(ct, pts, accum, bar_id, st);
+      }
+      for (int t = 0; t < Geo::NTiles - 1; ++t) {
+        EpiCtx const ct = tile_ctx(c, t);
+        begin_phase(ct, ts, bar_id);
+        body<false, true>(ct, ts, accum, bar_id, st);
+        post.begin_phase(ct, pts, bar_id);
+        post.template body<true>(ct, pts, accum, bar_id, st);
+      }
+      post.finish_stream(c, pts, accum, bar_id, chan, rnd, st);
+    }
+    // After a fused stream's tiles: the PostStage's own reduce phase, if it ends in one.
+    template <class FragC, class CS, class St>
+    COMFUSE_DEVICE void finish_stream(EpiCtx const& c, TreeStorage& ts, FragC& accum, int bar_id, CS& chan,
+                                      Rounds<Geo::kRetireEarly>& rnd, St const& st) {
       if constexpr (kEndsInReduction) reduce_phase(c, ts, accum, bar_id, chan, rnd, st);
     }
 
@@ -722,6 +792,7 @@ template <class... Nodes> struct Stage {
       since = trace::now();
       if (Geo::NTiles == 1 || t == Geo::NTiles - 1) body<true>(ct, tree, accum, bar_id, st);
       else body<false>(ct, tree, accum, bar_id, st);
+      if constexpr (kPairOnline) online_second(ct, accum);
       after_body();
       trace::add_epi(trace::kEpiRootBody, since);
       if constexpr (kEndsInReduction) {
@@ -786,20 +857,70 @@ template <class... Nodes> struct Stage {
     template <class FragC>
     COMFUSE_DEVICE void local_second(EpiCtx const& c, FragC& accum, float const (&first)[Geo::MBlocks][2],
                                      float (&second)[Geo::MBlocks][2]) const {
-      static_assert(kTileBypass == Last::kOperandIndex, "Pair: the PostStage must bypass the first reduction's operand");
       int const n_local = max(0, min(Geo::BN, c.N - c.n0));
       float const inv = n_local > 0 ? __fdiv_rn(1.f, float(n_local)) : 0.f;
       float center[Geo::MBlocks][2];
-      float part[Geo::MBlocks][2][kRowSlots];  // running sums a row, as Reduction::visit's partials
       CUTE_UNROLL
       for (int mi = 0; mi < Geo::MBlocks; ++mi)
         CUTE_UNROLL
         for (int h = 0; h < 2; ++h) {
           if constexpr (kPair == kPairMeanM2) center[mi][h] = first[mi][h] * inv;
-          else center[mi][h] = first[mi][h] == ReduceMax::identity() ? 0.f : first[mi][h];
+          else center[mi][h] = max_center(first[mi][h]);
+        }
+      thread_second(c, accum, center, second);
+      CUTE_UNROLL
+      for (int mi = 0; mi < Geo::MBlocks; ++mi)
+        CUTE_UNROLL
+        for (int h = 0; h < 2; ++h) second[mi][h] = quad_sum(second[mi][h]);
+    }
+
+    // A row max as the center of exp(x - center): 0 where it is -inf (no finite value: no NaN).
+    static COMFUSE_DEVICE float max_center(float m) { return m == ReduceMax::identity() ? 0.f : m; }
+    static COMFUSE_DEVICE float quad_sum(float x) {
+      x += __shfl_xor_sync(0xffffffffu, x, 1);
+      return x + __shfl_xor_sync(0xffffffffu, x, 2);
+    }
+
+    // kPairOnline, after tile c.tile's body: the tile's exp(x - m) added to the thread's running
+    // sums, m the thread's running max over the job's tiles so far (the Reduction's partial), the
+    // earlier tiles' sum moved to it by exp(m_before - m) <= 1 (online softmax, thread by thread;
+    // reduce_phase merges the quad's). A sum of 0 stays 0, so a -inf max before never meets an
+    // overflowing factor.
+    template <class FragC>
+    COMFUSE_DEVICE void online_second(EpiCtx const& c, FragC& accum) {
+      auto const& red = cute::get<kNumNodes - 1>(impls);
+      float center[Geo::MBlocks][2], tile_sum[Geo::MBlocks][2];
+      CUTE_UNROLL
+      for (int mi = 0; mi < Geo::MBlocks; ++mi)
+        CUTE_UNROLL
+        for (int h = 0; h < 2; ++h) center[mi][h] = max_center(red.partial(mi, h));
+      thread_second(c, accum, center, tile_sum);
+      CUTE_UNROLL
+      for (int mi = 0; mi < Geo::MBlocks; ++mi)
+        CUTE_UNROLL
+        for (int h = 0; h < 2; ++h) {
+          float const before = c.tile == 0 || !(online_sum[mi][h] > 0.f)
+                                   ? 0.f
+                                   : online_sum[mi][h] * fast_exp(online_center[mi][h] - center[mi][h]);
+          online_sum[mi][h] = before + tile_sum[mi][h];
+          online_center[mi][h] = center[mi][h];
+        }
+    }
+
+    // The thread's sums a row over its values of the tile in the accumulator registers (the
+    // reduction's operand, which the compute phase left there as the tile bypass): (x - center)^2
+    // (kPairMeanM2) or exp(x - center), columns past N left out. Not quad-reduced.
+    template <class FragC>
+    COMFUSE_DEVICE void thread_second(EpiCtx const& c, FragC& accum, float const (&center)[Geo::MBlocks][2],
+                                      float (&out)[Geo::MBlocks][2]) const {
+      static_assert(kTileBypass == Last::kOperandIndex, "Pair: the PostStage must bypass the first reduction's operand");
+      float part[Geo::MBlocks][2][kRowSlots];  // running sums a row, as Reduction::visit's partials
+      CUTE_UNROLL
+      for (int mi = 0; mi < Geo::MBlocks; ++mi)
+        CUTE_UNROLL
+        for (int h = 0; h < 2; ++h)
           CUTE_UNROLL
           for (int k = 0; k < kRowSlots; ++k) part[mi][h][k] = 0.f;
-        }
       CUTE_UNROLL
       for (int s = 0; s < Geo::SubTiles; ++s)
         CUTE_UNROLL
@@ -818,11 +939,7 @@ template <class... Nodes> struct Stage {
       CUTE_UNROLL
       for (int mi = 0; mi < Geo::MBlocks; ++mi)
         CUTE_UNROLL
-        for (int h = 0; h < 2; ++h) {
-          second[mi][h] = fold_pairwise<ReduceSum>(part[mi][h]);
-          second[mi][h] += __shfl_xor_sync(0xffffffffu, second[mi][h], 1);
-          second[mi][h] += __shfl_xor_sync(0xffffffffu, second[mi][h], 2);
-        }
+        for (int h = 0; h < 2; ++h) out[mi][h] = fold_pairwise<ReduceSum>(part[mi][h]);
     }
 
     // The exact merge of peer j's second statistic (v_j: its first statistic, s_j: its second)
@@ -872,7 +989,8 @@ template <class... Nodes> struct Stage {
       if constexpr (kPair == kPairGiven) {  // the parent's round brought this statistic
         CUTE_UNROLL
         for (int mi = 0; mi < Geo::MBlocks; ++mi) v[mi][0] = given[mi][0], v[mi][1] = given[mi][1];
-        // (Pairs: one N-tile a job, so the PostStage's begin() ran with the root's.)
+        // One N-tile a job: the PostStage's begin() ran with the root's; several: tile 0's here.
+        if constexpr (kHasPost && Geo::NTiles > 1) post.begin_phase(c, post_tree(ts), bar_id);
       } else {
         // (1) the quad that holds a row: butterfly, every lane ends with the same bits.
         CUTE_UNROLL
@@ -888,11 +1006,24 @@ template <class... Nodes> struct Stage {
         // (3) across the cluster; the PostStage's begin() overlaps the round.
         if constexpr (kPairFirst) {
           float second[Geo::MBlocks][2];
-          local_second(c, accum, v, second);
+          if constexpr (kPairOnline) {  // the thread's running sums, moved to the quad's max
+            CUTE_UNROLL
+            for (int mi = 0; mi < Geo::MBlocks; ++mi)
+              CUTE_UNROLL
+              for (int h = 0; h < 2; ++h) {
+                float const s = online_sum[mi][h];
+                second[mi][h] = quad_sum(s > 0.f ? s * fast_exp(online_center[mi][h] - max_center(v[mi][h])) : 0.f);
+              }
+          } else {
+            local_second(c, accum, v, second);
+          }
           if constexpr (kClusterReduce) Chan::start_pair(chan, rnd.n, c.xs, *c.p, c.t, v, second);
           if constexpr (kRoot) trace::add_epi(trace::kEpiPublish, since);
           if constexpr (kRoot && kClusterReduce) trace::mark_here(c.job, trace::kPublished);
-          // (One N-tile a job: the PostStage's begin() ran with the root's, begin_phase<true>.)
+          // One N-tile a job: the PostStage's begin() ran with the root's (begin_phase<true>);
+          // several: that of the tile it streams first overlaps the round.
+          if constexpr (kHasPost && Geo::NTiles > 1)
+            post.begin_phase(tile_ctx(c, PostExec::kFirstTile), post_tree(ts), bar_id);
           if constexpr (kClusterReduce) {
             // The first statistic folds as a sum (the mean's finalize divides later) or a max.
             using First = cute::conditional_t<kPair == kPairMeanM2, ReduceSum, ReduceMax>;
