@@ -91,26 +91,17 @@ double node_cost(const FusionSpec& s, const Spec& st, int i) {
   return 1.0;
 }
 
-// Whether a stage below `st` (its PostStages, theirs, ...) takes a tile-shaped value by bypass.
-bool later_stage_carries_tile(const Spec& st) {
-  for (const Spec& c : st.children) {
-    for (const SpecNode& n : c.nodes)
-      if (n.category == NodeCategory::Placeholder && n.placeholder == PlaceholderKind::Bypass &&
-          n.value_class == ValueClass::Tile)
-        return true;
-    if (later_stage_carries_tile(c)) return true;
-  }
-  return false;
-}
-
-// The max-and-sum-of-exp pairs of `st` and below whose sum's PostStage carries no tile value on.
+// The max-and-sum-of-exp pairs of `st` and below whose sum's PostStage is the chain's last stage
+// (no reduction of its own): those stream together (stage.cuh kFusedStream).
 int pairs_streamed_together(const Spec& st) {
   int n = 0;
   for (size_t i = 0; i < st.nodes.size(); ++i) {
     if (pair_kind(st, static_cast<int>(i)) != PairKind::MaxExpSum) continue;
     const Spec& second = st.children.at(static_cast<size_t>(st.nodes[i].post));
     const SpecNode& sum = second.nodes.at(static_cast<size_t>(second.terminal));
-    if (sum.post >= 0 && !later_stage_carries_tile(second.children.at(static_cast<size_t>(sum.post)))) ++n;
+    if (sum.post < 0) continue;
+    const Spec& last = second.children.at(static_cast<size_t>(sum.post));
+    if (last.nodes.at(static_cast<size_t>(last.terminal)).category != NodeCategory::Reduction) ++n;
   }
   for (const Spec& c : st.children) n += pairs_streamed_together(c);
   return n;

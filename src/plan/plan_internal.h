@@ -30,9 +30,9 @@ struct ChainInfo {
   int mean_variance_pairs = 0;
   int max_exp_sum_pairs = 0;
   int pairs() const { return mean_variance_pairs + max_exp_sum_pairs; }
-  // Max-and-sum-of-exp pairs whose second stage's PostStage carries no tile value on: fused in
-  // one round over several N-tiles a CTA, those two stages stream the stash together, one read
-  // instead of a read, a write-back and a read (stage.cuh kFusedStream).
+  // Max-and-sum-of-exp pairs whose second stage's PostStage is the chain's last stage (ends in no
+  // reduction): fused in one round over several N-tiles a CTA, those two stages stream the stash
+  // together, one read instead of a read, a write-back and a read (stage.cuh kFusedStream).
   int max_exp_sum_pairs_streamed_together = 0;
   // Largest number of Tile-class Bypass placeholders entering any stage: tile-sized
   // register values that must survive a reduce phase (the accumulator counts as one).

@@ -978,8 +978,8 @@ TEST(Plan, PairedReductionsInOneRoundWhereARoundIsSaved) {
 // The max-and-sum-of-exp pair over several N-tiles a CTA (the vocabulary rows' stash plans):
 // forced only. Then its sum runs online across the tiles, one round, and the pair's second stage
 // streams the stash with the stage after it (one read of the stash after the round, not two):
-// the estimate drops by that read. A chain whose stage after the sum carries a tile value on
-// (softmax into a LayerNorm) keeps the two reads.
+// the estimate drops by that read. A chain whose stage after the sum ends in a reduction of its
+// own (softmax into a LayerNorm) keeps the two reads.
 TEST(Plan, MaxExpSumPairsOverSeveralNTilesForcedOnly) {
   FusionSpec sm = softmax(), lsm = log_softmax(), ln = layer_norm();
   FusionSpec sm_ln = lowered([](Graph& g, Value acc) {

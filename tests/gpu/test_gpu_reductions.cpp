@@ -298,8 +298,8 @@ TEST_F(GpuReduce, RowGroupsSoftmaxMaxAndExpSumInOneRound) {
 // to tile: sharp logits), the pair's second stage streaming the stash with the stage after it,
 // last tile first (stage.cuh kFusedStream). Workspace and SMEM stashes, a row of one CTA (no
 // exchange), a causal mask (rows whose tiles in a CTA are all -inf), ragged M and N (a last tile
-// of 8 columns), and softmax into a LayerNorm (the stage after the sum carries a tile on: the
-// stages stream one after the other).
+// of 8 columns), and softmax into a LayerNorm (the stage after the sum ends in a reduction: the
+// stages stream one after the other, the LayerNorm's from tile 0).
 TEST_F(GpuReduce, RowGroupsSoftmaxPairOverSeveralNTiles) {
   struct V {
     const char* what;

@@ -680,11 +680,14 @@ template <class... Nodes> struct Stage {
     }
 
     // A PostStage whose statistic came with its parent's pair round (kPairGiven), over several
-    // N-tiles a job, before a PostStage that carries no tile value on: the two stream together,
-    // tile by tile (stream_fused), and this stage's tile value never goes back to the stash.
-    // (Under if constexpr: a stage with no PostStage must not instantiate the dummy PostExec.)
+    // N-tiles a job, before the chain's last stage (no reduction: its partials would restart at
+    // tile 0, which the fused order does not stream first; nothing after it reads a tile): the
+    // two stream together, tile by tile (stream_fused), and this stage's tile value never goes
+    // back to the stash. (Under if constexpr: a stage with no PostStage must not instantiate the
+    // dummy PostExec.)
     static constexpr bool fused_stream() {
-      if constexpr (kPair == kPairGiven && Geo::NTiles > 1 && kHasPost && kTileBypass >= 0) return !PostExec::kCarriesTile;
+      if constexpr (kPair == kPairGiven && Geo::NTiles > 1 && kHasPost && kTileBypass >= 0)
+        return !PostS::kEndsInReduction;
       else return false;
     }
     static constexpr bool kFusedStream = fused_stream();
@@ -698,7 +701,7 @@ template <class... Nodes> struct Stage {
     COMFUSE_DEVICE void stream(EpiCtx const& c, TreeStorage& ts, FragC& accum, int bar_id, CS& chan,
                                Rounds<Geo::kRetireEarly>& rnd, St const& st) {
       if constexpr (kFusedStream) {
-        stream_fused(c, ts, accum, bar_id, chan, rnd, st);
+        stream_fused(c, ts, accum, bar_id, st);
         return;
       }
       for (int t = 0; t < Geo::NTiles - 1; ++t) {  // tiles 0..T-2: stash slot t
@@ -720,9 +723,8 @@ template <class... Nodes> struct Stage {
     // this stage's bypass, where the PostStage reads it. One read of the stash after the round,
     // where streaming the stages one after the other writes this stage's bypass back to the
     // stash and reads it again.
-    template <class FragC, class CS, class St>
-    COMFUSE_DEVICE void stream_fused(EpiCtx const& c, TreeStorage& ts, FragC& accum, int bar_id, CS& chan,
-                                     Rounds<Geo::kRetireEarly>& rnd, St const& st) {
+    template <class FragC, class St>
+    COMFUSE_DEVICE void stream_fused(EpiCtx const& c, TreeStorage& ts, FragC& accum, int bar_id, St const& st) {
       float v[Geo::MBlocks][2];
       int const n = Last::kSegment > 0 ? Last::kSegment : c.N;
       CUTE_UNROLL
@@ -744,13 +746,6 @@ template <class... Nodes> struct Stage {
         post.begin_phase(ct, pts, bar_id);
         post.template body<true>(ct, pts, accum, bar_id, st);
       }
-      post.finish_stream(c, pts, accum, bar_id, chan, rnd, st);
-    }
-    // After a fused stream's tiles: the PostStage's own reduce phase, if it ends in one.
-    template <class FragC, class CS, class St>
-    COMFUSE_DEVICE void finish_stream(EpiCtx const& c, TreeStorage& ts, FragC& accum, int bar_id, CS& chan,
-                                      Rounds<Geo::kRetireEarly>& rnd, St const& st) {
-      if constexpr (kEndsInReduction) reduce_phase(c, ts, accum, bar_id, chan, rnd, st);
     }
 
     // The root's stores' staging, lent to the PostStage stores that borrow it (EpiCtx::root_staging).
