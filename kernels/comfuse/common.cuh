@@ -169,9 +169,11 @@ template <> struct DType<float> {
 // access a kernel waits for the previous grid to complete (its writes visible: the same
 // semantics as a serialized launch), then lets the next launch place its CTAs, which can only
 // happen once all of ours are resident (the trigger fires when every CTA has triggered or
-// exited), so a persistent grid's co-residency is kept. Because the trigger follows the wait,
-// the grid before the previous one has completed by the time ours runs: what the previous grid
-// does not write may be read before the wait (Params::b_before_wait, where the runtime knows it).
+// exited), so a persistent grid's co-residency is kept. Every ComFuse kernel (fused_gemm, b2b,
+// decode) triggers only after its own wait, so where the previous grid is one of ours, the grid
+// before it has completed (its writes visible by that grid's completion, not by this wait) by
+// the time ours runs: what the previous grid does not write may be read before the wait
+// (Params::b_before_wait, where the runtime knows the previous grid: fused_kernel.cpp run_parts).
 COMFUSE_DEVICE void wait_for_previous_grid() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 COMFUSE_DEVICE void allow_next_grid() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
 

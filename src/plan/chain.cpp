@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <functional>
 
 #include "plan_internal.h"
 
@@ -91,23 +92,44 @@ double node_cost(const FusionSpec& s, const Spec& st, int i) {
   return 1.0;
 }
 
-// The max-and-sum-of-exp pairs of `st` and below whose sum's PostStage is the chain's last stage
-// (no reduction of its own): those stream together (stage.cuh kFusedStream).
-int pairs_streamed_together(const Spec& st) {
+// The root stage's max-and-sum-of-exp pair (over several N-tiles a CTA, only the root's runs in
+// one round: stage.cuh kPairOnline) whose sum's PostStage is the chain's last stage (no reduction)
+// and takes the sum's stage's tile value: those two stages stream together (stage.cuh kFusedStream).
+int root_pairs_streamed_together(const Spec& root) {
   int n = 0;
-  for (size_t i = 0; i < st.nodes.size(); ++i) {
-    if (pair_kind(st, static_cast<int>(i)) != PairKind::MaxExpSum) continue;
-    const Spec& second = st.children.at(static_cast<size_t>(st.nodes[i].post));
+  for (size_t i = 0; i < root.nodes.size(); ++i) {
+    if (pair_kind(root, static_cast<int>(i)) != PairKind::MaxExpSum) continue;
+    const Spec& second = root.children.at(static_cast<size_t>(root.nodes[i].post));
     const SpecNode& sum = second.nodes.at(static_cast<size_t>(second.terminal));
     if (sum.post < 0) continue;
     const Spec& last = second.children.at(static_cast<size_t>(sum.post));
-    if (last.nodes.at(static_cast<size_t>(last.terminal)).category != NodeCategory::Reduction) ++n;
+    const bool takes_tile = std::any_of(last.nodes.begin(), last.nodes.end(), [](const SpecNode& n) {
+      return n.category == NodeCategory::Placeholder && n.placeholder == PlaceholderKind::Bypass &&
+             n.value_class == ValueClass::Tile;
+    });
+    if (takes_tile && last.nodes.at(static_cast<size_t>(last.terminal)).category != NodeCategory::Reduction) ++n;
   }
-  for (const Spec& c : st.children) n += pairs_streamed_together(c);
+  return n;
+}
+
+// The max-and-sum-of-exp pairs of the stages below the root.
+int pairs_below_root(const Spec& root) {
+  int n = 0;
+  std::function<void(const Spec&)> walk = [&](const Spec& st) {
+    for (size_t i = 0; i < st.nodes.size(); ++i)
+      if (pair_kind(st, static_cast<int>(i)) == PairKind::MaxExpSum) ++n;
+    for (const Spec& c : st.children) walk(c);
+  };
+  for (const Spec& c : root.children) walk(c);
   return n;
 }
 
 }  // namespace
+
+int stash_reads_after_round(const ChainInfo& chain, const OneRoundPairs& fused, int64_t n_tiles) {
+  const int together = fused.max_exp_sum && n_tiles > 1 ? chain.max_exp_sum_pairs_streamed_together : 0;
+  return std::max(1, chain.stages_in_chain - 1 - together);
+}
 
 std::vector<StageRef> collect_stages(const FusionSpec& s) {
   StageCollector c;
@@ -122,7 +144,8 @@ ChainInfo analyze_chain(const FusionSpec& s) {
   info.stages_in_chain = std::max(1, s.stage_count());
   info.mean_variance_pairs = s.segment > 0 ? 0 : s.pair_count(PairKind::MeanVariance);
   info.max_exp_sum_pairs = s.segment > 0 ? 0 : s.pair_count(PairKind::MaxExpSum);
-  info.max_exp_sum_pairs_streamed_together = s.segment > 0 ? 0 : pairs_streamed_together(s.root);
+  info.max_exp_sum_pairs_streamed_together = s.segment > 0 ? 0 : root_pairs_streamed_together(s.root);
+  info.max_exp_sum_pairs_below_root = s.segment > 0 ? 0 : pairs_below_root(s.root);
   for (const RuntimeArg& a : s.args)
     if (a.role == ArgRole::TileInput) {
       info.tile_input_bytes_per_element += static_cast<int64_t>(size_of(a.dtype));

@@ -291,10 +291,9 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
         // (none when T == 1; a pair's two stages that stream together read it once), the outputs
         // written. At one SM's share of DRAM bandwidth.
         const OneRoundPairs fuse = fuse_pairs(chain, opt, n_tiles, Aggregation::L2Exchange, g);
-        const int together = fuse.max_exp_sum && n_tiles > 1 ? chain.max_exp_sum_pairs_streamed_together : 0;
         const double elems = double(ts.tile_m) * ts.tile_n;
         const double stage1 = elems * c.k.stash_elem_bytes;
-        const double stage2 = stage1 * std::max(1, chain.stages_in_chain - 1 - together) + elems * chain.max_out_bytes;
+        const double stage2 = stage1 * stash_reads_after_round(chain, fuse, n_tiles) + elems * chain.max_out_bytes;
         const double per_sm_bytes_per_us = dev.dram_bytes_per_s / dev.sm_count * 1e-6;
         const double t_s1 = stage1 / per_sm_bytes_per_us, t_s2 = stage2 / per_sm_bytes_per_us;
         c.k.pair_hand_over = pair_hand_over(fuse, p.m, c.k);  // before the ring's fit: the hand-over is SMEM
@@ -528,11 +527,13 @@ bool row_groups_forced(const PlanOptions& opt) {
 // 15.8, softmax 16x4096x4096 17.2 vs 17.8 and 256x4096x4096 21.7 vs 21.9, LayerNorm
 // 16/128/256 x4096x4096 ties: never slower, so every pair that saves a round takes one.
 // A max-and-sum-of-exp pair over several N-tiles a CTA (its sum online across them) is taken
-// where forced only: NOT measured yet (bench/sweeps/online_pairs_n_tiles.txt).
+// where forced only: NOT measured yet (bench/sweeps/online_pairs_n_tiles.txt); and only the root
+// stage's can (a chain with one below it keeps two rounds for all: emit fuses a kind whole).
 OneRoundPairs fuse_pairs(const ChainInfo& chain, const PlanOptions& opt, int64_t n_tiles, Aggregation agg,
                          int row_peers) {
   const OneRoundPairs can = one_round_pairs_possible(n_tiles, agg, row_peers);
-  const bool mv = can.mean_variance && chain.mean_variance_pairs > 0, mes = can.max_exp_sum && chain.max_exp_sum_pairs > 0;
+  const bool mv = can.mean_variance && chain.mean_variance_pairs > 0;
+  const bool mes = can.max_exp_sum && chain.max_exp_sum_pairs > 0 && (n_tiles == 1 || chain.max_exp_sum_pairs_below_root == 0);
   if (opt.fuse_pairs) return {*opt.fuse_pairs && mv, *opt.fuse_pairs && mes};
   const bool saves_a_round = row_peers > 1;  // one CTA per row: no round to save
   return {mv && saves_a_round, mes && saves_a_round && n_tiles == 1};

@@ -30,10 +30,14 @@ struct ChainInfo {
   int mean_variance_pairs = 0;
   int max_exp_sum_pairs = 0;
   int pairs() const { return mean_variance_pairs + max_exp_sum_pairs; }
-  // Max-and-sum-of-exp pairs whose second stage's PostStage is the chain's last stage (ends in no
-  // reduction): fused in one round over several N-tiles a CTA, those two stages stream the stash
-  // together, one read instead of a read, a write-back and a read (stage.cuh kFusedStream).
+  // The root stage's max-and-sum-of-exp pair where its sum's PostStage is the chain's last stage
+  // (no reduction) and takes a tile value from the sum's stage: in one round over several N-tiles
+  // a CTA, those two stages stream the stash together, one read instead of a read, a write-back
+  // and a read (stage.cuh kFusedStream).
   int max_exp_sum_pairs_streamed_together = 0;
+  // Max-and-sum-of-exp pairs below the root stage: over several N-tiles a CTA they keep two
+  // rounds (only the root's sum runs online, tile by tile: stage.cuh kPairOnline).
+  int max_exp_sum_pairs_below_root = 0;
   // Largest number of Tile-class Bypass placeholders entering any stage: tile-sized
   // register values that must survive a reduce phase (the accumulator counts as one).
   int live_tile_values = 1;
@@ -59,6 +63,9 @@ struct ChainInfo {
   std::vector<StageStorage> stage_storage;
 };
 ChainInfo analyze_chain(const FusionSpec& s);
+// Passes over a stash after the first round: one a later stage, one for a root pair's two stages
+// that stream together (ChainInfo::max_exp_sum_pairs_streamed_together, fused over several N-tiles).
+int stash_reads_after_round(const ChainInfo& chain, const OneRoundPairs& fused, int64_t n_tiles);
 
 // "add(%1, %2)", "mean(%4)", "bias[row]", "2.5", ... (no stage prefix).
 std::string node_label(const FusionSpec& s, const Spec& stage, int index);

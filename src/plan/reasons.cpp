@@ -77,9 +77,7 @@ void add_reasons(Plan& plan, const ChainInfo& chain, const DeviceModel& dev, con
                             plan.kernel.n_tiles, plan.tiles_n, plan.kernel.cluster_n));
   }
 
-  // Stages that stream the stash together (stage.cuh kFusedStream): the decider's count.
-  const int streamed_together =
-      plan.fused_pairs.max_exp_sum && plan.kernel.n_tiles > 1 ? chain.max_exp_sum_pairs_streamed_together : 0;
+  const int stash_reads = stash_reads_after_round(chain, plan.fused_pairs, plan.kernel.n_tiles);
   switch (plan.strategy()) {
     case RowStrategy::NoReduction:
       r.push_back("strategy no-reduction: elementwise epilogue only, every tile stores on its own");
@@ -113,10 +111,10 @@ void add_reasons(Plan& plan, const ChainInfo& chain, const DeviceModel& dev, con
           double(plan.workspace_bytes) <= tun.l2_workspace_fraction * double(dev.l2_bytes)
               ? "stays in L2"
               : "too big for L2: charged at DRAM bandwidth",
-          plan.stages_in_chain - 1 - streamed_together, plan.stages_in_chain - 1,
-          streamed_together > 0 ? " (the second stage of a max-and-sum-of-exp pair in one round streams with the "
-                                  "stage after it: one read for both)"
-                                : ""));
+          stash_reads, plan.stages_in_chain - 1,
+          stash_reads < plan.stages_in_chain - 1 ? " (the second stage of a max-and-sum-of-exp pair in one round streams "
+                                                   "with the stage after it: one read for both)"
+                                                 : ""));
       break;
   }
 
@@ -157,9 +155,13 @@ void add_reasons(Plan& plan, const ChainInfo& chain, const DeviceModel& dev, con
                 : opt.fuse_pairs == false ? fmt::format("{}: two rounds, forced by option", head)
                 : !possible ? fmt::format("{}: two rounds; one round needs {}", head, needs)
                 : plan.kernel.row_peers() == 1 ? fmt::format("{}: two rounds; one CTA per row has no round to save", head)
-                                               : fmt::format("{}: two rounds; over several N-tiles a CTA one round is "
-                                                             "forced only (--pairs one-round), not measured yet",
-                                                             head));
+                : opt.fuse_pairs == true
+                    ? fmt::format("{}: two rounds; over several N-tiles a CTA only a pair of the root stage takes one "
+                                  "(its sum of exp runs online, tile by tile, as the root's tiles pass)",
+                                  head)
+                    : fmt::format("{}: two rounds; over several N-tiles a CTA one round is forced only (--pairs "
+                                  "one-round, PlanOptions::fuse_pairs): not measured yet",
+                                  head));
   };
   pair_line(chain.mean_variance_pairs, plan.fused_pairs.mean_variance, can.mean_variance,
             "one N-tile per CTA and the L2 exchange or a single CTA per row",

@@ -521,7 +521,7 @@ void FusedKernel::run_parts(const RunArgs& args, Stream stream) const {
                             rx.name, m, st.parts.size(), s.rows, s.name));
   // Each part after the first runs right behind the part before it on the stream, so it may
   // stream its weights (B) while that part still runs, where that part writes none of them.
-  std::vector<const DeviceTensor*> written;  // the previous part's outputs
+  std::vector<const DeviceTensor*> prev_outputs;
   std::vector<RunArgs> owns(st.parts.size());
   for (size_t k = 0; k < st.parts.size(); ++k) {
     const FusedKernel& part = st.parts[k];
@@ -533,15 +533,15 @@ void FusedKernel::run_parts(const RunArgs& args, Stream stream) const {
       else if (a.role == ArgRole::Scalar && args.scalars.count(a.name)) own.scalars[a.name] = args.scalars.at(a.name);
       else if (args.tensors.count(a.name)) own.tensors[a.name] = args.tensors.at(a.name);
     }
-    std::vector<const DeviceTensor*> read, writes;
+    std::vector<const DeviceTensor*> weights, outputs;
     for (const RuntimeArg& a : part.spec().args) {
       const auto t = own.tensors.find(a.name);
       if (t == own.tensors.end()) continue;  // missing: named by run_single
-      if (a.role == ArgRole::OperandB || a.role == ArgRole::OperandGate) read.push_back(&t->second);
-      if (a.role == ArgRole::Output) writes.push_back(&t->second);  // tile and per-row outputs alike
+      if (a.role == ArgRole::OperandB || a.role == ArgRole::OperandGate) weights.push_back(&t->second);
+      if (a.role == ArgRole::Output) outputs.push_back(&t->second);  // tile and per-row outputs alike
     }
-    part.run_single(own, stream, k > 0 && runtime_detail::b_before_wait_allowed(read, written));
-    written = std::move(writes);
+    part.run_single(own, stream, k > 0 && runtime_detail::b_before_wait_allowed(weights, prev_outputs));
+    prev_outputs = std::move(outputs);
   }
 }
 

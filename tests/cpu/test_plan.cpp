@@ -989,6 +989,12 @@ TEST(Plan, MaxExpSumPairsOverSeveralNTilesForcedOnly) {
   EXPECT_EQ(plan_detail::analyze_chain(lsm).max_exp_sum_pairs_streamed_together, 1);
   EXPECT_EQ(plan_detail::analyze_chain(sm_ln).max_exp_sum_pairs, 1);
   EXPECT_EQ(plan_detail::analyze_chain(sm_ln).max_exp_sum_pairs_streamed_together, 0);
+  // A softmax after an RMSNorm: its pair sits below the root stage, where the sum cannot run
+  // online (only the root's body sees each tile's values in registers): two rounds, even forced.
+  FusionSpec rms_sm = lowered([](Graph& g, Value acc) { return g.softmax(g.rms_norm(acc, row(g, "gamma"))); });
+  EXPECT_EQ(plan_detail::analyze_chain(rms_sm).max_exp_sum_pairs_below_root, 1);
+  EXPECT_EQ(plan_detail::analyze_chain(rms_sm).max_exp_sum_pairs_streamed_together, 0);
+  EXPECT_EQ(plan_detail::analyze_chain(sm).max_exp_sum_pairs_below_root, 0);
   const Problem vocab{1024, 32768, 4096, DType::BF16};
   PlanOptions opt;
   opt.row_group = 32;
@@ -996,7 +1002,8 @@ TEST(Plan, MaxExpSumPairsOverSeveralNTilesForcedOnly) {
   const Plan two = make_plan(lsm, vocab, full_device(), {}, opt);
   ASSERT_GT(two.kernel.n_tiles, 1);
   EXPECT_FALSE(two.fused_pairs.any());
-  EXPECT_NE(explain(lsm, two).find("over several N-tiles a CTA one round is forced only (--pairs one-round)"),
+  EXPECT_NE(explain(lsm, two).find("over several N-tiles a CTA one round is forced only (--pairs one-round, "
+                                    "PlanOptions::fuse_pairs): not measured yet"),
             std::string::npos)
       << explain(lsm, two);
   opt.fuse_pairs = true;
@@ -1009,6 +1016,16 @@ TEST(Plan, MaxExpSumPairsOverSeveralNTilesForcedOnly) {
   EXPECT_NE(e.find("re-read 1 time(s) by the 2 later stage(s)"), std::string::npos) << e;
   const std::string e2 = explain(lsm, two);
   EXPECT_NE(e2.find("re-read 2 time(s) by the 2 later stage(s)"), std::string::npos) << e2;
+  const Plan rms_sm_forced = make_plan(rms_sm, vocab, full_device(), {}, opt);
+  EXPECT_FALSE(rms_sm_forced.fused_pairs.any());
+  EXPECT_NE(explain(rms_sm, rms_sm_forced).find("only a pair of the root stage takes one"), std::string::npos)
+      << explain(rms_sm, rms_sm_forced);
+  PlanOptions one_tile = opt;
+  one_tile.row_group = std::nullopt, one_tile.tile_m = std::nullopt, one_tile.tile_n = std::nullopt;
+  one_tile.cluster_m = std::nullopt;
+  const Plan rms_sm_one = make_plan(rms_sm, Problem{1024, 4096, 4096, DType::BF16}, full_device(), {}, one_tile);
+  EXPECT_EQ(rms_sm_one.kernel.n_tiles, 1);
+  EXPECT_TRUE(rms_sm_one.fused_pairs.max_exp_sum);  // one N-tile: below the root is fine
   // LayerNorm's pair needs one N-tile: forced over several, it keeps two rounds and says why.
   const Plan ln_forced = make_plan(ln, vocab, full_device(), {}, opt);
   EXPECT_FALSE(ln_forced.fused_pairs.any());

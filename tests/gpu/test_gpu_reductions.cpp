@@ -296,10 +296,11 @@ TEST_F(GpuReduce, RowGroupsSoftmaxMaxAndExpSumInOneRound) {
 // The max-and-sum-of-exp pair in one round over several N-tiles a CTA (forced: the planner keeps
 // two rounds there): each thread's sum of exp online across its tiles (the max moving from tile
 // to tile: sharp logits), the pair's second stage streaming the stash with the stage after it,
-// last tile first (stage.cuh kFusedStream). Workspace and SMEM stashes, a row of one CTA (no
-// exchange), a causal mask (rows whose tiles in a CTA are all -inf), ragged M and N (a last tile
-// of 8 columns), and softmax into a LayerNorm (the stage after the sum ends in a reduction: the
-// stages stream one after the other, the LayerNorm's from tile 0).
+// last tile first (stage.cuh kFusedStream). Workspace and SMEM stashes (bf16 too: the sum is
+// made of the values as stashed, so it normalizes what the later stages read back), a row of one
+// CTA (no exchange), a causal mask (rows whose tiles in a CTA are all -inf), ragged M and N (a
+// last tile of 8 columns), and softmax into a LayerNorm (the stage after the sum ends in a
+// reduction: the stages stream one after the other, the LayerNorm's from tile 0).
 TEST_F(GpuReduce, RowGroupsSoftmaxPairOverSeveralNTiles) {
   struct V {
     const char* what;
@@ -307,9 +308,11 @@ TEST_F(GpuReduce, RowGroupsSoftmaxPairOverSeveralNTiles) {
     int64_t m, n, k;
     double scale;
     bool causal = false, then_layer_norm = false;
+    int stash_bytes = 4;
   };
   for (const V& v : {V{"workspace stash, 9 N-tiles", 8, 2, 128, 128, 200, 8200, 264, 4.0},
                      V{"4 N-tiles", 4, 1, 64, 128, 1000, 2000, 72, 0.125},
+                     V{"4 N-tiles, bf16 SMEM stash", 4, 1, 64, 128, 1000, 2000, 72, 0.125, false, false, 2},
                      V{"one CTA a row, 8 N-tiles", 1, 1, 64, 128, 300, 1000, 64, 4.0},
                      V{"causal", 8, 2, 128, 128, 1000, 4104, 64, 1.0, true},
                      V{"into a LayerNorm", 4, 1, 64, 128, 500, 1032, 72, 1.0, false, true}}) {
@@ -323,6 +326,7 @@ TEST_F(GpuReduce, RowGroupsSoftmaxPairOverSeveralNTiles) {
       opt.plan.tile_m = v.tm;
       opt.plan.tile_n = v.tn;
       opt.plan.fuse_pairs = true;
+      if (v.stash_bytes != 4) opt.plan.stash_bytes = v.stash_bytes;
       Case c;
       Value logits = c.acc * v.scale;
       if (v.causal) logits = c.g.causal_mask(logits);

@@ -31,7 +31,7 @@
 //    Op::finalize (mean: / true N), then the PostStage runs with the statistic bound to its
 //    Stat node. Its begin() (vector loads) ran with the root stage's at the start of the job
 //    (one N-tile a job: every stage's, under one barrier, begin_phase<true>), or overlaps the
-//    round (several N-tiles: tile 0's).
+//    round (several N-tiles: that of the tile it streams first, kFirstTile).
 //    Paired statistics (Reduction kPair*, set by Ψ, reduce.cuh): mean then variance
 //    (LayerNorm, one N-tile per CTA) or max then sum of exp (softmax, any N-tiles): the first
 //    reduction's reduce phase also makes its CTA's second statistic from the registers (squares
@@ -55,7 +55,9 @@
 //    the last tile the reduce phase runs once (one cluster round per reduction, as with T == 1);
 //    every PostStage then streams over the T tiles (begin_phase per tile: its vectors are the
 //    tile's columns; tile 0's begin overlaps the DSMEM round), reading its bypassed tile value
-//    from slot t (or the registers) and writing its own kTileBypass value back in place.
+//    from slot t (or the registers) and writing its own kTileBypass value back in place. Where a
+//    pair's round gave a PostStage its statistic and the stage after it is the chain's last, the
+//    two stream together instead (kFusedStream): last tile first, nothing written back.
 #pragma once
 #include "nodes.cuh"
 #include "reduce.cuh"
@@ -383,6 +385,8 @@ template <class... Nodes> struct Stage {
     static constexpr bool kPairOnline = kPairFirst && Geo::NTiles > 1;
     static_assert(!kPairFirst || Geo::NTiles == 1 || kPair == kPairMaxExpSum,
                   "Pair: a mean-and-variance pair needs one N-tile per CTA (its squares about the CTA's own mean)");
+    static_assert(!kPairOnline || cute::is_same_v<Parent, NoParent>,
+                  "Pair: over several N-tiles, only the root stage's (run_tile sums it online, tile by tile)");
     static_assert(!kPairFirst || !kClusterReduce || Geo::Agg == Aggregation::L2Exchange,
                   "Pair: the L2 exchange (row groups) or no exchange; the DSMEM channel has no pair round");
     float given[Geo::MBlocks][2];
@@ -581,7 +585,8 @@ template <class... Nodes> struct Stage {
     // kInRegs is a template argument, not a runtime test: a runtime choice per fragment made
     // ptxas spill (~1.2 KB: both paths' values live at once).
     // kOutRegs: where the kTileBypass value goes (default: where the input came from); a fused
-    // stream (kFusedStream) reads a stashed tile and leaves its bypass in the registers.
+    // stream (kFusedStream) reads a stashed tile and leaves its bypass in the registers. The
+    // root with kPairOnline puts a stashed tile's bypass in both (online_second reads it).
     template <bool kInRegs, bool kOutRegs = kInRegs, class FragC, class St>
     COMFUSE_DEVICE void body(EpiCtx const& c, TreeStorage& ts, FragC& accum, int bar_id, St const& st) {
       constexpr bool in_regs = kInRegs;
@@ -655,9 +660,9 @@ template <class... Nodes> struct Stage {
                 for (int e = 0; e < kFrag; ++e) accum(base + e) = vals[kTileBypass][e];
               } else {
                 st.store(c.tile, f, vals[kTileBypass]);
-                if constexpr (kRoot && kPairOnline) {  // online_second reads the tile's operand here
+                if constexpr (kPairOnline) {  // online_second reads the operand here, as stashed
                   CUTE_UNROLL
-                  for (int e = 0; e < kFrag; ++e) accum(base + e) = vals[kTileBypass][e];
+                  for (int e = 0; e < kFrag; ++e) accum(base + e) = st.stored(vals[kTileBypass][e]);
                 }
               }
             }
@@ -880,7 +885,8 @@ template <class... Nodes> struct Stage {
     // sums, m the thread's running max over the job's tiles so far (the Reduction's partial), the
     // earlier tiles' sum moved to it by exp(m_before - m) <= 1 (online softmax, thread by thread;
     // reduce_phase merges the quad's). A sum of 0 stays 0, so a -inf max before never meets an
-    // overflowing factor.
+    // overflowing factor. x is the operand as the stash holds it (a bf16 stash: rounded, as the
+    // later stages read it back), so the sum normalizes exactly the numerators they make.
     template <class FragC>
     COMFUSE_DEVICE void online_second(EpiCtx const& c, FragC& accum) {
       auto const& red = cute::get<kNumNodes - 1>(impls);
@@ -894,7 +900,8 @@ template <class... Nodes> struct Stage {
       for (int mi = 0; mi < Geo::MBlocks; ++mi)
         CUTE_UNROLL
         for (int h = 0; h < 2; ++h) {
-          float const before = c.tile == 0 || !(online_sum[mi][h] > 0.f)
+          // A NaN sum stays NaN (the row's result is NaN, as with two rounds).
+          float const before = c.tile == 0 || online_sum[mi][h] == 0.f
                                    ? 0.f
                                    : online_sum[mi][h] * fast_exp(online_center[mi][h] - center[mi][h]);
           online_sum[mi][h] = before + tile_sum[mi][h];
@@ -1007,7 +1014,7 @@ template <class... Nodes> struct Stage {
               CUTE_UNROLL
               for (int h = 0; h < 2; ++h) {
                 float const s = online_sum[mi][h];
-                second[mi][h] = quad_sum(s > 0.f ? s * fast_exp(online_center[mi][h] - max_center(v[mi][h])) : 0.f);
+                second[mi][h] = quad_sum(s == 0.f ? 0.f : s * fast_exp(online_center[mi][h] - max_center(v[mi][h])));
               }
           } else {
             local_second(c, accum, v, second);

@@ -56,6 +56,8 @@ template <class T, int Rows, int BN, int Slots, bool kSmem> struct Stash {
     }
     return u;
   }
+  // x as the stash gives it back (a 16-bit stash rounds it).
+  static COMFUSE_DEVICE float stored(float x) { return DType<T>::round(x); }
   COMFUSE_DEVICE void store(int slot, int f, Frag const& v) const {
     if constexpr (sizeof(T) == 4) {
       CUTE_UNROLL
@@ -90,6 +92,7 @@ template <class T, int Rows, int BN, int Slots, bool kSmem> struct Stash {
 // NTiles == 1: no stash (every value stays in registers, today's path).
 struct NoStash {
   static constexpr int kBytes = 0, kSlots = 0;
+  static COMFUSE_DEVICE float stored(float x) { return x; }
   COMFUSE_DEVICE void bind(void*, int) {}
   COMFUSE_DEVICE void store(int, int, Frag const&) const {}
   COMFUSE_DEVICE void load(int, int, Frag&) const {}
