@@ -385,6 +385,20 @@ std::string jit_cache_key(const KernelSource& src, const JitOptions& opt) {
   return make_key(src, opt, compiler_for(opt.compiler)).key;
 }
 
+namespace {
+// The first line of a compiler's log that reports an error (else its first line): what a
+// fallback's warning says of why.
+std::string first_error_line(const std::string& log) {
+  std::istringstream in(log);
+  std::string line, first;
+  while (std::getline(in, line)) {
+    if (first.empty()) first = line;
+    if (line.find("error") != std::string::npos && line != first) return line;
+  }
+  return first;
+}
+}  // namespace
+
 CompiledKernel jit_compile(const KernelSource& src, const JitOptions& opt) {
   init_logging();
   auto t0 = std::chrono::steady_clock::now();
@@ -444,7 +458,7 @@ CompiledKernel jit_compile(const KernelSource& src, const JitOptions& opt) {
     co = cc.compile(src, k.flags, work, !dump_root.empty(), pch);
   } catch (const Error& e) {
     if (cc.kind() == CompilerKind::Nvrtc && opt.nvcc_fallback) {
-      spdlog::warn("jit: NVRTC failed on '{}'; retrying with nvcc", src.name);
+      spdlog::warn("jit: NVRTC failed on '{}' ({}); retrying with nvcc", src.name, first_error_line(e.what()));
       JitOptions o2 = opt;
       o2.compiler = CompilerKind::Nvcc;
       o2.nvcc_fallback = false;

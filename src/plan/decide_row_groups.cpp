@@ -200,9 +200,12 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
     if (opt.tile_m && *opt.tile_m != ts.tile_m) continue;
     if (opt.tile_n && *opt.tile_n != ts.tile_n) continue;
     // 64-column tiles: the gated tile's (both halves one 128-column wgmma), or an elementwise
-    // epilogue's where forced (calibration.cpp narrow_tile_k_splits' split; a row reduction's
-    // 64-column tiles are the DSMEM plans').
-    if (ts.tile_n == 64 && !r.spec.gated() && !(opt.tile_n && chain.reductions == 0)) continue;
+    // epilogue's where forced (calibration.cpp narrow_tile_k_splits' split). A row reduction's
+    // forced 64-column tiles are the DSMEM plans', unless the L2 exchange is forced too (decode
+    // rows split over twice the SMs, as the elementwise split measured: NOT measured with a
+    // reduction yet, bench/sweeps/decode_norm_narrow_split_k.txt).
+    const bool narrow_forced = opt.tile_n && (chain.reductions == 0 || opt.aggregation == Aggregation::L2Exchange);
+    if (ts.tile_n == 64 && !r.spec.gated() && !narrow_forced) continue;
     for (int cm : kClusterMs) {
       if (opt.cluster_m && *opt.cluster_m != cm) continue;
       const int resident = dev.resident(cm);
@@ -533,7 +536,8 @@ OneRoundPairs fuse_pairs(const ChainInfo& chain, const PlanOptions& opt, int64_t
                          int row_peers) {
   const OneRoundPairs can = one_round_pairs_possible(n_tiles, agg, row_peers);
   const bool mv = can.mean_variance && chain.mean_variance_pairs > 0;
-  const bool mes = can.max_exp_sum && chain.max_exp_sum_pairs > 0 && (n_tiles == 1 || chain.max_exp_sum_pairs_below_root == 0);
+  const bool mes = can.max_exp_sum && chain.max_exp_sum_pairs > 0 &&
+                   (n_tiles == 1 || chain.max_exp_sum_pairs_below_root == 0);
   if (opt.fuse_pairs) return {*opt.fuse_pairs && mv, *opt.fuse_pairs && mes};
   const bool saves_a_round = row_peers > 1;  // one CTA per row: no round to save
   return {mv && saves_a_round, mes && saves_a_round && n_tiles == 1};

@@ -780,6 +780,16 @@ TEST(Plan, NarrowTilesSplitKAtMidK) {
   n64.tile_n = 64;
   EXPECT_NE(make_plan(layer_norm(), prob(256, 4096, 4096), full_device(), {}, n64).kernel.aggregation,
             Aggregation::L2Exchange);
+  // ... unless the L2 exchange is forced too: decode rows in 64x64 row groups with K split (forced only).
+  n64.tile_m = 64, n64.cluster_m = 1, n64.k_splits = 8;
+  n64.aggregation = Aggregation::L2Exchange;
+  const Plan narrow = make_plan(residual_norm(true, DType::BF16, true), prob(1, 1024, 4096), full_device(), {}, n64);
+  EXPECT_EQ(narrow.kernel.aggregation, Aggregation::L2Exchange);
+  EXPECT_EQ(narrow.kernel.tile_n, 64);
+  EXPECT_EQ(narrow.kernel.row_group, 16);
+  EXPECT_EQ(narrow.kernel.k_splits, 8);
+  EXPECT_LE(narrow.kernel.smem_bytes(), Sm90::kSmemCapacity);
+  EXPECT_EQ(make_plan(residual_norm(true, DType::BF16, true), prob(1, 1024, 4096)).kernel.tile_n, 128);  // default
   PlanOptions own;  // each thread its own partials: the same split, nothing staged
   own.split_gather_in_smem = false;
   const Plan p = make_plan(ew, prob(64, 1024, 3072), full_device(), {}, own);

@@ -609,6 +609,41 @@ TEST_F(GpuReduce, SplitKElementwiseEpilogue) {
   }
 }
 
+// Row reductions on 64x64 tiles in L2 row groups with K split (forced: --tile-n 64 with the L2
+// exchange; decode rows spread over twice the SMs of 64x128 tiles): the row's CTAs 16 to 64,
+// decode rows and a ragged row block, ragged N (a last tile of 8 or 40 columns) and K; LayerNorm
+// with a 1000 offset, RMSNorm, softmax (its pair in one round), and the residual LayerNorm
+// storing h.
+TEST_F(GpuReduce, RowGroupsOnNarrowTilesWithKSplit) {
+  struct V {
+    const char* what;
+    int64_t m, n, k;
+    int splits;
+  };
+  for (const V& v : {V{"layernorm", 1, 1024, 4096, 8}, V{"rmsnorm", 3, 2000, 3112, 4}, V{"softmax", 16, 1032, 2048, 4},
+                     V{"layernorm", 40, 2056, 1000, 2}, V{"residual layernorm", 1, 1000, 4096, 8}}) {
+    SCOPED_TRACE(fmt::format("{} M={} N={} K={} split-K {}", v.what, v.m, v.n, v.k, v.splits));
+    CompileOptions opt;
+    opt.plan.tile_m = 64, opt.plan.tile_n = 64, opt.plan.cluster_m = 1;
+    opt.plan.k_splits = v.splits;
+    opt.plan.aggregation = Aggregation::L2Exchange;
+    Graph g;
+    if (std::string(v.what) == "residual layernorm") {
+      Case c;
+      Value h = c.acc + c.row("bias") + c.g.input("residual", DType::BF16, {Dim::of("M"), Dim::of("N")});
+      c.g.output(h, "h", DType::BF16);
+      c.g.output(c.g.layer_norm(h, c.row("gamma"), c.row("beta")), "y", DType::BF16);
+      g = std::move(c.g);
+    } else {
+      g = split_graph(v.what);
+    }
+    const Plan p = expect_split(g, dims(v.m, v.n, v.k), opt, std::string(v.what) == "layernorm" ? 1000.0 : 0.0).plan;
+    EXPECT_EQ(p.kernel.tile_n, 64);
+    EXPECT_EQ(p.kernel.aggregation, Aggregation::L2Exchange);
+    EXPECT_EQ(p.kernel.k_splits, v.splits);
+  }
+}
+
 TEST_F(GpuReduce, SplitKPartialsOverDsmem) {
   // The K-splits of a tile in one hardware cluster, the owner (rank 0) adding the others'
   // partials over DSMEM (KernelConfig::splits_in_cluster, cluster/split_hand_over.cuh): decode

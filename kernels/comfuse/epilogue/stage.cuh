@@ -289,7 +289,13 @@ template <class... Nodes> struct Stage {
       else return here;
     }
     static constexpr int kChainRounds = chain_rounds();
-    static constexpr bool kLastRound = !kHasPost || PostExec::kChainRounds == 0;  // no round after this stage's
+    // No round after this stage's. (Under if constexpr: the last stage must not instantiate the
+    // dummy PostExec, whose static_asserts NVRTC then evaluates against this kernel's Geometry.)
+    static constexpr bool last_round() {
+      if constexpr (kHasPost) return PostExec::kChainRounds == 0;
+      else return true;
+    }
+    static constexpr bool kLastRound = last_round();
     // Whether a pair of reductions merges in one round from this stage on.
     static constexpr bool chain_pairs() {
       constexpr int pair = detail::pair_of<Last>::value;
