@@ -386,16 +386,21 @@ std::string jit_cache_key(const KernelSource& src, const JitOptions& opt) {
 }
 
 namespace {
-// The first line of a compiler's log that reports an error (else its first line): what a
-// fallback's warning says of why.
+// The first line of a compiler's log that reports an error (NVRTC's first line is its status,
+// NVRTC_ERROR_COMPILATION), else its first line, cut to 200 characters: what a fallback's warning
+// says of why.
 std::string first_error_line(const std::string& log) {
   std::istringstream in(log);
   std::string line, first;
   while (std::getline(in, line)) {
     if (first.empty()) first = line;
-    if (line.find("error") != std::string::npos && line != first) return line;
+    if (line.find("error") != std::string::npos) {
+      first = line;
+      break;
+    }
   }
-  return first;
+  if (first.empty()) return "no log";
+  return first.size() > 200 ? first.substr(0, 200) + "..." : first;
 }
 }  // namespace
 

@@ -67,7 +67,8 @@ struct TileShape {
 // reductions at K = 1024: 2.40x cuBLAS against PingPong 64x128's 3.08x on the H100, bench/NOTES.md
 // Stop 54); at the H200's prefill shapes PingPong keeps it (RMSNorm 8192x4096x4096 1.000x against
 // cooperative's 1.078x).
-// 64x64 only for a gated GEMM: its wgmma covers 128 columns (B's and the gate's), the plain 64x128's.
+// 64x64 for a gated GEMM (its wgmma covers 128 columns, B's and the gate's, the plain 64x128's),
+// else only where forced (search_row_groups).
 constexpr TileShape kTiles[] = {{64, 256}, {128, 128}, {64, 128}, {128, 256, 2}, {64, 64}};
 constexpr int kClusterMs[] = {2, 1};
 constexpr int kGroups[] = {1, 2, 4, 8, 16, 32, 64};
@@ -201,11 +202,12 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
     if (opt.tile_n && *opt.tile_n != ts.tile_n) continue;
     // 64-column tiles: the gated tile's (both halves one 128-column wgmma), or an elementwise
     // epilogue's where forced (calibration.cpp narrow_tile_k_splits' split). A row reduction's
-    // forced 64-column tiles are the DSMEM plans', unless the L2 exchange is forced too (decode
-    // rows split over twice the SMs, as the elementwise split measured: NOT measured with a
-    // reduction yet, bench/sweeps/decode_norm_narrow_split_k.txt).
-    const bool narrow_forced = opt.tile_n && (chain.reductions == 0 || opt.aggregation == Aggregation::L2Exchange);
-    if (ts.tile_n == 64 && !r.spec.gated() && !narrow_forced) continue;
+    // forced 64-column tiles are the DSMEM plans', unless row groups are forced too (decode rows
+    // split over twice the SMs, as the elementwise split measured: NOT measured with a reduction
+    // yet, bench/sweeps/decode_norm_narrow_split_k.txt), and then with one N-tile a CTA only (the
+    // one such shape the GPU tests hold).
+    const bool narrow = ts.tile_n == 64 && !r.spec.gated();
+    if (narrow && !(opt.tile_n && (chain.reductions == 0 || row_groups_forced(opt)))) continue;
     for (int cm : kClusterMs) {
       if (opt.cluster_m && *opt.cluster_m != cm) continue;
       const int resident = dev.resident(cm);
@@ -230,7 +232,7 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
         // A row reduction holds a row's columns in its row group (n_tiles each); an elementwise
         // epilogue (split-K) takes one N-tile a job, and its jobs walk N as well as M (grid.cuh job_count).
         const int64_t n_tiles = chain.reductions > 0 ? ceil_div64(tiles_n, g) : 1;
-        if (n_tiles > Sm90::kMaxNTiles) continue;
+        if (n_tiles > Sm90::kMaxNTiles || (narrow && n_tiles > 1)) continue;
         const int64_t jobs = ceil_div64(tiles_m, cm) * ceil_div64(tiles_n, g * n_tiles);
         if (ts.wgs > 1 && (n_tiles > 1 || ks > 1)) {  // check(): a cooperative job is one whole tile
           if (opt.tile_m && opt.tile_n)
@@ -433,9 +435,12 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
                               "exchange {:.1f}); {}, the row's CTAs meet in L2",
                               c.k.schedule(), c.k.tile_m, c.k.tile_n, c.k.cluster_m, c.k.row_group, c.k.n_tiles,
                               o.d.est_us, o.d.mainloop_us, o.d.tail_us, o.d.exchange_us,
-                              c.k.wgs_per_tile == 1
-                                  ? "PingPong tiles with B multicast along M run at cuBLAS parity"
-                                  : "both warp groups on each 128x256 tile (64 rows each), its epilogue not hidden")
+                              c.k.wgs_per_tile > 1 ? "both warp groups on each 128x256 tile (64 rows each), its epilogue "
+                                                     "not hidden"
+                              : c.k.tile_n == 64 && !c.k.gated
+                                  ? "64x64 tiles forced (decode rows over twice the SMs of 64x128: not measured with a "
+                                    "reduction)"
+                                  : "PingPong tiles with B multicast along M run at cuBLAS parity")
                 : fmt::format("elementwise epilogue over the row-group division (src/plan/decide_row_groups.cpp): "
                               "{} {}x{}, clusters {}x1, {} job(s) of up to {} N-tiles, one a CTA: est {:.1f} us "
                               "(mainloop {:.1f}, tail {:.1f}, gather {:.1f}; the tail's arithmetic is the reduction "

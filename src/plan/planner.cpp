@@ -325,8 +325,8 @@ std::vector<Candidate> elementwise_of_width(const Request& r, int width, Rejecti
 // exchange, at decode its measured split rows (its epilogue priced at the elementwise rate, as
 // ChainInfo::reductions is 0 here); but not its split-K on 128-row PingPong tiles, which no
 // measurement chose and ptxas spills (52 B for a per-head RMSNorm at 256 x 4096 x 4096). Then the
-// elementwise deciders' (64-column segments: theirs alone, the row-group decider prices no
-// 64-wide plain tile); where none spans one segment, the deciders again with that width forced.
+// elementwise deciders' (64-column segments: theirs alone, the row-group decider prices a 64-wide
+// plain tile only where forced); where none spans one segment, the deciders again with that width forced.
 // Rotations and periodic operands without a reduction: the elementwise plans whose tiles span
 // whole runs, nothing reduced.
 std::vector<Candidate> segment_tiles(std::vector<Candidate> cands, const Request& r, Rejections& why) {

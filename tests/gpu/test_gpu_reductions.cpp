@@ -610,23 +610,26 @@ TEST_F(GpuReduce, SplitKElementwiseEpilogue) {
 }
 
 // Row reductions on 64x64 tiles in L2 row groups with K split (forced: --tile-n 64 with the L2
-// exchange; decode rows spread over twice the SMs of 64x128 tiles): the row's CTAs 16 to 64,
-// decode rows and a ragged row block, ragged N (a last tile of 8 or 40 columns) and K; LayerNorm
-// with a 1000 offset, RMSNorm, softmax (its pair in one round), and the residual LayerNorm
-// storing h.
+// exchange; decode rows spread over twice the SMs of 64x128 tiles): row groups of 16 to 64 (some
+// CTAs past N), decode rows and a ragged row block, ragged N (a last tile of 8, 16 or 40
+// columns) and K; LayerNorm with a 1000 offset, RMSNorm, softmax (its pair in one round, handed
+// over between warps), and the residual LayerNorm storing h. NVRTC alone builds them (no nvcc
+// fallback).
 TEST_F(GpuReduce, RowGroupsOnNarrowTilesWithKSplit) {
   struct V {
     const char* what;
     int64_t m, n, k;
-    int splits;
+    int splits, row_group;
   };
-  for (const V& v : {V{"layernorm", 1, 1024, 4096, 8}, V{"rmsnorm", 3, 2000, 3112, 4}, V{"softmax", 16, 1032, 2048, 4},
-                     V{"layernorm", 40, 2056, 1000, 2}, V{"residual layernorm", 1, 1000, 4096, 8}}) {
+  for (const V& v : {V{"layernorm", 1, 1024, 4096, 8, 16}, V{"rmsnorm", 3, 2000, 3112, 4, 32},
+                     V{"softmax", 16, 1032, 2048, 4, 32}, V{"layernorm", 40, 2056, 1000, 2, 64},
+                     V{"residual layernorm", 1, 1000, 4096, 8, 16}}) {
     SCOPED_TRACE(fmt::format("{} M={} N={} K={} split-K {}", v.what, v.m, v.n, v.k, v.splits));
     CompileOptions opt;
     opt.plan.tile_m = 64, opt.plan.tile_n = 64, opt.plan.cluster_m = 1;
     opt.plan.k_splits = v.splits;
     opt.plan.aggregation = Aggregation::L2Exchange;
+    opt.jit.nvcc_fallback = false;
     Graph g;
     if (std::string(v.what) == "residual layernorm") {
       Case c;
@@ -641,6 +644,8 @@ TEST_F(GpuReduce, RowGroupsOnNarrowTilesWithKSplit) {
     EXPECT_EQ(p.kernel.tile_n, 64);
     EXPECT_EQ(p.kernel.aggregation, Aggregation::L2Exchange);
     EXPECT_EQ(p.kernel.k_splits, v.splits);
+    EXPECT_EQ(p.kernel.row_group, v.row_group);
+    EXPECT_EQ(p.kernel.n_tiles, 1);
   }
 }
 
