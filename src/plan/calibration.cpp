@@ -68,6 +68,21 @@ int single_row_block_k_splits(const Problem& p, const DeviceModel& dev) {
   return splits;
 }
 
+// Decode rows (M <= 16) with a row reduction whose 64-column tiles keep the row within a group of
+// 16 CTAs (N <= 1024), K >= 4096: 64x64 tiles in L2 row groups with K split over 8 CTAs a tile
+// (128 CTAs) against single_row_block_k_splits' 64x128 over 8 (64 CTAs): B over twice the SMs, as
+// the elementwise split below measured. MEASURED on the H100 (Stop 56,
+// bench/sweeps/decode_norm_narrow_split_k.txt): residual LayerNorm 1 x 1024 x 4096 1.366x ->
+// 1.182x cuBLAS, 16 x 1024 x 4096 1.830x -> 1.227x; at 32 and 64 CTAs a row it lost (RMSNorm
+// 1 x 2048 x 4096 1.033x -> 1.134x, LayerNorm 8 x 4096 x 4096 1.282x -> 1.513x, softmax 16 x 4096
+// x 4096 1.443x -> 1.782x), hence N <= 1024. The H200 model takes it too, unmeasured there.
+int narrow_row_group_k_splits(const Problem& p, const DeviceModel& dev) {
+  constexpr int kSplits = 8;
+  const int64_t tiles = (p.n + 63) / 64;
+  if (p.m > 16 || p.k < 4096 || tiles > 16 || tiles * kSplits > dev.sm_count) return 0;
+  return kSplits;
+}
+
 // One row block at mid K, an elementwise epilogue: 64x64 tiles put B on only
 // N / 64 SMs, each streaming all of K; with K split over S CTAs a tile, N / 64 x S SMs stream
 // K / S each, and the owner's warp group sums S - 1 partial 64x64 tiles (16 KiB each) in SMEM

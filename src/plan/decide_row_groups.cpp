@@ -571,6 +571,20 @@ std::vector<Candidate> decide_row_groups(const Request& r, Rejections& why) {
   const PlanOptions& opt = r.opt;
   const bool unforced = !opt.k_splits && !opt.tile_m && !opt.tile_n && !opt.cluster_m && !opt.row_group &&
                         !opt.splits_in_cluster && !opt.stash_bytes;
+  // Decode rows of a short row reduction: 64x64 tiles in row groups (calibration.cpp
+  // narrow_row_group_k_splits), measured faster than the 64x128 split below.
+  if (const int narrow = unforced && !r.spec.gated() && r.chain.reductions > 0
+                             ? narrow_row_group_k_splits(r.p, r.dev) : 0;
+      narrow > 1)
+    if (std::optional<Candidate> row = measured_split_row(r, 64, 64, 1, narrow)) {
+      row->why = fmt::format(
+          "M <= 16, a row within 16 CTAs of 64 columns, K = {}: PingPong 64x64 in L2 row groups with K split over {} "
+          "CTAs a tile, B over twice the SMs of 64x128 (measured faster: calibration.cpp "
+          "narrow_row_group_k_splits); the model's terms: {}",
+          r.p.k, narrow, row->why);
+      searched.insert(searched.begin(), *row);
+      return searched;
+    }
   const int splits = unforced ? single_row_block_k_splits(r.p, r.dev) : 0;
   if (splits < 2) return searched;
   std::optional<Candidate> row = measured_split_row(r, 64, 128, 1, splits);

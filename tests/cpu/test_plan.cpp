@@ -789,7 +789,18 @@ TEST(Plan, NarrowTilesSplitKAtMidK) {
   EXPECT_EQ(narrow.kernel.row_group, 16);
   EXPECT_EQ(narrow.kernel.k_splits, 8);
   EXPECT_LE(narrow.kernel.smem_bytes(), Sm90::kSmemCapacity);
-  EXPECT_EQ(make_plan(residual_norm(true, DType::BF16, true), prob(1, 1024, 4096)).kernel.tile_n, 128);  // default
+  // The planner's own at decode rows whose row stays within 16 such CTAs (N <= 1024, K >= 4096:
+  // calibration.cpp narrow_row_group_k_splits, measured), 64x128 beyond.
+  for (const int64_t m : {1, 16}) {
+    const Plan d = make_plan(residual_norm(true, DType::BF16, true), prob(m, 1024, 4096));
+    EXPECT_EQ(d.kernel.tile_n, 64) << m;
+    EXPECT_EQ(d.kernel.row_group, 16) << m;
+    EXPECT_EQ(d.kernel.k_splits, 8) << m;
+    EXPECT_EQ(d.kernel.aggregation, Aggregation::L2Exchange) << m;
+  }
+  EXPECT_EQ(make_plan(rms_norm(), prob(1, 2048, 4096)).kernel.tile_n, 128);             // 32 CTAs a row: lost
+  EXPECT_EQ(make_plan(residual_norm(true, DType::BF16, true), prob(1, 1024, 3072)).kernel.tile_n, 128);  // K < 4096
+  EXPECT_EQ(make_plan(residual_norm(true, DType::BF16, true), prob(32, 1024, 4096)).kernel.tile_n, 128); // M > 16
   PlanOptions own;  // each thread its own partials: the same split, nothing staged
   own.split_gather_in_smem = false;
   const Plan p = make_plan(ew, prob(64, 1024, 3072), full_device(), {}, own);
