@@ -571,30 +571,31 @@ std::vector<Candidate> decide_row_groups(const Request& r, Rejections& why) {
   const PlanOptions& opt = r.opt;
   const bool unforced = !opt.k_splits && !opt.tile_m && !opt.tile_n && !opt.cluster_m && !opt.row_group &&
                         !opt.splits_in_cluster && !opt.stash_bytes;
+  // A measured split row leads the model's candidates, its reason first.
+  auto lead_with = [&](int tile_n, int splits, const std::string& why) {
+    std::optional<Candidate> row = measured_split_row(r, 64, tile_n, 1, splits);
+    if (!row) return false;
+    row->why = fmt::format("{}; the model's terms: {}", why, row->why);
+    searched.insert(searched.begin(), *row);
+    return true;
+  };
   // Decode rows of a short row reduction: 64x64 tiles in row groups (calibration.cpp
   // narrow_row_group_k_splits), measured faster than the 64x128 split below.
-  if (const int narrow = unforced && !r.spec.gated() && r.chain.reductions > 0
-                             ? narrow_row_group_k_splits(r.p, r.dev) : 0;
-      narrow > 1)
-    if (std::optional<Candidate> row = measured_split_row(r, 64, 64, 1, narrow)) {
-      row->why = fmt::format(
-          "M <= 16, a row within 16 CTAs of 64 columns, K = {}: PingPong 64x64 in L2 row groups with K split over {} "
-          "CTAs a tile, B over twice the SMs of 64x128 (measured faster: calibration.cpp "
-          "narrow_row_group_k_splits); the model's terms: {}",
-          r.p.k, narrow, row->why);
-      searched.insert(searched.begin(), *row);
-      return searched;
-    }
+  const int narrow = unforced && !r.spec.gated() && r.chain.reductions > 0 ? narrow_row_group_k_splits(r.p, r.dev) : 0;
+  if (narrow > 1 &&
+      lead_with(64, narrow,
+                fmt::format("M <= 16, a row within 16 CTAs of 64 columns, K = {}: PingPong 64x64 in L2 row groups with K "
+                            "split over {} CTAs a tile, B over twice the SMs of 64x128 (measured faster: calibration.cpp "
+                            "narrow_row_group_k_splits)",
+                            r.p.k, narrow)))
+    return searched;
   const int splits = unforced ? single_row_block_k_splits(r.p, r.dev) : 0;
-  if (splits < 2) return searched;
-  std::optional<Candidate> row = measured_split_row(r, 64, 128, 1, splits);
-  if (!row) return searched;
-  row->why = fmt::format(
-      "M <= 64, one row block, K = {}: PingPong 64x128 with K split over {} CTAs a tile, the most that fit the SMs "
-      "(measured faster than the model's fewer splits: calibration.cpp single_row_block_k_splits); the model's "
-      "terms: {}",
-      r.p.k, splits, row->why);
-  searched.insert(searched.begin(), *row);
+  if (splits > 1)
+    lead_with(128, splits,
+              fmt::format("M <= 64, one row block, K = {}: PingPong 64x128 with K split over {} CTAs a tile, the most "
+                          "that fit the SMs (measured faster than the model's fewer splits: calibration.cpp "
+                          "single_row_block_k_splits)",
+                          r.p.k, splits));
   return searched;
 }
 
