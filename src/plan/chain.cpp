@@ -4,7 +4,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <functional>
 
 #include "plan_internal.h"
 
@@ -112,15 +111,10 @@ int root_pairs_streamed_together(const Spec& root) {
   return n;
 }
 
-// The max-and-sum-of-exp pairs of the stages below the root.
-int pairs_below_root(const Spec& root) {
+// The max-and-sum-of-exp pairs whose first reduction is in the root stage.
+int root_pairs(const Spec& root) {
   int n = 0;
-  std::function<void(const Spec&)> walk = [&](const Spec& st) {
-    for (size_t i = 0; i < st.nodes.size(); ++i)
-      if (pair_kind(st, static_cast<int>(i)) == PairKind::MaxExpSum) ++n;
-    for (const Spec& c : st.children) walk(c);
-  };
-  for (const Spec& c : root.children) walk(c);
+  for (size_t i = 0; i < root.nodes.size(); ++i) n += pair_kind(root, static_cast<int>(i)) == PairKind::MaxExpSum;
   return n;
 }
 
@@ -145,7 +139,7 @@ ChainInfo analyze_chain(const FusionSpec& s) {
   info.mean_variance_pairs = s.segment > 0 ? 0 : s.pair_count(PairKind::MeanVariance);
   info.max_exp_sum_pairs = s.segment > 0 ? 0 : s.pair_count(PairKind::MaxExpSum);
   info.max_exp_sum_pairs_streamed_together = s.segment > 0 ? 0 : root_pairs_streamed_together(s.root);
-  info.max_exp_sum_pairs_below_root = s.segment > 0 ? 0 : pairs_below_root(s.root);
+  info.max_exp_sum_pairs_below_root = info.max_exp_sum_pairs - (s.segment > 0 ? 0 : root_pairs(s.root));
   for (const RuntimeArg& a : s.args)
     if (a.role == ArgRole::TileInput) {
       info.tile_input_bytes_per_element += static_cast<int64_t>(size_of(a.dtype));

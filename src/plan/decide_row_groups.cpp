@@ -203,9 +203,8 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
     // 64-column tiles: the gated tile's (both halves one 128-column wgmma), or an elementwise
     // epilogue's where forced (calibration.cpp narrow_tile_k_splits' split). A row reduction's
     // forced 64-column tiles are the DSMEM plans', unless row groups are forced too (decode rows
-    // split over twice the SMs, as the elementwise split measured: NOT measured with a reduction
-    // yet, bench/sweeps/decode_norm_narrow_split_k.txt), and then with one N-tile a CTA only (the
-    // one such shape the GPU tests hold).
+    // split over twice the SMs: calibration.cpp narrow_row_group_k_splits takes them where they
+    // measured faster), and then with one N-tile a CTA only (the one such shape the GPU tests hold).
     const bool narrow = ts.tile_n == 64 && !r.spec.gated();
     if (narrow && !(opt.tile_n && (chain.reductions == 0 || row_groups_forced(opt)))) continue;
     for (int cm : kClusterMs) {
@@ -438,8 +437,8 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
                               c.k.wgs_per_tile > 1 ? "both warp groups on each 128x256 tile (64 rows each), its epilogue "
                                                      "not hidden"
                               : c.k.tile_n == 64 && !c.k.gated
-                                  ? "64x64 tiles forced (decode rows over twice the SMs of 64x128: not measured with a "
-                                    "reduction)"
+                                  ? "64x64 tiles, decode rows over twice the SMs of 64x128 (measured faster only where a "
+                                    "row takes at most 16 of them)"
                                   : "PingPong tiles with B multicast along M run at cuBLAS parity")
                 : fmt::format("elementwise epilogue over the row-group division (src/plan/decide_row_groups.cpp): "
                               "{} {}x{}, clusters {}x1, {} job(s) of up to {} N-tiles, one a CTA: est {:.1f} us "
@@ -535,7 +534,9 @@ bool row_groups_forced(const PlanOptions& opt) {
 // 15.8, softmax 16x4096x4096 17.2 vs 17.8 and 256x4096x4096 21.7 vs 21.9, LayerNorm
 // 16/128/256 x4096x4096 ties: never slower, so every pair that saves a round takes one.
 // A max-and-sum-of-exp pair over several N-tiles a CTA (its sum online across them) is taken
-// where forced only: NOT measured yet (bench/sweeps/online_pairs_n_tiles.txt); and only the root
+// where forced only: faster at row groups of 32 (the vocabulary rows 1.772x -> 1.496x, H100), but
+// the model would pick row groups of 64, whose kernel spills and measured 1.717x
+// (bench/sweeps/online_pairs_n_tiles.txt, bench/NOTES.md Stop 56); and only the root
 // stage's can (a chain with one below it keeps two rounds for all: emit fuses a kind whole).
 OneRoundPairs fuse_pairs(const ChainInfo& chain, const PlanOptions& opt, int64_t n_tiles, Aggregation agg,
                          int row_peers) {

@@ -526,19 +526,17 @@ void FusedKernel::run_parts(const RunArgs& args, Stream stream) const {
   for (size_t k = 0; k < st.parts.size(); ++k) {
     const FusedKernel& part = st.parts[k];
     RunArgs& own = owns[k];
+    std::vector<const DeviceTensor*> weights, outputs;  // into `own`, whose nodes stay put
     for (const RuntimeArg& a : part.spec().args) {
       const auto held = std::find_if(st.intermediates.begin(), st.intermediates.end(),
                                      [&](const State::Intermediate& i) { return i.name == a.name; });
-      if (held != st.intermediates.end()) own.tensors[a.name] = DeviceTensor{held->data, held->dtype, {m, held->cols}, 0};
+      const DeviceTensor* t = nullptr;  // null: a scalar, or missing (named by run_single)
+      if (held != st.intermediates.end())
+        t = &(own.tensors[a.name] = DeviceTensor{held->data, held->dtype, {m, held->cols}, 0});
       else if (a.role == ArgRole::Scalar && args.scalars.count(a.name)) own.scalars[a.name] = args.scalars.at(a.name);
-      else if (args.tensors.count(a.name)) own.tensors[a.name] = args.tensors.at(a.name);
-    }
-    std::vector<const DeviceTensor*> weights, outputs;
-    for (const RuntimeArg& a : part.spec().args) {
-      const auto t = own.tensors.find(a.name);
-      if (t == own.tensors.end()) continue;  // missing: named by run_single
-      if (a.role == ArgRole::OperandB || a.role == ArgRole::OperandGate) weights.push_back(&t->second);
-      if (a.role == ArgRole::Output) outputs.push_back(&t->second);  // tile and per-row outputs alike
+      else if (args.tensors.count(a.name)) t = &(own.tensors[a.name] = args.tensors.at(a.name));
+      if (t && (a.role == ArgRole::OperandB || a.role == ArgRole::OperandGate)) weights.push_back(t);
+      if (t && a.role == ArgRole::Output) outputs.push_back(t);  // tile and per-row outputs alike
     }
     part.run_single(own, stream, k > 0 && runtime_detail::b_before_wait_allowed(weights, prev_outputs));
     prev_outputs = std::move(outputs);

@@ -118,11 +118,13 @@ namespace {
 struct LaunchAttrs {
   cudaLaunchAttribute a[2];
 };
+// An A/B switch of the environment: on unless `name` is "0".
+bool env_switch_on(const char* name) {
+  const char* e = std::getenv(name);
+  return !(e && std::string(e) == "0");
+}
 bool overlap_allowed() {
-  static const bool on = [] {
-    const char* e = std::getenv("COMFUSE_PDL");
-    return !(e && std::string(e) == "0");
-  }();
+  static const bool on = env_switch_on("COMFUSE_PDL");
   return on;
 }
 cudaLaunchConfig_t launch_config(dim3 grid, int threads, int cluster_x, int cluster_y, int smem, cudaStream_t stream,
@@ -196,10 +198,7 @@ std::optional<std::pair<uintptr_t, uintptr_t>> byte_span(const DeviceTensor& t) 
 }  // namespace
 
 bool b_before_wait_allowed(const std::vector<const DeviceTensor*>& read, const std::vector<const DeviceTensor*>& written) {
-  static const bool on = [] {
-    const char* e = std::getenv("COMFUSE_EARLY_B");
-    return !(e && std::string(e) == "0");
-  }();
+  static const bool on = env_switch_on("COMFUSE_EARLY_B");
   if (!on) return false;
   for (const DeviceTensor* r : read)
     for (const DeviceTensor* w : written) {
