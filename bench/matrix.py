@@ -123,11 +123,13 @@ CASES = [
     Case("large rmsnorm", "gemm_rmsnorm", ((8192, 4096, 4096),), rmsnorm),
     Case("large softmax", "gemm_softmax", ((8192, 4096, 4096),), softmax),
     Case("chain softmax>LN>RMS", "gemm_chain", ((4096, 4096, 1024),), chain),
-    # The pair in one round over several N-tiles a CTA (its sum online; forced only until measured).
+    # The max-and-sum-of-exp pair over several N-tiles a CTA: in one round (its sum online; the
+    # planner's choice in row groups of up to 32) against two rounds, and one round in row groups
+    # of 32 where the planner's row group is wider.
     Case("vocab softmax f32", "gemm_softmax[f32]", ((1024, 32768, 4096), (1024, 128256, 4096), (1024, 50257, 4096)),
-         softmax_f32, alts=({"fuse_pairs": True},)),
+         softmax_f32, alts=({"fuse_pairs": False}, {"fuse_pairs": True, "row_group": 32})),
     Case("vocab log-softmax f32", "gemm_log_softmax[f32]", ((1024, 32768, 4096), (1024, 128256, 4096)), log_softmax_f32,
-         alts=({"fuse_pairs": True},)),
+         alts=({"fuse_pairs": False}, {"fuse_pairs": True, "row_group": 32})),
     Case("residual layernorm", "gemm_residual_layernorm", ((8192, 4096, 4096), (8192, 1024, 4096)), residual_layernorm),
     Case("residual rmsnorm", "gemm_residual_rmsnorm", ((8192, 4096, 4096), (8192, 1024, 4096)), residual_rmsnorm),
 ]
@@ -259,11 +261,13 @@ def plan_label(s: dict) -> str:
         parts.append(f"split-K {s['k_splits']}")
     if s.get("reductions"):
         parts += [agg, str(s.get("strategy"))]
+    if s.get("pairs_in_one_round"):
+        parts.append("pairs 1 round")
     return " ".join(parts)
 
 
 PLAN_KEYS = ("tile_m", "tile_n", "cluster_m", "cluster_n", "row_group", "aggregation", "strategy", "stages",
-             "n_tiles_per_cta", "k_splits")
+             "n_tiles_per_cta", "k_splits", "pairs_in_one_round")
 SUMMARY_KEYS = PLAN_KEYS + ("reductions", "workspace_bytes", "smem_bytes", "total_us", "mainloop_us", "epilogue_us")
 
 

@@ -164,6 +164,7 @@ nb::dict plan_summary(const Plan& p) {
   d["l2_exchange"] = k.aggregation == Aggregation::L2Exchange;  // rows reduced across clusters through L2
   d["strategy"] = std::string(name_of(p.strategy()));
   d["reductions"] = p.reductions;
+  d["pairs_in_one_round"] = p.fused_pairs.any();  // a paired reduction's two statistics in one round
   d["workspace_bytes"] = p.workspace_bytes;
   d["smem_bytes"] = p.smem.total();
   d["mainloop_us"] = p.estimate.mainloop_us;

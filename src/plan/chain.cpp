@@ -118,11 +118,20 @@ int root_pairs(const Spec& root) {
   return n;
 }
 
+// The root pairs whose two stages after the round stream the stash together (one read, no
+// write-back between them): only in one round over several N-tiles a CTA.
+int streamed_together(const ChainInfo& chain, const OneRoundPairs& fused, int64_t n_tiles) {
+  return fused.max_exp_sum && n_tiles > 1 ? chain.max_exp_sum_pairs_streamed_together : 0;
+}
+
 }  // namespace
 
 int stash_reads_after_round(const ChainInfo& chain, const OneRoundPairs& fused, int64_t n_tiles) {
-  const int together = fused.max_exp_sum && n_tiles > 1 ? chain.max_exp_sum_pairs_streamed_together : 0;
-  return std::max(1, chain.stages_in_chain - 1 - together);
+  return std::max(1, chain.stages_in_chain - 1 - streamed_together(chain, fused, n_tiles));
+}
+
+int stash_write_backs_after_round(const ChainInfo& chain, const OneRoundPairs& fused, int64_t n_tiles) {
+  return std::max(0, chain.stash_write_backs - streamed_together(chain, fused, n_tiles));
 }
 
 std::vector<StageRef> collect_stages(const FusionSpec& s) {
@@ -168,6 +177,8 @@ ChainInfo analyze_chain(const FusionSpec& s) {
     }
     info.live_tile_values = std::max(info.live_tile_values, bypass_tiles);
     info.carries_tile = info.carries_tile || bypass_tiles > 0;
+    // A tile value taken from a PostStage (not the root): that stage writes it back to the stash.
+    if (bypass_tiles > 0 && st.parent > 0) ++info.stash_write_backs;
     info.stage_storage.push_back(storage);
     // Stage-1 values that stage 2 takes by bypass: the stash set. Anything later stages
     // need is an elementwise function of these, the statistics and broadcasts.

@@ -291,13 +291,15 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
                            (cm > 1 ? 1.0 : tun.row_group_no_multicast_efficiency) * unaligned_rows;
         // A CTA's share of a tile's MACs (all rows: the tensor cores compute the tile's rows past M too).
         const double t_tile = 2.0 * ts.tile_m * ts.tile_n * b_operands * double(p.k) / ks / (dev.sm_flops_per_s * eff) * 1e6;
-        // Epilogue bytes of one tile: the stash written once and read back by each later stage
-        // (none when T == 1; a pair's two stages that stream together read it once), the outputs
-        // written. At one SM's share of DRAM bandwidth.
+        // Epilogue bytes of one tile: the stash written once, read back by each later stage and
+        // written back by each that passes a tile value on (none when T == 1; a pair's two stages
+        // that stream together read it once), the outputs written. At one SM's share of DRAM
+        // bandwidth.
         const OneRoundPairs fuse = fuse_pairs(chain, opt, n_tiles, Aggregation::L2Exchange, g);
         const double elems = double(ts.tile_m) * ts.tile_n;
         const double stage1 = elems * c.k.stash_elem_bytes;
-        const double stage2 = stage1 * stash_reads_after_round(chain, fuse, n_tiles) + elems * chain.max_out_bytes;
+        const int passes = stash_reads_after_round(chain, fuse, n_tiles) + stash_write_backs_after_round(chain, fuse, n_tiles);
+        const double stage2 = stage1 * passes + elems * chain.max_out_bytes;
         const double per_sm_bytes_per_us = dev.dram_bytes_per_s / dev.sm_count * 1e-6;
         const double t_s1 = stage1 / per_sm_bytes_per_us, t_s2 = stage2 / per_sm_bytes_per_us;
         c.k.pair_hand_over = pair_hand_over(fuse, p.m, c.k);  // before the ring's fit: the hand-over is SMEM
@@ -533,11 +535,13 @@ bool row_groups_forced(const PlanOptions& opt) {
 // exposed epilogue) residual LayerNorm 1x1024x4096 12.6 vs 13.2 us and 32x1024x4096 15.0 vs
 // 15.8, softmax 16x4096x4096 17.2 vs 17.8 and 256x4096x4096 21.7 vs 21.9, LayerNorm
 // 16/128/256 x4096x4096 ties: never slower, so every pair that saves a round takes one.
-// A max-and-sum-of-exp pair over several N-tiles a CTA (its sum online across them) is taken
-// where forced only: faster at row groups of 32 (the vocabulary rows 1.772x -> 1.496x, H100), but
-// the model would pick row groups of 64, whose kernel spills and measured 1.717x
-// (bench/sweeps/online_pairs_n_tiles.txt, bench/NOTES.md Stop 56); and only the root
-// stage's can (a chain with one below it keeps two rounds for all: emit fuses a kind whole).
+// A max-and-sum-of-exp pair over several N-tiles a CTA (its sum online across them): only the
+// root stage's can (a chain with one below it keeps two rounds for all: emit fuses a kind whole),
+// and unforced only in row groups of up to kOnlinePairMaxRowPeers CTAs. MEASURED (H100,
+// bench/sweeps/online_pairs_n_tiles.txt, bench/NOTES.md Stop 56), the vocabulary rows 1024 x 32768
+// x 4096 f32 against two rounds at 1.772x cuBLAS: row groups of 32 (8 N-tiles a CTA) 1.496x,
+// row groups of 64 (4 N-tiles) 1.717x: that kernel spills 1.1 KB (0.5 KB in two rounds: the
+// 64-peer exchange), which the model does not see.
 OneRoundPairs fuse_pairs(const ChainInfo& chain, const PlanOptions& opt, int64_t n_tiles, Aggregation agg,
                          int row_peers) {
   const OneRoundPairs can = one_round_pairs_possible(n_tiles, agg, row_peers);
@@ -546,7 +550,8 @@ OneRoundPairs fuse_pairs(const ChainInfo& chain, const PlanOptions& opt, int64_t
                    (n_tiles == 1 || chain.max_exp_sum_pairs_below_root == 0);
   if (opt.fuse_pairs) return {*opt.fuse_pairs && mv, *opt.fuse_pairs && mes};
   const bool saves_a_round = row_peers > 1;  // one CTA per row: no round to save
-  return {mv && saves_a_round, mes && saves_a_round && n_tiles == 1};
+  return {mv && saves_a_round,
+          mes && saves_a_round && (n_tiles == 1 || row_peers <= kOnlinePairMaxRowPeers)};
 }
 
 bool pair_hand_over(const OneRoundPairs& fused, int64_t m, const KernelConfig& k) {

@@ -38,6 +38,9 @@ struct ChainInfo {
   // Max-and-sum-of-exp pairs below the root stage: over several N-tiles a CTA they keep two
   // rounds (only the root's sum runs online, tile by tile: stage.cuh kPairOnline).
   int max_exp_sum_pairs_below_root = 0;
+  // PostStages whose own PostStage takes a tile value from them: over several N-tiles a CTA each
+  // writes that value back into the stash for the earlier tiles (stage.cuh body, kTileBypass).
+  int stash_write_backs = 0;
   // Largest number of Tile-class Bypass placeholders entering any stage: tile-sized
   // register values that must survive a reduce phase (the accumulator counts as one).
   int live_tile_values = 1;
@@ -66,6 +69,9 @@ ChainInfo analyze_chain(const FusionSpec& s);
 // Passes over a stash after the first round: one a later stage, one for a root pair's two stages
 // that stream together (ChainInfo::max_exp_sum_pairs_streamed_together, fused over several N-tiles).
 int stash_reads_after_round(const ChainInfo& chain, const OneRoundPairs& fused, int64_t n_tiles);
+// Writes into the stash after the first round: one a PostStage that passes a tile value on
+// (ChainInfo::stash_write_backs), none for a root pair's stages that stream together.
+int stash_write_backs_after_round(const ChainInfo& chain, const OneRoundPairs& fused, int64_t n_tiles);
 
 // "add(%1, %2)", "mean(%4)", "bias[row]", "2.5", ... (no stage prefix).
 std::string node_label(const FusionSpec& s, const Spec& stage, int index);
@@ -198,6 +204,9 @@ bool begins_early(const Candidate& c);
 // a round is saved (row_peers > 1).
 OneRoundPairs fuse_pairs(const ChainInfo& chain, const PlanOptions& opt, int64_t n_tiles, Aggregation agg,
                          int row_peers);
+// The widest row group whose max-and-sum-of-exp pair over several N-tiles a CTA takes one round
+// unforced (fuse_pairs, decide_row_groups.cpp says what was measured).
+inline constexpr int kOnlinePairMaxRowPeers = 32;
 // KernelConfig::pair_hand_over: pairs in one round over the L2 exchange of warp groups that hand
 // them over (l2_exchange_smem_bytes), and a run of the plan (any M up to its own) may hold a job of
 // 9 to 32 rows.

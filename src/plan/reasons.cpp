@@ -78,6 +78,7 @@ void add_reasons(Plan& plan, const ChainInfo& chain, const DeviceModel& dev, con
   }
 
   const int stash_reads = stash_reads_after_round(chain, plan.fused_pairs, plan.kernel.n_tiles);
+  const int write_backs = stash_write_backs_after_round(chain, plan.fused_pairs, plan.kernel.n_tiles);
   switch (plan.strategy()) {
     case RowStrategy::NoReduction:
       r.push_back("strategy no-reduction: elementwise epilogue only, every tile stores on its own");
@@ -105,7 +106,7 @@ void add_reasons(Plan& plan, const ChainInfo& chain, const DeviceModel& dev, con
       r.push_back(fmt::format(
           "strategy workspace-stash: the {} earlier N-tile(s) per CTA do not fit on chip, so stage 1's bypass values "
           "[{}] go to a global {} workspace ({} for the jobs in flight, {}) and are re-read {} time(s) by the {} later "
-          "stage(s){}",
+          "stage(s){}{}",
           plan.kernel.n_tiles - 1, join(plan.stashed), plan.kernel.stash_elem_bytes == 2 ? "bf16" : "fp32",
           fmt_bytes(plan.workspace_bytes),
           double(plan.workspace_bytes) <= tun.l2_workspace_fraction * double(dev.l2_bytes)
@@ -114,7 +115,9 @@ void add_reasons(Plan& plan, const ChainInfo& chain, const DeviceModel& dev, con
           stash_reads, plan.stages_in_chain - 1,
           stash_reads < plan.stages_in_chain - 1 ? " (the second stage of a max-and-sum-of-exp pair in one round streams "
                                                    "with the stage after it: one read for both)"
-                                                 : ""));
+                                                 : "",
+          write_backs > 0 ? fmt::format(", and written back {} time(s) by stages that pass a tile value on", write_backs)
+                          : std::string()));
       break;
   }
 
@@ -155,13 +158,14 @@ void add_reasons(Plan& plan, const ChainInfo& chain, const DeviceModel& dev, con
                 : opt.fuse_pairs == false ? fmt::format("{}: two rounds, forced by option", head)
                 : !possible ? fmt::format("{}: two rounds; one round needs {}", head, needs)
                 : plan.kernel.row_peers() == 1 ? fmt::format("{}: two rounds; one CTA per row has no round to save", head)
-                : opt.fuse_pairs == true
+                : chain.max_exp_sum_pairs_below_root > 0
                     ? fmt::format("{}: two rounds; over several N-tiles a CTA only a pair of the root stage takes one "
                                   "(its sum of exp runs online, tile by tile, as the root's tiles pass)",
                                   head)
-                    : fmt::format("{}: two rounds; over several N-tiles a CTA one round is forced only (--pairs "
-                                  "one-round, PlanOptions::fuse_pairs): not measured yet",
-                                  head));
+                    : fmt::format("{}: two rounds; over several N-tiles a CTA one round unforced only in row groups of "
+                                  "up to {} CTAs (measured: a row group of 64's kernel spills; --pairs one-round "
+                                  "forces it)",
+                                  head, kOnlinePairMaxRowPeers));
   };
   pair_line(chain.mean_variance_pairs, plan.fused_pairs.mean_variance, can.mean_variance,
             "one N-tile per CTA and the L2 exchange or a single CTA per row",

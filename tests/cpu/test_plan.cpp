@@ -939,8 +939,8 @@ FusionSpec log_softmax() {
 
 // Paired reductions (LayerNorm's mean and variance, softmax's and log-softmax's max and sum of
 // exp) share one exchange round wherever the row's CTAs meet in L2 with one N-tile each (not over
-// DSMEM, not in one CTA unless forced); over several N-tiles a CTA only softmax's pair, and only
-// where forced (its sum online across the tiles: unmeasured).
+// DSMEM, not in one CTA unless forced); over several N-tiles a CTA only softmax's pair (its sum
+// online across the tiles), in row groups of up to 32 CTAs unless forced.
 TEST(Plan, PairedReductionsInOneRoundWhereARoundIsSaved) {
   FusionSpec ln = layer_norm(), sm = softmax(), lsm = log_softmax(), rms = rms_norm();
   EXPECT_EQ(ln.pair_count(PairKind::MeanVariance), 1);
@@ -974,8 +974,9 @@ TEST(Plan, PairedReductionsInOneRoundWhereARoundIsSaved) {
   opt.aggregation = Aggregation::PeerToPeer;
   EXPECT_FALSE(make_plan(ln, prob(8192, 4096, 4096), full_device(), {}, opt).fused_pairs.any());
   opt = {};
-  opt.row_group = 2;  // 8 N-tiles per CTA: two rounds unless forced (then the max-and-sum-of-exp pair only)
-  EXPECT_FALSE(make_plan(sm, prob(8192, 4096, 4096), full_device(), {}, opt).fused_pairs.any());
+  opt.row_group = 2;  // 8 N-tiles per CTA: the max-and-sum-of-exp pair only, even forced
+  EXPECT_TRUE(make_plan(sm, prob(8192, 4096, 4096), full_device(), {}, opt).fused_pairs.max_exp_sum);
+  EXPECT_FALSE(make_plan(ln, prob(8192, 4096, 4096), full_device(), {}, opt).fused_pairs.any());
   opt.fuse_pairs = true;
   EXPECT_TRUE(make_plan(sm, prob(8192, 4096, 4096), full_device(), {}, opt).fused_pairs.max_exp_sum);
   EXPECT_FALSE(make_plan(ln, prob(8192, 4096, 4096), full_device(), {}, opt).fused_pairs.any());
@@ -996,12 +997,14 @@ TEST(Plan, PairedReductionsInOneRoundWhereARoundIsSaved) {
   EXPECT_NE(l.find("mean and variance in one round"), std::string::npos) << l;
 }
 
-// The max-and-sum-of-exp pair over several N-tiles a CTA (the vocabulary rows' stash plans):
-// forced only. Then its sum runs online across the tiles, one round, and the pair's second stage
-// streams the stash with the stage after it (one read of the stash after the round, not two):
-// the estimate drops by that read. A chain whose stage after the sum ends in a reduction of its
-// own (softmax into a LayerNorm) keeps the two reads.
-TEST(Plan, MaxExpSumPairsOverSeveralNTilesForcedOnly) {
+// The root stage's max-and-sum-of-exp pair over several N-tiles a CTA (the vocabulary rows' stash
+// plans) takes one round, its sum online across the tiles, in row groups of up to 32 CTAs unless
+// forced (a row group of 64's kernel spilled). The pair's second stage then streams the stash with
+// the stage after it: one read after the round and no write-back, where two rounds read it twice
+// and write it back once; the estimate drops by those. A chain whose stage after the sum ends in a
+// reduction of its own (softmax into a LayerNorm) keeps the two reads; a pair below the root stage
+// keeps two rounds, even forced.
+TEST(Plan, MaxExpSumPairsOverSeveralNTilesInOneRound) {
   FusionSpec sm = softmax(), lsm = log_softmax(), ln = layer_norm();
   FusionSpec sm_ln = lowered([](Graph& g, Value acc) {
     return g.layer_norm(g.softmax(acc), row(g, "gamma"), row(g, "beta"));
@@ -1020,23 +1023,35 @@ TEST(Plan, MaxExpSumPairsOverSeveralNTilesForcedOnly) {
   PlanOptions opt;
   opt.row_group = 32;
   opt.tile_m = 128, opt.tile_n = 128, opt.cluster_m = 2;
-  const Plan two = make_plan(lsm, vocab, full_device(), {}, opt);
-  ASSERT_GT(two.kernel.n_tiles, 1);
-  EXPECT_FALSE(two.fused_pairs.any());
-  EXPECT_NE(explain(lsm, two).find("over several N-tiles a CTA one round is forced only (--pairs one-round, "
-                                    "PlanOptions::fuse_pairs): not measured yet"),
-            std::string::npos)
-      << explain(lsm, two);
-  opt.fuse_pairs = true;
   const Plan one = make_plan(lsm, vocab, full_device(), {}, opt);
-  EXPECT_EQ(one.kernel.n_tiles, two.kernel.n_tiles);
+  ASSERT_GT(one.kernel.n_tiles, 1);
   EXPECT_TRUE(one.fused_pairs.max_exp_sum);
+  PlanOptions two_rounds = opt;
+  two_rounds.fuse_pairs = false;
+  const Plan two = make_plan(lsm, vocab, full_device(), {}, two_rounds);
+  EXPECT_EQ(one.kernel.n_tiles, two.kernel.n_tiles);
+  EXPECT_FALSE(two.fused_pairs.any());
+  // One round saves a round, the write-back of the sum's stage and a read of the stash.
   EXPECT_LT(one.estimate.total_us, two.estimate.total_us);
   const std::string e = explain(lsm, one);
   EXPECT_NE(e.find("(the sum of exp online across the CTA's N-tiles)"), std::string::npos) << e;
   EXPECT_NE(e.find("re-read 1 time(s) by the 2 later stage(s)"), std::string::npos) << e;
+  EXPECT_EQ(e.find("written back"), std::string::npos) << e;
   const std::string e2 = explain(lsm, two);
-  EXPECT_NE(e2.find("re-read 2 time(s) by the 2 later stage(s)"), std::string::npos) << e2;
+  EXPECT_NE(e2.find("re-read 2 time(s) by the 2 later stage(s), and written back 1 time(s)"), std::string::npos) << e2;
+  EXPECT_EQ(plan_detail::analyze_chain(lsm).stash_write_backs, 1);
+  EXPECT_EQ(plan_detail::analyze_chain(rms_sm).stash_write_backs, 2);
+  // Row groups of 64: two rounds unless forced, and explain says why.
+  PlanOptions wide = opt;
+  wide.row_group = 64;
+  const Plan wide_two = make_plan(lsm, vocab, full_device(), {}, wide);
+  ASSERT_GT(wide_two.kernel.n_tiles, 1);
+  EXPECT_FALSE(wide_two.fused_pairs.any());
+  EXPECT_NE(explain(lsm, wide_two).find("one round unforced only in row groups of up to 32 CTAs"), std::string::npos)
+      << explain(lsm, wide_two);
+  wide.fuse_pairs = true;
+  EXPECT_TRUE(make_plan(lsm, vocab, full_device(), {}, wide).fused_pairs.max_exp_sum);
+  opt.fuse_pairs = true;
   const Plan rms_sm_forced = make_plan(rms_sm, vocab, full_device(), {}, opt);
   EXPECT_FALSE(rms_sm_forced.fused_pairs.any());
   EXPECT_NE(explain(rms_sm, rms_sm_forced).find("only a pair of the root stage takes one"), std::string::npos)
