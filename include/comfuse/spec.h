@@ -155,6 +155,12 @@ bool periodic_arg(const FusionSpec& s, const RuntimeArg& a);
 //   MeanVariance  a mean, then the mean of (its operand - that mean)^2 (LayerNorm after Φ);
 //   MaxExpSum     a max, then the sum of exp(its operand - that max) (softmax, log-softmax).
 PairKind pair_kind(const Spec& stage, int i);
+// A MaxExpSum pair (node i of stage) whose PostStage reads the max's operand x, the max m and
+// x - m only to make exp(x - m): nothing else in that stage, and no stage after it, takes them.
+// In one round over one N-tile a CTA, the first stage then leaves exp(x - its CTA's own max) in
+// x's registers, and the PostStage makes exp(x - m) from it with a per-row factor
+// (reduce.cuh kPairGivenKept): one exp a value, not two.
+bool pair_keeps_exp(const Spec& stage, int i);
 // A pow node whose exponent is a literal 2, 3 or 4: that exponent (Ψ multiplies instead of
 // calling powf); otherwise 0.
 int literal_int_exponent(const Spec& stage, const SpecNode& n);

@@ -128,15 +128,16 @@ const char* stash_space_name(StashSpace s) {
 
 }  // namespace
 
-std::string emit_epilogue_type(const FusionSpec& s, OneRoundPairs fuse_pairs, const KernelConfig* ring) {
+std::string emit_epilogue_type(const FusionSpec& s, OneRoundPairs fuse_pairs, const KernelConfig* config) {
   EmitContext ctx = make_context(s, emit_detail::assign_slots({&s}));
   ctx.fuse_pairs = fuse_pairs;
-  if (ring && ring->ring_input_bytes > 0) {  // the slot's TMA boxes, in first-read order
+  ctx.one_n_tile = config && config->n_tiles == 1;
+  if (config && config->ring_input_bytes > 0) {  // the slot's TMA boxes, in first-read order
     int box = 0;
     for (int arg : s.root_tile_inputs()) {
       ctx.ring_box_of_arg[arg] = box;
-      box += ring->tile_input_bytes(static_cast<int>(size_of(s.args.at(static_cast<size_t>(arg)).dtype))) /
-             ring->ring_box_bytes();
+      box += config->tile_input_bytes(static_cast<int>(size_of(s.args.at(static_cast<size_t>(arg)).dtype))) /
+             config->ring_box_bytes();
     }
   }
   const std::string stage = emit_detail::render_stage(ctx, s.root, "stage 0");

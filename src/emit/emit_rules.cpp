@@ -104,8 +104,9 @@ std::string compute(EmitContext& ctx, const Spec& st, int i, const std::string&)
 std::string reduction(EmitContext& ctx, const Spec& st, int i, const std::string& path) {
   const SpecNode& n = node_at(st, i);
   // Pairs (epilogue/reduce.cuh): kPairMeanM2 (1) or kPairMaxExpSum (3) on the first
-  // reduction, kPairGiven (2) on its PostStage's reduction.
-  int pair = ctx.pair_child == &st ? 2 : 0;
+  // reduction, kPairGiven (2) on its PostStage's reduction, or kPairGivenKept (4) where the
+  // first stage keeps the exp in place.
+  int pair = ctx.pair_child == &st ? (ctx.pair_child_keeps_exp ? 4 : 2) : 0;
   std::string post = "void";
   if (n.post >= 0) {
     const Spec& child = st.children.at(static_cast<size_t>(n.post));
@@ -113,6 +114,7 @@ std::string reduction(EmitContext& ctx, const Spec& st, int i, const std::string
     if (ctx.fuse_pairs.has(kind)) {
       pair = kind == PairKind::MeanVariance ? 1 : 3;
       ctx.pair_child = &child;
+      ctx.pair_child_keeps_exp = ctx.one_n_tile && pair_keeps_exp(st, i);
     }
     post = render_stage(ctx, child, fmt::format("{} > post of n{}", path, i));
   }

@@ -510,6 +510,29 @@ PairKind pair_kind(const Spec& st, int i) {
   return shape ? kind : PairKind::None;
 }
 
+bool pair_keeps_exp(const Spec& st, int i) {
+  if (pair_kind(st, i) != PairKind::MaxExpSum) return false;
+  const Spec& post = st.children.at(static_cast<size_t>(st.nodes.at(static_cast<size_t>(i)).post));
+  const SpecNode& sum = post.nodes.at(static_cast<size_t>(post.terminal));
+  const int f = sum.operands.at(0);
+  const int d = post.nodes.at(static_cast<size_t>(f)).operands.at(0);
+  const SpecNode& diff = post.nodes.at(static_cast<size_t>(d));
+  const int x = diff.operands.at(0), m = diff.operands.at(1);
+  // Within the PostStage: x and m read by the difference only, the difference by the exp only.
+  for (size_t k = 0; k < post.nodes.size(); ++k)
+    for (int o : post.nodes[k].operands) {
+      if ((o == x || o == m) && static_cast<int>(k) != d) return false;
+      if (o == d && static_cast<int>(k) != f) return false;
+    }
+  // No later stage takes one of them by bypass.
+  for (const Spec& later : post.children)
+    for (const SpecNode& n : later.nodes)
+      if (n.category == NodeCategory::Placeholder && n.placeholder == PlaceholderKind::Bypass &&
+          (n.source == x || n.source == m || n.source == d))
+        return false;
+  return true;
+}
+
 int FusionSpec::pair_count(PairKind kind) const {
   int pairs = 0;
   std::function<void(const Spec&)> walk = [&](const Spec& st) {

@@ -126,6 +126,26 @@ TEST(Lower, CausalMaskIsANodeOfTheSpec) {
   EXPECT_NO_THROW(verify(ru.regions[0].spec));
 }
 
+// A softmax's pair keeps its exp in place (spec.h pair_keeps_exp) where the PostStage reads the
+// logits, the max and their difference only through the exp: softmax, and a softmax whose
+// probabilities go on into a LayerNorm; not log-softmax (its last stage takes x - max), nor a
+// softmax whose result is scaled by the logits again (x carried on past the exp).
+TEST(Lower, SoftmaxPairKeepsItsExpWhereNothingElseReadsTheLogits) {
+  auto keeps = [](Gemm& t, Value y) {
+    t.g.output(y, "y", DType::BF16);
+    LoweringResult r = lower(t.g);
+    EXPECT_EQ(r.regions.size(), 1u);
+    const Spec& s0 = r.regions.at(0).spec.root;
+    EXPECT_EQ(pair_kind(s0, s0.terminal), PairKind::MaxExpSum);
+    return pair_keeps_exp(s0, s0.terminal);
+  };
+  Gemm a, b, c, d;
+  EXPECT_TRUE(keeps(a, a.g.softmax(a.acc)));
+  EXPECT_TRUE(keeps(b, b.g.layer_norm(b.g.softmax(b.acc), b.row("gamma"), b.row("beta"))));
+  EXPECT_FALSE(keeps(c, c.g.log_softmax(c.acc)));
+  EXPECT_FALSE(keeps(d, d.g.softmax(d.acc) * d.acc));
+}
+
 TEST(Lower, StatisticStoredAsColumnOutput) {
   Gemm t;
   Value m = t.g.reduce(ReduceOp::Max, t.acc);

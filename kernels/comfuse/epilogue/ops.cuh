@@ -26,6 +26,14 @@ COMFUSE_DEVICE float fast_exp(float x) { return fast_exp2(x * kLog2e); }
 // relative, one factor for every x sharing the shift (1 + 6e-6 at |shift| = 100), which a
 // softmax's normalization cancels exactly.
 COMFUSE_DEVICE float fast_exp_shifted(float x, float shift) { return fast_exp2(fmaf(x, kLog2e, -(shift * kLog2e))); }
+// v = fast_exp_shifted(v, shift) (the same FFMA and ex2.approx.ftz) as ONE asm on a tied operand,
+// for an exp that replaces its operand in the registers (stage.cuh kKeepsExp). Written as the
+// separate fmaf and ex2 above (or untied), a 128x256 cooperative tile's 128 exps a thread landed
+// in fresh registers and ptxas spilled 268 B of them across the exchange round (the chain example
+// at 4096 x 4096 x 1024); tied and fused, 16 B, as much as when they stayed x.
+COMFUSE_DEVICE void fast_exp_shifted_in_place(float& v, float shift) {
+  asm("fma.rn.f32 %0, %0, %1, %2;\n\tex2.approx.ftz.f32 %0, %0;" : "+f"(v) : "f"(kLog2e), "f"(-(shift * kLog2e)));
+}
 // 2^x for x <= 8 (the online softmax's stale reference, b2b/intermediate.cuh) on the FMA and
 // integer pipes, for where the MUFU's 16 results a clock per SM bound a softmax (the B2B online
 // softmax at small head dims; FlashAttention-4's trick): x = j + f with j = round(x) (the

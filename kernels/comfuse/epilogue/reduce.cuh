@@ -76,9 +76,15 @@ template <int K> struct Bypass {
 //                    online-softmax merge S = sum_j S_j exp(max_j - max).
 //   kPairGiven       on that PostStage's reduction: it takes the merged second statistic from
 //                    its parent instead of a round of its own.
+//   kPairGivenKept   kPairGiven where the PostStage reads the max's operand x only through
+//                    exp(x - max) (spec.h pair_keeps_exp; one N-tile a job): the parent leaves
+//                    exp(x - its CTA's max) in x's registers from the sum it exchanged, and hands
+//                    over exp(its CTA's max - the row's max) as the max; the PostStage's exp is
+//                    then their product (stage.cuh visit_nodes). One exp a value, not two.
 // Segment > 0 (FusionSpec::segment, KernelConfig::row_segment): the reduction spans each run of
 // Segment columns, one tile's: finalize divides by it, and no round crosses a CTA.
-enum : int { kPairNone = 0, kPairMeanM2 = 1, kPairGiven = 2, kPairMaxExpSum = 3 };
+enum : int { kPairNone = 0, kPairMeanM2 = 1, kPairGiven = 2, kPairMaxExpSum = 3, kPairGivenKept = 4 };
+constexpr bool pair_given(int pair) { return pair == kPairGiven || pair == kPairGivenKept; }
 template <class Op, int Operand, class PostStage, int Pair = kPairNone, int Segment = 0> struct Reduction {
   using ReduceOp = Op;
   using Post = PostStage;
@@ -88,6 +94,7 @@ template <class Op, int Operand, class PostStage, int Pair = kPairNone, int Segm
   static constexpr int kOperandIndex = Operand;
   static_assert(Pair != kPairMeanM2 || cute::is_same_v<Op, ReduceMean>, "kPairMeanM2: a mean reduction");
   static_assert(Pair != kPairMaxExpSum || cute::is_same_v<Op, ReduceMax>, "kPairMaxExpSum: a max reduction");
+  static_assert(Pair != kPairGivenKept || cute::is_same_v<Op, ReduceSum>, "kPairGivenKept: a sum of exp");
   static constexpr bool kIsReduction = true;
   template <class Geo> struct Impl : NodeBase<Geo> {
     // Several N-tiles a job (Stash) keep the partials live through the next tiles' mainloops,

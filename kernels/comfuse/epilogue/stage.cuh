@@ -284,7 +284,7 @@ template <class... Nodes> struct Stage {
     static constexpr bool kCarriesTile = carries_tile();
     // Cluster rounds from this stage on (a pair's second statistic comes with its parent's round).
     static constexpr int chain_rounds() {
-      int const here = kClusterReduce && detail::pair_of<Last>::value != kPairGiven ? 1 : 0;
+      int const here = kClusterReduce && !pair_given(detail::pair_of<Last>::value) ? 1 : 0;
       if constexpr (kHasPost) return here + PostExec::kChainRounds;
       else return here;
     }
@@ -389,6 +389,20 @@ template <class... Nodes> struct Stage {
     // tile's values still in registers after its body; the squares about the CTA's mean would
     // need the mean before the first tile's values leave the registers.
     static constexpr bool kPairOnline = kPairFirst && Geo::NTiles > 1;
+    static constexpr bool kGiven = pair_given(kPair);
+    // The PostStage takes its pair's exp from this stage's registers (kPairGivenKept).
+    static constexpr bool keeps_exp() {
+      if constexpr (kHasPost) return kPair == kPairMaxExpSum && PostExec::kPair == kPairGivenKept;
+      else return false;
+    }
+    static constexpr bool kKeepsExp = keeps_exp();
+    static_assert(!kKeepsExp || Geo::NTiles == 1, "kPairGivenKept: one N-tile a job (the tile in the registers)");
+    // kPairGivenKept: the node of the pair's exp (this stage's sum's operand); -1: none.
+    static constexpr int kept_exp_node() {
+      if constexpr (kPair == kPairGivenKept) return Last::kOperandIndex;
+      else return -1;
+    }
+    static constexpr int kKeptExpNode = kept_exp_node();
     static_assert(!kPairFirst || Geo::NTiles == 1 || kPair == kPairMaxExpSum,
                   "Pair: a mean-and-variance pair needs one N-tile per CTA (its squares about the CTA's own mean)");
     static_assert(!kPairOnline || cute::is_same_v<Parent, NoParent>,
@@ -399,6 +413,8 @@ template <class... Nodes> struct Stage {
     // kPairOnline: this thread's running sum of exp(x - center) a row over the job's tiles so far,
     // about `online_center` (its running max, 0 while that is -inf).
     float online_sum[Geo::MBlocks][2], online_center[Geo::MBlocks][2];
+    // kKeepsExp: the CTA's own row max, which centred the exps left in the registers.
+    float kept_max[Geo::MBlocks][2];
 
     static constexpr bool kRoot = cute::is_same_v<Parent, NoParent>;
     // Whether a node of the root stage starts its tile's inputs early (TileInput's L2
@@ -525,6 +541,16 @@ template <class... Nodes> struct Stage {
           constexpr int a = detail::dividend_of<N>::value, b = detail::divisor_of<N>::value;
           CUTE_UNROLL
           for (int e = 0; e < kFrag; ++e) vals[I][e] = vals[a][e] * (1.f / vals[b][e]);
+        } else if constexpr (I == kKeptExpNode) {
+          // The pair's exp(x - max): the parent left exp(x - its CTA's max) in x's registers and
+          // handed over exp(its CTA's max - max) as the max (reduce.cuh kPairGivenKept).
+          constexpr int s = detail::exp_operand_of<N>::value;
+          static_assert(s >= 0, "kPairGivenKept: the sum's operand is exp(x - max)");
+          constexpr int a = detail::sub_of<cute::tuple_element_t<s, cute::tuple<Nodes...>>>::a;
+          constexpr int b = detail::sub_of<cute::tuple_element_t<s, cute::tuple<Nodes...>>>::b;
+          static_assert(a >= 0 && b >= 0, "kPairGivenKept: the sum's operand is exp(x - max)");
+          CUTE_UNROLL
+          for (int e = 0; e < kFrag; ++e) vals[I][e] = vals[a][e] * vals[b][e];
         } else if constexpr (exp_row_shift<N>()) {
           // exp(a - b) with one b per row (softmax's exp(x - max)): ops.cuh fast_exp_shifted.
           constexpr int s = detail::exp_operand_of<N>::value;
@@ -697,7 +723,7 @@ template <class... Nodes> struct Stage {
     // back to the stash. (Under if constexpr: a stage with no PostStage must not instantiate the
     // dummy PostExec.)
     static constexpr bool fused_stream() {
-      if constexpr (kPair == kPairGiven && Geo::NTiles > 1 && kHasPost && kTileBypass >= 0)
+      if constexpr (kGiven && Geo::NTiles > 1 && kHasPost && kTileBypass >= 0)
         return !PostS::kEndsInReduction;
       else return false;
     }
@@ -880,6 +906,14 @@ template <class... Nodes> struct Stage {
         for (int h = 0; h < 2; ++h) second[mi][h] = quad_sum(second[mi][h]);
     }
 
+    // kKeepsExp: exp(x - max) = exp(x - center) * this, center = max_center(local), local the
+    // CTA's max and max the row's (>= local). The row's max -inf (no finite value): NaN, as
+    // exp(-inf - -inf); the CTA's -inf (its x all -inf, its exps 0) but not the row's: 0, not
+    // exp(0 - max), which overflows below max = -88.
+    static COMFUSE_DEVICE float kept_factor(float local, float max) {
+      if (max == ReduceMax::identity()) return __int_as_float(0x7fc00000);
+      return local == ReduceMax::identity() ? 0.f : fast_exp(max_center(local) - max);
+    }
     // A row max as the center of exp(x - center): 0 where it is -inf (no finite value: no NaN).
     static COMFUSE_DEVICE float max_center(float m) { return m == ReduceMax::identity() ? 0.f : m; }
     static COMFUSE_DEVICE float quad_sum(float x) {
@@ -918,6 +952,7 @@ template <class... Nodes> struct Stage {
     // The thread's sums a row over its values of the tile in the accumulator registers (the
     // reduction's operand, which the compute phase left there as the tile bypass): (x - center)^2
     // (kPairMeanM2) or exp(x - center), columns past N left out. Not quad-reduced.
+    // kKeepsExp: each exp(x - center) also replaces x in the registers (the PostStage reads it).
     template <class FragC>
     COMFUSE_DEVICE void thread_second(EpiCtx const& c, FragC& accum, float const (&center)[Geo::MBlocks][2],
                                       float (&out)[Geo::MBlocks][2]) const {
@@ -939,8 +974,14 @@ template <class... Nodes> struct Stage {
             int const base = mi * (Geo::BN / 2) + 8 * (4 * s + j);
             CUTE_UNROLL
             for (int e = 0; e < kFrag; ++e) {
-              float const x = accum(base + e), ctr = center[mi][(e >> 1) & 1];
-              float const term = kPair == kPairMeanM2 ? (x - ctr) * (x - ctr) : fast_exp_shifted(x, ctr);
+              float const ctr = center[mi][(e >> 1) & 1];
+              float term = accum(base + e);
+              if constexpr (kKeepsExp) {
+                fast_exp_shifted_in_place(term, ctr);
+                accum(base + e) = term;
+              } else {
+                term = kPair == kPairMeanM2 ? (term - ctr) * (term - ctr) : fast_exp_shifted(term, ctr);
+              }
               if (col + frag_col(e) < c.N) part[mi][(e >> 1) & 1][row_slot(e)] += term;
             }
           }
@@ -994,7 +1035,7 @@ template <class... Nodes> struct Stage {
       auto& red = cute::get<kNumNodes - 1>(impls);
       float v[Geo::MBlocks][2];
       [[maybe_unused]] unsigned long long const since = trace::now();
-      if constexpr (kPair == kPairGiven) {  // the parent's round brought this statistic
+      if constexpr (kGiven) {  // the parent's round brought this statistic
         CUTE_UNROLL
         for (int mi = 0; mi < Geo::MBlocks; ++mi) v[mi][0] = given[mi][0], v[mi][1] = given[mi][1];
         // One N-tile a job: the PostStage's begin() ran with the root's; several: tile 0's here.
@@ -1024,6 +1065,10 @@ template <class... Nodes> struct Stage {
               }
           } else {
             local_second(c, accum, v, second);
+          }
+          if constexpr (kKeepsExp) {
+            CUTE_UNROLL
+            for (int mi = 0; mi < Geo::MBlocks; ++mi) kept_max[mi][0] = v[mi][0], kept_max[mi][1] = v[mi][1];
           }
           if constexpr (kClusterReduce) Chan::start_pair(chan, rnd.n, c.xs, *c.p, c.t, v, second);
           if constexpr (kRoot) trace::add_epi(trace::kEpiPublish, since);
@@ -1065,7 +1110,7 @@ template <class... Nodes> struct Stage {
       }
       // The chain's last L2 round is behind the warp group: on its last job it counts itself out of
       // the exchange now, the count's round trip under the stages left (start_retire).
-      if constexpr (kClusterReduce && kPair != kPairGiven && Geo::kRetireEarly && kLastRound)
+      if constexpr (kClusterReduce && !kGiven && Geo::kRetireEarly && kLastRound)
         if (rnd.retire_after) {
           rnd.retire_before = cluster::start_retire(*c.p, c.t, cluster::retire_participants(Geo::ConsumerWGs));
           rnd.retired = true;
@@ -1076,6 +1121,12 @@ template <class... Nodes> struct Stage {
         for (int mi = 0; mi < Geo::MBlocks; ++mi)
           CUTE_UNROLL
           for (int h = 0; h < 2; ++h) v[mi][h] = Op::finalize(v[mi][h], n);
+        if constexpr (kKeepsExp) {
+          CUTE_UNROLL
+          for (int mi = 0; mi < Geo::MBlocks; ++mi)
+            CUTE_UNROLL
+            for (int h = 0; h < 2; ++h) v[mi][h] = kept_factor(kept_max[mi][h], v[mi][h]);
+        }
         post.take_stat(v);
         if constexpr (kRoot) trace::add_epi(trace::kEpiRound, since);
         [[maybe_unused]] unsigned long long const post_since = trace::now();
