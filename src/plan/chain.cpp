@@ -118,6 +118,15 @@ int root_pairs(const Spec& root) {
   return n;
 }
 
+// The max-and-sum-of-exp pairs of any stage whose PostStage takes the exp from the registers in
+// one round over one N-tile (spec.h pair_keeps_exp).
+int pairs_keeping_exp(const Spec& st) {
+  int n = 0;
+  for (size_t i = 0; i < st.nodes.size(); ++i) n += pair_keeps_exp(st, static_cast<int>(i));
+  for (const Spec& c : st.children) n += pairs_keeping_exp(c);
+  return n;
+}
+
 // The root pairs whose two stages after the round stream the stash together (one read, no
 // write-back between them): only in one round over several N-tiles a CTA.
 int streamed_together(const ChainInfo& chain, const OneRoundPairs& fused, int64_t n_tiles) {
@@ -149,6 +158,7 @@ ChainInfo analyze_chain(const FusionSpec& s) {
   info.max_exp_sum_pairs = s.segment > 0 ? 0 : s.pair_count(PairKind::MaxExpSum);
   info.max_exp_sum_pairs_streamed_together = s.segment > 0 ? 0 : root_pairs_streamed_together(s.root);
   info.max_exp_sum_pairs_below_root = info.max_exp_sum_pairs - (s.segment > 0 ? 0 : root_pairs(s.root));
+  info.max_exp_sum_pairs_keeping_exp = s.segment > 0 ? 0 : pairs_keeping_exp(s.root);
   for (const RuntimeArg& a : s.args)
     if (a.role == ArgRole::TileInput) {
       info.tile_input_bytes_per_element += static_cast<int64_t>(size_of(a.dtype));

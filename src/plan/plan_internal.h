@@ -38,6 +38,9 @@ struct ChainInfo {
   // Max-and-sum-of-exp pairs below the root stage: over several N-tiles a CTA they keep two
   // rounds (only the root's sum runs online, tile by tile: stage.cuh kPairOnline).
   int max_exp_sum_pairs_below_root = 0;
+  // Max-and-sum-of-exp pairs whose PostStage reads the operand only through the exp (spec.h
+  // pair_keeps_exp): in one round over one N-tile, one exp a value (reduce.cuh kPairGivenKept).
+  int max_exp_sum_pairs_keeping_exp = 0;
   // PostStages whose own PostStage takes a tile value from them: over several N-tiles a CTA each
   // writes that value back into the stash for the earlier tiles (stage.cuh body, kTileBypass).
   int stash_write_backs = 0;

@@ -983,6 +983,13 @@ TEST(Plan, PairedReductionsInOneRoundWhereARoundIsSaved) {
   const std::string e = explain(sm, forced);
   EXPECT_NE(e.find("max and sum of exp in one round"), std::string::npos) << e;
   EXPECT_NE(e.find("1 max-and-sum-of-exp pair(s)"), std::string::npos) << e;
+  // Softmax's exp is made once a value (the pair keeps it in the registers); log-softmax's last
+  // stage takes x - max, so it cannot.
+  EXPECT_EQ(plan_detail::analyze_chain(sm).max_exp_sum_pairs_keeping_exp, 1);
+  EXPECT_EQ(plan_detail::analyze_chain(lsm).max_exp_sum_pairs_keeping_exp, 0);
+  EXPECT_NE(e.find("keep(s) the exp summed before the round in the registers"), std::string::npos) << e;
+  const std::string el = explain(lsm, make_plan(lsm, prob(8192, 4096, 4096)));
+  EXPECT_EQ(el.find("keep(s) the exp"), std::string::npos) << el;
   const std::string d = explain(sm, make_plan(sm, prob(8192, 128, 4096)));
   EXPECT_NE(d.find("two rounds; one CTA per row has no round to save"), std::string::npos) << d;
   opt = {};
