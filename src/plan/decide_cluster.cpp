@@ -63,8 +63,10 @@ void estimate_cluster(Candidate& c, const Request& r) {
                         tun.tile_fixed_us;
   const double elems = double(k.tile_m) * k.tile_n / Sm90::kWarpGroupThreads;  // per thread
   double instr = double(k.n_tiles) * elems * chain.ops_per_element;
-  if (k.n_tiles > 1)  // the stash: written once, read per later stage
-    instr += double(k.n_tiles - 1) * values * elems * chain.stages_in_chain;
+  // The stash: written once, then read by each later stage and written back by each that passes
+  // a tile value on (no pair in one round over DSMEM).
+  const int stash_passes = 1 + stash_reads_after_round(chain, {}, k.n_tiles) + stash_write_backs_after_round(chain, {}, k.n_tiles);
+  if (k.n_tiles > 1) instr += double(k.n_tiles - 1) * values * elems * stash_passes;
   double const epi_math = instr * tun.epilogue_cpi / dev.clock_hz * 1e6;
   double epi = epi_math;
   double round = chain.reductions > 0 ? lookup(dev.cluster_allreduce_us, k.cluster_n) : 0.0;
@@ -142,7 +144,7 @@ void estimate_cluster(Candidate& c, const Request& r) {
     // Scratch for every job in flight: each CTA's two WGs hold one job each.
     c.workspace = int64_t{c.resident} * k.cluster_size() * k.stash_workspace_bytes_per_cta();
     const bool in_l2 = double(c.workspace) <= tun.l2_workspace_fraction * double(dev.l2_bytes);
-    const double per_job = double(k.stash_bytes_per_wg()) * (k.tile_m / k.epi_rows()) * chain.stages_in_chain;
+    const double per_job = double(k.stash_bytes_per_wg()) * (k.tile_m / k.epi_rows()) * stash_passes;
     c.est.reread_us = double(c.jobs) * k.cluster_size() * per_job / (in_l2 ? dev.l2_bytes_per_s : dev.dram_bytes_per_s) * 1e6;
   }
   c.est.total_us = std::max(t_cluster, c.est.dram_floor_us) + c.est.reread_us;

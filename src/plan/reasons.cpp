@@ -164,8 +164,9 @@ void add_reasons(Plan& plan, const ChainInfo& chain, const DeviceModel& dev, con
                 : !possible ? fmt::format("{}: two rounds; one round needs {}", head, needs)
                 : plan.kernel.row_peers() == 1 ? fmt::format("{}: two rounds; one CTA per row has no round to save", head)
                 : chain.max_exp_sum_pairs_below_root > 0
-                    ? fmt::format("{}: two rounds; over several N-tiles a CTA only a pair of the root stage takes one "
-                                  "(its sum of exp runs online, tile by tile, as the root's tiles pass)",
+                    ? fmt::format("{}: two rounds; over several N-tiles a CTA a pair below the root stage keeps every "
+                                  "such pair at two (only the root's sum of exp can run online, tile by tile, as its "
+                                  "tiles pass)",
                                   head)
                     : fmt::format("{}: two rounds; over several N-tiles a CTA one round unforced only in row groups of "
                                   "up to {} CTAs (measured: a row group of 64's kernel spills; --pairs one-round "

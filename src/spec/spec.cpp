@@ -516,19 +516,24 @@ bool pair_keeps_exp(const Spec& st, int i) {
   const SpecNode& sum = post.nodes.at(static_cast<size_t>(post.terminal));
   const int f = sum.operands.at(0);
   const int d = post.nodes.at(static_cast<size_t>(f)).operands.at(0);
-  const SpecNode& diff = post.nodes.at(static_cast<size_t>(d));
-  const int x = diff.operands.at(0), m = diff.operands.at(1);
-  // Within the PostStage: x and m read by the difference only, the difference by the exp only.
+  // What the kernel replaces: every Tile-class bypass of the PostStage (they all read the registers
+  // that then hold the exps) and every Stat node (they all take the factor). Within the PostStage
+  // they feed the difference only, and the difference the exp only.
+  auto replaced = [&](int k) {
+    const SpecNode& n = post.nodes.at(static_cast<size_t>(k));
+    return n.category == NodeCategory::Placeholder &&
+           (n.placeholder == PlaceholderKind::Stat || n.value_class == ValueClass::Tile);
+  };
   for (size_t k = 0; k < post.nodes.size(); ++k)
     for (int o : post.nodes[k].operands) {
-      if ((o == x || o == m) && static_cast<int>(k) != d) return false;
+      if (replaced(o) && static_cast<int>(k) != d) return false;
       if (o == d && static_cast<int>(k) != f) return false;
     }
-  // No later stage takes one of them by bypass.
+  // No later stage takes one of them, or the difference, by bypass.
   for (const Spec& later : post.children)
     for (const SpecNode& n : later.nodes)
       if (n.category == NodeCategory::Placeholder && n.placeholder == PlaceholderKind::Bypass &&
-          (n.source == x || n.source == m || n.source == d))
+          (n.source == d || replaced(n.source)))
         return false;
   return true;
 }

@@ -267,7 +267,8 @@ TEST_F(GpuReduce, RowGroupsLayerNormMeanAndVarianceInOneRound) {
 // Softmax and log-softmax with one N-tile per CTA: the max and the sum of exp share ONE
 // exchange round (each CTA's max and sum of exp about it, the online-softmax merge). Logits
 // scaled up to a spread of ~10 make exp(max_j - max) span many orders across a row's CTAs;
-// ragged N leaves the last CTAs of a row partial or empty (max -inf, sum 0).
+// ragged N leaves the last CTAs of a row partial or empty (max -inf, sum 0). Softmax's pair
+// keeps its exp in the registers (kPairGivenKept: one exp a value); log-softmax's cannot.
 TEST_F(GpuReduce, RowGroupsSoftmaxMaxAndExpSumInOneRound) {
   struct V { int g, cm, tm, tn; int64_t n; double scale; };
   for (V v : {V{8, 2, 64, 256, 1032, 0.125}, V{16, 1, 64, 128, 1032, 4.0}, V{4, 2, 128, 128, 392, 1.0},
@@ -280,7 +281,7 @@ TEST_F(GpuReduce, RowGroupsSoftmaxMaxAndExpSumInOneRound) {
       opt.plan.cluster_m = v.cm;
       opt.plan.tile_m = v.tm;
       opt.plan.tile_n = v.tn;
-      opt.plan.fuse_pairs = true;  // the planner alone keeps softmax in two rounds (measured faster)
+      opt.plan.fuse_pairs = true;  // where the row group is one CTA, the planner alone keeps two rounds
       Case c;
       Value logits = c.acc * v.scale;
       c.g.output(log ? c.g.log_softmax(logits) : c.g.softmax(logits), "p", log ? DType::F32 : DType::BF16);
@@ -288,19 +289,22 @@ TEST_F(GpuReduce, RowGroupsSoftmaxMaxAndExpSumInOneRound) {
       EXPECT_EQ(p.kernel.n_tiles, 1);
       EXPECT_TRUE(p.fused_pairs.max_exp_sum);
       const LoweringResult r = lower(c.g);
-      EXPECT_NE(emit(r.regions.at(0).spec, p).source.find(", 2>>, 3>"), std::string::npos) << "pair not fused";
+      EXPECT_NE(emit(r.regions.at(0).spec, p).source.find(log ? ", 2>>, 3>" : ", 4>>, 3>"), std::string::npos)
+          << "pair not fused, or its exp not kept";
     }
   }
 }
 
-// The max-and-sum-of-exp pair in one round over several N-tiles a CTA (forced: the planner keeps
-// two rounds there): each thread's sum of exp online across its tiles (the max moving from tile
+// The max-and-sum-of-exp pair in one round over several N-tiles a CTA (the planner's choice in
+// row groups of up to 32): each thread's sum of exp online across its tiles (the max moving from tile
 // to tile: sharp logits), the pair's second stage streaming the stash with the stage after it,
 // last tile first (stage.cuh kFusedStream). Workspace and SMEM stashes (bf16 too: the sum is
 // made of the values as stashed, so it normalizes what the later stages read back), a row of one
 // CTA (no exchange), a causal mask (rows whose tiles in a CTA are all -inf), ragged M and N (a
 // last tile of 8 columns), and softmax into a LayerNorm (the stage after the sum ends in a
-// reduction: the stages stream one after the other, the LayerNorm's from tile 0).
+// reduction: the stages stream one after the other, the LayerNorm's from tile 0), and the
+// vocabulary rows' default shape class (64x256 tiles in row groups of 32, whose last row block of
+// 26 rows hands its pair rounds over between warps: KernelConfig::pair_hand_over).
 TEST_F(GpuReduce, RowGroupsSoftmaxPairOverSeveralNTiles) {
   struct V {
     const char* what;
@@ -315,7 +319,8 @@ TEST_F(GpuReduce, RowGroupsSoftmaxPairOverSeveralNTiles) {
                      V{"4 N-tiles, bf16 SMEM stash", 4, 1, 64, 128, 1000, 2000, 72, 0.125, false, false, 2},
                      V{"one CTA a row, 8 N-tiles", 1, 1, 64, 128, 300, 1000, 64, 4.0},
                      V{"causal", 8, 2, 128, 128, 1000, 4104, 64, 1.0, true},
-                     V{"into a LayerNorm", 4, 1, 64, 128, 500, 1032, 72, 1.0, false, true}}) {
+                     V{"into a LayerNorm", 4, 1, 64, 128, 500, 1032, 72, 1.0, false, true},
+                     V{"row groups of 32, 64x256, 4 N-tiles", 32, 2, 64, 256, 1050, 32760, 136, 4.0}}) {
     for (bool log : {false, true}) {
       if (log && (v.causal || v.then_layer_norm)) continue;
       SCOPED_TRACE(fmt::format("{} {}: G={} cluster_m={} {}x{} M={} N={} K={} scale {}", log ? "log-softmax" : "softmax",

@@ -26,7 +26,8 @@ COMFUSE_DEVICE float fast_exp(float x) { return fast_exp2(x * kLog2e); }
 // relative, one factor for every x sharing the shift (1 + 6e-6 at |shift| = 100), which a
 // softmax's normalization cancels exactly.
 COMFUSE_DEVICE float fast_exp_shifted(float x, float shift) { return fast_exp2(fmaf(x, kLog2e, -(shift * kLog2e))); }
-// v = fast_exp_shifted(v, shift) (the same FFMA and ex2.approx.ftz) as ONE asm on a tied operand,
+// v = fast_exp_shifted(v, shift) (an FFMA and ex2.approx.ftz; fma.rn keeps denormals, which only
+// an ftz build's fmaf would flush) as ONE asm on a tied operand,
 // for an exp that replaces its operand in the registers (stage.cuh kKeepsExp). Written as the
 // separate fmaf and ex2 above (or untied), a 128x256 cooperative tile's 128 exps a thread landed
 // in fresh registers and ptxas spilled 268 B of them across the exchange round (the chain example

@@ -908,8 +908,8 @@ template <class... Nodes> struct Stage {
 
     // kKeepsExp: exp(x - max) = exp(x - center) * this, center = max_center(local), local the
     // CTA's max and max the row's (>= local). The row's max -inf (no finite value): NaN, as
-    // exp(-inf - -inf); the CTA's -inf (its x all -inf, its exps 0) but not the row's: 0, not
-    // exp(0 - max), which overflows below max = -88.
+    // exp(-inf - -inf); the CTA's -inf (its x below N all -inf, their exps 0; its columns past N
+    // are never stored) but not the row's: 0, not exp(0 - max), which overflows below max = -88.
     static COMFUSE_DEVICE float kept_factor(float local, float max) {
       if (max == ReduceMax::identity()) return __int_as_float(0x7fc00000);
       return local == ReduceMax::identity() ? 0.f : fast_exp(max_center(local) - max);
@@ -1022,9 +1022,9 @@ template <class... Nodes> struct Stage {
         float const nj = float(full ? Geo::BN : max(left, 0));
         float const d = vj * inv_nj - center;
         return left > 0 ? sj + nj * d * d : 0.f;
-      } else {  // online softmax: S_j exp(max_j - max); a peer with no finite value adds 0
+      } else {  // online softmax: S_j exp(max_j - max); a peer with no finite value (S_j 0) adds 0
         float const scale = fast_exp(fminf(vj - center, 0.f));  // fminf: NaN (-inf - -inf) -> 0
-        return sj > 0.f ? sj * scale : 0.f;
+        return sj != 0.f ? sj * scale : 0.f;  // != 0: a NaN sum stays NaN
       }
     }
 
