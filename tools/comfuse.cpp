@@ -12,7 +12,7 @@
 // --tile-n, --tile-m, --aggregation p2p|leader|l2, --strategy on-chip|smem-stash|workspace-stash;
 // row groups: --cluster-m, --row-group, --k-splits, --split-k-partials dsmem|l2, --split-k-gather
 // smem|registers, --stash fp32|bf16;
-// --pairs one-round|two-rounds;
+// --pairs one-round|two-rounds; --pair-exp kept|again;
 // a B2B pair: --b2b auto|force|off, one kernel where it pays, always, or never).
 // Errors: `comfuse: error: <msg>` on stderr, exit 1 (graph files: FILE:line:col:);
 // command-line usage errors (an option value outside its choices too) exit 2.
@@ -194,7 +194,7 @@ struct ExplainArgs {
   std::optional<int> cluster_n, tile_n, tile_m, cluster_m, row_group, k_splits, b2b_job_rows, ring_stages, fma_exp_every,
       b2b_x_buffers, consumer_wgs;
   std::string b2b_overlap, b2b_x_resident, b2b_chain_jobs, b2b_decode, gated_gemm;  // on / off (empty: the planner's)
-  std::string aggregation, strategy, stash, pairs, b2b;
+  std::string aggregation, strategy, stash, pairs, pair_exp, b2b;
   std::string tile_inputs;  // ring / l2 (empty: the planner's)
   std::string split_k_partials;  // dsmem / l2 (empty: the planner's)
   std::string split_k_gather;    // smem / registers (empty: the planner's)
@@ -221,6 +221,7 @@ PlanOptions plan_options(const ExplainArgs& a) {
   if (!a.b2b_decode.empty()) o.b2b_decode = a.b2b_decode == "on";
   if (!a.gated_gemm.empty()) o.gated_gemm = a.gated_gemm == "on";
   if (!a.pairs.empty()) o.fuse_pairs = a.pairs == "one-round";
+  if (!a.pair_exp.empty()) o.keep_pair_exp = a.pair_exp == "kept";
   if (!a.tile_inputs.empty()) o.ring_inputs = a.tile_inputs == "ring";
   if (!a.split_k_partials.empty()) o.splits_in_cluster = a.split_k_partials == "dsmem";
   if (!a.split_k_gather.empty()) o.split_gather_in_smem = a.split_k_gather == "smem";
@@ -293,6 +294,10 @@ std::vector<CLI::Option*> add_plan_options(CLI::App* cmd, ExplainArgs& ex) {
                       "paired reductions (LayerNorm's mean and variance, softmax's max and sum of exp) in one-round "
                       "(default where it pays) or two-rounds")
           ->check(CLI::IsMember({"one-round", "two-rounds"})),
+      cmd->add_option("--pair-exp", ex.pair_exp,
+                      "a softmax pair in one round over one N-tile: keep the exp it sums in the registers, one exp a "
+                      "value (kept), or make it again after the round (again, the default until measured)")
+          ->check(CLI::IsMember({"kept", "again"})),
       cmd->add_option("--b2b", ex.b2b,
                       "a B2B pair (two chained GEMMs): one kernel where the planner expects it to pay (auto, the "
                       "default), always (force), or never (off: two kernels, S through memory)")

@@ -43,9 +43,8 @@ std::string kernel_config_source(const KernelConfig& c);
 // fuse_pairs: the kinds of paired reductions (pair_kind in spec.h) that share one exchange
 // round (emit() passes Plan::fused_pairs: row groups or one CTA per row; one N-tile per CTA for
 // a mean-and-variance pair, any for a max-and-sum-of-exp pair of the root stage).
-// config: the plan's kernel. Where it carries the root stage's tile inputs in the mainloop's
-// ring (KernelConfig::ring_input_bytes > 0) its tile_n places their boxes; where its jobs hold
-// one N-tile, a max-and-sum-of-exp pair in one round may keep its exp in place (pair_keeps_exp).
+// config: the plan's kernel carries the root stage's tile inputs in the mainloop's ring
+// (KernelConfig::ring_input_bytes > 0; its tile_n places their boxes).
 std::string emit_epilogue_type(const FusionSpec& s, OneRoundPairs fuse_pairs = {}, const KernelConfig* config = nullptr);
 
 }  // namespace comfuse

@@ -37,6 +37,10 @@ enum class PairKind { None, MeanVariance, MaxExpSum };
 // Which kinds of pairs a kernel exchanges in one round (Plan::fused_pairs, emit).
 struct OneRoundPairs {
   bool mean_variance = false, max_exp_sum = false;
+  // Max-and-sum-of-exp pairs in one round over one N-tile a job whose PostStage reads the operand
+  // only through the exp (pair_keeps_exp) keep the exp they sum in the registers: one exp a value
+  // (reduce.cuh kPairGivenKept). Forced only (PlanOptions::keep_pair_exp) until measured.
+  bool kept_exp = false;
   bool any() const { return mean_variance || max_exp_sum; }
   bool has(PairKind k) const {
     return (k == PairKind::MeanVariance && mean_variance) || (k == PairKind::MaxExpSum && max_exp_sum);

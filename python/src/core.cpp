@@ -98,6 +98,7 @@ PlanOptions plan_options(const nb::dict& o) {
     else if (key == "split_gather_in_smem") p.split_gather_in_smem = nb::cast<bool>(v);
     else if (key == "stash_bytes") p.stash_bytes = nb::cast<int>(v);
     else if (key == "fuse_pairs") p.fuse_pairs = nb::cast<bool>(v);
+    else if (key == "keep_pair_exp") p.keep_pair_exp = nb::cast<bool>(v);
     else if (key == "b2b_job_rows") p.b2b_job_rows = nb::cast<int>(v);
     else if (key == "ring_stages") p.ring_stages = nb::cast<int>(v);
     else if (key == "consumer_wgs") p.consumer_wgs = nb::cast<int>(v);
@@ -165,6 +166,7 @@ nb::dict plan_summary(const Plan& p) {
   d["strategy"] = std::string(name_of(p.strategy()));
   d["reductions"] = p.reductions;
   d["pairs_in_one_round"] = p.fused_pairs.any();  // a paired reduction's two statistics in one round
+  d["pair_exp_kept"] = p.fused_pairs.kept_exp;    // a softmax pair's exp made once a value
   d["workspace_bytes"] = p.workspace_bytes;
   d["smem_bytes"] = p.smem.total();
   d["mainloop_us"] = p.estimate.mainloop_us;

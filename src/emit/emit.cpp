@@ -106,6 +106,9 @@ void check_renderable(const FusionSpec& s, const Plan& p) {
   if ((p.fused_pairs.mean_variance && !can.mean_variance) || (p.fused_pairs.max_exp_sum && !can.max_exp_sum))
     throw Error(fmt::format("spec '{}': the plan fuses paired reductions into one round, which needs the L2 exchange or "
                             "a single CTA per row (and one N-tile per CTA for a mean-and-variance pair)", s.name));
+  if (p.fused_pairs.kept_exp && (!p.fused_pairs.max_exp_sum || p.kernel.n_tiles != 1))
+    throw Error(fmt::format("spec '{}': the plan keeps a pair's exp in the registers, which needs its max and sum of exp "
+                            "in one round over one N-tile a CTA", s.name));
 }
 
 const char* aggregation_name(Aggregation a) {
@@ -131,7 +134,6 @@ const char* stash_space_name(StashSpace s) {
 std::string emit_epilogue_type(const FusionSpec& s, OneRoundPairs fuse_pairs, const KernelConfig* config) {
   EmitContext ctx = make_context(s, emit_detail::assign_slots({&s}));
   ctx.fuse_pairs = fuse_pairs;
-  ctx.one_n_tile = config && config->n_tiles == 1;
   if (config && config->ring_input_bytes > 0) {  // the slot's TMA boxes, in first-read order
     int box = 0;
     for (int arg : s.root_tile_inputs()) {

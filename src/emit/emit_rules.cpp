@@ -114,7 +114,7 @@ std::string reduction(EmitContext& ctx, const Spec& st, int i, const std::string
     if (ctx.fuse_pairs.has(kind)) {
       pair = kind == PairKind::MeanVariance ? 1 : 3;
       ctx.pair_child = &child;
-      ctx.pair_child_keeps_exp = ctx.one_n_tile && pair_keeps_exp(st, i);
+      ctx.pair_child_keeps_exp = ctx.fuse_pairs.kept_exp && pair_keeps_exp(st, i);
     }
     post = render_stage(ctx, child, fmt::format("{} > post of n{}", path, i));
   }

@@ -22,9 +22,8 @@ struct EmitContext {
   // both (epilogue/reduce.cuh).
   OneRoundPairs fuse_pairs;
   const Spec* pair_child = nullptr;  // the PostStage whose reduction takes the merged statistic
-  // One N-tile a job: a max-and-sum-of-exp pair whose PostStage reads its operand only through
+  // fuse_pairs.kept_exp: a max-and-sum-of-exp pair whose PostStage reads its operand only through
   // the exp (pair_keeps_exp) keeps exp(x - the CTA's max) in place (reduce.cuh kPairGivenKept).
-  bool one_n_tile = false;
   bool pair_child_keeps_exp = false;
   // A B2B kernel's F: the Store of this arg (the intermediate S) renders as ToOperand (S stays in
   // registers as GEMM2's A operand); -1: none.

@@ -458,6 +458,8 @@ Plan assemble(const Candidate& c, const std::vector<Candidate>& cands, const Req
     }
   }
   plan.fused_pairs = plan_detail::fuse_pairs(chain, r.opt, k.n_tiles, k.aggregation, k.row_peers());
+  plan.fused_pairs.kept_exp = plan.fused_pairs.max_exp_sum && k.n_tiles == 1 &&
+                              chain.max_exp_sum_pairs_keeping_exp > 0 && r.opt.keep_pair_exp.value_or(false);
   plan.kernel.pair_hand_over = plan_detail::pair_hand_over(plan.fused_pairs, r.p.m, plan.kernel);
   // The row groups' candidates fitted their ring with this already (decide_row_groups.cpp); the
   // others keep no pair storage on chip.
@@ -535,6 +537,7 @@ Plan make_plan(const FusionSpec& s, const Problem& p, const DeviceModel& dev, co
     try {
       PlanOptions planner_alone;
       planner_alone.fuse_pairs = opt.fuse_pairs;
+      planner_alone.keep_pair_exp = opt.keep_pair_exp;
       const Plan free = make_plan(s, p, dev, tun, planner_alone);
       unforced = fmt::format("{} {}x{}, cluster {}x{}{}{}, {}, {} ring stages: est {:.1f} us",
                              free.kernel.schedule(), free.kernel.tile_m,

@@ -150,16 +150,22 @@ void add_reasons(Plan& plan, const ChainInfo& chain, const DeviceModel& dev, con
   // One line per kind of pair: one round or two, and why.
   const OneRoundPairs can = one_round_pairs_possible(plan);
   const bool several_tiles = plan.kernel.n_tiles > 1;
-  // kept: the pairs of this kind that keep their exp in place (one N-tile a CTA, in one round).
-  auto pair_line = [&](int count, bool fused, bool possible, const char* needs, const std::string& what, int kept) {
+  // keepers: the pairs of this kind that can keep their exp in place (spec.h pair_keeps_exp), in
+  // one round over one N-tile a CTA; kept: whether they do (forced only: OneRoundPairs::kept_exp).
+  auto pair_line = [&](int count, bool fused, bool possible, const char* needs, const std::string& what, int keepers,
+                       bool kept) {
     if (count == 0) return;
     const std::string head = fmt::format("{} {}", count, what);
     r.push_back(fused ? fmt::format("{}: in one round, one synchronization of the row's CTAs instead of two{}", head,
                                     several_tiles ? " (the sum of exp online across the CTA's N-tiles)"
-                                    : kept > 0 ? fmt::format(" ({} keep(s) the exp summed before the round in the "
-                                                             "registers: one exp a value)",
-                                                             kept)
-                                               : "")
+                                    : keepers == 0 ? ""
+                                    : kept ? fmt::format(" ({} keep(s) the exp summed before the round in the "
+                                                         "registers: one exp a value)",
+                                                         keepers)
+                                           : fmt::format(" ({} could keep the exp summed before the round in the "
+                                                         "registers, one exp a value: forced only until measured, "
+                                                         "--pair-exp kept)",
+                                                         keepers))
                 : opt.fuse_pairs == false ? fmt::format("{}: two rounds, forced by option", head)
                 : !possible ? fmt::format("{}: two rounds; one round needs {}", head, needs)
                 : plan.kernel.row_peers() == 1 ? fmt::format("{}: two rounds; one CTA per row has no round to save", head)
@@ -177,12 +183,12 @@ void add_reasons(Plan& plan, const ChainInfo& chain, const DeviceModel& dev, con
             "one N-tile per CTA and the L2 exchange or a single CTA per row",
             "mean-and-variance pair(s) (one round: each CTA sends its row sums and the sum of squares about its own "
             "mean, merged by Chan's formula, safe when |mean| >> std)",
-            0);
+            0, false);
   pair_line(chain.max_exp_sum_pairs, plan.fused_pairs.max_exp_sum, can.max_exp_sum,
             "the L2 exchange or a single CTA per row",
             "max-and-sum-of-exp pair(s) (one round: each CTA sends its row max and the sum of exp about its own max, "
             "merged as online softmax does, S = sum_j S_j exp(max_j - max))",
-            chain.max_exp_sum_pairs_keeping_exp);
+            chain.max_exp_sum_pairs_keeping_exp, plan.fused_pairs.kept_exp);
   r.push_back((plan.kernel.cluster_n > 1)
                   ? fmt::format("multicast A: the {} CTAs of a cluster share the row block, one TMA load feeds all",
                                 plan.kernel.cluster_n)

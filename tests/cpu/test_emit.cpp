@@ -153,13 +153,10 @@ TEST(Emit, ReductionsExpandRecursivelyIntoPostOpStages) {
   Graph sm = parse_graph_file((kRoot / "examples/gemm_softmax.cf").string());
   const LoweringResult sr = lower(sm);
   EXPECT_NE(emit_epilogue_type(sr.regions.at(0).spec, both).find(", 2>>, 3>"), std::string::npos);
-  // One N-tile a job: the pair keeps its exp in place (kPairGivenKept = 4); several: it cannot.
-  KernelConfig one_tile;
-  one_tile.n_tiles = 1;
-  EXPECT_NE(emit_epilogue_type(sr.regions.at(0).spec, both, &one_tile).find(", 4>>, 3>"), std::string::npos);
-  KernelConfig two_tiles;
-  two_tiles.n_tiles = 2;
-  EXPECT_NE(emit_epilogue_type(sr.regions.at(0).spec, both, &two_tiles).find(", 2>>, 3>"), std::string::npos);
+  // Kept (OneRoundPairs::kept_exp), softmax's pair keeps its exp in place (kPairGivenKept = 4).
+  OneRoundPairs kept = both;
+  kept.kept_exp = true;
+  EXPECT_NE(emit_epilogue_type(sr.regions.at(0).spec, kept).find(", 4>>, 3>"), std::string::npos);
   EXPECT_EQ(emit_epilogue_type(sr.regions.at(0).spec, {true, false}).find(", 2>>, 3>"), std::string::npos);
   EXPECT_EQ(emit_epilogue_type(s, {false, true}).find(", 2>>, 1>"), std::string::npos);
   PlanOptions leader;

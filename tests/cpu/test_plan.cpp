@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <functional>
 
+#include "comfuse/emit.h"
 #include "comfuse/lower.h"
 #include "comfuse/plan.h"
 #include "comfuse/scheduler/grid.cuh"
@@ -987,9 +988,21 @@ TEST(Plan, PairedReductionsInOneRoundWhereARoundIsSaved) {
   // stage takes x - max, so it cannot.
   EXPECT_EQ(plan_detail::analyze_chain(sm).max_exp_sum_pairs_keeping_exp, 1);
   EXPECT_EQ(plan_detail::analyze_chain(lsm).max_exp_sum_pairs_keeping_exp, 0);
-  EXPECT_NE(e.find("keep(s) the exp summed before the round in the registers"), std::string::npos) << e;
-  const std::string el = explain(lsm, make_plan(lsm, prob(8192, 4096, 4096)));
-  EXPECT_EQ(el.find("keep(s) the exp"), std::string::npos) << el;
+  EXPECT_FALSE(forced.fused_pairs.kept_exp);  // forced only, until measured
+  EXPECT_NE(e.find("could keep the exp summed before the round in the registers"), std::string::npos) << e;
+  PlanOptions keep;
+  keep.keep_pair_exp = true;
+  const Plan kept = make_plan(sm, prob(8192, 4096, 4096), full_device(), {}, keep);
+  ASSERT_EQ(kept.kernel.n_tiles, 1);
+  EXPECT_TRUE(kept.fused_pairs.kept_exp);
+  EXPECT_NE(explain(sm, kept).find("1 keep(s) the exp summed before the round"), std::string::npos) << explain(sm, kept);
+  EXPECT_NE(emit(sm, kept).source.find(", 4>>, 3>"), std::string::npos);
+  EXPECT_EQ(emit(sm, forced).source.find(", 4>>, 3>"), std::string::npos);
+  const Plan lsm_keep = make_plan(lsm, prob(8192, 4096, 4096), full_device(), {}, keep);
+  EXPECT_FALSE(lsm_keep.fused_pairs.kept_exp);  // its last stage takes x - max
+  EXPECT_EQ(explain(lsm, lsm_keep).find("keep the exp"), std::string::npos) << explain(lsm, lsm_keep);
+  keep.row_group = 2;  // several N-tiles a CTA: nothing to keep in the registers
+  EXPECT_FALSE(make_plan(sm, prob(8192, 4096, 4096), full_device(), {}, keep).fused_pairs.kept_exp);
   const std::string d = explain(sm, make_plan(sm, prob(8192, 128, 4096)));
   EXPECT_NE(d.find("two rounds; one CTA per row has no round to save"), std::string::npos) << d;
   opt = {};

@@ -268,15 +268,18 @@ TEST_F(GpuReduce, RowGroupsLayerNormMeanAndVarianceInOneRound) {
 // exchange round (each CTA's max and sum of exp about it, the online-softmax merge). Logits
 // scaled up to a spread of ~10 make exp(max_j - max) span many orders across a row's CTAs;
 // ragged N leaves the last CTAs of a row partial or empty (max -inf, sum 0). Softmax's pair
-// keeps its exp in the registers (kPairGivenKept: one exp a value); log-softmax's cannot.
+// both ways: its exp made again after the round, and kept in the registers (kPairGivenKept: one
+// exp a value; forced); log-softmax's cannot keep it.
 TEST_F(GpuReduce, RowGroupsSoftmaxMaxAndExpSumInOneRound) {
   struct V { int g, cm, tm, tn; int64_t n; double scale; };
   for (V v : {V{8, 2, 64, 256, 1032, 0.125}, V{16, 1, 64, 128, 1032, 4.0}, V{4, 2, 128, 128, 392, 1.0},
               V{1, 2, 64, 256, 200, 4.0}}) {
-    for (bool log : {false, true}) {
-      SCOPED_TRACE(fmt::format("{} G={} cluster_m={} {}x{} N={} scale {}", log ? "log-softmax" : "softmax", v.g, v.cm,
-                               v.tm, v.tn, v.n, v.scale));
+    for (int variant = 0; variant < 3; ++variant) {
+      const bool log = variant == 2, keep = variant == 1;
+      SCOPED_TRACE(fmt::format("{}{} G={} cluster_m={} {}x{} N={} scale {}", log ? "log-softmax" : "softmax",
+                               keep ? " (exp kept)" : "", v.g, v.cm, v.tm, v.tn, v.n, v.scale));
       CompileOptions opt;
+      opt.plan.keep_pair_exp = keep;
       opt.plan.row_group = v.g;
       opt.plan.cluster_m = v.cm;
       opt.plan.tile_m = v.tm;
@@ -289,8 +292,9 @@ TEST_F(GpuReduce, RowGroupsSoftmaxMaxAndExpSumInOneRound) {
       EXPECT_EQ(p.kernel.n_tiles, 1);
       EXPECT_TRUE(p.fused_pairs.max_exp_sum);
       const LoweringResult r = lower(c.g);
-      EXPECT_NE(emit(r.regions.at(0).spec, p).source.find(log ? ", 2>>, 3>" : ", 4>>, 3>"), std::string::npos)
-          << "pair not fused, or its exp not kept";
+      EXPECT_EQ(p.fused_pairs.kept_exp, keep);
+      EXPECT_NE(emit(r.regions.at(0).spec, p).source.find(keep ? ", 4>>, 3>" : ", 2>>, 3>"), std::string::npos)
+          << "pair not fused, or its exp kept where not asked";
     }
   }
 }
@@ -473,6 +477,11 @@ TEST_F(GpuReduce, CausalSoftmaxEveryRowStrategy) {
       {"planner f16, M < N", DType::F16, 333, 4096, 64, [](PlanOptions&) {}},
       {"row group of 8, one round", DType::BF16, 1000, 1032, 72,
        [](PlanOptions& o) { o.row_group = 8, o.cluster_m = 2, o.tile_m = 64, o.tile_n = 256, o.fuse_pairs = true; }},
+      {"row group of 8, one round, the exp kept (CTAs whose columns all lie past a row: factor 0)", DType::BF16, 1000,
+       1032, 72,
+       [](PlanOptions& o) {
+         o.row_group = 8, o.cluster_m = 2, o.tile_m = 64, o.tile_n = 256, o.fuse_pairs = true, o.keep_pair_exp = true;
+       }},
       {"DSMEM peer-to-peer", DType::BF16, 300, 1000, 64,
        [](PlanOptions& o) { o.cluster_n = 8, o.aggregation = Aggregation::PeerToPeer; }},
       {"DSMEM leader-follower, M > N", DType::F16, 1000, 520, 64,
