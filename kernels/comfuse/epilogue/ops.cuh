@@ -26,12 +26,12 @@ COMFUSE_DEVICE float fast_exp(float x) { return fast_exp2(x * kLog2e); }
 // relative, one factor for every x sharing the shift (1 + 6e-6 at |shift| = 100), which a
 // softmax's normalization cancels exactly.
 COMFUSE_DEVICE float fast_exp_shifted(float x, float shift) { return fast_exp2(fmaf(x, kLog2e, -(shift * kLog2e))); }
-// v = fast_exp_shifted(v, shift) (an FFMA and ex2.approx.ftz; fma.rn keeps denormals, which only
-// an ftz build's fmaf would flush) as ONE asm on a tied operand,
-// for an exp that replaces its operand in the registers (stage.cuh kKeepsExp). Written as the
-// separate fmaf and ex2 above (or untied), a 128x256 cooperative tile's 128 exps a thread landed
-// in fresh registers and ptxas spilled 268 B of them across the exchange round (the chain example
-// at 4096 x 4096 x 1024); tied and fused, 16 B, as much as when they stayed x.
+// v = fast_exp_shifted(v, shift) as ONE asm on a tied operand, for an exp that replaces its
+// operand in the registers (stage.cuh kKeepsExp); fma.rn keeps the denormals that an ftz build's
+// fmaf would flush. Written as the separate fmaf and ex2 above (or untied), a 128x256 cooperative
+// tile's 128 exps a thread landed in fresh registers and ptxas spilled 268 B of them across the
+// exchange round (the chain example at 4096 x 4096 x 1024); tied and fused, 16 B, as much as when
+// they stayed x.
 COMFUSE_DEVICE void fast_exp_shifted_in_place(float& v, float shift) {
   asm("fma.rn.f32 %0, %0, %1, %2;\n\tex2.approx.ftz.f32 %0, %0;" : "+f"(v) : "f"(kLog2e), "f"(-(shift * kLog2e)));
 }
