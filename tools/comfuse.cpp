@@ -296,7 +296,7 @@ std::vector<CLI::Option*> add_plan_options(CLI::App* cmd, ExplainArgs& ex) {
           ->check(CLI::IsMember({"one-round", "two-rounds"})),
       cmd->add_option("--pair-exp", ex.pair_exp,
                       "a softmax pair in one round over one N-tile: keep the exp it sums in the registers, one exp a "
-                      "value (kept), or make it again after the round (again, the default until measured)")
+                      "value (kept, the default), or make it again after the round (again)")
           ->check(CLI::IsMember({"kept", "again"})),
       cmd->add_option("--b2b", ex.b2b,
                       "a B2B pair (two chained GEMMs): one kernel where the planner expects it to pay (auto, the "

@@ -39,7 +39,7 @@ struct OneRoundPairs {
   bool mean_variance = false, max_exp_sum = false;
   // Max-and-sum-of-exp pairs in one round over one N-tile a job whose PostStage reads the operand
   // only through the exp (pair_keeps_exp) keep the exp they sum in the registers: one exp a value
-  // (reduce.cuh kPairGivenKept). Forced only (PlanOptions::keep_pair_exp) until measured.
+  // (reduce.cuh kPairGivenKept); PlanOptions::keep_pair_exp = false makes it again after the round.
   bool kept_exp = false;
   bool any() const { return mean_variance || max_exp_sum; }
   bool has(PairKind k) const {

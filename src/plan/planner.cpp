@@ -459,7 +459,7 @@ Plan assemble(const Candidate& c, const std::vector<Candidate>& cands, const Req
   }
   plan.fused_pairs = plan_detail::fuse_pairs(chain, r.opt, k.n_tiles, k.aggregation, k.row_peers());
   plan.fused_pairs.kept_exp = plan.fused_pairs.max_exp_sum && one_round_pairs_possible(plan).kept_exp &&
-                              chain.max_exp_sum_pairs_keeping_exp > 0 && r.opt.keep_pair_exp.value_or(false);
+                              chain.max_exp_sum_pairs_keeping_exp > 0 && r.opt.keep_pair_exp.value_or(true);
   plan.kernel.pair_hand_over = plan_detail::pair_hand_over(plan.fused_pairs, r.p.m, plan.kernel);
   // The row groups' candidates fitted their ring with this already (decide_row_groups.cpp); the
   // others keep no pair storage on chip.

@@ -151,7 +151,7 @@ void add_reasons(Plan& plan, const ChainInfo& chain, const DeviceModel& dev, con
   const OneRoundPairs can = one_round_pairs_possible(plan);
   const bool several_tiles = plan.kernel.n_tiles > 1;
   // keepers: the pairs of this kind that can keep their exp in place (spec.h pair_keeps_exp), in
-  // one round over one N-tile a CTA; kept: whether they do (forced only: OneRoundPairs::kept_exp).
+  // one round over one N-tile a CTA; kept: whether they do (OneRoundPairs::kept_exp; --pair-exp again turns it off).
   auto pair_line = [&](int count, bool fused, bool possible, const char* needs, const std::string& what, int keepers,
                        bool kept) {
     if (count == 0) return;
@@ -163,8 +163,7 @@ void add_reasons(Plan& plan, const ChainInfo& chain, const DeviceModel& dev, con
                                                          "registers: one exp a value)",
                                                          keepers)
                                            : fmt::format(" ({} could keep the exp summed before the round in the "
-                                                         "registers, one exp a value: forced only until measured, "
-                                                         "--pair-exp kept)",
+                                                         "registers, one exp a value: --pair-exp again forced it off)",
                                                          keepers))
                 : opt.fuse_pairs == false ? fmt::format("{}: two rounds, forced by option", head)
                 : !possible ? fmt::format("{}: two rounds; one round needs {}", head, needs)

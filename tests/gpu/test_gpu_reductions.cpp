@@ -269,7 +269,7 @@ TEST_F(GpuReduce, RowGroupsLayerNormMeanAndVarianceInOneRound) {
 // scaled up to a spread of ~10 make exp(max_j - max) span many orders across a row's CTAs;
 // ragged N leaves the last CTAs of a row partial or empty (max -inf, sum 0). Softmax's pair
 // both ways: its exp made again after the round, and kept in the registers (kPairGivenKept: one
-// exp a value; forced); log-softmax's cannot keep it.
+// exp a value, the default); log-softmax's cannot keep it.
 TEST_F(GpuReduce, RowGroupsSoftmaxMaxAndExpSumInOneRound) {
   struct V { int g, cm, tm, tn; int64_t n; double scale; };
   for (V v : {V{8, 2, 64, 256, 1032, 0.125}, V{16, 1, 64, 128, 1032, 4.0}, V{4, 2, 128, 128, 392, 1.0},
