@@ -151,15 +151,26 @@ struct MainloopSm90 {
   }
   static constexpr uint64_t kEvictNormal = 0x1000000000000000ull;
 
+  // Where this CTA's B boxes go: its rank along M (the slice of a multicast it issues) and the
+  // multicast mask. Worked out once a tile, not a k-block: block_id_in_cluster is a special
+  // register read and a division, and the one producer thread's instructions a k-block pace the
+  // mainloop of 64-row tiles (a 64x128 k-block is ~512 tensor-core cycles): recomputed a k-block,
+  // M = 256 LayerNorm and softmax and the small FFN measured 10-20% slower (bench/NOTES.md).
+  struct BIssue {
+    int rank_m;
+    uint16_t mask;
+  };
+  static COMFUSE_DEVICE BIssue b_issue(int rank) {
+    return {ClusterM > 1 ? int(cute::block_id_in_cluster().x) : 0, b_multicast_mask(ClusterN > 1 ? rank : 0)};
+  }
+
   // B's boxes of k-block k0 into slot s (the slot acquired, its barrier `bar`).
-  static COMFUSE_DEVICE void load_b(Params const& p, uint64_t* bar, SharedStorage& smem, int s, int n0, int rank,
-                                    int k0) {
-    int const rank_m = ClusterM > 1 ? int(cute::block_id_in_cluster().x) : 0;
-    uint16_t const b_mask = b_multicast_mask(ClusterN > 1 ? rank : 0);
+  static COMFUSE_DEVICE void load_b(Params const& p, uint64_t* bar, SharedStorage& smem, int s, int n0,
+                                    BIssue const& bi, int k0) {
     Element* dstb = smem.B + s * BN * BK;
-    for_each_b_box(p, n0, rank_m, k0, [&](TmaDesc const* d, int c0, int c1, int r0) {
+    for_each_b_box(p, n0, bi.rank_m, k0, [&](TmaDesc const* d, int c0, int c1, int r0) {
       if constexpr (ClusterM > 1)
-        cute::SM90_TMA_LOAD_MULTICAST_2D::copy(d, bar, b_mask, kEvictNormal, dstb + r0 * BK, c0, c1);
+        cute::SM90_TMA_LOAD_MULTICAST_2D::copy(d, bar, bi.mask, kEvictNormal, dstb + r0 * BK, c0, c1);
       else
         cute::SM90_TMA_LOAD_2D::copy(d, bar, kEvictNormal, dstb + r0 * BK, c0, c1);
     });
@@ -172,10 +183,10 @@ struct MainloopSm90 {
   static COMFUSE_DEVICE int load_b_ahead(Params const& p, Pipeline& pipeline, PipelineState state,
                                          SharedStorage& smem, int n_block, int rank, int k_begin, int kt_count) {
     int const ahead = kt_count < Stages ? kt_count : Stages;
+    BIssue const bi = b_issue(rank);
     for (int kt = 0; kt < ahead; ++kt) {
       pipeline.producer_acquire(state);
-      load_b(p, pipeline.producer_get_barrier(state), smem, state.index(), n_block * TileN, rank,
-             (k_begin + kt) * BK);
+      load_b(p, pipeline.producer_get_barrier(state), smem, state.index(), n_block * TileN, bi, (k_begin + kt) * BK);
       ++state;
     }
     return ahead;
@@ -187,26 +198,32 @@ struct MainloopSm90 {
                                   SharedStorage& smem, int m_block, int n_block, int rank, int k_begin, int kt_count,
                                   int b_ahead = 0) {
     int const m0 = m_block * BM, n0 = n_block * TileN;
-    int const rank_m = ClusterM > 1 ? int(cute::block_id_in_cluster().x) : 0;
-    for (int kt = 0; kt < kt_count; ++kt) {
-      if (kt >= b_ahead) pipeline.producer_acquire(state);
-      uint64_t* bar = pipeline.producer_get_barrier(state);
-      int const s = state.index();
-      int const k0 = (k_begin + kt) * BK;
-      if (rank < ASlices) {
-        Element* dst = smem.A + s * BM * BK + rank * ASliceRows * BK;
-        if constexpr (ClusterN > 1) {
-          cute::SM90_TMA_LOAD_MULTICAST_2D::copy(&p.tma_a, bar, a_multicast_mask(rank_m), kEvictNormal, dst, k0,
-                                                 m0 + rank * ASliceRows);
-        } else {
-          cute::SM90_TMA_LOAD_2D::copy(&p.tma_a, bar, kEvictNormal, dst, k0, m0);
-          // A short box (KernelConfig::a_box_rows) fills fewer bytes than kTxBytes counts on.
-          if constexpr (C.a_box_rows > 0)
-            cutlass::arch::ClusterTransactionBarrier::complete_transaction(
-                bar, cute::block_rank_in_cluster(), uint32_t((BM - C.a_box_rows) * BK * sizeof(Element)));
-        }
+    BIssue const bi = b_issue(rank);
+    auto load_a = [&](uint64_t* bar, int s, int k0) {
+      if (rank >= ASlices) return;
+      Element* dst = smem.A + s * BM * BK + rank * ASliceRows * BK;
+      if constexpr (ClusterN > 1) {
+        cute::SM90_TMA_LOAD_MULTICAST_2D::copy(&p.tma_a, bar, a_multicast_mask(bi.rank_m), kEvictNormal, dst, k0,
+                                               m0 + rank * ASliceRows);
+      } else {
+        cute::SM90_TMA_LOAD_2D::copy(&p.tma_a, bar, kEvictNormal, dst, k0, m0);
+        // A short box (KernelConfig::a_box_rows) fills fewer bytes than kTxBytes counts on.
+        if constexpr (C.a_box_rows > 0)
+          cutlass::arch::ClusterTransactionBarrier::complete_transaction(
+              bar, cute::block_rank_in_cluster(), uint32_t((BM - C.a_box_rows) * BK * sizeof(Element)));
       }
-      if (kt >= b_ahead) load_b(p, bar, smem, s, n0, rank, k0);
+    };
+    // Two loops, so the steady one's body is the plain acquire, A, B of every k-block.
+    for (int kt = 0; kt < b_ahead; ++kt) {  // acquired, B loaded (load_b_ahead)
+      load_a(pipeline.producer_get_barrier(state), state.index(), (k_begin + kt) * BK);
+      ++state;
+    }
+    for (int kt = b_ahead; kt < kt_count; ++kt) {
+      pipeline.producer_acquire(state);
+      uint64_t* bar = pipeline.producer_get_barrier(state);
+      int const s = state.index(), k0 = (k_begin + kt) * BK;
+      load_a(bar, s, k0);
+      load_b(p, bar, smem, s, n0, bi, k0);
       ++state;
     }
   }
