@@ -75,7 +75,8 @@ struct PlanOptions {
   std::optional<bool> split_gather_in_smem;
   std::optional<int> stash_bytes;             // force the stash element: 4 (fp32) or 2 (bf16)
   std::optional<bool> fuse_pairs;             // true / false: every pair in one round / two (A/B)
-  // true: a softmax pair in one round over one N-tile keeps the exp it sums (OneRoundPairs::kept_exp).
+  // Unset or true (the default): a softmax pair in one round over one N-tile keeps the exp it sums
+  // (OneRoundPairs::kept_exp); false: makes it again after the round (an A/B).
   std::optional<bool> keep_pair_exp;
   std::optional<int> ring_stages;             // at most this many mainloop ring stages (2..Sm90::kMaxRingStages; A/B)
   // Force KernelConfig::consumer_wgs: 2, or 3 PingPong consumer warp groups on 64-row tiles

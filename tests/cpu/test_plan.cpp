@@ -967,7 +967,7 @@ TEST(Plan, PairedReductionsInOneRoundWhereARoundIsSaved) {
   EXPECT_FALSE(make_plan(ln, prob(256, 4096, 4096), full_device(), {}, opt).fused_pairs.any());
   opt.fuse_pairs = true;
   EXPECT_TRUE(make_plan(ln, prob(256, 4096, 4096), full_device(), {}, opt).fused_pairs.mean_variance);
-  const Plan forced = make_plan(sm, prob(8192, 4096, 4096), full_device(), {}, opt);
+  const Plan forced = make_plan(sm, prob(8192, 4096, 4096), full_device(), {}, opt);  // pairs forced to one round
   EXPECT_TRUE(forced.fused_pairs.max_exp_sum);
   EXPECT_FALSE(forced.fused_pairs.mean_variance);  // softmax has no mean-and-variance pair
   EXPECT_TRUE(make_plan(sm, prob(8192, 128, 4096), full_device(), {}, opt).fused_pairs.max_exp_sum);  // one CTA works
@@ -1001,6 +1001,7 @@ TEST(Plan, PairedReductionsInOneRoundWhereARoundIsSaved) {
       << explain(sm, made_again);
   EXPECT_NE(emit(sm, forced).source.find(", 4>>, 3>"), std::string::npos);
   EXPECT_EQ(emit(sm, made_again).source.find(", 4>>, 3>"), std::string::npos);
+  EXPECT_NE(emit(sm, made_again).source.find(", 2>>, 3>"), std::string::npos);  // the pair, its exp made again
   PlanOptions keep;
   keep.keep_pair_exp = true;
   const Plan lsm_keep = make_plan(lsm, prob(8192, 4096, 4096), full_device(), {}, keep);

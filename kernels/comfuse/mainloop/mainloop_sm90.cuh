@@ -152,10 +152,10 @@ struct MainloopSm90 {
   static constexpr uint64_t kEvictNormal = 0x1000000000000000ull;
 
   // Where this CTA's B boxes go: its rank along M (the slice of a multicast it issues) and the
-  // multicast mask. Worked out once a tile, not a k-block: block_id_in_cluster is a special
-  // register read and a division, and the one producer thread's instructions a k-block pace the
-  // mainloop of 64-row tiles (a 64x128 k-block is ~512 tensor-core cycles): recomputed a k-block,
-  // M = 256 LayerNorm and softmax and the small FFN measured 10-20% slower (bench/NOTES.md).
+  // multicast mask, worked out once a tile. The one producer thread's instructions a k-block
+  // pace the mainloop of 64-row tiles (a 64x128x64 k-block is ~256 tensor-core cycles at peak):
+  // block_id_in_cluster (a special-register read and a float division) a k-block measured M = 256
+  // LayerNorm and softmax 10-16% slower in clusters of 2 along M (bench/NOTES.md Stop 58).
   struct BIssue {
     int rank_m;
     uint16_t mask;
@@ -199,6 +199,7 @@ struct MainloopSm90 {
                                   int b_ahead = 0) {
     int const m0 = m_block * BM, n0 = n_block * TileN;
     BIssue const bi = b_issue(rank);
+    uint32_t const cta_rank = C.a_box_rows > 0 ? cute::block_rank_in_cluster() : 0;  // a special register
     auto load_a = [&](uint64_t* bar, int s, int k0) {
       if (rank >= ASlices) return;
       Element* dst = smem.A + s * BM * BK + rank * ASliceRows * BK;
@@ -210,15 +211,18 @@ struct MainloopSm90 {
         // A short box (KernelConfig::a_box_rows) fills fewer bytes than kTxBytes counts on.
         if constexpr (C.a_box_rows > 0)
           cutlass::arch::ClusterTransactionBarrier::complete_transaction(
-              bar, cute::block_rank_in_cluster(), uint32_t((BM - C.a_box_rows) * BK * sizeof(Element)));
+              bar, cta_rank, uint32_t((BM - C.a_box_rows) * BK * sizeof(Element)));
       }
     };
-    // Two loops, so the steady one's body is the plain acquire, A, B of every k-block.
-    for (int kt = 0; kt < b_ahead; ++kt) {  // acquired, B loaded (load_b_ahead)
+    // Two loops, so the steady one's body is the plain acquire, A, B of every k-block: a
+    // `kt >= b_ahead` test on each measured the small FFN's 64x64 tiles (clusters of 1) 1.3 us
+    // slower (bench/NOTES.md Stop 58).
+    int const ahead = b_ahead < kt_count ? b_ahead : kt_count;
+    for (int kt = 0; kt < ahead; ++kt) {  // acquired, B loaded (load_b_ahead)
       load_a(pipeline.producer_get_barrier(state), state.index(), (k_begin + kt) * BK);
       ++state;
     }
-    for (int kt = b_ahead; kt < kt_count; ++kt) {
+    for (int kt = ahead; kt < kt_count; ++kt) {
       pipeline.producer_acquire(state);
       uint64_t* bar = pipeline.producer_get_barrier(state);
       int const s = state.index(), k0 = (k_begin + kt) * BK;
