@@ -199,7 +199,7 @@ struct MainloopSm90 {
                                   int b_ahead = 0) {
     int const m0 = m_block * BM, n0 = n_block * TileN;
     BIssue const bi = b_issue(rank);
-    uint32_t const cta_rank = C.a_box_rows > 0 ? cute::block_rank_in_cluster() : 0;  // a special register
+    uint32_t const cta_rank = C.a_box_rows > 0 ? cute::block_rank_in_cluster() : 0;  // a special-register read, once
     auto load_a = [&](uint64_t* bar, int s, int k0) {
       if (rank >= ASlices) return;
       Element* dst = smem.A + s * BM * BK + rank * ASliceRows * BK;
