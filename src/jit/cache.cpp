@@ -33,6 +33,7 @@
 
 #include "comfuse/jit.h"
 #include "field_hash.h"
+#include "find_tool.h"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -277,17 +278,6 @@ json make_meta(const KernelSource& src, const JitOptions& opt, const KeyInputs& 
                                    std::chrono::system_clock::now().time_since_epoch()).count()}};
 }
 
-fs::path find_tool(const char* name) {
-  fs::path beside = fs::path(COMFUSE_NVCC).parent_path() / name;
-  if (fs::exists(beside)) return beside;
-  if (const char* path = std::getenv("PATH")) {
-    std::stringstream ss(path);
-    for (std::string d; std::getline(ss, d, ':');)
-      if (!d.empty() && fs::exists(fs::path(d) / name)) return fs::path(d) / name;
-  }
-  return {};
-}
-
 // COMFUSE_JIT_DUMP: source, PTX (when this call compiled), cubin, log and SASS side by side.
 void dump(const fs::path& root, const KernelSource& src, const CompiledKernel& ck, const std::string& ptx) {
   fs::path d = root / fmt::format("{}-{}", src.name.empty() ? "kernel" : src.name, ck.key.substr(0, 12));
@@ -297,7 +287,7 @@ void dump(const fs::path& root, const KernelSource& src, const CompiledKernel& c
   std::ofstream(d / "kernel.cubin", std::ios::binary).write(ck.cubin.data(), static_cast<std::streamsize>(ck.cubin.size()));
   std::ofstream(d / "compile.log") << ck.log;
   if (!ptx.empty()) std::ofstream(d / "kernel.ptx") << ptx;
-  fs::path tool = find_tool("cuobjdump");
+  fs::path tool = jit_detail::find_tool("cuobjdump");
   if (!tool.empty()) {
     std::string cmd = fmt::format("'{}' --dump-sass '{}' > '{}' 2>&1", tool.string(), (d / "kernel.cubin").string(),
                                   (d / "kernel.sass").string());
@@ -517,6 +507,17 @@ CompiledKernel jit_compile(const KernelSource& src, const JitOptions& opt) {
   ck.elapsed_seconds = since(t0);
   if (!dump_root.empty()) dump(dump_root, src, ck, co.ptx);
   return ck;
+}
+
+fs::path jit_detail::find_tool(const char* name) {
+  fs::path beside = fs::path(COMFUSE_NVCC).parent_path() / name;
+  if (fs::exists(beside)) return beside;
+  if (const char* path = std::getenv("PATH")) {
+    std::stringstream ss(path);
+    for (std::string d; std::getline(ss, d, ':');)
+      if (!d.empty() && fs::exists(fs::path(d) / name)) return fs::path(d) / name;
+  }
+  return {};
 }
 
 }  // namespace comfuse

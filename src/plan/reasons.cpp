@@ -151,7 +151,8 @@ void add_reasons(Plan& plan, const ChainInfo& chain, const DeviceModel& dev, con
   const OneRoundPairs can = one_round_pairs_possible(plan);
   const bool several_tiles = plan.kernel.n_tiles > 1;
   // keepers: the pairs of this kind that can keep their exp in place (spec.h pair_keeps_exp), in
-  // one round over one N-tile a CTA; kept: whether they do (OneRoundPairs::kept_exp; PlanOptions::keep_pair_exp = false, --pair-exp again, turns it off).
+  // one round over one N-tile a CTA; kept: whether they do (OneRoundPairs::kept_exp;
+  // PlanOptions::keep_pair_exp = false, --pair-exp again, turns it off).
   auto pair_line = [&](int count, bool fused, bool possible, const char* needs, const std::string& what, int keepers,
                        bool kept) {
     if (count == 0) return;

@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "comfuse/jit.h"
+#include "temp_dir.h"
 
 namespace fs = std::filesystem;
 using namespace comfuse;
@@ -72,9 +73,7 @@ KernelSource trivial(std::string name = "axpy") { return {name, kTrivial, "axpy"
 class Jit : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/comfuse-test-jit-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
+    dir_ = test::make_temp_dir("comfuse-test-jit");
     opt_.cache_dir = dir_ / "cache";
   }
   void TearDown() override { fs::remove_all(dir_); }

@@ -22,6 +22,8 @@
 #include "comfuse/lower.h"
 #include "comfuse/runtime.h"
 #include "comfuse/text.h"
+#include "jit/find_tool.h"
+#include "temp_dir.h"
 
 namespace comfuse {
 namespace {
@@ -30,7 +32,8 @@ namespace fs = std::filesystem;
 const fs::path kRoot = COMFUSE_SOURCE_DIR;
 
 // nvdisasm: COMFUSE_NVDISASM (an error if it names no file), else the pinned wheel in the test
-// venv (python/requirements-ci.txt: nvidia-cuda-nvdisasm), else PATH; empty where none is found.
+// venv (python/requirements-ci.txt: nvidia-cuda-nvdisasm), else beside nvcc or on PATH (the JIT's
+// lookup); empty where none is found.
 fs::path find_nvdisasm() {
   if (const char* e = std::getenv("COMFUSE_NVDISASM")) {
     if (!fs::exists(e)) ADD_FAILURE() << "COMFUSE_NVDISASM names no file: " << e;
@@ -41,12 +44,7 @@ fs::path find_nvdisasm() {
     const fs::path p = lib.path() / "site-packages/nvidia/cu13/bin/nvdisasm";
     if (fs::exists(p)) return p;
   }
-  if (const char* path = std::getenv("PATH")) {
-    std::stringstream ss(path);
-    for (std::string d; std::getline(ss, d, ':');)
-      if (!d.empty() && fs::exists(fs::path(d) / "nvdisasm")) return fs::path(d) / "nvdisasm";
-  }
-  return {};
+  return jit_detail::find_tool("nvdisasm");
 }
 
 // The SASS instructions of a cubin, one string each (nvdisasm -c: code only, "/*offset*/ INSTR ;"
@@ -111,11 +109,7 @@ ProducerLoop read_producer_loop(const std::vector<std::string>& ins) {
 
 class ProducerSass : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/comfuse-producer-sass-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-  }
+  void SetUp() override { dir_ = test::make_temp_dir("comfuse-producer-sass"); }
   // The listings stay behind for a failure to be read.
   void TearDown() override {
     if (!HasFailure()) fs::remove_all(dir_);
@@ -125,7 +119,8 @@ class ProducerSass : public ::testing::Test {
 
 TEST_F(ProducerSass, SteadyLoopReadsNoSpecialRegisterAndStaysShort) {
   const fs::path tool = find_nvdisasm();
-  if (tool.empty()) GTEST_SKIP() << "nvdisasm not found (COMFUSE_NVDISASM, build/pyvenv's nvidia-cuda-nvdisasm, PATH)";
+  if (tool.empty())
+    GTEST_SKIP() << "nvdisasm not found (COMFUSE_NVDISASM, build/pyvenv's nvidia-cuda-nvdisasm, beside nvcc, PATH)";
   struct Case {
     const char* example;
     int64_t m, n, k;
