@@ -3,6 +3,7 @@
 // output against the fp64 reference, time it against cuBLAS GEMM alone, and summarize a traced
 // launch. Used by `comfuse run` and the GPU tests; src/runtime/device_run.cpp, trace.cpp.
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -15,7 +16,7 @@ struct OutputCheck {
   std::string name;
   DType dtype = DType::F32;
   Comparison cmp;          // GPU result vs run_graph (fp64)
-  int64_t unwritten = 0;   // elements still holding the NaN poison after the run
+  int64_t unwritten = 0;   // elements still holding the poison's bits after the run
 };
 
 struct DeviceRunReport {
@@ -41,7 +42,10 @@ struct DeviceRunReport {
 inline double gpu_result_tolerance(DType t) { return t == DType::BF16 ? 1e-2 : t == DType::F16 ? 5e-3 : 1e-4; }
 
 // Lowers, compiles and runs `g` once on random inputs drawn from `seed` (outputs poisoned
-// with NaN first), downloads the outputs and compares them with run_graph. The kernel is built
+// with NaN first), downloads the outputs and compares them with run_graph. `edit_inputs`, where
+// given, changes the random inputs before both the kernel and the reference see them (e.g. a NaN
+// that must propagate like the reference's); the outputs are then poisoned with a finite value
+// instead (bytes 0x7B), so an element left unwritten cannot pass for an expected NaN. The kernel is built
 // for `built_for` where given (e.g. more rows than `dims`, as a shape class's kernel runs), else
 // for `dims`; it always runs on `dims`. With
 // timing_reps > 0 also times batches of that many back-to-back launches (after warm-up; GPU time,
@@ -55,7 +59,8 @@ std::string summarize_b2b_trace(const std::vector<uint64_t>& trace, const B2bPla
 inline constexpr int kTimingRounds = 9;  // alternating fused / cuBLAS rounds of run_and_check
 DeviceRunReport run_and_check(const Graph& g, const Bindings& dims, uint64_t seed, const CompileOptions& opt = {},
                               int timing_reps = 0, double input_offset = 0.0, bool cublas_baseline = false,
-                              const Bindings& built_for = {});
+                              const Bindings& built_for = {},
+                              const std::function<void(TensorMap&)>& edit_inputs = {});
 
 }  // namespace comfuse
 

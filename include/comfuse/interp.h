@@ -79,6 +79,10 @@ struct Comparison {
   // Elements that are NaN or inf on either side. A check with any fails: NaN on both sides
   // (e.g. layer_norm with eps < 0) must not pass as "equal".
   int64_t nonfinite = 0;
+  // Of them, the elements whose two sides are not the same non-finite value (one side finite, NaN
+  // against inf, or infs of opposite sign): where the reference itself is NaN (a NaN input
+  // propagated), a check asks for nonfinite_differ == 0 instead of nonfinite == 0.
+  int64_t nonfinite_differ = 0;
 };
 Comparison compare(const Tensor& got, const Tensor& ref, double rel_floor = 1e-6);
 

@@ -167,6 +167,7 @@ Comparison compare(const Tensor& got, const Tensor& ref, double rel_floor) {
     const double a = got.data[i], b = ref.data[i];
     if (!std::isfinite(a) || !std::isfinite(b)) {
       ++c.nonfinite;
+      c.nonfinite_differ += !((std::isnan(a) && std::isnan(b)) || a == b);
       continue;
     }
     const double d = std::fabs(a - b);

@@ -1,6 +1,7 @@
 // run_and_check: the GPU end of `comfuse run --gpu` and of the GPU tests. Host buffers
 // are converted to the storage dtype bit-exactly (the random inputs are already rounded
-// to it), outputs are poisoned with NaN so an unwritten element cannot pass.
+// to it), outputs are poisoned (NaN, or a finite value where NaN may be right) so an unwritten
+// element cannot pass.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -89,7 +90,7 @@ double median_of(std::vector<double> v) {
 
 DeviceRunReport run_and_check(const Graph& g, const Bindings& dims, uint64_t seed, const CompileOptions& opt,
                               int timing_reps, double input_offset, bool cublas_baseline,
-                              const Bindings& built_for) {
+                              const Bindings& built_for, const std::function<void(TensorMap&)>& edit_inputs) {
   // One kernel: a single region, or a B2B pair (one kernel or two, as compile() decides; its
   // intermediate S is no argument).
   FusedKernel k = compile(g, built_for.empty() ? dims : built_for, opt);
@@ -104,7 +105,8 @@ DeviceRunReport run_and_check(const Graph& g, const Bindings& dims, uint64_t see
         if (a.name != intermediate) kernel_args.push_back(&a);
 
   std::mt19937_64 rng(seed);
-  const TensorMap inputs = random_inputs(g, dims, rng, input_offset);
+  TensorMap inputs = random_inputs(g, dims, rng, input_offset);
+  if (edit_inputs) edit_inputs(inputs);
   // The reference on the sampled rows: inputs indexed by M are cut to those rows.
   const Problem prob = problem_of(second ? *second : s, dims);  // M and the output columns N
   const int64_t batches = s.batched() ? resolve(s.batch, dims) : 1;  // a batched B2B pair
@@ -157,10 +159,12 @@ DeviceRunReport run_and_check(const Graph& g, const Bindings& dims, uint64_t see
     }
     args.tensors[a.name] = DeviceTensor{ptr, a.dtype, shape, 0};
   }
-  // One launch on NaN-poisoned outputs (all-ones bits: NaN in every dtype), then each output
-  // against the reference.
+  // One launch on poisoned outputs, then each output against the reference. The poison is NaN in
+  // every dtype (all-ones bits), or a finite value (0x7B bytes) where edited inputs may make NaN
+  // a right answer.
+  const int poison = edit_inputs ? 0x7B : 0xFF;
   auto run_and_compare = [&] {
-    for (const Out& o : outs) check(cudaMemset(o.ptr, 0xFF, o.bytes), "poisoning outputs");
+    for (const Out& o : outs) check(cudaMemset(o.ptr, poison, o.bytes), "poisoning outputs");
     k.run(args);
     check(cudaGetLastError(), "kernel launch");
     check(cudaDeviceSynchronize(), "kernel execution");
@@ -176,9 +180,12 @@ DeviceRunReport run_and_check(const Graph& g, const Bindings& dims, uint64_t see
       OutputCheck oc;
       oc.name = o.arg->name;
       oc.dtype = o.arg->dtype;
+      const size_t width = size_of(o.arg->dtype);
       for (size_t i = 0; i < full.data.size(); ++i) {
-        full.data[i] = from_device(host.data() + i * size_of(o.arg->dtype), o.arg->dtype);
-        oc.unwritten += std::isnan(full.data[i]);  // the poison survived: never written
+        const char* e = host.data() + i * width;
+        full.data[i] = from_device(e, o.arg->dtype);
+        // The poison survived: never written.
+        oc.unwritten += std::all_of(e, e + width, [&](char b) { return static_cast<unsigned char>(b) == poison; });
       }
       const Tensor got = static_cast<int64_t>(rows.size()) == prob.m ? full : take_rows(full, rows);
       if (got.data.size() != ref.data.size()) throw Error(fmt::format("output '{}': reference shape differs", oc.name));

@@ -101,6 +101,9 @@ TEST(Compare, NonFiniteOnEitherSideCounts) {
   EXPECT_EQ(c.rel_l2, 0.0);  // over the finite elements
   EXPECT_EQ(compare(T({2}, {1, 2}), T({2}, {NAN, 2})).nonfinite, 1);
   EXPECT_EQ(compare(T({2}, {1, NAN}), T({2}, {1, 2})).nonfinite, 1);
+  // Of them, the ones that differ: a check that expects NaN (a NaN input propagated) asks this.
+  EXPECT_EQ(c.nonfinite_differ, 0);
+  EXPECT_EQ(compare(T({4}, {NAN, INFINITY, -INFINITY, 1}), T({4}, {INFINITY, -INFINITY, -INFINITY, NAN})).nonfinite_differ, 3);
 }
 
 TEST(Graph, MatMulBothLayoutsMatchHand) {

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <functional>
+#include <limits>
 #include <optional>
 
 #include "comfuse/lower.h"
@@ -872,6 +873,68 @@ TEST_F(GpuReduce, RowGroupPairsAtTwoRowBlocks) {
     b.g.output(b.g.softmax(h), "p", DType::BF16);
     const Plan q = expect_matches(b.g, dims(m, 4096 - 8, 4096 + 40));
     EXPECT_EQ(q.kernel.cluster_m, 2);
+  }
+}
+
+// A NaN logit poisons its row and only its row, as in the fp64 reference (and torch): every
+// output element of the row is NaN, the other rows are right, on every way a row's CTAs meet.
+// A NaN in one column of w makes one logit of every row NaN, held by one CTA of the row, so the
+// row's other CTAs must take it from the exchange (fmaxf alone would drop it from a max). A NaN
+// in x makes a whole row of logits NaN (rows 5 and M - 2: the first and the ragged last row
+// blocks). The outputs are poisoned with a finite value (run_and_check's edit_inputs), so a
+// row left unwritten cannot pass for a NaN one.
+TEST_F(GpuReduce, NaNLogitsPoisonTheirRowsOnly) {
+  struct V {
+    const char* what;  // "softmax", "softmax-two-rounds", "log-softmax", "layernorm", "rmsnorm"
+    int64_t m, n, k;
+    std::function<void(PlanOptions&)> force;  // the plan it stands for; nothing: the planner's
+  };
+  auto none = [](PlanOptions&) {};
+  const std::vector<V> cases = {
+      {"softmax", 256, 4096, 1000, none},  // row groups, max and exp-sum in one round
+      {"softmax-two-rounds", 256, 4096 - 8, 1000, [](PlanOptions& o) { o.fuse_pairs = false; }},
+      {"layernorm", 200, 4000, 1000, none},  // row groups, mean and variance in one round
+      {"rmsnorm", 8, 2048, 4096, none},      // decode: K split, the owner finishes the row
+      {"log-softmax", 20, 3000, 520, [](PlanOptions& o) {  // pair rounds handed between warps
+         o.row_group = 64, o.cluster_m = 1, o.tile_m = 64, o.tile_n = 128, o.k_splits = 2, o.fuse_pairs = true;
+       }},
+      {"softmax", 300, 1024, 128, [](PlanOptions& o) { o.cluster_n = 8; }},  // DSMEM in a cluster
+      {"layernorm", 300, 4096, 128, [](PlanOptions& o) {  // a stash in the global workspace
+         o.cluster_n = 2, o.strategy = RowStrategy::WorkspaceStash;
+       }},
+  };
+  for (const V& v : cases) {
+    const std::string what = v.what;
+    Graph g = what == "layernorm" ? layer_norm_graph() : what == "rmsnorm" ? rms_norm_graph() : [&] {
+      Case c;
+      Value logits = c.acc * 0.125;
+      const bool log = what == "log-softmax";
+      c.g.output(log ? c.g.log_softmax(logits) : c.g.softmax(logits), "p", log ? DType::F32 : DType::BF16);
+      return std::move(c.g);
+    }();
+    CompileOptions opt;
+    v.force(opt.plan);
+    const double nan = std::numeric_limits<double>::quiet_NaN();
+    for (const bool in_w : {false, true}) {
+      SCOPED_TRACE(fmt::format("{} M={} N={} K={}: NaN in {}", v.what, v.m, v.n, v.k, in_w ? "w row 7" : "x rows 5, M - 2"));
+      auto edit = [&](TensorMap& in) {
+        if (in_w) {
+          in.at("w").data[static_cast<size_t>(7 * v.k)] = nan;
+        } else {
+          in.at("x").data[static_cast<size_t>(5 * v.k + 3)] = nan;
+          in.at("x").data[static_cast<size_t>((v.m - 2) * v.k + v.k - 1)] = nan;
+        }
+      };
+      const DeviceRunReport rep = run_and_check(g, dims(v.m, v.n, v.k), /*seed=*/17, opt, /*timing_reps=*/0,
+                                                what == "layernorm" ? 1000.0 : 0.0, false, {}, edit);
+      ASSERT_FALSE(rep.outputs.empty());
+      for (const OutputCheck& o : rep.outputs) {
+        EXPECT_EQ(o.unwritten, 0) << o.name;
+        EXPECT_EQ(o.cmp.nonfinite_differ, 0) << o.name << ": NaN on one side only";
+        EXPECT_EQ(o.cmp.nonfinite, (in_w ? v.m : 2) * v.n) << o.name << ": the NaN rows";
+        EXPECT_LE(o.cmp.rel_l2, gpu_result_tolerance(o.dtype)) << o.name << " (the other rows)";
+      }
+    }
   }
 }
 
