@@ -292,9 +292,19 @@ struct GlobalRowAllReduce {
     }
   }
 
+  // Between polls a thread sleeps this long. Every thread of the row group's other CTAs re-polls
+  // the last peer's words, which sit on a few L2 lines: polled back to back they flood those
+  // lines' slice, and the last peer's stores and the polls that would see them wait behind the
+  // flood (`comfuse run --trace`, 256 x 4096 x 4096 LayerNorm: even the last peer, its peers'
+  // words all in, took 2.4-2.7 us to see them; RMSNorm, half the words, 1.0). Measured (H100,
+  // bench/NOTES.md "the poll's backoff"): 100 ns took the round's end after the last publish
+  // 3.3 -> 2.0 us and LayerNorm 24.7 -> 24.0 us, softmax 23.2 -> 22.5-22.7, RMSNorm 22.0 -> 21.8,
+  // LayerNorm 8 rows 13.5 -> 13.3; 40 ns measured the same, 400 ns less.
+  static constexpr unsigned kPollBackoffNs = 100;
+
   // Lane q's words at rows off[r][0..W) from peers q, q + 4, ...: all loads issued at once,
-  // then only the ones not yet tagged with this round are re-polled. Its own words, and the
-  // rows not `on`, are not read (set to `want`).
+  // then, after kPollBackoffNs, only the ones not yet tagged with this round are loaded again.
+  // Its own words, and the rows not `on`, are not read (set to `want`).
   template <int R, int W>
   static COMFUSE_DEVICE void poll(uint64_t const* base, int const (&off)[R][W], bool const (&on)[R], uint32_t want,
                                   int q, int rank, uint64_t& t0, uint64_t (&w)[R][W][kPerLane]) {
@@ -316,15 +326,20 @@ struct GlobalRowAllReduce {
         CUTE_UNROLL
         for (int k = 0; k < W; ++k)
           CUTE_UNROLL
-          for (int i = 0; i < kPerLane; ++i)
-            if (!word_tagged(w[r][k][i], want)) {
-              done = false;
-              w[r][k][i] = ld_relaxed_gpu_u64(base + (q + 4 * i) * 2 * Rows + off[r][k]);
-            }
+          for (int i = 0; i < kPerLane; ++i) done &= word_tagged(w[r][k][i], want);
       if (done) {
         trace::add_poll(traced);
         return;
       }
+      __nanosleep(kPollBackoffNs);
+      CUTE_UNROLL
+      for (int r = 0; r < R; ++r)
+        CUTE_UNROLL
+        for (int k = 0; k < W; ++k)
+          CUTE_UNROLL
+          for (int i = 0; i < kPerLane; ++i)
+            if (!word_tagged(w[r][k][i], want))
+              w[r][k][i] = ld_relaxed_gpu_u64(base + (q + 4 * i) * 2 * Rows + off[r][k]);
       trap_on_timeout(t0);
     }
   }
