@@ -13,8 +13,9 @@ for t in .carry/bin/test_gpu_*; do
   echo "== $t ($shards shards)"
   pids=()
   for i in $(seq 0 $((shards - 1))); do
-    # A hung kernel must not take the whole call with it: each shard has its own limit.
-    GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout "${SHARD_TIMEOUT:-200}" "$t" --gtest_brief=1 \
+    # A hung kernel must not take the whole call with it: each shard has its own limit (on a
+    # cold JIT cache test_gpu_reductions' shards take 100-180 s).
+    GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i timeout "${SHARD_TIMEOUT:-300}" "$t" --gtest_brief=1 \
       > "$out/$(basename "$t").$i.log" 2>&1 &
     pids+=($!)
   done

@@ -424,13 +424,18 @@ int run_gpu(const Graph& g, const Bindings& b, const PlanOptions& plan, uint64_t
   bool ok = true;
   for (const auto* checks : {&rep.outputs, &rep.outputs_after_timing})
     for (const OutputCheck& o : *checks) {
-      const bool pass = o.unwritten == 0 && o.cmp.nonfinite == 0 && o.cmp.rel_l2 <= gpu_result_tolerance(o.dtype);
+      const bool pass = o.unwritten == 0 && o.cmp.nonfinite == 0 && o.nonfinite_anywhere == 0 &&
+                        o.cmp.rel_l2 <= gpu_result_tolerance(o.dtype);
       ok = ok && pass;
       std::cout << fmt::format("output {} {}{}: max_abs {:.3g}  max_rel {:.3g}  rel_l2 {:.3g} (tolerance {:.0e})  "
-                               "unwritten {}  nonfinite {}  {}\n",
+                               "unwritten {}  nonfinite {}{}  {}\n",
                                o.name, name_of(o.dtype), checks == &rep.outputs ? "" : " (after the timed launches)",
                                o.cmp.max_abs, o.cmp.max_rel, o.cmp.rel_l2, gpu_result_tolerance(o.dtype), o.unwritten,
-                               o.cmp.nonfinite, pass ? "OK" : "MISMATCH");
+                               o.cmp.nonfinite,
+                               o.nonfinite_anywhere != o.cmp.nonfinite
+                                   ? fmt::format(" ({} in all rows)", o.nonfinite_anywhere)
+                                   : std::string(),
+                               pass ? "OK" : "MISMATCH");
     }
   std::cout << fmt::format("time: fused {:.4f} ms ({:.1f} TFLOP/s), cuBLAS GEMM alone {:.4f} ms, fused / cuBLAS = "
                            "{:.3f}x (rounds {:.3f}-{:.3f}; medians of {} alternating rounds of 20 back-to-back launches, "

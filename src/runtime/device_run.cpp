@@ -186,6 +186,7 @@ DeviceRunReport run_and_check(const Graph& g, const Bindings& dims, uint64_t see
         full.data[i] = from_device(e, o.arg->dtype);
         // The poison survived: never written.
         oc.unwritten += std::all_of(e, e + width, [&](char b) { return static_cast<unsigned char>(b) == poison; });
+        oc.nonfinite_anywhere += !std::isfinite(full.data[i]);
       }
       const Tensor got = static_cast<int64_t>(rows.size()) == prob.m ? full : take_rows(full, rows);
       if (got.data.size() != ref.data.size()) throw Error(fmt::format("output '{}': reference shape differs", oc.name));

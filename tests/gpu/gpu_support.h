@@ -31,7 +31,7 @@ struct GemmCase {
   Value col(const std::string& n) { return g.input(n, DType::F32, {Dim::of("M"), Dim::of(1)}); }
 };
 
-// Every output fully written, finite where the reference is, and within tolerance.
+// Every output fully written, finite everywhere, and within tolerance.
 // Timed runs: the launch after the timed ones too.
 inline void expect_outputs_match(const DeviceRunReport& rep) {
   ASSERT_FALSE(rep.outputs.empty());
@@ -40,6 +40,7 @@ inline void expect_outputs_match(const DeviceRunReport& rep) {
       const char* when = checks == &rep.outputs ? "first launch" : "launch after the timed ones";
       EXPECT_EQ(o.unwritten, 0) << o.name << ": elements left unwritten (" << when << ")";
       EXPECT_EQ(o.cmp.nonfinite, 0) << o.name << " (" << when << ")";
+      EXPECT_EQ(o.nonfinite_anywhere, 0) << o.name << ": NaN or inf in rows the reference samples or not (" << when << ")";
       EXPECT_LE(o.cmp.rel_l2, gpu_result_tolerance(o.dtype)) << o.name << " max_abs " << o.cmp.max_abs << " (" << when << ")";
     }
   EXPECT_FALSE(rep.compiled.wgmma_serialized);

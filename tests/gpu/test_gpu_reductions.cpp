@@ -878,30 +878,48 @@ TEST_F(GpuReduce, RowGroupPairsAtTwoRowBlocks) {
 
 // A NaN logit poisons its row and only its row, as in the fp64 reference (and torch): every
 // output element of the row is NaN, the other rows are right, on every way a row's CTAs meet.
-// A NaN in one column of w makes one logit of every row NaN, held by one CTA of the row, so the
-// row's other CTAs must take it from the exchange (fmaxf alone would drop it from a max). A NaN
-// in x makes a whole row of logits NaN (rows 5 and M - 2: the first and the ragged last row
-// blocks). The outputs are poisoned with a finite value (run_and_check's edit_inputs), so a
-// row left unwritten cannot pass for a NaN one.
+// A NaN in w's rows 7 and N - 1 (at k = 0 and K - 1: the first and last K-splits, the first and
+// last N-tiles) makes two logits of every row NaN, each held by one CTA of the row, so the row's
+// other CTAs must take it from the exchange (fmaxf alone would drop it from a max) and a split
+// that is not the owner hands it over. A NaN in x makes a whole row of logits NaN (rows 5 and
+// M - 2: the first and the last row blocks). The outputs are poisoned with a finite value
+// (run_and_check's edit_inputs), so a row left unwritten cannot pass for a NaN one.
 TEST_F(GpuReduce, NaNLogitsPoisonTheirRowsOnly) {
   struct V {
     const char* what;  // "softmax", "softmax-two-rounds", "log-softmax", "layernorm", "rmsnorm"
     int64_t m, n, k;
     std::function<void(PlanOptions&)> force;  // the plan it stands for; nothing: the planner's
+    std::function<void(const Plan&)> expect;  // that plan, asserted
   };
   auto none = [](PlanOptions&) {};
+  auto row_groups = [](bool one_round) {
+    return [one_round](const Plan& p) {
+      EXPECT_GT(p.kernel.row_peers(), 1);
+      EXPECT_EQ(p.kernel.aggregation, Aggregation::L2Exchange);
+      EXPECT_EQ(p.fused_pairs.any(), one_round);
+    };
+  };
   const std::vector<V> cases = {
-      {"softmax", 256, 4096, 1000, none},  // row groups, max and exp-sum in one round
-      {"softmax-two-rounds", 256, 4096 - 8, 1000, [](PlanOptions& o) { o.fuse_pairs = false; }},
-      {"layernorm", 200, 4000, 1000, none},  // row groups, mean and variance in one round
-      {"rmsnorm", 8, 2048, 4096, none},      // decode: K split, the owner finishes the row
-      {"log-softmax", 20, 3000, 520, [](PlanOptions& o) {  // pair rounds handed between warps
+      {"softmax", 256, 4096, 1000, none, row_groups(true)},
+      {"softmax-two-rounds", 256, 4096 - 8, 1000, [](PlanOptions& o) { o.fuse_pairs = false; }, row_groups(false)},
+      {"layernorm", 200, 4000, 1000, none, row_groups(true)},
+      {"rmsnorm", 8, 2048, 4096, none,  // decode: K split, the owner finishes the row
+       [](const Plan& p) {
+         EXPECT_GT(p.kernel.k_splits, 1);
+         EXPECT_GT(p.kernel.row_peers(), 1);
+       }},
+      {"log-softmax", 20, 3000, 520,
+       [](PlanOptions& o) {  // pair rounds handed between warps
          o.row_group = 64, o.cluster_m = 1, o.tile_m = 64, o.tile_n = 128, o.k_splits = 2, o.fuse_pairs = true;
-       }},
-      {"softmax", 300, 1024, 128, [](PlanOptions& o) { o.cluster_n = 8; }},  // DSMEM in a cluster
-      {"layernorm", 300, 4096, 128, [](PlanOptions& o) {  // a stash in the global workspace
+       },
+       [](const Plan& p) { EXPECT_TRUE(p.kernel.pair_hand_over); }},
+      {"softmax", 300, 1024, 128, [](PlanOptions& o) { o.cluster_n = 8; },  // DSMEM in a cluster
+       [](const Plan& p) { EXPECT_EQ(p.kernel.cluster_n, 8); }},
+      {"layernorm", 300, 4096, 128,
+       [](PlanOptions& o) {  // a stash in the global workspace
          o.cluster_n = 2, o.strategy = RowStrategy::WorkspaceStash;
-       }},
+       },
+       [](const Plan& p) { EXPECT_EQ(p.strategy(), RowStrategy::WorkspaceStash); }},
   };
   for (const V& v : cases) {
     const std::string what = v.what;
@@ -916,10 +934,12 @@ TEST_F(GpuReduce, NaNLogitsPoisonTheirRowsOnly) {
     v.force(opt.plan);
     const double nan = std::numeric_limits<double>::quiet_NaN();
     for (const bool in_w : {false, true}) {
-      SCOPED_TRACE(fmt::format("{} M={} N={} K={}: NaN in {}", v.what, v.m, v.n, v.k, in_w ? "w row 7" : "x rows 5, M - 2"));
+      SCOPED_TRACE(fmt::format("{} M={} N={} K={}: NaN in {}", v.what, v.m, v.n, v.k,
+                               in_w ? "w rows 7, N - 1" : "x rows 5, M - 2"));
       auto edit = [&](TensorMap& in) {
         if (in_w) {
           in.at("w").data[static_cast<size_t>(7 * v.k)] = nan;
+          in.at("w").data[static_cast<size_t>((v.n - 1) * v.k + v.k - 1)] = nan;
         } else {
           in.at("x").data[static_cast<size_t>(5 * v.k + 3)] = nan;
           in.at("x").data[static_cast<size_t>((v.m - 2) * v.k + v.k - 1)] = nan;
@@ -927,11 +947,13 @@ TEST_F(GpuReduce, NaNLogitsPoisonTheirRowsOnly) {
       };
       const DeviceRunReport rep = run_and_check(g, dims(v.m, v.n, v.k), /*seed=*/17, opt, /*timing_reps=*/0,
                                                 what == "layernorm" ? 1000.0 : 0.0, false, {}, edit);
+      v.expect(rep.plan);
       ASSERT_FALSE(rep.outputs.empty());
       for (const OutputCheck& o : rep.outputs) {
         EXPECT_EQ(o.unwritten, 0) << o.name;
         EXPECT_EQ(o.cmp.nonfinite_differ, 0) << o.name << ": NaN on one side only";
         EXPECT_EQ(o.cmp.nonfinite, (in_w ? v.m : 2) * v.n) << o.name << ": the NaN rows";
+        EXPECT_EQ(o.nonfinite_anywhere, o.cmp.nonfinite) << o.name << ": every row is referenced";
         EXPECT_LE(o.cmp.rel_l2, gpu_result_tolerance(o.dtype)) << o.name << " (the other rows)";
       }
     }

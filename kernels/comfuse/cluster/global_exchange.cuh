@@ -292,14 +292,15 @@ struct GlobalRowAllReduce {
     }
   }
 
-  // Between polls a thread sleeps this long. Every thread of the row group's other CTAs re-polls
-  // the last peer's words, which sit on a few L2 lines: polled back to back they flood those
-  // lines' slice, and the last peer's stores and the polls that would see them wait behind the
-  // flood (`comfuse run --trace`, 256 x 4096 x 4096 LayerNorm: even the last peer, its peers'
-  // words all in, took 2.4-2.7 us to see them; RMSNorm, half the words, 1.0). Measured (H100,
-  // bench/NOTES.md "the poll's backoff"): 100 ns took the round's end after the last publish
-  // 3.3 -> 2.0 us and LayerNorm 24.7 -> 24.0 us, softmax 23.2 -> 22.5-22.7, RMSNorm 22.0 -> 21.8,
-  // LayerNorm 8 rows 13.5 -> 13.3; 40 ns measured the same, 400 ns less.
+  // Between polls a thread sleeps about this long (__nanosleep takes it as a hint). Every thread
+  // of the row group's other CTAs re-polls the last peer's words, which sit on a few L2 lines:
+  // polled back to back they likely flood those lines' slice, so that the last peer's stores and
+  // the polls that would see them wait behind the flood (`comfuse run --trace`, 256 x 4096 x 4096
+  // LayerNorm: even the last peer, its peers' words all in, took 2.4-2.7 us to see them;
+  // RMSNorm, half the words, 1.0). Measured (H100, bench/NOTES.md "the poll's backoff"): 100 ns
+  // took the round's end after the last publish 3.3 -> 2.0 us, LayerNorm 24.5-24.7 -> 24.0 us,
+  // softmax 23.2 -> 22.5-22.7; RMSNorm and LayerNorm at 8 rows moved within the spread (0.2 us);
+  // 40 ns measured the same, 400 ns less.
   static constexpr unsigned kPollBackoffNs = 100;
 
   // Lane q's words at rows off[r][0..W) from peers q, q + 4, ...: all loads issued at once,
