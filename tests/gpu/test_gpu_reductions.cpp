@@ -38,6 +38,14 @@ Graph layer_norm_graph() {
   return std::move(c.g);
 }
 
+// softmax (bf16 out) or log-softmax (f32 out) of acc * scale, as output "p".
+Graph softmax_graph(bool log, double scale) {
+  Case c;
+  Value logits = c.acc * scale;
+  c.g.output(log ? c.g.log_softmax(logits) : c.g.softmax(logits), "p", log ? DType::F32 : DType::BF16);
+  return std::move(c.g);
+}
+
 TEST_F(GpuReduce, LayerNormBothAggregationsRaggedLargeOffset) {
   for (Aggregation mode : {Aggregation::PeerToPeer, Aggregation::LeaderFollower}) {
     SCOPED_TRACE(std::string(name_of(mode)));
@@ -286,13 +294,11 @@ TEST_F(GpuReduce, RowGroupsSoftmaxMaxAndExpSumInOneRound) {
       opt.plan.tile_m = v.tm;
       opt.plan.tile_n = v.tn;
       opt.plan.fuse_pairs = true;  // where the row group is one CTA, the planner alone keeps two rounds
-      Case c;
-      Value logits = c.acc * v.scale;
-      c.g.output(log ? c.g.log_softmax(logits) : c.g.softmax(logits), "p", log ? DType::F32 : DType::BF16);
-      Plan p = expect_matches(c.g, dims(1000, v.n, 72), opt);
+      const Graph g = softmax_graph(log, v.scale);
+      Plan p = expect_matches(g, dims(1000, v.n, 72), opt);
       EXPECT_EQ(p.kernel.n_tiles, 1);
       EXPECT_TRUE(p.fused_pairs.max_exp_sum);
-      const LoweringResult r = lower(c.g);
+      const LoweringResult r = lower(g);
       EXPECT_EQ(p.fused_pairs.kept_exp, keep);
       EXPECT_NE(emit(r.regions.at(0).spec, p).source.find(keep ? ", 4>>, 3>" : ", 2>>, 3>"), std::string::npos)
           << "pair not fused, or its exp kept where not asked";
@@ -548,13 +554,12 @@ Graph split_graph(const std::string& what) {
   if (what == "layernorm") return layer_norm_graph();
   if (what == "rmsnorm") return rms_norm_graph();
   if (what == "rmsnorm-f16") return rms_norm_graph(DType::F16);
-  Case c;
-  if (what == "gelu") {
-    c.g.output(c.g.unary(UnaryOp::GeluTanh, c.acc + c.row("bias")), "y", DType::BF16);
-  } else {
+  if (what != "gelu") {
     EXPECT_EQ(what, "softmax");
-    c.g.output(c.g.softmax(c.acc * 0.125), "p", DType::BF16);
+    return softmax_graph(false, 0.125);
   }
+  Case c;
+  c.g.output(c.g.unary(UnaryOp::GeluTanh, c.acc + c.row("bias")), "y", DType::BF16);
   return std::move(c.g);
 }
 Plan expect_split_named(const std::string& what, const Bindings& d, const CompileOptions& opt) {
@@ -841,13 +846,7 @@ TEST_F(GpuReduce, PairRoundsHelpedAtDecodeRows) {
       opt.plan.tile_n = 128;
       opt.plan.k_splits = v.splits;
       opt.plan.fuse_pairs = true;
-      Graph g = what == "layernorm" ? layer_norm_graph() : [&] {
-        Case c;
-        Value logits = c.acc * 4.0;
-        c.g.output(what == "softmax" ? c.g.softmax(logits) : c.g.log_softmax(logits), "p",
-                   what == "softmax" ? DType::BF16 : DType::F32);
-        return std::move(c.g);
-      }();
+      Graph g = what == "layernorm" ? layer_norm_graph() : softmax_graph(what == "log-softmax", 4.0);
       const Plan p = expect_split(g, dims(v.m, v.n, v.k), opt, what == "layernorm" ? 1000.0 : 0.0).plan;
       EXPECT_EQ(p.kernel.row_peers(), v.row_group);
       EXPECT_EQ(p.kernel.epi_rows(), 64);
@@ -923,13 +922,9 @@ TEST_F(GpuReduce, NaNLogitsPoisonTheirRowsOnly) {
   };
   for (const V& v : cases) {
     const std::string what = v.what;
-    Graph g = what == "layernorm" ? layer_norm_graph() : what == "rmsnorm" ? rms_norm_graph() : [&] {
-      Case c;
-      Value logits = c.acc * 0.125;
-      const bool log = what == "log-softmax";
-      c.g.output(log ? c.g.log_softmax(logits) : c.g.softmax(logits), "p", log ? DType::F32 : DType::BF16);
-      return std::move(c.g);
-    }();
+    Graph g = what == "layernorm" ? layer_norm_graph()
+              : what == "rmsnorm"  ? rms_norm_graph()
+                                   : softmax_graph(what == "log-softmax", 0.125);
     CompileOptions opt;
     v.force(opt.plan);
     const double nan = std::numeric_limits<double>::quiet_NaN();
