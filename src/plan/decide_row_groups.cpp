@@ -203,7 +203,7 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
     // 64-column tiles: the gated tile's (both halves one 128-column wgmma), or an elementwise
     // epilogue's where forced (calibration.cpp narrow_tile_k_splits' split). A row reduction's
     // forced 64-column tiles are the DSMEM plans', unless row groups are forced too (decode rows
-    // split over twice the SMs: calibration.cpp narrow_row_group_k_splits takes them where they
+    // split over up to twice the SMs: calibration.cpp narrow_row_group_k_splits takes them where they
     // measured faster), and then with one N-tile a CTA only (the one such shape the GPU tests hold).
     const bool narrow = ts.tile_n == 64 && !r.spec.gated();
     if (narrow && !(opt.tile_n && (chain.reductions == 0 || row_groups_forced(opt)))) continue;
@@ -439,8 +439,8 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
                               c.k.wgs_per_tile > 1 ? "both warp groups on each 128x256 tile (64 rows each), its epilogue "
                                                      "not hidden"
                               : c.k.tile_n == 64 && !c.k.gated
-                                  ? "64x64 tiles, decode rows over twice the SMs of 64x128 (measured faster only where a "
-                                    "row takes at most 16 of them)"
+                                  ? "64x64 tiles, decode rows over up to twice the SMs of 64x128 (measured faster only "
+                                    "where a row takes at most 16 of them, 32 without a pair round)"
                                   : "PingPong tiles with B multicast along M run at cuBLAS parity")
                 : fmt::format("elementwise epilogue over the row-group division (src/plan/decide_row_groups.cpp): "
                               "{} {}x{}, clusters {}x1, {} job(s) of up to {} N-tiles, one a CTA: est {:.1f} us "
@@ -587,11 +587,14 @@ std::vector<Candidate> decide_row_groups(const Request& r, Rejections& why) {
   };
   // Decode rows of a short row reduction: 64x64 tiles in row groups (calibration.cpp
   // narrow_row_group_k_splits), measured faster than the 64x128 split below.
-  const int narrow = unforced && !r.spec.gated() && r.chain.reductions > 0 ? narrow_row_group_k_splits(r.p, r.dev) : 0;
+  const int narrow = unforced && !r.spec.gated() && r.chain.reductions > 0
+                         ? narrow_row_group_k_splits(r.p, r.dev, r.chain.pairs() > 0)
+                         : 0;
   if (narrow > 1 &&
       lead_with(64, narrow,
-                fmt::format("M <= 16, a row within 16 CTAs of 64 columns, K = {}: PingPong 64x64 in L2 row groups with K "
-                            "split over {} CTAs a tile, B over twice the SMs of 64x128 (measured faster: calibration.cpp "
+                fmt::format("M <= 16, a row within 16 CTAs of 64 columns (32 without a pair round), K = {}: PingPong "
+                            "64x64 in L2 row groups with K split over {} CTAs a tile, B over up to twice the SMs of "
+                            "64x128 and smaller partials to gather (measured faster: calibration.cpp "
                             "narrow_row_group_k_splits)",
                             r.p.k, narrow)))
     return searched;

@@ -744,7 +744,10 @@ TEST(Plan, DecodeLongKSplitsOverTheSms) {
     EXPECT_EQ(e.kernel.k_splits, c.k_splits) << at;
     if (c.k_splits > 1) {
       EXPECT_EQ(e.kernel.cluster_m, 1) << at;
-      EXPECT_EQ(make_plan(rms, prob(c.m, c.n, c.k), full_device(), {}, {}).kernel.k_splits, c.k_splits) << at;
+      // A row of at most 32 64-column CTAs takes them instead: K split over 8 at N <= 1024, over 4
+      // at N = 2048 (calibration.cpp narrow_row_group_k_splits).
+      const int rms_splits = c.m > 16 || c.n > 2048 ? c.k_splits : c.n > 1024 ? 4 : 8;
+      EXPECT_EQ(make_plan(rms, prob(c.m, c.n, c.k), full_device(), {}, {}).kernel.k_splits, rms_splits) << at;
     }
   }
   // Forced options keep the model's choice.
@@ -790,7 +793,7 @@ TEST(Plan, NarrowTilesSplitKAtMidK) {
   EXPECT_EQ(narrow.kernel.row_group, 16);
   EXPECT_EQ(narrow.kernel.k_splits, 8);
   EXPECT_LE(narrow.kernel.smem_bytes(), Sm90::kSmemCapacity);
-  // The planner's own at decode rows whose row stays within 16 such CTAs (N <= 1024, K >= 4096:
+  // The planner's own at decode rows whose row stays within 32 such CTAs (N <= 2048, K >= 4096:
   // calibration.cpp narrow_row_group_k_splits, measured), 64x128 beyond.
   for (const int64_t m : {1, 16}) {
     const Plan d = make_plan(residual_norm(true, DType::BF16, true), prob(m, 1024, 4096));
@@ -799,7 +802,19 @@ TEST(Plan, NarrowTilesSplitKAtMidK) {
     EXPECT_EQ(d.kernel.k_splits, 8) << m;
     EXPECT_EQ(d.kernel.aggregation, Aggregation::L2Exchange) << m;
   }
-  EXPECT_EQ(make_plan(rms_norm(), prob(1, 2048, 4096)).kernel.tile_n, 128);             // 32 CTAs a row: lost
+  // 32 CTAs a row where every round is one statistic: K split over 4, 128 CTAs (RMSNorm, measured;
+  // residual RMSNorm); rows with a pair round (LayerNorm, softmax) keep 64x128 there, unmeasured.
+  for (const FusionSpec& single : {rms_norm(), residual_norm(false, DType::BF16, true)}) {
+    const Plan p2048 = make_plan(single, prob(1, 2048, 4096));
+    EXPECT_EQ(p2048.kernel.tile_n, 64);
+    EXPECT_EQ(p2048.kernel.row_group, 32);
+    EXPECT_EQ(p2048.kernel.k_splits, 4);
+    EXPECT_EQ(p2048.kernel.aggregation, Aggregation::L2Exchange);
+    EXPECT_EQ(p2048.grid_ctas, 128);
+  }
+  EXPECT_EQ(make_plan(layer_norm(), prob(1, 2048, 4096)).kernel.tile_n, 128);
+  EXPECT_EQ(make_plan(softmax(), prob(16, 2048, 4096)).kernel.tile_n, 128);
+  EXPECT_EQ(make_plan(rms_norm(), prob(8, 4096, 4096)).kernel.tile_n, 128);             // 64 CTAs a row: lost
   EXPECT_EQ(make_plan(residual_norm(true, DType::BF16, true), prob(1, 1024, 3072)).kernel.tile_n, 128);  // K < 4096
   EXPECT_EQ(make_plan(residual_norm(true, DType::BF16, true), prob(32, 1024, 4096)).kernel.tile_n, 128); // M > 16
   PlanOptions own;  // each thread its own partials: the same split, nothing staged

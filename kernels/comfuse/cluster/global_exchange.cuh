@@ -300,11 +300,14 @@ struct GlobalRowAllReduce {
   // RMSNorm, half the words, 1.0). Measured (H100, bench/NOTES.md "the poll's backoff"): 100 ns
   // took the round's end after the last publish 3.3 -> 2.0 us, LayerNorm 24.5-24.7 -> 24.0 us,
   // softmax 23.2 -> 22.5-22.7; RMSNorm and LayerNorm at 8 rows moved within the spread (0.2 us);
-  // 40 ns measured the same, 400 ns less.
-  static constexpr unsigned kPollBackoffNs = 100;
+  // 40 ns measured the same, 400 ns less. Below 16 peers a row's words are few and the flood small:
+  // there the pause only delays the round's end (residual LayerNorm 8192 x 1024 x 1024 in row
+  // groups of 4: 47.7 us with it against 47.2-47.3 without, H200, alternated in one call; the
+  // chains at 16 peers and softmax 16 x 4096 x 4096 at 32 measured the same either way).
+  static constexpr unsigned kPollBackoffNs = Peers >= 16 ? 100 : 0;
 
   // Lane q's words at rows off[r][0..W) from peers q, q + 4, ...: all loads issued at once,
-  // then, after kPollBackoffNs, only the ones not yet tagged with this round are loaded again.
+  // then, after kPollBackoffNs (if any), only the ones not yet tagged with this round are loaded again.
   // Its own words, and the rows not `on`, are not read (set to `want`).
   template <int R, int W>
   static COMFUSE_DEVICE void poll(uint64_t const* base, int const (&off)[R][W], bool const (&on)[R], uint32_t want,
@@ -332,7 +335,7 @@ struct GlobalRowAllReduce {
         trace::add_poll(traced);
         return;
       }
-      __nanosleep(kPollBackoffNs);
+      if constexpr (kPollBackoffNs > 0) __nanosleep(kPollBackoffNs);
       CUTE_UNROLL
       for (int r = 0; r < R; ++r)
         CUTE_UNROLL
