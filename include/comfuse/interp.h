@@ -100,10 +100,13 @@ void check_sizes(const Graph& g, const Bindings& dims);
 // The executors hold fp64 tensors and free each intermediate after its last use. An estimate
 // of the most bytes `comfuse run --reference` holds at once (the inputs, both executors'
 // outputs, twice the largest set of intermediates alive at once: run_lowered's regions also
-// copy their arguments), and the budget run_graph and run_lowered refuse beyond, naming it.
+// copy their arguments), and the budget run_graph and run_lowered refuse beyond, naming it:
+// 4 GiB, or COMFUSE_REFERENCE_GIB GiB where set (a machine with the memory: a GPU check of a
+// vocabulary-sized row holds its whole fp64 B, 4.2 GB at 128256 x 4096).
 inline constexpr int64_t kReferenceMemoryBudget = int64_t{4} << 30;  // 4 GiB
+int64_t reference_memory_budget();  // COMFUSE_REFERENCE_GIB, else kReferenceMemoryBudget
 int64_t reference_memory_bytes(const Graph& g, const Bindings& dims);
-void check_reference_memory(const Graph& g, const Bindings& dims, int64_t budget = kReferenceMemoryBudget);
+void check_reference_memory(const Graph& g, const Bindings& dims, int64_t budget = reference_memory_budget());
 
 // The rows of M a check compares: all of them for small problems (M x N x K <= 2e9 or M <= 48),
 // else 48 (the first 16, 16 spread, the last 16). Valid where every op is row-local in M.

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <set>
 
 #include "interp_internal.h"
@@ -92,13 +93,24 @@ int64_t reference_memory_bytes(const Graph& g, const Bindings& dims) {
   return b >= 9.2e18 ? INT64_MAX : static_cast<int64_t>(b);
 }
 
+int64_t reference_memory_budget() {
+  const char* v = std::getenv("COMFUSE_REFERENCE_GIB");
+  if (v == nullptr || *v == '\0') return kReferenceMemoryBudget;
+  char* end = nullptr;
+  const double gibs = std::strtod(v, &end);
+  if (*end != '\0' || !(gibs > 0) || gibs > 1e6)
+    throw Error(fmt::format("COMFUSE_REFERENCE_GIB = '{}': the fp64 reference's memory budget in GiB, a positive number",
+                            v));
+  return static_cast<int64_t>(gibs * double(int64_t{1} << 30));
+}
+
 void check_reference_memory(const Graph& g, const Bindings& dims, int64_t budget) {
   check_sizes(g, dims);
   const MemoryEstimate m = estimate(g, dims);
   if (m.bytes() <= static_cast<double>(budget)) return;
   throw Error(fmt::format("the fp64 CPU reference would hold about {} at once (inputs {}, outputs {} twice, up to {} "
                           "of intermediates twice); its budget is {}: check smaller dims (the lowering does not "
-                          "depend on them)",
+                          "depend on them), or raise the budget where the memory is there (COMFUSE_REFERENCE_GIB)",
                           gib(m.bytes()), gib(8 * m.inputs), gib(8 * m.outputs), gib(8 * m.live_peak),
                           gib(static_cast<double>(budget))));
 }

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 
 #include "comfuse/interp.h"
@@ -674,6 +675,39 @@ TEST(Lowered, MemoryOfLongChainsStaysBounded) {
   const Comparison c = compare(run_lowered(small.g, lower(small.g), sd, in).at("y"), run_graph(small.g, sd, in).at("y"));
   EXPECT_EQ(c.nonfinite, 0);
   EXPECT_LE(c.rel_l2, 1e-12);
+}
+
+// The budget is COMFUSE_REFERENCE_GIB GiB where set (a vocabulary-sized B in fp64 needs more than
+// the 4 GiB default), and a value that is not a positive number is refused by name.
+TEST(Lowered, ReferenceBudgetFromTheEnvironment) {
+  Graph g;
+  Value a = g.input("a", DType::BF16, {Dim::of("M"), Dim::of("K")});
+  Value w = g.input("w", DType::BF16, {Dim::of("N"), Dim::of("K")});
+  g.output(g.softmax(g.matmul(a, w)), "p", DType::F32);
+  const Bindings lm_head{{"M", 48}, {"N", 128256}, {"K", 4096}};  // the GPU check's 48 sampled rows
+  ASSERT_EQ(unsetenv("COMFUSE_REFERENCE_GIB"), 0);
+  EXPECT_EQ(reference_memory_budget(), kReferenceMemoryBudget);
+  try {
+    check_reference_memory(g, lm_head);
+    FAIL() << "4.19 GiB against 4";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("its budget is 4.00 GiB"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("COMFUSE_REFERENCE_GIB"), std::string::npos) << e.what();
+  }
+  ASSERT_EQ(setenv("COMFUSE_REFERENCE_GIB", "8", 1), 0);
+  EXPECT_EQ(reference_memory_budget(), int64_t{8} << 30);
+  EXPECT_NO_THROW(check_reference_memory(g, lm_head));
+  for (const char* bad : {"-1", "0", "lots", "8GiB"}) {
+    ASSERT_EQ(setenv("COMFUSE_REFERENCE_GIB", bad, 1), 0);
+    try {
+      reference_memory_budget();
+      FAIL() << bad;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("COMFUSE_REFERENCE_GIB = '" + std::string(bad) + "'"), std::string::npos)
+          << e.what();
+    }
+  }
+  ASSERT_EQ(unsetenv("COMFUSE_REFERENCE_GIB"), 0);
 }
 
 TEST(Lowered, SizesAreCheckedBeforeAnyAllocation) {
