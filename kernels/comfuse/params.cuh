@@ -87,11 +87,15 @@ COMFUSE_HOST_DEVICE inline BatchCoord batch_coord(Params const& p, int batch) {
 }
 // The same in one register, head in the low 16 bits and outer batch in the high 16 (the launch
 // holds both below 2^16: kMaxBatchDim): the B2B producer keeps it across a job on its 40
-// registers, where two coordinates, or the division at each load, spilled.
+// registers, where two coordinates, or the division at each load, spilled. Unsigned: an outer
+// batch of 2^15 or more sets the register's top bit, which a signed shift would carry down.
 constexpr int kMaxBatchDim = 1 << 16;
 COMFUSE_HOST_DEVICE inline int packed_batch_coord(Params const& p, int batch) {
   BatchCoord const c = batch_coord(p, batch);
-  return c.head | (c.outer << 16);
+  return static_cast<int>(uint32_t(c.head) | (uint32_t(c.outer) << 16));
+}
+COMFUSE_HOST_DEVICE inline BatchCoord unpacked_batch_coord(int packed) {
+  return {static_cast<int>(uint32_t(packed) & 0xffffu), static_cast<int>(uint32_t(packed) >> 16)};
 }
 
 }  // namespace comfuse

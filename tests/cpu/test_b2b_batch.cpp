@@ -16,6 +16,7 @@
 #include "comfuse/emit.h"
 #include "comfuse/interp.h"
 #include "comfuse/lower.h"
+#include "comfuse/params.cuh"
 #include "comfuse/plan.h"
 #include "comfuse/runtime.h"
 #include "comfuse/scheduler/grid.cuh"
@@ -76,6 +77,23 @@ TEST(Batch, GraphShapesAndErrorsInTheUsersNames) {
 }
 
 // softmax(q k^T / 8 [masked]) v per batch, by hand in fp64, against run_graph and run_lowered.
+// The B2B producer's one-register batch coordinate (params.cuh packed_batch_coord, unpacked for
+// each TMA load by unpacked_batch_coord): every head and outer batch below kMaxBatchDim comes back,
+// an outer batch of 2^15 or more (the register's top bit) included.
+TEST(Batch, PackedBatchCoordinatesRoundTrip) {
+  for (const int heads : {1, 3, 16, kMaxBatchDim - 1})
+    for (const int outer : {0, 1, 32767, 32768, 40000, kMaxBatchDim - 1})
+      for (const int head : {0, heads / 2, heads - 1}) {
+        Params p{};
+        p.heads = heads;
+        const int64_t batch = int64_t{outer} * heads + head;
+        if (batch > std::numeric_limits<int>::max()) continue;  // the flat index is an int
+        const BatchCoord c = unpacked_batch_coord(packed_batch_coord(p, static_cast<int>(batch)));
+        EXPECT_EQ(c.head, head) << heads << " heads, outer " << outer;
+        EXPECT_EQ(c.outer, outer) << heads << " heads, outer " << outer;
+      }
+}
+
 TEST(Batch, ExecutorsMatchAHandLoop) {
   const int64_t B = 3, M = 5, N = 7, K = 8, DV = 6;
   const Bindings dims{{"B", B}, {"M", M}, {"N", N}, {"K", K}, {"DV", DV}};

@@ -82,8 +82,12 @@ struct MainloopB2b {
   // `batch`: the job's packed_batch_coord (params.cuh), both coordinates in one register.
   template <class Desc>
   static COMFUSE_DEVICE void tma(Desc const* d, uint64_t* bar, uint64_t hint, Element* dst, int c0, int c1, int batch) {
-    if constexpr (C.batched) cute::SM90_TMA_LOAD_4D::copy(d, bar, hint, dst, c0, c1, batch & 0xffff, batch >> 16);
-    else cute::SM90_TMA_LOAD_2D::copy(d, bar, hint, dst, c0, c1);
+    if constexpr (C.batched) {
+      BatchCoord const b = unpacked_batch_coord(batch);
+      cute::SM90_TMA_LOAD_4D::copy(d, bar, hint, dst, c0, c1, b.head, b.outer);
+    } else {
+      cute::SM90_TMA_LOAD_2D::copy(d, bar, hint, dst, c0, c1);
+    }
   }
   // The operand tile of `Rows` rows (output dim) x 64 (k) at (row0, k0) of a K-major (row0 along
   // the rows, k0 along the contiguous columns) or MN-major tensor (k0 along the rows).
