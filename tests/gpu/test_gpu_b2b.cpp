@@ -632,6 +632,19 @@ TEST_F(GpuB2b, BatchedAttentionManyHeads) {
   }
 }
 
+// More outer batches than 2^15: the producer's one-register batch coordinate (params.cuh
+// packed_batch_coord) keeps the outer batch in its top 16 bits, which a signed shift once carried
+// down into a negative TMA coordinate. The wgmma kernel (the decode kernel takes its coordinates
+// otherwise), 8 query rows a batch to keep the reference's fp64 K and V near 2 GiB.
+TEST_F(GpuB2b, BatchedAttentionPastHalfTheBatchRegister) {
+  CompileOptions opt;
+  opt.plan.b2b_decode = false;
+  const DeviceRunReport rep = expect_one_b2b_kernel_matches(
+      batched_attention("bf16", false), {{"B", 32770}, {"M", 8}, {"N", 64}, {"K", 64}, {"DV", 64}}, opt);
+  EXPECT_TRUE(rep.b2b_plan.kernel.batched);
+  EXPECT_FALSE(rep.b2b_plan.kernel.decode());
+}
+
 // A batched FFN-shaped pair with everything per batch that the epilogues read or write: an f32
 // [B, M, N] scale in F (per chunk of N1), a shared bias row, a [B, M, D] residual after GEMM2
 // (its L2 prefetch a 3-D box), the [B, M, D] output and a per-row [B, M, 1] sum.
