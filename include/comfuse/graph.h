@@ -193,9 +193,10 @@ std::vector<std::string> user_descriptions(const Graph& g);
 // dim is at least 1 and at most kMaxDimSize, and a GEMM's M x N output is at most
 // kMaxTiles64 tiles of 64 x 64. Why: the kernel holds M, N and K in int32
 // (kernels/comfuse/params.cuh), rounds M and N up to whole tiles of up to 256 in int32 and
-// numbers the tiles in int32 (scheduler/tile_scheduler.cuh); TMA coordinates are int32.
+// numbers the tiles in int32 (scheduler/tile_scheduler.cuh), looking a few rounds of the grid's
+// groups past the last (hence the margin of 4096); TMA coordinates are int32.
 inline constexpr int64_t kMaxDimSize = (int64_t{1} << 31) - 256;  // 2147483392
-inline constexpr int64_t kMaxTiles64 = (int64_t{1} << 31) - 1;    // ceil(M/64) * ceil(N/64)
+inline constexpr int64_t kMaxTiles64 = (int64_t{1} << 31) - 4096;  // ceil(M/64) * ceil(N/64)
 // `name` says which dim ("M", "N (D)", "'K'").
 void check_dim_size(const std::string& name, int64_t v);
 void check_problem_size(int64_t m, int64_t n, int64_t k, const std::string& m_name = "M",

@@ -49,12 +49,12 @@ void check_b2b_problem_size(const B2bProblem& p) {
   check_problem_size(p.m, p.n1, p.k, "M", "N1", "K");   // GEMM1: P = X W1^T
   check_problem_size(p.m, p.n2, p.n1, "M", "N2", "N1");  // GEMM2: O = S W2^T
   // The kernel numbers its job slots in 32 bits (scheduler/grid.cuh: up to two per job, plus a
-  // grid's stride past the last).
+  // grid's stride past the last: kMaxTiles64's margin).
   const double slots = 2.0 * double(p.batches) * double((p.m + 63) / 64) * double((p.n2 + 63) / 64);
-  if (slots > double(kMaxTiles64) - 4096)
+  if (slots > double(kMaxTiles64))
     throw Error(fmt::format("b2b: {} batches of {} x {} outputs make {:.0f} jobs of 64 x 64; the kernel numbers them "
                             "in 32 bits (at most {})",
-                            p.batches, p.m, p.n2, slots / 2, (kMaxTiles64 - 4096) / 2));
+                            p.batches, p.m, p.n2, slots / 2, kMaxTiles64 / 2));
 }
 
 std::string plan_detail::causal_mask_in(const Spec& st) {

@@ -1358,7 +1358,7 @@ TEST(Plan, DeviceLimitsAreRefusedInTheUsersNames) {
       << many;
 }
 
-// One size rule: dims in 1..2^31 - 256, at most 2^31 - 1 tiles of 64 x 64.
+// One size rule: dims in 1..2^31 - 256, at most 2^31 - 4096 tiles of 64 x 64.
 TEST(Plan, ProblemSizeRule) {
   EXPECT_NO_THROW(check_problem_size(kMaxDimSize, 64, kMaxDimSize));
   EXPECT_THROW(check_problem_size(kMaxDimSize + 1, 64, 64), Error);
@@ -1372,7 +1372,7 @@ TEST(Plan, ProblemSizeRule) {
   } catch (const Error& e) {
     EXPECT_EQ(std::string(e.what()),
               "M x N (D) = 2965824 x 2965824 is 2147488281 tiles of 64 x 64; the kernel numbers tiles in 32-bit "
-              "integers (at most 2147483647)");
+              "integers (at most 2147479552)");
   }
   EXPECT_EQ(plan_error(bias_gelu(), {int64_t{1} << 31, 4096, 4096, DType::BF16}),
             "plan: M = 2147483648 exceeds 2147483392 (2^31 - 256): the kernel holds M, N and K in 32-bit integers "
