@@ -308,8 +308,8 @@ std::vector<CLI::Option*> add_plan_options(CLI::App* cmd, ExplainArgs& ex) {
           ->check(CLI::IsMember({64, 128})),
       cmd->add_option("--ring-stages", ex.ring_stages,
                       fmt::format("a single-GEMM or B2B plan: at most this many mainloop ring stages (2..{}; fewer "
-                                  "where the epilogue's SMEM leaves less; the planner's own: at most {}, or as many "
-                                  "as fit for the 64x64 tiles of M <= 256)",
+                                  "where the epilogue's SMEM leaves less; the planner's own: at most {}, or for a "
+                                  "single GEMM's 64x64 tiles of M <= 256 as many as fit)",
                                   Sm90::kMaxRingStages, Sm90::kRingStagesDefault))
           ->check(CLI::Range(2, Sm90::kMaxRingStages)),
       cmd->add_option("--consumer-wgs", ex.consumer_wgs,

@@ -418,9 +418,8 @@ int single_row_block_k_splits(const Problem& p, const DeviceModel& dev);
 // 64x64 tile; 0 where unmeasured or the unsplit plan measured faster.
 int narrow_tile_k_splits(const Problem& p, const DeviceModel& dev);
 // Decode rows with a row reduction whose 64-column tiles keep the row within 16 CTAs, or 32 where
-// no round merges a pair (pair_rounds false): the K split of 64x64 tiles in L2 row groups
-// (calibration.cpp), or 0.
-int narrow_row_group_k_splits(const Problem& p, const DeviceModel& dev, bool pair_rounds);
+// the row has one reduction: the K split of 64x64 tiles in L2 row groups (calibration.cpp), or 0.
+int narrow_row_group_k_splits(const Problem& p, const DeviceModel& dev, bool one_reduction);
 // A's rows (M x K, and an N x K B's) start off 128-byte lines where K is not a multiple of 64
 // elements: each TMA box row then straddles two (PlannerTunables::unaligned_rows_efficiency).
 inline bool rows_off_128_byte_lines(const Problem& p) { return p.k * Sm90::kAbBytes % 128 != 0; }

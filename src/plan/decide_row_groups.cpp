@@ -440,7 +440,7 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
                                                      "not hidden"
                               : c.k.tile_n == 64 && !c.k.gated
                                   ? "64x64 tiles, decode rows over up to twice the SMs of 64x128 (measured faster only "
-                                    "where a row takes at most 16 of them, 32 without a pair round)"
+                                    "where a row takes at most 16 of them, 32 with one reduction)"
                                   : "PingPong tiles with B multicast along M run at cuBLAS parity")
                 : fmt::format("elementwise epilogue over the row-group division (src/plan/decide_row_groups.cpp): "
                               "{} {}x{}, clusters {}x1, {} job(s) of up to {} N-tiles, one a CTA: est {:.1f} us "
@@ -588,11 +588,11 @@ std::vector<Candidate> decide_row_groups(const Request& r, Rejections& why) {
   // Decode rows of a short row reduction: 64x64 tiles in row groups (calibration.cpp
   // narrow_row_group_k_splits), measured faster than the 64x128 split below.
   const int narrow = unforced && !r.spec.gated() && r.chain.reductions > 0
-                         ? narrow_row_group_k_splits(r.p, r.dev, r.chain.pairs() > 0)
+                         ? narrow_row_group_k_splits(r.p, r.dev, r.chain.reductions == 1)
                          : 0;
   if (narrow > 1 &&
       lead_with(64, narrow,
-                fmt::format("M <= 16, a row within 16 CTAs of 64 columns (32 without a pair round), K = {}: PingPong "
+                fmt::format("M <= 16, a row within 16 CTAs of 64 columns (32 with one reduction), K = {}: PingPong "
                             "64x64 in L2 row groups with K split over {} CTAs a tile, B over up to twice the SMs of "
                             "64x128 and smaller partials to gather (measured faster: calibration.cpp "
                             "narrow_row_group_k_splits)",

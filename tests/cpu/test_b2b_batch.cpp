@@ -76,7 +76,6 @@ TEST(Batch, GraphShapesAndErrorsInTheUsersNames) {
   EXPECT_NE(rank4.find("rank 4 is not supported"), std::string::npos) << rank4;
 }
 
-// softmax(q k^T / 8 [masked]) v per batch, by hand in fp64, against run_graph and run_lowered.
 // The B2B producer's one-register batch coordinate (params.cuh packed_batch_coord, unpacked for
 // each TMA load by unpacked_batch_coord): every head and outer batch below kMaxBatchDim comes back,
 // an outer batch of 2^15 or more (the register's top bit) included.
@@ -94,6 +93,7 @@ TEST(Batch, PackedBatchCoordinatesRoundTrip) {
       }
 }
 
+// softmax(q k^T / 8 [masked]) v per batch, by hand in fp64, against run_graph and run_lowered.
 TEST(Batch, ExecutorsMatchAHandLoop) {
   const int64_t B = 3, M = 5, N = 7, K = 8, DV = 6;
   const Bindings dims{{"B", B}, {"M", M}, {"N", N}, {"K", K}, {"DV", DV}};

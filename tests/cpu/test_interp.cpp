@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <optional>
+#include <string>
 
 #include "comfuse/interp.h"
 #include "comfuse/lower.h"
@@ -677,9 +679,22 @@ TEST(Lowered, MemoryOfLongChainsStaysBounded) {
   EXPECT_LE(c.rel_l2, 1e-12);
 }
 
+// COMFUSE_REFERENCE_GIB as the caller had it, restored however the test ends.
+struct SavedReferenceBudget {
+  std::optional<std::string> value;
+  SavedReferenceBudget() {
+    if (const char* v = std::getenv("COMFUSE_REFERENCE_GIB")) value = v;
+  }
+  ~SavedReferenceBudget() {
+    if (value) setenv("COMFUSE_REFERENCE_GIB", value->c_str(), 1);
+    else unsetenv("COMFUSE_REFERENCE_GIB");
+  }
+};
+
 // The budget is COMFUSE_REFERENCE_GIB GiB where set (a vocabulary-sized B in fp64 needs more than
 // the 4 GiB default), and a value that is not a positive number is refused by name.
 TEST(Lowered, ReferenceBudgetFromTheEnvironment) {
+  const SavedReferenceBudget saved;
   Graph g;
   Value a = g.input("a", DType::BF16, {Dim::of("M"), Dim::of("K")});
   Value w = g.input("w", DType::BF16, {Dim::of("N"), Dim::of("K")});
@@ -707,7 +722,6 @@ TEST(Lowered, ReferenceBudgetFromTheEnvironment) {
           << e.what();
     }
   }
-  ASSERT_EQ(unsetenv("COMFUSE_REFERENCE_GIB"), 0);
 }
 
 TEST(Lowered, SizesAreCheckedBeforeAnyAllocation) {

@@ -802,8 +802,8 @@ TEST(Plan, NarrowTilesSplitKAtMidK) {
     EXPECT_EQ(d.kernel.k_splits, 8) << m;
     EXPECT_EQ(d.kernel.aggregation, Aggregation::L2Exchange) << m;
   }
-  // 32 CTAs a row where every round is one statistic: K split over 4, 128 CTAs (RMSNorm, measured;
-  // residual RMSNorm); rows with a pair round (LayerNorm, softmax) keep 64x128 there, unmeasured.
+  // 32 CTAs a row where the row has one reduction: K split over 4, 128 CTAs (RMSNorm, measured;
+  // residual RMSNorm); rows of several (LayerNorm, softmax) keep 64x128 there, unmeasured.
   for (const FusionSpec& single : {rms_norm(), residual_norm(false, DType::BF16, true)}) {
     const Plan p2048 = make_plan(single, prob(1, 2048, 4096));
     EXPECT_EQ(p2048.kernel.tile_n, 64);
@@ -1358,14 +1358,18 @@ TEST(Plan, DeviceLimitsAreRefusedInTheUsersNames) {
       << many;
 }
 
-// One size rule: dims in 1..2^31 - 256, at most 2^31 - 4096 tiles of 64 x 64.
+// One size rule: dims in 1..2^31 - 256, at most 2^31 - 4096 tiles of 64 x 64 (the scheduler's
+// look-ahead past the last job keeps its margin).
 TEST(Plan, ProblemSizeRule) {
   EXPECT_NO_THROW(check_problem_size(kMaxDimSize, 64, kMaxDimSize));
   EXPECT_THROW(check_problem_size(kMaxDimSize + 1, 64, 64), Error);
   EXPECT_THROW(check_problem_size(64, 64, 0), Error);
   EXPECT_THROW(check_problem_size(64, -64, 64), Error);
-  const int64_t side = 64 * 46340;  // 46340^2 < 2^31 - 1 < 46341^2
+  const int64_t side = 64 * 46340;  // 46340^2 < 2^31 - 4096 < 46341^2
   EXPECT_NO_THROW(check_problem_size(side, side, 64));
+  // The limit exactly (4096 x 524287 tiles = 2^31 - 4096), and one row of tiles past it.
+  EXPECT_NO_THROW(check_problem_size(64 * 4096, 64 * 524287, 64));
+  EXPECT_THROW(check_problem_size(64 * 4096, 64 * 524287 + 1, 64), Error);
   try {
     check_problem_size(side + 64, side + 64, 64, "M", "N (D)");
     FAIL();
