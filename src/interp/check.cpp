@@ -99,8 +99,8 @@ int64_t reference_memory_budget() {
   char* end = nullptr;
   const double gibs = std::strtod(v, &end);
   if (*end != '\0' || !(gibs > 0) || gibs > 1e6)
-    throw Error(fmt::format("COMFUSE_REFERENCE_GIB = '{}': the fp64 reference's memory budget in GiB, a positive number up to 1e6",
-                            v));
+    throw Error(fmt::format(
+        "COMFUSE_REFERENCE_GIB = '{}': the fp64 reference's memory budget in GiB, a positive number up to 1e6", v));
   return static_cast<int64_t>(gibs * double(int64_t{1} << 30));
 }
 

@@ -71,9 +71,8 @@ int single_row_block_k_splits(const Problem& p, const DeviceModel& dev) {
 
 // Decode rows (M <= 16) with a row reduction whose 64-column tiles keep the row within a group of
 // 16 CTAs (N <= 1024), or 32 (N <= 2048) where the row has one reduction (RMSNorm's one round),
-// K >= 4096: 64x64 tiles in L2 row groups with K
-// split over the most CTAs a tile, up to 8, that fit the SMs (up to 128 CTAs: 8 at N <= 1024, 4 at
-// N = 2048), against single_row_block_k_splits' 64x128 (B over up to twice the SMs, as the
+// K >= 4096: 64x64 tiles in L2 row groups with K split over the most CTAs a tile, up to 8, that
+// fit the SMs (up to 128 CTAs: 8 at N <= 1024, 4 at N = 2048), against single_row_block_k_splits' 64x128 (B over up to twice the SMs, as the
 // elementwise split below measured, and a quarter of the partial bytes to gather). MEASURED
 // (bench/sweeps/decode_norm_narrow_split_k.txt): residual LayerNorm 1 x 1024 x 4096 1.366x ->
 // 1.182x cuBLAS, 16 x 1024 x 4096 1.830x -> 1.227x (H100); RMSNorm 1 x 2048 x 4096, S = 4 against
