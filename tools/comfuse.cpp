@@ -424,8 +424,7 @@ int run_gpu(const Graph& g, const Bindings& b, const PlanOptions& plan, uint64_t
   bool ok = true;
   for (const auto* checks : {&rep.outputs, &rep.outputs_after_timing})
     for (const OutputCheck& o : *checks) {
-      const bool pass = o.unwritten == 0 && o.cmp.nonfinite == 0 && o.nonfinite_anywhere == 0 &&
-                        o.cmp.rel_l2 <= gpu_result_tolerance(o.dtype);
+      const bool pass = output_passes(o);
       ok = ok && pass;
       std::cout << fmt::format("output {} {}{}: max_abs {:.3g}  max_rel {:.3g}  rel_l2 {:.3g} (tolerance {:.0e})  "
                                "unwritten {}  nonfinite {}{}  {}\n",

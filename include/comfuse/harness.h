@@ -44,6 +44,13 @@ struct DeviceRunReport {
 // project holds kernels to (1e-2), and the finer ones its f16 and f32 outputs allow.
 inline double gpu_result_tolerance(DType t) { return t == DType::BF16 ? 1e-2 : t == DType::F16 ? 5e-3 : 1e-4; }
 
+// What a check of an output wants: every element written, finite everywhere (none of its inputs
+// edited to NaN), and within the dtype's tolerance of the reference.
+inline bool output_passes(const OutputCheck& o) {
+  return o.unwritten == 0 && o.cmp.nonfinite == 0 && o.nonfinite_anywhere == 0 &&
+         o.cmp.rel_l2 <= gpu_result_tolerance(o.dtype);
+}
+
 // Lowers, compiles and runs `g` once on random inputs drawn from `seed` (outputs poisoned
 // with NaN first), downloads the outputs and compares them with run_graph. `edit_inputs`, where
 // given, changes the random inputs before both the kernel and the reference see them (e.g. a NaN

@@ -23,6 +23,15 @@ bool narrow(const Problem& p, int64_t row_blocks, const DeviceModel& dev) {
   return row_blocks * ((p.n + 127) / 128) <= dev.sm_count / 2;
 }
 
+// The most K-splits S, a power of two from 2 to up_to, for which fits(S) holds; 0 if none.
+template <class Fits>
+int most_splits(int up_to, Fits fits) {
+  int splits = 0;
+  for (int s = 2; s <= up_to; s *= 2)
+    if (fits(s)) splits = s;
+  return splits;
+}
+
 // Pairs of row blocks along M (clusters of 2 sharing B) where every SM gets a column block: each
 // round of clusters streams tile_n columns of B (a gated tile twice that, for every width alike),
 // so the time goes as rounds x tile_n.
@@ -63,17 +72,15 @@ constexpr int kStreamRing = Sm90::kMaxRingStages;
 int single_row_block_k_splits(const Problem& p, const DeviceModel& dev) {
   if (p.m > 64 || p.k < 4096 || (p.k < 8192 && p.m > 16)) return 0;
   const int64_t tiles = (p.n + 127) / 128;
-  int splits = 0;
-  for (int s = 2; s <= 8; s *= 2)
-    if (tiles * s <= dev.sm_count && p.k / s >= 8 * Sm90::kTileK) splits = s;
-  return splits;
+  return most_splits(8, [&](int s) { return tiles * s <= dev.sm_count && p.k / s >= 8 * Sm90::kTileK; });
 }
 
 // Decode rows (M <= 16) with a row reduction whose 64-column tiles keep the row within a group of
 // 16 CTAs (N <= 1024), or 32 (N <= 2048) where the row has one reduction (RMSNorm's one round),
 // K >= 4096: 64x64 tiles in L2 row groups with K split over the most CTAs a tile, up to 8, that
-// fit the SMs (up to 128 CTAs: 8 at N <= 1024, 4 at N = 2048), against single_row_block_k_splits' 64x128 (B over up to twice the SMs, as the
-// elementwise split below measured, and a quarter of the partial bytes to gather). MEASURED
+// fit the SMs (up to 128 CTAs: 8 at N <= 1024, 4 at N = 2048), against single_row_block_k_splits'
+// 64x128 (B over up to twice the SMs, as the elementwise split below measured, and a quarter of
+// the partial bytes to gather). MEASURED
 // (bench/sweeps/decode_norm_narrow_split_k.txt): residual LayerNorm 1 x 1024 x 4096 1.366x ->
 // 1.182x cuBLAS, 16 x 1024 x 4096 1.830x -> 1.227x (H100); RMSNorm 1 x 2048 x 4096, S = 4 against
 // 64x128 over 8 on the same 128 CTAs: 8.5 against 8.8 us (H100), 8.0 against 8.5-8.6 in two passes
@@ -84,10 +91,7 @@ int narrow_row_group_k_splits(const Problem& p, const DeviceModel& dev, bool one
   const int64_t tiles = (p.n + 63) / 64;
   if (p.m > 16 || p.k < 4096 || tiles > (one_reduction ? 32 : 16)) return 0;
   const int64_t group = std::bit_ceil(static_cast<uint64_t>(tiles));  // the row group: a power of two
-  int splits = 0;
-  for (int s = 2; s <= 8; s *= 2)
-    if (group * s <= dev.sm_count) splits = s;
-  return splits;
+  return most_splits(8, [&](int s) { return group * s <= dev.sm_count; });
 }
 
 // One row block at mid K, an elementwise epilogue: 64x64 tiles put B on only
@@ -108,10 +112,7 @@ int narrow_row_group_k_splits(const Problem& p, const DeviceModel& dev, bool one
 int narrow_tile_k_splits(const Problem& p, const DeviceModel& dev) {
   if (p.m > 64 || p.k < 3072) return 0;
   const int64_t tiles = (p.n + 63) / 64;
-  int splits = 0;
-  for (int s = 2; s <= 4; s *= 2)
-    if (tiles * s <= dev.sm_count / 2 && p.k / s >= 12 * Sm90::kTileK) splits = s;
-  return splits;
+  return most_splits(4, [&](int s) { return tiles * s <= dev.sm_count / 2 && p.k / s >= 12 * Sm90::kTileK; });
 }
 
 DeviceModel device_model(std::optional<Gpu> gpu) {
