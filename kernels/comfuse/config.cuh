@@ -160,6 +160,11 @@ struct KernelConfig {
   // (Plan::fused_pairs) and a run may hold a job of 9 to 32 rows (pair_hand_over_rows): the L2
   // exchange then hands such a job's pair rounds between warps in SMEM (l2_exchange_smem_bytes).
   bool pair_hand_over = false;
+  // The L2 exchange's polls pause between tries (cluster/global_exchange.cuh kPollBackoffNs):
+  // where every CTA of the grid is in its round at once (one job a CTA) and a row's peers are many,
+  // their re-polls of the last peer's words flood its L2 lines; elsewhere the pause only delays
+  // the round's end (bench/NOTES.md Stops 59-61).
+  bool poll_backoff = false;
   // Columns each row reduction spans (FusionSpec::segment: per-head norms): 0 the whole row;
   // else one tile's (tile_n == row_segment), which its CTA finishes alone: no exchange.
   int row_segment = 0;
@@ -384,6 +389,7 @@ COMFUSE_HOST_DEVICE constexpr char const* check(KernelConfig const& c) {
     return "K-splits in one hardware cluster: no multicast cluster (cluster_m = cluster_n = 1)";
   if (c.hw_cluster_size() > Sm90::kMaxClusterSize) return "a cluster of at most 16 CTAs";
   if (c.begin_early && c.n_tiles != 1) return "begin_early: one N-tile per job";
+  if (c.poll_backoff && c.aggregation != Aggregation::L2Exchange) return "poll_backoff: the L2 exchange's polls only";
   // The gated tile's two halves are one wgmma's columns (at most 256) and one 64-row m-block of
   // the warp group's accumulator (the epilogue finds the second half at a fixed offset).
   if (c.gated && (c.mma_n() > 256 || c.epi_rows() != 64))

@@ -76,20 +76,21 @@ int single_row_block_k_splits(const Problem& p, const DeviceModel& dev) {
 }
 
 // Decode rows (M <= 16) with a row reduction whose 64-column tiles keep the row within a group of
-// 16 CTAs (N <= 1024), or 32 (N <= 2048) where the row has one reduction (RMSNorm's one round),
-// K >= 4096: 64x64 tiles in L2 row groups with K split over the most CTAs a tile, up to 8, that
-// fit the SMs (up to 128 CTAs: 8 at N <= 1024, 4 at N = 2048), against single_row_block_k_splits'
-// 64x128 (B over up to twice the SMs, as the elementwise split below measured, and a quarter of
-// the partial bytes to gather). MEASURED
-// (bench/sweeps/decode_norm_narrow_split_k.txt): residual LayerNorm 1 x 1024 x 4096 1.366x ->
-// 1.182x cuBLAS, 16 x 1024 x 4096 1.830x -> 1.227x (H100); RMSNorm 1 x 2048 x 4096, S = 4 against
-// 64x128 over 8 on the same 128 CTAs: 8.5 against 8.8 us (H100), 8.0 against 8.5-8.6 in two passes
-// (H200). At 64 CTAs a row it loses (LayerNorm 8 x 4096 x 4096 1.324x -> 1.415x, softmax 16 x 4096
-// x 4096 1.386x -> 1.492x, H100), hence N <= 2048; rows of several reductions at 32 CTAs a row
-// (LayerNorm's and softmax's pairs, chains at N = 2048) are not measured, so they keep 64x128 there.
-int narrow_row_group_k_splits(const Problem& p, const DeviceModel& dev, bool one_reduction) {
+// 32 CTAs (N <= 2048), K >= 4096: 64x64 tiles in L2 row groups with K split over the most CTAs a
+// tile, up to 8, that fit the SMs (up to 128 CTAs: 8 at N <= 1024, 4 at N = 2048), against
+// single_row_block_k_splits' 64x128 (B over up to twice the SMs, as the elementwise split below
+// measured, and a quarter of the partial bytes to gather). MEASURED
+// (bench/sweeps/decode_norm_narrow_split_k.txt, against the 64x128 split over 8, H100 unless said):
+// residual LayerNorm 1 x 1024 x 4096 1.366x -> 1.182x cuBLAS, 16 x 1024 x 4096 1.830x -> 1.227x;
+// RMSNorm 1 x 2048 x 4096, S = 4: 8.5 against 8.8 us, 8.0 against 8.5-8.6 in two passes (H200);
+// rows of several reductions at N = 2048, S = 4 (Stop 61): LayerNorm 1 x 2048 x 4096 9.0 against
+// 9.9 us in two passes, 8 x 2048 9.0 / 10.1, 16 x 2048 9.7 / 12.7, residual LayerNorm 16 x 2048
+// 10.4 / 13.6, softmax 16 x 2048 9.6 / 10.6, log-softmax 1 x 2048 8.6 / 9.6, the five-round chain
+// 16 x 2048 15.2-15.3 / 18.9 in two passes. At 64 CTAs a row it loses (LayerNorm 8 x 4096 x 4096
+// 1.324x -> 1.415x, softmax 16 x 4096 x 4096 1.386x -> 1.492x), hence N <= 2048.
+int narrow_row_group_k_splits(const Problem& p, const DeviceModel& dev) {
   const int64_t tiles = (p.n + 63) / 64;
-  if (p.m > 16 || p.k < 4096 || tiles > (one_reduction ? 32 : 16)) return 0;
+  if (p.m > 16 || p.k < 4096 || tiles > 32) return 0;
   const int64_t group = std::bit_ceil(static_cast<uint64_t>(tiles));  // the row group: a power of two
   return most_splits(8, [&](int s) { return group * s <= dev.sm_count; });
 }

@@ -233,6 +233,7 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
         const int64_t n_tiles = chain.reductions > 0 ? ceil_div64(tiles_n, g) : 1;
         if (n_tiles > Sm90::kMaxNTiles || (narrow && n_tiles > 1)) continue;
         const int64_t jobs = ceil_div64(tiles_m, cm) * ceil_div64(tiles_n, g * n_tiles);
+        if (!opt.row_group && two_round_pair_group(chain, opt, p.m, tiles_n, g, jobs, groups_max)) continue;
         if (ts.wgs > 1 && (n_tiles > 1 || ks > 1)) {  // check(): a cooperative job is one whole tile
           if (opt.tile_m && opt.tile_n)
             why.add("row-group division", fmt::format("cooperative 128x256 in row groups of {}: {} N-tiles a CTA and {} "
@@ -422,6 +423,7 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
     // (calibration.h cooperative_begin_early_max_stages).
     c.k.begin_early =
         begins_early(c) && !(c.k.wgs_per_tile > 1 && chain.stages_in_chain > tun.cooperative_begin_early_max_stages);
+    c.k.poll_backoff = c.k.aggregation == Aggregation::L2Exchange && poll_backoff_wanted(c.k.row_peers(), one_job_a_cta(c));
     c.workspace = int64_t{c.resident} * c.k.cluster_size() * c.k.stash_workspace_bytes_per_cta();
     c.est.mainloop_us = o.d.mainloop_us;
     c.est.epilogue_us = o.d.tail_us + o.d.exchange_us;
@@ -440,7 +442,7 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
                                                      "not hidden"
                               : c.k.tile_n == 64 && !c.k.gated
                                   ? "64x64 tiles, decode rows over up to twice the SMs of 64x128 (measured faster only "
-                                    "where a row takes at most 16 of them, 32 with one reduction)"
+                                    "where a row takes at most 32 of them)"
                                   : "PingPong tiles with B multicast along M run at cuBLAS parity")
                 : fmt::format("elementwise epilogue over the row-group division (src/plan/decide_row_groups.cpp): "
                               "{} {}x{}, clusters {}x1, {} job(s) of up to {} N-tiles, one a CTA: est {:.1f} us "
@@ -513,9 +515,8 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
   return out;
 }
 
-bool begins_early(const Candidate& c) {
-  return c.k.n_tiles == 1 && c.jobs * c.k.row_group * c.k.k_splits <= c.resident;
-}
+bool one_job_a_cta(const Candidate& c) { return c.jobs * c.k.row_group * c.k.k_splits <= c.resident; }
+bool begins_early(const Candidate& c) { return c.k.n_tiles == 1 && one_job_a_cta(c); }
 
 // cluster_m alone shapes row groups (clusters along M whose CTAs meet in L2); with cluster_n it
 // makes the DSMEM search's cluster 2-D (decide_cluster.cpp).
@@ -554,6 +555,26 @@ OneRoundPairs fuse_pairs(const ChainInfo& chain, const PlanOptions& opt, int64_t
           mes && saves_a_round && (n_tiles == 1 || row_peers <= kOnlinePairMaxRowPeers)};
 }
 
+// A root max-and-sum-of-exp pair over several N-tiles a CTA runs in one round only in row groups of
+// up to kOnlinePairMaxRowPeers (fuse_pairs); a larger group runs it in two, streaming its fp32
+// stash twice more, which the model prices at one SM's share of DRAM under the other warp group's
+// mainloop and so ties with the longer jobs of the smaller group. MEASURED (H100,
+// bench/sweeps/online_pairs_n_tiles.txt, Stop 61): softmax with f32 out 1024 x 128256 x 4096, row
+// groups of 32 in one round (32 N-tiles a CTA) 2.246 ms against the model's row groups of 64 in
+// two rounds 2.840 (1.435x against 1.961x cuBLAS); at 1024 x 32768 x 4096 row groups of 32 in one
+// round were already the pick. So where CTAs walk several jobs over at least kOnePairGroupMinRows
+// rows and a group of kOnlinePairMaxRowPeers holds the row, larger groups are not offered. Fewer
+// rows keep the model's choice, unmeasured: at 256 rows the smaller group also changes the tile
+// (64x256 -> 64x128), and decode rows (one job a CTA) are paced by B's stream over the SMs.
+bool two_round_pair_group(const ChainInfo& chain, const PlanOptions& opt, int64_t m, int64_t tiles_n, int g,
+                          int64_t jobs, int64_t groups_max) {
+  if (g <= kOnlinePairMaxRowPeers || chain.max_exp_sum_pairs == 0 || chain.max_exp_sum_pairs_below_root > 0) return false;
+  if (m < kOnePairGroupMinRows) return false;
+  if (opt.fuse_pairs) return false;  // forced either way: the caller's choice
+  const int64_t n_tiles_at_max = ceil_div64(tiles_n, kOnlinePairMaxRowPeers);
+  return ceil_div64(tiles_n, g) > 1 && n_tiles_at_max <= Sm90::kMaxNTiles && jobs > groups_max;
+}
+
 bool pair_hand_over(const OneRoundPairs& fused, int64_t m, const KernelConfig& k) {
   return fused.any() && k.pair_hand_over_possible() && pair_hand_over_rows(static_cast<int>(std::min<int64_t>(m, 32)));
 }
@@ -587,12 +608,10 @@ std::vector<Candidate> decide_row_groups(const Request& r, Rejections& why) {
   };
   // Decode rows of a short row reduction: 64x64 tiles in row groups (calibration.cpp
   // narrow_row_group_k_splits), measured faster than the 64x128 split below.
-  const int narrow = unforced && !r.spec.gated() && r.chain.reductions > 0
-                         ? narrow_row_group_k_splits(r.p, r.dev, r.chain.reductions == 1)
-                         : 0;
+  const int narrow = unforced && !r.spec.gated() && r.chain.reductions > 0 ? narrow_row_group_k_splits(r.p, r.dev) : 0;
   if (narrow > 1 &&
       lead_with(64, narrow,
-                fmt::format("M <= 16, a row within 16 CTAs of 64 columns (32 with one reduction), K = {}: PingPong "
+                fmt::format("M <= 16, a row within 32 CTAs of 64 columns, K = {}: PingPong "
                             "64x64 in L2 row groups with K split over {} CTAs a tile, B over up to twice the SMs of "
                             "64x128 and smaller partials to gather (measured faster: calibration.cpp "
                             "narrow_row_group_k_splits)",

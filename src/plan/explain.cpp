@@ -135,6 +135,9 @@ std::string explain(const FusionSpec& s, const Plan& p) {
                            "epilogue's critical path\n",
                            names);
   }
+  if (p.kernel.poll_backoff)
+    o += "  polls        pause 100 ns between tries: every CTA is in its round at once and a row spans many, whose "
+         "re-polls would flood the last peer's L2 lines (calibration.h poll_backoff_wanted)\n";
   if (p.kernel.begin_early)
     o += "  begin        early: a warp group's first job loads its epilogue's vectors before its mainloop (one job a "
          "CTA: nothing else hides them)\n";

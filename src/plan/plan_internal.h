@@ -199,8 +199,10 @@ void estimate_cluster(Candidate& c, const Request& r);
 // Whether the options ask for a row-group plan (cluster_m without cluster_n, row_group,
 // k_splits, aggregation L2Exchange).
 bool row_groups_forced(const PlanOptions& opt);
-// One job a CTA (one wave: decode, small M; c.jobs and c.resident set): nothing overlaps the
-// epilogue, so its vectors load ahead of the mainloop (KernelConfig::begin_early).
+// One job a CTA (one wave: decode, small M; c.jobs and c.resident set): every CTA's epilogue
+// runs at once and nothing overlaps it.
+bool one_job_a_cta(const Candidate& c);
+// One job a CTA of one N-tile: its vectors load ahead of the mainloop (KernelConfig::begin_early).
 bool begins_early(const Candidate& c);
 // Which paired reductions share one exchange round: where one N-tile per CTA and the row meets
 // in L2 or in one CTA, every pair when forced (PlanOptions::fuse_pairs), else every pair where
@@ -214,6 +216,12 @@ inline constexpr int kOnlinePairMaxRowPeers = 32;
 // them over (l2_exchange_smem_bytes), and a run of the plan (any M up to its own) may hold a job of
 // 9 to 32 rows.
 bool pair_hand_over(const OneRoundPairs& fused, int64_t m, const KernelConfig& k);
+// Whether row group g, unforced, is passed over for a smaller one that runs a root
+// max-and-sum-of-exp pair in one round (decide_row_groups.cpp).
+bool two_round_pair_group(const ChainInfo& chain, const PlanOptions& opt, int64_t m, int64_t tiles_n, int g,
+                          int64_t jobs, int64_t groups_max);
+// The fewest rows two_round_pair_group applies to: it was measured at 1024.
+inline constexpr int64_t kOnePairGroupMinRows = 1024;
 
 // Fills plan.reasons: one line per choice (reasons.cpp). `unforced` describes what the
 // model would have picked without the forced options ("" when nothing was forced).

@@ -802,18 +802,19 @@ TEST(Plan, NarrowTilesSplitKAtMidK) {
     EXPECT_EQ(d.kernel.k_splits, 8) << m;
     EXPECT_EQ(d.kernel.aggregation, Aggregation::L2Exchange) << m;
   }
-  // 32 CTAs a row where the row has one reduction: K split over 4, 128 CTAs (RMSNorm, measured;
-  // residual RMSNorm); rows of several (LayerNorm, softmax) keep 64x128 there, unmeasured.
-  for (const FusionSpec& single : {rms_norm(), residual_norm(false, DType::BF16, true)}) {
-    const Plan p2048 = make_plan(single, prob(1, 2048, 4096));
-    EXPECT_EQ(p2048.kernel.tile_n, 64);
-    EXPECT_EQ(p2048.kernel.row_group, 32);
-    EXPECT_EQ(p2048.kernel.k_splits, 4);
-    EXPECT_EQ(p2048.kernel.aggregation, Aggregation::L2Exchange);
-    EXPECT_EQ(p2048.grid_ctas, 128);
-  }
-  EXPECT_EQ(make_plan(layer_norm(), prob(1, 2048, 4096)).kernel.tile_n, 128);
-  EXPECT_EQ(make_plan(softmax(), prob(16, 2048, 4096)).kernel.tile_n, 128);
+  // 32 CTAs a row: K split over 4, 128 CTAs (RMSNorm, the pairs of LayerNorm and softmax, the
+  // residual norms, a chain of rounds: measured).
+  for (const FusionSpec& reduced : {rms_norm(), residual_norm(false, DType::BF16, true), layer_norm(), softmax(),
+                                    residual_norm(true, DType::BF16, true), chain(4)})
+    for (const int64_t m : {1, 16}) {
+      const Plan p2048 = make_plan(reduced, prob(m, 2048, 4096));
+      EXPECT_EQ(p2048.kernel.tile_n, 64) << m;
+      EXPECT_EQ(p2048.kernel.row_group, 32) << m;
+      EXPECT_EQ(p2048.kernel.k_splits, 4) << m;
+      EXPECT_EQ(p2048.kernel.aggregation, Aggregation::L2Exchange) << m;
+      EXPECT_EQ(p2048.grid_ctas, 128) << m;
+    }
+  EXPECT_EQ(make_plan(layer_norm(), prob(8, 4096, 4096)).kernel.tile_n, 128);  // 64 CTAs a row: lost
   EXPECT_EQ(make_plan(rms_norm(), prob(8, 4096, 4096)).kernel.tile_n, 128);             // 64 CTAs a row: lost
   EXPECT_EQ(make_plan(residual_norm(true, DType::BF16, true), prob(1, 1024, 3072)).kernel.tile_n, 128);  // K < 4096
   EXPECT_EQ(make_plan(residual_norm(true, DType::BF16, true), prob(32, 1024, 4096)).kernel.tile_n, 128); // M > 16
@@ -976,6 +977,15 @@ TEST(Plan, PairedReductionsInOneRoundWhereARoundIsSaved) {
   EXPECT_TRUE(make_plan(lsm, prob(8192, 4096, 4096)).fused_pairs.max_exp_sum);
   EXPECT_TRUE(make_plan(lsm, prob(256, 4096, 4096)).fused_pairs.max_exp_sum);  // one job per CTA
   EXPECT_TRUE(make_plan(sm, prob(16, 4096, 4096)).fused_pairs.max_exp_sum);
+  // Vocabulary rows with several jobs a CTA: the row group that runs the pair in one round, not a
+  // larger one in two (decide_row_groups.cpp two_round_pair_group, measured at 1024 x 128256 x
+  // 4096); decode rows (one job a CTA) keep the model's larger group.
+  for (const FusionSpec& s : {sm, lsm}) {
+    const Plan vocab = make_plan(s, prob(1024, 128256, 4096));
+    EXPECT_EQ(vocab.kernel.row_peers(), 32);
+    EXPECT_TRUE(vocab.fused_pairs.max_exp_sum);
+    EXPECT_GT(make_plan(s, prob(1, 128256, 4096)).kernel.row_peers(), 32);
+  }
   PlanOptions opt;
   opt.fuse_pairs = false;
   EXPECT_FALSE(make_plan(ln, prob(8192, 4096, 4096), full_device(), {}, opt).fused_pairs.any());
@@ -1431,6 +1441,33 @@ TEST(Plan, TwoDimensionalClusterForDsmemRows) {
   PlanOptions agg_only;
   agg_only.aggregation = Aggregation::PeerToPeer;
   EXPECT_EQ(make_plan(s, prob(8192, 1024, 1024), full_device(), {}, agg_only).kernel.cluster_m, 1);
+}
+
+// The L2 exchange's polls pause between tries only where every CTA is in its round at once (one
+// job a CTA) and a row spans at least 16 CTAs (calibration.h poll_backoff_wanted): M = 256 and
+// decode rows; not with several jobs a CTA (a round beside the other warp group's mainloop) nor
+// below 16 peers.
+TEST(Plan, PollsPauseWhereEveryCtaRoundsAtOnce) {
+  for (const Gpu gpu : {Gpu::H100, Gpu::H200}) {
+    DeviceModel dev = device_model(gpu);
+    dev.multi_tile_rows = true;
+    const auto plan = [&](const FusionSpec& s, int64_t m, int64_t n, int64_t k) {
+      return make_plan(s, prob(m, n, k), dev);
+    };
+    for (const FusionSpec& s : {layer_norm(), softmax(), rms_norm()}) {
+      const Plan small = plan(s, 256, 4096, 4096);
+      EXPECT_GE(small.kernel.row_peers(), 16);
+      EXPECT_TRUE(small.kernel.poll_backoff);
+      EXPECT_TRUE(plan(s, 8, 4096, 4096).kernel.poll_backoff);
+      const Plan large = plan(s, 8192, 4096, 4096);
+      EXPECT_EQ(large.kernel.aggregation, Aggregation::L2Exchange);
+      EXPECT_FALSE(large.kernel.poll_backoff);
+    }
+    const Plan few = plan(residual_norm(true, DType::BF16, true), 8192, 1024, 1024);
+    EXPECT_LT(few.kernel.row_peers(), 16);
+    EXPECT_FALSE(few.kernel.poll_backoff);
+    EXPECT_FALSE(plan(bias_gelu(), 256, 4096, 4096).kernel.poll_backoff);  // no exchange
+  }
 }
 
 }  // namespace

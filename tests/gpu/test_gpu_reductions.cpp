@@ -821,6 +821,32 @@ TEST_F(GpuReduce, SplitKPlannerDefaultAtDecode) {
     const Plan q = expect_split(c.g, dims(m, 2048, 4096), {}).plan;
     EXPECT_GT(q.kernel.k_splits, 1);
   }
+  // Rows of several reductions (LayerNorm over a 1000 offset, softmax and log-softmax, each pair in
+  // one round; a chain of four rounds) on the planner's 64x64 tiles in row groups of 32 with K split
+  // (calibration.cpp narrow_row_group_k_splits), ragged N included; 9 to 16 rows hand a pair's
+  // second row slots over in SMEM (GlobalRowAllReduce::kHelpedPairs).
+  for (const int64_t m : {1, 13}) {
+    for (const int64_t n : {2048, 2000}) {
+      for (const std::string what : {"layernorm", "softmax", "log-softmax"}) {
+        SCOPED_TRACE(fmt::format("{} M={} N={}", what, m, n));
+        Graph g = what == "layernorm" ? layer_norm_graph() : softmax_graph(what == "log-softmax", 4.0);
+        const Plan p = expect_split(g, dims(m, n, 4096), {}, what == "layernorm" ? 1000.0 : 0.0).plan;
+        EXPECT_EQ(p.kernel.tile_n, 64);
+        EXPECT_EQ(p.kernel.row_peers(), 32);
+        EXPECT_GT(p.kernel.k_splits, 1);
+      }
+      // A chain of four rounds (mean, max, sum, min) on the same plan.
+      SCOPED_TRACE(fmt::format("chain M={} N={}", m, n));
+      Case c;
+      Value v = c.acc;
+      for (ReduceOp op : {ReduceOp::Mean, ReduceOp::Max, ReduceOp::Sum, ReduceOp::Min}) v = v - c.g.reduce(op, v) * 0.5;
+      c.g.output(v, "chain", DType::F32);
+      const Plan p = expect_split(c.g, dims(m, n, 4096), {}).plan;
+      EXPECT_EQ(p.kernel.tile_n, 64);
+      EXPECT_EQ(p.kernel.row_peers(), 32);
+      EXPECT_GT(p.kernel.k_splits, 1);
+    }
+  }
 }
 
 // Pair rounds at decode rows over more than 16 peers (GlobalRowAllReduce::kHelpedPairs): where a

@@ -165,7 +165,8 @@ COMFUSE_DEVICE void finish_retire(Params const& p, uint32_t epoch, int t, uint32
 }
 
 // HandsOverPairs: KernelConfig::pair_hand_over (a pair round, and jobs of 9 to 32 rows may run).
-template <int Rows, int Peers, bool HandsOverPairs = false>
+// PollBackoff: KernelConfig::poll_backoff (kPollBackoffNs below).
+template <int Rows, int Peers, bool HandsOverPairs = false, bool PollBackoff = false>
 struct GlobalRowAllReduce {
   static constexpr int MBlocks = Rows / 64;
   static_assert(Rows == 64 || Rows == 128, "a warp group holds 64 or 128 rows");
@@ -300,12 +301,14 @@ struct GlobalRowAllReduce {
   // RMSNorm, half the words, 1.0). Measured (H100, bench/NOTES.md "the poll's backoff"): 100 ns
   // took the round's end after the last publish 3.3 -> 2.0 us, LayerNorm 24.5-24.7 -> 24.0 us,
   // softmax 23.2 -> 22.5-22.7; RMSNorm and LayerNorm at 8 rows moved within the spread (0.2 us);
-  // 40 ns measured the same, 400 ns less. Below 16 peers a row's words are few and the flood small:
-  // there the pause only delays the round's end (residual LayerNorm 8192 x 1024 x 1024 in row
-  // groups of 4: 47.7 us with it against 47.2-47.3 without, H200, alternated in one call; the
-  // chains at 16 peers and softmax 16 x 4096 x 4096 at 32 measured the same either way, LayerNorm
-  // 8192 x 4096 x 4096 at 32 0.4416 ms with against 0.4360 without in one pair: to re-check).
-  static constexpr unsigned kPollBackoffNs = Peers >= 16 ? 100 : 0;
+  // 40 ns measured the same, 400 ns less. The planner asks for it (PollBackoff) only where every
+  // CTA is in its round at once and a row's peers are many (calibration.h poll_backoff_wanted):
+  // with fewer peers a row's words are few and the flood small, and where a warp group's round
+  // runs beside the other's mainloop the pause only delays the round's end (residual LayerNorm
+  // 8192 x 1024 x 1024 in row groups of 4: 47.7 us with it against 47.2-47.3 without, H200;
+  // LayerNorm 8192 x 4096 x 4096, 16 peers: 1.130x cuBLAS with it against 1.099-1.103x without,
+  // H100, two alternated pairs).
+  static constexpr unsigned kPollBackoffNs = PollBackoff ? 100 : 0;
 
   // Lane q's words at rows off[r][0..W) from peers q, q + 4, ...: all loads issued at once,
   // then, after kPollBackoffNs (if any), only the ones not yet tagged with this round are loaded again.

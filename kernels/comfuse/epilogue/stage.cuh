@@ -77,11 +77,13 @@ namespace comfuse::epi {
 // ConsumerWGs: the kernel's consumer warp groups (KernelConfig::consumer_wgs), all counted out.
 template <int BM_, int BN_, int RowPeers_ = 1, Aggregation Agg_ = Aggregation::None, int NTiles_ = 1,
           bool Batched_ = false, int ClusterM_ = 1, bool RetireEarly_ = false, int ConsumerWGs_ = Sm90::kConsumerWGs,
-          bool PairHandOver_ = false>
+          bool PairHandOver_ = false, bool PollBackoff_ = false>
 struct Geometry {
   static constexpr int ConsumerWGs = ConsumerWGs_;
   // KernelConfig::pair_hand_over: the L2 channel hands decode jobs' pair rounds between warps.
   static constexpr bool kPairHandOver = PairHandOver_;
+  // KernelConfig::poll_backoff: the L2 channel's polls pause between tries.
+  static constexpr bool kPollBackoff = PollBackoff_;
   static constexpr bool kRetireEarly = RetireEarly_ && Agg_ == Aggregation::L2Exchange;
   static constexpr int BM = BM_, BN = BN_, RowPeers = RowPeers_, ClusterM = ClusterM_;
   static constexpr bool kBatched = Batched_;  // tensors carry a leading batch dim (EpiCtx::batch)
@@ -228,7 +230,7 @@ template <class... Nodes> struct Stage {
     using Chan = cute::conditional_t<
         !kClusterReduce, detail::NoChannel,
         cute::conditional_t<Geo::Agg == Aggregation::L2Exchange,
-                            cluster::GlobalRowAllReduce<Geo::BM, kPeers, Geo::kPairHandOver>,
+                            cluster::GlobalRowAllReduce<Geo::BM, kPeers, Geo::kPairHandOver, Geo::kPollBackoff>,
                             cluster::RowAllReduce<Geo::BM, cute::min(kPeers, 16), Geo::Agg, Geo::ClusterM>>>;
     using ChanStorage = typename Chan::Storage;
     static_assert(cute::is_same_v<Parent, NoParent> || (0 + ... + int(cute::is_same_v<Nodes, AccEntry>)) == 0,
