@@ -420,21 +420,22 @@ int narrow_tile_k_splits(const Problem& p, const DeviceModel& dev);
 // Decode rows with a row reduction whose 64-column tiles keep the row within 32 CTAs: the K split
 // of 64x64 tiles in L2 row groups (calibration.cpp), or 0.
 int narrow_row_group_k_splits(const Problem& p, const DeviceModel& dev);
-// A's rows (M x K, and an N x K B's) start off 128-byte lines where K is not a multiple of 64
-// elements: each TMA box row then straddles two (PlannerTunables::unaligned_rows_efficiency).
 // KernelConfig::poll_backoff: the L2 exchange's polls pause between tries where every CTA of the
 // grid is in its round at once (one job a CTA) and a row spans at least 16 CTAs, whose re-polls of
 // the last peer's words flood its L2 lines. MEASURED (bench/NOTES.md Stops 59-61): with the pause,
 // one wave at 32 peers, LayerNorm 256 x 4096 x 4096 24.5-24.7 -> 24.0 us and softmax 23.2 ->
 // 22.5-22.7 (H100), decode rows and the chain at 16 peers within the spread; with several jobs a
-// CTA it only delays a round that runs beside the other warp group's mainloop: LayerNorm 8192 x
-// 4096 x 4096 (cooperative, 16 peers) 1.130-1.131x cuBLAS with it against 1.099-1.103x without
-// (H100, two alternated pairs), 0.4416 against 0.4360 ms (H200, 32 peers); residual LayerNorm 8192 x
-// 1024 x 1024 (4 peers) 47.7 against 47.2-47.3 us (H200).
+// CTA the rounds do not all fall at once (staggered over the jobs; PingPong: beside the other warp
+// group's mainloop) and it only delays the round's end: LayerNorm 8192 x 4096 x 4096
+// (cooperative, 16 peers) 1.130-1.131x cuBLAS with it against 1.099-1.103x without (H100, two
+// alternated pairs), 0.4416 against 0.4360 ms (H200, 32 peers); residual LayerNorm 8192 x 1024 x
+// 1024 (4 peers) 47.7 against 47.2-47.3 us (H200).
 inline constexpr int kPollBackoffMinPeers = 16;
 inline bool poll_backoff_wanted(int row_peers, bool one_job_a_cta) {
   return one_job_a_cta && row_peers >= kPollBackoffMinPeers;
 }
+// A's rows (M x K, and an N x K B's) start off 128-byte lines where K is not a multiple of 64
+// elements: each TMA box row then straddles two (PlannerTunables::unaligned_rows_efficiency).
 inline bool rows_off_128_byte_lines(const Problem& p) { return p.k * Sm90::kAbBytes % 128 != 0; }
 // A 64-row tile's mainloop rate against the 128-row tile of the same wgmma columns where the MACs
 // pace the grid (several waves): it reads B's share from L2 twice as often a MAC, so it runs at

@@ -176,9 +176,10 @@ void add_reasons(Plan& plan, const ChainInfo& chain, const DeviceModel& dev, con
                                   head)
                     : fmt::format("{}: two rounds; over several N-tiles a CTA one round unforced only in row groups of "
                                   "up to {} CTAs (measured: a row group of 64's kernel spills; --pairs one-round "
-                                  "forces it; with several jobs a CTA a wider group is not offered where one of "
-                                  "that size holds the row: decide_row_groups.cpp two_round_pair_group)",
-                                  head, kOnlinePairMaxRowPeers));
+                                  "forces it; where CTAs walk several jobs over at least {} rows a wider group is "
+                                  "not offered where one of that size holds the row: decide_row_groups.cpp "
+                                  "two_round_pair_group)",
+                                  head, kOnlinePairMaxRowPeers, kOnePairGroupMinRows));
   };
   pair_line(chain.mean_variance_pairs, plan.fused_pairs.mean_variance, can.mean_variance,
             "one N-tile per CTA and the L2 exchange or a single CTA per row",

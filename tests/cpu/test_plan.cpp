@@ -1445,8 +1445,7 @@ TEST(Plan, TwoDimensionalClusterForDsmemRows) {
 
 // The L2 exchange's polls pause between tries only where every CTA is in its round at once (one
 // job a CTA) and a row spans at least 16 CTAs (calibration.h poll_backoff_wanted): M = 256 and
-// decode rows; not with several jobs a CTA (a round beside the other warp group's mainloop) nor
-// below 16 peers.
+// decode rows; not with several jobs a CTA (the rounds staggered over the jobs) nor below 16 peers.
 TEST(Plan, PollsPauseWhereEveryCtaRoundsAtOnce) {
   for (const Gpu gpu : {Gpu::H100, Gpu::H200}) {
     DeviceModel dev = device_model(gpu);

@@ -303,11 +303,11 @@ struct GlobalRowAllReduce {
   // softmax 23.2 -> 22.5-22.7; RMSNorm and LayerNorm at 8 rows moved within the spread (0.2 us);
   // 40 ns measured the same, 400 ns less. The planner asks for it (PollBackoff) only where every
   // CTA is in its round at once and a row's peers are many (calibration.h poll_backoff_wanted):
-  // with fewer peers a row's words are few and the flood small, and where a warp group's round
-  // runs beside the other's mainloop the pause only delays the round's end (residual LayerNorm
-  // 8192 x 1024 x 1024 in row groups of 4: 47.7 us with it against 47.2-47.3 without, H200;
-  // LayerNorm 8192 x 4096 x 4096, 16 peers: 1.130x cuBLAS with it against 1.099-1.103x without,
-  // H100, two alternated pairs).
+  // with fewer peers a row's words are few and the flood small, and where CTAs walk several jobs
+  // their rounds do not all fall at once (PingPong: beside the other warp group's mainloop), so the
+  // pause only delays the round's end (residual LayerNorm 8192 x 1024 x 1024 in row groups of 4:
+  // 47.7 us with it against 47.2-47.3 without, H200; LayerNorm 8192 x 4096 x 4096, cooperative,
+  // 16 peers: 1.130-1.131x cuBLAS with it against 1.099-1.103x without, H100, two alternated pairs).
   static constexpr unsigned kPollBackoffNs = PollBackoff ? 100 : 0;
 
   // Lane q's words at rows off[r][0..W) from peers q, q + 4, ...: all loads issued at once,

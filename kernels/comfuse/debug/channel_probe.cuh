@@ -55,9 +55,11 @@ __device__ void dsmem_probe(int rounds, int* errors) {
 // CTA b is rank b % G of row group b / G (CTAs past the last whole group idle). Each CTA is
 // one "warp group" of the launch counter, as in the kernels: it reads the epoch first and
 // retires last (cluster/global_exchange.cuh).
+// Every CTA of the probe rounds at once, as in a one-job-a-CTA plan: the polls pause where such a
+// plan's would (calibration.h poll_backoff_wanted).
 template <int Rows, int G>
 __device__ void l2_probe(comfuse::Params const& p, int rounds, int* errors) {
-  using Chan = comfuse::cluster::GlobalRowAllReduce<Rows, G>;
+  using Chan = comfuse::cluster::GlobalRowAllReduce<Rows, G, /*HandsOverPairs=*/false, /*PollBackoff=*/(G >= 16)>;
   uint32_t const epoch = comfuse::cluster::exchange_epoch(p);
   if (int(blockIdx.x) < int(gridDim.x) / G * G) {
     typename Chan::Storage st;
