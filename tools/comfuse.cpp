@@ -193,7 +193,7 @@ struct ExplainArgs {
   bool dot = false;
   std::optional<int> cluster_n, tile_n, tile_m, cluster_m, row_group, k_splits, b2b_job_rows, ring_stages, fma_exp_every,
       b2b_x_buffers, consumer_wgs;
-  std::string b2b_overlap, b2b_x_resident, b2b_chain_jobs, b2b_decode, gated_gemm;  // on / off (empty: the planner's)
+  std::string b2b_overlap, b2b_x_resident, b2b_chain_jobs, b2b_decode, gated_gemm, poll_pause;  // on / off (empty: the planner's)
   std::string aggregation, strategy, stash, pairs, pair_exp, b2b;
   std::string tile_inputs;  // ring / l2 (empty: the planner's)
   std::string split_k_partials;  // dsmem / l2 (empty: the planner's)
@@ -220,6 +220,7 @@ PlanOptions plan_options(const ExplainArgs& a) {
   if (!a.b2b_chain_jobs.empty()) o.b2b_chain_jobs = a.b2b_chain_jobs == "on";
   if (!a.b2b_decode.empty()) o.b2b_decode = a.b2b_decode == "on";
   if (!a.gated_gemm.empty()) o.gated_gemm = a.gated_gemm == "on";
+  if (!a.poll_pause.empty()) o.poll_backoff = a.poll_pause == "on";
   if (!a.pairs.empty()) o.fuse_pairs = a.pairs == "one-round";
   if (!a.pair_exp.empty()) o.keep_pair_exp = a.pair_exp == "kept";
   if (!a.tile_inputs.empty()) o.ring_inputs = a.tile_inputs == "ring";
@@ -269,6 +270,11 @@ std::vector<CLI::Option*> add_plan_options(CLI::App* cmd, ExplainArgs& ex) {
       cmd->add_option("--b2b-decode", ex.b2b_decode,
                       "attention at a few query rows a batch: the decode kernel (CUDA cores, keys split over a "
                       "cluster; on) or the wgmma pipeline (off); the planner's default takes the faster estimate")
+          ->check(CLI::IsMember({"on", "off"})),
+      cmd->add_option("--poll-pause", ex.poll_pause,
+                      "row groups meeting in L2: the exchange's polls pause 100 ns between tries (on) or not (off); "
+                      "the planner's default pauses where every CTA is in its round at once and a row spans 16 or "
+                      "more CTAs")
           ->check(CLI::IsMember({"on", "off"})),
       cmd->add_option("--gated-gemm", ex.gated_gemm,
                       "a gated pair (SwiGLU) unfused: W1 and W3 in one gated GEMM sharing X's tiles (on, the "

@@ -78,6 +78,9 @@ struct PlanOptions {
   // Unset or true (the default): a softmax pair in one round over one N-tile keeps the exp it sums
   // (OneRoundPairs::kept_exp); false: makes it again after the round (an A/B).
   std::optional<bool> keep_pair_exp;
+  // Force KernelConfig::poll_backoff where the plan's rows meet in L2 (an A/B of the poll's pause;
+  // unset: calibration.h poll_backoff_wanted); no effect on other plans.
+  std::optional<bool> poll_backoff;
   std::optional<int> ring_stages;             // at most this many mainloop ring stages (2..Sm90::kMaxRingStages; A/B)
   // Force KernelConfig::consumer_wgs: 2, or 3 PingPong consumer warp groups on 64-row tiles
   // (row groups and elementwise plans), whose epilogues then overlap one another's.

@@ -423,7 +423,8 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
     // (calibration.h cooperative_begin_early_max_stages).
     c.k.begin_early =
         begins_early(c) && !(c.k.wgs_per_tile > 1 && chain.stages_in_chain > tun.cooperative_begin_early_max_stages);
-    c.k.poll_backoff = c.k.aggregation == Aggregation::L2Exchange && poll_backoff_wanted(c.k.row_peers(), one_job_a_cta(c));
+    c.k.poll_backoff = c.k.aggregation == Aggregation::L2Exchange &&
+                       opt.poll_backoff.value_or(poll_backoff_wanted(c.k.row_peers(), one_job_a_cta(c)));
     c.workspace = int64_t{c.resident} * c.k.cluster_size() * c.k.stash_workspace_bytes_per_cta();
     c.est.mainloop_us = o.d.mainloop_us;
     c.est.epilogue_us = o.d.tail_us + o.d.exchange_us;

@@ -139,6 +139,16 @@ TEST_F(Cli, ExplainLayerNormAtLargeShape) {
   Result bad_pairs = comfuse("explain '" + example("gemm_softmax.cf") + "' --shape 8192,4096,4096 --pairs three");
   EXPECT_EQ(bad_pairs.rc, 2);
   EXPECT_TRUE(has(bad_pairs.err, "--pairs: three not in {one-round,two-rounds}")) << bad_pairs.err;
+  // The poll's pause: the planner's at 256 rows (every CTA rounds at once), none at 8192; --poll-pause
+  // forces either way.
+  EXPECT_TRUE(has(sm256.out, "  polls        pause")) << sm256.out;
+  EXPECT_FALSE(has(sm.out, "  polls        pause")) << sm.out;
+  Result off = comfuse("explain '" + example("gemm_softmax.cf") + "' --shape 256,4096,4096 --poll-pause off");
+  ASSERT_EQ(off.rc, 0) << off.err;
+  EXPECT_FALSE(has(off.out, "  polls        pause")) << off.out;
+  Result on = comfuse("explain '" + example("gemm_softmax.cf") + "' --shape 8192,4096,4096 --poll-pause on");
+  ASSERT_EQ(on.rc, 0) << on.err;
+  EXPECT_TRUE(has(on.out, "  polls        pause")) << on.out;
 }
 
 // The GPU planned for: the one --gpu-model names (without it this machine's, else the H200; the
@@ -324,6 +334,7 @@ TEST_F(Cli, UsageErrorsExitTwo) {
            {"--strategy bogus", "--strategy: bogus not in {on-chip,smem-stash,workspace-stash}"},
            {"--stash bogus", "--stash: bogus not in {fp32,bf16}"},
            {"--pairs bogus", "--pairs: bogus not in {one-round,two-rounds}"},
+           {"--poll-pause maybe", "--poll-pause: maybe not in {on,off}"},
            {"--cluster-n 3", "--cluster-n: 3 not in {1,2,4,8,16}"},
            {"--gpu-model a100", "not a GPU the planner models (h200, h100): a100"}}) {
     for (const char* cmd : {"explain", "emit", "compile", "run"}) {

@@ -1466,6 +1466,12 @@ TEST(Plan, PollsPauseWhereEveryCtaRoundsAtOnce) {
     EXPECT_LT(few.kernel.row_peers(), 16);
     EXPECT_FALSE(few.kernel.poll_backoff);
     EXPECT_FALSE(plan(bias_gelu(), 256, 4096, 4096).kernel.poll_backoff);  // no exchange
+    // Forced either way where the rows meet in L2 (an A/B); no effect elsewhere.
+    PlanOptions on, off;
+    on.poll_backoff = true, off.poll_backoff = false;
+    EXPECT_TRUE(make_plan(layer_norm(), prob(8192, 4096, 4096), dev, {}, on).kernel.poll_backoff);
+    EXPECT_FALSE(make_plan(layer_norm(), prob(256, 4096, 4096), dev, {}, off).kernel.poll_backoff);
+    EXPECT_FALSE(make_plan(bias_gelu(), prob(256, 4096, 4096), dev, {}, on).kernel.poll_backoff);
   }
 }
 
