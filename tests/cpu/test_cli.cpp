@@ -125,30 +125,26 @@ TEST_F(Cli, ExplainLayerNormAtLargeShape) {
   EXPECT_EQ(bad.rc, 2);  // a usage error
   EXPECT_TRUE(has(bad.err, "--stash: fp16 not in {fp32,bf16}")) << bad.err;
   // Paired reductions: softmax's max and sum of exp in one round by default at 8192 rows (16
-  // jobs a CTA) and at 256 (one job a CTA), two rounds when forced, refused by name.
-  Result sm = comfuse("explain '" + example("gemm_softmax.cf") + "' --shape 8192,4096,4096");
-  ASSERT_EQ(sm.rc, 0) << sm.err;
-  EXPECT_TRUE(has(sm.out, "max and sum of exp in one round")) << sm.out;
-  Result sm256 = comfuse("explain '" + example("gemm_softmax.cf") + "' --shape 256,4096,4096");
-  ASSERT_EQ(sm256.rc, 0) << sm256.err;
-  EXPECT_TRUE(has(sm256.out, "max and sum of exp in one round")) << sm256.out;
-  Result forced = comfuse("explain '" + example("gemm_softmax.cf") + "' --shape 256,4096,4096 --pairs two-rounds");
-  ASSERT_EQ(forced.rc, 0) << forced.err;
-  EXPECT_FALSE(has(forced.out, "max and sum of exp in one round")) << forced.out;
-  EXPECT_TRUE(has(forced.out, "two rounds, forced by option")) << forced.out;
+  // jobs a CTA) and at 256 (one job a CTA), two rounds when forced, refused by name. The poll's
+  // pause: the planner's at 256 rows (every CTA rounds at once), none at 8192; --poll-pause forces
+  // either way.
+  struct Case {
+    std::string args;
+    bool one_round, pauses;
+  };
+  for (const Case& c : {Case{"8192,4096,4096", true, false}, Case{"256,4096,4096", true, true},
+                        Case{"256,4096,4096 --pairs two-rounds", false, true},
+                        Case{"256,4096,4096 --poll-pause off", true, false},
+                        Case{"8192,4096,4096 --poll-pause on", true, true}}) {
+    Result sm = comfuse("explain '" + example("gemm_softmax.cf") + "' --shape " + c.args);
+    ASSERT_EQ(sm.rc, 0) << c.args << "\n" << sm.err;
+    EXPECT_EQ(has(sm.out, "max and sum of exp in one round"), c.one_round) << c.args << "\n" << sm.out;
+    EXPECT_EQ(has(sm.out, "two rounds, forced by option"), !c.one_round) << c.args << "\n" << sm.out;
+    EXPECT_EQ(has(sm.out, "  polls        pause"), c.pauses) << c.args << "\n" << sm.out;
+  }
   Result bad_pairs = comfuse("explain '" + example("gemm_softmax.cf") + "' --shape 8192,4096,4096 --pairs three");
   EXPECT_EQ(bad_pairs.rc, 2);
   EXPECT_TRUE(has(bad_pairs.err, "--pairs: three not in {one-round,two-rounds}")) << bad_pairs.err;
-  // The poll's pause: the planner's at 256 rows (every CTA rounds at once), none at 8192; --poll-pause
-  // forces either way.
-  EXPECT_TRUE(has(sm256.out, "  polls        pause")) << sm256.out;
-  EXPECT_FALSE(has(sm.out, "  polls        pause")) << sm.out;
-  Result off = comfuse("explain '" + example("gemm_softmax.cf") + "' --shape 256,4096,4096 --poll-pause off");
-  ASSERT_EQ(off.rc, 0) << off.err;
-  EXPECT_FALSE(has(off.out, "  polls        pause")) << off.out;
-  Result on = comfuse("explain '" + example("gemm_softmax.cf") + "' --shape 8192,4096,4096 --poll-pause on");
-  ASSERT_EQ(on.rc, 0) << on.err;
-  EXPECT_TRUE(has(on.out, "  polls        pause")) << on.out;
 }
 
 // The GPU planned for: the one --gpu-model names (without it this machine's, else the H200; the
