@@ -233,7 +233,7 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
         const int64_t n_tiles = chain.reductions > 0 ? ceil_div64(tiles_n, g) : 1;
         if (n_tiles > Sm90::kMaxNTiles || (narrow && n_tiles > 1)) continue;
         const int64_t jobs = ceil_div64(tiles_m, cm) * ceil_div64(tiles_n, g * n_tiles);
-        if (!opt.row_group && two_round_pair_group(chain, opt, p.m, tiles_n, g, jobs, groups_max)) continue;
+        if (two_round_pair_group(chain, opt, p.m, tiles_n, g, jobs, groups_max)) continue;
         if (ts.wgs > 1 && (n_tiles > 1 || ks > 1)) {  // check(): a cooperative job is one whole tile
           if (opt.tile_m && opt.tile_n)
             why.add("row-group division", fmt::format("cooperative 128x256 in row groups of {}: {} N-tiles a CTA and {} "
@@ -571,7 +571,7 @@ bool two_round_pair_group(const ChainInfo& chain, const PlanOptions& opt, int64_
                           int64_t jobs, int64_t groups_max) {
   if (g <= kOnlinePairMaxRowPeers || chain.max_exp_sum_pairs == 0 || chain.max_exp_sum_pairs_below_root > 0) return false;
   if (m < kOnePairGroupMinRows) return false;
-  if (opt.fuse_pairs) return false;  // forced either way: the caller's choice
+  if (opt.fuse_pairs || opt.row_group) return false;  // the pairs or the group forced: the caller's choice
   const int64_t n_tiles_at_max = ceil_div64(tiles_n, kOnlinePairMaxRowPeers);
   return ceil_div64(tiles_n, g) > 1 && n_tiles_at_max <= Sm90::kMaxNTiles && jobs > groups_max;
 }

@@ -216,8 +216,8 @@ inline constexpr int kOnlinePairMaxRowPeers = 32;
 // them over (l2_exchange_smem_bytes), and a run of the plan (any M up to its own) may hold a job of
 // 9 to 32 rows.
 bool pair_hand_over(const OneRoundPairs& fused, int64_t m, const KernelConfig& k);
-// Whether row group g, unforced, is passed over for a smaller one that runs a root
-// max-and-sum-of-exp pair in one round (decide_row_groups.cpp).
+// Whether row group g is passed over for a smaller one that runs a root max-and-sum-of-exp pair in
+// one round (decide_row_groups.cpp); never where the row group or the pairs are forced.
 bool two_round_pair_group(const ChainInfo& chain, const PlanOptions& opt, int64_t m, int64_t tiles_n, int g,
                           int64_t jobs, int64_t groups_max);
 // The fewest rows two_round_pair_group applies to: it was measured at 1024.

@@ -515,13 +515,18 @@ TEST_F(GpuReduce, CausalSoftmaxEveryRowStrategy) {
   }
 }
 
+// Four reductions, each feeding the next through elementwise work: four exchange rounds.
+Value chain_of_four_rounds(Case& c) {
+  Value v = c.acc;
+  for (ReduceOp op : {ReduceOp::Mean, ReduceOp::Max, ReduceOp::Sum, ReduceOp::Min}) v = v - c.g.reduce(op, v) * 0.5;
+  return v;
+}
+
 TEST_F(GpuReduce, RowGroupsChainOfFiveAndBf16Stash) {
   Case c;
   Value amax = c.g.reduce(ReduceOp::Max, c.g.unary(UnaryOp::Abs, c.acc));
   c.g.output(c.acc * (c.g.unary(UnaryOp::Reciprocal, amax) * 127.0), "q", DType::BF16);
-  Value v = c.acc;
-  for (ReduceOp op : {ReduceOp::Mean, ReduceOp::Max, ReduceOp::Sum, ReduceOp::Min}) v = v - c.g.reduce(op, v) * 0.5;
-  c.g.output(v, "chain", DType::F32);
+  c.g.output(chain_of_four_rounds(c), "chain", DType::F32);
   Plan p = expect_row_group(c.g, dims(1100, 1480, 96), 2, 2);
   EXPECT_EQ(p.reductions, 5);
   EXPECT_GT(p.kernel.n_tiles, 1);
@@ -838,9 +843,7 @@ TEST_F(GpuReduce, SplitKPlannerDefaultAtDecode) {
       // A chain of four rounds (mean, max, sum, min) on the same plan.
       SCOPED_TRACE(fmt::format("chain M={} N={}", m, n));
       Case c;
-      Value v = c.acc;
-      for (ReduceOp op : {ReduceOp::Mean, ReduceOp::Max, ReduceOp::Sum, ReduceOp::Min}) v = v - c.g.reduce(op, v) * 0.5;
-      c.g.output(v, "chain", DType::F32);
+      c.g.output(chain_of_four_rounds(c), "chain", DType::F32);
       const Plan p = expect_split(c.g, dims(m, n, 4096), {}).plan;
       EXPECT_EQ(p.kernel.tile_n, 64);
       EXPECT_EQ(p.kernel.row_peers(), 32);
