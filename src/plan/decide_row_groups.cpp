@@ -562,11 +562,12 @@ OneRoundPairs fuse_pairs(const ChainInfo& chain, const PlanOptions& opt, int64_t
 // mainloop and so ties with the longer jobs of the smaller group. MEASURED (H100,
 // bench/sweeps/online_pairs_n_tiles.txt, Stop 61): softmax with f32 out 1024 x 128256 x 4096, row
 // groups of 32 in one round (32 N-tiles a CTA) 2.246 ms against the model's row groups of 64 in
-// two rounds 2.840 (1.435x against 1.961x cuBLAS); at 1024 x 32768 x 4096 row groups of 32 in one
-// round were already the pick. So where CTAs walk several jobs over at least kOnePairGroupMinRows
-// rows and a group of kOnlinePairMaxRowPeers holds the row, larger groups are not offered. Fewer
-// rows keep the model's choice, unmeasured: at 256 rows the smaller group also changes the tile
-// (64x256 -> 64x128), and decode rows (one job a CTA) are paced by B's stream over the SMs.
+// two rounds 2.840 (1.435x against 1.961x cuBLAS); at 256 x 128256 x 4096, where the smaller group
+// also changes the tile (64x256 -> 64x128), 0.723 ms against 0.970 (1.676x against 2.288x; H100,
+// Stop 62); at 1024 x 32768 x 4096 row groups of 32 in one round were already the pick. So where
+// CTAs walk several jobs over at least kOnePairGroupMinRows rows and a group of
+// kOnlinePairMaxRowPeers holds the row, larger groups are not offered. Fewer rows keep the model's
+// choice, unmeasured: decode rows (one job a CTA) are paced by B's stream over the SMs.
 bool two_round_pair_group(const ChainInfo& chain, const PlanOptions& opt, int64_t m, int64_t tiles_n, int g,
                           int64_t jobs, int64_t groups_max) {
   if (g <= kOnlinePairMaxRowPeers || chain.max_exp_sum_pairs == 0 || chain.max_exp_sum_pairs_below_root > 0) return false;

@@ -220,8 +220,8 @@ bool pair_hand_over(const OneRoundPairs& fused, int64_t m, const KernelConfig& k
 // one round (decide_row_groups.cpp); never where the row group or the pairs are forced.
 bool two_round_pair_group(const ChainInfo& chain, const PlanOptions& opt, int64_t m, int64_t tiles_n, int g,
                           int64_t jobs, int64_t groups_max);
-// The fewest rows two_round_pair_group applies to: it was measured at 1024.
-inline constexpr int64_t kOnePairGroupMinRows = 1024;
+// The fewest rows two_round_pair_group applies to: it was measured at 256 and 1024.
+inline constexpr int64_t kOnePairGroupMinRows = 256;
 
 // Fills plan.reasons: one line per choice (reasons.cpp). `unforced` describes what the
 // model would have picked without the forced options ("" when nothing was forced).

@@ -978,12 +978,15 @@ TEST(Plan, PairedReductionsInOneRoundWhereARoundIsSaved) {
   EXPECT_TRUE(make_plan(lsm, prob(256, 4096, 4096)).fused_pairs.max_exp_sum);  // one job per CTA
   EXPECT_TRUE(make_plan(sm, prob(16, 4096, 4096)).fused_pairs.max_exp_sum);
   // Vocabulary rows with several jobs a CTA: the row group that runs the pair in one round, not a
-  // larger one in two (decide_row_groups.cpp two_round_pair_group, measured at 1024 x 128256 x
-  // 4096); decode rows (one job a CTA) keep the model's larger group.
+  // larger one in two (decide_row_groups.cpp two_round_pair_group, measured at 256 and 1024 x
+  // 128256 x 4096); decode rows (one job a CTA) keep the model's larger group.
   for (const FusionSpec& s : {sm, lsm}) {
-    const Plan vocab = make_plan(s, prob(1024, 128256, 4096));
-    EXPECT_EQ(vocab.kernel.row_peers(), 32);
-    EXPECT_TRUE(vocab.fused_pairs.max_exp_sum);
+    for (int64_t m : {256, 1024}) {
+      SCOPED_TRACE(m);
+      const Plan vocab = make_plan(s, prob(m, 128256, 4096));
+      EXPECT_EQ(vocab.kernel.row_peers(), 32);
+      EXPECT_TRUE(vocab.fused_pairs.max_exp_sum);
+    }
     EXPECT_GT(make_plan(s, prob(1, 128256, 4096)).kernel.row_peers(), 32);
   }
   PlanOptions opt;
