@@ -183,6 +183,10 @@ inline OneRoundPairs one_round_pairs_possible(const Plan& p) {
 // across a reduction, the kernel's argument slots): throws Error naming the values in the
 // user's terms and what is supported instead. make_plan calls it first.
 void check_device_limits(const FusionSpec& s);
+// The part of it every kernel family shares: an epilogue the JIT can compile in bounded time
+// (Sm90::kMaxReductions reductions, Sm90::kMaxStageNodes nodes a stage). make_b2b_plan calls it
+// on both GEMMs' specs.
+void check_compile_size(const FusionSpec& s);
 
 // Plans `s` at `p` for opt.gpu (default the H200; src/plan/calibration.h). Throws Error with the reason when
 // nothing fits (e.g. N beyond what any plan covers) or an option cannot be honoured.

@@ -77,10 +77,33 @@ void check_capacities(const FusionSpec& s) {
 
 }  // namespace
 
+void check_compile_size(const FusionSpec& s) {
+  if (s.reduction_count() > Sm90::kMaxReductions)
+    throw Error(fmt::format("the epilogue of GEMM {} chains {} row reductions; one kernel takes at most {} (each nests "
+                            "a stage its templates must compile): split the epilogue, or compute the rest outside",
+                            gemm_name(s), s.reduction_count(), Sm90::kMaxReductions));
+  for (const plan_detail::StageRef& st : plan_detail::collect_stages(s)) {
+    const std::vector<SpecNode>& nodes = st.spec->nodes;
+    if (static_cast<int>(nodes.size()) <= Sm90::kMaxStageNodes) continue;
+    std::string first, last;
+    for (const SpecNode& n : nodes)
+      if (!n.origin.empty()) (first.empty() ? first : last) = n.origin;
+    throw Error(fmt::format("the epilogue of GEMM {} holds {} nodes (ops, their operands and stores) in one stage{}; "
+                            "one kernel's stage takes at most {} (each is a template its JIT must compile): split the "
+                            "epilogue, or compute the rest outside",
+                            gemm_name(s), nodes.size(),
+                            first.empty() || last.empty()
+                                ? std::string()
+                                : fmt::format(" (from {} to {})", s.describe(first), s.describe(last)),
+                            Sm90::kMaxStageNodes));
+  }
+}
+
 void check_device_limits(const FusionSpec& s) {
   check_operands(s);
   check_tile_bypass(s);
   check_capacities(s);
+  check_compile_size(s);
 }
 
 }  // namespace comfuse

@@ -1369,6 +1369,25 @@ TEST(Plan, DeviceLimitsAreRefusedInTheUsersNames) {
                       "takes at most 8"),
             std::string::npos)
       << many;
+  // Epilogues past what the JIT compiles in bounded time (Sm90::kMaxReductions, kMaxStageNodes).
+  auto chain_of = [&](int reductions) {
+    return lowered([reductions](Graph& g, Value acc) {
+      for (int i = 0; i < reductions; ++i) acc = acc - g.reduce(ReduceOp::Mean, acc);
+      return acc;
+    });
+  };
+  EXPECT_EQ(plan_error(chain_of(Sm90::kMaxReductions)), "(planned)");
+  const std::string deep = plan_error(chain_of(Sm90::kMaxReductions + 1));
+  EXPECT_NE(deep.find(fmt::format("chains {} row reductions; one kernel takes at most {}", Sm90::kMaxReductions + 1,
+                                  Sm90::kMaxReductions)),
+            std::string::npos)
+      << deep;
+  const std::string wide = plan_error(lowered([](Graph& g, Value acc) {
+    for (int i = 0; i < Sm90::kMaxStageNodes; ++i) acc = g.binary(BinaryOp::Mul, acc, 1.001);
+    return acc;
+  }));
+  EXPECT_NE(wide.find(fmt::format("one kernel's stage takes at most {}", Sm90::kMaxStageNodes)), std::string::npos)
+      << wide;
 }
 
 // One size rule: dims in 1..2^31 - 256, at most 2^31 - 4096 tiles of 64 x 64 (the scheduler's
