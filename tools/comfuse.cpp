@@ -22,6 +22,7 @@
 
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <optional>
 #include <random>
@@ -150,6 +151,9 @@ Bindings bindings(const DimArgs& a, const Graph& g, const LoweringResult& r) {
                               printable(name, 64), known.empty() ? "none" : fmt::format("{}", fmt::join(known, ", "))));
     bind(name, parse_int(kv.substr(eq + 1), "--dim " + name), "--dim " + name);
   }
+  // Every bound dim in the graph's own name, used or not (the planners check M, N, K and the
+  // batch again in their roles).
+  for (const auto& [sym, v] : b) check_dim_size(sym, v);
   return b;
 }
 
@@ -611,7 +615,17 @@ int main(int argc, char** argv) {
       "--reference", reference,
       "CPU: check the lowering (the graph executor vs the lowered executor, both fp64); no kernel, no plan options");
   CLI::Option* gpu_flag = run_cmd->add_flag("--gpu", gpu, "GPU: run the fused kernel and check it (the default)");
-  run_cmd->add_option("--seed", seed, "random input seed (default 1)")->check(CLI::NonNegativeNumber);
+  // A whole number that fits 64 bits: CLI11's own checks print a range to 1.8e308, and its
+  // conversion saturates a larger one silently.
+  const CLI::Validator seed_check(
+      [](std::string& v) -> std::string {
+        const bool digits = !v.empty() && v.find_first_not_of("0123456789") == std::string::npos;
+        const std::string most = std::to_string(std::numeric_limits<uint64_t>::max());
+        if (digits && (v.size() < most.size() || (v.size() == most.size() && v <= most))) return "";
+        return fmt::format("{} is not a whole number from 0 to {}", v, most);
+      },
+      "SEED");
+  run_cmd->add_option("--seed", seed, "random input seed (default 1)")->check(seed_check);
   std::string trace_csv;
   CLI::Option* trace_opt = run_cmd->add_option(
       "--trace", trace_csv,

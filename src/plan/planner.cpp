@@ -153,11 +153,12 @@ void check_request(const FusionSpec& s, const Problem& p, const DeviceModel& dev
   }
   const int64_t eb = static_cast<int64_t>(size_of(p.ab_dtype));
   if ((p.k * eb) % 16 != 0)
-    throw Error(fmt::format("plan: K = {} is not a multiple of {}: TMA needs 16-byte aligned rows of {} A and B "
-                            "(pad K)", p.k, 16 / eb, name_of(p.ab_dtype)));
+    throw Error(fmt::format("plan: {} = {} is not a multiple of {}: TMA needs 16-byte aligned rows of {} A and B "
+                            "(pad K)", dim_label(s.k, "K"), p.k, 16 / eb, name_of(p.ab_dtype)));
   if (s.b_layout == BLayout::KN && (p.n * eb) % 16 != 0)
-    throw Error(fmt::format("plan: N = {} is not a multiple of {}: B is K x N (layout=kn) and TMA needs 16-byte "
-                            "aligned rows", p.n, 16 / eb));
+    throw Error(fmt::format("plan: {} = {} is not a multiple of {}: B {} is K x N (layout=kn) and TMA needs 16-byte "
+                            "aligned rows", dim_label(s.n, "N"), p.n, 16 / eb,
+                            s.describe(s.args.at(static_cast<size_t>(s.arg_index(ArgRole::OperandB))).name)));
   for (const RuntimeArg& a : s.args) {
     const bool tma = (a.role == ArgRole::Output && a.value_class == ValueClass::Tile) || a.role == ArgRole::TileInput;
     if (tma && (p.n * int64_t(size_of(a.dtype))) % 16 != 0)

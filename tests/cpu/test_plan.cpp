@@ -1369,6 +1369,16 @@ TEST(Plan, DeviceLimitsAreRefusedInTheUsersNames) {
                       "takes at most 8"),
             std::string::npos)
       << many;
+  // TMA's 16-byte rows, in the graph's dims and names.
+  Graph kn;
+  Value p = kn.input("p", DType::BF16, {Dim::of("M"), Dim::of("S")});
+  Value v = kn.input("v", DType::BF16, {Dim::of("S"), Dim::of("DV")});
+  kn.output(kn.matmul(p, v, BLayout::KN), "o", DType::BF16);
+  const FusionSpec kns = lower(kn).regions.at(0).spec;
+  const std::string odd_n = plan_error(kns, {512, 60, 64, DType::BF16});
+  EXPECT_NE(odd_n.find("N (DV) = 60 is not a multiple of 8: B 'v' is K x N"), std::string::npos) << odd_n;
+  const std::string odd_k = plan_error(kns, {512, 64, 60, DType::BF16});
+  EXPECT_NE(odd_k.find("K (S) = 60 is not a multiple of 8"), std::string::npos) << odd_k;
   // Epilogues past what the JIT compiles in bounded time (Sm90::kMaxReductions, kMaxStageNodes).
   auto chain_of = [&](int reductions) {
     return lowered([reductions](Graph& g, Value acc) {
