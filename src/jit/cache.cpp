@@ -34,6 +34,7 @@
 #include "comfuse/jit.h"
 #include "field_hash.h"
 #include "find_tool.h"
+#include "kernels_dir.h"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -159,11 +160,6 @@ bool pch_wanted(const JitOptions& opt) {
   return env && *env && std::string_view(env) != "0";
 }
 
-fs::path kernels_dir_of(const JitOptions& opt) {
-  if (!opt.kernels_dir.empty()) return opt.kernels_dir;
-  const char* env = std::getenv("COMFUSE_KERNELS_DIR");  // relocated install
-  return env && *env ? fs::path(env) : fs::path(COMFUSE_KERNELS_DIR);
-}
 
 fs::path cache_dir_of(const JitOptions& opt) { return opt.cache_dir.empty() ? default_cache_dir() : opt.cache_dir; }
 
@@ -194,7 +190,7 @@ struct KeyInputs {
 KeyInputs make_key(const KernelSource& src, const JitOptions& opt, const Compiler& cc) {
   KeyInputs k;
   k.flags = cc.flags(src, opt);
-  fs::path kdir = kernels_dir_of(opt);
+  fs::path kdir = jit_detail::kernels_dir_of(opt);
   k.headers = project_headers(src.source, kdir);
   jit_detail::FieldHash key;
   auto field = [&](std::string_view s) { key.field(s); };

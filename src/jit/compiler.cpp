@@ -22,6 +22,7 @@
 
 #include "comfuse/jit.h"
 #include "field_hash.h"
+#include "kernels_dir.h"
 
 namespace fs = std::filesystem;
 
@@ -55,9 +56,6 @@ std::vector<std::string> toolkit_include_dirs() {
   return dirs;
 }
 
-fs::path kernels_dir_of(const JitOptions& opt) {
-  return opt.kernels_dir.empty() ? fs::path(env_or("COMFUSE_KERNELS_DIR", COMFUSE_KERNELS_DIR)) : opt.kernels_dir;
-}
 
 // Flags both compilers share, in key order. -DNDEBUG is not optional: CUTLASS's device
 // asserts are extern calls inside the wgmma pipeline and make ptxas serialize every wgmma.
@@ -68,7 +66,7 @@ fs::path kernels_dir_of(const JitOptions& opt) {
 std::vector<std::string> common_flags(const KernelSource& src, const JitOptions& opt) {
   std::vector<std::string> f = {"-std=c++20", "-DNDEBUG", "--ptxas-options=-v"};
   if (opt.fast_math) f.push_back("--use_fast_math");
-  f.push_back("-I" + kernels_dir_of(opt).string());
+  f.push_back("-I" + jit_detail::kernels_dir_of(opt).string());
   for (const std::string& d : toolkit_include_dirs()) f.push_back("-I" + d);
   f.insert(f.end(), src.flags.begin(), src.flags.end());
   return f;
@@ -494,4 +492,23 @@ const Compiler& compiler_for(CompilerKind kind) {
   return kind == CompilerKind::Nvcc ? nvcc_compiler() : nvrtc_compiler();
 }
 
+namespace jit_detail {
+
+fs::path kernels_dir_of(const JitOptions& opt) {
+  const char* env = std::getenv("COMFUSE_KERNELS_DIR");
+  const bool from_env = opt.kernels_dir.empty() && env && *env;
+  const fs::path dir = !opt.kernels_dir.empty() ? fs::path(opt.kernels_dir)
+                       : from_env               ? fs::path(env)
+                                                : fs::path(COMFUSE_KERNELS_DIR);
+  if (!fs::is_directory(dir))
+    throw Error(fmt::format("jit: the kernel headers' directory '{}' (from {}) does not exist: it should be the "
+                            "project's kernels/ directory (the one holding comfuse/config.cuh)",
+                            dir.string(),
+                            !opt.kernels_dir.empty() ? "JitOptions::kernels_dir"
+                            : from_env              ? "$COMFUSE_KERNELS_DIR"
+                                                    : "the build's kernels/ path"));
+  return dir;
+}
+
+}  // namespace jit_detail
 }  // namespace comfuse

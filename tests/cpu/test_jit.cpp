@@ -167,6 +167,22 @@ TEST_F(Jit, UnwritableCacheDirIsNamed) {
   }
 }
 
+// A kernels directory that does not exist: named before any compiler reports a missing include.
+TEST_F(Jit, MissingKernelHeadersAreNamed) {
+  opt_.kernels_dir = dir_ / "no-kernels-here";
+  opt_.compiler = CompilerKind::Nvrtc;
+  try {
+    jit_compile(trivial(), opt_);
+    FAIL();
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find(fmt::format("the kernel headers' directory '{}' (from JitOptions::kernels_dir) does not exist",
+                                    opt_.kernels_dir.string())),
+              std::string::npos)
+        << what;
+  }
+}
+
 TEST_F(Jit, MangledEntryIsFound) {
   KernelSource s{"tmpl", "template <int N> __global__ void scale(float* p) { p[threadIdx.x] *= N; }\n"
                          "template __global__ void scale<3>(float*);\n",
