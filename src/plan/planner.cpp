@@ -411,6 +411,25 @@ const Candidate& compare(const std::vector<Candidate>& cs, double near_tie) {
 }
 
 // ---- 6. assemble -----------------------------------------------------------------------------
+// Forced options that change nothing in this plan, said so (not an error: a run's options apply
+// to every region of a graph, and the frontend's to every region of a model).
+std::string unused_forced_options(const Plan& plan, const PlanOptions& opt) {
+  std::vector<std::string> idle;
+  if (opt.poll_backoff && *opt.poll_backoff && plan.kernel.aggregation != Aggregation::L2Exchange)
+    idle.push_back("--poll-pause on (no row's CTAs meet in L2)");
+  if (opt.split_gather_in_smem && !*opt.split_gather_in_smem && !plan.kernel.splits_through_l2())
+    idle.push_back("--split-k-gather registers (no split-K through L2)");
+  if (opt.fuse_pairs && *opt.fuse_pairs && !plan.fused_pairs.any())
+    idle.push_back("--pairs one-round (no pair of reductions shares a round in this plan)");
+  if (opt.keep_pair_exp && !*opt.keep_pair_exp && !plan.fused_pairs.max_exp_sum)
+    idle.push_back("--pair-exp again (no max-and-sum-of-exp pair in one round)");
+  if (opt.stash_bytes && plan.kernel.stash_elem_bytes == 0) idle.push_back("--stash (nothing is stashed)");
+  if (idle.empty()) return "";
+  std::string o = "forced options this plan does not use:";
+  for (size_t i = 0; i < idle.size(); ++i) o += (i ? ", " : " ") + idle[i];
+  return o;
+}
+
 Plan assemble(const Candidate& c, const std::vector<Candidate>& cands, const Request& r, const std::string& unforced) {
   const ChainInfo& chain = r.chain;
   const KernelConfig& k = c.k;
@@ -503,6 +522,7 @@ Plan assemble(const Candidate& c, const std::vector<Candidate>& cands, const Req
   plan.gpu = r.dev.gpu;
   plan_detail::add_reasons(plan, chain, r.dev, r.tun, r.opt, unforced);
   if (!ring_note.empty()) plan.reasons.push_back(ring_note);
+  if (const std::string idle = unused_forced_options(plan, r.opt); !idle.empty()) plan.reasons.push_back(idle);
   return plan;
 }
 

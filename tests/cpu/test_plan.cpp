@@ -1507,5 +1507,23 @@ TEST(Plan, PollsPauseWhereEveryCtaRoundsAtOnce) {
   }
 }
 
+// A forced option that changes nothing in a plan is said so among its reasons (not an error: one
+// run's options reach every region of a graph).
+TEST(Plan, ForcedOptionsThePlanDoesNotUseAreNamed) {
+  PlanOptions idle;
+  idle.poll_backoff = true, idle.split_gather_in_smem = false, idle.fuse_pairs = true, idle.keep_pair_exp = false;
+  const Plan p = make_plan(bias_gelu(), prob(4096, 4096, 4096), full_device(), {}, idle);
+  const std::string e = explain(bias_gelu(), p);
+  EXPECT_NE(e.find("forced options this plan does not use: --poll-pause on (no row's CTAs meet in L2), "
+                   "--split-k-gather registers (no split-K through L2), --pairs one-round (no pair of reductions "
+                   "shares a round in this plan), --pair-exp again (no max-and-sum-of-exp pair in one round)"),
+            std::string::npos)
+      << e;
+  PlanOptions used;
+  used.poll_backoff = true, used.fuse_pairs = true;
+  const Plan ln = make_plan(layer_norm(), prob(8192, 4096, 4096), full_device(), {}, used);
+  EXPECT_EQ(explain(layer_norm(), ln).find("forced options this plan does not use"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace comfuse
