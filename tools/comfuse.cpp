@@ -153,7 +153,12 @@ Bindings bindings(const DimArgs& a, const Graph& g, const LoweringResult& r) {
   }
   // Every bound dim in the graph's own name, used or not (the planners check M, N, K and the
   // batch again in their roles).
-  for (const auto& [sym, v] : b) check_dim_size(sym, v);
+  for (const auto& [sym, v] : b) {
+    const std::string& what = from[sym];  // "--dim S", "--shape's K": the graph's name after it where it differs
+    const bool named = what.size() > sym.size() && what.compare(what.size() - sym.size(), sym.size(), sym) == 0 &&
+                       what[what.size() - sym.size() - 1] == ' ';
+    check_dim_size(named ? what : fmt::format("{} ({})", what, sym), v);
+  }
   return b;
 }
 

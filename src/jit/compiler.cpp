@@ -500,13 +500,21 @@ fs::path kernels_dir_of(const JitOptions& opt) {
   const fs::path dir = !opt.kernels_dir.empty() ? fs::path(opt.kernels_dir)
                        : from_env               ? fs::path(env)
                                                 : fs::path(COMFUSE_KERNELS_DIR);
-  if (!fs::is_directory(dir))
-    throw Error(fmt::format("jit: the kernel headers' directory '{}' (from {}) does not exist: it should be the "
-                            "project's kernels/ directory (the one holding comfuse/config.cuh)",
+  std::error_code ec;
+  const fs::file_status st = fs::status(dir, ec);
+  if (!fs::is_directory(st)) {
+    const std::string what = fs::exists(st) ? "is not a directory"
+                             : ec && ec != std::errc::no_such_file_or_directory
+                                 ? fmt::format("cannot be read ({})", ec.message())
+                                 : "does not exist";
+    throw Error(fmt::format("jit: the kernel headers' directory '{}' (from {}) {}: it should be the project's "
+                            "kernels/ directory (the one holding comfuse/config.cuh)",
                             dir.string(),
                             !opt.kernels_dir.empty() ? "JitOptions::kernels_dir"
                             : from_env              ? "$COMFUSE_KERNELS_DIR"
-                                                    : "the build's kernels/ path"));
+                                                    : "the build's kernels/ path",
+                            what));
+  }
   return dir;
 }
 

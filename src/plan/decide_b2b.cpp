@@ -785,8 +785,12 @@ B2bPlan pipeline_plan(const FusionSpec& first, const FusionSpec& second, const B
 B2bPlan make_b2b_plan(const FusionSpec& first, const FusionSpec& second, const B2bProblem& p, const PlanOptions& opt) {
   check_b2b_problem_size(p);
   check_b2b_options(opt);
-  check_compile_size(first);
-  check_compile_size(second);
+  try {
+    check_compile_size(first);
+    check_compile_size(second);
+  } catch (const Error& e) {
+    throw Error(fmt::format("b2b: {}", e.what()));
+  }
   B2bIntermediate kind = B2bIntermediate::Elementwise;
   check_pair(first, second, p, &kind);
   // The B2B family's own numbers were measured on the H200 only; the H100's model (calibration.h

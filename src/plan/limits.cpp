@@ -79,7 +79,7 @@ void check_capacities(const FusionSpec& s) {
 
 void check_compile_size(const FusionSpec& s) {
   if (s.reduction_count() > Sm90::kMaxReductions)
-    throw Error(fmt::format("the epilogue of GEMM {} chains {} row reductions; one kernel takes at most {} (each nests "
+    throw Error(fmt::format("the epilogue of GEMM {} holds {} row reductions; one kernel takes at most {} (each nests "
                             "a stage its templates must compile): split the epilogue, or compute the rest outside",
                             gemm_name(s), s.reduction_count(), Sm90::kMaxReductions));
   for (const plan_detail::StageRef& st : plan_detail::collect_stages(s)) {
@@ -87,7 +87,7 @@ void check_compile_size(const FusionSpec& s) {
     if (static_cast<int>(nodes.size()) <= Sm90::kMaxStageNodes) continue;
     std::string first, last;
     for (const SpecNode& n : nodes)
-      if (!n.origin.empty()) (first.empty() ? first : last) = n.origin;
+      if (!n.origin.empty() && n.origin != first) (first.empty() ? first : last) = n.origin;
     throw Error(fmt::format("the epilogue of GEMM {} holds {} nodes (ops, their operands and stores) in one stage{}; "
                             "one kernel's stage takes at most {} (each is a template its JIT must compile): split the "
                             "epilogue, or compute the rest outside",

@@ -162,9 +162,10 @@ void check_request(const FusionSpec& s, const Problem& p, const DeviceModel& dev
   for (const RuntimeArg& a : s.args) {
     const bool tma = (a.role == ArgRole::Output && a.value_class == ValueClass::Tile) || a.role == ArgRole::TileInput;
     if (tma && (p.n * int64_t(size_of(a.dtype))) % 16 != 0)
-      throw Error(fmt::format("plan: {} '{}' ({} x {} {}) has rows of {} bytes; TMA needs a multiple of 16 (N a "
-                              "multiple of {})", a.role == ArgRole::Output ? "output" : "input", a.name, p.m, p.n,
-                              name_of(a.dtype), p.n * int64_t(size_of(a.dtype)), 16 / size_of(a.dtype)));
+      throw Error(fmt::format("plan: {} {} ({} x {} {}) has rows of {} bytes; TMA needs a multiple of 16 ({} a "
+                              "multiple of {})", a.role == ArgRole::Output ? "output" : "input", s.describe(a.name), p.m,
+                              p.n, name_of(a.dtype), p.n * int64_t(size_of(a.dtype)), dim_label(s.n, "N"),
+                              16 / size_of(a.dtype)));
   }
 
   if (opt.cluster_n) {
@@ -413,7 +414,7 @@ const Candidate& compare(const std::vector<Candidate>& cs, double near_tie) {
 // ---- 6. assemble -----------------------------------------------------------------------------
 // Forced options that change nothing in this plan, said so (not an error: a run's options apply
 // to every region of a graph, and the frontend's to every region of a model).
-std::string unused_forced_options(const Plan& plan, const PlanOptions& opt) {
+std::string unused_forced_options(const Plan& plan, const ChainInfo& chain, const PlanOptions& opt) {
   std::vector<std::string> idle;
   if (opt.poll_backoff && *opt.poll_backoff && plan.kernel.aggregation != Aggregation::L2Exchange)
     idle.push_back("--poll-pause on (no row's CTAs meet in L2)");
@@ -421,9 +422,14 @@ std::string unused_forced_options(const Plan& plan, const PlanOptions& opt) {
     idle.push_back("--split-k-gather registers (no split-K through L2)");
   if (opt.fuse_pairs && *opt.fuse_pairs && !plan.fused_pairs.any())
     idle.push_back("--pairs one-round (no pair of reductions shares a round in this plan)");
-  if (opt.keep_pair_exp && !*opt.keep_pair_exp && !plan.fused_pairs.max_exp_sum)
-    idle.push_back("--pair-exp again (no max-and-sum-of-exp pair in one round)");
-  if (opt.stash_bytes && plan.kernel.stash_elem_bytes == 0) idle.push_back("--stash (nothing is stashed)");
+  // The exp is kept only by a max-and-sum-of-exp pair in one round over one N-tile (assemble).
+  const bool could_keep_exp = plan.fused_pairs.max_exp_sum && one_round_pairs_possible(plan).kept_exp &&
+                              chain.max_exp_sum_pairs_keeping_exp > 0;
+  if (opt.keep_pair_exp && !*opt.keep_pair_exp && !could_keep_exp)
+    idle.push_back("--pair-exp again (no max-and-sum-of-exp pair in one round over one N-tile keeps its exp)");
+  if (opt.stash_bytes && plan.kernel.stash_elem_bytes == 0)
+    idle.push_back(fmt::format("--stash {} (nothing is stashed; the measured plans it rules out stay out)",
+                               *opt.stash_bytes == 2 ? "bf16" : "fp32"));
   if (idle.empty()) return "";
   std::string o = "forced options this plan does not use:";
   for (size_t i = 0; i < idle.size(); ++i) o += (i ? ", " : " ") + idle[i];
@@ -522,7 +528,7 @@ Plan assemble(const Candidate& c, const std::vector<Candidate>& cands, const Req
   plan.gpu = r.dev.gpu;
   plan_detail::add_reasons(plan, chain, r.dev, r.tun, r.opt, unforced);
   if (!ring_note.empty()) plan.reasons.push_back(ring_note);
-  if (const std::string idle = unused_forced_options(plan, r.opt); !idle.empty()) plan.reasons.push_back(idle);
+  if (const std::string idle = unused_forced_options(plan, chain, r.opt); !idle.empty()) plan.reasons.push_back(idle);
   return plan;
 }
 

@@ -499,11 +499,11 @@ TEST_F(Cli, DimensionsAndOptionsAreNeverIgnoredSilently) {
   // Every bound dim is checked in the graph's name, whether a kernel reads it or not.
   Result dim = comfuse("explain " + ln + " --shape 128,512,64 --dim M=0");
   EXPECT_EQ(dim.rc, 1);
-  EXPECT_TRUE(has(dim.err, "M = 0 contradicts") || has(dim.err, "M = 0: a dimension must be at least 1")) << dim.err;
+  EXPECT_TRUE(has(dim.err, "M = 0 contradicts")) << dim.err;
   GraphFile unused(std::string(kGemm) + "input extra: bf16[Q]\noutput acc: bf16\n");
   Result q = comfuse("explain " + unused.path.string() + " --shape 128,512,64 --dim Q=-5");
   EXPECT_EQ(q.rc, 1);
-  EXPECT_TRUE(has(q.err, "Q = -5: a dimension must be at least 1")) << q.err;
+  EXPECT_TRUE(has(q.err, "--dim Q = -5: a dimension must be at least 1")) << q.err;
   // A seed is a whole number that fits 64 bits (a larger one was once saturated silently).
   for (const char* bad : {"-1", "99999999999999999999", "1.5"}) {
     Result seed = comfuse("run " + ln + " --reference --shape 128,512,64 --seed " + bad);

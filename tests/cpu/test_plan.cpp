@@ -1388,7 +1388,7 @@ TEST(Plan, DeviceLimitsAreRefusedInTheUsersNames) {
   };
   EXPECT_EQ(plan_error(chain_of(Sm90::kMaxReductions)), "(planned)");
   const std::string deep = plan_error(chain_of(Sm90::kMaxReductions + 1));
-  EXPECT_NE(deep.find(fmt::format("chains {} row reductions; one kernel takes at most {}", Sm90::kMaxReductions + 1,
+  EXPECT_NE(deep.find(fmt::format("holds {} row reductions; one kernel takes at most {}", Sm90::kMaxReductions + 1,
                                   Sm90::kMaxReductions)),
             std::string::npos)
       << deep;
@@ -1516,7 +1516,8 @@ TEST(Plan, ForcedOptionsThePlanDoesNotUseAreNamed) {
   const std::string e = explain(bias_gelu(), p);
   EXPECT_NE(e.find("forced options this plan does not use: --poll-pause on (no row's CTAs meet in L2), "
                    "--split-k-gather registers (no split-K through L2), --pairs one-round (no pair of reductions "
-                   "shares a round in this plan), --pair-exp again (no max-and-sum-of-exp pair in one round)"),
+                   "shares a round in this plan), --pair-exp again (no max-and-sum-of-exp pair in one round over one N-tile "
+                   "keeps its exp)"),
             std::string::npos)
       << e;
   PlanOptions used;
