@@ -108,13 +108,15 @@ std::set<std::string> graph_dims(const Graph& g) {
 // does not have is refused by name: nothing is ignored silently.
 Bindings bindings(const DimArgs& a, const Graph& g, const LoweringResult& r) {
   Bindings b;
-  std::map<std::string, std::string> from;  // symbol -> which option bound it
-  auto bind = [&](const std::string& sym, int64_t v, const std::string& what) {
+  std::map<std::string, std::string> from;   // symbol -> which option bound it
+  std::map<std::string, std::string> label;  // symbol -> that option with the graph's name where it differs
+  auto bind = [&](const std::string& sym, int64_t v, const std::string& what, const std::string& named) {
     auto [it, fresh] = b.emplace(sym, v);
     if (!fresh && it->second != v)
       throw Error(fmt::format("{} = {} contradicts {} = {} (both are the graph's dimension '{}')", what, v, from[sym],
                               it->second, sym));
     from.emplace(sym, what);
+    label.emplace(sym, named);
   };
   if (!a.shape.empty()) {
     std::vector<int64_t> v;
@@ -137,7 +139,7 @@ Bindings bindings(const DimArgs& a, const Graph& g, const LoweringResult& r) {
           throw Error(fmt::format("{} = {}, but the graph fixes {} = {} (GEMM '{}')", what, value, role[i],
                                   d[i]->size, g.node(r.regions[0].matmul_node).name));
       } else {
-        bind(d[i]->sym, value, what);
+        bind(d[i]->sym, value, what, d[i]->sym == role[i] ? what : fmt::format("{} ({})", what, d[i]->sym));
       }
     }
   }
@@ -149,16 +151,11 @@ Bindings bindings(const DimArgs& a, const Graph& g, const LoweringResult& r) {
     if (!known.count(name))
       throw Error(fmt::format("--dim {}: the graph has no dimension '{}' (its dimensions: {})", printable(name, 64),
                               printable(name, 64), known.empty() ? "none" : fmt::format("{}", fmt::join(known, ", "))));
-    bind(name, parse_int(kv.substr(eq + 1), "--dim " + name), "--dim " + name);
+    bind(name, parse_int(kv.substr(eq + 1), "--dim " + name), "--dim " + name, "--dim " + name);
   }
   // Every bound dim in the graph's own name, used or not (the planners check M, N, K and the
   // batch again in their roles).
-  for (const auto& [sym, v] : b) {
-    const std::string& what = from[sym];  // "--dim S", "--shape's K": the graph's name after it where it differs
-    const bool named = what.size() > sym.size() && what.compare(what.size() - sym.size(), sym.size(), sym) == 0 &&
-                       what[what.size() - sym.size() - 1] == ' ';
-    check_dim_size(named ? what : fmt::format("{} ({})", what, sym), v);
-  }
+  for (const auto& [sym, v] : b) check_dim_size(label[sym], v);
   return b;
 }
 

@@ -160,7 +160,6 @@ bool pch_wanted(const JitOptions& opt) {
   return env && *env && std::string_view(env) != "0";
 }
 
-
 fs::path cache_dir_of(const JitOptions& opt) { return opt.cache_dir.empty() ? default_cache_dir() : opt.cache_dir; }
 
 // Where cache_dir_of's answer came from, for an error that says what to change.

@@ -56,7 +56,6 @@ std::vector<std::string> toolkit_include_dirs() {
   return dirs;
 }
 
-
 // Flags both compilers share, in key order. -DNDEBUG is not optional: CUTLASS's device
 // asserts are extern calls inside the wgmma pipeline and make ptxas serialize every wgmma.
 // C++20: the kernel takes its KernelConfig (kernels/comfuse/config.cuh) as a class-type

@@ -412,6 +412,13 @@ const Candidate& compare(const std::vector<Candidate>& cs, double near_tie) {
 }
 
 // ---- 6. assemble -----------------------------------------------------------------------------
+// Whether the plan's max-and-sum-of-exp pair can keep the exp it sums (OneRoundPairs::kept_exp,
+// unless --pair-exp again): a pair in one round over one N-tile whose exp is reused.
+bool pair_can_keep_exp(const Plan& plan, const ChainInfo& chain) {
+  return plan.fused_pairs.max_exp_sum && one_round_pairs_possible(plan).kept_exp &&
+         chain.max_exp_sum_pairs_keeping_exp > 0;
+}
+
 // Forced options that change nothing in this plan, said so (not an error: a run's options apply
 // to every region of a graph, and the frontend's to every region of a model).
 std::string unused_forced_options(const Plan& plan, const ChainInfo& chain, const PlanOptions& opt) {
@@ -422,10 +429,7 @@ std::string unused_forced_options(const Plan& plan, const ChainInfo& chain, cons
     idle.push_back("--split-k-gather registers (no split-K through L2)");
   if (opt.fuse_pairs && *opt.fuse_pairs && !plan.fused_pairs.any())
     idle.push_back("--pairs one-round (no pair of reductions shares a round in this plan)");
-  // The exp is kept only by a max-and-sum-of-exp pair in one round over one N-tile (assemble).
-  const bool could_keep_exp = plan.fused_pairs.max_exp_sum && one_round_pairs_possible(plan).kept_exp &&
-                              chain.max_exp_sum_pairs_keeping_exp > 0;
-  if (opt.keep_pair_exp && !*opt.keep_pair_exp && !could_keep_exp)
+  if (opt.keep_pair_exp && !*opt.keep_pair_exp && !pair_can_keep_exp(plan, chain))
     idle.push_back("--pair-exp again (no max-and-sum-of-exp pair in one round over one N-tile keeps its exp)");
   if (opt.stash_bytes && plan.kernel.stash_elem_bytes == 0)
     idle.push_back(fmt::format("--stash {} (nothing is stashed; the measured plans it rules out stay out)",
@@ -484,8 +488,7 @@ Plan assemble(const Candidate& c, const std::vector<Candidate>& cands, const Req
     }
   }
   plan.fused_pairs = plan_detail::fuse_pairs(chain, r.opt, k.n_tiles, k.aggregation, k.row_peers());
-  plan.fused_pairs.kept_exp = plan.fused_pairs.max_exp_sum && one_round_pairs_possible(plan).kept_exp &&
-                              chain.max_exp_sum_pairs_keeping_exp > 0 && r.opt.keep_pair_exp.value_or(true);
+  plan.fused_pairs.kept_exp = pair_can_keep_exp(plan, chain) && r.opt.keep_pair_exp.value_or(true);
   plan.kernel.pair_hand_over = plan_detail::pair_hand_over(plan.fused_pairs, r.p.m, plan.kernel);
   // The row groups' candidates fitted their ring with this already (decide_row_groups.cpp); the
   // others keep no pair storage on chip.
