@@ -20,6 +20,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
+#include <charconv>
 #include <fstream>
 #include <iostream>
 #include <limits>
@@ -27,6 +29,7 @@
 #include <optional>
 #include <random>
 #include <set>
+#include <vector>
 
 #include "comfuse/error.h"
 #include "comfuse/interp.h"
@@ -245,6 +248,36 @@ PlanOptions plan_options(const ExplainArgs& a) {
   return planned_for_this_device(o);
 }
 
+// The whole numbers a numeric option takes: every one from lo to hi, or only those listed. One
+// description serves both the check and its message, in plain words with the option's name
+// ("--ring-stages: 'abc' is not a whole number from 2 to 16"); CLI11's own checks print
+// "Value abc not in range 2 to 16" or the bare value. Runs as a transform: it writes the number
+// back in decimal, since CLI11's conversion (strtoll, base 0) reads "010" as 8 and saturates a
+// seed past 2^64 silently.
+CLI::Validator whole_number(uint64_t lo, uint64_t hi, std::vector<uint64_t> only = {}) {
+  std::string range = fmt::format("a whole number from {} to {}", lo, hi), shown = fmt::format("{}..{}", lo, hi);
+  if (!only.empty()) {
+    range = fmt::format("one of {}", fmt::join(only, ", "));
+    shown = fmt::format("{{{}}}", fmt::join(only, ","));
+  }
+  return CLI::Validator(
+      [lo, hi, only, range](std::string& v) -> std::string {
+        uint64_t n = 0;
+        const char *begin = v.data(), *end = v.data() + v.size();
+        const bool digits = !v.empty() && v.find_first_not_of("0123456789") == std::string::npos;
+        const bool fits = digits && std::from_chars(begin, end, n).ec == std::errc();
+        const bool in = only.empty() ? lo <= n && n <= hi : std::find(only.begin(), only.end(), n) != only.end();
+        if (!fits || !in) return fmt::format("'{}' is not {}", printable(v, 64), range);
+        v = std::to_string(n);
+        return "";
+      },
+      shown);
+}
+CLI::Validator whole_number(std::vector<uint64_t> only) {
+  return whole_number(*std::min_element(only.begin(), only.end()), *std::max_element(only.begin(), only.end()),
+                      only);
+}
+
 // The plan overrides every planning subcommand takes (debugging, and forcing e.g. the
 // aggregation mode to test both). A value outside the listed ones is a usage error (exit 2).
 std::vector<CLI::Option*> add_plan_options(CLI::App* cmd, ExplainArgs& ex) {
@@ -256,10 +289,10 @@ std::vector<CLI::Option*> add_plan_options(CLI::App* cmd, ExplainArgs& ex) {
               [](std::string& v) { return gpu_named(v) ? std::string() : "not a GPU the planner models (h200, h100): " + v; },
               "h200|h100")),
       cmd->add_option("--cluster-n", ex.cluster_n, "force the cluster size C_N (1, 2, 4, 8, 16)")
-          ->check(CLI::IsMember({1, 2, 4, 8, 16})),
-      cmd->add_option("--tile-n", ex.tile_n, "force tile_n (64, 128, 192, 256)")->check(CLI::IsMember({64, 128, 192, 256})),
+          ->transform(whole_number({1, 2, 4, 8, 16})),
+      cmd->add_option("--tile-n", ex.tile_n, "force tile_n (64, 128, 192, 256)")->transform(whole_number({64, 128, 192, 256})),
       cmd->add_option("--tile-m", ex.tile_m, "force tile_m, a tile's rows (64, 128): one warp group's on PingPong; 128 x 256 tiles (and gated 128-row "
-                      "ones) are cooperative, 64 rows a warp group")->check(CLI::IsMember({64, 128})),
+                      "ones) are cooperative, 64 rows a warp group")->transform(whole_number({64, 128})),
       cmd->add_option("--aggregation", ex.aggregation,
                       "force p2p or leader (DSMEM, one cluster along N) or l2 (row groups exchanging through L2)")
           ->check(CLI::IsMember({"p2p", "leader", "l2"})),
@@ -268,7 +301,7 @@ std::vector<CLI::Option*> add_plan_options(CLI::App* cmd, ExplainArgs& ex) {
       cmd->add_option("--cluster-m", ex.cluster_m,
                       "clusters of 1 or 2 along M (B multicast): row groups with a reduction (with --cluster-n: a "
                       "2-D DSMEM cluster), else a PingPong elementwise plan")
-          ->check(CLI::IsMember({1, 2})),
+          ->transform(whole_number({1, 2})),
       cmd->add_option("--b2b-chain-jobs", ex.b2b_chain_jobs,
                       "a B2B online softmax beside GEMM2: each job's first GEMM1 issued with the previous job's last "
                       "GEMM2, X in two buffers (on), or each job alone (off, the default)")
@@ -287,10 +320,10 @@ std::vector<CLI::Option*> add_plan_options(CLI::App* cmd, ExplainArgs& ex) {
                       "default), or X W3^T stored first and read back by GEMM1's epilogue (off: three kernels)")
           ->check(CLI::IsMember({"on", "off"})),
       cmd->add_option("--row-group", ex.row_group, "row groups: G clusters share each row (power of two, 1..64)")
-          ->check(CLI::IsMember({1, 2, 4, 8, 16, 32, 64})),
+          ->transform(whole_number({1, 2, 4, 8, 16, 32, 64})),
       cmd->add_option("--k-splits", ex.k_splits,
                       "split-K: S clusters share each tile's K (1..16; 1: none), over row groups (any epilogue)")
-          ->check(CLI::Range(1, Sm90::kMaxKSplits)),
+          ->transform(whole_number(1, Sm90::kMaxKSplits)),
       cmd->add_option("--split-k-partials", ex.split_k_partials,
                       "split-K's partial tiles to the owner: over DSMEM, a tile's K-splits one hardware cluster "
                       "(dsmem; no multicast along M), or through the L2 workspace (l2)")
@@ -317,19 +350,19 @@ std::vector<CLI::Option*> add_plan_options(CLI::App* cmd, ExplainArgs& ex) {
       cmd->add_option("--b2b-job-rows", ex.b2b_job_rows,
                       "a B2B kernel's job rows: 64 (each consumer warp group its own jobs and ring) or 128 (both "
                       "consumer warp groups on one job, sharing its W1/W2 tiles)")
-          ->check(CLI::IsMember({64, 128})),
+          ->transform(whole_number({64, 128})),
       cmd->add_option("--ring-stages", ex.ring_stages,
                       fmt::format("a single-GEMM or B2B plan: at most this many mainloop ring stages (2..{}; fewer "
                                   "where the epilogue's SMEM leaves less; the planner's own: at most {}, or for a "
                                   "single GEMM's 64x64 tiles of M <= 256 as many as fit)",
                                   Sm90::kMaxRingStages, Sm90::kRingStagesDefault))
-          ->check(CLI::Range(2, Sm90::kMaxRingStages)),
+          ->transform(whole_number(2, Sm90::kMaxRingStages)),
       cmd->add_option("--consumer-wgs", ex.consumer_wgs,
                       fmt::format("a single-GEMM plan's consumer warp groups: {} (the default), or {} on PingPong "
                                   "64-row tiles, each its own job in turn, so that their epilogues overlap (fewer "
                                   "registers each: tile_n <= 128)",
                                   Sm90::kConsumerWGs, Sm90::kMaxConsumerWGs))
-          ->check(CLI::Range(Sm90::kConsumerWGs, Sm90::kMaxConsumerWGs)),
+          ->transform(whole_number(Sm90::kConsumerWGs, Sm90::kMaxConsumerWGs)),
       cmd->add_option("--tile-inputs", ex.tile_inputs,
                       "a single-GEMM plan's [M, N] epilogue inputs (a residual) read by the first stage: loaded by TMA "
                       "into one more mainloop ring slot per tile (ring) or read from L2 by each fragment (l2); default: "
@@ -339,7 +372,7 @@ std::vector<CLI::Option*> add_plan_options(CLI::App* cmd, ExplainArgs& ex) {
                       "a B2B online softmax: every Nth exponential as a polynomial on the FMA pipe, the rest on the "
                       "MUFU (0: all on the MUFU; default: the planner's, one in 4 with F between the GEMMs unmasked, "
                       "else none)")
-          ->check(CLI::IsMember({0, 2, 4, 8, 16})),
+          ->transform(whole_number({0, 2, 4, 8, 16})),
       cmd->add_option("--b2b-overlap", ex.b2b_overlap,
                       "a B2B online softmax (attention): X resident and each chunk's F beside the previous chunk's "
                       "GEMM2 (on, the default where K <= 256), or F between the GEMMs (off)")
@@ -352,7 +385,7 @@ std::vector<CLI::Option*> add_plan_options(CLI::App* cmd, ExplainArgs& ex) {
       cmd->add_option("--b2b-x-buffers", ex.b2b_x_buffers,
                       "a B2B kernel with X resident: 2 buffers, so the next job's X loads while this job's chunks "
                       "run, at the cost of ring stages (default 1)")
-          ->check(CLI::IsMember({1, 2})),
+          ->transform(whole_number({1, 2})),
   };
 }
 
@@ -617,17 +650,8 @@ int main(int argc, char** argv) {
       "--reference", reference,
       "CPU: check the lowering (the graph executor vs the lowered executor, both fp64); no kernel, no plan options");
   CLI::Option* gpu_flag = run_cmd->add_flag("--gpu", gpu, "GPU: run the fused kernel and check it (the default)");
-  // A whole number that fits 64 bits: CLI11's own checks print a range to 1.8e308, and its
-  // conversion saturates a larger one silently.
-  const CLI::Validator seed_check(
-      [](std::string& v) -> std::string {
-        const bool digits = !v.empty() && v.find_first_not_of("0123456789") == std::string::npos;
-        const std::string most = std::to_string(std::numeric_limits<uint64_t>::max());
-        if (digits && (v.size() < most.size() || (v.size() == most.size() && v <= most))) return "";
-        return fmt::format("{} is not a whole number from 0 to {}", v, most);
-      },
-      "SEED");
-  run_cmd->add_option("--seed", seed, "random input seed (default 1)")->check(seed_check);
+  run_cmd->add_option("--seed", seed, "random input seed (default 1)")
+      ->transform(whole_number(0, std::numeric_limits<uint64_t>::max()));
   std::string trace_csv;
   CLI::Option* trace_opt = run_cmd->add_option(
       "--trace", trace_csv,
@@ -641,6 +665,17 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
+    // No command found: CLI11 says only "A subcommand is required", even of a misspelt one.
+    if (e.get_exit_code() != 0 && app.get_subcommands().empty()) {
+      const char* const* word = std::find_if(argv + 1, argv + argc, [](const char* a) { return a[0] != '-'; });
+      std::vector<std::string> names;
+      for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) names.push_back(sub->get_name());
+      std::cerr << fmt::format("{} (commands: {})\nRun with --help for more information.\n",
+                               word == argv + argc ? "a command is required"
+                                                   : fmt::format("unknown command '{}'", printable(*word, 64)),
+                               fmt::join(names, ", "));
+      return 2;
+    }
     int rc = app.exit(e);
     return rc == 0 ? 0 : 2;
   }

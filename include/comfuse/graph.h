@@ -167,6 +167,7 @@ class Graph {
   std::vector<std::vector<int>> consumers() const;
 
  private:
+  void check_norm_eps(const char* op, double eps) const;  // throws where eps is negative or not finite
   Value add_node(Node n);
   std::string fresh_name(const std::string& stem);
   Shape broadcast_shapes(const Shape& a, const Shape& b, std::string_view what) const;

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <unordered_map>
 
 namespace comfuse {
@@ -378,8 +379,16 @@ Value Graph::rope(Value x, Value cos, Value sin, int64_t segment, bool interleav
   return binary(BinaryOp::Add, binary(BinaryOp::Mul, x, cos, segment), binary(BinaryOp::Mul, rotated, sin, segment));
 }
 
+// A norm's eps keeps the rsqrt of a zero variance (l2_normalize: sum of squares) finite; a
+// negative one would give NaN in every row whose variance is smaller than -eps.
+void Graph::check_norm_eps(const char* op, double eps) const {
+  if (!std::isfinite(eps) || eps < 0)
+    throw Error(loc_, fmt::format("{}: eps = {} is not a finite number >= 0", op, eps));
+}
+
 // Composites. Numerics follow DESIGN.md: variance of (x - mean), softmax subtracts the max.
 Value Graph::layer_norm(Value x, Value gamma, Value beta, double eps, int64_t segment) {
+  check_norm_eps("layer_norm", eps);
   Value mean = reduce(ReduceOp::Mean, x, -1, segment);
   Value centered = x - mean;
   Value var = reduce(ReduceOp::Mean, unary(UnaryOp::Square, centered), -1, segment);
@@ -390,6 +399,7 @@ Value Graph::layer_norm(Value x, Value gamma, Value beta, double eps, int64_t se
 }
 
 Value Graph::rms_norm(Value x, Value gamma, double eps, int64_t segment) {
+  check_norm_eps("rms_norm", eps);
   Value ms = reduce(ReduceOp::Mean, unary(UnaryOp::Square, x), -1, segment);
   Value y = x * unary(UnaryOp::Rsqrt, ms + eps);
   if (gamma.id >= 0) y = y * gamma;
@@ -409,6 +419,7 @@ Value Graph::log_softmax(Value x, int64_t segment) {
 }
 
 Value Graph::l2_normalize(Value x, double eps, int64_t segment) {
+  check_norm_eps("l2_normalize", eps);
   Value ss = reduce(ReduceOp::Sum, unary(UnaryOp::Square, x), -1, segment);
   return x * unary(UnaryOp::Rsqrt, binary(BinaryOp::Max, ss, eps * eps));
 }

@@ -952,6 +952,58 @@ const B2BCandidate* one_b2b_kernel(const LoweringResult& r) {
   return r.b2b_candidates[0].blocker.empty() ? &r.b2b_candidates[0] : nullptr;
 }
 
+namespace {
+
+// The user's name for a node: its own, else the output it is stored as; empty for a temporary.
+std::string given_name(const Graph& g, int id) {
+  const std::string& name = g.node(id).name;
+  if (!name.empty() && name[0] != '%') return name;
+  for (const GraphOutput& o : g.outputs())
+    if (o.node == id) return o.name;
+  return "";
+}
+
+// A temporary (a step of layer_norm, a nested call) as the expression computing it in the
+// user's names, e.g. "mean(h)", temporaries in it `depth` calls deep at most: its made-up name
+// ("%reduce4") is in no file.
+std::string expression(const Graph& g, int id, int depth) {
+  const Node& n = g.node(id);
+  if (std::string name = given_name(g, id); !name.empty()) return name;
+  if (n.kind == OpKind::Constant) return fmt::format("{}", n.value);
+  if (depth == 0) return "...";
+  auto arg = [&](size_t i) { return expression(g, n.inputs.at(i), depth - 1); };
+  switch (n.kind) {
+    case OpKind::Unary: return fmt::format("{}({})", name_of(n.unary), arg(0));
+    case OpKind::Binary: return fmt::format("{}({}, {})", name_of(n.binary), arg(0), arg(1));
+    case OpKind::Reduce: {
+      const bool last = n.reduce_dim == -1 || n.reduce_dim == static_cast<int>(n.shape.size()) - 1;
+      return fmt::format("{}({}{})", name_of(n.reduce), arg(0), last ? "" : fmt::format(", dim={}", n.reduce_dim));
+    }
+    case OpKind::Cast: return fmt::format("cast({}, {})", arg(0), name_of(n.dtype));
+    case OpKind::MatMul: return fmt::format("matmul({}, {})", arg(0), arg(1));
+    case OpKind::Transpose: return fmt::format("transpose({})", arg(0));
+    case OpKind::CausalMask: return fmt::format("{}({})", CausalMaskOp::name, arg(0));
+    case OpKind::RotateHalf: return fmt::format("{}({})", RotateHalfOp::name, arg(0));
+    case OpKind::RotatePairs: return fmt::format("{}({})", RotatePairsOp::name, arg(0));
+    default: return n.name;
+  }
+}
+
+// A node as the listing names it: 'y' where the user named it, else its expression and the
+// statement it is part of ("mean(h) inside 'y' (line 5)"; text graphs: one statement a line).
+std::string listed(const Graph& g, int id) {
+  if (std::string name = given_name(g, id); !name.empty()) return "'" + name + "'";
+  const Node& n = g.node(id);
+  std::string out = expression(g, id, 3);
+  if (!n.loc.known()) return out;
+  for (const Node& m : g.nodes())
+    if (m.loc.known() && m.loc.line == n.loc.line && !m.name.empty() && m.name[0] != '%')
+      return fmt::format("{} inside '{}' (line {})", out, m.name, n.loc.line);
+  return fmt::format("{} (line {})", out, n.loc.line);
+}
+
+}  // namespace
+
 std::string describe(const Graph& g, const LoweringResult& r) {
   std::string out;
   // A gated region that starts a B2B pair is its GEMM1; elsewhere a gated GEMM of its own.
@@ -962,15 +1014,16 @@ std::string describe(const Graph& g, const LoweringResult& r) {
   };
   for (size_t i = 0; i < r.regions.size(); ++i) {
     const FusedRegion& reg = r.regions[i];
-    out += fmt::format("region {} ({}): GEMM '{}' + {} epilogue node(s), {} reduction(s), {} stage(s)\n", i,
-                       reg.spec.name, g.node(reg.matmul_node).name, reg.fused_nodes.size() - 1,
+    out += fmt::format("region {} ({}): GEMM {} + {} epilogue node(s), {} reduction(s), {} stage(s)\n", i,
+                       reg.spec.name, listed(g, reg.matmul_node), reg.fused_nodes.size() - 1,
                        reg.spec.reduction_count(), reg.spec.stage_count());
     std::string names;
     for (int id : reg.fused_nodes) names += (names.empty() ? "" : " ") + g.node(id).name;
     out += fmt::format("  fused: {}\n", names);
   }
   for (const Fallback& f : r.fallbacks)
-    out += fmt::format("fallback: '{}' ({}): {}\n", g.node(f.node).name, name_of(g.node(f.node).kind), f.reason);
+    out += fmt::format("fallback: {}{}: {}\n", listed(g, f.node),
+                       given_name(g, f.node).empty() ? "" : fmt::format(" ({})", name_of(g.node(f.node).kind)), f.reason);
   std::vector<std::string> described;
   auto who = [&](int id) {
     const std::string& name = g.node(id).name;
@@ -992,7 +1045,7 @@ std::string describe(const Graph& g, const LoweringResult& r) {
                        b.gate_matmul >= 0 ? fmt::format(" gated with '{}'", g.node(b.gate_matmul).name) : "",
                        g.node(b.second_matmul).name, b.second_region, g.node(b.via_node).name,
                        b.blocker.empty() ? ": one kernel, S in registers" : ", not fused: " + b.blocker);
-  for (int id : r.dead_nodes) out += fmt::format("dead: '{}' reaches no output\n", g.node(id).name);
+  for (int id : r.dead_nodes) out += fmt::format("dead: {} reaches no output\n", listed(g, id));
   for (const std::string& w : r.warnings) out += fmt::format("warning: {}\n", w);
   return out;
 }

@@ -331,7 +331,7 @@ TEST_F(Cli, UsageErrorsExitTwo) {
            {"--stash bogus", "--stash: bogus not in {fp32,bf16}"},
            {"--pairs bogus", "--pairs: bogus not in {one-round,two-rounds}"},
            {"--poll-pause maybe", "--poll-pause: maybe not in {on,off}"},
-           {"--cluster-n 3", "--cluster-n: 3 not in {1,2,4,8,16}"},
+           {"--cluster-n 3", "--cluster-n: '3' is not one of 1, 2, 4, 8, 16"},
            {"--gpu-model a100", "not a GPU the planner models (h200, h100): a100"}}) {
     for (const char* cmd : {"explain", "emit", "compile", "run"}) {
       SCOPED_TRACE(std::string(cmd) + " " + opt);
@@ -340,6 +340,54 @@ TEST_F(Cli, UsageErrorsExitTwo) {
       EXPECT_TRUE(has(r.err, shown)) << r.err;
     }
   }
+}
+
+// Every numeric option says, in words, which option and what it takes (CLI11's own checks
+// said "Value abc not in range 2 to 16", or only "--row-group: abc").
+TEST_F(Cli, NumericOptionsNameTheOptionAndWhatItTakes) {
+  const std::string ln = " '" + example("gemm_layernorm.cf") + "' --shape 128,4096,64";
+  for (const auto& [opt, shown] : std::vector<std::pair<std::string, std::string>>{
+           {"--ring-stages abc", "--ring-stages: 'abc' is not a whole number from 2 to 16\n"},
+           {"--ring-stages 17", "--ring-stages: '17' is not a whole number from 2 to 16\n"},
+           {"--ring-stages -3", "--ring-stages: '-3' is not a whole number from 2 to 16\n"},
+           {"--k-splits x", "--k-splits: 'x' is not a whole number from 1 to 16\n"},
+           {"--consumer-wgs 1.5", "--consumer-wgs: '1.5' is not a whole number from 2 to 3\n"},
+           {"--row-group abc", "--row-group: 'abc' is not one of 1, 2, 4, 8, 16, 32, 64\n"},
+           {"--row-group 3", "--row-group: '3' is not one of 1, 2, 4, 8, 16, 32, 64\n"},
+           {"--cluster-n two", "--cluster-n: 'two' is not one of 1, 2, 4, 8, 16\n"},
+           {"--tile-n 100", "--tile-n: '100' is not one of 64, 128, 192, 256\n"},
+           {"--tile-m 0x40", "--tile-m: '0x40' is not one of 64, 128\n"},
+           {"--cluster-m 3", "--cluster-m: '3' is not one of 1, 2\n"},
+           {"--b2b-job-rows 32", "--b2b-job-rows: '32' is not one of 64, 128\n"},
+           {"--fma-exp-every 3", "--fma-exp-every: '3' is not one of 0, 2, 4, 8, 16\n"},
+           {"--b2b-x-buffers 3", "--b2b-x-buffers: '3' is not one of 1, 2\n"}}) {
+    for (const char* cmd : {"explain", "emit", "compile", "run"}) {
+      SCOPED_TRACE(std::string(cmd) + " " + opt);
+      Result r = comfuse(cmd + ln + " " + opt);
+      EXPECT_EQ(r.rc, 2);
+      EXPECT_EQ(r.err, shown + "Run with --help for more information.\n");
+    }
+  }
+  // A number is read in decimal: CLI11 alone read "016" as 14 (octal).
+  Result dec = comfuse("explain" + ln + " --cluster-n 016");
+  EXPECT_EQ(dec.rc, 0) << dec.err;
+  EXPECT_TRUE(has(dec.out, "(C_N = 16)")) << dec.out;
+}
+
+TEST_F(Cli, UnknownCommandListsTheCommands) {
+  Result r = comfuse("explian '" + example("gemm_layernorm.cf") + "'");
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_EQ(r.err, "unknown command 'explian' (commands: lower, explain, emit, compile, run)\n"
+                   "Run with --help for more information.\n");
+  Result none = comfuse("--bogus");
+  EXPECT_EQ(none.rc, 2);
+  EXPECT_EQ(none.err, "a command is required (commands: lower, explain, emit, compile, run)\n"
+                      "Run with --help for more information.\n");
+  EXPECT_EQ(comfuse("").err, none.err);
+  // An unknown option after a command stays CLI11's: it names the option.
+  Result opt = comfuse("explain '" + example("gemm_layernorm.cf") + "' --bogus");
+  EXPECT_EQ(opt.rc, 2);
+  EXPECT_TRUE(has(opt.err, "--bogus")) << opt.err;
 }
 
 // ---- wrong or internal results, late refusals, input limits --------------------------------
@@ -397,7 +445,7 @@ TEST_F(Cli, OutputsThatAliasInputsAreRefused) {
 
 // A check whose both sides are NaN fails; the output says what `run --reference` compares.
 TEST_F(Cli, ReferenceCheckFailsOnNaNAndSaysWhatItCompares) {
-  GraphFile f(std::string(kGemm) + "y = layer_norm(acc, eps=-1)\noutput y: bf16\n");
+  GraphFile f(std::string(kGemm) + "y = rsqrt(mul(add(mul(acc, acc), 1), -1))\noutput y: bf16\n");
   Result r = comfuse("run " + f.arg() + " --reference --shape 64,64,64");
   EXPECT_EQ(r.rc, 1);
   EXPECT_TRUE(has(r.out, "MISMATCH")) << r.out;
@@ -405,6 +453,45 @@ TEST_F(Cli, ReferenceCheckFailsOnNaNAndSaysWhatItCompares) {
   EXPECT_TRUE(has(r.err, "is NaN or inf")) << r.err;
   EXPECT_TRUE(has(r.out, "CPU, fp64 on both sides")) << r.out;
   EXPECT_TRUE(has(r.out, "No kernel runs")) << r.out;
+}
+
+// A norm's epsilon below 0 (NaN in every row of a smaller variance) or not finite is refused,
+// naming the op and its statement (the graph's check, which API graphs reach too).
+TEST_F(Cli, NegativeOrInfiniteNormEpsilonIsRefused) {
+  for (const auto& [call, shown] : std::vector<std::pair<std::string, std::string>>{
+           {"layer_norm(acc, eps=-1)", ":4:5: layer_norm: eps = -1 is not a finite number >= 0"},
+           {"rms_norm(acc, eps=-1e-6)", ":4:5: rms_norm: eps = -1e-06 is not a finite number >= 0"},
+           {"l2_normalize(acc, eps=-2)", ":4:5: l2_normalize: eps = -2 is not a finite number >= 0"},
+           {"layer_norm(acc, eps=inf)", ":4:25: `eps=` needs a finite number, found `inf`"}}) {
+    SCOPED_TRACE(call);
+    GraphFile f(std::string(kGemm) + "y = " + call + "\noutput y: bf16\n");
+    Result r = comfuse("lower " + f.arg());
+    EXPECT_EQ(r.rc, 1);
+    EXPECT_TRUE(has(r.err, "comfuse: error: " + f.path.string() + shown + "\n")) << r.err;
+  }
+  GraphFile zero(std::string(kGemm) + "y = layer_norm(acc, eps=0)\noutput y: bf16\n");
+  EXPECT_EQ(comfuse("lower " + zero.arg()).rc, 0);
+}
+
+// Values the graph made up (a composite's steps, a nested call: "%reduce4") are listed as the
+// expression that computes them and the statement they are part of.
+TEST_F(Cli, LowerListsUnnamedValuesInTheUsersNames) {
+  GraphFile f("input a: bf16[M, K]\ninput w: bf16[N, K]\ninput h: bf16[M, N]\nacc = matmul(a, w)\n"
+              "y = sub(acc, mean(h))\nz = rms_norm(h)\nq = add(y, z)\nt = rms_norm(h)\noutput q: bf16\n");
+  Result r = comfuse("lower " + f.arg());
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const std::string why = ": does not depend on a GEMM accumulator: computed before the kernel and passed as a runtime "
+                          "argument\n";
+  for (const std::string& line :
+       {"fallback: mean(h) inside 'y' (line 5)" + why, "fallback: square(h) inside 'z' (line 6)" + why,
+        "fallback: mean(square(h)) inside 'z' (line 6)" + why,
+        "fallback: add(mean(square(h)), 1e-06) inside 'z' (line 6)" + why,
+        "fallback: rsqrt(add(mean(...), 1e-06)) inside 'z' (line 6)" + why, "fallback: 'z' (binary)" + why,
+        std::string("dead: square(h) inside 't' (line 8) reaches no output\n"),
+        std::string("dead: 't' reaches no output\n")})
+    EXPECT_TRUE(has(r.out, line)) << line << "\n" << r.out;
+  EXPECT_FALSE(has(r.out, "fallback: '%")) << r.out;
+  EXPECT_FALSE(has(r.out, "dead: '%")) << r.out;
 }
 
 // A fallback reading a stored f32 intermediate rounds it: the tolerance follows that dtype.
@@ -508,7 +595,7 @@ TEST_F(Cli, DimensionsAndOptionsAreNeverIgnoredSilently) {
   for (const char* bad : {"-1", "99999999999999999999", "1.5"}) {
     Result seed = comfuse("run " + ln + " --reference --shape 128,512,64 --seed " + bad);
     EXPECT_EQ(seed.rc, 2);
-    EXPECT_TRUE(has(seed.err, std::string("--seed: ") + bad + " is not a whole number from 0 to 18446744073709551615"))
+    EXPECT_TRUE(has(seed.err, std::string("--seed: '") + bad + "' is not a whole number from 0 to 18446744073709551615"))
         << seed.err;
   }
 }

@@ -357,6 +357,25 @@ TEST(Lower, AutoNamedValuesAreDescribedInTheUsersTerms) {
   EXPECT_EQ(fs.describe("x"), "'x'");
 }
 
+// describe() lists a made-up value as the expression computing it, in the user's names (an API
+// graph has no lines to point at), and a value stored as an output by that output's name.
+TEST(Lower, DescribeListsMadeUpValuesAsExpressions) {
+  Gemm t;
+  Value h = t.row("h");
+  Value centered = h - t.g.reduce(ReduceOp::Mean, h);  // no accumulator: a fallback
+  t.g.output(t.acc * centered, "y", DType::BF16);
+  t.g.output(t.g.reduce(ReduceOp::Sum, centered), "s", DType::F32);
+  LoweringResult r = lower(t.g);
+  const std::string text = describe(t.g, r);
+  const std::string why = ": does not depend on a GEMM accumulator: computed before the kernel and passed as a runtime "
+                          "argument\n";
+  EXPECT_NE(text.find("fallback: mean(h)" + why), std::string::npos) << text;
+  EXPECT_NE(text.find("fallback: sub(h, mean(h))" + why), std::string::npos) << text;
+  EXPECT_NE(text.find("fallback: 's' (reduce)" + why), std::string::npos) << text;
+  EXPECT_NE(text.find("GEMM matmul(x, w) + 1 epilogue node(s)"), std::string::npos) << text;
+  EXPECT_EQ(text.find("fallback: '%"), std::string::npos) << text;
+}
+
 TEST(Lower, WarnsWhereALiteralLeavesF32sRange) {
   Gemm t;
   t.g.output((t.acc + 1e300) * 1e-50 + 0.5, "y", DType::BF16);
