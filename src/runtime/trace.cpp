@@ -35,7 +35,8 @@ struct Cta {
   double epi_us[trace::kWGs][trace::kEpiParts] = {};  // per consumer WG, its jobs' epilogue parts
   std::vector<Job> jobs;  // by turn
   double ghz = 0;         // cycles per ns over the CTA's span
-  uint64_t entry_ns = 0, exit_ns = 0;  // the CTA's entry, its consumers' last exit (0: not stamped)
+  // The CTA's entry, its release from the previous grid's wait, its consumers' last exit (0: not stamped).
+  uint64_t entry_ns = 0, released_ns = 0, exit_ns = 0;
 };
 
 struct Stats {
@@ -82,8 +83,17 @@ std::vector<Cta> parse_ctas(const std::vector<uint64_t>& w, bool both_wgs, Peers
         if (ok && (both_wgs || wg == 0)) cta.jobs.push_back(job);
       }
     if (cta.jobs.empty()) continue;
-    cta.entry_ns = rec[trace::kCtaBase];
-    for (int wg = 0; wg < trace::kWGs; ++wg) cta.exit_ns = std::max(cta.exit_ns, rec[trace::kCtaBase + 1 + wg]);
+    cta.entry_ns = rec[trace::kEntryWord];
+    cta.released_ns = rec[trace::kReleasedWord];
+    for (int wg = 0; wg < trace::kWGs; ++wg) cta.exit_ns = std::max(cta.exit_ns, rec[trace::kExitBase + wg]);
+    if (csv) {  // the CTA's own stamps: job -1, events trace::kCsvEntry.. (globaltimer only)
+      if (cta.entry_ns) *csv += fmt::format("{},{},-1,-1,{},{},0\n", c, cta.sm, int(trace::kCsvEntry), cta.entry_ns);
+      if (cta.released_ns)
+        *csv += fmt::format("{},{},-1,-1,{},{},0\n", c, cta.sm, int(trace::kCsvReleased), cta.released_ns);
+      for (int wg = 0; wg < trace::kWGs; ++wg)
+        if (rec[trace::kExitBase + wg])
+          *csv += fmt::format("{},{},{},-1,{},{},0\n", c, cta.sm, wg, int(trace::kCsvExit), rec[trace::kExitBase + wg]);
+    }
     std::sort(cta.jobs.begin(), cta.jobs.end(),
               [](const Job& a, const Job& b) { return a.ev[trace::kTurn].cyc < b.ev[trace::kTurn].cyc; });
     const Stamp& a = cta.jobs.front().ev[trace::kTurn];
@@ -247,6 +257,23 @@ std::string summarize_trace(const std::vector<uint64_t>& w, const Plan& plan, st
                      after_done.str());
     s += fmt::format("  first CTA entry -> last CTA exit, us: {:.2f} (a launch's time beyond it is outside every CTA)\n",
                      double(last_exit - first_entry) * 1e-3);
+  }
+  if (ks > 1) {
+    // Split-K: the owners (split 0) run the epilogue after every split's partials are in, so a
+    // late owner, or a late follower, delays its tile's epilogue.
+    uint64_t first_release = UINT64_MAX;
+    for (const Cta& c : ctas)
+      if (c.released_ns) first_release = std::min(first_release, c.released_ns);
+    Stats rel[2], turn[2];  // [0]: followers, [1]: owners
+    for (const Cta& c : ctas) {
+      const int own = c.peers_key >= 0;
+      if (c.released_ns) rel[own].add(double(c.released_ns - first_release) * 1e-3);
+      turn[own].add(double(c.jobs.front().ev[trace::kTurn].ns - t0) * 1e-3);
+    }
+    for (int own = 1; own >= 0; --own)
+      s += fmt::format("  split-K {}: release from the previous grid's wait after the first CTA's, us: {}; first turn "
+                       "after the earliest, us: {}\n",
+                       own ? "owners" : "followers", rel[own].str(), turn[own].str());
   }
   s += fmt::format("  row peers' accumulators-ready spread per job ({} peer sets x jobs), us: {}\n", peer_sets,
                    skew.str());

@@ -166,6 +166,7 @@ struct B2bGemmSm90 {
       typename Mainloop::FragS S;
       typename Mainloop::FragO O;
       int traced = 0;  // this warp group's jobs so far (the trace's job index)
+      trace::reset_sums(t, cw);
       int x_jobs = 0;  // jobs whose resident X it read
       // Chained jobs (B2bConfig::chain_jobs): the previous job whose last GEMM2 is not issued yet,
       // its epilogue's view, whether that GEMM2 starts O (a job of one chunk), its row sums'

@@ -20,9 +20,11 @@
 // wait for the previous job's stores), its body (inputs, compute, stores), the reduce phase to
 // the round's end (of it, until its partials are published), and the later stages. The sums
 // count clock64 cycles and are updated with reductions the thread does not wait for. The
-// single-GEMM kernel also stamps, per CTA, its entry (before the barriers' init) and each consumer
-// warp group's exit (after its last stores completed and it retired from the exchange): what a
-// launch spends outside the job stamps (the previous grid's wait, the begin, the last stores).
+// single-GEMM kernel also stamps, per CTA, its entry (before the barriers' init), its release
+// from the previous grid's wait (griddepcontrol.wait: under PDL a CTA may enter long before) and
+// each consumer warp group's exit (after its last stores completed and it retired from the
+// exchange): what a launch spends outside the job stamps (the previous grid's wait, the begin,
+// the last stores).
 // The host reads `comfuse_trace` (runtime: FusedKernel::trace) after a launch; the last
 // launch's stamps stay there (each launch overwrites the same slots). Jobs past kMaxJobs and
 // CTAs past kMaxCtas are not recorded.
@@ -38,6 +40,8 @@ enum Event : int { kTurn = 0, kIssued = 1, kAccReady = 2, kEpiDone = 3,
                    // and every peer's seen (the round's end); absent without an exchange
                    kPublished = 4, kRoundDone = 5 };
 inline constexpr int kCoreEvents = 4;  // every job stamps kTurn..kEpiDone
+// The host's CSV (`comfuse run --trace FILE`) lists a CTA's own stamps as job -1 with these events.
+enum CsvCtaEvent : int { kCsvEntry = kEvents, kCsvReleased = kEvents + 1, kCsvExit = kEvents + 2 };
 // The B2B kernel's per-chunk stages.
 enum Stage : int { kGemm1 = 0, kF = 1, kGemm2Issue = 2 };
 // The epilogue's parts (epilogue/stage.cuh), summed per warp group.
@@ -45,13 +49,14 @@ enum Stage : int { kGemm1 = 0, kF = 1, kGemm2Issue = 2 };
 enum EpiPart : int { kEpiBegin = 0, kEpiRootBody = 1, kEpiRound = 2, kEpiPost = 3, kEpiPublish = 4 };
 // Per CTA: [wg 0..kWGs-1][job][event][globaltimer, clock64]; then [wg][cycles its thread 0 spent
 // in L2 exchange polls (from issuing the loads to seeing every tag), their count]; then
-// [wg][stage] cycles (B2B); then [wg][epilogue part] cycles; then the CTA's entry and
-// [wg] exit, globaltimer ns (0: not stamped); then one word: the SM id + 1.
+// [wg][stage] cycles (B2B); then [wg][epilogue part] cycles; then the CTA's entry, its release
+// and [wg] exit, globaltimer ns (0: not stamped); then one word: the SM id + 1.
 inline constexpr int kPollBase = kWGs * kMaxJobs * kEvents * 2;
 inline constexpr int kStageBase = kPollBase + 2 * kWGs;
 inline constexpr int kEpiBase = kStageBase + kWGs * kStages;
 inline constexpr int kCtaBase = kEpiBase + kWGs * kEpiParts;
-inline constexpr int kWordsPerCta = kCtaBase + 1 + kWGs + 1;
+inline constexpr int kEntryWord = kCtaBase, kReleasedWord = kCtaBase + 1, kExitBase = kCtaBase + 2;
+inline constexpr int kWordsPerCta = kExitBase + kWGs + 1;
 inline constexpr int kWords = kMaxCtas * kWordsPerCta;
 
 }  // namespace comfuse::trace
@@ -100,11 +105,6 @@ __device__ __forceinline__ void mark(int t, int wg, int job, Event ev) {
   unsigned sm;
   unsigned long long const g = global_timer_ns(), c = now();
   asm volatile("mov.u32 %0, %%smid;\n" : "=r"(sm));
-  if (job == 0 && ev == kTurn) {
-    rec[kPollBase + 2 * wg] = rec[kPollBase + 2 * wg + 1] = 0;
-    for (int s = 0; s < kStages; ++s) rec[kStageBase + wg * kStages + s] = 0;
-    for (int s = 0; s < kEpiParts; ++s) rec[kEpiBase + wg * kEpiParts + s] = 0;
-  }
   rec[((wg * kMaxJobs + job) * kEvents + ev) * 2] = g;
   rec[((wg * kMaxJobs + job) * kEvents + ev) * 2 + 1] = c;
   rec[kWordsPerCta - 1] = sm + 1;
@@ -113,11 +113,34 @@ __device__ __forceinline__ void mark(int t, int wg, int job, Event ev) {
 #endif
 }
 
+// Thread t of consumer warp group wg zeroes the warp group's sums (each launch reuses the
+// record) before anything of its first job is counted: a job's epilogue begin may run ahead of
+// its turn (KernelConfig::begin_early), and a reset at the turn erased it from the sums.
+__device__ __forceinline__ void reset_sums(int t, int wg) {
+#ifdef COMFUSE_TRACE
+  unsigned long long* rec = record();
+  if (t != 0 || !rec) return;
+  rec[kPollBase + 2 * wg] = rec[kPollBase + 2 * wg + 1] = 0;
+  for (int s = 0; s < kStages; ++s) rec[kStageBase + wg * kStages + s] = 0;
+  for (int s = 0; s < kEpiParts; ++s) rec[kEpiBase + wg * kEpiParts + s] = 0;
+#else
+  (void)t, (void)wg;
+#endif
+}
+
 // Thread 0 of the CTA stamps its entry.
 __device__ __forceinline__ void mark_entry() {
 #ifdef COMFUSE_TRACE
   unsigned long long* rec = record();
-  if (threadIdx.x == 0 && rec) rec[kCtaBase] = global_timer_ns();
+  if (threadIdx.x == 0 && rec) rec[kEntryWord] = global_timer_ns();
+#endif
+}
+
+// Thread 0 of the CTA stamps its release from the previous grid's wait.
+__device__ __forceinline__ void mark_released() {
+#ifdef COMFUSE_TRACE
+  unsigned long long* rec = record();
+  if (threadIdx.x == 0 && rec) rec[kReleasedWord] = global_timer_ns();
 #endif
 }
 
@@ -125,7 +148,7 @@ __device__ __forceinline__ void mark_entry() {
 __device__ __forceinline__ void mark_exit(int t, int wg) {
 #ifdef COMFUSE_TRACE
   unsigned long long* rec = record();
-  if (t == 0 && rec) rec[kCtaBase + 1 + wg] = global_timer_ns();
+  if (t == 0 && rec) rec[kExitBase + wg] = global_timer_ns();
 #else
   (void)t, (void)wg;
 #endif

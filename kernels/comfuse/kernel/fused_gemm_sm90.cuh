@@ -203,6 +203,7 @@ struct FusedGemmSm90 {
         b_ahead = Mainloop::load_b_ahead(p, pipeline, producer_state, ss.mainloop, tc.n_block, sched.rank,
                                          sched.k_begin, kt);
     wait_for_previous_grid();  // nothing else global before this (common.cuh)
+    trace::mark_released();
     allow_next_grid();
 
     if (wg == 0) {
@@ -228,6 +229,7 @@ struct FusedGemmSm90 {
     } else {
       warpgroup_reg_alloc<kConsumerRegs>();
       int const cw = wg - 1;
+      trace::reset_sums(t, cw);
       PipelineState read_state, release_state;
       EpiExec epi;
       typename Mainloop::FragC accum;
