@@ -1524,6 +1524,21 @@ TEST(Plan, ForcedOptionsThePlanDoesNotUseAreNamed) {
   used.poll_backoff = true, used.fuse_pairs = true;
   const Plan ln = make_plan(layer_norm(), prob(8192, 4096, 4096), full_device(), {}, used);
   EXPECT_EQ(explain(layer_norm(), ln).find("forced options this plan does not use"), std::string::npos);
+  // An aggregation or row group the plan does not take, in the CLI's words.
+  PlanOptions none;
+  none.aggregation = Aggregation::L2Exchange, none.row_group = 1;
+  const Plan one = make_plan(layer_norm(), prob(256, 4096, 4096), full_device(), {}, none);
+  EXPECT_NE(explain(layer_norm(), one).find("forced options this plan does not use: --aggregation l2 (the plan's: none, "
+                                            "no reduction crosses a CTA)"),
+            std::string::npos)
+      << explain(layer_norm(), one);
+  PlanOptions dsmem;
+  dsmem.aggregation = Aggregation::PeerToPeer, dsmem.row_group = 4;
+  const Plan cl = make_plan(layer_norm(), prob(256, 4096, 4096), full_device(), {}, dsmem);
+  EXPECT_NE(explain(layer_norm(), cl).find("forced options this plan does not use: --row-group 4 (a row is one "
+                                           "cluster, over DSMEM)"),
+            std::string::npos)
+      << explain(layer_norm(), cl);
 }
 
 }  // namespace
