@@ -236,9 +236,7 @@ PlanOptions plan_options(const ExplainArgs& a) {
   if (!a.split_k_partials.empty()) o.splits_in_cluster = a.split_k_partials == "dsmem";
   if (!a.split_k_gather.empty()) o.split_gather_in_smem = a.split_k_gather == "smem";
   if (!a.stash.empty()) o.stash_bytes = a.stash == "bf16" ? 2 : 4;
-  if (a.aggregation == "p2p") o.aggregation = Aggregation::PeerToPeer;
-  else if (a.aggregation == "leader") o.aggregation = Aggregation::LeaderFollower;
-  else if (a.aggregation == "l2") o.aggregation = Aggregation::L2Exchange;
+  if (!a.aggregation.empty()) o.aggregation = aggregation_of_word(a.aggregation);
   if (a.b2b == "force") o.b2b = PlanOptions::B2b::Force;
   else if (a.b2b == "off") o.b2b = PlanOptions::B2b::Off;
   if (a.strategy == "on-chip") o.strategy = RowStrategy::OnChip;
@@ -252,7 +250,7 @@ PlanOptions plan_options(const ExplainArgs& a) {
 // description serves both the check and its message, in plain words with the option's name
 // ("--ring-stages: 'abc' is not a whole number from 2 to 16"); CLI11's own checks print
 // "Value abc not in range 2 to 16" or the bare value. Runs as a transform: it writes the number
-// back in decimal, since CLI11's conversion (strtoll, base 0) reads "010" as 8 and saturates a
+// back in decimal, since CLI11's conversion (strtoll / strtoull, base 0) reads "010" as 8 and saturates a
 // seed past 2^64 silently.
 CLI::Validator whole_number(uint64_t lo, uint64_t hi, std::vector<uint64_t> only = {}) {
   std::string range = fmt::format("a whole number from {} to {}", lo, hi), shown = fmt::format("{}..{}", lo, hi);
@@ -272,6 +270,11 @@ CLI::Validator whole_number(uint64_t lo, uint64_t hi, std::vector<uint64_t> only
         return "";
       },
       shown);
+}
+std::vector<uint64_t> powers_of_two_to(uint64_t most) {
+  std::vector<uint64_t> v;
+  for (uint64_t x = 1; x <= most; x *= 2) v.push_back(x);
+  return v;
 }
 CLI::Validator whole_number(std::vector<uint64_t> only) {
   return whole_number(*std::min_element(only.begin(), only.end()), *std::max_element(only.begin(), only.end()),
@@ -295,7 +298,9 @@ std::vector<CLI::Option*> add_plan_options(CLI::App* cmd, ExplainArgs& ex) {
                       "ones) are cooperative, 64 rows a warp group")->transform(whole_number({64, 128})),
       cmd->add_option("--aggregation", ex.aggregation,
                       "force p2p or leader (DSMEM, one cluster along N) or l2 (row groups exchanging through L2)")
-          ->check(CLI::IsMember({"p2p", "leader", "l2"})),
+          ->check(CLI::IsMember({std::string(option_word(Aggregation::PeerToPeer)),
+                                 std::string(option_word(Aggregation::LeaderFollower)),
+                                 std::string(option_word(Aggregation::L2Exchange))})),
       cmd->add_option("--strategy", ex.strategy, "force on-chip, smem-stash or workspace-stash (DSMEM search)")
           ->check(CLI::IsMember({"on-chip", "smem-stash", "workspace-stash"})),
       cmd->add_option("--cluster-m", ex.cluster_m,
@@ -319,10 +324,12 @@ std::vector<CLI::Option*> add_plan_options(CLI::App* cmd, ExplainArgs& ex) {
                       "a gated pair (SwiGLU) unfused: W1 and W3 in one gated GEMM sharing X's tiles (on, the "
                       "default), or X W3^T stored first and read back by GEMM1's epilogue (off: three kernels)")
           ->check(CLI::IsMember({"on", "off"})),
-      cmd->add_option("--row-group", ex.row_group, "row groups: G clusters share each row (power of two, 1..64)")
-          ->transform(whole_number({1, 2, 4, 8, 16, 32, 64})),
+      cmd->add_option("--row-group", ex.row_group,
+                      fmt::format("row groups: G clusters share each row (power of two, 1..{})", Sm90::kMaxRowGroup))
+          ->transform(whole_number(powers_of_two_to(Sm90::kMaxRowGroup))),
       cmd->add_option("--k-splits", ex.k_splits,
-                      "split-K: S clusters share each tile's K (1..16; 1: none), over row groups (any epilogue)")
+                      fmt::format("split-K: S clusters share each tile's K (1..{}; 1: none), over row groups (any "
+                                  "epilogue)", Sm90::kMaxKSplits))
           ->transform(whole_number(1, Sm90::kMaxKSplits)),
       cmd->add_option("--split-k-partials", ex.split_k_partials,
                       "split-K's partial tiles to the owner: over DSMEM, a tile's K-splits one hardware cluster "
@@ -665,14 +672,17 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    // No command found: CLI11 says only "A subcommand is required", even of a misspelt one.
+    // No command found: CLI11 says only "A subcommand is required", even of a misspelt one. The
+    // command is the first word (the app takes no option of its own but --help).
     if (e.get_exit_code() != 0 && app.get_subcommands().empty()) {
-      const char* const* word = std::find_if(argv + 1, argv + argc, [](const char* a) { return a[0] != '-'; });
       std::vector<std::string> names;
       for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) names.push_back(sub->get_name());
+      const std::string first = argc > 1 ? printable(argv[1], 64) : "";
       std::cerr << fmt::format("{} (commands: {})\nRun with --help for more information.\n",
-                               word == argv + argc ? "a command is required"
-                                                   : fmt::format("unknown command '{}'", printable(*word, 64)),
+                               argc < 2         ? std::string("a command is required")
+                               : first[0] == '-' ? fmt::format("'{}' before a command: a command comes first, its "
+                                                               "options after it", first)
+                                                 : fmt::format("unknown command '{}'", first),
                                fmt::join(names, ", "));
       return 2;
     }

@@ -32,6 +32,10 @@ enum class RowStrategy {
                    // workspace (mostly L2-resident) and is re-read by each later stage
 };
 std::string_view name_of(Aggregation a);
+// The word that forces a mode (`comfuse explain --aggregation`, the Python backend's option):
+// p2p, leader, l2; "" for None, which no option forces.
+std::string_view option_word(Aggregation a);
+std::optional<Aggregation> aggregation_of_word(std::string_view word);
 std::string_view name_of(RowStrategy s);
 
 // The GPU a plan is made for: the planner's measured numbers (src/plan/calibration.h

@@ -119,10 +119,8 @@ PlanOptions plan_options(const nb::dict& o) {
     }
     else if (key == "aggregation") {  // the names of `comfuse explain --aggregation`
       const std::string a = nb::cast<std::string>(v);
-      p.aggregation = a == "p2p" ? Aggregation::PeerToPeer
-                      : a == "leader" ? Aggregation::LeaderFollower
-                      : a == "l2" ? Aggregation::L2Exchange
-                                  : throw Error("aggregation wants p2p, leader or l2, got '" + a + "'");
+      p.aggregation = aggregation_of_word(a);
+      if (!p.aggregation) throw Error("aggregation wants p2p, leader or l2, got '" + a + "'");
     } else if (key == "gpu_model") {
       p.gpu = gpu_model(nb::cast<std::string>(v));
     } else if (key == "strategy") {

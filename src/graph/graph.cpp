@@ -379,8 +379,9 @@ Value Graph::rope(Value x, Value cos, Value sin, int64_t segment, bool interleav
   return binary(BinaryOp::Add, binary(BinaryOp::Mul, x, cos, segment), binary(BinaryOp::Mul, rotated, sin, segment));
 }
 
-// A norm's eps keeps the rsqrt of a zero variance (l2_normalize: sum of squares) finite; a
-// negative one would give NaN in every row whose variance is smaller than -eps.
+// A norm's eps is a finite number >= 0, as torch documents it: layer_norm and rms_norm take the
+// rsqrt of var + eps (a negative eps: NaN in every row whose variance is below -eps), and
+// l2_normalize clamps the sum of squares at eps^2 (a negative eps would act as |eps|).
 void Graph::check_norm_eps(const char* op, double eps) const {
   if (!std::isfinite(eps) || eps < 0)
     throw Error(loc_, fmt::format("{}: eps = {} is not a finite number >= 0", op, eps));

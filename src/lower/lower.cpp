@@ -972,20 +972,24 @@ std::string expression(const Graph& g, int id, int depth) {
   if (n.kind == OpKind::Constant) return fmt::format("{}", n.value);
   if (depth == 0) return "...";
   auto arg = [&](size_t i) { return expression(g, n.inputs.at(i), depth - 1); };
+  // A per-segment reduction (or a binary with a segment of its own) reads like a whole-row one without it.
+  const std::string segment = n.segment ? fmt::format(", segment={}", n.segment) : "";
   switch (n.kind) {
     case OpKind::Unary: return fmt::format("{}({})", name_of(n.unary), arg(0));
-    case OpKind::Binary: return fmt::format("{}({}, {})", name_of(n.binary), arg(0), arg(1));
+    case OpKind::Binary: return fmt::format("{}({}, {}{})", name_of(n.binary), arg(0), arg(1), segment);
     case OpKind::Reduce: {
       const bool last = n.reduce_dim == -1 || n.reduce_dim == static_cast<int>(n.shape.size()) - 1;
-      return fmt::format("{}({}{})", name_of(n.reduce), arg(0), last ? "" : fmt::format(", dim={}", n.reduce_dim));
+      return fmt::format("{}({}{}{})", name_of(n.reduce), arg(0), last ? "" : fmt::format(", dim={}", n.reduce_dim),
+                         segment);
     }
     case OpKind::Cast: return fmt::format("cast({}, {})", arg(0), name_of(n.dtype));
-    case OpKind::MatMul: return fmt::format("matmul({}, {})", arg(0), arg(1));
+    case OpKind::MatMul:
+      return fmt::format("matmul({}, {}{})", arg(0), arg(1), n.b_layout == BLayout::KN ? ", layout=kn" : "");
     case OpKind::Transpose: return fmt::format("transpose({})", arg(0));
     case OpKind::CausalMask: return fmt::format("{}({})", CausalMaskOp::name, arg(0));
     case OpKind::RotateHalf: return fmt::format("{}({})", RotateHalfOp::name, arg(0));
     case OpKind::RotatePairs: return fmt::format("{}({})", RotatePairsOp::name, arg(0));
-    default: return n.name;
+    default: return fmt::format("{}(...)", name_of(n.kind));
   }
 }
 

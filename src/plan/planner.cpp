@@ -49,6 +49,21 @@ std::string_view name_of(Aggregation m) {
   return "?";
 }
 
+std::string_view option_word(Aggregation a) {
+  switch (a) {
+    case Aggregation::PeerToPeer: return "p2p";
+    case Aggregation::LeaderFollower: return "leader";
+    case Aggregation::L2Exchange: return "l2";
+    case Aggregation::None: return "";
+  }
+  return "";
+}
+std::optional<Aggregation> aggregation_of_word(std::string_view word) {
+  for (Aggregation a : {Aggregation::PeerToPeer, Aggregation::LeaderFollower, Aggregation::L2Exchange})
+    if (word == option_word(a)) return a;
+  return std::nullopt;
+}
+
 std::string_view name_of(RowStrategy s) {
   switch (s) {
     case RowStrategy::NoReduction: return "no-reduction";
@@ -431,20 +446,15 @@ std::string unused_forced_options(const Plan& plan, const ChainInfo& chain, cons
     idle.push_back("--pairs one-round (no pair of reductions shares a round in this plan)");
   if (opt.keep_pair_exp && !*opt.keep_pair_exp && !pair_can_keep_exp(plan, chain))
     idle.push_back("--pair-exp again (no max-and-sum-of-exp pair in one round over one N-tile keeps its exp)");
-  // The words the CLI takes (tools/comfuse.cpp --aggregation).
-  auto option_word = [](Aggregation a) {
-    return a == Aggregation::PeerToPeer ? "p2p" : a == Aggregation::LeaderFollower ? "leader" : "l2";
-  };
   if (opt.aggregation && *opt.aggregation != plan.kernel.aggregation)
     idle.push_back(fmt::format("--aggregation {} (the plan's: {})", option_word(*opt.aggregation),
                                plan.kernel.aggregation == Aggregation::None ? "none, no reduction crosses a CTA"
                                                                             : name_of(plan.kernel.aggregation)));
   if (opt.row_group && *opt.row_group != plan.kernel.row_group)
+    // (the row-group decider takes a forced group as it is: only other aggregations drop it)
     idle.push_back(fmt::format("--row-group {} ({})", *opt.row_group,
-                               plan.kernel.aggregation == Aggregation::L2Exchange
-                                   ? fmt::format("the plan's row groups are of {}", plan.kernel.row_group)
-                               : plan.kernel.aggregation == Aggregation::None ? "no reduction crosses a CTA"
-                                                                              : "a row is one cluster, over DSMEM"));
+                               plan.kernel.aggregation == Aggregation::None ? "no reduction crosses a CTA"
+                                                                            : "a row is one cluster, over DSMEM"));
   if (opt.stash_bytes && plan.kernel.stash_elem_bytes == 0)
     idle.push_back(fmt::format("--stash {} (nothing is stashed; the measured plans it rules out stay out)",
                                *opt.stash_bytes == 2 ? "bf16" : "fp32"));

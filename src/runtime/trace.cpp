@@ -233,7 +233,8 @@ std::string summarize_trace(const std::vector<uint64_t>& w, const Plan& plan, st
   s += fmt::format("  mainloop per job (turn -> accumulators ready), us: {}\n", mainloop.str());
   s += fmt::format("  epilogue per job (accumulators ready -> done, rounds included), us: {}\n", epilogue.str());
   if (part[trace::kEpiRootBody].max() > 0) {
-    s += fmt::format("    of it per job: root stage's begin (vectors; the previous job's stores read), us: {}\n",
+    s += fmt::format("    of it per job: root stage's begin (vectors; the previous job's stores read; an early begin "
+                     "runs before the turn, outside the interval above), us: {}\n",
                      part[trace::kEpiBegin].str());
     s += fmt::format("      root stage's body (tile inputs, compute, stores), us: {}\n", part[trace::kEpiRootBody].str());
     s += fmt::format("      reduce phase to the round's end (second statistic, exchange), us: {}\n",

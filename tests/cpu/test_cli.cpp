@@ -342,8 +342,7 @@ TEST_F(Cli, UsageErrorsExitTwo) {
   }
 }
 
-// Every numeric option says, in words, which option and what it takes (CLI11's own checks
-// said "Value abc not in range 2 to 16", or only "--row-group: abc").
+// Every numeric option's error names the option and, in words, what it takes.
 TEST_F(Cli, NumericOptionsNameTheOptionAndWhatItTakes) {
   const std::string ln = " '" + example("gemm_layernorm.cf") + "' --shape 128,4096,64";
   for (const auto& [opt, shown] : std::vector<std::pair<std::string, std::string>>{
@@ -368,7 +367,7 @@ TEST_F(Cli, NumericOptionsNameTheOptionAndWhatItTakes) {
       EXPECT_EQ(r.err, shown + "Run with --help for more information.\n");
     }
   }
-  // A number is read in decimal: CLI11 alone read "016" as 14 (octal).
+  // A number is read in decimal ("016" is 16, not octal 14).
   Result dec = comfuse("explain" + ln + " --cluster-n 016");
   EXPECT_EQ(dec.rc, 0) << dec.err;
   EXPECT_TRUE(has(dec.out, "(C_N = 16)")) << dec.out;
@@ -379,11 +378,15 @@ TEST_F(Cli, UnknownCommandListsTheCommands) {
   EXPECT_EQ(r.rc, 2);
   EXPECT_EQ(r.err, "unknown command 'explian' (commands: lower, explain, emit, compile, run)\n"
                    "Run with --help for more information.\n");
-  Result none = comfuse("--bogus");
+  Result none = comfuse("");
   EXPECT_EQ(none.rc, 2);
   EXPECT_EQ(none.err, "a command is required (commands: lower, explain, emit, compile, run)\n"
                       "Run with --help for more information.\n");
-  EXPECT_EQ(comfuse("").err, none.err);
+  // An option first: the command comes first (an option's value is not taken for a command).
+  Result option = comfuse("--shape 64,64,64 explian x.cf");
+  EXPECT_EQ(option.rc, 2);
+  EXPECT_EQ(option.err, "'--shape' before a command: a command comes first, its options after it (commands: lower, "
+                        "explain, emit, compile, run)\nRun with --help for more information.\n");
   // An unknown option after a command stays CLI11's: it names the option.
   Result opt = comfuse("explain '" + example("gemm_layernorm.cf") + "' --bogus");
   EXPECT_EQ(opt.rc, 2);

@@ -374,6 +374,12 @@ TEST(Lower, DescribeListsMadeUpValuesAsExpressions) {
   EXPECT_NE(text.find("fallback: 's' (reduce)" + why), std::string::npos) << text;
   EXPECT_NE(text.find("GEMM matmul(x, w) + 1 epilogue node(s)"), std::string::npos) << text;
   EXPECT_EQ(text.find("fallback: '%"), std::string::npos) << text;
+  // A per-segment reduction says so (it would read as the whole row's).
+  Gemm s;
+  Value hs = s.row("h");
+  s.g.output(s.acc * (hs - s.g.reduce(ReduceOp::Mean, hs, -1, 64)), "y", DType::BF16);
+  const std::string seg = describe(s.g, lower(s.g));
+  EXPECT_NE(seg.find("fallback: mean(h, segment=64)"), std::string::npos) << seg;
 }
 
 TEST(Lower, WarnsWhereALiteralLeavesF32sRange) {

@@ -115,7 +115,7 @@ __device__ __forceinline__ void mark(int t, int wg, int job, Event ev) {
 
 // Thread t of consumer warp group wg zeroes the warp group's sums (each launch reuses the
 // record) before anything of its first job is counted: a job's epilogue begin may run ahead of
-// its turn (KernelConfig::begin_early), and a reset at the turn erased it from the sums.
+// its turn (KernelConfig::begin_early), which a reset at the turn would drop from the sums.
 __device__ __forceinline__ void reset_sums(int t, int wg) {
 #ifdef COMFUSE_TRACE
   unsigned long long* rec = record();
