@@ -523,10 +523,12 @@ TEST(Trace, SummaryFindsTheIdleGapBehindAnEpilogue) {
     rec[trace::kEpiBase + trace::kEpiRootBody] = 20000;
     rec[trace::kEpiBase + trace::kEpiParts + trace::kEpiRootBody] = 10000;
     rec[trace::kEpiBase + trace::kEpiRound] = 60000;
-    // Entry 0.5 us before the first turn, the consumers' exits 2 and 5 us after the last done.
-    rec[trace::kCtaBase] = 1000 + 10 * cta - 500;
-    rec[trace::kCtaBase + 1] = 401000 + 10 * cta + 2000;
-    rec[trace::kCtaBase + 2] = 401000 + 10 * cta + 5000;
+    // Entry 0.5 us before the first turn, released 0.1 us later, the consumers' exits 2 and 5 us
+    // after the last done.
+    rec[trace::kEntryWord] = 1000 + 10 * cta - 500;
+    rec[trace::kReleasedWord] = 1000 + 10 * cta - 400;
+    rec[trace::kExitBase] = 401000 + 10 * cta + 2000;
+    rec[trace::kExitBase + 1] = 401000 + 10 * cta + 5000;
     rec[trace::kWordsPerCta - 1] = 1 + cta;  // SM id + 1
   }
   Plan plan;
@@ -549,7 +551,10 @@ TEST(Trace, SummaryFindsTheIdleGapBehindAnEpilogue) {
             std::string::npos) << s;
   EXPECT_NE(s.find("(the last stores completed, the exchange's retire), us: mean 5.00"), std::string::npos) << s;
   EXPECT_NE(s.find("first CTA entry -> last CTA exit, us: 405.51"), std::string::npos) << s;
-  EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 1 + 2 * 3 * 4);  // header + every stamp
+  // The header, every job stamp and each CTA's entry, release and two exits (job -1).
+  EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 1 + 2 * 3 * 4 + 2 * 4);
+  EXPECT_NE(csv.find(fmt::format("\n1,1,-1,-1,{},610,0\n", int(trace::kCsvReleased))), std::string::npos) << csv;
+  EXPECT_NE(csv.find(fmt::format("\n0,0,1,-1,{},406000,0\n", int(trace::kCsvExit))), std::string::npos) << csv;
   EXPECT_NE(summarize_trace({}, plan).find("trace: none"), std::string::npos);
 }
 
@@ -569,6 +574,7 @@ TEST(Trace, RowPeersWithSplitKAreTheOwners) {
         rec[size_t(e) * 2 + 1] = ev[e];
       }
       rec[trace::kWordsPerCta - 1] = 1 + cta;
+      rec[trace::kReleasedWord] = owner ? 500 : 400;  // the owners released 0.1 us after the followers
     }
     Plan plan;
     plan.kernel.wgs_per_tile = 1;
@@ -577,6 +583,10 @@ TEST(Trace, RowPeersWithSplitKAreTheOwners) {
     plan.kernel.splits_in_cluster = in_cluster;
     const std::string s = summarize_trace(w, plan);
     EXPECT_NE(s.find("spread per job (1 peer sets x jobs), us: mean 3.00"), std::string::npos) << in_cluster << s;
+    EXPECT_NE(s.find("split-K owners: release from the previous grid's wait after the first CTA's, us: mean 0.10"),
+              std::string::npos) << in_cluster << s;
+    EXPECT_NE(s.find("split-K followers: release from the previous grid's wait after the first CTA's, us: mean 0.00"),
+              std::string::npos) << in_cluster << s;
   }
 }
 
