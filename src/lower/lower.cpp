@@ -1028,13 +1028,7 @@ std::string describe(const Graph& g, const LoweringResult& r) {
   for (const Fallback& f : r.fallbacks)
     out += fmt::format("fallback: {}{}: {}\n", listed(g, f.node),
                        given_name(g, f.node).empty() ? "" : fmt::format(" ({})", name_of(g.node(f.node).kind)), f.reason);
-  std::vector<std::string> described;
-  auto who = [&](int id) {
-    const std::string& name = g.node(id).name;
-    if (name.empty() || name[0] != '%') return "'" + name + "'";
-    if (described.empty()) described = user_descriptions(g);
-    return described[static_cast<size_t>(id)];
-  };
+  auto who = [&](int id) { return listed(g, id); };
   for (const GatePair& p : r.gate_pairs) {
     const Node &a = g.node(p.first_matmul), &b = g.node(p.gate_matmul);
     out += fmt::format("gated pair: {} (W1 {}) and {} (W3 {}) meet in {}{}\n", who(a.id), who(a.inputs[1]), who(b.id),
@@ -1044,10 +1038,10 @@ std::string describe(const Graph& g, const LoweringResult& r) {
                                          : ", not merged: " + p.blocker);
   }
   for (const B2BCandidate& b : r.b2b_candidates)
-    out += fmt::format("b2b {}: region {} ('{}'{}) feeds GEMM '{}' (region {}) through '{}'{}\n",
-                       b.blocker.empty() ? "pair" : "candidate", b.first_region, g.node(b.first_matmul).name,
-                       b.gate_matmul >= 0 ? fmt::format(" gated with '{}'", g.node(b.gate_matmul).name) : "",
-                       g.node(b.second_matmul).name, b.second_region, g.node(b.via_node).name,
+    out += fmt::format("b2b {}: region {} ({}{}) feeds GEMM {} (region {}) through {}{}\n",
+                       b.blocker.empty() ? "pair" : "candidate", b.first_region, who(b.first_matmul),
+                       b.gate_matmul >= 0 ? fmt::format(" gated with {}", who(b.gate_matmul)) : "",
+                       who(b.second_matmul), b.second_region, who(b.via_node),
                        b.blocker.empty() ? ": one kernel, S in registers" : ", not fused: " + b.blocker);
   for (int id : r.dead_nodes) out += fmt::format("dead: {} reaches no output\n", listed(g, id));
   for (const std::string& w : r.warnings) out += fmt::format("warning: {}\n", w);

@@ -276,7 +276,7 @@ TEST_F(Cli, B2bPairOneKernelOrTwo) {
   EXPECT_EQ(comfuse("run " + ffn + " --reference --b2b force").rc, 2);
   Result low = comfuse("lower '" + example("ffn_swiglu.cf") + "'");
   ASSERT_EQ(low.rc, 0) << low.err;
-  EXPECT_TRUE(has(low.out, "gated pair: 'gate' (W1 'w1') and 'up' (W3 'w3') meet in the mul inside 's' (line 12): one "
+  EXPECT_TRUE(has(low.out, "gated pair: 'gate' (W1 'w1') and 'up' (W3 'w3') meet in mul(silu(gate), up) inside 's' (line 12): one "
                            "gated GEMM1 (region 0, two accumulators)"))
       << low.out;
   EXPECT_TRUE(has(low.out, "n1: tile = acc a2 origin=up")) << low.out;
