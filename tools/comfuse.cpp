@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <charconv>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <limits>
 #include <map>
@@ -250,35 +251,33 @@ PlanOptions plan_options(const ExplainArgs& a) {
 // description serves both the check and its message, in plain words with the option's name
 // ("--ring-stages: 'abc' is not a whole number from 2 to 16"); CLI11's own checks print
 // "Value abc not in range 2 to 16" or the bare value. Runs as a transform: it writes the number
-// back in decimal, since CLI11's conversion (strtoll / strtoull, base 0) reads "010" as 8 and saturates a
-// seed past 2^64 silently.
-CLI::Validator whole_number(uint64_t lo, uint64_t hi, std::vector<uint64_t> only = {}) {
-  std::string range = fmt::format("a whole number from {} to {}", lo, hi), shown = fmt::format("{}..{}", lo, hi);
-  if (!only.empty()) {
-    range = fmt::format("one of {}", fmt::join(only, ", "));
-    shown = fmt::format("{{{}}}", fmt::join(only, ","));
-  }
+// back in decimal, since CLI11's conversion (strtoll / strtoull, base 0) reads "010" as 8 and
+// saturates a seed past 2^64 silently. `takes`: whether n is one of them; `range` says which.
+CLI::Validator whole_number_in(std::function<bool(uint64_t)> takes, std::string range, std::string shown) {
   return CLI::Validator(
-      [lo, hi, only, range](std::string& v) -> std::string {
+      [takes = std::move(takes), range = std::move(range)](std::string& v) -> std::string {
         uint64_t n = 0;
-        const char *begin = v.data(), *end = v.data() + v.size();
         const bool digits = !v.empty() && v.find_first_not_of("0123456789") == std::string::npos;
-        const bool fits = digits && std::from_chars(begin, end, n).ec == std::errc();
-        const bool in = only.empty() ? lo <= n && n <= hi : std::find(only.begin(), only.end(), n) != only.end();
-        if (!fits || !in) return fmt::format("'{}' is not {}", printable(v, 64), range);
+        const bool fits = digits && std::from_chars(v.data(), v.data() + v.size(), n).ec == std::errc();
+        if (!fits || !takes(n)) return fmt::format("'{}' is not {}", printable(v, 64), range);
         v = std::to_string(n);
         return "";
       },
-      shown);
+      std::move(shown));
+}
+CLI::Validator whole_number(uint64_t lo, uint64_t hi) {
+  return whole_number_in([lo, hi](uint64_t n) { return lo <= n && n <= hi; },
+                         fmt::format("a whole number from {} to {}", lo, hi), fmt::format("{}..{}", lo, hi));
+}
+CLI::Validator whole_number(std::vector<uint64_t> only) {
+  const std::string range = fmt::format("one of {}", fmt::join(only, ", ")), shown = fmt::format("{{{}}}", fmt::join(only, ","));
+  return whole_number_in([only](uint64_t n) { return std::find(only.begin(), only.end(), n) != only.end(); }, range,
+                         shown);
 }
 std::vector<uint64_t> powers_of_two_to(uint64_t most) {
   std::vector<uint64_t> v;
   for (uint64_t x = 1; x <= most; x *= 2) v.push_back(x);
   return v;
-}
-CLI::Validator whole_number(std::vector<uint64_t> only) {
-  return whole_number(*std::min_element(only.begin(), only.end()), *std::max_element(only.begin(), only.end()),
-                      only);
 }
 
 // The plan overrides every planning subcommand takes (debugging, and forcing e.g. the

@@ -188,6 +188,8 @@ class Graph {
 // ("%reduce3"), its op and the named statement it belongs to, e.g. "the mean inside 'y'
 // (line 5)", or the named value it feeds ("the sum feeding 's'").
 std::vector<std::string> user_descriptions(const Graph& g);
+// Whether n's name is one the user gave, not one the graph made up ("%reduce3").
+bool user_named(const Node& n);
 
 // ---- Problem sizes (src/graph/problem.cpp) --------------------------------------------
 // One rule for every path that takes concrete sizes (the planner, the CPU executors): each

@@ -9,7 +9,6 @@
 namespace comfuse {
 namespace {
 std::string op_label(const Node& n);  // "sum", "cast to bf16": for messages (below)
-bool user_named(const Node& n);       // a name the user gave, not one the graph made up
 }  // namespace
 
 std::string Dim::str() const { return sym.empty() ? std::to_string(size) : sym; }
@@ -460,9 +459,9 @@ std::string op_label(const Node& n) {
   return "?";
 }
 
-bool user_named(const Node& n) { return !n.name.empty() && n.name[0] != '%'; }
-
 }  // namespace
+
+bool user_named(const Node& n) { return !n.name.empty() && n.name[0] != '%'; }
 
 std::vector<std::string> user_descriptions(const Graph& g) {
   const auto& nodes = g.nodes();

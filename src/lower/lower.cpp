@@ -956,8 +956,7 @@ namespace {
 
 // The user's name for a node: its own, else the output it is stored as; empty for a temporary.
 std::string given_name(const Graph& g, int id) {
-  const std::string& name = g.node(id).name;
-  if (!name.empty() && name[0] != '%') return name;
+  if (user_named(g.node(id))) return g.node(id).name;
   for (const GraphOutput& o : g.outputs())
     if (o.node == id) return o.name;
   return "";
@@ -1001,7 +1000,7 @@ std::string listed(const Graph& g, int id) {
   std::string out = expression(g, id, 3);
   if (!n.loc.known()) return out;
   for (const Node& m : g.nodes())
-    if (m.loc.known() && m.loc.line == n.loc.line && !m.name.empty() && m.name[0] != '%')
+    if (m.loc.known() && m.loc.line == n.loc.line && user_named(m))
       return fmt::format("{} inside '{}' (line {})", out, m.name, n.loc.line);
   return fmt::format("{} (line {})", out, n.loc.line);
 }
@@ -1028,20 +1027,19 @@ std::string describe(const Graph& g, const LoweringResult& r) {
   for (const Fallback& f : r.fallbacks)
     out += fmt::format("fallback: {}{}: {}\n", listed(g, f.node),
                        given_name(g, f.node).empty() ? "" : fmt::format(" ({})", name_of(g.node(f.node).kind)), f.reason);
-  auto who = [&](int id) { return listed(g, id); };
   for (const GatePair& p : r.gate_pairs) {
     const Node &a = g.node(p.first_matmul), &b = g.node(p.gate_matmul);
-    out += fmt::format("gated pair: {} (W1 {}) and {} (W3 {}) meet in {}{}\n", who(a.id), who(a.inputs[1]), who(b.id),
-                       who(b.inputs[1]), who(p.meet_node),
+    out += fmt::format("gated pair: {} (W1 {}) and {} (W3 {}) meet in {}{}\n", listed(g, a.id), listed(g, a.inputs[1]), listed(g, b.id),
+                       listed(g, b.inputs[1]), listed(g, p.meet_node),
                        p.blocker.empty() ? fmt::format(": one gated GEMM{} (region {}, two accumulators)",
                                                        starts_pair(p.region) ? "1" : "", p.region)
                                          : ", not merged: " + p.blocker);
   }
   for (const B2BCandidate& b : r.b2b_candidates)
     out += fmt::format("b2b {}: region {} ({}{}) feeds GEMM {} (region {}) through {}{}\n",
-                       b.blocker.empty() ? "pair" : "candidate", b.first_region, who(b.first_matmul),
-                       b.gate_matmul >= 0 ? fmt::format(" gated with {}", who(b.gate_matmul)) : "",
-                       who(b.second_matmul), b.second_region, who(b.via_node),
+                       b.blocker.empty() ? "pair" : "candidate", b.first_region, listed(g, b.first_matmul),
+                       b.gate_matmul >= 0 ? fmt::format(" gated with {}", listed(g, b.gate_matmul)) : "",
+                       listed(g, b.second_matmul), b.second_region, listed(g, b.via_node),
                        b.blocker.empty() ? ": one kernel, S in registers" : ", not fused: " + b.blocker);
   for (int id : r.dead_nodes) out += fmt::format("dead: {} reaches no output\n", listed(g, id));
   for (const std::string& w : r.warnings) out += fmt::format("warning: {}\n", w);
