@@ -19,7 +19,8 @@ read_sweep_and_compile() {
   local l
   for l in "${lines[@]}"; do
     parse_sweep_line "$l"
-    echo "${CLI:-.carry/bin/comfuse} compile examples/$ex.cf --shape $shape ${line_args[*]} ${TRACE_FLAG:-} > /dev/null 2>&1"
+    # The line's environment too: a COMFUSE_KERNELS_DIR there is another kernel source to compile.
+    echo "env ${line_env[*]} ${CLI:-.carry/bin/comfuse} compile examples/$ex.cf --shape $shape ${line_args[*]} ${TRACE_FLAG:-} > /dev/null 2>&1"
   done | xargs -P "${JOBS:-14}" -I{} bash -c "{}"
 }
 
