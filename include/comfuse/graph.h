@@ -183,11 +183,16 @@ class Graph {
   int name_counter_ = 0;
 };
 
-// How the user knows each node, for messages (indexed by node id): "'y'" for a node the user
-// named or stores as output 'y'; for one a composite or a nested expression made
-// ("%reduce3"), its op and the named statement it belongs to, e.g. "the mean inside 'y'
-// (line 5)", or the named value it feeds ("the sum feeding 's'").
+// How the user knows each node, for messages and listings (indexed by node id): "'y'" for a
+// node the user named or stores as output 'y'; for one a composite or a nested expression made
+// (named "%reduce3" inside, in no file), the expression computing it in the user's names and the
+// named statement it belongs to, e.g. "mean(h) inside 'y' (line 5)", or, in a graph without
+// lines (the API's), the named value it feeds ("sum(exp(...)) feeding 's'").
 std::vector<std::string> user_descriptions(const Graph& g);
+// The user's name for a node: its own, else the output it is stored as; empty for a temporary.
+std::string given_name(const Graph& g, int id);
+// A node in a list: its given name, else its expression one call deep ("mean(h)", "sub(x, ...)").
+std::string short_name(const Graph& g, int id);
 // Whether n's name is one the user gave, not one the graph made up ("%reduce3").
 bool user_named(const Node& n);
 

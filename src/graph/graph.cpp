@@ -463,16 +463,45 @@ std::string op_label(const Node& n) {
 
 bool user_named(const Node& n) { return !n.name.empty() && n.name[0] != '%'; }
 
+std::string given_name(const Graph& g, int id) {
+  if (user_named(g.node(id))) return g.node(id).name;
+  for (const GraphOutput& o : g.outputs())
+    if (o.node == id) return o.name;
+  return "";
+}
+
+std::string expression(const Graph& g, int id, int depth) {
+  const Node& n = g.node(id);
+  if (std::string name = given_name(g, id); !name.empty()) return name;
+  if (n.kind == OpKind::Constant) return fmt::format("{}", n.value);
+  if (depth == 0) return "...";
+  auto arg = [&](size_t i) { return expression(g, n.inputs.at(i), depth - 1); };
+  // A per-segment reduction (or a binary with a segment of its own) reads like a whole-row one without it.
+  const std::string segment = n.segment ? fmt::format(", segment={}", n.segment) : "";
+  switch (n.kind) {
+    case OpKind::Unary: return fmt::format("{}({})", name_of(n.unary), arg(0));
+    case OpKind::Binary: return fmt::format("{}({}, {}{})", name_of(n.binary), arg(0), arg(1), segment);
+    case OpKind::Reduce: {
+      const bool last = n.reduce_dim == -1 || n.reduce_dim == static_cast<int>(n.shape.size()) - 1;
+      return fmt::format("{}({}{}{})", name_of(n.reduce), arg(0), last ? "" : fmt::format(", dim={}", n.reduce_dim),
+                         segment);
+    }
+    case OpKind::Cast: return fmt::format("cast({}, {})", arg(0), name_of(n.dtype));
+    case OpKind::MatMul:
+      return fmt::format("matmul({}, {}{})", arg(0), arg(1), n.b_layout == BLayout::KN ? ", layout=kn" : "");
+    case OpKind::Transpose: return fmt::format("transpose({})", arg(0));
+    case OpKind::CausalMask: return fmt::format("{}({})", CausalMaskOp::name, arg(0));
+    case OpKind::RotateHalf: return fmt::format("{}({})", RotateHalfOp::name, arg(0));
+    case OpKind::RotatePairs: return fmt::format("{}({})", RotatePairsOp::name, arg(0));
+    default: return fmt::format("{}(...)", name_of(n.kind));
+  }
+}
+
 std::vector<std::string> user_descriptions(const Graph& g) {
   const auto& nodes = g.nodes();
   const auto consumers = g.consumers();
-  // The name the user gave each node: its own, else the output it is stored as (API graphs
-  // name values only there).
   std::vector<std::string> given(nodes.size());
-  for (const Node& n : nodes)
-    if (user_named(n)) given[static_cast<size_t>(n.id)] = n.name;
-  for (const GraphOutput& o : g.outputs())
-    if (given[static_cast<size_t>(o.node)].empty()) given[static_cast<size_t>(o.node)] = o.name;
+  for (const Node& n : nodes) given[static_cast<size_t>(n.id)] = given_name(g, n.id);
   // The named statement of each source line (the text format: one statement per line).
   std::unordered_map<int, int> named_on_line;
   for (const Node& n : nodes)
@@ -489,15 +518,23 @@ std::vector<std::string> user_descriptions(const Graph& g) {
     std::string& d = out[static_cast<size_t>(n.id)];
     if (!given[static_cast<size_t>(n.id)].empty()) {
       d = fmt::format("'{}'", given[static_cast<size_t>(n.id)]);
-    } else if (auto it = named_on_line.find(n.loc.line); n.loc.known() && it != named_on_line.end()) {
-      d = fmt::format("the {} inside '{}' (line {})", op_label(n), g.node(it->second).name, n.loc.line);
-    } else if (const int f = feeds[static_cast<size_t>(n.id)]; f >= 0) {
-      d = fmt::format("the {} feeding '{}'", op_label(n), given[static_cast<size_t>(f)]);
-    } else {
-      d = fmt::format("an unnamed {} ('{}')", op_label(n), n.name);
+      continue;
     }
+    // A literal alone reads as a number: say what it is.
+    const std::string what =
+        n.kind == OpKind::Constant ? fmt::format("the constant {}", n.value) : expression(g, n.id, 3);
+    if (auto it = named_on_line.find(n.loc.line); n.loc.known() && it != named_on_line.end())
+      d = fmt::format("{} inside '{}' (line {})", what, g.node(it->second).name, n.loc.line);
+    else if (const int f = feeds[static_cast<size_t>(n.id)]; f >= 0)
+      d = fmt::format("{} feeding '{}'", what, given[static_cast<size_t>(f)]);
+    else if (n.loc.known())
+      d = fmt::format("{} (line {})", what, n.loc.line);
+    else
+      d = what;
   }
   return out;
 }
+
+std::string short_name(const Graph& g, int id) { return expression(g, id, 1); }
 
 }  // namespace comfuse

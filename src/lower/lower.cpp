@@ -954,61 +954,12 @@ const B2BCandidate* one_b2b_kernel(const LoweringResult& r) {
 
 namespace {
 
-// The user's name for a node: its own, else the output it is stored as; empty for a temporary.
-std::string given_name(const Graph& g, int id) {
-  if (user_named(g.node(id))) return g.node(id).name;
-  for (const GraphOutput& o : g.outputs())
-    if (o.node == id) return o.name;
-  return "";
-}
-
-// A temporary (a step of layer_norm, a nested call) as the expression computing it in the
-// user's names, e.g. "mean(h)", temporaries in it `depth` calls deep at most: its made-up name
-// ("%reduce4") is in no file.
-std::string expression(const Graph& g, int id, int depth) {
-  const Node& n = g.node(id);
-  if (std::string name = given_name(g, id); !name.empty()) return name;
-  if (n.kind == OpKind::Constant) return fmt::format("{}", n.value);
-  if (depth == 0) return "...";
-  auto arg = [&](size_t i) { return expression(g, n.inputs.at(i), depth - 1); };
-  // A per-segment reduction (or a binary with a segment of its own) reads like a whole-row one without it.
-  const std::string segment = n.segment ? fmt::format(", segment={}", n.segment) : "";
-  switch (n.kind) {
-    case OpKind::Unary: return fmt::format("{}({})", name_of(n.unary), arg(0));
-    case OpKind::Binary: return fmt::format("{}({}, {}{})", name_of(n.binary), arg(0), arg(1), segment);
-    case OpKind::Reduce: {
-      const bool last = n.reduce_dim == -1 || n.reduce_dim == static_cast<int>(n.shape.size()) - 1;
-      return fmt::format("{}({}{}{})", name_of(n.reduce), arg(0), last ? "" : fmt::format(", dim={}", n.reduce_dim),
-                         segment);
-    }
-    case OpKind::Cast: return fmt::format("cast({}, {})", arg(0), name_of(n.dtype));
-    case OpKind::MatMul:
-      return fmt::format("matmul({}, {}{})", arg(0), arg(1), n.b_layout == BLayout::KN ? ", layout=kn" : "");
-    case OpKind::Transpose: return fmt::format("transpose({})", arg(0));
-    case OpKind::CausalMask: return fmt::format("{}({})", CausalMaskOp::name, arg(0));
-    case OpKind::RotateHalf: return fmt::format("{}({})", RotateHalfOp::name, arg(0));
-    case OpKind::RotatePairs: return fmt::format("{}({})", RotatePairsOp::name, arg(0));
-    default: return fmt::format("{}(...)", name_of(n.kind));
-  }
-}
-
-// A node as the listing names it: 'y' where the user named it, else its expression and the
-// statement it is part of ("mean(h) inside 'y' (line 5)"; text graphs: one statement a line).
-std::string listed(const Graph& g, int id) {
-  if (std::string name = given_name(g, id); !name.empty()) return "'" + name + "'";
-  const Node& n = g.node(id);
-  std::string out = expression(g, id, 3);
-  if (!n.loc.known()) return out;
-  for (const Node& m : g.nodes())
-    if (m.loc.known() && m.loc.line == n.loc.line && user_named(m))
-      return fmt::format("{} inside '{}' (line {})", out, m.name, n.loc.line);
-  return fmt::format("{} (line {})", out, n.loc.line);
-}
-
 }  // namespace
 
 std::string describe(const Graph& g, const LoweringResult& r) {
   std::string out;
+  const std::vector<std::string> who = user_descriptions(g);
+  auto listed = [&](int id) -> const std::string& { return who[static_cast<size_t>(id)]; };
   // A gated region that starts a B2B pair is its GEMM1; elsewhere a gated GEMM of its own.
   auto starts_pair = [&](int region) {
     for (const B2BCandidate& b : r.b2b_candidates)
@@ -1018,30 +969,30 @@ std::string describe(const Graph& g, const LoweringResult& r) {
   for (size_t i = 0; i < r.regions.size(); ++i) {
     const FusedRegion& reg = r.regions[i];
     out += fmt::format("region {} ({}): GEMM {} + {} epilogue node(s), {} reduction(s), {} stage(s)\n", i,
-                       reg.spec.name, listed(g, reg.matmul_node), reg.fused_nodes.size() - 1,
+                       reg.spec.name, listed(reg.matmul_node), reg.fused_nodes.size() - 1,
                        reg.spec.reduction_count(), reg.spec.stage_count());
     std::string names;
-    for (int id : reg.fused_nodes) names += (names.empty() ? "" : " ") + g.node(id).name;
+    for (int id : reg.fused_nodes) names += (names.empty() ? "" : " ") + short_name(g, id);
     out += fmt::format("  fused: {}\n", names);
   }
   for (const Fallback& f : r.fallbacks)
-    out += fmt::format("fallback: {}{}: {}\n", listed(g, f.node),
+    out += fmt::format("fallback: {}{}: {}\n", listed(f.node),
                        given_name(g, f.node).empty() ? "" : fmt::format(" ({})", name_of(g.node(f.node).kind)), f.reason);
   for (const GatePair& p : r.gate_pairs) {
     const Node &a = g.node(p.first_matmul), &b = g.node(p.gate_matmul);
-    out += fmt::format("gated pair: {} (W1 {}) and {} (W3 {}) meet in {}{}\n", listed(g, a.id), listed(g, a.inputs[1]), listed(g, b.id),
-                       listed(g, b.inputs[1]), listed(g, p.meet_node),
+    out += fmt::format("gated pair: {} (W1 {}) and {} (W3 {}) meet in {}{}\n", listed(a.id), listed(a.inputs[1]), listed(b.id),
+                       listed(b.inputs[1]), listed(p.meet_node),
                        p.blocker.empty() ? fmt::format(": one gated GEMM{} (region {}, two accumulators)",
                                                        starts_pair(p.region) ? "1" : "", p.region)
                                          : ", not merged: " + p.blocker);
   }
   for (const B2BCandidate& b : r.b2b_candidates)
     out += fmt::format("b2b {}: region {} ({}{}) feeds GEMM {} (region {}) through {}{}\n",
-                       b.blocker.empty() ? "pair" : "candidate", b.first_region, listed(g, b.first_matmul),
-                       b.gate_matmul >= 0 ? fmt::format(" gated with {}", listed(g, b.gate_matmul)) : "",
-                       listed(g, b.second_matmul), b.second_region, listed(g, b.via_node),
+                       b.blocker.empty() ? "pair" : "candidate", b.first_region, listed(b.first_matmul),
+                       b.gate_matmul >= 0 ? fmt::format(" gated with {}", listed(b.gate_matmul)) : "",
+                       listed(b.second_matmul), b.second_region, listed(b.via_node),
                        b.blocker.empty() ? ": one kernel, S in registers" : ", not fused: " + b.blocker);
-  for (int id : r.dead_nodes) out += fmt::format("dead: {} reaches no output\n", listed(g, id));
+  for (int id : r.dead_nodes) out += fmt::format("dead: {} reaches no output\n", listed(id));
   for (const std::string& w : r.warnings) out += fmt::format("warning: {}\n", w);
   return out;
 }

@@ -353,12 +353,13 @@ TEST(Lower, AutoNamedValuesAreDescribedInTheUsersTerms) {
   LoweringResult r = lower(t.g);
   const FusionSpec& fs = r.regions.at(0).spec;
   ASSERT_EQ(inner.node().name[0], '%');
-  EXPECT_EQ(fs.describe(inner.node().name), "the sum feeding 's'");
+  EXPECT_EQ(fs.describe(inner.node().name), "sum(matmul(x, w)) feeding 's'");
   EXPECT_EQ(fs.describe("x"), "'x'");
 }
 
-// describe() lists a made-up value as the expression computing it, in the user's names (an API
-// graph has no lines to point at), and a value stored as an output by that output's name.
+// describe() lists a made-up value as the expression computing it, in the user's names, with
+// the named value it feeds (an API graph has no lines to point at), and a value stored as an
+// output by that output's name; the fused list names temporaries one call deep.
 TEST(Lower, DescribeListsMadeUpValuesAsExpressions) {
   Gemm t;
   Value h = t.row("h");
@@ -369,10 +370,11 @@ TEST(Lower, DescribeListsMadeUpValuesAsExpressions) {
   const std::string text = describe(t.g, r);
   const std::string why = ": does not depend on a GEMM accumulator: computed before the kernel and passed as a runtime "
                           "argument\n";
-  EXPECT_NE(text.find("fallback: mean(h)" + why), std::string::npos) << text;
-  EXPECT_NE(text.find("fallback: sub(h, mean(h))" + why), std::string::npos) << text;
+  EXPECT_NE(text.find("fallback: mean(h) feeding 'y'" + why), std::string::npos) << text;
+  EXPECT_NE(text.find("fallback: sub(h, mean(h)) feeding 'y'" + why), std::string::npos) << text;
   EXPECT_NE(text.find("fallback: 's' (reduce)" + why), std::string::npos) << text;
-  EXPECT_NE(text.find("GEMM matmul(x, w) + 1 epilogue node(s)"), std::string::npos) << text;
+  EXPECT_NE(text.find("GEMM matmul(x, w) feeding 'y' + 1 epilogue node(s)"), std::string::npos) << text;
+  EXPECT_NE(text.find("  fused: matmul(x, w) y\n"), std::string::npos) << text;
   EXPECT_EQ(text.find("fallback: '%"), std::string::npos) << text;
   // A per-segment reduction says so (it would read as the whole row's).
   Gemm s;
