@@ -187,7 +187,7 @@ class Graph {
 // node the user named or stores as output 'y'; for one a composite or a nested expression made
 // (named "%reduce3" inside, in no file), the expression computing it in the user's names and the
 // named statement it belongs to, e.g. "mean(h) inside 'y' (line 5)", or, in a graph without
-// lines (the API's), the named value it feeds ("sum(exp(...)) feeding 's'").
+// lines (the API's), the named value it feeds ("sum(exp(sub(..., ...))) feeding 's'").
 std::vector<std::string> user_descriptions(const Graph& g);
 // The user's name for a node: its own, else the output it is stored as; empty for a temporary.
 std::string given_name(const Graph& g, int id);

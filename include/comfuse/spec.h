@@ -123,7 +123,7 @@ struct FusionSpec {
   std::vector<RuntimeArg> args;  // A
   Spec root;
   // How the user knows the graph values this spec names (args, node origins) that the graph
-  // named itself, e.g. "%reduce3" -> "the sum inside 's' (line 3)". For messages only: Φ fills
+  // named itself, e.g. "%reduce3" -> "sum(h) inside 's' (line 3)". For messages only: Φ fills
   // it; it is neither printed nor compared.
   std::map<std::string, std::string> user_names;
   // user_names' entry for a graph name, else the name quoted: "'x'".

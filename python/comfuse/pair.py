@@ -225,7 +225,7 @@ def _why_not_b2b(low, tr: Translator) -> str:
         return rename_reason(f"not one B2B kernel: {blocked[0]}", names)
     falls = low.fallbacks()
     if falls:
-        return rename_reason(f"'{falls[0][1]}' falls back: {falls[0][2]}", names)
+        return rename_reason(f"{falls[0][1]} falls back: {falls[0][2]}", names)
     return "the graph does not lower to exactly one B2B pair"
 
 

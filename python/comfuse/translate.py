@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import operator
+import re
 from dataclasses import dataclass
 
 import torch
@@ -824,10 +825,13 @@ __all__ = ["Translator", "Unsupported", "Gemm", "Halves", "cast_change", "column
 
 
 def rename_reason(reason: str, names: dict[str, str]) -> str:
-    """Φ's reason with canonical graph names replaced by the FX names the user can find."""
-    for cf, fxn in names.items():
-        reason = reason.replace(f"'{cf}'", f"'{fxn}'")
-    return reason
+    """Φ's reason with canonical graph names replaced by the FX names the user can find: quoted
+    ('a'), and bare as an operand of the expressions Φ names made-up values by (matmul(a, b))."""
+    if not names:
+        return reason
+    alt = "|".join(sorted(map(re.escape, names), key=len, reverse=True))
+    pat = re.compile(rf"'({alt})'|(?:(?<=\()|(?<=, ))({alt})(?=[,)])")
+    return pat.sub(lambda m: f"'{names[m.group(1)]}'" if m.group(1) else names[m.group(2)], reason)
 
 
 # The rules for aten ops without a primitive, and for values over segments, build on TV and

@@ -432,8 +432,10 @@ NB_MODULE(_core, m) {
         return out;
       })
       .def("fallbacks", [](const PyLowering& l) {
+        // Each node as the user knows it (graph.h user_descriptions), not the graph's made-up name.
         std::vector<std::tuple<int, std::string, std::string>> out;
-        for (const Fallback& f : l.result.fallbacks) out.emplace_back(f.node, l.graph->node(f.node).name, f.reason);
+        const std::vector<std::string> who = user_descriptions(*l.graph);
+        for (const Fallback& f : l.result.fallbacks) out.emplace_back(f.node, who[static_cast<size_t>(f.node)], f.reason);
         return out;
       })
       .def("dead_nodes", [](const PyLowering& l) { return l.result.dead_nodes; })

@@ -470,17 +470,27 @@ std::string given_name(const Graph& g, int id) {
   return "";
 }
 
+namespace {
+
+// A value as the expression computing it in the user's names, temporaries `depth` calls deep at
+// most ("..." below): a made-up name ("%reduce4") is in no file.
 std::string expression(const Graph& g, int id, int depth) {
   const Node& n = g.node(id);
   if (std::string name = given_name(g, id); !name.empty()) return name;
   if (n.kind == OpKind::Constant) return fmt::format("{}", n.value);
   if (depth == 0) return "...";
   auto arg = [&](size_t i) { return expression(g, n.inputs.at(i), depth - 1); };
-  // A per-segment reduction (or a binary with a segment of its own) reads like a whole-row one without it.
+  // A per-segment reduction (or a binary with a segment of its own, not one its operands carry)
+  // reads like a whole-row one without it; graph_text.cpp prints them so.
   const std::string segment = n.segment ? fmt::format(", segment={}", n.segment) : "";
+  const bool own_segment = n.kind == OpKind::Binary && n.segment > 0 && g.node(n.inputs.at(0)).segment != n.segment &&
+                           g.node(n.inputs.at(1)).segment != n.segment;
   switch (n.kind) {
+    case OpKind::Input: return n.name;
+    case OpKind::Constant: return fmt::format("{}", n.value);
     case OpKind::Unary: return fmt::format("{}({})", name_of(n.unary), arg(0));
-    case OpKind::Binary: return fmt::format("{}({}, {}{})", name_of(n.binary), arg(0), arg(1), segment);
+    case OpKind::Binary:
+      return fmt::format("{}({}, {}{})", name_of(n.binary), arg(0), arg(1), own_segment ? segment : "");
     case OpKind::Reduce: {
       const bool last = n.reduce_dim == -1 || n.reduce_dim == static_cast<int>(n.shape.size()) - 1;
       return fmt::format("{}({}{}{})", name_of(n.reduce), arg(0), last ? "" : fmt::format(", dim={}", n.reduce_dim),
@@ -491,11 +501,13 @@ std::string expression(const Graph& g, int id, int depth) {
       return fmt::format("matmul({}, {}{})", arg(0), arg(1), n.b_layout == BLayout::KN ? ", layout=kn" : "");
     case OpKind::Transpose: return fmt::format("transpose({})", arg(0));
     case OpKind::CausalMask: return fmt::format("{}({})", CausalMaskOp::name, arg(0));
-    case OpKind::RotateHalf: return fmt::format("{}({})", RotateHalfOp::name, arg(0));
-    case OpKind::RotatePairs: return fmt::format("{}({})", RotatePairsOp::name, arg(0));
-    default: return fmt::format("{}(...)", name_of(n.kind));
+    case OpKind::RotateHalf: return fmt::format("{}({}{})", RotateHalfOp::name, arg(0), segment);
+    case OpKind::RotatePairs: return fmt::format("{}({}{})", RotatePairsOp::name, arg(0), segment);
   }
+  return "?";
 }
+
+}  // namespace
 
 std::vector<std::string> user_descriptions(const Graph& g) {
   const auto& nodes = g.nodes();

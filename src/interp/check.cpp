@@ -70,7 +70,7 @@ void check_sizes(const Graph& g, const Bindings& dims) {
       const Dim& last = n.shape.back();
       if (const int64_t cols = resolve(last, dims); cols % n.segment != 0) {
         if (who.empty()) who = user_descriptions(g);
-        throw Error(n.loc, fmt::format("{}: its last dim {} = {} is not a whole number of runs of {} columns",
+        throw Error(n.loc, fmt::format("the last dim of {}, {} = {}, is not a whole number of runs of {} columns",
                                        who[static_cast<size_t>(n.id)], last.str(), cols, n.segment));
       }
     }

@@ -193,7 +193,7 @@ class Lowering {
       if (region_of_[in] == r) continue;
       const Node& leaf = g_.node(in);
       if (depends_on_gemm_[in])
-        return fmt::format("operand '{}' comes from outside this GEMM's epilogue ({})", leaf.name,
+        return fmt::format("operand {} comes from outside this GEMM's epilogue ({})", who(in),
                            region_of_[in] == kNoRegion ? "an unfused node" : "another GEMM region");
       // An operand of the segment's length, read periodically (segment_conflict checked the
       // segment is this region's).
@@ -201,14 +201,14 @@ class Lowering {
       const auto leaf_cls = classify(leaf.shape, f);
       // A batched kernel reads no per-batch column vector (ColBroadcast has one vector for all).
       if (f.batch && (!leaf_cls || leaf_cls == ValueClass::Col))
-        return fmt::format("operand '{}' of shape {} is not a scalar, a row vector [N] or a per-batch tile [B, M, N] "
+        return fmt::format("operand {} of shape {} is not a scalar, a row vector [N] or a per-batch tile [B, M, N] "
                            "of this batched GEMM's output [{}, {}, {}] (a batched kernel reads no [M, N] or [M, 1] "
                            "operand shared by the batches, and no per-batch column [B, M, 1] or row [B, 1, N])",
-                           leaf.name, to_string(leaf.shape), f.batch->str(), f.m.str(), f.n.str());
+                           who(in), to_string(leaf.shape), f.batch->str(), f.m.str(), f.n.str());
       if (!leaf_cls)
-        return fmt::format("operand '{}' of shape {} is not a scalar, a row vector [N], a column vector [M, 1] or "
+        return fmt::format("operand {} of shape {} is not a scalar, a row vector [N], a column vector [M, 1] or "
                            "a tile [M, N] of this GEMM's output",
-                           leaf.name, to_string(leaf.shape));
+                           who(in), to_string(leaf.shape));
     }
     return "";
   }
@@ -248,11 +248,8 @@ class Lowering {
     return "";
   }
 
-  // A node as the user knows it: 'name', or what the graph's own name stands for.
-  std::string who(int id) const {
-    const std::string& name = g_.node(id).name;
-    return !name.empty() && name[0] == '%' ? described()[static_cast<size_t>(id)] : "'" + name + "'";
-  }
+  // A node as the user knows it (graph.h user_descriptions).
+  const std::string& who(int id) const { return described()[static_cast<size_t>(id)]; }
 
   // Pairs of live matmuls whose values meet in a binary elementwise node, neither downstream of
   // the other; each matmul joins at most one merged pair (the first found).
@@ -456,9 +453,9 @@ class Lowering {
           return !depends_on_gemm_[in] && periodic_leaf(n, g_.node(in), f);
         });
         if (leaf == n.inputs.end()) continue;
-        reason_[id] = fmt::format("operand '{}' of shape {} repeats every {} columns, but no segmented reduction or "
+        reason_[id] = fmt::format("operand {} of shape {} repeats every {} columns, but no segmented reduction or "
                                   "rotation of this epilogue works on those runs",
-                                  g_.node(*leaf).name, to_string(g_.node(*leaf).shape), n.segment);
+                                  who(*leaf), to_string(g_.node(*leaf).shape), n.segment);
         evict(r, id);
         changed = true;
         break;
@@ -866,12 +863,13 @@ class Lowering {
     for (int c : consumers_[t.id]) {
       const Node& mm = g_.node(c);
       if (mm.kind != OpKind::MatMul) continue;
-      const std::string& src = g_.node(t.inputs[0]).name;
+      const std::string src = short_name(g_, t.inputs[0]);
       if (mm.inputs[1] == t.id)
-        return fmt::format("; matmul({}, {}{}) reads B = '{}' in the other layout without a transpose",
-                           g_.node(mm.inputs[0]).name, src, mm.b_layout == BLayout::NK ? ", layout=kn" : "", src);
-      return fmt::format("; the kernel reads A as [M, K] row-major: give '{}' to matmul '{}' already transposed",
-                         src, mm.name);
+        return fmt::format("; matmul({}, {}{}) reads B = {} in the other layout without a transpose",
+                           short_name(g_, mm.inputs[0]), src, mm.b_layout == BLayout::NK ? ", layout=kn" : "",
+                           who(t.inputs[0]));
+      return fmt::format("; the kernel reads A as [M, K] row-major: give {} to matmul {} already transposed",
+                         who(t.inputs[0]), who(mm.id));
     }
     return "";
   }
@@ -890,16 +888,16 @@ class Lowering {
       // GEMM2 reads S from registers as its A operand and W2 from global memory by TMA: W2
       // must be a graph input, and S a 16-bit value (the register operand of a 16-bit MMA).
       if (gemm2.inputs.size() > 1 && depends_on_gemm_[gemm2.inputs[1]])
-        b.blocker = fmt::format("'{}' reads operand B '{}' from a GEMM", gemm2.name, g_.node(gemm2.inputs[1]).name);
+        b.blocker = fmt::format("{} reads operand B {} from a GEMM", who(gemm2.id), who(gemm2.inputs[1]));
       if (segment_[r1] > 0 || segment_[r2] > 0)
         b.blocker = "per-segment epilogues (per-head reductions, rotate_half) run in the single-GEMM kernels only";
       if (g_.node(via).dtype == DType::F32)
-        b.blocker = fmt::format("'{}' is f32; the second GEMM reads a 16-bit operand (cast it)", g_.node(via).name);
+        b.blocker = fmt::format("{} is f32; the second GEMM reads a 16-bit operand (cast it)", who(via));
       for (int c : consumers_[via])
         if (live_[c] && c != roots_[r2])
-          b.blocker = fmt::format("'{}' is also read by '{}': it must be stored", g_.node(via).name, g_.node(c).name);
+          b.blocker = fmt::format("{} is also read by {}: it must be stored", who(via), who(c));
       for (const GraphOutput& o : g_.outputs())
-        if (o.node == via) b.blocker = fmt::format("'{}' is a graph output: it must be stored", g_.node(via).name);
+        if (o.node == via) b.blocker = fmt::format("{} is a graph output: it must be stored", who(via));
       if (b.blocker.empty())
         for (int id : members_[r1]) {
           if (id == via) continue;
@@ -907,7 +905,7 @@ class Lowering {
           for (const GraphOutput& o : g_.outputs()) out = out || o.node == id;
           for (int c : consumers_[id]) out = out || (live_[c] && region_of_[c] != r1);
           if (out) {
-            b.blocker = fmt::format("the first GEMM's epilogue also stores '{}'", g_.node(id).name);
+            b.blocker = fmt::format("the first GEMM's epilogue also stores {}", who(id));
             break;
           }
         }
@@ -952,10 +950,6 @@ const B2BCandidate* one_b2b_kernel(const LoweringResult& r) {
   return r.b2b_candidates[0].blocker.empty() ? &r.b2b_candidates[0] : nullptr;
 }
 
-namespace {
-
-}  // namespace
-
 std::string describe(const Graph& g, const LoweringResult& r) {
   std::string out;
   const std::vector<std::string> who = user_descriptions(g);
@@ -972,7 +966,7 @@ std::string describe(const Graph& g, const LoweringResult& r) {
                        reg.spec.name, listed(reg.matmul_node), reg.fused_nodes.size() - 1,
                        reg.spec.reduction_count(), reg.spec.stage_count());
     std::string names;
-    for (int id : reg.fused_nodes) names += (names.empty() ? "" : " ") + short_name(g, id);
+    for (int id : reg.fused_nodes) names += (names.empty() ? "" : "; ") + short_name(g, id);
     out += fmt::format("  fused: {}\n", names);
   }
   for (const Fallback& f : r.fallbacks)

@@ -23,9 +23,11 @@ void check_operands(const FusionSpec& s) {
   const RuntimeArg& b = s.args[static_cast<size_t>(ib)];
   for (const RuntimeArg* x : {&a, &b})
     if (x->dtype == DType::F32)
-      throw Error(fmt::format("GEMM {} reads operand {} {} in f32; the tensor cores take bf16 or f16 operands: declare "
-                              "it bf16 or f16, or cast it (e.g. cast({}, bf16))",
-                              gemm_name(s), x == &a ? "A" : "B", s.describe(x->name), x->name));
+      throw Error(fmt::format("GEMM {} reads operand {} {} in f32; the tensor cores take bf16 or f16 operands: {}",
+                              gemm_name(s), x == &a ? "A" : "B", s.describe(x->name),
+                              !x->name.empty() && x->name[0] == '%'
+                                  ? "cast it to bf16 or f16 where it is computed"
+                                  : fmt::format("declare it bf16 or f16, or cast it (e.g. cast({}, bf16))", x->name)));
   if (a.dtype != b.dtype)
     throw Error(fmt::format("GEMM {} reads A {} as {} and B {} as {}: both operands must be bf16 or both f16",
                             gemm_name(s), s.describe(a.name), name_of(a.dtype), s.describe(b.name), name_of(b.dtype)));

@@ -374,7 +374,7 @@ TEST(Lower, DescribeListsMadeUpValuesAsExpressions) {
   EXPECT_NE(text.find("fallback: sub(h, mean(h)) feeding 'y'" + why), std::string::npos) << text;
   EXPECT_NE(text.find("fallback: 's' (reduce)" + why), std::string::npos) << text;
   EXPECT_NE(text.find("GEMM matmul(x, w) feeding 'y' + 1 epilogue node(s)"), std::string::npos) << text;
-  EXPECT_NE(text.find("  fused: matmul(x, w) y\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("  fused: matmul(x, w); y\n"), std::string::npos) << text;
   EXPECT_EQ(text.find("fallback: '%"), std::string::npos) << text;
   // A per-segment reduction says so (it would read as the whole row's).
   Gemm s;

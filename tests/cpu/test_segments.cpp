@@ -78,7 +78,7 @@ TEST(Segments, GraphKeepsTheShapeAndReadsTheVectorPeriodically) {
   const Tensor& got = out.at("y");
   ASSERT_EQ(got.shape, want.shape);
   // N bound to no whole number of runs: refused in the user's names, before any arithmetic.
-  expect_error([&] { run_graph(t.g, dims(5, 20, 16), in); }, "N = 20 is not a whole number of runs of 8 columns");
+  expect_error([&] { run_graph(t.g, dims(5, 20, 16), in); }, "N = 20, is not a whole number of runs of 8 columns");
   // y is stored as f32: within its rounding.
   for (size_t i = 0; i < want.data.size(); ++i) ASSERT_NEAR(got.data[i], want.data[i], 1e-6 * (1 + std::fabs(want.data[i]))) << i;
 }

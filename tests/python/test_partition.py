@@ -259,3 +259,14 @@ def test_bucket():
     from comfuse.partition import m_bucket
 
     assert [m_bucket(m) for m in (1, 8, 9, 32, 64, 65, 1000, 8192)] == [8, 8, 16, 32, 64, 128, 1024, 8192]
+
+
+def test_rename_reason_renames_quoted_and_expression_operands():
+    """Φ names a made-up value by its expression (matmul(a, b)); the FX names replace the graph's
+    in it as in quoted names, whole names only."""
+    from comfuse.translate import rename_reason
+    names = {"a": "x_fx", "b": "w_fx", "in2": "bias", "out0": "linear"}
+    assert (rename_reason("sum(add(matmul(a, b), in2)) feeding 'out0': operand 'a' is f32", names)
+            == "sum(add(matmul(x_fx, w_fx), bias)) feeding 'linear': operand 'x_fx' is f32")
+    assert rename_reason("mean(ab) inside 'a2' (line 3)", names) == "mean(ab) inside 'a2' (line 3)"
+    assert rename_reason("anything", {}) == "anything"
