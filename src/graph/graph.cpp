@@ -477,8 +477,7 @@ namespace {
 std::string expression(const Graph& g, int id, int depth) {
   const Node& n = g.node(id);
   if (std::string name = given_name(g, id); !name.empty()) return name;
-  if (n.kind == OpKind::Constant) return fmt::format("{}", n.value);
-  if (depth == 0) return "...";
+  if (depth == 0 && n.kind != OpKind::Constant) return "...";
   auto arg = [&](size_t i) { return expression(g, n.inputs.at(i), depth - 1); };
   // A per-segment reduction (or a binary with a segment of its own, not one its operands carry)
   // reads like a whole-row one without it; graph_text.cpp prints them so.
