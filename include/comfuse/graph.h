@@ -193,7 +193,9 @@ std::vector<std::string> user_descriptions(const Graph& g);
 std::string given_name(const Graph& g, int id);
 // A node in a list: its given name, else its expression one call deep ("mean(h)", "sub(x, ...)").
 std::string short_name(const Graph& g, int id);
-// Whether n's name is one the user gave, not one the graph made up ("%reduce3").
+// Whether a name is one the graph made up ("%reduce3"), not one the user gave.
+bool made_up_name(std::string_view name);
+// Whether n's name is one the user gave.
 bool user_named(const Node& n);
 
 // ---- Problem sizes (src/graph/problem.cpp) --------------------------------------------

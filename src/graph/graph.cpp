@@ -461,7 +461,8 @@ std::string op_label(const Node& n) {
 
 }  // namespace
 
-bool user_named(const Node& n) { return !n.name.empty() && n.name[0] != '%'; }
+bool made_up_name(std::string_view name) { return !name.empty() && name[0] == '%'; }
+bool user_named(const Node& n) { return !n.name.empty() && !made_up_name(n.name); }
 
 std::string given_name(const Graph& g, int id) {
   if (user_named(g.node(id))) return g.node(id).name;

@@ -815,7 +815,7 @@ class Lowering {
   // Graph names the graph made up itself ("%reduce3"), in the user's terms, for messages.
   void name_for_user(FusionSpec& fs) {
     auto note = [&](const std::string& name) {
-      if (name.empty() || name[0] != '%' || fs.user_names.count(name)) return;
+      if (!made_up_name(name) || fs.user_names.count(name)) return;
       if (const int id = g_.find(name); id >= 0) fs.user_names[name] = described()[static_cast<size_t>(id)];
     };
     for (const RuntimeArg& a : fs.args) {

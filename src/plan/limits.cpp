@@ -25,7 +25,7 @@ void check_operands(const FusionSpec& s) {
     if (x->dtype == DType::F32)
       throw Error(fmt::format("GEMM {} reads operand {} {} in f32; the tensor cores take bf16 or f16 operands: {}",
                               gemm_name(s), x == &a ? "A" : "B", s.describe(x->name),
-                              !x->name.empty() && x->name[0] == '%'
+                              made_up_name(x->name)
                                   ? "cast it to bf16 or f16 where it is computed"
                                   : fmt::format("declare it bf16 or f16, or cast it (e.g. cast({}, bf16))", x->name)));
   if (a.dtype != b.dtype)
