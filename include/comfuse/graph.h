@@ -188,11 +188,19 @@ class Graph {
 // (named "%reduce3" inside, in no file), the expression computing it in the user's names and the
 // named statement it belongs to, e.g. "mean(h) inside 'y' (line 5)", or, in a graph without
 // lines (the API's), the named value it feeds ("sum(exp(sub(..., ...))) feeding 's'").
-std::vector<std::string> user_descriptions(const Graph& g);
+// SourceLines::Omit leaves the "(line 5)" out, for a message that an Error already places at
+// the node's own line.
+enum class SourceLines { Say, Omit };
+std::vector<std::string> user_descriptions(const Graph& g, SourceLines lines = SourceLines::Say);
 // The user's name for a node: its own, else the output it is stored as; empty for a temporary.
 std::string given_name(const Graph& g, int id);
 // A node in a list: its given name, else its expression one call deep ("mean(h)", "sub(x, ...)").
 std::string short_name(const Graph& g, int id);
+// Node n as the text format calls its op on `args` (its operands' texts, in order), keyword
+// arguments included: "sum(x, dim=0)", "rotate_half(q, segment=64)". The one spelling of every
+// op for print_graph (text/graph_text.cpp) and the expressions of user_descriptions. Not for
+// inputs and constants (no call).
+std::string call_text(const Graph& g, const Node& n, const std::vector<std::string>& args);
 // Whether a name is one the graph made up ("%reduce3"), not one the user gave.
 bool made_up_name(std::string_view name);
 // Whether n's name is one the user gave.
@@ -207,7 +215,8 @@ bool user_named(const Node& n);
 // groups past the last (hence the margin of 4096); TMA coordinates are int32.
 inline constexpr int64_t kMaxDimSize = (int64_t{1} << 31) - 256;  // 2147483392
 inline constexpr int64_t kMaxTiles64 = (int64_t{1} << 31) - 4096;  // ceil(M/64) * ceil(N/64)
-// `name` says which dim ("M", "N (D)", "'K'").
+inline constexpr bool dim_size_ok(int64_t v) { return v >= 1 && v <= kMaxDimSize; }
+// Throws unless dim_size_ok(v); `name` says which dim ("M", "N (D)", "'K'").
 void check_dim_size(const std::string& name, int64_t v);
 void check_problem_size(int64_t m, int64_t n, int64_t k, const std::string& m_name = "M",
                         const std::string& n_name = "N", const std::string& k_name = "K");

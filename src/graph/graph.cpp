@@ -7,9 +7,6 @@
 #include <unordered_map>
 
 namespace comfuse {
-namespace {
-std::string op_label(const Node& n);  // "sum", "cast to bf16": for messages (below)
-}  // namespace
 
 std::string Dim::str() const { return sym.empty() ? std::to_string(size) : sym; }
 
@@ -149,7 +146,8 @@ Value Graph::matmul(Value a, Value b, BLayout layout) {
   check_handle(this, b, "matmul", loc_);
   const Node &na = node(a.id), &nb = node(b.id);
   auto who = [&](const Node& x) {
-    return user_named(x) ? fmt::format("'{}' {}", x.name, to_string(x.shape)) : fmt::format("the {} {}", op_label(x), to_string(x.shape));
+    return user_named(x) ? fmt::format("'{}' {}", x.name, to_string(x.shape))
+                         : fmt::format("{} {}", short_name(*this, x.id), to_string(x.shape));
   };
   // Rank 2: one GEMM. Rank 3: a batched matmul, one GEMM per index of the shared leading dim.
   const size_t ra = na.shape.size(), rb = nb.shape.size();
@@ -305,9 +303,9 @@ Value Graph::transpose(Value x) {
 Value Graph::causal_mask(Value x) {
   check_handle(this, x, CausalMaskOp::name, loc_);
   const Shape& s = node(x.id).shape;
-  auto who = [&] {  // the operand as the user wrote it: by name, or the op a nested expression applies
+  auto who = [&] {  // the operand as the user wrote it: by name, or the nested expression
     const Node& in = node(x.id);
-    return user_named(in) ? fmt::format("'{}'", in.name) : fmt::format("the {} it is given", op_label(in));
+    return user_named(in) ? fmt::format("'{}'", in.name) : short_name(*this, x.id);
   };
   if (s.size() != 2 && s.size() != 3)
     throw Error(loc_, fmt::format("{}: {} has shape {}; the mask applies to a tile [M, N] of a matmul's output "
@@ -440,27 +438,6 @@ void Graph::output(Value v, const std::string& name, DType dtype) {
   outputs_.push_back(GraphOutput{v.id, name, dtype, loc_});
 }
 
-namespace {
-
-std::string op_label(const Node& n) {
-  switch (n.kind) {
-    case OpKind::Input: return "input";
-    case OpKind::Constant: return fmt::format("constant {}", n.value);
-    case OpKind::MatMul: return "matmul";
-    case OpKind::Unary: return std::string(name_of(n.unary));
-    case OpKind::Binary: return std::string(name_of(n.binary));
-    case OpKind::Cast: return fmt::format("cast to {}", name_of(n.dtype));
-    case OpKind::Reduce: return std::string(name_of(n.reduce));
-    case OpKind::Transpose: return "transpose";
-    case OpKind::CausalMask: return std::string(CausalMaskOp::name);
-    case OpKind::RotateHalf: return std::string(RotateHalfOp::name);
-    case OpKind::RotatePairs: return std::string(RotatePairsOp::name);
-  }
-  return "?";
-}
-
-}  // namespace
-
 bool made_up_name(std::string_view name) { return !name.empty() && name[0] == '%'; }
 bool user_named(const Node& n) { return !n.name.empty() && !made_up_name(n.name); }
 
@@ -478,19 +455,30 @@ namespace {
 std::string expression(const Graph& g, int id, int depth) {
   const Node& n = g.node(id);
   if (std::string name = given_name(g, id); !name.empty()) return name;
-  if (depth == 0 && n.kind != OpKind::Constant) return "...";
-  auto arg = [&](size_t i) { return expression(g, n.inputs.at(i), depth - 1); };
-  // A per-segment reduction (or a binary with a segment of its own, not one its operands carry)
-  // reads like a whole-row one without it; graph_text.cpp prints them so.
+  if (n.kind == OpKind::Input) return n.name;
+  if (n.kind == OpKind::Constant) return fmt::format("{}", n.value);
+  if (depth == 0) return "...";
+  std::vector<std::string> args;
+  for (int in : n.inputs) args.push_back(expression(g, in, depth - 1));
+  return call_text(g, n, args);
+}
+
+}  // namespace
+
+std::string call_text(const Graph& g, const Node& n, const std::vector<std::string>& args) {
+  auto arg = [&](size_t i) -> const std::string& { return args.at(i); };
+  // A segment neither operand carries is a binary's own (a periodic operand against an
+  // unsegmented value); a per-segment reduction or rotation reads like a whole-row one without it.
   const std::string segment = n.segment ? fmt::format(", segment={}", n.segment) : "";
-  const bool own_segment = n.kind == OpKind::Binary && n.segment > 0 && g.node(n.inputs.at(0)).segment != n.segment &&
-                           g.node(n.inputs.at(1)).segment != n.segment;
   switch (n.kind) {
-    case OpKind::Input: return n.name;
-    case OpKind::Constant: return fmt::format("{}", n.value);
+    case OpKind::Input:
+    case OpKind::Constant: break;
     case OpKind::Unary: return fmt::format("{}({})", name_of(n.unary), arg(0));
-    case OpKind::Binary:
-      return fmt::format("{}({}, {}{})", name_of(n.binary), arg(0), arg(1), own_segment ? segment : "");
+    case OpKind::Binary: {
+      const bool own = n.segment > 0 && g.node(n.inputs.at(0)).segment != n.segment &&
+                       g.node(n.inputs.at(1)).segment != n.segment;
+      return fmt::format("{}({}, {}{})", name_of(n.binary), arg(0), arg(1), own ? segment : "");
+    }
     case OpKind::Reduce: {
       const bool last = n.reduce_dim == -1 || n.reduce_dim == static_cast<int>(n.shape.size()) - 1;
       return fmt::format("{}({}{}{})", name_of(n.reduce), arg(0), last ? "" : fmt::format(", dim={}", n.reduce_dim),
@@ -504,12 +492,10 @@ std::string expression(const Graph& g, int id, int depth) {
     case OpKind::RotateHalf: return fmt::format("{}({}{})", RotateHalfOp::name, arg(0), segment);
     case OpKind::RotatePairs: return fmt::format("{}({}{})", RotatePairsOp::name, arg(0), segment);
   }
-  return "?";
+  throw Error(fmt::format("call_text: node {} ({}) is not an op call", n.id, n.name));
 }
 
-}  // namespace
-
-std::vector<std::string> user_descriptions(const Graph& g) {
+std::vector<std::string> user_descriptions(const Graph& g, SourceLines lines) {
   const auto& nodes = g.nodes();
   const auto consumers = g.consumers();
   std::vector<std::string> given(nodes.size());
@@ -535,12 +521,13 @@ std::vector<std::string> user_descriptions(const Graph& g) {
     // A literal alone reads as a number: say what it is.
     const std::string what =
         n.kind == OpKind::Constant ? fmt::format("the constant {}", n.value) : expression(g, n.id, 3);
+    const std::string line = lines == SourceLines::Say ? fmt::format(" (line {})", n.loc.line) : std::string();
     if (auto it = named_on_line.find(n.loc.line); n.loc.known() && it != named_on_line.end())
-      d = fmt::format("{} inside '{}' (line {})", what, g.node(it->second).name, n.loc.line);
+      d = fmt::format("{} inside '{}'{}", what, g.node(it->second).name, line);
     else if (const int f = feeds[static_cast<size_t>(n.id)]; f >= 0)
       d = fmt::format("{} feeding '{}'", what, given[static_cast<size_t>(f)]);
     else if (n.loc.known())
-      d = fmt::format("{} (line {})", what, n.loc.line);
+      d = what + line;
     else
       d = what;
   }

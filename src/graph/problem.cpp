@@ -11,6 +11,7 @@ std::string dim_label(const Dim& d, const std::string& role) {
 }
 
 void check_dim_size(const std::string& name, int64_t v) {
+  if (dim_size_ok(v)) return;
   if (v < 1) throw Error(fmt::format("{} = {}: a dimension must be at least 1", name, v));
   if (v > kMaxDimSize)
     throw Error(fmt::format("{} = {} exceeds {} (2^31 - 256): the kernel holds M, N and K in 32-bit integers and "

@@ -62,22 +62,24 @@ double rounding_tolerance(DType t) { return t == DType::BF16 ? 4e-3 : t == DType
 
 void check_sizes(const Graph& g, const Bindings& dims) {
   std::set<std::string> seen;
-  std::vector<std::string> who;  // user_descriptions(g), built when a message needs it
   for (const Node& n : g.nodes()) {
     // A per-segment value's last dim (a segmented reduction's, rotate_half's, a periodic operand's
     // consumer's), bound now, in whole runs (graph.cpp checked it where concrete).
     if (n.segment > 0 && !n.shape.empty()) {
       const Dim& last = n.shape.back();
       if (const int64_t cols = resolve(last, dims); cols % n.segment != 0) {
-        if (who.empty()) who = user_descriptions(g);
         throw Error(n.loc, fmt::format("the last dim of {}, {} = {}, is not a whole number of runs of {} columns",
-                                       who[static_cast<size_t>(n.id)], last.str(), cols, n.segment));
+                                       user_descriptions(g, SourceLines::Omit)[static_cast<size_t>(n.id)],
+                                       last.str(), cols, n.segment));
       }
     }
     for (const Dim& d : n.shape) {
-      const std::string name = d.sym.empty() ? fmt::format("a dimension of '{}'", n.name) : d.sym;
       if (!d.sym.empty() && !seen.insert(d.sym).second) continue;
-      check_dim_size(name, resolve(d, dims));
+      const int64_t v = resolve(d, dims);
+      if (!dim_size_ok(v))  // the message names the node only on the way out (a pass over the graph)
+        check_dim_size(d.sym.empty() ? fmt::format("a dimension of {}", user_descriptions(g)[static_cast<size_t>(n.id)])
+                                     : d.sym,
+                       v);
     }
     if (n.kind == OpKind::MatMul) {  // [M, N] or batched [B, M, N]: the last two dims
       const Node& a = g.node(n.inputs[0]);

@@ -653,7 +653,12 @@ class Lowering {
     region.matmul_node = mm.id;
     region.fused_nodes = members_[r];
     FusionSpec& fs = region.spec;
-    fs.name = fmt::format("region{}_{}", r, mm.name);
+    // Named as the user knows it (the kernel's file and symbol carry it): the matmul's own name,
+    // else the first output the region stores.
+    std::string label = given_name(g_, mm.id);
+    for (const GraphOutput& o : g_.outputs())
+      if (label.empty() && std::find(members_[r].begin(), members_[r].end(), o.node) != members_[r].end()) label = o.name;
+    fs.name = fmt::format("region{}_{}", r, label.empty() ? "matmul" : label);
     fs.b_layout = mm.b_layout;
     const OutFrame frame = frame_of(mm);
     fs.m = frame.m;

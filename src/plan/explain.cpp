@@ -40,11 +40,11 @@ std::string stage_line(const FusionSpec& s, const std::vector<plan_detail::Stage
   std::string in, out;
   for (const SpecNode& n : st.nodes)
     if (n.category == NodeCategory::Placeholder && n.placeholder == PlaceholderKind::Bypass && ref.parent >= 0)
-      in += (in.empty() ? "" : ", ") + named(*stages[static_cast<size_t>(ref.parent)].spec, n.source);
+      in += (in.empty() ? "" : "; ") + named(*stages[static_cast<size_t>(ref.parent)].spec, n.source);
   for (const Spec& child : st.children)
     for (const SpecNode& n : child.nodes)
       if (n.category == NodeCategory::Placeholder && n.placeholder == PlaceholderKind::Bypass)
-        out += (out.empty() ? "" : ", ") + named(st, n.source);
+        out += (out.empty() ? "" : "; ") + named(st, n.source);
   return fmt::format("  {}: {} node(s): {} | terminal: {} | bypass in: {} | bypass out: {}", head,
                      st.nodes.size(), nodes, term, in.empty() ? "-" : in, out.empty() ? "-" : out);
 }
@@ -104,7 +104,7 @@ std::string explain(const FusionSpec& s, const Plan& p) {
   std::string strat(name_of(p.strategy()));
   if (p.strategy() == RowStrategy::SmemStash || p.strategy() == RowStrategy::WorkspaceStash) {
     std::string vals;
-    for (const std::string& v : p.stashed) vals += (vals.empty() ? "" : ", ") + v;
+    for (const std::string& v : p.stashed) vals += (vals.empty() ? "" : "; ") + v;
     strat += fmt::format(" ({} {}{})", p.kernel.stash_elem_bytes == 2 ? "bf16" : "fp32", vals.empty() ? "nothing" : vals,
                          p.strategy() == RowStrategy::WorkspaceStash ? ", workspace " + fmt_bytes(p.workspace_bytes) : "");
   }

@@ -46,12 +46,10 @@ void check_tile_bypass(const FusionSpec& s) {
     if (names.size() <= 1 || st.parent < 0) continue;
     const Spec& parent = *stages[static_cast<size_t>(st.parent)].spec;
     const std::string red = s.describe(parent.nodes.at(static_cast<size_t>(st.parent_reduction)).origin);
-    const std::string last = names.back();
-    names.pop_back();
-    throw Error(fmt::format("{} tile-shaped values across a reduction: {} and {} are needed after {}; the device "
-                            "carries one (in the accumulator registers): compute the others from that one, or split "
-                            "the epilogue there",
-                            names.size() + 1, fmt::join(names, ", "), last, red));
+    throw Error(fmt::format("{} tile-shaped values cross the reduction {}: {}; the device carries one "
+                            "(in the accumulator registers): compute the others from that one, or split the "
+                            "epilogue there",
+                            names.size(), red, fmt::join(names, "; ")));
   }
 }
 
@@ -68,7 +66,7 @@ void check_capacities(const FusionSpec& s) {
   auto limit = [&](const std::vector<std::string>& v, int most, const char* verb, const char* what) {
     if (static_cast<int>(v.size()) > most)
       throw Error(fmt::format("the epilogue of GEMM {} {} {} {} ({}); the kernel takes at most {}", gemm_name(s), verb,
-                              v.size(), what, fmt::join(v, ", "), most));
+                              v.size(), what, fmt::join(v, "; "), most));
   };
   limit(vectors, Sm90::kMaxVectors, "reads", "row/column vectors");
   limit(scalars, Sm90::kMaxScalars, "reads", "runtime scalars");

@@ -717,45 +717,12 @@ std::string print_graph(const Graph& g) {
           throw Error(fmt::format("print_graph: constant `{}` is NaN, which the text format cannot express", n.name));
         out += fmt::format("{} = const({})\n", name(n.id), n.value);
         break;
-      case OpKind::MatMul:
-        out += fmt::format("{} = matmul({}, {}{})\n", name(n.id), name(n.inputs.at(0)), name(n.inputs.at(1)),
-                           n.b_layout == BLayout::KN ? ", layout=kn" : "");
-        break;
-      case OpKind::Unary:
-        out += fmt::format("{} = {}({})\n", name(n.id), name_of(n.unary), name(n.inputs.at(0)));
-        break;
-      case OpKind::Binary: {
-        // A segment neither operand carries was the binary's own (a periodic operand against an
-        // unsegmented value): say it.
-        const bool own = n.segment && g.node(n.inputs.at(0)).segment != n.segment &&
-                         g.node(n.inputs.at(1)).segment != n.segment;
-        out += fmt::format("{} = {}({}, {}{})\n", name(n.id), name_of(n.binary), name(n.inputs.at(0)),
-                           name(n.inputs.at(1)), own ? fmt::format(", segment={}", n.segment) : std::string());
+      default: {
+        std::vector<std::string> args;
+        for (int in : n.inputs) args.push_back(name(in));
+        out += fmt::format("{} = {}\n", name(n.id), call_text(g, n, args));
         break;
       }
-      case OpKind::Cast:
-        out += fmt::format("{} = cast({}, {})\n", name(n.id), name(n.inputs.at(0)), name_of(n.dtype));
-        break;
-      case OpKind::Reduce: {
-        const int rank = static_cast<int>(n.shape.size());
-        const bool last = n.reduce_dim == -1 || n.reduce_dim == rank - 1;
-        out += fmt::format("{} = {}({}{}{})\n", name(n.id), name_of(n.reduce), name(n.inputs.at(0)),
-                           last ? std::string() : fmt::format(", dim={}", n.reduce_dim),
-                           n.segment ? fmt::format(", segment={}", n.segment) : std::string());
-        break;
-      }
-      case OpKind::Transpose:
-        out += fmt::format("{} = transpose({})\n", name(n.id), name(n.inputs.at(0)));
-        break;
-      case OpKind::CausalMask:
-        out += fmt::format("{} = {}({})\n", name(n.id), CausalMaskOp::name, name(n.inputs.at(0)));
-        break;
-      case OpKind::RotateHalf:
-        out += fmt::format("{} = {}({}, segment={})\n", name(n.id), RotateHalfOp::name, name(n.inputs.at(0)), n.segment);
-        break;
-      case OpKind::RotatePairs:
-        out += fmt::format("{} = {}({}, segment={})\n", name(n.id), RotatePairsOp::name, name(n.inputs.at(0)), n.segment);
-        break;
     }
   }
   for (const GraphOutput& o : g.outputs()) {

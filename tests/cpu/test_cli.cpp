@@ -521,7 +521,7 @@ TEST_F(Cli, DeviceLimitsAreRefusedByThePlannerInTheUsersNames) {
     EXPECT_EQ(r.rc, 0) << r.err;
     Result f = comfuse(std::string(cmd) + " " + five.arg() + " --shape 128,128,64");
     EXPECT_EQ(f.rc, 1);
-    EXPECT_TRUE(has(f.err, "the epilogue of GEMM 'acc' stores 5 per-row [M, 1] outputs ('s1', 's2'")) << f.err;
+    EXPECT_TRUE(has(f.err, "the epilogue of GEMM 'acc' stores 5 per-row [M, 1] outputs ('s1'; 's2'")) << f.err;
     EXPECT_FALSE(has(f.err, "%")) << f.err;
     Result o = comfuse(std::string(cmd) + " " + f32.arg() + " --shape 128,128,64");
     EXPECT_EQ(o.rc, 1);

@@ -1356,8 +1356,8 @@ TEST(Plan, DeviceLimitsAreRefusedInTheUsersNames) {
     Value ex = g.unary(UnaryOp::Exp, acc - g.reduce(ReduceOp::Max, acc));
     return ex / g.reduce(ReduceOp::Sum, ex) + acc;
   }));
-  EXPECT_NE(two.find("2 tile-shaped values across a reduction: matmul(x, w) feeding 'y' and exp(sub(matmul(x, w), "
-                     "max(...))) feeding 'y' are needed after sum(exp(sub(..., ...))) feeding 'y'"),
+  EXPECT_NE(two.find("2 tile-shaped values cross the reduction sum(exp(sub(..., ...))) feeding 'y': matmul(x, w) "
+                     "feeding 'y'; exp(sub(matmul(x, w), max(...))) feeding 'y'; the device carries one"),
             std::string::npos)
       << two;
   // More row vectors than the kernel's argument slots.
@@ -1365,7 +1365,7 @@ TEST(Plan, DeviceLimitsAreRefusedInTheUsersNames) {
     for (int i = 0; i < 9; ++i) acc = acc + row(g, "b" + std::to_string(i));
     return acc;
   }));
-  EXPECT_NE(many.find("reads 9 row/column vectors ('b0', 'b1', 'b2', 'b3', 'b4', 'b5', 'b6', 'b7', 'b8'); the kernel "
+  EXPECT_NE(many.find("reads 9 row/column vectors ('b0'; 'b1'; 'b2'; 'b3'; 'b4'; 'b5'; 'b6'; 'b7'; 'b8'); the kernel "
                       "takes at most 8"),
             std::string::npos)
       << many;

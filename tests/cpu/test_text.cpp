@@ -240,14 +240,14 @@ TEST(Text, CausalMask) {
 
   EXPECT_PARSE_ERROR(h + "m = causal_mask(q)\n", 4, 5, "causal_mask: 'q' is not computed from a matmul");
   EXPECT_PARSE_ERROR(h + "m = causal_mask(sum(s))\n", 4, 5,
-                     "causal_mask: the sum it is given has shape [M, 1], which is not the output shape of a matmul it "
+                     "causal_mask: sum(s) has shape [M, 1], which is not the output shape of a matmul it "
                      "is computed from");
   EXPECT_PARSE_ERROR(h + "input b: f32[N]\nm = causal_mask(b)\n", 5, 5, "'b' has shape [N]; the mask applies to a tile [M, N]");
   EXPECT_PARSE_ERROR(h + "m = causal_mask(s, s)\n", 4, 5, "wrong arity: `causal_mask` takes 1 operand");
   EXPECT_PARSE_ERROR(h + "m = causal_mask(s, offset=1)\n", 4, 20, "`causal_mask` takes no keyword arguments");
   EXPECT_PARSE_ERROR(h + "m = causal_msk(s)\n", 4, 5, "did you mean `causal_mask`?");
   // Only a value computed from the matmul's output tile: not its transpose's [N, M].
-  EXPECT_PARSE_ERROR(h + "m = causal_mask(transpose(s))\n", 4, 5, "the transpose it is given has shape [N, M]");
+  EXPECT_PARSE_ERROR(h + "m = causal_mask(transpose(s))\n", 4, 5, "causal_mask: transpose(s) has shape [N, M]");
 }
 
 TEST(Text, ErrorsCarryLineAndColumn) {
