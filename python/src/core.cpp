@@ -100,6 +100,7 @@ PlanOptions plan_options(const nb::dict& o) {
     else if (key == "fuse_pairs") p.fuse_pairs = nb::cast<bool>(v);
     else if (key == "keep_pair_exp") p.keep_pair_exp = nb::cast<bool>(v);
     else if (key == "poll_backoff") p.poll_backoff = nb::cast<bool>(v);
+    else if (key == "pair_lead") p.pair_lead = nb::cast<int>(v);
     else if (key == "b2b_job_rows") p.b2b_job_rows = nb::cast<int>(v);
     else if (key == "ring_stages") p.ring_stages = nb::cast<int>(v);
     else if (key == "consumer_wgs") p.consumer_wgs = nb::cast<int>(v);

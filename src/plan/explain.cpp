@@ -118,15 +118,20 @@ std::string explain(const FusionSpec& s, const Plan& p) {
                    : p.fused_pairs.mean_variance ? "; mean and variance in one round"
                    : p.fused_pairs.max_exp_sum   ? "; max and sum of exp in one round"
                                                  : "");
-  o += fmt::format("  pipeline     {} stages, {}, {} consumer warp groups\n", p.kernel.ring_stages,
-                   p.kernel.schedule(), p.kernel.consumer_wgs);
+  o += fmt::format("  pipeline     {} stages, {}, {} consumer warp groups{}\n", p.kernel.ring_stages,
+                   p.kernel.schedule(), p.kernel.consumer_wgs,
+                   !p.kernel.pair_turns()     ? std::string()
+                   : p.kernel.pair_lead == 1 ? std::string("; a pair of jobs' tiles in turn, a tile each (KernelConfig::pair_lead)")
+                                             : fmt::format("; a pair of jobs' tiles in turn, consumer 0's first {0} and "
+                                                           "consumer 1's last {0} alone (KernelConfig::pair_lead)",
+                                                           p.kernel.pair_lead));
   if (p.kernel.a_box_rows > 0)
     o += fmt::format("  A boxes      {} rows of the tile's {}: all of M (runs with M <= {}); TMA's time on rows past M "
                      "is not spent\n",
                      p.kernel.a_box_rows, p.kernel.tile_m, p.kernel.a_box_rows);
   if (const std::vector<int> inputs = s.root_tile_inputs(); !inputs.empty()) {
     std::string names;
-    for (int a : inputs) names += (names.empty() ? "" : ", ") + s.describe(s.args.at(static_cast<size_t>(a)).name);
+    for (int a : inputs) names += (names.empty() ? "" : "; ") + s.describe(s.args.at(static_cast<size_t>(a)).name);
     o += p.kernel.ring_input_bytes > 0
              ? fmt::format("  tile inputs  {} in the ring: the producer loads each tile's {} by TMA into one more ring "
                            "slot after its k-blocks, the epilogue reads SMEM\n",

@@ -1507,6 +1507,40 @@ TEST(Plan, PollsPauseWhereEveryCtaRoundsAtOnce) {
   }
 }
 
+// PingPong jobs of 8 or more N-tiles take the tensor cores a pair at a time in PairOrder
+// (calibration.h pair_lead_wanted): the vocabulary rows; not jobs of a few tiles, nor plans of
+// one N-tile a job. Forced either way (an A/B); a lead where it changes nothing is named.
+TEST(Plan, LongJobsTakeTheTensorCoresAPairAtATime) {
+  for (const Gpu gpu : {Gpu::H100, Gpu::H200}) {
+    DeviceModel dev = device_model(gpu);
+    dev.multi_tile_rows = true;
+    PlanOptions square;  // 128x128 tiles: 8 N-tiles a job in row groups of 32
+    square.tile_m = 128, square.tile_n = 128;
+    const Plan vocab = make_plan(softmax(), prob(1024, 32768, 4096), dev, {}, square);
+    ASSERT_GE(vocab.kernel.n_tiles, kPairTurnsMinTiles) << explain(softmax(), vocab);
+    EXPECT_EQ(vocab.kernel.pair_lead, kPairLead);
+    EXPECT_TRUE(vocab.kernel.pair_turns());
+    EXPECT_NE(explain(softmax(), vocab).find("a pair of jobs' tiles in turn"), std::string::npos);
+    PlanOptions off = square, two = square;
+    off.pair_lead = 0, two.pair_lead = 2;
+    EXPECT_FALSE(make_plan(softmax(), prob(1024, 32768, 4096), dev, {}, off).kernel.pair_turns());
+    EXPECT_EQ(make_plan(softmax(), prob(1024, 32768, 4096), dev, {}, two).kernel.pair_lead, 2);
+    // Fewer N-tiles a job (64x256: 4): a job at a time.
+    const Plan four = make_plan(softmax(), prob(1024, 32768, 4096), dev);
+    if (four.kernel.n_tiles < kPairTurnsMinTiles) {
+      EXPECT_EQ(four.kernel.pair_lead, 0);
+    }
+    const Plan one_tile = make_plan(layer_norm(), prob(8192, 4096, 4096), dev);
+    EXPECT_EQ(one_tile.kernel.pair_lead, 0);
+    const Plan forced = make_plan(layer_norm(), prob(8192, 4096, 4096), dev, {}, two);
+    EXPECT_EQ(forced.kernel.pair_lead, 0);
+    EXPECT_NE(explain(layer_norm(), forced).find("--pair-lead 2"), std::string::npos) << explain(layer_norm(), forced);
+  }
+  PlanOptions bad;
+  bad.pair_lead = -1;
+  EXPECT_THROW(make_plan(softmax(), prob(1024, 32768, 4096), full_device(), {}, bad), Error);
+}
+
 // A forced option that changes nothing in a plan is said so among its reasons (not an error: one
 // run's options reach every region of a graph).
 TEST(Plan, ForcedOptionsThePlanDoesNotUseAreNamed) {

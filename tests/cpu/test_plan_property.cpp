@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <string>
 #include <typeinfo>
+#include <utility>
 #include <unistd.h>
 #include <vector>
 
@@ -22,6 +23,7 @@
 #include "comfuse/plan.h"
 #include "comfuse/runtime.h"
 #include "comfuse/scheduler/grid.cuh"
+#include "comfuse/scheduler/turn_order.cuh"
 #include "comfuse/text.h"
 #include "plan/calibration.h"
 #include "plan_cases.h"
@@ -63,6 +65,46 @@ void expect_cases_plan_or_refuse(const std::vector<Case>& cases, CheckPlan&& che
   const int n = static_cast<int>(cases.size());
   EXPECT_GT(o.planned, n / 4) << o.refused << " refused of " << n;
   EXPECT_GT(o.refused, n / 20) << o.planned << " planned of " << n;
+}
+
+// PairOrder (scheduler/turn_order.cuh) at every job length and lead: the pair's positions are
+// each consumer's tiles exactly once and in order (the producer loads them in this order, each
+// consumer skips the other's), and every hand-over of the turn meets a wait for it (named barriers
+// that pair one arrive with one sync), with the solo stretches the lead says.
+template <int T, int Lead>
+void expect_pair_order() {
+  using O = PairOrder<T, Lead>;
+  const std::string what = fmt::format("T = {}, lead {}", T, Lead);
+  int arrives_for[2] = {0, 0}, syncs[2] = {0, 0};
+  for (int i = 0; i < O::kTiles; ++i) {
+    const int w = O::consumer(i), nt = O::tile(i);
+    EXPECT_EQ(O::pos(w, nt), i) << what;
+    if (nt > 0) {
+      EXPECT_LT(O::pos(w, nt - 1), i) << what;
+    }
+    if (O::takes_turn(i)) ++syncs[w];
+    if (O::hands_turn(i)) ++arrives_for[1 - w];
+  }
+  EXPECT_EQ(syncs[0], arrives_for[0]) << what;
+  EXPECT_EQ(syncs[1], arrives_for[1]) << what;
+  EXPECT_EQ(O::pos(1, 0), Lead) << what << ": consumer 0's first tiles alone";
+  EXPECT_EQ(O::kTiles - 1 - O::pos(0, T - 1), Lead) << what << ": consumer 1's last tiles alone";
+}
+template <int T, int... Leads>
+void expect_pair_orders(std::integer_sequence<int, Leads...>) {
+  (expect_pair_order<T, Leads + 1>(), ...);
+}
+template <int... Ts>
+void expect_pair_orders_up_to(std::integer_sequence<int, Ts...>) {
+  (expect_pair_orders<Ts + 1>(std::make_integer_sequence<int, Ts + 1>{}), ...);
+}
+
+TEST(PlanProperty, PairOrderVisitsEveryTileOnceAndPairsItsTurns) {
+  expect_pair_orders_up_to(std::make_integer_sequence<int, 16>{});
+  // Lead = T is a job at a time; Lead = 1 alternates every tile.
+  EXPECT_EQ((PairOrder<8, 8>::consumer(7)), 0);
+  EXPECT_EQ((PairOrder<8, 8>::consumer(8)), 1);
+  for (int i = 0; i < 16; ++i) EXPECT_EQ((PairOrder<8, 1>::consumer(i)), i % 2);
 }
 
 TEST(PlanProperty, SingleGemmPlansOrRefusesByName) {

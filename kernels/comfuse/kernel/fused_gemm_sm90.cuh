@@ -25,12 +25,13 @@
 //   tile, its mainloop, then the root stage's compute phase (partials accumulate over the
 //   tiles; the tile-shaped bypass value of tiles 0..T-2 goes into the warp group's stash slots,
 //   the last tile's stays in the accumulators); after the last tile the reduce phase and every
-//   PostStage stream over the T tiles (stage.cuh). PingPong hands the tensor cores over PER
-//   JOB: a consumer keeps its MmaTurn for its T mainloops (with its cheap root compute phases in
-//   between) and passes it on after issuing its last tile's wgmmas, so that the long part (the
-//   PostStages over T tiles plus the cluster rounds) runs under the other consumer's T
-//   mainloops. (Per-tile hand-over would stall the other consumer's next tile behind this
-//   consumer's whole multi-tile epilogue.) StashT: float or bf16 (rounds the bypassed value).
+//   PostStage stream over the T tiles (stage.cuh). PingPong hands the tensor cores over per job
+//   (a consumer keeps its MmaTurn for its T mainloops, with its root bodies in between, and
+//   passes it on after its last tile's wgmmas, so that the long part, the rounds and the
+//   PostStages over T tiles, runs under the other consumer's mainloops), or, with
+//   KernelConfig::pair_lead, in PairOrder (scheduler/turn_order.cuh): a pair of jobs' tiles in
+//   turn in the middle, so that most bodies run beside the other consumer's mainloop too.
+//   StashT: float or bf16 (rounds the bypassed value).
 //   Stash bytes per consumer WG: KernelConfig::stash_bytes_per_wg(); in SMEM beside the ring
 //   (StashSpace::Smem) or in a global workspace (StashSpace::Workspace), which the L2 mostly
 //   holds; the layout is thread-private either way (no barriers).
@@ -67,6 +68,7 @@
 #include "../mainloop/mainloop_sm90.cuh"
 #include "../scheduler/tile_scheduler.cuh"
 #include "../scheduler/split_k.cuh"
+#include "../scheduler/turn_order.cuh"
 #include "../cluster/split_hand_over.cuh"
 #include "../epilogue/stage.cuh"
 #include "../debug/trace.cuh"
@@ -87,6 +89,9 @@ struct FusedGemmSm90 {
   static constexpr int kEpiRows = C.epi_rows();  // rows of a consumer's epilogue
   static constexpr int NTiles = C.n_tiles;
   static constexpr int kW = C.consumer_wgs;  // consumer warp groups
+  // A pair of jobs' tiles in turn on the tensor cores (KernelConfig::pair_lead).
+  static constexpr bool kPairTurns = C.pair_turns();
+  using Order = PairOrder<NTiles, kPairTurns ? C.pair_lead : 1>;
   static constexpr bool kGlobal = C.aggregation == Aggregation::L2Exchange;
   static constexpr bool kL2Exchange = C.exchange_slot_bytes() > 0;  // rows reduced through the L2 workspace
   static constexpr bool kSplitK = C.k_splits > 1;
@@ -210,13 +215,18 @@ struct FusedGemmSm90 {
       warpgroup_reg_dealloc<kProducerRegs>();
       if (threadIdx.x == 0) {
         PipelineState& state = producer_state;
-        for (int k = 0;; ++k) {
-          TileCoord tc = sched.tile(k);
-          if (!tc.valid) break;
-          for (int nt = 0; nt < NTiles; ++nt) {
+        // kPairTurns: the CTA's jobs k, k + 1 (consumer 0's, consumer 1's) in PairOrder, a last
+        // job without a partner alone.
+        for (int k = 0;; k += kPairTurns ? 2 : 1) {
+          TileCoord const tc0 = sched.tile(k);
+          if (!tc0.valid) break;
+          bool const pair = kPairTurns && sched.tile(k + 1).valid;
+          for (int i = 0; i < (pair ? Order::kTiles : NTiles); ++i) {
+            int const w = pair ? Order::consumer(i) : 0, nt = pair ? Order::tile(i) : i;
+            TileCoord const tc = w == 0 ? tc0 : sched.tile(k + 1);
             int const n_block = tc.n_block + nt * RowPeers;
             Mainloop::load(p, pipeline, state, ss.mainloop, tc.m_block, n_block, sched.rank, sched.k_begin, kt,
-                           k == 0 && nt == 0 ? b_ahead : 0);
+                           k + w == 0 && nt == 0 ? b_ahead : 0);
             if constexpr (kRingSlots > 0)
               Mainloop::load_slot(pipeline, state, C.ring_input_bytes, [&](uint64_t* bar, int s) {
                 EpiExec::load_ring(p, bar, [&](int box) { return Mainloop::slot_box(ss.mainloop, s, box); },
@@ -240,14 +250,17 @@ struct FusedGemmSm90 {
         size_t const cta = size_t(blockIdx.x) * gridDim.y + blockIdx.y;
         stash.bind(static_cast<char*>(p.stash) + (cta * kW + cw) * size_t(kStashBytesPerWG), t);
       }
-      int const job_kt = NTiles * (kt + kRingSlots);  // ring slots of one job
+      int const slot_kt = kt + kRingSlots;  // ring slots of one tile
+      int const job_kt = NTiles * slot_kt;  // of one job
       uint32_t const epoch = kWorkspace ? cluster::exchange_epoch<Geo::kRetireEarly>(p) : 0;  // tags this launch's rounds
       bool const owner = !kSplitK || sched.owns_tiles();  // runs the epilogue of its tiles
       cute::conditional_t<kSplitsInCluster, HandOver, NoHandOver> hand_over;  // its barriers' phases
       if constexpr (kPingPong) {
         if (kW == 2 ? cw == 1 : cw > 0) {
-          read_state.advance(kW == 2 ? job_kt : cw * job_kt);  // the first k-blocks belong to the consumers before it
-          release_state = read_state;
+          if constexpr (!kPairTurns) {  // kPairTurns: each tile's position (below)
+            read_state.advance(kW == 2 ? job_kt : cw * job_kt);  // the first k-blocks belong to the consumers before it
+            release_state = read_state;
+          }
           if (cw == kW - 1) named_arrive(turn_barrier(0), 2 * kWarpGroupThreads);  // consumer 0 goes first
         }
       }
@@ -268,19 +281,30 @@ struct FusedGemmSm90 {
         bool const begun = C.begin_early && job == 0 && owner;
         if constexpr (C.begin_early)
           if (begun) epi.begin_early(ctx, ss.epi[cw], epilogue_barrier(cw));
-        if constexpr (kPingPong) named_sync(turn_barrier(cw), 2 * kWarpGroupThreads);
-        trace::mark(t, cw, job, trace::kTurn);
+        // kPairTurns: the job's pair is whole (consumer 1's job exists) or consumer 0 runs alone;
+        // i: the tile's ring position in the pair, pos: the next one this consumer reaches.
+        bool const pair = kPairTurns && sched.tile(k - cw + 1).valid;
+        int pos = 0;
         for (int nt = 0; nt < NTiles; ++nt) {
+          int const i = pair ? Order::pos(cw, nt) : nt;
+          if constexpr (kPairTurns) {  // past the other consumer's tiles before this one
+            read_state.advance((i - pos) * slot_kt);
+            release_state = read_state;
+            pos = i + 1;
+          }
+          if constexpr (kPingPong)
+            if (pair ? Order::takes_turn(i) : nt == 0) named_sync(turn_barrier(cw), 2 * kWarpGroupThreads);
+          if (nt == 0) trace::mark(t, cw, job, trace::kTurn);
           // The root stage's tile inputs (TileInput) go to L2 while the tile's mainloop runs.
           if constexpr (EpiExec::kRootLoads)
             if (owner) epi.prefetch(EpiExec::tile_ctx(ctx, nt), ss.epi[cw]);
           if constexpr (kPingPong) {
             Mainloop::mma(pipeline, read_state, release_state, ss.mainloop, accum, kt, t);
-            // The turn goes to the next consumer once per job, after its last tile's wgmmas.
-            if (nt == NTiles - 1) {
-              trace::mark(t, cw, job, trace::kIssued);
+            // The turn goes to the next consumer once per job, after its last tile's wgmmas
+            // (kPairTurns: where the pair's next tile is the other consumer's).
+            if (nt == NTiles - 1) trace::mark(t, cw, job, trace::kIssued);
+            if (pair ? Order::hands_turn(i) : nt == NTiles - 1)
               named_arrive(turn_barrier(kW == 2 ? 1 - cw : (cw + 1) % kW), 2 * kWarpGroupThreads);
-            }
             Mainloop::mma_tail(pipeline, release_state, accum, kt);
           } else {
             Mainloop::mma(pipeline, read_state, release_state, ss.mainloop, accum, kt, threadIdx.x - kWarpGroupThreads);
@@ -317,7 +341,10 @@ struct FusedGemmSm90 {
           }
         }
         trace::mark(t, cw, job, trace::kEpiDone);
-        if constexpr (kPingPong) {
+        if constexpr (kPairTurns) {  // to the pair's end
+          read_state.advance(((pair ? Order::kTiles : NTiles) - pos) * slot_kt);
+          release_state = read_state;
+        } else if constexpr (kPingPong) {
           read_state.advance((kW - 1) * job_kt);  // skip the other consumers' jobs
           release_state = read_state;
         }
