@@ -443,13 +443,15 @@ inline bool poll_backoff_wanted(int row_peers, bool one_job_a_cta) {
 // against 72 us); leads 3 and 4 (the tail of one epilogue, a few bodies exposed) were measured
 // only beside a stash prefetch that cost 6% (0.553-0.562 ms against 0.569 at a job at a time,
 // the same kernels); at 2 N-tiles a job (LayerNorm 4096 x 8192 x 4096 on 128x128 tiles) a tile
-// at a time 0.510 against 0.504 ms, a tie: from 8 tiles a job only.
+// at a time 0.510 against 0.504 ms, a tie: from 8 tiles a job only. And one pair a CTA only,
+// as measured: where a CTA walks several pairs, each pair's two epilogues would end together
+// with no mainloop beside them (a job at a time hides all but the last; not measured).
 inline constexpr int kPairLead = 1;
 inline constexpr int kPairTurnsMinTiles = 8;
-inline int pair_lead_wanted(const KernelConfig& k) {
+inline int pair_lead_wanted(const KernelConfig& k, int64_t jobs_a_cta) {
   KernelConfig with = k;
   with.pair_lead = kPairLead;
-  return with.pair_turns() && k.n_tiles >= kPairTurnsMinTiles ? kPairLead : 0;
+  return with.pair_turns() && k.n_tiles >= kPairTurnsMinTiles && jobs_a_cta <= 2 ? kPairLead : 0;
 }
 // A's rows (M x K, and an N x K B's) start off 128-byte lines where K is not a multiple of 64
 // elements: each TMA box row then straddles two (PlannerTunables::unaligned_rows_efficiency).

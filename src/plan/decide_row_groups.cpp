@@ -516,7 +516,10 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
   return out;
 }
 
-bool one_job_a_cta(const Candidate& c) { return c.jobs * c.k.row_group * c.k.k_splits <= c.resident; }
+int64_t jobs_a_cta(const Candidate& c) {
+  return ceil_div64(c.jobs * c.k.row_group * c.k.k_splits, std::max(1, c.resident));
+}
+bool one_job_a_cta(const Candidate& c) { return jobs_a_cta(c) <= 1; }
 bool begins_early(const Candidate& c) { return c.k.n_tiles == 1 && one_job_a_cta(c); }
 
 // cluster_m alone shapes row groups (clusters along M whose CTAs meet in L2); with cluster_n it

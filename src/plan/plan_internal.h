@@ -202,6 +202,8 @@ bool row_groups_forced(const PlanOptions& opt);
 // One job a CTA (one wave: decode, small M; c.jobs and c.resident set): every CTA's epilogue
 // runs at once and nothing overlaps it.
 bool one_job_a_cta(const Candidate& c);
+// The jobs a CTA of the persistent grid walks (the most any does).
+int64_t jobs_a_cta(const Candidate& c);
 // One job a CTA of one N-tile: its vectors load ahead of the mainloop (KernelConfig::begin_early).
 bool begins_early(const Candidate& c);
 // Which paired reductions share one exchange round: where one N-tile per CTA and the row meets

@@ -524,7 +524,8 @@ Plan assemble(const Candidate& c, const std::vector<Candidate>& cands, const Req
   plan.kernel.pair_hand_over = plan_detail::pair_hand_over(plan.fused_pairs, r.p.m, plan.kernel);
   {  // a pair of jobs' tiles in turn (KernelConfig::pair_lead), where jobs hold several N-tiles
     KernelConfig with = plan.kernel;
-    with.pair_lead = std::min(r.opt.pair_lead.value_or(pair_lead_wanted(plan.kernel)), plan.kernel.n_tiles);
+    with.pair_lead =
+        std::min(r.opt.pair_lead.value_or(pair_lead_wanted(plan.kernel, plan_detail::jobs_a_cta(c))), plan.kernel.n_tiles);
     if (with.pair_turns()) plan.kernel.pair_lead = with.pair_lead;
   }
   // The row groups' candidates fitted their ring with this already (decide_row_groups.cpp); the

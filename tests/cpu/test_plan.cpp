@@ -1525,6 +1525,10 @@ TEST(Plan, LongJobsTakeTheTensorCoresAPairAtATime) {
     off.pair_lead = 0, two.pair_lead = 2;
     EXPECT_FALSE(make_plan(softmax(), prob(1024, 32768, 4096), dev, {}, off).kernel.pair_turns());
     EXPECT_EQ(make_plan(softmax(), prob(1024, 32768, 4096), dev, {}, two).kernel.pair_lead, 2);
+    // Several pairs a CTA (4096 rows: 8 jobs a CTA): a job at a time.
+    const Plan pairs = make_plan(softmax(), prob(4096, 32768, 4096), dev, {}, square);
+    ASSERT_GE(pairs.kernel.n_tiles, kPairTurnsMinTiles);
+    EXPECT_EQ(pairs.kernel.pair_lead, 0) << explain(softmax(), pairs);
     // Fewer N-tiles a job (64x256: 4): a job at a time.
     const Plan four = make_plan(softmax(), prob(1024, 32768, 4096), dev);
     if (four.kernel.n_tiles < kPairTurnsMinTiles) {
