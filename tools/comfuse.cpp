@@ -202,7 +202,7 @@ int cmd_lower(const std::string& file) {
 struct ExplainArgs {
   bool dot = false;
   std::optional<int> cluster_n, tile_n, tile_m, cluster_m, row_group, k_splits, b2b_job_rows, ring_stages, fma_exp_every,
-      b2b_x_buffers, consumer_wgs, pair_lead;
+      b2b_x_buffers, consumer_wgs, turn_lead;
   std::string b2b_overlap, b2b_x_resident, b2b_chain_jobs, b2b_decode, gated_gemm, poll_pause;  // on / off (empty: the planner's)
   std::string aggregation, strategy, stash, pairs, pair_exp, b2b;
   std::string tile_inputs;  // ring / l2 (empty: the planner's)
@@ -223,7 +223,7 @@ PlanOptions plan_options(const ExplainArgs& a) {
   o.b2b_job_rows = a.b2b_job_rows;
   o.ring_stages = a.ring_stages;
   o.consumer_wgs = a.consumer_wgs;
-  o.pair_lead = a.pair_lead;
+  o.turn_lead = a.turn_lead;
   o.fma_exp_every = a.fma_exp_every;
   o.b2b_x_buffers = a.b2b_x_buffers;
   if (!a.b2b_overlap.empty()) o.b2b_overlap = a.b2b_overlap == "on";
@@ -320,8 +320,8 @@ std::vector<CLI::Option*> add_plan_options(CLI::App* cmd, ExplainArgs& ex) {
                       "the planner's default pauses where every CTA is in its round at once and a row spans 16 or "
                       "more CTAs")
           ->check(CLI::IsMember({"on", "off"})),
-      cmd->add_option("--pair-lead", ex.pair_lead,
-                      fmt::format("PingPong jobs of several N-tiles: a pair of jobs' tiles in turn on the tensor "
+      cmd->add_option("--turn-lead", ex.turn_lead,
+                      fmt::format("PingPong jobs of several N-tiles: two jobs' tiles in turn on the tensor "
                                   "cores, consumer 0's first L and consumer 1's last L alone (1..{}), or a job at a "
                                   "time (0); `explain` names the planner's",
                                   Sm90::kMaxNTiles))

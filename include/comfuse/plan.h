@@ -85,9 +85,9 @@ struct PlanOptions {
   // Force KernelConfig::poll_backoff where the plan's rows meet in L2 (an A/B of the poll's pause;
   // unset: calibration.h poll_backoff_wanted); no effect on other plans.
   std::optional<bool> poll_backoff;
-  // Force KernelConfig::pair_lead (0: a job at a time; 1..n_tiles) where a PingPong job holds
-  // several N-tiles (unset: calibration.h pair_lead_wanted); no effect on other plans.
-  std::optional<int> pair_lead;
+  // Force KernelConfig::turn_lead (0: a job at a time; 1..n_tiles) where a PingPong job holds
+  // several N-tiles (unset: calibration.h turn_lead_wanted); no effect on other plans.
+  std::optional<int> turn_lead;
   std::optional<int> ring_stages;             // at most this many mainloop ring stages (2..Sm90::kMaxRingStages; A/B)
   // Force KernelConfig::consumer_wgs: 2, or 3 PingPong consumer warp groups on 64-row tiles
   // (row groups and elementwise plans), whose epilogues then overlap one another's.

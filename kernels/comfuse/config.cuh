@@ -126,10 +126,10 @@ struct KernelConfig {
   // Work division.
   int n_tiles = 1;        // N-tiles one CTA walks per job (a row too long for the row's CTAs)
   // PingPong with several N-tiles a job: the two consumers' jobs go in pairs, their tiles taking
-  // the tensor cores in PairOrder (scheduler/turn_order.cuh): consumer 0's first pair_lead tiles
-  // alone, then the two in turn, then consumer 1's last pair_lead alone. 0 (or n_tiles): a job at
-  // a time.
-  int pair_lead = 0;
+  // the tensor cores in TurnOrder (scheduler/turn_order.cuh): consumer 0's first turn_lead tiles
+  // alone, then the two in turn, then consumer 1's last turn_lead alone. 0: a job at a time (as is
+  // n_tiles, the planner writes 0).
+  int turn_lead = 0;
   int row_group = 1;      // clusters whose CTAs share a row (Aggregation::L2Exchange)
   int k_splits = 1;       // clusters that each take 1/k_splits of K of the same tiles (split-K, below)
   bool splits_in_cluster = false;  // a tile's k_splits CTAs form one hardware cluster and hand their
@@ -193,9 +193,9 @@ struct KernelConfig {
   COMFUSE_HOST_DEVICE constexpr int consumer_regs() const {
     return ((consumer_wgs + 1) * launch_regs() - producer_regs()) / consumer_wgs / 8 * 8;
   }
-  // Whether a pair of jobs' tiles alternate on the tensor cores (pair_lead above).
-  COMFUSE_HOST_DEVICE constexpr bool pair_turns() const {
-    return wgs_per_tile == 1 && consumer_wgs == 2 && pair_lead > 0 && pair_lead < n_tiles;
+  // Whether two jobs' tiles alternate on the tensor cores (turn_lead above).
+  COMFUSE_HOST_DEVICE constexpr bool tile_turns() const {
+    return wgs_per_tile == 1 && consumer_wgs == 2 && turn_lead > 0 && turn_lead < n_tiles;
   }
   // The schedule's name (explain, the planner's reasons and runners-up, the CLI).
   COMFUSE_HOST_DEVICE constexpr char const* schedule() const { return wgs_per_tile == 1 ? "PingPong" : "cooperative"; }
@@ -396,7 +396,9 @@ COMFUSE_HOST_DEVICE constexpr char const* check(KernelConfig const& c) {
     return "K x N B multicasts 64-column boxes along M: tile_n >= 64 * cluster_m";
   if (c.n_tiles < 1 || c.n_tiles > Sm90::kMaxNTiles) return "n_tiles: 1..64 N-tiles per job";
   if (c.n_tiles > 1 && c.wgs_per_tile != 1) return "several N-tiles per job need the PingPong schedule";
-  if (c.pair_lead < 0 || c.pair_lead > c.n_tiles) return "pair_lead: 0..n_tiles (0: a job at a time)";
+  if (c.turn_lead < 0 || c.turn_lead > c.n_tiles) return "turn_lead: 0..n_tiles (0: a job at a time)";
+  if (c.turn_lead > 0 && c.turn_lead < c.n_tiles && (c.wgs_per_tile != 1 || c.consumer_wgs != 2))
+    return "turn_lead: two jobs' tiles in turn need two PingPong consumer warp groups";
   if (!is_pow2(c.row_group) || c.row_group > Sm90::kMaxRowGroup) return "row_group: a power of two in 1..64";
   if (c.k_splits < 1 || c.k_splits > Sm90::kMaxKSplits) return "k_splits: 1..16 K-splits per tile";
   if (c.k_splits > 1 && c.wgs_per_tile != 1) return "split-K needs the PingPong schedule (one warp group per tile)";

@@ -100,7 +100,7 @@ PlanOptions plan_options(const nb::dict& o) {
     else if (key == "fuse_pairs") p.fuse_pairs = nb::cast<bool>(v);
     else if (key == "keep_pair_exp") p.keep_pair_exp = nb::cast<bool>(v);
     else if (key == "poll_backoff") p.poll_backoff = nb::cast<bool>(v);
-    else if (key == "pair_lead") p.pair_lead = nb::cast<int>(v);
+    else if (key == "turn_lead") p.turn_lead = nb::cast<int>(v);
     else if (key == "b2b_job_rows") p.b2b_job_rows = nb::cast<int>(v);
     else if (key == "ring_stages") p.ring_stages = nb::cast<int>(v);
     else if (key == "consumer_wgs") p.consumer_wgs = nb::cast<int>(v);
@@ -157,6 +157,7 @@ nb::dict plan_summary(const Plan& p) {
   d["cluster_n"] = k.cluster_n;
   d["row_group"] = k.row_group;
   d["n_tiles_per_cta"] = k.n_tiles;
+  d["turn_lead"] = k.tile_turns() ? k.turn_lead : 0;  // two jobs' tiles in turn (0: a job at a time)
   d["k_splits"] = k.k_splits;
   d["splits_in_cluster"] = k.splits_in_cluster;  // split-K's partials over DSMEM (else through L2)
   d["begin_early"] = k.begin_early;  // the first job's vectors before its mainloop (one job a CTA)

@@ -27,6 +27,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <functional>
 #include <map>
@@ -653,11 +654,14 @@ class Lowering {
     region.matmul_node = mm.id;
     region.fused_nodes = members_[r];
     FusionSpec& fs = region.spec;
-    // Named as the user knows it (the kernel's file and symbol carry it): the matmul's own name,
-    // else the first output the region stores.
+    // Named as the user knows it: the matmul's own name, else the first output the region
+    // stores. The name reaches file names and a tool's command line (jit/cache.cpp's dumps): an
+    // API's names may hold any character, so only letters, digits and '_' are kept.
     std::string label = given_name(g_, mm.id);
     for (const GraphOutput& o : g_.outputs())
       if (label.empty() && std::find(members_[r].begin(), members_[r].end(), o.node) != members_[r].end()) label = o.name;
+    for (char& ch : label)
+      if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '_') ch = '_';
     fs.name = fmt::format("region{}_{}", r, label.empty() ? "matmul" : label);
     fs.b_layout = mm.b_layout;
     const OutFrame frame = frame_of(mm);

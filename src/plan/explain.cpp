@@ -120,11 +120,11 @@ std::string explain(const FusionSpec& s, const Plan& p) {
                                                  : "");
   o += fmt::format("  pipeline     {} stages, {}, {} consumer warp groups{}\n", p.kernel.ring_stages,
                    p.kernel.schedule(), p.kernel.consumer_wgs,
-                   !p.kernel.pair_turns()     ? std::string()
-                   : p.kernel.pair_lead == 1 ? std::string("; a pair of jobs' tiles in turn, a tile each (KernelConfig::pair_lead)")
-                                             : fmt::format("; a pair of jobs' tiles in turn, consumer 0's first {0} and "
-                                                           "consumer 1's last {0} alone (KernelConfig::pair_lead)",
-                                                           p.kernel.pair_lead));
+                   !p.kernel.tile_turns()     ? std::string()
+                   : p.kernel.turn_lead == 1 ? std::string("; two jobs' tiles in turn, a tile each (KernelConfig::turn_lead)")
+                                             : fmt::format("; two jobs' tiles in turn, consumer 0's first {0} and "
+                                                           "consumer 1's last {0} alone (KernelConfig::turn_lead)",
+                                                           p.kernel.turn_lead));
   if (p.kernel.a_box_rows > 0)
     o += fmt::format("  A boxes      {} rows of the tile's {}: all of M (runs with M <= {}); TMA's time on rows past M "
                      "is not spent\n",

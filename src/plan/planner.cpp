@@ -249,8 +249,8 @@ void check_request(const FusionSpec& s, const Problem& p, const DeviceModel& dev
                               "elementwise plans, not a DSMEM cluster (strategy, p2p / leader)",
                               *opt.consumer_wgs, Sm90::kConsumerWGs));
   }
-  if (opt.pair_lead && (*opt.pair_lead < 0 || *opt.pair_lead > Sm90::kMaxNTiles))
-    throw Error(fmt::format("plan: pair_lead = {} is not in 0..{}", *opt.pair_lead, Sm90::kMaxNTiles));
+  if (opt.turn_lead && (*opt.turn_lead < 0 || *opt.turn_lead > Sm90::kMaxNTiles))
+    throw Error(fmt::format("plan: turn_lead = {} is not in 0..{}", *opt.turn_lead, Sm90::kMaxNTiles));
   if (opt.ring_stages && (*opt.ring_stages < 2 || *opt.ring_stages > Sm90::kMaxRingStages))
     throw Error(fmt::format("plan: ring_stages = {} is not in 2..{}", *opt.ring_stages, Sm90::kMaxRingStages));
   if (opt.k_splits && (*opt.k_splits < 1 || *opt.k_splits > Sm90::kMaxKSplits))
@@ -442,12 +442,12 @@ std::string unused_forced_options(const Plan& plan, const ChainInfo& chain, cons
   std::vector<std::string> idle;
   if (opt.poll_backoff && *opt.poll_backoff && plan.kernel.aggregation != Aggregation::L2Exchange)
     idle.push_back("--poll-pause on (no row's CTAs meet in L2)");
-  if (opt.pair_lead && *opt.pair_lead > 0 && !plan.kernel.pair_turns())
-    idle.push_back(fmt::format("--pair-lead {} ({})", *opt.pair_lead,
+  if (opt.turn_lead && *opt.turn_lead > 0 && !plan.kernel.tile_turns())
+    idle.push_back(fmt::format("--turn-lead {} ({})", *opt.turn_lead,
                                plan.kernel.n_tiles == 1 ? "one N-tile a job"
                                : plan.kernel.wgs_per_tile != 1 || plan.kernel.consumer_wgs != 2
                                    ? "not two PingPong consumers"
-                                   : "a lead of the job's every tile is a job at a time"));
+                                   : "a lead of n_tiles or more is a job at a time"));
   if (opt.split_gather_in_smem && !*opt.split_gather_in_smem && !plan.kernel.splits_through_l2())
     idle.push_back("--split-k-gather registers (no split-K through L2)");
   if (opt.fuse_pairs && *opt.fuse_pairs && !plan.fused_pairs.any())
@@ -522,11 +522,11 @@ Plan assemble(const Candidate& c, const std::vector<Candidate>& cands, const Req
   plan.fused_pairs = plan_detail::fuse_pairs(chain, r.opt, k.n_tiles, k.aggregation, k.row_peers());
   plan.fused_pairs.kept_exp = pair_can_keep_exp(plan, chain) && r.opt.keep_pair_exp.value_or(true);
   plan.kernel.pair_hand_over = plan_detail::pair_hand_over(plan.fused_pairs, r.p.m, plan.kernel);
-  {  // a pair of jobs' tiles in turn (KernelConfig::pair_lead), where jobs hold several N-tiles
+  {  // two jobs' tiles in turn (KernelConfig::turn_lead), where jobs hold several N-tiles
     KernelConfig with = plan.kernel;
-    with.pair_lead =
-        std::min(r.opt.pair_lead.value_or(pair_lead_wanted(plan.kernel, plan_detail::jobs_a_cta(c))), plan.kernel.n_tiles);
-    if (with.pair_turns()) plan.kernel.pair_lead = with.pair_lead;
+    with.turn_lead =
+        std::min(r.opt.turn_lead.value_or(turn_lead_wanted(plan.kernel, plan_detail::jobs_a_cta(c))), plan.kernel.n_tiles);
+    if (with.tile_turns()) plan.kernel.turn_lead = with.turn_lead;
   }
   // The row groups' candidates fitted their ring with this already (decide_row_groups.cpp); the
   // others keep no pair storage on chip.

@@ -46,6 +46,17 @@ TEST(Lower, BiasGeluIsOneStage) {
   EXPECT_EQ(fs.args[3].dtype, DType::BF16);
 }
 
+// A region is named by what the user knows it as: the output it stores where the matmul has no
+// name of its own; only letters, digits and '_' (the name reaches file names and a command line).
+TEST(Lower, RegionsAreNamedByTheUsersNamesInSafeCharacters) {
+  Gemm t;
+  t.g.output(t.acc + t.row("bias"), "y", DType::BF16);
+  EXPECT_EQ(lower(t.g).regions.at(0).spec.name, "region0_y");
+  Gemm u;
+  u.g.output(u.acc + u.row("bias"), "../o'ut y", DType::BF16);
+  EXPECT_EQ(lower(u.g).regions.at(0).spec.name, "region0____o_ut_y");
+}
+
 TEST(Lower, LayerNormNestsTwoStagesWithBypass) {
   Gemm t;
   Value alpha = t.g.input("alpha", DType::F32, {});

@@ -1507,8 +1507,8 @@ TEST(Plan, PollsPauseWhereEveryCtaRoundsAtOnce) {
   }
 }
 
-// PingPong jobs of 8 or more N-tiles take the tensor cores a pair at a time in PairOrder
-// (calibration.h pair_lead_wanted): the vocabulary rows; not jobs of a few tiles, nor plans of
+// PingPong jobs of 8 or more N-tiles take the tensor cores a pair at a time in TurnOrder
+// (calibration.h turn_lead_wanted): the vocabulary rows; not jobs of a few tiles, nor plans of
 // one N-tile a job. Forced either way (an A/B); a lead where it changes nothing is named.
 TEST(Plan, LongJobsTakeTheTensorCoresAPairAtATime) {
   for (const Gpu gpu : {Gpu::H100, Gpu::H200}) {
@@ -1517,31 +1517,31 @@ TEST(Plan, LongJobsTakeTheTensorCoresAPairAtATime) {
     PlanOptions square;  // 128x128 tiles: 8 N-tiles a job in row groups of 32
     square.tile_m = 128, square.tile_n = 128;
     const Plan vocab = make_plan(softmax(), prob(1024, 32768, 4096), dev, {}, square);
-    ASSERT_GE(vocab.kernel.n_tiles, kPairTurnsMinTiles) << explain(softmax(), vocab);
-    EXPECT_EQ(vocab.kernel.pair_lead, kPairLead);
-    EXPECT_TRUE(vocab.kernel.pair_turns());
-    EXPECT_NE(explain(softmax(), vocab).find("a pair of jobs' tiles in turn"), std::string::npos);
+    ASSERT_GE(vocab.kernel.n_tiles, kTileTurnsMinTiles) << explain(softmax(), vocab);
+    EXPECT_EQ(vocab.kernel.turn_lead, kTurnLead);
+    EXPECT_TRUE(vocab.kernel.tile_turns());
+    EXPECT_NE(explain(softmax(), vocab).find("two jobs' tiles in turn"), std::string::npos);
     PlanOptions off = square, two = square;
-    off.pair_lead = 0, two.pair_lead = 2;
-    EXPECT_FALSE(make_plan(softmax(), prob(1024, 32768, 4096), dev, {}, off).kernel.pair_turns());
-    EXPECT_EQ(make_plan(softmax(), prob(1024, 32768, 4096), dev, {}, two).kernel.pair_lead, 2);
+    off.turn_lead = 0, two.turn_lead = 2;
+    EXPECT_FALSE(make_plan(softmax(), prob(1024, 32768, 4096), dev, {}, off).kernel.tile_turns());
+    EXPECT_EQ(make_plan(softmax(), prob(1024, 32768, 4096), dev, {}, two).kernel.turn_lead, 2);
     // Several pairs a CTA (4096 rows: 8 jobs a CTA): a job at a time.
     const Plan pairs = make_plan(softmax(), prob(4096, 32768, 4096), dev, {}, square);
-    ASSERT_GE(pairs.kernel.n_tiles, kPairTurnsMinTiles);
-    EXPECT_EQ(pairs.kernel.pair_lead, 0) << explain(softmax(), pairs);
+    ASSERT_GE(pairs.kernel.n_tiles, kTileTurnsMinTiles);
+    EXPECT_EQ(pairs.kernel.turn_lead, 0) << explain(softmax(), pairs);
     // Fewer N-tiles a job (64x256: 4): a job at a time.
     const Plan four = make_plan(softmax(), prob(1024, 32768, 4096), dev);
-    if (four.kernel.n_tiles < kPairTurnsMinTiles) {
-      EXPECT_EQ(four.kernel.pair_lead, 0);
+    if (four.kernel.n_tiles < kTileTurnsMinTiles) {
+      EXPECT_EQ(four.kernel.turn_lead, 0);
     }
     const Plan one_tile = make_plan(layer_norm(), prob(8192, 4096, 4096), dev);
-    EXPECT_EQ(one_tile.kernel.pair_lead, 0);
+    EXPECT_EQ(one_tile.kernel.turn_lead, 0);
     const Plan forced = make_plan(layer_norm(), prob(8192, 4096, 4096), dev, {}, two);
-    EXPECT_EQ(forced.kernel.pair_lead, 0);
-    EXPECT_NE(explain(layer_norm(), forced).find("--pair-lead 2"), std::string::npos) << explain(layer_norm(), forced);
+    EXPECT_EQ(forced.kernel.turn_lead, 0);
+    EXPECT_NE(explain(layer_norm(), forced).find("--turn-lead 2"), std::string::npos) << explain(layer_norm(), forced);
   }
   PlanOptions bad;
-  bad.pair_lead = -1;
+  bad.turn_lead = -1;
   EXPECT_THROW(make_plan(softmax(), prob(1024, 32768, 4096), full_device(), {}, bad), Error);
 }
 

@@ -67,13 +67,13 @@ void expect_cases_plan_or_refuse(const std::vector<Case>& cases, CheckPlan&& che
   EXPECT_GT(o.refused, n / 20) << o.planned << " planned of " << n;
 }
 
-// PairOrder (scheduler/turn_order.cuh) at every job length and lead: the pair's positions are
+// TurnOrder (scheduler/turn_order.cuh) at every job length and lead: the pair's positions are
 // each consumer's tiles exactly once and in order (the producer loads them in this order, each
 // consumer skips the other's), and every hand-over of the turn meets a wait for it (named barriers
 // that pair one arrive with one sync), with the solo stretches the lead says.
 template <int T, int Lead>
 void expect_pair_order() {
-  using O = PairOrder<T, Lead>;
+  using O = TurnOrder<T, Lead>;
   const std::string what = fmt::format("T = {}, lead {}", T, Lead);
   int arrives_for[2] = {0, 0}, syncs[2] = {0, 0};
   for (int i = 0; i < O::kTiles; ++i) {
@@ -99,12 +99,12 @@ void expect_pair_orders_up_to(std::integer_sequence<int, Ts...>) {
   (expect_pair_orders<Ts + 1>(std::make_integer_sequence<int, Ts + 1>{}), ...);
 }
 
-TEST(PlanProperty, PairOrderVisitsEveryTileOnceAndPairsItsTurns) {
+TEST(PlanProperty, TurnOrderVisitsEveryTileOnceAndPairsItsTurns) {
   expect_pair_orders_up_to(std::make_integer_sequence<int, 16>{});
   // Lead = T is a job at a time; Lead = 1 alternates every tile.
-  EXPECT_EQ((PairOrder<8, 8>::consumer(7)), 0);
-  EXPECT_EQ((PairOrder<8, 8>::consumer(8)), 1);
-  for (int i = 0; i < 16; ++i) EXPECT_EQ((PairOrder<8, 1>::consumer(i)), i % 2);
+  EXPECT_EQ((TurnOrder<8, 8>::consumer(7)), 0);
+  EXPECT_EQ((TurnOrder<8, 8>::consumer(8)), 1);
+  for (int i = 0; i < 16; ++i) EXPECT_EQ((TurnOrder<8, 1>::consumer(i)), i % 2);
 }
 
 TEST(PlanProperty, SingleGemmPlansOrRefusesByName) {

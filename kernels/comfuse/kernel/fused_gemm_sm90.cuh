@@ -29,7 +29,7 @@
 //   (a consumer keeps its MmaTurn for its T mainloops, with its root bodies in between, and
 //   passes it on after its last tile's wgmmas, so that the long part, the rounds and the
 //   PostStages over T tiles, runs under the other consumer's mainloops), or, with
-//   KernelConfig::pair_lead, in PairOrder (scheduler/turn_order.cuh): a pair of jobs' tiles in
+//   KernelConfig::turn_lead, in TurnOrder (scheduler/turn_order.cuh): two jobs' tiles in
 //   turn in the middle, so that most bodies run beside the other consumer's mainloop too.
 //   StashT: float or bf16 (rounds the bypassed value).
 //   Stash bytes per consumer WG: KernelConfig::stash_bytes_per_wg(); in SMEM beside the ring
@@ -89,9 +89,9 @@ struct FusedGemmSm90 {
   static constexpr int kEpiRows = C.epi_rows();  // rows of a consumer's epilogue
   static constexpr int NTiles = C.n_tiles;
   static constexpr int kW = C.consumer_wgs;  // consumer warp groups
-  // A pair of jobs' tiles in turn on the tensor cores (KernelConfig::pair_lead).
-  static constexpr bool kPairTurns = C.pair_turns();
-  using Order = PairOrder<NTiles, kPairTurns ? C.pair_lead : 1>;
+  // Two jobs' tiles in turn on the tensor cores (KernelConfig::turn_lead).
+  static constexpr bool kTileTurns = C.tile_turns();
+  using Order = TurnOrder<NTiles, kTileTurns ? C.turn_lead : 1>;
   static constexpr bool kGlobal = C.aggregation == Aggregation::L2Exchange;
   static constexpr bool kL2Exchange = C.exchange_slot_bytes() > 0;  // rows reduced through the L2 workspace
   static constexpr bool kSplitK = C.k_splits > 1;
@@ -215,14 +215,14 @@ struct FusedGemmSm90 {
       warpgroup_reg_dealloc<kProducerRegs>();
       if (threadIdx.x == 0) {
         PipelineState& state = producer_state;
-        // kPairTurns: the CTA's jobs k, k + 1 (consumer 0's, consumer 1's) in PairOrder, a last
+        // kTileTurns: the CTA's jobs k, k + 1 (consumer 0's, consumer 1's) in TurnOrder, a last
         // job without a partner alone.
-        for (int k = 0;; k += kPairTurns ? 2 : 1) {
+        for (int k = 0;; k += kTileTurns ? 2 : 1) {
           TileCoord const tc0 = sched.tile(k);
           if (!tc0.valid) break;
-          bool const pair = kPairTurns && sched.tile(k + 1).valid;
-          for (int i = 0; i < (pair ? Order::kTiles : NTiles); ++i) {
-            int const w = pair ? Order::consumer(i) : 0, nt = pair ? Order::tile(i) : i;
+          bool const two_jobs = kTileTurns && sched.tile(k + 1).valid;
+          for (int i = 0; i < (two_jobs ? Order::kTiles : NTiles); ++i) {
+            int const w = two_jobs ? Order::consumer(i) : 0, nt = two_jobs ? Order::tile(i) : i;
             TileCoord const tc = w == 0 ? tc0 : sched.tile(k + 1);
             int const n_block = tc.n_block + nt * RowPeers;
             Mainloop::load(p, pipeline, state, ss.mainloop, tc.m_block, n_block, sched.rank, sched.k_begin, kt,
@@ -257,7 +257,7 @@ struct FusedGemmSm90 {
       cute::conditional_t<kSplitsInCluster, HandOver, NoHandOver> hand_over;  // its barriers' phases
       if constexpr (kPingPong) {
         if (kW == 2 ? cw == 1 : cw > 0) {
-          if constexpr (!kPairTurns) {  // kPairTurns: each tile's position (below)
+          if constexpr (!kTileTurns) {  // kTileTurns: each tile's position (below)
             read_state.advance(kW == 2 ? job_kt : cw * job_kt);  // the first k-blocks belong to the consumers before it
             release_state = read_state;
           }
@@ -281,19 +281,19 @@ struct FusedGemmSm90 {
         bool const begun = C.begin_early && job == 0 && owner;
         if constexpr (C.begin_early)
           if (begun) epi.begin_early(ctx, ss.epi[cw], epilogue_barrier(cw));
-        // kPairTurns: the job's pair is whole (consumer 1's job exists) or consumer 0 runs alone;
-        // i: the tile's ring position in the pair, pos: the next one this consumer reaches.
-        bool const pair = kPairTurns && sched.tile(k - cw + 1).valid;
+        // kTileTurns: both consumers' jobs of the two are valid, or consumer 0 runs its job alone;
+        // i: the tile's ring position among the two jobs' tiles, pos: the next one this consumer reaches.
+        bool const two_jobs = kTileTurns && sched.tile(k - cw + 1).valid;
         int pos = 0;
         for (int nt = 0; nt < NTiles; ++nt) {
-          int const i = pair ? Order::pos(cw, nt) : nt;
-          if constexpr (kPairTurns) {  // past the other consumer's tiles before this one
+          int const i = two_jobs ? Order::pos(cw, nt) : nt;
+          if constexpr (kTileTurns) {  // past the other consumer's tiles before this one
             read_state.advance((i - pos) * slot_kt);
             release_state = read_state;
             pos = i + 1;
           }
           if constexpr (kPingPong)
-            if (pair ? Order::takes_turn(i) : nt == 0) named_sync(turn_barrier(cw), 2 * kWarpGroupThreads);
+            if (two_jobs ? Order::takes_turn(i) : nt == 0) named_sync(turn_barrier(cw), 2 * kWarpGroupThreads);
           if (nt == 0) trace::mark(t, cw, job, trace::kTurn);
           // The root stage's tile inputs (TileInput) go to L2 while the tile's mainloop runs.
           if constexpr (EpiExec::kRootLoads)
@@ -301,9 +301,9 @@ struct FusedGemmSm90 {
           if constexpr (kPingPong) {
             Mainloop::mma(pipeline, read_state, release_state, ss.mainloop, accum, kt, t);
             // The turn goes to the next consumer once per job, after its last tile's wgmmas
-            // (kPairTurns: where the pair's next tile is the other consumer's).
+            // (kTileTurns: where the next tile of the two jobs is the other consumer's).
             if (nt == NTiles - 1) trace::mark(t, cw, job, trace::kIssued);
-            if (pair ? Order::hands_turn(i) : nt == NTiles - 1)
+            if (two_jobs ? Order::hands_turn(i) : nt == NTiles - 1)
               named_arrive(turn_barrier(kW == 2 ? 1 - cw : (cw + 1) % kW), 2 * kWarpGroupThreads);
             Mainloop::mma_tail(pipeline, release_state, accum, kt);
           } else {
@@ -341,8 +341,8 @@ struct FusedGemmSm90 {
           }
         }
         trace::mark(t, cw, job, trace::kEpiDone);
-        if constexpr (kPairTurns) {  // to the pair's end
-          read_state.advance(((pair ? Order::kTiles : NTiles) - pos) * slot_kt);
+        if constexpr (kTileTurns) {  // to the two jobs' end
+          read_state.advance(((two_jobs ? Order::kTiles : NTiles) - pos) * slot_kt);
           release_state = read_state;
         } else if constexpr (kPingPong) {
           read_state.advance((kW - 1) * job_kt);  // skip the other consumers' jobs
