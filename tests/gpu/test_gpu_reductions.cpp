@@ -107,6 +107,33 @@ TEST_F(GpuReduce, StashManyRowBlocksClustersOfTwoGlobalWorkspace) {
   EXPECT_EQ(p.strategy(), RowStrategy::WorkspaceStash);
 }
 
+// Two jobs' tiles in turn on the tensor cores (KernelConfig::turn_lead, scheduler/turn_order.cuh)
+// at leads 1 and 3: CTAs of two jobs (a pair), of one (consumer 0 alone) and of three (a pair and
+// a job without a partner), ragged in M and N, the stash in the workspace; and the planner's own
+// lead on the vocabulary rows' shape (two jobs a CTA, ragged M).
+TEST_F(GpuReduce, TileTurnsOverTwoJobsAndAJobWithoutAPartner) {
+  for (const int lead : {1, 3}) {
+    for (const int64_t m : {5000, 12000}) {
+      SCOPED_TRACE(fmt::format("lead {}, M = {}", lead, m));
+      Case c;
+      c.g.output(c.g.softmax(c.acc * 0.125), "p", DType::F32);
+      CompileOptions opt;
+      opt.plan.tile_m = 128, opt.plan.tile_n = 128, opt.plan.row_group = 4, opt.plan.turn_lead = lead;
+      const Plan p = expect_matches(c.g, dims(m, 4000, 64), opt);
+      EXPECT_EQ(p.kernel.n_tiles, 8);
+      EXPECT_EQ(p.kernel.turn_lead, lead);
+      EXPECT_TRUE(p.kernel.tile_turns());
+    }
+  }
+  Case v;
+  v.g.output(v.g.log_softmax(v.acc), "logp", DType::F32);
+  CompileOptions square;
+  square.plan.tile_m = 128, square.plan.tile_n = 128;
+  const Plan q = expect_matches(v.g, dims(1000, 32768, 64), square);
+  EXPECT_EQ(q.kernel.n_tiles, 8);
+  EXPECT_EQ(q.kernel.turn_lead, 1);  // two jobs a CTA: the planner's lead
+}
+
 TEST_F(GpuReduce, StashInSharedMemoryBothModes) {
   for (Aggregation mode : {Aggregation::PeerToPeer, Aggregation::LeaderFollower}) {
     SCOPED_TRACE(std::string(name_of(mode)));
