@@ -157,7 +157,7 @@ nb::dict plan_summary(const Plan& p) {
   d["cluster_n"] = k.cluster_n;
   d["row_group"] = k.row_group;
   d["n_tiles_per_cta"] = k.n_tiles;
-  d["turn_lead"] = k.tile_turns() ? k.turn_lead : 0;  // two jobs' tiles in turn (0: a job at a time)
+  d["turn_lead"] = k.turn_lead;  // two jobs' tiles in turn (0: a job at a time)
   d["k_splits"] = k.k_splits;
   d["splits_in_cluster"] = k.splits_in_cluster;  // split-K's partials over DSMEM (else through L2)
   d["begin_early"] = k.begin_early;  // the first job's vectors before its mainloop (one job a CTA)

@@ -435,24 +435,24 @@ inline bool poll_backoff_wanted(int row_peers, bool one_job_a_cta) {
   return one_job_a_cta && row_peers >= kPollBackoffMinPeers;
 }
 // PingPong jobs of kTileTurnsMinTiles or more N-tiles (KernelConfig::turn_lead,
-// scheduler/turn_order.cuh): two jobs' tiles in turn on the tensor cores, a tile each
-// (lead 1), which puts each tile's body beside the other consumer's mainloop instead of between
-// two of its own. MEASURED (H100, bench/NOTES.md Stop 65), softmax with f32 out at 1024 x 32768 x
-// 4096 (8 N-tiles a job in row groups of 32): a tile at a time 0.520-0.522 ms against a job at a
-// time 0.544-0.552 (2% in the same call's cuBLAS ratio, cuBLAS moving 4% between the rounds),
-// though both consumers' epilogues then end the kernel (its exposed tail 105 against 72 us);
-// measured as an untracked copy of the kernels in this order; leads 3 and 4 (the tail of one epilogue, a few bodies exposed) were measured
-// only beside a stash prefetch that cost 6% (0.553-0.562 ms against 0.569 at a job at a time,
-// the same kernels); at 2 N-tiles a job (LayerNorm 4096 x 8192 x 4096 on 128x128 tiles) a tile
-// at a time 0.510 against 0.504 ms, a tie: from 8 tiles a job (no length between measured). And one pair a CTA only,
-// as measured: where a CTA walks several pairs, each pair's two epilogues would end together
-// with no mainloop beside them (a job at a time hides all but the last; not measured).
+// scheduler/turn_order.cuh): two jobs' tiles in turn on the tensor cores, a tile each (lead 1),
+// which puts each tile's body beside the other consumer's mainloop instead of between two of its
+// own. MEASURED (H100, bench/NOTES.md Stop 65), softmax with f32 out at 1024 x 32768 x 4096 (8
+// N-tiles a job in row groups of 32): a tile at a time 0.520-0.522 ms against a job at a time
+// 0.544-0.552 (2% in the same call's cuBLAS ratio, cuBLAS moving 4% between the rounds), though
+// both consumers' epilogues then end the kernel (its exposed tail 105 against 72 us); measured as
+// an untracked copy of the kernels in this order. Leads 3 and 4 (the tail of one epilogue, a few
+// bodies exposed) were measured only beside a stash prefetch that cost 6% (0.553-0.562 ms against
+// 0.569 at a job at a time, the same kernels). At 2 N-tiles a job (LayerNorm 4096 x 8192 x 4096 on
+// 128x128 tiles) a tile at a time 0.510 against 0.504 ms, a tie: from 8 tiles a job (no length
+// between measured). And one pair a CTA only, as measured: where a CTA walks several pairs, each
+// pair's two epilogues would end together with no mainloop beside them (a job at a time hides all
+// but the last; not measured). The planner takes the lead only where the plan can alternate
+// (KernelConfig::tile_turns).
 inline constexpr int kTurnLead = 1;
 inline constexpr int kTileTurnsMinTiles = 8;
 inline int turn_lead_wanted(const KernelConfig& k, int64_t jobs_a_cta) {
-  KernelConfig with = k;
-  with.turn_lead = kTurnLead;
-  return with.tile_turns() && k.n_tiles >= kTileTurnsMinTiles && jobs_a_cta <= 2 ? kTurnLead : 0;
+  return k.n_tiles >= kTileTurnsMinTiles && jobs_a_cta <= 2 ? kTurnLead : 0;
 }
 // A's rows (M x K, and an N x K B's) start off 128-byte lines where K is not a multiple of 64
 // elements: each TMA box row then straddles two (PlannerTunables::unaligned_rows_efficiency).
