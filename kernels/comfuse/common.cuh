@@ -47,6 +47,14 @@ template <int ConsumerWGs> COMFUSE_DEVICE int barrier_id(NamedBarrier b, int wg)
   else return wg < 2 ? barrier_id(b, wg) : 5 + 2 * (wg - 2) + (b == NamedBarrier::EpilogueWG0 ? 1 : 0);
 }
 
+// x, which the compiler can no longer see through: a value derived from it is computed where it
+// is used, not hoisted out of the loop around (and then kept, or spilled, across it).
+COMFUSE_DEVICE uint32_t opaque(uint32_t x) {
+  uint32_t y;
+  asm volatile("mov.b32 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
+}
+
 COMFUSE_DEVICE void named_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }

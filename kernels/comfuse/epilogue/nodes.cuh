@@ -253,6 +253,14 @@ template <int Arg, class T, int Period = 0> struct RowBroadcast {
       for (int i = c.t; i < Geo::BN; i += kWarpGroupThreads)
         s.v[i] = i < n_valid ? DType<T>::load(src, Period > 0 ? (c.n0 + i) % Period : c.n0 + i) : 0.f;
     }
+    // Several N-tiles a job: the base made opaque once per tile, so that the 32 per-fragment
+    // addresses (64 columns a thread on a 256-column tile) are formed in the body that reads them
+    // and not hoisted out of the job loop into registers held across the mainloop, where ptxas
+    // spilled them (LayerNorm at 1152 x 32768 x 1024: 896 B of spill, 168 B with this).
+    // One N-tile keeps the plain base: its kernels spill nothing either way.
+    COMFUSE_DEVICE void acquire(EpiCtx const&, SharedStorage& s) {
+      if constexpr (Geo::NTiles > 1) v_ = opaque(smem_u32(s.v));
+    }
     COMFUSE_DEVICE void subtile_end(EpiCtx const&, SharedStorage&, int) {}
     template <int I, class V> COMFUSE_DEVICE void visit(EpiCtx const&, FragCoord const& fc, Frag const&, V& v) {
       float2 lo = ld_shared_v2(v_ + 4 * fc.col);
