@@ -441,9 +441,10 @@ inline bool poll_backoff_wanted(int row_peers, bool one_job_a_cta) {
 // N-tiles a job in row groups of 32): a tile at a time 0.520-0.522 ms against a job at a time
 // 0.544-0.552 (2% in the same call's cuBLAS ratio, cuBLAS moving 4% between the rounds), though
 // both consumers' epilogues then end the kernel (its exposed tail 105 against 72 us); measured as
-// an untracked copy of the kernels in this order. Leads 3 and 4 (the tail of one epilogue, a few
-// bodies exposed) were measured only beside a stash prefetch that cost 6% (0.553-0.562 ms against
-// 0.569 at a job at a time, the same kernels). At 2 N-tiles a job (LayerNorm 4096 x 8192 x 4096 on
+// an untracked copy of the kernels in this order; the tree's order at lead 1 (Stop 66, H100, one
+// call) 0.5217 ms against 0.5339 a job at a time, and leads 2, 3 and 4 0.5385, 0.5374 and 0.5384
+// (one epilogue's tail under the other's last mainloops measured no better than both epilogues
+// side by side). At 2 N-tiles a job (LayerNorm 4096 x 8192 x 4096 on
 // 128x128 tiles) a tile at a time 0.510 against 0.504 ms, a tie: from 8 tiles a job (no length
 // between measured). And one pair a CTA only, as measured: where a CTA walks several pairs, each
 // pair's two epilogues would end together with no mainloop beside them (a job at a time hides all
@@ -453,6 +454,20 @@ inline constexpr int kTurnLead = 1;
 inline constexpr int kTileTurnsMinTiles = 8;
 inline int turn_lead_wanted(const KernelConfig& k, int64_t jobs_a_cta) {
   return k.n_tiles >= kTileTurnsMinTiles && jobs_a_cta <= 2 ? kTurnLead : 0;
+}
+// Stash plans (a tile value carried over several N-tiles a job) of several jobs a CTA do not take
+// PingPong 64x256 tiles. MEASURED (H100, bench/NOTES.md Stop 66, one call, the model then taking
+// 64x256 at each): softmax with bf16 out at 1024 x 32768 x 4096, 64x256 with 4 N-tiles a job
+// 0.610 ms (1.657x cuBLAS) against 128x128 with 8 (and its tiles in turn) 0.499 ms (1.218x);
+// LayerNorm 1152 x 32768 x 1024 0.434 ms against 64x128's 0.367 (128x128 0.485); softmax at that
+// shape 0.284 against 64x128's 0.268 (128x128 0.273). Without 64x256 the model takes the fastest
+// of these three each time. The 64x256 kernels there hold 128 accumulators a thread beside the
+// L2 exchange's polled words and spill (168-244 B, PlannerKernelsDoNotSpill); the model prices
+// neither. One job a CTA (256 rows of a vocabulary: 64x256 measured 1.566x for log-softmax, Stop
+// 62) keeps them: its alternatives were not measured.
+inline bool stash_tile_refused(int tile_m, int tile_n, int wgs_per_tile, int64_t n_tiles, bool carries_tile,
+                               int64_t jobs_a_cta) {
+  return tile_m == 64 && tile_n == 256 && wgs_per_tile == 1 && n_tiles > 1 && carries_tile && jobs_a_cta > 1;
 }
 // A's rows (M x K, and an N x K B's) start off 128-byte lines where K is not a multiple of 64
 // elements: each TMA box row then straddles two (PlannerTunables::unaligned_rows_efficiency).

@@ -71,6 +71,7 @@ struct TileShape {
 // else only where forced (search_row_groups).
 constexpr TileShape kTiles[] = {{64, 256}, {128, 128}, {64, 128}, {128, 256, 2}, {64, 64}};
 constexpr int kClusterMs[] = {2, 1};
+
 constexpr int kGroups[] = {1, 2, 4, 8, 16, 32, 64};
 constexpr int kSplits[] = {1, 2, 3, 4, 6, 8, 12, 16};
 
@@ -278,6 +279,13 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
           continue;
         }
         const int64_t jobs_per_cta = ceil_div64(c.jobs, groups);
+        if (!(opt.tile_m && opt.tile_n) &&
+            stash_tile_refused(ts.tile_m, ts.tile_n, ts.wgs, n_tiles, chain.carries_tile, jobs_per_cta)) {
+          why.add("row-group division", fmt::format("{}x{} with a stash over {} N-tiles a job and {} jobs a CTA: slower "
+                                                    "than 128x128 and 64x128 where measured (calibration.h stash_tile_refused)",
+                                                    ts.tile_m, ts.tile_n, n_tiles, jobs_per_cta));
+          continue;
+        }
         // One job a CTA: no other consumer for the held slot to starve; the ring as measured there.
         if (c.ring_inputs_declined && jobs_per_cta == 1) continue;
         // Split-K's hand-over tags carry a warp group's job number in 16 bits (split_k.cuh).

@@ -1529,11 +1529,12 @@ TEST(Plan, LongJobsTakeTheTensorCoresAPairAtATime) {
     const Plan pairs = make_plan(softmax(), prob(4096, 32768, 4096), dev, {}, square);
     ASSERT_GE(pairs.kernel.n_tiles, kTileTurnsMinTiles);
     EXPECT_EQ(pairs.kernel.turn_lead, 0) << explain(softmax(), pairs);
-    // Fewer N-tiles a job (64x256: 4): a job at a time.
-    const Plan four = make_plan(softmax(), prob(1024, 32768, 4096), dev);
-    if (four.kernel.n_tiles < kTileTurnsMinTiles) {
-      EXPECT_EQ(four.kernel.turn_lead, 0);
-    }
+    // Fewer N-tiles a job (64x256, forced: 4): a job at a time.
+    PlanOptions wide;
+    wide.tile_m = 64, wide.tile_n = 256;
+    const Plan four = make_plan(softmax(), prob(1024, 32768, 4096), dev, {}, wide);
+    ASSERT_LT(four.kernel.n_tiles, kTileTurnsMinTiles);
+    EXPECT_EQ(four.kernel.turn_lead, 0);
     const Plan one_tile = make_plan(layer_norm(), prob(8192, 4096, 4096), dev);
     EXPECT_EQ(one_tile.kernel.turn_lead, 0);
     const Plan forced = make_plan(layer_norm(), prob(8192, 4096, 4096), dev, {}, two);
@@ -1543,6 +1544,35 @@ TEST(Plan, LongJobsTakeTheTensorCoresAPairAtATime) {
   PlanOptions bad;
   bad.turn_lead = -1;
   EXPECT_THROW(make_plan(softmax(), prob(1024, 32768, 4096), full_device(), {}, bad), Error);
+}
+
+// Stash plans of several jobs a CTA leave PingPong 64x256 tiles for the 128x128 or 64x128 ones that
+// measured faster (calibration.h stash_tile_refused): the vocabulary softmax takes 128x128 (and its
+// tiles in turn), LayerNorm at 1152 x 32768 x 1024 64x128. Forced, 64x256 stays; with one job a CTA
+// the rule does not apply.
+TEST(Plan, StashPlansOfSeveralJobsLeaveWidePingPongTiles) {
+  for (const Gpu gpu : {Gpu::H100, Gpu::H200}) {
+    DeviceModel dev = device_model(gpu);
+    dev.multi_tile_rows = true;
+    const Plan vocab = make_plan(softmax(), prob(1024, 32768, 4096), dev);
+    EXPECT_EQ(vocab.kernel.tile_m, 128) << explain(softmax(), vocab);
+    EXPECT_EQ(vocab.kernel.tile_n, 128);
+    EXPECT_TRUE(vocab.kernel.tile_turns());
+    const Plan ln = make_plan(layer_norm(), prob(1152, 32768, 1024), dev);
+    EXPECT_GT(ln.kernel.n_tiles, 1);
+    EXPECT_EQ(ln.kernel.tile_m, 64) << explain(layer_norm(), ln);
+    EXPECT_EQ(ln.kernel.tile_n, 128);
+    PlanOptions wide;
+    wide.tile_m = 64, wide.tile_n = 256;
+    const Plan forced = make_plan(layer_norm(), prob(1152, 32768, 1024), dev, {}, wide);
+    EXPECT_EQ(forced.kernel.tile_n, 256);
+    EXPECT_GT(forced.kernel.n_tiles, 1);
+  }
+  EXPECT_TRUE(stash_tile_refused(64, 256, 1, 4, true, 2));
+  EXPECT_FALSE(stash_tile_refused(64, 256, 1, 16, true, 1));   // one job a CTA
+  EXPECT_FALSE(stash_tile_refused(64, 256, 1, 1, true, 4));    // one N-tile a job: no stash
+  EXPECT_FALSE(stash_tile_refused(64, 256, 1, 4, false, 4));   // no tile value carried
+  EXPECT_FALSE(stash_tile_refused(128, 128, 1, 8, true, 2));
 }
 
 // A forced option that changes nothing in a plan is said so among its reasons (not an error: one
