@@ -71,7 +71,6 @@ struct TileShape {
 // else only where forced (search_row_groups).
 constexpr TileShape kTiles[] = {{64, 256}, {128, 128}, {64, 128}, {128, 256, 2}, {64, 64}};
 constexpr int kClusterMs[] = {2, 1};
-
 constexpr int kGroups[] = {1, 2, 4, 8, 16, 32, 64};
 constexpr int kSplits[] = {1, 2, 3, 4, 6, 8, 12, 16};
 
@@ -279,7 +278,7 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
           continue;
         }
         const int64_t jobs_per_cta = ceil_div64(c.jobs, groups);
-        if (!(opt.tile_m && opt.tile_n) &&
+        if (!opt.tile_n &&  // 256-column tiles asked for are given
             stash_tile_refused(ts.tile_m, ts.tile_n, ts.wgs, n_tiles, chain.carries_tile, jobs_per_cta)) {
           why.add("row-group division", fmt::format("{}x{} with a stash over {} N-tiles a job and {} jobs a CTA: slower "
                                                     "than 128x128 and 64x128 where measured (calibration.h stash_tile_refused)",
