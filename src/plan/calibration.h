@@ -444,9 +444,8 @@ inline bool poll_backoff_wanted(int row_peers, bool one_job_a_cta) {
 // an untracked copy of the kernels in this order; the tree's order at lead 1 (Stop 66, H100, one
 // call) 0.5217 ms against 0.5339 a job at a time, and leads 2, 3 and 4 0.5385, 0.5374 and 0.5384
 // (one epilogue's tail under the other's last mainloops measured no better than both epilogues
-// side by side). At 2 N-tiles a job (LayerNorm 4096 x 8192 x 4096 on
-// 128x128 tiles) a tile at a time 0.510 against 0.504 ms, a tie: from 8 tiles a job (no length
-// between measured). And one pair a CTA only, as measured: where a CTA walks several pairs, each
+// side by side). At 2 N-tiles a job (LayerNorm 4096 x 8192 x 4096 on 128x128 tiles) a tile at a
+// time 0.510 against 0.504 ms, a tie: from 8 tiles a job (no length between measured). And one pair a CTA only, as measured: where a CTA walks several pairs, each
 // pair's two epilogues would end together with no mainloop beside them (a job at a time hides all
 // but the last; not measured). The planner takes the lead only where the plan can alternate
 // (KernelConfig::tile_turns).
@@ -465,9 +464,8 @@ inline int turn_lead_wanted(const KernelConfig& k, int64_t jobs_a_cta) {
 // L2 exchange's polled words and spill (168-244 B, PlannerKernelsDoNotSpill); the model prices
 // neither. One job a CTA (256 rows of a vocabulary: 64x256 measured 1.566x for log-softmax, Stop
 // 62) keeps them: its alternatives were not measured.
-inline bool stash_tile_refused(int tile_m, int tile_n, int wgs_per_tile, int64_t n_tiles, bool carries_tile,
-                               int64_t jobs_a_cta) {
-  return tile_m == 64 && tile_n == 256 && wgs_per_tile == 1 && n_tiles > 1 && carries_tile && jobs_a_cta > 1;
+inline bool stash_tile_refused(const KernelConfig& k, int64_t jobs_a_cta) {
+  return k.tile_m == 64 && k.tile_n == 256 && k.wgs_per_tile == 1 && k.stash_elem_bytes > 0 && jobs_a_cta > 1;
 }
 // A's rows (M x K, and an N x K B's) start off 128-byte lines where K is not a multiple of 64
 // elements: each TMA box row then straddles two (PlannerTunables::unaligned_rows_efficiency).

@@ -278,8 +278,7 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
           continue;
         }
         const int64_t jobs_per_cta = ceil_div64(c.jobs, groups);
-        if (!opt.tile_n &&  // 256-column tiles asked for are given
-            stash_tile_refused(ts.tile_m, ts.tile_n, ts.wgs, n_tiles, chain.carries_tile, jobs_per_cta)) {
+        if (!opt.tile_n && stash_tile_refused(c.k, jobs_per_cta)) {  // 256-column tiles asked for are given
           why.add("row-group division", fmt::format("{}x{} with a stash over {} N-tiles a job and {} jobs a CTA: slower "
                                                     "than 128x128 and 64x128 where measured (calibration.h stash_tile_refused)",
                                                     ts.tile_m, ts.tile_n, n_tiles, jobs_per_cta));

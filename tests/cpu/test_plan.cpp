@@ -1568,11 +1568,16 @@ TEST(Plan, StashPlansOfSeveralJobsLeaveWidePingPongTiles) {
     EXPECT_EQ(forced.kernel.tile_n, 256);
     EXPECT_GT(forced.kernel.n_tiles, 1);
   }
-  EXPECT_TRUE(stash_tile_refused(64, 256, 1, 4, true, 2));
-  EXPECT_FALSE(stash_tile_refused(64, 256, 1, 16, true, 1));   // one job a CTA
-  EXPECT_FALSE(stash_tile_refused(64, 256, 1, 1, true, 4));    // one N-tile a job: no stash
-  EXPECT_FALSE(stash_tile_refused(64, 256, 1, 4, false, 4));   // no tile value carried
-  EXPECT_FALSE(stash_tile_refused(128, 128, 1, 8, true, 2));
+  KernelConfig k;
+  k.tile_m = 64, k.tile_n = 256, k.wgs_per_tile = 1, k.n_tiles = 4, k.stash_elem_bytes = 4;
+  EXPECT_TRUE(stash_tile_refused(k, 2));
+  EXPECT_FALSE(stash_tile_refused(k, 1));  // one job a CTA
+  KernelConfig no_stash = k;               // one N-tile a job, or no tile value carried
+  no_stash.stash_elem_bytes = 0;
+  EXPECT_FALSE(stash_tile_refused(no_stash, 4));
+  KernelConfig square = k;
+  square.tile_m = 128, square.tile_n = 128, square.n_tiles = 8;
+  EXPECT_FALSE(stash_tile_refused(square, 2));
 }
 
 // A forced option that changes nothing in a plan is said so among its reasons (not an error: one
