@@ -41,8 +41,8 @@ std::string kernel_config_source(const KernelConfig& c);
 
 // The epilogue type alone (e.g. for tests and `comfuse emit --epilogue`).
 // fuse_pairs: the kinds of paired reductions (pair_kind in spec.h) that share one exchange
-// round (emit() passes Plan::fused_pairs: row groups or one CTA per row; one N-tile per CTA for
-// a mean-and-variance pair, any for a max-and-sum-of-exp pair of the root stage).
+// round (emit() passes Plan::fused_pairs: row groups or one CTA per row; over several N-tiles a
+// CTA, the root stage's pair).
 // config: the plan's kernel carries the root stage's tile inputs in the mainloop's ring
 // (KernelConfig::ring_input_bytes > 0; its tile_n places their boxes).
 std::string emit_epilogue_type(const FusionSpec& s, OneRoundPairs fuse_pairs = {}, const KernelConfig* config = nullptr);

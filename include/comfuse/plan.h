@@ -174,13 +174,14 @@ struct Plan {
 };
 
 // Which paired reductions can share one round (Plan::fused_pairs): the row's CTAs meet in L2 or
-// are one CTA (the DSMEM channel has no pair round); a mean-and-variance pair needs each CTA's
-// row values in registers (one N-tile: the squares about the CTA's own mean), a
-// max-and-sum-of-exp pair sums its exp online across a CTA's N-tiles (stage.cuh online_second),
-// and keeps that exp in the registers only where they hold the whole job (one N-tile: kept_exp).
+// are one CTA (the DSMEM channel has no pair round). Over several N-tiles a CTA both kinds
+// accumulate their second statistic online, tile by tile (stage.cuh online_second: the squares
+// about each tile's mean merged by Chan's formula, the exp about a running max), the root
+// stage's pair only (ChainInfo's pairs below the root); a max-and-sum-of-exp pair keeps that exp
+// in the registers only where they hold the whole job (one N-tile: kept_exp).
 inline OneRoundPairs one_round_pairs_possible(int64_t n_tiles_per_cta, Aggregation agg, int row_peers) {
   const bool channel = agg == Aggregation::L2Exchange || row_peers == 1;
-  return {channel && n_tiles_per_cta == 1, channel, channel && n_tiles_per_cta == 1};
+  return {channel, channel, channel && n_tiles_per_cta == 1};
 }
 inline OneRoundPairs one_round_pairs_possible(const Plan& p) {
   return one_round_pairs_possible(p.kernel.n_tiles, p.kernel.aggregation, p.kernel.row_peers());

@@ -18,8 +18,8 @@ struct EmitContext {
   std::vector<std::string> literals;    // struct definitions, in first-use order
   std::string literal_struct(double v); // name of the struct holding v as a float
   // The plan lets paired reductions (pair_kind: mean + variance, max + sum of exp) share one
-  // exchange round (one N-tile per CTA; the L2 exchange or none): Reduction<..., Pair> on
-  // both (epilogue/reduce.cuh).
+  // exchange round (the L2 exchange or none; over several N-tiles a CTA the root stage's only):
+  // Reduction<..., Pair> on both (epilogue/reduce.cuh).
   OneRoundPairs fuse_pairs;
   const Spec* pair_child = nullptr;  // the PostStage whose reduction takes the merged statistic
   // fuse_pairs.kept_exp: a max-and-sum-of-exp pair whose PostStage reads its operand only through

@@ -467,6 +467,18 @@ inline int turn_lead_wanted(const KernelConfig& k, int64_t jobs_a_cta) {
 inline bool stash_tile_refused(const KernelConfig& k, int64_t jobs_a_cta) {
   return k.tile_m == 64 && k.tile_n == 256 && k.wgs_per_tile == 1 && k.stash_elem_bytes > 0 && jobs_a_cta > 1;
 }
+// LayerNorm's mean and variance in one round over several N-tiles a job (stage.cuh online_second,
+// Chan's merge of each tile's squares) where a thread's registers hold it: 64 accumulators a
+// thread (64x128 tiles), or row groups of up to 16. MEASURED (NVRTC 13.0's cubins, CPU; bench/NOTES.md
+// Stop 67): LayerNorm 1152 x 32768 x 1024 on 64x128 in row groups of 32 spills 0 B in one round
+// (0 in two), 128x128 with 4 N-tiles in row groups of 16 0 B (288 in two); but 128 accumulators a
+// thread beside the pair round's polled words of 32 peers spill: 128x128 in row groups of 32
+// 264 B (56 in two), 64x256 652 B (168 in two), all of it around the round, none in the k-loop.
+// Their GPU times, one round against two, are not measured: until then they keep two rounds
+// unless forced (--pairs one-round).
+inline bool online_mean_variance_fits(const KernelConfig& k) {
+  return k.n_tiles == 1 || k.accumulators() <= 64 || k.row_peers() <= 16;
+}
 // A's rows (M x K, and an N x K B's) start off 128-byte lines where K is not a multiple of 64
 // elements: each TMA box row then straddles two (PlannerTunables::unaligned_rows_efficiency).
 inline bool rows_off_128_byte_lines(const Problem& p) { return p.k * Sm90::kAbBytes % 128 != 0; }

@@ -91,13 +91,14 @@ double node_cost(const FusionSpec& s, const Spec& st, int i) {
   return 1.0;
 }
 
-// The root stage's max-and-sum-of-exp pair (over several N-tiles a CTA, only the root's runs in
-// one round: stage.cuh kPairOnline) whose sum's PostStage is the chain's last stage (no reduction)
-// and takes the sum's stage's tile value: those two stages stream together (stage.cuh kFusedStream).
-int root_pairs_streamed_together(const Spec& root) {
+// The root stage's pairs of a kind (over several N-tiles a CTA, only the root's runs in one round:
+// stage.cuh kPairOnline) whose second reduction's PostStage is the chain's last stage (no
+// reduction) and takes the second's stage's tile value: those two stages stream together
+// (stage.cuh kFusedStream).
+int root_pairs_streamed_together(const Spec& root, PairKind kind) {
   int n = 0;
   for (size_t i = 0; i < root.nodes.size(); ++i) {
-    if (pair_kind(root, static_cast<int>(i)) != PairKind::MaxExpSum) continue;
+    if (pair_kind(root, static_cast<int>(i)) != kind) continue;
     const Spec& second = root.children.at(static_cast<size_t>(root.nodes[i].post));
     const SpecNode& sum = second.nodes.at(static_cast<size_t>(second.terminal));
     if (sum.post < 0) continue;
@@ -111,10 +112,10 @@ int root_pairs_streamed_together(const Spec& root) {
   return n;
 }
 
-// The max-and-sum-of-exp pairs whose first reduction is in the root stage.
-int root_pairs(const Spec& root) {
+// The pairs of a kind whose first reduction is in the root stage.
+int root_pairs(const Spec& root, PairKind kind) {
   int n = 0;
-  for (size_t i = 0; i < root.nodes.size(); ++i) n += pair_kind(root, static_cast<int>(i)) == PairKind::MaxExpSum;
+  for (size_t i = 0; i < root.nodes.size(); ++i) n += pair_kind(root, static_cast<int>(i)) == kind;
   return n;
 }
 
@@ -130,7 +131,9 @@ int pairs_keeping_exp(const Spec& st) {
 // The root pairs whose two stages after the round stream the stash together (one read, no
 // write-back between them): only in one round over several N-tiles a CTA.
 int streamed_together(const ChainInfo& chain, const OneRoundPairs& fused, int64_t n_tiles) {
-  return fused.max_exp_sum && n_tiles > 1 ? chain.max_exp_sum_pairs_streamed_together : 0;
+  if (n_tiles == 1) return 0;
+  return (fused.mean_variance ? chain.mean_variance_pairs_streamed_together : 0) +
+         (fused.max_exp_sum ? chain.max_exp_sum_pairs_streamed_together : 0);
 }
 
 }  // namespace
@@ -156,8 +159,12 @@ ChainInfo analyze_chain(const FusionSpec& s) {
   info.stages_in_chain = std::max(1, s.stage_count());
   info.mean_variance_pairs = s.segment > 0 ? 0 : s.pair_count(PairKind::MeanVariance);
   info.max_exp_sum_pairs = s.segment > 0 ? 0 : s.pair_count(PairKind::MaxExpSum);
-  info.max_exp_sum_pairs_streamed_together = s.segment > 0 ? 0 : root_pairs_streamed_together(s.root);
-  info.max_exp_sum_pairs_below_root = info.max_exp_sum_pairs - (s.segment > 0 ? 0 : root_pairs(s.root));
+  info.mean_variance_pairs_streamed_together =
+      s.segment > 0 ? 0 : root_pairs_streamed_together(s.root, PairKind::MeanVariance);
+  info.max_exp_sum_pairs_streamed_together = s.segment > 0 ? 0 : root_pairs_streamed_together(s.root, PairKind::MaxExpSum);
+  info.mean_variance_pairs_below_root =
+      info.mean_variance_pairs - (s.segment > 0 ? 0 : root_pairs(s.root, PairKind::MeanVariance));
+  info.max_exp_sum_pairs_below_root = info.max_exp_sum_pairs - (s.segment > 0 ? 0 : root_pairs(s.root, PairKind::MaxExpSum));
   info.max_exp_sum_pairs_keeping_exp = s.segment > 0 ? 0 : pairs_keeping_exp(s.root);
   for (const RuntimeArg& a : s.args)
     if (a.role == ArgRole::TileInput) {

@@ -302,7 +302,7 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
         // written back by each that passes a tile value on (none when T == 1; a pair's two stages
         // that stream together read it once), the outputs written. At one SM's share of DRAM
         // bandwidth.
-        const OneRoundPairs fuse = fuse_pairs(chain, opt, n_tiles, Aggregation::L2Exchange, g);
+        const OneRoundPairs fuse = fuse_pairs(chain, opt, c.k);
         const double elems = double(ts.tile_m) * ts.tile_n;
         const double stage1 = elems * c.k.stash_elem_bytes;
         const int passes = stash_reads_after_round(chain, fuse, n_tiles) + stash_write_backs_after_round(chain, fuse, n_tiles);
@@ -546,23 +546,27 @@ bool row_groups_forced(const PlanOptions& opt) {
 // exposed epilogue) residual LayerNorm 1x1024x4096 12.6 vs 13.2 us and 32x1024x4096 15.0 vs
 // 15.8, softmax 16x4096x4096 17.2 vs 17.8 and 256x4096x4096 21.7 vs 21.9, LayerNorm
 // 16/128/256 x4096x4096 ties: never slower, so every pair that saves a round takes one.
-// A max-and-sum-of-exp pair over several N-tiles a CTA (its sum online across them): only the
-// root stage's can (a chain with one below it keeps two rounds for all: emit fuses a kind whole),
-// and unforced only in row groups of up to kOnlinePairMaxRowPeers CTAs. MEASURED (H100,
+// A pair over several N-tiles a CTA (its second statistic online across them): only the root
+// stage's can (a chain with one below it keeps two rounds for all of that kind: emit fuses a kind
+// whole), and unforced only in row groups of up to kOnlinePairMaxRowPeers CTAs. MEASURED (H100,
 // bench/sweeps/online_pairs_n_tiles.txt, bench/NOTES.md Stop 56), the vocabulary rows 1024 x 32768
 // x 4096 f32 against two rounds at 1.772x cuBLAS: row groups of 32 (8 N-tiles a CTA) 1.496x,
 // row groups of 64 (4 N-tiles) 1.717x: that kernel spills 1.1 KB (0.5 KB in two rounds: the
-// 64-peer exchange), which the model does not see.
-OneRoundPairs fuse_pairs(const ChainInfo& chain, const PlanOptions& opt, int64_t n_tiles, Aggregation agg,
-                         int row_peers) {
-  const OneRoundPairs can = one_round_pairs_possible(n_tiles, agg, row_peers);
-  const bool mv = can.mean_variance && chain.mean_variance_pairs > 0;
+// 64-peer exchange), which the model does not see. The mean-and-variance pair over several
+// N-tiles (Chan's merge of each tile's squares, bench/NOTES.md Stop 67) takes the same bound, and
+// only where the kernel's registers hold it (calibration.h online_mean_variance_fits).
+OneRoundPairs fuse_pairs(const ChainInfo& chain, const PlanOptions& opt, const KernelConfig& k) {
+  const int64_t n_tiles = k.n_tiles;
+  const int row_peers = k.row_peers();
+  const OneRoundPairs can = one_round_pairs_possible(n_tiles, k.aggregation, row_peers);
+  const bool mv = can.mean_variance && chain.mean_variance_pairs > 0 &&
+                  (n_tiles == 1 || chain.mean_variance_pairs_below_root == 0);
   const bool mes = can.max_exp_sum && chain.max_exp_sum_pairs > 0 &&
                    (n_tiles == 1 || chain.max_exp_sum_pairs_below_root == 0);
   if (opt.fuse_pairs) return {*opt.fuse_pairs && mv, *opt.fuse_pairs && mes};
   const bool saves_a_round = row_peers > 1;  // one CTA per row: no round to save
-  return {mv && saves_a_round,
-          mes && saves_a_round && (n_tiles == 1 || row_peers <= kOnlinePairMaxRowPeers)};
+  const bool online_bound = n_tiles == 1 || row_peers <= kOnlinePairMaxRowPeers;
+  return {mv && saves_a_round && online_bound && online_mean_variance_fits(k), mes && saves_a_round && online_bound};
 }
 
 // A root max-and-sum-of-exp pair over several N-tiles a CTA runs in one round only in row groups of

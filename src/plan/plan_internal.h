@@ -30,13 +30,16 @@ struct ChainInfo {
   int mean_variance_pairs = 0;
   int max_exp_sum_pairs = 0;
   int pairs() const { return mean_variance_pairs + max_exp_sum_pairs; }
-  // The root stage's max-and-sum-of-exp pair where its sum's PostStage is the chain's last stage
-  // (no reduction) and takes a tile value from the sum's stage: in one round over several N-tiles
-  // a CTA, those two stages stream the stash together, one read instead of a read, a write-back
-  // and a read (stage.cuh kFusedStream).
+  // The root stage's pairs (of each kind) where the second reduction's PostStage is the chain's
+  // last stage (no reduction) and takes a tile value from the second's stage: in one round over
+  // several N-tiles a CTA, those two stages stream the stash together, one read instead of a
+  // read, a write-back and a read (stage.cuh kFusedStream). LayerNorm's, softmax's.
+  int mean_variance_pairs_streamed_together = 0;
   int max_exp_sum_pairs_streamed_together = 0;
-  // Max-and-sum-of-exp pairs below the root stage: over several N-tiles a CTA they keep two
-  // rounds (only the root's sum runs online, tile by tile: stage.cuh kPairOnline).
+  // Pairs below the root stage: over several N-tiles a CTA they keep two rounds, and so does
+  // every pair of their kind (only the root's second statistic runs online, tile by tile:
+  // stage.cuh kPairOnline; emit fuses a kind whole).
+  int mean_variance_pairs_below_root = 0;
   int max_exp_sum_pairs_below_root = 0;
   // Max-and-sum-of-exp pairs whose PostStage reads the operand only through the exp (spec.h
   // pair_keeps_exp): in one round over one N-tile, one exp a value (reduce.cuh kPairGivenKept).
@@ -206,11 +209,11 @@ bool one_job_a_cta(const Candidate& c);
 int64_t jobs_a_cta(const Candidate& c);
 // One job a CTA of one N-tile: its vectors load ahead of the mainloop (KernelConfig::begin_early).
 bool begins_early(const Candidate& c);
-// Which paired reductions share one exchange round: where one N-tile per CTA and the row meets
-// in L2 or in one CTA, every pair when forced (PlanOptions::fuse_pairs), else every pair where
-// a round is saved (row_peers > 1).
-OneRoundPairs fuse_pairs(const ChainInfo& chain, const PlanOptions& opt, int64_t n_tiles, Aggregation agg,
-                         int row_peers);
+// Which paired reductions share one exchange round: where the row meets in L2 or in one CTA
+// (over several N-tiles a CTA, a chain whose pairs of the kind are all the root stage's), every
+// pair when forced (PlanOptions::fuse_pairs), else every pair where a round is saved (row_peers
+// > 1; over several N-tiles, in row groups of up to kOnlinePairMaxRowPeers).
+OneRoundPairs fuse_pairs(const ChainInfo& chain, const PlanOptions& opt, const KernelConfig& k);
 // The widest row group whose max-and-sum-of-exp pair over several N-tiles a CTA takes one round
 // unforced (fuse_pairs, decide_row_groups.cpp says what was measured).
 inline constexpr int kOnlinePairMaxRowPeers = 32;

@@ -519,7 +519,7 @@ Plan assemble(const Candidate& c, const std::vector<Candidate>& cands, const Req
                  : std::string(refused)));
     }
   }
-  plan.fused_pairs = plan_detail::fuse_pairs(chain, r.opt, k.n_tiles, k.aggregation, k.row_peers());
+  plan.fused_pairs = plan_detail::fuse_pairs(chain, r.opt, k);
   plan.fused_pairs.kept_exp = pair_can_keep_exp(plan, chain) && r.opt.keep_pair_exp.value_or(true);
   plan.kernel.pair_hand_over = plan_detail::pair_hand_over(plan.fused_pairs, r.p.m, plan.kernel);
   {  // two jobs' tiles in turn (KernelConfig::turn_lead), where jobs hold several N-tiles

@@ -153,12 +153,15 @@ void add_reasons(Plan& plan, const ChainInfo& chain, const DeviceModel& dev, con
   // keepers: the pairs of this kind that can keep their exp in place (spec.h pair_keeps_exp), in
   // one round over one N-tile a CTA; kept: whether they do (OneRoundPairs::kept_exp;
   // PlanOptions::keep_pair_exp = false, --pair-exp again, turns it off).
+  // online: how the second statistic runs over several N-tiles a CTA; below_root: pairs of the
+  // kind below the root stage (ChainInfo); registers: why a kernel's registers keep it at two
+  // rounds over several N-tiles, or null.
   auto pair_line = [&](int count, bool fused, bool possible, const char* needs, const std::string& what, int keepers,
-                       bool kept) {
+                       bool kept, const char* online, int below_root, const char* registers) {
     if (count == 0) return;
     const std::string head = fmt::format("{} {}", count, what);
     r.push_back(fused ? fmt::format("{}: in one round, one synchronization of the row's CTAs instead of two{}", head,
-                                    several_tiles ? " (the sum of exp online across the CTA's N-tiles)"
+                                    several_tiles ? fmt::format(" ({} across the CTA's N-tiles)", online)
                                     : keepers == 0 ? ""
                                     : kept ? fmt::format(" ({} keep(s) the exp summed before the round in the "
                                                          "registers: one exp a value)",
@@ -169,11 +172,13 @@ void add_reasons(Plan& plan, const ChainInfo& chain, const DeviceModel& dev, con
                 : opt.fuse_pairs == false ? fmt::format("{}: two rounds, forced by option", head)
                 : !possible ? fmt::format("{}: two rounds; one round needs {}", head, needs)
                 : plan.kernel.row_peers() == 1 ? fmt::format("{}: two rounds; one CTA per row has no round to save", head)
-                : chain.max_exp_sum_pairs_below_root > 0
+                : below_root > 0
                     ? fmt::format("{}: two rounds; over several N-tiles a CTA a pair below the root stage keeps every "
-                                  "such pair at two (only the root's sum of exp can run online, tile by tile, as its "
-                                  "tiles pass)",
+                                  "such pair at two (only the root's second statistic can run online, tile by tile, as "
+                                  "its tiles pass)",
                                   head)
+                : registers != nullptr && plan.kernel.row_peers() <= kOnlinePairMaxRowPeers
+                    ? fmt::format("{}: two rounds; {} (--pairs one-round forces it)", head, registers)
                     : fmt::format("{}: two rounds; over several N-tiles a CTA one round unforced only in row groups of "
                                   "up to {} CTAs (measured: a row group of 64's kernel spills; --pairs one-round "
                                   "forces it; where CTAs walk several jobs over at least {} rows a wider group is "
@@ -182,15 +187,21 @@ void add_reasons(Plan& plan, const ChainInfo& chain, const DeviceModel& dev, con
                                   head, kOnlinePairMaxRowPeers, kOnePairGroupMinRows));
   };
   pair_line(chain.mean_variance_pairs, plan.fused_pairs.mean_variance, can.mean_variance,
-            "one N-tile per CTA and the L2 exchange or a single CTA per row",
+            "the L2 exchange or a single CTA per row",
             "mean-and-variance pair(s) (one round: each CTA sends its row sums and the sum of squares about its own "
             "mean, merged by Chan's formula, safe when |mean| >> std)",
-            0, false);
+            0, false, "each tile's squares about its own mean merged online by Chan's formula",
+            chain.mean_variance_pairs_below_root,
+            online_mean_variance_fits(plan.kernel)
+                ? nullptr
+                : "over several N-tiles a CTA, 128 accumulators a thread beside the round's words of more than 16 "
+                  "peers spill in one round, unmeasured on the GPU (calibration.h online_mean_variance_fits)");
   pair_line(chain.max_exp_sum_pairs, plan.fused_pairs.max_exp_sum, can.max_exp_sum,
             "the L2 exchange or a single CTA per row",
             "max-and-sum-of-exp pair(s) (one round: each CTA sends its row max and the sum of exp about its own max, "
             "merged as online softmax does, S = sum_j S_j exp(max_j - max))",
-            chain.max_exp_sum_pairs_keeping_exp, plan.fused_pairs.kept_exp);
+            chain.max_exp_sum_pairs_keeping_exp, plan.fused_pairs.kept_exp, "the sum of exp online",
+            chain.max_exp_sum_pairs_below_root, nullptr);
   r.push_back((plan.kernel.cluster_n > 1)
                   ? fmt::format("multicast A: the {} CTAs of a cluster share the row block, one TMA load feeds all",
                                 plan.kernel.cluster_n)

@@ -173,7 +173,11 @@ TEST(Emit, ReductionsExpandRecursivelyIntoPostOpStages) {
   EXPECT_NE(src.find(".stash_elem_bytes = 4"), std::string::npos);
   EXPECT_NE(src.find(stash.strategy() == RowStrategy::SmemStash ? "StashSpace::Smem" : "StashSpace::Workspace"),
             std::string::npos);
-  EXPECT_EQ(src.find(", 2>>, 1>"), std::string::npos) << "a stash keeps two rounds";
+  // The mean-and-variance pair over the N-tiles in one round (online) where the plan's registers
+  // hold it (calibration.h online_mean_variance_fits), in two where forced.
+  EXPECT_EQ(src.find(", 2>>, 1>") != std::string::npos, stash.fused_pairs.mean_variance) << src;
+  two.fuse_pairs = false;
+  EXPECT_EQ(emit(s, make_plan(s, shape(8192, 4096, 4096), two)).source.find(", 2>>, 1>"), std::string::npos);
 }
 
 // Per-row [M, 1] outputs store through StoreCol, [M, N] epilogue inputs load through TileInput
@@ -241,6 +245,9 @@ TEST_F(EmitCompile, EveryExampleRegionCompiles) {
 // L2 exchange's polled words; calibration.h stash_tile_refused keeps the planner off them where
 // a CTA walks several jobs), LayerNorm spills 168 B, 896 B before its row vectors' SMEM
 // addresses stopped being hoisted out of the job loop (nodes.cuh RowBroadcast::acquire).
+// LayerNorm's pair in one round over several N-tiles (stage.cuh online_second) where the planner
+// takes it (calibration.h online_mean_variance_fits): 64x128 in row groups of 32 (none), and
+// 128x128 in row groups of 16 (16 B; 288 B in two rounds).
 // The planner's kernels compile with NVRTC itself, without spills: an NVRTC failure falls back
 // to nvcc at run time, which hid an NVRTC-only static_assert in every kernel that hands its pair
 // rounds over between warps (decode and M <= 256 rows: LayerNorm 16 rows, softmax 256).
@@ -255,13 +262,16 @@ TEST_F(EmitCompile, PlannerKernelsDoNotSpill) {
   pingpong.tile_m = 64, pingpong.tile_n = 128, pingpong.cluster_m = 2;
   PlanOptions wide;
   wide.tile_m = 64, wide.tile_n = 256;
+  PlanOptions sixteen;  // 4 N-tiles in row groups of 16: LayerNorm's pair in one round, online
+  sixteen.tile_m = 128, sixteen.tile_n = 128, sixteen.row_group = 16;
   for (const Case& c : {Case{"gemm_chain", 4096, 4096, 1024, {}, 64, 32}, Case{"gemm_chain", 4096, 4096, 1024, pingpong},
                         Case{"gemm_chain", 1024, 4096, 1024, {}, 64, 32}, Case{"gemm_layernorm", 8192, 4096, 4096},
                         Case{"gemm_softmax", 256, 4096, 4096}, Case{"gemm_softmax", 1024, 4096, 1024},
                         Case{"gemm_rmsnorm", 1, 2048, 4096}, Case{"gemm_residual_layernorm", 8192, 1024, 1024},
                         Case{"gemm_layernorm", 16, 4096, 4096}, Case{"gemm_log_softmax", 256, 4096, 4096},
                         Case{"gemm_layernorm", 1152, 32768, 1024}, Case{"gemm_layernorm", 1152, 32768, 1024, wide, 168, 48},
-                        Case{"gemm_softmax", 1024, 32768, 4096, {}, 32, 8}}) {
+                        Case{"gemm_softmax", 1024, 32768, 4096, {}, 32, 8},
+                        Case{"gemm_residual_layernorm", 1152, 32768, 1024}, Case{"gemm_layernorm", 4096, 8192, 4096, sixteen, 16, 8}}) {
     Graph g = parse_graph_file((kRoot / "examples" / (std::string(c.example) + ".cf")).string());
     const LoweringResult r = lower(g);
     CompileOptions opt = opt_;

@@ -955,9 +955,9 @@ FusionSpec log_softmax() {
 }
 
 // Paired reductions (LayerNorm's mean and variance, softmax's and log-softmax's max and sum of
-// exp) share one exchange round wherever the row's CTAs meet in L2 with one N-tile each (not over
-// DSMEM, not in one CTA unless forced); over several N-tiles a CTA only softmax's pair (its sum
-// online across the tiles), in row groups of up to 32 CTAs unless forced.
+// exp) share one exchange round wherever the row's CTAs meet in L2 (not over DSMEM, not in one CTA
+// unless forced); over several N-tiles a CTA the root stage's pair (its second statistic online
+// across the tiles), in row groups of up to 32 CTAs unless forced.
 TEST(Plan, PairedReductionsInOneRoundWhereARoundIsSaved) {
   FusionSpec ln = layer_norm(), sm = softmax(), lsm = log_softmax(), rms = rms_norm();
   EXPECT_EQ(ln.pair_count(PairKind::MeanVariance), 1);
@@ -1003,12 +1003,16 @@ TEST(Plan, PairedReductionsInOneRoundWhereARoundIsSaved) {
   opt.aggregation = Aggregation::PeerToPeer;
   EXPECT_FALSE(make_plan(ln, prob(8192, 4096, 4096), full_device(), {}, opt).fused_pairs.any());
   opt = {};
-  opt.row_group = 2;  // 8 N-tiles per CTA: the max-and-sum-of-exp pair only, forced or not
+  opt.row_group = 2;  // 8 N-tiles per CTA: both kinds, the root stage's pair (Chan's merge per tile, online softmax)
   EXPECT_TRUE(make_plan(sm, prob(8192, 4096, 4096), full_device(), {}, opt).fused_pairs.max_exp_sum);
-  EXPECT_FALSE(make_plan(ln, prob(8192, 4096, 4096), full_device(), {}, opt).fused_pairs.any());
+  const Plan ln_tiles = make_plan(ln, prob(8192, 4096, 4096), full_device(), {}, opt);
+  EXPECT_GT(ln_tiles.kernel.n_tiles, 1);
+  EXPECT_TRUE(ln_tiles.fused_pairs.mean_variance);
+  const std::string lt = explain(ln, ln_tiles);
+  EXPECT_NE(lt.find("each tile's squares about its own mean merged online by Chan's formula"), std::string::npos) << lt;
   opt.fuse_pairs = true;
   EXPECT_TRUE(make_plan(sm, prob(8192, 4096, 4096), full_device(), {}, opt).fused_pairs.max_exp_sum);
-  EXPECT_FALSE(make_plan(ln, prob(8192, 4096, 4096), full_device(), {}, opt).fused_pairs.any());
+  EXPECT_TRUE(make_plan(ln, prob(8192, 4096, 4096), full_device(), {}, opt).fused_pairs.mean_variance);
   const std::string e = explain(sm, forced);
   EXPECT_NE(e.find("max and sum of exp in one round"), std::string::npos) << e;
   EXPECT_NE(e.find("1 max-and-sum-of-exp pair(s)"), std::string::npos) << e;
@@ -1117,11 +1121,55 @@ TEST(Plan, MaxExpSumPairsOverSeveralNTilesInOneRound) {
   const Plan rms_sm_one = make_plan(rms_sm, Problem{1024, 4096, 4096, DType::BF16}, full_device(), {}, one_tile);
   EXPECT_EQ(rms_sm_one.kernel.n_tiles, 1);
   EXPECT_TRUE(rms_sm_one.fused_pairs.max_exp_sum);  // one N-tile: below the root is fine
-  // LayerNorm's pair needs one N-tile: forced over several, it keeps two rounds and says why.
-  const Plan ln_forced = make_plan(ln, vocab, full_device(), {}, opt);
-  EXPECT_FALSE(ln_forced.fused_pairs.any());
-  EXPECT_NE(explain(ln, ln_forced).find("two rounds; one round needs one N-tile per CTA"), std::string::npos)
-      << explain(ln, ln_forced);
+  // LayerNorm's pair over several N-tiles: one round (each tile's squares about its own mean, merged
+  // by Chan's formula), its two stages after the round streaming the stash together; below the root
+  // (a softmax into a LayerNorm) it keeps two rounds, even forced, and says why.
+  EXPECT_EQ(plan_detail::analyze_chain(ln).mean_variance_pairs_streamed_together, 1);
+  EXPECT_EQ(plan_detail::analyze_chain(ln).mean_variance_pairs_below_root, 0);
+  EXPECT_EQ(plan_detail::analyze_chain(sm_ln).mean_variance_pairs_below_root, 1);
+  const Plan ln_one = make_plan(ln, vocab, full_device(), {}, opt);
+  ASSERT_GT(ln_one.kernel.n_tiles, 1);
+  EXPECT_TRUE(ln_one.fused_pairs.mean_variance);
+  const std::string l1 = explain(ln, ln_one);
+  EXPECT_NE(l1.find("re-read 1 time(s) by the 2 later stage(s)"), std::string::npos) << l1;
+  EXPECT_EQ(l1.find("written back"), std::string::npos) << l1;
+  PlanOptions ln_two_rounds = opt;
+  ln_two_rounds.fuse_pairs = false;
+  const Plan ln_two = make_plan(ln, vocab, full_device(), {}, ln_two_rounds);
+  EXPECT_FALSE(ln_two.fused_pairs.any());
+  EXPECT_LT(ln_one.estimate.total_us, ln_two.estimate.total_us);
+  const Plan sm_ln_forced = make_plan(sm_ln, vocab, full_device(), {}, opt);
+  EXPECT_TRUE(sm_ln_forced.fused_pairs.max_exp_sum);
+  EXPECT_FALSE(sm_ln_forced.fused_pairs.mean_variance);
+  EXPECT_NE(explain(sm_ln, sm_ln_forced).find("a pair below the root stage keeps every such pair at two"),
+            std::string::npos)
+      << explain(sm_ln, sm_ln_forced);
+}
+
+// LayerNorm's pair over several N-tiles a CTA by default takes one round where a thread's
+// registers hold it (calibration.h online_mean_variance_fits: 64 accumulators a thread, or row
+// groups of up to 16), two elsewhere unless forced, and explain says which and why.
+TEST(Plan, MeanVariancePairsOverSeveralNTilesWhereRegistersHoldThem) {
+  FusionSpec ln = layer_norm();
+  const Plan long_rows = make_plan(ln, prob(1152, 32768, 1024));  // 64x128 in row groups of 32
+  ASSERT_GT(long_rows.kernel.n_tiles, 1);
+  ASSERT_EQ(long_rows.kernel.accumulators(), 64);
+  EXPECT_TRUE(long_rows.fused_pairs.mean_variance);
+  const Plan wide = make_plan(ln, prob(1024, 32768, 4096));  // 128x128 in row groups of 32
+  ASSERT_GT(wide.kernel.n_tiles, 1);
+  ASSERT_EQ(wide.kernel.accumulators(), 128);
+  ASSERT_GT(wide.kernel.row_peers(), 16);
+  EXPECT_FALSE(wide.fused_pairs.any());
+  const std::string e = explain(ln, wide);
+  EXPECT_NE(e.find("online_mean_variance_fits"), std::string::npos) << e;
+  PlanOptions opt;
+  opt.fuse_pairs = true;
+  EXPECT_TRUE(make_plan(ln, prob(1024, 32768, 4096), full_device(), {}, opt).fused_pairs.mean_variance);
+  opt = {};
+  opt.tile_m = 128, opt.tile_n = 128, opt.row_group = 16;  // 4 N-tiles, 16 peers
+  const Plan sixteen = make_plan(ln, prob(4096, 8192, 4096), full_device(), {}, opt);
+  ASSERT_EQ(sixteen.kernel.n_tiles, 4);
+  EXPECT_TRUE(sixteen.fused_pairs.mean_variance);
 }
 
 // A reduction-free epilogue takes forced clusters along M (B multicast) with forced PingPong

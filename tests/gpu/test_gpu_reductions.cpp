@@ -383,6 +383,55 @@ TEST_F(GpuReduce, RowGroupsSoftmaxPairOverSeveralNTiles) {
   }
 }
 
+// LayerNorm's mean and variance in one round over several N-tiles a CTA (each tile's squares about
+// its own mean merged online by Chan's formula, then across the row's CTAs with each one's column
+// count), and in two rounds: a short last tile, CTAs whose last tiles lie past N, a row a CTA,
+// 64- and 128-row warp groups, row groups of 4 to 32, fp32 and bf16 stash in the workspace and in
+// SMEM, fp16 with a residual. Under a 1000 offset (mean >> spread), the row statistics stored as
+// f32 and checked at f32's tolerance (a wrong count or merge moves them far more than y's bf16
+// tolerance would show).
+TEST_F(GpuReduce, RowGroupsLayerNormPairOverSeveralNTiles) {
+  struct V {
+    const char* what;
+    int g, cm, tm, tn;
+    int64_t m, n, k;
+    int stash_bytes = 4;
+    DType t = DType::BF16;
+    bool residual = false;
+  };
+  for (const V& v : {V{"9 N-tiles, a short last one, workspace stash", 8, 2, 128, 128, 200, 8200, 264},
+                     V{"4 N-tiles", 4, 1, 64, 128, 1000, 2000, 72},
+                     V{"tiles past N", 4, 1, 64, 128, 500, 1032, 72},
+                     V{"bf16 SMEM stash", 4, 1, 64, 128, 1000, 2000, 72, 2},
+                     V{"one CTA a row, 8 N-tiles", 1, 1, 64, 128, 300, 1000, 64},
+                     V{"row groups of 32, 128x128", 32, 2, 128, 128, 264, 32760, 136},
+                     V{"row groups of 16, 128x128, f16, a residual", 16, 2, 128, 128, 300, 8152, 128, 4, DType::F16, true}}) {
+    for (bool one_round : {true, false}) {
+      SCOPED_TRACE(fmt::format("{} ({} round(s)): G={} cluster_m={} {}x{} M={} N={} K={}", v.what, one_round ? 1 : 2, v.g,
+                               v.cm, v.tm, v.tn, v.m, v.n, v.k));
+      CompileOptions opt;
+      opt.plan.row_group = v.g;
+      opt.plan.cluster_m = v.cm;
+      opt.plan.tile_m = v.tm;
+      opt.plan.tile_n = v.tn;
+      opt.plan.fuse_pairs = one_round;
+      if (v.stash_bytes != 4) opt.plan.stash_bytes = v.stash_bytes;
+      Case c(v.t);
+      Value h = c.acc + c.g.input("bias", v.t, {Dim::of("N")});
+      if (v.residual) h = h + c.g.input("residual", v.t, {Dim::of("M"), Dim::of("N")});
+      Value mu = c.g.reduce(ReduceOp::Mean, h);
+      Value d = h - mu;
+      Value rstd = c.g.unary(UnaryOp::Rsqrt, c.g.reduce(ReduceOp::Mean, d * d) + 1e-5);
+      c.g.output(d * rstd * c.g.input("gamma", v.t, {Dim::of("N")}) + c.g.input("beta", v.t, {Dim::of("N")}), "y", v.t);
+      c.g.output(mu, "mu", DType::F32);
+      c.g.output(rstd, "rstd", DType::F32);
+      Plan p = expect_matches(c.g, dims(v.m, v.n, v.k), opt, /*offset=*/1000.0);
+      EXPECT_GT(p.kernel.n_tiles, 1);
+      EXPECT_EQ(p.fused_pairs.mean_variance, one_round);
+    }
+  }
+}
+
 // Row groups on cooperative 128x256 tiles (both consumer warp groups on one tile, 64 rows each,
 // each exchanging its rows with the same warp group of the row's other CTAs): LayerNorm with
 // its mean and variance in one round under a 1000 offset, softmax's pair, and the residual

@@ -67,9 +67,9 @@ template <int K> struct Bypass {
 // Pair (Ψ sets it, L2 exchange or none; stage.cuh): two reductions of a chain whose statistics
 // merge exactly from per-CTA partials share ONE exchange round.
 //   kPairMeanM2      on a Mean whose PostStage reduces the mean of (operand - this mean)^2
-//                    (LayerNorm's variance; one N-tile per CTA): the reduce phase also sums the
-//                    squares about the CTA's own mean and exchanges (sum, M2); Chan's merge, exact
-//                    when |mean| >> std.
+//                    (LayerNorm's variance): the reduce phase also sums the squares about the
+//                    CTA's own mean (several N-tiles: online, each tile's merged by Chan's formula)
+//                    and exchanges (sum, M2); Chan's merge, exact when |mean| >> std.
 //   kPairMaxExpSum   on a Max whose PostStage reduces the sum of exp(operand - this max)
 //                    (softmax, log-softmax): the reduce phase also sums exp(x - the CTA's own
 //                    max) (several N-tiles: online, tile by tile) and exchanges (max, sum); the

@@ -33,11 +33,11 @@
 //    (one N-tile a job: every stage's, under one barrier, begin_phase<true>), or overlaps the
 //    round (several N-tiles: that of the tile it streams first, kFirstTile).
 //    Paired statistics (Reduction kPair*, set by Ψ, reduce.cuh): mean then variance
-//    (LayerNorm, one N-tile per CTA) or max then sum of exp (softmax, any N-tiles): the first
-//    reduction's reduce phase also makes its CTA's second statistic from the registers (squares
-//    about the CTA's own mean; exp about its own max; over several N-tiles the sum of exp
-//    accumulates online, tile by tile: online_second) and exchanges both in ONE round, merged
-//    exactly (Chan; online softmax); the second reduction takes the merged value without a round.
+//    (LayerNorm) or max then sum of exp (softmax): the first reduction's reduce phase also makes
+//    its CTA's second statistic from the registers (squares about the CTA's own mean; exp about
+//    its own max; over several N-tiles, the root stage's pair only, either accumulates online,
+//    tile by tile: online_second) and exchanges both in ONE round, merged exactly (Chan; online
+//    softmax); the second reduction takes the merged value without a round.
 //    One group-wide synchronization a job instead of two.
 //  * Bypass<K> in a PostStage reads node K of the parent stage. A Tile-class K is written
 //    back, fragment by fragment, into the accumulator registers (dead after AccEntry read
@@ -387,9 +387,9 @@ template <class... Nodes> struct Stage {
     // stage's one round).
     static constexpr int kPair = detail::pair_of<Last>::value;
     static constexpr bool kPairFirst = kPair == kPairMeanM2 || kPair == kPairMaxExpSum;
-    // Several N-tiles a job: the sum of exp accumulates online across them (online_second), each
-    // tile's values still in registers after its body; the squares about the CTA's mean would
-    // need the mean before the first tile's values leave the registers.
+    // Several N-tiles a job: the second statistic accumulates online across them (online_second),
+    // each tile's values still in registers after its body: the sum of exp about a running max
+    // (online softmax), or the squares about a running mean (Chan's merge of each tile's).
     static constexpr bool kPairOnline = kPairFirst && Geo::NTiles > 1;
     static constexpr bool kGiven = pair_given(kPair);
     // The PostStage takes its pair's exp from this stage's registers (kPairGivenKept).
@@ -405,16 +405,18 @@ template <class... Nodes> struct Stage {
       else return -1;
     }
     static constexpr int kKeptExpNode = kept_exp_node();
-    static_assert(!kPairFirst || Geo::NTiles == 1 || kPair == kPairMaxExpSum,
-                  "Pair: a mean-and-variance pair needs one N-tile per CTA (its squares about the CTA's own mean)");
     static_assert(!kPairOnline || cute::is_same_v<Parent, NoParent>,
                   "Pair: over several N-tiles, only the root stage's (run_tile sums it online, tile by tile)");
     static_assert(!kPairFirst || !kClusterReduce || Geo::Agg == Aggregation::L2Exchange,
                   "Pair: the L2 exchange (row groups) or no exchange; the DSMEM channel has no pair round");
     float given[Geo::MBlocks][2];
-    // kPairOnline: this thread's running sum of exp(x - center) a row over the job's tiles so far,
-    // about `online_center` (its running max, 0 while that is -inf).
+    // kPairOnline: this thread's running second statistic a row over its values of the job's tiles
+    // so far, about `online_center`: kPairMaxExpSum the sum of exp(x - center), center its running
+    // max (0 while that is -inf); kPairMeanM2 the sum of squares about its running mean (the
+    // Reduction's partial over `online_n`, its values so far: the same count for every row of the
+    // thread), no center kept.
     float online_sum[Geo::MBlocks][2], online_center[Geo::MBlocks][2];
+    float online_n;
     // kKeepsExp: the CTA's own row max, which centred the exps left in the registers.
     float kept_max[Geo::MBlocks][2];
 
@@ -923,32 +925,158 @@ template <class... Nodes> struct Stage {
       return x + __shfl_xor_sync(0xffffffffu, x, 2);
     }
 
-    // kPairOnline, after tile c.tile's body: the tile's exp(x - m) added to the thread's running
-    // sums, m the thread's running max over the job's tiles so far (the Reduction's partial), the
-    // earlier tiles' sum moved to it by exp(m_before - m) <= 1 (online softmax, thread by thread;
-    // reduce_phase merges the quad's). A sum of 0 stays 0, so a -inf max before never meets an
-    // overflowing factor. x is the operand as the stash holds it (a bf16 stash: rounded, as the
-    // later stages read it back), so the sum normalizes exactly the numerators they make.
+    // kPairOnline, after tile c.tile's body, the tile's values (the operand as the stash holds it:
+    // a bf16 stash rounded, as the later stages read them back) into the thread's running second
+    // statistic a row, thread by thread (reduce_phase merges the quad's):
+    //  - kPairMaxExpSum: the tile's exp(x - m) added, m the thread's running max over the job's
+    //    tiles so far (the Reduction's partial), the earlier tiles' sum moved to it by
+    //    exp(m_before - m) <= 1 (online softmax). A sum of 0 stays 0, so a -inf max before never
+    //    meets an overflowing factor. A NaN sum stays NaN (the row's result is NaN, as in two rounds).
+    //  - kPairMeanM2: the tile's squares about its own mean merged into the running ones by Chan's
+    //    formula (M2 += M2_t + d^2 n n_t / (n + n_t), d the difference of the means), so no value is
+    //    ever squared about a distant center (the mean >> the spread is safe, as in one tile).
     template <class FragC>
     COMFUSE_DEVICE void online_second(EpiCtx const& c, FragC& accum) {
       auto const& red = cute::get<kNumNodes - 1>(impls);
-      float center[Geo::MBlocks][2], tile_sum[Geo::MBlocks][2];
+      if constexpr (kPair == kPairMaxExpSum) {
+        float center[Geo::MBlocks][2], tile_sum[Geo::MBlocks][2];
+        CUTE_UNROLL
+        for (int mi = 0; mi < Geo::MBlocks; ++mi)
+          CUTE_UNROLL
+          for (int h = 0; h < 2; ++h) center[mi][h] = max_center(red.partial(mi, h));
+        thread_second(c, accum, center, tile_sum);
+        CUTE_UNROLL
+        for (int mi = 0; mi < Geo::MBlocks; ++mi)
+          CUTE_UNROLL
+          for (int h = 0; h < 2; ++h) {
+            float const before = c.tile == 0 || online_sum[mi][h] == 0.f
+                                     ? 0.f
+                                     : online_sum[mi][h] * fast_exp(online_center[mi][h] - center[mi][h]);
+            online_sum[mi][h] = before + tile_sum[mi][h];
+            online_center[mi][h] = center[mi][h];
+          }
+      } else {
+        // Selects, no branch on the counts (a tile past N, a short row's CTA, has n_t = 0 and
+        // merges nothing; tile 0 starts the running count): branches here made ptxas spill.
+        float const n_t = float(thread_columns(c));  // the thread's columns of this tile below N
+        float const n_run = c.tile == 0 ? 0.f : online_n, n_new = n_run + n_t;
+        float const inv_t = n_t > 0.f ? __fdividef(1.f, n_t) : 0.f;
+        float const inv_new = n_new > 0.f ? __fdividef(1.f, n_new) : 0.f;
+        float const inv_run = n_run > 0.f ? __fdividef(1.f, n_run) : 0.f;
+        float const weight = n_run * n_t * inv_new;
+        // The squares' center: the running mean of every value so far, this tile's included (the
+        // Reduction's partial over the count), near the tile's own mean and held in no register
+        // across tiles; the moments about it are exact (M2_t = sq - dev^2 / n_t).
+        float center[Geo::MBlocks][2], dev[Geo::MBlocks][2], sq[Geo::MBlocks][2];
+        CUTE_UNROLL
+        for (int mi = 0; mi < Geo::MBlocks; ++mi)
+          CUTE_UNROLL
+          for (int h = 0; h < 2; ++h) center[mi][h] = red.partial(mi, h) * inv_new;
+        thread_moments(c, accum, center, dev, sq);
+        CUTE_UNROLL
+        for (int mi = 0; mi < Geo::MBlocks; ++mi)
+          CUTE_UNROLL
+          for (int h = 0; h < 2; ++h) {
+            float const m2_t = sq[mi][h] - dev[mi][h] * (dev[mi][h] * inv_t);
+            // The tile's sum, and the earlier values' mean from the partial less it.
+            float const s_t = fmaf(center[mi][h], n_t, dev[mi][h]);
+            float const d = s_t * inv_t - (red.partial(mi, h) - s_t) * inv_run;
+            float const before = n_run > 0.f ? online_sum[mi][h] : 0.f;
+            online_sum[mi][h] = before + m2_t + d * d * weight;
+          }
+        online_n = n_new;
+      }
+    }
+
+    // The thread's columns of tile c (c.n0) below N: BN / 4 where the tile is whole.
+    static COMFUSE_DEVICE int thread_columns(EpiCtx const& c) {
+      if (c.N - c.n0 >= Geo::BN) return Geo::BN / 4;
+      int n = 0;
+      CUTE_UNROLL
+      for (int s = 0; s < Geo::SubTiles; ++s)
+        CUTE_UNROLL
+        for (int j = 0; j < 4; ++j)
+          CUTE_UNROLL
+          for (int e = 0; e < kFrag; ++e) {  // one row's columns: e = 0, 1, 4, 5 (the fragment's first row)
+            if ((e >> 1) & 1) continue;
+            n += c.n0 + s * 64 + j * 16 + 2 * (c.lane % 4) + frag_col(e) < c.N;
+          }
+      return n;
+    }
+
+    // The thread's moments a row about `center` over its values of the tile in the accumulator
+    // registers (the reduction's operand, left there as the tile bypass), columns past N left out:
+    // dev the sum of x - center, sq the sum of (x - center)^2. Not quad-reduced. One partial a
+    // row each (not kRowSlots: beside the accumulators of several N-tiles' kernels, more spilled).
+    template <class FragC>
+    COMFUSE_DEVICE void thread_moments(EpiCtx const& c, FragC& accum, float const (&center)[Geo::MBlocks][2],
+                                       float (&dev)[Geo::MBlocks][2], float (&sq)[Geo::MBlocks][2]) const {
+      static_assert(kTileBypass == Last::kOperandIndex, "Pair: the PostStage must bypass the first reduction's operand");
       CUTE_UNROLL
       for (int mi = 0; mi < Geo::MBlocks; ++mi)
         CUTE_UNROLL
-        for (int h = 0; h < 2; ++h) center[mi][h] = max_center(red.partial(mi, h));
-      thread_second(c, accum, center, tile_sum);
+        for (int h = 0; h < 2; ++h) dev[mi][h] = 0.f, sq[mi][h] = 0.f;
+      CUTE_UNROLL
+      for (int s = 0; s < Geo::SubTiles; ++s)
+        CUTE_UNROLL
+        for (int mi = 0; mi < Geo::MBlocks; ++mi)
+          CUTE_UNROLL
+          for (int j = 0; j < 4; ++j) {
+            int const col = c.n0 + s * 64 + j * 16 + 2 * (c.lane % 4);
+            int const base = mi * (Geo::BN / 2) + 8 * (4 * s + j);
+            CUTE_UNROLL
+            for (int e = 0; e < kFrag; ++e) {
+              int const h = (e >> 1) & 1;
+              float const d = accum(base + e) - center[mi][h];
+              if (col + frag_col(e) < c.N) {
+                dev[mi][h] += d;
+                sq[mi][h] = fmaf(d, d, sq[mi][h]);
+              }
+            }
+          }
+    }
+
+    // kPairOnline with kPairMeanM2, at the round: the quad's running (count, mean, M2) merged by
+    // Chan's formula, lane with lane (xor 1, then xor 2), written so that both lanes of a swap
+    // compute the same bits (sums of products in either order): the CTA's sum of squares about its
+    // own mean, the same in the quad's four lanes, as the round needs (global_exchange.cuh fold).
+    COMFUSE_DEVICE void quad_m2(float (&second)[Geo::MBlocks][2]) const {
+      auto const& red = cute::get<kNumNodes - 1>(impls);
+      float n = online_n;
+      float const inv_n = __fdividef(1.f, n);
+      float mean[Geo::MBlocks][2], m2[Geo::MBlocks][2];
       CUTE_UNROLL
       for (int mi = 0; mi < Geo::MBlocks; ++mi)
         CUTE_UNROLL
         for (int h = 0; h < 2; ++h) {
-          // A NaN sum stays NaN (the row's result is NaN, as with two rounds).
-          float const before = c.tile == 0 || online_sum[mi][h] == 0.f
-                                   ? 0.f
-                                   : online_sum[mi][h] * fast_exp(online_center[mi][h] - center[mi][h]);
-          online_sum[mi][h] = before + tile_sum[mi][h];
-          online_center[mi][h] = center[mi][h];
+          bool const some = n > 0.f;  // a thread with no column below N: count 0, its state unset
+          mean[mi][h] = some ? red.partial(mi, h) * inv_n : 0.f;
+          m2[mi][h] = some ? online_sum[mi][h] : 0.f;
         }
+      CUTE_UNROLL
+      for (int lane_mask = 1; lane_mask <= 2; lane_mask *= 2) {
+        float const n_o = __shfl_xor_sync(0xffffffffu, n, lane_mask);
+        float const n_ab = n + n_o;
+        // MUFU's reciprocal, not an IEEE division: that one's slow path is a call, whose saved
+        // registers made the several-N-tile kernels spill.
+        float const inv = n_ab > 0.f ? __fdividef(1.f, n_ab) : 0.f;
+        float const f = __fmul_rn(__fmul_rn(n, n_o), inv);
+        CUTE_UNROLL
+        for (int mi = 0; mi < Geo::MBlocks; ++mi)
+          CUTE_UNROLL
+          for (int h = 0; h < 2; ++h) {
+            float const mean_o = __shfl_xor_sync(0xffffffffu, mean[mi][h], lane_mask);
+            float const m2_o = __shfl_xor_sync(0xffffffffu, m2[mi][h], lane_mask);
+            float const d = __fsub_rn(mean[mi][h], mean_o);  // _rn: no contraction into an FMA,
+            m2[mi][h] = __fadd_rn(__fadd_rn(m2[mi][h], m2_o), __fmul_rn(__fmul_rn(d, d), f));  // whose
+            mean[mi][h] = __fmul_rn(__fadd_rn(__fmul_rn(n, mean[mi][h]), __fmul_rn(n_o, mean_o)), inv);  // order differs
+          }
+        n = n_ab;
+      }
+      CUTE_UNROLL
+      for (int mi = 0; mi < Geo::MBlocks; ++mi)
+        CUTE_UNROLL
+        for (int h = 0; h < 2; ++h) second[mi][h] = m2[mi][h];
     }
 
     // The thread's sums a row over its values of the tile in the accumulator registers (the
@@ -996,7 +1124,10 @@ template <class... Nodes> struct Stage {
     // The exact merge of peer j's second statistic (v_j: its first statistic, s_j: its second)
     // into the row's, about the row's center (pair_center of the merged first statistic).
     COMFUSE_DEVICE static float pair_center(EpiCtx const& c, float first) {
-      if constexpr (kPair == kPairMeanM2) return __fdiv_rn(first, float(c.N));  // the row mean
+      // The row mean. Over several N-tiles MUFU's reciprocal: the IEEE division's slow path is a
+      // call, whose saved registers made the 128-row kernels spill in row groups of 32.
+      if constexpr (kPair == kPairMeanM2 && Geo::NTiles > 1) return __fdividef(first, float(c.N));
+      else if constexpr (kPair == kPairMeanM2) return __fdiv_rn(first, float(c.N));
       else return first;                                                           // the row max
     }
     // 1 / n_j of the row's ragged last peer (its columns: N - its first column, below BN; the
@@ -1004,7 +1135,7 @@ template <class... Nodes> struct Stage {
     // term lengthened each warp's merge: 3-7% of LayerNorm's launch at 128 to 1024 rows
     // (bench/NOTES.md Stop 47).
     COMFUSE_DEVICE static float pair_inv_ragged(EpiCtx const& c) {
-      if constexpr (kPair == kPairMeanM2) {
+      if constexpr (kPair == kPairMeanM2 && Geo::NTiles == 1) {
         int const ragged = (c.N - (c.n0 - c.xs.rank * Geo::BN)) % Geo::BN;
         return ragged > 0 ? __fdiv_rn(1.f, float(ragged)) : 1.f / float(Geo::BN);
       } else {
@@ -1012,7 +1143,20 @@ template <class... Nodes> struct Stage {
       }
     }
     COMFUSE_DEVICE static float pair_term(EpiCtx const& c, int j, float vj, float sj, float center, float inv_ragged) {
-      if constexpr (kPair == kPairMeanM2) {  // Chan: M2_j + n_j (S_j / n_j - mean)^2
+      if constexpr (kPair == kPairMeanM2 && Geo::NTiles > 1) {  // Chan, n_j over the peer's tiles
+        // Peer j holds the row's tile positions j, j + RowPeers, ... (tile_ctx): whole ones below
+        // len / BN, and the ragged last one (len / BN) where BN does not divide len. n_j is 0 for
+        // a peer whose tiles all lie past N (a short row).
+        // With whole = q P + r: peers below r hold q + 1 whole tiles, the rest q, and peer r the
+        // ragged one too.
+        constexpr unsigned P = Geo::RowPeers;
+        unsigned const len = unsigned(c.N - (c.n0 - c.xs.rank * Geo::BN));  // the row's columns from peer 0's first
+        unsigned const whole = len / Geo::BN, rem = len % Geo::BN, q = whole / P, r = whole % P;
+        unsigned const uj = unsigned(j);
+        float const nj = float((q + (uj < r ? 1u : 0u)) * Geo::BN + (uj == r ? rem : 0u));
+        float const d = __fdividef(vj, nj) - center;  // not read where nj is 0
+        return nj > 0.f ? sj + nj * d * d : 0.f;
+      } else if constexpr (kPair == kPairMeanM2) {  // Chan: M2_j + n_j (S_j / n_j - mean)^2
         int const n0 = c.n0 - c.xs.rank * Geo::BN;  // peer j holds columns n0 + j * BN ..
         int const left = c.N - (n0 + j * Geo::BN);   // .. up to N: its columns, unclamped
         // Selects, no branch: 1/BN for a full peer (exact: BN is a power of two), the ragged
@@ -1057,7 +1201,9 @@ template <class... Nodes> struct Stage {
         // (3) across the cluster; the PostStage's begin() overlaps the round.
         if constexpr (kPairFirst) {
           float second[Geo::MBlocks][2];
-          if constexpr (kPairOnline) {  // the thread's running sums, moved to the quad's max
+          if constexpr (kPairOnline && kPair == kPairMeanM2) {
+            quad_m2(second);
+          } else if constexpr (kPairOnline) {  // the thread's running sums, moved to the quad's max
             CUTE_UNROLL
             for (int mi = 0; mi < Geo::MBlocks; ++mi)
               CUTE_UNROLL
