@@ -33,8 +33,6 @@ namespace comfuse::plan_detail {
 namespace {
 
 constexpr int kTileMs[] = {64, 128};
-constexpr int kTileNs[] = {64, 128, 192, 256};
-constexpr int kClusterNs[] = {1, 2, 4, 8, 16};
 
 
 }  // namespace

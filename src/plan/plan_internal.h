@@ -11,6 +11,11 @@
 
 namespace comfuse::plan_detail {
 
+// The single-GEMM kernel's tile widths and cluster lengths along N that plans take (and forced
+// options are checked against): one list for the deciders and the request's checks.
+inline constexpr int kTileNs[] = {64, 128, 192, 256};
+inline constexpr int kClusterNs[] = {1, 2, 4, 8, 16};
+
 // One stage of the nest, in SpecVisitor::walk order (depth first; the root is stage 0).
 struct StageRef {
   const Spec* spec = nullptr;

@@ -131,8 +131,8 @@ std::string Rejections::str() const {
 
 namespace {
 
-constexpr int kClusterNs[] = {1, 2, 4, 8, 16};
-constexpr int kTileNs[] = {64, 128, 192, 256};
+using plan_detail::kClusterNs;
+using plan_detail::kTileNs;
 
 // ---- 1. check_request ------------------------------------------------------------------------
 void check_request(const FusionSpec& s, const Problem& p, const DeviceModel& dev, const PlanOptions& opt) {
