@@ -469,13 +469,15 @@ inline bool stash_tile_refused(const KernelConfig& k, int64_t jobs_a_cta) {
 }
 // LayerNorm's mean and variance in one round over several N-tiles a job (stage.cuh online_second,
 // Chan's merge of each tile's squares) where a thread's registers hold it: 64 accumulators a
-// thread (64x128 tiles), or row groups of up to 16. MEASURED (NVRTC 13.0's cubins, CPU; bench/NOTES.md
-// Stop 67): LayerNorm 1152 x 32768 x 1024 on 64x128 in row groups of 32 spills 0 B in one round
-// (0 in two), 128x128 with 4 N-tiles in row groups of 16 0 B (288 in two); but 128 accumulators a
-// thread beside the pair round's polled words of 32 peers spill: 128x128 in row groups of 32
-// 264 B (56 in two), 64x256 652 B (168 in two), all of it around the round, none in the k-loop.
-// Their GPU times, one round against two, are not measured: until then they keep two rounds
-// unless forced (--pairs one-round).
+// thread (64x128 tiles), or row groups of up to 16. MEASURED (bench/NOTES.md Stop 67, H100, each
+// pair in one call): LayerNorm 1152 x 32768 x 1024 on 64x128 in row groups of 32, 0.276 ms in one
+// round against 0.361 in two (residual LayerNorm 0.332 against 0.421), no spill either way;
+// 128x128 with 4 N-tiles in row groups of 16 (4096 x 8192 x 4096) 0.486 against 0.568 (16 B of
+// spill against 288). But 128 accumulators a thread beside the pair round's words of 32 peers
+// spill (NVRTC 13.0): 128x128 in row groups of 32 264 B (56 in two), 64x256 652 B (168 in two),
+// around the round and the tile bodies, none in the k-loop; there one round measured 1.091 ms
+// against 1.105 at 4096 x 16384 x 4096 (its cuBLAS rounds 0.785 against 0.805: within the
+// spread), so those plans keep two rounds unless forced (--pairs one-round).
 inline bool online_mean_variance_fits(const KernelConfig& k) {
   return k.n_tiles == 1 || k.accumulators() <= 64 || k.row_peers() <= 16;
 }

@@ -195,7 +195,7 @@ void add_reasons(Plan& plan, const ChainInfo& chain, const DeviceModel& dev, con
             online_mean_variance_fits(plan.kernel)
                 ? nullptr
                 : "over several N-tiles a CTA, 128 accumulators a thread beside the round's words of more than 16 "
-                  "peers spill in one round, unmeasured on the GPU (calibration.h online_mean_variance_fits)");
+                  "peers spill in one round and measured no faster (calibration.h online_mean_variance_fits)");
   pair_line(chain.max_exp_sum_pairs, plan.fused_pairs.max_exp_sum, can.max_exp_sum,
             "the L2 exchange or a single CTA per row",
             "max-and-sum-of-exp pair(s) (one round: each CTA sends its row max and the sum of exp about its own max, "

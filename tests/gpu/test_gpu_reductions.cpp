@@ -387,7 +387,8 @@ TEST_F(GpuReduce, RowGroupsSoftmaxPairOverSeveralNTiles) {
 // its own mean merged online by Chan's formula, then across the row's CTAs with each one's column
 // count), and in two rounds: a short last tile, CTAs whose last tiles lie past N, a row a CTA,
 // 64- and 128-row warp groups, row groups of 4 to 32, fp32 and bf16 stash in the workspace and in
-// SMEM, fp16 with a residual. Under a 1000 offset (mean >> spread), the row statistics stored as
+// SMEM, fp16 with a residual. Under a 1000 offset (mean >> spread) but for the bf16 stash (it
+// rounds x before x - mean, to 4 at 1000: why it is off by default), the row statistics stored as
 // f32 and checked at f32's tolerance (a wrong count or merge moves them far more than y's bf16
 // tolerance would show).
 TEST_F(GpuReduce, RowGroupsLayerNormPairOverSeveralNTiles) {
@@ -402,7 +403,7 @@ TEST_F(GpuReduce, RowGroupsLayerNormPairOverSeveralNTiles) {
   for (const V& v : {V{"9 N-tiles, a short last one, workspace stash", 8, 2, 128, 128, 200, 8200, 264},
                      V{"4 N-tiles", 4, 1, 64, 128, 1000, 2000, 72},
                      V{"tiles past N", 4, 1, 64, 128, 500, 1032, 72},
-                     V{"bf16 SMEM stash", 4, 1, 64, 128, 1000, 2000, 72, 2},
+                     V{"bf16 SMEM stash, no offset", 4, 1, 64, 128, 1000, 2000, 72, 2},
                      V{"one CTA a row, 8 N-tiles", 1, 1, 64, 128, 300, 1000, 64},
                      V{"row groups of 32, 128x128", 32, 2, 128, 128, 264, 32760, 136},
                      V{"row groups of 16, 128x128, f16, a residual", 16, 2, 128, 128, 300, 8152, 128, 4, DType::F16, true}}) {
@@ -425,7 +426,7 @@ TEST_F(GpuReduce, RowGroupsLayerNormPairOverSeveralNTiles) {
       c.g.output(d * rstd * c.g.input("gamma", v.t, {Dim::of("N")}) + c.g.input("beta", v.t, {Dim::of("N")}), "y", v.t);
       c.g.output(mu, "mu", DType::F32);
       c.g.output(rstd, "rstd", DType::F32);
-      Plan p = expect_matches(c.g, dims(v.m, v.n, v.k), opt, /*offset=*/1000.0);
+      Plan p = expect_matches(c.g, dims(v.m, v.n, v.k), opt, /*offset=*/v.stash_bytes == 2 ? 0.0 : 1000.0);
       EXPECT_GT(p.kernel.n_tiles, 1);
       EXPECT_EQ(p.fused_pairs.mean_variance, one_round);
     }
