@@ -988,6 +988,24 @@ template <class... Nodes> struct Stage {
       }
     }
 
+    // Every value of the thread's tile in the accumulator registers, in register order:
+    // f(mi, h, k, x, below_n), x the register, h its row slot, k its row partial (nodes.cuh
+    // row_slot), below_n whether its column is below N.
+    template <class FragC, class F>
+    static COMFUSE_DEVICE void for_each_value(EpiCtx const& c, FragC& accum, F&& f) {
+      CUTE_UNROLL
+      for (int s = 0; s < Geo::SubTiles; ++s)
+        CUTE_UNROLL
+        for (int mi = 0; mi < Geo::MBlocks; ++mi)
+          CUTE_UNROLL
+          for (int j = 0; j < 4; ++j) {
+            int const col = c.n0 + s * 64 + j * 16 + 2 * (c.lane % 4);
+            int const base = mi * (Geo::BN / 2) + 8 * (4 * s + j);
+            CUTE_UNROLL
+            for (int e = 0; e < kFrag; ++e) f(mi, (e >> 1) & 1, row_slot(e), accum(base + e), col + frag_col(e) < c.N);
+          }
+    }
+
     // The thread's columns of tile c (c.n0) below N: BN / 4 where the tile is whole.
     static COMFUSE_DEVICE int thread_columns(EpiCtx const& c) {
       if (c.N - c.n0 >= Geo::BN) return Geo::BN / 4;
@@ -1016,24 +1034,13 @@ template <class... Nodes> struct Stage {
       for (int mi = 0; mi < Geo::MBlocks; ++mi)
         CUTE_UNROLL
         for (int h = 0; h < 2; ++h) dev[mi][h] = 0.f, sq[mi][h] = 0.f;
-      CUTE_UNROLL
-      for (int s = 0; s < Geo::SubTiles; ++s)
-        CUTE_UNROLL
-        for (int mi = 0; mi < Geo::MBlocks; ++mi)
-          CUTE_UNROLL
-          for (int j = 0; j < 4; ++j) {
-            int const col = c.n0 + s * 64 + j * 16 + 2 * (c.lane % 4);
-            int const base = mi * (Geo::BN / 2) + 8 * (4 * s + j);
-            CUTE_UNROLL
-            for (int e = 0; e < kFrag; ++e) {
-              int const h = (e >> 1) & 1;
-              float const d = accum(base + e) - center[mi][h];
-              if (col + frag_col(e) < c.N) {
-                dev[mi][h] += d;
-                sq[mi][h] = fmaf(d, d, sq[mi][h]);
-              }
-            }
-          }
+      for_each_value(c, accum, [&](int mi, int h, int, float& x, bool below_n) {
+        float const d = x - center[mi][h];
+        if (below_n) {
+          dev[mi][h] += d;
+          sq[mi][h] = fmaf(d, d, sq[mi][h]);
+        }
+      });
     }
 
     // kPairOnline with kPairMeanM2, at the round: the quad's running (count, mean, M2) merged by
@@ -1094,27 +1101,17 @@ template <class... Nodes> struct Stage {
         for (int h = 0; h < 2; ++h)
           CUTE_UNROLL
           for (int k = 0; k < kRowSlots; ++k) part[mi][h][k] = 0.f;
-      CUTE_UNROLL
-      for (int s = 0; s < Geo::SubTiles; ++s)
-        CUTE_UNROLL
-        for (int mi = 0; mi < Geo::MBlocks; ++mi)
-          CUTE_UNROLL
-          for (int j = 0; j < 4; ++j) {
-            int const col = c.n0 + s * 64 + j * 16 + 2 * (c.lane % 4);
-            int const base = mi * (Geo::BN / 2) + 8 * (4 * s + j);
-            CUTE_UNROLL
-            for (int e = 0; e < kFrag; ++e) {
-              float const ctr = center[mi][(e >> 1) & 1];
-              float term = accum(base + e);
-              if constexpr (kKeepsExp) {
-                fast_exp_shifted_in_place(term, ctr);
-                accum(base + e) = term;
-              } else {
-                term = kPair == kPairMeanM2 ? (term - ctr) * (term - ctr) : fast_exp_shifted(term, ctr);
-              }
-              if (col + frag_col(e) < c.N) part[mi][(e >> 1) & 1][row_slot(e)] += term;
-            }
-          }
+      for_each_value(c, accum, [&](int mi, int h, int k, float& x, bool below_n) {
+        float const ctr = center[mi][h];
+        float term = x;
+        if constexpr (kKeepsExp) {
+          fast_exp_shifted_in_place(term, ctr);
+          x = term;
+        } else {
+          term = kPair == kPairMeanM2 ? (term - ctr) * (term - ctr) : fast_exp_shifted(term, ctr);
+        }
+        if (below_n) part[mi][h][k] += term;
+      });
       CUTE_UNROLL
       for (int mi = 0; mi < Geo::MBlocks; ++mi)
         CUTE_UNROLL
