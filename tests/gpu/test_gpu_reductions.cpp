@@ -29,6 +29,19 @@ Plan expect_matches(const Graph& g, const Bindings& dims, const CompileOptions& 
 
 Bindings dims(int64_t m, int64_t n, int64_t k) { return {{"M", m}, {"N", n}, {"K", k}}; }
 
+// A forced stash plan: row groups of g clusters of cm CTAs along M, tm x tn tiles, paired
+// reductions in one round or two, the stash's element size.
+CompileOptions row_group_plan(int g, int cm, int tm, int tn, bool one_round, int stash_bytes) {
+  CompileOptions opt;
+  opt.plan.row_group = g;
+  opt.plan.cluster_m = cm;
+  opt.plan.tile_m = tm;
+  opt.plan.tile_n = tn;
+  opt.plan.fuse_pairs = one_round;
+  if (stash_bytes != 4) opt.plan.stash_bytes = stash_bytes;
+  return opt;
+}
+
 // The paper's running example: x = alpha * acc + bias, LayerNorm with gamma, beta; the
 // bias is offset by 1000 so the row mean dwarfs the spread (catches E[x^2] - E[x]^2).
 Graph layer_norm_graph() {
@@ -363,13 +376,7 @@ TEST_F(GpuReduce, RowGroupsSoftmaxPairOverSeveralNTiles) {
       if (log && (v.causal || v.then_layer_norm)) continue;
       SCOPED_TRACE(fmt::format("{} {}: G={} cluster_m={} {}x{} M={} N={} K={} scale {}", log ? "log-softmax" : "softmax",
                                v.what, v.g, v.cm, v.tm, v.tn, v.m, v.n, v.k, v.scale));
-      CompileOptions opt;
-      opt.plan.row_group = v.g;
-      opt.plan.cluster_m = v.cm;
-      opt.plan.tile_m = v.tm;
-      opt.plan.tile_n = v.tn;
-      opt.plan.fuse_pairs = true;
-      if (v.stash_bytes != 4) opt.plan.stash_bytes = v.stash_bytes;
+      const CompileOptions opt = row_group_plan(v.g, v.cm, v.tm, v.tn, /*one_round=*/true, v.stash_bytes);
       Case c;
       Value logits = c.acc * v.scale;
       if (v.causal) logits = c.g.causal_mask(logits);
@@ -410,13 +417,7 @@ TEST_F(GpuReduce, RowGroupsLayerNormPairOverSeveralNTiles) {
     for (bool one_round : {true, false}) {
       SCOPED_TRACE(fmt::format("{} ({} round(s)): G={} cluster_m={} {}x{} M={} N={} K={}", v.what, one_round ? 1 : 2, v.g,
                                v.cm, v.tm, v.tn, v.m, v.n, v.k));
-      CompileOptions opt;
-      opt.plan.row_group = v.g;
-      opt.plan.cluster_m = v.cm;
-      opt.plan.tile_m = v.tm;
-      opt.plan.tile_n = v.tn;
-      opt.plan.fuse_pairs = one_round;
-      if (v.stash_bytes != 4) opt.plan.stash_bytes = v.stash_bytes;
+      const CompileOptions opt = row_group_plan(v.g, v.cm, v.tm, v.tn, one_round, v.stash_bytes);
       Case c(v.t);
       Value h = c.acc + c.g.input("bias", v.t, {Dim::of("N")});
       if (v.residual) h = h + c.g.input("residual", v.t, {Dim::of("M"), Dim::of("N")});
