@@ -34,7 +34,6 @@ namespace {
 
 constexpr int kTileMs[] = {64, 128};
 
-
 }  // namespace
 
 void estimate_cluster(Candidate& c, const Request& r) {
