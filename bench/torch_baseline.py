@@ -5,6 +5,10 @@ softmax}.cf unfused in PyTorch eager (cuBLAS GEMM + separate elementwise and red
 and under torch.compile. Every variant is timed in alternating rounds with the GEMM alone, so
 both run in the same power state (the H200 sits at its power cap; see bench/NOTES.md), and each
 ratio is to the GEMM of the same round. bf16 throughout, B given N x K as in the examples.
+
+  SHAPES="1152x32768x1024,..."   other shapes than the default three, each also under torch.compile
+  EPILOGUES="layernorm,softmax"   a subset of the epilogues
+  TORCH_COMPILE=0                 eager only
 """
 import os
 import statistics
@@ -38,8 +42,10 @@ def epilogues(m, n, k):
 
 
 def main():
-    shapes = [(8192, 4096, 4096), (4096, 8192, 4096), (256, 4096, 4096)]
-    compile_shapes = {(8192, 4096, 4096)} if os.environ.get("TORCH_COMPILE", "1") == "1" else set()
+    given = [tuple(int(d) for d in s.split("x")) for s in os.environ.get("SHAPES", "").split(",") if s]
+    shapes = given or [(8192, 4096, 4096), (4096, 8192, 4096), (256, 4096, 4096)]
+    compile_shapes = (set(given) or {(8192, 4096, 4096)}) if os.environ.get("TORCH_COMPILE", "1") == "1" else set()
+    wanted = [e for e in os.environ.get("EPILOGUES", "").split(",") if e]
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}")
     print("| M x N x K | epilogue | GEMM alone ms | eager ms | eager / GEMM | compiled ms | compiled / GEMM |")
     print("|---|---|---|---|---|---|---|")
@@ -47,6 +53,8 @@ def main():
         a, w, eps = epilogues(m, n, k)
         gemm = lambda: torch.matmul(a, w.t())
         for name, eager in eps.items():
+            if wanted and name not in wanted:
+                continue
             variants = {"eager": eager}
             if (m, n, k) in compile_shapes:
                 variants["compiled"] = torch.compile(eager, dynamic=False)
