@@ -133,6 +133,10 @@ CASES = [
          softmax_f32, alts=({"fuse_pairs": False}, {"fuse_pairs": True, "row_group": 32})),
     Case("vocab log-softmax f32", "gemm_log_softmax[f32]", ((1024, 32768, 4096), (1024, 128256, 4096)), log_softmax_f32,
          alts=({"fuse_pairs": False}, {"fuse_pairs": True, "row_group": 32})),
+    # Long rows at K = 1024: a short mainloop beside the stash's DRAM round trip; the bf16 stash
+    # (off by default: it rounds x before x - mean) as the alternative.
+    Case("long-row layernorm", "gemm_layernorm", ((1152, 32768, 1024),), layernorm, alts=({"stash_bytes": 2},)),
+    Case("long-row softmax", "gemm_softmax", ((1152, 32768, 1024),), softmax, alts=({"stash_bytes": 2},)),
     Case("residual layernorm", "gemm_residual_layernorm", ((8192, 4096, 4096), (8192, 1024, 4096)), residual_layernorm),
     Case("residual rmsnorm", "gemm_residual_rmsnorm", ((8192, 4096, 4096), (8192, 1024, 4096)), residual_rmsnorm),
 ]
