@@ -958,7 +958,7 @@ template <class... Nodes> struct Stage {
       } else {
         // Selects, no branch on the counts (a tile past N, a short row's CTA, has n_t = 0 and
         // merges nothing; tile 0 starts the running count): branches here made ptxas spill.
-        float const n_t = float(thread_columns(c));  // the thread's columns of this tile below N
+        float const n_t = float(thread_columns(c, accum));  // the thread's columns of this tile below N
         float const n_run = c.tile == 0 ? 0.f : online_n, n_new = n_run + n_t;
         float const inv_t = n_t > 0.f ? __fdividef(1.f, n_t) : 0.f;
         float const inv_new = n_new > 0.f ? __fdividef(1.f, n_new) : 0.f;
@@ -1006,19 +1006,13 @@ template <class... Nodes> struct Stage {
           }
     }
 
-    // The thread's columns of tile c (c.n0) below N: BN / 4 where the tile is whole.
-    static COMFUSE_DEVICE int thread_columns(EpiCtx const& c) {
+    // The thread's columns of tile c (c.n0) below N, those of its first row: BN / 4 where the
+    // tile is whole.
+    template <class FragC>
+    static COMFUSE_DEVICE int thread_columns(EpiCtx const& c, FragC& accum) {
       if (c.N - c.n0 >= Geo::BN) return Geo::BN / 4;
       int n = 0;
-      CUTE_UNROLL
-      for (int s = 0; s < Geo::SubTiles; ++s)
-        CUTE_UNROLL
-        for (int j = 0; j < 4; ++j)
-          CUTE_UNROLL
-          for (int e = 0; e < kFrag; ++e) {  // one row's columns: e = 0, 1, 4, 5 (the fragment's first row)
-            if ((e >> 1) & 1) continue;
-            n += c.n0 + s * 64 + j * 16 + 2 * (c.lane % 4) + frag_col(e) < c.N;
-          }
+      for_each_value(c, accum, [&](int mi, int h, int, float&, bool below_n) { n += mi == 0 && h == 0 && below_n; });
       return n;
     }
 
@@ -1051,7 +1045,8 @@ template <class... Nodes> struct Stage {
       auto const& red = cute::get<kNumNodes - 1>(impls);
       float n = online_n;
       float const inv_n = __fdividef(1.f, n);
-      float mean[Geo::MBlocks][2], m2[Geo::MBlocks][2];
+      float mean[Geo::MBlocks][2];
+      auto& m2 = second;  // merged in place
       CUTE_UNROLL
       for (int mi = 0; mi < Geo::MBlocks; ++mi)
         CUTE_UNROLL
@@ -1080,10 +1075,6 @@ template <class... Nodes> struct Stage {
           }
         n = n_ab;
       }
-      CUTE_UNROLL
-      for (int mi = 0; mi < Geo::MBlocks; ++mi)
-        CUTE_UNROLL
-        for (int h = 0; h < 2; ++h) second[mi][h] = m2[mi][h];
     }
 
     // The thread's sums a row over its values of the tile in the accumulator registers (the
