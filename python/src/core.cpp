@@ -165,6 +165,8 @@ nb::dict plan_summary(const Plan& p) {
   d["aggregation"] = std::string(name_of(k.aggregation));
   d["l2_exchange"] = k.aggregation == Aggregation::L2Exchange;  // rows reduced across clusters through L2
   d["strategy"] = std::string(name_of(p.strategy()));
+  d["stash_bytes"] = k.stash_elem_bytes;   // 4: fp32, 2: bf16, 0: no stash
+  d["stash_centers"] = k.stash_centers;    // bf16 about each tile's running max or mean
   d["reductions"] = p.reductions;
   d["pairs_in_one_round"] = p.fused_pairs.any();  // a paired reduction's two statistics in one round
   d["pair_exp_kept"] = p.fused_pairs.kept_exp;    // a softmax pair's exp made once a value

@@ -166,6 +166,7 @@ ChainInfo analyze_chain(const FusionSpec& s) {
       info.mean_variance_pairs - (s.segment > 0 ? 0 : root_pairs(s.root, PairKind::MeanVariance));
   info.max_exp_sum_pairs_below_root = info.max_exp_sum_pairs - (s.segment > 0 ? 0 : root_pairs(s.root, PairKind::MaxExpSum));
   info.max_exp_sum_pairs_keeping_exp = s.segment > 0 ? 0 : pairs_keeping_exp(s.root);
+  if (s.segment == 0 && s.root.terminal >= 0) info.root_pair = pair_kind(s.root, s.root.terminal);
   for (const RuntimeArg& a : s.args)
     if (a.role == ArgRole::TileInput) {
       info.tile_input_bytes_per_element += static_cast<int64_t>(size_of(a.dtype));
@@ -187,6 +188,7 @@ ChainInfo analyze_chain(const FusionSpec& s) {
         const int bytes = static_cast<int>(size_of(s.args[static_cast<size_t>(n.arg)].dtype));
         info.has_tile_output = true;
         info.max_out_bytes = std::max(info.max_out_bytes, bytes);
+        info.tile_outputs_bf16 = info.tile_outputs_bf16 && s.args[static_cast<size_t>(n.arg)].dtype == DType::BF16;
         // A PostStage store that borrows a root store's staging keeps none of its own.
         if (!borrows.count({st.spec, static_cast<int>(idx)})) storage.store_bytes_per_row_of_64 += 64 * bytes;
       }

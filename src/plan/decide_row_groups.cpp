@@ -191,7 +191,6 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
     int resident = 0;  // clusters: whole row groups at once
   };
   std::vector<Option> options;
-  const int stash_bytes = opt.stash_bytes.value_or(4);
   // More consumer warp groups only where forced: measured slower wherever tried (calibration.h
   // three_consumer_epilogue_stretch).
   const int wgs = opt.consumer_wgs.value_or(Sm90::kConsumerWGs);
@@ -259,7 +258,11 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
         c.k.splits_in_cluster = in_cluster;
         c.k.row_reduction = chain.reductions > 0;
         c.k.aggregation = g > 1 && chain.reductions > 0 ? Aggregation::L2Exchange : Aggregation::None;
-        c.k.stash_elem_bytes = n_tiles > 1 && chain.carries_tile ? stash_bytes : 0;
+        if (n_tiles > 1 && chain.carries_tile) {
+          const StashType st = stash_type(chain, opt, tun, c.k);
+          c.k.stash_elem_bytes = st.elem_bytes;
+          c.k.stash_centers = st.centers;
+        }
         c.k.stash_space = c.k.stash_elem_bytes > 0 ? StashSpace::Smem : StashSpace::None;
         // The root stage's tile inputs in the ring where the kernel can carry them, or from L2:
         // both priced (Division::priced), unless forced.
@@ -581,6 +584,21 @@ OneRoundPairs fuse_pairs(const ChainInfo& chain, const PlanOptions& opt, const K
 // CTAs walk several jobs over at least kOnePairGroupMinRows rows and a group of
 // kOnlinePairMaxRowPeers holds the row, larger groups are not offered. Fewer rows keep the model's
 // choice, unmeasured: decode rows (one job a CTA) are paced by B's stream over the SMs.
+// A bf16 stash about each tile's row centers where the root stage's pair runs online (its running
+// max or mean is the center: epilogue/stash.cuh Centered) and the outputs are bf16
+// (calibration.h centered_bf16_stash); a forced bf16 stash takes the centers wherever they exist.
+// Elsewhere fp32 unless forced: rounding x itself loses LayerNorm's rows where |mean| >> std.
+StashType stash_type(const ChainInfo& chain, const PlanOptions& opt, const PlannerTunables& tun, const KernelConfig& k) {
+  const OneRoundPairs fused = fuse_pairs(chain, opt, k);
+  // No later stage writes a tile value back into the stash: only the root's values have centers.
+  const bool online_root_pair = k.n_tiles > 1 && chain.root_pair != PairKind::None && fused.has(chain.root_pair) &&
+                                stash_write_backs_after_round(chain, fused, k.n_tiles) == 0;
+  StashType t;
+  t.elem_bytes = opt.stash_bytes.value_or(online_root_pair && chain.tile_outputs_bf16 && tun.centered_bf16_stash ? 2 : 4);
+  t.centers = t.elem_bytes == 2 && online_root_pair;
+  return t;
+}
+
 bool two_round_pair_group(const ChainInfo& chain, const PlanOptions& opt, int64_t m, int64_t tiles_n, int g,
                           int64_t jobs, int64_t groups_max) {
   if (g <= kOnlinePairMaxRowPeers || chain.max_exp_sum_pairs == 0 || chain.max_exp_sum_pairs_below_root > 0) return false;

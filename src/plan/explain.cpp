@@ -105,11 +105,15 @@ std::string explain(const FusionSpec& s, const Plan& p) {
   if (p.strategy() == RowStrategy::SmemStash || p.strategy() == RowStrategy::WorkspaceStash) {
     std::string vals;
     for (const std::string& v : p.stashed) vals += (vals.empty() ? "" : "; ") + v;
-    strat += fmt::format(" ({} {}{})", p.kernel.stash_elem_bytes == 2 ? "bf16" : "fp32", vals.empty() ? "nothing" : vals,
+    strat += fmt::format(" ({} {}{})", plan_detail::stash_type_name(p.kernel), vals.empty() ? "nothing" : vals,
                          p.strategy() == RowStrategy::WorkspaceStash ? ", workspace " + fmt_bytes(p.workspace_bytes) : "");
   }
   o += fmt::format("  strategy     {}\n", strat);
-  if (p.kernel.stash_elem_bytes == 2 && !p.stashed.empty())
+  if (p.kernel.stash_centers && !p.stashed.empty())
+    o += "  precision    the bf16 stash holds each value less its row's running max or mean after its tile (kept "
+         "beside it): the rounding falls on that distance, no coarser than the bf16 outputs (--stash fp32 keeps "
+         "every bit)\n";
+  else if (p.kernel.stash_elem_bytes == 2 && !p.stashed.empty())
     o += "  precision    the bf16 stash (requested) rounds the stashed value between stages, as an unfused bf16 "
          "intermediate would: where a later stage subtracts a row mean (LayerNorm), a mean large against the "
          "row's spread loses those bits (--stash fp32 keeps them)\n";

@@ -46,6 +46,11 @@ struct ChainInfo {
   // stage.cuh kPairOnline; emit fuses a kind whole).
   int mean_variance_pairs_below_root = 0;
   int max_exp_sum_pairs_below_root = 0;
+  // The kind of pair whose first reduction ends the root stage (None: no pair there): over several
+  // N-tiles a CTA in one round, its running statistic centers a bf16 stash (stash_type).
+  PairKind root_pair = PairKind::None;
+  // Every [M, N] output is bf16: a bf16 stash rounds no finer than they are stored.
+  bool tile_outputs_bf16 = true;
   // Max-and-sum-of-exp pairs whose PostStage reads the operand only through the exp (spec.h
   // pair_keeps_exp): in one round over one N-tile, one exp a value (reduce.cuh kPairGivenKept).
   int max_exp_sum_pairs_keeping_exp = 0;
@@ -219,6 +224,17 @@ bool begins_early(const Candidate& c);
 // pair when forced (PlanOptions::fuse_pairs), else every pair where a round is saved (row_peers
 // > 1; over several N-tiles, in row groups of up to kOnlinePairMaxRowPeers).
 OneRoundPairs fuse_pairs(const ChainInfo& chain, const PlanOptions& opt, const KernelConfig& k);
+// The stash's element (KernelConfig::stash_elem_bytes) and centers (stash_centers) for a
+// candidate of several N-tiles a CTA that carries a tile value (decide_row_groups.cpp).
+struct StashType {
+  int elem_bytes = 4;
+  bool centers = false;
+};
+StashType stash_type(const ChainInfo& chain, const PlanOptions& opt, const PlannerTunables& tun, const KernelConfig& k);
+// What the stash holds, in words: "fp32", "bf16", or "bf16 about each tile's row centers".
+inline const char* stash_type_name(const KernelConfig& k) {
+  return k.stash_elem_bytes == 4 ? "fp32" : k.stash_centers ? "bf16 about each tile's row centers" : "bf16";
+}
 // The widest row group whose max-and-sum-of-exp pair over several N-tiles a CTA takes one round
 // unforced (fuse_pairs, decide_row_groups.cpp says what was measured).
 inline constexpr int kOnlinePairMaxRowPeers = 32;

@@ -103,7 +103,7 @@ std::string Candidate::describe() const {
                               k.tile_n, k.cluster_m, k.cluster_n);
   if (k.row_group > 1) s += fmt::format(" in row groups of {}", k.row_group);
   s += fmt::format(", {}", name_of(strategy()));
-  if (k.stash_elem_bytes) s += k.stash_elem_bytes == 2 ? "(bf16)" : "(fp32)";
+  if (k.stash_elem_bytes) s += fmt::format("({})", plan_detail::stash_type_name(k));
   if (k.n_tiles > 1) s += fmt::format(" {} N-tiles/CTA", k.n_tiles);
   if (k.k_splits > 1) s += fmt::format(", split-K {}{}", k.k_splits, k.splits_in_cluster ? " in a cluster" : "");
   if (k.ring_input_bytes > 0) s += ", tile inputs in the ring";

@@ -96,18 +96,18 @@ void add_reasons(Plan& plan, const ChainInfo& chain, const DeviceModel& dev, con
         r.push_back(fmt::format(
             "strategy smem-stash: the {} earlier N-tile(s) of each row block keep stage 1's bypass values [{}] in SMEM "
             "as {} per consumer WG ({} total, limit max_stash_bytes {}){}; later stages recompute from them",
-            plan.kernel.n_tiles - 1, join(plan.stashed), plan.kernel.stash_elem_bytes == 2 ? "bf16" : "fp32",
+            plan.kernel.n_tiles - 1, join(plan.stashed), plan_detail::stash_type_name(plan.kernel),
             fmt_bytes(plan.smem.stash), fmt_bytes(tun.max_stash_bytes),
-            plan.kernel.stash_elem_bytes == 2 ? " (bf16: fp32 did not fit or cost more; rounds them like the unfused "
-                                         "path's bf16 intermediate would)"
-                                       : ""));
+            plan.kernel.stash_elem_bytes == 2 && !plan.kernel.stash_centers
+                ? " (bf16: fp32 did not fit or cost more; rounds them like the unfused path's bf16 intermediate would)"
+                : ""));
       break;
     case RowStrategy::WorkspaceStash:
       r.push_back(fmt::format(
           "strategy workspace-stash: the {} earlier N-tile(s) per CTA do not fit on chip, so stage 1's bypass values "
           "[{}] go to a global {} workspace ({} for the jobs in flight, {}) and are re-read {} time(s) by the {} later "
           "stage(s){}{}",
-          plan.kernel.n_tiles - 1, join(plan.stashed), plan.kernel.stash_elem_bytes == 2 ? "bf16" : "fp32",
+          plan.kernel.n_tiles - 1, join(plan.stashed), plan_detail::stash_type_name(plan.kernel),
           fmt_bytes(plan.workspace_bytes),
           double(plan.workspace_bytes) <= tun.l2_workspace_fraction * double(dev.l2_bytes)
               ? "stays in L2"

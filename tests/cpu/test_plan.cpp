@@ -303,9 +303,15 @@ TEST(Plan, RowGroupsDivideTheWork) {
       const int64_t clusters = p.grid_ctas / cm;
       EXPECT_EQ(clusters % g, 0);
       EXPECT_LE(clusters, full_device().clusters_resident.at(cm));
-      EXPECT_EQ(p.strategy(), g == 16 || g == 32 ? RowStrategy::OnChip : RowStrategy::WorkspaceStash);
+      // Below 16 a stash: in the workspace, or in SMEM where a bf16 stash (its centers included) fits.
+      if (g >= 16) EXPECT_EQ(p.strategy(), RowStrategy::OnChip);
+      else if (p.strategy() == RowStrategy::SmemStash) EXPECT_EQ(p.kernel.stash_elem_bytes, 2);
+      else EXPECT_EQ(p.strategy(), RowStrategy::WorkspaceStash);
       if (p.strategy() == RowStrategy::WorkspaceStash) {
-        EXPECT_EQ(p.workspace_bytes, p.grid_ctas * 2 * (p.kernel.n_tiles - 1) * 64 * 256 * 4);
+        // bf16 about each tile's row centers (two floats a thread a slot) where the pair runs online.
+        const int64_t slot = p.kernel.stash_centers ? 64 * 256 * 2 + 64 * 16 : 64 * 256 * 4;
+        EXPECT_EQ(p.kernel.stash_centers, p.fused_pairs.mean_variance);
+        EXPECT_EQ(p.workspace_bytes, p.grid_ctas * 2 * (p.kernel.n_tiles - 1) * slot);
       }
     }
 }
@@ -1170,6 +1176,54 @@ TEST(Plan, MeanVariancePairsOverSeveralNTilesWhereRegistersHoldThem) {
   const Plan sixteen = make_plan(ln, prob(4096, 8192, 4096), full_device(), {}, opt);
   ASSERT_EQ(sixteen.kernel.n_tiles, 4);
   EXPECT_TRUE(sixteen.fused_pairs.mean_variance);
+}
+
+// The stash is bf16 about each tile's row centers (KernelConfig::stash_centers) exactly where the
+// root stage's pair runs online over several N-tiles and every [M, N] output is bf16; fp32
+// otherwise (two rounds, an f32 output, a later stage writing a tile value back); a forced bf16
+// stash takes the centers where they exist. The workspace is sized with the centers.
+TEST(Plan, StashBf16AboutRowCentersWhereTheRootPairRunsOnline) {
+  FusionSpec ln = layer_norm(), sm = softmax(), lsm = log_softmax();
+  const Plan p = make_plan(ln, prob(1152, 32768, 1024));  // 64x128, row groups of 32, 8 N-tiles
+  ASSERT_EQ(p.strategy(), RowStrategy::WorkspaceStash);
+  EXPECT_TRUE(p.fused_pairs.mean_variance);
+  EXPECT_EQ(p.kernel.stash_elem_bytes, 2);
+  EXPECT_TRUE(p.kernel.stash_centers);
+  EXPECT_EQ(p.kernel.stash_bytes_per_wg(), (p.kernel.n_tiles - 1) * (64 * 128 * 2 + 64 * 16));
+  EXPECT_EQ(p.workspace_bytes, p.grid_ctas * p.kernel.stash_workspace_bytes_per_cta());
+  EXPECT_NE(explain(ln, p).find("bf16 about each tile's row centers"), std::string::npos) << explain(ln, p);
+  const Plan s = make_plan(sm, prob(1024, 32768, 4096));
+  EXPECT_TRUE(s.fused_pairs.max_exp_sum);
+  EXPECT_TRUE(s.kernel.stash_centers);
+  // An f32 output: fp32 (a bf16 stash would round more finely than nothing the graph stores).
+  const Plan l = make_plan(lsm, prob(1024, 32768, 4096));
+  ASSERT_GT(l.kernel.n_tiles, 1);
+  EXPECT_EQ(l.kernel.stash_elem_bytes, 4);
+  EXPECT_FALSE(l.kernel.stash_centers);
+  // Two rounds: no online statistic to center on; fp32, or plain bf16 where forced.
+  PlanOptions two;
+  two.fuse_pairs = false;
+  const Plan t = make_plan(ln, prob(1152, 32768, 1024), full_device(), {}, two);
+  EXPECT_EQ(t.kernel.stash_elem_bytes, 4);
+  EXPECT_FALSE(t.kernel.stash_centers);
+  two.stash_bytes = 2;
+  const Plan tb = make_plan(ln, prob(1152, 32768, 1024), full_device(), {}, two);
+  EXPECT_EQ(tb.kernel.stash_elem_bytes, 2);
+  EXPECT_FALSE(tb.kernel.stash_centers);
+  PlanOptions fp32;
+  fp32.stash_bytes = 4;
+  EXPECT_FALSE(make_plan(ln, prob(1152, 32768, 1024), full_device(), {}, fp32).kernel.stash_centers);
+  // Softmax into a LayerNorm: the LayerNorm's stage writes its input back into the stash.
+  FusionSpec into_ln =
+      lowered([](Graph& g, Value acc) { return g.layer_norm(g.softmax(acc) * 100.0, row(g, "gamma"), row(g, "beta")); });
+  const Plan w = make_plan(into_ln, prob(1152, 32768, 1024));
+  ASSERT_GT(w.kernel.n_tiles, 1);
+  EXPECT_FALSE(w.kernel.stash_centers);
+  EXPECT_EQ(w.kernel.stash_elem_bytes, 4);
+  // The kernel's own check: centers only on a bf16 stash.
+  KernelConfig k = p.kernel;
+  k.stash_elem_bytes = 4;
+  EXPECT_NE(check(k), nullptr);
 }
 
 // A reduction-free epilogue takes forced clusters along M (B multicast) with forced PingPong

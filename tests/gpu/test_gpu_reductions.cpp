@@ -31,6 +31,8 @@ Bindings dims(int64_t m, int64_t n, int64_t k) { return {{"M", m}, {"N", n}, {"K
 
 // A forced stash plan: row groups of g clusters of cm CTAs along M, tm x tn tiles, paired
 // reductions in one round or two, the stash's element size.
+// stash_bytes: 0 the planner's stash (bf16 about each tile's row centers where the root's pair runs
+// online and the outputs are bf16, else fp32), 4 or 2 forced.
 CompileOptions row_group_plan(int g, int cm, int tm, int tn, bool one_round, int stash_bytes) {
   CompileOptions opt;
   opt.plan.row_group = g;
@@ -38,7 +40,7 @@ CompileOptions row_group_plan(int g, int cm, int tm, int tn, bool one_round, int
   opt.plan.tile_m = tm;
   opt.plan.tile_n = tn;
   opt.plan.fuse_pairs = one_round;
-  if (stash_bytes != 4) opt.plan.stash_bytes = stash_bytes;
+  if (stash_bytes != 0) opt.plan.stash_bytes = stash_bytes;
   return opt;
 }
 
@@ -363,9 +365,9 @@ TEST_F(GpuReduce, RowGroupsSoftmaxPairOverSeveralNTiles) {
     int64_t m, n, k;
     double scale;
     bool causal = false, then_layer_norm = false;
-    int stash_bytes = 4;
+    int stash_bytes = 0;
   };
-  for (const V& v : {V{"workspace stash, 9 N-tiles", 8, 2, 128, 128, 200, 8200, 264, 4.0},
+  for (const V& v : {V{"fp32 workspace stash, 9 N-tiles", 8, 2, 128, 128, 200, 8200, 264, 4.0, false, false, 4},
                      V{"4 N-tiles", 4, 1, 64, 128, 1000, 2000, 72, 0.125},
                      V{"4 N-tiles, bf16 SMEM stash", 4, 1, 64, 128, 1000, 2000, 72, 0.125, false, false, 2},
                      V{"one CTA a row, 8 N-tiles", 1, 1, 64, 128, 300, 1000, 64, 4.0},
@@ -394,26 +396,27 @@ TEST_F(GpuReduce, RowGroupsSoftmaxPairOverSeveralNTiles) {
 // its own mean merged online by Chan's formula, then across the row's CTAs with each one's column
 // count), and in two rounds: a short last tile, CTAs whose last tiles lie past N, a row a CTA,
 // 64- and 128-row warp groups, row groups of 4 to 32, fp32 and bf16 stash in the workspace and in
-// SMEM, fp16 with a residual. Under a 1000 offset (mean >> spread) but for the bf16 stash (it
-// rounds x before x - mean, to 4 at 1000: why it is off by default), the row statistics stored as
-// f32 and checked at f32's tolerance (a wrong count or merge moves them far more than y's bf16
-// tolerance would show).
+// SMEM (in one round bf16 about each tile's running mean, the planner's stash with bf16 outputs),
+// fp16 with a residual (fp32: its outputs are not bf16). Under a 1000 offset (mean >> spread) but
+// for the bf16 stash in two rounds (it rounds x before x - mean, to 4 at 1000), the row statistics
+// stored as f32 and checked at f32's tolerance (a wrong count or merge moves them far more than
+// y's bf16 tolerance would show).
 TEST_F(GpuReduce, RowGroupsLayerNormPairOverSeveralNTiles) {
   struct V {
     const char* what;
     int g, cm, tm, tn;
     int64_t m, n, k;
-    int stash_bytes = 4;
+    int stash_bytes = 0;
     DType t = DType::BF16;
     bool residual = false;
   };
-  for (const V& v : {V{"9 N-tiles, a short last one, workspace stash", 8, 2, 128, 128, 200, 8200, 264},
+  for (const V& v : {V{"9 N-tiles, a short last one, fp32 workspace stash", 8, 2, 128, 128, 200, 8200, 264, 4},
                      V{"4 N-tiles", 4, 1, 64, 128, 1000, 2000, 72},
                      V{"tiles past N", 4, 1, 64, 128, 500, 1032, 72},
-                     V{"bf16 SMEM stash, no offset", 4, 1, 64, 128, 1000, 2000, 72, 2},
+                     V{"bf16 SMEM stash", 4, 1, 64, 128, 1000, 2000, 72, 2},
                      V{"one CTA a row, 8 N-tiles", 1, 1, 64, 128, 300, 1000, 64},
                      V{"row groups of 32, 128x128", 32, 2, 128, 128, 264, 32760, 136},
-                     V{"row groups of 16, 128x128, f16, a residual", 16, 2, 128, 128, 300, 8152, 128, 4, DType::F16, true}}) {
+                     V{"row groups of 16, 128x128, f16, a residual", 16, 2, 128, 128, 300, 8152, 128, 0, DType::F16, true}}) {
     for (bool one_round : {true, false}) {
       SCOPED_TRACE(fmt::format("{} ({} round(s)): G={} cluster_m={} {}x{} M={} N={} K={}", v.what, one_round ? 1 : 2, v.g,
                                v.cm, v.tm, v.tn, v.m, v.n, v.k));
@@ -427,9 +430,12 @@ TEST_F(GpuReduce, RowGroupsLayerNormPairOverSeveralNTiles) {
       c.g.output(d * rstd * c.g.input("gamma", v.t, {Dim::of("N")}) + c.g.input("beta", v.t, {Dim::of("N")}), "y", v.t);
       c.g.output(mu, "mu", DType::F32);
       c.g.output(rstd, "rstd", DType::F32);
-      Plan p = expect_matches(c.g, dims(v.m, v.n, v.k), opt, /*offset=*/v.stash_bytes == 2 ? 0.0 : 1000.0);
+      const bool rounds_x = v.stash_bytes == 2 && !one_round;  // bf16 without centers
+      Plan p = expect_matches(c.g, dims(v.m, v.n, v.k), opt, /*offset=*/rounds_x ? 0.0 : 1000.0);
       EXPECT_GT(p.kernel.n_tiles, 1);
       EXPECT_EQ(p.fused_pairs.mean_variance, one_round);
+      EXPECT_EQ(p.kernel.stash_centers, one_round && v.stash_bytes != 4 && v.t == DType::BF16);
+      EXPECT_EQ(p.kernel.stash_elem_bytes, p.kernel.stash_centers || v.stash_bytes == 2 ? 2 : 4);
     }
   }
 }

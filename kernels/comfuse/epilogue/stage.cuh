@@ -694,7 +694,14 @@ template <class... Nodes> struct Stage {
               if constexpr (kOutRegs) {
                 CUTE_UNROLL
                 for (int e = 0; e < kFrag; ++e) accum(base + e) = vals[kTileBypass][e];
+              } else if constexpr (kRoot && St::kCentered) {
+                // online_second stashes the tile about its row centers, known once the tile is done.
+                static_assert(kPairOnline, "a centered stash takes its centers from the root's online pair");
+                CUTE_UNROLL
+                for (int e = 0; e < kFrag; ++e) accum(base + e) = vals[kTileBypass][e];
               } else {
+                static_assert(!St::kCentered, "a centered stash takes no write-back from a later stage (the planner "
+                                              "keeps fp32 there: plan_detail::stash_type)");
                 st.store(c.tile, f, vals[kTileBypass]);
                 if constexpr (kPairOnline) {  // online_second reads the operand here, as stashed
                   CUTE_UNROLL
@@ -743,19 +750,19 @@ template <class... Nodes> struct Stage {
                                Rounds<Geo::kRetireEarly>& rnd, St const& st) {
       if constexpr (kFusedStream) {
         stream_fused(c, ts, accum, bar_id, st);
-        return;
+      } else {
+        for (int t = 0; t < Geo::NTiles - 1; ++t) {  // tiles 0..T-2: stash slot t
+          EpiCtx const ct = tile_ctx(c, t);
+          if (t > 0) begin_phase(ct, ts, bar_id);
+          body<false>(ct, ts, accum, bar_id, st);
+        }
+        {  // the last tile: the accumulator registers
+          EpiCtx const ct = tile_ctx(c, Geo::NTiles - 1);
+          if constexpr (Geo::NTiles > 1) begin_phase(ct, ts, bar_id);
+          body<true>(ct, ts, accum, bar_id, st);
+        }
+        if constexpr (kEndsInReduction) reduce_phase(c, ts, accum, bar_id, chan, rnd, st);
       }
-      for (int t = 0; t < Geo::NTiles - 1; ++t) {  // tiles 0..T-2: stash slot t
-        EpiCtx const ct = tile_ctx(c, t);
-        if (t > 0) begin_phase(ct, ts, bar_id);
-        body<false>(ct, ts, accum, bar_id, st);
-      }
-      {  // the last tile: the accumulator registers
-        EpiCtx const ct = tile_ctx(c, Geo::NTiles - 1);
-        if constexpr (Geo::NTiles > 1) begin_phase(ct, ts, bar_id);
-        body<true>(ct, ts, accum, bar_id, st);
-      }
-      if constexpr (kEndsInReduction) reduce_phase(c, ts, accum, bar_id, chan, rnd, st);
     }
 
     // kFusedStream: the statistic is known (given), so the PostStage takes it first; then each
@@ -828,7 +835,7 @@ template <class... Nodes> struct Stage {
       since = trace::now();
       if (Geo::NTiles == 1 || t == Geo::NTiles - 1) body<true>(ct, tree, accum, bar_id, st);
       else body<false>(ct, tree, accum, bar_id, st);
-      if constexpr (kPairOnline) online_second(ct, accum);
+      if constexpr (kPairOnline) online_second(ct, accum, st);
       after_body();
       trace::add_epi(trace::kEpiRootBody, since);
       if constexpr (kEndsInReduction) {
@@ -935,15 +942,22 @@ template <class... Nodes> struct Stage {
     //  - kPairMeanM2: the tile's squares about its own mean merged into the running ones by Chan's
     //    formula (M2 += M2_t + d^2 n n_t / (n + n_t), d the difference of the means), so no value is
     //    ever squared about a distant center (the mean >> the spread is safe, as in one tile).
-    template <class FragC>
-    COMFUSE_DEVICE void online_second(EpiCtx const& c, FragC& accum) {
+    // A centered stash (St::kCentered) takes a stashed tile here, about the same centers, before
+    // its statistics: the running max, or the running mean.
+    template <class FragC, class St>
+    COMFUSE_DEVICE void online_second(EpiCtx const& c, FragC& accum, St const& st) {
       auto const& red = cute::get<kNumNodes - 1>(impls);
+      auto const stash_tile = [&](float const (&center)[Geo::MBlocks][2]) {
+        if constexpr (St::kCentered)
+          if (c.tile < Geo::NTiles - 1) st.store_centered(c.tile, accum, center);
+      };
       if constexpr (kPair == kPairMaxExpSum) {
         float center[Geo::MBlocks][2], tile_sum[Geo::MBlocks][2];
         CUTE_UNROLL
         for (int mi = 0; mi < Geo::MBlocks; ++mi)
           CUTE_UNROLL
           for (int h = 0; h < 2; ++h) center[mi][h] = max_center(red.partial(mi, h));
+        stash_tile(center);
         thread_second(c, accum, center, tile_sum);
         CUTE_UNROLL
         for (int mi = 0; mi < Geo::MBlocks; ++mi)
@@ -972,6 +986,7 @@ template <class... Nodes> struct Stage {
         for (int mi = 0; mi < Geo::MBlocks; ++mi)
           CUTE_UNROLL
           for (int h = 0; h < 2; ++h) center[mi][h] = red.partial(mi, h) * inv_new;
+        stash_tile(center);
         thread_moments(c, accum, center, dev, sq);
         CUTE_UNROLL
         for (int mi = 0; mi < Geo::MBlocks; ++mi)

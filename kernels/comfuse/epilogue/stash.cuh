@@ -13,8 +13,17 @@
 //   slot * kSlotBytes + ((f * kChunks + h) * 128 + th) * 16        (h < kChunks)
 // so the 32 lanes of a warp touch 512 contiguous bytes per access (bank-conflict free in
 // SMEM, coalesced in global). T = float: 2 chunks (4 floats each); T = bf16: 1 chunk of 8
-// (a bf16 stash rounds the bypassed value like an unfused bf16 intermediate would).
+// (uncentered, a bf16 stash rounds the bypassed value like an unfused bf16 intermediate would).
 // kSlotBytes = Rows * BN * sizeof(T).
+//
+// Centered (a 16-bit stash under the root stage's online pair, KernelConfig::stash_centers): a
+// slot holds x - c rounded, c the thread's running statistic of the row after that tile (the
+// running max of a softmax's pair, the running mean of LayerNorm's), and load() adds c back. The
+// rounding then falls on the distance from the row's center, not on x: 2^-9 of (x - mean) for
+// LayerNorm (a mean far from 0 costs nothing, where rounding x itself lost the row at
+// mean / std = 1000), and for softmax 2^-9 of (max - x), small exactly for the values that carry
+// the sum. Each slot's centers, MBlocks x 2 floats a thread, follow the slots:
+//   Slots * kSlotBytes + ((slot * 128 + th) * MBlocks + mi) * 8     (float2: the row slots h = 0, 1)
 #pragma once
 #include "nodes.cuh"
 
@@ -22,18 +31,27 @@ namespace comfuse::epi {
 
 // kSmem: the region is SMEM, accessed with ld/st.shared.v4 (a generic pointer to SMEM compiled
 // to generic LD/ST.E.128); else global memory (LDG/STG.128).
-template <class T, int Rows, int BN, int Slots, bool kSmem> struct Stash {
+template <class T, int Rows, int BN, int Slots, bool kSmem, bool Centered = false> struct Stash {
   static_assert(sizeof(T) == 4 || sizeof(T) == 2, "stash type: float, bf16 or f16");
+  static_assert(!Centered || sizeof(T) == 2, "a centered stash rounds to 16 bits; fp32 keeps x exactly");
+  static constexpr bool kCentered = Centered;
+  static constexpr int kMBlocks = Rows / 64;
   static constexpr int kFrags = Rows * BN / (kWarpGroupThreads * kFrag);
+  static constexpr int kFragsPerMBlock = kFrags / kMBlocks;
   static constexpr int kChunks = kFrag * int(sizeof(T)) / 16;
   static constexpr int kSlotBytes = Rows * BN * int(sizeof(T));
-  static constexpr int kBytes = Slots * kSlotBytes;
+  static constexpr int kCenterSlotBytes = Centered ? kWarpGroupThreads * kMBlocks * 8 : 0;
+  static constexpr int kBytes = Slots * (kSlotBytes + kCenterSlotBytes);
   static constexpr int kSlots = Slots;
 
-  char* base = nullptr;  // this thread's chunk 0 of fragment 0 of slot 0 (generic: SMEM or global)
+  char* base = nullptr;     // this thread's chunk 0 of fragment 0 of slot 0 (generic: SMEM or global)
+  char* centers = nullptr;  // Centered: this thread's centers of slot 0
 
   // region: the warp group's kBytes (SMEM or global), t: thread in the warp group.
-  COMFUSE_DEVICE void bind(void* region, int t) { base = static_cast<char*>(region) + 16 * t; }
+  COMFUSE_DEVICE void bind(void* region, int t) {
+    base = static_cast<char*>(region) + 16 * t;
+    centers = static_cast<char*>(region) + Slots * kSlotBytes + t * kMBlocks * 8;
+  }
 
   COMFUSE_DEVICE uint4* chunk(int slot, int f, int h) const {
     return reinterpret_cast<uint4*>(base + size_t(slot) * kSlotBytes + size_t((f * kChunks + h) * kWarpGroupThreads) * 16);
@@ -56,8 +74,56 @@ template <class T, int Rows, int BN, int Slots, bool kSmem> struct Stash {
     }
     return u;
   }
-  // x as the stash gives it back (a 16-bit stash rounds it).
-  static COMFUSE_DEVICE float stored(float x) { return DType<T>::round(x); }
+  // x as the stash gives it back (a 16-bit stash rounds it; a centered one takes store_centered).
+  static COMFUSE_DEVICE float stored(float x) {
+    static_assert(!Centered, "a centered stash rounds x - c: store_centered");
+    return DType<T>::round(x);
+  }
+
+  COMFUSE_DEVICE float2* center_at(int slot, int mi) const {
+    return reinterpret_cast<float2*>(centers + (size_t(slot) * kWarpGroupThreads * kMBlocks + mi) * 8);
+  }
+  COMFUSE_DEVICE float2 center(int slot, int mi) const {
+    static_assert(Centered, "centers: a centered stash");
+    if constexpr (kSmem) {
+      float2 c;
+      asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(c.x), "=f"(c.y) : "r"(smem_u32(center_at(slot, mi))) : "memory");
+      return c;
+    } else {
+      return *center_at(slot, mi);
+    }
+  }
+
+  // Centered: a whole tile (the thread's accumulator registers, fragment f in registers
+  // 8f .. 8f + 7, as the epilogue's bodies lay them out) into slot `slot` about c[mi][h], each
+  // register left as load() will give it back (c + the rounded x - c), so that statistics taken
+  // from the registers afterwards are those of the values the later stages read.
+  template <class FragC, int MB>
+  COMFUSE_DEVICE void store_centered(int slot, FragC& accum, float const (&c)[MB][2]) const {
+    static_assert(Centered && MB == kMBlocks, "store_centered: a centered stash, one center a row slot");
+    CUTE_UNROLL
+    for (int f = 0; f < kFrags; ++f) {
+      int const mi = f / kFragsPerMBlock;
+      uint32_t w[4];
+      CUTE_UNROLL
+      for (int q = 0; q < 4; ++q) {  // pair q: registers 2q, 2q + 1, row slot q & 1
+        float const cq = c[mi][q & 1];
+        w[q] = DType<T>::pack2(accum(8 * f + 2 * q) - cq, accum(8 * f + 2 * q + 1) - cq);
+        accum(8 * f + 2 * q) = cq + DType<T>::unpack_lo(w[q]);
+        accum(8 * f + 2 * q + 1) = cq + DType<T>::unpack_hi(w[q]);
+      }
+      put(slot, f, 0, make_uint4(w[0], w[1], w[2], w[3]));
+    }
+    CUTE_UNROLL
+    for (int mi = 0; mi < kMBlocks; ++mi) {
+      if constexpr (kSmem) {
+        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(smem_u32(center_at(slot, mi))), "f"(c[mi][0]),
+                     "f"(c[mi][1]) : "memory");
+      } else {
+        *center_at(slot, mi) = make_float2(c[mi][0], c[mi][1]);
+      }
+    }
+  }
   COMFUSE_DEVICE void store(int slot, int f, Frag const& v) const {
     if constexpr (sizeof(T) == 4) {
       CUTE_UNROLL
@@ -85,6 +151,11 @@ template <class T, int Rows, int BN, int Slots, bool kSmem> struct Stash {
         v[2 * q] = DType<T>::unpack_lo(w[q]);
         v[2 * q + 1] = DType<T>::unpack_hi(w[q]);
       }
+      if constexpr (Centered) {  // pair q: row slot q & 1
+        float2 const c = center(slot, f / kFragsPerMBlock);
+        CUTE_UNROLL
+        for (int e = 0; e < kFrag; ++e) v[e] += ((e >> 1) & 1) ? c.y : c.x;
+      }
     }
   }
 };
@@ -92,6 +163,7 @@ template <class T, int Rows, int BN, int Slots, bool kSmem> struct Stash {
 // NTiles == 1: no stash (every value stays in registers, today's path).
 struct NoStash {
   static constexpr int kBytes = 0, kSlots = 0;
+  static constexpr bool kCentered = false;
   static COMFUSE_DEVICE float stored(float x) { return x; }
   COMFUSE_DEVICE void bind(void*, int) {}
   COMFUSE_DEVICE void store(int, int, Frag const&) const {}

@@ -157,8 +157,11 @@ struct FusedGemmSm90 {
     alignas(128) unsigned char stash[kW][kStashBytesPerWG > 0 ? kStashBytesPerWG : 16];
   };
   using SharedStorage = cute::conditional_t<kStashInSmem, SharedStash, SharedCore>;
-  using Stash = cute::conditional_t<(kStashBytesPerWG > 0), epi::Stash<StashT, kEpiRows, BN, NTiles - 1, kStashInSmem>,
-                                    epi::NoStash>;
+  using Stash = cute::conditional_t<(kStashBytesPerWG > 0),
+                                    epi::Stash<StashT, kEpiRows, BN, NTiles - 1, kStashInSmem, C.stash_centers>, epi::NoStash>;
+  static_assert(Stash::kBytes == kStashBytesPerWG, "ComFuse: the stash's layout and KernelConfig::stash_bytes_per_wg differ");
+  static_assert(!C.stash_centers || EpiExec::kPairOnline,
+                "ComFuse: stash_centers needs the root stage's pair online over several N-tiles (its centers)");
   // What the launch asks for (C.smem_bytes()) holds what the kernel uses.
   static_assert(int(sizeof(SharedStorage)) <= C.smem_bytes(),
                 "ComFuse: the kernel's SMEM exceeds KernelConfig::smem_bytes()");
