@@ -133,10 +133,12 @@ CASES = [
          softmax_f32, alts=({"fuse_pairs": False}, {"fuse_pairs": True, "row_group": 32})),
     Case("vocab log-softmax f32", "gemm_log_softmax[f32]", ((1024, 32768, 4096), (1024, 128256, 4096)), log_softmax_f32,
          alts=({"fuse_pairs": False}, {"fuse_pairs": True, "row_group": 32})),
-    # Long rows at K = 1024: a short mainloop beside the stash's DRAM round trip; the bf16 stash
-    # (off by default: it rounds x before x - mean) as the alternative.
-    Case("long-row layernorm", "gemm_layernorm", ((1152, 32768, 1024),), layernorm, alts=({"stash_bytes": 2},)),
-    Case("long-row softmax", "gemm_softmax", ((1152, 32768, 1024),), softmax, alts=({"stash_bytes": 2},)),
+    # Long rows at K = 1024: a short mainloop beside the stash's DRAM round trip. With bf16 outputs
+    # the stash is bf16 about each tile's running max or mean (KernelConfig::stash_centers); the
+    # fp32 stash as the alternative. The vocabulary rows with bf16 out likewise.
+    Case("long-row layernorm", "gemm_layernorm", ((1152, 32768, 1024),), layernorm, alts=({"stash_bytes": 4},)),
+    Case("long-row softmax", "gemm_softmax", ((1152, 32768, 1024),), softmax, alts=({"stash_bytes": 4},)),
+    Case("vocab bf16 softmax", "gemm_softmax", ((1024, 32768, 4096),), softmax, alts=({"stash_bytes": 4},)),
     Case("residual layernorm", "gemm_residual_layernorm", ((8192, 4096, 4096), (8192, 1024, 4096)), residual_layernorm),
     Case("residual rmsnorm", "gemm_residual_rmsnorm", ((8192, 4096, 4096), (8192, 1024, 4096)), residual_rmsnorm),
 ]
@@ -268,6 +270,8 @@ def plan_label(s: dict) -> str:
         parts.append(f"split-K {s['k_splits']}")
     if s.get("reductions"):
         parts += [agg, str(s.get("strategy"))]
+    if s.get("stash_bytes"):
+        parts.append("bf16 centered" if s.get("stash_centers") else "bf16" if s["stash_bytes"] == 2 else "fp32")
     if s.get("pairs_in_one_round"):
         parts.append("pairs 1 round")
     if s.get("pair_exp_kept"):
@@ -276,7 +280,7 @@ def plan_label(s: dict) -> str:
 
 
 PLAN_KEYS = ("tile_m", "tile_n", "cluster_m", "cluster_n", "row_group", "aggregation", "strategy", "stages",
-             "n_tiles_per_cta", "k_splits", "pairs_in_one_round", "pair_exp_kept")
+             "n_tiles_per_cta", "k_splits", "pairs_in_one_round", "pair_exp_kept", "stash_bytes", "stash_centers")
 SUMMARY_KEYS = PLAN_KEYS + ("reductions", "workspace_bytes", "smem_bytes", "total_us", "mainloop_us", "epilogue_us")
 
 
