@@ -187,6 +187,11 @@ inline OneRoundPairs one_round_pairs_possible(const Plan& p) {
   return one_round_pairs_possible(p.kernel.n_tiles, p.kernel.aggregation, p.kernel.row_peers());
 }
 
+// Why a plan's bf16 stash cannot be centered (KernelConfig::stash_centers: the root stage's pair
+// must run online over the N-tiles, no later stage writing a tile value back), or nullptr: the
+// kernel's static_asserts, checked before the JIT for plans made or edited by hand.
+const char* stash_centers_refused(const FusionSpec& s, const Plan& p);
+
 // What the device templates cannot express (operand dtypes, more than one tile-shaped value
 // across a reduction, the kernel's argument slots): throws Error naming the values in the
 // user's terms and what is supported instead. make_plan calls it first.

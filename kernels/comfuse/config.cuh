@@ -230,11 +230,14 @@ struct KernelConfig {
   COMFUSE_HOST_DEVICE constexpr int tile_input_bytes(int elem_bytes) const { return epi_rows() * tile_n * elem_bytes; }
   // Columns one job of the row's CTAs covers: a row reduction needs N <= this.
   COMFUSE_HOST_DEVICE constexpr int row_cover() const { return row_peers() * tile_n * n_tiles; }
+  // One stashed tile of `rows` rows: its values and, centered (stash_centers), its centers, two
+  // floats a thread per 64 rows.
+  COMFUSE_HOST_DEVICE constexpr int stash_tile_bytes(int rows) const {
+    return rows * tile_n * stash_elem_bytes + (stash_centers ? rows * 16 : 0);
+  }
   // Stash of one consumer WG: the job's earlier n_tiles - 1 tiles of its rows.
-  // Centered (stash_centers): each tile's centers too, two floats a thread per 64 rows.
   COMFUSE_HOST_DEVICE constexpr int stash_bytes_per_wg() const {
-    return n_tiles > 1 ? (n_tiles - 1) * (epi_rows() * tile_n * stash_elem_bytes + (stash_centers ? epi_rows() * 16 : 0))
-                       : 0;
+    return n_tiles > 1 ? (n_tiles - 1) * stash_tile_bytes(epi_rows()) : 0;
   }
   // The kernel's SMEM without a stash: the ring (A and B 1024-aligned), every consumer WG's
   // epilogue storage and the ring's full/empty mbarriers, rounded to the 1024-byte alignment of
@@ -441,7 +444,8 @@ COMFUSE_HOST_DEVICE constexpr char const* check(KernelConfig const& c) {
     return "a row reduction across CTAs needs an aggregation mode";
   if (c.stash_elem_bytes != 0 && c.stash_elem_bytes != 2 && c.stash_elem_bytes != 4)
     return "stash_elem_bytes: 0 (nothing), 2 (bf16) or 4 (fp32)";
-  if (c.stash_centers && c.stash_elem_bytes != 2) return "stash_centers: a bf16 stash (fp32 keeps x exactly)";
+  if (c.stash_centers && (c.stash_elem_bytes != 2 || c.n_tiles < 2))
+    return "stash_centers: a bf16 stash over several N-tiles a job (fp32 keeps x exactly)";
   if ((c.stash_bytes_per_wg() > 0) != (c.stash_space != StashSpace::None))
     return "a stash needs a space (SMEM or workspace), and a space needs something to stash";
   if (c.epilogue_smem_bytes < 0) return "epilogue_smem_bytes < 0";

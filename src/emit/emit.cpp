@@ -106,6 +106,8 @@ void check_renderable(const FusionSpec& s, const Plan& p) {
   if ((p.fused_pairs.mean_variance && !can.mean_variance) || (p.fused_pairs.max_exp_sum && !can.max_exp_sum))
     throw Error(fmt::format("spec '{}': the plan fuses paired reductions into one round, which needs the L2 exchange or "
                             "a single CTA per row", s.name));
+  if (const char* why = stash_centers_refused(s, p))
+    throw Error(fmt::format("spec '{}': the plan's kernel cannot be built: {}", s.name, why));
   if (p.fused_pairs.kept_exp && (!p.fused_pairs.max_exp_sum || !can.kept_exp))
     throw Error(fmt::format("spec '{}': the plan keeps a pair's exp in the registers, which needs its max and sum of exp "
                             "in one round over one N-tile a CTA", s.name));

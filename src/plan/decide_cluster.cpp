@@ -231,6 +231,9 @@ std::vector<Candidate> decide_cluster(const Request& r, Rejections& why) {
           if (opt.stash_bytes && elem != 0 && elem != *opt.stash_bytes) continue;
           Candidate v = c;
           v.k.stash_elem_bytes = elem;
+          // A bf16 stash about the root pair's running statistic where it runs online (one CTA a
+          // row, forced: the DSMEM channel has no pair round).
+          v.k.stash_centers = elem == 2 && stash_centers_possible(chain, fuse_pairs(chain, opt, v.k), v.k.n_tiles);
           v.k.stash_space = elem == 0 ? StashSpace::None
                             : strategy == RowStrategy::SmemStash ? StashSpace::Smem
                                                                  : StashSpace::Workspace;

@@ -307,7 +307,7 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
         // bandwidth.
         const OneRoundPairs fuse = fuse_pairs(chain, opt, c.k);
         const double elems = double(ts.tile_m) * ts.tile_n;
-        const double stage1 = elems * c.k.stash_elem_bytes;
+        const double stage1 = c.k.stash_tile_bytes(ts.tile_m);
         const int passes = stash_reads_after_round(chain, fuse, n_tiles) + stash_write_backs_after_round(chain, fuse, n_tiles);
         const double stage2 = stage1 * passes + elems * chain.max_out_bytes;
         const double per_sm_bytes_per_us = dev.dram_bytes_per_s / dev.sm_count * 1e-6;
@@ -585,18 +585,24 @@ OneRoundPairs fuse_pairs(const ChainInfo& chain, const PlanOptions& opt, const K
 // kOnlinePairMaxRowPeers holds the row, larger groups are not offered. Fewer rows keep the model's
 // choice, unmeasured: decode rows (one job a CTA) are paced by B's stream over the SMs.
 // A bf16 stash about each tile's row centers where the root stage's pair runs online (its running
-// max or mean is the center: epilogue/stash.cuh Centered) and the outputs are bf16
-// (calibration.h centered_bf16_stash); a forced bf16 stash takes the centers wherever they exist.
-// Elsewhere fp32 unless forced: rounding x itself loses LayerNorm's rows where |mean| >> std.
+// max or mean is the center: epilogue/stash.cuh Centered) and every output is bf16 (calibration.h
+// centered_bf16_stash; ChainInfo::outputs_bf16); a forced bf16 stash takes the centers wherever
+// they exist. Elsewhere fp32 unless forced: rounding x itself loses LayerNorm's rows where
+// |mean| >> std.
 StashType stash_type(const ChainInfo& chain, const PlanOptions& opt, const PlannerTunables& tun, const KernelConfig& k) {
-  const OneRoundPairs fused = fuse_pairs(chain, opt, k);
-  // No later stage writes a tile value back into the stash: only the root's values have centers.
-  const bool online_root_pair = k.n_tiles > 1 && chain.root_pair != PairKind::None && fused.has(chain.root_pair) &&
-                                stash_write_backs_after_round(chain, fused, k.n_tiles) == 0;
+  const bool centers = stash_centers_possible(chain, fuse_pairs(chain, opt, k), k.n_tiles);
   StashType t;
-  t.elem_bytes = opt.stash_bytes.value_or(online_root_pair && chain.tile_outputs_bf16 && tun.centered_bf16_stash ? 2 : 4);
-  t.centers = t.elem_bytes == 2 && online_root_pair;
+  t.elem_bytes = opt.stash_bytes.value_or(centers && chain.has_tile_output && chain.outputs_bf16 &&
+                                                  tun.centered_bf16_stash
+                                              ? 2
+                                              : 4);
+  t.centers = t.elem_bytes == 2 && centers;
   return t;
+}
+
+bool stash_centers_possible(const ChainInfo& chain, const OneRoundPairs& fused, int64_t n_tiles) {
+  return n_tiles > 1 && chain.root_pair != PairKind::None && fused.has(chain.root_pair) &&
+         stash_write_backs_after_round(chain, fused, n_tiles) == 0;
 }
 
 bool two_round_pair_group(const ChainInfo& chain, const PlanOptions& opt, int64_t m, int64_t tiles_n, int g,

@@ -203,8 +203,9 @@ std::string explain(const FusionSpec& s, const Plan& p) {
   row("unified reduction buffer", b.reduction_buffer, red);
   row("stash", b.stash,
       p.strategy() == RowStrategy::SmemStash && b.stash > 0
-          ? fmt::format("{} WGs x {} earlier tile(s) x {}x{} x {} value(s) x {} B", p.kernel.consumer_wgs, p.kernel.n_tiles - 1, p.kernel.tile_m,
-                        p.kernel.tile_n, p.stashed.size(), p.kernel.stash_elem_bytes)
+          ? fmt::format("{} WGs x {} earlier tile(s) x {}x{} x {} value(s) x {} B{}", p.kernel.consumer_wgs, p.kernel.n_tiles - 1, p.kernel.tile_m,
+                        p.kernel.tile_n, p.stashed.size(), p.kernel.stash_elem_bytes,
+                        p.kernel.stash_centers ? " + their row centers (8 B a thread a 64-row block)" : "")
           : "-");
   row("store buffer", b.store_buffer,
       fmt::format("{} WGs x ({}x{} staging sub-tile per output, later stages' outputs through the first's where the element size matches, + row vectors)", p.kernel.consumer_wgs, p.kernel.tile_m,

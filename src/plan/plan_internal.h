@@ -49,8 +49,11 @@ struct ChainInfo {
   // The kind of pair whose first reduction ends the root stage (None: no pair there): over several
   // N-tiles a CTA in one round, its running statistic centers a bf16 stash (stash_type).
   PairKind root_pair = PairKind::None;
-  // Every [M, N] output is bf16: a bf16 stash rounds no finer than they are stored.
-  bool tile_outputs_bf16 = true;
+  // The graph stores an [M, N] output and every output (row statistics too) is bf16: a centered
+  // bf16 stash then rounds about as finely as they are stored (stash_type). An f32 statistic
+  // (LayerNorm's rstd) would carry the stash's rounding: in one round the pair's second statistic
+  // is taken from the values as stashed.
+  bool outputs_bf16 = true;
   // Max-and-sum-of-exp pairs whose PostStage reads the operand only through the exp (spec.h
   // pair_keeps_exp): in one round over one N-tile, one exp a value (reduce.cuh kPairGivenKept).
   int max_exp_sum_pairs_keeping_exp = 0;
@@ -231,6 +234,10 @@ struct StashType {
   bool centers = false;
 };
 StashType stash_type(const ChainInfo& chain, const PlanOptions& opt, const PlannerTunables& tun, const KernelConfig& k);
+// Whether a bf16 stash can be centered (epilogue/stash.cuh Centered): the root stage's pair runs
+// online over the N-tiles (its running statistic is the center) and no later stage writes a tile
+// value back into the stash (only the root's values have centers).
+bool stash_centers_possible(const ChainInfo& chain, const OneRoundPairs& fused, int64_t n_tiles);
 // What the stash holds, in words: "fp32", "bf16", or "bf16 about each tile's row centers".
 inline const char* stash_type_name(const KernelConfig& k) {
   return k.stash_elem_bytes == 4 ? "fp32" : k.stash_centers ? "bf16 about each tile's row centers" : "bf16";

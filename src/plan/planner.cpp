@@ -408,12 +408,13 @@ std::vector<Candidate> segment_tiles(std::vector<Candidate> cands, const Request
 
 // ---- 5. compare ------------------------------------------------------------------------------
 // Within near_tie of the cheapest, the model is not trusted to tell candidates apart: prefer the
-// simpler strategy (on-chip, then SMEM stash, then workspace; fp32 before bf16: no workspace,
-// exact intermediates), then the smaller cluster.
+// simpler strategy (on-chip, then SMEM stash, then workspace; fp32 before a bf16 stash of x
+// itself: no workspace, exact intermediates; a centered one rounds like the outputs), then the
+// smaller cluster.
 int simplicity(const Candidate& c) {
   const RowStrategy s = c.strategy();
   const int rank = s == RowStrategy::SmemStash ? 2 : s == RowStrategy::WorkspaceStash ? 4 : 0;
-  return rank + (c.k.stash_elem_bytes == 2 ? 1 : 0);
+  return rank + (c.k.stash_elem_bytes == 2 && !c.k.stash_centers ? 1 : 0);
 }
 
 const Candidate& compare(const std::vector<Candidate>& cs, double near_tie) {
@@ -625,5 +626,13 @@ Plan make_plan(const FusionSpec& s, const Problem& p, const PlanOptions& opt) {
 }
 
 double planned_dram_bytes_per_s(Gpu gpu) { return device_model(gpu).dram_bytes_per_s; }
+
+const char* stash_centers_refused(const FusionSpec& s, const Plan& p) {
+  if (!p.kernel.stash_centers) return nullptr;
+  if (!plan_detail::stash_centers_possible(plan_detail::analyze_chain(s), p.fused_pairs, p.kernel.n_tiles))
+    return "its stash is centered (stash_centers), which needs the root stage's pair in one round over several N-tiles "
+           "and no later stage writing a tile value back into the stash";
+  return nullptr;
+}
 
 }  // namespace comfuse

@@ -99,7 +99,7 @@ void add_reasons(Plan& plan, const ChainInfo& chain, const DeviceModel& dev, con
             plan.kernel.n_tiles - 1, join(plan.stashed), plan_detail::stash_type_name(plan.kernel),
             fmt_bytes(plan.smem.stash), fmt_bytes(tun.max_stash_bytes),
             plan.kernel.stash_elem_bytes == 2 && !plan.kernel.stash_centers
-                ? " (bf16: fp32 did not fit or cost more; rounds them like the unfused path's bf16 intermediate would)"
+                ? " (bf16 as forced: rounds them like the unfused path's bf16 intermediate would)"
                 : ""));
       break;
     case RowStrategy::WorkspaceStash:

@@ -1179,9 +1179,10 @@ TEST(Plan, MeanVariancePairsOverSeveralNTilesWhereRegistersHoldThem) {
 }
 
 // The stash is bf16 about each tile's row centers (KernelConfig::stash_centers) exactly where the
-// root stage's pair runs online over several N-tiles and every [M, N] output is bf16; fp32
-// otherwise (two rounds, an f32 output, a later stage writing a tile value back); a forced bf16
-// stash takes the centers where they exist. The workspace is sized with the centers.
+// root stage's pair runs online over several N-tiles and every output is bf16; fp32 otherwise
+// (two rounds, an f32 output, an f32 row statistic, a later stage writing a tile value back); a
+// forced bf16 stash takes the centers where they exist. The workspace is sized with the centers;
+// a plan edited to centers the kernel cannot give is refused before the JIT.
 TEST(Plan, StashBf16AboutRowCentersWhereTheRootPairRunsOnline) {
   FusionSpec ln = layer_norm(), sm = softmax(), lsm = log_softmax();
   const Plan p = make_plan(ln, prob(1152, 32768, 1024));  // 64x128, row groups of 32, 8 N-tiles
@@ -1195,7 +1196,7 @@ TEST(Plan, StashBf16AboutRowCentersWhereTheRootPairRunsOnline) {
   const Plan s = make_plan(sm, prob(1024, 32768, 4096));
   EXPECT_TRUE(s.fused_pairs.max_exp_sum);
   EXPECT_TRUE(s.kernel.stash_centers);
-  // An f32 output: fp32 (a bf16 stash would round more finely than nothing the graph stores).
+  // An f32 output: fp32 (a bf16 stash would round more coarsely than the graph stores its output).
   const Plan l = make_plan(lsm, prob(1024, 32768, 4096));
   ASSERT_GT(l.kernel.n_tiles, 1);
   EXPECT_EQ(l.kernel.stash_elem_bytes, 4);
@@ -1213,6 +1214,33 @@ TEST(Plan, StashBf16AboutRowCentersWhereTheRootPairRunsOnline) {
   PlanOptions fp32;
   fp32.stash_bytes = 4;
   EXPECT_FALSE(make_plan(ln, prob(1152, 32768, 1024), full_device(), {}, fp32).kernel.stash_centers);
+  PlanOptions bf16_one;
+  bf16_one.stash_bytes = 2, bf16_one.fuse_pairs = true;
+  const Plan fb = make_plan(lsm, prob(1024, 32768, 4096), full_device(), {}, bf16_one);  // f32 out, bf16 forced
+  EXPECT_TRUE(fb.fused_pairs.max_exp_sum);
+  EXPECT_TRUE(fb.kernel.stash_centers);
+  // LayerNorm's statistics stored as f32 (mean, rstd): in one round the variance is taken from
+  // the values as stashed, so fp32.
+  Graph g;
+  Value x = g.input("x", DType::BF16, {Dim::of("M"), Dim::of("K")});
+  Value wt = g.input("w", DType::BF16, {Dim::of("N"), Dim::of("K")});
+  Value h = g.matmul(x, wt) + row(g, "bias");
+  Value mu = g.reduce(ReduceOp::Mean, h);
+  Value d = h - mu;
+  Value rstd = g.unary(UnaryOp::Rsqrt, g.reduce(ReduceOp::Mean, d * d) + 1e-5);
+  g.output(d * rstd, "y", DType::BF16);
+  g.output(rstd, "rstd", DType::F32);
+  const FusionSpec stats = lower(g).regions.at(0).spec;
+  const Plan st = make_plan(stats, prob(1152, 32768, 1024));
+  ASSERT_GT(st.kernel.n_tiles, 1);
+  EXPECT_TRUE(st.fused_pairs.mean_variance);
+  EXPECT_EQ(st.kernel.stash_elem_bytes, 4);
+  // Centers the kernel cannot give (two rounds) are refused by name before the JIT.
+  Plan edited = t;
+  edited.kernel.stash_elem_bytes = 2, edited.kernel.stash_centers = true;
+  edited.workspace_bytes = edited.grid_ctas * edited.kernel.stash_workspace_bytes_per_cta();
+  ASSERT_NE(stash_centers_refused(ln, edited), nullptr);
+  EXPECT_THROW(emit(ln, edited), Error);
   // Softmax into a LayerNorm: the LayerNorm's stage writes its input back into the stash.
   FusionSpec into_ln =
       lowered([](Graph& g, Value acc) { return g.layer_norm(g.softmax(acc) * 100.0, row(g, "gamma"), row(g, "beta")); });
@@ -1220,9 +1248,12 @@ TEST(Plan, StashBf16AboutRowCentersWhereTheRootPairRunsOnline) {
   ASSERT_GT(w.kernel.n_tiles, 1);
   EXPECT_FALSE(w.kernel.stash_centers);
   EXPECT_EQ(w.kernel.stash_elem_bytes, 4);
-  // The kernel's own check: centers only on a bf16 stash.
+  // The kernel's own check: centers only on a bf16 stash over several N-tiles.
   KernelConfig k = p.kernel;
   k.stash_elem_bytes = 4;
+  EXPECT_NE(check(k), nullptr);
+  k = p.kernel;
+  k.n_tiles = 1, k.stash_space = StashSpace::None;
   EXPECT_NE(check(k), nullptr);
 }
 

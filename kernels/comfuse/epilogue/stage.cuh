@@ -622,7 +622,8 @@ template <class... Nodes> struct Stage {
     // ptxas spill (~1.2 KB: both paths' values live at once).
     // kOutRegs: where the kTileBypass value goes (default: where the input came from); a fused
     // stream (kFusedStream) reads a stashed tile and leaves its bypass in the registers. The
-    // root with kPairOnline puts a stashed tile's bypass in both (online_second reads it).
+    // root with kPairOnline puts a stashed tile's bypass in both (online_second reads it), or,
+    // with a centered stash, in the registers only (online_second stashes it about its centers).
     template <bool kInRegs, bool kOutRegs = kInRegs, class FragC, class St>
     COMFUSE_DEVICE void body(EpiCtx const& c, TreeStorage& ts, FragC& accum, int bar_id, St const& st) {
       constexpr bool in_regs = kInRegs;

@@ -19,10 +19,10 @@
 // Centered (a 16-bit stash under the root stage's online pair, KernelConfig::stash_centers): a
 // slot holds x - c rounded, c the thread's running statistic of the row after that tile (the
 // running max of a softmax's pair, the running mean of LayerNorm's), and load() adds c back. The
-// rounding then falls on the distance from the row's center, not on x: 2^-9 of (x - mean) for
-// LayerNorm (a mean far from 0 costs nothing, where rounding x itself lost the row at
-// mean / std = 1000), and for softmax 2^-9 of (max - x), small exactly for the values that carry
-// the sum. Each slot's centers, MBlocks x 2 floats a thread, follow the slots:
+// rounding then falls on the distance from the row's center, not on x: at most 2^-8 (typically
+// 2^-9) of |x - mean| for LayerNorm (a mean far from 0 costs nothing, where rounding x itself lost
+// the row at mean / std = 1000), and for softmax of (max - x), small exactly for the values that
+// carry the sum. Each slot's centers, MBlocks x 2 floats a thread, follow the slots:
 //   Slots * kSlotBytes + ((slot * 128 + th) * MBlocks + mi) * 8     (float2: the row slots h = 0, 1)
 #pragma once
 #include "nodes.cuh"
@@ -33,7 +33,8 @@ namespace comfuse::epi {
 // to generic LD/ST.E.128); else global memory (LDG/STG.128).
 template <class T, int Rows, int BN, int Slots, bool kSmem, bool Centered = false> struct Stash {
   static_assert(sizeof(T) == 4 || sizeof(T) == 2, "stash type: float, bf16 or f16");
-  static_assert(!Centered || sizeof(T) == 2, "a centered stash rounds to 16 bits; fp32 keeps x exactly");
+  // bf16, not f16: x - c keeps fp32's range (an f16 difference could overflow).
+  static_assert(!Centered || cute::is_same_v<T, cutlass::bfloat16_t>, "a centered stash is bf16; fp32 keeps x exactly");
   static constexpr bool kCentered = Centered;
   static constexpr int kMBlocks = Rows / 64;
   static constexpr int kFrags = Rows * BN / (kWarpGroupThreads * kFrag);
@@ -125,6 +126,7 @@ template <class T, int Rows, int BN, int Slots, bool kSmem, bool Centered = fals
     }
   }
   COMFUSE_DEVICE void store(int slot, int f, Frag const& v) const {
+    static_assert(!Centered, "a centered stash stores whole tiles about their centers: store_centered");
     if constexpr (sizeof(T) == 4) {
       CUTE_UNROLL
       for (int h = 0; h < kChunks; ++h)

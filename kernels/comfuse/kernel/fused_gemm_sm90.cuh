@@ -147,7 +147,8 @@ struct FusedGemmSm90 {
                 "ComFuse: the epilogue's SMEM differs from KernelConfig::epilogue_smem_bytes (the planner's model)");
   // Stash (NTiles > 1): the job's earlier tiles' bypassed value, in SMEM beside the ring or in
   // the global workspace (Params::stash, C.stash_workspace_bytes_per_cta() a CTA, CTA index
-  // blockIdx.x * gridDim.y + blockIdx.y), which the L2 mostly holds.
+  // blockIdx.x * gridDim.y + blockIdx.y), which the L2 mostly holds. fp32, or bf16: of x itself,
+  // or (C.stash_centers) of x less each tile's row center, the root's online pair's statistic.
   using StashT = cute::conditional_t<C.stash_elem_bytes == 2, cutlass::bfloat16_t, float>;
   static constexpr bool kStashInSmem = C.stash_space == StashSpace::Smem;
   static constexpr int kStashBytesPerWG = C.stash_bytes_per_wg();
