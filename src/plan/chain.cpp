@@ -183,10 +183,9 @@ ChainInfo analyze_chain(const FusionSpec& s) {
       if (n.category == NodeCategory::Placeholder && n.placeholder == PlaceholderKind::Bypass &&
           n.value_class == ValueClass::Tile)
         ++bypass_tiles;
-      if (n.category == NodeCategory::Store && n.arg >= 0 && n.arg < static_cast<int>(s.args.size()))
-        info.outputs_bf16 = info.outputs_bf16 && s.args[static_cast<size_t>(n.arg)].dtype == DType::BF16;
-      if (n.category == NodeCategory::Store && n.arg >= 0 && n.arg < static_cast<int>(s.args.size()) &&
-          s.args[static_cast<size_t>(n.arg)].value_class == ValueClass::Tile) {
+      const bool stores = n.category == NodeCategory::Store && n.arg >= 0 && n.arg < static_cast<int>(s.args.size());
+      if (stores) info.outputs_bf16 = info.outputs_bf16 && s.args[static_cast<size_t>(n.arg)].dtype == DType::BF16;
+      if (stores && s.args[static_cast<size_t>(n.arg)].value_class == ValueClass::Tile) {
         const int bytes = static_cast<int>(size_of(s.args[static_cast<size_t>(n.arg)].dtype));
         info.has_tile_output = true;
         info.max_out_bytes = std::max(info.max_out_bytes, bytes);

@@ -572,6 +572,25 @@ OneRoundPairs fuse_pairs(const ChainInfo& chain, const PlanOptions& opt, const K
   return {mv && saves_a_round && online_bound && online_mean_variance_fits(k), mes && saves_a_round && online_bound};
 }
 
+// A bf16 stash about each tile's row centers where the root stage's pair runs online (its running
+// max or mean is the center: epilogue/stash.cuh Centered) and every output is bf16 (calibration.h
+// centered_bf16_stash; ChainInfo::outputs_bf16); a forced bf16 stash takes the centers wherever
+// they exist. Elsewhere fp32 unless forced: rounding x itself loses LayerNorm's rows where
+// |mean| >> std.
+StashType stash_type(const ChainInfo& chain, const PlanOptions& opt, const PlannerTunables& tun, const KernelConfig& k) {
+  const bool centers = stash_centers_possible(chain, fuse_pairs(chain, opt, k), k.n_tiles);
+  const bool bf16_wanted = centers && chain.has_tile_output && chain.outputs_bf16 && tun.centered_bf16_stash;
+  StashType t;
+  t.elem_bytes = opt.stash_bytes.value_or(bf16_wanted ? 2 : 4);
+  t.centers = t.elem_bytes == 2 && centers;
+  return t;
+}
+
+bool stash_centers_possible(const ChainInfo& chain, const OneRoundPairs& fused, int64_t n_tiles) {
+  return n_tiles > 1 && chain.root_pair != PairKind::None && fused.has(chain.root_pair) &&
+         stash_write_backs_after_round(chain, fused, n_tiles) == 0;
+}
+
 // A root max-and-sum-of-exp pair over several N-tiles a CTA runs in one round only in row groups of
 // up to kOnlinePairMaxRowPeers (fuse_pairs); a larger group runs it in two, streaming its fp32
 // stash twice more, which the model prices at one SM's share of DRAM under the other warp group's
@@ -584,27 +603,6 @@ OneRoundPairs fuse_pairs(const ChainInfo& chain, const PlanOptions& opt, const K
 // CTAs walk several jobs over at least kOnePairGroupMinRows rows and a group of
 // kOnlinePairMaxRowPeers holds the row, larger groups are not offered. Fewer rows keep the model's
 // choice, unmeasured: decode rows (one job a CTA) are paced by B's stream over the SMs.
-// A bf16 stash about each tile's row centers where the root stage's pair runs online (its running
-// max or mean is the center: epilogue/stash.cuh Centered) and every output is bf16 (calibration.h
-// centered_bf16_stash; ChainInfo::outputs_bf16); a forced bf16 stash takes the centers wherever
-// they exist. Elsewhere fp32 unless forced: rounding x itself loses LayerNorm's rows where
-// |mean| >> std.
-StashType stash_type(const ChainInfo& chain, const PlanOptions& opt, const PlannerTunables& tun, const KernelConfig& k) {
-  const bool centers = stash_centers_possible(chain, fuse_pairs(chain, opt, k), k.n_tiles);
-  StashType t;
-  t.elem_bytes = opt.stash_bytes.value_or(centers && chain.has_tile_output && chain.outputs_bf16 &&
-                                                  tun.centered_bf16_stash
-                                              ? 2
-                                              : 4);
-  t.centers = t.elem_bytes == 2 && centers;
-  return t;
-}
-
-bool stash_centers_possible(const ChainInfo& chain, const OneRoundPairs& fused, int64_t n_tiles) {
-  return n_tiles > 1 && chain.root_pair != PairKind::None && fused.has(chain.root_pair) &&
-         stash_write_backs_after_round(chain, fused, n_tiles) == 0;
-}
-
 bool two_round_pair_group(const ChainInfo& chain, const PlanOptions& opt, int64_t m, int64_t tiles_n, int g,
                           int64_t jobs, int64_t groups_max) {
   if (g <= kOnlinePairMaxRowPeers || chain.max_exp_sum_pairs == 0 || chain.max_exp_sum_pairs_below_root > 0) return false;

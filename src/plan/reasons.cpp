@@ -105,7 +105,7 @@ void add_reasons(Plan& plan, const ChainInfo& chain, const DeviceModel& dev, con
     case RowStrategy::WorkspaceStash:
       r.push_back(fmt::format(
           "strategy workspace-stash: the {} earlier N-tile(s) per CTA do not fit on chip, so stage 1's bypass values "
-          "[{}] go to a global {} workspace ({} for the jobs in flight, {}) and are re-read {} time(s) by the {} later "
+          "[{}] go to a global workspace as {} ({} for the jobs in flight, {}) and are re-read {} time(s) by the {} later "
           "stage(s){}{}",
           plan.kernel.n_tiles - 1, join(plan.stashed), plan_detail::stash_type_name(plan.kernel),
           fmt_bytes(plan.workspace_bytes),
@@ -113,8 +113,8 @@ void add_reasons(Plan& plan, const ChainInfo& chain, const DeviceModel& dev, con
               ? "stays in L2"
               : "too big for L2: charged at DRAM bandwidth",
           stash_reads, plan.stages_in_chain - 1,
-          stash_reads < plan.stages_in_chain - 1 ? " (the second stage of a max-and-sum-of-exp pair in one round streams "
-                                                   "with the stage after it: one read for both)"
+          stash_reads < plan.stages_in_chain - 1 ? " (the second stage of a pair in one round streams with the stage "
+                                                   "after it: one read for both)"
                                                  : "",
           write_backs > 0 ? fmt::format(", and written back {} time(s) by stages that pass a tile value on", write_backs)
                           : std::string()));
