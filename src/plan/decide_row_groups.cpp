@@ -258,8 +258,9 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
         c.k.splits_in_cluster = in_cluster;
         c.k.row_reduction = chain.reductions > 0;
         c.k.aggregation = g > 1 && chain.reductions > 0 ? Aggregation::L2Exchange : Aggregation::None;
+        const OneRoundPairs fuse = fuse_pairs(chain, opt, c.k);
         if (n_tiles > 1 && chain.carries_tile) {
-          const StashType st = stash_type(chain, opt, tun, c.k);
+          const StashType st = stash_type(chain, opt, tun, fuse, c.k.n_tiles);
           c.k.stash_elem_bytes = st.elem_bytes;
           c.k.stash_centers = st.centers;
         }
@@ -305,7 +306,6 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
         // written back by each that passes a tile value on (none when T == 1; a pair's two stages
         // that stream together read it once), the outputs written. At one SM's share of DRAM
         // bandwidth.
-        const OneRoundPairs fuse = fuse_pairs(chain, opt, c.k);
         const double elems = double(ts.tile_m) * ts.tile_n;
         const double stage1 = c.k.stash_tile_bytes(ts.tile_m);
         const int passes = stash_reads_after_round(chain, fuse, n_tiles) + stash_write_backs_after_round(chain, fuse, n_tiles);
@@ -577,8 +577,9 @@ OneRoundPairs fuse_pairs(const ChainInfo& chain, const PlanOptions& opt, const K
 // centered_bf16_stash; ChainInfo::outputs_bf16); a forced bf16 stash takes the centers wherever
 // they exist. Elsewhere fp32 unless forced: rounding x itself loses LayerNorm's rows where
 // |mean| >> std.
-StashType stash_type(const ChainInfo& chain, const PlanOptions& opt, const PlannerTunables& tun, const KernelConfig& k) {
-  const bool centers = stash_centers_possible(chain, fuse_pairs(chain, opt, k), k.n_tiles);
+StashType stash_type(const ChainInfo& chain, const PlanOptions& opt, const PlannerTunables& tun,
+                     const OneRoundPairs& fused, int64_t n_tiles) {
+  const bool centers = stash_centers_possible(chain, fused, n_tiles);
   const bool bf16_wanted = centers && chain.has_tile_output && chain.outputs_bf16 && tun.centered_bf16_stash;
   StashType t;
   t.elem_bytes = opt.stash_bytes.value_or(bf16_wanted ? 2 : 4);

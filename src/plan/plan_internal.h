@@ -228,12 +228,14 @@ bool begins_early(const Candidate& c);
 // > 1; over several N-tiles, in row groups of up to kOnlinePairMaxRowPeers).
 OneRoundPairs fuse_pairs(const ChainInfo& chain, const PlanOptions& opt, const KernelConfig& k);
 // The stash's element (KernelConfig::stash_elem_bytes) and centers (stash_centers) for a
-// candidate of several N-tiles a CTA that carries a tile value (decide_row_groups.cpp).
+// candidate of several N-tiles a CTA that carries a tile value (decide_row_groups.cpp), its pairs
+// fused as fuse_pairs says.
 struct StashType {
   int elem_bytes = 4;
   bool centers = false;
 };
-StashType stash_type(const ChainInfo& chain, const PlanOptions& opt, const PlannerTunables& tun, const KernelConfig& k);
+StashType stash_type(const ChainInfo& chain, const PlanOptions& opt, const PlannerTunables& tun,
+                     const OneRoundPairs& fused, int64_t n_tiles);
 // Whether a bf16 stash can be centered (epilogue/stash.cuh Centered): the root stage's pair runs
 // online over the N-tiles (its running statistic is the center) and no later stage writes a tile
 // value back into the stash (only the root's values have centers).

@@ -692,12 +692,10 @@ template <class... Nodes> struct Stage {
               visit_nodes(c, fc, acc, vals, acc_at, acc_put);
             }
             if constexpr (kTileBypass >= 0) {
-              if constexpr (kOutRegs) {
-                CUTE_UNROLL
-                for (int e = 0; e < kFrag; ++e) accum(base + e) = vals[kTileBypass][e];
-              } else if constexpr (kRoot && St::kCentered) {
-                // online_second stashes the tile about its row centers, known once the tile is done.
-                static_assert(kPairOnline, "a centered stash takes its centers from the root's online pair");
+              if constexpr (kOutRegs || (kRoot && St::kCentered)) {
+                // A centered stash: online_second stashes the tile about its row centers, known
+                // once the tile is done.
+                static_assert(kOutRegs || kPairOnline, "a centered stash takes its centers from the root's online pair");
                 CUTE_UNROLL
                 for (int e = 0; e < kFrag; ++e) accum(base + e) = vals[kTileBypass][e];
               } else {
