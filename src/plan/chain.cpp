@@ -184,7 +184,11 @@ ChainInfo analyze_chain(const FusionSpec& s) {
           n.value_class == ValueClass::Tile)
         ++bypass_tiles;
       const bool stores = n.category == NodeCategory::Store && n.arg >= 0 && n.arg < static_cast<int>(s.args.size());
-      if (stores) info.outputs_bf16 = info.outputs_bf16 && s.args[static_cast<size_t>(n.arg)].dtype == DType::BF16;
+      if (stores) {
+        const RuntimeArg& out = s.args[static_cast<size_t>(n.arg)];
+        bool& bf16 = out.value_class == ValueClass::Tile ? info.tile_outputs_bf16 : info.row_outputs_bf16;
+        bf16 = bf16 && out.dtype == DType::BF16;
+      }
       if (stores && s.args[static_cast<size_t>(n.arg)].value_class == ValueClass::Tile) {
         const int bytes = static_cast<int>(size_of(s.args[static_cast<size_t>(n.arg)].dtype));
         info.has_tile_output = true;

@@ -573,14 +573,17 @@ OneRoundPairs fuse_pairs(const ChainInfo& chain, const PlanOptions& opt, const K
 }
 
 // A bf16 stash about each tile's row centers where the root stage's pair runs online (its running
-// max or mean is the center: epilogue/stash.cuh Centered) and every output is bf16 (calibration.h
-// centered_bf16_stash; ChainInfo::outputs_bf16); a forced bf16 stash takes the centers wherever
-// they exist. Elsewhere fp32 unless forced: rounding x itself loses LayerNorm's rows where
-// |mean| >> std.
+// max or mean is the center: epilogue/stash.cuh Centered) and every output that reads the stash
+// is bf16 (calibration.h centered_bf16_stash): the [M, N] outputs, and the row statistics unless
+// every reduction is the root pair's (those are taken from the values unrounded); a forced bf16
+// stash takes the centers wherever they exist. Elsewhere fp32 unless forced: rounding x itself
+// loses LayerNorm's rows where |mean| >> std.
 StashType stash_type(const ChainInfo& chain, const PlanOptions& opt, const PlannerTunables& tun,
                      const OneRoundPairs& fused, int64_t n_tiles) {
   const bool centers = stash_centers_possible(chain, fused, n_tiles);
-  const bool bf16_wanted = centers && chain.has_tile_output && chain.outputs_bf16 && tun.centered_bf16_stash;
+  const bool only_root_pair_statistics = chain.reductions == 2;  // the root pair's two (centers: there is one)
+  const bool outputs_bf16 = chain.tile_outputs_bf16 && (chain.row_outputs_bf16 || only_root_pair_statistics);
+  const bool bf16_wanted = centers && chain.has_tile_output && outputs_bf16 && tun.centered_bf16_stash;
   StashType t;
   t.elem_bytes = opt.stash_bytes.value_or(bf16_wanted ? 2 : 4);
   t.centers = t.elem_bytes == 2 && centers;

@@ -49,11 +49,13 @@ struct ChainInfo {
   // The kind of pair whose first reduction ends the root stage (None: no pair there): over several
   // N-tiles a CTA in one round, its running statistic centers a bf16 stash (stash_type).
   PairKind root_pair = PairKind::None;
-  // The graph stores an [M, N] output and every output (row statistics too) is bf16: a centered
-  // bf16 stash then rounds about as finely as they are stored (stash_type). An f32 statistic
-  // (LayerNorm's rstd) would carry the stash's rounding: in one round the pair's second statistic
-  // is taken from the values as stashed.
-  bool outputs_bf16 = true;
+  // Every [M, N] output is bf16: a centered bf16 stash then rounds the values the later stages
+  // read about as finely as they are stored (stash_type).
+  bool tile_outputs_bf16 = true;
+  // Every other output (row statistics) is bf16. The root pair's statistics are taken from the
+  // values unrounded (stage.cuh online_second), so an f32 one of them is as exact with the stash;
+  // a later reduction's reads the stashed values.
+  bool row_outputs_bf16 = true;
   // Max-and-sum-of-exp pairs whose PostStage reads the operand only through the exp (spec.h
   // pair_keeps_exp): in one round over one N-tile, one exp a value (reduce.cuh kPairGivenKept).
   int max_exp_sum_pairs_keeping_exp = 0;

@@ -244,8 +244,9 @@ TEST(Plan, MeanVariancePairsOverSeveralNTilesWhereRegistersHoldThem) {
 }
 
 // The stash is bf16 about each tile's row centers (KernelConfig::stash_centers) exactly where the
-// root stage's pair runs online over several N-tiles and every output is bf16; fp32 otherwise
-// (two rounds, an f32 output, an f32 row statistic, a later stage writing a tile value back); a
+// root stage's pair runs online over several N-tiles and every output read from the stash is
+// bf16 (the pair's own statistics are not); fp32 otherwise (two rounds, an f32 [M, N] output, a
+// later reduction's f32 statistic, a later stage writing a tile value back); a
 // forced bf16 stash takes the centers where they exist. The workspace is sized with the centers;
 // a plan edited to centers the kernel cannot give is refused before the JIT.
 TEST(Plan, StashBf16AboutRowCentersWhereTheRootPairRunsOnline) {
@@ -284,22 +285,34 @@ TEST(Plan, StashBf16AboutRowCentersWhereTheRootPairRunsOnline) {
   const Plan fb = make_plan(lsm, prob(1024, 32768, 4096), full_device(), {}, bf16_one);  // f32 out, bf16 forced
   EXPECT_TRUE(fb.fused_pairs.max_exp_sum);
   EXPECT_TRUE(fb.kernel.stash_centers);
-  // LayerNorm's statistics stored as f32 (mean, rstd): in one round the variance is taken from
-  // the values as stashed, so fp32.
-  Graph g;
-  Value x = g.input("x", DType::BF16, {Dim::of("M"), Dim::of("K")});
-  Value wt = g.input("w", DType::BF16, {Dim::of("N"), Dim::of("K")});
-  Value h = g.matmul(x, wt) + row(g, "bias");
-  Value mu = g.reduce(ReduceOp::Mean, h);
-  Value d = h - mu;
-  Value rstd = g.unary(UnaryOp::Rsqrt, g.reduce(ReduceOp::Mean, d * d) + 1e-5);
-  g.output(d * rstd, "y", DType::BF16);
-  g.output(rstd, "rstd", DType::F32);
-  const FusionSpec stats = lower(g).regions.at(0).spec;
+  // LayerNorm's statistics stored as f32 (rstd): the pair's statistics are taken from the values
+  // unrounded, so bf16 about the centers. A later reduction's f32 statistic reads the stashed
+  // values: fp32.
+  const auto with_rstd = [](bool later_statistic) {
+    Graph g;
+    Value x = g.input("x", DType::BF16, {Dim::of("M"), Dim::of("K")});
+    Value wt = g.input("w", DType::BF16, {Dim::of("N"), Dim::of("K")});
+    Value h = g.matmul(x, wt) + row(g, "bias");
+    Value mu = g.reduce(ReduceOp::Mean, h);
+    Value d = h - mu;
+    Value rstd = g.unary(UnaryOp::Rsqrt, g.reduce(ReduceOp::Mean, d * d) + 1e-5);
+    Value y = d * rstd;
+    g.output(y, "y", DType::BF16);
+    g.output(rstd, "rstd", DType::F32);
+    if (later_statistic) g.output(g.reduce(ReduceOp::Sum, y * y), "y_sq", DType::F32);
+    return lower(g).regions.at(0).spec;
+  };
+  FusionSpec stats = with_rstd(false);
   const Plan st = make_plan(stats, prob(1152, 32768, 1024));
   ASSERT_GT(st.kernel.n_tiles, 1);
   EXPECT_TRUE(st.fused_pairs.mean_variance);
-  EXPECT_EQ(st.kernel.stash_elem_bytes, 4);
+  EXPECT_EQ(st.kernel.stash_elem_bytes, 2);
+  EXPECT_TRUE(st.kernel.stash_centers);
+  FusionSpec later = with_rstd(true);
+  const Plan lt = make_plan(later, prob(1152, 32768, 1024));
+  ASSERT_GT(lt.kernel.n_tiles, 1);
+  EXPECT_TRUE(lt.fused_pairs.mean_variance);
+  EXPECT_EQ(lt.kernel.stash_elem_bytes, 4);
   // Centers the kernel cannot give (two rounds) are refused by name before the JIT.
   Plan edited = t;
   edited.kernel.stash_elem_bytes = 2, edited.kernel.stash_centers = true;

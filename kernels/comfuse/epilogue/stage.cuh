@@ -634,6 +634,7 @@ template <class... Nodes> struct Stage {
       cute::for_each(cute::make_int_sequence<kNumNodes>{}, [&](auto i) {
         cute::get<decltype(i)::value>(impls).acquire(c, detail::storage_get<decltype(i)::value, StorageTypes>(nodes_of(ts)));
       });
+      auto const centers = st.template centers_of<!(kRoot || in_regs)>(c.tile);  // a stashed tile's, once
       CUTE_UNROLL
       for (int s = 0; s < Geo::SubTiles; ++s) {
         if constexpr (kHasStores) {
@@ -659,7 +660,7 @@ template <class... Nodes> struct Stage {
               CUTE_UNROLL
               for (int e = 0; e < kFrag; ++e) acc[e] = accum(base + e);
             } else {
-              st.load(c.tile, f, acc);
+              st.load(c.tile, f, acc, centers);
             }
             float vals[kNumNodes][kFrag];
             // rotate_half's partner: 8 registers a 16-column fragment.
@@ -669,7 +670,7 @@ template <class... Nodes> struct Stage {
                 CUTE_UNROLL
                 for (int e = 0; e < kFrag; ++e) f[e] = accum(pbase + e);
               } else {
-                st.load(c.tile, pbase / kFrag, f);
+                st.load(c.tile, pbase / kFrag, f, centers);
               }
             };
             auto const acc_put = [&](int off, Frag const& f) {
@@ -931,8 +932,9 @@ template <class... Nodes> struct Stage {
       return x + __shfl_xor_sync(0xffffffffu, x, 2);
     }
 
-    // kPairOnline, after tile c.tile's body, the tile's values (the operand as the stash holds it:
-    // a bf16 stash rounded, as the later stages read them back) into the thread's running second
+    // kPairOnline, after tile c.tile's body, the tile's values (the operand: as an uncentered
+    // 16-bit stash rounds it, as the later stages read it back; unrounded with a centered
+    // stash) into the thread's running second
     // statistic a row, thread by thread (reduce_phase merges the quad's):
     //  - kPairMaxExpSum: the tile's exp(x - m) added, m the thread's running max over the job's
     //    tiles so far (the Reduction's partial), the earlier tiles' sum moved to it by
@@ -941,8 +943,10 @@ template <class... Nodes> struct Stage {
     //  - kPairMeanM2: the tile's squares about its own mean merged into the running ones by Chan's
     //    formula (M2 += M2_t + d^2 n n_t / (n + n_t), d the difference of the means), so no value is
     //    ever squared about a distant center (the mean >> the spread is safe, as in one tile).
-    // A centered stash (St::kCentered) takes a stashed tile here, about the same centers, before
-    // its statistics: the running max, or the running mean.
+    // A centered stash (St::kCentered) takes a stashed tile here, about the same centers (the
+    // running max, or the running mean), and leaves the registers unrounded: both of the pair's
+    // statistics come from the values as computed, so a row statistic stored in f32 carries none
+    // of the stash's rounding; only the later stages' reads of the earlier tiles do.
     template <class FragC, class St>
     COMFUSE_DEVICE void online_second(EpiCtx const& c, FragC& accum, St const& st) {
       auto const& red = cute::get<kNumNodes - 1>(impls);

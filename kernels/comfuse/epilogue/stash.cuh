@@ -96,11 +96,11 @@ template <class T, int Rows, int BN, int Slots, bool kSmem, bool Centered = fals
   }
 
   // Centered: a whole tile (the thread's accumulator registers, fragment f in registers
-  // 8f .. 8f + 7, as the epilogue's bodies lay them out) into slot `slot` about c[mi][h], each
-  // register left as load() will give it back (c + the rounded x - c), so that statistics taken
-  // from the registers afterwards are those of the values the later stages read.
+  // 8f .. 8f + 7, as the epilogue's bodies lay them out) into slot `slot` about c[mi][h]. The
+  // registers stay unrounded: the tile's statistics are taken from them (stage.cuh
+  // online_second), so a statistic carries none of the stash's rounding.
   template <class FragC, int MB>
-  COMFUSE_DEVICE void store_centered(int slot, FragC& accum, float const (&c)[MB][2]) const {
+  COMFUSE_DEVICE void store_centered(int slot, FragC const& accum, float const (&c)[MB][2]) const {
     static_assert(Centered && MB == kMBlocks, "store_centered: a centered stash, one center a row slot");
     CUTE_UNROLL
     for (int f = 0; f < kFrags; ++f) {
@@ -110,8 +110,6 @@ template <class T, int Rows, int BN, int Slots, bool kSmem, bool Centered = fals
       for (int q = 0; q < 4; ++q) {  // pair q: registers 2q, 2q + 1, row slot q & 1
         float const cq = c[mi][q & 1];
         w[q] = DType<T>::pack2(accum(8 * f + 2 * q) - cq, accum(8 * f + 2 * q + 1) - cq);
-        accum(8 * f + 2 * q) = cq + DType<T>::unpack_lo(w[q]);
-        accum(8 * f + 2 * q + 1) = cq + DType<T>::unpack_hi(w[q]);
       }
       put(slot, f, 0, make_uint4(w[0], w[1], w[2], w[3]));
     }
@@ -137,7 +135,22 @@ template <class T, int Rows, int BN, int Slots, bool kSmem, bool Centered = fals
                                  DType<T>::pack2(v[4], v[5]), DType<T>::pack2(v[6], v[7])));
     }
   }
-  COMFUSE_DEVICE void load(int slot, int f, Frag& v) const {
+  // A centered stash's centers of one slot, one float2 a row block (the row slots h = 0, 1), read
+  // once a tile (kRead) and handed to each fragment's load(); empty where the stash has none.
+  struct Centers {
+    float2 c[Centered ? kMBlocks : 1];
+  };
+  template <bool kRead>
+  COMFUSE_DEVICE Centers centers_of(int slot) const {
+    Centers cs{};
+    if constexpr (Centered && kRead) {
+      CUTE_UNROLL
+      for (int mi = 0; mi < kMBlocks; ++mi) cs.c[mi] = center(slot, mi);
+    }
+    return cs;
+  }
+  // Fragment f of slot `slot` (cs: centers_of(slot)).
+  COMFUSE_DEVICE void load(int slot, int f, Frag& v, Centers const& cs) const {
     if constexpr (sizeof(T) == 4) {
       CUTE_UNROLL
       for (int h = 0; h < kChunks; ++h) {
@@ -154,7 +167,7 @@ template <class T, int Rows, int BN, int Slots, bool kSmem, bool Centered = fals
         v[2 * q + 1] = DType<T>::unpack_hi(w[q]);
       }
       if constexpr (Centered) {  // pair q: row slot q & 1
-        float2 const c = center(slot, f / kFragsPerMBlock);
+        float2 const c = cs.c[f / kFragsPerMBlock];
         CUTE_UNROLL
         for (int e = 0; e < kFrag; ++e) v[e] += ((e >> 1) & 1) ? c.y : c.x;
       }
@@ -168,8 +181,11 @@ struct NoStash {
   static constexpr bool kCentered = false;
   static COMFUSE_DEVICE float stored(float x) { return x; }
   COMFUSE_DEVICE void bind(void*, int) {}
+  struct Centers {};
+  template <bool>
+  COMFUSE_DEVICE Centers centers_of(int) const { return {}; }
   COMFUSE_DEVICE void store(int, int, Frag const&) const {}
-  COMFUSE_DEVICE void load(int, int, Frag&) const {}
+  COMFUSE_DEVICE void load(int, int, Frag&, Centers const&) const {}
 };
 
 }  // namespace comfuse::epi
