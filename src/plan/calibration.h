@@ -199,11 +199,12 @@ struct PlannerTunables {
   // about each tile's running max or mean (epilogue/stash.cuh Centered: the rounding falls on
   // x - center, about one ulp of the bf16 output; a mean far from 0 costs nothing). MEASURED (H100,
   // bench/NOTES.md Stop 68, against fp32 in the same call): LayerNorm 1152 x 32768 x 1024 0.248
-  // against 0.279 ms, softmax 0.234 / 0.266, residual LayerNorm 0.299 / 0.332, LayerNorm 4096 x
+  // against 0.279 ms, softmax 0.234 / 0.266, residual LayerNorm 0.296 / 0.333 (Stop 69), LayerNorm 4096 x
   // 16384 x 4096 0.990 / 1.097, log-softmax 256 x 128256 x 4096 0.634 / 0.665, the vocabulary
   // softmax (bf16 out) 0.487 / 0.495; every output within 1e-2 (y rel-L2 2e-3 against 3e-5). The
   // root pair's statistics come from the values unrounded, so f32 ones of them (residual
-  // LayerNorm's mean and rstd) take the bf16 stash too; an f32 [M, N] output keeps fp32.
+  // LayerNorm's mean and rstd: rstd rel-L2 2.8e-7, as with fp32) take the bf16 stash too; an f32
+  // [M, N] output keeps fp32.
   bool centered_bf16_stash = true;
   // GUESS: share of L2 a WorkspaceStash workspace may fill and still be re-read from L2; the
   // mainloop's operand tiles need the rest. Beyond it the re-read is charged at DRAM speed.
