@@ -54,7 +54,7 @@ struct ChainInfo {
   bool tile_outputs_bf16 = true;
   // Every other output (row statistics) is bf16. The root pair's statistics are taken from the
   // values unrounded (stage.cuh online_second), so an f32 one of them is as exact with the stash;
-  // a later reduction's reads the stashed values.
+  // a later reduction reads the stashed values.
   bool row_outputs_bf16 = true;
   // Max-and-sum-of-exp pairs whose PostStage reads the operand only through the exp (spec.h
   // pair_keeps_exp): in one round over one N-tile, one exp a value (reduce.cuh kPairGivenKept).
