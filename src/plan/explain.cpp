@@ -111,8 +111,8 @@ std::string explain(const FusionSpec& s, const Plan& p) {
   o += fmt::format("  strategy     {}\n", strat);
   if (p.kernel.stash_centers && !p.stashed.empty())
     o += "  precision    the bf16 stash holds each value less its row's running max or mean after its tile (kept "
-         "beside it): the rounding falls on that distance, no coarser than the bf16 outputs (--stash fp32 keeps "
-         "every bit)\n";
+         "beside it): the rounding falls on that distance, no coarser than the bf16 outputs; the pair's statistics "
+         "come from the unrounded values (--stash fp32 keeps every bit)\n";
   else if (p.kernel.stash_elem_bytes == 2 && !p.stashed.empty())
     o += "  precision    the bf16 stash (requested) rounds the stashed value between stages, as an unfused bf16 "
          "intermediate would: where a later stage subtracts a row mean (LayerNorm), a mean large against the "
