@@ -183,18 +183,18 @@ ChainInfo analyze_chain(const FusionSpec& s) {
       if (n.category == NodeCategory::Placeholder && n.placeholder == PlaceholderKind::Bypass &&
           n.value_class == ValueClass::Tile)
         ++bypass_tiles;
-      const bool stores = n.category == NodeCategory::Store && n.arg >= 0 && n.arg < static_cast<int>(s.args.size());
-      if (stores) {
+      if (n.category == NodeCategory::Store && n.arg >= 0 && n.arg < static_cast<int>(s.args.size())) {
         const RuntimeArg& out = s.args[static_cast<size_t>(n.arg)];
-        bool& bf16 = out.value_class == ValueClass::Tile ? info.tile_outputs_bf16 : info.row_outputs_bf16;
+        const bool tile = out.value_class == ValueClass::Tile;
+        bool& bf16 = tile ? info.tile_outputs_bf16 : info.row_outputs_bf16;
         bf16 = bf16 && out.dtype == DType::BF16;
-      }
-      if (stores && s.args[static_cast<size_t>(n.arg)].value_class == ValueClass::Tile) {
-        const int bytes = static_cast<int>(size_of(s.args[static_cast<size_t>(n.arg)].dtype));
-        info.has_tile_output = true;
-        info.max_out_bytes = std::max(info.max_out_bytes, bytes);
-        // A PostStage store that borrows a root store's staging keeps none of its own.
-        if (!borrows.count({st.spec, static_cast<int>(idx)})) storage.store_bytes_per_row_of_64 += 64 * bytes;
+        if (tile) {
+          const int bytes = static_cast<int>(size_of(out.dtype));
+          info.has_tile_output = true;
+          info.max_out_bytes = std::max(info.max_out_bytes, bytes);
+          // A PostStage store that borrows a root store's staging keeps none of its own.
+          if (!borrows.count({st.spec, static_cast<int>(idx)})) storage.store_bytes_per_row_of_64 += 64 * bytes;
+        }
       }
       if (n.category == NodeCategory::Broadcast && n.broadcast == BroadcastKind::Row) ++storage.row_broadcasts;
     }
