@@ -402,7 +402,6 @@ COMFUSE_HOST_DEVICE constexpr char const* check(KernelConfig const& c) {
   if (!c.b_kmajor && c.mma_n() / 64 < c.cluster_m)
     return "K x N B multicasts 64-column boxes along M: tile_n >= 64 * cluster_m";
   if (c.n_tiles < 1 || c.n_tiles > Sm90::kMaxNTiles) return "n_tiles: 1..64 N-tiles per job";
-  if (c.n_tiles > 1 && c.wgs_per_tile != 1) return "several N-tiles per job need the PingPong schedule";
   if (c.turn_lead < 0 || c.turn_lead > c.n_tiles) return "turn_lead: 0..n_tiles (0: a job at a time)";
   if (c.turn_lead > 0 && c.turn_lead < c.n_tiles && (c.wgs_per_tile != 1 || c.consumer_wgs != 2))
     return "turn_lead: two jobs' tiles in turn need two PingPong consumer warp groups";

@@ -233,7 +233,8 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
         if (n_tiles > Sm90::kMaxNTiles || (narrow && n_tiles > 1)) continue;
         const int64_t jobs = ceil_div64(tiles_m, cm) * ceil_div64(tiles_n, g * n_tiles);
         if (two_round_pair_group(chain, opt, p.m, tiles_n, g, jobs, groups_max)) continue;
-        if (ts.wgs > 1 && (n_tiles > 1 || ks > 1)) {  // check(): a cooperative job is one whole tile
+        // A cooperative job of several N-tiles: forced only (not yet measured).
+        if (ts.wgs > 1 && ((n_tiles > 1 && !(opt.tile_m && opt.tile_n)) || ks > 1)) {
           if (opt.tile_m && opt.tile_n)
             why.add("row-group division", fmt::format("cooperative 128x256 in row groups of {}: {} N-tiles a CTA and {} "
                                                       "K-split(s), where its jobs take one tile",

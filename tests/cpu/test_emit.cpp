@@ -727,6 +727,33 @@ TEST_F(EmitCompile, RowGroupKernelsCompile) {
   }
 }
 
+// Cooperative 128x256 tiles walking several N-tiles a job (forced only): both warp groups on each
+// tile, each keeping its 64 rows' earlier tiles in its own stash (bf16 about the row centers where
+// the pair runs online, fp32 for RMSNorm) compile at the shapes they are meant for, without spills
+// but for the residual's loads from L2 beside the 128 accumulators a thread (24 B; at 1152 x 32768 x
+// 1024 in row groups of 16, 284 B).
+TEST_F(EmitCompile, CooperativeStashKernelsCompile) {
+  struct C { const char* example; int64_t m, n, k; int g; int allowed_spill = 0; };
+  for (const C& c : {C{"gemm_softmax", 1024, 32768, 4096, 16}, C{"gemm_layernorm", 4096, 8192, 4096, 8},
+                     C{"gemm_rmsnorm", 4096, 8192, 4096, 8}, C{"gemm_residual_layernorm", 4096, 8192, 4096, 8, 24}}) {
+    Graph g = parse_graph_file((kRoot / "examples" / (std::string(c.example) + ".cf")).string());
+    const LoweringResult r = lower(g);
+    opt_.plan = {};
+    opt_.plan.tile_m = 128, opt_.plan.tile_n = 256, opt_.plan.cluster_m = 2, opt_.plan.row_group = c.g;
+    opt_.plan.gpu = Gpu::H100;
+    opt_.jit.compiler = CompilerKind::Nvrtc;
+    opt_.jit.nvcc_fallback = false;
+    Plan plan;
+    CompiledKernel k = compile_only(r.regions.at(0).spec, shape(c.m, c.n, c.k), opt_, nullptr, &plan);
+    const std::string what = fmt::format("{} {}x{}x{}", c.example, c.m, c.n, c.k);
+    EXPECT_EQ(plan.kernel.wgs_per_tile, 2) << what;
+    EXPECT_GT(plan.kernel.n_tiles, 1) << what;
+    EXPECT_GT(plan.kernel.stash_elem_bytes, 0) << what;
+    EXPECT_TRUE(is_cubin_elf(k.cubin)) << what;
+    EXPECT_LE(k.spill_bytes, c.allowed_spill) << what << "\n" << k.log;
+  }
+}
+
 // Split-K (scheduler/split_k.cuh): the planner's decode choice (row groups, split 8) and a
 // forced 128-row split with a residual tile input compile without spills or serialized wgmma.
 TEST_F(EmitCompile, SplitKKernelsCompile) {

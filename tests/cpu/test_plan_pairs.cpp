@@ -408,5 +408,24 @@ TEST(Plan, StashPlansOfSeveralJobsLeaveWidePingPongTiles) {
   EXPECT_FALSE(stash_tile_refused(square, 2));
 }
 
+// Cooperative 128x256 tiles walking several N-tiles a job are taken only where forced (not yet
+// measured): both warp groups on each tile, each with its own stash of its 64 rows.
+TEST(Plan, CooperativeJobsOfSeveralNTilesOnlyWhereForced) {
+  for (const Gpu gpu : {Gpu::H100, Gpu::H200}) {
+    DeviceModel dev = device_model(gpu);
+    dev.multi_tile_rows = true;
+    const Plan vocab = make_plan(softmax(), prob(1024, 32768, 4096), dev);
+    EXPECT_FALSE(vocab.kernel.wgs_per_tile > 1 && vocab.kernel.n_tiles > 1) << explain(softmax(), vocab);
+    PlanOptions coop;
+    coop.tile_m = 128, coop.tile_n = 256, coop.cluster_m = 2, coop.row_group = 16;
+    const Plan forced = make_plan(softmax(), prob(1024, 32768, 4096), dev, {}, coop);
+    EXPECT_EQ(forced.kernel.wgs_per_tile, 2);
+    EXPECT_EQ(forced.kernel.n_tiles, 8);
+    EXPECT_TRUE(forced.kernel.stash_centers);
+    EXPECT_EQ(forced.kernel.stash_bytes_per_wg(), 7 * (64 * 256 * 2 + 64 * 16));
+    EXPECT_EQ(check(forced.kernel), nullptr);
+  }
+}
+
 }  // namespace
 }  // namespace comfuse

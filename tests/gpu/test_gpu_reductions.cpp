@@ -373,7 +373,8 @@ TEST_F(GpuReduce, RowGroupsSoftmaxPairOverSeveralNTiles) {
                      V{"one CTA a row, 8 N-tiles", 1, 1, 64, 128, 300, 1000, 64, 4.0},
                      V{"causal", 8, 2, 128, 128, 1000, 4104, 64, 1.0, true},
                      V{"into a LayerNorm", 4, 1, 64, 128, 500, 1032, 72, 1.0, false, true},
-                     V{"row groups of 32, 64x256, 4 N-tiles", 32, 2, 64, 256, 1050, 32760, 136, 4.0}}) {
+                     V{"row groups of 32, 64x256, 4 N-tiles", 32, 2, 64, 256, 1050, 32760, 136, 4.0},
+                     V{"cooperative 128x256, 4 N-tiles a job", 4, 2, 128, 256, 300, 4000, 136, 4.0}}) {
     for (bool log : {false, true}) {
       if (log && (v.causal || v.then_layer_norm)) continue;
       SCOPED_TRACE(fmt::format("{} {}: G={} cluster_m={} {}x{} M={} N={} K={} scale {}", log ? "log-softmax" : "softmax",
@@ -416,7 +417,9 @@ TEST_F(GpuReduce, RowGroupsLayerNormPairOverSeveralNTiles) {
                      V{"bf16 SMEM stash", 4, 1, 64, 128, 1000, 2000, 72, 2},
                      V{"one CTA a row, 8 N-tiles", 1, 1, 64, 128, 300, 1000, 64},
                      V{"row groups of 32, 128x128", 32, 2, 128, 128, 264, 32760, 136},
-                     V{"row groups of 16, 128x128, f16, a residual", 16, 2, 128, 128, 300, 8152, 128, 0, DType::F16, true}}) {
+                     V{"row groups of 16, 128x128, f16, a residual", 16, 2, 128, 128, 300, 8152, 128, 0, DType::F16, true},
+                     V{"cooperative 128x256, 2 N-tiles a job, a residual from L2 (several jobs a CTA)", 4, 2, 128, 256, 4400, 2000, 136, 0,
+                       DType::BF16, true}}) {
     for (bool one_round : {true, false}) {
       SCOPED_TRACE(fmt::format("{} ({} round(s)): G={} cluster_m={} {}x{} M={} N={} K={}", v.what, one_round ? 1 : 2, v.g,
                                v.cm, v.tm, v.tn, v.m, v.n, v.k));
