@@ -403,6 +403,11 @@ COMFUSE_HOST_DEVICE constexpr char const* check(KernelConfig const& c) {
     return "K x N B multicasts 64-column boxes along M: tile_n >= 64 * cluster_m";
   if (c.n_tiles < 1 || c.n_tiles > Sm90::kMaxNTiles) return "n_tiles: 1..64 N-tiles per job";
   if (c.turn_lead < 0 || c.turn_lead > c.n_tiles) return "turn_lead: 0..n_tiles (0: a job at a time)";
+  // A cooperative job of several N-tiles: each warp group exchanges its own 64 rows through L2 (or
+  // holds whole rows alone); the DSMEM channels pair one warp group with one tile.
+  if (c.n_tiles > 1 && c.wgs_per_tile != 1 && c.aggregation != Aggregation::L2Exchange &&
+      c.aggregation != Aggregation::None)
+    return "several N-tiles per cooperative job: row groups through L2 only";
   if (c.turn_lead > 0 && c.turn_lead < c.n_tiles && (c.wgs_per_tile != 1 || c.consumer_wgs != 2))
     return "turn_lead: two jobs' tiles in turn need two PingPong consumer warp groups";
   if (!is_pow2(c.row_group) || c.row_group > Sm90::kMaxRowGroup) return "row_group: a power of two in 1..64";

@@ -424,6 +424,10 @@ TEST(Plan, CooperativeJobsOfSeveralNTilesOnlyWhereForced) {
     EXPECT_TRUE(forced.kernel.stash_centers);
     EXPECT_EQ(forced.kernel.stash_bytes_per_wg(), 7 * (64 * 256 * 2 + 64 * 16));
     EXPECT_EQ(check(forced.kernel), nullptr);
+    KernelConfig dsmem = forced.kernel;  // the DSMEM channels pair one warp group with one tile
+    dsmem.aggregation = Aggregation::PeerToPeer;
+    ASSERT_NE(check(dsmem), nullptr);
+    EXPECT_NE(std::string(check(dsmem)).find("cooperative job"), std::string::npos) << check(dsmem);
   }
 }
 
