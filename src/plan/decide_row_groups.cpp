@@ -236,9 +236,8 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
         // A cooperative job of several N-tiles: forced only (not yet measured).
         if (ts.wgs > 1 && ((n_tiles > 1 && !(opt.tile_m && opt.tile_n)) || ks > 1)) {
           if (opt.tile_m && opt.tile_n)
-            why.add("row-group division", fmt::format("cooperative 128x256 in row groups of {}: {} N-tiles a CTA and {} "
-                                                      "K-split(s), where its jobs take one tile",
-                                                      g, n_tiles, ks));
+            why.add("row-group division", fmt::format("cooperative 128x256 in row groups of {}: {} K-splits, where its "
+                                                      "jobs take the whole of K", g, ks));
           continue;
         }
         const int64_t k_blocks = ceil_div64(p.k, Sm90::kTileK);
