@@ -233,8 +233,7 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
         if (n_tiles > Sm90::kMaxNTiles || (narrow && n_tiles > 1)) continue;
         const int64_t jobs = ceil_div64(tiles_m, cm) * ceil_div64(tiles_n, g * n_tiles);
         if (two_round_pair_group(chain, opt, p.m, tiles_n, g, jobs, groups_max)) continue;
-        // A cooperative job of several N-tiles: forced only (not yet measured).
-        if (ts.wgs > 1 && ((n_tiles > 1 && !(opt.tile_m && opt.tile_n)) || ks > 1)) {
+        if (ts.wgs > 1 && ks > 1) {
           if (opt.tile_m && opt.tile_n)
             why.add("row-group division", fmt::format("cooperative 128x256 in row groups of {}: {} K-splits, where its "
                                                       "jobs take the whole of K", g, ks));
@@ -259,6 +258,15 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
         c.k.row_reduction = chain.reductions > 0;
         c.k.aggregation = g > 1 && chain.reductions > 0 ? Aggregation::L2Exchange : Aggregation::None;
         const OneRoundPairs fuse = fuse_pairs(chain, opt, c.k);
+        // Cooperative jobs of several N-tiles: where forced, or where they measured faster and their kernels fit.
+        if (ts.wgs > 1 && n_tiles > 1 && !(opt.tile_m && opt.tile_n) &&
+            !cooperative_stash_taken(c.k, tiles_n, fuse.mean_variance)) {
+          why.add("row-group division", fmt::format("cooperative 128x256 with {} N-tiles a job among {} peers, rows of {} "
+                                                    "tiles: not where measured faster or its kernel fits "
+                                                    "(calibration.h cooperative_stash_taken)",
+                                                    n_tiles, c.k.row_peers(), tiles_n));
+          continue;
+        }
         if (n_tiles > 1 && chain.carries_tile) {
           const StashType st = stash_type(chain, opt, tun, fuse, c.k.n_tiles);
           c.k.stash_elem_bytes = st.elem_bytes;

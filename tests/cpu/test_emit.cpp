@@ -278,7 +278,7 @@ TEST_F(EmitCompile, PlannerKernelsDoNotSpill) {
                         Case{"gemm_rmsnorm", 1, 2048, 4096}, Case{"gemm_residual_layernorm", 8192, 1024, 1024},
                         Case{"gemm_layernorm", 16, 4096, 4096}, Case{"gemm_log_softmax", 256, 4096, 4096},
                         Case{"gemm_layernorm", 1152, 32768, 1024}, Case{"gemm_layernorm", 1152, 32768, 1024, wide, 332, 88},
-                        Case{"gemm_softmax", 1024, 32768, 4096, {}, 32, 8},
+                        Case{"gemm_softmax", 1024, 32768, 4096, {}, 32, 8}, Case{"gemm_log_softmax", 1024, 32768, 4096, {}, 32, 8},
                         Case{"gemm_residual_layernorm", 1152, 32768, 1024}, Case{"gemm_layernorm", 4096, 8192, 4096, sixteen, 64, 24}}) {
     Graph g = parse_graph_file((kRoot / "examples" / (std::string(c.example) + ".cf")).string());
     const LoweringResult r = lower(g);

@@ -374,18 +374,16 @@ TEST(Plan, LongJobsTakeTheTensorCoresAPairAtATime) {
   EXPECT_THROW(make_plan(softmax(), prob(1024, 32768, 4096), full_device(), {}, bad), Error);
 }
 
-// Stash plans of several jobs a CTA leave PingPong 64x256 tiles for the 128x128 or 64x128 ones that
-// measured faster (calibration.h stash_tile_refused): the vocabulary softmax takes 128x128 (and its
-// tiles in turn), LayerNorm at 1152 x 32768 x 1024 64x128. Forced, 64x256 stays; with one job a CTA
-// the rule does not apply.
+// Stash plans of several jobs a CTA leave PingPong 64x256 tiles for the ones that measured faster
+// (calibration.h stash_tile_refused): the vocabulary softmax takes 128-row tiles (cooperative
+// 128x256 since calibration.h cooperative_stash_taken), LayerNorm at 1152 x 32768 x 1024 64x128.
+// Forced, 64x256 stays; with one job a CTA the rule does not apply.
 TEST(Plan, StashPlansOfSeveralJobsLeaveWidePingPongTiles) {
   for (const Gpu gpu : {Gpu::H100, Gpu::H200}) {
     DeviceModel dev = device_model(gpu);
     dev.multi_tile_rows = true;
     const Plan vocab = make_plan(softmax(), prob(1024, 32768, 4096), dev);
     EXPECT_EQ(vocab.kernel.tile_m, 128) << explain(softmax(), vocab);
-    EXPECT_EQ(vocab.kernel.tile_n, 128);
-    EXPECT_TRUE(vocab.kernel.tile_turns());
     const Plan ln = make_plan(layer_norm(), prob(1152, 32768, 1024), dev);
     EXPECT_GT(ln.kernel.n_tiles, 1);
     EXPECT_EQ(ln.kernel.tile_m, 64) << explain(layer_norm(), ln);
@@ -410,12 +408,24 @@ TEST(Plan, StashPlansOfSeveralJobsLeaveWidePingPongTiles) {
 
 // Cooperative 128x256 tiles walking several N-tiles a job are taken only where forced (not yet
 // measured): both warp groups on each tile, each with its own stash of its 64 rows.
-TEST(Plan, CooperativeJobsOfSeveralNTilesOnlyWhereForced) {
+// Cooperative 128x256 jobs of several N-tiles: the vocabulary rows take them (both GPUs' models),
+// in row groups of at most 16 peers (calibration.h cooperative_stash_fits); forced ones over 32
+// peers are built as asked.
+TEST(Plan, CooperativeJobsOfSeveralNTilesWhereTheirKernelsFit) {
   for (const Gpu gpu : {Gpu::H100, Gpu::H200}) {
     DeviceModel dev = device_model(gpu);
     dev.multi_tile_rows = true;
     const Plan vocab = make_plan(softmax(), prob(1024, 32768, 4096), dev);
-    EXPECT_FALSE(vocab.kernel.wgs_per_tile > 1 && vocab.kernel.n_tiles > 1) << explain(softmax(), vocab);
+    EXPECT_EQ(vocab.kernel.wgs_per_tile, 2) << explain(softmax(), vocab);
+    EXPECT_GT(vocab.kernel.n_tiles, 1) << explain(softmax(), vocab);
+    EXPECT_LE(vocab.kernel.row_peers(), 16) << explain(softmax(), vocab);
+    PlanOptions wide;  // 32 peers: the search's own plans keep away (their kernels spill), forced it is built
+    wide.tile_m = 128, wide.tile_n = 256, wide.cluster_m = 2, wide.row_group = 32;
+    const Plan forced_wide = make_plan(softmax(), prob(1152, 32768, 1024), dev, {}, wide);
+    EXPECT_EQ(forced_wide.kernel.n_tiles, 4);
+    const Plan unforced = make_plan(softmax(), prob(1152, 32768, 1024), dev);
+    EXPECT_FALSE(unforced.kernel.wgs_per_tile > 1 && unforced.kernel.n_tiles > 1 && unforced.kernel.row_peers() > 16)
+        << explain(softmax(), unforced);
     PlanOptions coop;
     coop.tile_m = 128, coop.tile_n = 256, coop.cluster_m = 2, coop.row_group = 16;
     const Plan forced = make_plan(softmax(), prob(1024, 32768, 4096), dev, {}, coop);
