@@ -500,7 +500,7 @@ inline bool online_mean_variance_fits(const KernelConfig& k) {
 //   row groups of more than 32 CTAs. MEASURED (H100, bench/NOTES.md Stop 70, two passes each, the
 //   planner's plan of the time against this one): softmax over 32768 columns (1024 x 32768 x 4096,
 //   row groups of 16, 8 N-tiles) 1.142x / 1.160x against PingPong 128x128's 1.162x / 1.153x;
-//   log-softmax with f32 out 1.162x / 1.173x against 1.211x / 1.256x; LayerNorm 4096 x 16384 x
+//   log-softmax 1.162x / 1.173x against 1.211x / 1.256x (both bf16 out); LayerNorm 4096 x 16384 x
 //   4096 in row groups of 8 1.227x against 1.256x. At N = 8192, against cooperative tiles of one
 //   N-tile a CTA in row groups of 32: LayerNorm 1.153x / 1.221x against 1.225x / 1.223x, RMSNorm
 //   1.225x / 1.204x against 1.137x / 1.134x, softmax 1.191x against 1.199x: no gain there. At
@@ -508,16 +508,17 @@ inline bool online_mean_variance_fits(const KernelConfig& k) {
 //   groups of 32 2.215x against 2.085x (the model keeps 64x128 there).
 // - the kernel keeps within 32 B of spill: 128 accumulators a thread beside the L2 exchange's
 //   polled words. Compiled with NVRTC 13.0 over row groups of 4 to 64 and 2 to 8 N-tiles a job,
-//   up to 16 peers they do (softmax 0 B, log-softmax with f32 out 24, RMSNorm 8) and beyond they
-//   spill 56-256 B; LayerNorm's mean and variance in one round spills 108-256 B at 16 peers, 0-48
-//   at 8.
+//   up to 16 peers they do (softmax 0 B, log-softmax 24, RMSNorm 8) and beyond they spill 56-256
+//   B; LayerNorm's mean and variance in one round spills 108-256 B at 16 peers, 0-48 at 8.
+// - no fp32 stash: with f32 outputs (softmax and log-softmax over 32768 columns) the kernels
+//   spill 60 and 44 B, and were not measured.
 // - at most 8 N-tiles a job: the range compiled and measured (a vocabulary of 128256 columns in
 //   row groups of 16 would be 32).
 inline constexpr int64_t kCooperativeStashMinTilesN = 33;
 inline constexpr int kCooperativeStashMaxNTiles = 8;
 inline bool cooperative_stash_taken(const KernelConfig& k, int64_t tiles_n, bool mean_variance_in_one_round) {
   return tiles_n >= kCooperativeStashMinTilesN && k.n_tiles <= kCooperativeStashMaxNTiles &&
-         k.row_peers() <= (mean_variance_in_one_round ? 8 : 16);
+         k.stash_elem_bytes != 4 && k.row_peers() <= (mean_variance_in_one_round ? 8 : 16);
 }
 // A's rows (M x K, and an N x K B's) start off 128-byte lines where K is not a multiple of 64
 // elements: each TMA box row then straddles two (PlannerTunables::unaligned_rows_efficiency).

@@ -258,21 +258,21 @@ static std::vector<Candidate> search_row_groups(const Request& r, Rejections& wh
         c.k.row_reduction = chain.reductions > 0;
         c.k.aggregation = g > 1 && chain.reductions > 0 ? Aggregation::L2Exchange : Aggregation::None;
         const OneRoundPairs fuse = fuse_pairs(chain, opt, c.k);
-        // Cooperative jobs of several N-tiles: where forced, or where they measured faster and their kernels fit.
-        if (ts.wgs > 1 && n_tiles > 1 && !(opt.tile_m && opt.tile_n) &&
-            !cooperative_stash_taken(c.k, tiles_n, fuse.mean_variance)) {
-          why.add("row-group division", fmt::format("cooperative 128x256 with {} N-tiles a job among {} peers, rows of {} "
-                                                    "tiles: not where measured faster or its kernel fits "
-                                                    "(calibration.h cooperative_stash_taken)",
-                                                    n_tiles, c.k.row_peers(), tiles_n));
-          continue;
-        }
         if (n_tiles > 1 && chain.carries_tile) {
           const StashType st = stash_type(chain, opt, tun, fuse, c.k.n_tiles);
           c.k.stash_elem_bytes = st.elem_bytes;
           c.k.stash_centers = st.centers;
         }
         c.k.stash_space = c.k.stash_elem_bytes > 0 ? StashSpace::Smem : StashSpace::None;
+        // Cooperative jobs of several N-tiles: where forced, or where they measured faster and their kernels fit.
+        if (ts.wgs > 1 && n_tiles > 1 && !(opt.tile_m && opt.tile_n) &&
+            !cooperative_stash_taken(c.k, tiles_n, fuse.mean_variance)) {
+          why.add("row-group division", fmt::format("cooperative 128x256 with {} N-tiles a job among {} peers, rows of {} "
+                                                    "tiles, a {}-byte stash: not where measured faster or its kernel "
+                                                    "fits (calibration.h cooperative_stash_taken)",
+                                                    n_tiles, c.k.row_peers(), tiles_n, c.k.stash_elem_bytes));
+          continue;
+        }
         // The root stage's tile inputs in the ring where the kernel can carry them, or from L2:
         // both priced (Division::priced), unless forced.
         const int ring_bytes = ring_input_bytes(r.spec, c.k, opt);
