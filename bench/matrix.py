@@ -72,6 +72,10 @@ def log_softmax_f32(t, f32):  # gemm_log_softmax.cf storing f32
     return {"p": torch.log_softmax(F.linear(t["a"], t["w"]), -1, dtype=f32)}
 
 
+def log_softmax(t, f32):  # examples/gemm_log_softmax.cf
+    return {"p": torch.log_softmax(F.linear(t["a"], t["w"]), -1)}
+
+
 def bias_gelu(t, f32):  # examples/gemm_bias_gelu.cf
     return {"y": F.gelu(F.linear(t["x"], t["w"], t["bias"]), approximate="tanh")}
 
@@ -135,10 +139,15 @@ CASES = [
          alts=({"fuse_pairs": False}, {"fuse_pairs": True, "row_group": 32})),
     # Long rows at K = 1024: a short mainloop beside the stash's DRAM round trip. With bf16 outputs
     # the stash is bf16 about each tile's running max or mean (KernelConfig::stash_centers); the
-    # fp32 stash as the alternative. The vocabulary rows with bf16 out likewise.
+    # fp32 stash as the alternative. The vocabulary rows with bf16 out likewise, and PingPong
+    # 128x128 tiles against the cooperative jobs of several N-tiles the planner takes there
+    # (calibration.h cooperative_stash_taken).
     Case("long-row layernorm", "gemm_layernorm", ((1152, 32768, 1024),), layernorm, alts=({"stash_bytes": 4},)),
     Case("long-row softmax", "gemm_softmax", ((1152, 32768, 1024),), softmax, alts=({"stash_bytes": 4},)),
-    Case("vocab bf16 softmax", "gemm_softmax", ((1024, 32768, 4096),), softmax, alts=({"stash_bytes": 4},)),
+    Case("vocab bf16 softmax", "gemm_softmax", ((1024, 32768, 4096),), softmax,
+         alts=({"stash_bytes": 4}, {"tile_m": 128, "tile_n": 128})),
+    Case("vocab bf16 log-softmax", "gemm_log_softmax", ((1024, 32768, 4096),), log_softmax,
+         alts=({"tile_m": 128, "tile_n": 128},)),
     # f32 mean and rstd beside bf16 h and y: the pair's statistics come from the unrounded values,
     # so the centered bf16 stash is the default here too.
     Case("long-row residual layernorm", "gemm_residual_layernorm", ((1152, 32768, 1024),), residual_layernorm,
