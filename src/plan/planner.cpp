@@ -593,7 +593,7 @@ Plan make_plan(const FusionSpec& s, const Problem& p, const DeviceModel& dev, co
   if (cands.empty()) {
     if (kind == PlanKind::RowGroups && plan_detail::row_groups_forced(opt))
       throw Error(fmt::format("plan: no row-group plan (PingPong 64x256, 128x128 or 64x128 (64x64 gated or forced), or "
-                              "cooperative 128x256 without split-K (several N-tiles a CTA only where its tiles are forced); clusters of 1 or 2 along M; row groups of 1..64 "
+                              "cooperative 128x256 without split-K; clusters of 1 or 2 along M; row groups of 1..64 "
                               "clusters resident at once; <= 64 N-tiles per CTA) fits the forced options for {} x {} x {}:{}", p.m, p.n, p.k, why.str()));
     throw Error(fmt::format("plan: nothing fits for {} x {} x {} ({} reductions{}):{}", p.m, p.n, p.k,
                             s.reduction_count(), s.segment ? fmt::format(" over runs of {} columns", s.segment) : "",

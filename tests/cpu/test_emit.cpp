@@ -727,7 +727,7 @@ TEST_F(EmitCompile, RowGroupKernelsCompile) {
   }
 }
 
-// Cooperative 128x256 tiles walking several N-tiles a job (forced only): both warp groups on each
+// Cooperative 128x256 tiles walking several N-tiles a job (forced here): both warp groups on each
 // tile, each keeping its 64 rows' earlier tiles in its own stash (bf16 about the row centers where
 // the pair runs online, fp32 for RMSNorm) compile at the shapes they are meant for, without spills
 // but for the residual's loads from L2 beside the 128 accumulators a thread (24 B; at 1152 x 32768 x

@@ -406,11 +406,10 @@ TEST(Plan, StashPlansOfSeveralJobsLeaveWidePingPongTiles) {
   EXPECT_FALSE(stash_tile_refused(square, 2));
 }
 
-// Cooperative 128x256 tiles walking several N-tiles a job are taken only where forced (not yet
-// measured): both warp groups on each tile, each with its own stash of its 64 rows.
-// Cooperative 128x256 jobs of several N-tiles: the vocabulary rows take them (both GPUs' models),
-// in row groups of at most 16 peers (calibration.h cooperative_stash_fits); forced ones over 32
-// peers are built as asked.
+// Cooperative 128x256 jobs of several N-tiles (both warp groups on each tile, each with its own
+// stash of its 64 rows): the vocabulary rows take them (both GPUs' models), in row groups of at
+// most 16 peers (calibration.h cooperative_stash_taken); forced ones over 32 peers are built as
+// asked; the DSMEM channels refuse them.
 TEST(Plan, CooperativeJobsOfSeveralNTilesWhereTheirKernelsFit) {
   for (const Gpu gpu : {Gpu::H100, Gpu::H200}) {
     DeviceModel dev = device_model(gpu);
