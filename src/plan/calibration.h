@@ -514,10 +514,10 @@ inline bool online_mean_variance_fits(const KernelConfig& k) {
 //   spill 60 and 44 B, and were not measured.
 // - at most 8 N-tiles a job: the range compiled and measured (a vocabulary of 128256 columns in
 //   row groups of 16 would be 32).
-inline constexpr int64_t kCooperativeStashMinTilesN = 33;
+inline constexpr int64_t kCooperativeOneTileRowMaxTiles = 32;  // rows up to this many tiles: one N-tile a CTA
 inline constexpr int kCooperativeStashMaxNTiles = 8;
 inline bool cooperative_stash_taken(const KernelConfig& k, int64_t tiles_n, bool mean_variance_in_one_round) {
-  return tiles_n >= kCooperativeStashMinTilesN && k.n_tiles <= kCooperativeStashMaxNTiles &&
+  return tiles_n > kCooperativeOneTileRowMaxTiles && k.n_tiles <= kCooperativeStashMaxNTiles &&
          k.stash_elem_bytes != 4 && k.row_peers() <= (mean_variance_in_one_round ? 8 : 16);
 }
 // A's rows (M x K, and an N x K B's) start off 128-byte lines where K is not a multiple of 64

@@ -29,6 +29,13 @@ FusionSpec log_softmax() {
 // exp) share one exchange round wherever the row's CTAs meet in L2 (not over DSMEM, not in one CTA
 // unless forced); over several N-tiles a CTA the root stage's pair (its second statistic online
 // across the tiles), in row groups of up to 32 CTAs unless forced.
+// A GPU's model with rows over several N-tiles a CTA allowed (DeviceModel::multi_tile_rows).
+DeviceModel multi_tile_model(Gpu gpu) {
+  DeviceModel dev = device_model(gpu);
+  dev.multi_tile_rows = true;
+  return dev;
+}
+
 TEST(Plan, PairedReductionsInOneRoundWhereARoundIsSaved) {
   FusionSpec ln = layer_norm(), sm = softmax(), lsm = log_softmax(), rms = rms_norm();
   EXPECT_EQ(ln.pair_count(PairKind::MeanVariance), 1);
@@ -340,8 +347,7 @@ TEST(Plan, StashBf16AboutRowCentersWhereTheRootPairRunsOnline) {
 // one N-tile a job. Forced either way (an A/B); a lead where it changes nothing is named.
 TEST(Plan, LongJobsTakeTheTensorCoresAPairAtATime) {
   for (const Gpu gpu : {Gpu::H100, Gpu::H200}) {
-    DeviceModel dev = device_model(gpu);
-    dev.multi_tile_rows = true;
+    const DeviceModel dev = multi_tile_model(gpu);
     PlanOptions square;  // 128x128 tiles: 8 N-tiles a job in row groups of 32
     square.tile_m = 128, square.tile_n = 128;
     const Plan vocab = make_plan(softmax(), prob(1024, 32768, 4096), dev, {}, square);
@@ -380,8 +386,7 @@ TEST(Plan, LongJobsTakeTheTensorCoresAPairAtATime) {
 // Forced, 64x256 stays; with one job a CTA the rule does not apply.
 TEST(Plan, StashPlansOfSeveralJobsLeaveWidePingPongTiles) {
   for (const Gpu gpu : {Gpu::H100, Gpu::H200}) {
-    DeviceModel dev = device_model(gpu);
-    dev.multi_tile_rows = true;
+    const DeviceModel dev = multi_tile_model(gpu);
     const Plan vocab = make_plan(softmax(), prob(1024, 32768, 4096), dev);
     EXPECT_EQ(vocab.kernel.tile_m, 128) << explain(softmax(), vocab);
     const Plan ln = make_plan(layer_norm(), prob(1152, 32768, 1024), dev);
@@ -412,8 +417,7 @@ TEST(Plan, StashPlansOfSeveralJobsLeaveWidePingPongTiles) {
 // asked; the DSMEM channels refuse them.
 TEST(Plan, CooperativeJobsOfSeveralNTilesWhereTheirKernelsFit) {
   for (const Gpu gpu : {Gpu::H100, Gpu::H200}) {
-    DeviceModel dev = device_model(gpu);
-    dev.multi_tile_rows = true;
+    const DeviceModel dev = multi_tile_model(gpu);
     const Plan vocab = make_plan(softmax(), prob(1024, 32768, 4096), dev);
     EXPECT_EQ(vocab.kernel.wgs_per_tile, 2) << explain(softmax(), vocab);
     EXPECT_GT(vocab.kernel.n_tiles, 1) << explain(softmax(), vocab);
