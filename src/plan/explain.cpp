@@ -208,7 +208,7 @@ std::string explain(const FusionSpec& s, const Plan& p) {
                         p.kernel.stash_centers ? " + their row centers (8 B a thread a 64-row block)" : "")
           : "-");
   row("store buffer", b.store_buffer,
-      fmt::format("{} WGs x ({}x{} staging sub-tile per output, later stages' outputs through the first's where the element size matches, + row vectors)", p.kernel.consumer_wgs, p.kernel.tile_m,
+      fmt::format("{} WGs x ({}x{} staging sub-tile per output, later stages' outputs through the first's where the element size matches, + row vectors)", p.kernel.consumer_wgs, p.kernel.epi_rows(),
                   p.store_subtile_n));
   if (b.split_hand_over > 0)
     row("split hand-over", b.split_hand_over,
