@@ -144,9 +144,10 @@ struct KernelConfig {
   int epilogue_smem_bytes = 0;             // one consumer WG's epilogue SMEM: every stage's node storage
                                            // and the channel's (the planner's model; the kernel
                                            // static_asserts that it is exact)
-  bool begin_early = false;                // a warp group's first job begins (its vectors' loads)
-                                           // before its mainloop: one-wave plans, whose epilogue
-                                           // is the critical path (one N-tile a job)
+  bool begin_early = false;                // a warp group's first job issues its begin's loads
+                                           // (its vectors, into registers) before its mainloop:
+                                           // one-wave plans, whose epilogue is the critical path
+                                           // (one N-tile a job)
   int ring_input_bytes = 0;                // > 0: the root stage's [M, N] tile inputs ride the
                                            // mainloop's ring, one extra slot after each tile's
                                            // k-blocks (this many bytes of it), read from SMEM by

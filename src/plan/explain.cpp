@@ -148,8 +148,8 @@ std::string explain(const FusionSpec& s, const Plan& p) {
     o += "  polls        pause 100 ns between tries: every CTA is in its round at once and a row spans many, whose "
          "re-polls would flood the last peer's L2 lines (calibration.h poll_backoff_wanted)\n";
   if (p.kernel.begin_early)
-    o += "  begin        early: a warp group's first job loads its epilogue's vectors before its mainloop (one job a "
-         "CTA: nothing else hides them)\n";
+    o += "  begin        early: a warp group's first job issues its epilogue's vector loads into registers before its "
+         "mainloop, its epilogue writing them to SMEM (one job a CTA: nothing else hides them)\n";
   o += fmt::format("  estimate     {:.1f} us (mainloop {:.1f}, exposed epilogue {:.1f}, reread {:.1f}, DRAM floor "
                    "{:.1f})\n",
                    p.estimate.total_us, p.estimate.mainloop_us, p.estimate.epilogue_us, p.estimate.reread_us,
