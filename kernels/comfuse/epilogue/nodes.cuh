@@ -345,17 +345,20 @@ template <class T, int Src> struct Cast {
 };
 
 // Store node Src to output Out (type T, M x N row-major) through SMEM and TMA.
-// Staging: one BM x 64 subtile per warp group (SwizzledSubtile), what the TMA store un-swizzles:
-// its own, or with Borrow >= 0 (a PostStage's store, FusionSpec::staging_borrows) the staging of
-// the root stage's store to output slot Borrow (same element size), free once the root's TMA
-// stores have read it (the borrowing stage's body waits for that: Stage::Exec::kBorrows).
+// Staging: Geo::StoreStages BM x 64 subtiles per warp group (SwizzledSubtile), subtile s in
+// buffer s mod StoreStages, what the TMA store un-swizzles: its own, or with Borrow >= 0 (a
+// PostStage's store, FusionSpec::staging_borrows) the staging of the root stage's store to output
+// slot Borrow (same element size), free once the root's TMA stores have read it (the borrowing
+// stage's body waits for that: Stage::Exec::kBorrows).
 template <int Out, class T, int Src, int Borrow = -1> struct Store {
   static_assert(Out < Sm90::kMaxOutputs && Borrow < Sm90::kMaxOutputs);
   static constexpr bool kIsStore = true;
   static constexpr bool kBorrows = Borrow >= 0;
   template <class Geo> struct Impl : NodeBase<Geo> {
     using Layout = SwizzledSubtile<T, Geo::BM>;
-    struct OwnStorage { alignas(1024) unsigned char buf[Layout::kBytes]; };
+    struct OwnStorage { alignas(1024) unsigned char buf[Geo::StoreStages * Layout::kBytes]; };
+    // The buffer of the subtile holding column `col` of the tile.
+    static COMFUSE_DEVICE constexpr int buffer_offset(int col) { return (col / 64) % Geo::StoreStages * Layout::kBytes; }
     using SharedStorage = cute::conditional_t<kBorrows, NoStorage, OwnStorage>;
     static constexpr int kOut = Out;
     uint32_t base_;
@@ -373,25 +376,27 @@ template <int Out, class T, int Src, int Borrow = -1> struct Store {
     template <int I, class V> COMFUSE_DEVICE void visit(EpiCtx const& c, FragCoord const& fc, Frag const&, V& v) {
       static_assert(Src < I);
       if constexpr (sizeof(T) == 2) {
-        stmatrix_x4(Layout::matrix_addr(base_, c.warp, c.lane, fc), DType<T>::pack2(v[Src][0], v[Src][1]),
+        stmatrix_x4(Layout::matrix_addr(base_ + buffer_offset(fc.col), c.warp, c.lane, fc), DType<T>::pack2(v[Src][0], v[Src][1]),
                     DType<T>::pack2(v[Src][2], v[Src][3]), DType<T>::pack2(v[Src][4], v[Src][5]),
                     DType<T>::pack2(v[Src][6], v[Src][7]));
       } else {
         CUTE_UNROLL
-        for (int p = 0; p < 4; ++p) st_shared_v2(Layout::pair_addr(base_, fc, p), v[Src][2 * p], v[Src][2 * p + 1]);
+        for (int p = 0; p < 4; ++p)
+          st_shared_v2(Layout::pair_addr(base_ + buffer_offset(fc.col), fc, p), v[Src][2 * p], v[Src][2 * p + 1]);
       }
       CUTE_UNROLL
       for (int e = 0; e < kFrag; ++e) v[I][e] = v[Src][e];
     }
     COMFUSE_DEVICE void subtile_end(EpiCtx const& c, SharedStorage& s, int sub) {
+      unsigned char* const staged = buf(s) + buffer_offset(sub * 64);
       CUTE_UNROLL
       for (int b = 0; b < Layout::kBoxes; ++b) {
         if constexpr (Geo::kBatched) {
           BatchCoord const bc = batch_coord(*c.p, c.batch);
-          cute::SM90_TMA_STORE_4D::copy(&c.p->tma_out[Out], buf(s) + b * Layout::kBoxBytes,
+          cute::SM90_TMA_STORE_4D::copy(&c.p->tma_out[Out], staged + b * Layout::kBoxBytes,
                                         c.n0 + sub * 64 + b * Layout::kBoxCols, c.m0, bc.head, bc.outer);
         } else
-          cute::SM90_TMA_STORE_2D::copy(&c.p->tma_out[Out], buf(s) + b * Layout::kBoxBytes,
+          cute::SM90_TMA_STORE_2D::copy(&c.p->tma_out[Out], staged + b * Layout::kBoxBytes,
                                         c.n0 + sub * 64 + b * Layout::kBoxCols, c.m0);
       }
     }

@@ -77,7 +77,7 @@ namespace comfuse::epi {
 // ConsumerWGs: the kernel's consumer warp groups (KernelConfig::consumer_wgs), all counted out.
 template <int BM_, int BN_, int RowPeers_ = 1, Aggregation Agg_ = Aggregation::None, int NTiles_ = 1,
           bool Batched_ = false, int ClusterM_ = 1, bool RetireEarly_ = false, int ConsumerWGs_ = Sm90::kConsumerWGs,
-          bool PairHandOver_ = false, bool PollBackoff_ = false>
+          bool PairHandOver_ = false, bool PollBackoff_ = false, int StoreStages_ = 1>
 struct Geometry {
   static constexpr int ConsumerWGs = ConsumerWGs_;
   // KernelConfig::pair_hand_over: the L2 channel hands decode jobs' pair rounds between warps.
@@ -91,6 +91,10 @@ struct Geometry {
   static constexpr Aggregation Agg = Agg_;
   static constexpr int MBlocks = BM / 64;   // m64 wgmma blocks
   static constexpr int SubTiles = BN / 64;  // 64-column store subtiles
+  // KernelConfig::store_stages: staging buffers of each tile output, subtile s in buffer
+  // s mod StoreStages.
+  static constexpr int StoreStages = StoreStages_;
+  static_assert(StoreStages == 1 || StoreStages == 2);
 };
 
 namespace detail {
@@ -640,8 +644,8 @@ template <class... Nodes> struct Stage {
       auto const centers = st.template centers_of<!(kRoot || in_regs)>(c.tile);  // a stashed tile's, once
       CUTE_UNROLL
       for (int s = 0; s < Geo::SubTiles; ++s) {
-        if constexpr (kHasStores) {
-          if (s > 0) {
+        if constexpr (kHasStores && Geo::StoreStages == 1) {
+          if (s > 0) {  // one buffer: the previous subtile's stores must have read it
             if (c.t == 0) tma_store_wait_read<0>();
             named_sync(bar_id, kWarpGroupThreads);
           }
@@ -719,6 +723,10 @@ template <class... Nodes> struct Stage {
         }
         if constexpr (kHasStores) {
           fence_view_async_shared();
+          // Two buffers: subtile s + 1 writes the one subtile s - 1's stores read; they were
+          // issued a subtile ago, and the barrier below tells every thread they are done.
+          if constexpr (Geo::StoreStages == 2)
+            if (c.t == 0) tma_store_wait_read<0>();
           named_sync(bar_id, kWarpGroupThreads);
           if (c.t == 0) {
             cute::for_each(cute::make_int_sequence<kNumNodes>{}, [&](auto i) {

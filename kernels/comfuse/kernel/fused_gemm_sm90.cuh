@@ -102,7 +102,7 @@ struct FusedGemmSm90 {
   static constexpr bool kWorkspace = C.uses_exchange_workspace();    // the launch counter (epoch) and its users
   static constexpr int RowPeers = C.reduce_peers();  // CTAs that hold the same rows and reduce them together
   using Geo = epi::Geometry<kEpiRows, BN, RowPeers, C.aggregation, NTiles, /*Batched=*/false, ClusterM,
-                            /*RetireEarly=*/C.begin_early, kW, C.pair_hand_over, C.poll_backoff>;
+                            /*RetireEarly=*/C.begin_early, kW, C.pair_hand_over, C.poll_backoff, C.store_stages>;
   using EpiExec = typename Epi::template Exec<Geo>;
   using Scheduler = TileScheduler<C>;
   static_assert(C.row_reduction == Epi::kEndsInReduction, "KernelConfig::row_reduction: does the epilogue reduce rows");
