@@ -202,7 +202,7 @@ int cmd_lower(const std::string& file) {
 struct ExplainArgs {
   bool dot = false;
   std::optional<int> cluster_n, tile_n, tile_m, cluster_m, row_group, k_splits, b2b_job_rows, ring_stages, fma_exp_every,
-      b2b_x_buffers, consumer_wgs, turn_lead;
+      b2b_x_buffers, consumer_wgs, turn_lead, store_stages;
   std::string b2b_overlap, b2b_x_resident, b2b_chain_jobs, b2b_decode, gated_gemm, poll_pause;  // on / off (empty: the planner's)
   std::string aggregation, strategy, stash, pairs, pair_exp, b2b;
   std::string tile_inputs;  // ring / l2 (empty: the planner's)
@@ -224,6 +224,7 @@ PlanOptions plan_options(const ExplainArgs& a) {
   o.ring_stages = a.ring_stages;
   o.consumer_wgs = a.consumer_wgs;
   o.turn_lead = a.turn_lead;
+  o.store_stages = a.store_stages;
   o.fma_exp_every = a.fma_exp_every;
   o.b2b_x_buffers = a.b2b_x_buffers;
   if (!a.b2b_overlap.empty()) o.b2b_overlap = a.b2b_overlap == "on";
@@ -370,6 +371,11 @@ std::vector<CLI::Option*> add_plan_options(CLI::App* cmd, ExplainArgs& ex) {
                                   "single GEMM's 64x64 tiles of M <= 256 as many as fit)",
                                   Sm90::kMaxRingStages, Sm90::kRingStagesDefault))
           ->transform(whole_number(2, Sm90::kMaxRingStages)),
+      cmd->add_option("--store-stages", ex.store_stages,
+                      "a single-GEMM plan's TMA-store staging buffers per tile output: 2 (a subtile's store reads "
+                      "one while the next is written; the planner's where they fit beside the ring, and forced, "
+                      "the ring gives up stages for them) or 1")
+          ->transform(whole_number({1, 2})),
       cmd->add_option("--consumer-wgs", ex.consumer_wgs,
                       fmt::format("a single-GEMM plan's consumer warp groups: {} (the default), or {} on PingPong "
                                   "64-row tiles, each its own job in turn, so that their epilogues overlap (fewer "

@@ -149,6 +149,10 @@ template <> struct DType<cutlass::bfloat16_t> {
   static COMFUSE_DEVICE float load(void const* p, int i) {
     return __bfloat162float(reinterpret_cast<__nv_bfloat16 const*>(p)[i]);
   }
+  // An element's bits, converted later (a load left in flight: nothing reads its register yet).
+  using Bits = uint16_t;
+  static COMFUSE_DEVICE Bits load_bits(void const* p, int i) { return reinterpret_cast<uint16_t const*>(p)[i]; }
+  static COMFUSE_DEVICE float from_bits(Bits b) { return __uint_as_float(uint32_t(b) << 16); }
   static COMFUSE_DEVICE float round(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
   // The two halves of pack2's word (a: low 16 bits).
   static COMFUSE_DEVICE float unpack_lo(uint32_t w) { return __uint_as_float(w << 16); }
@@ -162,12 +166,18 @@ template <> struct DType<cutlass::half_t> {
   static COMFUSE_DEVICE float load(void const* p, int i) {
     return __half2float(reinterpret_cast<__half const*>(p)[i]);
   }
+  using Bits = uint16_t;
+  static COMFUSE_DEVICE Bits load_bits(void const* p, int i) { return reinterpret_cast<uint16_t const*>(p)[i]; }
+  static COMFUSE_DEVICE float from_bits(Bits b) { return __half2float(__ushort_as_half(b)); }
   static COMFUSE_DEVICE float round(float x) { return __half2float(__float2half_rn(x)); }
   static COMFUSE_DEVICE float unpack_lo(uint32_t w) { return __half2float(__ushort_as_half(uint16_t(w & 0xffffu))); }
   static COMFUSE_DEVICE float unpack_hi(uint32_t w) { return __half2float(__ushort_as_half(uint16_t(w >> 16))); }
 };
 template <> struct DType<float> {
   static COMFUSE_DEVICE float load(void const* p, int i) { return reinterpret_cast<float const*>(p)[i]; }
+  using Bits = float;
+  static COMFUSE_DEVICE Bits load_bits(void const* p, int i) { return load(p, i); }
+  static COMFUSE_DEVICE float from_bits(Bits b) { return b; }
   static COMFUSE_DEVICE float round(float x) { return x; }
 };
 

@@ -144,9 +144,15 @@ struct KernelConfig {
   int epilogue_smem_bytes = 0;             // one consumer WG's epilogue SMEM: every stage's node storage
                                            // and the channel's (the planner's model; the kernel
                                            // static_asserts that it is exact)
-  bool begin_early = false;                // a warp group's first job begins (its vectors' loads)
-                                           // before its mainloop: one-wave plans, whose epilogue
-                                           // is the critical path (one N-tile a job)
+  bool begin_early = false;                // a warp group's first job issues its begin's loads
+                                           // (its vectors, into registers) before its mainloop:
+                                           // one-wave plans, whose epilogue is the critical path
+                                           // (one N-tile a job)
+  // TMA-store staging buffers of each tile output (epilogue/nodes.cuh Store): with 2, a subtile's
+  // store reads one while the next subtile is written into the other, and the warp group waits
+  // only for the store before last; with 1 it waits for each subtile's store to have read the
+  // buffer before it writes the next (the store's whole SMEM read on the epilogue's path).
+  int store_stages = 1;
   int ring_input_bytes = 0;                // > 0: the root stage's [M, N] tile inputs ride the
                                            // mainloop's ring, one extra slot after each tile's
                                            // k-blocks (this many bytes of it), read from SMEM by
@@ -419,6 +425,7 @@ COMFUSE_HOST_DEVICE constexpr char const* check(KernelConfig const& c) {
     return "K-splits in one hardware cluster: no multicast cluster (cluster_m = cluster_n = 1)";
   if (c.hw_cluster_size() > Sm90::kMaxClusterSize) return "a cluster of at most 16 CTAs";
   if (c.begin_early && c.n_tiles != 1) return "begin_early: one N-tile per job";
+  if (c.store_stages != 1 && c.store_stages != 2) return "store_stages: 1 or 2 TMA-store staging buffers per output";
   if (c.poll_backoff && c.aggregation != Aggregation::L2Exchange) return "poll_backoff: the L2 exchange's polls only";
   // The gated tile's two halves are one wgmma's columns (at most 256) and one 64-row m-block of
   // the warp group's accumulator (the epilogue finds the second half at a fixed offset).

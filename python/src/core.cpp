@@ -101,6 +101,7 @@ PlanOptions plan_options(const nb::dict& o) {
     else if (key == "keep_pair_exp") p.keep_pair_exp = nb::cast<bool>(v);
     else if (key == "poll_backoff") p.poll_backoff = nb::cast<bool>(v);
     else if (key == "turn_lead") p.turn_lead = nb::cast<int>(v);
+    else if (key == "store_stages") p.store_stages = nb::cast<int>(v);
     else if (key == "b2b_job_rows") p.b2b_job_rows = nb::cast<int>(v);
     else if (key == "ring_stages") p.ring_stages = nb::cast<int>(v);
     else if (key == "consumer_wgs") p.consumer_wgs = nb::cast<int>(v);
@@ -161,6 +162,7 @@ nb::dict plan_summary(const Plan& p) {
   d["k_splits"] = k.k_splits;
   d["splits_in_cluster"] = k.splits_in_cluster;  // split-K's partials over DSMEM (else through L2)
   d["begin_early"] = k.begin_early;  // the first job's vectors before its mainloop (one job a CTA)
+  d["store_stages"] = k.store_stages;  // TMA-store staging buffers per tile output
   d["ring_input_bytes"] = k.ring_input_bytes;  // the root stage's tile inputs in the ring (0: from L2)
   d["aggregation"] = std::string(name_of(k.aggregation));
   d["l2_exchange"] = k.aggregation == Aggregation::L2Exchange;  // rows reduced across clusters through L2

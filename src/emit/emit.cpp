@@ -157,12 +157,13 @@ std::string kernel_config_source(const KernelConfig& c) {
       "    .cluster_m = {}, .cluster_n = {}, .n_tiles = {},{} .row_group = {}, .k_splits = {}, .splits_in_cluster = {},\n"
       "    .row_reduction = {}, .aggregation = comfuse::Aggregation::{},\n"
       "    .stash_space = comfuse::StashSpace::{}, .stash_elem_bytes = {},{} .epilogue_smem_bytes = {},\n"
-      "    .begin_early = {}, .ring_input_bytes = {}{}{}{}{}{}{}}};\n",
+      "    .begin_early = {},{} .ring_input_bytes = {}{}{}{}{}{}{}}};\n",
       c.b_kmajor, c.tile_m, c.tile_n, c.ring_stages, c.wgs_per_tile, c.mma_depth,
       c.consumer_wgs != Sm90::kConsumerWGs ? fmt::format(" .consumer_wgs = {},", c.consumer_wgs) : "", c.cluster_m, c.cluster_n, c.n_tiles,
       c.turn_lead > 0 ? fmt::format(" .turn_lead = {},", c.turn_lead) : "", c.row_group, c.k_splits,
       c.splits_in_cluster, c.row_reduction, aggregation_name(c.aggregation), stash_space_name(c.stash_space),
-      c.stash_elem_bytes, c.stash_centers ? " .stash_centers = true," : "", c.epilogue_smem_bytes, c.begin_early, c.ring_input_bytes, c.gated ? ", .gated = true" : "",
+      c.stash_elem_bytes, c.stash_centers ? " .stash_centers = true," : "", c.epilogue_smem_bytes, c.begin_early,
+      c.store_stages != 1 ? fmt::format(" .store_stages = {},", c.store_stages) : "", c.ring_input_bytes, c.gated ? ", .gated = true" : "",
       c.a_box_rows > 0 ? fmt::format(", .a_box_rows = {}", c.a_box_rows) : "",
       c.split_gather_rows > 0 ? fmt::format(", .split_gather_rows = {}", c.split_gather_rows) : "",
       c.pair_hand_over ? ", .pair_hand_over = true" : "", c.poll_backoff ? ", .poll_backoff = true" : "",

@@ -444,6 +444,13 @@ int narrow_row_group_k_splits(const Problem& p, const DeviceModel& dev);
 // alternated pairs), 0.4416 against 0.4360 ms (H200, 32 peers); residual LayerNorm 8192 x 1024 x
 // 1024 (4 peers) 47.7 against 47.2-47.3 us (H200).
 inline constexpr int kPollBackoffMinPeers = 16;
+// KernelConfig::store_stages, where a second staging buffer of each output fits beside the ring
+// as planned (never at a ring stage's cost). With one buffer a warp group waits, before each
+// 64-column subtile, for the TMA store of the subtile before to have read it: the store's whole
+// SMEM read on the epilogue's path, four times on a 256-column tile. PREDICTED (the trace of
+// bench/NOTES.md Stop 70: the cast's 128x256 body 1.36 us, LayerNorm's normalize-and-store stage
+// 2.3 us at 2048 x 2048 x 1024): a few tenths of a us a tile where the epilogue is exposed.
+inline constexpr int kStoreStagesWhereFree = 2;
 inline bool poll_backoff_wanted(int row_peers, bool one_job_a_cta) {
   return one_job_a_cta && row_peers >= kPollBackoffMinPeers;
 }

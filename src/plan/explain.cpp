@@ -147,9 +147,13 @@ std::string explain(const FusionSpec& s, const Plan& p) {
   if (p.kernel.poll_backoff)
     o += "  polls        pause 100 ns between tries: every CTA is in its round at once and a row spans many, whose "
          "re-polls would flood the last peer's L2 lines (calibration.h poll_backoff_wanted)\n";
+  if (p.kernel.store_stages > 1)
+    o += fmt::format("  stores       {} staging buffers per output: a 64-column subtile's TMA store reads one while the "
+                     "next subtile is written (calibration.h kStoreStagesWhereFree)\n",
+                     p.kernel.store_stages);
   if (p.kernel.begin_early)
-    o += "  begin        early: a warp group's first job loads its epilogue's vectors before its mainloop (one job a "
-         "CTA: nothing else hides them)\n";
+    o += "  begin        early: a warp group's first job issues its epilogue's vector loads into registers before its "
+         "mainloop, its epilogue writing them to SMEM (one job a CTA: nothing else hides them)\n";
   o += fmt::format("  estimate     {:.1f} us (mainloop {:.1f}, exposed epilogue {:.1f}, reread {:.1f}, DRAM floor "
                    "{:.1f})\n",
                    p.estimate.total_us, p.estimate.mainloop_us, p.estimate.epilogue_us, p.estimate.reread_us,
@@ -208,8 +212,9 @@ std::string explain(const FusionSpec& s, const Plan& p) {
                         p.kernel.stash_centers ? " + their row centers (8 B a thread a 64-row block)" : "")
           : "-");
   row("store buffer", b.store_buffer,
-      fmt::format("{} WGs x ({}x{} staging sub-tile per output, later stages' outputs through the first's where the element size matches, + row vectors)", p.kernel.consumer_wgs, p.kernel.epi_rows(),
-                  p.store_subtile_n));
+      fmt::format("{} WGs x ({} x {}x{} staging sub-tile(s) per output, later stages' outputs through the first's where "
+                  "the element size matches, + row vectors)",
+                  p.kernel.consumer_wgs, p.kernel.store_stages, p.kernel.epi_rows(), p.store_subtile_n));
   if (b.split_hand_over > 0)
     row("split hand-over", b.split_hand_over,
         fmt::format("{} WGs x one warp's share of a partial tile (32 x {} fp32) + 2 mbarriers: split-K over DSMEM",

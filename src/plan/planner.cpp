@@ -251,6 +251,8 @@ void check_request(const FusionSpec& s, const Problem& p, const DeviceModel& dev
   }
   if (opt.turn_lead && (*opt.turn_lead < 0 || *opt.turn_lead > Sm90::kMaxNTiles))
     throw Error(fmt::format("plan: turn_lead = {} is not in 0..{}", *opt.turn_lead, Sm90::kMaxNTiles));
+  if (opt.store_stages && *opt.store_stages != 1 && *opt.store_stages != 2)
+    throw Error(fmt::format("plan: store_stages = {} is not 1 or 2 (TMA-store staging buffers per output)", *opt.store_stages));
   if (opt.ring_stages && (*opt.ring_stages < 2 || *opt.ring_stages > Sm90::kMaxRingStages))
     throw Error(fmt::format("plan: ring_stages = {} is not in 2..{}", *opt.ring_stages, Sm90::kMaxRingStages));
   if (opt.k_splits && (*opt.k_splits < 1 || *opt.k_splits > Sm90::kMaxKSplits))
@@ -464,6 +466,8 @@ std::string unused_forced_options(const Plan& plan, const ChainInfo& chain, cons
     idle.push_back(fmt::format("--row-group {} ({})", *opt.row_group,
                                plan.kernel.aggregation == Aggregation::None ? "no reduction crosses a CTA"
                                                                             : "a row is one cluster, over DSMEM"));
+  if (opt.store_stages && !chain.has_tile_output)
+    idle.push_back(fmt::format("--store-stages {} (no tile output is stored through SMEM)", *opt.store_stages));
   if (opt.stash_bytes && plan.kernel.stash_elem_bytes == 0)
     idle.push_back(fmt::format("--stash {} (nothing is stashed; the measured plans it rules out stay out)",
                                *opt.stash_bytes == 2 ? "bf16" : "fp32"));
@@ -535,6 +539,31 @@ Plan assemble(const Candidate& c, const std::vector<Candidate>& cands, const Req
     throw Error(fmt::format("plan: internal error: the epilogue's SMEM with the pair hand-over ({} B) is not what the "
                             "ring was fitted with ({} B)",
                             plan_detail::epilogue_smem_bytes(chain, plan.kernel), plan.kernel.epilogue_smem_bytes));
+  // TMA-store staging in two buffers (KernelConfig::store_stages) where they fit beside the ring
+  // as planned and a tile has several 64-column subtiles (one subtile's store is waited for at the
+  // next tile's begin either way); where asked for (--store-stages 2) the ring gives up the stages
+  // they need.
+  if (chain.has_tile_output) {
+    KernelConfig with = plan.kernel;
+    with.store_stages = r.opt.store_stages.value_or(with.tile_n > 64 ? kStoreStagesWhereFree : 1);
+    with.epilogue_smem_bytes = plan_detail::epilogue_smem_bytes(chain, with);
+    const int before = with.ring_stages;
+    if (r.opt.store_stages) plan_detail::deepest_ring(with, r.dev.smem_per_cta_bytes, before);
+    const char* refused = check(with);
+    const bool over = with.smem_bytes() > r.dev.smem_per_cta_bytes;
+    if (!refused && !over) {
+      if (with.ring_stages < before)
+        ring_note += fmt::format("{}ring {} -> {} stages: the forced second staging buffer of each output (the "
+                                 "estimate is the {}-stage plan's)",
+                                 ring_note.empty() ? "" : "; ", before, with.ring_stages, before);
+      plan.kernel = with;
+    } else if (r.opt.store_stages) {
+      throw Error(fmt::format("plan: {} TMA-store staging buffers per output were asked for, but {}", *r.opt.store_stages,
+                              refused ? std::string(refused)
+                                      : fmt::format("they do not fit beside a ring of two stages ({} B of {})",
+                                                    with.smem_bytes(), r.dev.smem_per_cta_bytes)));
+    }
+  }
   plan.raster_group = c.raster_group;
   plan.raster_along_n = c.raster_along_n;
   plan.measured_config = c.why;
@@ -576,7 +605,7 @@ Plan assemble(const Candidate& c, const std::vector<Candidate>& cands, const Req
 
 bool any_forced(const PlanOptions& o) {
   return o.cluster_n || o.tile_n || o.tile_m || o.strategy || o.aggregation || o.cluster_m || o.row_group ||
-         o.stash_bytes || o.k_splits || o.ring_stages || o.ring_inputs || o.split_gather_in_smem;
+         o.stash_bytes || o.k_splits || o.ring_stages || o.ring_inputs || o.split_gather_in_smem || o.store_stages;
 }
 
 }  // namespace

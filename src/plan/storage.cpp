@@ -10,8 +10,9 @@ namespace comfuse::plan_detail {
 
 // One consumer WG's epilogue storage (kernels/comfuse/epilogue/stage.cuh, Exec::SharedStorage):
 // per stage, its nodes' storage in one 1024-aligned block (TMA-store staging: rows x 64 columns
-// of each output's dtype, none for a later stage's output that writes through a root output's
-// staging, FusionSpec::staging_borrows; a RowBroadcast: tile_n floats; a TileInput keeps nothing
+// of each output's dtype, KernelConfig::store_stages of them, none for a later stage's output that
+// writes through a root output's staging, FusionSpec::staging_borrows; a RowBroadcast: tile_n
+// floats; a TileInput keeps nothing
 // of its own: it reads L2 or a mainloop ring slot), none for a stage without; then the channel's
 // storage (KernelConfig::channel_smem_bytes: one per WG, shared by every reduction of the chain),
 // the whole rounded to the blocks' 1024-byte alignment.
@@ -19,7 +20,7 @@ int epilogue_smem_bytes(const ChainInfo& chain, const KernelConfig& k) {
   const int rows = k.epi_rows();
   int tree = 0;
   for (const ChainInfo::StageStorage& st : chain.stage_storage)
-    tree += align_up(rows * st.store_bytes_per_row_of_64 + st.row_broadcasts * k.tile_n * 4, 1024);
+    tree += align_up(k.store_stages * rows * st.store_bytes_per_row_of_64 + st.row_broadcasts * k.tile_n * 4, 1024);
   const int channel = k.channel_smem_bytes();
   return tree > 0 ? align_up(tree + channel, 1024) : channel;
 }

@@ -231,5 +231,48 @@ TEST(Plan, CheapestAfterTheRingDepthWins) {
   EXPECT_EQ(p.kernel.ring_stages, 4);
 }
 
+// A second TMA-store staging buffer per output (KernelConfig::store_stages) where it fits beside
+// the ring as planned, never at a ring stage's cost: bias + GELU at 2048 x 2048 x 1024 (PingPong
+// 128x128, 5 stages) has the SMEM; LayerNorm's cooperative 128x256 plan there (4 stages, 12 KiB
+// free against the 16 KiB two 64x64 subtiles need) keeps one, unless forced, when the ring gives up
+// a stage and the plan says so. Anything but 1 or 2 is refused by name.
+TEST(Plan, StoreStagingDoubledWhereItFitsBesideTheRing) {
+  const DeviceModel dev;
+  const Problem pr = prob(2048, 2048, 1024);
+  PlanOptions one;
+  one.store_stages = 1;
+  const Plan gelu = make_plan(bias_gelu(), pr, dev);
+  const Plan gelu_one = make_plan(bias_gelu(), pr, dev, PlannerTunables{}, one);
+  EXPECT_EQ(gelu.kernel.store_stages, 2);
+  EXPECT_EQ(gelu_one.kernel.store_stages, 1);
+  EXPECT_EQ(gelu.kernel.ring_stages, gelu_one.kernel.ring_stages);
+  EXPECT_GT(gelu.kernel.epilogue_smem_bytes, gelu_one.kernel.epilogue_smem_bytes);
+  EXPECT_LE(gelu.smem.total(), dev.smem_per_cta_bytes);
+  EXPECT_NE(emit(bias_gelu(), gelu).source.find(".store_stages = 2,"), std::string::npos);
+  EXPECT_EQ(emit(bias_gelu(), gelu_one).source.find(".store_stages"), std::string::npos);
+
+  const Plan ln = make_plan(layer_norm(), pr, dev);
+  ASSERT_EQ(ln.kernel.wgs_per_tile, 2);
+  EXPECT_EQ(ln.kernel.store_stages, 1);
+  PlanOptions two;
+  two.store_stages = 2;
+  const Plan ln_two = make_plan(layer_norm(), pr, dev, PlannerTunables{}, two);
+  EXPECT_EQ(ln_two.kernel.store_stages, 2);
+  EXPECT_EQ(ln_two.kernel.ring_stages, ln.kernel.ring_stages - 1);
+  EXPECT_TRUE(std::any_of(ln_two.reasons.begin(), ln_two.reasons.end(), [&](const std::string& r) {
+    return r.find(fmt::format("ring {} -> {} stages", ln.kernel.ring_stages, ln.kernel.ring_stages - 1)) !=
+           std::string::npos;
+  }));
+
+  PlanOptions three;
+  three.store_stages = 3;
+  try {
+    make_plan(layer_norm(), pr, dev, PlannerTunables{}, three);
+    ADD_FAILURE() << "store_stages = 3 was planned";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("store_stages = 3 is not 1 or 2"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace comfuse

@@ -11,6 +11,11 @@
 //                                                 tile's inputs on their way (TileInput: an L2
 //                                                 prefetch); the root stage's run before the
 //                                                 tile's mainloop
+//   void fetch(EpiCtx const&);                    a warp group's first job, ahead of its
+//                                                 mainloop (KernelConfig::begin_early): its
+//                                                 begin()'s global loads issued into registers,
+//                                                 so that they land while the tensor cores work;
+//                                                 begin() then finds them there (EpiCtx::fetched)
 //   void begin(EpiCtx const&, SharedStorage&);    once per tile, before any fragment
 //   void acquire(EpiCtx const&, SharedStorage&);  once per tile, when its stage starts
 //                                                 streaming: wait for what load() started
@@ -55,6 +60,8 @@ struct EpiCtx {
   // columns and batch (a row group's CTA keeps its N-tile from job to job), so per-column
   // vectors already in its SMEM need not be loaded again.
   bool same_columns = false;
+  // Set by the stage for begin(): this tile's fetch() ran (its loads are in the node's registers).
+  bool fetched = false;
   // KernelConfig::ring_input_bytes: the mainloop ring slot that holds this tile's inputs (shared
   // addresses of its A part and its B part; mainloop_sm90.cuh slot_box).
   uint32_t ring_a = 0, ring_b = 0;
@@ -83,6 +90,7 @@ template <class Geo> struct NodeBase {
   template <class S> static COMFUSE_DEVICE void init(S&) {}
   static COMFUSE_DEVICE void prefetch_descriptors(Params const&) {}
   template <class S> COMFUSE_DEVICE void load(EpiCtx const&, S&) {}
+  COMFUSE_DEVICE void fetch(EpiCtx const&) {}
   template <class S> COMFUSE_DEVICE void begin(EpiCtx const&, S&) {}
   template <class S> COMFUSE_DEVICE void acquire(EpiCtx const&, S&) {}
   template <class S> COMFUSE_DEVICE void subtile_end(EpiCtx const&, S&, int) {}
@@ -237,21 +245,33 @@ template <class L> struct ScalarLiteral {
 // warp group's SMEM as fp32 when a tile's columns differ from the warp group's previous tile's
 // (EpiCtx::same_columns: a load from L2 is ~1 us a job on the epilogue's critical path); a
 // fragment reads two float2 (all rows of a warp read the same words: broadcast, no bank
-// conflict). Columns >= N read 0.
+// conflict). Columns >= N read 0. A first job's loads may be fetched into registers ahead of
+// its mainloop (fetch(); kPerThread a thread), begin() then writing them to SMEM.
 // Period > 0: a vector of Period elements, column j reading element j mod Period (a per-head
 // norm's gamma, FusionSpec::segment).
 template <int Arg, class T, int Period = 0> struct RowBroadcast {
   static_assert(Arg < Sm90::kMaxVectors);
   template <class Geo> struct Impl : NodeBase<Geo> {
     struct SharedStorage { alignas(16) float v[Geo::BN]; };
+    static constexpr int kPerThread = (Geo::BN + kWarpGroupThreads - 1) / kWarpGroupThreads;
+    using Bits = typename DType<T>::Bits;
     uint32_t v_;  // shared-space address: ld.shared, not a generic load
+    Bits fetched_[kPerThread];  // as loaded: a conversion here would wait for the load
+    COMFUSE_DEVICE Bits element(EpiCtx const& c, int i) const {
+      return i < c.N - c.n0 ? DType<T>::load_bits(c.p->vectors[Arg], Period > 0 ? (c.n0 + i) % Period : c.n0 + i) : Bits(0);
+    }
+    COMFUSE_DEVICE void fetch(EpiCtx const& c) {
+      CUTE_UNROLL
+      for (int j = 0; j < kPerThread; ++j)
+        if (int const i = c.t + j * kWarpGroupThreads; i < Geo::BN) fetched_[j] = element(c, i);
+    }
     COMFUSE_DEVICE void begin(EpiCtx const& c, SharedStorage& s) {
       v_ = smem_u32(s.v);
       if (c.same_columns) return;
-      void const* src = c.p->vectors[Arg];
-      int const n_valid = c.N - c.n0;
-      for (int i = c.t; i < Geo::BN; i += kWarpGroupThreads)
-        s.v[i] = i < n_valid ? DType<T>::load(src, Period > 0 ? (c.n0 + i) % Period : c.n0 + i) : 0.f;
+      CUTE_UNROLL
+      for (int j = 0; j < kPerThread; ++j)
+        if (int const i = c.t + j * kWarpGroupThreads; i < Geo::BN)
+          s.v[i] = DType<T>::from_bits(c.fetched ? fetched_[j] : element(c, i));
     }
     // Several N-tiles a job: the base made opaque once per tile, so that the 32 per-fragment
     // addresses (64 columns a thread on a 256-column tile) are formed in the body that reads them
@@ -272,20 +292,29 @@ template <int Arg, class T, int Period = 0> struct RowBroadcast {
 };
 
 // A vector of length M (one value per row), params.vectors[Arg] of type T. A thread holds
-// 2 rows per 64-row block: loaded once per tile into registers. Rows >= M read 0.
+// 2 rows per 64-row block: loaded once per tile into registers (by fetch() where the tile's
+// loads were fetched ahead of its mainloop). Rows >= M read 0.
 template <int Arg, class T> struct ColBroadcast {
   static_assert(Arg < Sm90::kMaxVectors);
   template <class Geo> struct Impl : PerRowNode<Geo> {
     using PerRowNode<Geo>::r;
-    COMFUSE_DEVICE void begin(EpiCtx const& c, NoStorage&) {
-      void const* src = c.p->vectors[Arg];
+    using Bits = typename DType<T>::Bits;
+    Bits fetched_[Geo::MBlocks][2];  // as loaded: a conversion here would wait for the load
+    COMFUSE_DEVICE void fetch(EpiCtx const& c) {
       CUTE_UNROLL
       for (int mi = 0; mi < Geo::MBlocks; ++mi)
         CUTE_UNROLL
-        for (int h = 0; h < 2; ++h) {
-          int m = c.m0 + accum_row(c.t, mi, h);
-          r[mi][h] = m < c.p->M ? DType<T>::load(src, m) : 0.f;
-        }
+        for (int h = 0; h < 2; ++h) fetched_[mi][h] = element(c, mi, h);
+    }
+    COMFUSE_DEVICE Bits element(EpiCtx const& c, int mi, int h) const {
+      int const m = c.m0 + accum_row(c.t, mi, h);
+      return m < c.p->M ? DType<T>::load_bits(c.p->vectors[Arg], m) : Bits(0);
+    }
+    COMFUSE_DEVICE void begin(EpiCtx const& c, NoStorage&) {
+      CUTE_UNROLL
+      for (int mi = 0; mi < Geo::MBlocks; ++mi)
+        CUTE_UNROLL
+        for (int h = 0; h < 2; ++h) r[mi][h] = DType<T>::from_bits(c.fetched ? fetched_[mi][h] : element(c, mi, h));
     }
   };
 };
@@ -316,17 +345,20 @@ template <class T, int Src> struct Cast {
 };
 
 // Store node Src to output Out (type T, M x N row-major) through SMEM and TMA.
-// Staging: one BM x 64 subtile per warp group (SwizzledSubtile), what the TMA store un-swizzles:
-// its own, or with Borrow >= 0 (a PostStage's store, FusionSpec::staging_borrows) the staging of
-// the root stage's store to output slot Borrow (same element size), free once the root's TMA
-// stores have read it (the borrowing stage's body waits for that: Stage::Exec::kBorrows).
+// Staging: Geo::StoreStages BM x 64 subtiles per warp group (SwizzledSubtile), subtile s in
+// buffer s mod StoreStages, what the TMA store un-swizzles: its own, or with Borrow >= 0 (a
+// PostStage's store, FusionSpec::staging_borrows) the staging of the root stage's store to output
+// slot Borrow (same element size), free once the root's TMA stores have read it (the borrowing
+// stage's body waits for that: Stage::Exec::kBorrows).
 template <int Out, class T, int Src, int Borrow = -1> struct Store {
   static_assert(Out < Sm90::kMaxOutputs && Borrow < Sm90::kMaxOutputs);
   static constexpr bool kIsStore = true;
   static constexpr bool kBorrows = Borrow >= 0;
   template <class Geo> struct Impl : NodeBase<Geo> {
     using Layout = SwizzledSubtile<T, Geo::BM>;
-    struct OwnStorage { alignas(1024) unsigned char buf[Layout::kBytes]; };
+    struct OwnStorage { alignas(1024) unsigned char buf[Geo::StoreStages * Layout::kBytes]; };
+    // The buffer of the subtile holding column `col` of the tile.
+    static COMFUSE_DEVICE constexpr int buffer_offset(int col) { return (col / 64) % Geo::StoreStages * Layout::kBytes; }
     using SharedStorage = cute::conditional_t<kBorrows, NoStorage, OwnStorage>;
     static constexpr int kOut = Out;
     uint32_t base_;
@@ -344,25 +376,27 @@ template <int Out, class T, int Src, int Borrow = -1> struct Store {
     template <int I, class V> COMFUSE_DEVICE void visit(EpiCtx const& c, FragCoord const& fc, Frag const&, V& v) {
       static_assert(Src < I);
       if constexpr (sizeof(T) == 2) {
-        stmatrix_x4(Layout::matrix_addr(base_, c.warp, c.lane, fc), DType<T>::pack2(v[Src][0], v[Src][1]),
+        stmatrix_x4(Layout::matrix_addr(base_ + buffer_offset(fc.col), c.warp, c.lane, fc), DType<T>::pack2(v[Src][0], v[Src][1]),
                     DType<T>::pack2(v[Src][2], v[Src][3]), DType<T>::pack2(v[Src][4], v[Src][5]),
                     DType<T>::pack2(v[Src][6], v[Src][7]));
       } else {
         CUTE_UNROLL
-        for (int p = 0; p < 4; ++p) st_shared_v2(Layout::pair_addr(base_, fc, p), v[Src][2 * p], v[Src][2 * p + 1]);
+        for (int p = 0; p < 4; ++p)
+          st_shared_v2(Layout::pair_addr(base_ + buffer_offset(fc.col), fc, p), v[Src][2 * p], v[Src][2 * p + 1]);
       }
       CUTE_UNROLL
       for (int e = 0; e < kFrag; ++e) v[I][e] = v[Src][e];
     }
     COMFUSE_DEVICE void subtile_end(EpiCtx const& c, SharedStorage& s, int sub) {
+      unsigned char* const staged = buf(s) + buffer_offset(sub * 64);
       CUTE_UNROLL
       for (int b = 0; b < Layout::kBoxes; ++b) {
         if constexpr (Geo::kBatched) {
           BatchCoord const bc = batch_coord(*c.p, c.batch);
-          cute::SM90_TMA_STORE_4D::copy(&c.p->tma_out[Out], buf(s) + b * Layout::kBoxBytes,
+          cute::SM90_TMA_STORE_4D::copy(&c.p->tma_out[Out], staged + b * Layout::kBoxBytes,
                                         c.n0 + sub * 64 + b * Layout::kBoxCols, c.m0, bc.head, bc.outer);
         } else
-          cute::SM90_TMA_STORE_2D::copy(&c.p->tma_out[Out], buf(s) + b * Layout::kBoxBytes,
+          cute::SM90_TMA_STORE_2D::copy(&c.p->tma_out[Out], staged + b * Layout::kBoxBytes,
                                         c.n0 + sub * 64 + b * Layout::kBoxCols, c.m0);
       }
     }

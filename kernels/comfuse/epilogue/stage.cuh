@@ -77,7 +77,7 @@ namespace comfuse::epi {
 // ConsumerWGs: the kernel's consumer warp groups (KernelConfig::consumer_wgs), all counted out.
 template <int BM_, int BN_, int RowPeers_ = 1, Aggregation Agg_ = Aggregation::None, int NTiles_ = 1,
           bool Batched_ = false, int ClusterM_ = 1, bool RetireEarly_ = false, int ConsumerWGs_ = Sm90::kConsumerWGs,
-          bool PairHandOver_ = false, bool PollBackoff_ = false>
+          bool PairHandOver_ = false, bool PollBackoff_ = false, int StoreStages_ = 1>
 struct Geometry {
   static constexpr int ConsumerWGs = ConsumerWGs_;
   // KernelConfig::pair_hand_over: the L2 channel hands decode jobs' pair rounds between warps.
@@ -91,6 +91,10 @@ struct Geometry {
   static constexpr Aggregation Agg = Agg_;
   static constexpr int MBlocks = BM / 64;   // m64 wgmma blocks
   static constexpr int SubTiles = BN / 64;  // 64-column store subtiles
+  // KernelConfig::store_stages: staging buffers of each tile output, subtile s in buffer
+  // s mod StoreStages.
+  static constexpr int StoreStages = StoreStages_;
+  static_assert(StoreStages == 1 || StoreStages == 2);
 };
 
 namespace detail {
@@ -382,6 +386,8 @@ template <class... Nodes> struct Stage {
     Rounds<Geo::kRetireEarly> rounds;  // this warp group's channel's rounds (root stage only)
     // The columns and batch of this stage's last begin (EpiCtx::same_columns); none yet.
     int begun_n0 = -1, begun_batch = -1;
+    // The next begin's loads were fetched (begin_early; EpiCtx::fetched).
+    bool fetched = false;
     // Reduction kPair*: a pair here (kPairMeanM2, kPairMaxExpSum) makes the PostStage's
     // reduction kPairGiven (it takes `given`, the row's merged second statistic, from this
     // stage's one round).
@@ -499,7 +505,8 @@ template <class... Nodes> struct Stage {
       if constexpr (!kRoot) load_nodes(c0, ts);  // the root's were prefetched
       EpiCtx c = c0;
       c.same_columns = c.n0 == begun_n0 && c.batch == begun_batch;
-      begun_n0 = c.n0, begun_batch = c.batch;
+      c.fetched = fetched;
+      begun_n0 = c.n0, begun_batch = c.batch, fetched = false;
       cute::for_each(cute::make_int_sequence<kNumNodes>{}, [&](auto i) {
         cute::get<decltype(i)::value>(impls).begin(c, detail::storage_get<decltype(i)::value, StorageTypes>(nodes_of(ts)));
       });
@@ -637,8 +644,8 @@ template <class... Nodes> struct Stage {
       auto const centers = st.template centers_of<!(kRoot || in_regs)>(c.tile);  // a stashed tile's, once
       CUTE_UNROLL
       for (int s = 0; s < Geo::SubTiles; ++s) {
-        if constexpr (kHasStores) {
-          if (s > 0) {
+        if constexpr (kHasStores && Geo::StoreStages == 1) {
+          if (s > 0) {  // one buffer: the previous subtile's stores must have read it
             if (c.t == 0) tma_store_wait_read<0>();
             named_sync(bar_id, kWarpGroupThreads);
           }
@@ -716,6 +723,10 @@ template <class... Nodes> struct Stage {
         }
         if constexpr (kHasStores) {
           fence_view_async_shared();
+          // Two buffers: subtile s + 1 writes the one subtile s - 1's stores read; they were
+          // issued a subtile ago, and the barrier below tells every thread they are done.
+          if constexpr (Geo::StoreStages == 2)
+            if (c.t == 0) tma_store_wait_read<0>();
           named_sync(bar_id, kWarpGroupThreads);
           if (c.t == 0) {
             cute::for_each(cute::make_int_sequence<kNumNodes>{}, [&](auto i) {
@@ -807,30 +818,36 @@ template <class... Nodes> struct Stage {
       return c;
     }
 
-    // A job's begin (its vectors into SMEM and registers, every stage's with one N-tile a job)
-    // ahead of its mainloop, where the warp group would otherwise wait for the ring's first
-    // k-blocks: run_tile then takes begun = true. The warp group's first job only (nothing of a
-    // previous job reads this storage yet), where KernelConfig::begin_early asks (one job a CTA).
-    COMFUSE_DEVICE void begin_early(EpiCtx const& c0, SharedStorage& ss, int bar_id) {
+    // A job's begin, its global loads (every stage's with one N-tile a job) issued into the nodes'
+    // registers ahead of its mainloop (Node::fetch), so that they land while the tensor cores
+    // work; run_tile's begin then only writes them to SMEM. The warp group's first job only,
+    // where KernelConfig::begin_early asks (one job a CTA). MEASURED (bench/NOTES.md Stop 70):
+    // the whole begin here, loads, SMEM writes and barriers, held a LayerNorm warp group 2.1 us
+    // before its first k-block (2048 x 2048 x 1024, cooperative 128x256).
+    COMFUSE_DEVICE void begin_early(EpiCtx const& c) {
       static_assert(Geo::NTiles == 1, "begin_early: one N-tile a job (later tiles begin after the first's body)");
       unsigned long long const since = trace::now();
-      EpiCtx const c = lend_staging(c0, tree_of(ss));
-      begin_phase<true>(c, tree_of(ss), bar_id);
+      fetch_nodes_chain(c);
       trace::add_epi(trace::kEpiBegin, since);
+    }
+    COMFUSE_DEVICE void fetch_nodes_chain(EpiCtx const& c) {
+      cute::for_each(cute::make_int_sequence<kNumNodes>{}, [&](auto i) { cute::get<decltype(i)::value>(impls).fetch(c); });
+      fetched = true;
+      if constexpr (kHasPost) post.fetch_nodes_chain(c);
     }
 
     // The root's entry, once per tile of a job (c: the job's tile 0, t: the tile), right after
-    // that tile's mainloop; after the last tile the reduce phase and the PostStages. begun: the
-    // job's begin ran already (begin_early). after_body: called by every thread once the root
-    // stage's body is done with the tile (the kernel frees the ring slot of its tile inputs).
+    // that tile's mainloop; after the last tile the reduce phase and the PostStages.
+    // after_body: called by every thread once the root stage's body is done with the tile (the
+    // kernel frees the ring slot of its tile inputs).
     template <class FragC, class St = NoStash, class AfterBody = detail::NoHook>
     COMFUSE_DEVICE void run_tile(EpiCtx const& c0, SharedStorage& ss, FragC& accum, int bar_id, int t, St const& st = St{},
-                                 bool begun = false, AfterBody const& after_body = AfterBody{}) {
+                                 AfterBody const& after_body = AfterBody{}) {
       TreeStorage& tree = tree_of(ss);
       EpiCtx const c = lend_staging(c0, tree);
       EpiCtx const ct = tile_ctx(c, t);
       unsigned long long since = trace::now();
-      if (!begun) begin_phase<true>(ct, tree, bar_id);
+      begin_phase<true>(ct, tree, bar_id);
       trace::add_epi(trace::kEpiBegin, since);
       since = trace::now();
       if (Geo::NTiles == 1 || t == Geo::NTiles - 1) body<true>(ct, tree, accum, bar_id, st);

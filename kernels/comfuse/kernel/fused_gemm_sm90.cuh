@@ -102,7 +102,7 @@ struct FusedGemmSm90 {
   static constexpr bool kWorkspace = C.uses_exchange_workspace();    // the launch counter (epoch) and its users
   static constexpr int RowPeers = C.reduce_peers();  // CTAs that hold the same rows and reduce them together
   using Geo = epi::Geometry<kEpiRows, BN, RowPeers, C.aggregation, NTiles, /*Batched=*/false, ClusterM,
-                            /*RetireEarly=*/C.begin_early, kW, C.pair_hand_over, C.poll_backoff>;
+                            /*RetireEarly=*/C.begin_early, kW, C.pair_hand_over, C.poll_backoff, C.store_stages>;
   using EpiExec = typename Epi::template Exec<Geo>;
   using Scheduler = TileScheduler<C>;
   static_assert(C.row_reduction == Epi::kEndsInReduction, "KernelConfig::row_reduction: does the epilogue reduce rows");
@@ -279,12 +279,10 @@ struct FusedGemmSm90 {
         // Its last job: done with the L2 exchange after the chain's last round (start_retire).
         if constexpr (Geo::kRetireEarly && kL2Exchange)
           epi.rounds.retire_after = cluster::retires_early(epoch) && !sched.tile(k + k_step).valid;
-        // KernelConfig::begin_early: the first job's begin (its vectors' loads) before its
-        // mainloop, while the ring's first k-blocks are on their way (and, PingPong, before the
-        // turn), off the epilogue's critical path.
-        bool const begun = C.begin_early && job == 0 && owner;
+        // KernelConfig::begin_early: the first job's begin loads (its vectors) issued before its
+        // mainloop, off the epilogue's critical path.
         if constexpr (C.begin_early)
-          if (begun) epi.begin_early(ctx, ss.epi[cw], epilogue_barrier(cw));
+          if (job == 0 && owner) epi.begin_early(ctx);
         // kTileTurns: both consumers' jobs of the two are valid, or consumer 0 runs its job alone;
         // i: the tile's ring position among the two jobs' tiles, pos: the next one this consumer reaches.
         bool const two_jobs = kTileTurns && sched.tile(k - cw + 1).valid;
@@ -339,9 +337,9 @@ struct FusedGemmSm90 {
               pipeline.consumer_release(release_state);
               ++release_state;
             };
-            epi.run_tile(ctx, ss.epi[cw], accum, epilogue_barrier(cw), nt, stash, begun, free_slot);
+            epi.run_tile(ctx, ss.epi[cw], accum, epilogue_barrier(cw), nt, stash, free_slot);
           } else if (owner) {
-            epi.run_tile(ctx, ss.epi[cw], accum, epilogue_barrier(cw), nt, stash, begun);
+            epi.run_tile(ctx, ss.epi[cw], accum, epilogue_barrier(cw), nt, stash);
           }
         }
         trace::mark(t, cw, job, trace::kEpiDone);
