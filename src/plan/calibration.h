@@ -447,9 +447,12 @@ inline constexpr int kPollBackoffMinPeers = 16;
 // KernelConfig::store_stages, where a second staging buffer of each output fits beside the ring
 // as planned (never at a ring stage's cost). With one buffer a warp group waits, before each
 // 64-column subtile, for the TMA store of the subtile before to have read it: the store's whole
-// SMEM read on the epilogue's path, four times on a 256-column tile. PREDICTED (the trace of
-// bench/NOTES.md Stop 70: the cast's 128x256 body 1.36 us, LayerNorm's normalize-and-store stage
-// 2.3 us at 2048 x 2048 x 1024): a few tenths of a us a tile where the epilogue is exposed.
+// SMEM read on the epilogue's path, four times on a 256-column tile. MEASURED (H100, one call,
+// bench/sweeps/store_stages.txt, bench/NOTES.md Stop 71): RMSNorm 4096 x 1024 x 1024 (cooperative,
+// one job a CTA) 16.4 -> 16.0 us, bias + GELU 2048 x 2048 x 1024 (PingPong 128x128) 1.340x ->
+// 1.331x, the cast there unchanged (1.183x / 1.181x); where it costs a ring stage (forced),
+// LayerNorm 2048 x 2048 x 1024 18.1 -> 17.8 us at 3 stages, 1024 x 4096 x 1024 a tie: one call,
+// too little to trade a ring stage for it by default. Large shapes not measured.
 inline constexpr int kStoreStagesWhereFree = 2;
 inline bool poll_backoff_wanted(int row_peers, bool one_job_a_cta) {
   return one_job_a_cta && row_peers >= kPollBackoffMinPeers;
