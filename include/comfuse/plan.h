@@ -78,8 +78,8 @@ struct PlanOptions {
   // accumulators' partials (false).
   std::optional<bool> split_gather_in_smem;
   // KernelConfig::store_stages: 1 or 2 TMA-store staging buffers per output (unset: 2 where
-  // they fit beside the ring as planned, calibration.h store_stages_wanted; forced 2, the ring
-  // gives up the stages they need).
+  // they fit beside the ring as planned and a tile has several 64-column subtiles, calibration.h
+  // kStoreStagesWhereFree; forced 2, the ring gives up the stages they need).
   std::optional<int> store_stages;
   std::optional<int> stash_bytes;             // force the stash element: 4 (fp32) or 2 (bf16)
   std::optional<bool> fuse_pairs;             // true / false: every pair in one round / two (A/B)

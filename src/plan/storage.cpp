@@ -12,8 +12,8 @@ namespace comfuse::plan_detail {
 // per stage, its nodes' storage in one 1024-aligned block (TMA-store staging: rows x 64 columns
 // of each output's dtype, KernelConfig::store_stages of them, none for a later stage's output that
 // writes through a root output's staging, FusionSpec::staging_borrows; a RowBroadcast: tile_n
-// floats; a TileInput keeps nothing
-// of its own: it reads L2 or a mainloop ring slot), none for a stage without; then the channel's
+// floats; a TileInput keeps nothing of its own: it reads L2 or a mainloop ring slot), none for a
+// stage without; then the channel's
 // storage (KernelConfig::channel_smem_bytes: one per WG, shared by every reduction of the chain),
 // the whole rounded to the blocks' 1024-byte alignment.
 int epilogue_smem_bytes(const ChainInfo& chain, const KernelConfig& k) {
